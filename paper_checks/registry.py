@@ -1,0 +1,310 @@
+"""Claims as data, checks as code.
+
+A *claim* is one statement of one paper: an id (the ones in ``shared/notes/math.md``
+plus the empirical claims of the papers' tables and figures), the paper file, the
+section, the statement. Claims are declared in the TOML files of ``paper_checks/claims/``
+(``[[claim]]`` tables; any number of files, loaded in name order).
+
+A *check* is a function ``fn(seed: int) -> CheckResult`` attached to a claim with
+:func:`register_check`. A claim may carry several checks (one per layer: ``theory``
+for sympy, ``sim`` for the exact simulator, ``llm`` for the LLM layer). Every check
+records the verdict it is *expected* to return; ``tiltlab check`` fails only when a
+verdict changes, so a claim that is refuted and stays refuted is green, and a change
+is loud.
+
+Layers register their checks on import; :func:`discover` imports them.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import math
+import time
+import tomllib
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = [
+    "Verdict",
+    "Claim",
+    "CheckResult",
+    "Check",
+    "Outcome",
+    "declare_claim",
+    "register_check",
+    "claims",
+    "checks",
+    "get_claim",
+    "load_claims",
+    "discover",
+    "validate",
+    "run_checks",
+    "CHECK_MODULES",
+]
+
+CLAIMS_DIR = Path(__file__).with_name("claims")
+
+#: Modules imported by :func:`discover`; each registers its checks at import time.
+#: A module that does not exist yet (layer not written / extra not installed) is skipped.
+CHECK_MODULES: tuple[str, ...] = ("theory.checks", "sim.checks", "llm.checks", "paper_checks.data_checks")
+
+
+class Verdict(str, enum.Enum):
+    VERIFIED = "verified"
+    REFUTED = "refuted"
+    PARTLY = "partly"
+    OUT_OF_REACH = "out_of_reach"
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+Number = float | int | bool | str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One statement of one paper.
+
+    Attributes:
+        id: dotted id, e.g. ``disa.prop1.unbiased`` (``math.md`` ids are kept verbatim).
+        paper: file name under ``shared/papers`` (e.g. ``000_97b17fcb5a92948e.txt``).
+        section: section / equation / table / figure of that paper.
+        statement: the claim in one line.
+        kind: ``proposition`` (a theorem-like statement), ``empirical`` (a number or a
+            figure of the paper), ``beyond`` (a result of ours, not in the paper), or
+            ``open`` (a question the notes raise).
+        paper_numbers: the paper's own numbers, as data, for comparison by later runs.
+        llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
+            that would test it.
+    """
+
+    id: str
+    paper: str
+    section: str
+    statement: str
+    kind: str = "proposition"
+    paper_numbers: Mapping[str, Any] = field(default_factory=dict)
+    llm_command: str | None = None
+    notes: str = ""
+
+
+@dataclass
+class CheckResult:
+    """What a check returns.
+
+    Attributes:
+        verdict: the verdict this run reached.
+        summary: one line of evidence, with the decisive numbers in it.
+        numbers: the evidence numbers (machine-readable; go into ``claims.json``).
+        figure: optional figure id (``sim`` figures) that shows the claim.
+    """
+
+    verdict: Verdict
+    summary: str
+    numbers: dict[str, Number] = field(default_factory=dict)
+    figure: str | None = None
+
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)
+        for k, v in list(self.numbers.items()):
+            if hasattr(v, "item"):
+                v = v.item()
+            if isinstance(v, float) and not math.isfinite(v):
+                v = str(v)
+            self.numbers[k] = v
+
+
+CheckFn = Callable[[int], CheckResult]
+
+
+@dataclass(frozen=True)
+class Check:
+    claim_id: str
+    layer: str
+    name: str
+    expected: Verdict
+    fn: CheckFn
+    slow: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.claim_id}[{self.layer}:{self.name}]"
+
+    def reproducer(self, seed: int) -> str:
+        return f"tiltlab check --only {self.claim_id} --layer {self.layer} --seed {seed}"
+
+
+@dataclass
+class Outcome:
+    check: Check
+    result: CheckResult | None
+    seconds: float
+    error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "error" if self.result is None else self.result.verdict.value
+
+    @property
+    def ok(self) -> bool:
+        """True when the check ran and returned the verdict recorded as expected."""
+        return self.result is not None and self.result.verdict == self.check.expected
+
+    def to_json(self, seed: int) -> dict[str, Any]:
+        c = get_claim(self.check.claim_id)
+        return {
+            "claim": self.check.claim_id,
+            "paper": c.paper,
+            "section": c.section,
+            "statement": c.statement,
+            "layer": self.check.layer,
+            "check": self.check.name,
+            "expected": self.check.expected.value,
+            "verdict": self.verdict,
+            "ok": self.ok,
+            "summary": None if self.result is None else self.result.summary,
+            "numbers": {} if self.result is None else self.result.numbers,
+            "figure": None if self.result is None else self.result.figure,
+            "seconds": round(self.seconds, 4),
+            "error": self.error,
+            "reproducer": self.check.reproducer(seed),
+        }
+
+
+_CLAIMS: dict[str, Claim] = {}
+_CHECKS: dict[str, Check] = {}
+_LOADED = False
+
+
+def declare_claim(id: str, paper: str, section: str, statement: str, **kw: Any) -> Claim:
+    """Declare a claim. Re-declaring the same id with different content is an error."""
+    claim = Claim(id=id, paper=paper, section=section, statement=statement, **kw)
+    old = _CLAIMS.get(id)
+    if old is not None and old != claim:
+        raise ValueError(f"claim {id!r} declared twice with different content")
+    _CLAIMS[id] = claim
+    return claim
+
+
+def register_check(
+    claim_id: str,
+    *,
+    layer: str,
+    expected: Verdict | str = Verdict.VERIFIED,
+    name: str | None = None,
+    slow: bool = False,
+) -> Callable[[CheckFn], CheckFn]:
+    """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
+
+    ``expected`` is the verdict this check is known to return; ``tiltlab check``
+    exits non-zero when it changes. The claim must be declared
+    (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
+    """
+    if layer not in {"theory", "sim", "llm", "data"}:
+        raise ValueError(f"unknown layer {layer!r}")
+
+    def deco(fn: CheckFn) -> CheckFn:
+        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow)
+        if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
+            raise ValueError(f"check {chk.key} registered twice")
+        _CHECKS[chk.key] = chk
+        return fn
+
+    return deco
+
+
+def load_claims(directory: Path = CLAIMS_DIR) -> None:
+    """Read claim declarations from every ``*.toml`` file in ``directory``."""
+    global _LOADED
+    if _LOADED:
+        return
+    for path in sorted(directory.glob("*.toml")):
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        for row in data.get("claim", []):
+            try:
+                declare_claim(**row)
+            except TypeError as exc:
+                raise ValueError(f"{path.name}: bad claim row {row.get('id')!r}: {exc}") from None
+    _LOADED = True
+
+
+def discover(modules: Iterable[str] = CHECK_MODULES) -> None:
+    """Load claims and import every check module that exists."""
+    load_claims()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            top = name.split(".")[0]
+            if exc.name in (name, top):
+                continue
+            raise
+
+
+def claims() -> dict[str, Claim]:
+    return dict(_CLAIMS)
+
+
+def checks() -> list[Check]:
+    return list(_CHECKS.values())
+
+
+def get_claim(claim_id: str) -> Claim:
+    try:
+        return _CLAIMS[claim_id]
+    except KeyError:
+        raise KeyError(f"claim {claim_id!r} is not declared in paper_checks/claims/*.toml") from None
+
+
+def validate() -> None:
+    """Every check points at a declared claim."""
+    missing = sorted({c.claim_id for c in _CHECKS.values() if c.claim_id not in _CLAIMS})
+    if missing:
+        raise ValueError(f"checks registered for undeclared claims: {missing}")
+
+
+def select(prefix: str | None = None, layer: str | None = None, include_slow: bool = False) -> list[Check]:
+    out = []
+    for c in _CHECKS.values():
+        if prefix and not (c.claim_id == prefix or c.claim_id.startswith(prefix.rstrip(".") + ".") or c.claim_id.startswith(prefix)):
+            continue
+        if layer and c.layer != layer:
+            continue
+        if c.slow and not include_slow:
+            continue
+        out.append(c)
+    return sorted(out, key=lambda c: (c.claim_id, c.layer, c.name))
+
+
+def run_one(check: Check, seed: int = 0) -> Outcome:
+    t0 = time.perf_counter()
+    try:
+        res = check.fn(seed)
+        if not isinstance(res, CheckResult):
+            raise TypeError(f"check {check.key} returned {type(res).__name__}, not CheckResult")
+        return Outcome(check, res, time.perf_counter() - t0)
+    except Exception:  # a crashing check is reported, never hidden
+        return Outcome(check, None, time.perf_counter() - t0, traceback.format_exc())
+
+
+def run_checks(
+    prefix: str | None = None,
+    *,
+    layer: str | None = None,
+    seed: int = 0,
+    include_slow: bool = False,
+    progress: Callable[[Check], None] | None = None,
+) -> list[Outcome]:
+    discover()
+    validate()
+    outs = []
+    for chk in select(prefix, layer, include_slow):
+        if progress is not None:
+            progress(chk)
+        outs.append(run_one(chk, seed))
+    return outs
