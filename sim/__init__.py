@@ -1,0 +1,21 @@
+"""tiltlab.sim: an exact, enumerable simulator of distribution-matching RL.
+
+Policies are tabular softmax logits ``[S, P, K]`` (seeds, prompts, outcomes) in float64, so every
+expectation has an exact value next to its Monte-Carlo estimate. All loss math is imported from
+``objectives``; this package only supplies log-probabilities, rewards and samplers.
+
+Entry points: :func:`sim.run` with :class:`sim.api.SimConfig` (script), ``tiltlab sim`` /
+``tiltlab figures`` (command line).
+"""
+
+from __future__ import annotations
+
+__all__ = ["run", "SimConfig", "RunResult"]
+
+
+def __getattr__(name: str):  # lazy: importing sim must not import torch-heavy modules eagerly
+    if name in __all__:
+        from sim import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")
