@@ -1,0 +1,5 @@
+"""tiltlab.llm: the LLM layer (models, data, rewards, sandboxed code execution, rollouts, scoring, DISA stages, evaluation).
+
+Import-light on purpose: ``import llm`` does not import torch/transformers; import the submodules
+(``llm.models``, ``llm.data``, ``llm.rewards``, ``llm.sandbox``, ``llm.evaluate``, ...) where needed.
+"""

@@ -1,0 +1,231 @@
+"""Model and tokenizer loading, and the project's tiny Qwen3 model.
+
+* :func:`load_model` / :func:`load_tokenizer` load any causal LM by HF id or local path
+  (bf16 on GPU, fp32 on CPU, ``trust_remote_code`` off). The special name ``"tiny"``
+  (or ``"tiny:<seed>"``) builds the tiny model in memory instead.
+* :func:`build_tiny` builds a REAL ``Qwen3ForCausalLM`` from a ``Qwen3Config`` (2 layers,
+  hidden 64, 4 query heads / 2 KV heads, head_dim 16, **tied** input/output embeddings as in
+  Qwen3-0.6B) plus a byte-level BPE tokenizer trained locally with ``tokenizers`` on
+  :func:`llm.tasks.synthetic_corpus` (digits split into single tokens), wrapped as a
+  ``PreTrainedTokenizerFast`` with a Qwen-style ``<|im_start|>`` chat template. With
+  ``out_dir`` both are written with ``save_pretrained`` and reload with ``from_pretrained``.
+
+Deterministic given ``seed``: same corpus, same BPE merges, same ``torch.manual_seed`` init.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "TINY_SPECIAL_TOKENS",
+    "build_tiny",
+    "build_tiny_tokenizer",
+    "default_device",
+    "load_model",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "resolve_dtype",
+]
+
+# Qwen-like ChatML template (Qwen2.5/Qwen3 without tools/thinking).
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# pad is distinct from eos so that padding masks never swallow a real end-of-turn token.
+TINY_SPECIAL_TOKENS = {
+    "pad_token": "<|endoftext|>",
+    "bos_token": "<|bos|>",
+    "eos_token": "<|im_end|>",
+    "im_start": "<|im_start|>",
+}
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: Any = "auto", device: str | None = None):
+    """``"auto"`` -> bf16 on CUDA (fp32 if the GPU lacks bf16), fp32 on CPU; strings like ``"bf16"`` map to torch dtypes."""
+    import torch
+
+    device = device or default_device()
+    if dtype is None or dtype == "auto":
+        if str(device).startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+             "fp64": torch.float64, "float64": torch.float64}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(names)}")
+    return names[dtype]
+
+
+def _parse_tiny(name: str) -> int | None:
+    if name == "tiny":
+        return 0
+    if name.startswith("tiny:"):
+        try:
+            return int(name.split(":", 1)[1])
+        except ValueError as e:
+            raise ValueError(f"bad tiny model name {name!r}; expected 'tiny' or 'tiny:<int seed>'") from e
+    return None
+
+
+def load_model(name_or_path: str | Path, dtype: Any = "auto", device: str | None = None, **kwargs):
+    """Load a causal LM by HF id or local path, in eval mode on ``device``.
+
+    ``dtype="auto"``: bf16 on GPU, fp32 on CPU. ``trust_remote_code`` is always False.
+    ``"tiny"`` / ``"tiny:<seed>"`` builds :func:`build_tiny` in memory.
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = device or default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    if kwargs.pop("trust_remote_code", False):
+        raise ValueError("trust_remote_code=True is not allowed in tiltlab")
+    seed = _parse_tiny(str(name_or_path))
+    if seed is not None:
+        model, _ = build_tiny(seed=seed)
+        return model.to(device=device, dtype=torch_dtype).eval()
+    path = Path(name_or_path)
+    if str(name_or_path).startswith((".", "/")) and not path.exists():
+        raise FileNotFoundError(f"model path {str(name_or_path)!r} does not exist")
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype, trust_remote_code=False,
+                                                 **kwargs)
+    return model.to(device).eval()
+
+
+def load_tokenizer(name_or_path: str | Path, padding_side: str = "left", **kwargs):
+    """Load a tokenizer (fast) by HF id or local path; ensures a pad token (falls back to eos).
+
+    ``padding_side="left"`` suits batched generation; scoring code may pass ``"right"``.
+    """
+    from transformers import AutoTokenizer
+
+    if kwargs.pop("trust_remote_code", False):
+        raise ValueError("trust_remote_code=True is not allowed in tiltlab")
+    seed = _parse_tiny(str(name_or_path))
+    if seed is not None:
+        tok = build_tiny_tokenizer(seed=seed)
+    else:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False, **kwargs)
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def load_model_and_tokenizer(name_or_path: str | Path, dtype: Any = "auto", device: str | None = None):
+    """``(load_model(...), load_tokenizer(...))``; for ``"tiny"`` both come from one :func:`build_tiny` call."""
+    seed = _parse_tiny(str(name_or_path))
+    if seed is not None:
+        device = device or default_device()
+        model, tok = build_tiny(seed=seed)
+        tok.padding_side = "left"
+        return model.to(device=device, dtype=resolve_dtype(dtype, device)).eval(), tok
+    return load_model(name_or_path, dtype=dtype, device=device), load_tokenizer(name_or_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny model
+# ---------------------------------------------------------------------------------------------
+
+def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, corpus: list[str] | None = None):
+    """Byte-level BPE trained on the synthetic corpus; digits are always single tokens.
+
+    Pre-tokenization: ``Digits(individual_digits=True)`` then GPT-2 byte-level splitting, so any
+    UTF-8 text round-trips and every number is spelled digit by digit (helps arithmetic).
+    Special tokens: ``<|endoftext|>`` (pad), ``<|bos|>`` (bos, not auto-prepended, as in Qwen),
+    ``<|im_start|>``, ``<|im_end|>`` (eos = end of turn).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .tasks import synthetic_corpus
+
+    specials = [TINY_SPECIAL_TOKENS[k] for k in ("pad_token", "bos_token", "im_start", "eos_token")]
+    n_min = 256 + len(specials)
+    if vocab_size < n_min:
+        raise ValueError(f"vocab_size must be >= {n_min} (256 bytes + {len(specials)} specials), got {vocab_size}")
+    texts = corpus if corpus is not None else synthetic_corpus(seed=seed)
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
+    )
+    tk.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token=TINY_SPECIAL_TOKENS["pad_token"],
+        bos_token=TINY_SPECIAL_TOKENS["bos_token"],
+        eos_token=TINY_SPECIAL_TOKENS["eos_token"],
+        additional_special_tokens=[TINY_SPECIAL_TOKENS["im_start"]],
+        model_max_length=1024,
+        padding_side="left",
+    )
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int, **overrides):
+    """The tiny ``Qwen3Config``: 2 layers, hidden 64, 4 heads (2 KV), head_dim 16, MLP 128, tied embeddings."""
+    from transformers import Qwen3Config
+
+    cfg = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        tie_word_embeddings=True, rms_norm_eps=1e-6, use_sliding_window=False,
+        pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+    )
+    cfg.update(overrides)
+    return Qwen3Config(**cfg)
+
+
+def build_tiny(out_dir: str | Path | None = None, vocab_size: int = 512, seed: int = 0, **config_overrides):
+    """Build ``(Qwen3ForCausalLM, PreTrainedTokenizerFast)``, fp32, random init from ``seed``, eval mode.
+
+    The model's vocabulary equals ``len(tokenizer)`` (the BPE may stop below ``vocab_size`` if the
+    corpus has too few merges). With ``out_dir`` both are saved (safetensors + tokenizer.json +
+    chat template) and ``load_model(out_dir)`` / ``load_tokenizer(out_dir)`` reload them.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    tok = build_tiny_tokenizer(vocab_size=vocab_size, seed=seed)
+    cfg = tiny_config(len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, **config_overrides)
+    cpu_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.random.set_rng_state(cpu_state)
+    model = model.float().eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+    )
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    return model, tok

@@ -1,0 +1,200 @@
+"""Synthetic *verifiable* tasks: boxed arithmetic and tiny function-writing with unit tests.
+
+Used by the tests, the CPU demo and to train the tiny model's BPE tokenizer
+(:func:`synthetic_corpus`). Everything is pure Python, deterministic given ``seed``.
+
+Record schema (the same as :mod:`llm.data` prompt datasets):
+
+* math rows:  ``{"id", "prompt", "answer", "difficulty", "task": "arithmetic"}`` where ``answer`` is
+  the exact integer as a string; a correct completion ends with ``\\boxed{<answer>}``.
+* code rows:  ``{"id", "prompt", "tests", "entry_point", "solution", "difficulty", "task": "function"}``
+  where ``tests`` is assert-based Python source run after the completion's code (see
+  :mod:`llm.rewards`), and ``solution`` is a reference implementation (for tests of the tests).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "MAX_DIFFICULTY",
+    "arithmetic_task",
+    "arithmetic_tasks",
+    "function_tasks",
+    "mixed_tasks",
+    "synthetic_corpus",
+]
+
+BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
+MAX_DIFFICULTY = 5
+
+# difficulty -> (number of operands, max operand value, allowed operators)
+_ARITH_LEVELS: dict[int, tuple[int, int, str]] = {
+    1: (2, 9, "+"),
+    2: (2, 99, "+-"),
+    3: (3, 99, "+-*"),
+    4: (4, 999, "+-*"),
+    5: (5, 9999, "+-*"),
+}
+
+
+def _check_difficulty(difficulty: int) -> None:
+    if difficulty not in _ARITH_LEVELS:
+        raise ValueError(f"difficulty must be an int in 1..{MAX_DIFFICULTY}, got {difficulty!r}")
+
+
+def arithmetic_task(rng: random.Random, difficulty: int, idx: int = 0) -> dict[str, Any]:
+    """One arithmetic problem of the given difficulty (1 = one-digit sum ... 5 = five 4-digit operands).
+
+    The expression is built from integers and ``+ - *`` and evaluated with Python's precedence;
+    the gold answer is the exact integer (possibly negative) as a string.
+    """
+    _check_difficulty(difficulty)
+    n_ops, max_val, ops = _ARITH_LEVELS[difficulty]
+    operands = [rng.randint(0, max_val) for _ in range(n_ops)]
+    operators = [rng.choice(ops) for _ in range(n_ops - 1)]
+    # keep products small enough to be readable: at most one '*' per expression at levels <= 4
+    if difficulty <= 4 and operators.count("*") > 1:
+        first = operators.index("*")
+        operators = [o if (o != "*" or i == first) else "+" for i, o in enumerate(operators)]
+    expr = str(operands[0])
+    for op, val in zip(operators, operands[1:]):
+        expr += f" {op} {val}"
+    value = _eval_int_expr(expr)
+    return {
+        "id": f"arith-d{difficulty}-{idx}",
+        "prompt": f"Compute {expr}. {BOXED_INSTRUCTION}",
+        "answer": str(value),
+        "difficulty": difficulty,
+        "task": "arithmetic",
+    }
+
+
+def _eval_int_expr(expr: str) -> int:
+    """Evaluate ``a op b op c`` (ints, + - *) with standard precedence, without ``eval``."""
+    tokens = expr.split()
+    # first pass: multiplication
+    terms: list[int] = [int(tokens[0])]
+    signs: list[str] = []
+    for op, tok in zip(tokens[1::2], tokens[2::2]):
+        v = int(tok)
+        if op == "*":
+            terms[-1] = terms[-1] * v
+        elif op in "+-":
+            signs.append(op)
+            terms.append(v)
+        else:  # pragma: no cover - generator only emits + - *
+            raise ValueError(f"unsupported operator {op!r}")
+    total = terms[0]
+    for s, v in zip(signs, terms[1:]):
+        total = total + v if s == "+" else total - v
+    return total
+
+
+def arithmetic_tasks(n: int, difficulty: int | list[int] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` arithmetic rows. ``difficulty``: an int, a list cycled over, or ``None`` = all levels 1..5 cycled."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    levels = list(range(1, MAX_DIFFICULTY + 1)) if difficulty is None else (
+        [difficulty] if isinstance(difficulty, int) else list(difficulty))
+    if not levels:
+        raise ValueError("difficulty list is empty")
+    for d in levels:
+        _check_difficulty(d)
+    rng = random.Random(f"arith-{seed}")
+    return [arithmetic_task(rng, levels[i % len(levels)], idx=i) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# function-writing tasks: "write f(x) returning ..." with assert-based tests
+# ---------------------------------------------------------------------------------------------
+
+def _fn_affine(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
+    a, b = rng.randint(2, 9), rng.randint(0, 20)
+    desc = f"returns {a} * x + {b} for an integer x"
+    sol = f"def f(x):\n    return {a} * x + {b}\n"
+    cases = [(x, a * x + b) for x in (0, 1, -3, 7, 12)]
+    return desc, sol, cases, 1
+
+
+def _fn_square_plus(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
+    k = rng.randint(1, 30)
+    desc = f"returns x squared plus {k} for an integer x"
+    sol = f"def f(x):\n    return x * x + {k}\n"
+    cases = [(x, x * x + k) for x in (0, 2, -5, 11)]
+    return desc, sol, cases, 1
+
+
+def _fn_count_char(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
+    ch = rng.choice("abcdexyz")
+    desc = f"returns how many times the letter '{ch}' occurs in the string x"
+    sol = f"def f(x):\n    return x.count('{ch}')\n"
+    words = ["", ch, ch * 3 + "q", "banana", "xyzzy", "abcabc" + ch]
+    cases = [(w, w.count(ch)) for w in words]
+    return desc, sol, cases, 2
+
+
+def _fn_sum_multiples(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
+    m = rng.randint(2, 7)
+    desc = f"returns the sum of the elements of the list x that are divisible by {m}"
+    sol = f"def f(x):\n    return sum(v for v in x if v % {m} == 0)\n"
+    lists = [[], [m], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [-m, m * 5, 13], [m * 2, m * 3 + 1]]
+    cases = [(lst, sum(v for v in lst if v % m == 0)) for lst in lists]
+    return desc, sol, cases, 2
+
+
+def _fn_reverse_words(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
+    sep = rng.choice([" ", ",", "-"])
+    desc = f"splits the string x on {sep!r}, reverses the order of the pieces and joins them with {sep!r}"
+    sol = f"def f(x):\n    return {sep!r}.join(reversed(x.split({sep!r})))\n"
+    inputs = ["a", f"a{sep}b", f"one{sep}two{sep}three", f"{sep}x"]
+    cases = [(s, sep.join(reversed(s.split(sep)))) for s in inputs]
+    return desc, sol, cases, 3
+
+
+_FN_FAMILIES = [_fn_affine, _fn_square_plus, _fn_count_char, _fn_sum_multiples, _fn_reverse_words]
+
+
+def function_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` function-writing rows (families cycled) with assert-based ``tests`` and a reference ``solution``."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(f"func-{seed}")
+    rows = []
+    for i in range(n):
+        desc, sol, cases, difficulty = _FN_FAMILIES[i % len(_FN_FAMILIES)](rng)
+        tests = "".join(f"assert f({x!r}) == {y!r}\n" for x, y in cases)
+        rows.append({
+            "id": f"func-{i}",
+            "prompt": (f"Write a Python function f(x) that {desc}. "
+                       "Answer with the code in a ```python``` block."),
+            "tests": tests,
+            "entry_point": "f",
+            "solution": sol,
+            "difficulty": difficulty,
+            "task": "function",
+        })
+    return rows
+
+
+def mixed_tasks(n_math: int, n_code: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Arithmetic rows followed by function rows (missing columns filled with ``None``)."""
+    rows = arithmetic_tasks(n_math, seed=seed) + function_tasks(n_code, seed=seed)
+    keys = sorted({k for r in rows for k in r})
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def synthetic_corpus(seed: int = 0, n_math: int = 400, n_code: int = 100) -> list[str]:
+    """Texts to train the tiny model's tokenizer on: prompts, worked boxed answers and code solutions."""
+    texts: list[str] = []
+    for row in arithmetic_tasks(n_math, seed=seed):
+        texts.append(row["prompt"])
+        texts.append(f"The answer is \\boxed{{{row['answer']}}}.")
+    for row in function_tasks(n_code, seed=seed):
+        texts.append(row["prompt"])
+        texts.append(f"```python\n{row['solution']}```")
+        texts.append(row["tests"])
+    texts.append("You are a helpful assistant. Let's think step by step. So the final answer is")
+    return texts
