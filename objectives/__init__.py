@@ -1,0 +1,23 @@
+"""tiltlab.objectives — the one home of all loss and estimator math.
+
+Pure torch functions of log-prob tensors; the simulator (``sim``) and the LLM layer (``llm``)
+import them unchanged. Conventions (``shared/notes/style.md``):
+
+- tokens ``[B, T]`` with a float ``mask``; a sequence log-prob is the masked sum
+  (:func:`objectives.tb.sequence_logprob`); groups ``[P, G]`` are group-major (``B = P * G``);
+- ``beta`` always *multiplies* the reward (DISA's convention); PACED's ``exp(r / beta)`` is
+  exposed as ``kl_coef``;
+- every docstring carries its formula and source (paper file + equation / section).
+
+Modules: :mod:`~objectives.estimators` (Stage-1 log Z), :mod:`~objectives.tb` (TB / DISA /
+FlowRL / VarGrad), :mod:`~objectives.lad`, :mod:`~objectives.pg` (GRPO, GSPO, PPO+KL),
+:mod:`~objectives.offline` (Off-RL, FPA, DPO, RPO, KTO, SimPER, A*-PO, SFT),
+:mod:`~objectives.paced`, :mod:`~objectives.regressor` (Stage 2), :mod:`~objectives.metrics`,
+:mod:`~objectives.fused` (memory-lean chunked log-probs).
+
+Only torch is imported: no LLM library is loaded by ``import objectives``.
+"""
+
+from objectives import estimators, lad, metrics, offline, paced, pg, regressor, tb
+
+__all__ = ["estimators", "tb", "lad", "pg", "offline", "paced", "regressor", "metrics"]

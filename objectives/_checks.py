@@ -1,0 +1,54 @@
+"""Cheap input validation shared by the objectives (shapes, finiteness)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def as_tensor(x, like: Tensor | None = None) -> Tensor:
+    """Tensor view of ``x`` (float scalars become 0-d tensors on ``like``'s device/dtype)."""
+    if isinstance(x, Tensor):
+        return x
+    if like is not None:
+        return torch.as_tensor(x, dtype=like.dtype if like.is_floating_point() else torch.get_default_dtype(), device=like.device)
+    t = torch.as_tensor(x)
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; they must match")
+
+
+def broadcastable(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    try:
+        torch.broadcast_shapes(a.shape, b.shape)
+    except RuntimeError:
+        raise ValueError(f"{name_a} {tuple(a.shape)} does not broadcast against {name_b} {tuple(b.shape)}") from None
+
+
+def ndim(name: str, x: Tensor, n: int, what: str) -> None:
+    if x.dim() != n:
+        raise ValueError(f"{name} must be {what} (rank {n}); got shape {tuple(x.shape)}")
+
+
+def nonempty(name: str, x: Tensor, dim: int) -> None:
+    if x.dim() == 0 or x.shape[dim] == 0:
+        raise ValueError(f"{name} is empty along dim {dim} (shape {tuple(x.shape)}); need at least one sample")
+
+
+def no_nan(name: str, x: Tensor) -> None:
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+
+
+def no_pos_inf(name: str, x: Tensor) -> None:
+    if torch.isposinf(x).any():
+        raise ValueError(f"{name} contains +inf")
+
+
+def positive(name: str, x) -> None:
+    v = torch.as_tensor(x)
+    if not bool((v > 0).all()):
+        raise ValueError(f"{name} must be > 0; got {x}")

@@ -1,0 +1,143 @@
+"""LAD: f-divergence matching of the advantage distribution (``004_5fbe296d0161ca77.txt``).
+
+LAD (Sec. 3) matches ``P_pi(y|x) = (pi_theta/pi_old) / Z_pi`` (eq. 4) to
+``P_A(y|x) = e^{A/eta} / Z_A`` (eq. 5). The theoretical loss (eq. 7) is ``D_f(P_pi || P_A)``;
+the practical surrogate (eq. 8), estimated on samples ``y ~ pi_old``, is
+
+    L_LAD = E_{y ~ pi_old} [ e^{A/eta} f( (pi_theta/pi_old) e^{-A/eta} ) ]
+
+with the same optimum ``pi_theta ∝ pi_old e^{A/eta}`` (Lemma 3.2). The six generators of
+Table 5 are written once below (each with ``f(1) = 0``); both losses are built from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from objectives._checks import broadcastable, same_shape
+
+__all__ = ["Divergence", "F_DIVERGENCES", "get_divergence", "lad_loss", "lad_theoretical_loss", "lad_target_logprobs"]
+
+
+def _xlogx(x: Tensor) -> Tensor:
+    return torch.xlogy(x, x)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """An f-divergence generator ``f: (0, inf) -> R``, convex, ``f(1) = 0`` (LAD Def. 3.1).
+
+    Attributes:
+        name: short name used in configs.
+        f: the generator as printed in LAD Table 5.
+        strict: LAD's "strict divergence" mark (forces exact matching at the minimum).
+        formula: the generator in text.
+    """
+
+    name: str
+    f: Callable[[Tensor], Tensor]
+    strict: bool
+    formula: str
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.f(x)
+
+
+F_DIVERGENCES: dict[str, Divergence] = {
+    d.name: d
+    for d in (
+        Divergence("kl", lambda x: _xlogx(x), False, "x log x"),
+        Divergence("rkl", lambda x: -torch.log(x), False, "-log x"),
+        Divergence("jeffreys", lambda x: (x - 1.0) * torch.log(x), False, "(x - 1) log x"),
+        Divergence("tv", lambda x: (x - 1.0).abs(), True, "|x - 1|"),
+        Divergence("hellinger", lambda x: 0.5 * (torch.sqrt(x) - 1.0) ** 2, True, "1/2 (sqrt x - 1)^2"),
+        Divergence(
+            "js",
+            lambda x: 0.5 * (_xlogx(x) - (x + 1.0) * torch.log((x + 1.0) / 2.0)),
+            True,
+            "1/2 (x log x - (x + 1) log((x + 1)/2))",
+        ),
+    )
+}
+
+
+def get_divergence(divergence: str | Divergence) -> Divergence:
+    if isinstance(divergence, Divergence):
+        return divergence
+    try:
+        return F_DIVERGENCES[divergence]
+    except KeyError:
+        raise ValueError(f"unknown divergence {divergence!r}; choose from {sorted(F_DIVERGENCES)}") from None
+
+
+def lad_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    eta: float,
+    divergence: str | Divergence,
+    weight: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """LAD eq. (8), practical loss on samples from ``pi_old``:
+    ``e^{A/eta} f( exp(logp - logp_old - A/eta) )``.
+
+    Args:
+        logp: ``[B]`` sequence (or ``[B, T]`` token) log-probs under pi_theta (with grad).
+        logp_old: same shape, under pi_old (detached inside).
+        adv: advantages, broadcastable to ``logp`` (detached inside).
+        eta: temperature ``> 0``.
+        divergence: a name in :data:`F_DIVERGENCES` or a :class:`Divergence`.
+        weight: optional per-sample weight (e.g. a sampler-mismatch correction), detached.
+        reduction: ``"mean"`` or ``"none"``.
+    """
+    if eta <= 0:
+        raise ValueError("eta must be > 0")
+    same_shape("logp", logp, "logp_old", logp_old)
+    broadcastable("logp", logp, "adv", adv)
+    div = get_divergence(divergence)
+    a = adv.detach() / eta
+    c = torch.exp(logp - logp_old.detach() - a)
+    per = torch.exp(a) * div.f(c)
+    if weight is not None:
+        per = per * weight.detach()
+    if reduction == "none":
+        return per
+    if reduction == "mean":
+        return per.mean()
+    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+
+
+def lad_theoretical_loss(
+    logp: Tensor, logp_old: Tensor, adv: Tensor, eta: float, divergence: str | Divergence, dim: int = -1
+) -> Tensor:
+    """LAD eq. (7) on an enumerable action space: ``D_f(P_pi || P_A) = sum_y P_A f(P_pi / P_A)``.
+
+    ``P_pi = (pi/pi_old) / Z_pi`` and ``P_A = e^{A/eta} / Z_A`` are normalized over ``dim``.
+
+    Args:
+        logp, logp_old, adv: ``[..., K]`` over all K actions along ``dim``.
+    Returns:
+        ``[...]``.
+    """
+    if eta <= 0:
+        raise ValueError("eta must be > 0")
+    same_shape("logp", logp, "logp_old", logp_old)
+    same_shape("logp", logp, "adv", adv)
+    div = get_divergence(divergence)
+    log_p_pi = torch.log_softmax(logp - logp_old.detach(), dim=dim)
+    log_p_a = torch.log_softmax(adv.detach() / eta, dim=dim)
+    return (torch.exp(log_p_a) * div.f(torch.exp(log_p_pi - log_p_a))).sum(dim=dim)
+
+
+def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1) -> Tensor:
+    """The LAD optimum (Lemma 3.1): ``log softmax(log pi_old + A/eta)`` over ``dim``."""
+    if eta <= 0:
+        raise ValueError("eta must be > 0")
+    return torch.log_softmax(logp_old + adv / eta, dim=dim)
+
+

@@ -1,0 +1,47 @@
+"""Evaluation estimators (``math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+__all__ = ["pass_at_k", "mean_at_k", "distinct_n"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): ``1 - C(n - c, k) / C(n, k)`` from ``c`` correct of ``n``.
+
+    Computed as ``1 - prod_{i = n-c+1}^{n} (1 - k / i)`` to avoid huge binomials.
+    """
+    if not (0 <= c <= n) or n <= 0:
+        raise ValueError(f"need 0 <= c <= n and n > 0, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def mean_at_k(correct: Sequence[float | bool]) -> float:
+    """Mean@k: average accuracy over the k samples of one prompt."""
+    if len(correct) == 0:
+        raise ValueError("mean_at_k of no samples")
+    return float(sum(float(c) for c in correct)) / len(correct)
+
+
+def distinct_n(texts: Iterable[str] | Iterable[Sequence], n: int = 2) -> float:
+    """distinct-n: unique n-grams / total n-grams over all texts (whitespace tokens for strings,
+    elements for sequences). 0 when there is no n-gram."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    total, seen = 0, set()
+    for t in texts:
+        toks = t.split() if isinstance(t, str) else list(t)
+        for i in range(len(toks) - n + 1):
+            seen.add(tuple(toks[i : i + n]))
+            total += 1
+    return len(seen) / total if total else 0.0
+
+

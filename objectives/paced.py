@@ -1,0 +1,106 @@
+"""PACED-RL: the partition function as a difficulty scheduler (``002_d44afb8661380d03.txt``).
+
+PACED writes the TB target with ``exp(r / beta)`` where its beta is a KL coefficient; here that
+coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``math.md`` §0, §3). Its TB is
+anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, log_z, 1 / kl_coef)``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Generic, Iterable, TypeVar
+
+import torch
+from torch import Tensor
+
+from objectives._checks import as_tensor
+
+__all__ = ["accuracy_from_log_z", "select_prompts", "replay_priority", "top_priority", "ReplayBuffer"]
+
+
+def accuracy_from_log_z(
+    log_z: Tensor | float,
+    kl_coef: float,
+    kl: Tensor | float = 0.0,
+    r_low: float = 0.0,
+    r_high: float = 1.0,
+    clip: bool = True,
+) -> Tensor:
+    """PACED Prop. 4.1 (and its {a, b}-reward form, ``math.md`` §3):
+
+        p_old(x) = (kl_coef * (log Z*(x) - KL(pi_old || pi_theta)) - r_low) / (r_high - r_low)
+
+    With ``kl = 0`` and ``clip=True`` this is PACED's practical estimate
+    ``p_hat = clip(kl_coef * log Z_phi(x), 0, 1)`` (Sec. 4.2). For DISA's frozen ``Z`` with
+    ``beta`` multiplying a binary reward use :func:`objectives.estimators.pass_rate_from_log_z`.
+    """
+    if kl_coef <= 0:
+        raise ValueError("kl_coef must be > 0")
+    if r_high <= r_low:
+        raise ValueError("need r_high > r_low")
+    log_z = as_tensor(log_z)
+    p = (kl_coef * (log_z - as_tensor(kl, log_z)) - r_low) / (r_high - r_low)
+    return p.clamp(0.0, 1.0) if clip else p
+
+
+def select_prompts(p_hat: Tensor, tau: float = 0.5, m: int = 1) -> Tensor:
+    """PACED Sec. 4.2: indices of the ``m`` prompts with the smallest ``|p_hat - tau|``
+    (ties broken by lower index). ``p_hat``: ``[N]``. Returns ``[m]`` int64."""
+    if p_hat.dim() != 1:
+        raise ValueError(f"p_hat must be [N], got {tuple(p_hat.shape)}")
+    if not 1 <= m <= p_hat.shape[0]:
+        raise ValueError(f"m must be in [1, {p_hat.shape[0]}], got {m}")
+    dist = (p_hat.detach().double() - tau).abs()
+    order = torch.argsort(dist, stable=True)
+    return order[:m]
+
+
+def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor | float) -> Tensor:
+    """PACED Sec. 4.4: accuracy-estimation-error priority ``|N_correct / N - p_hat(x)|``."""
+    n_correct = as_tensor(n_correct)
+    n = as_tensor(n, n_correct)
+    if bool((n <= 0).any()):
+        raise ValueError("n must be > 0")
+    return (n_correct / n - as_tensor(p_hat, n_correct)).abs()
+
+
+def top_priority(priority: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` largest priorities (stable), ``k`` capped at ``len(priority)``."""
+    k = min(k, priority.shape[0])
+    return torch.argsort(-priority.detach().double(), stable=True)[:k]
+
+
+T = TypeVar("T")
+
+
+class ReplayBuffer(Generic[T]):
+    """PACED's replay buffer (Sec. 4.4): FIFO of capacity ``B_max`` (128) holding only correct
+    samples; each step the ``B_add`` (64) correct samples of highest priority are added, and the
+    whole buffer augments the next batch. Oldest entries leave first, bounding staleness."""
+
+    def __init__(self, capacity: int = 128, n_add: int = 64) -> None:
+        if capacity <= 0 or n_add <= 0:
+            raise ValueError("capacity and n_add must be > 0")
+        self.capacity, self.n_add = capacity, n_add
+        self._items: deque[T] = deque(maxlen=capacity)
+
+    def add(self, items: list[T], priority: Tensor, correct: Tensor) -> int:
+        """Add up to ``n_add`` correct items by descending priority; returns how many were added."""
+        if not (len(items) == priority.shape[0] == correct.shape[0]):
+            raise ValueError("items, priority and correct must have the same length")
+        idx = torch.nonzero(correct.bool(), as_tuple=False).flatten()
+        if idx.numel() == 0:
+            return 0
+        chosen = idx[top_priority(priority[idx], self.n_add)]
+        for i in chosen.tolist():
+            self._items.append(items[i])
+        return int(chosen.numel())
+
+    def contents(self) -> list[T]:
+        return list(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterable[Any]:
+        return iter(self._items)

@@ -1,0 +1,184 @@
+"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL (``math.md`` §6).
+
+Shapes: tokens ``[B, T]`` with a float ``mask`` (1 = completion token), sequences ``[B]``,
+groups ``[P, G]`` (``B = P * G``, group-major: rows ``p*G .. p*G+G-1`` share prompt ``p``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objectives._checks import ndim, nonempty, same_shape
+
+__all__ = ["group_advantages", "masked_mean", "kl_k3", "grpo_loss", "gspo_loss", "ppo_kl_loss", "aggregate"]
+
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+def group_advantages(rewards: Tensor, scale: Literal["std", "none"] = "std", eps: float = 1e-6) -> Tensor:
+    """GRPO's group-relative advantage ``(r - mean_G r) / (std_G r + eps)``.
+
+    DeepSeekMath GRPO; also FlowRL's "group-normalized reward" (``math.md`` §2, the finite-sample
+    plug-in of the affine transform ``r~ = a(x) r + c(x)``). ``std`` is the unbiased (n-1)
+    standard deviation, as in veRL/TRL. A group whose rewards are all equal (e.g. all zero) gets
+    advantage 0 for every member: no signal, deliberately.
+
+    Args:
+        rewards: ``[P, G]``; ``G >= 2`` when ``scale="std"``.
+        scale: ``"std"`` (GRPO) or ``"none"`` (Dr. GRPO: mean-centering only).
+
+    Returns:
+        ``[P, G]`` advantages.
+    """
+    ndim("rewards", rewards, 2, "[P, G]")
+    nonempty("rewards", rewards, 1)
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centered
+    if scale != "std":
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    if rewards.shape[1] < 2:
+        raise ValueError("group normalization by std needs G >= 2 samples per prompt")
+    return centered / (rewards.std(dim=1, keepdim=True) + eps)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``sum(x * mask) / sum(mask)`` (over ``dim`` or everything); an all-zero mask gives 0."""
+    num = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    den = mask.sum() if dim is None else mask.sum(dim)
+    return num / den.clamp_min(1.0)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg = "token_mean", max_len: int | None = None) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar.
+
+    - ``token_mean``: mean over all completion tokens of the batch (DAPO / TRL ``"dapo"``);
+    - ``seq_mean_token_mean``: per-sequence token mean, then mean over sequences (original GRPO);
+    - ``seq_mean_token_sum_norm``: per-sequence token sum divided by a constant ``max_len``
+      (default ``T``), mean over sequences (Dr. GRPO).
+    """
+    if loss_agg == "token_mean":
+        return masked_mean(per_token, mask)
+    if loss_agg == "seq_mean_token_mean":
+        return masked_mean(per_token, mask, dim=1).mean()
+    if loss_agg == "seq_mean_token_sum_norm":
+        norm = per_token.shape[1] if max_len is None else max_len
+        return ((per_token * mask).sum(dim=1) / norm).mean()
+    raise ValueError(f"unknown loss_agg {loss_agg!r}")
+
+
+def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """Schulman's k3 estimator of ``KL(pi || pi_ref)`` per sample: ``e^{ref - logp} - (ref - logp) - 1 >= 0``."""
+    d = logp_ref - logp
+    return torch.exp(d) - d - 1.0
+
+
+def _check_tokens(token_logp: Tensor, token_logp_old: Tensor, adv: Tensor, mask: Tensor) -> None:
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
+    same_shape("token_logp", token_logp, "mask", mask)
+    if adv.shape != token_logp.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(token_logp.shape[:1])}, got {tuple(adv.shape)}")
+
+
+def grpo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    loss_agg: LossAgg = "token_mean",
+    token_logp_ref: Tensor | None = None,
+    kl_coef: float = 0.0,
+    is_weight: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO / PPO token-level clipped surrogate (``math.md`` §6).
+
+    ``rho_t = exp(logp_t - logp_old_t)``; per token
+    ``l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
+    aggregated by ``loss_agg``. ``kl_coef`` with ``token_logp_ref = token_logp_old`` gives LAD's
+    bandit baseline "GRPO + KL to pi_old".
+
+    Args:
+        token_logp: ``[B, T]`` current policy log-probs of the sampled tokens (with grad).
+        token_logp_old: ``[B, T]`` behaviour log-probs (detached inside).
+        adv: ``[B]`` sequence advantages, broadcast over tokens.
+        mask: ``[B, T]`` float.
+        is_weight: optional ``[B, T]`` or ``[B]`` truncated importance weight correcting a
+            sampler/trainer mismatch (vLLM), multiplied into the per-token loss.
+
+    Returns:
+        ``(loss, metrics)`` with ``clip_frac`` and ``kl`` in metrics.
+    """
+    _check_tokens(token_logp, token_logp_old, adv, mask)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(token_logp - token_logp_old.detach())
+    a = adv.detach()[:, None]
+    unclipped = ratio * a
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + hi) * a
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(per_token)
+    if kl_coef != 0.0:
+        if token_logp_ref is None:
+            raise ValueError("kl_coef != 0 needs token_logp_ref")
+        same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
+        kl = kl_k3(token_logp, token_logp_ref.detach())
+        per_token = per_token + kl_coef * kl
+    if is_weight is not None:
+        w = is_weight.detach()
+        per_token = per_token * (w[:, None] if w.dim() == 1 else w)
+    loss = aggregate(per_token, mask, loss_agg)
+    with torch.no_grad():
+        clip_frac = masked_mean(((clipped < unclipped)).to(per_token.dtype), mask)
+        kl_mean = masked_mean(kl, mask)
+    return loss, {"clip_frac": clip_frac, "kl": kl_mean}
+
+
+def ppo_kl_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    kl_coef: float = 1.0,
+    clip_eps: float = 0.2,
+    loss_agg: LossAgg = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO/GRPO with a KL penalty to ``pi_old`` (LAD Sec. 4 bandit baseline, KL weight 1)."""
+    return grpo_loss(
+        token_logp, token_logp_old, adv, mask, clip_eps=clip_eps, loss_agg=loss_agg,
+        token_logp_ref=token_logp_old, kl_coef=kl_coef,
+    )
+
+
+def gspo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float | None = 4e-4,
+    is_weight: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025; ``math.md`` §6): sequence-level ratio, clipped.
+
+    ``s = exp(mean_t (logp_t - logp_old_t))`` (length-normalized), and
+    ``loss = -mean_B min(s A, clip(s, 1 - eps, 1 + eps_high) A)``. The defaults are GSPO's
+    paper values (3e-4 / 4e-4).
+    """
+    _check_tokens(token_logp, token_logp_old, adv, mask)
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    log_s = masked_mean(token_logp - token_logp_old.detach(), mask, dim=1)  # [B]
+    s = torch.exp(log_s)
+    a = adv.detach()
+    unclipped = s * a
+    clipped = s.clamp(1.0 - clip_eps, 1.0 + hi) * a
+    per_seq = -torch.minimum(unclipped, clipped)
+    if is_weight is not None:
+        per_seq = per_seq * is_weight.detach()
+    with torch.no_grad():
+        clip_frac = (clipped < unclipped).to(per_seq.dtype).mean()
+    return per_seq.mean(), {"clip_frac": clip_frac}

@@ -1,0 +1,221 @@
+"""Trajectory balance with frozen / learned / batch log Z, and FlowRL's coded variant.
+
+DISA (``000_97b17fcb5a92948e.txt``, eqs. 5, 6, 10; ``math.md`` §1):
+
+    delta(x, y) = log Z(x) + log pi_theta(y|x) - log pi_ref(y|x) - beta * r~(x, y)
+    J = E_x E_{y ~ pi_b} [ w(x, y) * delta(x, y)^2 ]
+
+FlowRL learns ``log Z`` jointly (gradient reaches it); DISA freezes a Stage-2 prediction
+(``sg(log Z_psi)``); VarGrad / PACED use the per-prompt batch-optimal value
+``mean_G(beta r - logp + logp_ref)``. PACED's TB is anchored on ``pi_old`` and writes the tilt as
+``r / kl_coef``: call :func:`tb_residual` with ``logp_ref = logp_old`` and ``beta = 1 / kl_coef``.
+
+Shapes: tokens ``[B, T]`` + float ``mask``; sequences ``[B]``; groups ``[P, G]`` (group-major).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from objectives._checks import as_tensor, broadcastable, ndim, same_shape
+from objectives.pg import group_advantages
+
+__all__ = [
+    "sequence_logprob",
+    "tb_residual",
+    "tb_loss",
+    "disa_loss",
+    "vargrad_log_z",
+    "vargrad_loss",
+    "group_normalized_reward",
+    "tb_importance_weight",
+    "flowrl_loss",
+]
+
+
+def sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: Literal["sum", "mean"] = "sum") -> Tensor:
+    """Sequence log-prob from token log-probs: masked sum (``"sum"``, the true ``log pi(y|x)``)
+    or masked mean (``"mean"``, FlowRL's length-normalized code path, ``math.md`` §2).
+
+    Args:
+        token_logp: ``[B, T]``; mask: ``[B, T]`` float (padding = 0; padded values are ignored
+            even when non-finite).
+    Returns:
+        ``[B]``.
+    """
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "mask", mask)
+    masked = torch.where(mask > 0, token_logp, torch.zeros_like(token_logp)) * mask
+    total = masked.sum(dim=1)
+    if normalize == "sum":
+        return total
+    if normalize == "mean":
+        return total / mask.sum(dim=1).clamp_min(1.0)
+    raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
+
+
+def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | float, beta: float | Tensor) -> Tensor:
+    """DISA eq. (5): ``delta = log_z + logp - logp_ref - beta * reward``.
+
+    Args:
+        logp: ``[B]`` (or ``[P, G]``) sequence log-probs under pi_theta (with grad).
+        logp_ref: same shape, under pi_ref.
+        reward: same shape, the transformed reward ``r~``.
+        log_z: broadcastable to ``logp`` (``[B]``, ``[P, 1]`` or a scalar). Pass it detached for
+            a frozen log Z (DISA), attached for a learned one (FlowRL).
+        beta: inverse temperature multiplying the reward.
+    Returns:
+        residual of ``logp``'s shape.
+    """
+    same_shape("logp", logp, "logp_ref", logp_ref)
+    same_shape("logp", logp, "reward", reward)
+    log_z = as_tensor(log_z, logp)
+    broadcastable("logp", logp, "log_z", log_z)
+    return log_z + logp - logp_ref - beta * reward
+
+
+def tb_loss(residual: Tensor, weight: Tensor | None = None) -> Tensor:
+    """DISA eq. (6): ``mean(w * delta^2)`` (``w = 1`` on-policy; ``weight`` is detached)."""
+    if residual.numel() == 0:
+        raise ValueError("tb_loss of an empty batch")
+    sq = residual * residual
+    if weight is None:
+        return sq.mean()
+    same_shape("residual", residual, "weight", weight)
+    return (weight.detach() * sq).mean()
+
+
+def disa_loss(
+    logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z_frozen: Tensor, beta: float, weight: Tensor | None = None
+) -> Tensor:
+    """DISA Stage 3, eq. (10): TB with ``sg(log Z_psi(x))`` (the frozen Stage-2 prediction)."""
+    return tb_loss(tb_residual(logp, logp_ref, reward, log_z_frozen.detach(), beta), weight)
+
+
+def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, detach: bool = False) -> Tensor:
+    """Per-prompt batch-optimal ``log Z`` (VarGrad; PACED ``paced.vargrad``):
+
+        log Z_hat(x_p) = (1/G) sum_g (beta * r_pg - logp_pg + logp_ref_pg)
+
+    the minimizer over a shared ``log Z`` of ``sum_g delta_pg^2``.
+
+    Args: ``[P, G]`` tensors. Returns ``[P]``. ``detach=True`` stops the gradient through the
+    estimate (the loss gradient is the same either way: at the minimizer ``dL/dlogZ = 0``).
+    """
+    ndim("logp", logp, 2, "[P, G]")
+    same_shape("logp", logp, "logp_ref", logp_ref)
+    same_shape("logp", logp, "reward", reward)
+    if logp.shape[1] == 0:
+        raise ValueError("vargrad_log_z needs G >= 1 samples per prompt")
+    est = (beta * reward - logp + logp_ref).mean(dim=1)
+    return est.detach() if detach else est
+
+
+def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float) -> Tensor:
+    """TB at the batch-optimal ``log Z`` (= the within-group variance of ``logp - logp_ref - beta r``,
+    population form). Built from :func:`tb_residual` and :func:`tb_loss`."""
+    log_z = vargrad_log_z(logp, logp_ref, reward, beta)
+    return tb_loss(tb_residual(logp, logp_ref, reward, log_z[:, None], beta))
+
+
+def group_normalized_reward(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """FlowRL's reward ``(r - mean_G r) / (std_G r + eps)`` (= :func:`objectives.pg.group_advantages`)."""
+    return group_advantages(rewards, scale="std", eps=eps)
+
+
+def tb_importance_weight(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    mask: Tensor,
+    clip: Literal["max", "none", "eps"] = "max",
+    max_weight: float = 10.0,
+    eps: float = 0.2,
+) -> Tensor:
+    """Rollout weight of FlowRL's loss (``math.md`` §2), detached:
+
+        w = exp( sum_t mask_t (logp_t - logp_old_t) )      (token SUM)
+
+    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps)``
+    (FlowRL's paper); ``"none"``: unclipped (the log-ratio is capped at 80 so float32 stays finite).
+
+    Returns ``[B]``.
+    """
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
+    same_shape("token_logp", token_logp, "mask", mask)
+    log_ratio = ((token_logp - token_logp_old) * mask).sum(dim=1).detach()
+    w = torch.exp(log_ratio.clamp(max=80.0))
+    if clip == "max":
+        return w.clamp(max=max_weight)
+    if clip == "eps":
+        return w.clamp(1.0 - eps, 1.0 + eps)
+    if clip == "none":
+        return w
+    raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
+
+
+def flowrl_loss(
+    token_logp: Tensor,
+    token_logp_ref: Tensor,
+    token_logp_old: Tensor,
+    mask: Tensor,
+    rewards: Tensor,
+    log_z: Tensor,
+    beta: float = 15.0,
+    group_size: int | None = None,
+    length_normalize: bool = True,
+    group_normalize: bool = True,
+    weight_clip: Literal["max", "none", "eps"] = "max",
+    max_weight: float = 10.0,
+    eps: float = 0.2,
+    is_weight: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """FlowRL's loss as coded (``math.md`` §2), each code choice an option:
+
+        A   = (r - mean_G r)/(std_G r + 1e-6)          if group_normalize else r
+        lp  = masked mean (length_normalize) or sum of token log-probs, same for lp_ref
+        delta = log_z + lp - lp_ref - beta * A
+        w   = clip(exp(sum_t (logp - logp_old)))       detached
+        loss = mean_B (w * delta^2)
+
+    Args:
+        token_logp, token_logp_ref, token_logp_old, mask: ``[B, T]``, ``B = P * G`` group-major.
+        rewards: ``[P, G]``, or ``[B]`` with ``group_size`` given.
+        log_z: ``[B]`` (per completion) or ``[P]`` (per prompt); keep it attached for a learned log Z.
+        is_weight: optional ``[B]`` sampler-mismatch importance weight (vLLM), multiplied in.
+    Returns:
+        ``(loss, metrics)``.
+    """
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    b = token_logp.shape[0]
+    if rewards.dim() == 1:
+        if group_size is None or b % group_size:
+            raise ValueError("rewards given as [B] need group_size dividing B")
+        rewards = rewards.view(-1, group_size)
+    if rewards.numel() != b:
+        raise ValueError(f"rewards has {rewards.numel()} entries for B={b} completions")
+    p, g = rewards.shape
+    reward = group_normalized_reward(rewards) if group_normalize else rewards
+    reward = reward.reshape(b)
+    if log_z.shape == (p,) and p != b:
+        log_z = log_z.repeat_interleave(g)
+    norm = "mean" if length_normalize else "sum"
+    lp = sequence_logprob(token_logp, mask, norm)
+    lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
+    delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)
+    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps)
+    if is_weight is not None:
+        w = w * is_weight.detach()
+    loss = tb_loss(delta, w)
+    with torch.no_grad():
+        metrics = {
+            "log_z_mean": log_z.float().mean(),
+            "log_z_std": log_z.float().std() if log_z.numel() > 1 else torch.zeros(()),
+            "residual_abs_mean": delta.abs().float().mean(),
+            "weight_mean": w.float().mean(),
+            "weight_clip_frac": (w >= max_weight).float().mean() if weight_clip == "max" else torch.zeros(()),
+        }
+    return loss, metrics
