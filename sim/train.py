@@ -1,0 +1,412 @@
+"""Trainers of the exact simulator, vectorized over seeds and prompts.
+
+The policy is a tabular softmax: logits ``theta [S, P, K]`` (S seeds, P prompts, K outputs), float64.
+This module only gathers log-probabilities of sampled (or, in exact-gradient mode, all) outputs,
+rewards and reference log-probs, and hands them to the loss functions of ``objectives``:
+
+- TB (DISA eqs. 5, 6, 10; math.md §1): ``objectives.tb.tb_residual`` + ``tb_loss``, with log Z exact,
+  frozen (DISA Stage 1: ``objectives.estimators``), learned (FlowRL), batch (``vargrad_log_z``) or zero;
+  rollout weights by ``objectives.tb.tb_importance_weight``.
+- FlowRL as coded (math.md §2): ``objectives.tb.flowrl_loss``.
+- PACED (``002_d44afb8661380d03.txt`` Alg. 1): TB anchored on pi_old, prompt selection
+  ``objectives.paced.select_prompts`` from ``accuracy_from_log_z``, replay priority ``replay_priority``.
+- LAD (``004_5fbe296d0161ca77.txt`` eq. 8): ``objectives.lad.lad_loss``.
+- GRPO / GSPO (math.md §6): ``objectives.pg.grpo_loss`` / ``gspo_loss`` with ``group_advantages``.
+
+Sequences are one token long here (a bandit), so token tensors are ``[B, 1]`` with mask 1 and
+``B = S * P * G`` (group-major: rows ``(s, p)`` hold one group of G samples).
+
+Exact-gradient mode replaces a sample mean ``(1/G) sum_g l(y_g)``, ``y_g ~ q``, by the exact
+expectation ``sum_y q(y) l(y)``: it passes all K outputs with weight ``K q(y)`` to the same loss
+(``tb_loss`` / ``lad_loss`` / ``grpo_loss`` average over the batch, so the weights turn that average
+into the expectation). The per-seed loss is the batch mean; seeds are summed so that they do not
+interact through the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from objectives import estimators as est
+from objectives import lad as lad_obj
+from objectives import paced as paced_obj
+from objectives import pg as pg_obj
+from objectives import tb as tb_obj
+from sim import proposals
+from sim.api import RunResult, SimConfig
+from sim.envs import BanditEnv, gather
+
+__all__ = ["train", "stage1_log_z", "tv_distance", "kl_divergence"]
+
+
+def tv_distance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Total variation ``½ sum_y |p - q|`` over the last axis."""
+    return 0.5 * (logp.exp() - logq.exp()).abs().sum(-1)
+
+
+def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``KL(p || q) = sum_y p (log p - log q)`` over the last axis (0·log 0 = 0)."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum(-1)
+
+
+def make_proposal(kind: str, logp_anchor: torch.Tensor, logp_target: torch.Tensor, alpha=0.5, k=4, top_p=0.9) -> torch.Tensor:
+    """Stage-1 proposal over ``[..., K]`` (see :mod:`sim.proposals`)."""
+    if kind == "ref":
+        return proposals.ref_proposal(logp_anchor)
+    if kind == "tilted":
+        return proposals.tilted_proposal(logp_anchor, logp_target, alpha)
+    if kind == "topk":
+        return proposals.top_k_proposal(logp_anchor, k)
+    if kind == "topp":
+        return proposals.top_p_proposal(logp_anchor, top_p)
+    raise ValueError(f"unknown proposal {kind!r} (ref|tilted|topk|topp)")
+
+
+def stage1_log_z(
+    logp_anchor: torch.Tensor,
+    reward: torch.Tensor,
+    beta: float,
+    M: int,
+    generator: torch.Generator,
+    proposal: str = "ref",
+    bias_correct: bool = False,
+    **proposal_kw,
+) -> torch.Tensor:
+    """DISA Stage 1 (eqs. 7-8): ``log Z_hat_M = LSE_i(log w_i) - log M``, ``y_i ~ q``.
+
+    Args:
+        logp_anchor: ``[..., P, K]`` the distribution being tilted (pi_ref, or pi_old for PACED/LAD anchors).
+        reward: ``[P, K]`` rewards (broadcast).
+        M: samples per prompt.
+    Returns:
+        ``[..., P]`` labels (``objectives.estimators.log_partition_lse`` or its delta-method correction).
+    """
+    r = reward.expand_as(logp_anchor)
+    logq = make_proposal(proposal, logp_anchor, torch.log_softmax(logp_anchor + beta * r, -1), **proposal_kw)
+    idx = proposals.sample(logq, M, generator)  # [..., P, M]
+    log_w = est.log_importance_weights(gather(logp_anchor, idx), gather(logq, idx), beta * gather(r, idx))
+    return est.bias_corrected_log_partition(log_w) if bias_correct else est.log_partition_lse(log_w)
+
+
+@dataclass
+class _Batch:
+    idx: torch.Tensor  # [S, P, G] sampled outputs
+    w: torch.Tensor  # [S, P, G] weights (exact-mode K q, selection mask)
+    logp_old: torch.Tensor  # [S, P, K] pi_old
+    anchor: torch.Tensor  # [S, P, K] reference of the TB residual / LAD ratio
+    replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (prompt [S, C], output [S, C], valid [S, C])
+
+
+class _Trainer:
+    def __init__(self, cfg: SimConfig, env: BanditEnv):
+        self.cfg, self.env = cfg, env
+        S, P, K = cfg.seeds, env.P, env.K
+        self.S, self.P, self.K = S, P, K
+        self.gen = torch.Generator().manual_seed(int(cfg.seed))
+        base = torch.zeros(P, K, dtype=torch.float64) if cfg.uniform_init else env.logp_ref.clone()
+        theta = base.expand(S, P, K).clone()
+        if cfg.init_scale > 0:
+            theta = theta + cfg.init_scale * torch.randn(S, P, K, generator=self.gen, dtype=torch.float64)
+        self.theta = theta.requires_grad_(True)
+        groups = [{"params": [self.theta], "lr": cfg.lr}]
+        self.logz_param = None
+        if cfg.method == "flowrl" or (cfg.method == "tb" and cfg.log_z == "learned"):
+            self.logz_param = torch.zeros(S, P, dtype=torch.float64, requires_grad=True)
+            groups.append({"params": [self.logz_param], "lr": cfg.logz_lr})
+        if cfg.optimizer == "adam":
+            self.opt = torch.optim.Adam(groups)
+        elif cfg.optimizer == "sgd":
+            self.opt = torch.optim.SGD(groups)
+        else:
+            raise ValueError(f"optimizer must be adam|sgd, got {cfg.optimizer!r}")
+        self.reward = env.reward  # [P, K]
+        self.ref = env.logp_ref.expand(S, P, K)
+        self.logp_old = torch.log_softmax(self.theta.detach(), -1)
+        self.frozen = None
+        self.frozen_ref_p = None
+        if cfg.scheduler == "frozen" and cfg.select_m:
+            # DISA's frozen Z (Stage 1 on pi_ref) turned into the reference pass rate (binary rewards).
+            lz = stage1_log_z(self.ref, self.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
+            self.frozen_ref_p = est.pass_rate_from_log_z(lz, cfg.beta)
+        self.buf = None
+        if cfg.replay:
+            C = cfg.replay_capacity
+            self.buf = (
+                torch.zeros(S, C, dtype=torch.long),
+                torch.zeros(S, C, dtype=torch.long),
+                torch.zeros(S, C, dtype=torch.bool),
+            )
+        self.hist: dict[str, list[float]] = {}
+
+    # -- targets and log Z ----------------------------------------------------------------------
+    @property
+    def cfg_weight_clip(self) -> str:
+        wc = self.cfg.weight_clip
+        if wc == "auto":
+            return "max" if self.cfg.method == "flowrl" else "one"
+        return wc
+
+    def anchor(self) -> torch.Tensor:
+        return self.ref if self.cfg.anchor == "ref" else self.logp_old
+
+    def tilt(self) -> torch.Tensor:
+        """The log-tilt of the target: ``beta r`` (TB family) or ``A / eta`` (LAD / GRPO / GSPO)."""
+        if self.cfg.method in ("lad", "grpo", "gspo"):
+            return self.reward / self.cfg.eta
+        return self.cfg.beta * self.reward
+
+    def target(self) -> torch.Tensor:
+        """``[S, P, K]``: pi* = anchor e^{tilt} normalized (LAD: ``lad_target_logprobs``)."""
+        if self.cfg.method in ("lad", "grpo", "gspo"):
+            return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), self.cfg.eta)
+        return torch.log_softmax(self.anchor() + self.tilt(), -1)
+
+    def exact_log_z(self) -> torch.Tensor:
+        return torch.logsumexp(self.anchor() + self.cfg.beta * self.reward, -1)  # [S, P]
+
+    def refresh_frozen(self) -> None:
+        c = self.cfg
+        self.frozen = stage1_log_z(
+            self.anchor(), self.reward, c.beta, c.frozen_M, self.gen, c.frozen_proposal, c.frozen_bias_correct,
+            **self._prop_kw(),
+        )
+
+    def _prop_kw(self) -> dict:
+        c = self.cfg
+        if c.frozen_proposal == "tilted":
+            return {"alpha": c.proposal_alpha}
+        if c.frozen_proposal == "topk":
+            return {"k": c.proposal_k}
+        if c.frozen_proposal == "topp":
+            return {"top_p": c.proposal_p}
+        return {}
+
+    def log_z_in_use(self, lp=None, lp_anchor=None, r=None) -> torch.Tensor:
+        c = self.cfg
+        if c.method == "flowrl" or c.log_z == "learned":
+            return self.logz_param
+        if c.log_z == "exact":
+            return self.exact_log_z() + c.log_z_bias
+        if c.log_z == "frozen":
+            return self.frozen
+        if c.log_z == "zero":
+            return torch.zeros(self.S, self.P, dtype=torch.float64)
+        if c.log_z == "vargrad":
+            if lp is None:
+                return torch.full((self.S, self.P), math.nan, dtype=torch.float64)
+            G = lp.shape[-1]
+            return tb_obj.vargrad_log_z(
+                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta
+            ).reshape(self.S, self.P)
+        raise ValueError(c.log_z)
+
+    def p_hat(self) -> torch.Tensor:
+        """``[S, P]`` accuracy estimate driving PACED selection."""
+        c = self.cfg
+        if c.scheduler == "logz":
+            if self.logz_param is None:
+                raise ValueError("scheduler='logz' needs a learned log Z (log_z='learned' or method='flowrl')")
+            return paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.beta)
+        if c.scheduler == "frozen":
+            return self.frozen_ref_p
+        if c.scheduler == "oracle":
+            return self.env.pass_rate(self.logp_old)
+        return torch.rand(self.S, self.P, generator=self.gen, dtype=torch.float64)
+
+    # -- the loss -------------------------------------------------------------------------------
+    def advantages(self, r: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        if c.advantage == "raw":
+            return r
+        G = r.shape[-1]
+        scale = "std" if c.advantage == "group" else "none"
+        if c.advantage not in ("group", "center"):
+            raise ValueError(f"advantage must be raw|group|center, got {c.advantage!r}")
+        return pg_obj.group_advantages(r.reshape(-1, G), scale=scale).reshape(r.shape)
+
+    def loss(self, b: _Batch) -> torch.Tensor:
+        """Scalar loss = sum over seeds of each seed's batch-mean loss."""
+        c = self.cfg
+        logp = torch.log_softmax(self.theta, -1)  # [S, P, K]
+        lp = gather(logp, b.idx)  # [S, P, G]
+        lp_old = gather(b.logp_old, b.idx)
+        lp_anchor = gather(b.anchor, b.idx)
+        r = gather(self.reward, b.idx)
+        S, P, G = lp.shape
+        B = S * P * G
+        ones = torch.ones(B, 1, dtype=lp.dtype)
+        if c.method == "tb":
+            log_z = self.log_z_in_use(lp, lp_anchor, r)
+            if c.log_z != "learned":
+                log_z = log_z.detach() if c.log_z != "vargrad" else log_z
+            res = tb_obj.tb_residual(lp, lp_anchor, r, log_z[..., None], c.beta)
+            w = b.w
+            wc = self.cfg_weight_clip
+            if wc != "one":
+                iw = tb_obj.tb_importance_weight(
+                    lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip="none" if wc == "ratio" else wc
+                ).reshape(S, P, G)
+                w = w * iw
+            res_all, w_all = res.reshape(S, -1), w.reshape(S, -1)
+            if b.replay is not None:
+                pr, yr, valid = b.replay
+                lp_r = torch.gather(logp.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
+                an_r = torch.gather(b.anchor.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
+                rr = self.reward[pr, yr]
+                lz_r = torch.gather(log_z, 1, pr)
+                res_r = tb_obj.tb_residual(lp_r, an_r, rr, lz_r, c.beta)
+                res_all = torch.cat([res_all, res_r], 1)
+                w_all = torch.cat([w_all, valid.to(lp.dtype)], 1)
+            return S * tb_obj.tb_loss(res_all.reshape(-1), w_all.reshape(-1))
+        if c.method == "flowrl":
+            loss, _ = tb_obj.flowrl_loss(
+                lp.reshape(B, 1), lp_anchor.reshape(B, 1), lp_old.reshape(B, 1), ones, r.reshape(S * P, G),
+                self.logz_param.reshape(S * P), beta=c.beta, length_normalize=True,
+                group_normalize=c.flowrl_group_normalize, weight_clip=self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
+                is_weight=b.w.reshape(B),
+            )
+            return S * loss
+        adv = self.advantages(r)
+        if c.method == "lad":
+            return S * lad_obj.lad_loss(lp.reshape(B), lp_old.reshape(B), adv.reshape(B), c.eta, c.divergence, weight=b.w.reshape(B))
+        if c.method == "grpo":
+            ref = lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)
+            loss, _ = pg_obj.grpo_loss(
+                lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones, clip_eps=c.clip_eps,
+                token_logp_ref=ref.reshape(B, 1), kl_coef=c.kl_coef, is_weight=b.w.reshape(B),
+            )
+            return S * loss
+        if c.method == "gspo":
+            loss, _ = pg_obj.gspo_loss(lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps, is_weight=b.w.reshape(B))
+            return S * loss
+        raise ValueError(f"unknown method {c.method!r}")
+
+    # -- batches --------------------------------------------------------------------------------
+    def make_batch(self, sel: torch.Tensor) -> _Batch:
+        c = self.cfg
+        logq = self.logp_old if c.temperature == 1.0 else proposals.temperature_proposal(self.logp_old, c.temperature)
+        if c.exact:
+            idx = torch.arange(self.K).expand(self.S, self.P, self.K)
+            w = self.K * logq.exp()
+        else:
+            idx = proposals.sample(logq, c.G, self.gen)
+            w = torch.ones(idx.shape, dtype=torch.float64)
+        w = w * sel[..., None]
+        return _Batch(idx, w, self.logp_old, self.anchor(), self.buf if (self.buf is not None and bool(self.buf[2].any())) else None)
+
+    def select(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Selection mask ``[S, P]`` (PACED) and the estimate used."""
+        c = self.cfg
+        if not c.select_m:
+            return torch.ones(self.S, self.P, dtype=torch.float64), None
+        p_hat = self.p_hat()
+        sel = torch.zeros(self.S, self.P, dtype=torch.float64)
+        for s in range(self.S):  # S is small; select_prompts is per prompt set
+            sel[s, paced_obj.select_prompts(p_hat[s], c.tau, c.select_m)] = 1.0
+        return sel, p_hat
+
+    def push_replay(self, b: _Batch, sel: torch.Tensor, p_hat: torch.Tensor | None) -> None:
+        c = self.cfg
+        r = gather(self.reward, b.idx)  # [S, P, G]
+        G = r.shape[-1]
+        if p_hat is None:
+            p_hat = paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.beta)
+        pri = paced_obj.replay_priority(r.sum(-1), float(G), p_hat)  # [S, P]
+        cand_pri = torch.where((r > 0.5) & (sel[..., None] > 0), pri[..., None].expand_as(r), torch.full_like(r, -math.inf))
+        flat = cand_pri.reshape(self.S, -1)
+        n_add = min(c.replay_add, flat.shape[1])
+        top = torch.argsort(-flat, dim=1, stable=True)[:, :n_add]
+        new_valid = torch.isfinite(torch.gather(flat, 1, top))
+        new_p = top // G
+        new_y = torch.gather(b.idx.reshape(self.S, -1), 1, top)
+        bp, by, bv = self.buf
+        C = c.replay_capacity
+        # FIFO: newest first, oldest dropped (PACED: bounded age of the buffer)
+        self.buf = (torch.cat([new_p, bp], 1)[:, :C], torch.cat([new_y, by], 1)[:, :C], torch.cat([new_valid, bv], 1)[:, :C])
+
+    # -- metrics --------------------------------------------------------------------------------
+    def grad_variance(self, sel: torch.Tensor) -> float:
+        """Mean over seeds/prompts of sum_k Var(dL/dtheta_k) across fresh batches at the current theta."""
+        grads = []
+        for _ in range(self.cfg.grad_var_draws):
+            b = self.make_batch(sel)
+            (g,) = torch.autograd.grad(self.loss(b), [self.theta])
+            grads.append(g)
+        g = torch.stack(grads)  # [D, S, P, K]
+        return float(g.var(0).sum(-1).mean())
+
+    def record(self, step: int, sel: torch.Tensor, p_hat: torch.Tensor | None) -> None:
+        c = self.cfg
+        with torch.no_grad():
+            logp = torch.log_softmax(self.theta, -1)
+            tgt = self.target()
+            row = {
+                "step": step,
+                "tv": float(tv_distance(logp, tgt).mean()),
+                "kl": float(kl_divergence(logp, tgt).mean()),
+                "reward": float(self.env.expectation(logp, self.reward).mean()),
+            }
+            if c.anchor == "old" or c.method in ("lad", "grpo", "gspo"):
+                p_pi = torch.log_softmax(logp - self.logp_old, -1)
+                p_a = torch.log_softmax(self.tilt().expand_as(logp), -1)
+                row["tv_ratio"] = float(tv_distance(p_pi, p_a).mean())
+            if c.method in ("tb", "flowrl") and not (c.log_z == "vargrad" and c.method == "tb"):
+                lz = self.log_z_in_use()
+                row["log_z"] = float(lz.mean())
+                row["log_z_err"] = float((lz - self.exact_log_z()).abs().mean())
+            if p_hat is not None:
+                p_true = self.env.pass_rate(self.logp_old)
+                row["p_hat_err"] = float((p_hat - p_true).abs().mean())
+                row["sel_p"] = float((p_true * sel).sum() / sel.sum())
+        if c.grad_var_every and step % c.grad_var_every == 0:
+            row["grad_var"] = self.grad_variance(sel)
+        for k, v in row.items():
+            self.hist.setdefault(k, []).append(v)
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        c = self.cfg
+        t0 = time.perf_counter()
+        if c.method == "tb" and c.log_z == "frozen":
+            self.refresh_frozen()
+        it = range(c.steps)
+        if c.progress:
+            from tqdm import tqdm
+
+            it = tqdm(it, desc=f"sim {c.method}/{c.log_z}", leave=False)
+        sel, p_hat = self.select()
+        self.record(0, sel, p_hat)
+        for t in it:
+            if t > 0 and t % c.refresh_every == 0:
+                self.logp_old = torch.log_softmax(self.theta.detach(), -1)
+                if c.method == "tb" and c.log_z == "frozen" and c.anchor == "old":
+                    self.refresh_frozen()
+            sel, p_hat = self.select()
+            b = self.make_batch(sel)
+            for _ in range(c.inner_steps):
+                self.opt.zero_grad(set_to_none=True)
+                self.loss(b).backward()
+                self.opt.step()
+            if self.buf is not None:
+                self.push_replay(b, sel, p_hat)
+            if (t + 1) % c.log_every == 0 or t + 1 == c.steps:
+                self.record(t + 1, sel, p_hat)
+        with torch.no_grad():
+            logp = torch.log_softmax(self.theta, -1)
+            res = RunResult(c, self.hist, logp, self.logp_old.clone(), self.target(), time.perf_counter() - t0)
+        if self.logz_param is not None:
+            res.extra["log_z"] = self.logz_param.detach().clone()
+        if self.frozen is not None:
+            res.extra["frozen_log_z"] = self.frozen.clone()
+        return res
+
+
+def train(cfg: SimConfig, env: BanditEnv) -> RunResult:
+    """Train ``cfg.seeds`` tabular policies on ``env`` with ``cfg.method``; see :class:`sim.api.SimConfig`."""
+    cfg.validate()
+    return _Trainer(cfg, env).run()
