@@ -1,0 +1,193 @@
+"""Verifiable rewards with TRL's reward-function signature.
+
+Every reward here is ``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``
+(TRL ``GRPOTrainer`` convention, see ``notes/engines.md``): ``kwargs`` carry the dataset columns, one
+entry per completion (``answer`` for math, ``tests`` and optionally ``entry_point`` for code).
+``completions`` may be plain strings or conversational (``[{"role": "assistant", "content": ...}]``).
+``None`` means "this reward does not apply to this row" (TRL ignores it when summing rewards).
+
+* :func:`math_reward`: 1.0 iff the LAST ``\\boxed{...}`` of the completion is mathematically equal to
+  the gold answer under ``math-verify`` (``parse`` + ``verify``), else 0.0 (no box -> 0.0).
+* :func:`code_reward`: 1.0 iff the completion's code followed by the row's assert-based tests exits
+  cleanly in :mod:`llm.sandbox` (timeout, memory, output and isolation limits), else 0.0.
+* :func:`verifiable_reward`: per row, math if the row has an ``answer``, code if it has ``tests``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Sequence
+
+__all__ = [
+    "code_program",
+    "code_reward",
+    "completion_text",
+    "extract_boxed",
+    "extract_code",
+    "make_code_reward",
+    "math_equal",
+    "math_reward",
+    "verifiable_reward",
+]
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a completion: a str, or the content of the last message of a conversational completion."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict) and "content" in completion:
+        return str(completion["content"])
+    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise ValueError(f"completion must be a str or a list of chat messages, got {type(completion).__name__}")
+
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, or None."""
+    last = None
+    for m in _BOX_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            last = text[m.end(): i - 1]
+    return last
+
+
+def _timeouts() -> int | None:
+    # math-verify's timeouts use signal.alarm, which only works in the main thread
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_equal(pred: str, gold: str) -> bool:
+    """``math-verify`` equivalence of a predicted answer string and a gold answer string (no ``\\boxed`` needed)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    t = _timeouts()
+    cfg = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    gold_p = parse("\\boxed{" + gold + "}", extraction_config=cfg, parsing_timeout=t)
+    pred_p = parse("\\boxed{" + pred + "}", extraction_config=cfg, parsing_timeout=t)
+    if not gold_p or not pred_p:
+        return _norm(pred) == _norm(gold)
+    return bool(verify(gold_p, pred_p, timeout_seconds=t))
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s+", "", s).strip("$.").lower()
+
+
+def _column(kwargs: dict, name: str, n: int, required: bool) -> list | None:
+    col = kwargs.get(name)
+    if col is None:
+        if required:
+            raise ValueError(f"reward needs the dataset column {name!r} in kwargs (got columns {sorted(kwargs)})")
+        return None
+    if isinstance(col, (str, bytes)) or not isinstance(col, Sequence):
+        col = [col] * n
+    if len(col) != n:
+        raise ValueError(f"column {name!r} has {len(col)} entries for {n} completions")
+    return list(col)
+
+
+def math_reward(prompts, completions, completion_ids=None, *, require_boxed: bool = True, **kwargs) -> list[float | None]:
+    """1.0 iff the last boxed answer equals ``answer`` (math-verify), 0.0 otherwise; None where answer is None.
+
+    With ``require_boxed=False`` an unboxed completion is parsed by math-verify's default extraction
+    (last LaTeX / plain expression) instead of scoring 0.
+    """
+    n = len(completions)
+    answers = _column(kwargs, "answer", n, required=True)
+    out: list[float | None] = []
+    for comp, gold in zip(completions, answers):
+        if gold is None:
+            out.append(None)
+            continue
+        text = completion_text(comp)
+        boxed = extract_boxed(text)
+        if boxed is None:
+            if require_boxed:
+                out.append(0.0)
+                continue
+            from math_verify import parse, verify
+
+            t = _timeouts()
+            pred_p = parse(text, parsing_timeout=t)
+            gold_p = parse("\\boxed{" + str(gold) + "}", parsing_timeout=t)
+            out.append(float(bool(pred_p) and bool(gold_p) and verify(gold_p, pred_p, timeout_seconds=t)))
+            continue
+        out.append(float(math_equal(boxed, str(gold))))
+    return out
+
+
+math_reward.__name__ = "math_reward"
+
+_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(text: str) -> str:
+    """The last fenced code block (```python ...```) of ``text``; the whole text if there is none."""
+    blocks = _FENCE_RE.findall(text)
+    if blocks:
+        return blocks[-1]
+    return text
+
+
+def code_program(code: str, tests: str, entry_point: str | None = None) -> str:
+    """``code`` then ``tests``; HumanEval-style tests defining ``check(candidate)`` get ``check(entry_point)``."""
+    prog = code.rstrip() + "\n\n" + tests.rstrip() + "\n"
+    if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
+        prog += f"\ncheck({entry_point})\n"
+    return prog
+
+
+def make_code_reward(config=None, max_workers: int | None = None, name: str = "code_reward"):
+    """A TRL reward function running code + tests in :mod:`llm.sandbox` with ``config`` (a ``SandboxConfig``)."""
+    from .sandbox import SandboxConfig
+
+    cfg = config or SandboxConfig(timeout_s=10.0)
+
+    def reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
+        from .sandbox import run_many
+
+        n = len(completions)
+        tests = _column(kwargs, "tests", n, required=True)
+        entry = _column(kwargs, "entry_point", n, required=False) or [None] * n
+        idx, progs = [], []
+        for i, (comp, t) in enumerate(zip(completions, tests)):
+            if t is None:
+                continue
+            idx.append(i)
+            progs.append(code_program(extract_code(completion_text(comp)), str(t), entry[i]))
+        out: list[float | None] = [None] * n
+        for i, res in zip(idx, run_many(progs, cfg, max_workers=max_workers)):
+            out[i] = 1.0 if res.passed else 0.0
+        return out
+
+    reward.__name__ = name
+    return reward
+
+
+def code_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
+    """Default-config sandboxed code reward (10 s wall clock per program)."""
+    return _default_code_reward(prompts, completions, completion_ids, **kwargs)
+
+
+_default_code_reward = make_code_reward()
+
+
+def verifiable_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
+    """Per row: :func:`math_reward` if ``answer`` is set, else :func:`code_reward` if ``tests`` is set; 0.0 if neither."""
+    n = len(completions)
+    answers = _column(kwargs, "answer", n, required=False) or [None] * n
+    tests = _column(kwargs, "tests", n, required=False) or [None] * n
+    rest = {k: v for k, v in kwargs.items() if k not in ("answer", "tests")}
+    m = math_reward(prompts, completions, answer=answers)
+    code_mask = [a is None and t is not None for a, t in zip(answers, tests)]
+    c = code_reward(prompts, completions, tests=[t if cm else None for t, cm in zip(tests, code_mask)], **rest) \
+        if any(code_mask) else [None] * n
+    return [mv if mv is not None else (cv if cv is not None else 0.0) for mv, cv in zip(m, c)]

@@ -1,0 +1,94 @@
+"""Math (math-verify) and code (sandbox) rewards with TRL's signature."""
+
+import threading
+
+import pytest
+
+from llm.rewards import (code_program, code_reward, extract_boxed, extract_code, make_code_reward, math_equal,
+                         math_reward, verifiable_reward)
+from llm.tasks import arithmetic_tasks, function_tasks
+
+
+def test_extract_boxed_last_and_nested():
+    assert extract_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert extract_boxed("\\boxed{ {a}+{b} }") == " {a}+{b} "
+    assert extract_boxed("\\fbox{7}") == "7"
+    assert extract_boxed("no box") is None
+    assert extract_boxed("\\boxed{unclosed") is None
+
+
+@pytest.mark.parametrize("pred,gold,ok", [
+    ("42", "42", True), ("\\frac{1}{2}", "0.5", True), ("1/2", "\\frac12", True), ("-17", "-17", True),
+    ("41", "42", False), ("x^2+2x+1", "(x+1)^2", True), ("\\sqrt{2}", "2", False), ("6", "-6", False),
+])
+def test_math_equal(pred, gold, ok):
+    assert math_equal(pred, gold) is ok
+
+
+def test_math_reward_signature_and_values():
+    comps = ["so \\boxed{42}.", "\\boxed{41}", "the answer is 42", [{"role": "assistant", "content": "\\boxed{3}"}]]
+    r = math_reward(["p"] * 4, comps, completion_ids=None, answer=["42", "42", "42", "3"], id=list("abcd"))
+    assert r == [1.0, 0.0, 0.0, 1.0]
+    # unboxed answers are parsed only when asked
+    assert math_reward(None, ["the answer is 42"], answer=["42"], require_boxed=False) == [1.0]
+    assert math_reward(None, ["x", "\\boxed{1}"], answer=[None, "1"]) == [None, 1.0]
+
+
+def test_math_reward_errors():
+    with pytest.raises(ValueError, match="column 'answer'"):
+        math_reward(None, ["\\boxed{1}"])
+    with pytest.raises(ValueError, match="2 entries for 1"):
+        math_reward(None, ["\\boxed{1}"], answer=["1", "2"])
+    with pytest.raises(ValueError, match="completion must be"):
+        math_reward(None, [3], answer=["3"])
+
+
+def test_math_reward_on_synthetic_tasks_all_levels():
+    rows = arithmetic_tasks(15, seed=3)
+    good = [f"Working... \\boxed{{{r['answer']}}}" for r in rows]
+    bad = [f"\\boxed{{{int(r['answer']) + 1}}}" for r in rows]
+    answers = [r["answer"] for r in rows]
+    assert math_reward(None, good, answer=answers) == [1.0] * 15
+    assert math_reward(None, bad, answer=answers) == [0.0] * 15
+
+
+def test_math_reward_off_main_thread():
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", math_reward(None, ["\\boxed{2}"], answer=["2"])))
+    t.start()
+    t.join(30)
+    assert out["r"] == [1.0]
+
+
+def test_extract_code_and_program():
+    text = "first\n```python\nx = 1\n```\nthen\n```py\ndef f(x):\n    return x\n```\n"
+    assert extract_code(text) == "def f(x):\n    return x\n"
+    assert extract_code("def f(x): return 1") == "def f(x): return 1"
+    prog = code_program("def g(x): return x", "def check(candidate):\n    assert candidate(1) == 1\n", "g")
+    assert prog.rstrip().endswith("check(g)")
+    assert "check(" not in code_program("def g(x): return x", "assert g(1) == 1\n", "g")
+
+
+def test_code_reward_on_synthetic_tasks():
+    rows = function_tasks(5, seed=1)
+    tests = [r["tests"] for r in rows]
+    good = [f"Here:\n```python\n{r['solution']}```" for r in rows]
+    assert code_reward(None, good, tests=tests) == [1.0] * 5
+    assert code_reward(None, ["```python\ndef f(x):\n    return None\n```"] * 5, tests=tests) == [0.0] * 5
+    assert code_reward(None, ["no code at all"], tests=[tests[0]]) == [0.0]
+
+
+def test_code_reward_humaneval_style_check():
+    fn = make_code_reward(name="he")
+    tests = "def check(candidate):\n    assert candidate(2) == 3\n"
+    assert fn.__name__ == "he"
+    r = fn(None, ["def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n"], tests=[tests] * 2,
+           entry_point=["inc", "inc"])
+    assert r == [1.0, 0.0]
+
+
+def test_verifiable_reward_dispatch():
+    row = function_tasks(1)[0]
+    comps = ["\\boxed{5}", f"```python\n{row['solution']}```", "\\boxed{5}", "nothing"]
+    r = verifiable_reward(None, comps, answer=["5", None, "6", None], tests=[None, row["tests"], None, None])
+    assert r == [1.0, 1.0, 0.0, 0.0]
