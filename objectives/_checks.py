@@ -12,6 +12,8 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
         return x
     if like is not None:
         return torch.as_tensor(x, dtype=like.dtype if like.is_floating_point() else torch.get_default_dtype(), device=like.device)
+    if isinstance(x, (float, int)):  # Python scalars carry float64 precision; keep it
+        return torch.tensor(float(x), dtype=torch.float64)
     t = torch.as_tensor(x)
     return t if t.is_floating_point() else t.to(torch.get_default_dtype())
 

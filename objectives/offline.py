@@ -90,7 +90,9 @@ def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor
     if ids.shape != logits_theta.shape[:2]:
         raise ValueError(f"ids must be [B, T]={tuple(logits_theta.shape[:2])}, got {tuple(ids.shape)}")
     z = (1.0 + lam) * logits_theta - lam * logits_ref
-    return torch.log_softmax(z.float(), dim=-1).gather(-1, ids.long().unsqueeze(-1)).squeeze(-1).to(logits_theta.dtype)
+    if z.dtype in (torch.float16, torch.bfloat16):  # normalize in float32 for half inputs
+        z = z.float()
+    return torch.log_softmax(z, dim=-1).gather(-1, ids.long().unsqueeze(-1)).squeeze(-1).to(logits_theta.dtype)
 
 
 def dpo_loss(logp_w: Tensor, logp_l: Tensor, ref_w: Tensor, ref_l: Tensor, beta: float = 0.1) -> Tensor:
