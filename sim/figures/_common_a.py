@@ -1,0 +1,39 @@
+"""Small helpers shared by the part-A figure modules (fig01, fig07, fig08, fig10)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["plt", "save", "clean"]
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: tensors -> lists, non-finite floats -> strings."""
+    if hasattr(obj, "tolist"):
+        obj = obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
+
+
+def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str) -> tuple[Path, Path]:
+    """Write ``<fig_id>.png`` (with the caption under the axes) and ``<fig_id>.json``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, js = out_dir / f"{fig_id}.png", out_dir / f"{fig_id}.json"
+    fig.savefig(png, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    js.write_text(json.dumps(clean({"caption": caption, **data}), indent=1))
+    return png, js
