@@ -135,7 +135,7 @@ class Check:
         return f"{self.claim_id}[{self.layer}:{self.name}]"
 
     def reproducer(self, seed: int) -> str:
-        return f"tiltlab check --only {self.claim_id} --layer {self.layer} --seed {seed}"
+        return f"tiltlab check --only {self.claim_id} --layer {self.layer} --check {self.name} --seed {seed}"
 
 
 @dataclass

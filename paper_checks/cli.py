@@ -1,0 +1,294 @@
+"""``tiltlab check`` and ``tiltlab reproduce``.
+
+``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones),
+prints one row per check (claim, paper, layer, verdict, one line of evidence) plus one row per
+declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
+when a check returns a verdict other than the one recorded as expected for it, or crashes.
+Each failure is followed by the command that re-runs just that check.
+
+``tiltlab reproduce`` runs all checks and all simulator figures and writes ``claims.json``,
+``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+LAYERS = ("theory", "sim", "data", "llm")
+
+_CHECK_HELP = """Run the claim checks and compare every verdict with the one recorded as expected.
+
+Exit status: 0 when every selected check returns its expected verdict (a claim that is
+refuted and stays refuted is green); 1 when a verdict changed or a check crashed; 2 on
+bad arguments. Failing checks are followed by a reproducer line."""
+
+_REPRO_HELP = """Run all checks and all simulator figures and write the report:
+OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained)."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("check", help="run the claim checks (theory + sim + data)", description=_CHECK_HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", metavar="PREFIX", help="claim-id prefix (e.g. disa.prop1) or a layer name (theory, sim, data, llm)")
+    p.add_argument("--layer", choices=LAYERS, help="only checks of this layer")
+    p.add_argument("--check", metavar="NAME", help="only the check with this name (as printed in reproducer lines)")
+    p.add_argument("--seed", type=int, default=0, help="seed passed to every check (default 0)")
+    p.add_argument("--slow", action="store_true", help="include checks marked slow")
+    p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
+    p.add_argument("--out", type=Path, default=Path("results/claims.json"), help="where to write the JSON record (default results/claims.json)")
+    p.set_defaults(func=_cmd_check)
+
+    r = subparsers.add_parser("reproduce", help="all checks + all simulator figures -> REPORT.md and report.html",
+                              description=_REPRO_HELP)
+    r.add_argument("--quick", action="store_true", help="fast figure settings, skip slow checks (under 2 minutes)")
+    r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
+    r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
+    r.set_defaults(func=_cmd_reproduce)
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def _progress(iterable: Sequence[Any], desc: str, enabled: bool = True):
+    """tqdm on stderr when it is a terminal (silent in CI logs and under --json pipes)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a core dependency
+        return iterable
+    return tqdm(iterable, desc=desc, unit="check" if desc == "checks" else "fig", file=sys.stderr,
+                disable=None if enabled else True, leave=False, dynamic_ncols=True)
+
+
+def _select(args_only: str | None, layer: str | None, name: str | None, include_slow: bool):
+    from paper_checks import registry
+
+    registry.discover()
+    registry.validate()
+    chks = registry.select(args_only, layer, include_slow)
+    if name:
+        chks = [c for c in chks if c.name == name]
+    return chks
+
+
+def _run(chks, seed: int, progress: bool = True):
+    from paper_checks import registry
+
+    outs = []
+    bar = _progress(chks, "checks", progress)
+    for c in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(c.claim_id, refresh=False)
+        outs.append(registry.run_one(c, seed))
+    return outs
+
+
+def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
+    from paper_checks import registry
+
+    have = {c.claim_id for c in registry.checks()}
+    rows = []
+    for cid, c in sorted(registry.claims().items()):
+        if cid in have:
+            continue
+        if prefix and not cid.startswith(prefix):
+            continue
+        rows.append({"claim": cid, "paper": c.paper, "section": c.section, "statement": c.statement, "kind": c.kind,
+                     "verdict": "unchecked", "llm_command": c.llm_command})
+    return rows
+
+
+def _record(outs, unchecked, seed: int, selection: dict[str, Any], seconds: float) -> dict[str, Any]:
+    from tiltlab import __version__
+
+    counts = Counter(o.verdict for o in outs)
+    counts.update({"unchecked": len(unchecked)} if unchecked else {})
+    return {
+        "tiltlab": __version__,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "seed": seed,
+        "selection": selection,
+        "summary": {
+            "checks": len(outs),
+            "failures": sum(not o.ok for o in outs),
+            "verdicts": dict(sorted(counts.items())),
+            "seconds": round(seconds, 3),
+        },
+        "checks": [o.to_json(seed) for o in outs],
+        "unchecked": unchecked,
+    }
+
+
+def _write_json(path: Path, rec: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _print_failures(outs, seed: int, stream=sys.stdout) -> None:
+    bad = [o for o in outs if not o.ok]
+    if not bad:
+        return
+    print(f"\n{len(bad)} check(s) changed verdict or crashed:", file=stream)
+    for o in bad:
+        if o.result is None:
+            last = (o.error or "").strip().splitlines()[-1:] or ["?"]
+            print(f"  FAIL {o.check.key}: crashed: {last[0]}", file=stream)
+        else:
+            print(f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}", file=stream)
+        print(f"       reproduce: {o.check.reproducer(seed)}", file=stream)
+
+
+def _table(outs, unchecked, stream=sys.stdout) -> None:
+    from paper_checks.registry import get_claim
+    from paper_checks.report import paper_name
+
+    rows = []
+    for o in outs:
+        ev = o.result.summary if o.result is not None else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
+        verdict = o.verdict if o.ok else f"{o.verdict}!={o.check.expected.value}"
+        rows.append((o.check.claim_id, paper_name(get_claim(o.check.claim_id).paper), f"{o.check.layer}", verdict, ev))
+    for u in unchecked:
+        rows.append((u["claim"], paper_name(u["paper"]), "-", "unchecked", "no check registered"))
+    rows.sort(key=lambda r: r[0])  # stable: a claim's checks keep their layer order
+    if not rows:
+        print("no checks selected", file=stream)
+        return
+    w = [max(len(r[i]) for r in rows + [("claim", "paper", "layer", "verdict", "")]) for i in range(4)]
+    width = shutil.get_terminal_size((200, 24)).columns if stream.isatty() else 200
+    ev_w = max(40, width - sum(w) - 8)
+    head = ("claim", "paper", "layer", "verdict", "evidence")
+    print("  ".join(h.ljust(w[i]) if i < 4 else h for i, h in enumerate(head)), file=stream)
+    print("  ".join("-" * (w[i] if i < 4 else 8) for i in range(5)), file=stream)
+    for r in rows:
+        ev = r[4] if len(r[4]) <= ev_w else r[4][: ev_w - 1] + "…"
+        print("  ".join(x.ljust(w[i]) for i, x in enumerate(r[:4])) + "  " + ev, file=stream)
+
+
+# --------------------------------------------------------------------------- tiltlab check
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    prefix, layer = args.only, args.layer
+    if prefix in LAYERS:
+        if layer and layer != prefix:
+            print(f"tiltlab check: --only {prefix} (a layer) conflicts with --layer {layer}", file=sys.stderr)
+            return 2
+        prefix, layer = None, prefix
+    t0 = time.perf_counter()
+    chks = _select(prefix, layer, args.check, args.slow)
+    outs = _run(chks, args.seed, progress=True)
+    unchecked = [] if (layer or args.check) else _unchecked(prefix)
+    seconds = time.perf_counter() - t0
+    sel = {"only": prefix, "layer": layer, "check": args.check, "slow": bool(args.slow)}
+    rec = _record(outs, unchecked, args.seed, sel, seconds)
+    _write_json(args.out, rec)
+    if args.json:
+        json.dump(rec, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        _print_failures(outs, args.seed, stream=sys.stderr)
+    else:
+        _table(outs, unchecked)
+        c = rec["summary"]["verdicts"]
+        print(f"\n{len(outs)} checks in {seconds:.1f} s: " + ", ".join(f"{k} {v}" for k, v in c.items())
+              + f"; {rec['summary']['failures']} changed/crashed. Record: {args.out}")
+        _print_failures(outs, args.seed)
+    return 1 if rec["summary"]["failures"] else 0
+
+
+# --------------------------------------------------------------------------- tiltlab reproduce
+
+
+def make_figures(out_dir: Path, quick: bool, seed: int, progress: bool = True):
+    """Run every simulator figure module; a missing or crashing module does not stop the others.
+
+    Returns ``(records, problems)`` where ``problems`` maps figure id -> reason.
+    """
+    try:
+        from sim import figures as simfig
+    except Exception as exc:  # the sim layer is absent or broken: report, do not hide
+        return [], {"sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
+    records, problems = [], {}
+    for fig_id, mod_name in _progress(list(simfig.FIGURES), "figures", progress):
+        try:
+            records += simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id])
+        except ModuleNotFoundError as exc:
+            if exc.name == f"sim.figures.{mod_name}":
+                problems[fig_id] = f"module sim.figures.{mod_name} is missing"
+            else:
+                problems[fig_id] = f"crashed: ModuleNotFoundError: {exc}"
+        except Exception as exc:
+            tb = traceback.format_exc().strip().splitlines()
+            problems[fig_id] = f"crashed: {type(exc).__name__}: {exc} ({tb[-3].strip() if len(tb) >= 3 else ''})"
+    return records, problems
+
+
+def environment() -> dict[str, str]:
+    """Versions and the git commit; deterministic for a given checkout and install."""
+    env = {"python": platform.python_version(), "platform": f"{platform.system()} {platform.machine()}"}
+    for mod in ("torch", "sympy", "numpy", "scipy", "matplotlib"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:
+            env[mod] = "not installed"
+    from tiltlab import __version__
+
+    env["tiltlab"] = __version__
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            env["git commit"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    return env
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from paper_checks import registry
+    from paper_checks.report import ReportInput, write_report
+
+    t0 = time.perf_counter()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    chks = _select(None, None, None, include_slow=not args.quick)
+    outs = _run(chks, args.seed)
+    t_checks = time.perf_counter() - t0
+    figs, problems = make_figures(out / "figures", args.quick, args.seed)
+    t_figs = time.perf_counter() - t0 - t_checks
+    unchecked = _unchecked(None)
+    rec = _record(outs, unchecked, args.seed, {"reproduce": True, "quick": bool(args.quick)}, time.perf_counter() - t0)
+    rec["figures"] = [f.to_json() if hasattr(f, "to_json") else vars(f) for f in sorted(figs, key=lambda f: f.id)]
+    rec["figures_missing"] = dict(sorted(problems.items()))
+    _write_json(out / "claims.json", rec)
+    runtime = time.perf_counter() - t0
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    inp = ReportInput(
+        claims=registry.claims(), outcomes=outs, figures=figs, missing_figures=problems, env=environment(), seed=args.seed,
+        quick=bool(args.quick), out_dir=out,
+        run_line=f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s)",
+    )
+    md, ht = write_report(inp)
+    c = rec["summary"]["verdicts"]
+    print(f"{len(outs)} checks ({', '.join(f'{k} {v}' for k, v in c.items())}), {len(figs)} figures in {runtime:.1f} s")
+    print(f"wrote {out / 'claims.json'}, {md}, {ht}")
+    _print_failures(outs, args.seed)
+    if problems:
+        print(f"\n{len(problems)} figure(s) missing or failed:")
+        for k, v in sorted(problems.items()):
+            print(f"  {k}: {v}")
+    return 1 if (problems or rec["summary"]["failures"]) else 0
