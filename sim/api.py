@@ -109,6 +109,10 @@ class SimConfig:
     """Learning rate of the policy logits."""
     logz_lr: float = 0.1
     """Learning rate of a learned log Z."""
+    logz_init: str = "zero"
+    """Initial value of a learned log Z: ``zero``, or ``frozen`` (from DISA's Stage-1 IS label on pi_ref:
+    the label itself for ``anchor=ref``; ``beta * p_ref_hat`` (p_ref_hat from the label, binary rewards) for
+    ``anchor=old``, the PACED optimum ``log Z* = beta p_old + KL`` at the start where KL = 0)."""
     init_scale: float = 0.0
     """Initial policy logits = reference logits + N(0, init_scale^2) (0: start at pi_ref)."""
     uniform_init: bool = False
@@ -163,6 +167,8 @@ class SimConfig:
             raise ValueError("group-normalized advantages need G >= 2")
         if self.weight_clip not in ("auto", "one", "max", "eps", "ratio"):
             raise ValueError(f"weight_clip must be auto|one|max|eps|ratio, got {self.weight_clip!r}")
+        if self.logz_init not in ("zero", "frozen"):
+            raise ValueError(f"logz_init must be zero|frozen, got {self.logz_init!r}")
         if self.scheduler not in ("logz", "frozen", "oracle", "random"):
             raise ValueError(f"scheduler must be logz|frozen|oracle|random, got {self.scheduler!r}")
         if self.select_m < 0 or (self.select_m and self.select_m > self.n_prompts()):

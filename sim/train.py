@@ -116,7 +116,11 @@ class _Trainer:
         groups = [{"params": [self.theta], "lr": cfg.lr}]
         self.logz_param = None
         if cfg.method == "flowrl" or (cfg.method == "tb" and cfg.log_z == "learned"):
-            self.logz_param = torch.zeros(S, P, dtype=torch.float64, requires_grad=True)
+            init = torch.zeros(S, P, dtype=torch.float64)
+            if cfg.logz_init == "frozen":
+                lz = stage1_log_z(env.logp_ref.expand(S, P, K), env.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
+                init = lz if cfg.anchor == "ref" else cfg.beta * est.pass_rate_from_log_z(lz, cfg.beta)
+            self.logz_param = init.clone().requires_grad_(True)
             groups.append({"params": [self.logz_param], "lr": cfg.logz_lr})
         if cfg.optimizer == "adam":
             self.opt = torch.optim.Adam(groups)
