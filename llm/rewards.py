@@ -137,12 +137,78 @@ def extract_code(text: str) -> str:
     return text
 
 
-def code_program(code: str, tests: str, entry_point: str | None = None) -> str:
-    """``code`` then ``tests``; HumanEval-style tests defining ``check(candidate)`` get ``check(entry_point)``."""
-    prog = code.rstrip() + "\n\n" + tests.rstrip() + "\n"
-    if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
-        prog += f"\ncheck({entry_point})\n"
-    return prog
+_STDIO_HARNESS = """
+import io as _io, json as _json, os as _os, sys as _sys
+_SPEC = _json.loads({spec!r})
+_CODE = compile({code!r}, "<solution>", "exec")
+for _i, _c in enumerate(_SPEC["cases"]):
+    with open("_stdin.txt", "w") as _f:
+        _f.write(_c["input"])
+    _fd = _os.open("_stdin.txt", _os.O_RDONLY)
+    if _fd != 0:  # fd 0 may have been closed by the previous case's open(0)
+        _os.dup2(_fd, 0)
+        _os.close(_fd)
+    _sys.stdin = open(0, "r", closefd=False)
+    _out = _io.TextIOWrapper(_io.BytesIO(), encoding="utf-8")
+    _real = _sys.stdout
+    _sys.stdout = _out
+    try:
+        exec(_CODE, {{"__name__": "__main__"}})
+    except SystemExit:
+        pass
+    finally:
+        _sys.stdout = _real
+    _out.flush()
+    _got = _out.buffer.getvalue().decode("utf-8", "replace")
+    if _got.split() != str(_c["output"]).split():
+        raise AssertionError(f"stdio case {{_i}}: wrong output")
+"""
+
+_FUNCTIONAL_HARNESS = """
+import json as _json
+_SPEC = _json.loads({spec!r})
+_name = _SPEC.get("func_name") or {entry!r}
+def _norm(v):
+    return _json.loads(_json.dumps(v))
+for _i, _c in enumerate(_SPEC["cases"]):
+    _args = [_json.loads(_l) for _l in _c["input"].split("\\n") if _l.strip()]
+    _exp = _json.loads(_c["output"])
+    _f = getattr(Solution(), _name) if "Solution" in globals() else globals()[_name]
+    if _norm(_f(*_args)) != _norm(_exp):
+        raise AssertionError(f"functional case {{_i}}: wrong result")
+"""
+
+_FUNCTIONAL_PRELUDE = ("from typing import *\nimport bisect, collections, functools, heapq, itertools, math, re, "
+                       "string\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n")
+
+
+def code_program(code: str, tests: str, entry_point: str | None = None, test_type: str | None = None,
+                 code_prefix: str | None = None) -> str:
+    """The program run in the sandbox for one completion.
+
+    * ``test_type="assert"`` (default): ``code`` then ``tests``; HumanEval-style tests defining
+      ``check(candidate)`` get ``check(entry_point)`` appended. With ``code_prefix`` (HumanEval's
+      signature + docstring) and a ``code`` lacking ``def <entry_point>``, the prefix is prepended
+      (a base model's continuation of the signature).
+    * ``"stdio"``: ``tests`` is JSON ``{"cases": [{"input", "output"}]}``; the code is run once per
+      case with the input on file descriptor 0 / ``sys.stdin`` and its stdout compared to the
+      expected output token by token (whitespace-split).
+    * ``"functional"`` (LiveCodeBench LeetCode-style): JSON ``{"cases": [...], "func_name"}``; each
+      input line is one JSON argument of ``Solution().<func_name>`` (or a top-level function).
+    """
+    test_type = test_type or "assert"
+    if test_type == "assert":
+        if code_prefix and entry_point and not re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
+            code = code_prefix + code
+        prog = code.rstrip() + "\n\n" + tests.rstrip() + "\n"
+        if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
+            prog += f"\ncheck({entry_point})\n"
+        return prog
+    if test_type == "stdio":
+        return _STDIO_HARNESS.format(spec=tests, code=code)
+    if test_type == "functional":
+        return _FUNCTIONAL_PRELUDE + code.rstrip() + "\n" + _FUNCTIONAL_HARNESS.format(spec=tests, entry=entry_point)
+    raise ValueError(f"unknown test_type {test_type!r}; use assert, stdio or functional")
 
 
 def make_code_reward(config=None, max_workers: int | None = None, name: str = "code_reward"):
@@ -157,12 +223,14 @@ def make_code_reward(config=None, max_workers: int | None = None, name: str = "c
         n = len(completions)
         tests = _column(kwargs, "tests", n, required=True)
         entry = _column(kwargs, "entry_point", n, required=False) or [None] * n
+        ttype = _column(kwargs, "test_type", n, required=False) or [None] * n
+        prefix = _column(kwargs, "code_prefix", n, required=False) or [None] * n
         idx, progs = [], []
         for i, (comp, t) in enumerate(zip(completions, tests)):
             if t is None:
                 continue
             idx.append(i)
-            progs.append(code_program(extract_code(completion_text(comp)), str(t), entry[i]))
+            progs.append(code_program(extract_code(completion_text(comp)), str(t), entry[i], ttype[i], prefix[i]))
         out: list[float | None] = [None] * n
         for i, res in zip(idx, run_many(progs, cfg, max_workers=max_workers)):
             out[i] = 1.0 if res.passed else 0.0
