@@ -1,0 +1,113 @@
+"""The learned partition function ``log Z_phi(x)`` of FlowRL / PACED, as a submodule of the policy.
+
+FlowRL's code (``math.md`` §2): ``log Z = MLP(masked mean of last-layer prompt hidden states)``,
+3 layers, GELU, LayerNorm, dropout 0.1, input not detached. The head is attached to the policy
+(``model.log_z_head``) so that the trainer's optimizer, DDP/FSDP/DeepSpeed wrapping and
+checkpoints see it like any other parameter.
+
+Shapes: prompt ids / mask ``[B, L]`` (left or right padding), hidden ``[B, L, H]``, pooled
+``[B, H]``, output ``[B]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["LogZHead", "attach_log_z_head", "get_log_z_head", "masked_mean_pool", "prompt_log_z"]
+
+HEAD_NAME = "log_z_head"
+
+
+class LogZHead(nn.Module):
+    """MLP ``[B, H] -> [B]``: ``n_layers - 1`` blocks (Linear, LayerNorm, GELU, Dropout), then Linear.
+
+    The last layer is zero-initialized with bias ``init`` so that training starts from
+    ``log Z = init`` (0 by default) for every prompt.
+
+    Args:
+        in_dim: hidden size H of the policy.
+        hidden: width of the hidden layers.
+        n_layers: number of Linear layers (FlowRL: 3).
+        dropout: dropout after each hidden block (FlowRL: 0.1; TRL's ``disable_dropout`` zeroes it).
+        init: initial value of ``log Z``.
+    """
+
+    def __init__(self, in_dim: int, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1,
+                 init: float = 0.0) -> None:
+        super().__init__()
+        if in_dim <= 0 or hidden <= 0 or n_layers < 1:
+            raise ValueError("LogZHead needs in_dim > 0, hidden > 0 and n_layers >= 1")
+        layers: list[nn.Module] = []
+        d = in_dim
+        for _ in range(n_layers - 1):
+            layers += [nn.Linear(d, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Dropout(dropout)]
+            d = hidden
+        last = nn.Linear(d, 1)
+        nn.init.zeros_(last.weight)
+        nn.init.constant_(last.bias, float(init))
+        layers.append(last)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, pooled: Tensor) -> Tensor:  # [B, H] -> [B]
+        if pooled.dim() != 2:
+            raise ValueError(f"LogZHead expects pooled features [B, H], got {tuple(pooled.shape)}")
+        w = self.net[0].weight
+        return self.net(pooled.to(w.dtype)).squeeze(-1).float()
+
+
+def masked_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    """``sum_t mask_t h_t / sum_t mask_t``: ``[B, L, H]``, ``[B, L]`` -> ``[B, H]``."""
+    if hidden.dim() != 3 or mask.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden must be [B, L, H] and mask [B, L]; got {tuple(hidden.shape)}, {tuple(mask.shape)}")
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+def attach_log_z_head(model: nn.Module, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1,
+                      init: float = 0.0) -> LogZHead:
+    """Create a :class:`LogZHead` sized to ``model.config.hidden_size`` and register it as
+    ``model.log_z_head`` (idempotent: an existing head is returned unchanged)."""
+    existing = get_log_z_head(model, required=False)
+    if existing is not None:
+        return existing
+    h = getattr(getattr(model, "config", None), "hidden_size", None)
+    if h is None:
+        raise ValueError("cannot size the log Z head: model.config.hidden_size is missing")
+    p = next(model.parameters())
+    head = LogZHead(int(h), hidden, n_layers, dropout, init).to(device=p.device)
+    model.add_module(HEAD_NAME, head)
+    return head
+
+
+def get_log_z_head(model: nn.Module, required: bool = True) -> LogZHead | None:
+    """The attached head (also through PEFT / DDP wrappers)."""
+    seen = model
+    for _ in range(4):
+        head = getattr(seen, HEAD_NAME, None) if isinstance(seen, nn.Module) else None
+        if isinstance(head, LogZHead):
+            return head
+        seen = getattr(seen, "module", None) or getattr(seen, "base_model", None) or getattr(seen, "model", None)
+        if seen is None:
+            break
+    if required:
+        raise ValueError("the model has no log_z_head; call llm.trainers.logz_head.attach_log_z_head(model) first")
+    return None
+
+
+def prompt_log_z(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, detach_input: bool = False) -> Tensor:
+    """``log Z_phi(x) = head(masked mean of the final hidden states over prompt tokens)`` -> ``[B]``.
+
+    ``detach_input=True`` stops the gradient of the log Z loss from reaching the backbone (only
+    the head learns from it); FlowRL's code leaves it attached (the default).
+    """
+    from llm.scoring import hidden_states
+
+    head = get_log_z_head(model)
+    ctx = torch.no_grad() if detach_input else torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
+    with ctx:
+        h = hidden_states(model, prompt_ids, prompt_mask)  # [B, L, H]
+        pooled = masked_mean_pool(h, prompt_mask)  # [B, H]
+    if detach_input:
+        pooled = pooled.detach()
+    return head(pooled)
