@@ -137,7 +137,8 @@ def _write_json(path: Path, rec: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _print_failures(outs, seed: int, stream=sys.stdout) -> None:
+def _print_failures(outs, seed: int, stream=None) -> None:
+    stream = stream or sys.stdout
     bad = [o for o in outs if not o.ok]
     if not bad:
         return
@@ -151,7 +152,8 @@ def _print_failures(outs, seed: int, stream=sys.stdout) -> None:
         print(f"       reproduce: {o.check.reproducer(seed)}", file=stream)
 
 
-def _table(outs, unchecked, stream=sys.stdout) -> None:
+def _table(outs, unchecked, stream=None) -> None:
+    stream = stream or sys.stdout
     from paper_checks.registry import get_claim
     from paper_checks.report import paper_name
 

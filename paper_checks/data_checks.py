@@ -61,7 +61,9 @@ EXPECTED_LLM_SCALE: dict[str, Verdict] = {
 
 def halfwidth(x: float) -> float:
     """Rounding half-width of a printed number: ``0.5 * 10**-decimals`` (``12.3`` -> 0.05)."""
-    exp = Decimal(repr(float(x))).normalize().as_tuple().exponent
+    # repr keeps the printed decimals of a float (10.0 -> "10.0": one decimal); only trailing
+    # zeros beyond the first are lost (40.10 -> "40.1"), which widens the interval, never narrows it
+    exp = Decimal(repr(x)).as_tuple().exponent
     decimals = max(0, -int(exp))  # type: ignore[arg-type]
     return 0.5 * 10.0 ** (-decimals)
 

@@ -1,0 +1,22 @@
+"""Fixtures for the paper_checks tests: a registry snapshot restored after each test."""
+
+from __future__ import annotations
+
+import pytest
+
+from paper_checks import registry
+
+
+@pytest.fixture
+def isolated_registry():
+    """Load the real claims and checks, then restore the registry exactly after the test
+    (fake claims/checks registered by the test disappear)."""
+    registry.discover()
+    claims, checks = dict(registry._CLAIMS), dict(registry._CHECKS)
+    try:
+        yield registry
+    finally:
+        registry._CLAIMS.clear()
+        registry._CLAIMS.update(claims)
+        registry._CHECKS.clear()
+        registry._CHECKS.update(checks)

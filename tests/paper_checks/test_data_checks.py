@@ -1,0 +1,91 @@
+"""The data layer: the papers' own numbers, checked for consistency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paper_checks import data_checks as dc
+from paper_checks.registry import CheckResult, Verdict, run_one
+
+
+def test_halfwidth_reads_printed_precision():
+    assert dc.halfwidth(12.3) == pytest.approx(0.05)
+    assert dc.halfwidth(4.58) == pytest.approx(0.005)
+    assert dc.halfwidth(30) == pytest.approx(0.5)
+    assert dc.halfwidth(0.2306) == pytest.approx(0.00005)
+
+
+def _pn(avg: float) -> dict:
+    return {"columns": ["Avg", "A", "B"], "averages": {"Avg": ["A", "B"]}, "rows": {"m": [avg, 10.0, 20.1]}}
+
+
+def test_average_check_accepts_rounding_and_flags_real_errors():
+    n, worst, problems = dc.average_problems(_pn(15.1))  # mean 15.05 prints as 15.1: within rounding
+    assert n == 1 and problems == [] and worst == pytest.approx(0.05)
+    n, worst, problems = dc.average_problems(_pn(15.3))  # 0.25 off: more than any rounding allows
+    assert len(problems) == 1 and "mean of cells=15.050" in problems[0]
+
+
+def test_malformed_tables_raise():
+    bad = {"columns": ["Avg", "A"], "averages": {"Avg": ["A"]}, "rows": {"m": [1.0, 2.0, 3.0]}}
+    with pytest.raises(ValueError, match="3 cells"):
+        dc.average_problems(bad)
+    with pytest.raises(ValueError, match="not in"):
+        dc.average_problems({"columns": ["Avg"], "averages": {"Avg": ["Z"]}, "rows": {}})
+
+
+def test_config_problems_only_once_configs_exist(tmp_path: Path):
+    cfg = tmp_path / "configs"
+    cmd = "tiltlab llm train --config configs/a.yaml && tiltlab llm eval --config configs/b.yaml"
+    assert dc.config_problems(cmd, cfg) == []  # no configs/ yet: nothing to compare with
+    cfg.mkdir()
+    assert dc.config_problems(cmd, cfg) == []  # empty configs/: still not written
+    (cfg / "a.yaml").write_text("x: 1\n")
+    assert dc.config_problems(cmd, cfg) == ["configs/b.yaml"]
+
+
+def test_llm_scale_check_verdicts(isolated_registry):
+    reg = isolated_registry
+    ok = _pn(15.1) | {"table": "T"}
+    reg.declare_claim("zz_fake.ok", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical", paper_numbers=ok,
+                      llm_command="tiltlab llm train --config configs/zz.yaml")
+    reg.declare_claim("zz_fake.bad", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical", paper_numbers=_pn(15.3),
+                      llm_command="tiltlab llm train --config configs/zz.yaml")
+    reg.declare_claim("zz_fake.nonum", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical",
+                      llm_command="tiltlab llm train --config configs/zz.yaml")
+    res = dc.llm_scale_check("zz_fake.ok")(0)
+    assert res.verdict is Verdict.OUT_OF_REACH
+    assert "tiltlab llm train --config configs/zz.yaml" in res.summary and res.numbers["rows|m|Avg"] == 15.1
+    assert dc.llm_scale_check("zz_fake.bad")(0).verdict is Verdict.PARTLY
+    with pytest.raises(ValueError, match="paper_numbers"):
+        dc.llm_scale_check("zz_fake.nonum")(0)
+
+
+def test_every_data_check_returns_its_expected_verdict(isolated_registry):
+    chks = isolated_registry.select(layer="data")
+    assert len(chks) >= 60
+    bad = []
+    for c in chks:
+        out = run_one(c, 0)
+        assert isinstance(out.result, CheckResult), out.error
+        if not out.ok:
+            bad.append((c.key, out.verdict, c.expected.value, out.result.summary))
+    assert not bad, bad
+
+
+def test_every_llm_scale_claim_has_a_data_check(isolated_registry):
+    have = {(c.claim_id, c.name) for c in isolated_registry.checks() if c.layer == "data"}
+    need = {(cid, "llm_scale") for cid, c in isolated_registry.claims().items() if c.llm_command}
+    assert need <= have
+
+
+def test_paper_internal_checks_can_fail(isolated_registry, monkeypatch):
+    """The paper-internal checks compute from the registered numbers: perturb one number and
+    the verdict moves (the 13.8 gap of the DISA abstract no longer matches)."""
+    from dataclasses import replace
+
+    c = isolated_registry.get_claim("disa.abstract.sft_gap")
+    isolated_registry._CLAIMS[c.id] = replace(c, paper_numbers=dict(c.paper_numbers, stated_gap=12.0))
+    assert dc.disa_sft_gap(0).verdict is Verdict.REFUTED

@@ -1,0 +1,148 @@
+"""Registry behaviour and the ``tiltlab check`` exit status (on fake registered checks)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
+from paper_checks.report import PAPERS
+from tiltlab.cli import main
+
+KINDS = {"proposition", "empirical", "beyond", "open"}
+
+
+def _fake_claim(reg, cid="zz_fake.claim"):
+    return reg.declare_claim(cid, "000_97b17fcb5a92948e.txt", "Sec. 0", "a fake claim for the tests", kind="empirical")
+
+
+def test_duplicate_claim_with_different_content_is_an_error(isolated_registry):
+    reg = isolated_registry
+    _fake_claim(reg)
+    _fake_claim(reg)  # identical re-declaration is harmless
+    with pytest.raises(ValueError, match="declared twice"):
+        reg.declare_claim("zz_fake.claim", "000_97b17fcb5a92948e.txt", "Sec. 0", "a different statement")
+
+
+def test_check_for_undeclared_claim_fails_validation(isolated_registry):
+    reg = isolated_registry
+    reg.register_check("zz_fake.undeclared", layer="sim")(lambda seed: CheckResult(Verdict.VERIFIED, "x"))
+    with pytest.raises(ValueError, match="zz_fake.undeclared"):
+        reg.validate()
+
+
+def test_unknown_layer_is_rejected(isolated_registry):
+    with pytest.raises(ValueError, match="unknown layer"):
+        isolated_registry.register_check("zz_fake.claim", layer="gpu")
+
+
+def test_a_raising_check_is_reported_as_error(isolated_registry):
+    reg = isolated_registry
+    _fake_claim(reg)
+
+    def boom(seed: int) -> CheckResult:
+        raise RuntimeError("kaboom")
+
+    reg.register_check("zz_fake.claim", layer="sim", name="boom")(boom)
+    (chk,) = [c for c in reg.checks() if c.claim_id == "zz_fake.claim"]
+    out = reg.run_one(chk, seed=3)
+    assert out.result is None and out.verdict == "error" and not out.ok
+    assert "kaboom" in out.error
+    rec = out.to_json(3)
+    assert rec["verdict"] == "error" and rec["reproducer"].endswith("--check boom --seed 3")
+
+
+def test_a_check_returning_the_wrong_type_is_an_error(isolated_registry):
+    reg = isolated_registry
+    _fake_claim(reg)
+    reg.register_check("zz_fake.claim", layer="sim", name="wrong")(lambda seed: "verified")
+    (chk,) = [c for c in reg.checks() if c.claim_id == "zz_fake.claim"]
+    out = reg.run_one(chk)
+    assert out.verdict == "error" and "not CheckResult" in out.error
+
+
+def _register_fake(reg, returns: Verdict, expected: Verdict):
+    _fake_claim(reg)
+
+    def fake(seed: int) -> CheckResult:
+        return CheckResult(returns, f"fake evidence seed={seed}", numbers={"x": 1.5})
+
+    reg.register_check("zz_fake.claim", layer="sim", expected=expected, name="fake")(fake)
+
+
+def test_check_exits_zero_when_verdict_is_as_expected(isolated_registry, tmp_path, capsys):
+    # a refuted claim that stays refuted is green
+    _register_fake(isolated_registry, Verdict.REFUTED, Verdict.REFUTED)
+    out = tmp_path / "claims.json"
+    assert main(["check", "--only", "zz_fake", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "zz_fake.claim" in text and "refuted" in text and "reproduce:" not in text
+    rec = json.loads(out.read_text())
+    assert rec["summary"]["failures"] == 0 and rec["checks"][0]["numbers"] == {"x": 1.5}
+    assert rec["checks"][0]["seconds"] >= 0
+
+
+def test_check_exits_nonzero_with_reproducer_when_verdict_changes(isolated_registry, tmp_path, capsys):
+    _register_fake(isolated_registry, Verdict.PARTLY, Verdict.VERIFIED)
+    rc = main(["check", "--only", "zz_fake", "--seed", "7", "--out", str(tmp_path / "c.json")])
+    assert rc == 1
+    text = capsys.readouterr().out
+    assert "returned partly, expected verified" in text
+    assert "reproduce: tiltlab check --only zz_fake.claim --layer sim --check fake --seed 7" in text
+    # the reproducer selects exactly that check
+    assert main(["check", "--only", "zz_fake.claim", "--layer", "sim", "--check", "fake", "--seed", "7", "--json",
+                 "--out", str(tmp_path / "d.json")]) == 1
+    rec = json.loads(capsys.readouterr().out)
+    assert [c["check"] for c in rec["checks"]] == ["fake"] and rec["seed"] == 7
+
+
+def test_crashing_check_makes_check_fail(isolated_registry, tmp_path, capsys):
+    reg = isolated_registry
+    _fake_claim(reg)
+
+    def boom(seed):
+        raise ZeroDivisionError("nope")
+
+    reg.register_check("zz_fake.claim", layer="theory", name="boom")(boom)
+    assert main(["check", "--only", "zz_fake", "--out", str(tmp_path / "c.json")]) == 1
+    assert "crashed: ZeroDivisionError: nope" in capsys.readouterr().out
+
+
+def test_only_accepts_a_layer_name(isolated_registry, tmp_path, capsys):
+    assert main(["check", "--only", "data", "--json", "--out", str(tmp_path / "c.json")]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["checks"] and {c["layer"] for c in rec["checks"]} == {"data"}
+    assert rec["unchecked"] == []  # unchecked claims are listed only for unfiltered / prefix runs
+
+
+def test_prefix_run_lists_unchecked_claims(isolated_registry, tmp_path, capsys):
+    _fake_claim(isolated_registry, "zz_fake.lonely")
+    assert main(["check", "--only", "zz_fake", "--json", "--out", str(tmp_path / "c.json")]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert [u["claim"] for u in rec["unchecked"]] == ["zz_fake.lonely"]
+
+
+def test_claim_files_are_well_formed():
+    """Every claim row: unique id across files, known paper file, known kind; LLM-scale rows
+    record the paper's numbers and a ``tiltlab llm`` command."""
+    seen: dict[str, str] = {}
+    empirical: dict[str, int] = {}
+    for path in sorted(CLAIMS_DIR.glob("*.toml")):
+        rows = tomllib.loads(path.read_text(encoding="utf-8")).get("claim", [])
+        for row in rows:
+            cid = row["id"]
+            assert cid not in seen, f"{cid} declared in {seen.get(cid)} and {path.name}"
+            seen[cid] = path.name
+            assert row["paper"] in PAPERS, f"{cid}: unknown paper {row['paper']}"
+            assert row.get("kind", "proposition") in KINDS, cid
+            assert row["section"] and row["statement"], cid
+            if row.get("llm_command"):
+                assert row["llm_command"].startswith("tiltlab llm "), cid
+                assert row.get("paper_numbers"), f"{cid}: llm_command without paper_numbers"
+            if row.get("kind") == "empirical" and row.get("paper_numbers"):
+                empirical[row["paper"]] = empirical.get(row["paper"], 0) + 1
+    # every paper with tables (all but the abstract listing) has its numbers registered
+    assert {p for p in PAPERS if not p.startswith("001_")} <= set(empirical), empirical

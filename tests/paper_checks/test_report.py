@@ -1,0 +1,156 @@
+"""Report rendering on fake outcomes and figures, and the ``tiltlab reproduce`` glue."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from paper_checks import cli as pcli
+from paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
+from paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
+from tiltlab.cli import main
+
+P0, P2 = "000_97b17fcb5a92948e.txt", "002_d44afb8661380d03.txt"
+
+
+def _png(path: Path) -> Path:
+    """A valid 1x1 PNG, written without matplotlib."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+    raw += chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00")) + chunk(b"IEND", b"")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return path
+
+
+@dataclass
+class FakeFigure:
+    id: str
+    title: str
+    caption: str
+    png: Path
+    data: Path
+    claims: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _outcome(cid, layer, verdict, expected=None, summary="evidence", figure=None, error=None):
+    chk = Check(cid, layer, f"chk_{layer}", Verdict(expected or verdict or "verified"), lambda s: None)
+    if error:
+        return Outcome(chk, None, 0.01, error)
+    return Outcome(chk, CheckResult(Verdict(verdict), summary, {"n": 3, "err": 0.25}, figure), 0.01)
+
+
+def _input(tmp_path: Path) -> ReportInput:
+    claims = {
+        "a.verified": Claim("a.verified", P0, "Sec. 1", "first statement"),
+        "a.refuted": Claim("a.refuted", P0, "Sec. 2", "second statement", kind="empirical"),
+        "b.partly": Claim("b.partly", P2, "Table 9", "third statement", kind="empirical",
+                          llm_command="tiltlab llm train --config configs/x.yaml"),
+        "b.error": Claim("b.error", P2, "Sec. 4", "fourth statement"),
+        "b.unchecked": Claim("b.unchecked", P2, "Sec. 5", "fifth statement"),
+    }
+    outs = [
+        _outcome("a.verified", "theory", "verified", figure="fig99_demo"),
+        _outcome("a.verified", "sim", "verified"),
+        _outcome("a.refuted", "sim", "refuted", summary="the paper is wrong by 0.3"),
+        _outcome("b.partly", "data", "partly", expected="out_of_reach", summary="half holds"),
+        _outcome("b.error", "sim", None, expected="verified", error="Traceback ...\nValueError: broken input"),
+    ]
+    fig = FakeFigure("fig99_demo", "Demo figure", "Shows the demo (paper 000, Fig. 9).", _png(tmp_path / "figures" / "fig99_demo.png"),
+                     tmp_path / "figures" / "fig99_demo.json", claims=["a.refuted"], findings=["the demo curve falls by 12%"])
+    return ReportInput(claims=claims, outcomes=outs, figures=[fig], missing_figures={"fig98_gone": "module sim.figures.fig98_gone is missing"},
+                       env={"python": "3.x", "torch": "2.x"}, seed=5, out_dir=tmp_path, run_line="generated NOW; runtime 1.0 s")
+
+
+def test_claim_rows_status_and_figures(tmp_path):
+    rows = {r["id"]: r for r in claim_rows(_input(tmp_path))}
+    assert rows["a.verified"]["status"] == "verified" and rows["a.verified"]["figures"] == ["fig99_demo"]
+    assert rows["a.refuted"]["figures"] == ["fig99_demo"]  # via FigureRecord.claims
+    assert rows["b.error"]["status"] == "error" and rows["b.unchecked"]["status"] == "unchecked"
+    assert [r["id"] for r in claim_rows(_input(tmp_path))][:2] == ["a.refuted", "a.verified"]  # paper order, then id
+
+
+def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
+    md = render_markdown(_input(tmp_path))
+    # columns: verified partly refuted out_of_reach error unchecked total
+    assert "| DISA | 1 | 0 | 1 | 0 | 0 | 0 | 2 |" in md
+    assert "| PACED-RL | 0 | 1 | 0 | 0 | 1 | 1 | 3 |" in md
+    assert "| **all** | 1 | 1 | 1 | 0 | 1 | 1 | 5 |" in md
+    assert "the paper is wrong by 0.3" in md and "the demo curve falls by 12%" in md
+    assert "fig98_gone" in md and "ValueError: broken input" in md
+    assert "tiltlab check --only b.partly --layer data --check chk_data --seed 5" in md  # reproducer of the changed verdict
+    assert "![Demo figure](figures/fig99_demo.png)" in md and md.count("![Demo figure]") == 1
+    assert "`tiltlab llm train --config configs/x.yaml`" in md
+    assert "- seed: 5" in md and "torch: 2.x" in md
+
+
+def test_html_is_self_contained_with_embedded_image(tmp_path):
+    inp = _input(tmp_path)
+    ht = render_html(inp)
+    b64 = base64.b64encode(Path(inp.figures[0].png).read_bytes()).decode()
+    assert f'src="data:image/png;base64,{b64}"' in ht
+    assert ht.count("data:image/png;base64,") == 1  # embedded once, referenced afterwards
+    assert 'href="#fig99_demo"' in ht
+    assert "<script" not in ht and "src=\"http" not in ht
+    assert '<span class="v refuted">refuted</span>' in ht
+
+
+def test_rendering_is_deterministic(tmp_path):
+    a = _input(tmp_path)
+    b = _input(tmp_path)
+    b.outcomes = list(reversed(b.outcomes))
+    b.claims = dict(reversed(list(b.claims.items())))
+    assert render_markdown(a) == render_markdown(b) and render_html(a) == render_html(b)
+
+
+def test_write_report(tmp_path):
+    md, ht = write_report(_input(tmp_path))
+    assert md.read_text().startswith("# tiltlab") and ht.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_registry, tmp_path, monkeypatch, capsys):
+    reg = isolated_registry
+    reg.declare_claim("zz_fake.repro", P0, "Sec. 0", "a fake claim", kind="empirical")
+    reg.register_check("zz_fake.repro", layer="sim", expected="refuted", name="fake")(
+        lambda seed: CheckResult(Verdict.REFUTED, f"fake seed={seed}", figure="fig99_demo"))
+    fig = FakeFigure("fig99_demo", "Demo", "caption", _png(tmp_path / "out" / "figures" / "fig99_demo.png"), tmp_path / "x.json")
+    calls = {}
+
+    def fake_select(only, layer, name, include_slow):
+        calls["slow"] = include_slow
+        return [c for c in reg.checks() if c.claim_id == "zz_fake.repro"]
+
+    def fake_figs(out_dir, quick, seed, progress=True):
+        calls["figs"] = (Path(out_dir), quick, seed)
+        return [fig], {"fig98_gone": "module sim.figures.fig98_gone is missing"}
+
+    monkeypatch.setattr(pcli, "_select", fake_select)
+    monkeypatch.setattr(pcli, "make_figures", fake_figs)
+    out = tmp_path / "out"
+    assert main(["reproduce", "--quick", "--seed", "4", "--out", str(out)]) == 1  # a figure is missing
+    assert calls == {"slow": False, "figs": (out / "figures", True, 4)}
+    printed = capsys.readouterr().out
+    assert "fig98_gone" in printed
+    rec = json.loads((out / "claims.json").read_text())
+    assert rec["checks"][0]["summary"] == "fake seed=4" and rec["figures_missing"] == {"fig98_gone": "module sim.figures.fig98_gone is missing"}
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    assert "fig98_gone" in (out / "REPORT.md").read_text()
+
+
+def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
+    """A figure module that does not exist is reported, and the others still run."""
+    simfig = pytest.importorskip("sim.figures")
+    monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"),))
+    recs, problems = pcli.make_figures(tmp_path, quick=True, seed=0, progress=False)
+    assert recs == [] and problems == {"fig97_absent": "module sim.figures.fig97_absent_module is missing"}
