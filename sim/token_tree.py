@@ -8,9 +8,11 @@ every sequence that passes through the transition ``(t, y_{t-1} -> y_t)`` uses t
 correct and incorrect sequences share tokens exactly as in FPA's gradient-entanglement argument
 (``003_af5ed36eab8bd392.txt``, Sec. 1 and App. C.1).
 
-The verifiable answer is the final token: ``r(y) = 1[y_{L-1} == answer]``. The first ``L - 1``
-tokens are the "reasoning" that correct and incorrect sequences share; under ``bigram`` the
-answer distribution depends on the last reasoning token, so the reasoning matters.
+Two verifiers (``reward_kind``): ``"last_token"``, ``r(y) = 1[y_{L-1} == answer]`` (the first
+``L - 1`` tokens are the "reasoning" that correct and incorrect sequences share; under ``bigram``
+the answer distribution depends on the last reasoning token), and ``"sum_mod"``,
+``r(y) = 1[(sum_t y_t) mod V == answer]`` (the answer is computed from every token, so no single
+transition separates correct from incorrect sequences: every token is entangled).
 
 All ``V^L`` sequences can be enumerated (:meth:`TokenTree.all_sequences`), so every expectation
 over the policy is an exact float64 sum; :meth:`TokenTree.sample` draws ancestral samples for
@@ -42,12 +44,14 @@ class TokenTree:
         answer: the correct final token (``0 <= answer < V``).
         context: ``"bigram"`` (logits per (position, previous token), table ``[L, V, V]``) or
             ``"position"`` (logits per position, ``[L, V]``, broadcast over the previous token).
+        reward_kind: ``"last_token"`` or ``"sum_mod"`` (see the module docstring).
     """
 
     vocab: int = 4
     length: int = 5
     answer: int = 0
     context: str = "bigram"
+    reward_kind: str = "last_token"
     _seqs: Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +65,8 @@ class TokenTree:
             raise ValueError(f"answer must lie in [0, {self.vocab}), got {self.answer}")
         if self.context not in ("bigram", "position"):
             raise ValueError(f"context must be 'bigram' or 'position', got {self.context!r}")
+        if self.reward_kind not in ("last_token", "sum_mod"):
+            raise ValueError(f"reward_kind must be 'last_token' or 'sum_mod', got {self.reward_kind!r}")
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -147,8 +153,10 @@ class TokenTree:
         return self.sequence_logprobs(params, self.all_sequences())
 
     def rewards(self, ids: Tensor) -> Tensor:
-        """Verifier reward ``r(y) = 1[y_{L-1} == answer]`` as float64: ``[..., B]``."""
+        """Verifier reward as float64 ``[..., B]``: ``1[y_{L-1} == answer]`` or ``1[sum_t y_t mod V == answer]``."""
         self._check_ids(ids)
+        if self.reward_kind == "sum_mod":
+            return (ids.sum(-1) % self.vocab == self.answer).to(torch.float64)
         return (ids[..., -1] == self.answer).to(torch.float64)
 
     def exact_rewards(self) -> Tensor:
@@ -156,8 +164,20 @@ class TokenTree:
         return self.rewards(self.all_sequences())
 
     def pass_rate(self, params: Tensor) -> Tensor:
-        """Exact ``E_pi[r]`` ``[...]``: the answer marginal of the last position (a forward recursion)."""
+        """Exact ``E_pi[r]`` ``[...]``: a forward recursion over the answer marginal (``last_token``) or
+        over (last token, running sum mod V) (``sum_mod``)."""
         lt = self.log_table(params).exp()  # [..., L, V, V]
+        if self.reward_kind == "sum_mod":
+            # forward DP over (last token v, running sum s mod V): joint[..., v, s]
+            V = self.vocab
+            v_idx = torch.arange(V)
+            shift = (torch.arange(V).unsqueeze(0) - v_idx.unsqueeze(1)) % V  # [v, s'] -> s = s' - v
+            joint = torch.zeros(*lt.shape[:-3], V, V, dtype=lt.dtype)
+            joint[..., v_idx, v_idx] = lt[..., 0, 0, :]
+            for t in range(1, self.length):
+                nxt = torch.einsum("...us,...uv->...vs", joint, lt[..., t, :, :])  # [..., v, s]
+                joint = torch.gather(nxt, -1, shift.expand(*nxt.shape[:-2], V, V))
+            return joint[..., :, self.answer].sum(-1)
         marg = lt[..., 0, 0, :]  # [..., V] distribution of y_0
         for t in range(1, self.length):
             marg = torch.einsum("...p,...pv->...v", marg, lt[..., t, :, :])
@@ -210,6 +230,8 @@ def calibrate_skill(env: TokenTree, base: Tensor, pass_rate: float | Tensor, ite
 
     ``pass_rate`` is a float or a tensor broadcastable to ``base``'s leading dims, in ``(0, 1)``.
     """
+    if env.reward_kind != "last_token":
+        raise ValueError("calibrate_skill needs reward_kind='last_token'")
     lead = base.shape[: base.dim() - len(env.param_shape)]
     target = torch.as_tensor(pass_rate, dtype=torch.float64).expand(lead) if lead else torch.as_tensor(pass_rate, dtype=torch.float64)
     if bool(((target <= 0) | (target >= 1)).any()):
@@ -284,6 +306,8 @@ def tilted_table(env: TokenTree, params_ref: Tensor, beta: float | Tensor) -> Te
     ``pi*(v | t, u) ∝ pi_ref(v | t, u) exp(h_t(v))``. Returns log-probabilities (use as logits:
     ``env.log_table`` of a bigram env leaves them unchanged).
     """
+    if env.reward_kind != "last_token":
+        raise ValueError("tilted_table needs reward_kind='last_token' (sum_mod targets are not bigram-representable)")
     lt = env.log_table(params_ref)  # [..., L, V, V]
     beta = torch.as_tensor(beta, dtype=lt.dtype)
     V, L = env.vocab, env.length
@@ -298,4 +322,4 @@ def tilted_table(env: TokenTree, params_ref: Tensor, beta: float | Tensor) -> Te
 
 def bigram_env(env: TokenTree) -> TokenTree:
     """The same tree with ``context="bigram"`` (a table of log-probs is a valid bigram parameter)."""
-    return TokenTree(env.vocab, env.length, env.answer, "bigram")
+    return TokenTree(env.vocab, env.length, env.answer, "bigram", env.reward_kind)
