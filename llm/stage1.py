@@ -1,0 +1,510 @@
+"""DISA Stage 1: importance-sampled partition-function labels ``log Z_hat_M(x)``.
+
+DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eqs. 7-8; ``math.md`` §1). For each prompt ``x``:
+
+1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
+   keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
+2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``);
+3. reward ``r(x, y_i)`` (``llm.rewards``) and transform it, ``r~ = a r + c`` (a fixed affine map,
+   recorded with ``beta`` in the manifest);
+4. ``log w_i = log pi_ref + beta r~ - log q`` and the per-prompt label ``log Z_hat_M`` (LSE) with
+   its diagnostics -- all from ``objectives.estimators`` (no formula lives here).
+
+Absolute continuity (App. C.1) needs ``q > 0`` wherever ``pi_ref exp(beta r~) > 0``: a truncating
+sampler (top-k > 0, top-p < 1, greedy) violates it and biases the labels low by the tilted mass it
+cannot reach. Such settings are refused unless ``allow_truncated`` (then warned about loudly and
+recorded as ``truncated_support`` in the manifest).
+
+Output directory (resumable, every file written atomically: temporary file + ``os.replace``)::
+
+    manifest.json                 config, reward transform, beta, prompt list hash, finished shards
+    samples-00000.parquet ...     one row per (prompt_id, sample_idx)
+    labels-00000.parquet  ...     one row per prompt_id
+
+Prompts are split into fixed shards of ``prompts_per_shard`` in dataset order, and shard ``k``
+samples with a seed derived from ``(seed, k)``: a run that is killed resumes at the first shard
+not recorded in the manifest, and produces exactly the rows an uninterrupted run would.
+
+This module is import-light (torch etc. are imported inside functions) so that the CLI parser
+can be built without loading the LLM stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "Stage1Config",
+    "run_stage1",
+    "load_stage1",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "CRASH_ENV",
+    "MANIFEST",
+]
+
+MANIFEST = "manifest.json"
+CRASH_ENV = "TILTLAB_STAGE1_CRASH_AFTER"
+"""Test hook: ``"k"`` hard-exits (``os._exit``) right after shard ``k`` is recorded in the
+manifest; ``"k:before_manifest"`` right after its Parquet files are written but before the
+manifest records it (the shard is then redone on resume, overwriting its files)."""
+
+# Fields that change the produced samples or labels: a resumed run must agree on all of them.
+_IDENTITY_FIELDS = (
+    "proposal", "reference", "dataset", "M", "beta", "reward", "reward_scale", "reward_shift",
+    "temperature", "top_p", "top_k", "max_new_tokens", "seed", "prompts_per_shard", "max_prompts",
+    "chat_template", "engine",
+)
+
+
+@dataclass
+class Stage1Config:
+    """Configuration of ``tiltlab llm stage1`` (one field = one CLI flag, its docstring = the help)."""
+
+    proposal: str
+    """Proposal model q: HF id, local path or "tiny[:seed]" (the paper uses a strong instruct model)."""
+    reference: str
+    """Reference policy pi_ref (the model Stage 3 trains from): HF id, local path or "tiny[:seed]"."""
+    dataset: str
+    """Prompt dataset: JSONL / Parquet / datasets-on-disk path or a synthetic spec (see llm.data)."""
+    out_dir: str
+    """Output directory (created; an existing run there is resumed)."""
+    M: int = 8
+    """Samples per prompt (DISA uses M = 8)."""
+    beta: float = 1.0
+    """Inverse temperature; it MULTIPLIES the transformed reward: tilt = beta * r~."""
+    reward: str = "auto"
+    """Reward: "auto" (math if the row has an answer, code if it has tests), "math", "code", or "pkg.module:function"."""
+    reward_scale: float = 1.0
+    """a in the fixed affine reward transform r~ = a * r + c (a > 0)."""
+    reward_shift: float = 0.0
+    """c in the fixed affine reward transform r~ = a * r + c."""
+    temperature: float = 1.0
+    """Proposal sampling temperature (> 0; any value keeps full support)."""
+    top_p: float = 1.0
+    """Nucleus mass; < 1 truncates the support (refused unless allow_truncated)."""
+    top_k: int = 0
+    """Top-k truncation; > 0 truncates the support (refused unless allow_truncated)."""
+    max_new_tokens: int = 512
+    """Maximum completion length in tokens."""
+    seed: int = 0
+    """Base seed; shard k samples with a seed derived from (seed, k)."""
+    engine: str = "hf"
+    """Rollout engine for the proposal: "hf" (transformers, CPU/GPU) or "vllm" (GPU)."""
+    prompts_per_shard: int = 64
+    """Prompts per Parquet shard (the unit of resumption)."""
+    gen_batch_size: int = 64
+    """Rows (prompt copies) per generation batch for the hf engine."""
+    score_batch_size: int = 16
+    """Sequences per teacher-forcing batch when scoring under pi_ref."""
+    max_prompts: int | None = None
+    """Use only the first N prompts of the dataset."""
+    chat_template: bool = True
+    """Wrap each prompt as a user turn with the reference tokenizer's chat template."""
+    allow_truncated: bool = False
+    """Allow top-k > 0 / top-p < 1 (breaks absolute continuity; labels biased low)."""
+    dtype: str = "auto"
+    """Model dtype: "auto" (bf16 on GPU, fp32 on CPU), "bf16", "fp32", ..."""
+    device: str | None = None
+    """Device for the hf models (default: cuda if available, else cpu)."""
+    gpu_memory_utilization: float = 0.6
+    """vLLM only: fraction of GPU memory for the proposal engine (the reference model shares the GPU)."""
+    tensor_parallel_size: int = 1
+    """vLLM only: tensor-parallel degree of the proposal engine."""
+
+    def __post_init__(self) -> None:
+        if self.M < 1:
+            raise ValueError(f"M must be >= 1, got {self.M}")
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale (a in r~ = a r + c) must be > 0, got {self.reward_scale}")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (greedy decoding has no density to weight by)")
+        if self.prompts_per_shard < 1 or self.gen_batch_size < 1 or self.score_batch_size < 1:
+            raise ValueError("prompts_per_shard, gen_batch_size and score_batch_size must be >= 1")
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
+        if self.max_prompts is not None and self.max_prompts < 1:
+            raise ValueError("max_prompts must be >= 1")
+
+    def sampling(self, shard: int):
+        from llm.rollout import SamplingConfig, derive_seed
+
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, seed=derive_seed("stage1", self.seed, shard))
+
+    @property
+    def truncated_support(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+    def reward_transform(self) -> dict[str, Any]:
+        return {"name": "affine", "formula": "r~ = a * r + c", "a": self.reward_scale, "c": self.reward_shift,
+                "reward": self.reward}
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic files
+# ---------------------------------------------------------------------------------------------
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (same-directory temporary file, fsync, ``os.replace``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _atomic_write_parquet(path: Path, table) -> None:
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# data, prompts, rewards
+# ---------------------------------------------------------------------------------------------
+
+def _load_rows(dataset: str) -> list[dict]:
+    from llm.data import load_prompts
+
+    return list(load_prompts(dataset))
+
+
+REWARDS = {"auto": "verifiable_reward", "math": "math_reward", "code": "code_reward"}
+"""Reward names of ``--reward``: functions of ``llm.rewards`` (or any ``package.module:function``)."""
+
+
+def _resolve_reward(name: str) -> Callable:
+    """A TRL-signature reward ``f(prompts, completions, completion_ids, **columns) -> list[float]``."""
+    import importlib
+
+    if ":" in name:
+        mod, _, fn = name.partition(":")
+        return getattr(importlib.import_module(mod), fn)
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; use one of {sorted(REWARDS)} or 'package.module:function'")
+    from llm import rewards
+
+    return getattr(rewards, REWARDS[name])
+
+
+def format_prompt(tokenizer, prompt: str, chat_template: bool) -> str:
+    """The text the model is conditioned on: the chat-templated user turn, or the raw prompt."""
+    if not chat_template:
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat_template=True but the reference tokenizer has no chat template; "
+                         "pass --no-chat-template to use raw prompts")
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for i, p in zip(ids, prompts):
+        h.update(str(i).encode() + b"\x1f" + p.encode() + b"\x1e")
+    return h.hexdigest()
+
+
+def _check_same_tokenizer(tok_q, tok_ref) -> None:
+    probe = "Compute 12+30. \\boxed{42} <|im_end|> def f(x): return x"
+    if len(tok_q) != len(tok_ref) or tok_q(probe, add_special_tokens=False)["input_ids"] != \
+            tok_ref(probe, add_special_tokens=False)["input_ids"]:
+        raise ValueError("proposal and reference tokenizers differ: completions are scored under pi_ref by their "
+                         "token ids, so both models must share one tokenizer")
+
+
+def _crash_hook(shard_done: int, phase: str) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    k, _, when = spec.partition(":")
+    if int(k) == shard_done and (when or "after_manifest") == phase:
+        sys.stderr.write(f"[{CRASH_ENV}] simulated crash after shard {shard_done} ({phase})\n")
+        sys.stderr.flush()
+        os._exit(86)
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+
+class _Models:
+    """Lazily built proposal engine and reference scorer (only when some shard remains)."""
+
+    def __init__(self, cfg: Stage1Config):
+        from llm.models import load_model, load_tokenizer
+        from llm.rollout import HFEngine, VLLMEngine
+
+        self.ref_tok = load_tokenizer(cfg.reference)
+        self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=cfg.device)
+        if cfg.engine == "vllm":
+            self.engine = VLLMEngine(cfg.proposal, dtype=cfg.dtype, seed=cfg.seed,
+                                     gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                     tensor_parallel_size=cfg.tensor_parallel_size)
+            _check_same_tokenizer(self.engine.tokenizer, self.ref_tok)
+        else:
+            if cfg.proposal == cfg.reference:
+                q_model, q_tok = self.ref, self.ref_tok
+            else:
+                q_tok = load_tokenizer(cfg.proposal)
+                _check_same_tokenizer(q_tok, self.ref_tok)
+                q_model = load_model(cfg.proposal, dtype=cfg.dtype, device=cfg.device)
+            self.engine = HFEngine(q_model, q_tok, batch_size=cfg.gen_batch_size)
+
+
+def _loud_truncation_warning(cfg: Stage1Config) -> None:
+    msg = (f"Stage 1 sampler truncates support (top_k={cfg.top_k}, top_p={cfg.top_p}): absolute continuity "
+           "(DISA App. C.1) fails and the labels log Z_hat are biased LOW by the tilted mass outside the "
+           "truncated support. Proceeding because allow_truncated=True; the manifest records it.")
+    bar = "!" * 100
+    sys.stderr.write(f"\n{bar}\nWARNING: {msg}\n{bar}\n\n")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
+               reward_fn: Callable | None = None, progress: bool = True) -> dict:
+    """Run (or resume) Stage 1 and return a summary dict (also stored in the manifest).
+
+    Args:
+        cfg: the configuration.
+        rows: programmatic prompt rows (``id``, ``prompt`` and reward fields) instead of
+            ``cfg.dataset`` (which is then only recorded).
+        reward_fn: programmatic reward with TRL's signature
+            ``f(prompts, completions, completion_ids, **columns) -> list[float]`` (columns = the
+            rows' other fields, one entry per completion) instead of ``cfg.reward``; its
+            ``__qualname__`` is recorded.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from objectives import estimators as est
+
+    if cfg.truncated_support:
+        if not cfg.allow_truncated:
+            raise ValueError(
+                f"top_k={cfg.top_k} / top_p={cfg.top_p} truncate the proposal's support, which breaks DISA's "
+                "absolute-continuity condition (App. C.1) and biases log Z_hat low. Use top_k=0, top_p=1, "
+                "or pass allow_truncated=True (--allow-truncated) to proceed anyway.")
+        _loud_truncation_warning(cfg)
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = list(rows) if rows is not None else _load_rows(cfg.dataset)
+    if cfg.max_prompts is not None:
+        rows = rows[: cfg.max_prompts]
+    if not rows:
+        raise ValueError("no prompts to process")
+    ids = [str(r["id"]) for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique within the dataset")
+    reward = reward_fn if reward_fn is not None else _resolve_reward(cfg.reward)
+    reward_name = getattr(reward_fn, "__qualname__", repr(reward_fn)) if reward_fn is not None else cfg.reward
+
+    n_shards = (len(rows) + cfg.prompts_per_shard - 1) // cfg.prompts_per_shard
+    identity = {k: getattr(cfg, k) for k in _IDENTITY_FIELDS}
+    identity["reward"] = reward_name
+    identity["prompts_sha256"] = _prompts_hash(ids, [r["prompt"] for r in rows])
+    man_path = out / MANIFEST
+    if man_path.exists():
+        manifest = json.loads(man_path.read_text())
+        old = manifest.get("identity", {})
+        diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{out} holds a Stage 1 run with a different configuration {diff}; "
+                             "use another out_dir or the same settings to resume")
+    else:
+        manifest = {"format": "tiltlab.stage1/1", "identity": identity, "shards": {}, "complete": False}
+    manifest.update({
+        "config": asdict(cfg), "n_prompts": len(rows), "n_shards": n_shards, "beta": cfg.beta,
+        "reward_transform": {**cfg.reward_transform(), "reward": reward_name},
+        "truncated_support": cfg.truncated_support,
+        "label": "log_z = LSE_i(log w_i) - log M (DISA eq. 8); log_z_bias_corrected = log_z - delta_method_bias",
+    })
+    atomic_write_json(man_path, manifest)
+
+    todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
+    models = _Models(cfg) if todo else None
+    bar = tqdm(total=len(rows), desc="stage1 prompts", unit="prompt", disable=not progress,
+               initial=sum(v["n_prompts"] for v in manifest["shards"].values()))
+    for k in todo:
+        shard_rows = rows[k * cfg.prompts_per_shard: (k + 1) * cfg.prompts_per_shard]
+        samples, labels = _run_shard(cfg, models, shard_rows, k, reward, est, torch)
+        s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
+        _atomic_write_parquet(out / s_name, samples)
+        _atomic_write_parquet(out / l_name, labels)
+        _crash_hook(k + 1, "before_manifest")
+        manifest["shards"][str(k)] = {"samples": s_name, "labels": l_name, "n_prompts": len(shard_rows),
+                                      "n_samples": samples.num_rows, "prompt_ids": [str(r["id"]) for r in shard_rows]}
+        atomic_write_json(man_path, manifest)
+        bar.update(len(shard_rows))
+        _crash_hook(k + 1, "after_manifest")
+    bar.close()
+
+    _, lab = load_stage1(out)
+    summary = _summary(lab, cfg)
+    manifest["complete"] = True
+    manifest["summary"] = summary
+    atomic_write_json(man_path, manifest)
+    return summary
+
+
+def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: int, reward, est, torch):
+    import pyarrow as pa
+
+    from llm.scoring import score_completions
+
+    texts = [format_prompt(models.ref_tok, r["prompt"], cfg.chat_template) for r in shard_rows]
+    prompt_ids = [models.ref_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    groups = models.engine.generate(prompt_ids, cfg.M, cfg.sampling(k))
+    flat_p = [g.prompt_ids for g in groups for _ in range(cfg.M)]
+    flat_c = [c for g in groups for c in g.completion_ids]
+    if any(len(c) == 0 for c in flat_c):
+        raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
+    sc = score_completions(models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id,
+                           batch_size=cfg.score_batch_size)
+    P, M = len(groups), cfg.M
+    logp_ref = sc.seq_logprobs.detach().double().cpu().view(P, M)  # [P, M]
+    logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
+    cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
+    kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
+    r_list = reward([r["prompt"] for r in shard_rows for _ in range(M)], [t for g in groups for t in g.texts],
+                    flat_c, **kwargs)
+    if len(r_list) != P * M or any(v is None for v in r_list):
+        raise ValueError("the reward function must return one number per completion (got None or a wrong count)")
+    r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
+    if not torch.isfinite(r_raw).all():
+        raise ValueError("the reward function returned a non-finite value")
+    r_tilde = cfg.reward_scale * r_raw + cfg.reward_shift  # the recorded fixed affine transform
+    log_w = est.log_importance_weights(logp_ref, logp_q, cfg.beta * r_tilde)  # [P, M]
+
+    lab = {
+        "log_z": est.log_partition_lse(log_w),
+        "log_z_bias_corrected": est.bias_corrected_log_partition(log_w) if M > 1 else torch.full((P,), float("nan")),
+        "log_z_geomean": est.log_partition_geomean(log_w),
+        "delta_bias": est.delta_method_bias(log_w),
+        "ess": est.effective_sample_size(log_w),
+        "max_weight": est.max_normalized_weight(log_w),
+    }
+    labels = pa.table({
+        "prompt_id": [str(r["id"]) for r in shard_rows],
+        "prompt": [r["prompt"] for r in shard_rows],
+        "M": pa.array([M] * P, pa.int32()),
+        **{name: pa.array(v.tolist(), pa.float64()) for name, v in lab.items()},
+        "n_reward_bearing": pa.array((r_raw > 0).sum(-1).tolist(), pa.int32()),
+        "mean_reward": pa.array(r_raw.mean(-1).tolist(), pa.float64()),
+    })
+    samples = pa.table({
+        "prompt_id": [str(r["id"]) for r in shard_rows for _ in range(M)],
+        "sample_idx": pa.array([j for _ in range(P) for j in range(M)], pa.int32()),
+        "completion": [t for g in groups for t in g.texts],
+        "completion_ids": pa.array(flat_c, pa.list_(pa.int32())),
+        "n_tokens": pa.array([len(c) for c in flat_c], pa.int32()),
+        "finished": [f for g in groups for f in (g.finished or [False] * M)],
+        "logp_proposal": pa.array(logp_q.flatten().tolist(), pa.float64()),
+        "logp_ref": pa.array(logp_ref.flatten().tolist(), pa.float64()),
+        "reward_raw": pa.array(r_raw.flatten().tolist(), pa.float64()),
+        "reward": pa.array(r_tilde.flatten().tolist(), pa.float64()),
+        "log_w": pa.array(log_w.flatten().tolist(), pa.float64()),
+    })
+    return samples, labels
+
+
+def load_stage1(out_dir: str | Path):
+    """``(samples, labels)`` pyarrow Tables of the shards recorded in the manifest (files of an
+    unrecorded, interrupted shard are ignored). Raises on duplicate (prompt_id, sample_idx)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    man_path = out / MANIFEST
+    if not man_path.exists():
+        raise FileNotFoundError(f"no Stage 1 manifest at {man_path}")
+    manifest = json.loads(man_path.read_text())
+    shards = [manifest["shards"][k] for k in sorted(manifest["shards"], key=int)]
+    if not shards:
+        raise ValueError(f"{out} has no finished shard")
+    samples = pa.concat_tables([pq.read_table(out / s["samples"]) for s in shards])
+    labels = pa.concat_tables([pq.read_table(out / s["labels"]) for s in shards])
+    keys = list(zip(samples.column("prompt_id").to_pylist(), samples.column("sample_idx").to_pylist()))
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{out}: duplicate (prompt_id, sample_idx) rows")
+    pids = labels.column("prompt_id").to_pylist()
+    if len(set(pids)) != len(pids):
+        raise ValueError(f"{out}: duplicate prompt_id labels")
+    return samples, labels
+
+
+def read_manifest(out_dir: str | Path) -> dict:
+    return json.loads((Path(out_dir) / MANIFEST).read_text())
+
+
+def _summary(labels, cfg: Stage1Config) -> dict:
+    import math
+
+    def mean(col):
+        v = [x for x in labels.column(col).to_pylist() if x is not None and math.isfinite(x)]
+        return sum(v) / len(v) if v else float("nan")
+
+    lz = labels.column("log_z").to_pylist()
+    return {
+        "n_prompts": labels.num_rows,
+        "M": cfg.M,
+        "beta": cfg.beta,
+        "mean_log_z": mean("log_z"),
+        "mean_log_z_bias_corrected": mean("log_z_bias_corrected"),
+        "mean_delta_bias": mean("delta_bias"),
+        "mean_ess": mean("ess"),
+        "mean_max_weight": mean("max_weight"),
+        "frac_prompts_with_reward": sum(1 for n in labels.column("n_reward_bearing").to_pylist() if n > 0) / max(1, labels.num_rows),
+        "n_nonfinite_labels": sum(1 for x in lz if not math.isfinite(x)),
+    }
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in fields(Stage1Config)]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+def add_cli(subparsers) -> None:
+    """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
+    from llm.cli import add_dataclass_args
+
+    p = subparsers.add_parser(
+        "stage1", help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
+        description=__doc__.split("\n\n")[0] + " Refuses top-k/top-p truncation unless --allow-truncated.")
+    add_dataclass_args(p, Stage1Config)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cli_main)
+
+
+def _cli_main(args) -> int:
+    from llm.cli import config_from_args
+
+    cfg = config_from_args(Stage1Config, args)
+    summary = run_stage1(cfg, progress=not args.quiet)
+    print(json.dumps(summary, indent=2))
+    print(f"labels and samples written to {cfg.out_dir}")
+    return 0
