@@ -1,0 +1,458 @@
+"""Evaluation: ``k`` samples per prompt per benchmark -> Mean@k, pass@k, distinct-n, optional LLM-judge diversity.
+
+Estimators come from :mod:`objectives.metrics` (one home for the math, ``math.md`` §6):
+
+* Mean@k = mean over prompts of ``mean_at_k(correct_i)`` (the average accuracy of the k samples);
+* pass@k' = mean over prompts of the unbiased ``pass_at_k(n=k, c_i, k')`` = ``1 - C(k-c, k')/C(k, k')``
+  (Chen et al. 2021), for every ``k' <= k`` in ``pass_ks``;
+* distinct-n = mean over prompts of ``distinct_n(texts of its k samples, n)`` (unique / total
+  whitespace n-grams within a prompt's group);
+* judge = the DISA App. D.5 / FlowRL diversity judge (Likert 1-5) from any OpenAI-compatible
+  ``/v1/chat/completions`` endpoint; mean and std over prompts (DISA Table 3 convention).
+
+Generation goes through the :mod:`llm.rollout` engine interface
+(``engine.generate(prompts, n, sampling) -> list[RolloutGroup]``); any object whose
+``generate(prompts, n)`` returns one list of strings per prompt also works. Rewards are TRL-signature
+functions (:mod:`llm.rewards`); a sample is *correct* when its reward is > 0.5 (binary verifiers).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import re
+import statistics
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "DISA_D5_JUDGE_TEXT",
+    "JUDGE_SYSTEM_PROMPT",
+    "JUDGE_USER_TEMPLATE",
+    "DatasetResult",
+    "EvalConfig",
+    "JudgeConfig",
+    "evaluate",
+    "format_judge_messages",
+    "judge_diversity",
+    "parse_judge_score",
+    "results_table",
+    "run_eval",
+    "save_results",
+]
+
+# ---------------------------------------------------------------------------------------------
+# the diversity-judge prompt
+# ---------------------------------------------------------------------------------------------
+
+DISA_D5_JUDGE_TEXT = (
+    'System. You are evaluating the DIVERSITY of solution approaches for a mathematics competition problem. Focus on detecting even SUBTLE differences in methodology that indicate different problem-solving strategies.\n'
+    'User. PROBLEM: {problem}.\n'
+    'SOLUTION ATTEMPTS: {formatted_responses}.Evaluation criteria. Rate diversity from to :\n'
+    'Score 1 – Minimal Diversity: + responses use essentially identical approaches; same mathematical setup, same variable choices, same solution path; only trivial differences (arithmetic, notation, wording); indicates very low exploration/diversity in the generation process.\n'
+    'Score 2 – Low Diversity: – responses use the same main approach; – alternative approaches appear but are rare; minor variations within the dominant method (different substitutions, orderings); some exploration but heavily biased toward one strategy.\n'
+    'Score 3 – Moderate Diversity: – responses use the most common approach; – distinct alternative approaches present; noticeable variation in problem setup or mathematical techniques; balanced mix showing reasonable exploration.\n'
+    'Score 4 – High Diversity: – responses use the most common approach; – distinct solution strategies well-represented; multiple mathematical techniques and problem framings; strong evidence of diverse exploration strategies.\n'
+    'Score 5 – Maximum Diversity: no single approach dominates ( responses use the same method); + distinctly different solution strategies; wide variety of mathematical techniques and creative approaches; excellent exploration and generation diversity.IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from to .'
+)
+"""DISA App. D.5 exactly as it appears in the project's copy of the paper (000_*.txt, lines of §D.5).
+
+The text extraction LOST every number of the rubric ("Rate diversity from to", "+ responses use
+..."), so this constant is a record, not a usable prompt; :data:`JUDGE_SYSTEM_PROMPT` and
+:data:`JUDGE_USER_TEMPLATE` restore the numbers.
+"""
+
+JUDGE_SYSTEM_PROMPT = (
+    "You are evaluating the DIVERSITY of solution approaches for a mathematics competition problem. "
+    "Focus on detecting even SUBTLE differences in methodology that indicate different problem-solving "
+    "strategies."
+)
+"""System turn: DISA App. D.5 "System." verbatim (identical in LAD Box C.0)."""
+
+JUDGE_USER_TEMPLATE = (
+    "PROBLEM: {problem}\n\n"
+    "SOLUTION ATTEMPTS: {formatted_responses}\n\n"
+    "EVALUATION CRITERIA - Rate diversity from 1 to 5:\n\n"
+    "Score 1 \u2013 Minimal Diversity:\n"
+    "\u2022 14+ responses use essentially identical approaches\n"
+    "\u2022 Same mathematical setup, same variable choices, same solution path\n"
+    "\u2022 Only trivial differences (arithmetic, notation, wording)\n"
+    "\u2022 Indicates very low exploration/diversity in the generation process\n\n"
+    "Score 2 \u2013 Low Diversity:\n"
+    "\u2022 11-13 responses use the same main approach\n"
+    "\u2022 1-2 alternative approaches appear but are rare\n"
+    "\u2022 Minor variations within the dominant method (different substitutions, orderings)\n"
+    "\u2022 Some exploration but heavily biased toward one strategy\n\n"
+    "Score 3 \u2013 Moderate Diversity:\n"
+    "\u2022 7-10 responses use the most common approach\n"
+    "\u2022 2-3 distinct alternative approaches present\n"
+    "\u2022 Noticeable variation in problem setup or mathematical techniques\n"
+    "\u2022 Balanced mix showing reasonable exploration\n\n"
+    "Score 4 \u2013 High Diversity:\n"
+    "\u2022 4-6 responses use the most common approach\n"
+    "\u2022 3-4 distinct solution strategies well-represented\n"
+    "\u2022 Multiple mathematical techniques and problem framings\n"
+    "\u2022 Strong evidence of diverse exploration strategies\n\n"
+    "Score 5 \u2013 Maximum Diversity:\n"
+    "\u2022 No single approach dominates (\u2264 3 responses use the same method)\n"
+    "\u2022 4+ distinctly different solution strategies\n"
+    "\u2022 Wide variety of mathematical techniques and creative approaches\n"
+    "\u2022 Excellent exploration and generation diversity\n\n"
+    "IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from 1 to 5."
+)
+"""User turn: the wording of DISA App. D.5 with the numbers its text extraction lost restored from
+the same FlowRL (Zhu et al. 2025) prompt as reproduced in LAD Box C.0 (004_*.txt), whose thresholds
+are written for 16 solution attempts. Line breaks/bullets follow LAD's layout. ``{problem}`` and
+``{formatted_responses}`` are filled by :func:`format_judge_messages`."""
+
+
+@dataclass
+class JudgeConfig:
+    """An OpenAI-compatible chat endpoint for the diversity judge."""
+
+    base_url: str | None = None
+    """e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``; default ``$TILTLAB_JUDGE_BASE_URL``
+    then ``$OPENAI_BASE_URL`` then ``https://api.openai.com/v1``."""
+    model: str | None = None
+    """Judge model; default ``$TILTLAB_JUDGE_MODEL`` or ``gpt-4o-mini`` (DISA App. D.5)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (sent as a Bearer token if set)."""
+    temperature: float = 0.0
+    max_tokens: int = 16
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    max_response_chars: int | None = None
+    """Truncate each rollout to this many characters before judging (None = send in full)."""
+
+    def resolved(self) -> "JudgeConfig":
+        base = self.base_url or os.environ.get("TILTLAB_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL") \
+            or "https://api.openai.com/v1"
+        model = self.model or os.environ.get("TILTLAB_JUDGE_MODEL") or "gpt-4o-mini"
+        return JudgeConfig(**{**asdict(self), "base_url": base.rstrip("/"), "model": model})
+
+
+def format_judge_messages(problem: str, responses: Sequence[str], max_chars: int | None = None) -> list[dict]:
+    """System + user messages for one problem. Responses are listed as ``Solution i:`` blocks
+    (the formatting of ``{formatted_responses}`` is not given in either paper; this is ours)."""
+    if not responses:
+        raise ValueError("the diversity judge needs at least one response")
+    parts = []
+    for i, r in enumerate(responses, 1):
+        r = r if max_chars is None or len(r) <= max_chars else r[:max_chars] + " [...]"
+        parts.append(f"Solution {i}:\n{r}")
+    user = JUDGE_USER_TEMPLATE.format(problem=problem, formatted_responses="\n\n" + "\n\n".join(parts))
+    return [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def parse_judge_score(text: str) -> int | None:
+    """The first integer 1-5 standing alone in the judge's reply, else None."""
+    m = re.search(r"(?<![\d.])([1-5])(?!\d|\.\d)", text or "")
+    return int(m.group(1)) if m else None
+
+
+def _post_chat(cfg: JudgeConfig, messages: list[dict]) -> str:
+    body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
+                       "max_tokens": cfg.max_tokens}).encode()
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    last: Exception | None = None
+    for attempt in range(cfg.max_retries + 1):
+        req = urllib.request.Request(f"{cfg.base_url}/chat/completions", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=cfg.timeout_s) as resp:
+                data = json.loads(resp.read().decode())
+            return data["choices"][0]["message"]["content"]
+        except urllib.error.HTTPError as e:
+            last = e
+            if e.code not in (408, 429, 500, 502, 503, 504):
+                raise RuntimeError(f"judge endpoint {cfg.base_url} answered HTTP {e.code}: {e.read()[:300]!r}") from e
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            last = e
+        except (KeyError, IndexError, json.JSONDecodeError) as e:
+            raise RuntimeError(f"judge endpoint {cfg.base_url} returned an unexpected body") from e
+        if attempt < cfg.max_retries:
+            time.sleep(min(2.0 ** attempt * 0.5, 8.0))
+    raise RuntimeError(f"judge endpoint {cfg.base_url} failed after {cfg.max_retries + 1} tries: {last}")
+
+
+def judge_diversity(problems: Sequence[str], responses: Sequence[Sequence[str]],
+                    config: JudgeConfig | None = None, progress: bool = False) -> list[int | None]:
+    """Per-problem Likert diversity scores (None where the reply held no 1-5 integer)."""
+    from tqdm.auto import tqdm
+
+    if len(problems) != len(responses):
+        raise ValueError(f"{len(problems)} problems but {len(responses)} response groups")
+    cfg = (config or JudgeConfig()).resolved()
+    scores = []
+    for p, rs in tqdm(list(zip(problems, responses)), desc="judge", disable=not progress):
+        scores.append(parse_judge_score(_post_chat(cfg, format_judge_messages(p, rs, cfg.max_response_chars))))
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DatasetResult:
+    """Metrics of one dataset; ``per_prompt`` holds ids, rewards, c (correct count) and the texts."""
+
+    name: str
+    n_prompts: int
+    k: int
+    mean_at_k: float
+    mean_at_k_se: float
+    pass_at: dict[int, float]
+    distinct: dict[int, float]
+    mean_completion_tokens: float | None
+    finished_frac: float | None
+    judge_mean: float | None = None
+    judge_std: float | None = None  # population std over per-prompt scores (DISA Table 3: "empirical std")
+    judge_n: int = 0
+    per_prompt: list[dict] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("per_prompt")
+        return d
+
+
+@dataclass
+class EvalConfig:
+    """``tiltlab llm eval``: sample k completions per prompt per dataset and score them."""
+
+    model: str = "tiny"
+    """HF id, local path or ``tiny[:seed]``."""
+    datasets: list[str] = field(default_factory=lambda: ["synthetic:math:16"])
+    """Benchmark names (math500, aime24, ...), dataset paths or ``synthetic:`` specs (:func:`llm.data.load_prompts`)."""
+    data_dir: str | None = None
+    """Where benchmark copies live (default ``$TILTLAB_DATA``)."""
+    k: int = 8
+    """Samples per prompt (Mean@k uses all of them)."""
+    pass_ks: list[int] = field(default_factory=lambda: [1, 8])
+    """pass@k' values reported (each <= k; larger ones are dropped with a note)."""
+    distinct_ns: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    temperature: float = 0.6
+    """Sampling temperature (PACED-RL §5.3 / Yue et al. use 0.6 with top-p 0.95)."""
+    top_p: float = 0.95
+    top_k: int = 0
+    max_new_tokens: int = 1024
+    seed: int = 0
+    engine: str = "hf"
+    """``hf`` or ``vllm`` (:func:`llm.rollout.make_engine`)."""
+    dtype: str = "auto"
+    device: str | None = None
+    batch_size: int = 64
+    chat_template: bool = True
+    """Wrap prompts as a user turn with the tokenizer's chat template."""
+    limit: int | None = None
+    """Use only the first ``limit`` prompts of each dataset."""
+    reward: str = "auto"
+    """``auto`` (math if the row has an answer, code if tests), ``math``, ``code`` or ``module:function``."""
+    judge: bool = False
+    """Run the LLM diversity judge (see :class:`JudgeConfig`; endpoint from env or the fields below)."""
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_datasets: list[str] | None = None
+    """Datasets to judge (None = all evaluated datasets)."""
+    out_dir: str | None = None
+    """Write results.json, results.md and samples.jsonl here."""
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not self.datasets:
+            raise ValueError("no datasets to evaluate")
+        if any(n < 1 for n in self.distinct_ns) or any(p < 1 for p in self.pass_ks):
+            raise ValueError("pass_ks and distinct_ns must be positive")
+
+
+def _resolve_reward(name: str | Callable) -> Callable:
+    if callable(name):
+        return name
+    import importlib
+
+    from . import rewards
+
+    table = {"auto": rewards.verifiable_reward, "math": rewards.math_reward, "code": rewards.code_reward}
+    if name in table:
+        return table[name]
+    if ":" in name:
+        mod, _, fn = name.partition(":")
+        return getattr(importlib.import_module(mod), fn)
+    raise ValueError(f"unknown reward {name!r}; use auto, math, code or 'package.module:function'")
+
+
+def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[str]], list | None, list | None]:
+    """(texts [P][k], completion ids or None, finished flags or None) from either engine protocol."""
+    params = inspect.signature(engine.generate).parameters
+    if "sampling" in params:
+        out = engine.generate(prompts, n=k, sampling=sampling)
+    else:
+        out = engine.generate(prompts, k)
+    if len(out) != len(prompts):
+        raise RuntimeError(f"engine returned {len(out)} groups for {len(prompts)} prompts")
+    texts, ids, fin = [], [], []
+    for g in out:
+        if hasattr(g, "texts"):
+            texts.append(list(g.texts))
+            ids.append([list(c) for c in g.completion_ids])
+            fin.append(list(g.finished) if getattr(g, "finished", None) else None)
+        else:
+            texts.append([str(t) for t in g])
+            ids.append(None)
+            fin.append(None)
+        if len(texts[-1]) != k:
+            raise RuntimeError(f"engine returned {len(texts[-1])} completions for a prompt, expected {k}")
+    return texts, (ids if all(i is not None for i in ids) else None), (fin if all(f is not None for f in fin) else None)
+
+
+def _format(tokenizer, prompt: str, chat_template: bool) -> str:
+    if not chat_template:
+        return prompt
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat_template=True but the engine's tokenizer has no chat template; use chat_template=False")
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def evaluate(engine, datasets: dict[str, Sequence[dict]], k: int, sampling=None, pass_ks: Sequence[int] = (1,),
+             distinct_ns: Sequence[int] = (1, 2), reward_fn: str | Callable = "auto", chat_template: bool = True,
+             judge: JudgeConfig | None = None, judge_datasets: Sequence[str] | None = None,
+             progress: bool = True) -> dict[str, DatasetResult]:
+    """Evaluate ``engine`` on ``{name: rows}``; returns ``{name: DatasetResult}``.
+
+    Args:
+        engine: an :class:`llm.rollout.RolloutEngine` (``generate(prompts, n, sampling)``) or any object
+            with ``generate(prompts, n) -> list[list[str]]``.
+        datasets: rows with ``id``, ``prompt`` and ``answer`` or ``tests`` (:mod:`llm.data`).
+        k: samples per prompt; ``pass_ks`` larger than ``k`` are dropped.
+        sampling: an :class:`llm.rollout.SamplingConfig` (default: temperature 1, no truncation).
+    """
+    from tqdm.auto import tqdm
+
+    from objectives.metrics import distinct_n, mean_at_k, pass_at_k
+
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if sampling is None:
+        from .rollout import SamplingConfig
+
+        sampling = SamplingConfig()
+    ks = sorted({int(x) for x in pass_ks if x <= k})
+    fn = _resolve_reward(reward_fn)
+    tok = getattr(engine, "tokenizer", None)
+    results: dict[str, DatasetResult] = {}
+    for name, rows in tqdm(list(datasets.items()), desc="eval datasets", disable=not progress):
+        rows = list(rows)
+        if not rows:
+            raise ValueError(f"dataset {name!r} is empty")
+        prompts = [_format(tok, r["prompt"], chat_template) for r in rows]
+        texts, ids, fin = _generate(engine, prompts, k, sampling)
+        flat_comp = [t for g in texts for t in g]
+        flat_ids = [c for g in ids for c in g] if ids is not None else None
+        cols = {c: [r.get(c) for r in rows for _ in range(k)] for c in {c for r in rows for c in r} if c != "prompt"}
+        rewards = fn([p for p in prompts for _ in range(k)], flat_comp, flat_ids, **cols)
+        if len(rewards) != len(flat_comp) or any(r is None for r in rewards):
+            raise ValueError(f"{name}: the reward function returned None or a wrong number of rewards "
+                             "(does every row have an answer or tests?)")
+        per_prompt, mean_scores = [], []
+        pass_sums = {kk: 0.0 for kk in ks}
+        dist_sums = {n: 0.0 for n in distinct_ns}
+        for i, r in enumerate(rows):
+            rw = [float(x) for x in rewards[i * k:(i + 1) * k]]
+            correct = [x > 0.5 for x in rw]
+            c = sum(correct)
+            mean_scores.append(mean_at_k(correct))
+            for kk in ks:
+                pass_sums[kk] += pass_at_k(k, c, kk)
+            for n in distinct_ns:
+                dist_sums[n] += distinct_n(texts[i], n)
+            per_prompt.append({"id": r["id"], "rewards": rw, "c": c, "completions": texts[i]})
+        P = len(rows)
+        se = statistics.stdev(mean_scores) / math.sqrt(P) if P > 1 else float("nan")
+        n_tok = [len(c) for g in ids for c in g] if ids is not None else None
+        res = DatasetResult(
+            name=name, n_prompts=P, k=k, mean_at_k=sum(mean_scores) / P, mean_at_k_se=se,
+            pass_at={kk: v / P for kk, v in pass_sums.items()}, distinct={n: v / P for n, v in dist_sums.items()},
+            mean_completion_tokens=(sum(n_tok) / len(n_tok)) if n_tok else None,
+            finished_frac=(sum(sum(f) for f in fin) / (P * k)) if fin is not None else None,
+            per_prompt=per_prompt,
+        )
+        if judge is not None and (judge_datasets is None or name in judge_datasets):
+            problems = [r.get("problem_text") or r["prompt"] for r in rows]
+            scores = judge_diversity(problems, texts, judge, progress=progress)
+            valid = [s for s in scores if s is not None]
+            for pp, s in zip(per_prompt, scores):
+                pp["judge"] = s
+            res.judge_n = len(valid)
+            res.judge_mean = sum(valid) / len(valid) if valid else None
+            res.judge_std = statistics.pstdev(valid) if len(valid) > 1 else (0.0 if valid else None)
+        results[name] = res
+    return results
+
+
+def results_table(results: dict[str, DatasetResult]) -> str:
+    """A Markdown table: one row per dataset (Mean@k ± s.e., pass@k', distinct-n, judge)."""
+    if not results:
+        return "(no results)"
+    first = next(iter(results.values()))
+    ks = sorted({kk for r in results.values() for kk in r.pass_at})
+    ns = sorted({n for r in results.values() for n in r.distinct})
+    head = ["dataset", "prompts", f"Mean@{first.k}"] + [f"pass@{kk}" for kk in ks] + [f"distinct-{n}" for n in ns]
+    has_judge = any(r.judge_mean is not None for r in results.values())
+    if has_judge:
+        head.append("judge (1-5)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results.values():
+        se = "" if math.isnan(r.mean_at_k_se) else f" ± {100 * r.mean_at_k_se:.1f}"
+        cells = [r.name, str(r.n_prompts), f"{100 * r.mean_at_k:.1f}{se}"]
+        cells += [f"{100 * r.pass_at[kk]:.1f}" if kk in r.pass_at else "-" for kk in ks]
+        cells += [f"{r.distinct[n]:.3f}" if n in r.distinct else "-" for n in ns]
+        if has_judge:
+            cells.append("-" if r.judge_mean is None else f"{r.judge_mean:.2f} ± {r.judge_std:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save_results(results: dict[str, DatasetResult], out_dir: str | Path, config: dict | None = None) -> Path:
+    """Write ``results.json`` (summaries + config), ``results.md`` (table) and ``samples.jsonl`` (per prompt)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"config": config or {}, "results": {n: r.summary() for n, r in results.items()}}
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, default=str))
+    os.replace(tmp, out / "results.json")
+    (out / "results.md").write_text(results_table(results) + "\n")
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+        for n, r in results.items():
+            for pp in r.per_prompt:
+                f.write(json.dumps({"dataset": n, **pp}, ensure_ascii=False) + "\n")
+    return out
+
+
+def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
+    """Load the model (unless ``engine`` is given) and datasets of ``cfg``, evaluate, print and save."""
+    from .data import load_prompts
+    from .rollout import SamplingConfig, make_engine
+
+    if engine is None:
+        engine = make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, batch_size=cfg.batch_size)
+    data = {name: load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed) for name in cfg.datasets}
+    sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    judge = JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model) if cfg.judge else None
+    results = evaluate(engine, data, cfg.k, sampling, pass_ks=cfg.pass_ks, distinct_ns=cfg.distinct_ns,
+                       reward_fn=cfg.reward, chat_template=cfg.chat_template, judge=judge,
+                       judge_datasets=cfg.judge_datasets)
+    if cfg.out_dir:
+        save_results(results, cfg.out_dir, config=asdict(cfg))
+    return results
