@@ -48,6 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slow", action="store_true", help="include checks marked slow")
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
     p.add_argument("--out", type=Path, default=Path("results/claims.json"), help="where to write the JSON record (default results/claims.json)")
+    p.add_argument("--claims", type=Path, action="append", default=[], metavar="DIR",
+                   help="also read [[claim]] TOML files from DIR (repeatable; for your own project's claims)")
+    p.add_argument("--module", action="append", default=[], metavar="NAME",
+                   help="also import this module, which registers checks with paper_checks.register_check (repeatable; "
+                        "the current directory is importable)")
     p.set_defaults(func=_cmd_check)
 
     r = subparsers.add_parser("reproduce", help="all checks + all simulator figures -> REPORT.md and report.html",
@@ -69,6 +74,21 @@ def _progress(iterable: Sequence[Any], desc: str, enabled: bool = True):
         return iterable
     return tqdm(iterable, desc=desc, unit="check" if desc == "checks" else "fig", file=sys.stderr,
                 disable=None if enabled else True, leave=False, dynamic_ncols=True)
+
+
+def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> None:
+    """Claims and check modules of another project (``tiltlab check --claims DIR --module NAME``)."""
+    import importlib
+
+    from paper_checks import registry
+
+    registry.discover()
+    for d in claim_dirs:
+        registry.load_claims(d)
+    if modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for m in modules:
+        importlib.import_module(m)
 
 
 def _select(args_only: str | None, layer: str | None, name: str | None, include_slow: bool):
@@ -190,7 +210,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
             return 2
         prefix, layer = None, prefix
     t0 = time.perf_counter()
-    chks = _select(prefix, layer, args.check, args.slow)
+    try:
+        _load_extra(args.claims, args.module)
+        chks = _select(prefix, layer, args.check, args.slow)
+    except (ValueError, ImportError) as exc:
+        print(f"tiltlab check: {exc}", file=sys.stderr)
+        return 2
     outs = _run(chks, args.seed, progress=True)
     unchecked = [] if (layer or args.check) else _unchecked(prefix)
     seconds = time.perf_counter() - t0

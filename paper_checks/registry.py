@@ -177,7 +177,7 @@ class Outcome:
 
 _CLAIMS: dict[str, Claim] = {}
 _CHECKS: dict[str, Check] = {}
-_LOADED = False
+_LOADED: set[Path] = set()  # claim directories already read
 
 
 def declare_claim(id: str, paper: str, section: str, statement: str, **kw: Any) -> Claim:
@@ -219,9 +219,11 @@ def register_check(
 
 def load_claims(directory: Path = CLAIMS_DIR) -> None:
     """Read claim declarations from every ``*.toml`` file in ``directory``."""
-    global _LOADED
-    if _LOADED:
+    directory = Path(directory).resolve()
+    if directory in _LOADED:
         return
+    if not directory.is_dir():
+        raise ValueError(f"claims directory {directory} does not exist")
     for path in sorted(directory.glob("*.toml")):
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -230,7 +232,7 @@ def load_claims(directory: Path = CLAIMS_DIR) -> None:
                 declare_claim(**row)
             except TypeError as exc:
                 raise ValueError(f"{path.name}: bad claim row {row.get('id')!r}: {exc}") from None
-    _LOADED = True
+    _LOADED.add(directory)
 
 
 def discover(modules: Iterable[str] = CHECK_MODULES) -> None:

@@ -12,7 +12,7 @@ def isolated_registry():
     """Load the real claims and checks, then restore the registry exactly after the test
     (fake claims/checks registered by the test disappear)."""
     registry.discover()
-    claims, checks = dict(registry._CLAIMS), dict(registry._CHECKS)
+    claims, checks, loaded = dict(registry._CLAIMS), dict(registry._CHECKS), set(registry._LOADED)
     try:
         yield registry
     finally:
@@ -20,3 +20,5 @@ def isolated_registry():
         registry._CLAIMS.update(claims)
         registry._CHECKS.clear()
         registry._CHECKS.update(checks)
+        registry._LOADED.clear()
+        registry._LOADED.update(loaded)

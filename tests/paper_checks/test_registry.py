@@ -146,3 +146,25 @@ def test_claim_files_are_well_formed():
                 empirical[row["paper"]] = empirical.get(row["paper"], 0) + 1
     # every paper with tables (all but the abstract listing) has its numbers registered
     assert {p for p in PAPERS if not p.startswith("001_")} <= set(empirical), empirical
+
+
+def test_downstream_project_claims_and_checks(isolated_registry, tmp_path, monkeypatch, capsys):
+    """``tiltlab check --claims DIR --module NAME``: another project's claims and checks run
+    through the same registry, table and exit status."""
+    (tmp_path / "myclaims").mkdir()
+    (tmp_path / "myclaims" / "mine.toml").write_text(
+        '[[claim]]\nid = "myproj.loss_is_finite"\npaper = "000_97b17fcb5a92948e.txt"\nsection = "eq. (5)"\n'
+        'statement = "our TB loss is finite"\nkind = "beyond"\n', encoding="utf-8")
+    (tmp_path / "zz_myproj_checks.py").write_text(
+        "from paper_checks import register_check, CheckResult, Verdict\n"
+        "@register_check('myproj.loss_is_finite', layer='sim', expected=Verdict.VERIFIED)\n"
+        "def finite(seed):\n    return CheckResult(Verdict.VERIFIED, 'loss=0.5', {'loss': 0.5})\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    monkeypatch.delitem(__import__("sys").modules, "zz_myproj_checks", raising=False)
+    rc = main(["check", "--claims", "myclaims", "--module", "zz_myproj_checks", "--only", "myproj", "--json", "--out", "c.json"])
+    assert rc == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert [(c["claim"], c["verdict"]) for c in rec["checks"]] == [("myproj.loss_is_finite", "verified")]
+    assert main(["check", "--claims", "nowhere", "--out", "c.json"]) == 2
+    __import__("sys").modules.pop("zz_myproj_checks", None)
