@@ -241,12 +241,13 @@ def c5_offpolicy_breaks(seed: int) -> CheckResult:
 
 # ----------------------------------------------------------------------------- Prop. 4
 def envelope_instances(n: int, p: int, k: int, generator: torch.Generator, at_target: bool = False,
-                       unit_mean: bool = True):
+                       unit_mean: bool = True, toward_target: bool = False):
     """Random instances of DISA Prop. 4: returns (|J_Zpsi - J_Z| [n], bound [n], E[Delta^2] [n], J_Z [n]).
 
     Each instance: ``p`` prompts (uniform), ``k`` outcomes, random pi_ref, graded reward, beta, a
     behaviour policy pi_b, nonnegative weights with ``E_{pi_b}[w | x] = 1`` (``unit_mean``),
-    a policy pi_theta (= pi* when ``at_target``) and a prompt-only error ``Delta(x)``.
+    a policy pi_theta (= pi* when ``at_target``; a random geometric mix of a random policy and pi*
+    concentrated near pi* when ``toward_target``) and a prompt-only error ``Delta(x)``.
     """
     g = generator
     logp_ref = torch.log_softmax(torch.randn(n, p, k, generator=g, dtype=F64), -1)
@@ -262,6 +263,9 @@ def envelope_instances(n: int, p: int, k: int, generator: torch.Generator, at_ta
     else:
         scale = torch.rand(n, 1, 1, generator=g, dtype=F64) * 2
         logp = torch.log_softmax(scale * torch.randn(n, p, k, generator=g, dtype=F64), -1)
+        if toward_target:
+            mix = 1 - torch.rand(n, 1, 1, generator=g, dtype=F64) ** 2
+            logp = torch.log_softmax(mix * target_logprobs(logp_ref, beta * reward) + (1 - mix) * logp, -1)
     delta_err = torch.randn(n, p, 1, generator=g, dtype=F64) * torch.rand(n, 1, 1, generator=g, dtype=F64)
     d_exact = tb_residual(logp, logp_ref, reward, log_z, beta)
     d_psi = tb_residual(logp, logp_ref, reward, log_z + delta_err, beta)
