@@ -40,7 +40,7 @@ from sim import proposals
 from sim.api import RunResult, SimConfig
 from sim.envs import BanditEnv, gather
 
-__all__ = ["train", "stage1_log_z", "tv_distance", "kl_divergence"]
+__all__ = ["train", "gradient_at", "stage1_log_z", "tv_distance", "kl_divergence"]
 
 
 def tv_distance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -414,3 +414,35 @@ def train(cfg: SimConfig, env: BanditEnv) -> RunResult:
     """Train ``cfg.seeds`` tabular policies on ``env`` with ``cfg.method``; see :class:`sim.api.SimConfig`."""
     cfg.validate()
     return _Trainer(cfg, env).run()
+
+
+def gradient_at(
+    cfg: SimConfig,
+    env: BanditEnv,
+    logits: torch.Tensor,
+    logp_old: torch.Tensor | None = None,
+    draws: int = 0,
+) -> torch.Tensor:
+    """Gradient of the configured loss w.r.t. the policy logits at ``logits [S, P, K]``.
+
+    ``pi_old`` (the behaviour / anchor) is ``logp_old`` or, by default, ``log_softmax(logits)``
+    (on-policy semi-gradient). With ``cfg.exact`` the result is the exact expected gradient
+    ``[S, P, K]``; otherwise ``draws`` (>= 1) sampled batches give ``[draws, S, P, K]``.
+    Scale: each seed's loss is its batch mean (see :mod:`sim.train`).
+    """
+    cfg.validate()
+    tr = _Trainer(cfg, env)
+    if logits.shape != tr.theta.shape:
+        raise ValueError(f"logits must be [S, P, K]={tuple(tr.theta.shape)}, got {tuple(logits.shape)}")
+    with torch.no_grad():
+        tr.theta.copy_(logits)
+    tr.logp_old = torch.log_softmax(logits, -1).detach() if logp_old is None else logp_old.detach()
+    if cfg.method == "tb" and cfg.log_z == "frozen":
+        tr.refresh_frozen()
+    sel = torch.ones(tr.S, tr.P, dtype=torch.float64)
+    if cfg.exact:
+        (g,) = torch.autograd.grad(tr.loss(tr.make_batch(sel)), [tr.theta])
+        return g
+    if draws < 1:
+        raise ValueError("sampled mode needs draws >= 1")
+    return torch.stack([torch.autograd.grad(tr.loss(tr.make_batch(sel)), [tr.theta])[0] for _ in range(draws)])
