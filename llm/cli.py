@@ -26,6 +26,8 @@ _SUBCOMMANDS: list[str] = [
     "llm.stage1",
     "llm.stage2",
     "llm.cli:add_eval_cli",
+    "llm.demo",
+    # llm-part-2 appends its training command module here (e.g. "llm.train").
 ]
 """Entries ``"module"`` (its ``add_cli(subparsers)`` adds the command) or ``"module:function"``
 (that function is used instead of ``add_cli``)."""
@@ -68,40 +70,39 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def _scalar_type(tp: Any):
-    """``(python type, optional?)`` for an annotation (string or typing object)."""
-    if isinstance(tp, str):
-        parts = [t.strip() for t in tp.split("|")]
-        optional = "None" in parts
-        parts = [t for t in parts if t != "None"]
-        names = {"int": int, "float": float, "str": str, "bool": bool}
-        if len(parts) != 1 or parts[0] not in names:
-            raise TypeError(f"unsupported CLI field type {tp!r}")
-        return names[parts[0]], optional
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if args:
-        return args[0], len(args) < len(typing.get_args(tp))
-    return tp, False
+def _field_type(tp: Any) -> tuple[type, bool]:
+    """``(element type, is_list)`` for a field annotation: ``int``, ``float``, ``str``, ``bool``,
+    ``list[...]`` of those, each optionally ``| None``."""
+    if not isinstance(tp, str):
+        tp = getattr(tp, "__name__", str(tp))
+    parts = [t.strip() for t in tp.split("|") if t.strip() != "None"]
+    names = {"int": int, "float": float, "str": str, "bool": bool}
+    if len(parts) == 1 and parts[0] in names:
+        return names[parts[0]], False
+    if len(parts) == 1 and parts[0].startswith("list[") and parts[0][5:-1] in names:
+        return names[parts[0][5:-1]], True
+    raise TypeError(f"unsupported CLI field type {tp!r}")
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One flag per dataclass field; help = the field's docstring; lists take several values."""
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        tp, optional = _scalar_type(f.type)
+        tp, is_list = _field_type(f.type)
         help_ = docs.get(f.name, "")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        if tp is bool:
+        if tp is bool and not is_list:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_)
             continue
         if not required:
             help_ = f"{help_} (default: {default})"
         parser.add_argument(flag, dest=f.name, type=tp, required=required, default=default, help=help_,
-                            metavar=f.name.upper())
+                            metavar=f.name.upper(), nargs="+" if is_list else None)
 
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):
@@ -120,3 +121,22 @@ def add_eval_cli(subparsers) -> None:
 
     if importlib.util.find_spec("llm.evaluate") is None:
         return
+    from llm.evaluate import EvalConfig
+
+    p = subparsers.add_parser(
+        "eval", help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
+        description="Evaluate a model (llm.evaluate): Mean@k, unbiased pass@k, distinct-n diversity, "
+                    "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.")
+    add_dataclass_args(p, EvalConfig)
+    p.set_defaults(func=_eval_main)
+
+
+def _eval_main(args) -> int:
+    from llm.evaluate import EvalConfig, results_table, run_eval
+
+    cfg = config_from_args(EvalConfig, args)
+    results = run_eval(cfg)
+    print(results_table(results))
+    if cfg.out_dir:
+        print(f"results written to {cfg.out_dir}")
+    return 0

@@ -1,0 +1,374 @@
+"""DISA Stage 2: regress the Stage-1 labels on frozen prompt embeddings; ``predict_log_z``.
+
+DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eq. 9; ``math.md`` §1): fit ``log Z_psi(x)`` by
+least squares ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with a held-out split; the
+validation MSE is the separable diagnostic. Here:
+
+* features: frozen embeddings from pi_ref (by default the Stage-1 reference model) -- the
+  mean over prompt tokens of the final hidden state (``llm.scoring.hidden_states`` pooled with
+  ``llm.trainers.logz_head.masked_mean_pool``), ``[N, H]`` float32, of the same text the
+  policy is conditioned on (chat template as in Stage 1), cached on disk keyed by a model
+  fingerprint and the prompt texts;
+* regressor and fit: ``objectives.regressor.PartitionRegressor`` / ``fit_regressor`` (input and
+  target standardization live inside the module's buffers);
+* outputs in ``out_dir``: ``regressor.safetensors`` + ``regressor.json`` (architecture, the
+  embedding model and prompt format, the label column, beta, metrics, history),
+  ``loss_curve.png``.
+
+Later stages load it with :func:`load_log_z_predictor` and call ``predict_log_z(prompts)``
+(raw user-turn prompts; the recorded prompt format is applied).
+
+Import-light (torch etc. are imported inside functions) so the CLI parser builds quickly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = [
+    "Stage2Config",
+    "run_stage2",
+    "embed_prompts",
+    "cached_embeddings",
+    "LogZPredictor",
+    "load_log_z_predictor",
+    "predict_log_z",
+    "REGRESSOR_FILE",
+    "CONFIG_FILE",
+]
+
+REGRESSOR_FILE = "regressor.safetensors"
+CONFIG_FILE = "regressor.json"
+POOLING = "mean_last_hidden"
+
+
+@dataclass
+class Stage2Config:
+    """Configuration of ``tiltlab llm stage2`` (one field = one CLI flag, its docstring = the help)."""
+
+    labels: str
+    """Stage 1 output directory (manifest.json + labels-*.parquet)."""
+    out_dir: str
+    """Where the regressor, its config, metrics and the loss-curve PNG are written."""
+    embed_model: str | None = None
+    """Frozen embedding model (default: the Stage 1 reference pi_ref)."""
+    target: str = "log_z"
+    """Label column to regress: "log_z" (DISA's LSE label) or "log_z_bias_corrected"."""
+    chat_template: bool | None = None
+    """Embed the chat-templated prompt (default: as Stage 1 formatted it)."""
+    val_fraction: float = 0.2
+    """Held-out fraction of prompts for the validation MSE / R^2."""
+    epochs: int = 300
+    """Training epochs (the best validation epoch is restored)."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    hidden: int = 256
+    """Regressor hidden width."""
+    n_layers: int = 2
+    """Regressor hidden layers (DISA: a 2-layer MLP)."""
+    fit_batch_size: int | None = None
+    """Regressor mini-batch size (default: full batch)."""
+    seed: int = 0
+    """Seed of the split and the initialization."""
+    embed_batch_size: int = 16
+    """Prompts per embedding forward pass."""
+    cache_dir: str | None = None
+    """Embedding cache directory (default: <out_dir>/embed_cache)."""
+    dtype: str = "auto"
+    """Embedding-model dtype ("auto": bf16 on GPU, fp32 on CPU)."""
+    device: str | None = None
+    """Device of the embedding model (default: cuda if available)."""
+
+    def __post_init__(self) -> None:
+        if self.target not in ("log_z", "log_z_bias_corrected"):
+            raise ValueError(f"target must be 'log_z' or 'log_z_bias_corrected', got {self.target!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in (0, 1), got {self.val_fraction}")
+        if self.epochs < 1 or self.embed_batch_size < 1:
+            raise ValueError("epochs and embed_batch_size must be >= 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# embeddings
+# ---------------------------------------------------------------------------------------------
+
+def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, progress: bool = False):
+    """``[N, H]`` float32 CPU: mean over each text's tokens of the final hidden state (frozen).
+
+    ``texts`` are already formatted (e.g. chat-templated); tokenized without added special
+    tokens, right-padded; the pooling ignores padding, so results do not depend on batching.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from llm.scoring import hidden_states
+    from llm.trainers.logz_head import masked_mean_pool
+
+    if isinstance(texts, str):
+        raise ValueError("texts must be a list of strings")
+    dev = next(model.parameters()).device
+    out = []
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "right"
+    try:
+        for s in tqdm(range(0, len(texts), batch_size), desc="embedding prompts", disable=not progress, leave=False):
+            enc = tokenizer(list(texts[s: s + batch_size]), return_tensors="pt", padding=True,
+                            add_special_tokens=False)
+            ids, attn = enc["input_ids"].to(dev), enc["attention_mask"].to(dev)
+            if bool((attn.sum(-1) == 0).any()):
+                raise ValueError("an empty prompt cannot be embedded")
+            with torch.no_grad():
+                h = hidden_states(model, ids, attn)  # [B, L, H]
+                out.append(masked_mean_pool(h.float(), attn).cpu())  # [B, H]
+    finally:
+        tokenizer.padding_side = side
+    if not out:
+        return torch.zeros(0, 0)
+    return torch.cat(out)
+
+
+def model_fingerprint(model, name: str) -> str:
+    """A cheap identity of a model's weights: name, config and slices of a few parameter tensors."""
+    import torch
+
+    h = hashlib.sha256(str(name).encode())
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        h.update(cfg.to_json_string(use_diff=False).encode())
+    params = list(model.parameters())
+    for p in (params[0], params[len(params) // 2], params[-1]):
+        h.update(p.detach().flatten()[:8192].to(torch.float32).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def cached_embeddings(model, tokenizer, texts: Sequence[str], cache_dir: str | Path, model_name: str,
+                      batch_size: int = 16, progress: bool = False):
+    """:func:`embed_prompts`, cached in ``cache_dir`` as safetensors keyed by
+    ``sha256(model fingerprint, pooling, texts)``; a hit skips the model entirely."""
+    from safetensors.torch import load_file, save_file
+
+    key = hashlib.sha256()
+    key.update(model_fingerprint(model, model_name).encode() + POOLING.encode())
+    for t in texts:
+        key.update(hashlib.sha256(t.encode()).digest())
+    path = Path(cache_dir) / f"emb-{key.hexdigest()[:32]}.safetensors"
+    if path.exists():
+        return load_file(str(path))["embeddings"], True
+    emb = embed_prompts(model, tokenizer, texts, batch_size, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({"embeddings": emb.contiguous()}, str(tmp), metadata={"model": str(model_name), "pooling": POOLING,
+                                                                    "n": str(len(texts))})
+    os.replace(tmp, path)
+    return emb, False
+
+
+def _model_ref(name: str) -> str:
+    """A local path made absolute (so a later stage finds it from any directory); HF ids unchanged."""
+    p = Path(name)
+    return str(p.resolve()) if p.exists() else name
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+
+def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
+    """Embed the labelled prompts, fit the regressor, save it; returns the metrics dict."""
+    import torch
+    from safetensors.torch import save_file
+
+    from llm.models import load_model, load_tokenizer
+    from llm.stage1 import atomic_write_json, format_prompt, load_stage1, read_manifest
+    from objectives.regressor import fit_regressor
+
+    man = read_manifest(cfg.labels)
+    s1 = man.get("config", {})
+    embed_name = cfg.embed_model or s1.get("reference")
+    if not embed_name:
+        raise ValueError("no embedding model: pass embed_model (the Stage 1 manifest names no reference)")
+    chat = s1.get("chat_template", True) if cfg.chat_template is None else cfg.chat_template
+    if not man.get("complete"):
+        warnings.warn(f"Stage 1 run in {cfg.labels} is not complete; fitting on its finished shards only")
+    _, labels = load_stage1(cfg.labels)
+    lab = labels.to_pydict()
+    prompts, targets, dropped = [], [], 0
+    for p, y in zip(lab["prompt"], lab[cfg.target]):
+        if y is None or not math.isfinite(y):
+            dropped += 1
+            continue
+        prompts.append(p)
+        targets.append(float(y))
+    if dropped:
+        warnings.warn(f"dropped {dropped} prompts with a non-finite {cfg.target} label")
+    if len(prompts) < 3:
+        raise ValueError(f"need >= 3 prompts with finite labels to fit with a held-out split, got {len(prompts)}")
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = load_tokenizer(embed_name)
+    model = load_model(embed_name, dtype=cfg.dtype, device=cfg.device)
+    texts = [format_prompt(tok, p, chat) for p in prompts]
+    feats, hit = cached_embeddings(model, tok, texts, cfg.cache_dir or out / "embed_cache", embed_name,
+                                   cfg.embed_batch_size, progress)
+    del model
+    y = torch.tensor(targets, dtype=torch.float32)
+    fit = fit_regressor(feats, y, val_fraction=cfg.val_fraction, epochs=cfg.epochs, lr=cfg.lr,
+                        weight_decay=cfg.weight_decay, hidden=cfg.hidden, n_layers=cfg.n_layers,
+                        batch_size=cfg.fit_batch_size, seed=cfg.seed, progress=progress)
+    metrics = {
+        "n_train": int(fit.train_idx.numel()), "n_val": int(fit.val_idx.numel()), "n_dropped": dropped,
+        "train_mse": fit.train_mse, "val_mse": fit.val_mse, "val_r2": fit.val_r2,
+        "baseline_val_mse": fit.baseline_val_mse, "best_epoch": fit.best_epoch,
+        "label_mean": float(y.mean()), "label_std": float(y.std()) if len(y) > 1 else 0.0,
+        "embedding_cache_hit": hit,
+    }
+    tmp = out / f".{REGRESSOR_FILE}.tmp-{os.getpid()}"
+    save_file({k: v.contiguous() for k, v in fit.model.state_dict().items()}, str(tmp))
+    os.replace(tmp, out / REGRESSOR_FILE)
+    config = {
+        "format": "tiltlab.stage2/1",
+        "regressor": fit.model.config(),
+        "embed_model": _model_ref(embed_name),
+        "pooling": POOLING,
+        "chat_template": bool(chat),
+        "target": cfg.target,
+        "beta": man.get("beta"),
+        "reward_transform": man.get("reward_transform"),
+        "stage1_dir": str(Path(cfg.labels).resolve()),
+        "stage2_config": asdict(cfg),
+        "metrics": metrics,
+        "history": fit.history,
+    }
+    atomic_write_json(out / CONFIG_FILE, config)
+    plot_loss_curve(fit.history, fit.baseline_val_mse, out / "loss_curve.png",
+                    title=f"Stage 2: val MSE {fit.val_mse:.4g}, R² {fit.val_r2:.3f}")
+    return metrics
+
+
+def plot_loss_curve(history: dict[str, list[float]], baseline: float, path: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    ep = range(1, len(history["train_mse"]) + 1)
+    ax.plot(ep, history["train_mse"], label="train MSE")
+    ax.plot(ep, history["val_mse"], label="validation MSE")
+    ax.axhline(baseline, color="grey", ls="--", lw=1, label="predict train mean (R² = 0)")
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("MSE of log Z")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# loading for later stages
+# ---------------------------------------------------------------------------------------------
+
+class LogZPredictor:
+    """Frozen ``log Z_psi(x)``: embedding model + regressor, as recorded by Stage 2.
+
+    ``predict_log_z(prompts)`` takes raw user-turn prompts (or chat message lists, whose last
+    message's content is used) and returns a ``[N]`` float32 CPU tensor, detached.
+    """
+
+    def __init__(self, regressor, model, tokenizer, chat_template: bool, batch_size: int = 16,
+                 config: dict | None = None):
+        self.regressor = regressor.eval()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.batch_size = batch_size
+        self.config = config or {}
+
+    def predict_log_z(self, prompts: Sequence[Any]):
+        import torch
+
+        from llm.stage1 import format_prompt
+
+        if isinstance(prompts, str):
+            raise ValueError("prompts must be a list")
+        texts = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+        feats = embed_prompts(self.model, self.tokenizer, [format_prompt(self.tokenizer, t, self.chat_template)
+                                                           for t in texts], self.batch_size)
+        with torch.no_grad():
+            return self.regressor(feats).float().cpu()
+
+    __call__ = predict_log_z
+
+
+def load_log_z_predictor(path: str | Path, model=None, tokenizer=None, embed_model: str | None = None,
+                         dtype: str = "auto", device: str | None = None, batch_size: int = 16) -> LogZPredictor:
+    """Load a Stage-2 directory. Pass an already loaded ``model``/``tokenizer`` (e.g. Stage 3's
+    frozen pi_ref when it is the embedding model) to avoid loading it twice, or ``embed_model``
+    to override the recorded path (e.g. on another machine)."""
+    from safetensors.torch import load_file
+
+    from objectives.regressor import PartitionRegressor
+
+    path = Path(path)
+    cfg_path = path / CONFIG_FILE
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"no Stage 2 regressor config at {cfg_path}")
+    config = json.loads(cfg_path.read_text())
+    reg = PartitionRegressor(**config["regressor"])
+    reg.load_state_dict(load_file(str(path / REGRESSOR_FILE)))
+    if model is None or tokenizer is None:
+        from llm.models import load_model, load_tokenizer
+
+        name = embed_model or config["embed_model"]
+        model = model if model is not None else load_model(name, dtype=dtype, device=device)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
+    return LogZPredictor(reg, model, tokenizer, bool(config["chat_template"]), batch_size, config)
+
+
+def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **load_kwargs):
+    """``[N]`` predicted ``log Z(x)`` for raw prompts from a Stage-2 directory (or a loaded predictor)."""
+    pred = path if isinstance(path, LogZPredictor) else load_log_z_predictor(path, **load_kwargs)
+    return pred.predict_log_z(prompts)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+def add_cli(subparsers) -> None:
+    """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
+    from llm.cli import add_dataclass_args
+
+    p = subparsers.add_parser(
+        "stage2", help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
+        description=__doc__.split("\n\n")[0])
+    add_dataclass_args(p, Stage2Config)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cli_main)
+
+
+def _cli_main(args) -> int:
+    from llm.cli import config_from_args
+
+    cfg = config_from_args(Stage2Config, args)
+    m = run_stage2(cfg, progress=not args.quiet)
+    print(f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
+          f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "
+          f"train MSE {m['train_mse']:.5g}, best epoch {m['best_epoch']}")
+    print(f"regressor, config and loss_curve.png written to {cfg.out_dir}")
+    return 0

@@ -1,0 +1,125 @@
+"""DISA Stage 2 and the end-to-end Stage 1 -> Stage 2 -> predict_log_z path on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from llm.stage1 import Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from llm.stage2 import (  # noqa: E402
+    CONFIG_FILE,
+    REGRESSOR_FILE,
+    Stage2Config,
+    embed_prompts,
+    load_log_z_predictor,
+    predict_log_z,
+    run_stage2,
+)
+
+pytestmark = pytest.mark.llm
+
+BETA = 2.0
+
+
+def easy_even_reward(prompts, completions, completion_ids=None, difficulty=None, **kwargs):
+    """r = 1 iff the prompt is easy (difficulty <= 2) and the first completion token id is even.
+
+    Then Z(x) = 1 + p_even(x) (e^beta - 1) on easy prompts and exactly 1 on hard ones: a label
+    that depends on the prompt in a learnable way, with importance-sampling noise on top."""
+    return [1.0 if d <= 2 and ids[0] % 2 == 0 else 0.0 for d, ids in zip(difficulty, completion_ids)]
+
+
+@pytest.fixture(scope="module")
+def stage1_dir(tiny_dir, tmp_path_factory):
+    from llm.tasks import arithmetic_tasks
+
+    rows = arithmetic_tasks(40, seed=3)
+    out = tmp_path_factory.mktemp("s1")
+    cfg = Stage1Config(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="synthetic:math:40", out_dir=str(out),
+                       M=8, beta=BETA, temperature=1.2, max_new_tokens=2, prompts_per_shard=16, seed=0,
+                       gen_batch_size=320, score_batch_size=320, device="cpu")
+    run_stage1(cfg, rows=rows, reward_fn=easy_even_reward, progress=False)
+    return out, rows
+
+
+def test_stage1_to_stage2_to_predict_log_z(stage1_dir, tmp_path, tiny_model, tiny_tokenizer):
+    from tiltlab.cli import main
+
+    s1, rows = stage1_dir
+    out = tmp_path / "s2"
+    rc = main(["llm", "stage2", "--labels", str(s1), "--out-dir", str(out), "--epochs", "150", "--hidden", "64",
+               "--val-fraction", "0.25", "--device", "cpu", "--quiet"])
+    assert rc == 0
+    cfg = json.loads((out / CONFIG_FILE).read_text())
+    assert (out / REGRESSOR_FILE).exists()
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cfg["beta"] == BETA and cfg["target"] == "log_z" and cfg["chat_template"] is True
+    assert cfg["regressor"]["in_dim"] == tiny_model.config.hidden_size
+    m = cfg["metrics"]
+    assert m["n_train"] == 30 and m["n_val"] == 10
+    # labels: ~log(1 + (e^2 - 1)/2) = 1.43 on easy prompts, ~0 on hard ones, plus IS noise;
+    # the regressor must explain most of the held-out variance
+    assert m["val_r2"] > 0.6 and m["val_mse"] < 0.4 * m["baseline_val_mse"]
+
+    _, labels = load_stage1(s1)
+    lab = dict(zip(labels.column("prompt_id").to_pylist(), labels.column("log_z").to_pylist()))
+    easy = [lab[r["id"]] for r in rows if r["difficulty"] <= 2]
+    hard = [lab[r["id"]] for r in rows if r["difficulty"] > 2]
+    # the labels carry the signal: exact log Z ~ 1.43 (easy) vs 0 (hard); with M = 8 an easy prompt
+    # can still draw no even token (prob ~0.5^8), so compare means, not extremes
+    assert sum(easy) / len(easy) - sum(hard) / len(hard) > 1.0 and max(abs(x) for x in hard) < 0.3
+
+    pred = load_log_z_predictor(out, device="cpu")
+    y = pred.predict_log_z([r["prompt"] for r in rows])
+    assert y.shape == (len(rows),) and torch.isfinite(y).all()
+    is_easy = torch.tensor([r["difficulty"] <= 2 for r in rows])
+    assert float(y[is_easy].mean() - y[~is_easy].mean()) > 0.8  # exact gap ~1.4
+    # the module-level API and a predictor sharing an already loaded model agree
+    shared = load_log_z_predictor(out, model=tiny_model, tokenizer=tiny_tokenizer)
+    chat = [[{"role": "user", "content": r["prompt"]}] for r in rows[:4]]
+    assert torch.allclose(shared.predict_log_z(chat), y[:4], atol=1e-5)
+    assert torch.allclose(predict_log_z([r["prompt"] for r in rows[:4]], shared), y[:4], atol=1e-5)
+
+
+def test_stage2_embedding_cache_and_bias_corrected_target(stage1_dir, tmp_path):
+    s1, _ = stage1_dir
+    cfg = Stage2Config(labels=str(s1), out_dir=str(tmp_path), epochs=20, hidden=32, device="cpu",
+                       target="log_z_bias_corrected")
+    a = run_stage2(cfg, progress=False)
+    b = run_stage2(cfg, progress=False)
+    assert not a["embedding_cache_hit"] and b["embedding_cache_hit"]
+    assert a["val_mse"] == b["val_mse"]  # cached features are the same features
+    assert len(list((tmp_path / "embed_cache").glob("emb-*.safetensors"))) == 1
+    _, labels = load_stage1(s1)
+    bc = labels.column("log_z_bias_corrected").to_pylist()
+    assert abs(a["label_mean"] - sum(bc) / len(bc)) < 1e-5
+
+
+def test_embeddings_are_mean_pooled_last_hidden(tiny_model, tiny_tokenizer):
+    texts = [format_prompt(tiny_tokenizer, p, True) for p in ["1+1=", "Compute 12*7 - 3. Show work.", "9"]]
+    e1 = embed_prompts(tiny_model, tiny_tokenizer, texts, batch_size=1)
+    e3 = embed_prompts(tiny_model, tiny_tokenizer, texts, batch_size=3)
+    assert torch.allclose(e1, e3, atol=1e-5)  # padding-invariant (fp32)
+    for i, t in enumerate(texts):
+        ids = torch.tensor([tiny_tokenizer(t, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            h = tiny_model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0]  # [L, H], after final norm
+        assert torch.allclose(e1[i], h.mean(0), atol=1e-5)
+
+
+def test_stage2_errors(tmp_path):
+    with pytest.raises(ValueError):
+        Stage2Config(labels="x", out_dir="y", target="nope")
+    with pytest.raises(ValueError):
+        Stage2Config(labels="x", out_dir="y", val_fraction=1.0)
+    with pytest.raises(FileNotFoundError):
+        run_stage2(Stage2Config(labels=str(tmp_path / "missing"), out_dir=str(tmp_path / "o")), progress=False)
+    with pytest.raises(FileNotFoundError):
+        load_log_z_predictor(tmp_path)
+    assert math.isfinite(BETA)
