@@ -23,6 +23,8 @@ __all__ = [
     "TINY_SPECIAL_TOKENS",
     "build_tiny",
     "build_tiny_tokenizer",
+    "tiny_config",
+    "train_bpe",
     "default_device",
     "load_model",
     "load_model_and_tokenizer",
@@ -152,8 +154,25 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, corpus: list[str]
     Special tokens: ``<|endoftext|>`` (pad), ``<|bos|>`` (bos, not auto-prepended, as in Qwen),
     ``<|im_start|>``, ``<|im_end|>`` (eos = end of turn).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
+    tk = train_bpe(vocab_size=vocab_size, seed=seed, corpus=corpus)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token=TINY_SPECIAL_TOKENS["pad_token"],
+        bos_token=TINY_SPECIAL_TOKENS["bos_token"],
+        eos_token=TINY_SPECIAL_TOKENS["eos_token"],
+        additional_special_tokens=[TINY_SPECIAL_TOKENS["im_start"]],
+        model_max_length=1024,
+        padding_side="left",
+    )
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def train_bpe(vocab_size: int = 512, seed: int = 0, corpus: list[str] | None = None):
+    """The raw ``tokenizers.Tokenizer`` of :func:`build_tiny_tokenizer` (imports only ``tokenizers``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from .tasks import synthetic_corpus
 
@@ -173,17 +192,7 @@ def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, corpus: list[str]
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
     )
     tk.train_from_iterator(texts, trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        pad_token=TINY_SPECIAL_TOKENS["pad_token"],
-        bos_token=TINY_SPECIAL_TOKENS["bos_token"],
-        eos_token=TINY_SPECIAL_TOKENS["eos_token"],
-        additional_special_tokens=[TINY_SPECIAL_TOKENS["im_start"]],
-        model_max_length=1024,
-        padding_side="left",
-    )
-    tok.chat_template = TINY_CHAT_TEMPLATE
-    return tok
+    return tk
 
 
 def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int, **overrides):

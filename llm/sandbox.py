@@ -287,6 +287,11 @@ def _plan(cfg: SandboxConfig) -> dict:
                     if cand and _usable_as(cand, *nb):
                         python, ids = cand, nb
                         break
+                if ids is not None and python != sys.executable and not cfg.python:
+                    _warn_once("syspython", f"sandbox: the current interpreter is not usable by 'nobody'; user code "
+                                            f"runs with {python} (packages installed only in the current "
+                                            "environment, e.g. numpy, are unavailable there; pass python=... "
+                                            "or drop_privileges=False to change this)")
                 if ids is None:
                     _warn_once("drop", "sandbox: no interpreter usable by 'nobody'; user code runs as root "
                                        "(RLIMIT_NPROC is not enforced for root; fork bombs are stopped only by "

@@ -93,3 +93,15 @@ def test_tiny_name_and_dtype_resolution():
         load_model("./no/such/model/dir")
     with pytest.raises(ValueError, match="vocab_size"):
         build_tiny_tokenizer(vocab_size=100)
+
+
+def test_bpe_deterministic_across_processes():
+    # tokenizers' trainer uses Rust hash maps; a fresh process must still learn the same merges
+    import subprocess
+    import sys
+
+    from llm.models import train_bpe
+
+    code = "from llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout == train_bpe(seed=0).to_str()
