@@ -24,7 +24,8 @@ Layers (each is applied when the OS allows it; :func:`isolation_report` says whi
    outside the working directory. This is defense in depth, NOT a security boundary on its own
    (CPython audit hooks can be bypassed by sufficiently clever code); layers 1–4 are the boundary.
 6. **Empty temporary working directory** (removed afterwards), **scrubbed environment**
-   (``PATH``, ``HOME`` = the work dir, ``LANG``; nothing else), ``python -I -B`` (isolated mode:
+   (``PATH``, ``HOME`` = ``TMPDIR`` = the work dir, ``LANG``, one-thread BLAS/OpenMP variables; nothing
+   else), ``python -I -B`` (isolated mode:
    ignores ``PYTHON*`` variables and user site-packages), stdin from ``/dev/null``.
 7. **Output cap**: stdout/stderr go to files capped by ``RLIMIT_FSIZE``; at most
    ``max_output_bytes`` of each is read back, and hitting the cap is reported as ``output_limit``.
@@ -365,7 +366,9 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             # keep the interpreter off PID 1 (PID 1 ignores default-action signals such as SIGXCPU)
             cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
         cmd = plan["prefix"] + cmd
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "TMPDIR": str(work)}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "TMPDIR": str(work),
+               # one BLAS/OpenMP thread: keeps numeric libraries inside RLIMIT_AS and the CPU budget
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         with open(ctl / "stdout", "wb") as out, open(ctl / "stderr", "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=str(work),
                                     env=env, start_new_session=True, close_fds=True)

@@ -42,7 +42,7 @@ def test_ok_program_and_clean_environment():
     assert r.passed, r.stderr
     assert r.stdout.startswith("[] ")  # empty working directory
     assert r.stdout.strip().endswith(" 42")
-    for key in ("TILTLAB", "OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV"):
+    for key in ("TILTLAB", "PYTHONPATH", "VIRTUAL_ENV", "PYENV"):
         assert key not in r.stdout
 
 
