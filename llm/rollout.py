@@ -306,6 +306,9 @@ class HFEngine(RolloutEngine):
         return results
 
 
+_VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
 class VLLMEngine(RolloutEngine):
     """vLLM offline engine returning processed (post temperature/top-k/top-p) sampled log-probs.
 
@@ -328,6 +331,7 @@ class VLLMEngine(RolloutEngine):
                 "VLLMEngine needs vLLM: `pip install 'tiltlab[vllm]'` (CUDA GPU required). "
                 "Use engine='hf' (HFEngine) on CPU."
             ) from e
+        dtype = _VLLM_DTYPES.get(str(dtype), dtype)
         kwargs = dict(model=str(model), tokenizer=str(tokenizer or model), dtype=dtype,
                       gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                       seed=seed, logprobs_mode="processed_logprobs", trust_remote_code=False)

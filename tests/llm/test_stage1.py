@@ -61,6 +61,19 @@ def _exact(model, tok, prompt, beta, temperature, rewarded):
 
 def test_labels_converge_to_exact_log_z(peaked_dir, math_rows, tmp_path):
     """One-token completions: the LSE label -> exact log Z, within k*sigma/sqrt(M) + |bias|."""
+    _check_convergence(peaked_dir, math_rows, tmp_path, engine="hf", device="cpu")
+
+
+@pytest.mark.gpu
+def test_labels_converge_with_vllm_engine(peaked_dir, math_rows, tmp_path):
+    """The same exact check with the proposal sampled by vLLM (processed log-probs) on a GPU."""
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _check_convergence(peaked_dir, math_rows, tmp_path, engine="vllm", device="cuda")
+
+
+def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
     from functools import partial
 
     from llm.models import load_model, load_tokenizer
@@ -79,7 +92,8 @@ def test_labels_converge_to_exact_log_z(peaked_dir, math_rows, tmp_path):
     for m in (16, 256, 2048):
         cfg = Stage1Config(proposal=str(peaked_dir), reference=str(peaked_dir), dataset="inline",
                            out_dir=str(tmp_path / f"m{m}"), M=m, beta=beta, temperature=temp, max_new_tokens=1,
-                           seed=7, prompts_per_shard=2, gen_batch_size=1024, score_batch_size=1024, device="cpu")
+                           seed=7, prompts_per_shard=2, gen_batch_size=1024, score_batch_size=1024, device=device,
+                           engine=engine, dtype="fp32", gpu_memory_utilization=0.3)
         run_stage1(cfg, rows=rows, reward_fn=reward, progress=False)
         samples, labels = load_stage1(cfg.out_dir)
         assert samples.num_rows == m * len(rows)
