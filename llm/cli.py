@@ -9,6 +9,17 @@ their handlers import the heavy stack lazily.
 :func:`add_dataclass_args` / :func:`config_from_args` turn a config dataclass into flags: one
 flag per field (``--snake-case``), the field's attribute docstring as its help, booleans as
 ``--x/--no-x``; a field without a default is a required flag.
+
+DISA Stages 1-2 on a real backbone (GPU; ``pip install 'tiltlab[llm,vllm]'``)::
+
+    tiltlab llm stage1 --proposal Qwen/Qwen3-32B --reference Qwen/Qwen3-1.7B \
+        --dataset prompts.jsonl --out-dir runs/disa/stage1 --M 8 --beta 1.0 --reward math \
+        --engine vllm --temperature 1.0 --max-new-tokens 4096 --gpu-memory-utilization 0.6
+    tiltlab llm stage2 --labels runs/disa/stage1 --out-dir runs/disa/stage2
+    # later stages: llm.stage2.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)
+
+Both models must share one tokenizer (Qwen3 sizes do). An interrupted Stage 1 resumes when
+rerun with the same flags.
 """
 
 from __future__ import annotations

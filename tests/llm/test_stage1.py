@@ -221,3 +221,24 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
     run_stage1(Stage1Config(**kw), rows=rows, reward_fn=token_reward, progress=False)
     with pytest.raises(ValueError, match="different configuration"):
         run_stage1(Stage1Config(beta=2.0, **kw), rows=rows, reward_fn=token_reward, progress=False)
+
+
+def test_cli_flags_map_to_config_fields():
+    """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
+    from llm.cli import config_from_args, field_docs
+    from tiltlab.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["llm", "stage1", "--proposal", "q", "--reference", "r", "--dataset", "d", "--out-dir",
+                              "o", "--M", "16", "--beta", "5", "--top-k", "3", "--allow-truncated",
+                              "--no-chat-template", "--max-prompts", "7"])
+    cfg = config_from_args(Stage1Config, args)
+    assert (cfg.M, cfg.beta, cfg.top_k, cfg.allow_truncated, cfg.chat_template, cfg.max_prompts) == \
+        (16, 5.0, 3, True, False, 7)
+    assert cfg.temperature == 1.0 and cfg.engine == "hf"  # defaults come from the dataclass
+    docs = field_docs(Stage1Config)
+    assert set(docs) == {f for f in Stage1Config.__dataclass_fields__}  # every field documented
+    sub = parser.parse_args(["llm", "stage2", "--labels", "l", "--out-dir", "o", "--no-chat-template"])
+    assert sub.chat_template is False and sub.target == "log_z"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["llm", "stage1", "--proposal", "q"])  # required flags missing
