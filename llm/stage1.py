@@ -503,8 +503,12 @@ def add_cli(subparsers) -> None:
 def _cli_main(args) -> int:
     from llm.cli import config_from_args
 
-    cfg = config_from_args(Stage1Config, args)
-    summary = run_stage1(cfg, progress=not args.quiet)
+    try:
+        cfg = config_from_args(Stage1Config, args)
+        summary = run_stage1(cfg, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tiltlab llm stage1: error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(summary, indent=2))
     print(f"labels and samples written to {cfg.out_dir}")
     return 0

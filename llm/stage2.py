@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -174,6 +175,8 @@ def cached_embeddings(model, tokenizer, texts: Sequence[str], cache_dir: str | P
 
 def _model_ref(name: str) -> str:
     """A local path made absolute (so a later stage finds it from any directory); HF ids unchanged."""
+    if name == "tiny" or name.startswith("tiny:"):  # llm.models builds these in memory
+        return name
     p = Path(name)
     return str(p.resolve()) if p.exists() else name
 
@@ -365,8 +368,12 @@ def add_cli(subparsers) -> None:
 def _cli_main(args) -> int:
     from llm.cli import config_from_args
 
-    cfg = config_from_args(Stage2Config, args)
-    m = run_stage2(cfg, progress=not args.quiet)
+    try:
+        cfg = config_from_args(Stage2Config, args)
+        m = run_stage2(cfg, progress=not args.quiet)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tiltlab llm stage2: error: {e}", file=sys.stderr)
+        return 2
     print(f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
           f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "
           f"train MSE {m['train_mse']:.5g}, best epoch {m['best_epoch']}")
