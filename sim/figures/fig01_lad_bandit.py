@@ -36,7 +36,7 @@ def method_configs(quick: bool, seed: int) -> dict[str, dict]:
 
 
 def base_config(quick: bool, seed: int) -> dict:
-    steps = 800 if quick else 4000
+    steps = 450 if quick else 4000
     return dict(
         env="lad_bandit", K=50, eta=1.0, steps=steps, G=32, temperature=1.5, lr=5e-3,
         refresh_every=steps // 3 + 1, uniform_init=True, seeds=2 if quick else 4, seed=seed,

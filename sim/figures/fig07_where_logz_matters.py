@@ -25,10 +25,10 @@ REGIMES = {"on-policy (1 step/batch)": dict(inner_steps=1), "off-policy drift (4
 
 
 def base_config(quick: bool, seed: int) -> dict:
-    steps = 100 if quick else 300
+    steps = 60 if quick else 300
     return dict(env="multiprompt", P=16, K=16, method="tb", anchor="ref", beta=2.0, steps=steps, G=8, lr=0.05,
                 logz_lr=0.1, seeds=2 if quick else 4, seed=seed, log_every=steps // 20,
-                grad_var_every=steps // 10, grad_var_draws=6 if quick else 12)
+                grad_var_every=steps // 10, grad_var_draws=4 if quick else 12)
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:

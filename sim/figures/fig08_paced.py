@@ -30,7 +30,7 @@ TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 def base_config(quick: bool, seed: int) -> dict:
     return dict(
         env="multiprompt", P=64, K=16, method="tb", anchor="old", log_z="learned", beta=2.0,
-        steps=80 if quick else 200, G=8, lr=0.05, logz_lr=0.1, seeds=2 if quick else 6, seed=seed,
+        steps=60 if quick else 200, G=8, lr=0.05, logz_lr=0.1, seeds=2 if quick else 6, seed=seed,
         log_every=5, select_m=16, scheduler="logz", tau=0.5,
     )
 

@@ -85,10 +85,10 @@ def surrogate_gap(eps: np.ndarray, n_inst: int = 32, K: int = 50, seed: int = 0)
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    steps = 600 if quick else 4000
+    steps = 300 if quick else 4000
     seeds = 2 if quick else 4
     sampled = divergence_sweep(steps, seeds, seed, exact=False, refreshes=2)
-    exact = divergence_sweep(300 if quick else 1500, 1, seed, exact=True, refreshes=0, lr=2e-2)
+    exact = divergence_sweep(150 if quick else 1500, 1, seed, exact=True, refreshes=0, lr=2e-2)
     eps = np.logspace(-4, -0.5, 8 if quick else 15)
     gap = surrogate_gap(eps, seed=seed)
 
