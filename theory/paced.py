@@ -112,17 +112,21 @@ def check_vargrad(estimate: Callable[[list, list], sp.Expr] | None = None, Ns: S
     return result(ok, summ, {"n_fail": len(fails)})
 
 
-def check_estimator_bias(K: int = 3) -> CheckResult:
+def check_estimator_bias(claimed_bias: Callable[..., sp.Expr] | None = None, K: int = 3) -> CheckResult:
     """PACED Sec. 4.2 estimator ``p_hat = beta log Z_phi`` (before clipping): at the optimal
     Z*, ``p_hat - p_old = beta KL(pi_old || pi_theta) >= 0``, zero iff pi_theta = pi_old.
 
-    Exact (K symbolic outcomes): the bias equals beta*KL identically, and vanishes at
-    pi_theta = pi_old, the point where PACED reads Z (right after the rollout).
+    Exact (K symbolic outcomes): the bias equals ``claimed_bias(beta, KL(pi_old||pi_theta),
+    KL(pi_theta||pi_old))`` (default ``beta KL(pi_old||pi_theta)``) identically, and vanishes
+    at pi_theta = pi_old, the point where PACED reads Z (right after the rollout).
     """
+    if claimed_bias is None:
+        claimed_bias = lambda beta, kl_ot, kl_to: beta * kl_ot  # noqa: E731
     rewards = [1 if i < (K + 1) // 2 else 0 for i in range(K)]
     sol, _, beta, kl, Er, po, pt = _optimal_log_z(K, rewards)
     bias = beta * sol[0] - Er
-    ident = is_zero(bias - beta * kl)
+    kl_rev = sum(pt[i] * (sp.log(pt[i]) - sp.log(po[i])) for i in range(K))
+    ident = is_zero(bias - claimed_bias(beta, kl, kl_rev))
     at_old = is_zero(bias.subs({pt_i: po_i for pt_i, po_i in zip(pt[:-1], po[:-1])}))
     ok = ident and at_old
     summ = (f"K={K} symbolic: beta logZ* - p_old == beta KL(pi_old||pi_theta) (>= 0, upward bias): {ident}; "
