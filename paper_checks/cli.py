@@ -60,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--quick", action="store_true", help="fast figure settings, skip slow checks (under 2 minutes)")
     r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
     r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
+    r.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="processes: figures run in JOBS-1 worker processes while the checks run (default: min(2, CPUs))")
     r.set_defaults(func=_cmd_reproduce)
 
 
@@ -238,27 +240,69 @@ def _cmd_check(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- tiltlab reproduce
 
 
-def make_figures(out_dir: Path, quick: bool, seed: int, progress: bool = True):
-    """Run every simulator figure module; a missing or crashing module does not stop the others.
+def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int):
+    """One figure module -> ``(records, problems)``; never raises (runs in worker processes too)."""
+    try:
+        from sim import figures as simfig
 
-    Returns ``(records, problems)`` where ``problems`` maps figure id -> reason.
-    """
+        return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
+    except ModuleNotFoundError as exc:
+        if exc.name == f"sim.figures.{mod_name}":
+            return [], {fig_id: f"module sim.figures.{mod_name} is missing"}
+        return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
+    except Exception as exc:
+        tb = traceback.format_exc().strip().splitlines()
+        return [], {fig_id: f"crashed: {type(exc).__name__}: {exc} ({tb[-3].strip() if len(tb) >= 3 else ''})"}
+
+
+def _figure_list():
     try:
         from sim import figures as simfig
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return [], {"sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
-    records, problems = [], {}
-    for fig_id, mod_name in _progress(list(simfig.FIGURES), "figures", progress):
-        try:
-            records += simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id])
-        except ModuleNotFoundError as exc:
-            if exc.name == f"sim.figures.{mod_name}":
-                problems[fig_id] = f"module sim.figures.{mod_name} is missing"
-            else:
-                problems[fig_id] = f"crashed: ModuleNotFoundError: {exc}"
-        except Exception as exc:
-            tb = traceback.format_exc().strip().splitlines()
-            problems[fig_id] = f"crashed: {type(exc).__name__}: {exc} ({tb[-3].strip() if len(tb) >= 3 else ''})"
+        return None, {"sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
+    return list(simfig.FIGURES), {}
+
+
+def make_figures(out_dir: Path, quick: bool, seed: int, progress: bool = True):
+    """Run every simulator figure module in this process; a missing or crashing module does
+    not stop the others. Returns ``(records, problems)`` (``problems``: figure id -> reason)."""
+    figs, problems = _figure_list()
+    if figs is None:
+        return [], problems
+    records = []
+    for fig_id, mod_name in _progress(figs, "figures", progress):
+        recs, probs = _make_one(fig_id, mod_name, out_dir, quick, seed)
+        records += recs
+        problems.update(probs)
+    return records, problems
+
+
+def _start_figures_in_background(out_dir: Path, quick: bool, seed: int, workers: int):
+    """Submit every figure to a process pool (fork) so the checks run meanwhile in this process.
+    Returns ``(executor, futures, problems)`` or ``None`` where a pool cannot be used."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if workers < 1 or "fork" not in mp.get_all_start_methods():
+        return None
+    figs, problems = _figure_list()
+    if figs is None:
+        return None
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+    futs = [ex.submit(_make_one, fid, mod, out_dir, quick, seed) for fid, mod in figs]
+    return ex, futs, problems
+
+
+def _collect_figures(bg) -> tuple[list, dict]:
+    ex, futs, problems = bg
+    records = []
+    try:
+        for fut in _progress(futs, "figures"):
+            recs, probs = fut.result()
+            records += recs
+            problems.update(probs)
+    finally:
+        ex.shutdown()
     return records, problems
 
 
@@ -293,10 +337,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     chks = _select(None, None, None, include_slow=not args.quick)
+    # figures in worker processes while the checks run here (each figure is seeded on its own,
+    # so the results do not depend on where it runs); --jobs 1 runs everything in this process
+    bg = _start_figures_in_background(out / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
     outs = _run(chks, args.seed)
     t_checks = time.perf_counter() - t0
-    figs, problems = make_figures(out / "figures", args.quick, args.seed)
-    t_figs = time.perf_counter() - t0 - t_checks
+    figs, problems = _collect_figures(bg) if bg else make_figures(out / "figures", args.quick, args.seed)
+    figs = sorted(figs, key=lambda f: f.id)
+    t_figs = time.perf_counter() - t0 - (0.0 if bg else t_checks)
     unchecked = _unchecked(None)
     rec = _record(outs, unchecked, args.seed, {"reproduce": True, "quick": bool(args.quick)}, time.perf_counter() - t0)
     rec["figures"] = [f.to_json() if hasattr(f, "to_json") else vars(f) for f in sorted(figs, key=lambda f: f.id)]
@@ -307,7 +355,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     inp = ReportInput(
         claims=registry.claims(), outcomes=outs, figures=figs, missing_figures=problems, env=environment(), seed=args.seed,
         quick=bool(args.quick), out_dir=out,
-        run_line=f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s)",
+        run_line=f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s"
+                 + (f", {args.jobs} processes)" if bg else ")"),
     )
     md, ht = write_report(inp)
     c = rec["summary"]["verdicts"]

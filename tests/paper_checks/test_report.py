@@ -138,7 +138,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     monkeypatch.setattr(pcli, "_select", fake_select)
     monkeypatch.setattr(pcli, "make_figures", fake_figs)
     out = tmp_path / "out"
-    assert main(["reproduce", "--quick", "--seed", "4", "--out", str(out)]) == 1  # a figure is missing
+    assert main(["reproduce", "--quick", "--seed", "4", "--jobs", "1", "--out", str(out)]) == 1  # a figure is missing
     assert calls == {"slow": False, "figs": (out / "figures", True, 4)}
     printed = capsys.readouterr().out
     assert "fig98_gone" in printed
@@ -154,3 +154,14 @@ def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
     monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"),))
     recs, problems = pcli.make_figures(tmp_path, quick=True, seed=0, progress=False)
     assert recs == [] and problems == {"fig97_absent": "module sim.figures.fig97_absent_module is missing"}
+
+
+def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
+    """The process-pool path (figures while the checks run) reports like the serial one."""
+    simfig = pytest.importorskip("sim.figures")
+    monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"), ("fig96_absent", "fig96_absent_module")))
+    bg = pcli._start_figures_in_background(tmp_path, quick=True, seed=0, workers=1)
+    if bg is None:
+        pytest.skip("no fork start method on this platform")
+    recs, problems = pcli._collect_figures(bg)
+    assert recs == [] and sorted(problems) == ["fig96_absent", "fig97_absent"]
