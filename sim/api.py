@@ -21,7 +21,7 @@ import torch
 
 __all__ = ["SimConfig", "RunResult", "make_env", "run", "METHODS", "LOG_Z_MODES"]
 
-METHODS = ("tb", "flowrl", "lad", "grpo", "gspo")
+METHODS = ("tb", "flowrl", "lad", "grpo", "gspo", "offrl", "fpa", "dpo", "sft")
 LOG_Z_MODES = ("exact", "frozen", "learned", "vargrad", "zero")
 
 
@@ -47,7 +47,9 @@ class SimConfig:
     # --- objective -----------------------------------------------------------------------------
     method: str = "tb"
     """``tb`` (trajectory balance, DISA eq. 5/10), ``flowrl`` (FlowRL's coded loss, math.md §2),
-    ``lad`` (LAD eq. 8), ``grpo`` (clipped surrogate, optional KL), ``gspo`` (sequence ratio)."""
+    ``lad`` (LAD eq. 8), ``grpo`` (clipped surrogate, optional KL), ``gspo`` (sequence ratio); offline on a
+    fixed dataset drawn once from pi_ref (binary rewards): ``offrl`` (FPA eq. 1, R = 2r - 1), ``fpa`` (FPA eq. 3),
+    ``dpo`` (pairs: a correct and an incorrect sample of pi_ref per slot), ``sft`` (correct samples)."""
     beta: float = 1.0
     """Inverse temperature multiplying the reward (DISA convention). PACED's ``kl_coef`` is ``1/beta``."""
     anchor: str = "ref"
@@ -86,6 +88,12 @@ class SimConfig:
     """GRPO/GSPO clip epsilon."""
     kl_coef: float = 0.0
     """GRPO KL penalty weight (k3 estimator) toward ``kl_anchor``."""
+    fpa_lambda: float = 1.0
+    """FPA extrapolation lambda (pi_hat ∝ pi_theta^{1+lambda} pi_ref^{-lambda}, FPA eq. 5)."""
+    dpo_beta: float = 0.1
+    """DPO beta (FPA App. B.2 uses 0.1)."""
+    offline_kl_tau: float = 0.0
+    """Off-RL forward-KL penalty tau on the offline data (FPA App. B.6 uses 0.04)."""
     kl_anchor: str = "old"
     """GRPO KL anchor: ``old`` (LAD's bandit baseline) or ``ref``."""
 
@@ -159,7 +167,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.exact and self.log_z == "vargrad":
             raise ValueError("exact-gradient mode has no batch log Z (log_z='vargrad' needs samples)")
-        if self.exact and self.method in ("flowrl", "gspo"):
+        if self.exact and self.method in ("flowrl", "gspo", "offrl", "fpa", "dpo", "sft"):
             raise ValueError(f"exact-gradient mode is not defined for method={self.method!r} (group statistics)")
         if self.exact and self.advantage != "raw" and self.method in ("lad", "grpo"):
             raise ValueError("exact-gradient mode needs advantage='raw' (group statistics need samples)")

@@ -12,6 +12,8 @@ rewards and reference log-probs, and hands them to the loss functions of ``objec
   ``objectives.paced.select_prompts`` from ``accuracy_from_log_z``, replay priority ``replay_priority``.
 - LAD (``004_5fbe296d0161ca77.txt`` eq. 8): ``objectives.lad.lad_loss``.
 - GRPO / GSPO (math.md §6): ``objectives.pg.grpo_loss`` / ``gspo_loss`` with ``group_advantages``.
+- Offline (FPA ``003_af5ed36eab8bd392.txt`` eqs. 1, 3, 5; App. B.2): ``objectives.offline`` Off-RL, FPA (with
+  ``future_policy_logprobs``), DPO, SFT on a dataset drawn once from pi_ref (no rollouts).
 
 Sequences are one token long here (a bandit), so token tensors are ``[B, 1]`` with mask 1 and
 ``B = S * P * G`` (group-major: rows ``(s, p)`` hold one group of G samples).
@@ -33,12 +35,15 @@ import torch
 
 from objectives import estimators as est
 from objectives import lad as lad_obj
+from objectives import offline as off_obj
 from objectives import paced as paced_obj
 from objectives import pg as pg_obj
 from objectives import tb as tb_obj
 from sim import proposals
 from sim.api import RunResult, SimConfig
 from sim.envs import BanditEnv, gather
+
+OFFLINE = ("offrl", "fpa", "dpo", "sft")
 
 __all__ = ["train", "gradient_at", "stage1_log_z", "tv_distance", "kl_divergence"]
 
@@ -146,6 +151,24 @@ class _Trainer:
                 torch.zeros(S, C, dtype=torch.bool),
             )
         self.hist: dict[str, list[float]] = {}
+        self.offline = None
+        if cfg.method in OFFLINE:
+            self.offline = self._offline_data()
+
+    def _offline_data(self) -> dict:
+        """Fixed offline data from pi_ref: ``G`` samples per prompt (Off-RL/FPA), plus ``G`` correct and
+        ``G`` incorrect samples (pi_ref restricted to each class) for DPO pairs / SFT."""
+        c, env = self.cfg, self.env
+        if not env.binary:
+            raise ValueError(f"offline methods need a binary-reward env, got {env.name}")
+        ref = self.ref
+        idx = proposals.sample(ref, c.G, self.gen)
+        corr = env.reward.bool()
+        if not bool(corr.any(-1).all()) or not bool((~corr).any(-1).all()):
+            raise ValueError("offline pairs need a correct and an incorrect output for every prompt")
+        w = proposals.sample(ref.masked_fill(~corr, float("-inf")), c.G, self.gen)
+        lo = proposals.sample(ref.masked_fill(corr, float("-inf")), c.G, self.gen)
+        return {"idx": idx, "w": w, "l": lo}
 
     # -- targets and log Z ----------------------------------------------------------------------
     @property
@@ -290,6 +313,32 @@ class _Trainer:
             return S * loss
         raise ValueError(f"unknown method {c.method!r}")
 
+    def offline_loss(self) -> torch.Tensor:
+        """Off-RL / FPA / DPO / SFT on the fixed offline data (one-token sequences: |y| = 1)."""
+        c, d = self.cfg, self.offline
+        logp = torch.log_softmax(self.theta, -1)
+        S = self.S
+        if c.method in ("offrl", "fpa"):
+            idx = d["idx"]
+            lp = gather(logp, idx).reshape(-1)
+            R = 2.0 * gather(self.reward, idx).reshape(-1) - 1.0  # {0,1} -> {-1,+1} (FPA eq. 1)
+            ones = torch.ones_like(lp)
+            lp_ref = gather(self.ref, idx).reshape(-1)
+            if c.method == "offrl":
+                return S * off_obj.offrl_loss(lp, ones, R, logp_ref=lp_ref, kl_tau=c.offline_kl_tau)
+            B = lp.shape[0]
+            lt = self.theta.detach().unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
+            lr = self.ref.unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
+            lp_future = off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), c.fpa_lambda)[:, 0]
+            return S * off_obj.fpa_loss(lp, lp_future, ones, R)
+        lw, ll = gather(logp, d["w"]).reshape(-1), gather(logp, d["l"]).reshape(-1)
+        if c.method == "dpo":
+            rw, rl = gather(self.ref, d["w"]).reshape(-1), gather(self.ref, d["l"]).reshape(-1)
+            return S * off_obj.dpo_loss(lw, ll, rw, rl, beta=c.dpo_beta)
+        if c.method == "sft":
+            return S * off_obj.sft_loss(lw[:, None], torch.ones_like(lw)[:, None])
+        raise ValueError(c.method)
+
     # -- batches --------------------------------------------------------------------------------
     def make_batch(self, sel: torch.Tensor) -> _Batch:
         c = self.cfg
@@ -367,7 +416,7 @@ class _Trainer:
                 p_true = self.env.pass_rate(self.logp_old)
                 row["p_hat_err"] = float((p_hat - p_true).abs().mean())
                 row["sel_p"] = float((p_true * sel).sum() / sel.sum())
-        if c.grad_var_every and step % c.grad_var_every == 0:
+        if c.grad_var_every and step % c.grad_var_every == 0 and self.offline is None:
             row["grad_var"] = self.grad_variance(sel)
         for k, v in row.items():
             self.hist.setdefault(k, []).append(v)
@@ -391,12 +440,12 @@ class _Trainer:
                 if c.method == "tb" and c.log_z == "frozen" and c.anchor == "old":
                     self.refresh_frozen()
             sel, p_hat = self.select()
-            b = self.make_batch(sel)
+            b = self.make_batch(sel) if self.offline is None else None
             for _ in range(c.inner_steps):
                 self.opt.zero_grad(set_to_none=True)
-                self.loss(b).backward()
+                (self.loss(b) if b is not None else self.offline_loss()).backward()
                 self.opt.step()
-            if self.buf is not None:
+            if self.buf is not None and b is not None:
                 self.push_replay(b, sel, p_hat)
             if (t + 1) % c.log_every == 0 or t + 1 == c.steps:
                 self.record(t + 1, sel, p_hat)

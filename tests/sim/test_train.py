@@ -140,3 +140,14 @@ def test_cli_sim_runs(tmp_path, capsys):
     assert rc == 0 and out.exists()
     assert "tv" in capsys.readouterr().out
     assert main(["sim", "--method", "tb", "--log-z", "vargrad", "--exact"]) == 2
+
+
+def test_offline_fpa_lambda0_equals_offrl_and_methods_learn(env):
+    kw = dict(env="multiprompt", steps=40, lr=0.05, seeds=2, log_every=40, G=8)
+    fpa0 = train(SimConfig(method="fpa", fpa_lambda=0.0, **kw), env)
+    offrl = train(SimConfig(method="offrl", **kw), env)
+    # FPA eq. 3 with lambda = 0 has Off-RL's gradient (eq. 2): identical trajectories up to round-off
+    assert torch.allclose(fpa0.logp, offrl.logp, atol=1e-10)
+    for m in ("dpo", "sft", "offrl"):
+        res = train(SimConfig(method=m, **kw), env)
+        assert res.history["reward"][-1] > res.history["reward"][0] + 0.1
