@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from fractions import Fraction
 from typing import Iterable, Sequence
 
 import sympy as sp
@@ -122,6 +121,3 @@ def result(ok: bool, summary: str, numbers: dict | None = None, fail: Verdict = 
     """Return ``ok_verdict`` if ``ok`` else ``fail``, with a one-line summary."""
     return CheckResult(ok_verdict if ok else fail, summary, numbers=dict(numbers or {}))
 
-
-def frac(x: float) -> Fraction:  # pragma: no cover - convenience
-    return Fraction(x).limit_denominator(10**6)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 from typing import Callable, Sequence
 
 import numpy as np
 import sympy as sp
 
-from theory._common import CheckResult, Verdict, is_zero, result, simplex
+from theory._common import CheckResult, is_zero, result, simplex
 
 __all__ = [
     "check_prop1_unbiased",
