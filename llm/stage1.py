@@ -226,9 +226,7 @@ def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
 
 
 def _check_same_tokenizer(tok_q, tok_ref) -> None:
-    probe = "Compute 12+30. \\boxed{42} <|im_end|> def f(x): return x"
-    if len(tok_q) != len(tok_ref) or tok_q(probe, add_special_tokens=False)["input_ids"] != \
-            tok_ref(probe, add_special_tokens=False)["input_ids"]:
+    if len(tok_q) != len(tok_ref) or tok_q.get_vocab() != tok_ref.get_vocab():
         raise ValueError("proposal and reference tokenizers differ: completions are scored under pi_ref by their "
                          "token ids, so both models must share one tokenizer")
 
@@ -309,6 +307,8 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
+        stale.unlink()
     rows = list(rows) if rows is not None else _load_rows(cfg.dataset)
     if cfg.max_prompts is not None:
         rows = rows[: cfg.max_prompts]
