@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import sympy as sp
 
@@ -14,10 +14,8 @@ __all__ = [
     "Verdict",
     "is_zero",
     "all_zero",
-    "is_zero_at_points",
     "positive_symbols",
     "simplex",
-    "rational_simplex",
     "result",
 ]
 
@@ -82,23 +80,6 @@ def all_zero(exprs: Iterable[sp.Expr]) -> bool:
     return all(is_zero(e) for e in exprs)
 
 
-def is_zero_at_points(expr: sp.Expr, symbols: Sequence[sp.Symbol], n: int = 20, seed: int = 0,
-                      lo: int = 1, hi: int = 9, digits: int = 40, tol: float = 1e-30) -> bool:
-    """FALLBACK (labelled as such by callers): evaluate at ``n`` random rational points.
-
-    Each point substitutes exact rationals p/q (p in [lo, hi], q in [lo, hi]) and evaluates
-    with ``digits`` significant digits; ``tol`` = 1e-30 is 10 orders above the 40-digit
-    rounding level of O(1) quantities, and 30 orders below any O(1) nonzero value.
-    """
-    rng = random.Random(seed)
-    for _ in range(n):
-        sub = {s: sp.Rational(rng.randint(lo, hi), rng.randint(lo, hi)) for s in symbols}
-        val = sp.N(expr.subs(sub), digits)
-        if abs(complex(val)) > tol:
-            return False
-    return True
-
-
 def positive_symbols(prefix: str, k: int) -> list[sp.Symbol]:
     return list(sp.symbols(f"{prefix}1:{k + 1}", positive=True))
 
@@ -107,13 +88,6 @@ def simplex(prefix: str, k: int) -> tuple[list[sp.Expr], list[sp.Symbol]]:
     """A symbolic probability vector of length k: free symbols p1..p_{k-1}, p_k = 1 - sum."""
     free = positive_symbols(prefix, k - 1)
     return free + [1 - sum(free)], free
-
-
-def rational_simplex(k: int, rng: random.Random, lo: int = 1, hi: int = 9) -> list[sp.Rational]:
-    """A random exact rational probability vector with all entries > 0."""
-    raw = [rng.randint(lo, hi) for _ in range(k)]
-    tot = sum(raw)
-    return [sp.Rational(x, tot) for x in raw]
 
 
 def result(ok: bool, summary: str, numbers: dict | None = None, fail: Verdict = Verdict.REFUTED,
