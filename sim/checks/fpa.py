@@ -76,7 +76,7 @@ def token_level_deviation(context: str, drift: float, lam: float, seed: int, n_p
     gf, = torch.autograd.grad(lf, theta, retain_graph=True)
     ge, = torch.autograd.grad(le, theta)
     return {
-        "margin_rel_dev": float((mf - me).abs().mean() / me.abs().mean()),
+        "margin_rel_dev": float(((mf - me).abs().mean() / me.abs().mean()).detach()),
         "loss_rel_dev": abs(float((lf - le).detach())) / abs(float(le.detach())),
         "grad_rel_dev": float((gf - ge).norm() / ge.norm()),
         "grad_cos": float((gf * ge).sum() / (gf.norm() * ge.norm())),
