@@ -37,6 +37,7 @@ _SUBCOMMANDS: list[str] = [
     "llm.stage1",
     "llm.stage2",
     "llm.cli:add_eval_cli",
+    "llm.trainers.cli",
     "llm.demo",
     # llm-part-2 appends its training command module here (e.g. "llm.train").
 ]

@@ -182,7 +182,13 @@ class RunConfig:
 def _parse_value(text: str) -> Any:
     import yaml
 
-    return yaml.safe_load(text)
+    value = yaml.safe_load(text)
+    if isinstance(value, str):  # YAML 1.1 reads "2e-6" as a string; numbers win
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -595,5 +595,5 @@ class TiltGRPOTrainer(GRPOTrainer):
                 self._log(mode, "log_z/std", lz.std() if lz.numel() > 1 else torch.zeros(()))
             for k, v in metrics.items():
                 self._log(mode, k, v)
-        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        normalizer = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1.0
         return loss / normalizer

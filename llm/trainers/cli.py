@@ -1,0 +1,108 @@
+"""``tiltlab llm train --config configs/X.yaml [--set key=value ...]``.
+
+Online configs (``kind: online``) build :class:`llm.trainers.online.TiltGRPOTrainer`, offline
+ones (``kind: offline``) :class:`llm.trainers.offline.OfflineTrainer`. Run it under
+``accelerate launch --config_file configs/accelerate/<X>.yaml -m tiltlab.cli llm train ...`` for
+several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack loads in the handler.
+"""
+
+from __future__ import annotations
+
+__all__ = ["add_cli", "build_trainer", "main"]
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train", help="RL / offline training from a YAML run config (TRL + accelerate)",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, dotted keys (e.g. paced.tau=0.3); repeatable")
+    p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
+    p.set_defaults(func=main)
+
+
+def _reward(name: str):
+    import importlib
+
+    if ":" in name:
+        mod, _, fn = name.partition(":")
+        return getattr(importlib.import_module(mod), fn)
+    from llm import rewards
+
+    table = {"math": "math_reward", "code": "code_reward", "auto": "verifiable_reward"}
+    if name not in table:
+        raise ValueError(f"unknown reward {name!r}; use math | code | auto | package.module:function")
+    return getattr(rewards, table[name])
+
+
+def _disa_predictor(cfg):
+    """``(log_z_fn, stage1 manifest)`` from the config's ``disa`` section (Stage 1/2 outputs)."""
+    from pathlib import Path
+
+    man = None
+    s1 = cfg.disa.get("stage1_dir")
+    if s1:
+        from llm.stage1 import read_manifest
+
+        man = read_manifest(s1)
+    s2 = cfg.disa.get("stage2_dir")
+    if not s2:
+        raise ValueError("objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)")
+    from llm.stage2 import load_log_z_predictor
+
+    log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
+    return log_z_fn, man
+
+
+def build_trainer(cfg):
+    """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
+    from datasets import Dataset
+
+    from llm.data import load_prompts
+    from llm.models import load_model, load_tokenizer
+
+    if cfg.objective == "none":
+        raise ValueError("objective 'none' has nothing to train (use `tiltlab llm eval`)")
+    if not cfg.dataset:
+        raise ValueError("the config names no dataset")
+    kw = cfg.trainer_kwargs()
+    if cfg.kind == "online":
+        from llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+        rows = load_prompts(cfg.dataset)
+        ds = Dataset.from_list([{**{k: v for k, v in r.items() if k != "prompt"},
+                                 "prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows])
+        kw.setdefault("remove_unused_columns", False)
+        args = TiltGRPOConfig(**kw)
+        log_z_fn = man = None
+        if cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa"):
+            log_z_fn, man = _disa_predictor(cfg)
+        return TiltGRPOTrainer(model=cfg.model, reward_funcs=_reward(cfg.reward), args=args, train_dataset=ds,
+                               processing_class=load_tokenizer(cfg.model), log_z_fn=log_z_fn, log_z_manifest=man)
+    from llm.data import read_table
+    from llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+
+    args = OfflineConfig(**kw)
+    rows = prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1)
+    tok = load_tokenizer(cfg.model, padding_side="right")
+    model = load_model(cfg.model)
+    ref = load_model(cfg.ref_model or cfg.model)
+    return OfflineTrainer(model=model, args=args, ref_model=ref, train_dataset=Dataset.from_list(rows),
+                          data_collator=OfflineCollator(tok, max_length=args.max_length))
+
+
+def main(args) -> int:
+    import dataclasses
+    import json
+
+    from llm.trainers.config import load_run_config
+
+    cfg = load_run_config(args.config, args.overrides)
+    if args.dry_run:
+        print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        return 0
+    trainer = build_trainer(cfg)
+    trainer.train()
+    trainer.save_model(cfg.output_dir)
+    return 0
