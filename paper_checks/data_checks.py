@@ -24,8 +24,10 @@ Rounding: a printed value with ``d`` decimals stands for an interval of half-wid
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import shlex
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -115,12 +117,70 @@ def average_problems(pn: Mapping[str, Any]) -> tuple[int, float, list[str]]:
     return n, worst, problems
 
 
-def config_problems(command: str, config_dir: Path = CONFIG_DIR) -> list[str]:
+def config_problems(command: str, config_dir: Path | None = None) -> list[str]:
     """Configs named in ``command`` that are missing, once ``configs/`` holds any config."""
+    config_dir = CONFIG_DIR if config_dir is None else config_dir
     if not config_dir.is_dir() or not any(config_dir.glob("*.y*ml")):
         return []  # configs/ not written yet (or a wheel install): nothing to compare with
     root = config_dir.parent
     return sorted({m for m in _CONFIG_RE.findall(command) if not (root / m).is_file()})
+
+
+_LLM_SUBCOMMANDS = ("train", "eval", "stage1", "stage2")
+
+
+def command_problems(command: str, config_dir: Path | None = None) -> tuple[int, list[str]]:
+    """Parse ``tiltlab llm <sub> --config FILE [--set k=v ...]`` commands joined by ``&&``; when
+    the configs exist and the llm layer's config schema is importable, load each config with
+    its ``--set`` overrides (unknown keys and bad objectives are errors there).
+
+    Returns ``(configs validated against the schema, problems)``.
+    """
+    config_dir = CONFIG_DIR if config_dir is None else config_dir
+    problems: list[str] = []
+    parsed = []
+    for part in command.split("&&"):
+        toks = shlex.split(part)
+        if toks[:2] != ["tiltlab", "llm"] or len(toks) < 3 or toks[2] not in _LLM_SUBCOMMANDS:
+            problems.append(f"not a 'tiltlab llm {{{'|'.join(_LLM_SUBCOMMANDS)}}} ...' command: {part.strip()!r}")
+            continue
+        if "--config" not in toks or toks.index("--config") + 1 >= len(toks):
+            problems.append(f"no --config in {part.strip()!r}")
+            continue
+        sets = [toks[i + 1] for i, t in enumerate(toks[:-1]) if t == "--set"]
+        parsed.append((toks[toks.index("--config") + 1], sets))
+    if problems or not config_dir.is_dir() or not any(config_dir.glob("*.y*ml")):
+        return 0, problems
+    n = 0
+    for cfg, sets in parsed:
+        path = config_dir.parent / cfg
+        if not path.is_file():
+            continue  # reported by config_problems
+        err = _schema_error(str(path), tuple(sets))
+        if err is _NO_SCHEMA:  # the [llm] extra is not installed: only file existence was checked
+            return 0, problems
+        if err:
+            problems.append(f"{cfg} {' '.join('--set ' + x for x in sets)}: {err}")
+        else:
+            n += 1
+    return n, problems
+
+
+_NO_SCHEMA = "no schema"
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
+    """Load one config with overrides through the llm layer's schema; the error text or None."""
+    try:
+        from llm.trainers.config import load_run_config
+    except ImportError:
+        return _NO_SCHEMA
+    try:
+        load_run_config(path, list(sets), validate=False)
+    except Exception as exc:  # the schema's own message names the bad key / value
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _flatten(pn: Mapping[str, Any], prefix: str = "") -> dict[str, float | int | str | bool]:
@@ -163,9 +223,14 @@ def llm_scale_check(claim_id: str) -> Callable[[int], CheckResult]:
         missing = config_problems(c.llm_command)
         if missing:
             raise ValueError(f"{claim_id}: llm_command names configs that do not exist: {missing}")
+        n_cfg, bad = command_problems(c.llm_command)
+        if bad:
+            raise ValueError(f"{claim_id}: llm_command does not match the llm layer: {bad[:3]}")
         numbers: dict[str, Any] = dict(_flatten(c.paper_numbers))
+        numbers["configs_validated"] = n_cfg
         n_rows, worst, problems = average_problems(c.paper_numbers)
         numbers.update(avg_rows_checked=n_rows, avg_max_abs_dev=round(worst, 4), n_commands=c.llm_command.count("&&") + 1)
+        n_meta = 4  # configs_validated, avg_rows_checked, avg_max_abs_dev, n_commands
         if problems:
             return CheckResult(
                 Verdict.PARTLY,
@@ -175,7 +240,8 @@ def llm_scale_check(claim_id: str) -> Callable[[int], CheckResult]:
         avg_note = f"averages consistent ({n_rows} rows, max dev {worst:.3f})" if n_rows else "no average column to cross-check"
         return CheckResult(
             Verdict.OUT_OF_REACH,
-            f"LLM-scale, not run on CPU; {len(numbers) - 3} paper numbers recorded, {avg_note}; run: {_short_cmd(c.llm_command)}",
+            f"LLM-scale, not run on CPU; {len(numbers) - n_meta} paper numbers recorded, {avg_note}, "
+            f"{n_cfg} config(s) validated; run: {_short_cmd(c.llm_command)}",
             numbers,
         )
 

@@ -46,8 +46,9 @@ def test_config_problems_only_once_configs_exist(tmp_path: Path):
     assert dc.config_problems(cmd, cfg) == ["configs/b.yaml"]
 
 
-def test_llm_scale_check_verdicts(isolated_registry):
+def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     reg = isolated_registry
+    monkeypatch.setattr(dc, "CONFIG_DIR", tmp_path / "configs")  # configs/ not written: no config lookups
     ok = _pn(15.1) | {"table": "T"}
     reg.declare_claim("zz_fake.ok", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical", paper_numbers=ok,
                       llm_command="tiltlab llm train --config configs/zz.yaml")
@@ -61,6 +62,11 @@ def test_llm_scale_check_verdicts(isolated_registry):
     assert dc.llm_scale_check("zz_fake.bad")(0).verdict is Verdict.PARTLY
     with pytest.raises(ValueError, match="paper_numbers"):
         dc.llm_scale_check("zz_fake.nonum")(0)
+    # once configs/ holds configs, a command naming a missing one is an error (loud), not a verdict
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "other.yaml").write_text("model: tiny\n")
+    with pytest.raises(ValueError, match="configs/zz.yaml"):
+        dc.llm_scale_check("zz_fake.ok")(0)
 
 
 def test_every_data_check_returns_its_expected_verdict(isolated_registry):
@@ -89,3 +95,24 @@ def test_paper_internal_checks_can_fail(isolated_registry, monkeypatch):
     c = isolated_registry.get_claim("disa.abstract.sft_gap")
     isolated_registry._CLAIMS[c.id] = replace(c, paper_numbers=dict(c.paper_numbers, stated_gap=12.0))
     assert dc.disa_sft_gap(0).verdict is Verdict.REFUTED
+
+
+def test_command_problems_parses_and_validates(tmp_path: Path):
+    n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set x=1 && python train.py", tmp_path / "none")
+    assert n == 0 and len(bad) == 1 and "python train.py" in bad[0]
+    n, bad = dc.command_problems("tiltlab llm eval --set x=1", tmp_path / "none")
+    assert bad == ["no --config in 'tiltlab llm eval --set x=1'"]
+    n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set paced.tau=0.3", tmp_path / "none")
+    assert (n, bad) == (0, [])  # no configs/ yet: only the command form is checked
+
+
+def test_command_problems_uses_the_llm_config_schema(tmp_path: Path):
+    pytest.importorskip("llm.trainers.config")
+    pytest.importorskip("yaml")
+    cfg = tmp_path / "configs"
+    cfg.mkdir()
+    (cfg / "a.yaml").write_text("model: tiny\nkind: online\nobjective: paced\n")
+    ok = "tiltlab llm train --config configs/a.yaml --set paced.tau=0.3"
+    assert dc.command_problems(ok, cfg) == (1, [])
+    n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set no_such_key=1", cfg)
+    assert n == 0 and "no_such_key" in bad[0]
