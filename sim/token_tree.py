@@ -129,6 +129,8 @@ class TokenTree:
         """
         self._check_ids(ids)
         L, V = self.length, self.vocab
+        if table.dim() == 3 and ids.dim() > 2:  # one table shared by every leading index of ids
+            table = table.expand(*ids.shape[:-2], *table.shape)
         lead = table.shape[:-3]
         B = ids.shape[-2]
         ids = ids.expand(*lead, B, L) if ids.dim() == 2 and len(lead) else ids

@@ -49,6 +49,11 @@ def test_index_of_inverts_all_sequences_and_token_logprobs_match_gathered_logits
     logits = env.gather_logits(env.table(p), seqs)  # [64, 3, 4]
     direct = torch.log_softmax(logits, -1).gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(direct, env.token_logprobs(p, seqs), rtol=0, atol=1e-14)
+    # leading dims on either side broadcast
+    batched = env.token_logprobs(p, seqs.reshape(2, 32, 3))
+    torch.testing.assert_close(batched.reshape(64, 3), direct, rtol=0, atol=1e-14)
+    p2 = torch.stack([p, p])
+    torch.testing.assert_close(env.token_logprobs(p2, seqs)[1], direct, rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("context", ["bigram", "position"])
