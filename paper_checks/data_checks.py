@@ -173,11 +173,15 @@ _NO_SCHEMA = "no schema"
 def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     """Load one config with overrides through the llm layer's schema; the error text or None."""
     try:
+        import yaml  # noqa: F401  (the schema reads YAML; both come with the [llm] extra)
+
         from llm.trainers.config import load_run_config
     except ImportError:
         return _NO_SCHEMA
     try:
         load_run_config(path, list(sets), validate=False)
+    except ImportError:
+        return _NO_SCHEMA
     except Exception as exc:  # the schema's own message names the bad key / value
         return f"{type(exc).__name__}: {exc}"
     return None
