@@ -18,7 +18,9 @@ fresh subprocess (so one variant's allocator state cannot hide or inflate the ot
   (``tracemalloc`` does not see torch allocations; this does.)
 * CUDA memory: ``torch.cuda.max_memory_allocated()`` minus the allocation before the step.
 * Time: wall clock of forward + backward (``loss = logp.sum(); loss.backward()``), best of
-  ``--repeats`` after one untimed warm-up on a small problem; CUDA is synchronized.
+  ``--repeats`` after one untimed warm-up on a small problem; CUDA is synchronized. The
+  process CPU time of the same step is recorded too: on a shared machine wall time is
+  inflated by other processes, CPU time (single-threaded runs) is not; both ratios are reported.
 
 Both variants also report a checksum of their output and gradients; the parent compares them,
 so a fast-but-wrong kernel cannot pass.
@@ -136,7 +138,7 @@ def _worker(args) -> dict:
     del hw, ww, iw
 
     hidden, weight, ids = _make_inputs(torch, args.n, args.vocab, args.hidden, dtype, dev, args.seed)
-    times, peaks = [], []
+    times, cpu_times, peaks = [], [], []
     out = None
     for _ in range(args.repeats):
         hidden.grad = None
@@ -149,15 +151,18 @@ def _worker(args) -> dict:
         else:
             base = _rss_bytes()
             reset_ok = _reset_peak_rss()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = _step(torch, args.variant, hidden, weight, ids, args)
         sync()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         peaks.append(torch.cuda.max_memory_allocated() - base if cuda else _peak_rss_bytes(reset_ok) - base)
     return {
         "variant": args.variant,
         "time_s": min(times),
         "times_s": times,
+        "cpu_time_s": cpu_times[times.index(min(times))],
+        "cpu_times_s": cpu_times,
         "peak_bytes": max(peaks),
         "memory_method": "cuda.max_memory_allocated" if cuda else ("VmHWM after clear_refs" if reset_ok else "ru_maxrss"),
         "checksum": {
@@ -192,16 +197,17 @@ def _markdown(report: dict) -> str:
         f"N = {c['n']} tokens, V = {c['vocab']}, H = {c['hidden']}, {c['dtype']}, device {c['device']} "
         f"({c['threads']} thread(s)), tiles {c['token_chunk']} x {c['vocab_chunk']}, forward + backward",
         "",
-        "| variant | peak memory (MiB) | time (s) |",
-        "|---|---:|---:|",
+        "| variant | peak memory (MiB) | wall time (s) | process CPU time (s) |",
+        "|---|---:|---:|---:|",
     ]
     for r in report["results"]:
-        lines.append(f"| {r['variant']} | {r['peak_bytes'] / 2**20:,.0f} | {r['time_s']:.2f} |")
+        lines.append(f"| {r['variant']} | {r['peak_bytes'] / 2**20:,.0f} | {r['time_s']:.2f} | {r['cpu_time_s']:.2f} |")
     s = report["summary"]
     lines += [
         "",
         f"memory ratio chunked/naive = {s['memory_ratio']:.3f} (bound <= 0.25: {'met' if s['memory_ok'] else 'NOT met'}); "
-        f"time ratio chunked/naive = {s['time_ratio']:.3f} (bound <= 1.5: {'met' if s['time_ok'] else 'NOT met'}); "
+        f"wall-time ratio chunked/naive = {s['time_ratio']:.3f} (bound <= 1.5: {'met' if s['time_ok'] else 'NOT met'}); "
+        f"CPU-time ratio {s['cpu_time_ratio']:.3f}; load average at start {report['config']['loadavg_start']}; "
         f"max relative checksum difference {s['max_rel_checksum_diff']:.2e}",
     ]
     return "\n".join(lines) + "\n"
@@ -214,8 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=512, help="hidden size H")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--token-chunk", type=int, default=None, help="default: objectives.fused.DEFAULT_TOKEN_CHUNK")
-    p.add_argument("--vocab-chunk", type=int, default=None, help="default: objectives.fused.DEFAULT_VOCAB_CHUNK")
+    p.add_argument("--token-chunk", type=int, default=None, help="default: objectives.fused.DEFAULT_(CUDA_)TOKEN_CHUNK")
+    p.add_argument("--vocab-chunk", type=int, default=None, help="default: objectives.fused.DEFAULT_(CUDA_)VOCAB_CHUNK")
     p.add_argument("--repeats", type=int, default=1, help="timed repeats per variant (best is reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default / OMP_NUM_THREADS)")
@@ -227,10 +233,11 @@ def main(argv=None) -> int:
 
     if args.token_chunk is None or args.vocab_chunk is None:
         sys.path.insert(0, str(REPO_ROOT))
-        from objectives.fused import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
+        from objectives import fused
 
-        args.token_chunk = args.token_chunk or DEFAULT_TOKEN_CHUNK
-        args.vocab_chunk = args.vocab_chunk or DEFAULT_VOCAB_CHUNK
+        cuda = args.device.startswith("cuda")
+        args.token_chunk = args.token_chunk or (fused.DEFAULT_CUDA_TOKEN_CHUNK if cuda else fused.DEFAULT_TOKEN_CHUNK)
+        args.vocab_chunk = args.vocab_chunk or (fused.DEFAULT_CUDA_VOCAB_CHUNK if cuda else fused.DEFAULT_VOCAB_CHUNK)
     if args.worker:
         print(json.dumps(_worker(args)))
         return 0
@@ -238,6 +245,7 @@ def main(argv=None) -> int:
     import torch
 
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
+    loadavg = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     results = [_run_variant(v, args) for v in args.variants.split(",")]
     by = {r["variant"]: r for r in results}
     summary = {}
@@ -249,6 +257,7 @@ def main(argv=None) -> int:
         summary = {
             "memory_ratio": ch["peak_bytes"] / nv["peak_bytes"],
             "time_ratio": ch["time_s"] / nv["time_s"],
+            "cpu_time_ratio": ch["cpu_time_s"] / nv["cpu_time_s"],
             "max_rel_checksum_diff": max(diffs),
         }
         summary["memory_ok"] = summary["memory_ratio"] <= 0.25
@@ -268,6 +277,7 @@ def main(argv=None) -> int:
             "torch": torch.__version__,
             "machine": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
+            "loadavg_start": loadavg,
         },
         "results": results,
         "summary": summary,

@@ -52,17 +52,23 @@ from torch import Tensor
 __all__ = [
     "DEFAULT_TOKEN_CHUNK",
     "DEFAULT_VOCAB_CHUNK",
+    "DEFAULT_CUDA_TOKEN_CHUNK",
+    "DEFAULT_CUDA_VOCAB_CHUNK",
     "fused_linear_logprobs",
     "fused_linear_future_logprobs",
     "fused_linear_entropy",
     "fused_linear_logprobs_and_entropy",
 ]
 
-#: Default tile: 1024 tokens x 8192 vocabulary entries = 32 MiB per float32 tile. Tuned on a
-#: 2-core AVX2 CPU at V = 151,936, N = 4,096 (benchmarks/README.md); on a GPU larger tiles
-#: (e.g. token_chunk=4096, vocab_chunk=16384) amortize launch overhead better.
-DEFAULT_TOKEN_CHUNK = 1024
-DEFAULT_VOCAB_CHUNK = 8192
+#: Default CPU tile: 256 tokens x 4096 vocabulary entries = 4 MiB per float32 tile (cache
+#: friendly). Tuned on a 2-core AVX2 CPU at V = 151,936, H = 512 (benchmarks/README.md:
+#: process CPU time 8.6 s vs 9.6 s for 1024 x 8192 at N = 1024).
+DEFAULT_TOKEN_CHUNK = 256
+DEFAULT_VOCAB_CHUNK = 4096
+#: Default CUDA tile: 2048 x 16384 = 128 MiB float32 (fewer, larger kernels). Not tuned on
+#: hardware yet; pass token_chunk / vocab_chunk to override.
+DEFAULT_CUDA_TOKEN_CHUNK = 2048
+DEFAULT_CUDA_VOCAB_CHUNK = 16384
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +339,12 @@ class _FusedLinearSoftmax(torch.autograd.Function):
 # input handling
 
 
-def _check_chunk(name: str, x) -> int:
+def _check_chunk(name: str, x, device: torch.device) -> int:
+    if x is None:
+        cuda = device.type == "cuda"
+        if name == "token_chunk":
+            return DEFAULT_CUDA_TOKEN_CHUNK if cuda else DEFAULT_TOKEN_CHUNK
+        return DEFAULT_CUDA_VOCAB_CHUNK if cuda else DEFAULT_VOCAB_CHUNK
     if isinstance(x, bool) or not isinstance(x, int) or x < 1:
         raise ValueError(f"{name} must be a positive int; got {x!r}")
     return x
@@ -425,8 +436,9 @@ def _scatter_back(x: Tensor, keep_idx: Optional[Tensor], lead) -> Tensor:
 
 
 def _run(pairs, coefs, ids, mask, ignore_index, want_logp, want_entropy, token_chunk, vocab_chunk):
-    tc = _check_chunk("token_chunk", token_chunk)
-    vc = _check_chunk("vocab_chunk", vocab_chunk)
+    dev = pairs[0][0].device
+    tc = _check_chunk("token_chunk", token_chunk, dev)
+    vc = _check_chunk("vocab_chunk", vocab_chunk, dev)
     vocab = pairs[0][1].shape[0]
     for _, w, _b in pairs[1:]:
         if w.shape[0] != vocab:
@@ -469,8 +481,8 @@ def fused_linear_logprobs(
     temperature: float = 1.0,
     mask: Optional[Tensor] = None,
     ignore_index: Optional[int] = -100,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    token_chunk: Optional[int] = None,
+    vocab_chunk: Optional[int] = None,
 ) -> Tensor:
     """Per-token log-probs ``log softmax((h W^T + b) / T)[ids]`` without materializing ``[N, V]``.
 
@@ -488,8 +500,9 @@ def fused_linear_logprobs(
         temperature: ``T > 0``; logits are divided by it.
         mask: optional ``[N]`` / ``[B, T]`` bool or 0/1 float; zero positions are skipped.
         ignore_index: positions with this id are skipped (``None`` disables).
-        token_chunk, vocab_chunk: tile size; peak extra memory is about
-            ``2 * token_chunk * vocab_chunk`` floats.
+        token_chunk, vocab_chunk: tile size (None: the CPU or CUDA default above); peak extra
+            memory is about ``2 * token_chunk * vocab_chunk`` floats plus ``[N, H]`` and
+            ``[vocab_chunk, H]`` float32 gradient accumulators.
 
     Returns:
         ``[N]`` or ``[B, T]`` log-probs, float32 (float64 for float64 inputs); 0 at skipped
@@ -514,8 +527,8 @@ def fused_linear_future_logprobs(
     temperature: float = 1.0,
     mask: Optional[Tensor] = None,
     ignore_index: Optional[int] = -100,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    token_chunk: Optional[int] = None,
+    vocab_chunk: Optional[int] = None,
 ) -> Tensor:
     """FPA future-policy log-probs, streamed: ``log softmax((1+lam) z_theta - lam z_ref)[ids]``.
 
@@ -563,8 +576,8 @@ def fused_linear_entropy(
     bias: Optional[Tensor] = None,
     temperature: float = 1.0,
     mask: Optional[Tensor] = None,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    token_chunk: Optional[int] = None,
+    vocab_chunk: Optional[int] = None,
 ) -> Tensor:
     """Per-token entropy ``H_n = -sum_v p_nv log p_nv`` of ``p_n = softmax((h_n W^T + b) / T)``.
 
@@ -590,8 +603,8 @@ def fused_linear_logprobs_and_entropy(
     temperature: float = 1.0,
     mask: Optional[Tensor] = None,
     ignore_index: Optional[int] = -100,
-    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    token_chunk: Optional[int] = None,
+    vocab_chunk: Optional[int] = None,
 ) -> tuple[Tensor, Tensor]:
     """Both :func:`fused_linear_logprobs` and :func:`fused_linear_entropy` in one streamed pass.
 

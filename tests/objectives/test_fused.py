@@ -434,3 +434,17 @@ def test_cuda_matches_reference(dtype):
     for gg, ww in zip(got, want):
         scale = ww.abs().max().item()
         torch.testing.assert_close(gg.cpu().double(), ww, rtol=1e-2, atol=1e-2 * scale)
+
+
+def test_default_tiles_match_reference():
+    """The default (CPU) tile sizes, with V and N larger than one tile and not multiples of it."""
+    from objectives.fused import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
+
+    n, v = DEFAULT_TOKEN_CHUNK + 44, DEFAULT_VOCAB_CHUNK + 904
+    hid, w, b, ids, up = make(n, 4, v, torch.float64, seed=111)
+    lp = fused_linear_logprobs(hid, w, ids, bias=b)
+    h64, w64, b64 = leaf64(hid, w, b)
+    ref = naive_logprobs(h64, w64, ids, b64)
+    torch.testing.assert_close(lp, ref.detach(), rtol=0, atol=1e-10)
+    for gg, ww in zip(grads(lp, up, [hid, w, b]), grads(ref, up, [h64, w64, b64])):
+        torch.testing.assert_close(gg, ww, rtol=1e-9, atol=1e-10)
