@@ -113,6 +113,10 @@ class RunConfig:
     apo: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.kind == "online" and self.log_logprob_dynamics:
+            raise ValueError("log_logprob_dynamics is an offline (FPA) diagnostic")
+        if self.kind == "offline" and (self.log_kl_old or self.log_z_accuracy_correlation):
+            raise ValueError("log_kl_old / log_z_accuracy_correlation are online diagnostics")
         if self.kind not in ("online", "offline"):
             raise ValueError(f"kind must be 'online' or 'offline', got {self.kind!r}")
         allowed = ONLINE_OBJECTIVES if self.kind == "online" else OFFLINE_OBJECTIVES
@@ -154,6 +158,12 @@ class RunConfig:
                     kw[target] = v
         if self.kind == "online" and self.tilt_beta is not None:
             kw["tilt_beta"] = self.tilt_beta
+        if self.kind == "online":
+            for flag in ("log_kl_old", "log_z_accuracy_correlation"):
+                if getattr(self, flag):
+                    kw[flag] = True
+        elif self.log_logprob_dynamics:
+            kw["log_logprob_dynamics"] = True
         if self.lr_scale != 1.0:
             kw["learning_rate"] = float(kw.get("learning_rate", 1e-6)) * self.lr_scale
         return kw

@@ -191,6 +191,11 @@ class TiltGRPOConfig(GRPOConfig):
     paced_replay_capacity: int = field(default=128, metadata={"help": "replay buffer capacity (PACED: 128)"})
     paced_replay_add: int = field(default=64, metadata={"help": "correct samples added per step (PACED: 64)"})
     paced_replay_max: int | None = field(default=None, metadata={"help": "at most this many replayed rows per batch"})
+    log_kl_old: bool = field(default=False, metadata={"help": "log KL(pi_old || pi_theta) (and times paced_kl_coef), "
+                                                              "PACED Fig. 1"})
+    log_z_accuracy_correlation: bool = field(default=False, metadata={
+        "help": "log Pearson/Spearman correlation of the log Z used by the objective with the group accuracy "
+                "(PACED App. C.1)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -404,9 +409,35 @@ class TiltGRPOTrainer(GRPOTrainer):
             lz = vargrad_log_z(self._gathered(lp_old).view(-1, g), self._gathered(lp_ref).view(-1, g),
                                self._gathered(out["tb_reward"]).view(-1, g), args.tilt_beta, detach=True)
             out["log_z"] = self._local(lz.repeat_interleave(g), n)
+        if args.log_z_accuracy_correlation and mode == "train" and obj in _TB:
+            self._log_log_z_accuracy(out, g)
         if obj == "paced" and mode == "train" and self._replay is not None:
             out = self._paced_replay(out, inputs, r_global, g)
         return out
+
+    def _log_log_z_accuracy(self, out: dict, g: int) -> None:
+        """Pearson and Spearman correlation, over this process's groups, between the log Z the
+        objective uses (learned head, frozen DISA or VarGrad) and the group's measured accuracy."""
+        with torch.no_grad():
+            if "log_z" in out:
+                lz = out["log_z"].float()
+            else:
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                lz = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
+            lz = lz.view(-1, g)[:, 0].cpu()
+            acc = (out["rewards"].float() > 0.5).float().view(-1, g).mean(1).cpu()
+            if lz.numel() < 3 or lz.std() == 0 or acc.std() == 0:
+                return
+
+            def pearson(a, b):
+                a, b = a - a.mean(), b - b.mean()
+                return float((a * b).sum() / (a.norm() * b.norm()))
+
+            def ranks(x):
+                return torch.argsort(torch.argsort(x, stable=True), stable=True).float()
+
+            self._metrics["train"]["log_z/accuracy_pearson"].append(pearson(lz, acc))
+            self._metrics["train"]["log_z/accuracy_spearman"].append(pearson(ranks(lz), ranks(acc)))
 
     def _paced_replay(self, out: dict, inputs: list[dict], r_global: Tensor, g: int) -> dict:
         """PACED Sec. 4.4: add this batch's correct samples (highest ``|N_correct/N - p_hat|``
@@ -583,6 +614,12 @@ class TiltGRPOTrainer(GRPOTrainer):
                            if args.weight_clip == "eps" else torch.zeros(()), weight_mean=w.mean())
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
+        if args.log_kl_old:
+            # KL(pi_old || pi_theta) = E_{y ~ pi_old}[log pi_old(y) - log pi_theta(y)], sequence level
+            kl_old = ((old - logp.detach()) * mask).sum(1).mean()
+            metrics["kl_old"] = kl_old
+            if obj == "paced":
+                metrics["paced/beta_kl_old"] = args.paced_kl_coef * kl_old
         # ---- metrics (TRL averages the lists per logging step; report_to sees them)
         with torch.no_grad():
             self._log(mode, f"objective/{obj}_loss", loss)

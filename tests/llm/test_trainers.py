@@ -50,7 +50,8 @@ def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
 
 @pytest.mark.parametrize("objective", ["grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced"])
 def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
-    tr = _trainer(tiny_dir, tmp_path, math_rows, objective)
+    extra = {"log_kl_old": True, "log_z_accuracy_correlation": True} if objective == "paced" else {}
+    tr = _trainer(tiny_dir, tmp_path, math_rows, objective, **extra)
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
     tr.train()
     changed = [k for k, v in tr.model.named_parameters() if not torch.equal(v, before[k])]
@@ -63,6 +64,8 @@ def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
         assert all("log_z/mean" in h and "residual" in h and "weight_clip_frac" in h for h in logs)
     if objective == "paced":
         assert logs[1]["paced/replay_used"] >= 0 and "paced/p_hat_selected_mean" in logs[0]
+        assert all("kl_old" in h and "paced/beta_kl_old" in h for h in logs)
+        assert abs(logs[0]["kl_old"]) < 1e-5  # first micro-batch: pi_theta = pi_old exactly
 
 
 def _one_batch(tr):
@@ -150,3 +153,50 @@ def test_overrides_and_beta_levels(tmp_path):
     assert cfg.trainer_kwargs()["paced_tau"] == 0.9
     with pytest.raises(ValueError, match="unknown keys"):
         load_run_config(CONFIGS / "paced_qwen2.5_math_1.5b.yaml", ["paced.taux=0.9"])
+
+
+def test_every_claim_train_command_parses():
+    """Each `tiltlab llm train --config X --set ...` named in paper_checks/claims validates."""
+    import re
+    import shlex
+
+    from llm.trainers.config import load_run_config
+
+    claims = Path(__file__).resolve().parents[2] / "paper_checks" / "claims"
+    cmds = set()
+    for f in claims.glob("*.toml"):
+        for m in re.finditer(r"tiltlab llm train ([^&\"]+)", f.read_text()):
+            cmds.add(m.group(1).strip())
+    assert cmds
+    for c in sorted(cmds):
+        toks = shlex.split(c)
+        path = Path(__file__).resolve().parents[2] / toks[toks.index("--config") + 1]
+        sets = [toks[i + 1] for i, t in enumerate(toks) if t == "--set"]
+        load_run_config(path, sets)
+
+
+def test_cli_train_online_and_offline(tiny_dir, tmp_path):
+    """`tiltlab llm train --config` end to end on the tiny model (online grpo, offline fpa)."""
+    import json
+
+    import yaml
+
+    from tiltlab.cli import main
+
+    on = {"kind": "online", "objective": "grpo", "model": str(tiny_dir), "dataset": "synthetic:math:8:1",
+          "reward": "math", "output_dir": str(tmp_path / "on"),
+          "trl": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 1,
+                  "use_cpu": True, "report_to": "none", "save_strategy": "no", "disable_tqdm": True}}
+    (tmp_path / "on.yaml").write_text(yaml.safe_dump(on))
+    assert main(["llm", "train", "--config", str(tmp_path / "on.yaml"), "--set", "trl.learning_rate=1e-3"]) == 0
+    assert (tmp_path / "on" / "model.safetensors").exists()
+
+    rows = [{"prompt": "Compute 1 + 2.", "completion": c, "reward": r} for c, r in (("\\boxed{3}", 1), ("\\boxed{4}", 0))]
+    (tmp_path / "off.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
+    off = {"kind": "offline", "objective": "fpa", "model": str(tiny_dir), "dataset": str(tmp_path / "off.jsonl"),
+           "output_dir": str(tmp_path / "off"), "fpa": {"lam": 2.0},
+           "trl": {"per_device_train_batch_size": 2, "max_steps": 1, "use_cpu": True, "report_to": "none",
+                   "save_strategy": "no", "disable_tqdm": True}}
+    (tmp_path / "off.yaml").write_text(yaml.safe_dump(off))
+    assert main(["llm", "train", "--config", str(tmp_path / "off.yaml")]) == 0
+    assert (tmp_path / "off" / "model.safetensors").exists()
