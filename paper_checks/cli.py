@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed passed to every check (default 0)")
     p.add_argument("--slow", action="store_true", help="include checks marked slow")
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process)")
     p.add_argument("--out", type=Path, default=Path("results/claims.json"), help="where to write the JSON record (default results/claims.json)")
     p.add_argument("--claims", type=Path, action="append", default=[], metavar="DIR",
                    help="also read [[claim]] TOML files from DIR (repeatable; for your own project's claims)")
@@ -68,13 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- shared
 
 
-def _progress(iterable: Sequence[Any], desc: str, enabled: bool = True):
+def _progress(iterable: Any, desc: str, enabled: bool = True, total: int | None = None):
     """tqdm on stderr when it is a terminal (silent in CI logs and under --json pipes)."""
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a core dependency
         return iterable
-    return tqdm(iterable, desc=desc, unit="check" if desc == "checks" else "fig", file=sys.stderr,
+    return tqdm(iterable, desc=desc, unit="check" if desc == "checks" else "fig", file=sys.stderr, total=total,
                 disable=None if enabled else True, leave=False, dynamic_ncols=True)
 
 
@@ -104,9 +106,32 @@ def _select(args_only: str | None, layer: str | None, name: str | None, include_
     return chks
 
 
-def _run(chks, seed: int, progress: bool = True):
+def _run_key(key: str, seed: int):
+    """Worker side of :func:`_run`: run one check of the (forked) registry; picklable result."""
     from paper_checks import registry
 
+    out = registry.run_one(registry._CHECKS[key], seed)
+    return key, out.result, out.seconds, out.error
+
+
+def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
+    """Run the checks in order; with ``jobs > 1`` in a pool of forked processes (each check is
+    seeded on its own, so verdicts do not depend on where it runs). Outcomes keep ``chks`` order."""
+    import multiprocessing as mp
+
+    from paper_checks import registry
+
+    if jobs > 1 and len(chks) > 1 and "fork" in mp.get_all_start_methods():
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        by_key = {c.key: c for c in chks}
+        done = {}
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as ex:
+            futs = [ex.submit(_run_key, c.key, seed) for c in chks]
+            for fut in _progress(as_completed(futs), "checks", progress, total=len(futs)):
+                key, res, sec, err = fut.result()
+                done[key] = registry.Outcome(by_key[key], res, sec, err)
+        return [done[c.key] for c in chks]
     outs = []
     bar = _progress(chks, "checks", progress)
     for c in bar:
@@ -218,7 +243,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:
         print(f"tiltlab check: {exc}", file=sys.stderr)
         return 2
-    outs = _run(chks, args.seed, progress=True)
+    outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     unchecked = [] if (layer or args.check) else _unchecked(prefix)
     seconds = time.perf_counter() - t0
     sel = {"only": prefix, "layer": layer, "check": args.check, "slow": bool(args.slow)}

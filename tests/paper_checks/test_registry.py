@@ -168,3 +168,19 @@ def test_downstream_project_claims_and_checks(isolated_registry, tmp_path, monke
     assert [(c["claim"], c["verdict"]) for c in rec["checks"]] == [("myproj.loss_is_finite", "verified")]
     assert main(["check", "--claims", "nowhere", "--out", "c.json"]) == 2
     __import__("sys").modules.pop("zz_myproj_checks", None)
+
+
+def test_parallel_run_matches_serial(isolated_registry, tmp_path, capsys):
+    """--jobs 2 (forked workers) gives the same records, in the same order, as --jobs 1;
+    fake checks registered in this process are visible to the workers."""
+    _register_fake(isolated_registry, Verdict.PARTLY, Verdict.PARTLY)
+    recs = []
+    for jobs in ("1", "2"):
+        assert main(["check", "--only", "zz_fake", "--jobs", jobs, "--json", "--out", str(tmp_path / "c.json")]) == 0
+        recs.append(json.loads(capsys.readouterr().out))
+    strip = lambda r: [(c["claim"], c["check"], c["verdict"], c["summary"], c["numbers"]) for c in r["checks"]]
+    assert strip(recs[0]) == strip(recs[1]) != []
+    for jobs in ("1", "2"):
+        assert main(["check", "--only", "data", "--jobs", jobs, "--json", "--out", str(tmp_path / "d.json")]) == 0
+        recs.append(json.loads(capsys.readouterr().out))
+    assert strip(recs[2]) == strip(recs[3]) and len(recs[2]["checks"]) >= 60
