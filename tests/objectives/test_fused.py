@@ -448,3 +448,24 @@ def test_default_tiles_match_reference():
     torch.testing.assert_close(lp, ref.detach(), rtol=0, atol=1e-10)
     for gg, ww in zip(grads(lp, up, [hid, w, b]), grads(ref, up, [h64, w64, b64])):
         torch.testing.assert_close(gg, ww, rtol=1e-9, atol=1e-10)
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """benchmarks/bench_fused_logprob.py runs end to end on a tiny problem and its two variants agree."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_logprob.py"
+    spec = importlib.util.spec_from_file_location("bench_fused_logprob", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--n", "64", "--vocab", "1000", "--hidden", "16", "--token-chunk", "16", "--vocab-chunk", "128",
+                     "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert {r["variant"] for r in rep["results"]} == {"naive", "chunked"}
+    assert rep["summary"]["max_rel_checksum_diff"] < 1e-5  # float32 sums over 64 x 16 / 1000 x 16 entries
+    assert all(r["peak_bytes"] >= 0 and r["time_s"] > 0 for r in rep["results"])
+    assert out.with_suffix(".md").read_text().startswith("N = 64 tokens")
