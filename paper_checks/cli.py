@@ -161,8 +161,11 @@ def _record(outs, unchecked, seed: int, selection: dict[str, Any], seconds: floa
 
     counts = Counter(o.verdict for o in outs)
     counts.update({"unchecked": len(unchecked)} if unchecked else {})
+    from paper_checks import registry
+
     return {
         "tiltlab": __version__,
+        "skipped_modules": dict(sorted(registry.SKIPPED_MODULES.items())),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,
         "selection": selection,
@@ -258,6 +261,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         c = rec["summary"]["verdicts"]
         print(f"\n{len(outs)} checks in {seconds:.1f} s: " + ", ".join(f"{k} {v}" for k, v in c.items())
               + f"; {rec['summary']['failures']} changed/crashed. Record: {args.out}")
+        for m, why in rec["skipped_modules"].items():
+            print(f"note: check module {m} was skipped ({why})")
         _print_failures(outs, args.seed)
     return 1 if rec["summary"]["failures"] else 0
 
@@ -351,6 +356,10 @@ def environment() -> dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         pass
     env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    from paper_checks import registry
+
+    env["check modules"] = ", ".join(
+        f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m for m in registry.CHECK_MODULES)
     return env
 
 

@@ -235,15 +235,22 @@ def load_claims(directory: Path = CLAIMS_DIR) -> None:
     _LOADED.add(directory)
 
 
+#: Check modules :func:`discover` could not import (module -> reason); reported by the CLI.
+SKIPPED_MODULES: dict[str, str] = {}
+
+
 def discover(modules: Iterable[str] = CHECK_MODULES) -> None:
-    """Load claims and import every check module that exists."""
+    """Load claims and import every check module that exists (missing ones are recorded in
+    :data:`SKIPPED_MODULES`, so a report can say which layers did not run)."""
     load_claims()
     for name in modules:
         try:
             importlib.import_module(name)
+            SKIPPED_MODULES.pop(name, None)
         except ModuleNotFoundError as exc:
             top = name.split(".")[0]
             if exc.name in (name, top):
+                SKIPPED_MODULES[name] = f"not importable: {exc}"
                 continue
             raise
 
