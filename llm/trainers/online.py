@@ -280,6 +280,10 @@ class TiltGRPOTrainer(GRPOTrainer):
                         if obj == "paced" and args.paced_replay else None)
         self._paced_rng = random.Random(int(args.seed))
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        head = get_log_z_head(self.model, required=False)
+        if head is not None and not any(p.requires_grad for p in head.parameters()):
+            raise ValueError("the log Z head is frozen (PEFT freezes non-adapter modules): pass "
+                             "peft_config with modules_to_save=['log_z_head'] for a learned log Z")
         if obj == "paced":
             g = self.num_generations
             gen_local = args.per_device_train_batch_size * args.steps_per_generation
@@ -287,8 +291,9 @@ class TiltGRPOTrainer(GRPOTrainer):
                 raise ValueError(
                     f"objective='paced' selects whole groups per process: per_device_train_batch_size * "
                     f"steps_per_generation = {gen_local} must be a multiple of num_generations = {g}")
-            if args.paced_select_from == "disa" and log_z_fn is None:
-                raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor)")
+            if args.paced_select_from == "disa" and log_z_fn is None and (
+                    train_dataset is None or "log_z" not in train_dataset.column_names):
+                raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor) or a 'log_z' column")
         if obj == "disa" and log_z_fn is None and (train_dataset is None or "log_z" not in train_dataset.column_names):
             raise ValueError("objective='disa' needs log_z_fn (Stage-2 predict_log_z) or a 'log_z' dataset column")
 
@@ -459,9 +464,12 @@ class TiltGRPOTrainer(GRPOTrainer):
         r_local = out["rewards"].float()
         correct = (r_local > 0.5)
         with torch.no_grad():
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            log_z = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
-        p_hat = accuracy_from_log_z(log_z, self.args.paced_kl_coef)
+            if self.args.paced_select_from == "disa":  # the same estimate that selected the prompts
+                p_hat = pass_rate_from_log_z(out["log_z"].float(), self.args.tilt_beta).clamp(0.0, 1.0)
+            else:
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                log_z = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
+                p_hat = accuracy_from_log_z(log_z, self.args.paced_kl_coef)
         n_corr = correct.float().view(-1, g).sum(1).repeat_interleave(g)
         prio = replay_priority(n_corr, torch.full_like(n_corr, float(g)), p_hat)
         rows = []

@@ -1,9 +1,11 @@
 """`tiltlab llm demo --quick`: the whole CPU pipeline; DISA must improve held-out reward over the warm-up.
 
-Margin: on seed 0 the quick demo measured held-out Mean@8 warm-up 0.292 -> DISA 0.458 (+0.17, 24x8
-samples). Other seeds were NOT measured before the deadline (see the report), so the assertion is a
-plain improvement (> warm-up + 0.05, i.e. more than ~1 standard error of a Mean@8 over 30 prompts x 8
-samples at p ~ 0.3: sqrt(0.3*0.7/240) ~ 0.03) on the fixed seed 0.
+Margin, from the spread measured over seeds 0-4 of the quick demo (held-out Mean@8, 30 prompts x 8
+samples): warm-up -> DISA = 0.292 -> 0.458 (seed 0), 0.154 -> 0.212 (1), 0.021 -> 0.021 (2: the SFT
+warm-up did not learn to copy, nothing moves), 0.412 -> 0.750 (3), 0.346 -> 0.875 (4). The gain on the
+fixed seed 0 is +0.166; the assertion asks for > +0.05, about a third of it and above the binomial
+standard error of one Mean@8 (sqrt(0.3 * 0.7 / 240) ~ 0.03), while runs on the same seed are
+deterministic on CPU. The seed-2 row shows the demo is not seed-robust in the warm-up stage.
 """
 
 from __future__ import annotations

@@ -39,12 +39,14 @@ def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
     if objective == "disa":
         extra.setdefault("tilt_beta", 2.0)
         extra.setdefault("disa_stage1_manifest", {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"})
+    extra.setdefault("max_steps", 2)
     args = TiltGRPOConfig(output_dir=str(tmp_path / objective), objective=objective, per_device_train_batch_size=8,
-                          num_generations=4, max_completion_length=6, max_steps=2, learning_rate=1e-2,
+                          num_generations=4, max_completion_length=6, learning_rate=1e-2,
                           report_to="none", use_cpu=True, logging_steps=1, save_strategy="no",
                           remove_unused_columns=False, seed=0, disable_tqdm=True, **extra)
     return TiltGRPOTrainer(model=load_model(tiny_dir, device="cpu"), reward_funcs=_reward, args=args,
-                           train_dataset=_dataset(math_rows, with_log_z=objective == "disa"),
+                           train_dataset=_dataset(math_rows, with_log_z=objective == "disa"
+                                                  or kw.get("paced_select_from") == "disa"),
                            processing_class=load_tokenizer(tiny_dir))
 
 
@@ -66,6 +68,16 @@ def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
         assert logs[1]["paced/replay_used"] >= 0 and "paced/p_hat_selected_mean" in logs[0]
         assert all("kl_old" in h and "paced/beta_kl_old" in h for h in logs)
         assert abs(logs[0]["kl_old"]) < 1e-5  # first micro-batch: pi_theta = pi_old exactly
+
+
+def test_paced_selects_with_disa_partition_function(tiny_dir, tmp_path, math_rows):
+    # log_z column = 0.1 i; with tilt_beta = 2 the DISA pass rate p = (Z - 1)/(e^2 - 1) rises with i,
+    # so tau = 0 must select the prompts with the smallest log Z among the candidates.
+    tr = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_select_from="disa", paced_tau=0.0, tilt_beta=2.0,
+                  paced_pool_factor=3, max_steps=1)
+    tr.train()
+    logs = [h for h in tr.state.log_history if "paced/p_hat_selected_mean" in h]
+    assert logs and logs[0]["paced/p_hat_selected_mean"] < logs[0]["paced/p_hat_pool_mean"]
 
 
 def _one_batch(tr):
