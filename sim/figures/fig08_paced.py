@@ -54,9 +54,13 @@ def steps_to(curve_step: list, curve: list, target: float) -> float:
     return math.inf
 
 
-def tau_sweep(quick: bool, seed: int, target: float = 0.6, env=None) -> dict:
+def tau_sweep(quick: bool, seed: int, target: float = 0.6, env=None, steps: int | None = None, seeds: int | None = None) -> dict:
     """Mean accuracy curves and steps-to-``target`` for PACED (DISA-initialised log Z) over ``TAUS``."""
     base = base_config(quick, seed)
+    if steps is not None:
+        base.update(steps=steps)
+    if seeds is not None:
+        base.update(seeds=seeds)
     env = env or make_env(SimConfig(**base))
     out = {}
     for tau in TAUS:
