@@ -30,7 +30,7 @@ import re
 import shlex
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from paper_checks.registry import CheckResult, Verdict, claims, get_claim, load_claims, register_check
 
