@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import os
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,21 +136,35 @@ def _layer_counts(outs: Sequence[Outcome]) -> dict[str, Counter]:
     return per
 
 
-def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {"claims": [], "figures": [], "changed": [], "missing": []}
+Finding = tuple[str, str, str]
+"""``(head, text, code)``: rendered as **head** text `code` (code may be empty)."""
+
+
+def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {"claims": [], "figures": [], "changed": [], "missing": []}
     for r in rows:
         for o in r["outcomes"]:
             if o.result is not None and o.result.verdict.value in ("refuted", "partly"):
-                out["claims"].append(f"**{r['id']}** ({paper_name(r['paper'])}, {o.check.layer}) — {o.verdict}: {o.result.summary}")
+                out["claims"].append((r["id"], f"({paper_name(r['paper'])}, {o.check.layer}) — {o.verdict}: {o.result.summary}", ""))
             if not o.ok:
                 what = "crashed" if o.result is None else f"returned {o.verdict}, expected {o.check.expected.value}"
-                out["changed"].append(f"**{o.check.key}** {what}; reproduce: `{o.check.reproducer(inp.seed)}`")
+                out["changed"].append((o.check.key, f"{what}; reproduce:", o.check.reproducer(inp.seed)))
     for f in sorted(inp.figures, key=lambda f: f.id):
         for line in getattr(f, "findings", []) or []:
-            out["figures"].append(f"**{f.id}** — {line}")
+            out["figures"].append((f.id, f"— {line}", ""))
     for fid, why in sorted(inp.missing_figures.items()):
-        out["missing"].append(f"**{fid}** — {why}")
+        out["missing"].append((fid, f"— {why}", ""))
     return out
+
+
+def _md_finding(f: Finding) -> str:
+    head, text, code = f
+    return f"- **{head}** {_md_escape(text)}" + (f" `{code}`" if code else "")
+
+
+def _html_finding(f: Finding) -> str:
+    head, text, code = f
+    return f"<li><b>{html.escape(head)}</b> {html.escape(text)}" + (f" <code>{html.escape(code)}</code>" if code else "") + "</li>"
 
 
 def _short_numbers(numbers: Mapping[str, Any], limit: int = 8) -> str:
@@ -173,7 +186,11 @@ def _fmt(v: Any) -> str:
 
 
 def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|").replace("\n", " ")
+    """Plain text inside Markdown: no table breaks, no accidental emphasis or raw HTML."""
+    # (underscores are left alone: GitHub Markdown does not emphasize inside words)
+    for a, b in (("|", "\\|"), ("*", "\\*"), ("`", "\\`"), ("<", "&lt;"), ("\n", " ")):
+        s = s.replace(a, b)
+    return s
 
 
 def render_markdown(inp: ReportInput) -> str:
@@ -221,20 +238,20 @@ def render_markdown(inp: ReportInput) -> str:
     if fd["changed"]:
         L.append("### Checks whose verdict changed or that crashed")
         L.append("")
-        L += [f"- {x}" for x in fd["changed"]]
+        L += [_md_finding(x) for x in fd["changed"]]
         L.append("")
     if fd["missing"]:
         L.append("### Figures missing or failed")
         L.append("")
-        L += [f"- {x}" for x in fd["missing"]]
+        L += [_md_finding(x) for x in fd["missing"]]
         L.append("")
     L.append("### Claims refuted or only partly supported")
     L.append("")
-    L += [f"- {_md_escape(x)}" for x in fd["claims"]] or ["- none"]
+    L += [_md_finding(x) for x in fd["claims"]] or ["- none"]
     L.append("")
     L.append("### From the simulator figures")
     L.append("")
-    L += [f"- {_md_escape(x)}" for x in fd["figures"]] or ["- none"]
+    L += [_md_finding(x) for x in fd["figures"]] or ["- none"]
     L.append("")
     # per paper
     shown: set[str] = set()
@@ -334,14 +351,6 @@ def _img_data(png: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def _md_inline(s: str) -> str:
-    """Escape, then render the few inline Markdown marks the findings use (**bold**, `code`)."""
-    t = html.escape(s)
-    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
-    t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
-    return t
-
-
 def render_html(inp: ReportInput) -> str:
     rows = claim_rows(inp)
     counts = _counts(rows)
@@ -374,7 +383,7 @@ def render_html(inp: ReportInput) -> str:
                        ("claims", "Claims refuted or only partly supported"), ("figures", "From the simulator figures")):
         if key in ("changed", "missing") and not fd[key]:
             continue
-        H.append(f"<h3>{title}</h3><ul>" + ("".join(f"<li>{_md_inline(x)}</li>" for x in fd[key]) or "<li>none</li>") + "</ul>")
+        H.append(f"<h3>{title}</h3><ul>" + ("".join(_html_finding(x) for x in fd[key]) or "<li>none</li>") + "</ul>")
     shown: set[str] = set()
     current = None
     for r in rows:

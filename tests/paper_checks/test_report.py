@@ -53,7 +53,7 @@ def _outcome(cid, layer, verdict, expected=None, summary="evidence", figure=None
 
 def _input(tmp_path: Path) -> ReportInput:
     claims = {
-        "a.verified": Claim("a.verified", P0, "Sec. 1", "first statement"),
+        "a.verified": Claim("a.verified", P0, "Sec. 1", "first statement: pi* | b < 0 | pi*"),
         "a.refuted": Claim("a.refuted", P0, "Sec. 2", "second statement", kind="empirical"),
         "b.partly": Claim("b.partly", P2, "Table 9", "third statement", kind="empirical",
                           llm_command="tiltlab llm train --config configs/x.yaml"),
@@ -93,6 +93,7 @@ def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
     assert "![Demo figure](figures/fig99_demo.png)" in md and md.count("![Demo figure]") == 1
     assert "`tiltlab llm train --config configs/x.yaml`" in md
     assert "- seed: 5" in md and "torch: 2.x" in md
+    assert "first statement: pi\\* \\| b &lt; 0 \\| pi\\*" in md  # no accidental emphasis, table break or HTML
 
 
 def test_html_is_self_contained_with_embedded_image(tmp_path):
