@@ -5,9 +5,9 @@
    fraction of the warm-up answers wrong (a stray ``0`` appended) so that the warm model has a
    nonzero but imperfect pass rate (objective ``sft`` = :func:`objectives.offline.sft_loss`).
    This model is ``pi_ref`` and the common start of every method.
-2. **DISA Stage 1** (:func:`llm.stage1.run_stage1`, proposal ``q = pi_ref``), **Stage 2** (the
-   :class:`objectives.regressor.PartitionRegressor` on frozen mean-pooled ``pi_ref`` prompt
-   embeddings, held-out R^2 reported), **Stage 3** (:class:`llm.trainers.online.TiltGRPOTrainer`,
+2. **DISA Stage 1** (:func:`llm.stage1.run_stage1`, proposal ``q = pi_ref``), **Stage 2**
+   (:func:`llm.stage2.run_stage2`: the regressor on frozen ``pi_ref`` prompt embeddings, held-out
+   MSE / R^2 reported), **Stage 3** (:class:`llm.trainers.online.TiltGRPOTrainer`,
    ``objective="disa"``, frozen ``log Z_psi``).
 3. **GRPO** and **FlowRL** from the same start with the same rollout budget.
 4. **Evaluation** on held-out prompts (values of ``a`` never seen in training): Mean@k, pass@k
@@ -155,49 +155,27 @@ def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: in
 
 
 def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: list) -> tuple[dict, Any]:
-    """Stage 1 labels with ``q = pi_ref`` and the Stage-2 regressor; returns (manifest, log_z_fn)."""
-    import torch
+    """DISA Stage 1 (:func:`llm.stage1.run_stage1`, ``q = pi_ref``) and Stage 2
+    (:func:`llm.stage2.run_stage2`); returns (Stage-1 manifest, the frozen ``predict_log_z``)."""
+    import shutil
 
-    from llm.models import load_model, load_tokenizer
-    from llm.scoring import hidden_states
-    from llm.stage1 import Stage1Config, load_stage1, read_manifest, run_stage1
-    from llm.trainers.logz_head import masked_mean_pool
-    from objectives.regressor import fit_regressor
+    from llm.stage1 import Stage1Config, read_manifest, run_stage1
+    from llm.stage2 import Stage2Config, load_log_z_predictor, run_stage2
 
-    s1_dir = out / "stage1"
-    if s1_dir.exists():  # the demo always starts from scratch (Stage 1 would otherwise resume)
-        import shutil
-
-        shutil.rmtree(s1_dir)
+    s1_dir, s2_dir = out / "stage1", out / "stage2"
+    for d in (s1_dir, s2_dir):  # the demo always starts from scratch (Stage 1 would otherwise resume)
+        if d.exists():
+            shutil.rmtree(d)
     s1 = Stage1Config(proposal=str(ref_dir), reference=str(ref_dir), dataset="unused", out_dir=str(s1_dir),
                       M=cfg.num_generations, beta=cfg.beta, reward="math", max_new_tokens=cfg.max_new_tokens,
                       seed=cfg.seed, prompts_per_shard=len(train), gen_batch_size=256, score_batch_size=64,
                       device="cpu")
     summary = run_stage1(s1, rows=[dict(r) for r in train], progress=False)
-    manifest = read_manifest(s1_dir)
-    _, labels = load_stage1(s1_dir)
-    lab = {str(i): float(z) for i, z in zip(labels.column("prompt_id").to_pylist(), labels.column("log_z").to_pylist())}
-    model, tok = load_model(ref_dir, device="cpu"), load_tokenizer(ref_dir)
-
-    @torch.no_grad()
-    def embed(prompts: list[str]) -> torch.Tensor:
-        enc = tok([_chat(tok, p) for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
-        return masked_mean_pool(hidden_states(model, enc["input_ids"], enc["attention_mask"]), enc["attention_mask"])
-
-    feats = embed([r["prompt"] for r in train])
-    targets = torch.tensor([lab[r["id"]] for r in train], dtype=torch.float32)
-    fit = fit_regressor(feats, targets, val_fraction=0.25, seed=cfg.seed)
-    reg = fit.model.eval()
-    log.append({"phase": "stage2", "val_mse": float(fit.val_mse), "val_r2": float(fit.val_r2),
-                "label_mean": float(targets.mean()), "label_std": float(targets.std()),
-                "stage1_ess_mean": summary.get("mean_ess") if isinstance(summary, dict) else None})
-
-    def log_z_fn(prompts: list) -> torch.Tensor:
-        texts = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
-        with torch.no_grad():
-            return reg(embed(texts)).flatten()
-
-    return manifest, log_z_fn
+    metrics = run_stage2(Stage2Config(labels=str(s1_dir), out_dir=str(s2_dir), val_fraction=0.25, seed=cfg.seed,
+                                      device="cpu", embed_batch_size=64), progress=False)
+    log.append({"phase": "stage2", **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
+                "stage1_mean_log_z": summary.get("mean_log_z"), "stage1_mean_ess": summary.get("mean_ess")})
+    return read_manifest(s1_dir), load_log_z_predictor(s2_dir, device="cpu")
 
 
 def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log_z_fn, manifest):

@@ -187,6 +187,12 @@ class RunConfig:
             bad = sorted(set(self.stage1) - s1)
             if bad:
                 raise ValueError(f"stage1: unknown Stage1Config fields {bad}")
+        if self.stage2:
+            from llm.stage2 import Stage2Config
+
+            bad = sorted(set(self.stage2) - {f.name for f in dataclasses.fields(Stage2Config)})
+            if bad:
+                raise ValueError(f"stage2: unknown Stage2Config fields {bad}")
 
 
 def _parse_value(text: str) -> Any:

@@ -50,9 +50,19 @@ def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
                            processing_class=load_tokenizer(tiny_dir))
 
 
-@pytest.mark.parametrize("objective", ["grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced"])
+VARIANTS = {
+    "flowrl-paper": ("flowrl", {"weight_clip": "eps", "log_z_detach_input": True}),  # FlowRL paper's [1-eps, 1+eps]
+    "lad-seq-tv": ("lad", {"lad_level": "sequence", "lad_divergence": "tv"}),
+    "grpo-kl": ("grpo", {"beta": 0.05}),
+}
+
+
+@pytest.mark.parametrize("objective", ["grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced", *VARIANTS])
 def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
-    extra = {"log_kl_old": True, "log_z_accuracy_correlation": True} if objective == "paced" else {}
+    objective, extra = VARIANTS.get(objective, (objective, {}))
+    extra = dict(extra)
+    if objective == "paced":
+        extra.update(log_kl_old=True, log_z_accuracy_correlation=True)
     tr = _trainer(tiny_dir, tmp_path, math_rows, objective, **extra)
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
     tr.train()
@@ -62,6 +72,8 @@ def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
     key = f"objective/{objective}_loss"
     assert all(key in h for h in logs)
+    if "beta" in extra:
+        assert all("kl_ref" in h for h in logs)  # the reference model was built and the KL logged
     if objective in ("flowrl", "disa", "vargrad", "paced"):
         assert all("log_z/mean" in h and "residual" in h and "weight_clip_frac" in h for h in logs)
     if objective == "paced":
@@ -106,7 +118,14 @@ def test_flowrl_log_z_head_gets_gradient_and_disa_log_z_does_not(tiny_dir, tmp_p
     loss = tr.compute_loss(tr.model, inputs)
     loss.backward()
     assert log_z.grad is None  # sg(log Z_psi): the frozen value is detached inside disa_loss
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tr.model.parameters())
+    g0 = torch.cat([p.grad.flatten().clone() for p in tr.model.parameters() if p.grad is not None])
+    assert g0.abs().sum() > 0
+    # ...but the frozen value does enter the residual: shifting it changes the policy gradient
+    inputs["log_z"] = log_z.detach() + 1.0
+    tr.model.zero_grad()
+    tr.compute_loss(tr.model, inputs).backward()
+    g1 = torch.cat([p.grad.flatten() for p in tr.model.parameters() if p.grad is not None])
+    assert (g1 - g0).norm() > 1e-3 * g0.norm()
 
 
 def test_disa_label_compat():
