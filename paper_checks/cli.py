@@ -214,7 +214,8 @@ def _table(outs, unchecked, stream=None) -> None:
         rows.append((o.check.claim_id, paper_name(get_claim(o.check.claim_id).paper), f"{o.check.layer}", verdict, ev))
     for u in unchecked:
         rows.append((u["claim"], paper_name(u["paper"]), "-", "unchecked", "no check registered"))
-    rows.sort(key=lambda r: r[0])  # stable: a claim's checks keep their layer order
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    rows.sort(key=lambda r: (r[0], order.get(r[2], len(order))))  # per claim: theory, sim, data, llm
     if not rows:
         print("no checks selected", file=stream)
         return
