@@ -162,6 +162,14 @@ def test_config_validates(path):
     if cfg.objective != "none":
         kw = cfg.trainer_kwargs()
         assert kw["objective"] == cfg.objective
+        # build the trainer config itself (its own cross-field checks), CPU-only switches aside
+        kw.update(bf16=False, use_cpu=True, report_to="none", output_dir=str(Path(kw["output_dir"]).name))
+        if cfg.kind == "online":
+            TiltGRPOConfig(**{**kw, "use_vllm": False})
+        else:
+            from llm.trainers.offline import OfflineConfig
+
+            OfflineConfig(**kw)
 
 
 def test_every_config_named_by_a_claim_exists():
