@@ -253,6 +253,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     sel = {"only": prefix, "layer": layer, "check": args.check, "slow": bool(args.slow)}
     rec = _record(outs, unchecked, args.seed, sel, seconds)
     _write_json(args.out, rec)
+    rc = 1 if rec["summary"]["failures"] else 0
+    try:
+        _report_check(args, outs, unchecked, rec, seconds)
+    except BrokenPipeError:  # e.g. `tiltlab check | head`: the record is written, keep the exit status
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return rc
+
+
+def _report_check(args, outs, unchecked, rec, seconds) -> None:
     if args.json:
         json.dump(rec, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
@@ -265,7 +275,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for m, why in rec["skipped_modules"].items():
             print(f"note: check module {m} was skipped ({why})")
         _print_failures(outs, args.seed)
-    return 1 if rec["summary"]["failures"] else 0
 
 
 # --------------------------------------------------------------------------- tiltlab reproduce
