@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("training", "estimators", "fpa")
+_SUBMODULES = ("training", "estimators", "fpa", "paced_sched")
 
 for _name in _SUBMODULES:
     try:

@@ -31,5 +31,4 @@ def test_every_math_md_id_is_declared(isolated_registry):
 def test_every_math_md_id_has_a_check(isolated_registry):
     have = {c.claim_id for c in isolated_registry.checks()}
     missing = [i for i in _math_ids() if i not in have]
-    if missing:  # the lead turns this into an assert once theory/ and sim/ have landed
-        pytest.xfail(f"{len(missing)} math.md ids without a registered check yet: {missing}")
+    assert not missing, f"math.md ids without a registered check: {missing}"
