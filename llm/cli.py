@@ -30,7 +30,9 @@ import dataclasses
 import importlib
 import inspect
 import textwrap
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 _SUBCOMMANDS: list[str] = [
@@ -96,9 +98,23 @@ def _field_type(tp: Any) -> tuple[type, bool]:
     raise TypeError(f"unsupported CLI field type {tp!r}")
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per dataclass field; help = the field's docstring; lists take several values."""
+def add_dataclass_args(
+    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), config_section: str | None = None
+) -> None:
+    """One flag per dataclass field; help = the field's docstring; lists take several values.
+
+    With ``config_section`` the command also takes ``--config FILE`` (a run config of ``configs/``,
+    schema :class:`llm.trainers.config.RunConfig`) whose ``<config_section>:`` mapping supplies the
+    fields, and ``--set KEY=VALUE`` overrides (dotted, e.g. ``stage1.M=16``). Precedence: dataclass
+    default < config file < ``--set`` < explicit flags. Flags are then not argparse-required: a field
+    without a default must come from one of the three sources (checked in :func:`config_from_args`).
+    """
     docs = field_docs(cls)
+    if config_section is not None:
+        parser.add_argument("--config", default=None, metavar="FILE",
+                            help=f"run config (configs/*.yaml); its `{config_section}:` section supplies the fields")
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                            help="override a config value (dotted key, YAML value); repeatable")
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -107,19 +123,62 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         help_ = docs.get(f.name, "")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        if tp is bool and not is_list:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_)
-            continue
         if not required:
             help_ = f"{help_} (default: {default})"
-        parser.add_argument(flag, dest=f.name, type=tp, required=required, default=default, help=help_,
-                            metavar=f.name.upper(), nargs="+" if is_list else None)
+        if config_section is not None:
+            # absent flags stay absent so the config file can fill them
+            kw = dict(default=argparse.SUPPRESS, required=False)
+        else:
+            kw = dict(default=default, required=required)
+        if tp is bool and not is_list:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_,
+                                **{k: v for k, v in kw.items() if k != "required"})
+            continue
+        parser.add_argument(flag, dest=f.name, type=tp, help=help_, metavar=f.name.upper(),
+                            nargs="+" if is_list else None, **kw)
 
 
-def config_from_args(cls, args: argparse.Namespace, **overrides):
-    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict, Any]:
+    """The ``section`` mapping of ``args.config`` with ``args.overrides`` applied, and the whole
+    :class:`~llm.trainers.config.RunConfig` (``({}, None)`` without ``--config``)."""
+    path = getattr(args, "config", None)
+    overrides = list(getattr(args, "overrides", []) or [])
+    if path is None:
+        if overrides:
+            raise ValueError("--set needs --config")
+        return {}, None
+    from llm.trainers.config import load_run_config
+
+    rc = load_run_config(path, overrides, validate=False)
+    values = getattr(rc, section, None)
+    if values is None:
+        raise ValueError(f"{path}: no `{section}:` section")
+    return dict(values), rc
+
+
+def config_from_args(cls, args: argparse.Namespace, section: str | None = None, translate=None, **overrides):
+    """Build ``cls`` from (config section) + (flags present in ``args``) + ``overrides``.
+
+    ``translate(values, run_config) -> values`` maps a config section onto ``cls``'s field names
+    (e.g. eval's ``benchmarks`` -> ``datasets``).
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw: dict[str, Any] = {}
+    if section is not None:
+        values, rc = config_section_values(args, section)
+        if translate is not None and rc is not None:
+            values = translate(values, rc)
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"{getattr(args, 'config', '')}: unknown keys in `{section}:` for {cls.__name__}: {unknown}")
+        kw.update(values)
+    kw.update({n: getattr(args, n) for n in names if hasattr(args, n)})
     kw.update(overrides)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.name not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        flags = ", ".join("--" + m.replace("_", "-") for m in missing)
+        raise ValueError(f"missing required value(s) {flags} (give the flags or a --config with them)")
     return cls(**kw)
 
 
@@ -139,14 +198,33 @@ def add_eval_cli(subparsers) -> None:
         "eval", help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
         description="Evaluate a model (llm.evaluate): Mean@k, unbiased pass@k, distinct-n diversity, "
                     "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.")
-    add_dataclass_args(p, EvalConfig)
+    add_dataclass_args(p, EvalConfig, config_section="eval")
     p.set_defaults(func=_eval_main)
+
+
+def _eval_from_run_config(values: dict, rc) -> dict:
+    """A run config's ``eval:`` section -> :class:`llm.evaluate.EvalConfig` fields: the model is the
+    run's trained output (``output_dir``) unless the objective is ``none`` (a base-model row);
+    ``benchmarks`` are the dataset names; results go to ``<output_dir>/eval``."""
+    values = dict(values)
+    if "benchmarks" in values:
+        values["datasets"] = list(values.pop("benchmarks"))
+    split = values.pop("split", "test")
+    if split != "test":
+        raise ValueError(f"eval split {split!r}: the benchmark loaders read the local test copies only")
+    values.setdefault("model", rc.model if rc.objective == "none" else rc.output_dir)
+    values.setdefault("out_dir", str(Path(rc.output_dir) / "eval"))
+    return values
 
 
 def _eval_main(args) -> int:
     from llm.evaluate import EvalConfig, results_table, run_eval
 
-    cfg = config_from_args(EvalConfig, args)
+    try:
+        cfg = config_from_args(EvalConfig, args, section="eval", translate=_eval_from_run_config)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tiltlab llm eval: error: {e}", file=sys.stderr)
+        return 2
     results = run_eval(cfg)
     print(results_table(results))
     if cfg.out_dir:

@@ -338,6 +338,8 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
         "config": asdict(cfg), "n_prompts": len(rows), "n_shards": n_shards, "beta": cfg.beta,
         "reward_transform": {**cfg.reward_transform(), "reward": reward_name},
         "truncated_support": cfg.truncated_support,
+        # log w uses masked-SUM sequence log-probs (trajectory level); Stage 3 must use the same scale
+        "logprob_scale": "sum",
         "label": "log_z = LSE_i(log w_i) - log M (DISA eq. 8); log_z_bias_corrected = log_z - delta_method_bias",
     })
     atomic_write_json(man_path, manifest)
@@ -495,7 +497,7 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "stage1", help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
         description=__doc__.split("\n\n")[0] + " Refuses top-k/top-p truncation unless --allow-truncated.")
-    add_dataclass_args(p, Stage1Config)
+    add_dataclass_args(p, Stage1Config, config_section="stage1")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
 
@@ -504,7 +506,7 @@ def _cli_main(args) -> int:
     from llm.cli import config_from_args
 
     try:
-        cfg = config_from_args(Stage1Config, args)
+        cfg = config_from_args(Stage1Config, args, section="stage1")
         summary = run_stage1(cfg, progress=not args.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"tiltlab llm stage1: error: {e}", file=sys.stderr)

@@ -360,7 +360,7 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "stage2", help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
         description=__doc__.split("\n\n")[0])
-    add_dataclass_args(p, Stage2Config)
+    add_dataclass_args(p, Stage2Config, config_section="stage2")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
 
@@ -369,7 +369,7 @@ def _cli_main(args) -> int:
     from llm.cli import config_from_args
 
     try:
-        cfg = config_from_args(Stage2Config, args)
+        cfg = config_from_args(Stage2Config, args, section="stage2")
         m = run_stage2(cfg, progress=not args.quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"tiltlab llm stage2: error: {e}", file=sys.stderr)

@@ -211,7 +211,10 @@ def test_killed_run_resumes_without_loss_or_duplicates(tiny_dir, math_rows, tmp_
     run_stage1(fresh, progress=False)
     ref = load_stage1(fresh.out_dir)[0].to_pydict()
     assert ref["completion_ids"] == after["completion_ids"]
-    assert max(abs(a - b) for a, b in zip(ref["log_w"], after["log_w"])) < 1e-9
+    # Same samples; the log-weights come from float32 forward passes in another process whose batch
+    # composition can differ (a resumed run scores fewer rows per batch), so matmul reduction order can
+    # move |log w| ~ 10 by a few float32 ulps (eps 1.2e-7 relative): allow 1e-5 relative.
+    assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(ref["log_w"], after["log_w"]))
 
 
 def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
