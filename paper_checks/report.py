@@ -109,6 +109,15 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
     return rows
 
 
+def _no_outcome_note(claim_id: str) -> str:
+    """Why a claim has no outcome in this run: no check at all, or only slow checks (skipped)."""
+    from paper_checks import registry
+
+    if any(c.claim_id == claim_id for c in registry.checks()):
+        return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."
+    return "no check registered yet."
+
+
 def _claim_status(outs: Sequence[Outcome]) -> str:
     """One verdict per claim: an error wins, then the most informative non-``out_of_reach``
     verdict (refuted > partly > verified), then ``out_of_reach``; no check -> unchecked."""
@@ -271,7 +280,7 @@ def render_markdown(inp: ReportInput) -> str:
             L.append(f"*{c.section}* · {c.kind}. {_md_escape(c.statement)}")
             L.append("")
         if not r["outcomes"]:
-            L.append("- unchecked: no check registered yet.")
+            L.append(f"- unchecked: {_no_outcome_note(r['id'])}")
         for o in r["outcomes"]:
             exp = "" if o.ok else f" (expected {o.check.expected.value})"
             if o.result is None:
@@ -397,7 +406,7 @@ def render_html(inp: ReportInput) -> str:
             H.append(f'<p class="stmt"><i>{e(c.section)}</i> · {e(c.kind)}. {e(c.statement)}</p>')
         H.append("<ul>")
         if not r["outcomes"]:
-            H.append("<li>unchecked: no check registered yet.</li>")
+            H.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
         for o in r["outcomes"]:
             exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
             if o.result is None:
