@@ -105,7 +105,7 @@ def _step(torch, variant, hidden, weight, ids, args):
         logits = hidden @ weight.T  # [N, V]
         logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, None]).squeeze(-1)
     elif variant == "chunked":
-        from objectives.fused import fused_linear_logprobs
+        from tiltlab.objectives.fused import fused_linear_logprobs
 
         logp = fused_linear_logprobs(hidden, weight, ids, token_chunk=args.token_chunk, vocab_chunk=args.vocab_chunk)
     else:
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
 
     if args.token_chunk is None or args.vocab_chunk is None:
         sys.path.insert(0, str(REPO_ROOT))
-        from objectives import fused
+        from tiltlab.objectives import fused
 
         cuda = args.device.startswith("cuda")
         args.token_chunk = args.token_chunk or (fused.DEFAULT_CUDA_TOKEN_CHUNK if cuda else fused.DEFAULT_TOKEN_CHUNK)

@@ -3,3 +3,6 @@
 Import-light on purpose: ``import llm`` does not import torch/transformers; import the submodules
 (``llm.models``, ``llm.data``, ``llm.rewards``, ``llm.sandbox``, ``llm.evaluate``, ...) where needed.
 """
+
+if __name__ != "tiltlab.llm":  # imported by its bare folder name (the repo root is on sys.path)
+    raise ImportError(f"import this package as tiltlab.llm, not as {__name__!r}")

@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 _SUBCOMMANDS: list[str] = [
-    "llm.stage1",
-    "llm.stage2",
-    "llm.cli:add_eval_cli",
-    "llm.trainers.cli",
-    "llm.demo",
-    # llm-part-2 appends its training command module here (e.g. "llm.train").
+    "tiltlab.llm.stage1",
+    "tiltlab.llm.stage2",
+    "tiltlab.llm.cli:add_eval_cli",
+    "tiltlab.llm.trainers.cli",
+    "tiltlab.llm.demo",
+    # llm-part-2 appends its training command module here (e.g. "tiltlab.llm.train").
 ]
 """Entries ``"module"`` (its ``add_cli(subparsers)`` adds the command) or ``"module:function"``
 (that function is used instead of ``add_cli``)."""
@@ -147,7 +147,7 @@ def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict,
         if overrides:
             raise ValueError("--set needs --config")
         return {}, None
-    from llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.config import load_run_config
 
     rc = load_run_config(path, overrides, validate=False)
     values = getattr(rc, section, None)
@@ -190,9 +190,9 @@ def add_eval_cli(subparsers) -> None:
     """``tiltlab llm eval``: registered only when ``llm.evaluate`` exists."""
     import importlib.util
 
-    if importlib.util.find_spec("llm.evaluate") is None:
+    if importlib.util.find_spec("tiltlab.llm.evaluate") is None:
         return
-    from llm.evaluate import EvalConfig
+    from tiltlab.llm.evaluate import EvalConfig
 
     p = subparsers.add_parser(
         "eval", help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
@@ -218,7 +218,7 @@ def _eval_from_run_config(values: dict, rc) -> dict:
 
 
 def _eval_main(args) -> int:
-    from llm.evaluate import EvalConfig, results_table, run_eval
+    from tiltlab.llm.evaluate import EvalConfig, results_table, run_eval
 
     try:
         cfg = config_from_args(EvalConfig, args, section="eval", translate=_eval_from_run_config)

@@ -82,7 +82,7 @@ def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
     """The demo task, made easy enough for a 2-layer, 64-wide model to learn on CPU in seconds:
     ``Compute a + 0.`` for two-digit ``a`` (the answer copies ``a``). Train and held-out values of
     ``a`` are disjoint, so held-out gains measure a learned behaviour, not memorized answers."""
-    from llm.tasks import BOXED_INSTRUCTION
+    from tiltlab.llm.tasks import BOXED_INSTRUCTION
 
     values = list(range(10, 100))
     random.Random(f"demo-{cfg.seed}").shuffle(values)
@@ -106,8 +106,8 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None
     (the answer with a stray ``0`` appended, a prompt-independent error RL can learn to avoid)."""
     import torch
 
-    from llm.scoring import score_completions
-    from objectives.offline import sft_loss
+    from tiltlab.llm.scoring import score_completions
+    from tiltlab.objectives.offline import sft_loss
 
     rng = random.Random(f"sft-{cfg.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
@@ -134,9 +134,9 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None
 
 def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: int) -> dict[str, float]:
     """k samples per prompt at temperature 1: Mean@k, pass@1, pass@k, distinct-2 over completion tokens."""
-    from llm.rewards import math_reward
-    from llm.rollout import HFEngine, SamplingConfig
-    from objectives.metrics import distinct_n, pass_at_k
+    from tiltlab.llm.rewards import math_reward
+    from tiltlab.llm.rollout import HFEngine, SamplingConfig
+    from tiltlab.objectives.metrics import distinct_n, pass_at_k
 
     eng = HFEngine(model, tok, batch_size=256)
     groups = eng.generate([_chat(tok, r["prompt"]) for r in rows], k,
@@ -159,8 +159,8 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
     (:func:`llm.stage2.run_stage2`); returns (Stage-1 manifest, the frozen ``predict_log_z``)."""
     import shutil
 
-    from llm.stage1 import Stage1Config, read_manifest, run_stage1
-    from llm.stage2 import Stage2Config, load_log_z_predictor, run_stage2
+    from tiltlab.llm.stage1 import Stage1Config, read_manifest, run_stage1
+    from tiltlab.llm.stage2 import Stage2Config, load_log_z_predictor, run_stage2
 
     s1_dir, s2_dir = out / "stage1", out / "stage2"
     for d in (s1_dir, s2_dir):  # the demo always starts from scratch (Stage 1 would otherwise resume)
@@ -182,9 +182,9 @@ def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, ou
     """One RL run from the warm-up model; returns (trained model, per-step reward history)."""
     from datasets import Dataset
 
-    from llm.models import load_model, load_tokenizer
-    from llm.rewards import math_reward
-    from llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.rewards import math_reward
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
     model, tok = load_model(ref_dir, device="cpu"), load_tokenizer(ref_dir)
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -218,7 +218,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
     """Run the demo; returns ``{"table": {method: metrics}, "timings": {...}, ...}`` (also results.json)."""
     import torch
 
-    from llm.models import build_tiny, load_model, load_tokenizer
+    from tiltlab.llm.models import build_tiny, load_model, load_tokenizer
 
     t_all = time.perf_counter()
     out = Path(cfg.out_dir)

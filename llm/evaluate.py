@@ -339,7 +339,7 @@ def evaluate(engine, datasets: dict[str, Sequence[dict]], k: int, sampling=None,
     """
     from tqdm.auto import tqdm
 
-    from objectives.metrics import distinct_n, mean_at_k, pass_at_k
+    from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")

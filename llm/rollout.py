@@ -91,7 +91,7 @@ class RolloutGroup:
         """``[n]`` float64 tensor: masked sum over tokens of the processed log-probs."""
         import torch
 
-        from objectives.tb import sequence_logprob
+        from tiltlab.objectives.tb import sequence_logprob
 
         n = len(self.token_logprobs)
         t = max((len(x) for x in self.token_logprobs), default=0)
@@ -218,7 +218,7 @@ class HFEngine(RolloutEngine):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "auto", device: str | None = None, **kwargs) -> "HFEngine":
-        from llm.models import load_model, load_tokenizer
+        from tiltlab.llm.models import load_model, load_tokenizer
 
         return cls(load_model(name_or_path, dtype=dtype, device=device), load_tokenizer(name_or_path), **kwargs)
 

@@ -25,12 +25,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from objectives.fused import (
+from tiltlab.objectives.fused import (
     fused_linear_future_logprobs,
     fused_linear_logprobs,
     fused_linear_logprobs_and_entropy,
 )
-from objectives.tb import sequence_logprob
+from tiltlab.objectives.tb import sequence_logprob
 
 __all__ = [
     "ScoreOutput",

@@ -136,7 +136,7 @@ class Stage1Config:
             raise ValueError("max_prompts must be >= 1")
 
     def sampling(self, shard: int):
-        from llm.rollout import SamplingConfig, derive_seed
+        from tiltlab.llm.rollout import SamplingConfig, derive_seed
 
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_new_tokens=self.max_new_tokens, seed=derive_seed("stage1", self.seed, shard))
@@ -184,7 +184,7 @@ def _atomic_write_parquet(path: Path, table) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _load_rows(dataset: str) -> list[dict]:
-    from llm.data import load_prompts
+    from tiltlab.llm.data import load_prompts
 
     return list(load_prompts(dataset))
 
@@ -202,7 +202,7 @@ def _resolve_reward(name: str) -> Callable:
         return getattr(importlib.import_module(mod), fn)
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; use one of {sorted(REWARDS)} or 'package.module:function'")
-    from llm import rewards
+    from tiltlab.llm import rewards
 
     return getattr(rewards, REWARDS[name])
 
@@ -250,8 +250,8 @@ class _Models:
     """Lazily built proposal engine and reference scorer (only when some shard remains)."""
 
     def __init__(self, cfg: Stage1Config):
-        from llm.models import load_model, load_tokenizer
-        from llm.rollout import HFEngine, VLLMEngine
+        from tiltlab.llm.models import load_model, load_tokenizer
+        from tiltlab.llm.rollout import HFEngine, VLLMEngine
 
         self.ref_tok = load_tokenizer(cfg.reference)
         self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=cfg.device)
@@ -295,7 +295,7 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
     import torch
     from tqdm.auto import tqdm
 
-    from objectives import estimators as est
+    from tiltlab.objectives import estimators as est
 
     if cfg.truncated_support:
         if not cfg.allow_truncated:
@@ -373,7 +373,7 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
 def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: int, reward, est, torch):
     import pyarrow as pa
 
-    from llm.scoring import score_completions
+    from tiltlab.llm.scoring import score_completions
 
     texts = [format_prompt(models.ref_tok, r["prompt"], cfg.chat_template) for r in shard_rows]
     prompt_ids = [models.ref_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -492,7 +492,7 @@ def config_fields() -> list[str]:
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
-    from llm.cli import add_dataclass_args
+    from tiltlab.llm.cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage1", help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
@@ -503,7 +503,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from llm.cli import config_from_args
+    from tiltlab.llm.cli import config_from_args
 
     try:
         cfg = config_from_args(Stage1Config, args, section="stage1")

@@ -111,8 +111,8 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     import torch
     from tqdm.auto import tqdm
 
-    from llm.scoring import hidden_states
-    from llm.trainers.logz_head import masked_mean_pool
+    from tiltlab.llm.scoring import hidden_states
+    from tiltlab.llm.trainers.logz_head import masked_mean_pool
 
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings")
@@ -190,9 +190,9 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from llm.models import load_model, load_tokenizer
-    from llm.stage1 import atomic_write_json, format_prompt, load_stage1, read_manifest
-    from objectives.regressor import fit_regressor
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.stage1 import atomic_write_json, format_prompt, load_stage1, read_manifest
+    from tiltlab.objectives.regressor import fit_regressor
 
     man = read_manifest(cfg.labels)
     s1 = man.get("config", {})
@@ -305,7 +305,7 @@ class LogZPredictor:
     def predict_log_z(self, prompts: Sequence[Any]):
         import torch
 
-        from llm.stage1 import format_prompt
+        from tiltlab.llm.stage1 import format_prompt
 
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list")
@@ -325,7 +325,7 @@ def load_log_z_predictor(path: str | Path, model=None, tokenizer=None, embed_mod
     to override the recorded path (e.g. on another machine)."""
     from safetensors.torch import load_file
 
-    from objectives.regressor import PartitionRegressor
+    from tiltlab.objectives.regressor import PartitionRegressor
 
     path = Path(path)
     cfg_path = path / CONFIG_FILE
@@ -335,7 +335,7 @@ def load_log_z_predictor(path: str | Path, model=None, tokenizer=None, embed_mod
     reg = PartitionRegressor(**config["regressor"])
     reg.load_state_dict(load_file(str(path / REGRESSOR_FILE)))
     if model is None or tokenizer is None:
-        from llm.models import load_model, load_tokenizer
+        from tiltlab.llm.models import load_model, load_tokenizer
 
         name = embed_model or config["embed_model"]
         model = model if model is not None else load_model(name, dtype=dtype, device=device)
@@ -355,7 +355,7 @@ def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **lo
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
-    from llm.cli import add_dataclass_args
+    from tiltlab.llm.cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage2", help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
@@ -366,7 +366,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from llm.cli import config_from_args
+    from tiltlab.llm.cli import config_from_args
 
     try:
         cfg = config_from_args(Stage2Config, args, section="stage2")

@@ -18,6 +18,9 @@ FlowRL / VarGrad), :mod:`~objectives.lad`, :mod:`~objectives.pg` (GRPO, GSPO, PP
 Only torch is imported: no LLM library is loaded by ``import objectives``.
 """
 
-from objectives import estimators, lad, metrics, offline, paced, pg, regressor, tb
+if __name__ != "tiltlab.objectives":  # imported by its bare folder name (the repo root is on sys.path)
+    raise ImportError(f"import this package as tiltlab.objectives, not as {__name__!r}")
+
+from tiltlab.objectives import estimators, lad, metrics, offline, paced, pg, regressor, tb
 
 __all__ = ["estimators", "tb", "lad", "pg", "offline", "paced", "regressor", "metrics"]

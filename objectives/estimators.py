@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from objectives._checks import as_tensor, broadcastable, no_nan, no_pos_inf, nonempty, positive
+from tiltlab.objectives._checks import as_tensor, broadcastable, no_nan, no_pos_inf, nonempty, positive
 
 __all__ = [
     "log_importance_weights",

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from objectives._checks import broadcastable, same_shape
+from tiltlab.objectives._checks import broadcastable, same_shape
 
 __all__ = ["Divergence", "F_DIVERGENCES", "get_divergence", "lad_loss", "lad_theoretical_loss", "lad_target_logprobs"]
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from objectives._checks import ndim, same_shape
-from objectives.estimators import log_partition_lse
+from tiltlab.objectives._checks import ndim, same_shape
+from tiltlab.objectives.estimators import log_partition_lse
 
 __all__ = [
     "offrl_loss",

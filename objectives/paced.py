@@ -13,7 +13,7 @@ from typing import Any, Generic, Iterable, TypeVar
 import torch
 from torch import Tensor
 
-from objectives._checks import as_tensor
+from tiltlab.objectives._checks import as_tensor
 
 __all__ = ["accuracy_from_log_z", "select_prompts", "replay_priority", "top_priority", "ReplayBuffer"]
 

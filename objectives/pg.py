@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from objectives._checks import ndim, nonempty, same_shape
+from tiltlab.objectives._checks import ndim, nonempty, same_shape
 
 __all__ = ["group_advantages", "masked_mean", "kl_k3", "grpo_loss", "gspo_loss", "ppo_kl_loss", "aggregate"]
 

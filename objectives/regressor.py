@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from objectives._checks import ndim
+from tiltlab.objectives._checks import ndim
 
 __all__ = ["PartitionRegressor", "FitResult", "fit_regressor", "r2_score"]
 

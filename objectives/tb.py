@@ -20,8 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from objectives._checks import as_tensor, broadcastable, ndim, same_shape
-from objectives.pg import group_advantages
+from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape
+from tiltlab.objectives.pg import group_advantages
 
 __all__ = [
     "sequence_logprob",

@@ -1,6 +1,9 @@
 """Every claim of the five papers as data, each tied to executable checks and a verdict."""
 
-from paper_checks.registry import (
+if __name__ != "tiltlab.paper_checks":  # imported by its bare folder name (the repo root is on sys.path)
+    raise ImportError(f"import this package as tiltlab.paper_checks, not as {__name__!r}")
+
+from tiltlab.paper_checks.registry import (
     Check,
     CheckResult,
     Claim,

@@ -84,7 +84,7 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
     """Claims and check modules of another project (``tiltlab check --claims DIR --module NAME``)."""
     import importlib
 
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     registry.discover()
     for d in claim_dirs:
@@ -96,7 +96,7 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
 
 
 def _select(args_only: str | None, layer: str | None, name: str | None, include_slow: bool):
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     registry.discover()
     registry.validate()
@@ -120,7 +120,7 @@ def _one_thread() -> None:
 
 def _run_key(key: str, seed: int):
     """Worker side of :func:`_run`: run one check of the (forked) registry; picklable result."""
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     out = registry.run_one(registry._CHECKS[key], seed)
     return key, out.result, out.seconds, out.error
@@ -131,7 +131,7 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
     seeded on its own, so verdicts do not depend on where it runs). Outcomes keep ``chks`` order."""
     import multiprocessing as mp
 
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     if jobs > 1 and len(chks) > 1 and "fork" in mp.get_all_start_methods():
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -154,7 +154,7 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
 
 
 def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     have = {c.claim_id for c in registry.checks()}
     rows = []
@@ -173,7 +173,7 @@ def _record(outs, unchecked, seed: int, selection: dict[str, Any], seconds: floa
 
     counts = Counter(o.verdict for o in outs)
     counts.update({"unchecked": len(unchecked)} if unchecked else {})
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     return {
         "tiltlab": __version__,
@@ -216,8 +216,8 @@ def _print_failures(outs, seed: int, stream=None) -> None:
 
 def _table(outs, unchecked, stream=None) -> None:
     stream = stream or sys.stdout
-    from paper_checks.registry import get_claim
-    from paper_checks.report import paper_name
+    from tiltlab.paper_checks.registry import get_claim
+    from tiltlab.paper_checks.report import paper_name
 
     rows = []
     for o in outs:
@@ -295,11 +295,11 @@ def _report_check(args, outs, unchecked, rec, seconds) -> None:
 def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int):
     """One figure module -> ``(records, problems)``; never raises (runs in worker processes too)."""
     try:
-        from sim import figures as simfig
+        from tiltlab.sim import figures as simfig
 
         return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
     except ModuleNotFoundError as exc:
-        if exc.name == f"sim.figures.{mod_name}":
+        if exc.name == f"tiltlab.sim.figures.{mod_name}":
             return [], {fig_id: f"module sim.figures.{mod_name} is missing"}
         return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
     except Exception as exc:
@@ -309,9 +309,9 @@ def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int)
 
 def _figure_list():
     try:
-        from sim import figures as simfig
+        from tiltlab.sim import figures as simfig
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return None, {"sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
+        return None, {"tiltlab.sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
     return list(simfig.FIGURES), {}
 
 
@@ -378,7 +378,7 @@ def environment() -> dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         pass
     env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     env["check modules"] = ", ".join(
         f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m for m in registry.CHECK_MODULES)
@@ -386,8 +386,8 @@ def environment() -> dict[str, str]:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from paper_checks import registry
-    from paper_checks.report import ReportInput, write_report
+    from tiltlab.paper_checks import registry
+    from tiltlab.paper_checks.report import ReportInput, write_report
 
     t0 = time.perf_counter()
     out: Path = args.out

@@ -32,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from paper_checks.registry import CheckResult, Verdict, claims, get_claim, load_claims, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict, claims, get_claim, load_claims, register_check
 
 __all__ = [
     "CONFIG_DIR",
@@ -175,7 +175,7 @@ def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     try:
         import yaml  # noqa: F401  (the schema reads YAML; both come with the [llm] extra)
 
-        from llm.trainers.config import load_run_config
+        from tiltlab.llm.trainers.config import load_run_config
     except ImportError:
         return _NO_SCHEMA
     try:

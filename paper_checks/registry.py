@@ -49,7 +49,7 @@ CLAIMS_DIR = Path(__file__).with_name("claims")
 
 #: Modules imported by :func:`discover`; each registers its checks at import time.
 #: A module that does not exist yet (layer not written / extra not installed) is skipped.
-CHECK_MODULES: tuple[str, ...] = ("theory.checks", "sim.checks", "llm.checks", "paper_checks.data_checks")
+CHECK_MODULES: tuple[str, ...] = ("tiltlab.theory.checks", "tiltlab.sim.checks", "tiltlab.llm.checks", "tiltlab.paper_checks.data_checks")
 
 
 class Verdict(str, enum.Enum):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from paper_checks.registry import Claim, Outcome
+from tiltlab.paper_checks.registry import Claim, Outcome
 
 __all__ = ["PAPERS", "VERDICT_ORDER", "ReportInput", "claim_rows", "render_markdown", "render_html", "write_report"]
 
@@ -111,7 +111,7 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
 
 def _no_outcome_note(claim_id: str) -> str:
     """Why a claim has no outcome in this run: no check at all, or only slow checks (skipped)."""
-    from paper_checks import registry
+    from tiltlab.paper_checks import registry
 
     if any(c.claim_id == claim_id for c in registry.checks()):
         return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."

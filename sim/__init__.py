@@ -10,12 +10,16 @@ Entry points: :func:`sim.run` with :class:`sim.api.SimConfig` (script), ``tiltla
 
 from __future__ import annotations
 
+if __name__ != "tiltlab.sim":  # imported by its bare folder name (the repo root is on sys.path)
+    raise ImportError(f"import this package as tiltlab.sim, not as {__name__!r}")
+
+
 __all__ = ["run", "SimConfig", "RunResult"]
 
 
 def __getattr__(name: str):  # lazy: importing sim must not import torch-heavy modules eagerly
     if name in __all__:
-        from sim import api
+        from tiltlab.sim import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'sim' has no attribute {name!r}")

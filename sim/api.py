@@ -2,7 +2,7 @@
 
 Example::
 
-    import sim
+    from tiltlab import sim
     res = sim.run(sim.SimConfig(env="multiprompt", method="tb", log_z="frozen", steps=300))
     print(res.history["tv"][-1])
 
@@ -247,7 +247,7 @@ class RunResult:
 
 def make_env(cfg: SimConfig):
     """Build the environment a config names."""
-    from sim import envs
+    from tiltlab.sim import envs
 
     if cfg.env == "multiprompt":
         return envs.make_multiprompt(P=cfg.P, K=cfg.K, seed=cfg.env_seed, p_min=cfg.p_min, p_max=cfg.p_max)
@@ -262,7 +262,7 @@ def make_env(cfg: SimConfig):
 
 def run(cfg: SimConfig, env=None) -> RunResult:
     """Run one experiment (``env`` overrides the config's environment)."""
-    from sim.train import train
+    from tiltlab.sim.train import train
 
     cfg.validate()
     return train(cfg, make_env(cfg) if env is None else env)

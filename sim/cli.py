@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    from sim.api import SimConfig
+    from tiltlab.sim.api import SimConfig
 
     docs = SimConfig.field_docs()
     for f in fields(SimConfig):
@@ -25,7 +25,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from sim.api import SimConfig, run
+    from tiltlab.sim.api import SimConfig, run
 
     cfg = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})
     try:
@@ -48,7 +48,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
-    from sim.figures import FIGURES, make_all
+    from tiltlab.sim.figures import FIGURES, make_all
 
     if args.only:
         known = [fid for fid, _ in FIGURES]

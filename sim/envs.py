@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sim import proposals
+from tiltlab.sim import proposals
 
 __all__ = ["BanditEnv", "make_bandit", "make_lad_bandit", "make_multiprompt", "make_two_outcome", "gather"]
 

@@ -100,7 +100,7 @@ def exact_label_moments(values: Tensor, prob: Tensor) -> tuple[float, float]:
 
 def mc_log_weights(logq: Tensor, log_w: Tensor, m: int, reps: int, generator: torch.Generator | None = None) -> Tensor:
     """Monte-Carlo M-samples of log-weights: ``[..., reps, M]`` from ``q [..., K]`` (i.i.d., with replacement)."""
-    from sim.proposals import sample
+    from tiltlab.sim.proposals import sample
 
     idx = sample(logq, int(reps) * int(m), generator=generator)  # [..., reps*M]
     lw = torch.gather(log_w, -1, idx)

@@ -33,15 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-from objectives import estimators as est
-from objectives import lad as lad_obj
-from objectives import offline as off_obj
-from objectives import paced as paced_obj
-from objectives import pg as pg_obj
-from objectives import tb as tb_obj
-from sim import proposals
-from sim.api import RunResult, SimConfig
-from sim.envs import BanditEnv, gather
+from tiltlab.objectives import estimators as est
+from tiltlab.objectives import lad as lad_obj
+from tiltlab.objectives import offline as off_obj
+from tiltlab.objectives import paced as paced_obj
+from tiltlab.objectives import pg as pg_obj
+from tiltlab.objectives import tb as tb_obj
+from tiltlab.sim import proposals
+from tiltlab.sim.api import RunResult, SimConfig
+from tiltlab.sim.envs import BanditEnv, gather
 
 OFFLINE = ("offrl", "fpa", "dpo", "sft")
 

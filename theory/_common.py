@@ -7,7 +7,7 @@ from typing import Iterable
 
 import sympy as sp
 
-from paper_checks.registry import CheckResult, Verdict
+from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 __all__ = [
     "CheckResult",

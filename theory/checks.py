@@ -7,8 +7,8 @@ verdict it currently returns (a change makes ``tiltlab check`` fail loudly).
 
 from __future__ import annotations
 
-from paper_checks.registry import CheckResult, Verdict, register_check
-from theory import disa, fpa, lad, paced
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.theory import disa, fpa, lad, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY
 

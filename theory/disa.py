@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import sympy as sp
 
-from theory._common import CheckResult, is_zero, result, simplex
+from tiltlab.theory._common import CheckResult, is_zero, result, simplex
 
 __all__ = [
     "check_prop1_unbiased",

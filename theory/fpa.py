@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import sympy as sp
 
-from theory._common import CheckResult, Verdict, is_zero, result, simplex
+from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simplex
 
 __all__ = ["check_eq5", "check_dpo_bandit", "check_dpo_token_level", "check_simper", "check_apo_value"]
 

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import sympy as sp
 
-from theory._common import CheckResult, Verdict, is_zero, result, simplex
+from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simplex
 
 __all__ = [
     "F_DIVERGENCES",

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import sympy as sp
 
-from theory._common import CheckResult, is_zero, result, simplex
+from tiltlab.theory._common import CheckResult, is_zero, result, simplex
 
 __all__ = ["check_prop41", "check_prop41_ab", "check_vargrad", "check_estimator_bias"]
 

@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # Order = order in ``tiltlab --help``.
-_LAYERS = ("paper_checks.cli", "theory.cli", "sim.cli", "llm.cli")
+_LAYERS = ("tiltlab.paper_checks.cli", "tiltlab.theory.cli", "tiltlab.sim.cli", "tiltlab.llm.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ def _reward(name: str):
     if ":" in name:
         mod, _, fn = name.partition(":")
         return getattr(importlib.import_module(mod), fn)
-    from llm import rewards
+    from tiltlab.llm import rewards
 
     table = {"math": "math_reward", "code": "code_reward", "auto": "verifiable_reward"}
     if name not in table:
@@ -43,13 +43,13 @@ def _disa_predictor(cfg):
     man = None
     s1 = cfg.disa.get("stage1_dir")
     if s1:
-        from llm.stage1 import read_manifest
+        from tiltlab.llm.stage1 import read_manifest
 
         man = read_manifest(s1)
     s2 = cfg.disa.get("stage2_dir")
     if not s2:
         raise ValueError("objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)")
-    from llm.stage2 import load_log_z_predictor
+    from tiltlab.llm.stage2 import load_log_z_predictor
 
     log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
     return log_z_fn, man
@@ -59,8 +59,8 @@ def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
     from datasets import Dataset
 
-    from llm.data import load_prompts
-    from llm.models import load_model, load_tokenizer
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.models import load_model, load_tokenizer
 
     if cfg.objective == "none":
         raise ValueError("objective 'none' has nothing to train (use `tiltlab llm eval`)")
@@ -68,7 +68,7 @@ def build_trainer(cfg):
         raise ValueError("the config names no dataset")
     kw = cfg.trainer_kwargs()
     if cfg.kind == "online":
-        from llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+        from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
         rows = load_prompts(cfg.dataset)
         ds = Dataset.from_list([{**{k: v for k, v in r.items() if k != "prompt"},
@@ -80,8 +80,8 @@ def build_trainer(cfg):
             log_z_fn, man = _disa_predictor(cfg)
         return TiltGRPOTrainer(model=cfg.model, reward_funcs=_reward(cfg.reward), args=args, train_dataset=ds,
                                processing_class=load_tokenizer(cfg.model), log_z_fn=log_z_fn, log_z_manifest=man)
-    from llm.data import read_table
-    from llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+    from tiltlab.llm.data import read_table
+    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
 
     args = OfflineConfig(**kw)
     rows = prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1)
@@ -96,7 +96,7 @@ def main(args) -> int:
     import dataclasses
     import json
 
-    from llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.config import load_run_config
 
     cfg = load_run_config(args.config, args.overrides)
     if args.dry_run:

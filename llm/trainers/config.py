@@ -171,16 +171,16 @@ class RunConfig:
     def validate_trainer_args(self) -> None:
         """Check ``trl`` and the sections against the trainer config's fields (no model is loaded)."""
         if self.kind == "online":
-            from llm.trainers.online import TiltGRPOConfig as cls
+            from tiltlab.llm.trainers.online import TiltGRPOConfig as cls
         else:
-            from llm.trainers.offline import OfflineConfig as cls
+            from tiltlab.llm.trainers.offline import OfflineConfig as cls
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(self.trainer_kwargs()) - names)
         if unknown:
             raise ValueError(f"unknown {cls.__name__} fields in trl/sections: {unknown}")
         if self.stage1:
             try:
-                from llm.stage1 import Stage1Config
+                from tiltlab.llm.stage1 import Stage1Config
             except ImportError:  # pragma: no cover - stage1 ships with llm/
                 return
             s1 = {f.name for f in dataclasses.fields(Stage1Config)}
@@ -188,7 +188,7 @@ class RunConfig:
             if bad:
                 raise ValueError(f"stage1: unknown Stage1Config fields {bad}")
         if self.stage2:
-            from llm.stage2 import Stage2Config
+            from tiltlab.llm.stage2 import Stage2Config
 
             bad = sorted(set(self.stage2) - {f.name for f in dataclasses.fields(Stage2Config)})
             if bad:

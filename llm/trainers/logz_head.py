@@ -101,7 +101,7 @@ def prompt_log_z(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, deta
     ``detach_input=True`` stops the gradient of the log Z loss from reaching the backbone (only
     the head learns from it); FlowRL's code leaves it attached (the default).
     """
-    from llm.scoring import hidden_states
+    from tiltlab.llm.scoring import hidden_states
 
     head = get_log_z_head(model)
     ctx = torch.no_grad() if detach_input else torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 from transformers import Trainer, TrainingArguments
 
-from objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
-from objectives.offline import (
+from tiltlab.objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
+from tiltlab.objectives.offline import (
     apo_loss,
     apo_value,
     dpo_loss,
@@ -48,7 +48,7 @@ from objectives.offline import (
     sft_loss,
     simper_loss,
 )
-from objectives.tb import sequence_logprob
+from tiltlab.objectives.tb import sequence_logprob
 
 __all__ = ["OFFLINE_OBJECTIVES", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows", "OfflineCollator"]
 
@@ -143,7 +143,7 @@ class OfflineCollator:
         return ids
 
     def _pack(self, prompts: list[str], completions: list[str]) -> dict[str, Tensor]:
-        from llm.scoring import build_batch
+        from tiltlab.llm.scoring import build_batch
 
         p_ids, c_ids = [], []
         for p, c in zip(prompts, completions):
@@ -176,7 +176,7 @@ def _final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
 
 
 def _head(model):
-    from llm.scoring import body_and_head
+    from tiltlab.llm.scoring import body_and_head
 
     return body_and_head(model)[1:]
 

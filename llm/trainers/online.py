@@ -56,11 +56,11 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from objectives.estimators import pass_rate_from_log_z
-from objectives.lad import F_DIVERGENCES, lad_loss
-from objectives.paced import ReplayBuffer, accuracy_from_log_z, replay_priority, select_prompts
-from objectives.pg import group_advantages, grpo_loss, gspo_loss, kl_k3, masked_mean
-from objectives.tb import (
+from tiltlab.objectives.estimators import pass_rate_from_log_z
+from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
+from tiltlab.objectives.paced import ReplayBuffer, accuracy_from_log_z, replay_priority, select_prompts
+from tiltlab.objectives.pg import group_advantages, grpo_loss, gspo_loss, kl_k3, masked_mean
+from tiltlab.objectives.tb import (
     disa_loss,
     flowrl_loss,
     sequence_logprob,
@@ -262,7 +262,7 @@ class TiltGRPOTrainer(GRPOTrainer):
             args.beta = 1.0
         if obj in _LEARNED_Z:
             if isinstance(model, str):
-                from llm.models import load_model
+                from tiltlab.llm.models import load_model
 
                 model = load_model(model, device="cpu")
             attach_log_z_head(model, args.log_z_hidden, args.log_z_layers, args.log_z_dropout)
@@ -367,7 +367,7 @@ class TiltGRPOTrainer(GRPOTrainer):
         return [cand[i] for i in chosen for _ in range(g)]
 
     def _prompt_tensors(self, prompts: list) -> tuple[Tensor, Tensor]:
-        from llm.scoring import build_batch
+        from tiltlab.llm.scoring import build_batch
 
         ids_list = self._tokenize_prompts(prompts)[0]
         dev = self.accelerator.device

@@ -13,17 +13,17 @@ import math
 
 import torch
 
-from objectives.estimators import (
+from tiltlab.objectives.estimators import (
     delta_method_bias,
     log_importance_weights,
     log_partition_geomean,
     log_partition_lse,
 )
-from objectives.tb import tb_residual
-from paper_checks.registry import CheckResult, Verdict, register_check
-from sim.exact import label_samples_exact, log_partition, mc_log_weights, relative_weight_variance, target_logprobs
-from sim.proposals import tilted_proposal
-from sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
+from tiltlab.objectives.tb import tb_residual
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.sim.exact import label_samples_exact, log_partition, mc_log_weights, relative_weight_variance, target_logprobs
+from tiltlab.sim.proposals import tilted_proposal
+from tiltlab.sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
 
 F64 = torch.float64
 M_GRID = (1, 2, 4, 8, 16, 32, 64)
@@ -411,7 +411,7 @@ def d3_m_study(seed: int) -> CheckResult:
     than half the slope before) or follow one power law."""
     import numpy as np
 
-    from sim.figures.fig02_m_study import m_study, summarize
+    from tiltlab.sim.figures.fig02_m_study import m_study, summarize
 
     res = m_study(P=12, pool=512, reps=400, seed=seed)
     s = summarize(res)
@@ -445,7 +445,7 @@ def sens_proposal(seed: int) -> CheckResult:
     for every alpha, Var(log Z_hat_8) increases as the proposal weakens (alpha decreases)."""
     import numpy as np
 
-    from sim.figures.fig04_proposal_strength import tilt_label_stats
+    from tiltlab.sim.figures.fig04_proposal_strength import tilt_label_stats
 
     st = tilt_label_stats(8, seed)
     dev = float(np.abs(st["mean_ratio"] - 1).max())
@@ -467,7 +467,7 @@ def open_truncated_proposal(seed: int) -> CheckResult:
     """Token-level top-k / top-p teachers on 8 token-tree prompts: MC E[Z_hat_8]/Z against pi*(supp q)."""
     import numpy as np
 
-    from sim.figures.fig04_proposal_strength import truncation_stats
+    from tiltlab.sim.figures.fig04_proposal_strength import truncation_stats
 
     st = truncation_stats(8, seed, reps=1500)
     # single-sequence supports have zero MC spread: 1e-12 is float64 rounding of Z_hat / Z
@@ -495,7 +495,7 @@ def sens_beta_cliff(seed: int) -> CheckResult:
     the frozen label vs exact log Z (``sim.run``, 4 optimizer steps per batch) at beta = 0.25, 1, 16."""
     import numpy as np
 
-    from sim.figures.fig03_beta_sensitivity import label_vs_beta, training_vs_beta
+    from tiltlab.sim.figures.fig03_beta_sensitivity import label_vs_beta, training_vs_beta
 
     lab = label_vs_beta(8, seed, betas=(0.25, 1.0, 4.0, 16.0), reps=200)
     tr = training_vs_beta(True, seed, betas=(0.25, 1.0, 16.0))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from objectives.offline import dpo_loss, future_policy_logprobs
-from paper_checks.registry import CheckResult, Verdict, register_check
-from sim.token_tree import TokenTree
+from tiltlab.objectives.offline import dpo_loss, future_policy_logprobs
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.sim.token_tree import TokenTree
 
 F64 = torch.float64
 
@@ -113,7 +113,7 @@ def dpo_token_level(seed: int) -> CheckResult:
 @register_check("fpa.entanglement", layer="sim", expected=Verdict.PARTLY)
 def entanglement(seed: int) -> CheckResult:
     """Token-tree offline RL (fig09 setup, 4 seeds, 120 SGD steps): the four parts of the claim."""
-    from sim.figures.fig09_fpa_entanglement import EntanglementConfig, run_all, summarize
+    from tiltlab.sim.figures.fig09_fpa_entanglement import EntanglementConfig, run_all, summarize
 
     cfg = EntanglementConfig(seeds=4, steps=120, eval_every=30)
     summ = summarize(run_all(cfg, seed, lambdas=(1.0, 2.0, 10.0)))

@@ -17,12 +17,12 @@ import math
 
 import torch
 
-from objectives import estimators as est
-from objectives import paced as paced_obj
-from paper_checks.registry import CheckResult, Verdict, register_check
-from sim import envs
-from sim.api import SimConfig
-from sim.train import train
+from tiltlab.objectives import estimators as est
+from tiltlab.objectives import paced as paced_obj
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.sim import envs
+from tiltlab.sim.api import SimConfig
+from tiltlab.sim.train import train
 
 V = Verdict
 

@@ -12,13 +12,13 @@ import math
 import numpy as np
 import torch
 
-from objectives import lad as lad_obj
-from objectives import paced as paced_obj
-from objectives import tb as tb_obj
-from paper_checks.registry import CheckResult, Verdict, register_check
-from sim import envs
-from sim.api import SimConfig
-from sim.train import gradient_at, kl_divergence, train, tv_distance
+from tiltlab.objectives import lad as lad_obj
+from tiltlab.objectives import paced as paced_obj
+from tiltlab.objectives import tb as tb_obj
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.sim import envs
+from tiltlab.sim.api import SimConfig
+from tiltlab.sim.train import gradient_at, kl_divergence, train, tv_distance
 
 V = Verdict
 
@@ -253,7 +253,7 @@ def lad_fig1(seed: int) -> CheckResult:
 @register_check("lad.strict_better", layer="sim", expected=V.REFUTED, name="bandit_final_distance", slow=True)
 def lad_strict_better(seed: int) -> CheckResult:
     """Final TV(P_pi, P_A) per divergence on the LAD bandit: exact-gradient (one phase) and sampled (Fig. 1 settings)."""
-    from sim.figures.fig10_lad_divergences import divergence_sweep
+    from tiltlab.sim.figures.fig10_lad_divergences import divergence_sweep
 
     ex = divergence_sweep(1500, 1, seed, exact=True, refreshes=0, lr=2e-2)
     sa = divergence_sweep(4000, 2, seed, exact=False, refreshes=2)
@@ -277,7 +277,7 @@ def lad_strict_better(seed: int) -> CheckResult:
 @register_check("lad.thmB1", layer="sim", expected=V.VERIFIED, name="gap_order")
 def lad_thm_b1(seed: int) -> CheckResult:
     """Exact |L_theorem - L_LAD| against gamma + delta; fitted log-log order per divergence (>= 1 means O(gamma + delta))."""
-    from sim.figures.fig10_lad_divergences import surrogate_gap
+    from tiltlab.sim.figures.fig10_lad_divergences import surrogate_gap
 
     gap = surrogate_gap(np.logspace(-4, -1, 8), seed=seed)
     order = gap["order"]
@@ -294,7 +294,7 @@ def lad_thm_b1(seed: int) -> CheckResult:
 @register_check("paced.tau_sweep", layer="sim", expected=V.REFUTED, name="toy_proxy")
 def paced_tau_sweep(seed: int) -> CheckResult:
     """Toy proxy of PACED Fig. 4: PACED (DISA-initialised log Z) on 64 tabular prompts, tau in {0.1..0.9}."""
-    from sim.figures.fig08_paced import TAUS, tau_sweep
+    from tiltlab.sim.figures.fig08_paced import TAUS, tau_sweep
 
     sw = tau_sweep(quick=True, seed=seed, steps=150, seeds=4)
     final = {t: sw[str(t)]["final_acc"] for t in TAUS}

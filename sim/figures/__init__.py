@@ -74,7 +74,7 @@ def make_all(
             continue
         if progress is not None:
             progress(fig_id)
-        mod = importlib.import_module(f"sim.figures.{mod_name}")
+        mod = importlib.import_module(f"tiltlab.sim.figures.{mod_name}")
         t0 = time.perf_counter()
         rec = mod.make(out_dir, quick=quick, seed=seed)
         rec.seconds = time.perf_counter() - t0

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sim.api import SimConfig, make_env
-from sim.figures import FigureRecord
-from sim.figures._common_a import plt, save
-from sim.train import train, tv_distance
+from tiltlab.sim.api import SimConfig, make_env
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.train import train, tv_distance
 
 FIG_ID = "fig01_lad_bandit"
 

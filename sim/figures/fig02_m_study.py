@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from objectives.estimators import log_importance_weights, log_partition_geomean, log_partition_lse
-from sim.exact import log_partition
-from sim.figures import FigureRecord
-from sim.proposals import sample
-from sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
+from tiltlab.objectives.estimators import log_importance_weights, log_partition_geomean, log_partition_lse
+from tiltlab.sim.exact import log_partition
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.proposals import sample
+from tiltlab.sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
 
 FIG_ID = "fig02_m_study"
 M_VALUES = (1, 2, 4, 8, 16, 32, 64)
@@ -110,7 +110,7 @@ def summarize(res: dict) -> dict:
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     res = m_study(P=12 if quick else 36, pool=512, reps=100 if quick else 300, seed=seed)
     s = summarize(res)

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from objectives.estimators import (
+from tiltlab.objectives.estimators import (
     effective_sample_size,
     log_importance_weights,
     log_partition_lse,
     max_normalized_weight,
 )
-from sim.exact import log_partition, mc_log_weights
-from sim.figures import FigureRecord
-from sim.figures.fig02_m_study import token_tree_prompts
+from tiltlab.sim.exact import log_partition, mc_log_weights
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures.fig02_m_study import token_tree_prompts
 
 FIG_ID = "fig03_beta_sensitivity"
 BETAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -55,7 +55,7 @@ def label_vs_beta(P: int, seed: int, betas=BETAS, m: int = 8, reps: int = 1000) 
 
 def training_vs_beta(quick: bool, seed: int, betas=None) -> dict:
     """Final TV to pi*_beta of TB with DISA's frozen label (q = pi_ref, M = 8) vs exact log Z (``sim.run``)."""
-    from sim.api import SimConfig, run
+    from tiltlab.sim.api import SimConfig, run
 
     betas = betas or ((0.25, 1.0, 4.0, 16.0) if quick else (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0))
     base = dict(env="multiprompt", P=8 if quick else 16, K=16, method="tb", frozen_proposal="ref", frozen_M=8,
@@ -79,7 +79,7 @@ def training_vs_beta(quick: bool, seed: int, betas=None) -> dict:
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     lab = label_vs_beta(8 if quick else 24, seed, reps=300 if quick else 1000)
     tr = training_vs_beta(quick, seed)

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from objectives.estimators import log_importance_weights, log_partition_lse
-from sim.exact import label_samples_exact, log_partition, mc_log_weights, target_logprobs
-from sim.figures import FigureRecord
-from sim.figures.fig02_m_study import token_tree_prompts
-from sim.proposals import support_mass, tilted_proposal, top_k_proposal, top_p_proposal
-from sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
+from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
+from tiltlab.sim.exact import label_samples_exact, log_partition, mc_log_weights, target_logprobs
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures.fig02_m_study import token_tree_prompts
+from tiltlab.sim.proposals import support_mass, tilted_proposal, top_k_proposal, top_p_proposal
+from tiltlab.sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
 
 FIG_ID = "fig04_proposal_strength"
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -125,7 +125,7 @@ PROPOSALS = (("π_ref", {"frozen_proposal": "ref"}), ("tilt α=0.25", {"frozen_p
 
 def trained_policy_effect(quick: bool, seed: int, proposals=PROPOSALS) -> dict:
     """Final TV(pi, pi*) of TB with the frozen label of each proposal (``sim.run``), inner steps 1 and 4."""
-    from sim.api import SimConfig, run
+    from tiltlab.sim.api import SimConfig, run
 
     base = dict(env="multiprompt", P=8 if quick else 16, K=16, method="tb", log_z="frozen", beta=2.0,
                 steps=60 if quick else 150, G=8, seeds=2 if quick else 4, seed=seed, log_every=10)
@@ -144,7 +144,7 @@ def trained_policy_effect(quick: bool, seed: int, proposals=PROPOSALS) -> dict:
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     P = 8 if quick else 24
     tilt = tilt_label_stats(P, seed)

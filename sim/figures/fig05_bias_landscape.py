@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sim.checks.estimators import biased_loss, simplex_min, two_outcome_loss
-from sim.figures import FigureRecord
+from tiltlab.sim.checks.estimators import biased_loss, simplex_min, two_outcome_loss
+from tiltlab.sim.figures import FigureRecord
 
 FIG_ID = "fig05_bias_landscape"
 F64 = torch.float64
@@ -41,7 +41,7 @@ def numeric_thresholds(n: int, k: int, n_b: int, seed: int, steps: int = 250):
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     p = torch.linspace(0, 1, 2001, dtype=F64)
     p_star = math.e / (math.e + 1)

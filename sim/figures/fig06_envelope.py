@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sim.checks.estimators import envelope_instances
-from sim.figures import FigureRecord
+from tiltlab.sim.checks.estimators import envelope_instances
+from tiltlab.sim.figures import FigureRecord
 
 FIG_ID = "fig06_envelope"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     g = torch.Generator().manual_seed(seed)
     n = 1500 if quick else 6000

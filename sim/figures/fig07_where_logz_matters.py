@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.api import SimConfig, make_env
-from sim.figures import FigureRecord
-from sim.figures._common_a import plt, save
-from sim.train import train
+from tiltlab.sim.api import SimConfig, make_env
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.train import train
 
 FIG_ID = "fig07_where_logz_matters"
 MODES = {"exact": "exact log Z", "frozen": "DISA frozen (IS, M=8)", "learned": "learned (FlowRL)", "vargrad": "VarGrad (batch)", "zero": "log Z = 0"}

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.api import SimConfig, make_env
-from sim.figures import FigureRecord
-from sim.figures._common_a import plt, save
-from sim.train import train
+from tiltlab.sim.api import SimConfig, make_env
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.train import train
 
 FIG_ID = "fig08_paced"
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)

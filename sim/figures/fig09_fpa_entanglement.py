@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from objectives.offline import fpa_loss, future_policy_logprobs, offrl_loss
-from sim.figures import FigureRecord
-from sim.token_tree import TokenTree, offline_dataset
+from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs, offrl_loss
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.token_tree import TokenTree, offline_dataset
 
 FIG_ID = "fig09_fpa_entanglement"
 LAMBDAS = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -156,7 +156,7 @@ def summarize(runs: dict[str, dict]) -> dict:
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save
 
     cfg = EntanglementConfig(seeds=3 if quick else 8, steps=150 if quick else 400, eval_every=15 if quick else 20)
     cfg_adam = EntanglementConfig(seeds=cfg.seeds, steps=cfg.steps, optimizer="adam", lr=0.05, eval_every=cfg.eval_every)

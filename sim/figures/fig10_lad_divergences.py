@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from objectives.lad import F_DIVERGENCES, lad_loss, lad_theoretical_loss
-from sim.api import SimConfig, make_env
-from sim.figures import FigureRecord
-from sim.figures._common_a import plt, save
-from sim.train import train, tv_distance
+from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss, lad_theoretical_loss
+from tiltlab.sim.api import SimConfig, make_env
+from tiltlab.sim.figures import FigureRecord
+from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.train import train, tv_distance
 
 FIG_ID = "fig10_lad_divergences"
 DIVS = ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")

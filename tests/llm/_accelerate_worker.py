@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from llm.models import load_model, load_tokenizer
-from llm.tasks import arithmetic_tasks
-from llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.models import load_model, load_tokenizer
+from tiltlab.llm.tasks import arithmetic_tasks
+from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
 
 def reward(prompts, completions, completion_ids, **kw):

@@ -23,7 +23,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     pytest.importorskip("transformers")
-    from llm.models import build_tiny
+    from tiltlab.llm.models import build_tiny
 
     out = tmp_path_factory.mktemp("tiny_qwen3")
     build_tiny(out_dir=out, seed=0)
@@ -32,27 +32,27 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
-    from llm.models import load_model
+    from tiltlab.llm.models import load_model
 
     return load_model(tiny_dir, device="cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_dir):
-    from llm.models import load_tokenizer
+    from tiltlab.llm.models import load_tokenizer
 
     return load_tokenizer(tiny_dir)
 
 
 @pytest.fixture(scope="session")
 def math_rows():
-    from llm.tasks import arithmetic_tasks
+    from tiltlab.llm.tasks import arithmetic_tasks
 
     return arithmetic_tasks(12, seed=0)
 
 
 @pytest.fixture(scope="session")
 def code_rows():
-    from llm.tasks import function_tasks
+    from tiltlab.llm.tasks import function_tasks
 
     return function_tasks(5, seed=0)

@@ -7,10 +7,10 @@ import zlib
 
 import pytest
 
-from llm.data import (BENCHMARKS, as_chat, benchmark_path, load_benchmark, load_prompts, normalize_rows, read_table,
+from tiltlab.llm.data import (BENCHMARKS, as_chat, benchmark_path, load_benchmark, load_prompts, normalize_rows, read_table,
                       save_prompts)
-from llm.rewards import code_reward, math_reward
-from llm.tasks import MAX_DIFFICULTY, _eval_int_expr, arithmetic_tasks, function_tasks, mixed_tasks, synthetic_corpus
+from tiltlab.llm.rewards import code_reward, math_reward
+from tiltlab.llm.tasks import MAX_DIFFICULTY, _eval_int_expr, arithmetic_tasks, function_tasks, mixed_tasks, synthetic_corpus
 
 ROWS = [{"id": "a", "prompt": "1+1?", "answer": "2"}, {"id": "b", "prompt": "2+2?", "answer": "4"}]
 
@@ -133,7 +133,7 @@ def test_synthetic_specs_and_chat():
 
 def test_hf_dataset():
     pytest.importorskip("datasets")
-    from llm.data import to_hf_dataset
+    from tiltlab.llm.data import to_hf_dataset
 
     ds = to_hf_dataset(ROWS)
     assert ds.column_names == ["id", "prompt", "answer"] and len(ds) == 2

@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 
 
 def test_demo_quick(tmp_path):
-    from llm.demo import DemoConfig, run_demo
+    from tiltlab.llm.demo import DemoConfig, run_demo
 
     t = time.perf_counter()
     res = run_demo(DemoConfig.quick(out_dir=str(tmp_path / "demo"), seed=0), progress=False)

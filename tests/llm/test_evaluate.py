@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llm.evaluate import (DISA_D5_JUDGE_TEXT, JUDGE_SYSTEM_PROMPT, JUDGE_USER_TEMPLATE, EvalConfig, JudgeConfig,
+from tiltlab.llm.evaluate import (DISA_D5_JUDGE_TEXT, JUDGE_SYSTEM_PROMPT, JUDGE_USER_TEMPLATE, EvalConfig, JudgeConfig,
                           evaluate, format_judge_messages, judge_diversity, parse_judge_score, results_table,
                           save_results)
 
@@ -76,13 +76,13 @@ def test_errors():
 
 
 def test_code_dataset_and_save(tmp_path):
-    from llm.tasks import function_tasks
+    from tiltlab.llm.tasks import function_tasks
 
     rows = function_tasks(2)
     table = {rows[0]["prompt"]: [f"```python\n{rows[0]['solution']}```", "def f(x):\n    return 0"],
              rows[1]["prompt"]: ["while True:\n    pass", f"```python\n{rows[1]['solution']}```"]}
-    from llm.rewards import make_code_reward
-    from llm.sandbox import SandboxConfig
+    from tiltlab.llm.rewards import make_code_reward
+    from tiltlab.llm.sandbox import SandboxConfig
 
     fn = make_code_reward(SandboxConfig(timeout_s=2.0))
     res = evaluate(ListEngine(table), {"code": rows}, k=2, pass_ks=[1, 2], chat_template=False, reward_fn=fn,
@@ -98,8 +98,8 @@ def test_code_dataset_and_save(tmp_path):
 
 def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
     pytest.importorskip("transformers")
-    from llm.evaluate import run_eval
-    from llm.rollout import HFEngine
+    from tiltlab.llm.evaluate import run_eval
+    from tiltlab.llm.rollout import HFEngine
 
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=16)
     cfg = EvalConfig(model="tiny", datasets=["synthetic:math:3", "synthetic:code:2"], k=4, pass_ks=[1, 4],

@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from llm.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype  # noqa: E402
+from tiltlab.llm.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype  # noqa: E402
 
 
 def _same_state(a, b):
@@ -100,7 +100,7 @@ def test_bpe_deterministic_across_processes():
     import subprocess
     import sys
 
-    from llm.models import train_bpe
+    from tiltlab.llm.models import train_bpe
 
     code = "from llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from llm.trainers.offline import (  # noqa: E402
+from tiltlab.llm.trainers.offline import (  # noqa: E402
     OFFLINE_OBJECTIVES,
     OfflineCollator,
     OfflineConfig,
@@ -30,7 +30,7 @@ def offline_rows(math_rows):
 def _trainer(tiny_dir, tmp_path, rows, objective, **kw):
     from datasets import Dataset
 
-    from llm.models import load_model, load_tokenizer
+    from tiltlab.llm.models import load_model, load_tokenizer
 
     args = OfflineConfig(output_dir=str(tmp_path / objective), objective=objective, per_device_train_batch_size=4,
                          max_steps=2, learning_rate=1e-2, report_to="none", use_cpu=True, logging_steps=1,

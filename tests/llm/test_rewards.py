@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from llm.rewards import (code_program, code_reward, extract_boxed, extract_code, make_code_reward, math_equal,
+from tiltlab.llm.rewards import (code_program, code_reward, extract_boxed, extract_code, make_code_reward, math_equal,
                          math_reward, verifiable_reward)
-from llm.tasks import arithmetic_tasks, function_tasks
+from tiltlab.llm.tasks import arithmetic_tasks, function_tasks
 
 
 def test_extract_boxed_last_and_nested():

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from llm.rollout import HFEngine, SamplingConfig, VLLMEngine, processed_logprobs  # noqa: E402
+from tiltlab.llm.rollout import HFEngine, SamplingConfig, VLLMEngine, processed_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.llm
 

@@ -11,9 +11,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (rlimits, namespaces)", allow_module_level=True)
 
-from llm import sandbox  # noqa: E402
-from llm.rewards import code_reward  # noqa: E402
-from llm.sandbox import SandboxConfig, SandboxWarning, isolation_report, run_many, run_python  # noqa: E402
+from tiltlab.llm import sandbox  # noqa: E402
+from tiltlab.llm.rewards import code_reward  # noqa: E402
+from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report, run_many, run_python  # noqa: E402
 
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
     warnings.simplefilter("ignore", SandboxWarning)
@@ -186,7 +186,7 @@ def test_hostile_solutions_score_zero(tmp_path, listener):
 
 
 def sandbox_reward(comps, tests):
-    from llm.rewards import make_code_reward
+    from tiltlab.llm.rewards import make_code_reward
 
     fn = make_code_reward(SandboxConfig(timeout_s=2.0, memory_mb=256, max_output_bytes=1 << 16, max_file_mb=0.1))
     return fn(None, comps, tests=[tests] * len(comps))

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from llm.scoring import build_batch, score_completions, score_future_completions, token_logprobs_padded  # noqa: E402
+from tiltlab.llm.scoring import build_batch, score_completions, score_future_completions, token_logprobs_padded  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -84,7 +84,7 @@ def test_gradients_match_naive(tiny_model, tiny_tokenizer):
 
 
 def test_future_logprobs_match_naive(tiny_model, tiny_tokenizer):
-    from llm.models import build_tiny
+    from tiltlab.llm.models import build_tiny
 
     ref_model, _ = build_tiny(seed=1)
     pids, cids = _rows(tiny_tokenizer, n=4, seed=3)

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -76,7 +76,7 @@ def test_labels_converge_with_vllm_engine(peaked_dir, math_rows, tmp_path):
 def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
     from functools import partial
 
-    from llm.models import load_model, load_tokenizer
+    from tiltlab.llm.models import load_model, load_tokenizer
 
     model, tok = load_model(peaked_dir, device="cpu"), load_tokenizer(peaked_dir)
     beta, temp = 3.0, 0.7
@@ -113,7 +113,7 @@ def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
 
 def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
     """Stored labels are the objectives.estimators functions of the stored log-weights."""
-    from objectives import estimators as est
+    from tiltlab.objectives import estimators as est
 
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:2]]
     cfg = Stage1Config(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="inline", out_dir=str(tmp_path),
@@ -228,7 +228,7 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
 
 def test_cli_flags_map_to_config_fields():
     """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
-    from llm.cli import config_from_args, field_docs
+    from tiltlab.llm.cli import config_from_args, field_docs
     from tiltlab.cli import build_parser
 
     parser = build_parser()
@@ -241,7 +241,7 @@ def test_cli_flags_map_to_config_fields():
     assert cfg.temperature == 1.0 and cfg.engine == "hf"  # defaults come from the dataclass
     docs = field_docs(Stage1Config)
     assert set(docs) == {f for f in Stage1Config.__dataclass_fields__}  # every field documented
-    from llm.stage2 import Stage2Config
+    from tiltlab.llm.stage2 import Stage2Config
 
     sub = parser.parse_args(["llm", "stage2", "--labels", "l", "--out-dir", "o", "--no-chat-template"])
     s2 = config_from_args(Stage2Config, sub, section="stage2")
@@ -255,7 +255,7 @@ def test_distinct_proposal_logprobs_and_tokenizer_check(tiny_model, tiny_tokeniz
     """q != pi_ref: logp_proposal is q's (processed) log-prob and logp_ref is pi_ref's, by teacher forcing."""
     import copy
 
-    from llm.scoring import score_completions
+    from tiltlab.llm.scoring import score_completions
 
     q = copy.deepcopy(tiny_model)
     g = torch.Generator().manual_seed(0)

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from llm.stage1 import Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
-from llm.stage2 import (  # noqa: E402
+from tiltlab.llm.stage1 import Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.stage2 import (  # noqa: E402
     CONFIG_FILE,
     REGRESSOR_FILE,
     Stage2Config,
@@ -37,7 +37,7 @@ def easy_even_reward(prompts, completions, completion_ids=None, difficulty=None,
 
 @pytest.fixture(scope="module")
 def stage1_dir(tiny_dir, tmp_path_factory):
-    from llm.tasks import arithmetic_tasks
+    from tiltlab.llm.tasks import arithmetic_tasks
 
     rows = arithmetic_tasks(40, seed=3)
     out = tmp_path_factory.mktemp("s1")

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from llm.trainers.online import LabelMismatchError, TiltGRPOConfig, TiltGRPOTrainer, check_label_compat  # noqa: E402
+from tiltlab.llm.trainers.online import LabelMismatchError, TiltGRPOConfig, TiltGRPOTrainer, check_label_compat  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -33,7 +33,7 @@ def _dataset(math_rows, with_log_z=False):
 
 
 def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
-    from llm.models import load_model, load_tokenizer
+    from tiltlab.llm.models import load_model, load_tokenizer
 
     extra = dict(kw)
     if objective == "disa":
@@ -99,7 +99,7 @@ def _one_batch(tr):
 
 
 def test_flowrl_log_z_head_gets_gradient_and_disa_log_z_does_not(tiny_dir, tmp_path, math_rows):
-    from llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.trainers.logz_head import get_log_z_head
 
     tr = _trainer(tiny_dir, tmp_path, math_rows, "flowrl")
     head = get_log_z_head(tr.model)
@@ -155,7 +155,7 @@ def test_bad_objective_rejected(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_config_validates(path):
-    from llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.config import load_run_config
 
     cfg = load_run_config(path)
     assert cfg.model
@@ -167,7 +167,7 @@ def test_config_validates(path):
         if cfg.kind == "online":
             TiltGRPOConfig(**{**kw, "use_vllm": False})
         else:
-            from llm.trainers.offline import OfflineConfig
+            from tiltlab.llm.trainers.offline import OfflineConfig
 
             OfflineConfig(**kw)
 
@@ -184,7 +184,7 @@ def test_every_config_named_by_a_claim_exists():
 
 
 def test_overrides_and_beta_levels(tmp_path):
-    from llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.config import load_run_config
 
     cfg = load_run_config(CONFIGS / "disa_code_qwen2.5_7b.yaml", ["beta=high", "trl.learning_rate=2e-6"])
     assert cfg.tilt_beta == cfg.beta_levels["high"] and cfg.trainer_kwargs()["learning_rate"] == 2e-6
@@ -199,7 +199,7 @@ def test_every_claim_train_command_parses():
     import re
     import shlex
 
-    from llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.config import load_run_config
 
     claims = Path(__file__).resolve().parents[2] / "paper_checks" / "claims"
     cmds = set()

@@ -1,4 +1,4 @@
-"""objectives.estimators against loop references, plus the Stage-1 statistical properties."""
+"""tiltlab.objectives.estimators against loop references, plus the Stage-1 statistical properties."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objectives import estimators as E
+from tiltlab.objectives import estimators as E
 from tests.objectives._ref import ref_delta_bias, ref_ess, ref_geomean, ref_log_partition_lse
 
 # float64 vs a float64 loop reference: only summation order differs -> 1e-10 relative.

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from objectives.fused import (
+from tiltlab.objectives.fused import (
     fused_linear_entropy,
     fused_linear_future_logprobs,
     fused_linear_logprobs,
@@ -348,9 +348,9 @@ def test_never_materializes_full_logits():
 
 
 def test_matches_offline_future_policy_logprobs_if_present():
-    offline = pytest.importorskip("objectives.offline")
+    offline = pytest.importorskip("tiltlab.objectives.offline")
     if not hasattr(offline, "future_policy_logprobs"):
-        pytest.skip("objectives.offline.future_policy_logprobs not there yet")
+        pytest.skip("tiltlab.objectives.offline.future_policy_logprobs not there yet")
     B, T, h, v, lam = 2, 5, 6, 19, 1.0
     g = torch.Generator().manual_seed(91)
     ht, hr = torch.randn(B, T, h, generator=g, dtype=torch.float64), torch.randn(B, T, h, generator=g, dtype=torch.float64)
@@ -438,7 +438,7 @@ def test_cuda_matches_reference(dtype):
 
 def test_default_tiles_match_reference():
     """The default (CPU) tile sizes, with V and N larger than one tile and not multiples of it."""
-    from objectives.fused import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
+    from tiltlab.objectives.fused import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
 
     n, v = DEFAULT_TOKEN_CHUNK + 44, DEFAULT_VOCAB_CHUNK + 904
     hid, w, b, ids, up = make(n, 4, v, torch.float64, seed=111)

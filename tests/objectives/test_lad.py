@@ -1,4 +1,4 @@
-"""objectives.lad against loop references; the LAD optimum by direct minimization."""
+"""tiltlab.objectives.lad against loop references; the LAD optimum by direct minimization."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objectives import lad
+from tiltlab.objectives import lad
 from tests.objectives._ref import ref_divergence
 
 DIVS = sorted(lad.F_DIVERGENCES)

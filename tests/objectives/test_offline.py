@@ -1,4 +1,4 @@
-"""objectives.offline against loop references; FPA-paper identities (SimPER = Off-RL gradient,
+"""tiltlab.objectives.offline against loop references; FPA-paper identities (SimPER = Off-RL gradient,
 DPO with the bandit-normalized future policy = DPO with (1 + lambda) beta)."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from objectives import offline as O
+from tiltlab.objectives import offline as O
 from tests.objectives._ref import lse, ref_sigmoid
 
 

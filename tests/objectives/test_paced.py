@@ -1,12 +1,12 @@
-"""objectives.paced: Prop. 4.1 numerics, selection, replay."""
+"""tiltlab.objectives.paced: Prop. 4.1 numerics, selection, replay."""
 
 import math
 
 import pytest
 import torch
 
-from objectives import paced
-from objectives import tb
+from tiltlab.objectives import paced
+from tiltlab.objectives import tb
 
 
 def test_prop41_optimal_log_z_gives_accuracy_exactly_by_enumeration():

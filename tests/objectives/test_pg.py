@@ -1,11 +1,11 @@
-"""objectives.pg (GRPO, GSPO, PPO+KL) against loop references; padding invariance."""
+"""tiltlab.objectives.pg (GRPO, GSPO, PPO+KL) against loop references; padding invariance."""
 
 import math
 
 import pytest
 import torch
 
-from objectives import pg
+from tiltlab.objectives import pg
 
 
 def _batch(seed=0, B=4, T=5):

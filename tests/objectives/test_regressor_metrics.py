@@ -1,4 +1,4 @@
-"""objectives.regressor (Stage 2) and objectives.metrics."""
+"""tiltlab.objectives.regressor (Stage 2) and objectives.metrics."""
 
 import math
 from itertools import combinations
@@ -6,8 +6,8 @@ from itertools import combinations
 import pytest
 import torch
 
-from objectives.metrics import distinct_n, mean_at_k, pass_at_k
-from objectives.regressor import PartitionRegressor, fit_regressor, r2_score
+from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
+from tiltlab.objectives.regressor import PartitionRegressor, fit_regressor, r2_score
 
 
 def test_fit_recovers_a_smooth_function_and_reports_split_metrics():

@@ -1,4 +1,4 @@
-"""objectives.tb against loop references; TB identities (VarGrad, optimum = pi*, padding)."""
+"""tiltlab.objectives.tb against loop references; TB identities (VarGrad, optimum = pi*, padding)."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from objectives import tb
-from objectives.pg import group_advantages
+from tiltlab.objectives import tb
+from tiltlab.objectives.pg import group_advantages
 from tests.objectives._ref import ref_group_adv, ref_tb_residual
 
 G64 = torch.Generator().manual_seed(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paper_checks import registry
+from tiltlab.paper_checks import registry
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from paper_checks import data_checks as dc
-from paper_checks.registry import CheckResult, Verdict, run_one
+from tiltlab.paper_checks import data_checks as dc
+from tiltlab.paper_checks.registry import CheckResult, Verdict, run_one
 
 
 def test_halfwidth_reads_printed_precision():
@@ -107,7 +107,7 @@ def test_command_problems_parses_and_validates(tmp_path: Path):
 
 
 def test_command_problems_uses_the_llm_config_schema(tmp_path: Path):
-    pytest.importorskip("llm.trainers.config")
+    pytest.importorskip("tiltlab.llm.trainers.config")
     pytest.importorskip("yaml")
     cfg = tmp_path / "configs"
     cfg.mkdir()

@@ -7,8 +7,8 @@ import tomllib
 
 import pytest
 
-from paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
-from paper_checks.report import PAPERS
+from tiltlab.paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
+from tiltlab.paper_checks.report import PAPERS
 from tiltlab.cli import main
 
 KINDS = {"proposition", "empirical", "beyond", "open"}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from paper_checks import cli as pcli
-from paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
-from paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
+from tiltlab.paper_checks import cli as pcli
+from tiltlab.paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
+from tiltlab.paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
 from tiltlab.cli import main
 
 P0, P2 = "000_97b17fcb5a92948e.txt", "002_d44afb8661380d03.txt"
@@ -151,7 +151,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
 
 def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
     """A figure module that does not exist is reported, and the others still run."""
-    simfig = pytest.importorskip("sim.figures")
+    simfig = pytest.importorskip("tiltlab.sim.figures")
     monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"),))
     recs, problems = pcli.make_figures(tmp_path, quick=True, seed=0, progress=False)
     assert recs == [] and problems == {"fig97_absent": "module sim.figures.fig97_absent_module is missing"}
@@ -159,7 +159,7 @@ def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
 
 def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
     """The process-pool path (figures while the checks run) reports like the serial one."""
-    simfig = pytest.importorskip("sim.figures")
+    simfig = pytest.importorskip("tiltlab.sim.figures")
     monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"), ("fig96_absent", "fig96_absent_module")))
     bg = pcli._start_figures_in_background(tmp_path, quick=True, seed=0, workers=1)
     if bg is None:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from objectives.estimators import log_z_from_pass_rate
-from sim import envs, proposals
+from tiltlab.objectives.estimators import log_z_from_pass_rate
+from tiltlab.sim import envs, proposals
 
 K_SIGMA = 5.0  # Monte-Carlo tolerance k*sigma/sqrt(n) with k = 5: a fixed-seed false alarm has probability < 1e-6 per test
 

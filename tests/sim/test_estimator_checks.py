@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-import sim.checks.estimators as est
-import sim.checks.fpa as fpa
-from paper_checks.registry import checks, discover
+import tiltlab.sim.checks.estimators as est
+import tiltlab.sim.checks.fpa as fpa
+from tiltlab.paper_checks.registry import checks, discover
 
 discover()
 MINE = sorted(
@@ -67,7 +67,7 @@ def test_token_level_dpo_deviation_shrinks_towards_the_reference():
 def test_entanglement_summary_can_refute():
     import numpy as np
 
-    from sim.figures.fig09_fpa_entanglement import summarize
+    from tiltlab.sim.figures.fig09_fpa_entanglement import summarize
 
     def run(corr, acc):
         return {"corr": np.full((3, 2), corr), "inc": np.full((3, 2), -1.0), "acc": np.full((3, 2), acc),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim.figures import FIGURES, FigureRecord
+from tiltlab.sim.figures import FIGURES, FigureRecord
 
 FIG_IDS = [fid for fid, _ in FIGURES]
 
@@ -15,12 +15,12 @@ FIG_IDS = [fid for fid, _ in FIGURES]
 def test_all_ten_figures_are_registered():
     assert len(FIG_IDS) == 10 and len(set(FIG_IDS)) == 10
     for fid, mod in FIGURES:
-        assert importlib.util.find_spec(f"sim.figures.{mod}") is not None, fid
+        assert importlib.util.find_spec(f"tiltlab.sim.figures.{mod}") is not None, fid
 
 
 @pytest.mark.parametrize("fig_id", FIG_IDS)
 def test_quick_figure(tmp_path, fig_id):
-    mod = importlib.import_module(f"sim.figures.{dict(FIGURES)[fig_id]}")
+    mod = importlib.import_module(f"tiltlab.sim.figures.{dict(FIGURES)[fig_id]}")
     rec = mod.make(tmp_path, quick=True, seed=0)
     assert isinstance(rec, FigureRecord) and rec.id == fig_id
     assert rec.png.exists() and rec.png.stat().st_size > 10_000  # a real plot, not an empty canvas

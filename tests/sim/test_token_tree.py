@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from objectives.estimators import log_importance_weights, log_partition_lse
-from sim.exact import (
+from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
+from tiltlab.sim.exact import (
     compositions,
     label_samples_exact,
     log_partition,
@@ -16,7 +16,7 @@ from sim.exact import (
     relative_weight_variance,
     target_logprobs,
 )
-from sim.token_tree import (
+from tiltlab.sim.token_tree import (
     TokenTree,
     bigram_env,
     calibrate_skill,

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from sim import envs
-from sim.api import SimConfig, run
-from sim.train import gradient_at, train, tv_distance
+from tiltlab.sim import envs
+from tiltlab.sim.api import SimConfig, run
+from tiltlab.sim.train import gradient_at, train, tv_distance
 
 K_SIGMA = 5.0  # Monte-Carlo tolerance k*sigma/sqrt(n), fixed seed
 
@@ -103,7 +103,7 @@ def test_lad_matches_its_target():
 def test_paced_selection_picks_prompts_nearest_tau(env):
     cfg = SimConfig(env="multiprompt", method="tb", anchor="old", log_z="learned", beta=2.0, select_m=3,
                     scheduler="oracle", tau=0.5, steps=1, seeds=1)
-    from sim.train import _Trainer
+    from tiltlab.sim.train import _Trainer
 
     tr = _Trainer(cfg, env)
     sel, p_hat = tr.select()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import sympy as sp
 
-from paper_checks import registry
-from theory._common import _numerically_nonzero, is_zero
+from tiltlab.paper_checks import registry
+from tiltlab.theory._common import _numerically_nonzero, is_zero
 
 registry.discover()
 registry.validate()

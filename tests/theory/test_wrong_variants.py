@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from paper_checks.registry import Verdict
-from theory import disa, fpa, lad, paced
+from tiltlab.paper_checks.registry import Verdict
+from tiltlab.theory import disa, fpa, lad, paced
 
 REF, VER = Verdict.REFUTED, Verdict.VERIFIED
 
