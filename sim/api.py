@@ -187,20 +187,6 @@ class SimConfig:
     def n_prompts(self) -> int:
         return self.P if self.env == "multiprompt" else 1
 
-    @classmethod
-    def field_docs(cls) -> dict[str, str]:
-        """Field name -> its docstring (parsed from this source), for the CLI's --help."""
-        import ast
-        import inspect
-
-        src = inspect.getsource(cls)
-        tree = ast.parse(src)
-        out: dict[str, str] = {}
-        body = tree.body[0].body
-        for a, b in zip(body, body[1:]):
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
-                out[a.target.id] = " ".join(str(b.value.value).split())
-        return out
 
 
 @dataclass

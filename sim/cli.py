@@ -6,22 +6,16 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict, fields
 from pathlib import Path
+
+from tiltlab.dataclass_cli import add_dataclass_args
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     from tiltlab.sim.api import SimConfig
 
-    docs = SimConfig.field_docs()
-    for f in fields(SimConfig):
-        default = f.default if f.default is not MISSING else None
-        help_ = f"{docs.get(f.name, '')} (default: {default})"
-        typ = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
-        if typ is bool:
-            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
-        else:
-            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=typ, default=default, help=help_)
+    add_dataclass_args(p, SimConfig)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report,
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
     warnings.simplefilter("ignore", SandboxWarning)
     REPORT = isolation_report()
-pytestmark = pytest.mark.filterwarnings("ignore::llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
 # Wall-time bound for a run that must be cut by the 2 s timeout: timeout + interpreter start/kill slack.
 # 3 s slack covers a loaded 2-core machine; a hang would exceed it by far.
