@@ -164,7 +164,9 @@ def _worker(args) -> dict:
         "cpu_time_s": cpu_times[times.index(min(times))],
         "cpu_times_s": cpu_times,
         "peak_bytes": max(peaks),
-        "memory_method": "cuda.max_memory_allocated" if cuda else ("VmHWM after clear_refs" if reset_ok else "ru_maxrss"),
+        "memory_method": "cuda.max_memory_allocated"
+        if cuda
+        else ("VmHWM after clear_refs" if reset_ok else "ru_maxrss"),
         "checksum": {
             "logp_sum": float(out.double().sum()),
             "grad_hidden_norm": float(hidden.grad.double().norm()),

@@ -25,13 +25,9 @@ rerun with the same flags.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib
-import inspect
-import textwrap
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +45,11 @@ _SUBCOMMANDS: list[str] = [
 
 def register(subparsers) -> None:
     """Called by ``tiltlab.cli``: add ``tiltlab llm`` and its subcommands."""
-    p = subparsers.add_parser("llm", help="LLM layer: DISA stages 1-2, evaluation, training",
-                              description="LLM layer commands (see `tiltlab llm COMMAND --help`).")
+    p = subparsers.add_parser(
+        "llm",
+        help="LLM layer: DISA stages 1-2, evaluation, training",
+        description="LLM layer commands (see `tiltlab llm COMMAND --help`).",
+    )
     sub = p.add_subparsers(dest="llm_command", metavar="COMMAND")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     for entry in _SUBCOMMANDS:
@@ -99,12 +98,17 @@ def config_from_args(cls, args: argparse.Namespace, section: str | None = None, 
             values = translate(values, rc)
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(f"{getattr(args, 'config', '')}: unknown keys in `{section}:` for {cls.__name__}: {unknown}")
+            raise ValueError(
+                f"{getattr(args, 'config', '')}: unknown keys in `{section}:` for {cls.__name__}: {unknown}"
+            )
         kw.update(values)
     kw.update({n: getattr(args, n) for n in names if hasattr(args, n)})
     kw.update(overrides)
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.name not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         flags = ", ".join("--" + m.replace("_", "-") for m in missing)
         raise ValueError(f"missing required value(s) {flags} (give the flags or a --config with them)")
@@ -115,6 +119,7 @@ def config_from_args(cls, args: argparse.Namespace, section: str | None = None, 
 # tiltlab llm eval  (glue around llm.evaluate, written by its own author)
 # ---------------------------------------------------------------------------------------------
 
+
 def add_eval_cli(subparsers) -> None:
     """``tiltlab llm eval``: registered only when ``llm.evaluate`` exists."""
     import importlib.util
@@ -124,9 +129,11 @@ def add_eval_cli(subparsers) -> None:
     from tiltlab.llm.evaluate import EvalConfig
 
     p = subparsers.add_parser(
-        "eval", help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
+        "eval",
+        help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
         description="Evaluate a model (llm.evaluate): Mean@k, unbiased pass@k, distinct-n diversity, "
-                    "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.")
+        "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.",
+    )
     add_dataclass_args(p, EvalConfig, config_section="eval")
     p.set_defaults(func=_eval_main)
 

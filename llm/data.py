@@ -35,9 +35,10 @@ import os
 import pickle
 import re
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "BENCHMARKS",
@@ -68,6 +69,7 @@ _TEST_KEYS = ("tests", "test", "test_cases")
 # ---------------------------------------------------------------------------------------------
 # reading tables
 # ---------------------------------------------------------------------------------------------
+
 
 def read_table(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
     """Raw rows of a JSONL / JSON / Parquet file, a Parquet directory or a ``save_to_disk`` directory."""
@@ -145,6 +147,7 @@ def _read_hf_disk(p: Path, split: str | None) -> list[dict]:
 # normalizing rows to the schema
 # ---------------------------------------------------------------------------------------------
 
+
 def _first(row: dict, keys: Sequence[str]) -> str | None:
     for k in keys:
         if k in row and row[k] is not None:
@@ -152,8 +155,13 @@ def _first(row: dict, keys: Sequence[str]) -> str | None:
     return None
 
 
-def normalize_rows(rows: Iterable[dict], columns: dict[str, str] | None = None, name: str = "dataset",
-                   answer_fn: Callable[[Any], str] | None = None, require_target: bool = True) -> list[dict]:
+def normalize_rows(
+    rows: Iterable[dict],
+    columns: dict[str, str] | None = None,
+    name: str = "dataset",
+    answer_fn: Callable[[Any], str] | None = None,
+    require_target: bool = True,
+) -> list[dict]:
     """Map raw rows to ``id / prompt / answer | tests``; extra columns are kept.
 
     ``columns`` maps schema names to source names (``{"prompt": "problem"}``); otherwise common
@@ -169,13 +177,17 @@ def normalize_rows(rows: Iterable[dict], columns: dict[str, str] | None = None, 
         row = dict(raw)
         pk = columns.get("prompt") or _first(row, _PROMPT_KEYS)
         if pk is None or pk not in row:
-            raise ValueError(f"{name}: row {i} has no prompt column (looked for {columns.get('prompt') or _PROMPT_KEYS}); "
-                             f"columns present: {sorted(row)}")
+            raise ValueError(
+                f"{name}: row {i} has no prompt column (looked for {columns.get('prompt') or _PROMPT_KEYS}); "
+                f"columns present: {sorted(row)}"
+            )
         ak = columns.get("answer") or _first(row, _ANSWER_KEYS)
         tk = columns.get("tests") or _first(row, _TEST_KEYS)
         if require_target and (ak is None or ak not in row) and (tk is None or tk not in row):
-            raise ValueError(f"{name}: row {i} has neither an answer column (looked for {_ANSWER_KEYS}) nor a tests "
-                             f"column (looked for {_TEST_KEYS}); columns present: {sorted(row)}")
+            raise ValueError(
+                f"{name}: row {i} has neither an answer column (looked for {_ANSWER_KEYS}) nor a tests "
+                f"column (looked for {_TEST_KEYS}); columns present: {sorted(row)}"
+            )
         ik = columns.get("id") or _first(row, _ID_KEYS)
         new = {k: v for k, v in row.items()}
         new["id"] = str(row[ik]) if ik is not None and ik in row else f"{name}-{i}"
@@ -219,8 +231,15 @@ def _answer_str(v: Any) -> str:
 # public loaders
 # ---------------------------------------------------------------------------------------------
 
-def load_prompts(source: str | Path | list[dict], split: str | None = None, columns: dict[str, str] | None = None,
-                 data_dir: str | Path | None = None, limit: int | None = None, seed: int = 0) -> list[dict]:
+
+def load_prompts(
+    source: str | Path | list[dict],
+    split: str | None = None,
+    columns: dict[str, str] | None = None,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[dict]:
     """Rows ``{id, prompt, answer | tests, ...}`` from a path, a ``synthetic:`` spec or a benchmark name.
 
     ``limit`` keeps the first ``limit`` rows. See the module docstring for the accepted sources.
@@ -232,7 +251,7 @@ def load_prompts(source: str | Path | list[dict], split: str | None = None, colu
         if s.startswith("synthetic:"):
             rows = _synthetic(s, seed)
         elif s.startswith("bench:"):
-            rows = load_benchmark(s[len("bench:"):], data_dir=data_dir)
+            rows = load_benchmark(s[len("bench:") :], data_dir=data_dir)
         elif not Path(s).exists() and _canon(s) in _ALIASES:
             rows = load_benchmark(s, data_dir=data_dir)
         else:
@@ -252,8 +271,9 @@ def _synthetic(spec: str, seed: int) -> list[dict]:
         kind, n = parts[1], int(parts[2])
         extra = parts[3:]
     except (IndexError, ValueError) as e:
-        raise ValueError(f"bad synthetic spec {spec!r}; use synthetic:math:N[:difficulty], synthetic:code:N "
-                         "or synthetic:mixed:N") from e
+        raise ValueError(
+            f"bad synthetic spec {spec!r}; use synthetic:math:N[:difficulty], synthetic:code:N or synthetic:mixed:N"
+        ) from e
     if kind in ("math", "arith", "arithmetic"):
         diff = [int(d) for d in extra[0].split(",")] if extra else None
         return arithmetic_tasks(n, difficulty=diff, seed=seed)
@@ -302,6 +322,7 @@ def as_chat(rows: Sequence[dict], system: str | None = None) -> list[dict]:
 # benchmarks
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Benchmark:
     """A benchmark read from a local copy: ``<data_dir>/<name>.jsonl|.parquet`` or ``<data_dir>/<name>/``."""
@@ -328,15 +349,17 @@ def _humaneval_row(r: dict) -> dict:
     r["code_prefix"] = sig
     r["tests"] = r.get("test") or r.get("tests")
     r["test_type"] = "assert"
-    r["prompt"] = ("Complete the following Python function. Answer with the complete function in a ```python``` "
-                   f"block.\n\n```python\n{sig}```")
+    r["prompt"] = (
+        "Complete the following Python function. Answer with the complete function in a ```python``` "
+        f"block.\n\n```python\n{sig}```"
+    )
     return r
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     """Unpickles only builtin containers/scalars (LiveCodeBench private tests are a pickled JSON string)."""
 
-    def find_class(self, module, name):  # noqa: D401
+    def find_class(self, module, name):
         raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from a data file")
 
 
@@ -361,13 +384,16 @@ def _lcb_row(r: dict) -> dict:
     meta = json.loads(meta) if isinstance(meta, str) and meta else (meta or {})
     functional = bool(cases) and cases[0].get("testtype") == "functional"
     r["test_type"] = "functional" if functional else "stdio"
-    r["tests"] = json.dumps({"cases": [{"input": c["input"], "output": c["output"]} for c in cases],
-                             "func_name": meta.get("func_name")})
+    r["tests"] = json.dumps(
+        {"cases": [{"input": c["input"], "output": c["output"]} for c in cases], "func_name": meta.get("func_name")}
+    )
     q = r.get("question_content") or r.get("prompt") or r.get("problem")
     starter = r.get("starter_code") or ""
     if functional:
-        r["prompt"] = (f"{q}\n\nComplete this starter code:\n```python\n{starter}\n```\n"
-                       "Answer with the code in a ```python``` block.")
+        r["prompt"] = (
+            f"{q}\n\nComplete this starter code:\n```python\n{starter}\n```\n"
+            "Answer with the code in a ```python``` block."
+        )
     else:
         r["prompt"] = f"{q}\n\nRead the input from stdin and write the answer to stdout. {DEFAULT_CODE_INSTRUCTION}"
     r["id"] = str(r.get("question_id") or r.get("id"))
@@ -387,34 +413,67 @@ def _stdio_row(r: dict) -> dict:
     return r
 
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("math500", "math", "HuggingFaceH4/MATH-500 (split test)", papers="DISA, PACED, FPA, LAD"),
-    Benchmark("aime24", "math", "HuggingFaceH4/aime_2024 or Maxwell-Jia/AIME_2024", papers="DISA, PACED, FPA, LAD"),
-    Benchmark("aime25", "math", "yentinglin/aime_2025 or opencompass/AIME2025", papers="DISA, PACED, FPA, LAD"),
-    Benchmark("amc23", "math", "AI-MO/aimo-validation-amc or zwhe99/amc23", papers="DISA, FPA, LAD"),
-    Benchmark("gsm8k", "math", "openai/gsm8k (config main, split test)", answer_fn=_gsm8k_answer, papers="FPA"),
-    Benchmark("minerva", "math", "math-ai/minervamath", papers="DISA, PACED, LAD"),
-    Benchmark("olympiadbench", "math", "Hothan/OlympiadBench (OE_TO_maths_en_COMP)", papers="DISA, PACED, FPA, LAD"),
-    Benchmark("math_p", "math", "MATH-Perturb (Huang et al. 2025; simple + hard)", papers="FPA"),
-    Benchmark("gaokao", "math", "MARIO-Math/gaokao2023en", papers="FPA"),
-    Benchmark("humaneval", "code", "openai/openai_humaneval", row_fn=_humaneval_row, papers="(HumanEval+ base)"),
-    Benchmark("humanevalplus", "code", "evalplus/humanevalplus", row_fn=_humaneval_row, papers="DISA, PACED, LAD"),
-    Benchmark("livecodebench", "code", "livecodebench/code_generation_lite (a release_vN jsonl)", row_fn=_lcb_row,
-              papers="DISA, PACED, LAD"),
-    Benchmark("codeforces", "code", "a CodeForces test set with stdio tests, e.g. DeepCoder's (fields: problem, tests)",
-              row_fn=_stdio_row, papers="DISA, LAD"),
-]}
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark("math500", "math", "HuggingFaceH4/MATH-500 (split test)", papers="DISA, PACED, FPA, LAD"),
+        Benchmark("aime24", "math", "HuggingFaceH4/aime_2024 or Maxwell-Jia/AIME_2024", papers="DISA, PACED, FPA, LAD"),
+        Benchmark("aime25", "math", "yentinglin/aime_2025 or opencompass/AIME2025", papers="DISA, PACED, FPA, LAD"),
+        Benchmark("amc23", "math", "AI-MO/aimo-validation-amc or zwhe99/amc23", papers="DISA, FPA, LAD"),
+        Benchmark("gsm8k", "math", "openai/gsm8k (config main, split test)", answer_fn=_gsm8k_answer, papers="FPA"),
+        Benchmark("minerva", "math", "math-ai/minervamath", papers="DISA, PACED, LAD"),
+        Benchmark(
+            "olympiadbench", "math", "Hothan/OlympiadBench (OE_TO_maths_en_COMP)", papers="DISA, PACED, FPA, LAD"
+        ),
+        Benchmark("math_p", "math", "MATH-Perturb (Huang et al. 2025; simple + hard)", papers="FPA"),
+        Benchmark("gaokao", "math", "MARIO-Math/gaokao2023en", papers="FPA"),
+        Benchmark("humaneval", "code", "openai/openai_humaneval", row_fn=_humaneval_row, papers="(HumanEval+ base)"),
+        Benchmark("humanevalplus", "code", "evalplus/humanevalplus", row_fn=_humaneval_row, papers="DISA, PACED, LAD"),
+        Benchmark(
+            "livecodebench",
+            "code",
+            "livecodebench/code_generation_lite (a release_vN jsonl)",
+            row_fn=_lcb_row,
+            papers="DISA, PACED, LAD",
+        ),
+        Benchmark(
+            "codeforces",
+            "code",
+            "a CodeForces test set with stdio tests, e.g. DeepCoder's (fields: problem, tests)",
+            row_fn=_stdio_row,
+            papers="DISA, LAD",
+        ),
+    ]
+}
 
 _ALIASES = {
-    "math500": "math500", "math-500": "math500", "math": "math500",
-    "aime24": "aime24", "aime2024": "aime24", "aime-2024": "aime24",
-    "aime25": "aime25", "aime2025": "aime25", "aime-2025": "aime25",
-    "amc23": "amc23", "amc2023": "amc23", "amc": "amc23",
-    "gsm8k": "gsm8k", "minerva": "minerva", "minervamath": "minerva",
-    "olympiadbench": "olympiadbench", "olympiad": "olympiadbench",
-    "mathp": "math_p", "math-p": "math_p", "gaokao": "gaokao", "gaokao2023en": "gaokao",
-    "humaneval": "humaneval", "humanevalplus": "humanevalplus", "humaneval+": "humanevalplus",
-    "livecodebench": "livecodebench", "lcb": "livecodebench", "codeforces": "codeforces",
+    "math500": "math500",
+    "math-500": "math500",
+    "math": "math500",
+    "aime24": "aime24",
+    "aime2024": "aime24",
+    "aime-2024": "aime24",
+    "aime25": "aime25",
+    "aime2025": "aime25",
+    "aime-2025": "aime25",
+    "amc23": "amc23",
+    "amc2023": "amc23",
+    "amc": "amc23",
+    "gsm8k": "gsm8k",
+    "minerva": "minerva",
+    "minervamath": "minerva",
+    "olympiadbench": "olympiadbench",
+    "olympiad": "olympiadbench",
+    "mathp": "math_p",
+    "math-p": "math_p",
+    "gaokao": "gaokao",
+    "gaokao2023en": "gaokao",
+    "humaneval": "humaneval",
+    "humanevalplus": "humanevalplus",
+    "humaneval+": "humanevalplus",
+    "livecodebench": "livecodebench",
+    "lcb": "livecodebench",
+    "codeforces": "codeforces",
 }
 
 
@@ -445,11 +504,13 @@ def benchmark_path(name: str, data_dir_: str | Path | None = None) -> Path:
         f"benchmark {key!r} not found: expected one of {', '.join(str(c) for c in candidates[:3])} or the directory "
         f"{str(root / key)!r} (datasets.save_to_disk or Parquet shards). Set TILTLAB_DATA or pass data_dir=. "
         f"Public source: {b.source}; e.g. on a machine with hub access: "
-        f"datasets.load_dataset(...).to_json('{key}.jsonl')")
+        f"datasets.load_dataset(...).to_json('{key}.jsonl')"
+    )
 
 
-def load_benchmark(name: str, data_dir: str | Path | None = None, split: str | None = None,
-                   instruction: str | None = "default") -> list[dict]:
+def load_benchmark(
+    name: str, data_dir: str | Path | None = None, split: str | None = None, instruction: str | None = "default"
+) -> list[dict]:
     """Rows of benchmark ``name`` from its local copy, normalized to the schema with ``task`` = math | code.
 
     ``instruction="default"`` appends :data:`DEFAULT_MATH_INSTRUCTION` to math prompts (``None`` keeps

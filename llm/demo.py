@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "run_demo", "add_cli"]
+__all__ = ["DemoConfig", "add_cli", "run_demo"]
 
 
 @dataclass
@@ -71,9 +71,8 @@ class DemoConfig:
     """RL methods trained from the warm-up model."""
 
     @classmethod
-    def quick(cls, **kw) -> "DemoConfig":
-        base = dict(n_train=60, n_eval=30, sft_steps=150, rl_steps=15, prompts_per_step=4, num_generations=8,
-                    eval_k=8)
+    def quick(cls, **kw) -> DemoConfig:
+        base = dict(n_train=60, n_eval=30, sft_steps=150, rl_steps=15, prompts_per_step=4, num_generations=8, eval_k=8)
         base.update(kw)
         return cls(**base)
 
@@ -93,7 +92,7 @@ def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
         return {"id": f"{tag}-{i}", "prompt": f"Compute {a} + 0. {BOXED_INSTRUCTION}", "answer": str(a)}
 
     train = [row(i, a, "train") for i, a in enumerate(values[: cfg.n_train])]
-    held = [row(i, a, "eval") for i, a in enumerate(values[cfg.n_train: cfg.n_train + cfg.n_eval])]
+    held = [row(i, a, "eval") for i, a in enumerate(values[cfg.n_train : cfg.n_train + cfg.n_eval])]
     return train, held
 
 
@@ -121,8 +120,9 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None
             if rng.random() < cfg.sft_noise:
                 ans = ans + "0"
             comps.append(tok(f"\\boxed{{{ans}}}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
-        sc = score_completions(model, [p_ids[i] for i in idx], comps, pad_token_id=tok.pad_token_id,
-                               batch_size=32, grad=True)
+        sc = score_completions(
+            model, [p_ids[i] for i in idx], comps, pad_token_id=tok.pad_token_id, batch_size=32, grad=True
+        )
         loss = sft_loss(sc.token_logprobs, sc.mask)
         opt.zero_grad()
         loss.backward()
@@ -139,8 +139,11 @@ def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: in
     from tiltlab.objectives.metrics import distinct_n, pass_at_k
 
     eng = HFEngine(model, tok, batch_size=256)
-    groups = eng.generate([_chat(tok, r["prompt"]) for r in rows], k,
-                          SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed))
+    groups = eng.generate(
+        [_chat(tok, r["prompt"]) for r in rows],
+        k,
+        SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed),
+    )
     correct, p1, pk, texts = [], [], [], []
     for r, g in zip(rows, groups):
         rew = math_reward([r["prompt"]] * k, g.texts, answer=[r["answer"]] * k)
@@ -150,8 +153,13 @@ def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: in
         pk.append(pass_at_k(k, c, k))
         texts.extend(tuple(c) for c in g.completion_ids)
     n = len(rows)
-    return {"mean_at_k": sum(correct) / n, "pass_at_1": sum(p1) / n, "pass_at_k": sum(pk) / n,
-            "distinct_2": distinct_n(texts, 2), "k": k}
+    return {
+        "mean_at_k": sum(correct) / n,
+        "pass_at_1": sum(p1) / n,
+        "pass_at_k": sum(pk) / n,
+        "distinct_2": distinct_n(texts, 2),
+        "k": k,
+    }
 
 
 def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: list) -> tuple[dict, Any]:
@@ -166,15 +174,36 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
     for d in (s1_dir, s2_dir):  # the demo always starts from scratch (Stage 1 would otherwise resume)
         if d.exists():
             shutil.rmtree(d)
-    s1 = Stage1Config(proposal=str(ref_dir), reference=str(ref_dir), dataset="unused", out_dir=str(s1_dir),
-                      M=cfg.num_generations, beta=cfg.beta, reward="math", max_new_tokens=cfg.max_new_tokens,
-                      seed=cfg.seed, prompts_per_shard=len(train), gen_batch_size=256, score_batch_size=64,
-                      device="cpu")
+    s1 = Stage1Config(
+        proposal=str(ref_dir),
+        reference=str(ref_dir),
+        dataset="unused",
+        out_dir=str(s1_dir),
+        M=cfg.num_generations,
+        beta=cfg.beta,
+        reward="math",
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        prompts_per_shard=len(train),
+        gen_batch_size=256,
+        score_batch_size=64,
+        device="cpu",
+    )
     summary = run_stage1(s1, rows=[dict(r) for r in train], progress=False)
-    metrics = run_stage2(Stage2Config(labels=str(s1_dir), out_dir=str(s2_dir), val_fraction=0.25, seed=cfg.seed,
-                                      device="cpu", embed_batch_size=64), progress=False)
-    log.append({"phase": "stage2", **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
-                "stage1_mean_log_z": summary.get("mean_log_z"), "stage1_mean_ess": summary.get("mean_ess")})
+    metrics = run_stage2(
+        Stage2Config(
+            labels=str(s1_dir), out_dir=str(s2_dir), val_fraction=0.25, seed=cfg.seed, device="cpu", embed_batch_size=64
+        ),
+        progress=False,
+    )
+    log.append(
+        {
+            "phase": "stage2",
+            **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
+            "stage1_mean_log_z": summary.get("mean_log_z"),
+            "stage1_mean_ess": summary.get("mean_ess"),
+        }
+    )
     return read_manifest(s1_dir), load_log_z_predictor(s2_dir, device="cpu")
 
 
@@ -187,23 +216,44 @@ def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, ou
     from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
     model, tok = load_model(ref_dir, device="cpu"), load_tokenizer(ref_dir)
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                            for r in train])
+    ds = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in train]
+    )
     extra: dict[str, Any] = {}
     if method == "disa":
         extra = dict(tilt_beta=cfg.beta, reward_transform="affine", length_normalize=False)
     elif method == "flowrl":
         extra = dict(tilt_beta=cfg.flowrl_beta, log_z_dropout=0.0)
     args = TiltGRPOConfig(
-        output_dir=str(out / f"rl_{method}"), objective=method,
+        output_dir=str(out / f"rl_{method}"),
+        objective=method,
         learning_rate=cfg.disa_lr if method == "disa" else cfg.rl_lr,
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_new_tokens, max_steps=cfg.rl_steps, temperature=1.0, report_to="none",
-        use_cpu=True, logging_steps=1, save_strategy="no", remove_unused_columns=False, seed=cfg.seed,
-        lr_scheduler_type="constant", disable_tqdm=True, gradient_checkpointing=False, log_level="error", **extra)
-    tr = TiltGRPOTrainer(model=model, reward_funcs=math_reward, args=args, train_dataset=ds, processing_class=tok,
-                         log_z_fn=log_z_fn if method == "disa" else None,
-                         log_z_manifest=manifest if method == "disa" else None)
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_new_tokens,
+        max_steps=cfg.rl_steps,
+        temperature=1.0,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        remove_unused_columns=False,
+        seed=cfg.seed,
+        lr_scheduler_type="constant",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        log_level="error",
+        **extra,
+    )
+    tr = TiltGRPOTrainer(
+        model=model,
+        reward_funcs=math_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        log_z_fn=log_z_fn if method == "disa" else None,
+        log_z_manifest=manifest if method == "disa" else None,
+    )
     from transformers.trainer_callback import PrinterCallback
 
     tr.remove_callback(PrinterCallback)
@@ -262,12 +312,22 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
         t = time.perf_counter()
         table[m] = evaluate(pol, ptok, held, cfg.eval_k, cfg.seed + 1, cfg.max_new_tokens)
         timings["eval"] += time.perf_counter() - t
-        say(f"[demo] {m}: trained in {timings[f'train_{m}']:.1f}s, held-out Mean@{cfg.eval_k} = "
-            f"{table[m]['mean_at_k']:.3f}")
+        say(
+            f"[demo] {m}: trained in {timings[f'train_{m}']:.1f}s, held-out Mean@{cfg.eval_k} = "
+            f"{table[m]['mean_at_k']:.3f}"
+        )
     timings["total"] = time.perf_counter() - t_all
     fig = _plot(curves, log, out / "curves.png")
-    res = {"config": asdict(cfg), "table": table, "timings": timings, "log": log, "curves": curves,
-           "figure": str(fig), "n_train": len(train), "n_eval": len(held)}
+    res = {
+        "config": asdict(cfg),
+        "table": table,
+        "timings": timings,
+        "log": log,
+        "curves": curves,
+        "figure": str(fig),
+        "n_train": len(train),
+        "n_eval": len(held),
+    }
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     say(format_table(table, cfg.eval_k))
     say("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
@@ -278,8 +338,9 @@ def format_table(table: dict[str, dict], k: int) -> str:
     head = f"{'method':<8} {'Mean@' + str(k):>8} {'pass@1':>7} {'pass@' + str(k):>7} {'distinct-2':>10}"
     lines = [head, "-" * len(head)]
     for m, r in table.items():
-        lines.append(f"{m:<8} {r['mean_at_k']:>8.3f} {r['pass_at_1']:>7.3f} {r['pass_at_k']:>7.3f} "
-                     f"{r['distinct_2']:>10.3f}")
+        lines.append(
+            f"{m:<8} {r['mean_at_k']:>8.3f} {r['pass_at_1']:>7.3f} {r['pass_at_k']:>7.3f} {r['distinct_2']:>10.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -306,8 +367,11 @@ def _plot(curves: dict[str, list], log: list[dict], path: Path) -> Path:
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm demo [--quick]``."""
-    p = subparsers.add_parser("demo", help="CPU end-to-end demo: SFT warm-up, DISA stages 1-3, GRPO, FlowRL, eval",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser(
+        "demo",
+        help="CPU end-to-end demo: SFT warm-up, DISA stages 1-3, GRPO, FlowRL, eval",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--quick", action="store_true", help="small budget (< 2 min)")
     p.add_argument("--out-dir", default="runs/demo", help="output directory (default: runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")

@@ -27,9 +27,9 @@ import statistics
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 __all__ = [
     "DISA_D5_JUDGE_TEXT",
@@ -52,14 +52,14 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 DISA_D5_JUDGE_TEXT = (
-    'System. You are evaluating the DIVERSITY of solution approaches for a mathematics competition problem. Focus on detecting even SUBTLE differences in methodology that indicate different problem-solving strategies.\n'
-    'User. PROBLEM: {problem}.\n'
-    'SOLUTION ATTEMPTS: {formatted_responses}.Evaluation criteria. Rate diversity from to :\n'
-    'Score 1 – Minimal Diversity: + responses use essentially identical approaches; same mathematical setup, same variable choices, same solution path; only trivial differences (arithmetic, notation, wording); indicates very low exploration/diversity in the generation process.\n'
-    'Score 2 – Low Diversity: – responses use the same main approach; – alternative approaches appear but are rare; minor variations within the dominant method (different substitutions, orderings); some exploration but heavily biased toward one strategy.\n'
-    'Score 3 – Moderate Diversity: – responses use the most common approach; – distinct alternative approaches present; noticeable variation in problem setup or mathematical techniques; balanced mix showing reasonable exploration.\n'
-    'Score 4 – High Diversity: – responses use the most common approach; – distinct solution strategies well-represented; multiple mathematical techniques and problem framings; strong evidence of diverse exploration strategies.\n'
-    'Score 5 – Maximum Diversity: no single approach dominates ( responses use the same method); + distinctly different solution strategies; wide variety of mathematical techniques and creative approaches; excellent exploration and generation diversity.IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from to .'
+    "System. You are evaluating the DIVERSITY of solution approaches for a mathematics competition problem. Focus on detecting even SUBTLE differences in methodology that indicate different problem-solving strategies.\n"
+    "User. PROBLEM: {problem}.\n"
+    "SOLUTION ATTEMPTS: {formatted_responses}.Evaluation criteria. Rate diversity from to :\n"
+    "Score 1 – Minimal Diversity: + responses use essentially identical approaches; same mathematical setup, same variable choices, same solution path; only trivial differences (arithmetic, notation, wording); indicates very low exploration/diversity in the generation process.\n"
+    "Score 2 – Low Diversity: – responses use the same main approach; – alternative approaches appear but are rare; minor variations within the dominant method (different substitutions, orderings); some exploration but heavily biased toward one strategy.\n"
+    "Score 3 – Moderate Diversity: – responses use the most common approach; – distinct alternative approaches present; noticeable variation in problem setup or mathematical techniques; balanced mix showing reasonable exploration.\n"
+    "Score 4 – High Diversity: – responses use the most common approach; – distinct solution strategies well-represented; multiple mathematical techniques and problem framings; strong evidence of diverse exploration strategies.\n"
+    "Score 5 – Maximum Diversity: no single approach dominates ( responses use the same method); + distinctly different solution strategies; wide variety of mathematical techniques and creative approaches; excellent exploration and generation diversity.IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from to ."
 )
 """DISA App. D.5 exactly as it appears in the project's copy of the paper (000_*.txt, lines of §D.5).
 
@@ -130,9 +130,13 @@ class JudgeConfig:
     max_response_chars: int | None = None
     """Truncate each rollout to this many characters before judging (None = send in full)."""
 
-    def resolved(self) -> "JudgeConfig":
-        base = self.base_url or os.environ.get("TILTLAB_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL") \
+    def resolved(self) -> JudgeConfig:
+        base = (
+            self.base_url
+            or os.environ.get("TILTLAB_JUDGE_BASE_URL")
+            or os.environ.get("OPENAI_BASE_URL")
             or "https://api.openai.com/v1"
+        )
         model = self.model or os.environ.get("TILTLAB_JUDGE_MODEL") or "gpt-4o-mini"
         return JudgeConfig(**{**asdict(self), "base_url": base.rstrip("/"), "model": model})
 
@@ -157,8 +161,9 @@ def parse_judge_score(text: str) -> int | None:
 
 
 def _post_chat(cfg: JudgeConfig, messages: list[dict]) -> str:
-    body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
-                       "max_tokens": cfg.max_tokens}).encode()
+    body = json.dumps(
+        {"model": cfg.model, "messages": messages, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    ).encode()
     headers = {"Content-Type": "application/json"}
     key = os.environ.get(cfg.api_key_env)
     if key:
@@ -179,12 +184,16 @@ def _post_chat(cfg: JudgeConfig, messages: list[dict]) -> str:
         except (KeyError, IndexError, json.JSONDecodeError) as e:
             raise RuntimeError(f"judge endpoint {cfg.base_url} returned an unexpected body") from e
         if attempt < cfg.max_retries:
-            time.sleep(min(2.0 ** attempt * 0.5, 8.0))
+            time.sleep(min(2.0**attempt * 0.5, 8.0))
     raise RuntimeError(f"judge endpoint {cfg.base_url} failed after {cfg.max_retries + 1} tries: {last}")
 
 
-def judge_diversity(problems: Sequence[str], responses: Sequence[Sequence[str]],
-                    config: JudgeConfig | None = None, progress: bool = False) -> list[int | None]:
+def judge_diversity(
+    problems: Sequence[str],
+    responses: Sequence[Sequence[str]],
+    config: JudgeConfig | None = None,
+    progress: bool = False,
+) -> list[int | None]:
     """Per-problem Likert diversity scores (None where the reply held no 1-5 integer)."""
     from tqdm.auto import tqdm
 
@@ -200,6 +209,7 @@ def judge_diversity(problems: Sequence[str], responses: Sequence[Sequence[str]],
 # ---------------------------------------------------------------------------------------------
 # evaluation
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class DatasetResult:
@@ -320,14 +330,24 @@ def _format(tokenizer, prompt: str, chat_template: bool) -> str:
         return prompt
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("chat_template=True but the engine's tokenizer has no chat template; use chat_template=False")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
-def evaluate(engine, datasets: dict[str, Sequence[dict]], k: int, sampling=None, pass_ks: Sequence[int] = (1,),
-             distinct_ns: Sequence[int] = (1, 2), reward_fn: str | Callable = "auto", chat_template: bool = True,
-             judge: JudgeConfig | None = None, judge_datasets: Sequence[str] | None = None,
-             progress: bool = True) -> dict[str, DatasetResult]:
+def evaluate(
+    engine,
+    datasets: dict[str, Sequence[dict]],
+    k: int,
+    sampling=None,
+    pass_ks: Sequence[int] = (1,),
+    distinct_ns: Sequence[int] = (1, 2),
+    reward_fn: str | Callable = "auto",
+    chat_template: bool = True,
+    judge: JudgeConfig | None = None,
+    judge_datasets: Sequence[str] | None = None,
+    progress: bool = True,
+) -> dict[str, DatasetResult]:
     """Evaluate ``engine`` on ``{name: rows}``; returns ``{name: DatasetResult}``.
 
     Args:
@@ -362,13 +382,15 @@ def evaluate(engine, datasets: dict[str, Sequence[dict]], k: int, sampling=None,
         cols = {c: [r.get(c) for r in rows for _ in range(k)] for c in {c for r in rows for c in r} if c != "prompt"}
         rewards = fn([p for p in prompts for _ in range(k)], flat_comp, flat_ids, **cols)
         if len(rewards) != len(flat_comp) or any(r is None for r in rewards):
-            raise ValueError(f"{name}: the reward function returned None or a wrong number of rewards "
-                             "(does every row have an answer or tests?)")
+            raise ValueError(
+                f"{name}: the reward function returned None or a wrong number of rewards "
+                "(does every row have an answer or tests?)"
+            )
         per_prompt, mean_scores = [], []
         pass_sums = {kk: 0.0 for kk in ks}
         dist_sums = {n: 0.0 for n in distinct_ns}
         for i, r in enumerate(rows):
-            rw = [float(x) for x in rewards[i * k:(i + 1) * k]]
+            rw = [float(x) for x in rewards[i * k : (i + 1) * k]]
             correct = [x > 0.5 for x in rw]
             c = sum(correct)
             mean_scores.append(mean_at_k(correct))
@@ -381,8 +403,13 @@ def evaluate(engine, datasets: dict[str, Sequence[dict]], k: int, sampling=None,
         se = statistics.stdev(mean_scores) / math.sqrt(P) if P > 1 else float("nan")
         n_tok = [len(c) for g in ids for c in g] if ids is not None else None
         res = DatasetResult(
-            name=name, n_prompts=P, k=k, mean_at_k=sum(mean_scores) / P, mean_at_k_se=se,
-            pass_at={kk: v / P for kk, v in pass_sums.items()}, distinct={n: v / P for n, v in dist_sums.items()},
+            name=name,
+            n_prompts=P,
+            k=k,
+            mean_at_k=sum(mean_scores) / P,
+            mean_at_k_se=se,
+            pass_at={kk: v / P for kk, v in pass_sums.items()},
+            distinct={n: v / P for n, v in dist_sums.items()},
             mean_completion_tokens=(sum(n_tok) / len(n_tok)) if n_tok else None,
             finished_frac=(sum(sum(f) for f in fin) / (P * k)) if fin is not None else None,
             per_prompt=per_prompt,
@@ -447,12 +474,22 @@ def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
     if engine is None:
         engine = make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, batch_size=cfg.batch_size)
     data = {name: load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed) for name in cfg.datasets}
-    sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    sampling = SamplingConfig(
+        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+    )
     judge = JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model) if cfg.judge else None
-    results = evaluate(engine, data, cfg.k, sampling, pass_ks=cfg.pass_ks, distinct_ns=cfg.distinct_ns,
-                       reward_fn=cfg.reward, chat_template=cfg.chat_template, judge=judge,
-                       judge_datasets=cfg.judge_datasets)
+    results = evaluate(
+        engine,
+        data,
+        cfg.k,
+        sampling,
+        pass_ks=cfg.pass_ks,
+        distinct_ns=cfg.distinct_ns,
+        reward_fn=cfg.reward,
+        chat_template=cfg.chat_template,
+        judge=judge,
+        judge_datasets=cfg.judge_datasets,
+    )
     if cfg.out_dir:
         save_results(results, cfg.out_dir, config=asdict(cfg))
     return results

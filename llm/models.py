@@ -23,13 +23,13 @@ __all__ = [
     "TINY_SPECIAL_TOKENS",
     "build_tiny",
     "build_tiny_tokenizer",
-    "tiny_config",
-    "train_bpe",
     "default_device",
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",
     "resolve_dtype",
+    "tiny_config",
+    "train_bpe",
 ]
 
 # Qwen-like ChatML template (Qwen2.5/Qwen3 without tools/thinking).
@@ -66,9 +66,18 @@ def resolve_dtype(dtype: Any = "auto", device: str | None = None):
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-             "fp64": torch.float64, "float64": torch.float64}
+    names = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "float": torch.float32,
+        "fp64": torch.float64,
+        "float64": torch.float64,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(names)}")
     return names[dtype]
@@ -104,8 +113,9 @@ def load_model(name_or_path: str | Path, dtype: Any = "auto", device: str | None
     path = Path(name_or_path)
     if str(name_or_path).startswith((".", "/")) and not path.exists():
         raise FileNotFoundError(f"model path {str(name_or_path)!r} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype, trust_remote_code=False,
-                                                 **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(name_or_path), dtype=torch_dtype, trust_remote_code=False, **kwargs
+    )
     return model.to(device).eval()
 
 
@@ -146,6 +156,7 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: Any = "auto", devi
 # tiny model
 # ---------------------------------------------------------------------------------------------
 
+
 def build_tiny_tokenizer(vocab_size: int = 512, seed: int = 0, corpus: list[str] | None = None):
     """Byte-level BPE trained on the synthetic corpus; digits are always single tokens.
 
@@ -182,14 +193,19 @@ def train_bpe(vocab_size: int = 512, seed: int = 0, corpus: list[str] | None = N
         raise ValueError(f"vocab_size must be >= {n_min} (256 bytes + {len(specials)} specials), got {vocab_size}")
     texts = corpus if corpus is not None else synthetic_corpus(seed=seed)
     tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tk.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
     )
     tk.train_from_iterator(texts, trainer=trainer)
     return tk
@@ -200,10 +216,20 @@ def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token
     from transformers import Qwen3Config
 
     cfg = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-        tie_word_embeddings=True, rms_norm_eps=1e-6, use_sliding_window=False,
-        pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        use_sliding_window=False,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
     )
     cfg.update(overrides)
     return Qwen3Config(**cfg)
@@ -229,8 +255,13 @@ def build_tiny(out_dir: str | Path | None = None, vocab_size: int = 512, seed: i
         torch.random.set_rng_state(cpu_state)
     model = model.float().eval()
     model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
     )
     if out_dir is not None:
         out = Path(out_dir)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "code_program",
@@ -55,7 +56,7 @@ def extract_boxed(text: str) -> str | None:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            last = text[m.end(): i - 1]
+            last = text[m.end() : i - 1]
     return last
 
 
@@ -94,7 +95,9 @@ def _column(kwargs: dict, name: str, n: int, required: bool) -> list | None:
     return list(col)
 
 
-def math_reward(prompts, completions, completion_ids=None, *, require_boxed: bool = True, **kwargs) -> list[float | None]:
+def math_reward(
+    prompts, completions, completion_ids=None, *, require_boxed: bool = True, **kwargs
+) -> list[float | None]:
     """1.0 iff the last boxed answer equals ``answer`` (math-verify), 0.0 otherwise; None where answer is None.
 
     With ``require_boxed=False`` an unboxed completion is parsed by math-verify's default extraction
@@ -178,12 +181,15 @@ for _i, _c in enumerate(_SPEC["cases"]):
         raise AssertionError(f"functional case {{_i}}: wrong result")
 """
 
-_FUNCTIONAL_PRELUDE = ("from typing import *\nimport bisect, collections, functools, heapq, itertools, math, re, "
-                       "string\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n")
+_FUNCTIONAL_PRELUDE = (
+    "from typing import *\nimport bisect, collections, functools, heapq, itertools, math, re, "
+    "string\nfrom collections import *\nfrom functools import *\nfrom itertools import *\n"
+)
 
 
-def code_program(code: str, tests: str, entry_point: str | None = None, test_type: str | None = None,
-                 code_prefix: str | None = None) -> str:
+def code_program(
+    code: str, tests: str, entry_point: str | None = None, test_type: str | None = None, code_prefix: str | None = None
+) -> str:
     """The program run in the sandbox for one completion.
 
     * ``test_type="assert"`` (default): ``code`` then ``tests``; HumanEval-style tests defining
@@ -256,6 +262,9 @@ def verifiable_reward(prompts, completions, completion_ids=None, **kwargs) -> li
     rest = {k: v for k, v in kwargs.items() if k not in ("answer", "tests")}
     m = math_reward(prompts, completions, answer=answers)
     code_mask = [a is None and t is not None for a, t in zip(answers, tests)]
-    c = code_reward(prompts, completions, tests=[t if cm else None for t, cm in zip(tests, code_mask)], **rest) \
-        if any(code_mask) else [None] * n
+    c = (
+        code_reward(prompts, completions, tests=[t if cm else None for t, cm in zip(tests, code_mask)], **rest)
+        if any(code_mask)
+        else [None] * n
+    )
     return [mv if mv is not None else (cv if cv is not None else 0.0) for mv, cv in zip(m, c)]

@@ -22,18 +22,19 @@ import abc
 import hashlib
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
-    "SamplingConfig",
-    "RolloutGroup",
-    "RolloutEngine",
     "HFEngine",
+    "RolloutEngine",
+    "RolloutGroup",
+    "SamplingConfig",
     "VLLMEngine",
-    "processed_logprobs",
-    "make_engine",
     "derive_seed",
+    "make_engine",
+    "processed_logprobs",
 ]
 
 
@@ -157,9 +158,9 @@ class RolloutEngine(abc.ABC):
     tokenizer: Any
 
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int,
-                 sampling: SamplingConfig) -> list[RolloutGroup]:
-        ...
+    def generate(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int, sampling: SamplingConfig
+    ) -> list[RolloutGroup]: ...
 
     def _encode(self, prompts) -> tuple[list[str | None], list[list[int]]]:
         if isinstance(prompts, (str, bytes)):
@@ -202,8 +203,14 @@ class HFEngine(RolloutEngine):
     mixed with the batch index, so a call is reproducible).
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, stop_token_ids: Sequence[int] | None = None,
-                 show_progress: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        stop_token_ids: Sequence[int] | None = None,
+        show_progress: bool = False,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
@@ -211,13 +218,15 @@ class HFEngine(RolloutEngine):
         self.batch_size = batch_size
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else eos_token_ids(tokenizer, model)
         if not self.stop_token_ids:
-            warnings.warn("HFEngine: no end-of-sequence token known; completions stop only at max_new_tokens")
+            warnings.warn(
+                "HFEngine: no end-of-sequence token known; completions stop only at max_new_tokens", stacklevel=2
+            )
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else (self.stop_token_ids[0] if self.stop_token_ids else 0)
         self.show_progress = show_progress
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: str = "auto", device: str | None = None, **kwargs) -> "HFEngine":
+    def from_pretrained(cls, name_or_path: str, dtype: str = "auto", device: str | None = None, **kwargs) -> HFEngine:
         from tiltlab.llm.models import load_model, load_tokenizer
 
         return cls(load_model(name_or_path, dtype=dtype, device=device), load_tokenizer(name_or_path), **kwargs)
@@ -231,7 +240,7 @@ class HFEngine(RolloutEngine):
         texts, ids = self._encode(prompts)
         rows = [(i, j) for i in range(len(ids)) for j in range(n)]
         comp: dict[tuple[int, int], tuple[list[int], list[float], bool]] = {}
-        batches = [rows[s: s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
+        batches = [rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
         for b, batch in enumerate(tqdm(batches, desc="hf sampling", disable=not self.show_progress, leave=False)):
             gen = None
             if sampling.seed is not None:
@@ -243,12 +252,16 @@ class HFEngine(RolloutEngine):
         groups = []
         for i in range(len(ids)):
             cids = [comp[(i, j)][0] for j in range(n)]
-            groups.append(RolloutGroup(
-                prompt=texts[i], prompt_ids=ids[i], completion_ids=cids,
-                texts=[self.tokenizer.decode(c, skip_special_tokens=True) for c in cids],
-                token_logprobs=[comp[(i, j)][1] for j in range(n)],
-                finished=[comp[(i, j)][2] for j in range(n)],
-            ))
+            groups.append(
+                RolloutGroup(
+                    prompt=texts[i],
+                    prompt_ids=ids[i],
+                    completion_ids=cids,
+                    texts=[self.tokenizer.decode(c, skip_special_tokens=True) for c in cids],
+                    token_logprobs=[comp[(i, j)][1] for j in range(n)],
+                    finished=[comp[(i, j)][2] for j in range(n)],
+                )
+            )
         return groups
 
     def _sample_batch(self, prompt_ids: list[list[int]], s: SamplingConfig, gen):
@@ -261,8 +274,8 @@ class HFEngine(RolloutEngine):
         input_ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long, device=dev)
         attn = torch.zeros((bsz, width), dtype=torch.long, device=dev)
         for r, p in enumerate(prompt_ids):  # left padding
-            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long, device=dev)
-            attn[r, width - len(p):] = 1
+            input_ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+            attn[r, width - len(p) :] = 1
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
         stop = torch.tensor(self.stop_token_ids or [-1], device=dev)
         finished = torch.zeros(bsz, dtype=torch.bool, device=dev)
@@ -286,8 +299,13 @@ class HFEngine(RolloutEngine):
                 if bool(finished.all()):
                     break
                 attn = torch.cat([attn, torch.ones((bsz, 1), dtype=attn.dtype, device=dev)], dim=-1)
-                out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                            past_key_values=past, use_cache=True)
+                out = model(
+                    input_ids=tok[:, None],
+                    attention_mask=attn,
+                    position_ids=next_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                )
                 past = out.past_key_values
                 next_pos = next_pos + 1
         tok_m = torch.stack(toks, dim=1).cpu()  # [B, T]
@@ -320,9 +338,17 @@ class VLLMEngine(RolloutEngine):
     Needs the ``vllm`` extra and a GPU.
     """
 
-    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
-                 gpu_memory_utilization: float = 0.85, tensor_parallel_size: int = 1,
-                 max_model_len: int | None = None, seed: int = 0, **llm_kwargs):
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.85,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **llm_kwargs,
+    ):
         try:
             import vllm  # noqa: F401
             from vllm import LLM
@@ -332,9 +358,16 @@ class VLLMEngine(RolloutEngine):
                 "Use engine='hf' (HFEngine) on CPU."
             ) from e
         dtype = _VLLM_DTYPES.get(str(dtype), dtype)
-        kwargs = dict(model=str(model), tokenizer=str(tokenizer or model), dtype=dtype,
-                      gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-                      seed=seed, logprobs_mode="processed_logprobs", trust_remote_code=False)
+        kwargs = dict(
+            model=str(model),
+            tokenizer=str(tokenizer or model),
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=False,
+        )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs)
@@ -347,9 +380,14 @@ class VLLMEngine(RolloutEngine):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         texts, ids = self._encode(prompts)
-        common = dict(temperature=sampling.temperature, top_p=sampling.top_p,
-                      top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                      max_tokens=sampling.max_new_tokens, logprobs=0, detokenize=True)
+        common = dict(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            detokenize=True,
+        )
         requests, params, owner = [], [], []
         for i, p in enumerate(ids):
             if sampling.seed is None:
@@ -359,11 +397,17 @@ class VLLMEngine(RolloutEngine):
             else:
                 for j in range(n):
                     requests.append({"prompt_token_ids": p})
-                    params.append(SamplingParams(n=1, seed=derive_seed("vllm", sampling.seed, i, j) % (2**31), **common))
+                    params.append(
+                        SamplingParams(n=1, seed=derive_seed("vllm", sampling.seed, i, j) % (2**31), **common)
+                    )
                     owner.append(i)
         outputs = self.llm.generate(requests, params, use_tqdm=True)
-        groups = [RolloutGroup(prompt=texts[i], prompt_ids=ids[i], completion_ids=[], texts=[], token_logprobs=[],
-                               finished=[]) for i in range(len(ids))]
+        groups = [
+            RolloutGroup(
+                prompt=texts[i], prompt_ids=ids[i], completion_ids=[], texts=[], token_logprobs=[], finished=[]
+            )
+            for i in range(len(ids))
+        ]
         for i, req_out in zip(owner, outputs):
             for c in req_out.outputs:
                 cids = [int(t) for t in c.token_ids]
@@ -381,12 +425,14 @@ class VLLMEngine(RolloutEngine):
         return groups
 
 
-def make_engine(kind: str, model: str, dtype: str = "auto", device: str | None = None,
-                batch_size: int = 64, **kwargs) -> RolloutEngine:
+def make_engine(
+    kind: str, model: str, dtype: str = "auto", device: str | None = None, batch_size: int = 64, **kwargs
+) -> RolloutEngine:
     """``kind="hf"`` -> :class:`HFEngine` (loads with ``llm.models``), ``"vllm"`` -> :class:`VLLMEngine`."""
     if kind == "hf":
-        return HFEngine.from_pretrained(model, dtype=dtype, device=device, batch_size=batch_size,
-                                        show_progress=kwargs.pop("show_progress", False))
+        return HFEngine.from_pretrained(
+            model, dtype=dtype, device=device, batch_size=batch_size, show_progress=kwargs.pop("show_progress", False)
+        )
     if kind == "vllm":
         return VLLMEngine(model, dtype=dtype, **kwargs)
     raise ValueError(f"unknown engine {kind!r}; use 'hf' or 'vllm'")

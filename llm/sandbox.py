@@ -37,6 +37,7 @@ sandbox is its own process).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -129,7 +130,7 @@ class SandboxResult:
 # child bootstrap (runs with python -I -B -c BOOT <config.json>); stdlib only
 # ---------------------------------------------------------------------------------------------
 
-_BOOT = r'''
+_BOOT = r"""
 import json, os, resource, sys
 cfg = json.load(open(sys.argv[1]))
 os.chdir(cfg["cwd"])
@@ -198,7 +199,7 @@ code = compile(src, "<program>", "exec")
 g = {"__name__": "__main__", "__builtins__": __builtins__}
 del src, cfg
 exec(code, g)
-'''
+"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def _warn_once(key: str, msg: str) -> None:
         warnings.warn(msg, SandboxWarning, stacklevel=3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unshare_prefix(net: bool, pids: bool) -> tuple[str, ...] | None:
     """The working ``unshare`` prefix for the requested namespaces, or None."""
     exe = shutil.which("unshare")
@@ -248,17 +249,24 @@ def _nobody() -> tuple[int, int] | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _usable_as(python: str, uid: int, gid: int) -> bool:
     """Can ``python`` start and import common stdlib modules after setuid(uid)?"""
+
     def drop():
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
 
     try:
-        r = subprocess.run([python, "-I", "-B", "-c", "import json, math, re, collections, itertools, functools"],
-                           preexec_fn=drop, capture_output=True, timeout=20, cwd="/", env={"PATH": "/usr/bin:/bin"})
+        r = subprocess.run(
+            [python, "-I", "-B", "-c", "import json, math, re, collections, itertools, functools"],
+            preexec_fn=drop,
+            capture_output=True,
+            timeout=20,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -273,8 +281,11 @@ def _plan(cfg: SandboxConfig) -> dict:
         net_ns = prefix is not None and "-n" in prefix
         pid_ns = prefix is not None and "-p" in prefix
         if cfg.isolate_network and not net_ns:
-            _warn_once("net", "sandbox: network namespaces are unavailable (unshare -n failed); "
-                              "falling back to the in-process socket audit hook only")
+            _warn_once(
+                "net",
+                "sandbox: network namespaces are unavailable (unshare -n failed); "
+                "falling back to the in-process socket audit hook only",
+            )
         python = cfg.python or sys.executable
         ids = None
         is_root = os.geteuid() == 0
@@ -289,16 +300,28 @@ def _plan(cfg: SandboxConfig) -> dict:
                         python, ids = cand, nb
                         break
                 if ids is not None and python != sys.executable and not cfg.python:
-                    _warn_once("syspython", f"sandbox: the current interpreter is not usable by 'nobody'; user code "
-                                            f"runs with {python} (packages installed only in the current "
-                                            "environment, e.g. numpy, are unavailable there; pass python=... "
-                                            "or drop_privileges=False to change this)")
+                    _warn_once(
+                        "syspython",
+                        f"sandbox: the current interpreter is not usable by 'nobody'; user code "
+                        f"runs with {python} (packages installed only in the current "
+                        "environment, e.g. numpy, are unavailable there; pass python=... "
+                        "or drop_privileges=False to change this)",
+                    )
                 if ids is None:
-                    _warn_once("drop", "sandbox: no interpreter usable by 'nobody'; user code runs as root "
-                                       "(RLIMIT_NPROC is not enforced for root; fork bombs are stopped only by "
-                                       "the audit hook and the process-group/PID-namespace kill)")
-    return {"prefix": list(prefix) if prefix else [], "net_ns": net_ns, "pid_ns": pid_ns, "python": python,
-            "ids": ids, "root_parent": is_root}
+                    _warn_once(
+                        "drop",
+                        "sandbox: no interpreter usable by 'nobody'; user code runs as root "
+                        "(RLIMIT_NPROC is not enforced for root; fork bombs are stopped only by "
+                        "the audit hook and the process-group/PID-namespace kill)",
+                    )
+    return {
+        "prefix": list(prefix) if prefix else [],
+        "net_ns": net_ns,
+        "pid_ns": pid_ns,
+        "python": python,
+        "ids": ids,
+        "root_parent": is_root,
+    }
 
 
 def isolation_report(cfg: SandboxConfig | None = None) -> dict:
@@ -322,6 +345,7 @@ def isolation_report(cfg: SandboxConfig | None = None) -> dict:
 # running
 # ---------------------------------------------------------------------------------------------
 
+
 def _read_capped(path: Path, cap: int) -> tuple[str, bool]:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -337,10 +361,13 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
     if overrides:
         cfg = SandboxConfig(**{**asdict(cfg), **overrides})
     plan = _plan(cfg)
-    iso = {"network_namespace": plan["net_ns"], "pid_namespace": plan["pid_ns"],
-           "privileges_dropped": plan["ids"] is not None}
-    ctl = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-ctl-"))   # parent-owned: program, config, outputs
-    work = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-"))      # the child's empty cwd
+    iso = {
+        "network_namespace": plan["net_ns"],
+        "pid_namespace": plan["pid_ns"],
+        "privileges_dropped": plan["ids"] is not None,
+    }
+    ctl = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-ctl-"))  # parent-owned: program, config, outputs
+    work = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-"))  # the child's empty cwd
     proc = None
     t0 = time.monotonic()
     try:
@@ -353,10 +380,18 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             os.chmod(prog, 0o644)
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2
         child_cfg = {
-            "cwd": str(work), "program": str(prog), "config": str(ctl / "config.json"),
-            "cpu_s": int(cpu_s), "fsize": int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes)),
-            "nofile": cfg.nofile, "nproc": cfg.nproc, "as_bytes": int(cfg.memory_mb) << 20,
-            "uid": uid, "gid": gid, "block_processes": cfg.block_processes, "audit_hook": cfg.audit_hook,
+            "cwd": str(work),
+            "program": str(prog),
+            "config": str(ctl / "config.json"),
+            "cpu_s": int(cpu_s),
+            "fsize": int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes)),
+            "nofile": cfg.nofile,
+            "nproc": cfg.nproc,
+            "as_bytes": int(cfg.memory_mb) << 20,
+            "uid": uid,
+            "gid": gid,
+            "block_processes": cfg.block_processes,
+            "audit_hook": cfg.audit_hook,
         }
         (ctl / "config.json").write_text(json.dumps(child_cfg))
         if uid is not None:
@@ -366,12 +401,27 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             # keep the interpreter off PID 1 (PID 1 ignores default-action signals such as SIGXCPU)
             cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
         cmd = plan["prefix"] + cmd
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "TMPDIR": str(work),
-               # one BLAS/OpenMP thread: keeps numeric libraries inside RLIMIT_AS and the CPU budget
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(work),
+            "LANG": "C.UTF-8",
+            "TMPDIR": str(work),
+            # one BLAS/OpenMP thread: keeps numeric libraries inside RLIMIT_AS and the CPU budget
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
         with open(ctl / "stdout", "wb") as out, open(ctl / "stderr", "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=str(work),
-                                    env=env, start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=str(work),
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
             timed_out = False
             try:
                 rc = proc.wait(timeout=cfg.timeout_s)
@@ -387,8 +437,10 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             status = "timeout"
         elif over_out or over_err or rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
             status = "output_limit"
-        elif rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL) and \
-                "MemoryError" not in stderr:
+        elif (
+            rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL)
+            and "MemoryError" not in stderr
+        ):
             status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "killed"
         elif "MemoryError" in stderr:
             status = "memory"
@@ -408,14 +460,13 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
-def run_many(codes: list[str], config: SandboxConfig | None = None, max_workers: int | None = None,
-             progress: bool = False) -> list[SandboxResult]:
+def run_many(
+    codes: list[str], config: SandboxConfig | None = None, max_workers: int | None = None, progress: bool = False
+) -> list[SandboxResult]:
     """Run several programs concurrently (a thread per running sandbox); results in input order."""
     if not codes:
         return []

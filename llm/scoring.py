@@ -19,8 +19,8 @@ padded batch (left or right padding; positions come from the attention mask).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -35,17 +35,18 @@ from tiltlab.objectives.tb import sequence_logprob
 __all__ = [
     "ScoreOutput",
     "body_and_head",
+    "build_batch",
     "hidden_states",
-    "token_logprobs_padded",
     "score_completions",
     "score_future_completions",
-    "build_batch",
+    "token_logprobs_padded",
 ]
 
 
 # ---------------------------------------------------------------------------------------------
 # model plumbing
 # ---------------------------------------------------------------------------------------------
+
 
 def body_and_head(model):
     """``(decoder_body, output_weight [V, H], output_bias [V] or None)`` of a causal LM (PEFT too).
@@ -74,8 +75,9 @@ def hidden_states(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def token_logprobs_padded(model, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor, *,
-                          entropy: bool = False, grad: bool = False) -> tuple[Tensor, Tensor | None]:
+def token_logprobs_padded(
+    model, input_ids: Tensor, attention_mask: Tensor, target_mask: Tensor, *, entropy: bool = False, grad: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced ``log pi(input_ids[:, t] | input_ids[:, :t])`` where ``target_mask`` is 1.
 
     Args:
@@ -126,8 +128,13 @@ class ScoreOutput:
     entropy: Tensor | None = None
 
 
-def build_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int,
-                padding_side: str = "right", device=None):
+def build_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_token_id: int,
+    padding_side: str = "right",
+    device=None,
+):
     """Pack ``prompt + completion`` rows into ``(input_ids [B, L], attention_mask [B, L],
     target_mask [B, L], start [B])`` where ``start[b]`` is the column of the first completion token."""
     if len(prompt_ids) != len(completion_ids):
@@ -148,9 +155,9 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Se
     for b, (p, c) in enumerate(rows):
         n = len(p) + len(c)
         off = 0 if padding_side == "right" else width - n
-        input_ids[b, off: off + n] = torch.tensor(p + c, dtype=torch.long)
-        attn[b, off: off + n] = 1
-        tgt[b, off + len(p): off + n] = 1.0
+        input_ids[b, off : off + n] = torch.tensor(p + c, dtype=torch.long)
+        attn[b, off : off + n] = 1
+        tgt[b, off + len(p) : off + n] = 1.0
         start[b] = off + len(p)
     if device is not None:
         input_ids, attn, tgt, start = input_ids.to(device), attn.to(device), tgt.to(device), start.to(device)
@@ -160,12 +167,23 @@ def build_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Se
 def _to_completion_aligned(x: Tensor, start: Tensor, lengths: Tensor, t_max: int) -> Tensor:
     idx = start[:, None] + torch.arange(t_max, device=x.device)[None, :]  # [B, T]
     valid = torch.arange(t_max, device=x.device)[None, :] < lengths[:, None]
-    return torch.where(valid, x.gather(1, idx.clamp_max(x.shape[1] - 1)), torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(
+        valid, x.gather(1, idx.clamp_max(x.shape[1] - 1)), torch.zeros((), dtype=x.dtype, device=x.device)
+    )
 
 
-def score_completions(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], *,
-                      pad_token_id: int = 0, batch_size: int = 16, padding_side: str = "right",
-                      entropy: bool = False, grad: bool = False, show_progress: bool = False) -> ScoreOutput:
+def score_completions(
+    model,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int = 0,
+    batch_size: int = 16,
+    padding_side: str = "right",
+    entropy: bool = False,
+    grad: bool = False,
+    show_progress: bool = False,
+) -> ScoreOutput:
     """Sequence and per-token log-probs (temperature 1) of ``completion_ids[b]`` given ``prompt_ids[b]``.
 
     Rows are scored in micro-batches of ``batch_size`` (results do not depend on it, nor on the
@@ -181,10 +199,11 @@ def score_completions(model, prompt_ids: Sequence[Sequence[int]], completion_ids
     lengths_all = torch.tensor([len(c) for c in completion_ids], dtype=torch.long, device=dev)
     tok, ent = [], []
     for s in tqdm(range(0, bsz, batch_size), desc="scoring", disable=not show_progress, leave=False):
-        ids, attn, tgt, start = build_batch(prompt_ids[s: s + batch_size], completion_ids[s: s + batch_size],
-                                            pad_token_id, padding_side, dev)
+        ids, attn, tgt, start = build_batch(
+            prompt_ids[s : s + batch_size], completion_ids[s : s + batch_size], pad_token_id, padding_side, dev
+        )
         lp, e = token_logprobs_padded(model, ids, attn, tgt, entropy=entropy, grad=grad)
-        lens = lengths_all[s: s + batch_size]
+        lens = lengths_all[s : s + batch_size]
         tok.append(_to_completion_aligned(lp, start, lens, t_max))
         if entropy:
             ent.append(_to_completion_aligned(e, start, lens, t_max))
@@ -194,8 +213,17 @@ def score_completions(model, prompt_ids: Sequence[Sequence[int]], completion_ids
     return ScoreOutput(token_lp, mask, seq, torch.cat(ent) if entropy else None)
 
 
-def score_future_completions(model_theta, model_ref, prompt_ids, completion_ids, lam: float, *,
-                             pad_token_id: int = 0, batch_size: int = 16, grad: bool = False) -> ScoreOutput:
+def score_future_completions(
+    model_theta,
+    model_ref,
+    prompt_ids,
+    completion_ids,
+    lam: float,
+    *,
+    pad_token_id: int = 0,
+    batch_size: int = 16,
+    grad: bool = False,
+) -> ScoreOutput:
     """FPA's extrapolated policy ``pi_hat ∝ exp((1+lam) z_theta - lam z_ref)`` scored on completions.
 
     FPA paper §5 (``future_policy_logprobs`` in ``objectives.offline`` is the naive
@@ -209,18 +237,28 @@ def score_future_completions(model_theta, model_ref, prompt_ids, completion_ids,
     _, w_ref, b_ref = body_and_head(model_ref)
     out = []
     for s in range(0, len(completion_ids), batch_size):
-        ids, attn, tgt, start = build_batch(prompt_ids[s: s + batch_size], completion_ids[s: s + batch_size],
-                                            pad_token_id, "right", dev)
+        ids, attn, tgt, start = build_batch(
+            prompt_ids[s : s + batch_size], completion_ids[s : s + batch_size], pad_token_id, "right", dev
+        )
         sel = tgt[:, 1:] > 0
         with torch.no_grad():
             h_ref = hidden_states(model_ref, ids, attn)[:, :-1][sel]
-        with (torch.enable_grad() if grad else torch.no_grad()):
+        with torch.enable_grad() if grad else torch.no_grad():
             h_theta = hidden_states(model_theta, ids, attn)[:, :-1][sel]
-            lp_sel = fused_linear_future_logprobs(h_theta, w_theta, h_ref.to(h_theta.dtype), w_ref, ids[:, 1:][sel],
-                                                  lam, bias_theta=b_theta, bias_ref=b_ref, ignore_index=None)
+            lp_sel = fused_linear_future_logprobs(
+                h_theta,
+                w_theta,
+                h_ref.to(h_theta.dtype),
+                w_ref,
+                ids[:, 1:][sel],
+                lam,
+                bias_theta=b_theta,
+                bias_ref=b_ref,
+                ignore_index=None,
+            )
             lp = torch.zeros(ids.shape, dtype=lp_sel.dtype, device=dev)
             lp[:, 1:] = lp[:, 1:].masked_scatter(sel, lp_sel)
-        out.append(_to_completion_aligned(lp, start, lengths_all[s: s + batch_size], t_max))
+        out.append(_to_completion_aligned(lp, start, lengths_all[s : s + batch_size], t_max))
     token_lp = torch.cat(out) if out else torch.zeros(0, t_max, device=dev)
     mask = (torch.arange(t_max, device=dev)[None, :] < lengths_all[:, None]).to(token_lp.dtype)
     return ScoreOutput(token_lp, mask, sequence_logprob(token_lp, mask, normalize="sum"))

@@ -36,18 +36,19 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = [
-    "Stage1Config",
-    "run_stage1",
-    "load_stage1",
-    "atomic_write_bytes",
-    "atomic_write_json",
     "CRASH_ENV",
     "MANIFEST",
+    "Stage1Config",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "load_stage1",
+    "run_stage1",
 ]
 
 MANIFEST = "manifest.json"
@@ -58,9 +59,23 @@ manifest records it (the shard is then redone on resume, overwriting its files).
 
 # Fields that change the produced samples or labels: a resumed run must agree on all of them.
 _IDENTITY_FIELDS = (
-    "proposal", "reference", "dataset", "M", "beta", "reward", "reward_scale", "reward_shift",
-    "temperature", "top_p", "top_k", "max_new_tokens", "seed", "prompts_per_shard", "max_prompts",
-    "chat_template", "engine",
+    "proposal",
+    "reference",
+    "dataset",
+    "M",
+    "beta",
+    "reward",
+    "reward_scale",
+    "reward_shift",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "seed",
+    "prompts_per_shard",
+    "max_prompts",
+    "chat_template",
+    "engine",
 )
 
 
@@ -138,21 +153,32 @@ class Stage1Config:
     def sampling(self, shard: int):
         from tiltlab.llm.rollout import SamplingConfig, derive_seed
 
-        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, seed=derive_seed("stage1", self.seed, shard))
+        return SamplingConfig(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            seed=derive_seed("stage1", self.seed, shard),
+        )
 
     @property
     def truncated_support(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0
 
     def reward_transform(self) -> dict[str, Any]:
-        return {"name": "affine", "formula": "r~ = a * r + c", "a": self.reward_scale, "c": self.reward_shift,
-                "reward": self.reward}
+        return {
+            "name": "affine",
+            "formula": "r~ = a * r + c",
+            "a": self.reward_scale,
+            "c": self.reward_shift,
+            "reward": self.reward,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # atomic files
 # ---------------------------------------------------------------------------------------------
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (same-directory temporary file, fsync, ``os.replace``)."""
@@ -183,6 +209,7 @@ def _atomic_write_parquet(path: Path, table) -> None:
 # data, prompts, rewards
 # ---------------------------------------------------------------------------------------------
 
+
 def _load_rows(dataset: str) -> list[dict]:
     from tiltlab.llm.data import load_prompts
 
@@ -212,10 +239,13 @@ def format_prompt(tokenizer, prompt: str, chat_template: bool) -> str:
     if not chat_template:
         return prompt
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat_template=True but the reference tokenizer has no chat template; "
-                         "pass --no-chat-template to use raw prompts")
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+        raise ValueError(
+            "chat_template=True but the reference tokenizer has no chat template; "
+            "pass --no-chat-template to use raw prompts"
+        )
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
@@ -227,8 +257,10 @@ def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
 
 def _check_same_tokenizer(tok_q, tok_ref) -> None:
     if len(tok_q) != len(tok_ref) or tok_q.get_vocab() != tok_ref.get_vocab():
-        raise ValueError("proposal and reference tokenizers differ: completions are scored under pi_ref by their "
-                         "token ids, so both models must share one tokenizer")
+        raise ValueError(
+            "proposal and reference tokenizers differ: completions are scored under pi_ref by their "
+            "token ids, so both models must share one tokenizer"
+        )
 
 
 def _crash_hook(shard_done: int, phase: str) -> None:
@@ -246,6 +278,7 @@ def _crash_hook(shard_done: int, phase: str) -> None:
 # the run
 # ---------------------------------------------------------------------------------------------
 
+
 class _Models:
     """Lazily built proposal engine and reference scorer (only when some shard remains)."""
 
@@ -256,9 +289,13 @@ class _Models:
         self.ref_tok = load_tokenizer(cfg.reference)
         self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=cfg.device)
         if cfg.engine == "vllm":
-            self.engine = VLLMEngine(cfg.proposal, dtype=cfg.dtype, seed=cfg.seed,
-                                     gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                     tensor_parallel_size=cfg.tensor_parallel_size)
+            self.engine = VLLMEngine(
+                cfg.proposal,
+                dtype=cfg.dtype,
+                seed=cfg.seed,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+            )
             _check_same_tokenizer(self.engine.tokenizer, self.ref_tok)
         else:
             if cfg.proposal == cfg.reference:
@@ -271,16 +308,19 @@ class _Models:
 
 
 def _loud_truncation_warning(cfg: Stage1Config) -> None:
-    msg = (f"Stage 1 sampler truncates support (top_k={cfg.top_k}, top_p={cfg.top_p}): absolute continuity "
-           "(DISA App. C.1) fails and the labels log Z_hat are biased LOW by the tilted mass outside the "
-           "truncated support. Proceeding because allow_truncated=True; the manifest records it.")
+    msg = (
+        f"Stage 1 sampler truncates support (top_k={cfg.top_k}, top_p={cfg.top_p}): absolute continuity "
+        "(DISA App. C.1) fails and the labels log Z_hat are biased LOW by the tilted mass outside the "
+        "truncated support. Proceeding because allow_truncated=True; the manifest records it."
+    )
     bar = "!" * 100
     sys.stderr.write(f"\n{bar}\nWARNING: {msg}\n{bar}\n\n")
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
-def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
-               reward_fn: Callable | None = None, progress: bool = True) -> dict:
+def run_stage1(
+    cfg: Stage1Config, *, rows: list[dict] | None = None, reward_fn: Callable | None = None, progress: bool = True
+) -> dict:
     """Run (or resume) Stage 1 and return a summary dict (also stored in the manifest).
 
     Args:
@@ -302,7 +342,8 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
             raise ValueError(
                 f"top_k={cfg.top_k} / top_p={cfg.top_p} truncate the proposal's support, which breaks DISA's "
                 "absolute-continuity condition (App. C.1) and biases log Z_hat low. Use top_k=0, top_p=1, "
-                "or pass allow_truncated=True (--allow-truncated) to proceed anyway.")
+                "or pass allow_truncated=True (--allow-truncated) to proceed anyway."
+            )
         _loud_truncation_warning(cfg)
 
     out = Path(cfg.out_dir)
@@ -330,33 +371,50 @@ def run_stage1(cfg: Stage1Config, *, rows: list[dict] | None = None,
         old = manifest.get("identity", {})
         diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
         if diff:
-            raise ValueError(f"{out} holds a Stage 1 run with a different configuration {diff}; "
-                             "use another out_dir or the same settings to resume")
+            raise ValueError(
+                f"{out} holds a Stage 1 run with a different configuration {diff}; "
+                "use another out_dir or the same settings to resume"
+            )
     else:
         manifest = {"format": "tiltlab.stage1/1", "identity": identity, "shards": {}, "complete": False}
-    manifest.update({
-        "config": asdict(cfg), "n_prompts": len(rows), "n_shards": n_shards, "beta": cfg.beta,
-        "reward_transform": {**cfg.reward_transform(), "reward": reward_name},
-        "truncated_support": cfg.truncated_support,
-        # log w uses masked-SUM sequence log-probs (trajectory level); Stage 3 must use the same scale
-        "logprob_scale": "sum",
-        "label": "log_z = LSE_i(log w_i) - log M (DISA eq. 8); log_z_bias_corrected = log_z - delta_method_bias",
-    })
+    manifest.update(
+        {
+            "config": asdict(cfg),
+            "n_prompts": len(rows),
+            "n_shards": n_shards,
+            "beta": cfg.beta,
+            "reward_transform": {**cfg.reward_transform(), "reward": reward_name},
+            "truncated_support": cfg.truncated_support,
+            # log w uses masked-SUM sequence log-probs (trajectory level); Stage 3 must use the same scale
+            "logprob_scale": "sum",
+            "label": "log_z = LSE_i(log w_i) - log M (DISA eq. 8); log_z_bias_corrected = log_z - delta_method_bias",
+        }
+    )
     atomic_write_json(man_path, manifest)
 
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
     models = _Models(cfg) if todo else None
-    bar = tqdm(total=len(rows), desc="stage1 prompts", unit="prompt", disable=not progress,
-               initial=sum(v["n_prompts"] for v in manifest["shards"].values()))
+    bar = tqdm(
+        total=len(rows),
+        desc="stage1 prompts",
+        unit="prompt",
+        disable=not progress,
+        initial=sum(v["n_prompts"] for v in manifest["shards"].values()),
+    )
     for k in todo:
-        shard_rows = rows[k * cfg.prompts_per_shard: (k + 1) * cfg.prompts_per_shard]
+        shard_rows = rows[k * cfg.prompts_per_shard : (k + 1) * cfg.prompts_per_shard]
         samples, labels = _run_shard(cfg, models, shard_rows, k, reward, est, torch)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
         _atomic_write_parquet(out / s_name, samples)
         _atomic_write_parquet(out / l_name, labels)
         _crash_hook(k + 1, "before_manifest")
-        manifest["shards"][str(k)] = {"samples": s_name, "labels": l_name, "n_prompts": len(shard_rows),
-                                      "n_samples": samples.num_rows, "prompt_ids": [str(r["id"]) for r in shard_rows]}
+        manifest["shards"][str(k)] = {
+            "samples": s_name,
+            "labels": l_name,
+            "n_prompts": len(shard_rows),
+            "n_samples": samples.num_rows,
+            "prompt_ids": [str(r["id"]) for r in shard_rows],
+        }
         atomic_write_json(man_path, manifest)
         bar.update(len(shard_rows))
         _crash_hook(k + 1, "after_manifest")
@@ -382,15 +440,17 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
     flat_c = [c for g in groups for c in g.completion_ids]
     if any(len(c) == 0 for c in flat_c):
         raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
-    sc = score_completions(models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id,
-                           batch_size=cfg.score_batch_size)
+    sc = score_completions(
+        models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id, batch_size=cfg.score_batch_size
+    )
     P, M = len(groups), cfg.M
     logp_ref = sc.seq_logprobs.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
     kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
-    r_list = reward([r["prompt"] for r in shard_rows for _ in range(M)], [t for g in groups for t in g.texts],
-                    flat_c, **kwargs)
+    r_list = reward(
+        [r["prompt"] for r in shard_rows for _ in range(M)], [t for g in groups for t in g.texts], flat_c, **kwargs
+    )
     if len(r_list) != P * M or any(v is None for v in r_list):
         raise ValueError("the reward function must return one number per completion (got None or a wrong count)")
     r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
@@ -407,27 +467,31 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
         "ess": est.effective_sample_size(log_w),
         "max_weight": est.max_normalized_weight(log_w),
     }
-    labels = pa.table({
-        "prompt_id": [str(r["id"]) for r in shard_rows],
-        "prompt": [r["prompt"] for r in shard_rows],
-        "M": pa.array([M] * P, pa.int32()),
-        **{name: pa.array(v.tolist(), pa.float64()) for name, v in lab.items()},
-        "n_reward_bearing": pa.array((r_raw > 0).sum(-1).tolist(), pa.int32()),
-        "mean_reward": pa.array(r_raw.mean(-1).tolist(), pa.float64()),
-    })
-    samples = pa.table({
-        "prompt_id": [str(r["id"]) for r in shard_rows for _ in range(M)],
-        "sample_idx": pa.array([j for _ in range(P) for j in range(M)], pa.int32()),
-        "completion": [t for g in groups for t in g.texts],
-        "completion_ids": pa.array(flat_c, pa.list_(pa.int32())),
-        "n_tokens": pa.array([len(c) for c in flat_c], pa.int32()),
-        "finished": [f for g in groups for f in (g.finished or [False] * M)],
-        "logp_proposal": pa.array(logp_q.flatten().tolist(), pa.float64()),
-        "logp_ref": pa.array(logp_ref.flatten().tolist(), pa.float64()),
-        "reward_raw": pa.array(r_raw.flatten().tolist(), pa.float64()),
-        "reward": pa.array(r_tilde.flatten().tolist(), pa.float64()),
-        "log_w": pa.array(log_w.flatten().tolist(), pa.float64()),
-    })
+    labels = pa.table(
+        {
+            "prompt_id": [str(r["id"]) for r in shard_rows],
+            "prompt": [r["prompt"] for r in shard_rows],
+            "M": pa.array([M] * P, pa.int32()),
+            **{name: pa.array(v.tolist(), pa.float64()) for name, v in lab.items()},
+            "n_reward_bearing": pa.array((r_raw > 0).sum(-1).tolist(), pa.int32()),
+            "mean_reward": pa.array(r_raw.mean(-1).tolist(), pa.float64()),
+        }
+    )
+    samples = pa.table(
+        {
+            "prompt_id": [str(r["id"]) for r in shard_rows for _ in range(M)],
+            "sample_idx": pa.array([j for _ in range(P) for j in range(M)], pa.int32()),
+            "completion": [t for g in groups for t in g.texts],
+            "completion_ids": pa.array(flat_c, pa.list_(pa.int32())),
+            "n_tokens": pa.array([len(c) for c in flat_c], pa.int32()),
+            "finished": [f for g in groups for f in (g.finished or [False] * M)],
+            "logp_proposal": pa.array(logp_q.flatten().tolist(), pa.float64()),
+            "logp_ref": pa.array(logp_ref.flatten().tolist(), pa.float64()),
+            "reward_raw": pa.array(r_raw.flatten().tolist(), pa.float64()),
+            "reward": pa.array(r_tilde.flatten().tolist(), pa.float64()),
+            "log_w": pa.array(log_w.flatten().tolist(), pa.float64()),
+        }
+    )
     return samples, labels
 
 
@@ -477,7 +541,8 @@ def _summary(labels, cfg: Stage1Config) -> dict:
         "mean_delta_bias": mean("delta_bias"),
         "mean_ess": mean("ess"),
         "mean_max_weight": mean("max_weight"),
-        "frac_prompts_with_reward": sum(1 for n in labels.column("n_reward_bearing").to_pylist() if n > 0) / max(1, labels.num_rows),
+        "frac_prompts_with_reward": sum(1 for n in labels.column("n_reward_bearing").to_pylist() if n > 0)
+        / max(1, labels.num_rows),
         "n_nonfinite_labels": sum(1 for x in lz if not math.isfinite(x)),
     }
 
@@ -490,13 +555,16 @@ def config_fields() -> list[str]:
 # CLI
 # ---------------------------------------------------------------------------------------------
 
+
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
     from tiltlab.llm.cli import add_dataclass_args
 
     p = subparsers.add_parser(
-        "stage1", help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
-        description=__doc__.split("\n\n")[0] + " Refuses top-k/top-p truncation unless --allow-truncated.")
+        "stage1",
+        help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
+        description=__doc__.split("\n\n")[0] + " Refuses top-k/top-p truncation unless --allow-truncated.",
+    )
     add_dataclass_args(p, Stage1Config, config_section="stage1")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)

@@ -29,20 +29,21 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
-    "Stage2Config",
-    "run_stage2",
-    "embed_prompts",
-    "cached_embeddings",
+    "CONFIG_FILE",
+    "REGRESSOR_FILE",
     "LogZPredictor",
+    "Stage2Config",
+    "cached_embeddings",
+    "embed_prompts",
     "load_log_z_predictor",
     "predict_log_z",
-    "REGRESSOR_FILE",
-    "CONFIG_FILE",
+    "run_stage2",
 ]
 
 REGRESSOR_FILE = "regressor.safetensors"
@@ -102,6 +103,7 @@ class Stage2Config:
 # embeddings
 # ---------------------------------------------------------------------------------------------
 
+
 def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, progress: bool = False):
     """``[N, H]`` float32 CPU: mean over each text's tokens of the final hidden state (frozen).
 
@@ -122,8 +124,9 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     tokenizer.padding_side = "right"
     try:
         for s in tqdm(range(0, len(texts), batch_size), desc="embedding prompts", disable=not progress, leave=False):
-            enc = tokenizer(list(texts[s: s + batch_size]), return_tensors="pt", padding=True,
-                            add_special_tokens=False)
+            enc = tokenizer(
+                list(texts[s : s + batch_size]), return_tensors="pt", padding=True, add_special_tokens=False
+            )
             ids, attn = enc["input_ids"].to(dev), enc["attention_mask"].to(dev)
             if bool((attn.sum(-1) == 0).any()):
                 raise ValueError("an empty prompt cannot be embedded")
@@ -151,8 +154,15 @@ def model_fingerprint(model, name: str) -> str:
     return h.hexdigest()
 
 
-def cached_embeddings(model, tokenizer, texts: Sequence[str], cache_dir: str | Path, model_name: str,
-                      batch_size: int = 16, progress: bool = False):
+def cached_embeddings(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    cache_dir: str | Path,
+    model_name: str,
+    batch_size: int = 16,
+    progress: bool = False,
+):
     """:func:`embed_prompts`, cached in ``cache_dir`` as safetensors keyed by
     ``sha256(model fingerprint, pooling, texts)``; a hit skips the model entirely."""
     from safetensors.torch import load_file, save_file
@@ -167,8 +177,11 @@ def cached_embeddings(model, tokenizer, texts: Sequence[str], cache_dir: str | P
     emb = embed_prompts(model, tokenizer, texts, batch_size, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({"embeddings": emb.contiguous()}, str(tmp), metadata={"model": str(model_name), "pooling": POOLING,
-                                                                    "n": str(len(texts))})
+    save_file(
+        {"embeddings": emb.contiguous()},
+        str(tmp),
+        metadata={"model": str(model_name), "pooling": POOLING, "n": str(len(texts))},
+    )
     os.replace(tmp, path)
     return emb, False
 
@@ -184,6 +197,7 @@ def _model_ref(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # the run
 # ---------------------------------------------------------------------------------------------
+
 
 def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     """Embed the labelled prompts, fit the regressor, save it; returns the metrics dict."""
@@ -201,7 +215,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         raise ValueError("no embedding model: pass embed_model (the Stage 1 manifest names no reference)")
     chat = s1.get("chat_template", True) if cfg.chat_template is None else cfg.chat_template
     if not man.get("complete"):
-        warnings.warn(f"Stage 1 run in {cfg.labels} is not complete; fitting on its finished shards only")
+        warnings.warn(f"Stage 1 run in {cfg.labels} is not complete; fitting on its finished shards only", stacklevel=2)
     _, labels = load_stage1(cfg.labels)
     lab = labels.to_pydict()
     prompts, targets, dropped = [], [], 0
@@ -212,7 +226,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         prompts.append(p)
         targets.append(float(y))
     if dropped:
-        warnings.warn(f"dropped {dropped} prompts with a non-finite {cfg.target} label")
+        warnings.warn(f"dropped {dropped} prompts with a non-finite {cfg.target} label", stacklevel=2)
     if len(prompts) < 3:
         raise ValueError(f"need >= 3 prompts with finite labels to fit with a held-out split, got {len(prompts)}")
 
@@ -221,18 +235,35 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     tok = load_tokenizer(embed_name)
     model = load_model(embed_name, dtype=cfg.dtype, device=cfg.device)
     texts = [format_prompt(tok, p, chat) for p in prompts]
-    feats, hit = cached_embeddings(model, tok, texts, cfg.cache_dir or out / "embed_cache", embed_name,
-                                   cfg.embed_batch_size, progress)
+    feats, hit = cached_embeddings(
+        model, tok, texts, cfg.cache_dir or out / "embed_cache", embed_name, cfg.embed_batch_size, progress
+    )
     del model
     y = torch.tensor(targets, dtype=torch.float32)
-    fit = fit_regressor(feats, y, val_fraction=cfg.val_fraction, epochs=cfg.epochs, lr=cfg.lr,
-                        weight_decay=cfg.weight_decay, hidden=cfg.hidden, n_layers=cfg.n_layers,
-                        batch_size=cfg.fit_batch_size, seed=cfg.seed, progress=progress)
+    fit = fit_regressor(
+        feats,
+        y,
+        val_fraction=cfg.val_fraction,
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        hidden=cfg.hidden,
+        n_layers=cfg.n_layers,
+        batch_size=cfg.fit_batch_size,
+        seed=cfg.seed,
+        progress=progress,
+    )
     metrics = {
-        "n_train": int(fit.train_idx.numel()), "n_val": int(fit.val_idx.numel()), "n_dropped": dropped,
-        "train_mse": fit.train_mse, "val_mse": fit.val_mse, "val_r2": fit.val_r2,
-        "baseline_val_mse": fit.baseline_val_mse, "best_epoch": fit.best_epoch,
-        "label_mean": float(y.mean()), "label_std": float(y.std()) if len(y) > 1 else 0.0,
+        "n_train": int(fit.train_idx.numel()),
+        "n_val": int(fit.val_idx.numel()),
+        "n_dropped": dropped,
+        "train_mse": fit.train_mse,
+        "val_mse": fit.val_mse,
+        "val_r2": fit.val_r2,
+        "baseline_val_mse": fit.baseline_val_mse,
+        "best_epoch": fit.best_epoch,
+        "label_mean": float(y.mean()),
+        "label_std": float(y.std()) if len(y) > 1 else 0.0,
         "embedding_cache_hit": hit,
     }
     tmp = out / f".{REGRESSOR_FILE}.tmp-{os.getpid()}"
@@ -253,8 +284,12 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         "history": fit.history,
     }
     atomic_write_json(out / CONFIG_FILE, config)
-    plot_loss_curve(fit.history, fit.baseline_val_mse, out / "loss_curve.png",
-                    title=f"Stage 2: val MSE {fit.val_mse:.4g}, R² {fit.val_r2:.3f}")
+    plot_loss_curve(
+        fit.history,
+        fit.baseline_val_mse,
+        out / "loss_curve.png",
+        title=f"Stage 2: val MSE {fit.val_mse:.4g}, R² {fit.val_r2:.3f}",
+    )
     return metrics
 
 
@@ -286,6 +321,7 @@ def plot_loss_curve(history: dict[str, list[float]], baseline: float, path: Path
 # loading for later stages
 # ---------------------------------------------------------------------------------------------
 
+
 class LogZPredictor:
     """Frozen ``log Z_psi(x)``: embedding model + regressor, as recorded by Stage 2.
 
@@ -293,8 +329,9 @@ class LogZPredictor:
     message's content is used) and returns a ``[N]`` float32 CPU tensor, detached.
     """
 
-    def __init__(self, regressor, model, tokenizer, chat_template: bool, batch_size: int = 16,
-                 config: dict | None = None):
+    def __init__(
+        self, regressor, model, tokenizer, chat_template: bool, batch_size: int = 16, config: dict | None = None
+    ):
         self.regressor = regressor.eval()
         self.model = model
         self.tokenizer = tokenizer
@@ -310,16 +347,27 @@ class LogZPredictor:
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list")
         texts = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
-        feats = embed_prompts(self.model, self.tokenizer, [format_prompt(self.tokenizer, t, self.chat_template)
-                                                           for t in texts], self.batch_size)
+        feats = embed_prompts(
+            self.model,
+            self.tokenizer,
+            [format_prompt(self.tokenizer, t, self.chat_template) for t in texts],
+            self.batch_size,
+        )
         with torch.no_grad():
             return self.regressor(feats).float().cpu()
 
     __call__ = predict_log_z
 
 
-def load_log_z_predictor(path: str | Path, model=None, tokenizer=None, embed_model: str | None = None,
-                         dtype: str = "auto", device: str | None = None, batch_size: int = 16) -> LogZPredictor:
+def load_log_z_predictor(
+    path: str | Path,
+    model=None,
+    tokenizer=None,
+    embed_model: str | None = None,
+    dtype: str = "auto",
+    device: str | None = None,
+    batch_size: int = 16,
+) -> LogZPredictor:
     """Load a Stage-2 directory. Pass an already loaded ``model``/``tokenizer`` (e.g. Stage 3's
     frozen pi_ref when it is the embedding model) to avoid loading it twice, or ``embed_model``
     to override the recorded path (e.g. on another machine)."""
@@ -353,13 +401,16 @@ def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **lo
 # CLI
 # ---------------------------------------------------------------------------------------------
 
+
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
     from tiltlab.llm.cli import add_dataclass_args
 
     p = subparsers.add_parser(
-        "stage2", help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
-        description=__doc__.split("\n\n")[0])
+        "stage2",
+        help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
+        description=__doc__.split("\n\n")[0],
+    )
     add_dataclass_args(p, Stage2Config, config_section="stage2")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
@@ -374,8 +425,10 @@ def _cli_main(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"tiltlab llm stage2: error: {e}", file=sys.stderr)
         return 2
-    print(f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
-          f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "
-          f"train MSE {m['train_mse']:.5g}, best epoch {m['best_epoch']}")
+    print(
+        f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
+        f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "
+        f"train MSE {m['train_mse']:.5g}, best epoch {m['best_epoch']}"
+    )
     print(f"regressor, config and loss_curve.png written to {cfg.out_dir}")
     return 0

@@ -97,8 +97,11 @@ def arithmetic_tasks(n: int, difficulty: int | list[int] | None = None, seed: in
     """``n`` arithmetic rows. ``difficulty``: an int, a list cycled over, or ``None`` = all levels 1..5 cycled."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    levels = list(range(1, MAX_DIFFICULTY + 1)) if difficulty is None else (
-        [difficulty] if isinstance(difficulty, int) else list(difficulty))
+    levels = (
+        list(range(1, MAX_DIFFICULTY + 1))
+        if difficulty is None
+        else ([difficulty] if isinstance(difficulty, int) else list(difficulty))
+    )
     if not levels:
         raise ValueError("difficulty list is empty")
     for d in levels:
@@ -110,6 +113,7 @@ def arithmetic_tasks(n: int, difficulty: int | list[int] | None = None, seed: in
 # ---------------------------------------------------------------------------------------------
 # function-writing tasks: "write f(x) returning ..." with assert-based tests
 # ---------------------------------------------------------------------------------------------
+
 
 def _fn_affine(rng: random.Random) -> tuple[str, str, list[tuple[Any, Any]], int]:
     a, b = rng.randint(2, 9), rng.randint(0, 20)
@@ -166,16 +170,17 @@ def function_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
     for i in range(n):
         desc, sol, cases, difficulty = _FN_FAMILIES[i % len(_FN_FAMILIES)](rng)
         tests = "".join(f"assert f({x!r}) == {y!r}\n" for x, y in cases)
-        rows.append({
-            "id": f"func-{i}",
-            "prompt": (f"Write a Python function f(x) that {desc}. "
-                       "Answer with the code in a ```python``` block."),
-            "tests": tests,
-            "entry_point": "f",
-            "solution": sol,
-            "difficulty": difficulty,
-            "task": "function",
-        })
+        rows.append(
+            {
+                "id": f"func-{i}",
+                "prompt": (f"Write a Python function f(x) that {desc}. Answer with the code in a ```python``` block."),
+                "tests": tests,
+                "entry_point": "f",
+                "solution": sol,
+                "difficulty": difficulty,
+                "task": "function",
+            }
+        )
     return rows
 
 

@@ -23,4 +23,4 @@ if __name__ != "tiltlab.objectives":  # imported by its bare folder name (the re
 
 from tiltlab.objectives import estimators, lad, metrics, offline, paced, pg, regressor, tb
 
-__all__ = ["estimators", "tb", "lad", "pg", "offline", "paced", "regressor", "metrics"]
+__all__ = ["estimators", "lad", "metrics", "offline", "paced", "pg", "regressor", "tb"]

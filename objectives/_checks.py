@@ -11,7 +11,9 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
     if isinstance(x, Tensor):
         return x
     if like is not None:
-        return torch.as_tensor(x, dtype=like.dtype if like.is_floating_point() else torch.get_default_dtype(), device=like.device)
+        return torch.as_tensor(
+            x, dtype=like.dtype if like.is_floating_point() else torch.get_default_dtype(), device=like.device
+        )
     if isinstance(x, (float, int)):  # Python scalars carry float64 precision; keep it
         return torch.tensor(float(x), dtype=torch.float64)
     t = torch.as_tensor(x)
@@ -20,7 +22,9 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
 
 def same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
     if a.shape != b.shape:
-        raise ValueError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; they must match")
+        raise ValueError(
+            f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; they must match"
+        )
 
 
 def broadcastable(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:

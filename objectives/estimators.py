@@ -27,15 +27,15 @@ from torch import Tensor
 from tiltlab.objectives._checks import as_tensor, broadcastable, no_nan, no_pos_inf, nonempty, positive
 
 __all__ = [
-    "log_importance_weights",
-    "log_partition_lse",
-    "log_partition_geomean",
-    "normalized_weights",
-    "effective_sample_size",
-    "max_normalized_weight",
-    "delta_method_bias",
     "bias_corrected_log_partition",
+    "delta_method_bias",
+    "effective_sample_size",
+    "log_importance_weights",
+    "log_partition_geomean",
+    "log_partition_lse",
     "log_z_from_pass_rate",
+    "max_normalized_weight",
+    "normalized_weights",
     "pass_rate_from_log_z",
 ]
 

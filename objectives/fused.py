@@ -44,19 +44,19 @@ output is 0 and they receive no gradient.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "DEFAULT_TOKEN_CHUNK",
-    "DEFAULT_VOCAB_CHUNK",
     "DEFAULT_CUDA_TOKEN_CHUNK",
     "DEFAULT_CUDA_VOCAB_CHUNK",
-    "fused_linear_logprobs",
-    "fused_linear_future_logprobs",
+    "DEFAULT_TOKEN_CHUNK",
+    "DEFAULT_VOCAB_CHUNK",
     "fused_linear_entropy",
+    "fused_linear_future_logprobs",
+    "fused_linear_logprobs",
     "fused_linear_logprobs_and_entropy",
 ]
 
@@ -80,7 +80,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-_CUDA_OUT_DTYPE_MM: Optional[bool] = None  # whether torch.mm(..., out_dtype=) works on CUDA
+_CUDA_OUT_DTYPE_MM: bool | None = None  # whether torch.mm(..., out_dtype=) works on CUDA
 
 
 def _mm(a: Tensor, b: Tensor, acc: torch.dtype) -> Tensor:
@@ -264,20 +264,31 @@ class _FusedLinearSoftmax(torch.autograd.Function):
         # weight grads are written chunk by chunk in the weight's dtype; a float32 [vc, H]
         # accumulator is used per chunk when that dtype is lower precision
         gw = [torch.empty_like(ws[k]) if need_w[k] else None for k in range(K)]
-        gb = [torch.zeros(v, dtype=acc, device=ws[k].device) if (need_b[k] and bs[k] is not None) else None for k in range(K)]
+        gb = [
+            torch.zeros(v, dtype=acc, device=ws[k].device) if (need_b[k] and bs[k] is not None) else None
+            for k in range(K)
+        ]
         any_w = any(g is not None for g in gw)
         # The one-hot part of d logp/dz: grad += c_k * g1 * (W_k[ids] for h; h_k for W row ids; 1 for b).
         # For W we add it per vocabulary chunk (tokens sorted by id) so accumulation stays in acc.
         if g1 is not None and any_w:
             order = torch.argsort(ids)
             sorted_ids = ids.index_select(0, order)
-            bounds = torch.searchsorted(sorted_ids, torch.arange(0, v + vc, vc, device=ids.device).clamp_(max=v)).tolist()
+            bounds = torch.searchsorted(
+                sorted_ids, torch.arange(0, v + vc, vc, device=ids.device).clamp_(max=v)
+            ).tolist()
 
         with torch.no_grad():
             for ci, (v0, v1) in enumerate(_chunks(v, vc)):
                 w_ops = terms.weight_ops(v0, v1)  # [H, vc] each
                 gw_c = [
-                    None if g is None else (g[v0:v1].zero_() if g.dtype == acc else torch.zeros(v1 - v0, g.shape[1], dtype=acc, device=g.device))
+                    None
+                    if g is None
+                    else (
+                        g[v0:v1].zero_()
+                        if g.dtype == acc
+                        else torch.zeros(v1 - v0, g.shape[1], dtype=acc, device=g.device)
+                    )
                     for g in gw
                 ]  # [vc, H]
                 for t0, t1 in _chunks(n, tc):
@@ -311,7 +322,7 @@ class _FusedLinearSoftmax(torch.autograd.Function):
                             gb[k][v0:v1].add_(gz.sum(0), alpha=c)
                     del gz, p
                 if g1 is not None and any_w:
-                    sel = order[bounds[ci]:bounds[ci + 1]]
+                    sel = order[bounds[ci] : bounds[ci + 1]]
                     if sel.numel():
                         rows = ids.index_select(0, sel) - v0
                         gsel = g1.index_select(0, sel)[:, None]
@@ -350,10 +361,15 @@ def _check_chunk(name: str, x, device: torch.device) -> int:
     return x
 
 
-def _check_pair(tag: str, hidden: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+def _check_pair(tag: str, hidden: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor):
         raise ValueError(f"{tag}: hidden and weight must be tensors")
-    if not hidden.is_floating_point() or hidden.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+    if not hidden.is_floating_point() or hidden.dtype not in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    ):
         raise ValueError(f"{tag}: hidden must be float16/bfloat16/float32/float64; got {hidden.dtype}")
     if hidden.dim() not in (2, 3):
         raise ValueError(f"{tag}: hidden must be [N, H] or [B, T, H]; got shape {tuple(hidden.shape)}")
@@ -378,9 +394,9 @@ def _check_pair(tag: str, hidden: Tensor, weight: Tensor, bias: Optional[Tensor]
 
 def _flatten_and_select(
     hiddens: Sequence[Tensor],
-    ids: Optional[Tensor],
-    mask: Optional[Tensor],
-    ignore_index: Optional[int],
+    ids: Tensor | None,
+    mask: Tensor | None,
+    ignore_index: int | None,
     vocab: int,
 ):
     """Flatten ``[B, T, H]`` to ``[N, H]``; return (hiddens, ids, keep_idx or None, lead_shape)."""
@@ -428,7 +444,7 @@ def _flatten_and_select(
     return flat, ids, keep_idx, lead
 
 
-def _scatter_back(x: Tensor, keep_idx: Optional[Tensor], lead) -> Tensor:
+def _scatter_back(x: Tensor, keep_idx: Tensor | None, lead) -> Tensor:
     n = math.prod(lead)
     if keep_idx is not None:
         x = x.new_zeros(n).index_copy(0, keep_idx, x)
@@ -477,12 +493,12 @@ def fused_linear_logprobs(
     weight: Tensor,
     ids: Tensor,
     *,
-    bias: Optional[Tensor] = None,
+    bias: Tensor | None = None,
     temperature: float = 1.0,
-    mask: Optional[Tensor] = None,
-    ignore_index: Optional[int] = -100,
-    token_chunk: Optional[int] = None,
-    vocab_chunk: Optional[int] = None,
+    mask: Tensor | None = None,
+    ignore_index: int | None = -100,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> Tensor:
     """Per-token log-probs ``log softmax((h W^T + b) / T)[ids]`` without materializing ``[N, V]``.
 
@@ -522,13 +538,13 @@ def fused_linear_future_logprobs(
     ids: Tensor,
     lam: float,
     *,
-    bias_theta: Optional[Tensor] = None,
-    bias_ref: Optional[Tensor] = None,
+    bias_theta: Tensor | None = None,
+    bias_ref: Tensor | None = None,
     temperature: float = 1.0,
-    mask: Optional[Tensor] = None,
-    ignore_index: Optional[int] = -100,
-    token_chunk: Optional[int] = None,
-    vocab_chunk: Optional[int] = None,
+    mask: Tensor | None = None,
+    ignore_index: int | None = -100,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> Tensor:
     """FPA future-policy log-probs, streamed: ``log softmax((1+lam) z_theta - lam z_ref)[ids]``.
 
@@ -573,11 +589,11 @@ def fused_linear_entropy(
     hidden: Tensor,
     weight: Tensor,
     *,
-    bias: Optional[Tensor] = None,
+    bias: Tensor | None = None,
     temperature: float = 1.0,
-    mask: Optional[Tensor] = None,
-    token_chunk: Optional[int] = None,
-    vocab_chunk: Optional[int] = None,
+    mask: Tensor | None = None,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> Tensor:
     """Per-token entropy ``H_n = -sum_v p_nv log p_nv`` of ``p_n = softmax((h_n W^T + b) / T)``.
 
@@ -599,12 +615,12 @@ def fused_linear_logprobs_and_entropy(
     weight: Tensor,
     ids: Tensor,
     *,
-    bias: Optional[Tensor] = None,
+    bias: Tensor | None = None,
     temperature: float = 1.0,
-    mask: Optional[Tensor] = None,
-    ignore_index: Optional[int] = -100,
-    token_chunk: Optional[int] = None,
-    vocab_chunk: Optional[int] = None,
+    mask: Tensor | None = None,
+    ignore_index: int | None = -100,
+    token_chunk: int | None = None,
+    vocab_chunk: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Both :func:`fused_linear_logprobs` and :func:`fused_linear_entropy` in one streamed pass.
 

@@ -12,15 +12,15 @@ Table 5 are written once below (each with ``f(1) = 0``); both losses are built f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import broadcastable, same_shape
 
-__all__ = ["Divergence", "F_DIVERGENCES", "get_divergence", "lad_loss", "lad_theoretical_loss", "lad_target_logprobs"]
+__all__ = ["F_DIVERGENCES", "Divergence", "get_divergence", "lad_loss", "lad_target_logprobs", "lad_theoretical_loss"]
 
 
 def _xlogx(x: Tensor) -> Tensor:
@@ -139,5 +139,3 @@ def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1
     if eta <= 0:
         raise ValueError("eta must be > 0")
     return torch.log_softmax(logp_old + adv / eta, dim=dim)
-
-

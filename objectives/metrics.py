@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-__all__ = ["pass_at_k", "mean_at_k", "distinct_n"]
+__all__ = ["distinct_n", "mean_at_k", "pass_at_k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -43,5 +43,3 @@ def distinct_n(texts: Iterable[str] | Iterable[Sequence], n: int = 2) -> float:
             seen.add(tuple(toks[i : i + n]))
             total += 1
     return len(seen) / total if total else 0.0
-
-

@@ -15,16 +15,16 @@ from tiltlab.objectives._checks import ndim, same_shape
 from tiltlab.objectives.estimators import log_partition_lse
 
 __all__ = [
-    "offrl_loss",
+    "apo_loss",
+    "apo_value",
+    "dpo_loss",
     "fpa_loss",
     "future_policy_logprobs",
-    "dpo_loss",
-    "rpo_loss",
     "kto_loss",
-    "simper_loss",
-    "apo_value",
-    "apo_loss",
+    "offrl_loss",
+    "rpo_loss",
     "sft_loss",
+    "simper_loss",
 ]
 
 
@@ -122,9 +122,9 @@ def kto_loss(
 ) -> Tensor:
     """KTO as the FPA paper defines it (App. B.2):
 
-        r = logp - logp_ref,   z0 = mean r over the data (detached; batch mean when not given)
-        v = lambda_w sigma(beta (r - z0)) if correct else lambda_l sigma(beta (z0 - r))
-        L = E[lambda_y - v]
+    r = logp - logp_ref,   z0 = mean r over the data (detached; batch mean when not given)
+    v = lambda_w sigma(beta (r - z0)) if correct else lambda_l sigma(beta (z0 - r))
+    L = E[lambda_y - v]
     """
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "correct", correct)

@@ -8,14 +8,15 @@ anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, l
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Generic, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import as_tensor
 
-__all__ = ["accuracy_from_log_z", "select_prompts", "replay_priority", "top_priority", "ReplayBuffer"]
+__all__ = ["ReplayBuffer", "accuracy_from_log_z", "replay_priority", "select_prompts", "top_priority"]
 
 
 def accuracy_from_log_z(

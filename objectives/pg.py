@@ -13,7 +13,7 @@ from torch import Tensor
 
 from tiltlab.objectives._checks import ndim, nonempty, same_shape
 
-__all__ = ["group_advantages", "masked_mean", "kl_k3", "grpo_loss", "gspo_loss", "ppo_kl_loss", "aggregate"]
+__all__ = ["aggregate", "group_advantages", "grpo_loss", "gspo_loss", "kl_k3", "masked_mean", "ppo_kl_loss"]
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
@@ -133,7 +133,7 @@ def grpo_loss(
         per_token = per_token * (w[:, None] if w.dim() == 1 else w)
     loss = aggregate(per_token, mask, loss_agg)
     with torch.no_grad():
-        clip_frac = masked_mean(((clipped < unclipped)).to(per_token.dtype), mask)
+        clip_frac = masked_mean((clipped < unclipped).to(per_token.dtype), mask)
         kl_mean = masked_mean(kl, mask)
     return loss, {"clip_frac": clip_frac, "kl": kl_mean}
 
@@ -149,8 +149,14 @@ def ppo_kl_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO with a KL penalty to ``pi_old`` (LAD Sec. 4 bandit baseline, KL weight 1)."""
     return grpo_loss(
-        token_logp, token_logp_old, adv, mask, clip_eps=clip_eps, loss_agg=loss_agg,
-        token_logp_ref=token_logp_old, kl_coef=kl_coef,
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        clip_eps=clip_eps,
+        loss_agg=loss_agg,
+        token_logp_ref=token_logp_old,
+        kl_coef=kl_coef,
     )
 
 

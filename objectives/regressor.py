@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from tiltlab.objectives._checks import ndim
 
-__all__ = ["PartitionRegressor", "FitResult", "fit_regressor", "r2_score"]
+__all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score"]
 
 
 class PartitionRegressor(nn.Module):
@@ -125,7 +125,7 @@ def fit_regressor(
         raise ValueError("targets must be finite (drop prompts whose label is -inf: no weight reached them)")
     if not 0.0 < val_fraction < 1.0:
         raise ValueError("val_fraction must be in (0, 1)")
-    n_val = max(1, int(round(val_fraction * n)))
+    n_val = max(1, round(val_fraction * n))
     if n - n_val < 2:
         raise ValueError(f"need at least 3 examples to fit with a held-out split, got {n}")
     gen = torch.Generator().manual_seed(seed)

@@ -24,15 +24,15 @@ from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shap
 from tiltlab.objectives.pg import group_advantages
 
 __all__ = [
-    "sequence_logprob",
-    "tb_residual",
-    "tb_loss",
     "disa_loss",
+    "flowrl_loss",
+    "group_normalized_reward",
+    "sequence_logprob",
+    "tb_importance_weight",
+    "tb_loss",
+    "tb_residual",
     "vargrad_log_z",
     "vargrad_loss",
-    "group_normalized_reward",
-    "tb_importance_weight",
-    "flowrl_loss",
 ]
 
 

@@ -23,8 +23,9 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 LAYERS = ("theory", "sim", "data", "llm")
 
@@ -39,31 +40,62 @@ OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("check", help="run the claim checks (theory + sim + data)", description=_CHECK_HELP,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", metavar="PREFIX", help="claim-id prefix (e.g. disa.prop1) or a layer name (theory, sim, data, llm)")
+    p = subparsers.add_parser(
+        "check",
+        help="run the claim checks (theory + sim + data)",
+        description=_CHECK_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--only", metavar="PREFIX", help="claim-id prefix (e.g. disa.prop1) or a layer name (theory, sim, data, llm)"
+    )
     p.add_argument("--layer", choices=LAYERS, help="only checks of this layer")
     p.add_argument("--check", metavar="NAME", help="only the check with this name (as printed in reproducer lines)")
     p.add_argument("--seed", type=int, default=0, help="seed passed to every check (default 0)")
     p.add_argument("--slow", action="store_true", help="include checks marked slow")
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process)")
-    p.add_argument("--out", type=Path, default=Path("results/claims.json"), help="where to write the JSON record (default results/claims.json)")
-    p.add_argument("--claims", type=Path, action="append", default=[], metavar="DIR",
-                   help="also read [[claim]] TOML files from DIR (repeatable; for your own project's claims)")
-    p.add_argument("--module", action="append", default=[], metavar="NAME",
-                   help="also import this module, which registers checks with paper_checks.register_check (repeatable; "
-                        "the current directory is importable)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/claims.json"),
+        help="where to write the JSON record (default results/claims.json)",
+    )
+    p.add_argument(
+        "--claims",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also read [[claim]] TOML files from DIR (repeatable; for your own project's claims)",
+    )
+    p.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also import this module, which registers checks with paper_checks.register_check (repeatable; "
+        "the current directory is importable)",
+    )
     p.set_defaults(func=_cmd_check)
 
-    r = subparsers.add_parser("reproduce", help="all checks + all simulator figures -> REPORT.md and report.html",
-                              description=_REPRO_HELP)
+    r = subparsers.add_parser(
+        "reproduce", help="all checks + all simulator figures -> REPORT.md and report.html", description=_REPRO_HELP
+    )
     r.add_argument("--quick", action="store_true", help="fast figure settings, skip slow checks (under 2 minutes)")
     r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
     r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
-    r.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="processes: figures run in JOBS-1 worker processes while the checks run (default: min(2, CPUs))")
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes: figures run in JOBS-1 worker processes while the checks run (default: min(2, CPUs))",
+    )
     r.set_defaults(func=_cmd_reproduce)
 
 
@@ -76,8 +108,16 @@ def _progress(iterable: Any, desc: str, enabled: bool = True, total: int | None 
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a core dependency
         return iterable
-    return tqdm(iterable, desc=desc, unit="check" if desc == "checks" else "fig", file=sys.stderr, total=total,
-                disable=None if enabled else True, leave=False, dynamic_ncols=True)
+    return tqdm(
+        iterable,
+        desc=desc,
+        unit="check" if desc == "checks" else "fig",
+        file=sys.stderr,
+        total=total,
+        disable=None if enabled else True,
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
 def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> None:
@@ -163,8 +203,17 @@ def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
             continue
         if prefix and not cid.startswith(prefix):
             continue
-        rows.append({"claim": cid, "paper": c.paper, "section": c.section, "statement": c.statement, "kind": c.kind,
-                     "verdict": "unchecked", "llm_command": c.llm_command})
+        rows.append(
+            {
+                "claim": cid,
+                "paper": c.paper,
+                "section": c.section,
+                "statement": c.statement,
+                "kind": c.kind,
+                "verdict": "unchecked",
+                "llm_command": c.llm_command,
+            }
+        )
     return rows
 
 
@@ -210,7 +259,10 @@ def _print_failures(outs, seed: int, stream=None) -> None:
             last = (o.error or "").strip().splitlines()[-1:] or ["?"]
             print(f"  FAIL {o.check.key}: crashed: {last[0]}", file=stream)
         else:
-            print(f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}", file=stream)
+            print(
+                f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}",
+                file=stream,
+            )
         print(f"       reproduce: {o.check.reproducer(seed)}", file=stream)
 
 
@@ -221,7 +273,11 @@ def _table(outs, unchecked, stream=None) -> None:
 
     rows = []
     for o in outs:
-        ev = o.result.summary if o.result is not None else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
+        ev = (
+            o.result.summary
+            if o.result is not None
+            else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
+        )
         verdict = o.verdict if o.ok else f"{o.verdict}!={o.check.expected.value}"
         rows.append((o.check.claim_id, paper_name(get_claim(o.check.claim_id).paper), f"{o.check.layer}", verdict, ev))
     for u in unchecked:
@@ -231,7 +287,7 @@ def _table(outs, unchecked, stream=None) -> None:
     if not rows:
         print("no checks selected", file=stream)
         return
-    w = [max(len(r[i]) for r in rows + [("claim", "paper", "layer", "verdict", "")]) for i in range(4)]
+    w = [max(len(r[i]) for r in [*rows, ("claim", "paper", "layer", "verdict", "")]) for i in range(4)]
     width = shutil.get_terminal_size((200, 24)).columns if stream.isatty() else 200
     ev_w = max(40, width - sum(w) - 8)
     head = ("claim", "paper", "layer", "verdict", "evidence")
@@ -282,8 +338,11 @@ def _report_check(args, outs, unchecked, rec, seconds) -> None:
     else:
         _table(outs, unchecked)
         c = rec["summary"]["verdicts"]
-        print(f"\n{len(outs)} checks in {seconds:.1f} s: " + ", ".join(f"{k} {v}" for k, v in c.items())
-              + f"; {rec['summary']['failures']} changed/crashed. Record: {args.out}")
+        print(
+            f"\n{len(outs)} checks in {seconds:.1f} s: "
+            + ", ".join(f"{k} {v}" for k, v in c.items())
+            + f"; {rec['summary']['failures']} changed/crashed. Record: {args.out}"
+        )
         for m, why in rec["skipped_modules"].items():
             print(f"note: check module {m} was skipped ({why})")
         _print_failures(outs, args.seed)
@@ -371,8 +430,12 @@ def environment() -> dict[str, str]:
     env["tiltlab"] = __version__
     root = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0 and out.stdout.strip():
             env["git commit"] = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -381,7 +444,9 @@ def environment() -> dict[str, str]:
     from tiltlab.paper_checks import registry
 
     env["check modules"] = ", ".join(
-        f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m for m in registry.CHECK_MODULES)
+        f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m
+        for m in registry.CHECK_MODULES
+    )
     return env
 
 
@@ -411,10 +476,16 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     runtime = time.perf_counter() - t0
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     inp = ReportInput(
-        claims=registry.claims(), outcomes=outs, figures=figs, missing_figures=problems, env=environment(), seed=args.seed,
-        quick=bool(args.quick), out_dir=out,
+        claims=registry.claims(),
+        outcomes=outs,
+        figures=figs,
+        missing_figures=problems,
+        env=environment(),
+        seed=args.seed,
+        quick=bool(args.quick),
+        out_dir=out,
         run_line=f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s"
-                 + (f", {args.jobs} processes)" if bg else ")"),
+        + (f", {args.jobs} processes)" if bg else ")"),
     )
     md, ht = write_report(inp)
     c = rec["summary"]["verdicts"]

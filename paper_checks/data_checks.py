@@ -28,9 +28,10 @@ import functools
 import math
 import re
 import shlex
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from tiltlab.paper_checks.registry import CheckResult, Verdict, claims, get_claim, load_claims, register_check
 
@@ -169,7 +170,7 @@ def command_problems(command: str, config_dir: Path | None = None) -> tuple[int,
 _NO_SCHEMA = "no schema"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     """Load one config with overrides through the llm layer's schema; the error text or None."""
     try:
@@ -233,15 +234,22 @@ def llm_scale_check(claim_id: str) -> Callable[[int], CheckResult]:
         numbers: dict[str, Any] = dict(_flatten(c.paper_numbers))
         numbers["configs_validated"] = n_cfg
         n_rows, worst, problems = average_problems(c.paper_numbers)
-        numbers.update(avg_rows_checked=n_rows, avg_max_abs_dev=round(worst, 4), n_commands=c.llm_command.count("&&") + 1)
+        numbers.update(
+            avg_rows_checked=n_rows, avg_max_abs_dev=round(worst, 4), n_commands=c.llm_command.count("&&") + 1
+        )
         n_meta = 4  # configs_validated, avg_rows_checked, avg_max_abs_dev, n_commands
         if problems:
             return CheckResult(
                 Verdict.PARTLY,
-                f"paper table internally inconsistent ({len(problems)} of {n_rows} averages): " + "; ".join(problems[:3]),
+                f"paper table internally inconsistent ({len(problems)} of {n_rows} averages): "
+                + "; ".join(problems[:3]),
                 numbers,
             )
-        avg_note = f"averages consistent ({n_rows} rows, max dev {worst:.3f})" if n_rows else "no average column to cross-check"
+        avg_note = (
+            f"averages consistent ({n_rows} rows, max dev {worst:.3f})"
+            if n_rows
+            else "no average column to cross-check"
+        )
         return CheckResult(
             Verdict.OUT_OF_REACH,
             f"LLM-scale, not run on CPU; {len(numbers) - n_meta} paper numbers recorded, {avg_note}, "
@@ -299,7 +307,9 @@ def _rel_gain_interval(new: float, old: float) -> tuple[float, float]:
 _INTERNAL: dict[str, tuple[Verdict, Callable[[int], CheckResult]]] = {}
 
 
-def _internal(claim_id: str, expected: Verdict) -> Callable[[Callable[[int], CheckResult]], Callable[[int], CheckResult]]:
+def _internal(
+    claim_id: str, expected: Verdict
+) -> Callable[[Callable[[int], CheckResult]], Callable[[int], CheckResult]]:
     def deco(fn: Callable[[int], CheckResult]) -> Callable[[int], CheckResult]:
         _INTERNAL[claim_id] = (expected, fn)
         return fn
@@ -341,7 +351,9 @@ def disa_table4_vs_table1(seed: int) -> CheckResult:
             diff = [c for c, x, y in zip(cols, a, b) if x != y]
             nums[f"{bb}.{row}.cells_differing"] = len(diff)
             nums[f"{bb}.{row}.avg_t1"], nums[f"{bb}.{row}.avg_t4"] = a[0], b[0]
-            desc = f"{bb} {row} rows " + ("identical" if not diff else f"differ on {','.join(diff)} (Avg {a[0]:g} vs {b[0]:g})")
+            desc = f"{bb} {row} rows " + (
+                "identical" if not diff else f"differ on {','.join(diff)} (Avg {a[0]:g} vs {b[0]:g})"
+            )
             parts.append((desc, not diff))
     return _from_statements(parts, nums)
 
@@ -365,12 +377,19 @@ def disa_math_ordering(seed: int) -> CheckResult:
 
     parts = []
     for name, t in (("Qwen2.5-7B", q25), ("Qwen3-4B", q3)):
-        parts.append((f"DISA>=FlowRL avg on {name} ({t['DISA'][0]:g} vs {t['FlowRL'][0]:g})", t["DISA"][0] >= t["FlowRL"][0] - _diff_tol(t["DISA"][0], t["FlowRL"][0])))
-    parts.append((
-        f"'GSPO trails closely, GRPO substantially below' on the larger backbone Qwen2.5-7B (GSPO {q25['GSPO'][0]:g}, GRPO {q25['GRPO'][0]:g}; "
-        f"it holds on Qwen3-4B: GSPO {q3['GSPO'][0]:g}, GRPO {q3['GRPO'][0]:g})",
-        q25["GSPO"][0] > q25["GRPO"][0],
-    ))
+        parts.append(
+            (
+                f"DISA>=FlowRL avg on {name} ({t['DISA'][0]:g} vs {t['FlowRL'][0]:g})",
+                t["DISA"][0] >= t["FlowRL"][0] - _diff_tol(t["DISA"][0], t["FlowRL"][0]),
+            )
+        )
+    parts.append(
+        (
+            f"'GSPO trails closely, GRPO substantially below' on the larger backbone Qwen2.5-7B (GSPO {q25['GSPO'][0]:g}, GRPO {q25['GRPO'][0]:g}; "
+            f"it holds on Qwen3-4B: GSPO {q3['GSPO'][0]:g}, GRPO {q3['GRPO'][0]:g})",
+            q25["GSPO"][0] > q25["GRPO"][0],
+        )
+    )
     parts.append(("FlowRL takes Minerva on Qwen2.5-7B", top(q25, "Minerva") == "FlowRL"))
     parts.append(("FlowRL takes Olympiad on Qwen3-4B", top(q3, "Olympiad") == "FlowRL"))
     parts.append(("GSPO takes Minerva on Qwen3-4B", top(q3, "Minerva") == "GSPO"))
@@ -378,8 +397,15 @@ def disa_math_ordering(seed: int) -> CheckResult:
     parts.append(("GRPO takes AMC23 on Qwen2.5-7B", top(q25, "AMC23") == "GRPO"))
     gap_avg = q3["DISA"][0] - q3["GRPO"][0]
     gaps = {c: q3["DISA"][cols.index(c)] - q3["GRPO"][cols.index(c)] for c in ("AIME24", "AIME25", "AMC23")}
-    parts.append((f"Qwen3-4B DISA-GRPO larger on AIME24/25/AMC23 ({', '.join(f'{v:.1f}' for v in gaps.values())}) than on Avg ({gap_avg:.1f})", all(v > gap_avg for v in gaps.values())))
-    nums = {"q3_disa_minus_grpo_avg": round(gap_avg, 2)} | {f"q3_disa_minus_grpo_{k}": round(v, 2) for k, v in gaps.items()}
+    parts.append(
+        (
+            f"Qwen3-4B DISA-GRPO larger on AIME24/25/AMC23 ({', '.join(f'{v:.1f}' for v in gaps.values())}) than on Avg ({gap_avg:.1f})",
+            all(v > gap_avg for v in gaps.values()),
+        )
+    )
+    nums = {"q3_disa_minus_grpo_avg": round(gap_avg, 2)} | {
+        f"q3_disa_minus_grpo_{k}": round(v, 2) for k, v in gaps.items()
+    }
     return _from_statements(parts, nums)
 
 
@@ -398,14 +424,25 @@ def disa_code_ordering(seed: int) -> CheckResult:
     parts.append((f"Qwen2.5-7B pass@1 leader GRPO (order {'>'.join(o)})", o[0] == "GRPO"))
     bench = ["LiveCodeBench_pass1", "CodeForces_pass1", "HumanEvalPlus_pass1"]
     lead = {b: q25["GRPO"][cols.index(b)] - q25[o[1]][cols.index(b)] for b in bench}
-    parts.append((f"GRPO's lead driven mainly by HumanEval+ (per-benchmark lead over {o[1]}: " + ", ".join(f"{b.split('_')[0]} {v:+.2f}" for b, v in lead.items()) + ")", max(lead, key=lead.get) == "HumanEvalPlus_pass1"))
+    parts.append(
+        (
+            f"GRPO's lead driven mainly by HumanEval+ (per-benchmark lead over {o[1]}: "
+            + ", ".join(f"{b.split('_')[0]} {v:+.2f}" for b, v in lead.items())
+            + ")",
+            max(lead, key=lead.get) == "HumanEvalPlus_pass1",
+        )
+    )
     i1 = cols.index("Avg_pass1")
     band = max(q3[m][i1] for m in methods) - min(q3[m][i1] for m in methods)
     parts.append((f"Qwen3-4B pass@1 within one point (band {band:.2f})", band <= 1.0))
     o = order(q3, "Avg_pass1")
-    parts.append((f"Qwen3-4B pass@1 order DISA>GRPO>FlowRL>GSPO (is {'>'.join(o)})", o == ["DISA", "GRPO", "FlowRL", "GSPO"]))
+    parts.append(
+        (f"Qwen3-4B pass@1 order DISA>GRPO>FlowRL>GSPO (is {'>'.join(o)})", o == ["DISA", "GRPO", "FlowRL", "GSPO"])
+    )
     o = order(q3, "Avg_pass16")
-    parts.append((f"Qwen3-4B pass@16 order DISA>GRPO>GSPO>FlowRL (is {'>'.join(o)})", o == ["DISA", "GRPO", "GSPO", "FlowRL"]))
+    parts.append(
+        (f"Qwen3-4B pass@16 order DISA>GRPO>GSPO>FlowRL (is {'>'.join(o)})", o == ["DISA", "GRPO", "GSPO", "FlowRL"])
+    )
     o = order(q25, "Avg_pass16")
     parts.append((f"Qwen2.5-7B pass@16 FlowRL>DISA>{{GRPO,GSPO}} (is {'>'.join(o)})", o[:2] == ["FlowRL", "DISA"]))
     return _from_statements(parts, {"q3_pass1_band": round(band, 3)})
@@ -413,7 +450,7 @@ def disa_code_ordering(seed: int) -> CheckResult:
 
 @_internal("disa.text.diversity_ordering", Verdict.VERIFIED)
 def disa_diversity_ordering(seed: int) -> CheckResult:
-    cols, t = _table("disa.table3.diversity")
+    _cols, t = _table("disa.table3.diversity")
     s = {k: v[0] for k, v in t.items()}
     parts = [
         (f"backbone highest ({s['Qwen2.5-7B']:g})", s["Qwen2.5-7B"] == max(s.values())),
@@ -433,11 +470,21 @@ def paced_table1_ranking(seed: int) -> CheckResult:
         cols, t = _table(f"paced.table1.math_{m}")
         ia = cols.index("Avg")
         p = t["PACED-RL"][ia]
-        parts.append((f"{m}: PACED {p:g} > GRPO {t['GRPO'][ia]:g}, FlowRL {t['FlowRL'][ia]:g}", p > max(t["GRPO"][ia], t["FlowRL"][ia])))
+        parts.append(
+            (
+                f"{m}: PACED {p:g} > GRPO {t['GRPO'][ia]:g}, FlowRL {t['FlowRL'][ia]:g}",
+                p > max(t["GRPO"][ia], t["FlowRL"][ia]),
+            )
+        )
         best_sel = max(t[k][ia] for k in ("DS", "LILO", "MoPPS"))
         parts.append((f"{m}: PACED {p:g} >= best of DS/LILO/MoPPS {best_sel:g}", p >= best_sel))
         # per-benchmark exceptions to 'consistently outperforms GRPO and FlowRL' (reported, not judged)
-        exc = [f"{c} vs {b}" for c in cols[:5] for b in ("GRPO", "FlowRL") if t["PACED-RL"][cols.index(c)] < t[b][cols.index(c)]]
+        exc = [
+            f"{c} vs {b}"
+            for c in cols[:5]
+            for b in ("GRPO", "FlowRL")
+            if t["PACED-RL"][cols.index(c)] < t[b][cols.index(c)]
+        ]
         nums[f"{m}.per_benchmark_exceptions"] = len(exc)
         if exc:
             nums[f"{m}.exceptions"] = ", ".join(exc)
@@ -461,9 +508,11 @@ def paced_aime24_gains(seed: int) -> CheckResult:
         fits[m] = ok
     said = "qwen2.5_math_7b"
     other = "qwen2.5_math_1.5b"
-    msg = (f"stated +{stated['GRPO']:g}%/+{stated['FlowRL']:g}% vs GRPO/FlowRL on AIME24 for 7B; Table 1 gives 7B "
-           f"+{nums[said + '.gain_vs_GRPO_pct']:.1f}%/+{nums[said + '.gain_vs_FlowRL_pct']:.1f}%, 1.5B "
-           f"+{nums[other + '.gain_vs_GRPO_pct']:.1f}%/+{nums[other + '.gain_vs_FlowRL_pct']:.1f}%")
+    msg = (
+        f"stated +{stated['GRPO']:g}%/+{stated['FlowRL']:g}% vs GRPO/FlowRL on AIME24 for 7B; Table 1 gives 7B "
+        f"+{nums[said + '.gain_vs_GRPO_pct']:.1f}%/+{nums[said + '.gain_vs_FlowRL_pct']:.1f}%, 1.5B "
+        f"+{nums[other + '.gain_vs_GRPO_pct']:.1f}%/+{nums[other + '.gain_vs_FlowRL_pct']:.1f}%"
+    )
     if fits[said]:
         return CheckResult(Verdict.VERIFIED, "paper-internal: " + msg, nums)
     if fits[other]:
@@ -502,13 +551,15 @@ def paced_replay(seed: int) -> CheckResult:
 @_internal("paced.table3.z_overhead", Verdict.VERIFIED)
 def paced_z_overhead(seed: int) -> CheckResult:
     pn = get_claim("paced.table3.z_overhead").paper_numbers
-    cols, t = list(pn["columns"]), numeric_tables(pn)["rows"]
+    _cols, t = list(pn["columns"]), numeric_tables(pn)["rows"]
     orders = {k: math.log10(v[1] / v[0]) for k, v in t.items()}
     need = float(pn["min_orders_of_magnitude"])
     ok = min(orders.values()) >= need
     return CheckResult(
         Verdict.VERIFIED if ok else Verdict.REFUTED,
-        "paper-internal: log10(step time / Z time) = " + ", ".join(f"{k} {v:.1f}" for k, v in orders.items()) + f" (need >= {need:g})",
+        "paper-internal: log10(step time / Z time) = "
+        + ", ".join(f"{k} {v:.1f}" for k, v in orders.items())
+        + f" (need >= {need:g})",
         {f"orders_{k}": round(v, 3) for k, v in orders.items()},
     )
 
@@ -528,7 +579,9 @@ def _fpa_gains(model: str) -> CheckResult:
         a = actual[col]
         ok = abs(a - s) <= 0.1 + halfwidth(s) + 1e-9  # difference of two 1-decimal cells, plus the stated rounding
         where = [c for c, v in actual.items() if abs(v - s) <= 0.1 + 1e-9 and c != col]
-        desc = f"{col}: stated +{s:g}, table +{a:.1f}" + (f" (+{s:g} is the {'/'.join(where)} gain)" if not ok and where else "")
+        desc = f"{col}: stated +{s:g}, table +{a:.1f}" + (
+            f" (+{s:g} is the {'/'.join(where)} gain)" if not ok and where else ""
+        )
         parts.append((desc, ok))
         nums[f"stated_{col}"], nums[f"table_{col}"] = s, a
     return _from_statements(parts, nums)
@@ -577,7 +630,11 @@ def fpa_lambda_never_below(seed: int) -> CheckResult:
     nums["n_below"] = len(bad)
     if not bad:
         return CheckResult(Verdict.VERIFIED, f"paper-internal: all {n} large-lambda averages >= lambda=0", nums)
-    return CheckResult(Verdict.REFUTED, f"paper-internal: {len(bad)}/{n} large-lambda averages fall below Off-RL: " + "; ".join(bad), nums)
+    return CheckResult(
+        Verdict.REFUTED,
+        f"paper-internal: {len(bad)}/{n} large-lambda averages fall below Off-RL: " + "; ".join(bad),
+        nums,
+    )
 
 
 @_internal("fpa.text.lambda_1_2_best", Verdict.VERIFIED)
@@ -602,7 +659,12 @@ def fpa_table6_vs_table1(seed: int) -> CheckResult:
         for r1, r6 in (("Off-RL", "0"), ("FPA", f"{lam:g}")):
             diff = [f"{c} {a:g} vs {b:g}" for c, a, b in zip(cols, t1[r1], t6[r6]) if a != b]
             nums[f"{m}.{r1}.cells_differing"] = len(diff)
-            parts.append((f"{m} Table 1 {r1} = Table 6 lambda={r6}" + (f" (differs: {', '.join(diff)})" if diff else ""), not diff))
+            parts.append(
+                (
+                    f"{m} Table 1 {r1} = Table 6 lambda={r6}" + (f" (differs: {', '.join(diff)})" if diff else ""),
+                    not diff,
+                )
+            )
     return _from_statements(parts, nums)
 
 
@@ -622,12 +684,22 @@ def fpa_kl_no_gain(seed: int) -> CheckResult:
             gaps[f"{cidx}:{r}"] = v[c2.index("GaoKao")] - v[c2.index("Olympiad")]
     kl_gap = gaps.pop(f"{cid}:w/ KL")
     others = list(gaps.values())
-    parts.append((
-        f"'w/ KL' row plausible: its GaoKao-Olympiad gap {kl_gap:+.1f} vs {min(others):+.1f}..{max(others):+.1f} in the other {len(others)} rows "
-        f"(cells GaoKao {t['w/ KL'][ig]:g}, Olympiad {t['w/ KL'][io]:g} look transposed)",
-        min(others) <= kl_gap,
-    ))
-    return _from_statements(parts, {"kl_avg": kl, "offrl_avg": off, "kl_gaokao_minus_olym": round(kl_gap, 2), "others_min_gap": round(min(others), 2)})
+    parts.append(
+        (
+            f"'w/ KL' row plausible: its GaoKao-Olympiad gap {kl_gap:+.1f} vs {min(others):+.1f}..{max(others):+.1f} in the other {len(others)} rows "
+            f"(cells GaoKao {t['w/ KL'][ig]:g}, Olympiad {t['w/ KL'][io]:g} look transposed)",
+            min(others) <= kl_gap,
+        )
+    )
+    return _from_statements(
+        parts,
+        {
+            "kl_avg": kl,
+            "offrl_avg": off,
+            "kl_gaokao_minus_olym": round(kl_gap, 2),
+            "others_min_gap": round(min(others), 2),
+        },
+    )
 
 
 # --------------------------------------------------------------------------- LAD
@@ -648,11 +720,23 @@ def lad_math_margins(seed: int) -> CheckResult:
     m_aime, m_amc = margin(t1, "AIME2024"), margin(t1, "AMC")
     second7 = sorted((k for k in t7 if k != "LAD"), key=lambda k: -t7[k][ia])[0]
     parts = [
-        (f"LAD best Avg@32 {t1['LAD'][ia]:g} (= stated {st['avg32']:g})", margin(t1, "Average") > 0 and t1["LAD"][ia] == st["avg32"]),
-        (f"AIME24 margin {m_aime:.2f} vs stated {st['aime24_margin']:g}", abs(m_aime - st["aime24_margin"]) <= 0.01 + 1e-9),
-        (f"AMC margin {m_amc:.2f} vs stated {st['amc_margin']:g}", abs(m_amc - st["amc_margin"]) <= 0.01 + halfwidth(st["amc_margin"])),
-        (f"Pass@32 LAD {t7['LAD'][ia]:g} best, second {second7} by {t7['LAD'][ia] - t7[second7][ia]:.2f} (stated FlowRL, {st['pass32_margin_vs_flowrl']:g})",
-         second7 == "FlowRL" and abs(t7["LAD"][ia] - t7["FlowRL"][ia] - st["pass32_margin_vs_flowrl"]) <= 0.01 + 1e-9),
+        (
+            f"LAD best Avg@32 {t1['LAD'][ia]:g} (= stated {st['avg32']:g})",
+            margin(t1, "Average") > 0 and t1["LAD"][ia] == st["avg32"],
+        ),
+        (
+            f"AIME24 margin {m_aime:.2f} vs stated {st['aime24_margin']:g}",
+            abs(m_aime - st["aime24_margin"]) <= 0.01 + 1e-9,
+        ),
+        (
+            f"AMC margin {m_amc:.2f} vs stated {st['amc_margin']:g}",
+            abs(m_amc - st["amc_margin"]) <= 0.01 + halfwidth(st["amc_margin"]),
+        ),
+        (
+            f"Pass@32 LAD {t7['LAD'][ia]:g} best, second {second7} by {t7['LAD'][ia] - t7[second7][ia]:.2f} (stated FlowRL, {st['pass32_margin_vs_flowrl']:g})",
+            second7 == "FlowRL"
+            and abs(t7["LAD"][ia] - t7["FlowRL"][ia] - st["pass32_margin_vs_flowrl"]) <= 0.01 + 1e-9,
+        ),
     ]
     return _from_statements(parts, {"aime24_margin": round(m_aime, 3), "amc_margin": round(m_amc, 3)})
 
@@ -661,7 +745,13 @@ def lad_math_margins(seed: int) -> CheckResult:
 def lad_code_best(seed: int) -> CheckResult:
     cols, t = _table("lad.table2.code_r1_distill_7b")
     parts, ties = [], []
-    for c in ("LiveCodeBench_avg16", "LiveCodeBench_pass16", "HumanEvalPlus_avg16", "HumanEvalPlus_pass16", "CodeForces_percentile"):
+    for c in (
+        "LiveCodeBench_avg16",
+        "LiveCodeBench_pass16",
+        "HumanEvalPlus_avg16",
+        "HumanEvalPlus_pass16",
+        "CodeForces_percentile",
+    ):
         i = cols.index(c)
         best_other = max(v[i] for k, v in t.items() if k != "LAD")
         if t["LAD"][i] == best_other:
@@ -703,7 +793,10 @@ def lad_backbones(seed: int) -> CheckResult:
 def lad_eta_grid(seed: int) -> CheckResult:
     pn = get_claim("lad.table6.eta_sweep").paper_numbers
     text = sorted(float(x) for x in pn["text_eta_grid"])
-    table = sorted(1.0 / float(Decimal(a) if "/" not in a else Decimal(a.split("/")[0]) / Decimal(a.split("/")[1])) for a in pn["inv_eta"])
+    table = sorted(
+        1.0 / float(Decimal(a) if "/" not in a else Decimal(a.split("/")[0]) / Decimal(a.split("/")[1]))
+        for a in pn["inv_eta"]
+    )
     inter = sorted(set(text) & set(table))
     ok = text == table
     return CheckResult(
@@ -723,7 +816,9 @@ def lad_eta_vs_grpo(seed: int) -> CheckResult:
         wins = [k for k in t if k != "GRPO" and t[k][ia] > g]
         n = len(t) - 1
         nums[f"{key}_wins"], nums[f"{key}_settings"] = len(wins), n
-        parts.append((f"{key}: LAD > GRPO ({g:g}) at {len(wins)}/{n} eta", len(wins) >= n - 1))  # 'nearly all' = all but one
+        parts.append(
+            (f"{key}: LAD > GRPO ({g:g}) at {len(wins)}/{n} eta", len(wins) >= n - 1)
+        )  # 'nearly all' = all but one
     return _from_statements(parts, nums)
 
 
@@ -741,7 +836,12 @@ def lad_strict_better(seed: int) -> CheckResult:
         nums[f"{key}_strict_mean"], nums[f"{key}_nonstrict_mean"] = round(ms, 3), round(mn, 3)
         parts.append((f"{key}: strict mean {ms:.2f} > non-strict mean {mn:.2f}", ms > mn))
         beaten = [f"{a} {ns[a]:g} > {b} {s[b]:g}" for a in ns for b in s if ns[a] > s[b]]
-        parts.append((f"{key}: every strict above every non-strict" + (f" (but {', '.join(beaten)})" if beaten else ""), not beaten))
+        parts.append(
+            (
+                f"{key}: every strict above every non-strict" + (f" (but {', '.join(beaten)})" if beaten else ""),
+                not beaten,
+            )
+        )
     return _from_statements(parts, nums)
 
 
@@ -759,9 +859,13 @@ def flowrl_disa_matches(seed: int) -> CheckResult:
 
 @_internal("flowrl.vs_grpo_across_papers", Verdict.PARTLY)
 def flowrl_vs_grpo(seed: int) -> CheckResult:
-    comps = [("DISA Qwen2.5-7B", "disa.table1.math_qwen2.5_7b", "Avg"), ("DISA Qwen3-4B", "disa.table1.math_qwen3_4b", "Avg"),
-             ("PACED Qwen2.5-Math-1.5B", "paced.table1.math_qwen2.5_math_1.5b", "Avg"), ("PACED Qwen2.5-Math-7B", "paced.table1.math_qwen2.5_math_7b", "Avg"),
-             ("LAD Qwen2.5-7B", "lad.table1.math_qwen2.5_7b", "Average")]
+    comps = [
+        ("DISA Qwen2.5-7B", "disa.table1.math_qwen2.5_7b", "Avg"),
+        ("DISA Qwen3-4B", "disa.table1.math_qwen3_4b", "Avg"),
+        ("PACED Qwen2.5-Math-1.5B", "paced.table1.math_qwen2.5_math_1.5b", "Avg"),
+        ("PACED Qwen2.5-Math-7B", "paced.table1.math_qwen2.5_math_7b", "Avg"),
+        ("LAD Qwen2.5-7B", "lad.table1.math_qwen2.5_7b", "Average"),
+    ]
     parts, nums = [], {}
     for name, cid, col in comps:
         f, g = _cell(cid, "FlowRL", col), _cell(cid, "GRPO", col)
@@ -778,7 +882,9 @@ def _register_all() -> None:
     declared = claims()
     for cid, c in sorted(declared.items()):
         if c.llm_command:
-            register_check(cid, layer="data", expected=EXPECTED_LLM_SCALE.get(cid, Verdict.OUT_OF_REACH), name="llm_scale")(llm_scale_check(cid))
+            register_check(
+                cid, layer="data", expected=EXPECTED_LLM_SCALE.get(cid, Verdict.OUT_OF_REACH), name="llm_scale"
+            )(llm_scale_check(cid))
     for cid, (expected, fn) in sorted(_INTERNAL.items()):
         if cid not in declared:
             raise ValueError(f"paper_internal check for undeclared claim {cid!r}")

@@ -21,35 +21,42 @@ import enum
 import importlib
 import math
 import time
-import tomllib
 import traceback
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+
+import tomllib
 
 __all__ = [
-    "Verdict",
-    "Claim",
-    "CheckResult",
+    "CHECK_MODULES",
     "Check",
+    "CheckResult",
+    "Claim",
     "Outcome",
-    "declare_claim",
-    "register_check",
-    "claims",
+    "Verdict",
     "checks",
+    "claims",
+    "declare_claim",
+    "discover",
     "get_claim",
     "load_claims",
-    "discover",
-    "validate",
+    "register_check",
     "run_checks",
-    "CHECK_MODULES",
+    "validate",
 ]
 
 CLAIMS_DIR = Path(__file__).with_name("claims")
 
 #: Modules imported by :func:`discover`; each registers its checks at import time.
 #: A module that does not exist yet (layer not written / extra not installed) is skipped.
-CHECK_MODULES: tuple[str, ...] = ("tiltlab.theory.checks", "tiltlab.sim.checks", "tiltlab.llm.checks", "tiltlab.paper_checks.data_checks")
+CHECK_MODULES: tuple[str, ...] = (
+    "tiltlab.theory.checks",
+    "tiltlab.sim.checks",
+    "tiltlab.llm.checks",
+    "tiltlab.paper_checks.data_checks",
+)
 
 
 class Verdict(str, enum.Enum):
@@ -280,7 +287,9 @@ def validate() -> None:
 def select(prefix: str | None = None, layer: str | None = None, include_slow: bool = False) -> list[Check]:
     out = []
     for c in _CHECKS.values():
-        if prefix and not (c.claim_id == prefix or c.claim_id.startswith(prefix.rstrip(".") + ".") or c.claim_id.startswith(prefix)):
+        if prefix and not (
+            c.claim_id == prefix or c.claim_id.startswith(prefix.rstrip(".") + ".") or c.claim_id.startswith(prefix)
+        ):
             continue
         if layer and c.layer != layer:
             continue

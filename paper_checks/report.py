@@ -18,19 +18,23 @@ import base64
 import html
 import os
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from tiltlab.paper_checks.registry import Claim, Outcome
 
-__all__ = ["PAPERS", "VERDICT_ORDER", "ReportInput", "claim_rows", "render_markdown", "render_html", "write_report"]
+__all__ = ["PAPERS", "VERDICT_ORDER", "ReportInput", "claim_rows", "render_html", "render_markdown", "write_report"]
 
 #: Paper files in report order, with a short name and title (``shared/papers/README.md``).
 PAPERS: dict[str, tuple[str, str]] = {
     "000_97b17fcb5a92948e.txt": ("DISA", "Offline Importance Sampling for Distribution-Matching LLM-RL"),
     "001_179db051776bdd12.txt": ("DISA (abstract)", "Paper-listing page for DISA (abstract only)"),
-    "002_d44afb8661380d03.txt": ("PACED-RL", "Beyond Normalization: the Partition Function as a Difficulty Scheduler for RLVR"),
+    "002_d44afb8661380d03.txt": (
+        "PACED-RL",
+        "Beyond Normalization: the Partition Function as a Difficulty Scheduler for RLVR",
+    ),
     "003_af5ed36eab8bd392.txt": ("FPA", "Future Policy Approximation for Offline RL Improves Mathematical Reasoning"),
     "004_5fbe296d0161ca77.txt": ("LAD", "Learning Advantage Distribution for Reasoning"),
 }
@@ -96,14 +100,16 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
     for cid in sorted(set(inp.claims) | set(by_claim)):
         c = inp.claims.get(cid)
         outs = by_claim.get(cid, [])
-        rows.append({
-            "id": cid,
-            "claim": c,
-            "paper": c.paper if c else "(undeclared)",
-            "outcomes": outs,
-            "figures": sorted(set(fig_for.get(cid, []))),
-            "status": _claim_status(outs),
-        })
+        rows.append(
+            {
+                "id": cid,
+                "claim": c,
+                "paper": c.paper if c else "(undeclared)",
+                "outcomes": outs,
+                "figures": sorted(set(fig_for.get(cid, []))),
+                "status": _claim_status(outs),
+            }
+        )
     order = {p: i for i, p in enumerate(PAPERS)}
     rows.sort(key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["id"]))
     return rows
@@ -154,7 +160,9 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
     for r in rows:
         for o in r["outcomes"]:
             if o.result is not None and o.result.verdict.value in ("refuted", "partly"):
-                out["claims"].append((r["id"], f"({paper_name(r['paper'])}, {o.check.layer}) — {o.verdict}: {o.result.summary}", ""))
+                out["claims"].append(
+                    (r["id"], f"({paper_name(r['paper'])}, {o.check.layer}) — {o.verdict}: {o.result.summary}", "")
+                )
             if not o.ok:
                 what = "crashed" if o.result is None else f"returned {o.verdict}, expected {o.check.expected.value}"
                 out["changed"].append((o.check.key, f"{what}; reproduce:", o.check.reproducer(inp.seed)))
@@ -173,7 +181,11 @@ def _md_finding(f: Finding) -> str:
 
 def _html_finding(f: Finding) -> str:
     head, text, code = f
-    return f"<li><b>{html.escape(head)}</b> {html.escape(text)}" + (f" <code>{html.escape(code)}</code>" if code else "") + "</li>"
+    return (
+        f"<li><b>{html.escape(head)}</b> {html.escape(text)}"
+        + (f" <code>{html.escape(code)}</code>" if code else "")
+        + "</li>"
+    )
 
 
 def _short_numbers(numbers: Mapping[str, Any], limit: int = 8) -> str:
@@ -209,18 +221,24 @@ def render_markdown(inp: ReportInput) -> str:
     L: list[str] = []
     L.append("# tiltlab — claims of the five papers, checked")
     L.append("")
-    L.append(f"Seed {inp.seed}{' (quick mode)' if inp.quick else ''}. {len(rows)} claims, {len(inp.outcomes)} checks, "
-             f"{len(inp.figures)} figures. Verdicts: *verified* (our check agrees), *partly*, *refuted* (a finding), "
-             "*out_of_reach* (needs the LLM layer on GPUs; the paper's numbers and the command are recorded), "
-             "*unchecked* (declared, no check yet), *error* (the check crashed).")
+    L.append(
+        f"Seed {inp.seed}{' (quick mode)' if inp.quick else ''}. {len(rows)} claims, {len(inp.outcomes)} checks, "
+        f"{len(inp.figures)} figures. Verdicts: *verified* (our check agrees), *partly*, *refuted* (a finding), "
+        "*out_of_reach* (needs the LLM layer on GPUs; the paper's numbers and the command are recorded), "
+        "*unchecked* (declared, no check yet), *error* (the check crashed)."
+    )
     L.append("")
-    L.append("Layers: `theory` = symbolic (sympy), `sim` = exact float64 simulator, `data` = the paper's own numbers "
-             "(`llm_scale`: recorded and cross-checked, not re-measured; `paper_internal`: the paper's text recomputed from its tables).")
+    L.append(
+        "Layers: `theory` = symbolic (sympy), `sim` = exact float64 simulator, `data` = the paper's own numbers "
+        "(`llm_scale`: recorded and cross-checked, not re-measured; `paper_internal`: the paper's text recomputed from its tables)."
+    )
     L.append("")
     # summary
     L.append("## Summary")
     L.append("")
-    L.append("Claims by paper (a claim's verdict is its most informative check's: error > refuted > partly > verified > out_of_reach).")
+    L.append(
+        "Claims by paper (a claim's verdict is its most informative check's: error > refuted > partly > verified > out_of_reach)."
+    )
     L.append("")
     L.append("| paper | " + " | ".join(VERDICT_ORDER) + " | total |")
     L.append("|---|" + "---|" * (len(VERDICT_ORDER) + 1))
@@ -238,7 +256,9 @@ def render_markdown(inp: ReportInput) -> str:
         L.append("|---|" + "---|" * len(VERDICT_ORDER))
         for layer in sorted(lc, key=lambda x: _LAYER_ORDER.get(x, 9)):
             c = lc[layer]
-            L.append(f"| {layer} | " + " | ".join(str(c.get(v, 0)) for v in VERDICT_ORDER[:-1]) + f" | {sum(c.values())} |")
+            L.append(
+                f"| {layer} | " + " | ".join(str(c.get(v, 0)) for v in VERDICT_ORDER[:-1]) + f" | {sum(c.values())} |"
+            )
         L.append("")
     # findings
     fd = _findings(inp, rows)
@@ -287,7 +307,9 @@ def render_markdown(inp: ReportInput) -> str:
                 last = (o.error or "").strip().splitlines()[-1:] or [""]
                 L.append(f"- **{o.check.layer}** `{o.check.name}`: **error**{exp} — {_md_escape(last[0])}")
             else:
-                L.append(f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp} — {_md_escape(o.result.summary)}")
+                L.append(
+                    f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp} — {_md_escape(o.result.summary)}"
+                )
                 if o.check.name != "llm_scale":
                     nums = _short_numbers(o.result.numbers)
                     if nums:
@@ -365,31 +387,58 @@ def render_html(inp: ReportInput) -> str:
     counts = _counts(rows)
     figs = {f.id: f for f in inp.figures}
     e = html.escape
-    H: list[str] = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-                    "<title>tiltlab report</title>", f"<style>{_CSS}</style></head><body>"]
+    H: list[str] = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        "<title>tiltlab report</title>",
+        f"<style>{_CSS}</style></head><body>",
+    ]
     H.append("<h1>tiltlab — claims of the five papers, checked</h1>")
-    H.append(f"<p>Seed {inp.seed}{' (quick mode)' if inp.quick else ''}. {len(rows)} claims, {len(inp.outcomes)} checks, "
-             f"{len(inp.figures)} figures. " + " ".join(_v(v) for v in VERDICT_ORDER) + "</p>")
-    H.append("<p>Layers: <code>theory</code> symbolic (sympy), <code>sim</code> exact float64 simulator, <code>data</code> the paper's "
-             "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>")
-    H.append("<h2>Summary</h2><table><tr><th>paper</th>" + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER) + "<th>total</th></tr>")
+    H.append(
+        f"<p>Seed {inp.seed}{' (quick mode)' if inp.quick else ''}. {len(rows)} claims, {len(inp.outcomes)} checks, "
+        f"{len(inp.figures)} figures. " + " ".join(_v(v) for v in VERDICT_ORDER) + "</p>"
+    )
+    H.append(
+        "<p>Layers: <code>theory</code> symbolic (sympy), <code>sim</code> exact float64 simulator, <code>data</code> the paper's "
+        "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>"
+    )
+    H.append(
+        "<h2>Summary</h2><table><tr><th>paper</th>"
+        + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER)
+        + "<th>total</th></tr>"
+    )
     names = [n for n in dict.fromkeys(paper_name(r["paper"]) for r in rows)] + ["all"]
     for n in names:
         c = counts[n]
         lab = f"<b>{e(n)}</b>" if n == "all" else e(n)
-        H.append(f"<tr><td>{lab}</td>" + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER) + f"<td>{sum(c.values())}</td></tr>")
+        H.append(
+            f"<tr><td>{lab}</td>"
+            + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER)
+            + f"<td>{sum(c.values())}</td></tr>"
+        )
     H.append("</table>")
     lc = _layer_counts(inp.outcomes)
     if lc:
-        H.append("<table><tr><th>layer</th>" + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER[:-1]) + "<th>total</th></tr>")
+        H.append(
+            "<table><tr><th>layer</th>"
+            + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER[:-1])
+            + "<th>total</th></tr>"
+        )
         for layer in sorted(lc, key=lambda x: _LAYER_ORDER.get(x, 9)):
             c = lc[layer]
-            H.append(f"<tr><td>{e(layer)}</td>" + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER[:-1]) + f"<td>{sum(c.values())}</td></tr>")
+            H.append(
+                f"<tr><td>{e(layer)}</td>"
+                + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER[:-1])
+                + f"<td>{sum(c.values())}</td></tr>"
+            )
         H.append("</table>")
     fd = _findings(inp, rows)
     H.append("<h2>Findings</h2>")
-    for key, title in (("changed", "Checks whose verdict changed or that crashed"), ("missing", "Figures missing or failed"),
-                       ("claims", "Claims refuted or only partly supported"), ("figures", "From the simulator figures")):
+    for key, title in (
+        ("changed", "Checks whose verdict changed or that crashed"),
+        ("missing", "Figures missing or failed"),
+        ("claims", "Claims refuted or only partly supported"),
+        ("figures", "From the simulator figures"),
+    ):
         if key in ("changed", "missing") and not fd[key]:
             continue
         H.append(f"<h3>{title}</h3><ul>" + ("".join(_html_finding(x) for x in fd[key]) or "<li>none</li>") + "</ul>")
@@ -411,9 +460,13 @@ def render_html(inp: ReportInput) -> str:
             exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
             if o.result is None:
                 last = (o.error or "").strip().splitlines()[-1:] or [""]
-                H.append(f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v('error')}{exp} — {e(last[0])}</li>")
+                H.append(
+                    f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v('error')}{exp} — {e(last[0])}</li>"
+                )
             else:
-                H.append(f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v(o.verdict)}{exp} — {e(o.result.summary)}")
+                H.append(
+                    f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v(o.verdict)}{exp} — {e(o.result.summary)}"
+                )
                 if o.check.name != "llm_scale":
                     nums = _short_numbers(o.result.numbers)
                     if nums:
@@ -449,7 +502,9 @@ def _html_figure(f: Any) -> str:
     e = html.escape
     src = _img_data(Path(f.png))
     img = f'<img alt="{e(f.title)}" src="{src}">' if src else f"<p><i>image {e(str(f.png))} could not be read</i></p>"
-    return f'<figure id="{e(f.id)}">{img}<figcaption><b>{e(f.id)}: {e(f.title)}.</b> {e(f.caption)}</figcaption></figure>'
+    return (
+        f'<figure id="{e(f.id)}">{img}<figcaption><b>{e(f.id)}: {e(f.title)}.</b> {e(f.caption)}</figcaption></figure>'
+    )
 
 
 def write_report(inp: ReportInput) -> tuple[Path, Path]:

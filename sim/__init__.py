@@ -14,7 +14,7 @@ if __name__ != "tiltlab.sim":  # imported by its bare folder name (the repo root
     raise ImportError(f"import this package as tiltlab.sim, not as {__name__!r}")
 
 
-__all__ = ["run", "SimConfig", "RunResult"]
+__all__ = ["RunResult", "SimConfig", "run"]
 
 
 def __getattr__(name: str):  # lazy: importing sim must not import torch-heavy modules eagerly

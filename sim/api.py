@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SimConfig", "RunResult", "make_env", "run", "METHODS", "LOG_Z_MODES"]
+__all__ = ["LOG_Z_MODES", "METHODS", "RunResult", "SimConfig", "make_env", "run"]
 
 METHODS = ("tb", "flowrl", "lad", "grpo", "gspo", "offrl", "fpa", "dpo", "sft")
 LOG_Z_MODES = ("exact", "frozen", "learned", "vargrad", "zero")
@@ -186,7 +186,6 @@ class SimConfig:
 
     def n_prompts(self) -> int:
         return self.P if self.env == "multiprompt" else 1
-
 
 
 @dataclass

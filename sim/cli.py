@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from tiltlab.dataclass_cli import add_dataclass_args
@@ -52,8 +52,13 @@ def _cmd_figures(args: argparse.Namespace) -> int:
             return 2
     out = Path(args.out)
     t0 = time.perf_counter()
-    records = make_all(out, quick=args.quick, seed=args.seed, only=args.only,
-                       progress=lambda fid: print(f"[figures] {fid} ...", flush=True))
+    records = make_all(
+        out,
+        quick=args.quick,
+        seed=args.seed,
+        only=args.only,
+        progress=lambda fid: print(f"[figures] {fid} ...", flush=True),
+    )
     total = time.perf_counter() - t0
     for r in records:
         print(f"  {r.id}: {r.seconds:.1f} s -> {r.png}")

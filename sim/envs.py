@@ -22,16 +22,14 @@ import torch
 
 from tiltlab.sim import proposals
 
-__all__ = ["BanditEnv", "make_bandit", "make_lad_bandit", "make_multiprompt", "make_two_outcome", "gather"]
+__all__ = ["BanditEnv", "gather", "make_bandit", "make_lad_bandit", "make_multiprompt", "make_two_outcome"]
 
 DTYPE = torch.float64
 
 
 def gather(values: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Pick ``values[..., p, idx[..., p, g]]``: values ``[..., P, K]`` (broadcast over leading dims), idx ``[..., P, G]`` -> ``[..., P, G]``."""
-    if values.dim() < idx.dim():
-        values = values.expand(*idx.shape[:-1], values.shape[-1])
-    elif values.shape[:-1] != idx.shape[:-1]:
+    if values.dim() < idx.dim() or values.shape[:-1] != idx.shape[:-1]:
         values = values.expand(*idx.shape[:-1], values.shape[-1])
     return torch.gather(values, -1, idx)
 
@@ -62,7 +60,9 @@ class BanditEnv:
         if self.reward.shape != self.logp_ref.shape:
             raise ValueError(f"reward shape {tuple(self.reward.shape)} != logp_ref shape {tuple(self.logp_ref.shape)}")
         if self.features.dim() != 2 or self.features.shape[0] != self.logp_ref.shape[0]:
-            raise ValueError(f"features must be [P, D] with P={self.logp_ref.shape[0]}, got {tuple(self.features.shape)}")
+            raise ValueError(
+                f"features must be [P, D] with P={self.logp_ref.shape[0]}, got {tuple(self.features.shape)}"
+            )
         self.logp_ref = torch.log_softmax(self.logp_ref.to(DTYPE), -1)
         self.reward = self.reward.to(DTYPE)
         self.features = self.features.to(DTYPE)
@@ -111,7 +111,7 @@ class BanditEnv:
         """``log pi_ref`` of sampled outputs: idx ``[..., P, G]`` -> ``[..., P, G]``."""
         return gather(self.logp_ref, idx)
 
-    def subset(self, prompts: torch.Tensor | list[int]) -> "BanditEnv":
+    def subset(self, prompts: torch.Tensor | list[int]) -> BanditEnv:
         """The environment restricted to some prompts."""
         ix = torch.as_tensor(prompts, dtype=torch.long)
         return BanditEnv(self.logp_ref[ix], self.reward[ix], self.features[ix], self.name, self.binary, dict(self.info))
@@ -161,7 +161,9 @@ def make_two_outcome(p1: float = 0.5, r: tuple[float, float] = (1.0, 0.0)) -> Ba
     return BanditEnv(lp, torch.tensor([list(r)], dtype=DTYPE), torch.zeros(1, 1, dtype=DTYPE), name="two-outcome")
 
 
-def lad_mixture(K: int = 50, centers=(0.18, 0.5, 0.82), widths=(0.05, 0.06, 0.05), weights=(0.3, 0.45, 0.25), floor: float = 2e-3) -> torch.Tensor:
+def lad_mixture(
+    K: int = 50, centers=(0.18, 0.5, 0.82), widths=(0.05, 0.06, 0.05), weights=(0.3, 0.45, 0.25), floor: float = 2e-3
+) -> torch.Tensor:
     """The three-mode target of LAD Fig. 1: a mixture of three Gaussians over arm positions, ``[K]`` (sums to 1).
 
     Centers and widths are fractions of the arm range; ``floor`` mixes in a small uniform mass so

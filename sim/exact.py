@@ -16,13 +16,13 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "log_partition",
-    "target_logprobs",
-    "relative_weight_variance",
     "compositions",
-    "label_samples_exact",
     "exact_label_moments",
+    "label_samples_exact",
+    "log_partition",
     "mc_log_weights",
+    "relative_weight_variance",
+    "target_logprobs",
 ]
 
 

@@ -19,12 +19,12 @@ import torch
 __all__ = [
     "normalize",
     "ref_proposal",
-    "tilted_proposal",
+    "sample",
+    "support_mass",
     "temperature_proposal",
+    "tilted_proposal",
     "top_k_proposal",
     "top_p_proposal",
-    "support_mass",
-    "sample",
 ]
 
 

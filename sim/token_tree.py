@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["TokenTree", "calibrate_skill", "make_reference", "OfflineData", "offline_dataset", "shared_transition_fraction", "tilted_table", "bigram_env"]
+__all__ = [
+    "OfflineData",
+    "TokenTree",
+    "bigram_env",
+    "calibrate_skill",
+    "make_reference",
+    "offline_dataset",
+    "shared_transition_fraction",
+    "tilted_table",
+]
 
 
 @dataclass
@@ -86,7 +95,7 @@ class TokenTree:
     def table(self, params: Tensor) -> Tensor:
         """Next-token logit table ``[..., L, V, V]`` indexed ``[t, prev, next]`` from parameters."""
         ps = self.param_shape
-        if tuple(params.shape[-len(ps):]) != ps:
+        if tuple(params.shape[-len(ps) :]) != ps:
             raise ValueError(f"params must end in shape {ps} for context={self.context!r}; got {tuple(params.shape)}")
         if self.context == "position":
             return params.unsqueeze(-2).expand(*params.shape[:-1], self.vocab, self.vocab)
@@ -235,7 +244,11 @@ def calibrate_skill(env: TokenTree, base: Tensor, pass_rate: float | Tensor, ite
     if env.reward_kind != "last_token":
         raise ValueError("calibrate_skill needs reward_kind='last_token'")
     lead = base.shape[: base.dim() - len(env.param_shape)]
-    target = torch.as_tensor(pass_rate, dtype=torch.float64).expand(lead) if lead else torch.as_tensor(pass_rate, dtype=torch.float64)
+    target = (
+        torch.as_tensor(pass_rate, dtype=torch.float64).expand(lead)
+        if lead
+        else torch.as_tensor(pass_rate, dtype=torch.float64)
+    )
     if bool(((target <= 0) | (target >= 1)).any()):
         raise ValueError("pass_rate must lie strictly in (0, 1)")
     lo = torch.full(lead, -60.0, dtype=torch.float64)
@@ -272,7 +285,9 @@ class OfflineData:
         return self.reward > 0.5
 
 
-def offline_dataset(env: TokenTree, params_ref: Tensor, n: int, generator: torch.Generator | None = None) -> OfflineData:
+def offline_dataset(
+    env: TokenTree, params_ref: Tensor, n: int, generator: torch.Generator | None = None
+) -> OfflineData:
     """Draw ``n`` sequences from pi_ref (single prompt: ``params_ref`` has no leading dims)."""
     if params_ref.shape != env.param_shape:
         raise ValueError(f"params_ref must have shape {env.param_shape}; got {tuple(params_ref.shape)}")

@@ -45,7 +45,7 @@ from tiltlab.sim.envs import BanditEnv, gather
 
 OFFLINE = ("offrl", "fpa", "dpo", "sft")
 
-__all__ = ["train", "gradient_at", "stage1_log_z", "tv_distance", "kl_divergence"]
+__all__ = ["gradient_at", "kl_divergence", "stage1_log_z", "train", "tv_distance"]
 
 
 def tv_distance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,9 @@ def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum(-1)
 
 
-def make_proposal(kind: str, logp_anchor: torch.Tensor, logp_target: torch.Tensor, alpha=0.5, k=4, top_p=0.9) -> torch.Tensor:
+def make_proposal(
+    kind: str, logp_anchor: torch.Tensor, logp_target: torch.Tensor, alpha=0.5, k=4, top_p=0.9
+) -> torch.Tensor:
     """Stage-1 proposal over ``[..., K]`` (see :mod:`sim.proposals`)."""
     if kind == "ref":
         return proposals.ref_proposal(logp_anchor)
@@ -104,7 +106,9 @@ class _Batch:
     w: torch.Tensor  # [S, P, G] weights (exact-mode K q, selection mask)
     logp_old: torch.Tensor  # [S, P, K] pi_old
     anchor: torch.Tensor  # [S, P, K] reference of the TB residual / LAD ratio
-    replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (prompt [S, C], output [S, C], valid [S, C])
+    replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
+        None  # (prompt [S, C], output [S, C], valid [S, C])
+    )
 
 
 class _Trainer:
@@ -199,7 +203,13 @@ class _Trainer:
     def refresh_frozen(self) -> None:
         c = self.cfg
         self.frozen = stage1_log_z(
-            self.anchor(), self.reward, c.beta, c.frozen_M, self.gen, c.frozen_proposal, c.frozen_bias_correct,
+            self.anchor(),
+            self.reward,
+            c.beta,
+            c.frozen_M,
+            self.gen,
+            c.frozen_proposal,
+            c.frozen_bias_correct,
             **self._prop_kw(),
         )
 
@@ -227,9 +237,9 @@ class _Trainer:
             if lp is None:
                 return torch.full((self.S, self.P), math.nan, dtype=torch.float64)
             G = lp.shape[-1]
-            return tb_obj.vargrad_log_z(
-                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta
-            ).reshape(self.S, self.P)
+            return tb_obj.vargrad_log_z(lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta).reshape(
+                self.S, self.P
+            )
         raise ValueError(c.log_z)
 
     def p_hat(self) -> torch.Tensor:
@@ -292,24 +302,47 @@ class _Trainer:
             return S * tb_obj.tb_loss(res_all.reshape(-1), w_all.reshape(-1))
         if c.method == "flowrl":
             loss, _ = tb_obj.flowrl_loss(
-                lp.reshape(B, 1), lp_anchor.reshape(B, 1), lp_old.reshape(B, 1), ones, r.reshape(S * P, G),
-                self.logz_param.reshape(S * P), beta=c.beta, length_normalize=True,
-                group_normalize=c.flowrl_group_normalize, weight_clip=self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
+                lp.reshape(B, 1),
+                lp_anchor.reshape(B, 1),
+                lp_old.reshape(B, 1),
+                ones,
+                r.reshape(S * P, G),
+                self.logz_param.reshape(S * P),
+                beta=c.beta,
+                length_normalize=True,
+                group_normalize=c.flowrl_group_normalize,
+                weight_clip=self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
                 is_weight=b.w.reshape(B),
             )
             return S * loss
         adv = self.advantages(r)
         if c.method == "lad":
-            return S * lad_obj.lad_loss(lp.reshape(B), lp_old.reshape(B), adv.reshape(B), c.eta, c.divergence, weight=b.w.reshape(B))
+            return S * lad_obj.lad_loss(
+                lp.reshape(B), lp_old.reshape(B), adv.reshape(B), c.eta, c.divergence, weight=b.w.reshape(B)
+            )
         if c.method == "grpo":
             ref = lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)
             loss, _ = pg_obj.grpo_loss(
-                lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones, clip_eps=c.clip_eps,
-                token_logp_ref=ref.reshape(B, 1), kl_coef=c.kl_coef, is_weight=b.w.reshape(B),
+                lp.reshape(B, 1),
+                lp_old.reshape(B, 1),
+                adv.reshape(B),
+                ones,
+                clip_eps=c.clip_eps,
+                token_logp_ref=ref.reshape(B, 1),
+                kl_coef=c.kl_coef,
+                is_weight=b.w.reshape(B),
             )
             return S * loss
         if c.method == "gspo":
-            loss, _ = pg_obj.gspo_loss(lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones, clip_eps=c.clip_eps, clip_eps_high=c.clip_eps, is_weight=b.w.reshape(B))
+            loss, _ = pg_obj.gspo_loss(
+                lp.reshape(B, 1),
+                lp_old.reshape(B, 1),
+                adv.reshape(B),
+                ones,
+                clip_eps=c.clip_eps,
+                clip_eps_high=c.clip_eps,
+                is_weight=b.w.reshape(B),
+            )
             return S * loss
         raise ValueError(f"unknown method {c.method!r}")
 
@@ -350,7 +383,13 @@ class _Trainer:
             idx = proposals.sample(logq, c.G, self.gen)
             w = torch.ones(idx.shape, dtype=torch.float64)
         w = w * sel[..., None]
-        return _Batch(idx, w, self.logp_old, self.anchor(), self.buf if (self.buf is not None and bool(self.buf[2].any())) else None)
+        return _Batch(
+            idx,
+            w,
+            self.logp_old,
+            self.anchor(),
+            self.buf if (self.buf is not None and bool(self.buf[2].any())) else None,
+        )
 
     def select(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Selection mask ``[S, P]`` (PACED) and the estimate used."""
@@ -370,7 +409,9 @@ class _Trainer:
         if p_hat is None:
             p_hat = paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.beta)
         pri = paced_obj.replay_priority(r.sum(-1), float(G), p_hat)  # [S, P]
-        cand_pri = torch.where((r > 0.5) & (sel[..., None] > 0), pri[..., None].expand_as(r), torch.full_like(r, -math.inf))
+        cand_pri = torch.where(
+            (r > 0.5) & (sel[..., None] > 0), pri[..., None].expand_as(r), torch.full_like(r, -math.inf)
+        )
         flat = cand_pri.reshape(self.S, -1)
         n_add = min(c.replay_add, flat.shape[1])
         top = torch.argsort(-flat, dim=1, stable=True)[:, :n_add]
@@ -380,7 +421,11 @@ class _Trainer:
         bp, by, bv = self.buf
         C = c.replay_capacity
         # FIFO: newest first, oldest dropped (PACED: bounded age of the buffer)
-        self.buf = (torch.cat([new_p, bp], 1)[:, :C], torch.cat([new_y, by], 1)[:, :C], torch.cat([new_valid, bv], 1)[:, :C])
+        self.buf = (
+            torch.cat([new_p, bp], 1)[:, :C],
+            torch.cat([new_y, by], 1)[:, :C],
+            torch.cat([new_valid, bv], 1)[:, :C],
+        )
 
     # -- metrics --------------------------------------------------------------------------------
     def grad_variance(self, sel: torch.Tensor) -> float:

@@ -12,4 +12,4 @@ runs them and prints one line per claim.
 if __name__ != "tiltlab.theory":  # imported by its bare folder name (the repo root is on sys.path)
     raise ImportError(f"import this package as tiltlab.theory, not as {__name__!r}")
 
-__all__ = ["disa", "paced", "lad", "fpa"]
+__all__ = ["disa", "fpa", "lad", "paced"]

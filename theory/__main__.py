@@ -21,14 +21,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     progress = None
     if sys.stderr.isatty():
-        progress = lambda c: print(f"... {c.claim_id} [{c.name}]\033[K", end="\r", file=sys.stderr, flush=True)  # noqa: E731
+        progress = lambda c: print(f"... {c.claim_id} [{c.name}]\033[K", end="\r", file=sys.stderr, flush=True)
     outs = run_checks(args.prefix, layer="theory", seed=args.seed, progress=progress)
     bad = 0
     for o in outs:
         mark = "ok " if o.ok else "CHANGED" if o.result is not None else "ERROR"
         summ = o.result.summary if o.result is not None else (o.error or "").strip().splitlines()[-1]
-        print(f"{mark} {o.check.claim_id} [{o.check.name}] {o.verdict} (expected {o.check.expected.value}) "
-              f"{o.seconds:.2f}s | {summ}")
+        print(
+            f"{mark} {o.check.claim_id} [{o.check.name}] {o.verdict} (expected {o.check.expected.value}) "
+            f"{o.seconds:.2f}s | {summ}"
+        )
         bad += not o.ok
     print(f"{len(outs)} theory checks, {bad} changed/errored, {time.perf_counter() - t0:.1f}s total", file=sys.stderr)
     return 1 if bad else 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from collections.abc import Iterable
 
 import sympy as sp
 
@@ -12,11 +12,11 @@ from tiltlab.paper_checks.registry import CheckResult, Verdict
 __all__ = [
     "CheckResult",
     "Verdict",
-    "is_zero",
     "all_zero",
+    "is_zero",
     "positive_symbols",
-    "simplex",
     "result",
+    "simplex",
 ]
 
 
@@ -87,11 +87,15 @@ def positive_symbols(prefix: str, k: int) -> list[sp.Symbol]:
 def simplex(prefix: str, k: int) -> tuple[list[sp.Expr], list[sp.Symbol]]:
     """A symbolic probability vector of length k: free symbols p1..p_{k-1}, p_k = 1 - sum."""
     free = positive_symbols(prefix, k - 1)
-    return free + [1 - sum(free)], free
+    return [*free, 1 - sum(free)], free
 
 
-def result(ok: bool, summary: str, numbers: dict | None = None, fail: Verdict = Verdict.REFUTED,
-           ok_verdict: Verdict = Verdict.VERIFIED) -> CheckResult:
+def result(
+    ok: bool,
+    summary: str,
+    numbers: dict | None = None,
+    fail: Verdict = Verdict.REFUTED,
+    ok_verdict: Verdict = Verdict.VERIFIED,
+) -> CheckResult:
     """Return ``ok_verdict`` if ``ok`` else ``fail``, with a one-line summary."""
     return CheckResult(ok_verdict if ok else fail, summary, numbers=dict(numbers or {}))
-

@@ -108,13 +108,16 @@ _TABLE5_EXPECTED = {"kl": V, "rkl": P, "jeffreys": V, "tv": V, "hellinger": P, "
 def _register_per_divergence() -> None:
     for div, exp in _LEMMA32_EXPECTED.items():
         register_check("lad.lemma32", layer="theory", expected=exp, name=f"lemma32_{div}")(
-            lambda seed, d=div: lad.check_lemma32(d))
+            lambda seed, d=div: lad.check_lemma32(d)
+        )
     for div, exp in _TABLE5_EXPECTED.items():
         register_check(f"lad.table5.{div}", layer="theory", expected=exp, name=f"table5_{div}")(
-            lambda seed, d=div: lad.check_table5(d))
+            lambda seed, d=div: lad.check_table5(d)
+        )
     for div in lad.F_DIVERGENCES:
         register_check("lad.thmB1", layer="theory", expected=V, name=f"thmB1_{div}")(
-            lambda seed, d=div: lad.check_thmB1(d))
+            lambda seed, d=div: lad.check_thmB1(d)
+        )
 
 
 _register_per_divergence()
@@ -127,9 +130,12 @@ def lad_practical(seed: int) -> CheckResult:
     good = [d for d, r in res.items() if r.verdict == Verdict.VERIFIED]
     bad = [d for d, r in res.items() if r.verdict != Verdict.VERIFIED]
     verdict = V if not bad else (P if good else R)
-    return CheckResult(verdict, f"optimum pi_old e^(A/eta)/Z is the unique minimizer of L_LAD for {good}; not unique for {bad} "
-                       "(TV: every pi <= pi_old e^(A/eta) componentwise minimizes it when E_pi_old[e^(A/eta)] > 1)",
-                       {"n_unique": len(good), "n_not_unique": len(bad)})
+    return CheckResult(
+        verdict,
+        f"optimum pi_old e^(A/eta)/Z is the unique minimizer of L_LAD for {good}; not unique for {bad} "
+        "(TV: every pi <= pi_old e^(A/eta) componentwise minimizes it when E_pi_old[e^(A/eta)] > 1)",
+        {"n_unique": len(good), "n_not_unique": len(bad)},
+    )
 
 
 @register_check("lad.B5.flowrl_special_case", layer="theory", expected=V)

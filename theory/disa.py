@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import sympy as sp
@@ -23,18 +23,18 @@ import sympy as sp
 from tiltlab.theory._common import CheckResult, is_zero, result, simplex
 
 __all__ = [
-    "check_prop1_unbiased",
+    "biased_onpolicy_loss",
+    "check_c5_counterexample",
+    "check_c5_offpolicy_breaks",
+    "check_global_threshold",
+    "check_local_threshold",
     "check_prop1_log_jensen",
+    "check_prop1_unbiased",
     "check_prop2_geomean_bias",
     "check_prop3i_exact_fixed_point",
     "check_prop3ii_biased_stationary",
-    "check_c5_offpolicy_breaks",
-    "check_c5_counterexample",
     "check_prop4_envelope",
-    "check_local_threshold",
     "check_semigradient_invariance",
-    "check_global_threshold",
-    "biased_onpolicy_loss",
 ]
 
 
@@ -59,9 +59,13 @@ def _expect_over_tuples(q: Sequence[sp.Expr], m: int, fn: Callable[[tuple[int, .
 
 
 # ----------------------------------------------------------------------------- Prop. 1
-def check_prop1_unbiased(estimator: str | Callable = "mean", weight: str = "importance",
-                         support: str = "full", Ks: Sequence[int] = (2, 3),
-                         Ms: Sequence[int] = (1, 2, 3)) -> CheckResult:
+def check_prop1_unbiased(
+    estimator: str | Callable = "mean",
+    weight: str = "importance",
+    support: str = "full",
+    Ks: Sequence[int] = (2, 3),
+    Ms: Sequence[int] = (1, 2, 3),
+) -> CheckResult:
     """DISA Prop. 1 (App. C.1): ``E_q[Z_hat_M] = Z`` for every M, ``Var(Z_hat_M) = Var_q(w)/M``.
 
     Proves (a) ``E_q[w] = Z`` for a symbolic number K of outcomes (``Sum`` over an
@@ -109,18 +113,20 @@ def check_prop1_unbiased(estimator: str | Callable = "mean", weight: str = "impo
         # polynomial identities with abstract weights W (they hold for any weight values)
         W = list(sp.symbols(f"W1:{nq + 1}", positive=True))
         EW = sum(q[i] * W[i] for i in range(nq))
-        varW = sum(q[i] * W[i] ** 2 for i in range(nq)) - EW ** 2
+        varW = sum(q[i] * W[i] ** 2 for i in range(nq)) - EW**2
         for m in Ms:
             mean_m = _expect_over_tuples(q, m, lambda t: est([W[i] for i in t]))
             if not is_zero(mean_m - EW):
                 fails.append(f"E[Z_hat_M]!=Z (K={kk},M={m})")
                 continue
             second = _expect_over_tuples(q, m, lambda t: est([W[i] for i in t]) ** 2)
-            if not is_zero(second - mean_m ** 2 - varW / m):
+            if not is_zero(second - mean_m**2 - varW / m):
                 fails.append(f"Var!=Var_q(w)/M (K={kk},M={m})")
     ok = general_ok and not fails
-    summ = (f"E_q[w]=Z proved for symbolic K ({'ok' if general_ok else 'FAILS'}); exact enumeration K in {list(Ks)}, "
-            f"M in {list(Ms)}: E[Z_hat_M]=Z and Var=Var_q(w)/M " + ("hold" if not fails else f"FAIL: {fails[:3]}"))
+    summ = (
+        f"E_q[w]=Z proved for symbolic K ({'ok' if general_ok else 'FAILS'}); exact enumeration K in {list(Ks)}, "
+        f"M in {list(Ms)}: E[Z_hat_M]=Z and Var=Var_q(w)/M " + ("hold" if not fails else f"FAIL: {fails[:3]}")
+    )
     return result(ok, summ, {"general_K": general_ok, "n_fail": len(fails)})
 
 
@@ -134,7 +140,7 @@ def _delta_method_general() -> tuple[sp.Expr, sp.Expr, sp.Symbol, sp.Symbol, sp.
     """
     mu, k2 = sp.symbols("mu kappa2", positive=True)
     k3, k4, t, eps = sp.symbols("kappa3 kappa4 t epsilon", real=True)
-    KX = mu * t + k2 * t ** 2 / 2 + k3 * t ** 3 / 6 + k4 * t ** 4 / 24
+    KX = mu * t + k2 * t**2 / 2 + k3 * t**3 / 6 + k4 * t**4 / 24
     Kbar = (KX.subs(t, t * eps) / eps).expand()  # M K_X(t/M), M = 1/eps
     mgf_c = sp.series(sp.exp(Kbar - mu * t), t, 0, 5).removeO()
     m = {n: sp.expand(mgf_c.coeff(t, n) * sp.factorial(n)) for n in (2, 3, 4)}
@@ -149,13 +155,13 @@ def _small_noise_log_bias(kk: int, M: int, aggregator: str) -> tuple[sp.Expr, sp
     """
     q, _ = simplex("q", kk)
     u_free = list(sp.symbols(f"u1:{kk}", real=True))
-    u = u_free + [-sum(q[i] * u_free[i] for i in range(kk - 1)) / q[-1]]
+    u = [*u_free, -sum(q[i] * u_free[i] for i in range(kk - 1)) / q[-1]]
     s, x = sp.symbols("s x", real=True)
     log1p2 = sp.series(sp.log(1 + s * x), s, 0, 3).removeO()  # sympy's series of log(1+sx)
     if aggregator == "lse":
-        fn = lambda t: log1p2.subs(x, sum(u[i] for i in t) / M)  # noqa: E731 log of the sample mean / Z
+        fn = lambda t: log1p2.subs(x, sum(u[i] for i in t) / M)
     elif aggregator == "geomean":
-        fn = lambda t: sum(log1p2.subs(x, u[i]) for i in t) / M  # noqa: E731 mean of log(w_i / Z)
+        fn = lambda t: sum(log1p2.subs(x, u[i]) for i in t) / M
     else:
         raise ValueError(aggregator)
     E = sp.expand(_expect_over_tuples(q, M, fn))
@@ -174,8 +180,11 @@ def _exact_binomial_log_bias(M: int, q1: float, w1: float, w0: float) -> float:
     return math.fsum(terms) - math.log(Z)
 
 
-def check_prop1_log_jensen(claimed: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | None = None,
-                           Ks: Sequence[int] = (2, 3), Ms: Sequence[int] = (1, 2, 3)) -> CheckResult:
+def check_prop1_log_jensen(
+    claimed: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | None = None,
+    Ks: Sequence[int] = (2, 3),
+    Ms: Sequence[int] = (1, 2, 3),
+) -> CheckResult:
     """DISA Prop. 1 (log part): ``E[log Z_hat_M] <= log Z`` and the delta-method term
     ``E[log Z_hat_M] - log Z = -Var_q(w)/(2 M Z^2) + O(1/M^2)``.
 
@@ -187,7 +196,7 @@ def check_prop1_log_jensen(claimed: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Exp
     (d) numbers: exact binomial enumeration shows ``M * bias -> -Var/(2Z^2)``.
     """
     if claimed is None:
-        claimed = lambda var, Z, M: -var / (2 * M * Z ** 2)  # noqa: E731
+        claimed = lambda var, Z, M: -var / (2 * M * Z**2)
     fails: list[str] = []
     Elog, k2, mu, eps, _ = _delta_method_general()
     derived_1 = Elog.coeff(eps, 1) * eps
@@ -200,30 +209,36 @@ def check_prop1_log_jensen(claimed: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Exp
     for kk in Ks:
         for M in Ms:
             c1, c2, var_u = _small_noise_log_bias(kk, M, "lse")
-            cand = claimed(Zs ** 2 * s ** 2 * var_u, Zs, sp.Integer(M))
-            if not (is_zero(c1) and is_zero(cand - c2 * s ** 2)):
+            cand = claimed(Zs**2 * s**2 * var_u, Zs, sp.Integer(M))
+            if not (is_zero(c1) and is_zero(cand - c2 * s**2)):
                 fails.append(f"K={kk},M={M}")
     xx = sp.Symbol("x", positive=True)
     concave = bool(sp.diff(sp.log(xx), xx, 2).is_negative)
     # exact numbers (two-valued weight): M * bias approaches -Var/(2 Z^2)
     q1, w1, w0 = 0.3, 2.5, 0.4
     Z = q1 * w1 + (1 - q1) * w0
-    var = q1 * w1 ** 2 + (1 - q1) * w0 ** 2 - Z ** 2
-    target = -var / (2 * Z ** 2)
+    var = q1 * w1**2 + (1 - q1) * w0**2 - Z**2
+    target = -var / (2 * Z**2)
     mb = {M: M * _exact_binomial_log_bias(M, q1, w1, w0) for M in (8, 64, 512)}
     ok = general_ok and concave and not fails
-    summ = (f"general cumulant expansion: 1/M term = -kappa2/(2 M mu^2) {'matches' if general_ok else 'MISMATCHES'} candidate; "
-            f"exact K in {list(Ks)}, M in {list(Ms)} small-noise s^2 coefficients " + ("match" if not fails else f"FAIL {fails[:3]}")
-            + f"; log concave => E[log Z_hat] <= log Z; exact binomial M*bias = {mb[8]:.4f}, {mb[64]:.4f}, {mb[512]:.4f} (M=8,64,512) "
-            f"-> -Var/(2Z^2) = {target:.4f}")
+    summ = (
+        f"general cumulant expansion: 1/M term = -kappa2/(2 M mu^2) {'matches' if general_ok else 'MISMATCHES'} candidate; "
+        f"exact K in {list(Ks)}, M in {list(Ms)} small-noise s^2 coefficients "
+        + ("match" if not fails else f"FAIL {fails[:3]}")
+        + f"; log concave => E[log Z_hat] <= log Z; exact binomial M*bias = {mb[8]:.4f}, {mb[64]:.4f}, {mb[512]:.4f} (M=8,64,512) "
+        f"-> -Var/(2Z^2) = {target:.4f}"
+    )
     nums = {"M_times_bias_M8": mb[8], "M_times_bias_M64": mb[64], "M_times_bias_M512": mb[512], "limit": target}
     return result(ok, summ, nums)
 
 
 # ----------------------------------------------------------------------------- Prop. 2
-def check_prop2_geomean_bias(claimed_geomean: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | None = None,
-                             claimed_ratio: Callable[[sp.Expr], sp.Expr] | None = None,
-                             K: int = 3, Ms: Sequence[int] = (1, 2, 3)) -> CheckResult:
+def check_prop2_geomean_bias(
+    claimed_geomean: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | None = None,
+    claimed_ratio: Callable[[sp.Expr], sp.Expr] | None = None,
+    K: int = 3,
+    Ms: Sequence[int] = (1, 2, 3),
+) -> CheckResult:
     """DISA Prop. 2 (App. C.2): ``E_q[log w] <= log Z`` (equality iff w constant q-a.s.), its
     second-order bias ``-Var_q(w)/(2 Z^2)`` is independent of M, and LSE reduces it by M.
 
@@ -234,9 +249,9 @@ def check_prop2_geomean_bias(claimed_geomean: Callable[[sp.Expr, sp.Expr, sp.Exp
     (default ``-var/(2 Z^2)``), LSE/geomean ratio ``claimed_ratio(M)`` (default ``1/M``).
     """
     if claimed_geomean is None:
-        claimed_geomean = lambda var, Z, M: -var / (2 * Z ** 2)  # noqa: E731
+        claimed_geomean = lambda var, Z, M: -var / (2 * Z**2)
     if claimed_ratio is None:
-        claimed_ratio = lambda M: 1 / M  # noqa: E731
+        claimed_ratio = lambda M: 1 / M
     beta = sp.Symbol("beta", positive=True)
     p, _ = simplex("p", K)
     q, _ = simplex("q", K)
@@ -247,23 +262,27 @@ def check_prop2_geomean_bias(claimed_geomean: Callable[[sp.Expr, sp.Expr, sp.Exp
     kl = sum(q[i] * (sp.log(q[i]) - sp.log(pstar[i])) for i in range(K))
     ident_ok = is_zero(sum(q[i] * logw[i] for i in range(K)) - (sp.log(Z) - kl))
     L = list(sp.symbols(f"L1:{K + 1}", real=True))  # abstract log-weights
-    m_ok = all(is_zero(_expect_over_tuples(q, M, lambda t: sum(L[i] for i in t) / M) - sum(q[i] * L[i] for i in range(K)))
-               for M in Ms)
+    m_ok = all(
+        is_zero(_expect_over_tuples(q, M, lambda t: sum(L[i] for i in t) / M) - sum(q[i] * L[i] for i in range(K)))
+        for M in Ms
+    )
     Zs = sp.Symbol("Z", positive=True)
     s = sp.Symbol("s", real=True)
     fails = []
     for M in Ms:
         g1, g2, var_u = _small_noise_log_bias(2, M, "geomean")
-        l1, l2, _ = _small_noise_log_bias(2, M, "lse")
-        var_w = Zs ** 2 * s ** 2 * var_u
-        if not (is_zero(g1) and is_zero(claimed_geomean(var_w, Zs, sp.Integer(M)) - g2 * s ** 2)):
+        _l1, l2, _ = _small_noise_log_bias(2, M, "lse")
+        var_w = Zs**2 * s**2 * var_u
+        if not (is_zero(g1) and is_zero(claimed_geomean(var_w, Zs, sp.Integer(M)) - g2 * s**2)):
             fails.append(f"geomean s^2 (M={M})")
         if not is_zero(l2 - claimed_ratio(sp.Integer(M)) * g2):
             fails.append(f"ratio (M={M})")
     ok = ident_ok and m_ok and not fails
-    summ = (f"E_q[log w] = log Z - KL(q||pi*) exactly (K={K} symbolic): {'proved' if ident_ok else 'FAILS'} (gap>=0, =0 iff w const); "
-            f"geomean expectation M-independent for M in {list(Ms)}: {m_ok}; s^2 bias -Var/(2Z^2) for geomean and ratio LSE/geomean = 1/M: "
-            + ("hold" if not fails else f"FAIL {fails}"))
+    summ = (
+        f"E_q[log w] = log Z - KL(q||pi*) exactly (K={K} symbolic): {'proved' if ident_ok else 'FAILS'} (gap>=0, =0 iff w const); "
+        f"geomean expectation M-independent for M in {list(Ms)}: {m_ok}; s^2 bias -Var/(2Z^2) for geomean and ratio LSE/geomean = 1/M: "
+        + ("hold" if not fails else f"FAIL {fails}")
+    )
     return result(ok, summ, {"kl_identity": ident_ok, "m_independent": m_ok, "n_fail": len(fails)})
 
 
@@ -299,8 +318,10 @@ def check_prop3i_exact_fixed_point(log_z_offset: sp.Expr | int = 0, reward_sign:
     # Z(c) = e^{beta c} Z(0), so c cancels in pi* = pi_ref e^{beta(a r + c)} / Z(c)
     c_free = is_zero(Z - sp.exp(beta * c) * Z.subs(c, 0))
     ok = zero_at_star and unique and normalized and equals_star and c_free
-    summ = (f"K={K} symbolic: delta(pi*)==0 for all y: {zero_at_star}; delta=0 has the unique solution pi=pi*: {equals_star}, "
-            f"normalized: {normalized}; pi* independent of affine shift c: {c_free} => J>=0 with J=0 iff pi=pi*")
+    summ = (
+        f"K={K} symbolic: delta(pi*)==0 for all y: {zero_at_star}; delta=0 has the unique solution pi=pi*: {equals_star}, "
+        f"normalized: {normalized}; pi* independent of affine shift c: {c_free} => J>=0 with J=0 iff pi=pi*"
+    )
     return result(ok, summ, {"zero_at_star": zero_at_star, "normalized": normalized, "c_free": c_free})
 
 
@@ -350,9 +371,14 @@ def check_prop3ii_biased_stationary(sampling: str = "on_policy", bias: str = "pr
     grad, _ = _biased_tb_gradient_at_star(K, sampling, bias)
     zeros = [is_zero(g) for g in grad]
     ok = all(zeros)
-    summ = (f"K={K} softmax, symbolic logits and b, sampling={sampling}, bias={bias}: full gradient of E_pi[delta^2] at pi* "
-            + ("simplifies to 0 in every component (score-function identity: (b^2+2b) E_pi*[grad log pi] = 0)" if ok
-               else f"is NONZERO in {zeros.count(False)}/{K} components"))
+    summ = (
+        f"K={K} softmax, symbolic logits and b, sampling={sampling}, bias={bias}: full gradient of E_pi[delta^2] at pi* "
+        + (
+            "simplifies to 0 in every component (score-function identity: (b^2+2b) E_pi*[grad log pi] = 0)"
+            if ok
+            else f"is NONZERO in {zeros.count(False)}/{K} components"
+        )
+    )
     return result(ok, summ, {"n_nonzero": zeros.count(False)})
 
 
@@ -366,7 +392,7 @@ def check_c5_offpolicy_breaks(claimed: Callable[[sp.Expr, list, list], list] | N
     point with pi_b != pi* to show it is nonzero.
     """
     if claimed is None:
-        claimed = lambda b, pib, ps: [2 * b * (pib[k] - ps[k]) for k in range(len(ps))]  # noqa: E731
+        claimed = lambda b, pib, ps: [2 * b * (pib[k] - ps[k]) for k in range(len(ps))]
     grad, info = _biased_tb_gradient_at_star(K, "off_policy", "prompt")
     cand = claimed(info["b"], info["pib"], info["pstar"])
     match = all(is_zero(g - c_) for g, c_ in zip(grad, cand))
@@ -378,9 +404,11 @@ def check_c5_offpolicy_breaks(claimed: Callable[[sp.Expr, list, list], list] | N
     val = [sp.nsimplify(sp.simplify(g.subs(sub))) for g in grad]
     nonzero = any(v != 0 for v in val)
     ok = match and nonzero
-    summ = (f"K={K} softmax: exact off-policy gradient at pi* {'equals' if match else 'DIFFERS from'} the candidate 2b(pi_b - pi*) "
-            f"(= 2b E_pi_b[grad log pi]); at b=-1/2, pi*=uniform, pi_b={[sp.nsimplify(sp.sympify(x).subs(sub)) for x in info['pib']]}: "
-            f"grad = {val} ({'nonzero' if nonzero else 'zero'})")
+    summ = (
+        f"K={K} softmax: exact off-policy gradient at pi* {'equals' if match else 'DIFFERS from'} the candidate 2b(pi_b - pi*) "
+        f"(= 2b E_pi_b[grad log pi]); at b=-1/2, pi*=uniform, pi_b={[sp.nsimplify(sp.sympify(x).subs(sub)) for x in info['pib']]}: "
+        f"grad = {val} ({'nonzero' if nonzero else 'zero'})"
+    )
     return result(ok, summ, {"match": match, "nonzero": nonzero})
 
 
@@ -390,8 +418,11 @@ def biased_onpolicy_loss(p: sp.Expr, b: sp.Expr, pstar1: sp.Expr) -> sp.Expr:
     return p * (b + sp.log(p / pstar1)) ** 2 + (1 - p) * (b + sp.log((1 - p) / (1 - pstar1))) ** 2
 
 
-def check_c5_counterexample(b: sp.Expr = sp.Rational(-1, 2), beta: sp.Expr = sp.Integer(1),
-                            closed_form: Callable[[sp.Symbol, sp.Expr], sp.Expr] | None = None) -> CheckResult:
+def check_c5_counterexample(
+    b: sp.Expr = sp.Rational(-1, 2),
+    beta: sp.Expr = sp.Integer(1),
+    closed_form: Callable[[sp.Symbol, sp.Expr], sp.Expr] | None = None,
+) -> CheckResult:
     """DISA App. C.5 counterexample, in exact symbols: Y = {y1, y2}, pi_ref = (1/2, 1/2),
     r = (1, 0), beta = 1: ``Z = (e+1)/2``, ``pi*(y1) = e/(e+1)``; with bias b = -1/2 the
     policy pi = (1, 0) has on-policy loss ``(log(e+1) - 3/2)^2 ~ 0.0349 < b^2 = 1/4``.
@@ -414,12 +445,13 @@ def check_c5_counterexample(b: sp.Expr = sp.Rational(-1, 2), beta: sp.Expr = sp.
     pp = sp.Symbol("p", positive=True)
     L = biased_onpolicy_loss(pp, b, pstar1)
     if closed_form is None:
-        closed_form = lambda p_, b_: (p_ * (sp.log(p_) - 1 + sp.log(e + 1) + b_) ** 2  # noqa: E731
-                                      + (1 - p_) * (sp.log(1 - p_) + sp.log(e + 1) + b_) ** 2)
+        closed_form = lambda p_, b_: (
+            p_ * (sp.log(p_) - 1 + sp.log(e + 1) + b_) ** 2 + (1 - p_) * (sp.log(1 - p_) + sp.log(e + 1) + b_) ** 2
+        )
     cf = closed_form(pp, b)
     cf_ok = is_zero(sp.expand_log(L - cf, force=True)) if beta == 1 else True
     L1 = sp.limit(L, pp, 1, "-")
-    gap = sp.N(L1 - b ** 2, 50)  # exact expression, decided at 50 digits
+    gap = sp.N(L1 - b**2, 50)  # exact expression, decided at 50 digits
     # where is the infimum? dense grid over the open interval (evidence only; the decision is L(1) above)
     Lf = sp.lambdify(pp, L, "numpy")
     grid = np.concatenate([np.linspace(1e-9, 1 - 1e-9, 20001), 1 - np.logspace(-3, -12, 50)])
@@ -430,20 +462,24 @@ def check_c5_counterexample(b: sp.Expr = sp.Rational(-1, 2), beta: sp.Expr = sp.
         x, fun = float(grid[j]), float(vals[j])
 
     res = _Res()
-    beats = bool(gap < 0) or res.fun < float(b ** 2) - 1e-12  # 1e-12: float64 loss values are O(1)
+    beats = bool(gap < 0) or res.fun < float(b**2) - 1e-12  # 1e-12: float64 loss values are O(1)
     # mechanism identity, K = 3 symbolic
     pi3, _ = simplex("pi", 3)
     ps3, _ = simplex("ps", 3)
     bb = sp.Symbol("b", real=True)
     ell = [sp.log(pi3[i]) - sp.log(ps3[i]) for i in range(3)]
     lhs = sum(pi3[i] * (bb + ell[i]) ** 2 for i in range(3))
-    rhs = bb ** 2 + 2 * bb * sum(pi3[i] * ell[i] for i in range(3)) + sum(pi3[i] * ell[i] ** 2 for i in range(3))
+    rhs = bb**2 + 2 * bb * sum(pi3[i] * ell[i] for i in range(3)) + sum(pi3[i] * ell[i] ** 2 for i in range(3))
     mech_ok = is_zero(lhs - rhs)
     ok = beats and cf_ok and z_ok and ps_ok and mech_ok
-    summ = (f"Z=(e+1)/2: {z_ok}, pi*(y1)=e/(e+1)={float(pstar1):.4f}: {ps_ok}; closed form L(p) {'matches' if cf_ok else 'MISMATCHES'} "
-            f"direct computation; b={b}: L(pi=(1,0)) = {sp.simplify(L1)} = {float(L1):.4f} vs L(pi*) = b^2 = {float(b ** 2):.4f}; "
-            f"grid inf of L at p = {res.x:.6f} (boundary p->1) with L = {res.fun:.4f}; pi* is only a local min; mechanism identity b^2+2b KL+E[l^2] proved: {mech_ok}")
-    return result(ok, summ, {"L_at_p1": float(L1), "b_squared": float(b ** 2), "argmin_p": float(res.x), "min_L": float(res.fun)})
+    summ = (
+        f"Z=(e+1)/2: {z_ok}, pi*(y1)=e/(e+1)={float(pstar1):.4f}: {ps_ok}; closed form L(p) {'matches' if cf_ok else 'MISMATCHES'} "
+        f"direct computation; b={b}: L(pi=(1,0)) = {sp.simplify(L1)} = {float(L1):.4f} vs L(pi*) = b^2 = {float(b**2):.4f}; "
+        f"grid inf of L at p = {res.x:.6f} (boundary p->1) with L = {res.fun:.4f}; pi* is only a local min; mechanism identity b^2+2b KL+E[l^2] proved: {mech_ok}"
+    )
+    return result(
+        ok, summ, {"L_at_p1": float(L1), "b_squared": float(b**2), "argmin_p": float(res.x), "min_L": float(res.fun)}
+    )
 
 
 # ----------------------------------------------------------------------------- Prop. 4
@@ -451,8 +487,9 @@ def _envelope_default(e_d2: float, jz: float) -> float:
     return e_d2 + 2 * math.sqrt(e_d2) * math.sqrt(jz)
 
 
-def check_prop4_envelope(bound: Callable[[float, float], float] | None = None, weight_mean: sp.Expr = 1,
-                         n_random: int = 200, seed: int = 0) -> CheckResult:
+def check_prop4_envelope(
+    bound: Callable[[float, float], float] | None = None, weight_mean: sp.Expr = 1, n_random: int = 200, seed: int = 0
+) -> CheckResult:
     """DISA Prop. 4: with ``Delta(x) = log Z_psi - log Z`` and unit-mean rollout weights,
     ``|J_{Z_psi} - J_Z| <= E_x[Delta^2] + 2 sqrt(E_x[Delta^2]) sqrt(J_Z)``, tight at pi = pi*.
 
@@ -486,13 +523,19 @@ def check_prop4_envelope(bound: Callable[[float, float], float] | None = None, w
     P = list(sp.symbols("P1:4", positive=True))
     W = list(sp.symbols("W1:4", positive=True))
     d = list(sp.symbols("dd1:4", real=True))
-    lhs = sum(P[i] * W[i] for i in range(3)) * sum(P[i] * W[i] * d[i] ** 2 for i in range(3)) - sum(P[i] * W[i] * d[i] for i in range(3)) ** 2
+    lhs = (
+        sum(P[i] * W[i] for i in range(3)) * sum(P[i] * W[i] * d[i] ** 2 for i in range(3))
+        - sum(P[i] * W[i] * d[i] for i in range(3)) ** 2
+    )
     rhs = sp.Rational(1, 2) * sum(P[i] * P[j] * W[i] * W[j] * (d[i] - d[j]) ** 2 for i in range(3) for j in range(3))
     cs_inner = is_zero(lhs - rhs)
     R = list(sp.symbols("R1:3", positive=True))
     A = list(sp.symbols("A1:3", real=True))
     Bm = list(sp.symbols("B1:3", real=True))
-    lhs2 = sum(R[i] * A[i] ** 2 for i in range(2)) * sum(R[i] * Bm[i] ** 2 for i in range(2)) - sum(R[i] * A[i] * Bm[i] for i in range(2)) ** 2
+    lhs2 = (
+        sum(R[i] * A[i] ** 2 for i in range(2)) * sum(R[i] * Bm[i] ** 2 for i in range(2))
+        - sum(R[i] * A[i] * Bm[i] for i in range(2)) ** 2
+    )
     rhs2 = sp.Rational(1, 2) * sum(R[i] * R[j] * (A[i] * Bm[j] - A[j] * Bm[i]) ** 2 for i in range(2) for j in range(2))
     cs_outer = is_zero(lhs2 - rhs2)
     proof_ok = expansion_ok and cs_inner and cs_outer
@@ -500,7 +543,9 @@ def check_prop4_envelope(bound: Callable[[float, float], float] | None = None, w
     # numeric evaluation of the candidate bound
     def evaluate(rho_, pib_, w_, D_, d_):
         jz = float(sum(rho_[x] * sum(pib_[x][y] * w_[x][y] * d_[x][y] ** 2 for y in range(Y)) for x in range(X)))
-        jp = float(sum(rho_[x] * sum(pib_[x][y] * w_[x][y] * (d_[x][y] + D_[x]) ** 2 for y in range(Y)) for x in range(X)))
+        jp = float(
+            sum(rho_[x] * sum(pib_[x][y] * w_[x][y] * (d_[x][y] + D_[x]) ** 2 for y in range(Y)) for x in range(X))
+        )
         ed2 = float(sum(rho_[x] * D_[x] ** 2 for x in range(X)))
         return abs(jp - jz), bound(ed2, jz), ed2, jz
 
@@ -536,9 +581,11 @@ def check_prop4_envelope(bound: Callable[[float, float], float] | None = None, w
     diff0, bd0, ed20, _ = evaluate(rho_, pb_, w_, D_, [np.zeros(Y)] * X)
     tight_ok = abs(diff0 - ed20) <= tol and abs(bd0 - diff0) <= tol
     ok = proof_ok and viol == 0 and aligned_ok and tight_ok
-    summ = (f"symbolic (2 prompts x 3 outputs): J_psi-J_Z = E[D^2] + 2E_x[D m_x] and both Cauchy-Schwarz steps as Lagrange identities: "
-            f"{'proved' if proof_ok else 'FAIL'}; candidate bound violated on {viol}/{n_random} random instances (max |diff|/bound = {worst:.3f}), "
-            f"aligned delta=Delta/2: |diff|={diff_a:.4f} vs bound {bd_a:.4f}; at pi*: |diff|={diff0:.4f}=E[D^2] and bound={bd0:.4f} (tight: {tight_ok})")
+    summ = (
+        f"symbolic (2 prompts x 3 outputs): J_psi-J_Z = E[D^2] + 2E_x[D m_x] and both Cauchy-Schwarz steps as Lagrange identities: "
+        f"{'proved' if proof_ok else 'FAIL'}; candidate bound violated on {viol}/{n_random} random instances (max |diff|/bound = {worst:.3f}), "
+        f"aligned delta=Delta/2: |diff|={diff_a:.4f} vs bound {bd_a:.4f}; at pi*: |diff|={diff0:.4f}=E[D^2] and bound={bd0:.4f} (tight: {tight_ok})"
+    )
     return result(ok, summ, {"violations": viol, "max_ratio": worst, "aligned_diff": diff_a, "aligned_bound": bd_a})
 
 
@@ -556,23 +603,28 @@ def check_local_threshold(claimed: Callable[[sp.Expr], sp.Expr] | None = None) -
     on the simplex (math.md calls it a saddle).
     """
     if claimed is None:
-        claimed = lambda b: 1 + b  # noqa: E731
+        claimed = lambda b: 1 + b
     t, e, b = sp.symbols("t e b", real=True)
     ps = sp.Symbol("ps", positive=True)
     term = ps * (1 + t * e) * (b + sp.log(1 + t * e)) ** 2
     c0, c1, c2 = (sp.expand(sp.diff(term, t, n).subs(t, 0) / sp.factorial(n)) for n in range(3))  # Taylor coefficients
-    gen_ok = is_zero(c0 - ps * b ** 2) and is_zero(c1 - (b ** 2 + 2 * b) * ps * e) and is_zero(c2 - claimed(b) * ps * e ** 2)
+    gen_ok = is_zero(c0 - ps * b**2) and is_zero(c1 - (b**2 + 2 * b) * ps * e) and is_zero(c2 - claimed(b) * ps * e**2)
     # K = 3, constraint eliminated
     pst, _ = simplex("s", 3)
     ef = list(sp.symbols("e1:3", real=True))
-    eps = ef + [-(pst[0] * ef[0] + pst[1] * ef[1]) / pst[2]]
+    eps = [*ef, -(pst[0] * ef[0] + pst[1] * ef[1]) / pst[2]]
     full = sum(pst[i] * (1 + t * eps[i]) * (b + sp.log(1 + t * eps[i])) ** 2 for i in range(3))
     co = [sp.diff(full, t, n).subs(t, 0) / sp.factorial(n) for n in range(3)]
-    k3_ok = (is_zero(co[0] - b ** 2) and is_zero(co[1])
-             and is_zero(co[2] - claimed(b) * sum(pst[i] * eps[i] ** 2 for i in range(3))))
+    k3_ok = (
+        is_zero(co[0] - b**2)
+        and is_zero(co[1])
+        and is_zero(co[2] - claimed(b) * sum(pst[i] * eps[i] ** 2 for i in range(3)))
+    )
     ok = gen_ok and k3_ok
-    summ = (f"Taylor series of E_pi[(b+l)^2] at pi=pi*(1+t eps): general-K per-term coefficients (b^2, (b^2+2b) pi* eps, {sp.factor(c2 / (ps * e ** 2))} pi* eps^2) "
-            f"{'match' if gen_ok else 'MISMATCH'} candidate; K=3 with constraint: {k3_ok} => strict local min iff b > -1, strict local MAX on the simplex for b < -1")
+    summ = (
+        f"Taylor series of E_pi[(b+l)^2] at pi=pi*(1+t eps): general-K per-term coefficients (b^2, (b^2+2b) pi* eps, {sp.factor(c2 / (ps * e**2))} pi* eps^2) "
+        f"{'match' if gen_ok else 'MISMATCH'} candidate; K=3 with constraint: {k3_ok} => strict local min iff b > -1, strict local MAX on the simplex for b < -1"
+    )
     return result(ok, summ, {"general": gen_ok, "k3": k3_ok})
 
 
@@ -606,8 +658,10 @@ def check_semigradient_invariance(mode: str = "semi", K: int = 3) -> CheckResult
     El = sum(pi[i] * lp[i] for i in range(K))
     closed = all(is_zero(g[k] - 2 * pi[k] * (lp[k] - El)) for k in range(K)) if invariant else False
     ok = invariant and closed
-    summ = (f"K={K} softmax, mode={mode}: d(grad)/d(log Z) {'== 0' if invariant else '!= 0'} symbolically; "
-            f"grad == 2 pi_k (l'_k - E_pi l'): {closed}")
+    summ = (
+        f"K={K} softmax, mode={mode}: d(grad)/d(log Z) {'== 0' if invariant else '!= 0'} symbolically; "
+        f"grad == 2 pi_k (l'_k - E_pi l'): {closed}"
+    )
     return result(ok, summ, {"invariant": invariant, "closed_form": closed})
 
 
@@ -617,10 +671,12 @@ def _R_of_logits(z: np.ndarray, log_ps: np.ndarray) -> float:
     pi = np.exp(lp)
     ell = lp - log_ps
     kl = float(np.dot(pi, ell))
-    return float(np.dot(pi, ell ** 2)) / kl if kl > 1e-14 else 2.0
+    return float(np.dot(pi, ell**2)) / kl if kl > 1e-14 else 2.0
 
 
-def global_threshold_numeric(pstar: np.ndarray, rng: np.random.Generator, n_starts: int = 3) -> tuple[float, np.ndarray]:
+def global_threshold_numeric(
+    pstar: np.ndarray, rng: np.random.Generator, n_starts: int = 3
+) -> tuple[float, np.ndarray]:
     """Numerical ``inf_{pi != pi*} E_pi[l^2]/KL(pi||pi*)`` (the exact threshold is -inf/2).
 
     L-BFGS-B over softmax logits (bounded to [-30, 30], so faces are approached to e^-60)
@@ -659,8 +715,12 @@ def two_outcome_lemma_min(n_a: int = 200, n_x: int = 2001) -> float:
     return float(np.nanmin(F))
 
 
-def check_global_threshold(threshold: Callable[[np.ndarray], float] | None = None, n_instances: int = 24,
-                           Ks: Sequence[int] = (2, 3, 4, 5, 6), seed: int = 0) -> CheckResult:
+def check_global_threshold(
+    threshold: Callable[[np.ndarray], float] | None = None,
+    n_instances: int = 24,
+    Ks: Sequence[int] = (2, 3, 4, 5, 6),
+    seed: int = 0,
+) -> CheckResult:
     """Ours (math.md §1, conjecture): pi* is the global minimizer of ``L(pi) = E_pi[(b + l)^2]``
     iff ``b >= threshold(pi*)``, default ``1/2 log(1 - min_y pi*(y))``.
 
@@ -674,7 +734,7 @@ def check_global_threshold(threshold: Callable[[np.ndarray], float] | None = Non
     inequality (grid over (a, x)) and the threshold on random pi* (scipy optimization).
     """
     if threshold is None:
-        threshold = lambda ps: 0.5 * math.log1p(-float(np.min(ps)))  # noqa: E731
+        threshold = lambda ps: 0.5 * math.log1p(-float(np.min(ps)))
     # symbolic parts
     b = sp.Symbol("b", real=True)
     m = sp.Symbol("m", positive=True)
@@ -682,12 +742,12 @@ def check_global_threshold(threshold: Callable[[np.ndarray], float] | None = Non
     s1, s2 = sp.symbols("s1 s2", positive=True)  # pi* = (s1, s2, m), drop the m outcome
     pol = [s1 / (1 - m), s2 / (1 - m)]
     ell = [sp.log(pol[0] / s1), sp.log(pol[1] / s2)]
-    Lminus = sum(pol[i] * ((b + ell[i]) ** 2) for i in range(2)) - b ** 2
+    Lminus = sum(pol[i] * ((b + ell[i]) ** 2) for i in range(2)) - b**2
     only_if_ok = is_zero(Lminus.subs(s2, 1 - m - s1) - c * (c + 2 * b))
     piy, psy = sp.symbols("piy psy", positive=True)
     ly = sp.log(piy / psy)
-    stat = sp.diff(piy * (ly ** 2 + 2 * b * ly), piy)
-    reduction_ok = is_zero(stat - (ly ** 2 + 2 * (1 + b) * ly + 2 * b))
+    stat = sp.diff(piy * (ly**2 + 2 * b * ly), piy)
+    reduction_ok = is_zero(stat - (ly**2 + 2 * (1 + b) * ly + 2 * b))
     # numerics
     lemma_min = two_outcome_lemma_min()
     lemma_ok = lemma_min >= -1e-12  # grid includes the two exact zeros x=0, x=a; float64 rounding
@@ -708,8 +768,10 @@ def check_global_threshold(threshold: Callable[[np.ndarray], float] | None = Non
         n_bad += err > 1e-6  # optimizer precision on the bounded logit box (faces at e^-60)
         n += 1
     ok = only_if_ok and reduction_ok and lemma_ok and n_bad == 0
-    summ = (f"CONJECTURE (numerical, not a full proof): only-if direction proved symbolically (drop-least-likely policy gives "
-            f"L-b^2 = c(c+2b)): {only_if_ok}; reduction to 2 outcomes via stationarity (l two-valued): {reduction_ok}; "
-            f"2-outcome inequality min F on 200x2001 grid = {lemma_min:.2e}; numeric threshold vs candidate on {n} random pi* "
-            f"(K=2..6): {n_bad} disagree, max |b_c - candidate| = {worst:.1e}")
+    summ = (
+        f"CONJECTURE (numerical, not a full proof): only-if direction proved symbolically (drop-least-likely policy gives "
+        f"L-b^2 = c(c+2b)): {only_if_ok}; reduction to 2 outcomes via stationarity (l two-valued): {reduction_ok}; "
+        f"2-outcome inequality min F on 200x2001 grid = {lemma_min:.2e}; numeric threshold vs candidate on {n} random pi* "
+        f"(K=2..6): {n_bad} disagree, max |b_c - candidate| = {worst:.1e}"
+    )
     return result(ok, summ, {"only_if": only_if_ok, "lemma_grid_min": lemma_min, "n_disagree": n_bad, "max_err": worst})

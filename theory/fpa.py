@@ -9,13 +9,13 @@ Each ``check_*`` takes the candidate as an argument so a test can feed a wrong o
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import sympy as sp
 
 from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simplex
 
-__all__ = ["check_eq5", "check_dpo_bandit", "check_dpo_token_level", "check_simper", "check_apo_value"]
+__all__ = ["check_apo_value", "check_dpo_bandit", "check_dpo_token_level", "check_eq5", "check_simper"]
 
 lam = sp.Symbol("lambda", nonnegative=True)
 
@@ -30,7 +30,7 @@ def check_eq5(candidate_log: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | No
     the candidate (so the normalized distributions coincide).
     """
     if candidate_log is None:
-        candidate_log = lambda lp, lr, l_: (1 + l_) * lp - l_ * lr  # noqa: E731
+        candidate_log = lambda lp, lr, l_: (1 + l_) * lp - l_ * lr
     h = list(sp.symbols(f"h1:{K + 1}", real=True))
     g = list(sp.symbols(f"g1:{K + 1}", real=True))
     forms_ok = all(is_zero(h[i] + lam * (h[i] - g[i]) - ((1 + lam) * h[i] - lam * g[i])) for i in range(K))
@@ -40,8 +40,10 @@ def check_eq5(candidate_log: Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr] | No
     cand = [candidate_log(h[i] - lse_h, g[i] - lse_g, lam) for i in range(K)]
     ratio_ok = all(is_zero((logits[i] - logits[0]) - (cand[i] - cand[0])) for i in range(1, K))
     ok = forms_ok and ratio_ok
-    summ = (f"K={K} symbolic logits: h + lam(h - h_ref) == (1+lam)h - lam h_ref: {forms_ok}; softmax log-ratios equal the candidate's "
-            f"((1+lam) log pi - lam log pi_ref): {ratio_ok}")
+    summ = (
+        f"K={K} symbolic logits: h + lam(h - h_ref) == (1+lam)h - lam h_ref: {forms_ok}; softmax log-ratios equal the candidate's "
+        f"((1+lam) log pi - lam log pi_ref): {ratio_ok}"
+    )
     return result(ok, summ, {"forms": forms_ok, "ratios": ratio_ok})
 
 
@@ -56,7 +58,7 @@ def check_dpo_bandit(factor: Callable[[sp.Expr], sp.Expr] | None = None, K: int 
     losses ``-log sigma(margin)`` and their gradients coincide. Exact, K symbolic outputs.
     """
     if factor is None:
-        factor = lambda l_: 1 + l_  # noqa: E731
+        factor = lambda l_: 1 + l_
     beta = sp.Symbol("beta", positive=True)
     p, _ = simplex("p", K)
     q, _ = simplex("q", K)
@@ -65,8 +67,10 @@ def check_dpo_bandit(factor: Callable[[sp.Expr], sp.Expr] | None = None, K: int 
     m_fpa = _dpo_margin(beta, logphat[0], sp.log(q[0]), logphat[1], sp.log(q[1]))
     m_dpo = _dpo_margin(factor(lam) * beta, sp.log(p[0]), sp.log(q[0]), sp.log(p[1]), sp.log(q[1]))
     ok = is_zero(m_fpa - m_dpo)
-    summ = (f"K={K} outputs, symbolic pi, pi_ref, lam, beta: DPO margin with sequence-normalized pi_hat "
-            f"{'==' if ok else '!='} candidate beta_eff = {factor(lam)} beta margin (normalizer cancels in the difference)")
+    summ = (
+        f"K={K} outputs, symbolic pi, pi_ref, lam, beta: DPO margin with sequence-normalized pi_hat "
+        f"{'==' if ok else '!='} candidate beta_eff = {factor(lam)} beta margin (normalizer cancels in the difference)"
+    )
     return result(ok, summ, {"equal": ok})
 
 
@@ -91,6 +95,7 @@ def _token_tree(shared_prefix: bool):
 def token_level_extra(beta, yw, yl, pol, ref):
     """The exact extra term: ``-beta [sum_t log C_t(x, y_w,<t) - sum_t log C_t(x, y_l,<t)]``,
     ``C_t = sum_v pi_t(v)^{1+lam} pi_ref,t(v)^{-lam}`` (per-prefix normalizer of eq. 4/5)."""
+
     def logC(pre):
         return sp.log(sum(pol[pre][v] ** (1 + lam) * ref[pre][v] ** (-lam) for v in range(2)))
 
@@ -131,16 +136,21 @@ def check_dpo_token_level(extra: Callable | None = None, shared_prefix: bool = F
     if not is_zero(diff - extra(beta, yw, yl, pol, ref)):
         raise ValueError("the candidate extra term does not equal the exact margin difference")
     if is_zero(diff):
-        return CheckResult(Verdict.VERIFIED, "per-token normalizers of y_w and y_l coincide: DPO-FPA == DPO with (1+lam) beta exactly",
-                           {"extra_at_point": 0.0})
+        return CheckResult(
+            Verdict.VERIFIED,
+            "per-token normalizers of y_w and y_l coincide: DPO-FPA == DPO with (1+lam) beta exactly",
+            {"extra_at_point": 0.0},
+        )
     sub = {lam: 1, beta: sp.Rational(1, 10)}
     for pre in pol:
         sub[pol[pre][0]] = sp.Rational(7, 10) if pre != (1,) else sp.Rational(1, 5)
         sub[ref[pre][0]] = sp.Rational(1, 2)
     val = float(sp.N(diff.subs(sub), 30))
-    summ = (f"per-token pi_hat: DPO-FPA margin = (1+lam) beta Delta + E, E = -beta[sum_t log C_t(y_w,<t) - sum_t log C_t(y_l,<t)], "
-            f"C_t = sum_v pi_t(v)^(1+lam) pi_ref,t(v)^(-lam) (proved on a 2-token tree); E != 0 in general: at lam=1, beta=0.1 "
-            f"E = {val:.4g}; the first-token normalizer cancels, later prefixes (and unequal lengths) do not")
+    summ = (
+        f"per-token pi_hat: DPO-FPA margin = (1+lam) beta Delta + E, E = -beta[sum_t log C_t(y_w,<t) - sum_t log C_t(y_l,<t)], "
+        f"C_t = sum_v pi_t(v)^(1+lam) pi_ref,t(v)^(-lam) (proved on a 2-token tree); E != 0 in general: at lam=1, beta=0.1 "
+        f"E = {val:.4g}; the first-token normalizer cancels, later prefixes (and unequal lengths) do not"
+    )
     return CheckResult(Verdict.REFUTED, summ, {"extra_at_point": val})
 
 
@@ -175,11 +185,16 @@ def check_simper(offrl: str = "paper", grad_form: str = "paper", len_w: int = 2,
     inv = (lambda n: sp.Rational(1, n)) if grad_form == "paper" else (lambda n: 1)
     if grad_form not in ("paper", "no_inv_len"):
         raise ValueError(grad_form)
-    eq2 = [sum(inv(len(y)) * R * sp.exp(logpi(y) / len(y)) * sp.diff(logpi(y), p_) for y, R in ((yw, 1), (yl, -1))) for p_ in params]
+    eq2 = [
+        sum(inv(len(y)) * R * sp.exp(logpi(y) / len(y)) * sp.diff(logpi(y), p_) for y, R in ((yw, 1), (yl, -1)))
+        for p_ in params
+    ]
     eq2_ok = all(is_zero(a - b) for a, b in zip(g_s, eq2))
     ok = prop_ok and eq2_ok
-    summ = (f"token softmax, |y_w|={len_w}, |y_l|={len_l}: grad SimPER == grad Off-RL ({offrl}): {prop_ok}; == eq. 2 "
-            f"(1/|y|) R pi^(1/|y|) grad log pi ({grad_form}): {eq2_ok}; note eq. 1 (mean over the 2 trajectories) is eq. 10 / 2")
+    summ = (
+        f"token softmax, |y_w|={len_w}, |y_l|={len_l}: grad SimPER == grad Off-RL ({offrl}): {prop_ok}; == eq. 2 "
+        f"(1/|y|) R pi^(1/|y|) grad log pi ({grad_form}): {eq2_ok}; note eq. 1 (mean over the 2 trajectories) is eq. 10 / 2"
+    )
     return result(ok, summ, {"prop": prop_ok, "eq2": eq2_ok})
 
 
@@ -215,10 +230,16 @@ def check_apo_value(variant: str = "paper", Ns: Sequence[int] = (1, 2, 3, 4)) ->
     p1 = sp.Symbol("p1", positive=True)
     pref = [p1, 1 - p1]
     ro = sp.symbols("ro1:3", real=True)
-    E = sum(pref[i] * pref[j] * (sp.exp(ro[i] / beta1) + sp.exp(ro[j] / beta1)) / 2 for i, j in itertools.product(range(2), repeat=2))
+    E = sum(
+        pref[i] * pref[j] * (sp.exp(ro[i] / beta1) + sp.exp(ro[j] / beta1)) / 2
+        for i, j in itertools.product(range(2), repeat=2)
+    )
     Z = sum(pref[i] * sp.exp(ro[i] / beta1) for i in range(2))
     unb = is_zero(E - Z)
     ok = not fails and unb
-    summ = (f"V_hat ({variant}) {'==' if not fails else '!='} beta1 * DISA log-space label with q = pi_ref, beta = 1/beta1 for N in {list(Ns)}"
-            + ("" if not fails else f" (fails N={fails})") + f"; E[exp(V_hat/beta1)] = E_pi_ref[e^(r/beta1)] (K=2,N=2): {unb} -> V_hat <= V* in expectation (Jensen)")
+    summ = (
+        f"V_hat ({variant}) {'==' if not fails else '!='} beta1 * DISA log-space label with q = pi_ref, beta = 1/beta1 for N in {list(Ns)}"
+        + ("" if not fails else f" (fails N={fails})")
+        + f"; E[exp(V_hat/beta1)] = E_pi_ref[e^(r/beta1)] (K=2,N=2): {unb} -> V_hat <= V* in expectation (Jensen)"
+    )
     return result(ok, summ, {"n_fail": len(fails), "unbiased_linear": unb})

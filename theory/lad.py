@@ -9,8 +9,7 @@ table's printed loss column (mis-encoded characters restored: ``Ξ·`` = eta, ``
 
 from __future__ import annotations
 
-import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import sympy as sp
@@ -20,12 +19,12 @@ from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simple
 __all__ = [
     "F_DIVERGENCES",
     "TABLE5_PRINTED",
+    "check_B5_eq18",
+    "check_B5_flowrl",
     "check_lemma31",
     "check_lemma32",
     "check_table5",
     "check_thmB1",
-    "check_B5_flowrl",
-    "check_B5_eq18",
 ]
 
 x = sp.Symbol("x", positive=True)
@@ -54,8 +53,13 @@ TABLE5_PRINTED: dict[str, Callable[[sp.Expr, sp.Expr, sp.Expr], sp.Expr]] = {
     "tv": lambda pt, po, a: sp.exp(a) * sp.Abs(_rho(pt, po) * sp.exp(-a) - 1),
     "hellinger": lambda pt, po, a: sp.exp(a) * (sp.sqrt(_rho(pt, po)) * sp.exp(-a / 2) - 1) ** 2,
     # printed: e^{A/eta} ( rho e^{-A/eta} log(rho e^{-A/eta}) - (rho e^{A/eta} + 1) log( pi_theta/(2 pi_old) e^{A/eta} ) )
-    "js": lambda pt, po, a: sp.exp(a) * (_rho(pt, po) * sp.exp(-a) * sp.log(_rho(pt, po) * sp.exp(-a))
-                                         - (_rho(pt, po) * sp.exp(a) + 1) * sp.log(_rho(pt, po) / 2 * sp.exp(a))),
+    "js": lambda pt, po, a: (
+        sp.exp(a)
+        * (
+            _rho(pt, po) * sp.exp(-a) * sp.log(_rho(pt, po) * sp.exp(-a))
+            - (_rho(pt, po) * sp.exp(a) + 1) * sp.log(_rho(pt, po) / 2 * sp.exp(a))
+        )
+    ),
 }
 
 
@@ -80,7 +84,7 @@ def check_lemma31(candidate: Callable[[list, list, sp.Expr], list] | None = None
     ``dKL(pi_s||pi_old)/ds = s Var_{pi_s}(A) >= 0`` (K = 2 symbolic), so KL is monotone in eta.
     """
     if candidate is None:
-        candidate = lambda po, A, eta: [po[i] * sp.exp(A[i] / eta) for i in range(len(po))]  # noqa: E731
+        candidate = lambda po, A, eta: [po[i] * sp.exp(A[i] / eta) for i in range(len(po))]
     eta = sp.Symbol("eta", positive=True)
     po, _ = simplex("po", K)
     A = list(sp.symbols(f"A1:{K + 1}", real=True))
@@ -102,11 +106,13 @@ def check_lemma31(candidate: Callable[[list, list, sp.Expr], list] | None = None
     pis = [u / sum(un2) for u in un2]
     kl = sum(pis[i] * sp.log(pis[i] / qo[i]) for i in range(2))
     EA = sum(pis[i] * B[i] for i in range(2))
-    var = sum(pis[i] * B[i] ** 2 for i in range(2)) - EA ** 2
+    var = sum(pis[i] * B[i] ** 2 for i in range(2)) - EA**2
     mono = is_zero(sp.diff(kl, s) - s * var)
     ok = kkt and concave and mono
-    summ = (f"K={K} symbolic: Lagrangian stationarity at the candidate {'holds' if kkt else 'FAILS'} (A_y - eta(log pi/pi_old + 1) "
-            f"y-independent); objective strictly concave: {concave}; dKL/d(1/eta) = (1/eta) Var_pi(A) >= 0 (K=2): {mono}")
+    summ = (
+        f"K={K} symbolic: Lagrangian stationarity at the candidate {'holds' if kkt else 'FAILS'} (A_y - eta(log pi/pi_old + 1) "
+        f"y-independent); objective strictly concave: {concave}; dKL/d(1/eta) = (1/eta) Var_pi(A) >= 0 (K=2): {mono}"
+    )
     return result(ok, summ, {"kkt": kkt, "concave": concave, "kl_monotone": mono})
 
 
@@ -118,7 +124,9 @@ def _strictly_convex(f: Callable) -> bool | None:
     return f2.is_positive
 
 
-def check_lemma32(div: str | Callable = "kl", ratio: str = "const", normalized_g: bool = False, K: int = 3) -> CheckResult:
+def check_lemma32(
+    div: str | Callable = "kl", ratio: str = "const", normalized_g: bool = False, K: int = 3
+) -> CheckResult:
     """LAD Lemma 3.2 (App. B.2): for ``L = sum_y g2 f(p/g1)`` with ``g2/g1 = Z_g`` independent
     of y, every minimizer over the simplex satisfies ``p ∝ g1``.
 
@@ -163,15 +171,32 @@ def check_lemma32(div: str | Callable = "kl", ratio: str = "const", normalized_g
         how = "proved: f''>0 and exact stationarity at p*=g1/sum g1"
     else:
         ok = bool(grid_ok and stationary is not False)
-        how = (f"f strictly convex: {strict}; stationarity at p*: {stationary}; grid over p (numeric): minimizers span "
-               f"[{argmins.min():.4f}, {argmins.max():.4f}] vs p* = {pstar:.4f}")
-    summ = f"{name}: {how}" + ("" if ok else f"; grid minimizers span [{argmins.min():.4f}, {argmins.max():.4f}], p* = {pstar:.4f} -> not every minimizer is ∝ g1")
+        how = (
+            f"f strictly convex: {strict}; stationarity at p*: {stationary}; grid over p (numeric): minimizers span "
+            f"[{argmins.min():.4f}, {argmins.max():.4f}] vs p* = {pstar:.4f}"
+        )
+    summ = f"{name}: {how}" + (
+        ""
+        if ok
+        else f"; grid minimizers span [{argmins.min():.4f}, {argmins.max():.4f}], p* = {pstar:.4f} -> not every minimizer is ∝ g1"
+    )
     if name == "tv" and not ok and not normalized_g:
-        summ += (f" (exact: L = sum|p-g| >= sum g - 1 = {float(sum(gg)) - 1:.2f}, attained by every p <= g; e.g. p=(1/2,1/2) and "
-                 f"p*=(3/7,4/7) both give {float(Lp.subs(pp, sp.Rational(1, 2))):.4f}/{float(Lp.subs(pp, sp.Rational(3, 7))):.4f}; "
-                 "TV is not strictly convex)")
-    return result(ok, summ, {"strict": bool(strict), "stationary": bool(stationary), "argmin_lo": float(argmins.min()),
-                             "argmin_hi": float(argmins.max()), "p_star": pstar})
+        summ += (
+            f" (exact: L = sum|p-g| >= sum g - 1 = {float(sum(gg)) - 1:.2f}, attained by every p <= g; e.g. p=(1/2,1/2) and "
+            f"p*=(3/7,4/7) both give {float(Lp.subs(pp, sp.Rational(1, 2))):.4f}/{float(Lp.subs(pp, sp.Rational(3, 7))):.4f}; "
+            "TV is not strictly convex)"
+        )
+    return result(
+        ok,
+        summ,
+        {
+            "strict": bool(strict),
+            "stationary": bool(stationary),
+            "argmin_lo": float(argmins.min()),
+            "argmin_hi": float(argmins.max()),
+            "p_star": pstar,
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- Table 5
@@ -193,15 +218,25 @@ def check_table5(div: str, printed: Callable | None = None) -> CheckResult:
     pr = printed(pt, po, a)
     diff = pr - derived
     if is_zero(diff):
-        return CheckResult(Verdict.VERIFIED, f"{div}: printed loss == e^(A/eta) f(rho e^(-A/eta)) identically", {"identical": True})
+        return CheckResult(
+            Verdict.VERIFIED, f"{div}: printed loss == e^(A/eta) f(rho e^(-A/eta)) identically", {"identical": True}
+        )
     if is_zero(sp.diff(diff, pt)):
         extra = sp.simplify(sp.expand_log(diff, force=True))
-        return CheckResult(Verdict.PARTLY, f"{div}: printed loss = derived + ({extra}), a theta-independent term: same gradient and "
-                           "minimizer, but not the f-divergence value (not 0 at the optimum)", {"identical": False, "additive": str(extra)})
+        return CheckResult(
+            Verdict.PARTLY,
+            f"{div}: printed loss = derived + ({extra}), a theta-independent term: same gradient and "
+            "minimizer, but not the f-divergence value (not 0 at the optimum)",
+            {"identical": False, "additive": str(extra)},
+        )
     ratio = sp.simplify(pr / derived)
     if not ratio.free_symbols and ratio.is_positive:
-        return CheckResult(Verdict.PARTLY, f"{div}: printed loss = {ratio} x derived (the table drops a constant factor of f): "
-                           f"same minimizer, gradient scaled by {ratio}", {"identical": False, "factor": float(ratio)})
+        return CheckResult(
+            Verdict.PARTLY,
+            f"{div}: printed loss = {ratio} x derived (the table drops a constant factor of f): "
+            f"same minimizer, gradient scaled by {ratio}",
+            {"identical": False, "factor": float(ratio)},
+        )
     # optimum test, exact two-outcome instance
     pold = [sp.Rational(1, 2), sp.Rational(1, 2)]
     av = [sp.Integer(1), sp.Rational(-1, 2)]
@@ -215,16 +250,27 @@ def check_table5(div: str, printed: Callable | None = None) -> CheckResult:
     gap_printed = stationarity_gap(printed)
     gap_derived = stationarity_gap(lambda p_, o_, a_: sp.exp(a_) * f(p_ / o_ * sp.exp(-a_)))
     from scipy.optimize import minimize_scalar
+
     pp = sp.Symbol("p", positive=True)
     Lp = sum(pold[i] * printed(v, pold[i], av[i]) for i, v in enumerate([pp, 1 - pp]))
     Lf = sp.lambdify(pp, Lp, "math")
     res = minimize_scalar(Lf, bounds=(1e-9, 1 - 1e-9), method="bounded", options={"xatol": 1e-10})
     moved = abs(gap_printed) > 1e-20 and abs(gap_derived) < 1e-20  # 30-digit evaluation of exact expressions
-    summ = (f"{div}: printed loss is NOT e^(a) f(rho e^(-a)) up to constants; at pi_old=(1/2,1/2), A/eta=(1,-1/2) the target "
-            f"pi*(y1)={float(pst[0]):.4f} is {'NOT ' if moved else ''}stationary for the printed loss (gradient gap {float(gap_printed):.3g}; "
-            f"derived loss gap {float(gap_derived):.1g}); printed loss minimized at pi(y1)={res.x:.4f}")
-    return CheckResult(Verdict.REFUTED if moved else Verdict.PARTLY, summ,
-                       {"identical": False, "stationarity_gap": float(gap_printed), "printed_argmin": float(res.x), "target": float(pst[0])})
+    summ = (
+        f"{div}: printed loss is NOT e^(a) f(rho e^(-a)) up to constants; at pi_old=(1/2,1/2), A/eta=(1,-1/2) the target "
+        f"pi*(y1)={float(pst[0]):.4f} is {'NOT ' if moved else ''}stationary for the printed loss (gradient gap {float(gap_printed):.3g}; "
+        f"derived loss gap {float(gap_derived):.1g}); printed loss minimized at pi(y1)={res.x:.4f}"
+    )
+    return CheckResult(
+        Verdict.REFUTED if moved else Verdict.PARTLY,
+        summ,
+        {
+            "identical": False,
+            "stationarity_gap": float(gap_printed),
+            "printed_argmin": float(res.x),
+            "target": float(pst[0]),
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- Theorem B.1
@@ -240,11 +286,11 @@ def _ts_mul(p, q):
 
 def _ts_inv(p):
     a0, a1, a2 = p
-    return [1 / a0, -a1 / a0 ** 2, (a1 ** 2 - a0 * a2) / a0 ** 3]
+    return [1 / a0, -a1 / a0**2, (a1**2 - a0 * a2) / a0**3]
 
 
 def _ts_exp_linear(c):  # exp(c t)
-    return [sp.Integer(1), c, c ** 2 / 2]
+    return [sp.Integer(1), c, c**2 / 2]
 
 
 def _ts_add(*ps):
@@ -293,7 +339,8 @@ def _gap_coefficients(f: Callable, g: sp.Expr, h: sp.Expr, centered: bool, ratio
         def fe(arg):
             x0, z1, z2 = arg  # x0 == 1 for the paper's losses (t = 0: no update, A = 0)
             f0, f1, f2 = (sp.simplify(e.subs(u, x0)) for e in (fu, d1, d2 / 2))
-            return [f0, f1 * z1, f1 * z2 + f2 * z1 ** 2]
+            return [f0, f1 * z1, f1 * z2 + f2 * z1**2]
+
     L_lad = _ts_add(*[_ts_scale(_PO[i], _ts_mul(ea[i], fe(args_lad[i]))) for i in range(3)])
     L_thm = _ts_add(*[_ts_mul(_ts_mul(ea[i], inv_ZA), fe(args_thm[i])) for i in range(3)])
     return [sp.nsimplify(sp.simplify(L_thm[n] - L_lad[n])) for n in range(3)]
@@ -324,7 +371,12 @@ def check_thmB1(div: str | Callable = "kl", ratio_form: str = "ratio") -> CheckR
     f = _f_of(div)
     name = div if isinstance(div, str) else "f"
     f0 = sp.simplify(f(sp.Integer(1)))
-    regimes = {"joint": (1, 1, False), "joint_centered": (1, 1, True), "delta_only": (0, 1, False), "gamma_only": (1, 0, False)}
+    regimes = {
+        "joint": (1, 1, False),
+        "joint_centered": (1, 1, True),
+        "delta_only": (0, 1, False),
+        "gamma_only": (1, 0, False),
+    }
     orders = {}
     coefs = {}
     for key, (g, h, cen) in regimes.items():
@@ -339,12 +391,17 @@ def check_thmB1(div: str | Callable = "kl", ratio_form: str = "ratio") -> CheckR
         Ea = sum(p * al for p, al in zip(_PO, _ALPHA))
         first_ok = sp.simplify(coefs["joint"][1] - fp1 * Ea) == 0
     ok = all(o >= 1 for o in orders.values()) and first_ok
-    hyp = ("n/a (non-differentiable at 1)" if not smooth else
-           ("confirmed" if (orders["joint"] == 1) == (fp1 != 0) else "REFUTED"))
-    summ = (f"{name}: f(1)={f0}, f'(1)={fp1}; order of |L_thm-L_LAD| in t: joint uncentered {orders['joint']}, joint centered "
-            f"{orders['joint_centered']}, delta-only {orders['delta_only']}, gamma-only {orders['gamma_only']}; O(gamma+delta) "
-            f"{'holds' if ok else 'FAILS'}; 'first order iff f\\'(1)!=0' (uncentered A): {hyp}"
-            + (f"; first-order coef = f'(1) E_pi_old[A/eta] = {coefs['joint'][1]}" if smooth else ""))
+    hyp = (
+        "n/a (non-differentiable at 1)"
+        if not smooth
+        else ("confirmed" if (orders["joint"] == 1) == (fp1 != 0) else "REFUTED")
+    )
+    summ = (
+        f"{name}: f(1)={f0}, f'(1)={fp1}; order of |L_thm-L_LAD| in t: joint uncentered {orders['joint']}, joint centered "
+        f"{orders['joint_centered']}, delta-only {orders['delta_only']}, gamma-only {orders['gamma_only']}; O(gamma+delta) "
+        f"{'holds' if ok else 'FAILS'}; 'first order iff f\\'(1)!=0' (uncentered A): {hyp}"
+        + (f"; first-order coef = f'(1) E_pi_old[A/eta] = {coefs['joint'][1]}" if smooth else "")
+    )
     nums = {f"order_{k}": v for k, v in orders.items()}
     nums["fprime1"] = str(fp1)
     return result(ok, summ, nums)
@@ -370,12 +427,16 @@ def check_B5_flowrl(f: Callable | None = None) -> CheckResult:
     region = sp.solve_univariate_inequality(sp.diff(f(x), x, 2) > 0, x, relational=False)
     region_ok = region == sp.Interval.open(sp.exp(-1), sp.oo)
     ok = ident and f1 and region_ok
-    summ = (f"term identity pi_old e^a f(rho e^-a) == pi_theta (log rho - a)^2: {ident} (exact, any eta); f(1)=0: {f1}; "
-            f"convex region {{f''>0}} = {region}: {'(1/e, oo) as stated' if region_ok else 'NOT (1/e, oo)'}")
+    summ = (
+        f"term identity pi_old e^a f(rho e^-a) == pi_theta (log rho - a)^2: {ident} (exact, any eta); f(1)=0: {f1}; "
+        f"convex region {{f''>0}} = {region}: {'(1/e, oo) as stated' if region_ok else 'NOT (1/e, oo)'}"
+    )
     return result(ok, summ, {"identity": ident, "convex_region": str(region)})
 
 
-def check_B5_eq18(paper_log_z: Callable[[sp.Expr, sp.Expr], sp.Expr] | None = None, f: Callable | None = None) -> CheckResult:
+def check_B5_eq18(
+    paper_log_z: Callable[[sp.Expr, sp.Expr], sp.Expr] | None = None, f: Callable | None = None
+) -> CheckResult:
     """LAD eq. 18: ``L = E_{pi_theta}[(log Z + log pi_theta/pi_old - A/eta)^2]`` with
     ``Z = Z_A/(e Z_pi)`` (paper, after eta -> inf).
 
@@ -388,7 +449,7 @@ def check_B5_eq18(paper_log_z: Callable[[sp.Expr, sp.Expr], sp.Expr] | None = No
     """
     f = f or _flowrl_f
     if paper_log_z is None:
-        paper_log_z = lambda ZA, Zp: sp.log(ZA / (sp.E * Zp))  # noqa: E731
+        paper_log_z = lambda ZA, Zp: sp.log(ZA / (sp.E * Zp))
     rho, ZA, Zp = sp.symbols("rho Z_A Z_pi", positive=True)
     a = sp.Symbol("a", real=True)
     thm_term = sp.exp(a) / ZA * f(rho * sp.exp(-a) * ZA / Zp)
@@ -399,13 +460,21 @@ def check_B5_eq18(paper_log_z: Callable[[sp.Expr, sp.Expr], sp.Expr] | None = No
     eq_thm = is_zero(cand - sp.log(ZA / Zp))
     eq_prac = is_zero(cand)
     if not (thm_ok or prac_ok):
-        return CheckResult(Verdict.REFUTED, "no trajectory-balance form: neither loss equals E[(log Z + log rho - a)^2] for this f",
-                           {"thm_form": False, "practical_form": False})
+        return CheckResult(
+            Verdict.REFUTED,
+            "no trajectory-balance form: neither loss equals E[(log Z + log rho - a)^2] for this f",
+            {"thm_form": False, "practical_form": False},
+        )
     ok = (thm_ok and eq_thm) or (prac_ok and eq_prac)
     off = sp.simplify(sp.expand_log(cand - sp.log(ZA / Zp), force=True))
-    summ = (f"theorem loss == E_(P_pi)[(log(Z_A/Z_pi) + log rho - A/eta)^2] with P_pi = rho/Z_pi != pi_theta: {thm_ok}; practical loss == "
-            f"E_(pi_theta)[(log rho - A/eta)^2] (log Z = 0, any eta): {prac_ok}; paper's log Z = log(Z_A/(e Z_pi)) differs from "
-            f"log(Z_A/Z_pi) by {off} and from 0 -> eq. 18's constant (the 1/e) and its expectation under pi_theta are not derivable "
-            "from either loss; the TB form itself holds exactly without eta -> inf")
-    return CheckResult(Verdict.VERIFIED if ok else Verdict.PARTLY, summ,
-                       {"thm_form": thm_ok, "practical_form": prac_ok, "paper_const_offset": str(off)})
+    summ = (
+        f"theorem loss == E_(P_pi)[(log(Z_A/Z_pi) + log rho - A/eta)^2] with P_pi = rho/Z_pi != pi_theta: {thm_ok}; practical loss == "
+        f"E_(pi_theta)[(log rho - A/eta)^2] (log Z = 0, any eta): {prac_ok}; paper's log Z = log(Z_A/(e Z_pi)) differs from "
+        f"log(Z_A/Z_pi) by {off} and from 0 -> eq. 18's constant (the 1/e) and its expectation under pi_theta are not derivable "
+        "from either loss; the TB form itself holds exactly without eta -> inf"
+    )
+    return CheckResult(
+        Verdict.VERIFIED if ok else Verdict.PARTLY,
+        summ,
+        {"thm_form": thm_ok, "practical_form": prac_ok, "paper_const_offset": str(off)},
+    )

@@ -7,13 +7,13 @@ coefficient here; DISA's convention would write the reward multiplier as 1/beta)
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import sympy as sp
 
 from tiltlab.theory._common import CheckResult, is_zero, result, simplex
 
-__all__ = ["check_prop41", "check_prop41_ab", "check_vargrad", "check_estimator_bias"]
+__all__ = ["check_estimator_bias", "check_prop41", "check_prop41_ab", "check_vargrad"]
 
 
 def _optimal_log_z(K: int, rewards: Sequence[sp.Expr]):
@@ -41,7 +41,7 @@ def check_prop41(claimed: Callable[..., sp.Expr] | None = None, Ks: Sequence[int
     on the first ceil(K/2) outcomes (any 0/1 pattern is covered by relabeling symbols).
     """
     if claimed is None:
-        claimed = lambda beta, lz, kl_ot, kl_to: beta * lz - beta * kl_ot  # noqa: E731
+        claimed = lambda beta, lz, kl_ot, kl_to: beta * lz - beta * kl_ot
     fails = []
     for K in Ks:
         rewards = [1 if i < (K + 1) // 2 else 0 for i in range(K)]
@@ -53,8 +53,11 @@ def check_prop41(claimed: Callable[..., sp.Expr] | None = None, Ks: Sequence[int
         if not is_zero(claimed(beta, sol[0], kl, kl_rev) - Er):
             fails.append(f"K={K}")
     ok = not fails
-    summ = (f"exact minimizer logZ* of E_pi_old[delta^2] (unique: d2L/dlogZ2 = 2) for K in {list(Ks)} symbolic outcomes: "
-            f"p_old = E_pi_old[r] {'==' if ok else '!='} candidate (beta logZ* - beta KL(pi_old||pi_theta))" + ("" if ok else f" FAIL {fails}"))
+    summ = (
+        f"exact minimizer logZ* of E_pi_old[delta^2] (unique: d2L/dlogZ2 = 2) for K in {list(Ks)} symbolic outcomes: "
+        f"p_old = E_pi_old[r] {'==' if ok else '!='} candidate (beta logZ* - beta KL(pi_old||pi_theta))"
+        + ("" if ok else f" FAIL {fails}")
+    )
     return result(ok, summ, {"n_fail": len(fails)})
 
 
@@ -65,23 +68,28 @@ def check_prop41_ab(claimed: Callable[..., sp.Expr] | None = None, Ks: Sequence[
     ``claimed(beta, logZstar, kl, a, b)`` is the candidate. Exact with symbolic a, b (K in Ks).
     """
     if claimed is None:
-        claimed = lambda beta, lz, kl, a, b: (beta * lz - beta * kl - a) / (b - a)  # noqa: E731
+        claimed = lambda beta, lz, kl, a, b: (beta * lz - beta * kl - a) / (b - a)
     a, b = sp.symbols("a b", real=True)
     fails = []
     for K in Ks:
         correct = [i < (K + 1) // 2 for i in range(K)]
         rewards = [b if cflag else a for cflag in correct]
-        sol, convex, beta, kl, Er, po, pt = _optimal_log_z(K, rewards)
+        sol, _convex, beta, kl, _Er, po, _pt = _optimal_log_z(K, rewards)
         p_old = sum(po[i] for i in range(K) if correct[i])
         if len(sol) != 1 or not is_zero(claimed(beta, sol[0], kl, a, b) - p_old):
             fails.append(f"K={K}")
     ok = not fails
-    summ = (f"{{a,b}} rewards, K in {list(Ks)} symbolic: p_old {'==' if ok else '!='} (beta logZ* - beta KL - a)/(b - a)"
-            + ("" if ok else f" FAIL {fails}") + "; a=0, b=1 recovers eq. 18")
+    summ = (
+        f"{{a,b}} rewards, K in {list(Ks)} symbolic: p_old {'==' if ok else '!='} (beta logZ* - beta KL - a)/(b - a)"
+        + ("" if ok else f" FAIL {fails}")
+        + "; a=0, b=1 recovers eq. 18"
+    )
     return result(ok, summ, {"n_fail": len(fails)})
 
 
-def check_vargrad(estimate: Callable[[list, list], sp.Expr] | None = None, Ns: Sequence[int] = (2, 3, 5, 8)) -> CheckResult:
+def check_vargrad(
+    estimate: Callable[[list, list], sp.Expr] | None = None, Ns: Sequence[int] = (2, 3, 5, 8)
+) -> CheckResult:
     """PACED eq. 10 / VarGrad: ``log Z_hat = (1/N) sum_j (R_j - log pi_theta(y_j))`` is the
     minimizer over a shared log Z of the batch TB loss ``sum_j (log Z + log pi_theta(y_j) - R_j)^2``.
 
@@ -90,7 +98,7 @@ def check_vargrad(estimate: Callable[[list, list], sp.Expr] | None = None, Ns: S
     formula): the derivative at the estimate vanishes and the second derivative is 2N > 0.
     """
     if estimate is None:
-        estimate = lambda R, lp: sum(Ri - li for Ri, li in zip(R, lp)) / len(R)  # noqa: E731
+        estimate = lambda R, lp: sum(Ri - li for Ri, li in zip(R, lp)) / len(R)
     logZ = sp.Symbol("logZ", real=True)
     fails = []
     for N in Ns:
@@ -107,8 +115,11 @@ def check_vargrad(estimate: Callable[[list, list], sp.Expr] | None = None, Ns: S
     dL = sp.summation(2 * logZ, (j, 1, N)) + sp.Sum(2 * (li[j] - Ri[j]), (j, 1, N))
     general_ok = sp.simplify(dL.subs(logZ, paper_mean)) == 0  # proves the paper's formula for every N
     ok = not fails and general_ok
-    summ = (f"batch TB loss over shared log Z: candidate is the stationary point (and d2/dlogZ2 = 2N > 0) for N in {list(Ns)}: "
-            + ("yes" if not fails else f"NO for N={fails}") + f"; symbolic N (Sum): {general_ok}")
+    summ = (
+        f"batch TB loss over shared log Z: candidate is the stationary point (and d2/dlogZ2 = 2N > 0) for N in {list(Ns)}: "
+        + ("yes" if not fails else f"NO for N={fails}")
+        + f"; symbolic N (Sum): {general_ok}"
+    )
     return result(ok, summ, {"n_fail": len(fails)})
 
 
@@ -121,7 +132,7 @@ def check_estimator_bias(claimed_bias: Callable[..., sp.Expr] | None = None, K: 
     at pi_theta = pi_old, the point where PACED reads Z (right after the rollout).
     """
     if claimed_bias is None:
-        claimed_bias = lambda beta, kl_ot, kl_to: beta * kl_ot  # noqa: E731
+        claimed_bias = lambda beta, kl_ot, kl_to: beta * kl_ot
     rewards = [1 if i < (K + 1) // 2 else 0 for i in range(K)]
     sol, _, beta, kl, Er, po, pt = _optimal_log_z(K, rewards)
     bias = beta * sol[0] - Er
@@ -129,6 +140,8 @@ def check_estimator_bias(claimed_bias: Callable[..., sp.Expr] | None = None, K: 
     ident = is_zero(bias - claimed_bias(beta, kl, kl_rev))
     at_old = is_zero(bias.subs({pt_i: po_i for pt_i, po_i in zip(pt[:-1], po[:-1])}))
     ok = ident and at_old
-    summ = (f"K={K} symbolic: beta logZ* - p_old == beta KL(pi_old||pi_theta) (>= 0, upward bias): {ident}; "
-            f"zero at pi_theta = pi_old: {at_old}")
+    summ = (
+        f"K={K} symbolic: beta logZ* - p_old == beta KL(pi_old||pi_theta) (>= 0, upward bias): {ident}; "
+        f"zero at pi_theta = pi_old: {at_old}"
+    )
     return result(ok, summ, {"identity": ident, "zero_at_old": at_old})

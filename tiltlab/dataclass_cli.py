@@ -11,11 +11,11 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 from typing import Any
 
 __all__ = ["add_dataclass_args", "field_docs"]
-
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -27,9 +27,14 @@ def field_docs(cls) -> dict[str, str]:
     tree = ast.parse(src)
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr) \
-                and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str):
+    for a, b in itertools.pairwise(body):
+        if (
+            isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant)
+            and isinstance(b.value.value, str)
+        ):
             docs[a.target.id] = " ".join(b.value.value.split())
     return docs
 
@@ -61,10 +66,20 @@ def add_dataclass_args(
     """
     docs = field_docs(cls)
     if config_section is not None:
-        parser.add_argument("--config", default=None, metavar="FILE",
-                            help=f"run config (configs/*.yaml); its `{config_section}:` section supplies the fields")
-        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                            help="override a config value (dotted key, YAML value); repeatable")
+        parser.add_argument(
+            "--config",
+            default=None,
+            metavar="FILE",
+            help=f"run config (configs/*.yaml); its `{config_section}:` section supplies the fields",
+        )
+        parser.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config value (dotted key, YAML value); repeatable",
+        )
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -81,8 +96,14 @@ def add_dataclass_args(
         else:
             kw = dict(default=default, required=required)
         if tp is bool and not is_list:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_,
-                                **{k: v for k, v in kw.items() if k != "required"})
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                help=help_,
+                **{k: v for k, v in kw.items() if k != "required"},
+            )
             continue
-        parser.add_argument(flag, dest=f.name, type=tp, help=help_, metavar=f.name.upper(),
-                            nargs="+" if is_list else None, **kw)
+        parser.add_argument(
+            flag, dest=f.name, type=tp, help=help_, metavar=f.name.upper(), nargs="+" if is_list else None, **kw
+        )

@@ -13,11 +13,19 @@ __all__ = ["add_cli", "build_trainer", "main"]
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
-        "train", help="RL / offline training from a YAML run config (TRL + accelerate)",
-        description=__doc__.split("\n\n")[0])
+        "train",
+        help="RL / offline training from a YAML run config (TRL + accelerate)",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, dotted keys (e.g. paced.tau=0.3); repeatable")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, dotted keys (e.g. paced.tau=0.3); repeatable",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
     p.set_defaults(func=main)
 
@@ -48,7 +56,9 @@ def _disa_predictor(cfg):
         man = read_manifest(s1)
     s2 = cfg.disa.get("stage2_dir")
     if not s2:
-        raise ValueError("objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)")
+        raise ValueError(
+            "objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)"
+        )
     from tiltlab.llm.stage2 import load_log_z_predictor
 
     log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
@@ -71,15 +81,26 @@ def build_trainer(cfg):
         from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
         rows = load_prompts(cfg.dataset)
-        ds = Dataset.from_list([{**{k: v for k, v in r.items() if k != "prompt"},
-                                 "prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows])
+        ds = Dataset.from_list(
+            [
+                {**{k: v for k, v in r.items() if k != "prompt"}, "prompt": [{"role": "user", "content": r["prompt"]}]}
+                for r in rows
+            ]
+        )
         kw.setdefault("remove_unused_columns", False)
         args = TiltGRPOConfig(**kw)
         log_z_fn = man = None
         if cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa"):
             log_z_fn, man = _disa_predictor(cfg)
-        return TiltGRPOTrainer(model=cfg.model, reward_funcs=_reward(cfg.reward), args=args, train_dataset=ds,
-                               processing_class=load_tokenizer(cfg.model), log_z_fn=log_z_fn, log_z_manifest=man)
+        return TiltGRPOTrainer(
+            model=cfg.model,
+            reward_funcs=_reward(cfg.reward),
+            args=args,
+            train_dataset=ds,
+            processing_class=load_tokenizer(cfg.model),
+            log_z_fn=log_z_fn,
+            log_z_manifest=man,
+        )
     from tiltlab.llm.data import read_table
     from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
 
@@ -88,8 +109,13 @@ def build_trainer(cfg):
     tok = load_tokenizer(cfg.model, padding_side="right")
     model = load_model(cfg.model)
     ref = load_model(cfg.ref_model or cfg.model)
-    return OfflineTrainer(model=model, args=args, ref_model=ref, train_dataset=Dataset.from_list(rows),
-                          data_collator=OfflineCollator(tok, max_length=args.max_length))
+    return OfflineTrainer(
+        model=model,
+        args=args,
+        ref_model=ref,
+        train_dataset=Dataset.from_list(rows),
+        data_collator=OfflineCollator(tok, max_length=args.max_length),
+    )
 
 
 def main(args) -> int:

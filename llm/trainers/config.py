@@ -27,28 +27,51 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunConfig", "load_run_config", "apply_overrides", "SECTION_KEYS", "ONLINE_OBJECTIVES",
-           "OFFLINE_OBJECTIVES"]
+__all__ = ["OFFLINE_OBJECTIVES", "ONLINE_OBJECTIVES", "SECTION_KEYS", "RunConfig", "apply_overrides", "load_run_config"]
 
 ONLINE_OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
 OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 
 #: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``)
 SECTION_KEYS: dict[str, dict[str, str]] = {
-    "flowrl": {"length_normalize": "length_normalize", "reward_transform": "reward_transform",
-               "weight_clip": "weight_clip", "max_weight": "max_weight", "weight_eps": "weight_eps",
-               "log_z_detach_input": "log_z_detach_input", "log_z_hidden": "log_z_hidden",
-               "log_z_layers": "log_z_layers", "log_z_dropout": "log_z_dropout", "log_z_lr": "log_z_lr"},
-    "disa": {"stage1_dir": "", "stage2_dir": "", "allow_label_mismatch": "disa_allow_label_mismatch",
-             "mismatch_reason": "disa_mismatch_reason", "reward_scale": "reward_scale",
-             "reward_shift": "reward_shift", "length_normalize": "length_normalize",
-             "weight_clip": "weight_clip", "max_weight": "max_weight", "label": ""},
+    "flowrl": {
+        "length_normalize": "length_normalize",
+        "reward_transform": "reward_transform",
+        "weight_clip": "weight_clip",
+        "max_weight": "max_weight",
+        "weight_eps": "weight_eps",
+        "log_z_detach_input": "log_z_detach_input",
+        "log_z_hidden": "log_z_hidden",
+        "log_z_layers": "log_z_layers",
+        "log_z_dropout": "log_z_dropout",
+        "log_z_lr": "log_z_lr",
+    },
+    "disa": {
+        "stage1_dir": "",
+        "stage2_dir": "",
+        "allow_label_mismatch": "disa_allow_label_mismatch",
+        "mismatch_reason": "disa_mismatch_reason",
+        "reward_scale": "reward_scale",
+        "reward_shift": "reward_shift",
+        "length_normalize": "length_normalize",
+        "weight_clip": "weight_clip",
+        "max_weight": "max_weight",
+        "label": "",
+    },
     "vargrad": {"length_normalize": "length_normalize", "reward_transform": "reward_transform"},
     "lad": {"divergence": "lad_divergence", "eta": "lad_eta", "level": "lad_level"},
-    "paced": {"tau": "paced_tau", "kl_coef": "paced_kl_coef", "pool_factor": "paced_pool_factor",
-              "select_from": "paced_select_from", "replay": "paced_replay", "replay_capacity": "paced_replay_capacity",
-              "replay_add": "paced_replay_add", "replay_max": "paced_replay_max",
-              "log_z_lr": "log_z_lr", "log_z_hidden": "log_z_hidden"},
+    "paced": {
+        "tau": "paced_tau",
+        "kl_coef": "paced_kl_coef",
+        "pool_factor": "paced_pool_factor",
+        "select_from": "paced_select_from",
+        "replay": "paced_replay",
+        "replay_capacity": "paced_replay_capacity",
+        "replay_add": "paced_replay_add",
+        "replay_max": "paced_replay_max",
+        "log_z_lr": "log_z_lr",
+        "log_z_hidden": "log_z_hidden",
+    },
     "fpa": {"lam": "fpa_lam", "apply_to": "fpa_apply_to"},
     "offrl": {"kl_tau": "offrl_kl_tau"},
     "dpo": {"beta": "dpo_beta"},
@@ -121,15 +144,18 @@ class RunConfig:
             raise ValueError(f"kind must be 'online' or 'offline', got {self.kind!r}")
         allowed = ONLINE_OBJECTIVES if self.kind == "online" else OFFLINE_OBJECTIVES
         if self.objective != "none" and self.objective not in allowed:
-            raise ValueError(f"objective {self.objective!r} is not a {self.kind} objective; choose from {allowed} "
-                             "or 'none'")
+            raise ValueError(
+                f"objective {self.objective!r} is not a {self.kind} objective; choose from {allowed} or 'none'"
+            )
         for name, keys in SECTION_KEYS.items():
             unknown = set(getattr(self, name)) - set(keys)
             if unknown:
                 raise ValueError(f"section {name!r}: unknown keys {sorted(unknown)}; allowed {sorted(keys)}")
         if isinstance(self.beta, str):
             if self.beta not in self.beta_levels:
-                raise ValueError(f"beta={self.beta!r} is not a number nor a key of beta_levels {sorted(self.beta_levels)}")
+                raise ValueError(
+                    f"beta={self.beta!r} is not a number nor a key of beta_levels {sorted(self.beta_levels)}"
+                )
         elif self.beta is not None and not float(self.beta) > 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if not self.lr_scale > 0:

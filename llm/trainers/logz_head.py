@@ -33,8 +33,9 @@ class LogZHead(nn.Module):
         init: initial value of ``log Z``.
     """
 
-    def __init__(self, in_dim: int, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1,
-                 init: float = 0.0) -> None:
+    def __init__(
+        self, in_dim: int, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1, init: float = 0.0
+    ) -> None:
         super().__init__()
         if in_dim <= 0 or hidden <= 0 or n_layers < 1:
             raise ValueError("LogZHead needs in_dim > 0, hidden > 0 and n_layers >= 1")
@@ -64,8 +65,9 @@ def masked_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
-def attach_log_z_head(model: nn.Module, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1,
-                      init: float = 0.0) -> LogZHead:
+def attach_log_z_head(
+    model: nn.Module, hidden: int = 256, n_layers: int = 3, dropout: float = 0.1, init: float = 0.0
+) -> LogZHead:
     """Create a :class:`LogZHead` sized to ``model.config.hidden_size`` and register it as
     ``model.log_z_head`` (idempotent: an existing head is returned unchanged)."""
     existing = get_log_z_head(model, required=False)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -50,7 +50,7 @@ from tiltlab.objectives.offline import (
 )
 from tiltlab.objectives.tb import sequence_logprob
 
-__all__ = ["OFFLINE_OBJECTIVES", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows", "OfflineCollator"]
+__all__ = ["OFFLINE_OBJECTIVES", "OfflineCollator", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows"]
 
 OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 PAIRED = ("dpo", "rpo", "simper")
@@ -62,7 +62,9 @@ class OfflineConfig(TrainingArguments):
 
     objective: str = field(default="fpa", metadata={"help": f"one of {OFFLINE_OBJECTIVES}"})
     fpa_lam: float = field(default=1.0, metadata={"help": "FPA extrapolation lambda (eq. 4)"})
-    fpa_apply_to: str = field(default="all", metadata={"help": "all | correct | incorrect: rows whose weight uses pi_hat"})
+    fpa_apply_to: str = field(
+        default="all", metadata={"help": "all | correct | incorrect: rows whose weight uses pi_hat"}
+    )
     offrl_kl_tau: float = field(default=0.0, metadata={"help": "Off-RL forward-KL penalty tau (paper: 0.04)"})
     dpo_beta: float = field(default=0.1, metadata={"help": "DPO / RPO beta (paper: 0.1)"})
     rpo_alpha: float = field(default=1.0, metadata={"help": "RPO NLL weight alpha (paper: 1)"})
@@ -103,8 +105,9 @@ def prepare_offline_rows(rows: Sequence[dict], objective: str, apo_beta1: float 
         by_prompt: dict[str, dict[str, list]] = defaultdict(lambda: {"w": [], "l": []})
         for r in rows:
             by_prompt[r["prompt"]]["w" if float(r["reward"]) > 0 else "l"].append(r["completion"])
-        out = [{"prompt": p, "completion": w, "rejected": l}
-               for p, d in by_prompt.items() for w, l in zip(d["w"], d["l"])]
+        out = [
+            {"prompt": p, "completion": w, "rejected": l} for p, d in by_prompt.items() for w, l in zip(d["w"], d["l"])
+        ]
         if not out:
             raise ValueError(f"objective {objective!r} needs prompts with both a correct and an incorrect completion")
         return out
@@ -130,8 +133,9 @@ class OfflineCollator:
 
     def _prompt_ids(self, prompt: str) -> list[int]:
         if self.chat and getattr(self.tok, "chat_template", None):
-            text = self.tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                add_generation_prompt=True)
+            text = self.tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
         else:
             text = prompt
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -139,7 +143,7 @@ class OfflineCollator:
     def _completion_ids(self, completion: str) -> list[int]:
         ids = self.tok(completion, add_special_tokens=False)["input_ids"]
         if self.tok.eos_token_id is not None:
-            ids = ids + [self.tok.eos_token_id]
+            ids = [*ids, self.tok.eos_token_id]
         return ids
 
     def _pack(self, prompts: list[str], completions: list[str]) -> dict[str, Tensor]:
@@ -170,8 +174,14 @@ def _final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Final (post-norm) hidden states ``[B, L, H]`` through the model's own forward (works under
     DDP/FSDP/DeepSpeed wrappers); only the last position's logits are computed."""
     pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=1,
-                output_hidden_states=True, use_cache=False)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=pos,
+        logits_to_keep=1,
+        output_hidden_states=True,
+        use_cache=False,
+    )
     return out.hidden_states[-1]
 
 
@@ -194,7 +204,8 @@ class OfflineTrainer(Trainer):
             raise ValueError("OfflineTrainer needs args=OfflineConfig(...)")
         args.remove_unused_columns = False
         needs_ref = args.objective in ("fpa", "dpo", "rpo", "kto", "apo") or (
-            args.objective == "offrl" and args.offrl_kl_tau > 0)
+            args.objective == "offrl" and args.offrl_kl_tau > 0
+        )
         if needs_ref and ref_model is None:
             raise ValueError(f"objective {args.objective!r} needs ref_model (the frozen pi_ref)")
         super().__init__(model=model, args=args, **kwargs)
@@ -252,8 +263,11 @@ class OfflineTrainer(Trainer):
             else:
                 rw, _ = self._ref_seq(inputs)
                 rl, _ = self._ref_seq(inputs, "_l")
-                loss = dpo_loss(lw, ll, rw, rl, a.dpo_beta) if obj == "dpo" else \
-                    rpo_loss(lw, ll, rw, rl, len_w, a.dpo_beta, a.rpo_alpha)
+                loss = (
+                    dpo_loss(lw, ll, rw, rl, a.dpo_beta)
+                    if obj == "dpo"
+                    else rpo_loss(lw, ll, rw, rl, len_w, a.dpo_beta, a.rpo_alpha)
+                )
         else:
             lp_seq, lengths, tok_lp, hs, sel = self._seq(model, inputs)
             r01 = inputs["reward"].float()
@@ -272,8 +286,17 @@ class OfflineTrainer(Trainer):
                 w_r, b_r = _head(self.accelerator.unwrap_model(self.ref_model))
                 ids_sel = inputs["input_ids"][:, 1:][sel]
                 with torch.no_grad():
-                    fut_sel = fused_linear_future_logprobs(hs.detach(), w_t.detach(), h_ref.to(hs.dtype), w_r, ids_sel,
-                                                           a.fpa_lam, bias_theta=b_t, bias_ref=b_r, ignore_index=None)
+                    fut_sel = fused_linear_future_logprobs(
+                        hs.detach(),
+                        w_t.detach(),
+                        h_ref.to(hs.dtype),
+                        w_r,
+                        ids_sel,
+                        a.fpa_lam,
+                        bias_theta=b_t,
+                        bias_ref=b_r,
+                        ignore_index=None,
+                    )
                     fut = torch.zeros_like(tok_lp)
                     fut[:, 1:] = fut[:, 1:].masked_scatter(sel, fut_sel.to(fut.dtype))
                     fut_seq = sequence_logprob(fut, inputs["target_mask"])

@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,7 +73,7 @@ from tiltlab.objectives.tb import (
 
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 
-__all__ = ["OBJECTIVES", "TiltGRPOConfig", "TiltGRPOTrainer", "LabelMismatchError", "check_label_compat"]
+__all__ = ["OBJECTIVES", "LabelMismatchError", "TiltGRPOConfig", "TiltGRPOTrainer", "check_label_compat"]
 
 OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
 _TB = ("flowrl", "disa", "vargrad", "paced")
@@ -99,8 +100,9 @@ def _recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
     rt = recorded.get("reward_transform")
     if isinstance(rt, dict):
         name = rt.get("name", "affine")
-        out["reward_transform"] = (name, float(rt.get("a", 1.0)), float(rt.get("c", 0.0))) if name == "affine" \
-            else (name,)
+        out["reward_transform"] = (
+            (name, float(rt.get("a", 1.0)), float(rt.get("c", 0.0))) if name == "affine" else (name,)
+        )
     elif rt is not None:
         out["reward_transform"] = ("affine", 1.0, 0.0) if rt == "identity" else (str(rt),)
     if "logprob_scale" in recorded:
@@ -110,8 +112,15 @@ def _recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_label_compat(recorded: dict[str, Any] | None, *, beta: float, reward_transform: tuple,
-                       logprob_scale: str, allow_mismatch: bool = False, reason: str | None = None) -> list[str]:
+def check_label_compat(
+    recorded: dict[str, Any] | None,
+    *,
+    beta: float,
+    reward_transform: tuple,
+    logprob_scale: str,
+    allow_mismatch: bool = False,
+    reason: str | None = None,
+) -> list[str]:
     """Check that the Stage-3 residual uses what Stage 1 used for its labels.
 
     DISA eq. (10) subtracts ``beta * r~`` and uses ``log pi_theta - log pi_ref`` on the scale the
@@ -143,11 +152,14 @@ def check_label_compat(recorded: dict[str, Any] | None, *, beta: float, reward_t
         raise LabelMismatchError(
             "DISA Stage 3 must use the reward transform, beta and log-prob scale of the Stage-1 labels "
             "(e.g. trajectory-level labels with a length-normalized residual, or another beta, make log Z_psi the "
-            "log-partition of a different target): " + "; ".join(problems)
-            + ". Set disa_allow_label_mismatch=True with disa_mismatch_reason='...' to override.")
+            "log-partition of a different target): "
+            + "; ".join(problems)
+            + ". Set disa_allow_label_mismatch=True with disa_mismatch_reason='...' to override."
+        )
     if problems and not reason:
-        raise LabelMismatchError("disa_allow_label_mismatch=True needs disa_mismatch_reason explaining why: "
-                                 + "; ".join(problems))
+        raise LabelMismatchError(
+            "disa_allow_label_mismatch=True needs disa_mismatch_reason explaining why: " + "; ".join(problems)
+        )
     return problems
 
 
@@ -160,24 +172,39 @@ class TiltGRPOConfig(GRPOConfig):
     objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
     tilt_beta: float = field(default=15.0, metadata={"help": "beta multiplying r~ in flowrl/disa/vargrad (FlowRL: 15)"})
     reward_transform: str | None = field(
-        default=None, metadata={"help": "r~ of the TB objectives: affine (r~ = reward_scale * r + reward_shift; "
-                                        "'identity' = affine(1, 0)) | group_norm (the per-group plug-in). Default: "
-                                        "group_norm for flowrl, affine for disa/vargrad/paced"})
+        default=None,
+        metadata={
+            "help": "r~ of the TB objectives: affine (r~ = reward_scale * r + reward_shift; "
+            "'identity' = affine(1, 0)) | group_norm (the per-group plug-in). Default: "
+            "group_norm for flowrl, affine for disa/vargrad/paced"
+        },
+    )
     reward_scale: float = field(default=1.0, metadata={"help": "a in the fixed transform r~ = a r + c (a > 0)"})
     reward_shift: float = field(default=0.0, metadata={"help": "c in the fixed transform r~ = a r + c"})
     length_normalize: bool | None = field(
-        default=None, metadata={"help": "masked-mean (True) or sum (False) log-probs in the TB residual "
-                                        "(default: True for flowrl, False otherwise)"})
-    weight_clip: str = field(default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"})
+        default=None,
+        metadata={
+            "help": "masked-mean (True) or sum (False) log-probs in the TB residual "
+            "(default: True for flowrl, False otherwise)"
+        },
+    )
+    weight_clip: str = field(
+        default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"}
+    )
     max_weight: float = field(default=10.0, metadata={"help": "cap of the TB rollout weight for weight_clip=max"})
     weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps] weight clip"})
-    log_z_detach_input: bool = field(default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"})
+    log_z_detach_input: bool = field(
+        default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"}
+    )
     log_z_hidden: int = field(default=256, metadata={"help": "width of the log Z head"})
     log_z_layers: int = field(default=3, metadata={"help": "Linear layers of the log Z head (FlowRL: 3)"})
     log_z_dropout: float = field(default=0.1, metadata={"help": "dropout in the log Z head (FlowRL: 0.1)"})
-    log_z_lr: float | None = field(default=None, metadata={"help": "learning rate of the log Z head (None = learning_rate)"})
-    disa_stage1_manifest: dict | None = field(default=None, metadata={"help": "Stage-1 recorded settings (beta, "
-                                                                              "reward_transform, logprob_scale)"})
+    log_z_lr: float | None = field(
+        default=None, metadata={"help": "learning rate of the log Z head (None = learning_rate)"}
+    )
+    disa_stage1_manifest: dict | None = field(
+        default=None, metadata={"help": "Stage-1 recorded settings (beta, reward_transform, logprob_scale)"}
+    )
     disa_allow_label_mismatch: bool = field(default=False, metadata={"help": "override the label-compat check"})
     disa_mismatch_reason: str | None = field(default=None, metadata={"help": "why the override is sound"})
     lad_divergence: str = field(default="js", metadata={"help": f"one of {sorted(F_DIVERGENCES)}"})
@@ -191,11 +218,16 @@ class TiltGRPOConfig(GRPOConfig):
     paced_replay_capacity: int = field(default=128, metadata={"help": "replay buffer capacity (PACED: 128)"})
     paced_replay_add: int = field(default=64, metadata={"help": "correct samples added per step (PACED: 64)"})
     paced_replay_max: int | None = field(default=None, metadata={"help": "at most this many replayed rows per batch"})
-    log_kl_old: bool = field(default=False, metadata={"help": "log KL(pi_old || pi_theta) (and times paced_kl_coef), "
-                                                              "PACED Fig. 1"})
-    log_z_accuracy_correlation: bool = field(default=False, metadata={
-        "help": "log Pearson/Spearman correlation of the log Z used by the objective with the group accuracy "
-                "(PACED App. C.1)"})
+    log_kl_old: bool = field(
+        default=False, metadata={"help": "log KL(pi_old || pi_theta) (and times paced_kl_coef), PACED Fig. 1"}
+    )
+    log_z_accuracy_correlation: bool = field(
+        default=False,
+        metadata={
+            "help": "log Pearson/Spearman correlation of the log Z used by the objective with the group accuracy "
+            "(PACED App. C.1)"
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -228,8 +260,11 @@ class TiltGRPOConfig(GRPOConfig):
 
     @property
     def reward_transform_spec(self) -> tuple:
-        return ("affine", float(self.reward_scale), float(self.reward_shift)) \
-            if self.reward_transform == "affine" else ("group_norm",)
+        return (
+            ("affine", float(self.reward_scale), float(self.reward_shift))
+            if self.reward_transform == "affine"
+            else ("group_norm",)
+        )
 
     @property
     def logprob_scale(self) -> str:
@@ -250,8 +285,17 @@ class TiltGRPOTrainer(GRPOTrainer):
         log_z_manifest: Stage 1's recorded settings (overrides ``args.disa_stage1_manifest``).
     """
 
-    def __init__(self, model, reward_funcs=None, args: TiltGRPOConfig | None = None, train_dataset=None,
-                 *, log_z_fn: LogZFn | None = None, log_z_manifest: dict | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: TiltGRPOConfig | None = None,
+        train_dataset=None,
+        *,
+        log_z_fn: LogZFn | None = None,
+        log_z_manifest: dict | None = None,
+        **kwargs,
+    ) -> None:
         if args is None or not isinstance(args, TiltGRPOConfig):
             raise ValueError("TiltGRPOTrainer needs args=TiltGRPOConfig(...)")
         obj = args.objective
@@ -270,29 +314,42 @@ class TiltGRPOTrainer(GRPOTrainer):
         self.label_mismatches: list[str] = []
         if obj == "disa":
             self.label_mismatches = check_label_compat(
-                manifest, beta=args.tilt_beta, reward_transform=args.reward_transform_spec,
-                logprob_scale=args.logprob_scale, allow_mismatch=args.disa_allow_label_mismatch,
-                reason=args.disa_mismatch_reason)
+                manifest,
+                beta=args.tilt_beta,
+                reward_transform=args.reward_transform_spec,
+                logprob_scale=args.logprob_scale,
+                allow_mismatch=args.disa_allow_label_mismatch,
+                reason=args.disa_mismatch_reason,
+            )
         self.log_z_fn = log_z_fn
         self._log_z_cache: dict[str, float] = {}
         self._last_rewards_per_func: Tensor | None = None
-        self._replay = (ReplayBuffer(args.paced_replay_capacity, args.paced_replay_add)
-                        if obj == "paced" and args.paced_replay else None)
+        self._replay = (
+            ReplayBuffer(args.paced_replay_capacity, args.paced_replay_add)
+            if obj == "paced" and args.paced_replay
+            else None
+        )
         self._paced_rng = random.Random(int(args.seed))
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         head = get_log_z_head(self.model, required=False)
         if head is not None and not any(p.requires_grad for p in head.parameters()):
-            raise ValueError("the log Z head is frozen (PEFT freezes non-adapter modules): pass "
-                             "peft_config with modules_to_save=['log_z_head'] for a learned log Z")
+            raise ValueError(
+                "the log Z head is frozen (PEFT freezes non-adapter modules): pass "
+                "peft_config with modules_to_save=['log_z_head'] for a learned log Z"
+            )
         if obj == "paced":
             g = self.num_generations
             gen_local = args.per_device_train_batch_size * args.steps_per_generation
             if gen_local % g:
                 raise ValueError(
                     f"objective='paced' selects whole groups per process: per_device_train_batch_size * "
-                    f"steps_per_generation = {gen_local} must be a multiple of num_generations = {g}")
-            if args.paced_select_from == "disa" and log_z_fn is None and (
-                    train_dataset is None or "log_z" not in train_dataset.column_names):
+                    f"steps_per_generation = {gen_local} must be a multiple of num_generations = {g}"
+                )
+            if (
+                args.paced_select_from == "disa"
+                and log_z_fn is None
+                and (train_dataset is None or "log_z" not in train_dataset.column_names)
+            ):
                 raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor) or a 'log_z' column")
         if obj == "disa" and log_z_fn is None and (train_dataset is None or "log_z" not in train_dataset.column_names):
             raise ValueError("objective='disa' needs log_z_fn (Stage-2 predict_log_z) or a 'log_z' dataset column")
@@ -323,7 +380,7 @@ class TiltGRPOTrainer(GRPOTrainer):
 
     def _local(self, x_global: Tensor, n_local: int) -> Tensor:
         i = self.accelerator.process_index
-        return x_global[i * n_local:(i + 1) * n_local]
+        return x_global[i * n_local : (i + 1) * n_local]
 
     def _frozen_log_z(self, rows: list[dict]) -> Tensor:
         if "log_z" in rows[0] and rows[0]["log_z"] is not None:
@@ -398,7 +455,8 @@ class TiltGRPOTrainer(GRPOTrainer):
                 am = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
                 bs = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
                 out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, pc, am, out["completion_ids"].shape[1], batch_size=bs)
+                    self.model, pc, am, out["completion_ids"].shape[1], batch_size=bs
+                )
         if obj in _TB:
             if args.reward_transform == "group_norm":
                 r_tilde = group_advantages(r_global.view(-1, g), scale="std").reshape(-1)
@@ -411,8 +469,13 @@ class TiltGRPOTrainer(GRPOTrainer):
             scale = args.logprob_scale
             lp_old = sequence_logprob(out["old_per_token_logps"], mask, scale)
             lp_ref = sequence_logprob(out["ref_per_token_logps"], mask, scale)
-            lz = vargrad_log_z(self._gathered(lp_old).view(-1, g), self._gathered(lp_ref).view(-1, g),
-                               self._gathered(out["tb_reward"]).view(-1, g), args.tilt_beta, detach=True)
+            lz = vargrad_log_z(
+                self._gathered(lp_old).view(-1, g),
+                self._gathered(lp_ref).view(-1, g),
+                self._gathered(out["tb_reward"]).view(-1, g),
+                args.tilt_beta,
+                detach=True,
+            )
             out["log_z"] = self._local(lz.repeat_interleave(g), n)
         if args.log_z_accuracy_correlation and mode == "train" and obj in _TB:
             self._log_log_z_accuracy(out, g)
@@ -462,7 +525,7 @@ class TiltGRPOTrainer(GRPOTrainer):
         items = items[-k:] if k else []
         # priority: |N_correct / N - p_hat(x)| per prompt, from this step's groups
         r_local = out["rewards"].float()
-        correct = (r_local > 0.5)
+        correct = r_local > 0.5
         with torch.no_grad():
             if self.args.paced_select_from == "disa":  # the same estimate that selected the prompts
                 p_hat = pass_rate_from_log_z(out["log_z"].float(), self.args.tilt_beta).clamp(0.0, 1.0)
@@ -476,8 +539,14 @@ class TiltGRPOTrainer(GRPOTrainer):
         for b in range(n):
             pm = out["prompt_mask"][b].bool()
             cm = out["completion_mask"][b].bool()
-            rows.append({"prompt_ids": out["prompt_ids"][b][pm].cpu(), "completion_ids": out["completion_ids"][b][cm].cpu(),
-                         "reward": float(r_local[b]), "tb_reward": float(out["tb_reward"][b])})
+            rows.append(
+                {
+                    "prompt_ids": out["prompt_ids"][b][pm].cpu(),
+                    "completion_ids": out["completion_ids"][b][cm].cpu(),
+                    "reward": float(r_local[b]),
+                    "tb_reward": float(out["tb_reward"][b]),
+                }
+            )
         added = self._replay.add(rows, prio.cpu(), correct.cpu())
         self._metrics["train"]["paced/replay_added"].append(float(added))
         self._metrics["train"]["paced/replay_used"].append(float(len(items)))
@@ -485,10 +554,12 @@ class TiltGRPOTrainer(GRPOTrainer):
         if not items:
             return out
         pid = self._tokenizer.pad_token_id
-        p_ids = [out["prompt_ids"][b][out["prompt_mask"][b].bool()] for b in range(n)] + \
-                [it["prompt_ids"].to(dev) for it in items]
-        c_ids = [out["completion_ids"][b][out["completion_mask"][b].bool()] for b in range(n)] + \
-                [it["completion_ids"].to(dev) for it in items]
+        p_ids = [out["prompt_ids"][b][out["prompt_mask"][b].bool()] for b in range(n)] + [
+            it["prompt_ids"].to(dev) for it in items
+        ]
+        c_ids = [out["completion_ids"][b][out["completion_mask"][b].bool()] for b in range(n)] + [
+            it["completion_ids"].to(dev) for it in items
+        ]
         new = dict(out)
         new["prompt_ids"] = pad(p_ids, padding_value=pid, padding_side="left").to(dev)
         new["prompt_mask"] = pad([torch.ones_like(x) for x in p_ids], padding_value=0, padding_side="left").to(dev)
@@ -498,11 +569,14 @@ class TiltGRPOTrainer(GRPOTrainer):
             pc = torch.cat([new["prompt_ids"], new["completion_ids"]], 1)
             am = torch.cat([new["prompt_mask"], new["completion_mask"]], 1)
             new["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                self.model, pc, am, new["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size)
+                self.model, pc, am, new["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
+            )
         extra = len(items)
         new["rewards"] = torch.cat([out["rewards"], torch.tensor([it["reward"] for it in items], device=dev)])
         new["tb_reward"] = torch.cat([out["tb_reward"], torch.tensor([it["tb_reward"] for it in items], device=dev)])
-        new["advantages"] = torch.cat([out["advantages"], torch.zeros(extra, device=dev, dtype=out["advantages"].dtype)])
+        new["advantages"] = torch.cat(
+            [out["advantages"], torch.zeros(extra, device=dev, dtype=out["advantages"].dtype)]
+        )
         if "log_z" in out:
             new["log_z"] = torch.cat([out["log_z"], out["log_z"].new_zeros(extra)])
         new.pop("ref_per_token_logps", None)
@@ -516,8 +590,9 @@ class TiltGRPOTrainer(GRPOTrainer):
                 base = isr.new_ones(n + extra, t_new)
                 base[:n, : isr.shape[1]] = isr
                 new["importance_sampling_ratio"] = base
-        new["num_items_in_batch"] = out["num_items_in_batch"] + self.accelerator.gather(
-            new["completion_mask"][n:].sum()).sum()
+        new["num_items_in_batch"] = (
+            out["num_items_in_batch"] + self.accelerator.gather(new["completion_mask"][n:].sum()).sum()
+        )
         return new
 
     # ------------------------------------------------------------------------------------------
@@ -551,7 +626,8 @@ class TiltGRPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
         mask = (completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]).float()
         logp, entropy, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)  # [B, T]
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        )  # [B, T]
         logp = logp.float()
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old.float()
@@ -560,25 +636,40 @@ class TiltGRPOTrainer(GRPOTrainer):
         seq_w = self._seq_is_weight(inputs, mask)
         metrics: dict[str, Tensor] = {}
         if obj == "grpo":
-            loss, m = grpo_loss(logp, old, inputs["advantages"], mask, clip_eps=args.epsilon,
-                                clip_eps_high=args.epsilon_high, loss_agg="seq_mean_token_mean"
-                                if args.loss_type == "grpo" else "token_mean",
-                                token_logp_ref=ref, kl_coef=self.kl_coef if ref is not None else 0.0,
-                                is_weight=None if isr is None else (isr[:, 0] if isr.shape[1] == 1 else isr))
+            loss, m = grpo_loss(
+                logp,
+                old,
+                inputs["advantages"],
+                mask,
+                clip_eps=args.epsilon,
+                clip_eps_high=args.epsilon_high,
+                loss_agg="seq_mean_token_mean" if args.loss_type == "grpo" else "token_mean",
+                token_logp_ref=ref,
+                kl_coef=self.kl_coef if ref is not None else 0.0,
+                is_weight=None if isr is None else (isr[:, 0] if isr.shape[1] == 1 else isr),
+            )
             metrics["clip_frac"] = m["clip_frac"]
         elif obj == "gspo":
-            loss, m = gspo_loss(logp, old, inputs["advantages"], mask, clip_eps=args.epsilon,
-                                clip_eps_high=args.epsilon_high, is_weight=seq_w)
+            loss, m = gspo_loss(
+                logp,
+                old,
+                inputs["advantages"],
+                mask,
+                clip_eps=args.epsilon,
+                clip_eps_high=args.epsilon_high,
+                is_weight=seq_w,
+            )
             metrics["clip_frac"] = m["clip_frac"]
             if ref is not None and self.kl_coef:
                 loss = loss + self.kl_coef * masked_mean(kl_k3(logp, ref), mask)
         elif obj == "lad":
             adv = inputs["advantages"]
             if args.lad_level == "token":
-                per = lad_loss(logp, old, adv[:, None].expand_as(logp), args.lad_eta, args.lad_divergence,
-                               reduction="none")  # [B, T]
+                per = lad_loss(
+                    logp, old, adv[:, None].expand_as(logp), args.lad_eta, args.lad_divergence, reduction="none"
+                )  # [B, T]
                 if isr is not None:
-                    per = per * (isr if isr.shape[1] != 1 else isr)
+                    per = per * isr
                 loss = masked_mean(per, mask, dim=1).mean()
             else:
                 lp = sequence_logprob(logp, mask, "mean")
@@ -587,14 +678,30 @@ class TiltGRPOTrainer(GRPOTrainer):
             if ref is not None and self.kl_coef:
                 loss = loss + self.kl_coef * masked_mean(kl_k3(logp, ref), mask)
         elif obj == "flowrl":
-            log_z = prompt_log_z(self.accelerator.unwrap_model(model), prompt_ids, prompt_mask,
-                                 detach_input=args.log_z_detach_input)
-            loss, m = flowrl_loss(logp, ref, old, mask, inputs["tb_reward"][:, None], log_z, beta=args.tilt_beta,
-                                  length_normalize=args.length_normalize, group_normalize=False,
-                                  weight_clip=args.weight_clip, max_weight=args.max_weight, eps=args.weight_eps,
-                                  is_weight=seq_w)
-            metrics.update(log_z=log_z.detach(), residual=m["residual_abs_mean"], weight_clip_frac=m["weight_clip_frac"],
-                           weight_mean=m["weight_mean"])
+            log_z = prompt_log_z(
+                self.accelerator.unwrap_model(model), prompt_ids, prompt_mask, detach_input=args.log_z_detach_input
+            )
+            loss, m = flowrl_loss(
+                logp,
+                ref,
+                old,
+                mask,
+                inputs["tb_reward"][:, None],
+                log_z,
+                beta=args.tilt_beta,
+                length_normalize=args.length_normalize,
+                group_normalize=False,
+                weight_clip=args.weight_clip,
+                max_weight=args.max_weight,
+                eps=args.weight_eps,
+                is_weight=seq_w,
+            )
+            metrics.update(
+                log_z=log_z.detach(),
+                residual=m["residual_abs_mean"],
+                weight_clip_frac=m["weight_clip_frac"],
+                weight_mean=m["weight_mean"],
+            )
         else:  # disa, vargrad, paced: TB with frozen / batch-optimal / learned log Z
             scale = args.logprob_scale
             lp = sequence_logprob(logp, mask, scale)
@@ -602,8 +709,9 @@ class TiltGRPOTrainer(GRPOTrainer):
             if seq_w is not None:
                 w = w * seq_w
             if obj == "paced":
-                log_z = prompt_log_z(self.accelerator.unwrap_model(model), prompt_ids, prompt_mask,
-                                     detach_input=args.log_z_detach_input)
+                log_z = prompt_log_z(
+                    self.accelerator.unwrap_model(model), prompt_ids, prompt_mask, detach_input=args.log_z_detach_input
+                )
                 anchor = sequence_logprob(old, mask, scale)
                 residual = tb_residual(lp, anchor, inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
                 loss = tb_loss(residual, w)
@@ -616,10 +724,16 @@ class TiltGRPOTrainer(GRPOTrainer):
                 else:
                     loss = tb_loss(tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta), w)
                 residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
-            metrics.update(log_z=log_z.detach(), residual=residual.detach().abs().mean(),
-                           weight_clip_frac=(w >= args.max_weight).float().mean() if args.weight_clip == "max"
-                           else ((w <= 1 - args.weight_eps) | (w >= 1 + args.weight_eps)).float().mean()
-                           if args.weight_clip == "eps" else torch.zeros(()), weight_mean=w.mean())
+            metrics.update(
+                log_z=log_z.detach(),
+                residual=residual.detach().abs().mean(),
+                weight_clip_frac=(w >= args.max_weight).float().mean()
+                if args.weight_clip == "max"
+                else ((w <= 1 - args.weight_eps) | (w >= 1 + args.weight_eps)).float().mean()
+                if args.weight_clip == "eps"
+                else torch.zeros(()),
+                weight_mean=w.mean(),
+            )
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
         if args.log_kl_old:

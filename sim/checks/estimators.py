@@ -21,7 +21,13 @@ from tiltlab.objectives.estimators import (
 )
 from tiltlab.objectives.tb import tb_residual
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
-from tiltlab.sim.exact import label_samples_exact, log_partition, mc_log_weights, relative_weight_variance, target_logprobs
+from tiltlab.sim.exact import (
+    label_samples_exact,
+    log_partition,
+    mc_log_weights,
+    relative_weight_variance,
+    target_logprobs,
+)
 from tiltlab.sim.proposals import tilted_proposal
 from tiltlab.sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
 
@@ -113,8 +119,15 @@ def prop1_log_jensen(seed: int) -> CheckResult:
         Verdict.VERIFIED if ok else Verdict.REFUTED,
         f"E[log Z_M] - log Z < 0 for all M: {all_neg}; bias/delta-method ratio M=1: {ratios[0]:.3f}, M=8: {r8:.3f}, "
         f"M=64: {r64:.4f} (-> 1); exact E[plug-in delta_method_bias] at M=64 = {plug:.2e} vs true bias {biases[-1]:.2e}",
-        numbers={"chi2": chi2, "ratio_M1": ratios[0], "ratio_M8": r8, "ratio_M64": r64, "bias_M64": biases[-1],
-                 "plugin_M64": plug, "bias_M1": biases[0]},
+        numbers={
+            "chi2": chi2,
+            "ratio_M1": ratios[0],
+            "ratio_M8": r8,
+            "ratio_M64": r64,
+            "bias_M64": biases[-1],
+            "plugin_M64": plug,
+            "bias_M1": biases[0],
+        },
     )
 
 
@@ -146,8 +159,12 @@ def prop2_geomean_bias(seed: int) -> CheckResult:
     lo, hi = out["low"], out["high"]
     # float64 enumeration: geomean of identical-count samples, rounding ~1e-13; M-independence to 1e-10.
     ok = (
-        lo["geo_spread"] < 1e-10 and hi["geo_spread"] < 1e-10 and lo["geo_bias"] < 0 and hi["geo_bias"] < 0
-        and abs(lo["geo_vs_second_order"] - 1) < 0.1 and abs(lo["lseM_over_geo_M64"] - 1) < 0.1
+        lo["geo_spread"] < 1e-10
+        and hi["geo_spread"] < 1e-10
+        and lo["geo_bias"] < 0
+        and hi["geo_bias"] < 0
+        and abs(lo["geo_vs_second_order"] - 1) < 0.1
+        and abs(lo["lseM_over_geo_M64"] - 1) < 0.1
     )
     return CheckResult(
         Verdict.VERIFIED if ok else Verdict.REFUTED,
@@ -190,8 +207,14 @@ def c5_counterexample(seed: int) -> CheckResult:
         Verdict.VERIFIED if ok else Verdict.REFUTED,
         f"Z={z:.4f}, pi*(y1)={p_star:.4f}; b=-0.5: L(pi*)={l_star:.4f}=b^2, L((1,0))={l_one:.4f}; "
         f"grid argmin p={p_min:.4f} (min L={float(loss.min()):.4f})",
-        numbers={"Z": z, "pi_star_y1": p_star, "L_pi_star": l_star, "L_vertex": l_one, "argmin_p": p_min,
-                 "min_L": float(loss.min())},
+        numbers={
+            "Z": z,
+            "pi_star_y1": p_star,
+            "L_pi_star": l_star,
+            "L_vertex": l_one,
+            "argmin_p": p_min,
+            "min_L": float(loss.min()),
+        },
         figure="fig05_bias_landscape",
     )
 
@@ -236,14 +259,26 @@ def c5_offpolicy_breaks(seed: int) -> CheckResult:
         f"off-policy gradient at pi* = 2b(pi_b - pi*) to {err_tab:.1e} (norm {float(closed.norm()):.3f}); token tree "
         f"= 2b grad E_pib[log pi] to {err_tree:.1e} (norm {float(g_tree.norm()):.3f}); on-policy gradient max "
         f"{float(g_on.abs().max()):.1e}",
-        numbers={"err_tabular": err_tab, "grad_norm": float(closed.norm()), "err_tree": err_tree,
-                 "tree_grad_norm": float(g_tree.norm()), "onpolicy_grad_max": float(g_on.abs().max())},
+        numbers={
+            "err_tabular": err_tab,
+            "grad_norm": float(closed.norm()),
+            "err_tree": err_tree,
+            "tree_grad_norm": float(g_tree.norm()),
+            "onpolicy_grad_max": float(g_on.abs().max()),
+        },
     )
 
 
 # ----------------------------------------------------------------------------- Prop. 4
-def envelope_instances(n: int, p: int, k: int, generator: torch.Generator, at_target: bool = False,
-                       unit_mean: bool = True, toward_target: bool = False):
+def envelope_instances(
+    n: int,
+    p: int,
+    k: int,
+    generator: torch.Generator,
+    at_target: bool = False,
+    unit_mean: bool = True,
+    toward_target: bool = False,
+):
     """Random instances of DISA Prop. 4: returns (|J_Zpsi - J_Z| [n], bound [n], E[Delta^2] [n], J_Z [n]).
 
     Each instance: ``p`` prompts (uniform), ``k`` outcomes, random pi_ref, graded reward, beta, a
@@ -285,7 +320,7 @@ def prop4_envelope(seed: int) -> CheckResult:
     gap, bound, _, _ = envelope_instances(4000, 5, 6, g)
     ratio = float((gap / bound).max())
     gap_t, bound_t, _, jz_t = envelope_instances(200, 5, 6, g, at_target=True)
-    tight = (gap_t / bound_t)
+    tight = gap_t / bound_t
     gap_n, bound_n, _, _ = envelope_instances(4000, 5, 6, g, unit_mean=False)
     ratio_n = float((gap_n / bound_n).max())
     # float64: the tight case is an identity (J_Z = 0 up to ~1e-30); 1e-9 covers rounding of the ratio.
@@ -294,8 +329,12 @@ def prop4_envelope(seed: int) -> CheckResult:
         Verdict.VERIFIED if ok else Verdict.REFUTED,
         f"unit-mean weights: max ratio |J_Zpsi-J_Z|/bound = {ratio:.4f} over 4000 random instances; at pi=pi*: ratio "
         f"{float(tight.min()):.6f}..{float(tight.max()):.6f} (tight); weights not unit-mean: max ratio {ratio_n:.2f}",
-        numbers={"max_ratio": ratio, "tight_min": float(tight.min()), "tight_max": float(tight.max()),
-                 "max_ratio_nonunit": ratio_n},
+        numbers={
+            "max_ratio": ratio,
+            "tight_min": float(tight.min()),
+            "tight_max": float(tight.max()),
+            "max_ratio_nonunit": ratio_n,
+        },
         figure="fig06_envelope",
     )
 
@@ -341,8 +380,9 @@ def local_threshold(seed: int) -> CheckResult:
     )
 
 
-def simplex_min(log_star: torch.Tensor, b: torch.Tensor, starts: int = 4, steps: int = 250,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def simplex_min(
+    log_star: torch.Tensor, b: torch.Tensor, starts: int = 4, steps: int = 250, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Numeric global minimum of ``L`` over the simplex: multistart Adam on every face.
 
     ``log_star [n, K]`` (K <= 5), ``b [n, nb]``. Every nonempty support subset is searched
@@ -433,8 +473,14 @@ def d3_m_study(seed: int) -> CheckResult:
         f"{100 * s['bias_drop_1_to_8']:.0f}%, extra 8->16 gain {100 * s['var_extra_8_to_16_pp']:.1f} / "
         f"{100 * s['bias_extra_8_to_16_pp']:.1f} pp; log-log slopes before/after M=8: variance {v_before:.2f}/{v_after:.2f}, bias "
         f"{b_before:.2f}/{b_after:.2f} -> {'a knee at 8' if knee else 'one ~1/M power law: the flattening is the linear-axis view, not a knee at 8'}",
-        numbers={**{k: v for k, v in s.items() if not isinstance(v, list)}, "var_slope_before": v_before,
-                 "var_slope_after": v_after, "bias_slope_before": b_before, "bias_slope_after": b_after, "knee_at_8": knee},
+        numbers={
+            **{k: v for k, v in s.items() if not isinstance(v, list)},
+            "var_slope_before": v_before,
+            "var_slope_after": v_after,
+            "bias_slope_before": b_before,
+            "bias_slope_after": b_after,
+            "knee_at_8": knee,
+        },
         figure="fig02_m_study",
     )
 
@@ -456,8 +502,13 @@ def sens_proposal(seed: int) -> CheckResult:
         Verdict.VERIFIED if ok else Verdict.REFUTED,
         f"max |E[Z_8]/Z - 1| = {dev:.1e} over alpha in [0,1]; mean Var(log Z_8): alpha=0 {v[0]:.3f}, alpha=0.5 {v[5]:.4f}, "
         f"alpha=0.9 {v[9]:.1e}, alpha=1 {v[10]:.1e} (strictly decreasing in alpha: {monotone})",
-        numbers={"max_mean_dev": dev, "var_alpha0": float(v[0]), "var_alpha05": float(v[5]), "var_alpha09": float(v[9]),
-                 "monotone": monotone},
+        numbers={
+            "max_mean_dev": dev,
+            "var_alpha0": float(v[0]),
+            "var_alpha05": float(v[5]),
+            "var_alpha09": float(v[9]),
+            "monotone": monotone,
+        },
         figure="fig04_proposal_strength",
     )
 
@@ -483,8 +534,13 @@ def open_truncated_proposal(seed: int) -> CheckResult:
         f"E[Z_8]/Z = pi*(supp q) within MC error (max |z| = {worst:.2f} over {z.size} cells); tilted mass kept ranges "
         f"{min_mass:.3f}..{float(st['supp_mass'].max()):.3f}; {st['name'][i]}: mean LSE label bias {st['lse_bias'][i].mean():+.2f} nats "
         f"vs log pi*(supp) {st['pred_bias'][i].mean():+.2f}; weights from the untruncated teacher: |E[Z]/Z - 1| up to {full_dev:.2f}",
-        numbers={"max_z": worst, "min_support_mass": min_mass, "lse_bias_most_truncated": float(st["lse_bias"][i].mean()),
-                 "pred_bias_most_truncated": float(st["pred_bias"][i].mean()), "fullq_max_dev": full_dev},
+        numbers={
+            "max_z": worst,
+            "min_support_mass": min_mass,
+            "lse_bias_most_truncated": float(st["lse_bias"][i].mean()),
+            "pred_bias_most_truncated": float(st["pred_bias"][i].mean()),
+            "fullq_max_dev": full_dev,
+        },
         figure="fig04_proposal_strength",
     )
 
@@ -515,8 +571,16 @@ def sens_beta_cliff(seed: int) -> CheckResult:
         f"{maxw[0]:.2f} -> {maxw[-1]:.2f}; training: excess TV over exact log Z {excess[0]:+.4f} (beta=0.25), {excess[1]:+.4f} (1), "
         f"{excess[-1]:+.4f} (16) (plateau at small beta: {plateau}; cliff at large beta: {train_cliff}); note: with q = pi_ref "
         "the failure is M-samples with no correct draw (equal weights, label ~0), not only few dominant weights",
-        numbers={"var_ref_b025": float(v_ref[0]), "var_ref_b16": float(v_ref[-1]), "maxw_teacher_b16": float(maxw[-1]),
-                 "excess_b025": float(excess[0]), "excess_b1": float(excess[1]), "excess_b16": float(excess[-1]),
-                 "label_cliff": label_cliff, "train_cliff": train_cliff, "plateau": plateau},
+        numbers={
+            "var_ref_b025": float(v_ref[0]),
+            "var_ref_b16": float(v_ref[-1]),
+            "maxw_teacher_b16": float(maxw[-1]),
+            "excess_b025": float(excess[0]),
+            "excess_b1": float(excess[1]),
+            "excess_b16": float(excess[-1]),
+            "label_cliff": label_cliff,
+            "train_cliff": train_cliff,
+            "plateau": plateau,
+        },
         figure="fig03_beta_sensitivity",
     )

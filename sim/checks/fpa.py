@@ -22,7 +22,7 @@ def _dpo_pair_losses(logits_theta, logits_ref, ids_w, ids_l, lam, beta):
     margin_fpa [B], margin_eff [B]) where margins are the arguments of the sigmoid."""
     lp = torch.log_softmax(logits_theta, -1)
     lr = torch.log_softmax(logits_ref, -1)
-    tok = lambda t, ids: t.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum(-1)  # noqa: E731
+    tok = lambda t, ids: t.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum(-1)
     lw, ll = tok(lp[0], ids_w), tok(lp[1], ids_l)
     rw, rl = tok(lr[0], ids_w), tok(lr[1], ids_l)
     fw = future_policy_logprobs(logits_theta[0], logits_ref[0], ids_w, lam).sum(-1)
@@ -44,10 +44,10 @@ def dpo_equiv(seed: int) -> CheckResult:
         th = (ref + torch.randn(B, 1, K, generator=g, dtype=F64)).requires_grad_(True)
         yw = torch.randint(K, (B, 1), generator=g)
         yl = torch.randint(K, (B, 1), generator=g)
-        both = lambda x: torch.stack([x, x])  # noqa: E731  (same prompt for y_w and y_l)
+        both = lambda x: torch.stack([x, x])
         lf, le, _, _ = _dpo_pair_losses(both(th), both(ref), yw, yl, lam, beta)
-        gf, = torch.autograd.grad(lf, th)
-        ge, = torch.autograd.grad(le, th)
+        (gf,) = torch.autograd.grad(lf, th)
+        (ge,) = torch.autograd.grad(le, th)
         worst_val = max(worst_val, abs(float((lf - le).detach())) / abs(float(le.detach())))
         worst_grad = max(worst_grad, float((gf - ge).norm() / ge.norm()))
     # float64 inputs stay float64 in future_policy_logprobs: the identity holds to rounding (~1e-15);
@@ -73,8 +73,8 @@ def token_level_deviation(context: str, drift: float, lam: float, seed: int, n_p
     lt = torch.stack([env.gather_logits(env.table(theta), ids_w), env.gather_logits(env.table(theta), ids_l)])
     lr = torch.stack([env.gather_logits(env.table(ref), ids_w), env.gather_logits(env.table(ref), ids_l)])
     lf, le, mf, me = _dpo_pair_losses(lt, lr, ids_w, ids_l, lam, beta)
-    gf, = torch.autograd.grad(lf, theta, retain_graph=True)
-    ge, = torch.autograd.grad(le, theta)
+    (gf,) = torch.autograd.grad(lf, theta, retain_graph=True)
+    (ge,) = torch.autograd.grad(le, theta)
     return {
         "margin_rel_dev": float(((mf - me).abs().mean() / me.abs().mean()).detach()),
         "loss_rel_dev": abs(float((lf - le).detach())) / abs(float(le.detach())),
@@ -98,8 +98,11 @@ def dpo_token_level(seed: int) -> CheckResult:
     # float64 throughout: equality to 1e-9 relative; a deviation above 1% of the margin is material.
     holds_position = pos < 1e-9
     breaks_bigram = big["margin_rel_dev"] > 0.01
-    verdict = Verdict.REFUTED if (holds_position and breaks_bigram) else (
-        Verdict.VERIFIED if big["margin_rel_dev"] < 1e-9 else Verdict.PARTLY)
+    verdict = (
+        Verdict.REFUTED
+        if (holds_position and breaks_bigram)
+        else (Verdict.VERIFIED if big["margin_rel_dev"] < 1e-9 else Verdict.PARTLY)
+    )
     return CheckResult(
         verdict,
         f"lambda=2: per-position logits -> margins equal to {pos:.1e} (normalizers cancel); prefix-dependent (bigram) "
@@ -131,7 +134,10 @@ def entanglement(seed: int) -> CheckResult:
         f"FPA lambda=1/2 correct {fin['fpa1']['corr']:+.2f}/{fin['fpa2']['corr']:+.2f}; correct-only "
         f"{fin['cor_only']['corr']:+.2f}, incorrect-only {fin['inc_only']['corr']:+.2f}; parts {parts}; best lambda by "
         f"accuracy = {lam_best[3:]} (paper: 1-2)",
-        numbers={**{k: bool(v) for k, v in parts.items()}, "best_lambda_is_1_or_2": best_12,
-                 **{f"{k}_{m}": v for k, d in fin.items() for m, v in d.items()}},
+        numbers={
+            **{k: bool(v) for k, v in parts.items()},
+            "best_lambda_is_1_or_2": best_12,
+            **{f"{k}_{m}": v for k, d in fin.items() for m, v in d.items()},
+        },
         figure="fig09_fpa_entanglement",
     )

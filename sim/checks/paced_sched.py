@@ -45,7 +45,9 @@ def selection_precision(seed: int) -> CheckResult:
     mean_prec = sum(prec) / n_rep
     chance = m / env.P
     # |p_hat - p| of the selected prompts vs tau: how far from tau the chosen prompts really are
-    sel_dist = torch.stack([(p_true[paced_obj.select_prompts(p_hat[r], tau, m)] - tau).abs().mean() for r in range(n_rep)])
+    sel_dist = torch.stack(
+        [(p_true[paced_obj.select_prompts(p_hat[r], tau, m)] - tau).abs().mean() for r in range(n_rep)]
+    )
     rand_dist = (p_true - tau).abs().mean()
     # criterion: the estimated schedule recovers at least twice the chance overlap with the oracle set
     # (oracle = 1.0, uniform random = m / P) and chooses prompts closer to tau than the pool does.
@@ -56,16 +58,38 @@ def selection_precision(seed: int) -> CheckResult:
         f"DISA labels (M={M}, beta={beta}) -> p_hat; top-{m}/{env.P} by |p_hat - {tau}|: overlap with oracle set "
         f"{mean_prec:.2f} (chance {chance:.2f}); mean |p - tau| of chosen {float(sel_dist.mean()):.3f} vs all prompts "
         f"{float(rand_dist):.3f}",
-        numbers={"overlap": mean_prec, "chance": chance, "chosen_dist": float(sel_dist.mean()), "all_dist": float(rand_dist)},
+        numbers={
+            "overlap": mean_prec,
+            "chance": chance,
+            "chosen_dist": float(sel_dist.mean()),
+            "all_dist": float(rand_dist),
+        },
         figure="fig08_paced",
     )
 
 
 @register_check("paced.replay", layer="sim", expected=V.VERIFIED, name="replay_effect_toy")
 def replay_effect(seed: int) -> CheckResult:
-    base = dict(env="multiprompt", P=32, K=16, method="tb", anchor="old", log_z="learned", beta=2.0, steps=60, G=8,
-                lr=0.05, logz_lr=0.1, seeds=6, seed=seed, log_every=60, select_m=8, scheduler="logz", tau=0.5,
-                logz_init="frozen")
+    base = dict(
+        env="multiprompt",
+        P=32,
+        K=16,
+        method="tb",
+        anchor="old",
+        log_z="learned",
+        beta=2.0,
+        steps=60,
+        G=8,
+        lr=0.05,
+        logz_lr=0.1,
+        seeds=6,
+        seed=seed,
+        log_every=60,
+        select_m=8,
+        scheduler="logz",
+        tau=0.5,
+        logz_init="frozen",
+    )
     env = envs.make_multiprompt(P=32, K=16, seed=0)
     finals = {}
     for replay in (False, True):
@@ -86,6 +110,11 @@ def replay_effect(seed: int) -> CheckResult:
         f"TOY PROXY (tabular prompts): final mean pass rate with replay {float(finals[True].mean()):.3f} vs without "
         f"{float(finals[False].mean()):.3f}: diff {d:+.4f} (z = {z:.1f}, {diff.numel()} paired seeds); paper Table 2 "
         "reports gains on every benchmark. Verified needs z > 2, refuted z < -2; partly = no measurable effect.",
-        numbers={"with_replay": float(finals[True].mean()), "without_replay": float(finals[False].mean()), "diff": d, "z": z},
+        numbers={
+            "with_replay": float(finals[True].mean()),
+            "without_replay": float(finals[False].mean()),
+            "diff": d,
+            "z": z,
+        },
         figure="fig08_paced",
     )

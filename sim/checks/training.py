@@ -7,8 +7,6 @@ All loss math is ``objectives``'; the checks only choose environments, configs a
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -32,8 +30,19 @@ def exact_fixed_point(seed: int) -> CheckResult:
     """Exact-gradient TB with exact log Z from random inits, on-policy and with a fixed full-support
     behaviour policy (the random initial policy, never refreshed): every run must reach pi*."""
     env = _env(seed=seed)
-    common = dict(env="multiprompt", method="tb", log_z="exact", beta=2.0, exact=True, steps=300, lr=0.1,
-                  init_scale=1.5, seeds=3, seed=seed, log_every=300)
+    common = dict(
+        env="multiprompt",
+        method="tb",
+        log_z="exact",
+        beta=2.0,
+        exact=True,
+        steps=300,
+        lr=0.1,
+        init_scale=1.5,
+        seeds=3,
+        seed=seed,
+        log_every=300,
+    )
     on = train(SimConfig(**common, refresh_every=1), env)
     off = train(SimConfig(**common, refresh_every=10_000), env)  # pi_b = initial policy, theta-independent
     tv_on, tv_off = on.final("tv"), off.final("tv")
@@ -77,8 +86,20 @@ def offpolicy_breaks(seed: int) -> CheckResult:
     g0 = _grad_norm_at_target(0.0, True, seed)
     g5 = _grad_norm_at_target(0.5, True, seed)
     env = _env(seed=seed)
-    common = dict(env="multiprompt", method="tb", log_z="exact", beta=2.0, exact=True, steps=400, lr=0.1,
-                  init_scale=1.0, seeds=2, seed=seed, log_every=400, refresh_every=10_000)
+    common = dict(
+        env="multiprompt",
+        method="tb",
+        log_z="exact",
+        beta=2.0,
+        exact=True,
+        steps=400,
+        lr=0.1,
+        init_scale=1.0,
+        seeds=2,
+        seed=seed,
+        log_every=400,
+        refresh_every=10_000,
+    )
     tv0 = train(SimConfig(**common, log_z_bias=0.0), env).final("tv")
     tv5 = train(SimConfig(**common, log_z_bias=0.5), env).final("tv")
     ok = g0 < 1e-10 and g5 > 1e-3 and tv5 > 10 * max(tv0, 1e-4)
@@ -89,7 +110,9 @@ def offpolicy_breaks(seed: int) -> CheckResult:
     )
 
 
-@register_check("disa.beyond.semigradient_invariance", layer="sim", expected=V.VERIFIED, name="trainer_invariance_and_variance")
+@register_check(
+    "disa.beyond.semigradient_invariance", layer="sim", expected=V.VERIFIED, name="trainer_invariance_and_variance"
+)
 def semigradient_invariance(seed: int) -> CheckResult:
     """Expected on-policy semi-gradient at random theta for several prompt-only log Z (identical), and
     the sampled-gradient variance for each (different): log Z acts as a baseline."""
@@ -97,11 +120,19 @@ def semigradient_invariance(seed: int) -> CheckResult:
     g = torch.Generator().manual_seed(seed)
     logits = env.logp_ref[None] + torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64)
     biases = (0.0, -1.0, 1.0, -3.0)
-    grads = [gradient_at(SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1), env, logits)
-             for b in biases]
-    zero = gradient_at(SimConfig(env="multiprompt", method="tb", log_z="zero", beta=2.0, exact=True, seeds=1), env, logits)
+    grads = [
+        gradient_at(
+            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1),
+            env,
+            logits,
+        )
+        for b in biases
+    ]
+    zero = gradient_at(
+        SimConfig(env="multiprompt", method="tb", log_z="zero", beta=2.0, exact=True, seeds=1), env, logits
+    )
     scale = float(grads[0].norm())
-    diff = max(float((x - grads[0]).norm()) for x in grads[1:] + [zero]) / scale
+    diff = max(float((x - grads[0]).norm()) for x in [*grads[1:], zero]) / scale
     var = {}
     for b in biases:
         cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, G=8, seeds=1, seed=seed)
@@ -167,7 +198,8 @@ def paced_vargrad(seed: int) -> CheckResult:
     (dz,) = torch.autograd.grad(loss, [lz])
     base = float(loss.detach())
     worse = min(
-        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), 2.0))) - base for e in (-1e-3, 1e-3)
+        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), 2.0))) - base
+        for e in (-1e-3, 1e-3)
     )
     ok = float(dz.abs().max()) < 1e-12 and worse > 0
     return CheckResult(
@@ -188,8 +220,19 @@ def lad_practical(seed: int) -> CheckResult:
     env = envs.make_bandit(K=10, seed=seed, ref_scale=1.0)
     res, nonunique = {}, {}
     for d in lad_obj.F_DIVERGENCES:
-        cfg = SimConfig(env="bandit", method="lad", divergence=d, eta=1.0, exact=True, steps=400, lr=0.1,
-                        refresh_every=10_000, seeds=1, seed=seed, log_every=400)
+        cfg = SimConfig(
+            env="bandit",
+            method="lad",
+            divergence=d,
+            eta=1.0,
+            exact=True,
+            steps=400,
+            lr=0.1,
+            refresh_every=10_000,
+            seeds=1,
+            seed=seed,
+            log_every=400,
+        )
         out = train(cfg, env)
         res[d] = float(tv_distance(out.logp, out.target_logp).max())
         if res[d] >= 1e-3:
@@ -209,7 +252,9 @@ def lad_practical(seed: int) -> CheckResult:
     )
     return CheckResult(
         verdict,
-        "exact-gradient LAD, K=10, 400 Adam steps: TV(pi, pi_old e^{A/eta}) " + ", ".join(f"{k} {v:.1e}" for k, v in res.items()) + extra,
+        "exact-gradient LAD, K=10, 400 Adam steps: TV(pi, pi_old e^{A/eta}) "
+        + ", ".join(f"{k} {v:.1e}" for k, v in res.items())
+        + extra,
         numbers={f"tv_{k}": v for k, v in res.items()} | {f"loss_gap_{k}": v for k, v in nonunique.items()},
         figure="fig10_lad_divergences",
     )
@@ -220,8 +265,20 @@ def lad_fig1(seed: int) -> CheckResult:
     """LAD Fig. 1 settings (50 arms, 4000 steps, 32 samples at T=1.5, lr 5e-3, eta=1, 2 refreshes), 2 seeds:
     GRPO+KL(pi_old) collapse (max pi > 0.4)? LAD-JS recovers the three modes (P_pi's mass in each mode's
     +-2 sigma window within 30% of P_A's)? FlowRL (as coded) only partly (TV above LAD's)?"""
-    base = dict(env="lad_bandit", K=50, eta=1.0, steps=4000, G=32, temperature=1.5, lr=5e-3, refresh_every=1334,
-                uniform_init=True, seeds=2, seed=seed, log_every=1500)
+    base = dict(
+        env="lad_bandit",
+        K=50,
+        eta=1.0,
+        steps=4000,
+        G=32,
+        temperature=1.5,
+        lr=5e-3,
+        refresh_every=1334,
+        uniform_init=True,
+        seeds=2,
+        seed=seed,
+        log_every=1500,
+    )
     env = envs.make_lad_bandit(50)
     p_a = torch.log_softmax(env.reward[0], -1)
 
@@ -232,7 +289,9 @@ def lad_fig1(seed: int) -> CheckResult:
         return float(tv_distance(p_pi, p_a).mean()), float(r.logp[:, 0].exp().max(-1).values.mean()), ratios
 
     x = torch.linspace(0, 1, 50, dtype=torch.float64)
-    windows = [(x - c).abs() <= 2 * w for c, w in zip((0.18, 0.5, 0.82), (0.05, 0.06, 0.05))]  # envs.lad_mixture defaults
+    windows = [
+        (x - c).abs() <= 2 * w for c, w in zip((0.18, 0.5, 0.82), (0.05, 0.06, 0.05))
+    ]  # envs.lad_mixture defaults
     tv_g, max_g, _ = go(method="grpo", kl_coef=1.0, advantage="raw")
     tv_l, max_l, modes_l = go(method="lad", divergence="js")
     tv_f, max_f, _ = go(method="flowrl", anchor="ref", beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2)
@@ -245,7 +304,14 @@ def lad_fig1(seed: int) -> CheckResult:
         verdict,
         f"GRPO+KL(pi_old): max pi {max_g:.3f}, TV(P_pi,P_A) {tv_g:.3f} ({'collapsed' if grpo_collapses else 'no collapse'}); "
         f"LAD-JS TV {tv_l:.3f}, mode-mass ratios {', '.join(f'{m:.2f}' for m in modes_l)} ({'three modes recovered' if lad_matches else 'modes not recovered'}); FlowRL as coded TV {tv_f:.3f}, max pi {max_f:.3f}",
-        numbers={"grpo_max_pi": max_g, "grpo_tv": tv_g, "lad_js_tv": tv_l, **{f"lad_mode{i}_ratio": m for i, m in enumerate(modes_l)}, "flowrl_tv": tv_f, "flowrl_max_pi": max_f},
+        numbers={
+            "grpo_max_pi": max_g,
+            "grpo_tv": tv_g,
+            "lad_js_tv": tv_l,
+            **{f"lad_mode{i}_ratio": m for i, m in enumerate(modes_l)},
+            "flowrl_tv": tv_f,
+            "flowrl_max_pi": max_f,
+        },
         figure="fig01_lad_bandit",
     )
 
@@ -261,7 +327,10 @@ def lad_strict_better(seed: int) -> CheckResult:
     weak = [d for d in lad_obj.F_DIVERGENCES if d not in strict]
     res = {}
     for name, sweep in (("exact", ex), ("sampled", sa)):
-        res[name] = (float(np.mean([sweep[d]["tv_final"] for d in strict])), float(np.mean([sweep[d]["tv_final"] for d in weak])))
+        res[name] = (
+            float(np.mean([sweep[d]["tv_final"] for d in strict])),
+            float(np.mean([sweep[d]["tv_final"] for d in weak])),
+        )
     wins = sum(s < w for s, w in res.values())
     verdict = V.VERIFIED if wins == 2 else (V.PARTLY if wins == 1 else V.REFUTED)
     return CheckResult(
@@ -284,7 +353,8 @@ def lad_thm_b1(seed: int) -> CheckResult:
     ok = all(v > 0.95 for v in order.values())  # an O(eps) bound allows order >= 1; 0.05 slack for the fit
     return CheckResult(
         V.VERIFIED if ok else V.REFUTED,
-        "gap order in gamma+delta: " + ", ".join(f"{k} {v:.2f}" for k, v in order.items())
+        "gap order in gamma+delta: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in order.items())
         + " (order 2 where f'(1)=0: Jeffreys, Hellinger, JS)",
         numbers={f"order_{k}": v for k, v in order.items()},
         figure="fig10_lad_divergences",
@@ -305,7 +375,8 @@ def paced_tau_sweep(seed: int) -> CheckResult:
     return CheckResult(
         verdict,
         "TOY PROXY (tabular prompts, no generalization; mean training pass rate after 150 steps, 4 seeds): "
-        + ", ".join(f"tau={t} {v:.3f}" for t, v in final.items()) + f"; best tau {best}, worst {worst}",
+        + ", ".join(f"tau={t} {v:.3f}" for t, v in final.items())
+        + f"; best tau {best}, worst {worst}",
         numbers={f"acc_tau{t}": v for t, v in final.items()},
         figure="fig08_paced",
     )

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 #: (figure id, module name) in report order. The id is the file stem of the PNG / JSON.
 FIGURES: tuple[tuple[str, str], ...] = (

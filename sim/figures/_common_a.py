@@ -10,9 +10,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-__all__ = ["plt", "save", "clean"]
+__all__ = ["clean", "plt", "save"]
 
 
 def clean(obj: Any) -> Any:

@@ -27,8 +27,12 @@ def method_configs(quick: bool, seed: int) -> dict[str, dict]:
         "GRPO + KL(π_old), clip 0.2": dict(method="grpo", kl_coef=1.0, advantage="raw", clip_eps=0.2),
         "GRPO + KL(π_old), no clip": dict(method="grpo", kl_coef=1.0, advantage="raw", clip_eps=1e6),
         "GRPO on-policy (π_old every step)": dict(method="grpo", kl_coef=0.0, advantage="group", refresh_every=1),
-        "FlowRL as coded (β=15·Â, ref=π_0)": dict(method="flowrl", anchor="ref", beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2),
-        "FlowRL matched (A/η, ref=π_old)": dict(method="flowrl", anchor="old", beta=1.0, flowrl_group_normalize=False, logz_lr=5e-2),
+        "FlowRL as coded (β=15·Â, ref=π_0)": dict(
+            method="flowrl", anchor="ref", beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2
+        ),
+        "FlowRL matched (A/η, ref=π_old)": dict(
+            method="flowrl", anchor="old", beta=1.0, flowrl_group_normalize=False, logz_lr=5e-2
+        ),
         "DISA (TB, frozen IS log Z, M=8)": dict(method="tb", anchor="old", log_z="frozen", beta=1.0, frozen_M=8),
         "LAD (JS)": dict(method="lad", divergence="js"),
         "LAD (KL)": dict(method="lad", divergence="kl"),
@@ -38,8 +42,17 @@ def method_configs(quick: bool, seed: int) -> dict[str, dict]:
 def base_config(quick: bool, seed: int) -> dict:
     steps = 450 if quick else 4000
     return dict(
-        env="lad_bandit", K=50, eta=1.0, steps=steps, G=32, temperature=1.5, lr=5e-3,
-        refresh_every=steps // 3 + 1, uniform_init=True, seeds=2 if quick else 4, seed=seed,
+        env="lad_bandit",
+        K=50,
+        eta=1.0,
+        steps=steps,
+        G=32,
+        temperature=1.5,
+        lr=5e-3,
+        refresh_every=steps // 3 + 1,
+        uniform_init=True,
+        seeds=2 if quick else 4,
+        seed=seed,
         log_every=steps // 20,
     )
 
@@ -112,6 +125,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "largest arm probability. Paper settings; our mixture parameters; GRPO uses the raw advantage so that its "
         "KL(π_old)-regularized optimum equals LAD's."
     )
+
     def collapsed(m: dict) -> bool:  # most mass on <= 2 arms (P_A's largest two arms hold < 0.13)
         return m["max_pi"] > 0.4
 

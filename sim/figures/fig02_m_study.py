@@ -32,8 +32,17 @@ FIG_ID = "fig02_m_study"
 M_VALUES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def token_tree_prompts(P: int, seed: int, beta: float, alpha: float = 0.5, noise: float = 0.5,
-                       p_min: float = 0.01, p_max: float = 0.9, vocab: int = 4, length: int = 5):
+def token_tree_prompts(
+    P: int,
+    seed: int,
+    beta: float,
+    alpha: float = 0.5,
+    noise: float = 0.5,
+    p_min: float = 0.01,
+    p_max: float = 0.9,
+    vocab: int = 4,
+    length: int = 5,
+):
     """``P`` token-tree prompts with pass rates log-spaced in [p_min, p_max] and a noisy tilted teacher.
 
     Returns dict with ``logp_ref [P, N]``, ``reward [N]``, ``logq [P, N]``, ``log_w [P, N]`` (from
@@ -43,7 +52,9 @@ def token_tree_prompts(P: int, seed: int, beta: float, alpha: float = 0.5, noise
     g = torch.Generator().manual_seed(seed)
     rates = torch.logspace(math.log10(p_min), math.log10(p_max), P, dtype=torch.float64)
     p_ref = make_reference(env, rates, generator=g, lead=(P,))
-    teacher = tilted_table(env, p_ref, alpha * beta) + noise * torch.randn(P, *env.param_shape, generator=g, dtype=torch.float64)
+    teacher = tilted_table(env, p_ref, alpha * beta) + noise * torch.randn(
+        P, *env.param_shape, generator=g, dtype=torch.float64
+    )
     be = bigram_env(env)
     lp_ref = env.exact_logprobs(p_ref)  # [P, N]
     lq = be.exact_logprobs(teacher)  # [P, N]
@@ -59,8 +70,16 @@ def token_tree_prompts(P: int, seed: int, beta: float, alpha: float = 0.5, noise
     }
 
 
-def m_study(P: int = 24, pool: int = 512, reps: int = 200, seed: int = 0, beta: float = 2.0, alpha: float = 0.5,
-            noise: float = 0.5, m_values=M_VALUES) -> dict:
+def m_study(
+    P: int = 24,
+    pool: int = 512,
+    reps: int = 200,
+    seed: int = 0,
+    beta: float = 2.0,
+    alpha: float = 0.5,
+    noise: float = 0.5,
+    m_values=M_VALUES,
+) -> dict:
     """Run the D.3 protocol. Returns per-M arrays ``[len(M), P]`` for each aggregator."""
     d = token_tree_prompts(P, seed, beta, alpha, noise)
     g = torch.Generator().manual_seed(seed + 1)
@@ -68,8 +87,12 @@ def m_study(P: int = 24, pool: int = 512, reps: int = 200, seed: int = 0, beta: 
     lw_pool = torch.gather(d["log_w"], -1, idx)  # [P, pool]
     lz_pool = log_partition_lse(lw_pool)  # [P]
     perm = torch.rand(P, reps, pool, generator=g).argsort(-1)  # nested subsamples without replacement
-    out = {"M": list(m_values), "pass_rate": d["pass_rate"].numpy(), "log_z": d["log_z"].numpy(),
-           "log_z_pool": lz_pool.numpy()}
+    out = {
+        "M": list(m_values),
+        "pass_rate": d["pass_rate"].numpy(),
+        "log_z": d["log_z"].numpy(),
+        "log_z_pool": lz_pool.numpy(),
+    }
     for name, agg in (("lse", log_partition_lse), ("geo", log_partition_geomean)):
         var, rel, rel_exact, bias_exact = [], [], [], []
         for m in m_values:
@@ -78,8 +101,12 @@ def m_study(P: int = 24, pool: int = 512, reps: int = 200, seed: int = 0, beta: 
             rel.append(((lab.mean(-1) - lz_pool).abs() / lz_pool.abs()).numpy())
             rel_exact.append(((lab.mean(-1) - d["log_z"]).abs() / d["log_z"].abs()).numpy())
             bias_exact.append((lab.mean(-1) - d["log_z"]).numpy())
-        out[name] = {"var": np.asarray(var), "rel_bias": np.asarray(rel), "rel_bias_exact": np.asarray(rel_exact),
-                     "bias_exact": np.asarray(bias_exact)}
+        out[name] = {
+            "var": np.asarray(var),
+            "rel_bias": np.asarray(rel),
+            "rel_bias_exact": np.asarray(rel_exact),
+            "bias_exact": np.asarray(bias_exact),
+        }
     return out
 
 
@@ -134,23 +161,36 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     pr = res["pass_rate"]
     buckets = [("hard p<0.05", pr < 0.05), ("medium", (pr >= 0.05) & (pr < 0.3)), ("easy p≥0.3", pr >= 0.3)]
     for (lab, msk), col in zip(buckets, ("#a50f15", "#fd8d3c", "#31a354")):
-        ax[1, 0].plot(M, np.median(res["lse"]["rel_bias"][:, msk], 1), marker="o", color=col, label=f"LSE, {lab} ({msk.sum()})")
-        ax[1, 0].plot(M, np.median(res["geo"]["rel_bias"][:, msk], 1), marker="s", ls="--", color=col, alpha=0.6,
-                      label=f"geo, {lab}")
+        ax[1, 0].plot(
+            M, np.median(res["lse"]["rel_bias"][:, msk], 1), marker="o", color=col, label=f"LSE, {lab} ({msk.sum()})"
+        )
+        ax[1, 0].plot(
+            M,
+            np.median(res["geo"]["rel_bias"][:, msk], 1),
+            marker="s",
+            ls="--",
+            color=col,
+            alpha=0.6,
+            label=f"geo, {lab}",
+        )
     ax[1, 0].set_xscale("log", base=2)
     ax[1, 0].set_yscale("log")
     ax[1, 0].set_xticks(M, [str(m) for m in M])
     ax[1, 0].set_xlabel("M")
     ax[1, 0].set_title("(c) median relative bias by prompt difficulty")
     ax[1, 0].legend(fontsize=7.5, ncol=2)
-    ax[1, 1].boxplot([res["lse"]["rel_bias"][i] for i in range(len(M))], tick_labels=[str(m) for m in M], showfliers=True)
+    ax[1, 1].boxplot(
+        [res["lse"]["rel_bias"][i] for i in range(len(M))], tick_labels=[str(m) for m in M], showfliers=True
+    )
     ax[1, 1].set_yscale("log")
     ax[1, 1].set_xlabel("M")
     ax[1, 1].set_title("(d) per-prompt relative bias of the LSE label (App. D.3 Fig. 7 analogue)")
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle(f"DISA App. D.3 M-study on {len(pr)} token-tree prompts (pass rate 0.01-0.9), pool 512, noisy tilted teacher, β=2",
-                 fontsize=11.5)
+    fig.suptitle(
+        f"DISA App. D.3 M-study on {len(pr)} token-tree prompts (pass rate 0.01-0.9), pool 512, noisy tilted teacher, β=2",
+        fontsize=11.5,
+    )
     fig.tight_layout()
     i8 = list(res["M"]).index(8)
     hard8 = float(np.median(res["lse"]["rel_bias"][i8, pr < 0.05]))
@@ -165,10 +205,26 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"by difficulty at M=8 (LSE, median relative bias): hard p<0.05 {hard8:.3f}, easy p>=0.3 {easy8:.3f} "
         "(hard prompts have small |log Z| in the denominator)",
     ]
-    caption = ("Reproduces DISA (000_97b17fcb5a92948e.txt) App. D.3 (Figs. 6-7): variance and relative bias of the Stage-1 "
-               "label log Z_M against a 512-sample pool for M in {1,...,64} across prompt difficulties; LSE vs geometric mean.")
-    data = {"M": res["M"], "pass_rate": pr, "log_z": res["log_z"], "log_z_pool": res["log_z_pool"],
-            "lse": res["lse"], "geo": res["geo"], "summary": s}
+    caption = (
+        "Reproduces DISA (000_97b17fcb5a92948e.txt) App. D.3 (Figs. 6-7): variance and relative bias of the Stage-1 "
+        "label log Z_M against a 512-sample pool for M in {1,...,64} across prompt difficulties; LSE vs geometric mean."
+    )
+    data = {
+        "M": res["M"],
+        "pass_rate": pr,
+        "log_z": res["log_z"],
+        "log_z_pool": res["log_z_pool"],
+        "lse": res["lse"],
+        "geo": res["geo"],
+        "summary": s,
+    }
     png, js = save(fig, out_dir, FIG_ID, data, caption)
-    return FigureRecord(FIG_ID, "Stage-1 M study", caption, png, js, claims=["disa.d3.m_study", "disa.prop2.geomean_bias"],
-                        findings=findings)
+    return FigureRecord(
+        FIG_ID,
+        "Stage-1 M study",
+        caption,
+        png,
+        js,
+        claims=["disa.d3.m_study", "disa.prop2.geomean_bias"],
+        findings=findings,
+    )

@@ -40,7 +40,9 @@ def label_vs_beta(P: int, seed: int, betas=BETAS, m: int = 8, reps: int = 1000) 
         stats = {k: np.zeros((len(betas), P)) for k in ("var", "bias", "rel_bias", "ess", "maxw")}
         for i, b in enumerate(betas):
             lw = log_importance_weights(lp_ref, lq, b * r)  # [P, N]
-            idx = mc_log_weights(lq, torch.arange(lq.shape[-1], dtype=lq.dtype).expand_as(lq), m, reps, generator=g).long()
+            idx = mc_log_weights(
+                lq, torch.arange(lq.shape[-1], dtype=lq.dtype).expand_as(lq), m, reps, generator=g
+            ).long()
             lw_s = torch.gather(lw, -1, idx.flatten(1)).reshape(idx.shape)  # [P, reps, m]
             lab = log_partition_lse(lw_s)  # [P, reps]
             lz = log_partition(lp_ref, b * r)  # [P]
@@ -58,10 +60,21 @@ def training_vs_beta(quick: bool, seed: int, betas=None) -> dict:
     from tiltlab.sim.api import SimConfig, run
 
     betas = betas or ((0.25, 1.0, 4.0, 16.0) if quick else (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0))
-    base = dict(env="multiprompt", P=8 if quick else 16, K=16, method="tb", frozen_proposal="ref", frozen_M=8,
-                steps=60 if quick else 150, G=8, seeds=2 if quick else 4, seed=seed, log_every=10)
+    base = dict(
+        env="multiprompt",
+        P=8 if quick else 16,
+        K=16,
+        method="tb",
+        frozen_proposal="ref",
+        frozen_M=8,
+        steps=60 if quick else 150,
+        G=8,
+        seeds=2 if quick else 4,
+        seed=seed,
+        log_every=10,
+    )
     out = {"beta": list(betas)}
-    for inner in ((4,) if quick else (1, 4)):
+    for inner in (4,) if quick else (1, 4):
         modes = ("frozen", "exact") if quick else ("frozen", "frozen_bc", "exact")
         for mode in modes:
             tv, rew, err = [], [], []
@@ -105,11 +118,24 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     for inner, ls in ((1, ":"), (4, "-")):
         if f"tv_frozen_inner{inner}" not in tr:
             continue
-        ax[1, 1].plot(tb, tr[f"tv_frozen_inner{inner}"], "o" + ls, color="#d94801", label=f"frozen label (q=π_ref, M=8), {inner} step(s)/batch")
-        ax[1, 1].plot(tb, tr[f"tv_exact_inner{inner}"], "s" + ls, color="#08519c", label=f"exact log Z, {inner} step(s)/batch")
+        ax[1, 1].plot(
+            tb,
+            tr[f"tv_frozen_inner{inner}"],
+            "o" + ls,
+            color="#d94801",
+            label=f"frozen label (q=π_ref, M=8), {inner} step(s)/batch",
+        )
+        ax[1, 1].plot(
+            tb, tr[f"tv_exact_inner{inner}"], "s" + ls, color="#08519c", label=f"exact log Z, {inner} step(s)/batch"
+        )
         if f"tv_frozen_bc_inner{inner}" in tr and inner == 4:
-            ax[1, 1].plot(tb, tr[f"tv_frozen_bc_inner{inner}"], "^" + ls, color="#31a354",
-                          label=f"bias-corrected frozen label, {inner} steps/batch")
+            ax[1, 1].plot(
+                tb,
+                tr[f"tv_frozen_bc_inner{inner}"],
+                "^" + ls,
+                color="#31a354",
+                label=f"bias-corrected frozen label, {inner} steps/batch",
+            )
     ax[1, 1].set_yscale("log")
     ax[1, 1].set_title("(d) final TV(π_θ, π*_β) after TB training (multi-prompt env)")
     for a in ax.flat:
@@ -134,11 +160,15 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ]
     if "tv_frozen_bc_inner4" in tr:
         bc = np.asarray(tr["tv_frozen_bc_inner4"])
-        findings.append(f"delta-method bias-corrected label (4 steps/batch): final TV {bc[0]:.4f} at beta={tb[0]:g}, {bc[-1]:.4f} at "
-                        f"beta={tb[-1]:g} vs plain label {s['tv_frozen_lo']:.4f} / {s['tv_frozen_hi']:.4f}")
-    caption = ("DISA (000_97b17fcb5a92948e.txt) Sec. 3.3 / App. D.7 inverse-temperature ablation in the simulator: Stage-1 label "
-               "variance, ESS and bias vs beta for fixed proposals, and the final distance to pi*_beta after TB training with the "
-               "frozen label vs exact log Z (plateau at small beta, cliff at large beta).")
+        findings.append(
+            f"delta-method bias-corrected label (4 steps/batch): final TV {bc[0]:.4f} at beta={tb[0]:g}, {bc[-1]:.4f} at "
+            f"beta={tb[-1]:g} vs plain label {s['tv_frozen_lo']:.4f} / {s['tv_frozen_hi']:.4f}"
+        )
+    caption = (
+        "DISA (000_97b17fcb5a92948e.txt) Sec. 3.3 / App. D.7 inverse-temperature ablation in the simulator: Stage-1 label "
+        "variance, ESS and bias vs beta for fixed proposals, and the final distance to pi*_beta after TB training with the "
+        "frozen label vs exact log Z (plateau at small beta, cliff at large beta)."
+    )
     png, js = save(fig, out_dir, FIG_ID, {"label": lab, "training": tr, "summary": s}, caption)
     return FigureRecord(FIG_ID, "β sensitivity", caption, png, js, claims=["disa.sens.beta_cliff"], findings=findings)
 
@@ -152,14 +182,22 @@ def summarize(lab: dict, tr: dict) -> dict:
     small = [i for i, b in enumerate(tb) if b <= 1.0]
     tvf = np.asarray(tr["tv_frozen_inner4"])
     return {
-        "ess_ref_lo": float(lab["ref"]["ess"][0].mean()), "ess_ref_hi": float(lab["ref"]["ess"][-1].mean()),
+        "ess_ref_lo": float(lab["ref"]["ess"][0].mean()),
+        "ess_ref_hi": float(lab["ref"]["ess"][-1].mean()),
         "maxw_ref_hi": float(lab["ref"]["maxw"][-1].mean()),
-        "bias_ref_lo": float(np.abs(lab["ref"]["bias"][0]).mean()), "bias_ref_hi": float(np.abs(lab["ref"]["bias"][-1]).mean()),
-        "var_ref_lo": float(lab["ref"]["var"][0].mean()), "var_ref_hi": float(lab["ref"]["var"][-1].mean()),
+        "bias_ref_lo": float(np.abs(lab["ref"]["bias"][0]).mean()),
+        "bias_ref_hi": float(np.abs(lab["ref"]["bias"][-1]).mean()),
+        "var_ref_lo": float(lab["ref"]["var"][0].mean()),
+        "var_ref_hi": float(lab["ref"]["var"][-1].mean()),
         "maxw_teacher_hi": float(lab["teacher"]["maxw"][-1].mean()),
-        "ess_teacher_lo": float(lab["teacher"]["ess"][0].mean()), "ess_teacher_hi": float(lab["teacher"]["ess"][-1].mean()),
-        "var_teacher_mid": float(lab["teacher"]["var"][i8].mean()), "var_teacher_hi": float(lab["teacher"]["var"][-1].mean()),
-        "excess_lo": float(ex[0]), "excess_hi": float(ex[-1]), "excess_ratio": float(ex[-1] / max(ex[0], 1e-4)),
-        "tv_frozen_lo": float(tvf[0]), "tv_frozen_hi": float(tvf[-1]),
+        "ess_teacher_lo": float(lab["teacher"]["ess"][0].mean()),
+        "ess_teacher_hi": float(lab["teacher"]["ess"][-1].mean()),
+        "var_teacher_mid": float(lab["teacher"]["var"][i8].mean()),
+        "var_teacher_hi": float(lab["teacher"]["var"][-1].mean()),
+        "excess_lo": float(ex[0]),
+        "excess_hi": float(ex[-1]),
+        "excess_ratio": float(ex[-1] / max(ex[0], 1e-4)),
+        "tv_frozen_lo": float(tvf[0]),
+        "tv_frozen_hi": float(tvf[-1]),
         "plateau_ratio": float(tvf[small].max() / tvf[small].min()) if len(small) > 1 else float("nan"),
     }

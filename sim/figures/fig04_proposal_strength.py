@@ -55,12 +55,19 @@ def tilt_label_stats(P: int, seed: int, beta: float = 2.0, m: int = 8, alphas=AL
             bias[a_i, p] = mean - float(d["log_z"][p])
             var[a_i, p] = float((prob * (lab - mean) ** 2).sum())
             ratio[a_i, p] = float((prob * lab.exp()).sum()) / math.exp(float(d["log_z"][p]))
-    return {"alpha": list(alphas), "bias": bias, "var": var, "mean_ratio": ratio, "pass_rate": d["pass_rate"].numpy(),
-            "log_z": d["log_z"].numpy()}
+    return {
+        "alpha": list(alphas),
+        "bias": bias,
+        "var": var,
+        "mean_ratio": ratio,
+        "pass_rate": d["pass_rate"].numpy(),
+        "log_z": d["log_z"].numpy(),
+    }
 
 
-def noisy_teacher_stats(P: int, seed: int, beta: float = 2.0, m: int = 8, reps: int = 2000, noise: float = 0.5,
-                        alphas=ALPHAS) -> dict:
+def noisy_teacher_stats(
+    P: int, seed: int, beta: float = 2.0, m: int = 8, reps: int = 2000, noise: float = 0.5, alphas=ALPHAS
+) -> dict:
     """Monte-Carlo bias / variance of ``log Z_hat_m`` for a token-level tilted teacher with logit noise."""
     bias, var = np.zeros((len(alphas), P)), np.zeros((len(alphas), P))
     g = torch.Generator().manual_seed(seed + 5)
@@ -72,12 +79,20 @@ def noisy_teacher_stats(P: int, seed: int, beta: float = 2.0, m: int = 8, reps: 
     return {"bias": bias, "var": var}
 
 
-TRUNCATIONS = (("top-k 3", "k", 3), ("top-k 2", "k", 2), ("top-k 1", "k", 1), ("top-p 0.95", "p", 0.95),
-               ("top-p 0.9", "p", 0.9), ("top-p 0.7", "p", 0.7), ("top-p 0.5", "p", 0.5))
+TRUNCATIONS = (
+    ("top-k 3", "k", 3),
+    ("top-k 2", "k", 2),
+    ("top-k 1", "k", 1),
+    ("top-p 0.95", "p", 0.95),
+    ("top-p 0.9", "p", 0.9),
+    ("top-p 0.7", "p", 0.7),
+    ("top-p 0.5", "p", 0.5),
+)
 
 
-def truncation_stats(P: int, seed: int, beta: float = 2.0, alpha: float = 0.5, m: int = 8, reps: int = 4000,
-                     truncations=TRUNCATIONS) -> dict:
+def truncation_stats(
+    P: int, seed: int, beta: float = 2.0, alpha: float = 0.5, m: int = 8, reps: int = 4000, truncations=TRUNCATIONS
+) -> dict:
     """Token-level truncated teachers on token-tree prompts. Per truncation and prompt: ``pi*(supp q)``,
     MC ``E[Z_hat]/Z`` with weights from the truncated q (and its standard error), the same with
     weights from the untruncated teacher, and the LSE label bias ``E[log Z_hat_m] - log Z``."""
@@ -96,8 +111,11 @@ def truncation_stats(P: int, seed: int, beta: float = 2.0, alpha: float = 0.5, m
         table = top_k_proposal(teacher, int(val)) if kind == "k" else top_p_proposal(teacher, float(val))
         lq = be.exact_logprobs(table)  # [P, N], -inf outside the support
         live = torch.isfinite(lq)
-        lw = torch.where(live, log_importance_weights(lp_ref, torch.where(live, lq, torch.zeros_like(lq)), beta * r),
-                         torch.full_like(lq, -math.inf))
+        lw = torch.where(
+            live,
+            log_importance_weights(lp_ref, torch.where(live, lq, torch.zeros_like(lq)), beta * r),
+            torch.full_like(lq, -math.inf),
+        )
         lw_full = log_importance_weights(lp_ref, lq_full, beta * r)
         idx_w = mc_log_weights(lq, torch.arange(lq.shape[-1], dtype=F64).expand_as(lq), m, reps, generator=g).long()
         lw_s = torch.gather(lw, -1, idx_w.flatten(1)).reshape(idx_w.shape)  # [P, reps, m]
@@ -115,24 +133,40 @@ def truncation_stats(P: int, seed: int, beta: float = 2.0, alpha: float = 0.5, m
     return {k: (np.asarray(v) if k != "name" else v) for k, v in out.items()} | {"pass_rate": rates.numpy()}
 
 
-PROPOSALS = (("π_ref", {"frozen_proposal": "ref"}), ("tilt α=0.25", {"frozen_proposal": "tilted", "proposal_alpha": 0.25}),
-             ("tilt α=0.5", {"frozen_proposal": "tilted", "proposal_alpha": 0.5}),
-             ("tilt α=0.75", {"frozen_proposal": "tilted", "proposal_alpha": 0.75}),
-             ("tilt α=1 (π*)", {"frozen_proposal": "tilted", "proposal_alpha": 1.0}),
-             ("top-k 8", {"frozen_proposal": "topk", "proposal_k": 8}), ("top-k 2", {"frozen_proposal": "topk", "proposal_k": 2}),
-             ("top-p 0.9", {"frozen_proposal": "topp", "proposal_p": 0.9}), ("top-p 0.5", {"frozen_proposal": "topp", "proposal_p": 0.5}))
+PROPOSALS = (
+    ("π_ref", {"frozen_proposal": "ref"}),
+    ("tilt α=0.25", {"frozen_proposal": "tilted", "proposal_alpha": 0.25}),
+    ("tilt α=0.5", {"frozen_proposal": "tilted", "proposal_alpha": 0.5}),
+    ("tilt α=0.75", {"frozen_proposal": "tilted", "proposal_alpha": 0.75}),
+    ("tilt α=1 (π*)", {"frozen_proposal": "tilted", "proposal_alpha": 1.0}),
+    ("top-k 8", {"frozen_proposal": "topk", "proposal_k": 8}),
+    ("top-k 2", {"frozen_proposal": "topk", "proposal_k": 2}),
+    ("top-p 0.9", {"frozen_proposal": "topp", "proposal_p": 0.9}),
+    ("top-p 0.5", {"frozen_proposal": "topp", "proposal_p": 0.5}),
+)
 
 
 def trained_policy_effect(quick: bool, seed: int, proposals=PROPOSALS) -> dict:
     """Final TV(pi, pi*) of TB with the frozen label of each proposal (``sim.run``), inner steps 1 and 4."""
     from tiltlab.sim.api import SimConfig, run
 
-    base = dict(env="multiprompt", P=8 if quick else 16, K=16, method="tb", log_z="frozen", beta=2.0,
-                steps=60 if quick else 150, G=8, seeds=2 if quick else 4, seed=seed, log_every=10)
+    base = dict(
+        env="multiprompt",
+        P=8 if quick else 16,
+        K=16,
+        method="tb",
+        log_z="frozen",
+        beta=2.0,
+        steps=60 if quick else 150,
+        G=8,
+        seeds=2 if quick else 4,
+        seed=seed,
+        log_every=10,
+    )
     if quick:
         proposals = [p for p in proposals if p[0] in ("π_ref", "tilt α=0.5", "tilt α=1 (π*)", "top-k 2", "top-p 0.5")]
     out = {"name": [p[0] for p in proposals]}
-    for inner in ((4,) if quick else (1, 4)):
+    for inner in (4,) if quick else (1, 4):
         tv, err = [], []
         for _, kw in proposals:
             res = run(SimConfig(inner_steps=inner, **base, **kw))
@@ -156,9 +190,15 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     fig, ax = plt.subplots(2, 2, figsize=(14, 10))
     pr = tilt["pass_rate"]
     hard, easy = pr < 0.05, pr >= 0.3
-    for msk, lab, col in ((slice(None), "all prompts", "k"), (hard, "hard p<0.05", "#a50f15"), (easy, "easy p≥0.3", "#31a354")):
+    for msk, lab, col in (
+        (slice(None), "all prompts", "k"),
+        (hard, "hard p<0.05", "#a50f15"),
+        (easy, "easy p≥0.3", "#31a354"),
+    ):
         # alpha = 1 is the zero-variance proposal (bias and variance exactly 0): left off the log axes
-        ax[0, 0].plot(al[:-1], -tilt["bias"][:-1, msk].mean(1), "o-", color=col, label=f"−bias, pure tilt (exact), {lab}")
+        ax[0, 0].plot(
+            al[:-1], -tilt["bias"][:-1, msk].mean(1), "o-", color=col, label=f"−bias, pure tilt (exact), {lab}"
+        )
         ax[0, 1].plot(al[:-1], tilt["var"][:-1, msk].mean(1), "o-", color=col, label=f"pure tilt (exact), {lab}")
     ax[0, 0].plot(al_n, -noisy["bias"].mean(1), "s--", color="#08519c", label="−bias, noisy teacher σ=0.5 (MC), all")
     ax[0, 1].plot(al_n, noisy["var"].mean(1), "s--", color="#08519c", label="noisy teacher σ=0.5 (MC), all")
@@ -177,11 +217,21 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax[0, 1].set_title("(b) label variance vs proposal strength (0 at α=1)")
     marks = "ovs^<>D"
     for i, name in enumerate(trunc["name"]):
-        ax[1, 0].scatter(trunc["supp_mass"][i], trunc["ratio"][i], marker=marks[i % 7], s=25, label=f"{name}: truncated-q weights")
-        ax[1, 0].scatter(trunc["supp_mass"][i], trunc["ratio_fullq"][i], marker=marks[i % 7], s=25, facecolors="none",
-                         edgecolors="gray")
+        ax[1, 0].scatter(
+            trunc["supp_mass"][i], trunc["ratio"][i], marker=marks[i % 7], s=25, label=f"{name}: truncated-q weights"
+        )
+        ax[1, 0].scatter(
+            trunc["supp_mass"][i],
+            trunc["ratio_fullq"][i],
+            marker=marks[i % 7],
+            s=25,
+            facecolors="none",
+            edgecolors="gray",
+        )
     ax[1, 0].plot([0, 1], [0, 1], "k:", label="E[Ẑ]/Z = π*(supp q)")
-    ax[1, 0].scatter([], [], marker="o", facecolors="none", edgecolors="gray", label="open: weights from the untruncated teacher")
+    ax[1, 0].scatter(
+        [], [], marker="o", facecolors="none", edgecolors="gray", label="open: weights from the untruncated teacher"
+    )
     ax[1, 0].set_xlabel("tilted mass inside the truncated support π*(supp q)")
     ax[1, 0].set_ylabel("measured E[Ẑ_8] / Z")
     ax[1, 0].set_title("(c) truncated (top-k / top-p per token) teachers on token-tree prompts")
@@ -198,7 +248,9 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax[1, 1].legend(fontsize=7.5)
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle("Proposal strength and truncation: Stage-1 label quality and its effect on training (β=2, M=8)", fontsize=12)
+    fig.suptitle(
+        "Proposal strength and truncation: Stage-1 label quality and its effect on training (β=2, M=8)", fontsize=12
+    )
     fig.tight_layout()
 
     # a single-sequence support has zero MC spread: the 1e-12 floor is float64 rounding of Z_hat / Z
@@ -217,10 +269,19 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"trained policy (4 steps/batch): final TV pi_ref-label {tv4['π_ref']:.4f}, pi*-label {tv4['tilt α=1 (π*)']:.4f}, "
         f"top-k 2 {tv4['top-k 2']:.4f}, top-p 0.5 {tv4['top-p 0.5']:.4f}; exact log Z {pol['tv_exact_inner4']:.4f}",
     ]
-    caption = ("DISA (000_97b17fcb5a92948e.txt) Sec. 3.3 / App. D.6 proposal-strength ablation and the App. C.1 absolute-continuity "
-               "condition: label bias and variance vs tilt alpha, truncated (top-k/top-p) teachers' measured E[Z]/Z vs the tilted "
-               "mass inside their support (math.md open item), and the effect of each proposal's frozen label on TB training.")
+    caption = (
+        "DISA (000_97b17fcb5a92948e.txt) Sec. 3.3 / App. D.6 proposal-strength ablation and the App. C.1 absolute-continuity "
+        "condition: label bias and variance vs tilt alpha, truncated (top-k/top-p) teachers' measured E[Z]/Z vs the tilted "
+        "mass inside their support (math.md open item), and the effect of each proposal's frozen label on TB training."
+    )
     data = {"tilt": tilt, "noisy": noisy, "noisy_alpha": al_n, "truncation": trunc, "trained": pol}
     png, js = save(fig, out_dir, FIG_ID, data, caption)
-    return FigureRecord(FIG_ID, "Proposal strength and truncation", caption, png, js,
-                        claims=["disa.sens.proposal", "disa.open.truncated_proposal"], findings=findings)
+    return FigureRecord(
+        FIG_ID,
+        "Proposal strength and truncation",
+        caption,
+        png,
+        js,
+        claims=["disa.sens.proposal", "disa.open.truncated_proposal"],
+        findings=findings,
+    )

@@ -36,7 +36,11 @@ def numeric_thresholds(n: int, k: int, n_b: int, seed: int, steps: int = 250):
     num = []
     for row in beaten:
         idx = np.nonzero(row)[0]
-        num.append(float(grid[idx.max() + 1]) if len(idx) and idx.max() + 1 < n_b else (float(grid[0]) if not len(idx) else math.nan))
+        num.append(
+            float(grid[idx.max() + 1])
+            if len(idx) and idx.max() + 1 < n_b
+            else (float(grid[0]) if not len(idx) else math.nan)
+        )
     return conj.numpy(), np.asarray(num), float(grid[1] - grid[0])
 
 
@@ -106,24 +110,48 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax[1, 1].legend(fontsize=8)
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle("Biased log Z: on-policy TB loss L(π) = E_π[(b + log π/π*)²] (DISA App. C.5 + our thresholds)", fontsize=12)
+    fig.suptitle(
+        "Biased log Z: on-policy TB loss L(π) = E_π[(b + log π/π*)²] (DISA App. C.5 + our thresholds)", fontsize=12
+    )
     fig.tight_layout()
 
     l_vertex = float(two_outcome_loss(torch.tensor([1.0], dtype=F64), -0.5))
-    first_move = float(b_axis[np.nonzero(np.abs(argmin - p_star) > 1e-3)[0].max()]) if np.any(np.abs(argmin - p_star) > 1e-3) else math.nan
+    first_move = (
+        float(b_axis[np.nonzero(np.abs(argmin - p_star) > 1e-3)[0].max()])
+        if np.any(np.abs(argmin - p_star) > 1e-3)
+        else math.nan
+    )
     findings = [
         f"two-outcome example, b=-0.5: L((1,0)) = {l_vertex:.4f} < b^2 = 0.25 (global minimizer is the vertex, not pi*(y1)={p_star:.4f})",
-        f"two outcomes: argmin leaves pi* for b below {first_move:.3f} (grid step {float(b_axis[1]-b_axis[0]):.3f}); conjectured b_c = {bc2:.4f}",
+        f"two outcomes: argmin leaves pi* for b below {first_move:.3f} (grid step {float(b_axis[1] - b_axis[0]):.3f}); conjectured b_c = {bc2:.4f}",
         f"random 3-outcome instances: numeric threshold within one grid step ({step:.3f}) of 1/2 log(1 - min pi*) in {agree:.0%} of {n_inst}",
         f"K=5 Hessian: min tangent eigenvalue changes sign at b=-1 (b=-1.1: {eig[int(np.argmin(np.abs(hb + 1.1)))]:+.3f}, b=-0.9: {eig[int(np.argmin(np.abs(hb + 0.9)))]:+.3f})",
     ]
-    caption = ("DISA (000_97b17fcb5a92948e.txt) App. C.5 bias counterexample, rebuilt (math.md Sec. 1): the on-policy TB loss "
-               "with a prompt-only log-Z bias b; pi* stays stationary for every b, a strict local minimum iff b > -1, and "
-               "the global minimizer iff b >= 1/2 log(1 - min pi*) (our conjecture, tested numerically).")
-    data = {"p": p.numpy()[::10], "curves": {str(b): c[::10] for b, c in curves.items()}, "b_axis": b_axis.numpy(),
-            "argmin": argmin, "gain": gain, "conjectured": conj, "numeric": num, "grid_step": step, "agreement": agree,
-            "hess_b": hb, "hess_min_eig": eig}
+    caption = (
+        "DISA (000_97b17fcb5a92948e.txt) App. C.5 bias counterexample, rebuilt (math.md Sec. 1): the on-policy TB loss "
+        "with a prompt-only log-Z bias b; pi* stays stationary for every b, a strict local minimum iff b > -1, and "
+        "the global minimizer iff b >= 1/2 log(1 - min pi*) (our conjecture, tested numerically)."
+    )
+    data = {
+        "p": p.numpy()[::10],
+        "curves": {str(b): c[::10] for b, c in curves.items()},
+        "b_axis": b_axis.numpy(),
+        "argmin": argmin,
+        "gain": gain,
+        "conjectured": conj,
+        "numeric": num,
+        "grid_step": step,
+        "agreement": agree,
+        "hess_b": hb,
+        "hess_min_eig": eig,
+    }
     png, js = save(fig, out_dir, FIG_ID, data, caption)
-    return FigureRecord(FIG_ID, "Biased log Z loss landscape", caption, png, js,
-                        claims=["disa.c5.counterexample", "disa.beyond.local_threshold", "disa.beyond.global_threshold"],
-                        findings=findings)
+    return FigureRecord(
+        FIG_ID,
+        "Biased log Z loss landscape",
+        caption,
+        png,
+        js,
+        claims=["disa.c5.counterexample", "disa.beyond.local_threshold", "disa.beyond.global_threshold"],
+        findings=findings,
+    )

@@ -26,7 +26,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     n = 1500 if quick else 6000
     gap, bound, ed2, jz = (t.numpy() for t in envelope_instances(n, 5, 6, g))
     gap_t, bound_t, ed2_t, _ = (t.numpy() for t in envelope_instances(200, 5, 6, g, at_target=True))
-    gap_n, bound_n, ed2_n, jz_n = (t.numpy() for t in envelope_instances(n, 5, 6, g, unit_mean=False))
+    gap_n, bound_n, _ed2_n, _jz_n = (t.numpy() for t in envelope_instances(n, 5, 6, g, unit_mean=False))
     gap_m, bound_m, ed2_m, jz_m = (t.numpy() for t in envelope_instances(n, 5, 6, g, toward_target=True))
     ratio, ratio_n, ratio_m = gap / bound, gap_n / bound_n, gap_m / bound_m
 
@@ -73,10 +73,20 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "the unit-mean bound (the paper: only constants change)",
         f"median ratio for J_Z/E[D^2] > 10: {float(np.median(ratio[jz / ed2 > 10])):.3f} (the bound is loose away from pi*)",
     ]
-    caption = ("DISA (000_97b17fcb5a92948e.txt) App. C.4, Prop. 4: |J_Zpsi - J_Z| <= E[D^2] + 2 sqrt(E[D^2]) sqrt(J_Z) "
-               "for unit-mean rollout weights, tight at pi = pi*; non-unit-mean weights shown for contrast.")
+    caption = (
+        "DISA (000_97b17fcb5a92948e.txt) App. C.4, Prop. 4: |J_Zpsi - J_Z| <= E[D^2] + 2 sqrt(E[D^2]) sqrt(J_Z) "
+        "for unit-mean rollout weights, tight at pi = pi*; non-unit-mean weights shown for contrast."
+    )
     sub = slice(None, None, max(1, n // 1500))
-    data = {"ed2": ed2[sub], "gap": gap[sub], "jz": jz[sub], "ratio_max": float(max(ratio.max(), ratio_m.max())),
-            "ratio_nonunit_max": float(ratio_n.max()), "tight_ratio": (gap_t / bound_t)}
+    data = {
+        "ed2": ed2[sub],
+        "gap": gap[sub],
+        "jz": jz[sub],
+        "ratio_max": float(max(ratio.max(), ratio_m.max())),
+        "ratio_nonunit_max": float(ratio_n.max()),
+        "tight_ratio": (gap_t / bound_t),
+    }
     png, js = save(fig, out_dir, FIG_ID, data, caption)
-    return FigureRecord(FIG_ID, "Cauchy-Schwarz envelope", caption, png, js, claims=["disa.prop4.envelope"], findings=findings)
+    return FigureRecord(
+        FIG_ID, "Cauchy-Schwarz envelope", caption, png, js, claims=["disa.prop4.envelope"], findings=findings
+    )

@@ -20,15 +20,38 @@ from tiltlab.sim.figures._common_a import plt, save
 from tiltlab.sim.train import train
 
 FIG_ID = "fig07_where_logz_matters"
-MODES = {"exact": "exact log Z", "frozen": "DISA frozen (IS, M=8)", "learned": "learned (FlowRL)", "vargrad": "VarGrad (batch)", "zero": "log Z = 0"}
-REGIMES = {"on-policy (1 step/batch)": dict(inner_steps=1), "off-policy drift (4 steps/batch, w=1)": dict(inner_steps=4)}
+MODES = {
+    "exact": "exact log Z",
+    "frozen": "DISA frozen (IS, M=8)",
+    "learned": "learned (FlowRL)",
+    "vargrad": "VarGrad (batch)",
+    "zero": "log Z = 0",
+}
+REGIMES = {
+    "on-policy (1 step/batch)": dict(inner_steps=1),
+    "off-policy drift (4 steps/batch, w=1)": dict(inner_steps=4),
+}
 
 
 def base_config(quick: bool, seed: int) -> dict:
     steps = 60 if quick else 300
-    return dict(env="multiprompt", P=16, K=16, method="tb", anchor="ref", beta=2.0, steps=steps, G=8, lr=0.05,
-                logz_lr=0.1, seeds=2 if quick else 4, seed=seed, log_every=steps // 20,
-                grad_var_every=steps // 10, grad_var_draws=4 if quick else 12)
+    return dict(
+        env="multiprompt",
+        P=16,
+        K=16,
+        method="tb",
+        anchor="ref",
+        beta=2.0,
+        steps=steps,
+        G=8,
+        lr=0.05,
+        logz_lr=0.1,
+        seeds=2 if quick else 4,
+        seed=seed,
+        log_every=steps // 20,
+        grad_var_every=steps // 10,
+        grad_var_draws=4 if quick else 12,
+    )
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
@@ -42,8 +65,12 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             h = res.history
             gv_steps = [s for s in h["step"] if s % base["grad_var_every"] == 0]
             results[rname][mode] = {
-                "step": h["step"], "tv": h["tv"], "grad_var_step": gv_steps, "grad_var": h.get("grad_var", []),
-                "log_z_err": h.get("log_z_err", []), "final_tv": h["tv"][-1],
+                "step": h["step"],
+                "tv": h["tv"],
+                "grad_var_step": gv_steps,
+                "grad_var": h.get("grad_var", []),
+                "log_z_err": h.get("log_z_err", []),
+                "final_tv": h["tv"][-1],
                 "mean_grad_var": float(np.mean(h["grad_var"][1:])) if len(h.get("grad_var", [])) > 1 else float("nan"),
             }
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharex=True)
@@ -56,7 +83,10 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         axes[1, j].set_ylabel("policy-gradient variance")
         axes[1, j].set_xlabel("rollout batch")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"Where log Z matters: TB with five log Z choices, 16 prompts x 16 outputs, β = 2{' (quick)' if quick else ''}", fontsize=11)
+    fig.suptitle(
+        f"Where log Z matters: TB with five log Z choices, 16 prompts x 16 outputs, β = 2{' (quick)' if quick else ''}",
+        fontsize=11,
+    )
     fig.tight_layout()
     on, off = results["on-policy (1 step/batch)"], results["off-policy drift (4 steps/batch, w=1)"]
     caption = (
@@ -66,10 +96,20 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     )
     findings = [
         "On-policy final TV: " + ", ".join(f"{MODES[m]} {on[m]['final_tv']:.4f}" for m in MODES) + ".",
-        "Off-policy (4 steps/batch) final TV: " + ", ".join(f"{MODES[m]} {off[m]['final_tv']:.4f}" for m in MODES) + ".",
-        "On-policy mean gradient variance: " + ", ".join(f"{MODES[m]} {on[m]['mean_grad_var']:.2e}" for m in MODES) + ".",
+        "Off-policy (4 steps/batch) final TV: "
+        + ", ".join(f"{MODES[m]} {off[m]['final_tv']:.4f}" for m in MODES)
+        + ".",
+        "On-policy mean gradient variance: "
+        + ", ".join(f"{MODES[m]} {on[m]['mean_grad_var']:.2e}" for m in MODES)
+        + ".",
     ]
     png, js = save(fig, out_dir, FIG_ID, {"results": results, "base": base, "findings": findings}, caption)
-    return FigureRecord(id=FIG_ID, title="Where log Z matters", caption=caption, png=png, data=js,
-                        claims=["disa.beyond.semigradient_invariance", "disa.prop3ii.biased_stationary", "disa.c5.offpolicy_breaks"],
-                        findings=findings)
+    return FigureRecord(
+        id=FIG_ID,
+        title="Where log Z matters",
+        caption=caption,
+        png=png,
+        data=js,
+        claims=["disa.beyond.semigradient_invariance", "disa.prop3ii.biased_stationary", "disa.c5.offpolicy_breaks"],
+        findings=findings,
+    )

@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.figures import FigureRecord
 from tiltlab.sim.figures._common_a import plt, save
@@ -29,9 +27,23 @@ TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 def base_config(quick: bool, seed: int) -> dict:
     return dict(
-        env="multiprompt", P=64, K=16, method="tb", anchor="old", log_z="learned", beta=2.0,
-        steps=60 if quick else 200, G=8, lr=0.05, logz_lr=0.1, seeds=2 if quick else 6, seed=seed,
-        log_every=5, select_m=16, scheduler="logz", tau=0.5,
+        env="multiprompt",
+        P=64,
+        K=16,
+        method="tb",
+        anchor="old",
+        log_z="learned",
+        beta=2.0,
+        steps=60 if quick else 200,
+        G=8,
+        lr=0.05,
+        logz_lr=0.1,
+        seeds=2 if quick else 6,
+        seed=seed,
+        log_every=5,
+        select_m=16,
+        scheduler="logz",
+        tau=0.5,
     )
 
 
@@ -54,7 +66,9 @@ def steps_to(curve_step: list, curve: list, target: float) -> float:
     return math.inf
 
 
-def tau_sweep(quick: bool, seed: int, target: float = 0.6, env=None, steps: int | None = None, seeds: int | None = None) -> dict:
+def tau_sweep(
+    quick: bool, seed: int, target: float = 0.6, env=None, steps: int | None = None, seeds: int | None = None
+) -> dict:
     """Mean accuracy curves and steps-to-``target`` for PACED (DISA-initialised log Z) over ``TAUS``."""
     base = base_config(quick, seed)
     if steps is not None:
@@ -66,8 +80,12 @@ def tau_sweep(quick: bool, seed: int, target: float = 0.6, env=None, steps: int 
     for tau in TAUS:
         res = train(SimConfig(**{**base, "logz_init": "frozen", "tau": tau}), env)
         h = res.history
-        out[str(tau)] = {"step": h["step"], "acc": h["reward"], "steps_to_target": steps_to(h["step"], h["reward"], target),
-                         "final_acc": h["reward"][-1]}
+        out[str(tau)] = {
+            "step": h["step"],
+            "acc": h["reward"],
+            "steps_to_target": steps_to(h["step"], h["reward"], target),
+            "final_acc": h["reward"][-1],
+        }
     return out
 
 
@@ -79,9 +97,15 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     for label, kw in SCHEDULERS.items():
         res = train(SimConfig(**{**base, **kw}), env)
         h = res.history
-        sched[label] = {"config": kw, "step": h["step"], "acc": h["reward"], "p_hat_err": h.get("p_hat_err", []),
-                        "sel_p": h.get("sel_p", []), "final_acc": h["reward"][-1],
-                        "steps_to_target": steps_to(h["step"], h["reward"], target)}
+        sched[label] = {
+            "config": kw,
+            "step": h["step"],
+            "acc": h["reward"],
+            "p_hat_err": h.get("p_hat_err", []),
+            "sel_p": h.get("sel_p", []),
+            "final_acc": h["reward"][-1],
+            "steps_to_target": steps_to(h["step"], h["reward"], target),
+        }
     taus = tau_sweep(quick, seed, target, env)
 
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
@@ -104,10 +128,19 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax = axes[2]
     stt = [taus[str(t)]["steps_to_target"] for t in TAUS]
     cap = base["steps"] * 1.05
-    ax.bar([str(t) for t in TAUS], [s if math.isfinite(s) else cap for s in stt],
-           color=["tab:blue" if math.isfinite(s) else "tab:gray" for s in stt])
+    ax.bar(
+        [str(t) for t in TAUS],
+        [s if math.isfinite(s) else cap for s in stt],
+        color=["tab:blue" if math.isfinite(s) else "tab:gray" for s in stt],
+    )
     for i, s in enumerate(stt):
-        ax.text(i, (s if math.isfinite(s) else cap) + 1, f"{s:.0f}" if math.isfinite(s) else "never", ha="center", fontsize=8)
+        ax.text(
+            i,
+            (s if math.isfinite(s) else cap) + 1,
+            f"{s:.0f}" if math.isfinite(s) else "never",
+            ha="center",
+            fontsize=8,
+        )
     ax.set_xlabel("target accuracy τ")
     ax.set_ylabel(f"steps to mean pass rate {target}")
     ax.set_title("Steps to target (gray: not reached)")
@@ -119,7 +152,10 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax.set_ylabel("mean |p̂ − p_old| over prompts")
     ax.set_title("Accuracy estimate error (PACED eq. 8)")
     ax.legend(fontsize=7)
-    fig.suptitle(f"PACED-RL toy proxy: TB anchored on π_old, learned log Z, kl_coef 0.5{' (quick)' if quick else ''}", fontsize=11)
+    fig.suptitle(
+        f"PACED-RL toy proxy: TB anchored on π_old, learned log Z, kl_coef 0.5{' (quick)' if quick else ''}",
+        fontsize=11,
+    )
     fig.tight_layout()
 
     best_tau = max(TAUS, key=lambda t: taus[str(t)]["final_acc"])
@@ -132,14 +168,26 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     )
     findings = [
         "Final mean pass rate: " + "; ".join(f"{k} {v['final_acc']:.3f}" for k, v in sched.items()) + ".",
-        "τ sweep final pass rate: " + ", ".join(f"τ={t} {taus[str(t)]['final_acc']:.3f}" for t in TAUS)
+        "τ sweep final pass rate: "
+        + ", ".join(f"τ={t} {taus[str(t)]['final_acc']:.3f}" for t in TAUS)
         + f"; best τ = {best_tau} (paper: 0.5 best, 0.9 fast start then plateau, 0.1 worst).",
         f"Replay: {p:.3f} with vs {q:.3f} without ({'helps' if p > q else 'does not help'} in the toy).",
         f"p̂ error at the end: PACED from 0 {sched['PACED (log Z from 0)']['p_hat_err'][-1]:.3f}, DISA-initialised "
         f"{sched['PACED (log Z init. from DISA)']['p_hat_err'][-1]:.3f}.",
     ]
-    png, js = save(fig, out_dir, FIG_ID, {"schedulers": sched, "tau_sweep": taus, "target": target, "base": base,
-                                        "findings": findings}, caption)
-    return FigureRecord(id=FIG_ID, title="PACED-RL scheduler, τ sweep and replay (toy)", caption=caption, png=png,
-                        data=js, claims=["paced.tau_sweep", "paced.selection", "paced.replay", "paced.estimator"],
-                        findings=findings)
+    png, js = save(
+        fig,
+        out_dir,
+        FIG_ID,
+        {"schedulers": sched, "tau_sweep": taus, "target": target, "base": base, "findings": findings},
+        caption,
+    )
+    return FigureRecord(
+        id=FIG_ID,
+        title="PACED-RL scheduler, τ sweep and replay (toy)",
+        caption=caption,
+        png=png,
+        data=js,
+        claims=["paced.tau_sweep", "paced.selection", "paced.replay", "paced.estimator"],
+        findings=findings,
+    )

@@ -66,7 +66,7 @@ def _setup(cfg: EntanglementConfig, seed: int):
         p_ref = env.init_params(cfg.ref_scale, generator=g)
         refs.append(p_ref)
         datas.append(offline_dataset(env, p_ref, cfg.n_data, generator=g))
-    stack = lambda name: torch.stack([getattr(d, name) for d in datas])  # noqa: E731
+    stack = lambda name: torch.stack([getattr(d, name) for d in datas])
     data = {k: stack(k) for k in ("ids", "reward", "signed", "logp_ref", "token_logits_ref")}
     return env, torch.stack(refs), data
 
@@ -159,21 +159,37 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     from tiltlab.sim.figures._common_a import plt, save
 
     cfg = EntanglementConfig(seeds=3 if quick else 8, steps=150 if quick else 400, eval_every=15 if quick else 20)
-    cfg_adam = EntanglementConfig(seeds=cfg.seeds, steps=cfg.steps, optimizer="adam", lr=0.05, eval_every=cfg.eval_every)
+    cfg_adam = EntanglementConfig(
+        seeds=cfg.seeds, steps=cfg.steps, optimizer="adam", lr=0.05, eval_every=cfg.eval_every
+    )
     runs = run_all(cfg, seed)
-    runs_adam = {k: train(cfg_adam, "offrl" if k == "offrl" else "fpa", lam, seed=seed)
-                 for k, lam in [("offrl", 0.0)] + [(f"fpa{l:g}", l) for l in LAMBDAS]}
+    runs_adam = {
+        k: train(cfg_adam, "offrl" if k == "offrl" else "fpa", lam, seed=seed)
+        for k, lam in [("offrl", 0.0)] + [(f"fpa{l:g}", l) for l in LAMBDAS]
+    }
     summ, summ_adam = summarize(runs), {k: float(v["acc"][-1].mean()) for k, v in runs_adam.items()}
     # contrast: a tree where one transition decides correctness (bigram logits, answer = last token)
-    cfg_sep = EntanglementConfig(seeds=cfg.seeds, steps=cfg.steps, eval_every=cfg.eval_every, context="bigram",
-                                 reward_kind="last_token")
+    cfg_sep = EntanglementConfig(
+        seeds=cfg.seeds, steps=cfg.steps, eval_every=cfg.eval_every, context="bigram", reward_kind="last_token"
+    )
     sep = {"offrl": train(cfg_sep, "offrl", seed=seed), "fpa2": train(cfg_sep, "fpa", 2.0, seed=seed)}
     sep_fin = {k: {m: float(v[m][-1].mean()) for m in ("corr", "inc", "acc")} for k, v in sep.items()}
 
-    colors = {"offrl": "k", "fpa0.5": "#9ecae1", "fpa1": "#4292c6", "fpa2": "#08519c", "fpa5": "#fd8d3c",
-              "fpa10": "#d94801", "cor_only": "#e7298a", "inc_only": "#66a61e"}
-    label = lambda k: {"offrl": "Off-RL (λ=0)", "cor_only": "FPA λ=2, correct only", "inc_only": "FPA λ=2, incorrect only"}.get(  # noqa: E731
-        k, f"FPA λ={k[3:]}")
+    colors = {
+        "offrl": "k",
+        "fpa0.5": "#9ecae1",
+        "fpa1": "#4292c6",
+        "fpa2": "#08519c",
+        "fpa5": "#fd8d3c",
+        "fpa10": "#d94801",
+        "cor_only": "#e7298a",
+        "inc_only": "#66a61e",
+    }
+    label = lambda k: {
+        "offrl": "Off-RL (λ=0)",
+        "cor_only": "FPA λ=2, correct only",
+        "inc_only": "FPA λ=2, incorrect only",
+    }.get(k, f"FPA λ={k[3:]}")
     fig, ax = plt.subplots(2, 3, figsize=(16, 9.2))
     main = ["offrl"] + [f"fpa{l:g}" for l in LAMBDAS]
     for k in main:
@@ -196,7 +212,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         ax[1, 1].plot(r["step"], r["w_corr"].mean(1), color=colors[k], ls=ls, alpha=0.45, label=f"{label(k)}: correct")
     ax[1, 1].set_yscale("log")
     ax[1, 1].set_title("(e) gradient weight π^{1/|y|} (Off-RL) vs π̂^{1/|y|} (FPA)")
-    lam_axis = [0.0] + list(LAMBDAS)
+    lam_axis = [0.0, *list(LAMBDAS)]
     acc_sgd = [summ["final"]["offrl"]["acc"]] + [summ["final"][f"fpa{l:g}"]["acc"] for l in LAMBDAS]
     acc_adam = [summ_adam["offrl"]] + [summ_adam[f"fpa{l:g}"] for l in LAMBDAS]
     xs = np.arange(len(lam_axis))
@@ -217,8 +233,11 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax[1, 1].set_ylabel("mean weight")
     for a in (ax[0, 0], ax[1, 0], ax[1, 1], ax[1, 2]):
         a.legend(fontsize=7.5, loc="best")
-    fig.suptitle(f"FPA gradient entanglement on a token tree (V={cfg.vocab}, L={cfg.length}, per-position logits, "
-                 f"r = [Σy mod V = 0], N={cfg.n_data} offline samples, {cfg.seeds} seeds, full-batch SGD)", fontsize=11)
+    fig.suptitle(
+        f"FPA gradient entanglement on a token tree (V={cfg.vocab}, L={cfg.length}, per-position logits, "
+        f"r = [Σy mod V = 0], N={cfg.n_data} offline samples, {cfg.seeds} seeds, full-batch SGD)",
+        fontsize=11,
+    )
     fig.tight_layout()
 
     fin, parts = summ["final"], summ["parts"]
@@ -226,8 +245,8 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"Off-RL: correct data log-probs {fin['offrl']['corr']:+.2f} nats, incorrect {fin['offrl']['inc']:+.2f}; accuracy "
         f"{summ['ref_acc']:.3f} -> {fin['offrl']['acc']:.3f} (entanglement drags correct sequences down: "
         f"{'yes' if parts['offrl_lowers_correct'] else 'no'})",
-        "FPA final correct log-prob change / accuracy: " + ", ".join(
-            f"λ={l:g}: {fin[f'fpa{l:g}']['corr']:+.2f}/{fin[f'fpa{l:g}']['acc']:.3f}" for l in LAMBDAS),
+        "FPA final correct log-prob change / accuracy: "
+        + ", ".join(f"λ={l:g}: {fin[f'fpa{l:g}']['corr']:+.2f}/{fin[f'fpa{l:g}']['acc']:.3f}" for l in LAMBDAS),
         f"targeted (λ=2): correct-only {fin['cor_only']['corr']:+.2f}/{fin['cor_only']['acc']:.3f} vs Off-RL "
         f"{fin['offrl']['corr']:+.2f}/{fin['offrl']['acc']:.3f} (faster collapse: {parts['cor_only_faster']}); "
         f"incorrect-only {fin['inc_only']['corr']:+.2f}/{fin['inc_only']['acc']:.3f}",
@@ -245,13 +264,27 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "accuracy vs λ (SGD and Adam)."
     )
     data = {
-        "config": cfg.__dict__, "config_adam": cfg_adam.__dict__, "summary": summ, "final_acc_adam": summ_adam,
+        "config": cfg.__dict__,
+        "config_adam": cfg_adam.__dict__,
+        "summary": summ,
+        "final_acc_adam": summ_adam,
         "separable_contrast": sep_fin,
-        "runs": {k: {m: v[m].mean(1) if v[m].ndim == 2 else v[m] for m in ("step", "corr", "inc", "acc", "w_corr", "w_inc")}
-                 for k, v in runs.items()},
-        "runs_adam": {k: {m: v[m].mean(1) if v[m].ndim == 2 else v[m] for m in ("step", "corr", "inc", "acc")}
-                      for k, v in runs_adam.items()},
+        "runs": {
+            k: {m: v[m].mean(1) if v[m].ndim == 2 else v[m] for m in ("step", "corr", "inc", "acc", "w_corr", "w_inc")}
+            for k, v in runs.items()
+        },
+        "runs_adam": {
+            k: {m: v[m].mean(1) if v[m].ndim == 2 else v[m] for m in ("step", "corr", "inc", "acc")}
+            for k, v in runs_adam.items()
+        },
     }
     png, js = save(fig, out_dir, FIG_ID, data, caption)
-    return FigureRecord(FIG_ID, "FPA gradient entanglement (token tree)", caption, png, js,
-                        claims=["fpa.entanglement"], findings=findings)
+    return FigureRecord(
+        FIG_ID,
+        "FPA gradient entanglement (token tree)",
+        caption,
+        png,
+        js,
+        claims=["fpa.entanglement"],
+        findings=findings,
+    )

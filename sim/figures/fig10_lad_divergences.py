@@ -32,9 +32,20 @@ def divergence_sweep(steps: int, seeds: int, seed: int, exact: bool, refreshes: 
     expectation under pi_old (temperature 1).
     """
     base = dict(
-        env="lad_bandit", K=50, eta=1.0, steps=steps, G=32, temperature=1.0 if exact else 1.5, lr=lr,
-        refresh_every=steps // (refreshes + 1) + 1, uniform_init=True, seeds=seeds, seed=seed,
-        log_every=max(1, steps // 20), exact=exact, method="lad",
+        env="lad_bandit",
+        K=50,
+        eta=1.0,
+        steps=steps,
+        G=32,
+        temperature=1.0 if exact else 1.5,
+        lr=lr,
+        refresh_every=steps // (refreshes + 1) + 1,
+        uniform_init=True,
+        seeds=seeds,
+        seed=seed,
+        log_every=max(1, steps // 20),
+        exact=exact,
+        method="lad",
     )
     env = make_env(SimConfig(**base))
     p_a = torch.log_softmax(env.reward[0], -1)
@@ -97,23 +108,54 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     wdt = 0.27
     colors = ["tab:gray" if not F_DIVERGENCES[d].strict else "tab:green" for d in DIVS]
     ax = axes[0]
-    ax.bar(xs - wdt, [sampled[d]["tv_phase1"] for d in DIVS], wdt, color=colors, alpha=0.45, edgecolor="k", label="sampled, end of phase 1")
-    ax.bar(xs, [sampled[d]["tv_final"] for d in DIVS], wdt, yerr=[sampled[d]["tv_final_std"] for d in DIVS], color=colors, edgecolor="k", label="sampled, after 2 refreshes")
-    ax.bar(xs + wdt, [exact[d]["tv_final"] for d in DIVS], wdt, color=colors, hatch="//", edgecolor="k", label="exact gradient (one phase)")
+    ax.bar(
+        xs - wdt,
+        [sampled[d]["tv_phase1"] for d in DIVS],
+        wdt,
+        color=colors,
+        alpha=0.45,
+        edgecolor="k",
+        label="sampled, end of phase 1",
+    )
+    ax.bar(
+        xs,
+        [sampled[d]["tv_final"] for d in DIVS],
+        wdt,
+        yerr=[sampled[d]["tv_final_std"] for d in DIVS],
+        color=colors,
+        edgecolor="k",
+        label="sampled, after 2 refreshes",
+    )
+    ax.bar(
+        xs + wdt,
+        [exact[d]["tv_final"] for d in DIVS],
+        wdt,
+        color=colors,
+        hatch="//",
+        edgecolor="k",
+        label="exact gradient (one phase)",
+    )
     ax.set_xticks(xs, [LABELS[d] for d in DIVS])
     ax.set_ylabel("TV(P_π, P_A) at the end")
     ax.set_title("Final distance to the advantage distribution\n(* = strict divergence, green)")
     ax.legend(fontsize=8)
     ax = axes[1]
     for d in DIVS:
-        ax.plot(sampled[d]["curve_step"], sampled[d]["curve_tv"], label=LABELS[d], ls="-" if F_DIVERGENCES[d].strict else "--")
+        ax.plot(
+            sampled[d]["curve_step"],
+            sampled[d]["curve_tv"],
+            label=LABELS[d],
+            ls="-" if F_DIVERGENCES[d].strict else "--",
+        )
     ax.set_xlabel("step (π_old refreshed at 1/3 and 2/3)")
     ax.set_ylabel("TV(P_π, P_A)")
     ax.set_title("Sampled training curves (Fig. 1 settings)")
     ax.legend(fontsize=8, ncol=2)
     ax = axes[2]
     for d in DIVS:
-        ax.loglog(gap["gamma_plus_delta"], gap["gap"][d], "o-", ms=3, label=f"{LABELS[d]} (order {gap['order'][d]:.2f})")
+        ax.loglog(
+            gap["gamma_plus_delta"], gap["gap"][d], "o-", ms=3, label=f"{LABELS[d]} (order {gap['order'][d]:.2f})"
+        )
     ref = gap["gamma_plus_delta"]
     ax.loglog(ref, ref * gap["gap"]["kl"][-1] / ref[-1], "k:", lw=1, label="slope 1")
     ax.set_xlabel("γ + δ")
@@ -137,13 +179,26 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     findings = [
         f"Sampled (after 2 refreshes): mean TV strict {ms:.3f} vs non-strict {mw:.3f} — strict "
         f"{'better' if ms < mw else 'not better'}; exact gradient: strict {es:.3f} vs non-strict {ew:.3f}.",
-        "Per divergence (sampled final TV): " + ", ".join(f"{LABELS[d]} {sampled[d]['tv_final']:.3f}" for d in DIVS) + ".",
+        "Per divergence (sampled final TV): "
+        + ", ".join(f"{LABELS[d]} {sampled[d]['tv_final']:.3f}" for d in DIVS)
+        + ".",
         "Thm. B.1 gap order in γ+δ: " + ", ".join(f"{LABELS[d]} {gap['order'][d]:.2f}" for d in DIVS) + ".",
     ]
-    data = {"sampled": sampled, "exact": exact, "gap": gap, "strict_mean_tv": ms, "nonstrict_mean_tv": mw,
-            "findings": findings}
+    data = {
+        "sampled": sampled,
+        "exact": exact,
+        "gap": gap,
+        "strict_mean_tv": ms,
+        "nonstrict_mean_tv": mw,
+        "findings": findings,
+    }
     png, js = save(fig, out_dir, FIG_ID, data, caption)
     return FigureRecord(
-        id=FIG_ID, title="LAD divergence classes and the Thm. B.1 gap", caption=caption, png=png, data=js,
-        claims=["lad.strict_better", "lad.thmB1", "lad.practical"], findings=findings,
+        id=FIG_ID,
+        title="LAD divergence classes and the Thm. B.1 gap",
+        caption=caption,
+        png=png,
+        data=js,
+        claims=["lad.strict_better", "lad.thmB1", "lad.practical"],
+        findings=findings,
     )

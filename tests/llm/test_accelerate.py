@@ -20,10 +20,21 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("objective", ["flowrl"])
 def test_two_process_ranks_agree(objective, tiny_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"), "--num_processes", "2",
-           "--main_process_port", "29517", str(ROOT / "tests" / "llm" / "_accelerate_worker.py"),
-           str(tiny_dir), str(tmp_path), objective]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29517",
+        str(ROOT / "tests" / "llm" / "_accelerate_worker.py"),
+        str(tiny_dir),
+        str(tmp_path),
+        objective,
+    ]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-4000:]
     r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))

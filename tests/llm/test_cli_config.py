@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("yaml")
 
-from tiltlab.llm.cli import add_dataclass_args, config_from_args  # noqa: E402
+from tiltlab.llm.cli import add_dataclass_args, config_from_args
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -69,6 +69,7 @@ def test_missing_required_and_unknown_keys_are_clear(tmp_path):
 def test_eval_section_maps_benchmarks_and_trained_model():
     path = next(p for p in CONFIGS if p.stem == "disa_qwen3_4b")
     cls, translate = _commands()["eval"]
-    cfg = config_from_args(cls, _parse(cls, "eval", ["--config", str(path), "--set", "eval.k=4"]), section="eval",
-                           translate=translate)
+    cfg = config_from_args(
+        cls, _parse(cls, "eval", ["--config", str(path), "--set", "eval.k=4"]), section="eval", translate=translate
+    )
     assert "math500" in cfg.datasets and cfg.k == 4 and cfg.model == "runs/disa_qwen3_4b"

@@ -7,26 +7,49 @@ import zlib
 
 import pytest
 
-from tiltlab.llm.data import (BENCHMARKS, as_chat, benchmark_path, load_benchmark, load_prompts, normalize_rows, read_table,
-                      save_prompts)
+from tiltlab.llm.data import (
+    BENCHMARKS,
+    as_chat,
+    benchmark_path,
+    load_benchmark,
+    load_prompts,
+    normalize_rows,
+    read_table,
+    save_prompts,
+)
 from tiltlab.llm.rewards import code_reward, math_reward
-from tiltlab.llm.tasks import MAX_DIFFICULTY, _eval_int_expr, arithmetic_tasks, function_tasks, mixed_tasks, synthetic_corpus
+from tiltlab.llm.tasks import (
+    MAX_DIFFICULTY,
+    _eval_int_expr,
+    arithmetic_tasks,
+    function_tasks,
+    mixed_tasks,
+    synthetic_corpus,
+)
 
 ROWS = [{"id": "a", "prompt": "1+1?", "answer": "2"}, {"id": "b", "prompt": "2+2?", "answer": "4"}]
 
 
 # ------------------------------------------------------------------ synthetic tasks
 
+
 def test_arithmetic_tasks_deterministic_and_graded():
     a, b = arithmetic_tasks(25, seed=7), arithmetic_tasks(25, seed=7)
     assert a == b and a != arithmetic_tasks(25, seed=8)
     assert sorted({r["difficulty"] for r in a}) == list(range(1, MAX_DIFFICULTY + 1))
+
     def expr(r):
-        return r["prompt"][len("Compute "): r["prompt"].index(".")]
+        return r["prompt"][len("Compute ") : r["prompt"].index(".")]
 
     rows = arithmetic_tasks(200, seed=7)
-    size = {d: max((len(expr(r).split()) + 1) // 2 * 10 ** 5 + max(int(t) for t in expr(r).split()[::2])
-                   for r in rows if r["difficulty"] == d) for d in range(1, 6)}
+    size = {
+        d: max(
+            (len(expr(r).split()) + 1) // 2 * 10**5 + max(int(t) for t in expr(r).split()[::2])
+            for r in rows
+            if r["difficulty"] == d
+        )
+        for d in range(1, 6)
+    }
     # each level has more operands, or as many operands and larger ones, than the level below
     assert all(size[d] < size[d + 1] for d in range(1, 5)), size
     for r in rows:
@@ -67,6 +90,7 @@ def test_mixed_and_corpus():
 
 
 # ------------------------------------------------------------------ files
+
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_roundtrip_files(tmp_path, suffix):
@@ -141,6 +165,7 @@ def test_hf_dataset():
 
 # ------------------------------------------------------------------ benchmarks (fake local copies in real schemas)
 
+
 def test_benchmark_absent_names_expected_file(tmp_path, monkeypatch):
     monkeypatch.setenv("TILTLAB_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="math500.jsonl") as e:
@@ -148,17 +173,31 @@ def test_benchmark_absent_names_expected_file(tmp_path, monkeypatch):
     assert "HuggingFaceH4/MATH-500" in str(e.value) and str(tmp_path) in str(e.value)
     with pytest.raises(ValueError, match="unknown benchmark"):
         load_benchmark("mmlu")
-    assert set(BENCHMARKS) >= {"math500", "aime24", "aime25", "amc23", "gsm8k", "minerva", "olympiadbench",
-                               "humanevalplus", "livecodebench", "codeforces"}
+    assert set(BENCHMARKS) >= {
+        "math500",
+        "aime24",
+        "aime25",
+        "amc23",
+        "gsm8k",
+        "minerva",
+        "olympiadbench",
+        "humanevalplus",
+        "livecodebench",
+        "codeforces",
+    }
 
 
 def test_math_benchmarks_normalized(tmp_path):
-    save_prompts([{"problem": "What is 1/2+1/2?", "solution": "...", "answer": "1", "unique_id": "test/x/1.json",
-                   "level": 1}], tmp_path / "math500.jsonl")
-    save_prompts([{"question": "Nat has 3 apples...", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007"}],
-                 tmp_path / "gsm8k.jsonl")
-    save_prompts([{"id": 5, "question": "Olympiad q", "final_answer": ["$\\frac{3}{4}$"]}],
-                 tmp_path / "olympiadbench.parquet")
+    save_prompts(
+        [{"problem": "What is 1/2+1/2?", "solution": "...", "answer": "1", "unique_id": "test/x/1.json", "level": 1}],
+        tmp_path / "math500.jsonl",
+    )
+    save_prompts(
+        [{"question": "Nat has 3 apples...", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007"}], tmp_path / "gsm8k.jsonl"
+    )
+    save_prompts(
+        [{"id": 5, "question": "Olympiad q", "final_answer": ["$\\frac{3}{4}$"]}], tmp_path / "olympiadbench.parquet"
+    )
     save_prompts([{"problem": "AMC q", "answer": 27.0, "url": "u"}], tmp_path / "amc23.jsonl")
     m = load_benchmark("math500", data_dir=tmp_path)[0]
     assert m["id"] == "test/x/1.json" and m["answer"] == "1" and m["task"] == "math"
@@ -175,23 +214,46 @@ def test_math_benchmarks_normalized(tmp_path):
 
 
 def test_code_benchmarks_end_to_end(tmp_path):
-    save_prompts([{"task_id": "HumanEval/0", "prompt": "def inc(x):\n    \"\"\"Add one.\"\"\"\n",
-                   "canonical_solution": "    return x + 1\n", "entry_point": "inc",
-                   "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"}],
-                 tmp_path / "humanevalplus.jsonl")
-    private = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(
-        [{"input": "5 6\n", "output": "11\n", "testtype": "stdin"}])))).decode()
-    save_prompts([{"question_id": "abc301_a", "question_content": "Add two numbers.", "starter_code": "",
-                   "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
-                   "private_test_cases": private, "metadata": "{}"},
-                  {"question_id": "lc1", "question_content": "Add k.",
-                   "starter_code": "class Solution:\n    def addK(self, nums: List[int], k: int) -> List[int]:",
-                   "public_test_cases": json.dumps([{"input": "[1, 2]\n3", "output": "[4, 5]",
-                                                     "testtype": "functional"}]),
-                   "private_test_cases": "", "metadata": json.dumps({"func_name": "addK"})}],
-                 tmp_path / "livecodebench.jsonl")
-    save_prompts([{"problem": "Print the max.", "tests": json.dumps([{"input": "3\n1 5 2\n", "output": "5"}])}],
-                 tmp_path / "codeforces.jsonl")
+    save_prompts(
+        [
+            {
+                "task_id": "HumanEval/0",
+                "prompt": 'def inc(x):\n    """Add one."""\n',
+                "canonical_solution": "    return x + 1\n",
+                "entry_point": "inc",
+                "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n",
+            }
+        ],
+        tmp_path / "humanevalplus.jsonl",
+    )
+    private = base64.b64encode(
+        zlib.compress(pickle.dumps(json.dumps([{"input": "5 6\n", "output": "11\n", "testtype": "stdin"}])))
+    ).decode()
+    save_prompts(
+        [
+            {
+                "question_id": "abc301_a",
+                "question_content": "Add two numbers.",
+                "starter_code": "",
+                "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+                "private_test_cases": private,
+                "metadata": "{}",
+            },
+            {
+                "question_id": "lc1",
+                "question_content": "Add k.",
+                "starter_code": "class Solution:\n    def addK(self, nums: List[int], k: int) -> List[int]:",
+                "public_test_cases": json.dumps([{"input": "[1, 2]\n3", "output": "[4, 5]", "testtype": "functional"}]),
+                "private_test_cases": "",
+                "metadata": json.dumps({"func_name": "addK"}),
+            },
+        ],
+        tmp_path / "livecodebench.jsonl",
+    )
+    save_prompts(
+        [{"problem": "Print the max.", "tests": json.dumps([{"input": "3\n1 5 2\n", "output": "5"}])}],
+        tmp_path / "codeforces.jsonl",
+    )
     he = load_benchmark("humaneval+", data_dir=tmp_path)
     lcb = load_benchmark("lcb", data_dir=tmp_path)
     cf = load_benchmark("codeforces", data_dir=tmp_path)
@@ -203,11 +265,18 @@ def test_code_benchmarks_end_to_end(tmp_path):
         cols = {k: [r.get(k) for r in rows] for k in ("tests", "entry_point", "test_type", "code_prefix")}
         return code_reward([r["prompt"] for r in rows], comps, **cols)
 
-    assert score(he * 3, ["    return x + 1\n", "```python\ndef inc(x):\n    return x + 1\n```", "    return x\n"]) \
-        == [1.0, 1.0, 0.0]
-    assert score(lcb, ["a, b = map(int, input().split())\nprint(a + b)",
-                       "class Solution:\n    def addK(self, nums, k):\n        return [x + k for x in nums]"]) \
-        == [1.0, 1.0]
+    assert score(he * 3, ["    return x + 1\n", "```python\ndef inc(x):\n    return x + 1\n```", "    return x\n"]) == [
+        1.0,
+        1.0,
+        0.0,
+    ]
+    assert score(
+        lcb,
+        [
+            "a, b = map(int, input().split())\nprint(a + b)",
+            "class Solution:\n    def addK(self, nums, k):\n        return [x + k for x in nums]",
+        ],
+    ) == [1.0, 1.0]
     assert score(lcb, ["print(3)", "class Solution:\n    def addK(self, nums, k):\n        return nums"]) == [0.0, 0.0]
     assert score(cf * 2, ["input()\nprint(max(map(int, input().split())))", "print(1)"]) == [1.0, 0.0]
 
@@ -218,7 +287,17 @@ def test_lcb_refuses_malicious_pickle(tmp_path):
             return (print, ("pwned",))
 
     payload = base64.b64encode(zlib.compress(pickle.dumps(Evil()))).decode()
-    save_prompts([{"question_id": "q", "question_content": "x", "public_test_cases": "[]",
-                   "private_test_cases": payload, "metadata": "{}"}], tmp_path / "livecodebench.jsonl")
+    save_prompts(
+        [
+            {
+                "question_id": "q",
+                "question_content": "x",
+                "public_test_cases": "[]",
+                "private_test_cases": payload,
+                "metadata": "{}",
+            }
+        ],
+        tmp_path / "livecodebench.jsonl",
+    )
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
         load_benchmark("livecodebench", data_dir=tmp_path)

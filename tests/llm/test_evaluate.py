@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.llm.evaluate import (DISA_D5_JUDGE_TEXT, JUDGE_SYSTEM_PROMPT, JUDGE_USER_TEMPLATE, EvalConfig, JudgeConfig,
-                          evaluate, format_judge_messages, judge_diversity, parse_judge_score, results_table,
-                          save_results)
+from tiltlab.llm.evaluate import (
+    DISA_D5_JUDGE_TEXT,
+    JUDGE_SYSTEM_PROMPT,
+    JUDGE_USER_TEMPLATE,
+    EvalConfig,
+    JudgeConfig,
+    evaluate,
+    format_judge_messages,
+    judge_diversity,
+    parse_judge_score,
+    results_table,
+    save_results,
+)
 
 
 class ListEngine:
@@ -32,20 +42,30 @@ def _naive_pass_at(correct, k):
 
 
 def _naive_distinct(texts, n):
-    grams = [tuple(t.split()[i:i + n]) for t in texts for i in range(len(t.split()) - n + 1)]
+    grams = [tuple(t.split()[i : i + n]) for t in texts for i in range(len(t.split()) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
 def test_metrics_match_naive_references():
-    rows = [{"id": "p0", "prompt": "q0", "answer": "1"}, {"id": "p1", "prompt": "q1", "answer": "2"},
-            {"id": "p2", "prompt": "q2", "answer": "3"}]
+    rows = [
+        {"id": "p0", "prompt": "q0", "answer": "1"},
+        {"id": "p1", "prompt": "q1", "answer": "2"},
+        {"id": "p2", "prompt": "q2", "answer": "3"},
+    ]
     table = {
         "q0": ["\\boxed{1}", "\\boxed{0}", "a b \\boxed{1}", "x", "a b c", "\\boxed{1}"],  # 3 correct of 6
-        "q1": ["\\boxed{5}"] * 6,                                                         # 0 correct
-        "q2": ["\\boxed{3}"] * 5 + ["nope"],                                              # 5 correct
+        "q1": ["\\boxed{5}"] * 6,  # 0 correct
+        "q2": ["\\boxed{3}"] * 5 + ["nope"],  # 5 correct
     }
-    res = evaluate(ListEngine(table), {"toy": rows}, k=6, pass_ks=[1, 2, 4, 6, 9], distinct_ns=[1, 2],
-                   chat_template=False, progress=False)["toy"]
+    res = evaluate(
+        ListEngine(table),
+        {"toy": rows},
+        k=6,
+        pass_ks=[1, 2, 4, 6, 9],
+        distinct_ns=[1, 2],
+        chat_template=False,
+        progress=False,
+    )["toy"]
     correct = {q: [t.endswith(f"\\boxed{{{a}}}") for t in table[q]] for q, a in (("q0", "1"), ("q1", "2"), ("q2", "3"))}
     assert [p["c"] for p in res.per_prompt] == [3, 0, 5]
     assert res.mean_at_k == pytest.approx((3 + 0 + 5) / 18, abs=1e-12)
@@ -66,11 +86,22 @@ def test_errors():
     with pytest.raises(ValueError, match="empty"):
         evaluate(ListEngine({}), {"x": []}, k=1, progress=False)
     with pytest.raises(RuntimeError, match="expected 3"):
-        evaluate(ListEngine({"q": ["a"]}), {"x": [{"id": "1", "prompt": "q", "answer": "1"}]}, k=3,
-                 chat_template=False, progress=False)
+        evaluate(
+            ListEngine({"q": ["a"]}),
+            {"x": [{"id": "1", "prompt": "q", "answer": "1"}]},
+            k=3,
+            chat_template=False,
+            progress=False,
+        )
     with pytest.raises(ValueError, match="None"):
-        evaluate(ListEngine({"q": ["a"]}), {"x": [{"id": "1", "prompt": "q", "answer": None}]}, k=1,
-                 chat_template=False, reward_fn="math", progress=False)
+        evaluate(
+            ListEngine({"q": ["a"]}),
+            {"x": [{"id": "1", "prompt": "q", "answer": None}]},
+            k=1,
+            chat_template=False,
+            reward_fn="math",
+            progress=False,
+        )
     with pytest.raises(ValueError, match="no datasets"):
         EvalConfig(datasets=[])
 
@@ -79,14 +110,17 @@ def test_code_dataset_and_save(tmp_path):
     from tiltlab.llm.tasks import function_tasks
 
     rows = function_tasks(2)
-    table = {rows[0]["prompt"]: [f"```python\n{rows[0]['solution']}```", "def f(x):\n    return 0"],
-             rows[1]["prompt"]: ["while True:\n    pass", f"```python\n{rows[1]['solution']}```"]}
+    table = {
+        rows[0]["prompt"]: [f"```python\n{rows[0]['solution']}```", "def f(x):\n    return 0"],
+        rows[1]["prompt"]: ["while True:\n    pass", f"```python\n{rows[1]['solution']}```"],
+    }
     from tiltlab.llm.rewards import make_code_reward
     from tiltlab.llm.sandbox import SandboxConfig
 
     fn = make_code_reward(SandboxConfig(timeout_s=2.0))
-    res = evaluate(ListEngine(table), {"code": rows}, k=2, pass_ks=[1, 2], chat_template=False, reward_fn=fn,
-                   progress=False)
+    res = evaluate(
+        ListEngine(table), {"code": rows}, k=2, pass_ks=[1, 2], chat_template=False, reward_fn=fn, progress=False
+    )
     assert res["code"].mean_at_k == 0.5 and res["code"].pass_at[2] == 1.0
     out = save_results(res, tmp_path / "ev", config={"k": 2})
     payload = json.loads((out / "results.json").read_text())
@@ -102,8 +136,16 @@ def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
     from tiltlab.llm.rollout import HFEngine
 
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=16)
-    cfg = EvalConfig(model="tiny", datasets=["synthetic:math:3", "synthetic:code:2"], k=4, pass_ks=[1, 4],
-                     max_new_tokens=6, temperature=1.0, top_p=1.0, out_dir=str(tmp_path / "out"))
+    cfg = EvalConfig(
+        model="tiny",
+        datasets=["synthetic:math:3", "synthetic:code:2"],
+        k=4,
+        pass_ks=[1, 4],
+        max_new_tokens=6,
+        temperature=1.0,
+        top_p=1.0,
+        out_dir=str(tmp_path / "out"),
+    )
     res = run_eval(cfg, engine=engine)
     for name, r in res.items():
         assert r.n_prompts == (3 if "math" in name else 2) and r.k == 4
@@ -114,6 +156,7 @@ def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
 
 
 # ------------------------------------------------------------------ the judge
+
 
 def _paper_file():
     here = Path(__file__).resolve()
@@ -140,8 +183,26 @@ def test_judge_prompt_is_d5_verbatim_with_numbers_restored():
     # the usable prompt has D.5's exact word sequence; it differs only in numbers, bullets and punctuation
     assert _words(JUDGE_SYSTEM_PROMPT + " " + JUDGE_USER_TEMPLATE) == d5
     nums = re.findall(r"\d+\+?(?:-\d+)?", JUDGE_USER_TEMPLATE)
-    assert nums == ["1", "5", "1", "14+", "2", "11-13", "1-2", "3", "7-10", "2-3", "4", "4-6", "3-4", "5", "3",
-                    "4+", "1", "5"]  # LAD Box C.0's numbers, in order
+    assert nums == [
+        "1",
+        "5",
+        "1",
+        "14+",
+        "2",
+        "11-13",
+        "1-2",
+        "3",
+        "7-10",
+        "2-3",
+        "4",
+        "4-6",
+        "3-4",
+        "5",
+        "3",
+        "4+",
+        "1",
+        "5",
+    ]  # LAD Box C.0's numbers, in order
 
 
 def test_parse_judge_score():
@@ -157,7 +218,7 @@ def fake_openai():
     state = {"requests": [], "replies": []}
 
     class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             state["requests"].append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
             code, content = state["replies"].pop(0) if state["replies"] else (200, "4")
@@ -182,8 +243,7 @@ def fake_openai():
 
 def test_judge_against_local_server(fake_openai, monkeypatch):
     monkeypatch.setenv("TILTLAB_TEST_KEY", "sk-local")
-    cfg = JudgeConfig(base_url=fake_openai["base_url"], model="judge-x", api_key_env="TILTLAB_TEST_KEY",
-                      max_retries=1)
+    cfg = JudgeConfig(base_url=fake_openai["base_url"], model="judge-x", api_key_env="TILTLAB_TEST_KEY", max_retries=1)
     fake_openai["replies"] += [(200, "Score: 2"), (503, ""), (200, "5"), (200, "no idea")]
     scores = judge_diversity(["P1", "P2", "P3"], [["a", "b"], ["c", "d"], ["e", "f"]], cfg)
     assert scores == [2, 5, None]  # the 503 was retried
@@ -199,11 +259,19 @@ def test_judge_against_local_server(fake_openai, monkeypatch):
 def test_judge_in_evaluate_uses_env_endpoint(fake_openai, monkeypatch):
     monkeypatch.setenv("TILTLAB_JUDGE_BASE_URL", fake_openai["base_url"])
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    rows = [{"id": "a", "prompt": "q1", "answer": "1", "problem_text": "raw q1"},
-            {"id": "b", "prompt": "q2", "answer": "2"}]
+    rows = [
+        {"id": "a", "prompt": "q1", "answer": "1", "problem_text": "raw q1"},
+        {"id": "b", "prompt": "q2", "answer": "2"},
+    ]
     fake_openai["replies"] += [(200, "3"), (200, "5")]
-    res = evaluate(ListEngine({"q1": ["x", "y"], "q2": ["z", "w"]}), {"aime": rows}, k=2, chat_template=False,
-                   judge=JudgeConfig(), progress=False)["aime"]
+    res = evaluate(
+        ListEngine({"q1": ["x", "y"], "q2": ["z", "w"]}),
+        {"aime": rows},
+        k=2,
+        chat_template=False,
+        judge=JudgeConfig(),
+        progress=False,
+    )["aime"]
     assert (res.judge_mean, res.judge_std, res.judge_n) == (4.0, 1.0, 2)
     assert fake_openai["requests"][0]["auth"] is None
     assert fake_openai["requests"][0]["body"]["model"] == "gpt-4o-mini"

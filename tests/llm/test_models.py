@@ -4,9 +4,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
+import torch
 
-from tiltlab.llm.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype  # noqa: E402
+from tiltlab.llm.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype
 
 
 def _same_state(a, b):
@@ -28,7 +28,7 @@ def test_tiny_is_real_qwen3(tiny_model, tiny_tokenizer):
 def test_deterministic_given_seed():
     m1, t1 = build_tiny(seed=0)
     m2, t2 = build_tiny(seed=0)
-    m3, t3 = build_tiny(seed=1)
+    m3, _t3 = build_tiny(seed=1)
     assert _same_state(m1, m2)
     assert t1.get_vocab() == t2.get_vocab()
     assert not torch.equal(m1.model.embed_tokens.weight, m3.model.embed_tokens.weight)
@@ -102,6 +102,6 @@ def test_bpe_deterministic_across_processes():
 
     from tiltlab.llm.models import train_bpe
 
-    code = "from llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
+    code = "from tiltlab.llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout == train_bpe(seed=0).to_str()

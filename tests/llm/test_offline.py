@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tiltlab.llm.trainers.offline import (  # noqa: E402
+from tiltlab.llm.trainers.offline import (
     OFFLINE_OBJECTIVES,
     OfflineCollator,
     OfflineConfig,
@@ -32,9 +32,19 @@ def _trainer(tiny_dir, tmp_path, rows, objective, **kw):
 
     from tiltlab.llm.models import load_model, load_tokenizer
 
-    args = OfflineConfig(output_dir=str(tmp_path / objective), objective=objective, per_device_train_batch_size=4,
-                         max_steps=2, learning_rate=1e-2, report_to="none", use_cpu=True, logging_steps=1,
-                         save_strategy="no", disable_tqdm=True, **kw)
+    args = OfflineConfig(
+        output_dir=str(tmp_path / objective),
+        objective=objective,
+        per_device_train_batch_size=4,
+        max_steps=2,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        **kw,
+    )
     model, ref = load_model(tiny_dir, device="cpu"), load_model(tiny_dir, device="cpu")
     ds = Dataset.from_list(prepare_offline_rows(rows, objective))
     tok = load_tokenizer(tiny_dir, padding_side="right")
@@ -92,9 +102,11 @@ def test_prepare_rows():
     assert [r["completion"] for r in prepare_offline_rows(rows, "sft")] == ["a"]
     apo = prepare_offline_rows(rows, "apo", apo_beta1=0.5)
     # V_hat = beta1 log mean exp(r / beta1) = 0.5 log((e^2 + 2)/3)
-    assert abs(apo[0]["v_hat"] - 0.5 * torch.log(torch.tensor((torch.e ** 2 + 2) / 3)).item()) < 1e-6
+    assert abs(apo[0]["v_hat"] - 0.5 * torch.log(torch.tensor((torch.e**2 + 2) / 3)).item()) < 1e-6
     with pytest.raises(ValueError, match="completion"):
         prepare_offline_rows([{"prompt": "p", "reward": 1.0}], "fpa")
     with pytest.raises(ValueError, match="ref_model"):
-        OfflineTrainer(model=torch.nn.Linear(1, 1), args=OfflineConfig(output_dir="x", objective="dpo", use_cpu=True,
-                                                                        report_to="none"))
+        OfflineTrainer(
+            model=torch.nn.Linear(1, 1),
+            args=OfflineConfig(output_dir="x", objective="dpo", use_cpu=True, report_to="none"),
+        )

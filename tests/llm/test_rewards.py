@@ -4,8 +4,16 @@ import threading
 
 import pytest
 
-from tiltlab.llm.rewards import (code_program, code_reward, extract_boxed, extract_code, make_code_reward, math_equal,
-                         math_reward, verifiable_reward)
+from tiltlab.llm.rewards import (
+    code_program,
+    code_reward,
+    extract_boxed,
+    extract_code,
+    make_code_reward,
+    math_equal,
+    math_reward,
+    verifiable_reward,
+)
 from tiltlab.llm.tasks import arithmetic_tasks, function_tasks
 
 
@@ -17,10 +25,19 @@ def test_extract_boxed_last_and_nested():
     assert extract_boxed("\\boxed{unclosed") is None
 
 
-@pytest.mark.parametrize("pred,gold,ok", [
-    ("42", "42", True), ("\\frac{1}{2}", "0.5", True), ("1/2", "\\frac12", True), ("-17", "-17", True),
-    ("41", "42", False), ("x^2+2x+1", "(x+1)^2", True), ("\\sqrt{2}", "2", False), ("6", "-6", False),
-])
+@pytest.mark.parametrize(
+    "pred,gold,ok",
+    [
+        ("42", "42", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("1/2", "\\frac12", True),
+        ("-17", "-17", True),
+        ("41", "42", False),
+        ("x^2+2x+1", "(x+1)^2", True),
+        ("\\sqrt{2}", "2", False),
+        ("6", "-6", False),
+    ],
+)
 def test_math_equal(pred, gold, ok):
     assert math_equal(pred, gold) is ok
 
@@ -82,8 +99,12 @@ def test_code_reward_humaneval_style_check():
     fn = make_code_reward(name="he")
     tests = "def check(candidate):\n    assert candidate(2) == 3\n"
     assert fn.__name__ == "he"
-    r = fn(None, ["def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n"], tests=[tests] * 2,
-           entry_point=["inc", "inc"])
+    r = fn(
+        None,
+        ["def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n"],
+        tests=[tests] * 2,
+        entry_point=["inc", "inc"],
+    )
     assert r == [1.0, 0.0]
 
 

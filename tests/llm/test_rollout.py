@@ -78,11 +78,14 @@ def _teacher_forced_processed(model, prompt_ids, comp, s: SamplingConfig):
     return out
 
 
-@pytest.mark.parametrize("s", [
-    SamplingConfig(temperature=0.7, top_k=20, max_new_tokens=12, seed=1),
-    SamplingConfig(temperature=1.3, top_p=0.85, max_new_tokens=12, seed=2),
-    SamplingConfig(temperature=1.0, max_new_tokens=12, seed=3),
-])
+@pytest.mark.parametrize(
+    "s",
+    [
+        SamplingConfig(temperature=0.7, top_k=20, max_new_tokens=12, seed=1),
+        SamplingConfig(temperature=1.3, top_p=0.85, max_new_tokens=12, seed=2),
+        SamplingConfig(temperature=1.0, max_new_tokens=12, seed=3),
+    ],
+)
 def test_hf_engine_logprobs_are_processed(tiny_model, tiny_tokenizer, math_rows, s):
     eng = HFEngine(tiny_model, tiny_tokenizer, batch_size=5)  # 3 prompts x 3 samples: ragged batches
     groups = eng.generate([r["prompt"] for r in math_rows[:3]], 3, s)
@@ -168,8 +171,10 @@ def test_vllm_engine_processed_logprobs(tiny_dir, tiny_model):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     eng = VLLMEngine(str(tiny_dir), dtype="float32", gpu_memory_utilization=0.3, enforce_eager=True)
-    for s in (SamplingConfig(temperature=0.8, top_k=20, max_new_tokens=8, seed=1),
-              SamplingConfig(temperature=1.2, top_p=0.9, max_new_tokens=8, seed=2)):
+    for s in (
+        SamplingConfig(temperature=0.8, top_k=20, max_new_tokens=8, seed=1),
+        SamplingConfig(temperature=1.2, top_p=0.9, max_new_tokens=8, seed=2),
+    ):
         groups = eng.generate(["1+1=", "Compute 3*4."], 4, s)
         for g in groups:
             assert len(g) == 4 and len(set(map(tuple, g.completion_ids))) > 1

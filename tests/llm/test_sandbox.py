@@ -11,9 +11,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (rlimits, namespaces)", allow_module_level=True)
 
-from tiltlab.llm import sandbox  # noqa: E402
-from tiltlab.llm.rewards import code_reward  # noqa: E402
-from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report, run_many, run_python  # noqa: E402
+from tiltlab.llm import sandbox
+from tiltlab.llm.rewards import code_reward
+from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report, run_many, run_python
 
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
     warnings.simplefilter("ignore", SandboxWarning)
@@ -71,10 +71,13 @@ def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
     assert r.wall_s < 10  # 1 CPU-second (+1 s to the hard limit); far below the 20 s wall clock
 
 
-@pytest.mark.parametrize("code", [
-    "x = bytearray(8 * 1024 ** 3)",
-    "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(8 * 1024 ** 3)",
+        "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)",
+    ],
+)
 def test_memory_bomb(code):
     t = time.monotonic()
     r = run_python(code, FAST)
@@ -82,21 +85,26 @@ def test_memory_bomb(code):
     assert time.monotonic() - t < BOUND
 
 
-@pytest.mark.parametrize("code", [
-    "import os\nwhile True:\n    os.fork()",
-    "import subprocess\nsubprocess.run(['sh', '-c', 'echo pwned'])",
-    "import os\nos.system('echo pwned')",
-    "import multiprocessing as mp\nmp.Process(target=print).start()",
-    "import ctypes\nctypes.CDLL(None).fork()",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nwhile True:\n    os.fork()",
+        "import subprocess\nsubprocess.run(['sh', '-c', 'echo pwned'])",
+        "import os\nos.system('echo pwned')",
+        "import multiprocessing as mp\nmp.Process(target=print).start()",
+        "import ctypes\nctypes.CDLL(None).fork()",
+    ],
+)
 def test_process_creation_blocked(code):
     r = run_python(code, FAST)
     assert r.status == "blocked" and not r.passed, (r.status, r.stderr[-300:])
     assert "pwned" not in r.stdout
 
 
-@pytest.mark.skipif(not REPORT["rlimit_nproc_effective"],
-                    reason="RLIMIT_NPROC is not enforced for root and no privilege drop is possible here")
+@pytest.mark.skipif(
+    not REPORT["rlimit_nproc_effective"],
+    reason="RLIMIT_NPROC is not enforced for root and no privilege drop is possible here",
+)
 def test_fork_bomb_without_audit_hook_is_contained_by_rlimit():
     uid = REPORT["runs_as_uid"]
     before = set(_uid_processes(uid)) if REPORT["privileges_dropped"] else set()
@@ -113,11 +121,13 @@ def test_write_outside_workdir_blocked(tmp_path):
     target = tmp_path / "pwned.txt"
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
-    for code in (f"open({str(target)!r}, 'w').write('x')",
-                 f"import os\nos.remove({str(victim)!r})",
-                 f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')",
-                 f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
-                 "open('../escape.txt', 'w').write('x')"):
+    for code in (
+        f"open({str(target)!r}, 'w').write('x')",
+        f"import os\nos.remove({str(victim)!r})",
+        f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')",
+        f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
+        "open('../escape.txt', 'w').write('x')",
+    ):
         r = run_python(code, FAST)
         assert not r.passed, code
     assert not target.exists()
@@ -180,7 +190,7 @@ def test_hostile_solutions_score_zero(tmp_path, listener):
         f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=1)\n" + good,
         "print('z' * 10 ** 8)\n" + good,
     ]
-    comps = [f"```python\n{c}```" for c in [good] + hostile]
+    comps = [f"```python\n{c}```" for c in [good, *hostile]]
     rew = sandbox_reward(comps, tests)
     assert rew == [1.0] + [0.0] * len(hostile)
 

@@ -42,8 +42,15 @@ def naive_scores(model, pids, cids, future_of=None, lam=0.0):
 @pytest.mark.parametrize("padding_side,batch_size", [("right", 2), ("left", 5), ("right", 1)])
 def test_score_matches_naive(tiny_model, tiny_tokenizer, padding_side, batch_size):
     pids, cids = _rows(tiny_tokenizer)
-    out = score_completions(tiny_model, pids, cids, pad_token_id=tiny_tokenizer.pad_token_id,
-                            batch_size=batch_size, padding_side=padding_side, entropy=True)
+    out = score_completions(
+        tiny_model,
+        pids,
+        cids,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        entropy=True,
+    )
     ref_lp, ref_ent = naive_scores(tiny_model, pids, cids)
     assert out.token_logprobs.shape == out.mask.shape == (len(cids), max(map(len, cids)))
     for b, c in enumerate(cids):
@@ -89,8 +96,9 @@ def test_future_logprobs_match_naive(tiny_model, tiny_tokenizer):
     ref_model, _ = build_tiny(seed=1)
     pids, cids = _rows(tiny_tokenizer, n=4, seed=3)
     lam = 0.7
-    out = score_future_completions(tiny_model, ref_model, pids, cids, lam,
-                                   pad_token_id=tiny_tokenizer.pad_token_id, batch_size=3)
+    out = score_future_completions(
+        tiny_model, ref_model, pids, cids, lam, pad_token_id=tiny_tokenizer.pad_token_id, batch_size=3
+    )
     ref_lp, _ = naive_scores(tiny_model, pids, cids, future_of=ref_model, lam=lam)
     for b, c in enumerate(cids):
         assert torch.allclose(out.token_logprobs[b, : len(c)].double(), ref_lp[b], atol=1e-4, rtol=1e-5)  # fp32

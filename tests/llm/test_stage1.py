@@ -90,10 +90,24 @@ def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
     exact = [_exact(model, tok, r["prompt"], beta, temp, rewarded) for r in rows]
     errs = {}
     for m in (16, 256, 2048):
-        cfg = Stage1Config(proposal=str(peaked_dir), reference=str(peaked_dir), dataset="inline",
-                           out_dir=str(tmp_path / f"m{m}"), M=m, beta=beta, temperature=temp, max_new_tokens=1,
-                           seed=7, prompts_per_shard=2, gen_batch_size=1024, score_batch_size=1024, device=device,
-                           engine=engine, dtype="fp32", gpu_memory_utilization=0.3)
+        cfg = Stage1Config(
+            proposal=str(peaked_dir),
+            reference=str(peaked_dir),
+            dataset="inline",
+            out_dir=str(tmp_path / f"m{m}"),
+            M=m,
+            beta=beta,
+            temperature=temp,
+            max_new_tokens=1,
+            seed=7,
+            prompts_per_shard=2,
+            gen_batch_size=1024,
+            score_batch_size=1024,
+            device=device,
+            engine=engine,
+            dtype="fp32",
+            gpu_memory_utilization=0.3,
+        )
         run_stage1(cfg, rows=rows, reward_fn=reward, progress=False)
         samples, labels = load_stage1(cfg.out_dir)
         assert samples.num_rows == m * len(rows)
@@ -116,9 +130,20 @@ def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
     from tiltlab.objectives import estimators as est
 
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:2]]
-    cfg = Stage1Config(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="inline", out_dir=str(tmp_path),
-                       M=5, beta=2.0, temperature=1.3, max_new_tokens=6, seed=1, device="cpu", reward_scale=2.0,
-                       reward_shift=-0.5)
+    cfg = Stage1Config(
+        proposal=str(tiny_dir),
+        reference=str(tiny_dir),
+        dataset="inline",
+        out_dir=str(tmp_path),
+        M=5,
+        beta=2.0,
+        temperature=1.3,
+        max_new_tokens=6,
+        seed=1,
+        device="cpu",
+        reward_scale=2.0,
+        reward_shift=-0.5,
+    )
     run_stage1(cfg, rows=rows, reward_fn=token_reward, progress=False)
     samples, labels = load_stage1(tmp_path)
     s = samples.to_pydict()
@@ -131,8 +156,9 @@ def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
     lab = labels.to_pydict()
     assert torch.allclose(torch.tensor(lab["log_z"], dtype=torch.float64), est.log_partition_lse(lw))
     assert torch.allclose(torch.tensor(lab["ess"], dtype=torch.float64), est.effective_sample_size(lw))
-    assert torch.allclose(torch.tensor(lab["log_z_bias_corrected"], dtype=torch.float64),
-                          est.bias_corrected_log_partition(lw))
+    assert torch.allclose(
+        torch.tensor(lab["log_z_bias_corrected"], dtype=torch.float64), est.bias_corrected_log_partition(lw)
+    )
     man = json.loads((tmp_path / MANIFEST).read_text())
     assert man["beta"] == 2.0 and man["reward_transform"]["a"] == 2.0 and man["reward_transform"]["c"] == -0.5
     assert man["complete"] and not man["truncated_support"]
@@ -142,15 +168,18 @@ def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
 
 def test_truncated_sampler_refused_then_warned(tiny_dir, math_rows, tmp_path):
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:1]]
-    kw = dict(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="inline", M=2, max_new_tokens=2,
-              device="cpu")
+    kw = dict(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="inline", M=2, max_new_tokens=2, device="cpu")
     with pytest.raises(ValueError, match="absolute-continuity"):
         run_stage1(Stage1Config(out_dir=str(tmp_path / "a"), top_k=20, **kw), rows=rows, reward_fn=token_reward)
     with pytest.raises(ValueError, match="absolute-continuity"):
         run_stage1(Stage1Config(out_dir=str(tmp_path / "b"), top_p=0.9, **kw), rows=rows, reward_fn=token_reward)
     with pytest.warns(RuntimeWarning, match="biased LOW"):
-        run_stage1(Stage1Config(out_dir=str(tmp_path / "c"), top_k=20, allow_truncated=True, **kw), rows=rows,
-                   reward_fn=token_reward, progress=False)
+        run_stage1(
+            Stage1Config(out_dir=str(tmp_path / "c"), top_k=20, allow_truncated=True, **kw),
+            rows=rows,
+            reward_fn=token_reward,
+            progress=False,
+        )
     assert json.loads((tmp_path / "c" / MANIFEST).read_text())["truncated_support"] is True
 
 
@@ -173,28 +202,63 @@ def test_killed_run_resumes_without_loss_or_duplicates(tiny_dir, math_rows, tmp_
     data = tmp_path / "prompts.jsonl"
     _write_jsonl(data, math_rows[:9])
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "tiltlab.cli", "llm", "stage1", "--proposal", str(tiny_dir), "--reference",
-            str(tiny_dir), "--dataset", str(data), "--out-dir", str(out), "--M", "3", "--max-new-tokens", "4",
-            "--prompts-per-shard", "2", "--temperature", "1.1", "--device", "cpu", "--quiet", "--reward", "math"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tiltlab.cli",
+        "llm",
+        "stage1",
+        "--proposal",
+        str(tiny_dir),
+        "--reference",
+        str(tiny_dir),
+        "--dataset",
+        str(data),
+        "--out-dir",
+        str(out),
+        "--M",
+        "3",
+        "--max-new-tokens",
+        "4",
+        "--prompts-per-shard",
+        "2",
+        "--temperature",
+        "1.1",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--reward",
+        "math",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    proc = subprocess.run(argv, env={**env, CRASH_ENV: "2:before_manifest"}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        argv, env={**env, CRASH_ENV: "2:before_manifest"}, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 86, proc.stderr[-2000:]
     man = json.loads((out / MANIFEST).read_text())
     assert list(man["shards"]) == ["0"] and not man["complete"]
     assert (out / "samples-00001.parquet").exists()  # written but unrecorded: ignored, then redone
     assert load_stage1(out)[0].num_rows == 2 * 3
 
-    proc = subprocess.run(argv, env={**env, CRASH_ENV: "3:after_manifest"}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(argv, env={**env, CRASH_ENV: "3:after_manifest"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 86, proc.stderr[-2000:]
     man = json.loads((out / MANIFEST).read_text())
     assert sorted(man["shards"], key=int) == ["0", "1", "2"] and not man["complete"]
     first = load_stage1(out)[0].to_pydict()
 
-    cfg = Stage1Config(proposal=str(tiny_dir), reference=str(tiny_dir), dataset=str(data), out_dir=str(out), M=3,
-                       max_new_tokens=4, prompts_per_shard=2, temperature=1.1, device="cpu", reward="math")
+    cfg = Stage1Config(
+        proposal=str(tiny_dir),
+        reference=str(tiny_dir),
+        dataset=str(data),
+        out_dir=str(out),
+        M=3,
+        max_new_tokens=4,
+        prompts_per_shard=2,
+        temperature=1.1,
+        device="cpu",
+        reward="math",
+    )
     run_stage1(cfg, progress=False)  # resume in-process
     samples, labels = load_stage1(out)
     keys = list(zip(samples.column("prompt_id").to_pylist(), samples.column("sample_idx").to_pylist()))
@@ -219,8 +283,15 @@ def test_killed_run_resumes_without_loss_or_duplicates(tiny_dir, math_rows, tmp_
 
 def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:1]]
-    kw = dict(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="inline", out_dir=str(tmp_path), M=2,
-              max_new_tokens=2, device="cpu")
+    kw = dict(
+        proposal=str(tiny_dir),
+        reference=str(tiny_dir),
+        dataset="inline",
+        out_dir=str(tmp_path),
+        M=2,
+        max_new_tokens=2,
+        device="cpu",
+    )
     run_stage1(Stage1Config(**kw), rows=rows, reward_fn=token_reward, progress=False)
     with pytest.raises(ValueError, match="different configuration"):
         run_stage1(Stage1Config(beta=2.0, **kw), rows=rows, reward_fn=token_reward, progress=False)
@@ -228,16 +299,43 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
 
 def test_cli_flags_map_to_config_fields():
     """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
-    from tiltlab.llm.cli import config_from_args, field_docs
     from tiltlab.cli import build_parser
+    from tiltlab.llm.cli import config_from_args, field_docs
 
     parser = build_parser()
-    args = parser.parse_args(["llm", "stage1", "--proposal", "q", "--reference", "r", "--dataset", "d", "--out-dir",
-                              "o", "--M", "16", "--beta", "5", "--top-k", "3", "--allow-truncated",
-                              "--no-chat-template", "--max-prompts", "7"])
+    args = parser.parse_args(
+        [
+            "llm",
+            "stage1",
+            "--proposal",
+            "q",
+            "--reference",
+            "r",
+            "--dataset",
+            "d",
+            "--out-dir",
+            "o",
+            "--M",
+            "16",
+            "--beta",
+            "5",
+            "--top-k",
+            "3",
+            "--allow-truncated",
+            "--no-chat-template",
+            "--max-prompts",
+            "7",
+        ]
+    )
     cfg = config_from_args(Stage1Config, args, section="stage1")
-    assert (cfg.M, cfg.beta, cfg.top_k, cfg.allow_truncated, cfg.chat_template, cfg.max_prompts) == \
-        (16, 5.0, 3, True, False, 7)
+    assert (cfg.M, cfg.beta, cfg.top_k, cfg.allow_truncated, cfg.chat_template, cfg.max_prompts) == (
+        16,
+        5.0,
+        3,
+        True,
+        False,
+        7,
+    )
     assert cfg.temperature == 1.0 and cfg.engine == "hf"  # defaults come from the dataclass
     docs = field_docs(Stage1Config)
     assert set(docs) == {f for f in Stage1Config.__dataclass_fields__}  # every field documented
@@ -266,18 +364,35 @@ def test_distinct_proposal_logprobs_and_tokenizer_check(tiny_model, tiny_tokeniz
     q.save_pretrained(q_dir)
     tiny_tokenizer.save_pretrained(q_dir)
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:2]]
-    cfg = Stage1Config(proposal=str(q_dir), reference=str(tiny_dir), dataset="inline", out_dir=str(tmp_path / "o"),
-                       M=3, max_new_tokens=4, device="cpu")
+    cfg = Stage1Config(
+        proposal=str(q_dir),
+        reference=str(tiny_dir),
+        dataset="inline",
+        out_dir=str(tmp_path / "o"),
+        M=3,
+        max_new_tokens=4,
+        device="cpu",
+    )
     run_stage1(cfg, rows=rows, reward_fn=token_reward, progress=False)
     s = load_stage1(cfg.out_dir)[0].to_pydict()
-    pids = [tiny_tokenizer(format_prompt(tiny_tokenizer, r["prompt"], True), add_special_tokens=False)["input_ids"]
-            for r in rows for _ in range(3)]
+    pids = [
+        tiny_tokenizer(format_prompt(tiny_tokenizer, r["prompt"], True), add_special_tokens=False)["input_ids"]
+        for r in rows
+        for _ in range(3)
+    ]
     for model, col in ((q, "logp_proposal"), (tiny_model, "logp_ref")):
         sc = score_completions(model, pids, s["completion_ids"], pad_token_id=tiny_tokenizer.pad_token_id)
         # fp32, <= 4 tokens: KV-cache sampling vs full teacher forcing agree to ~1e-5
         assert torch.allclose(sc.seq_logprobs.double(), torch.tensor(s[col], dtype=torch.float64), atol=1e-4)
     assert not torch.allclose(torch.tensor(s["logp_proposal"]), torch.tensor(s["logp_ref"]), atol=1e-2)
-    bad = Stage1Config(proposal="tiny:1", reference=str(tiny_dir), dataset="inline", out_dir=str(tmp_path / "b"),
-                       M=2, max_new_tokens=2, device="cpu")
+    bad = Stage1Config(
+        proposal="tiny:1",
+        reference=str(tiny_dir),
+        dataset="inline",
+        out_dir=str(tmp_path / "b"),
+        M=2,
+        max_new_tokens=2,
+        device="cpu",
+    )
     with pytest.raises(ValueError, match="tokenizers differ"):
         run_stage1(bad, rows=rows, reward_fn=token_reward, progress=False)

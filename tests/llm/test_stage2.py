@@ -41,9 +41,21 @@ def stage1_dir(tiny_dir, tmp_path_factory):
 
     rows = arithmetic_tasks(40, seed=3)
     out = tmp_path_factory.mktemp("s1")
-    cfg = Stage1Config(proposal=str(tiny_dir), reference=str(tiny_dir), dataset="synthetic:math:40", out_dir=str(out),
-                       M=8, beta=BETA, temperature=1.2, max_new_tokens=2, prompts_per_shard=16, seed=0,
-                       gen_batch_size=320, score_batch_size=320, device="cpu")
+    cfg = Stage1Config(
+        proposal=str(tiny_dir),
+        reference=str(tiny_dir),
+        dataset="synthetic:math:40",
+        out_dir=str(out),
+        M=8,
+        beta=BETA,
+        temperature=1.2,
+        max_new_tokens=2,
+        prompts_per_shard=16,
+        seed=0,
+        gen_batch_size=320,
+        score_batch_size=320,
+        device="cpu",
+    )
     run_stage1(cfg, rows=rows, reward_fn=easy_even_reward, progress=False)
     return out, rows
 
@@ -53,8 +65,25 @@ def test_stage1_to_stage2_to_predict_log_z(stage1_dir, tmp_path, tiny_model, tin
 
     s1, rows = stage1_dir
     out = tmp_path / "s2"
-    rc = main(["llm", "stage2", "--labels", str(s1), "--out-dir", str(out), "--epochs", "150", "--hidden", "64",
-               "--val-fraction", "0.25", "--device", "cpu", "--quiet"])
+    rc = main(
+        [
+            "llm",
+            "stage2",
+            "--labels",
+            str(s1),
+            "--out-dir",
+            str(out),
+            "--epochs",
+            "150",
+            "--hidden",
+            "64",
+            "--val-fraction",
+            "0.25",
+            "--device",
+            "cpu",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     cfg = json.loads((out / CONFIG_FILE).read_text())
     assert (out / REGRESSOR_FILE).exists()
@@ -89,8 +118,9 @@ def test_stage1_to_stage2_to_predict_log_z(stage1_dir, tmp_path, tiny_model, tin
 
 def test_stage2_embedding_cache_and_bias_corrected_target(stage1_dir, tmp_path):
     s1, _ = stage1_dir
-    cfg = Stage2Config(labels=str(s1), out_dir=str(tmp_path), epochs=20, hidden=32, device="cpu",
-                       target="log_z_bias_corrected")
+    cfg = Stage2Config(
+        labels=str(s1), out_dir=str(tmp_path), epochs=20, hidden=32, device="cpu", target="log_z_bias_corrected"
+    )
     a = run_stage2(cfg, progress=False)
     b = run_stage2(cfg, progress=False)
     assert not a["embedding_cache_hit"] and b["embedding_cache_hit"]

@@ -4,7 +4,6 @@ every config in configs/ validates."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.trainers.online import LabelMismatchError, TiltGRPOConfig, TiltGRPOTrainer, check_label_compat  # noqa: E402
+from tiltlab.llm.trainers.online import LabelMismatchError, TiltGRPOConfig, TiltGRPOTrainer, check_label_compat
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -40,14 +39,29 @@ def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
         extra.setdefault("tilt_beta", 2.0)
         extra.setdefault("disa_stage1_manifest", {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"})
     extra.setdefault("max_steps", 2)
-    args = TiltGRPOConfig(output_dir=str(tmp_path / objective), objective=objective, per_device_train_batch_size=8,
-                          num_generations=4, max_completion_length=6, learning_rate=1e-2,
-                          report_to="none", use_cpu=True, logging_steps=1, save_strategy="no",
-                          remove_unused_columns=False, seed=0, disable_tqdm=True, **extra)
-    return TiltGRPOTrainer(model=load_model(tiny_dir, device="cpu"), reward_funcs=_reward, args=args,
-                           train_dataset=_dataset(math_rows, with_log_z=objective == "disa"
-                                                  or kw.get("paced_select_from") == "disa"),
-                           processing_class=load_tokenizer(tiny_dir))
+    args = TiltGRPOConfig(
+        output_dir=str(tmp_path / objective),
+        objective=objective,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        remove_unused_columns=False,
+        seed=0,
+        disable_tqdm=True,
+        **extra,
+    )
+    return TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=_reward,
+        args=args,
+        train_dataset=_dataset(math_rows, with_log_z=objective == "disa" or kw.get("paced_select_from") == "disa"),
+        processing_class=load_tokenizer(tiny_dir),
+    )
 
 
 VARIANTS = {
@@ -85,8 +99,17 @@ def test_objective_trains(objective, tiny_dir, tmp_path, math_rows):
 def test_paced_selects_with_disa_partition_function(tiny_dir, tmp_path, math_rows):
     # log_z column = 0.1 i; with tilt_beta = 2 the DISA pass rate p = (Z - 1)/(e^2 - 1) rises with i,
     # so tau = 0 must select the prompts with the smallest log Z among the candidates.
-    tr = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_select_from="disa", paced_tau=0.0, tilt_beta=2.0,
-                  paced_pool_factor=3, max_steps=1)
+    tr = _trainer(
+        tiny_dir,
+        tmp_path,
+        math_rows,
+        "paced",
+        paced_select_from="disa",
+        paced_tau=0.0,
+        tilt_beta=2.0,
+        paced_pool_factor=3,
+        max_steps=1,
+    )
     tr.train()
     logs = [h for h in tr.state.log_history if "paced/p_hat_selected_mean" in h]
     assert logs and logs[0]["paced/p_hat_selected_mean"] < logs[0]["paced/p_hat_pool_mean"]
@@ -136,10 +159,17 @@ def test_disa_label_compat():
     with pytest.raises(LabelMismatchError, match="beta"):
         check_label_compat(man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
     with pytest.raises(LabelMismatchError, match="reason"):
-        check_label_compat(man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum",
-                           allow_mismatch=True)
-    probs = check_label_compat(man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum",
-                               allow_mismatch=True, reason="testing")
+        check_label_compat(
+            man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum", allow_mismatch=True
+        )
+    probs = check_label_compat(
+        man,
+        beta=15.0,
+        reward_transform=("affine", 1.0, 0.0),
+        logprob_scale="sum",
+        allow_mismatch=True,
+        reason="testing",
+    )
     assert len(probs) == 1
 
 
@@ -222,20 +252,48 @@ def test_cli_train_online_and_offline(tiny_dir, tmp_path):
 
     from tiltlab.cli import main
 
-    on = {"kind": "online", "objective": "grpo", "model": str(tiny_dir), "dataset": "synthetic:math:8:1",
-          "reward": "math", "output_dir": str(tmp_path / "on"),
-          "trl": {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 1,
-                  "use_cpu": True, "report_to": "none", "save_strategy": "no", "disable_tqdm": True}}
+    on = {
+        "kind": "online",
+        "objective": "grpo",
+        "model": str(tiny_dir),
+        "dataset": "synthetic:math:8:1",
+        "reward": "math",
+        "output_dir": str(tmp_path / "on"),
+        "trl": {
+            "per_device_train_batch_size": 4,
+            "num_generations": 4,
+            "max_completion_length": 6,
+            "max_steps": 1,
+            "use_cpu": True,
+            "report_to": "none",
+            "save_strategy": "no",
+            "disable_tqdm": True,
+        },
+    }
     (tmp_path / "on.yaml").write_text(yaml.safe_dump(on))
     assert main(["llm", "train", "--config", str(tmp_path / "on.yaml"), "--set", "trl.learning_rate=1e-3"]) == 0
     assert (tmp_path / "on" / "model.safetensors").exists()
 
-    rows = [{"prompt": "Compute 1 + 2.", "completion": c, "reward": r} for c, r in (("\\boxed{3}", 1), ("\\boxed{4}", 0))]
+    rows = [
+        {"prompt": "Compute 1 + 2.", "completion": c, "reward": r} for c, r in (("\\boxed{3}", 1), ("\\boxed{4}", 0))
+    ]
     (tmp_path / "off.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 2))
-    off = {"kind": "offline", "objective": "fpa", "model": str(tiny_dir), "dataset": str(tmp_path / "off.jsonl"),
-           "output_dir": str(tmp_path / "off"), "fpa": {"lam": 2.0},
-           "trl": {"per_device_train_batch_size": 2, "max_steps": 1, "use_cpu": True, "report_to": "none",
-                   "save_strategy": "no", "disable_tqdm": True}}
+    off = {
+        "kind": "offline",
+        "objective": "fpa",
+        "model": str(tiny_dir),
+        "dataset": str(tmp_path / "off.jsonl"),
+        "output_dir": str(tmp_path / "off"),
+        "fpa": {"lam": 2.0},
+        "trl": {
+            "per_device_train_batch_size": 2,
+            "max_steps": 1,
+            "use_cpu": True,
+            "report_to": "none",
+            "save_strategy": "no",
+            "disable_tqdm": True,
+        },
+    }
     (tmp_path / "off.yaml").write_text(yaml.safe_dump(off))
     assert main(["llm", "train", "--config", str(tmp_path / "off.yaml")]) == 0
     assert (tmp_path / "off" / "model.safetensors").exists()

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiltlab.objectives import estimators as E
 from tests.objectives._ref import ref_delta_bias, ref_ess, ref_geomean, ref_log_partition_lse
+from tiltlab.objectives import estimators as E
 
 # float64 vs a float64 loop reference: only summation order differs -> 1e-10 relative.
 TOL64 = dict(rel=1e-10, abs=1e-12)

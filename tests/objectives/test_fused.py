@@ -45,7 +45,9 @@ def naive_entropy(hidden, weight, bias=None, temperature=1.0):
 
 def naive_future_logprobs(h_theta, w_theta, h_ref, w_ref, ids, lam, temperature=1.0):
     """FPA eq. (4): log softmax((1+lam) z_theta - lam z_ref)[ids], float64."""
-    z = (1 + lam) * naive_logits(h_theta, w_theta, None, temperature) - lam * naive_logits(h_ref, w_ref, None, temperature)
+    z = (1 + lam) * naive_logits(h_theta, w_theta, None, temperature) - lam * naive_logits(
+        h_ref, w_ref, None, temperature
+    )
     return torch.log_softmax(z, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
 
 
@@ -100,12 +102,14 @@ def grads(out, upstream, inputs):
 
 
 def test_naive_references_are_distributions():
-    hid, w, b, ids, _ = make(5, 4, 9, torch.float64)
+    hid, w, b, _ids, _ = make(5, 4, 9, torch.float64)
     all_ids = torch.arange(9).expand(5, 9)
     lp = torch.stack([naive_logprobs(hid, w, all_ids[:, j], b) for j in range(9)], dim=1)
     torch.testing.assert_close(lp.exp().sum(1), torch.ones(5, dtype=torch.float64), rtol=0, atol=1e-12)
     # uniform logits -> entropy log V; reference entropy = -sum p log p of the same rows
-    assert torch.allclose(naive_entropy(hid, torch.zeros(9, 4, dtype=torch.float64)), torch.full((5,), math.log(9), dtype=torch.float64))
+    assert torch.allclose(
+        naive_entropy(hid, torch.zeros(9, 4, dtype=torch.float64)), torch.full((5,), math.log(9), dtype=torch.float64)
+    )
     torch.testing.assert_close(naive_entropy(hid, w, b), -(lp.exp() * lp).sum(1))
 
 
@@ -224,7 +228,9 @@ def test_gradcheck_entropy_and_joint():
 def test_gradcheck_future():
     hid, w, _, ids, _ = make(4, 3, 10, torch.float64, seed=23, bias=False)
     href, wref, bref, _, _ = make(4, 2, 10, torch.float64, seed=24)
-    f = lambda h_, w_: fused_linear_future_logprobs(h_, w_, href, wref, ids, 1.0, bias_ref=bref, token_chunk=3, vocab_chunk=3)
+    f = lambda h_, w_: fused_linear_future_logprobs(
+        h_, w_, href, wref, ids, 1.0, bias_ref=bref, token_chunk=3, vocab_chunk=3
+    )
     assert torch.autograd.gradcheck(f, (hid, w), eps=1e-6, atol=1e-7)
 
 
@@ -233,14 +239,17 @@ def test_gradcheck_future():
 
 
 def test_single_token_and_single_chunk_extremes():
-    hid, w, b, ids, up = make(1, 4, 17, torch.float64, seed=31)
+    hid, w, b, ids, _up = make(1, 4, 17, torch.float64, seed=31)
     for tc, vc in [(1, 1), (1, 17), (3, 1000)]:
         out = fused_linear_logprobs(hid, w, ids, bias=b, token_chunk=tc, vocab_chunk=vc)
         assert out.shape == (1,)
         torch.testing.assert_close(out, naive_logprobs(hid, w, ids, b).detach(), rtol=0, atol=1e-12)
     # V = 1: the only token has probability 1, entropy 0
     one = torch.zeros(3, 4, dtype=torch.float64)
-    assert torch.allclose(fused_linear_logprobs(one, torch.randn(1, 4, dtype=torch.float64), torch.zeros(3, dtype=torch.long)), torch.zeros(3, dtype=torch.float64))
+    assert torch.allclose(
+        fused_linear_logprobs(one, torch.randn(1, 4, dtype=torch.float64), torch.zeros(3, dtype=torch.long)),
+        torch.zeros(3, dtype=torch.float64),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -287,8 +296,12 @@ def test_padding_and_microbatch_invariance():
     up to float32 summation order of different tilings: 1e-6)."""
     hid, w, _, ids, _ = make(20, 8, 64, torch.float32, seed=61, bias=False)
     full = fused_linear_logprobs(hid, w, ids, token_chunk=6, vocab_chunk=16)
-    halves = torch.cat([fused_linear_logprobs(hid[:11], w, ids[:11], token_chunk=6, vocab_chunk=16),
-                        fused_linear_logprobs(hid[11:], w, ids[11:], token_chunk=6, vocab_chunk=16)])
+    halves = torch.cat(
+        [
+            fused_linear_logprobs(hid[:11], w, ids[:11], token_chunk=6, vocab_chunk=16),
+            fused_linear_logprobs(hid[11:], w, ids[11:], token_chunk=6, vocab_chunk=16),
+        ]
+    )
     torch.testing.assert_close(full, halves, rtol=0, atol=1e-6)
     pad_h = torch.cat([hid, torch.randn(5, 8)])
     pad_ids = torch.cat([ids, torch.full((5,), -100)])
@@ -353,7 +366,10 @@ def test_matches_offline_future_policy_logprobs_if_present():
         pytest.skip("tiltlab.objectives.offline.future_policy_logprobs not there yet")
     B, T, h, v, lam = 2, 5, 6, 19, 1.0
     g = torch.Generator().manual_seed(91)
-    ht, hr = torch.randn(B, T, h, generator=g, dtype=torch.float64), torch.randn(B, T, h, generator=g, dtype=torch.float64)
+    ht, hr = (
+        torch.randn(B, T, h, generator=g, dtype=torch.float64),
+        torch.randn(B, T, h, generator=g, dtype=torch.float64),
+    )
     wt, wr = torch.randn(v, h, generator=g, dtype=torch.float64), torch.randn(v, h, generator=g, dtype=torch.float64)
     ids = torch.randint(0, v, (B, T), generator=g)
     want = offline.future_policy_logprobs(ht @ wt.T, hr @ wr.T, ids, lam)
@@ -461,8 +477,24 @@ def test_benchmark_script_smoke(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
-    rc = bench.main(["--n", "64", "--vocab", "1000", "--hidden", "16", "--token-chunk", "16", "--vocab-chunk", "128",
-                     "--threads", "1", "--out", str(out)])
+    rc = bench.main(
+        [
+            "--n",
+            "64",
+            "--vocab",
+            "1000",
+            "--hidden",
+            "16",
+            "--token-chunk",
+            "16",
+            "--vocab-chunk",
+            "128",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rep = json.loads(out.read_text())
     assert {r["variant"] for r in rep["results"]} == {"naive", "chunked"}

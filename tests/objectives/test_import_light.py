@@ -6,7 +6,7 @@ import sys
 
 def test_import_objectives_loads_no_llm_library():
     code = (
-        "import sys, objectives, objectives.fused;"
+        "import sys, tiltlab.objectives, tiltlab.objectives.fused;"
         "heavy = [m for m in ('transformers', 'trl', 'vllm', 'accelerate', 'datasets', 'peft', 'sympy', 'matplotlib')"
         " if m in sys.modules]; print(','.join(heavy))"
     )

@@ -7,14 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiltlab.objectives import lad
 from tests.objectives._ref import ref_divergence
+from tiltlab.objectives import lad
 
 DIVS = sorted(lad.F_DIVERGENCES)
 
 
 def test_six_divergences_as_in_table5_with_f1_zero():
-    assert DIVS == sorted(["kl", "rkl", "jeffreys", "tv", "hellinger", "js"])
+    assert sorted(["kl", "rkl", "jeffreys", "tv", "hellinger", "js"]) == DIVS
     one = torch.ones((), dtype=torch.float64)
     for name in DIVS:
         assert lad.F_DIVERGENCES[name](one).item() == pytest.approx(0.0, abs=1e-15), name
@@ -56,9 +56,11 @@ def test_lad_loss_value_and_gradient_match_loop(name):
     # compare with central finite differences of the reference in float64 (h = 1e-6 -> ~1e-8 error)
     h = 1e-6
     for i in range(B):
+
         def term(lpi):
             c = math.exp(lpi - logp_old[i].item() - adv[i].item() / eta)
             return math.exp(adv[i].item() / eta) * ref_divergence(name, c) / B
+
         fd = (term(logp[i].item() + h) - term(logp[i].item() - h)) / (2 * h)
         if name == "tv" and abs(math.exp(logp[i].item() - logp_old[i].item() - adv[i].item() / eta) - 1) < 1e-4:
             continue  # |x - 1| is not differentiable at 1
@@ -93,7 +95,9 @@ def test_practical_optimum_is_pi_old_exp_a_over_eta(name):
     adv = torch.randn(K, generator=g, dtype=torch.float64) * 0.5
     target = lad.lad_target_logprobs(logp_old, adv, eta).exp()
     theta = logp_old.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([theta], max_iter=300, tolerance_grad=1e-13, tolerance_change=1e-16, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [theta], max_iter=300, tolerance_grad=1e-13, tolerance_change=1e-16, line_search_fn="strong_wolfe"
+    )
 
     def closure():
         opt.zero_grad()

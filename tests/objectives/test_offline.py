@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from tiltlab.objectives import offline as O
 from tests.objectives._ref import lse, ref_sigmoid
+from tiltlab.objectives import offline as O
 
 
 def _seq(seed=0, B=5):

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from tiltlab.objectives import paced
-from tiltlab.objectives import tb
+from tiltlab.objectives import paced, tb
 
 
 def test_prop41_optimal_log_z_gives_accuracy_exactly_by_enumeration():
@@ -25,9 +24,11 @@ def test_prop41_optimal_log_z_gives_accuracy_exactly_by_enumeration():
     acc = float((p_old * correct).sum())
     est = paced.accuracy_from_log_z(log_z_star, kl_coef, kl=kl, r_low=a, r_high=b, clip=False)
     assert est.item() == pytest.approx(acc, rel=1e-10)
+
     # and the optimum really is the TB minimizer (perturbations increase the weighted loss)
     def loss(lz):
         return float((p_old * tb.tb_residual(p_th.log(), p_old.log(), r, lz, 1 / kl_coef) ** 2).sum())
+
     assert loss(log_z_star + 1e-3) > loss(log_z_star) < loss(log_z_star - 1e-3)
 
 

@@ -63,8 +63,8 @@ def test_grpo_gradient_matches_finite_differences():
     for b, t in [(0, 0), (1, 4), (3, 2)]:
         e = torch.zeros_like(lp)
         e[b, t] = h
-        lpl = (lp.detach() + e)
-        lmi = (lp.detach() - e)
+        lpl = lp.detach() + e
+        lmi = lp.detach() - e
         fp = pg.grpo_loss(lpl, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1)[0].item()
         fm = pg.grpo_loss(lmi, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1)[0].item()
         # central differences in float64, h = 1e-6: truncation ~1e-12, rounding ~1e-10
@@ -112,8 +112,8 @@ def test_kl_k3_nonnegative_and_unbiased_for_kl():
 
 @pytest.mark.parametrize("fn", ["grpo", "gspo"])
 def test_padding_invariance(fn):
-    lp, lpo, lpr, adv, mask = _batch(seed=7)
-    pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 3), v, dtype=x.dtype)], 1)  # noqa: E731
+    lp, lpo, _lpr, adv, mask = _batch(seed=7)
+    pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 3), v, dtype=x.dtype)], 1)
     f = pg.grpo_loss if fn == "grpo" else pg.gspo_loss
     l0 = f(lp, lpo, adv, mask)[0]
     l1 = f(pad(lp, -9.0), pad(lpo, 4.0), adv, pad(mask, 0.0))[0]

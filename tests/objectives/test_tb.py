@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.objectives._ref import ref_group_adv, ref_tb_residual
 from tiltlab.objectives import tb
 from tiltlab.objectives.pg import group_advantages
-from tests.objectives._ref import ref_group_adv, ref_tb_residual
 
 G64 = torch.Generator().manual_seed(0)
 
@@ -204,7 +204,7 @@ def test_token_losses_padding_invariance():
     mask = torch.ones(P * G, T, dtype=torch.float64)
     rewards = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
     lz = torch.zeros(P, dtype=torch.float64)
-    pad = lambda x, v: torch.cat([x, torch.full((P * G, 2), v, dtype=torch.float64)], 1)  # noqa: E731
+    pad = lambda x, v: torch.cat([x, torch.full((P * G, 2), v, dtype=torch.float64)], 1)
     l0, _ = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz)
     l1, _ = tb.flowrl_loss(pad(lp, -50.0), pad(lref, 3.0), pad(lold, 7.0), pad(mask, 0.0), rewards, lz)
     torch.testing.assert_close(l0, l1, rtol=1e-12, atol=1e-14)

@@ -50,12 +50,32 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     reg = isolated_registry
     monkeypatch.setattr(dc, "CONFIG_DIR", tmp_path / "configs")  # configs/ not written: no config lookups
     ok = _pn(15.1) | {"table": "T"}
-    reg.declare_claim("zz_fake.ok", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical", paper_numbers=ok,
-                      llm_command="tiltlab llm train --config configs/zz.yaml")
-    reg.declare_claim("zz_fake.bad", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical", paper_numbers=_pn(15.3),
-                      llm_command="tiltlab llm train --config configs/zz.yaml")
-    reg.declare_claim("zz_fake.nonum", "000_97b17fcb5a92948e.txt", "T", "s", kind="empirical",
-                      llm_command="tiltlab llm train --config configs/zz.yaml")
+    reg.declare_claim(
+        "zz_fake.ok",
+        "000_97b17fcb5a92948e.txt",
+        "T",
+        "s",
+        kind="empirical",
+        paper_numbers=ok,
+        llm_command="tiltlab llm train --config configs/zz.yaml",
+    )
+    reg.declare_claim(
+        "zz_fake.bad",
+        "000_97b17fcb5a92948e.txt",
+        "T",
+        "s",
+        kind="empirical",
+        paper_numbers=_pn(15.3),
+        llm_command="tiltlab llm train --config configs/zz.yaml",
+    )
+    reg.declare_claim(
+        "zz_fake.nonum",
+        "000_97b17fcb5a92948e.txt",
+        "T",
+        "s",
+        kind="empirical",
+        llm_command="tiltlab llm train --config configs/zz.yaml",
+    )
     res = dc.llm_scale_check("zz_fake.ok")(0)
     assert res.verdict is Verdict.OUT_OF_REACH
     assert "tiltlab llm train --config configs/zz.yaml" in res.summary and res.numbers["rows|m|Avg"] == 15.1
@@ -98,7 +118,9 @@ def test_paper_internal_checks_can_fail(isolated_registry, monkeypatch):
 
 
 def test_command_problems_parses_and_validates(tmp_path: Path):
-    n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set x=1 && python train.py", tmp_path / "none")
+    n, bad = dc.command_problems(
+        "tiltlab llm train --config configs/a.yaml --set x=1 && python train.py", tmp_path / "none"
+    )
     assert n == 0 and len(bad) == 1 and "python train.py" in bad[0]
     n, bad = dc.command_problems("tiltlab llm eval --set x=1", tmp_path / "none")
     assert bad == ["no --config in 'tiltlab llm eval --set x=1'"]

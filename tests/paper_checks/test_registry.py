@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
+from tiltlab.cli import main
 from tiltlab.paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
 from tiltlab.paper_checks.report import PAPERS
-from tiltlab.cli import main
 
 KINDS = {"proposition", "empirical", "beyond", "open"}
 
@@ -92,8 +92,25 @@ def test_check_exits_nonzero_with_reproducer_when_verdict_changes(isolated_regis
     assert "returned partly, expected verified" in text
     assert "reproduce: tiltlab check --only zz_fake.claim --layer sim --check fake --seed 7" in text
     # the reproducer selects exactly that check
-    assert main(["check", "--only", "zz_fake.claim", "--layer", "sim", "--check", "fake", "--seed", "7", "--json",
-                 "--out", str(tmp_path / "d.json")]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--only",
+                "zz_fake.claim",
+                "--layer",
+                "sim",
+                "--check",
+                "fake",
+                "--seed",
+                "7",
+                "--json",
+                "--out",
+                str(tmp_path / "d.json"),
+            ]
+        )
+        == 1
+    )
     rec = json.loads(capsys.readouterr().out)
     assert [c["check"] for c in rec["checks"]] == ["fake"] and rec["seed"] == 7
 
@@ -153,15 +170,32 @@ def test_downstream_project_claims_and_checks(isolated_registry, tmp_path, monke
     (tmp_path / "myclaims").mkdir()
     (tmp_path / "myclaims" / "mine.toml").write_text(
         '[[claim]]\nid = "myproj.loss_is_finite"\npaper = "000_97b17fcb5a92948e.txt"\nsection = "eq. (5)"\n'
-        'statement = "our TB loss is finite"\nkind = "beyond"\n', encoding="utf-8")
+        'statement = "our TB loss is finite"\nkind = "beyond"\n',
+        encoding="utf-8",
+    )
     (tmp_path / "zz_myproj_checks.py").write_text(
-        "from paper_checks import register_check, CheckResult, Verdict\n"
+        "from tiltlab.paper_checks import register_check, CheckResult, Verdict\n"
         "@register_check('myproj.loss_is_finite', layer='sim', expected=Verdict.VERIFIED)\n"
-        "def finite(seed):\n    return CheckResult(Verdict.VERIFIED, 'loss=0.5', {'loss': 0.5})\n", encoding="utf-8")
+        "def finite(seed):\n    return CheckResult(Verdict.VERIFIED, 'loss=0.5', {'loss': 0.5})\n",
+        encoding="utf-8",
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", list(__import__("sys").path))
     monkeypatch.delitem(__import__("sys").modules, "zz_myproj_checks", raising=False)
-    rc = main(["check", "--claims", "myclaims", "--module", "zz_myproj_checks", "--only", "myproj", "--json", "--out", "c.json"])
+    rc = main(
+        [
+            "check",
+            "--claims",
+            "myclaims",
+            "--module",
+            "zz_myproj_checks",
+            "--only",
+            "myproj",
+            "--json",
+            "--out",
+            "c.json",
+        ]
+    )
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)
     assert [(c["claim"], c["verdict"]) for c in rec["checks"]] == [("myproj.loss_is_finite", "verified")]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
 from tiltlab.paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
 from tiltlab.paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
-from tiltlab.cli import main
 
 P0, P2 = "000_97b17fcb5a92948e.txt", "002_d44afb8661380d03.txt"
 
@@ -55,8 +55,14 @@ def _input(tmp_path: Path) -> ReportInput:
     claims = {
         "a.verified": Claim("a.verified", P0, "Sec. 1", "first statement: pi* | b < 0 | pi*"),
         "a.refuted": Claim("a.refuted", P0, "Sec. 2", "second statement", kind="empirical"),
-        "b.partly": Claim("b.partly", P2, "Table 9", "third statement", kind="empirical",
-                          llm_command="tiltlab llm train --config configs/x.yaml"),
+        "b.partly": Claim(
+            "b.partly",
+            P2,
+            "Table 9",
+            "third statement",
+            kind="empirical",
+            llm_command="tiltlab llm train --config configs/x.yaml",
+        ),
         "b.error": Claim("b.error", P2, "Sec. 4", "fourth statement"),
         "b.unchecked": Claim("b.unchecked", P2, "Sec. 5", "fifth statement"),
     }
@@ -67,10 +73,25 @@ def _input(tmp_path: Path) -> ReportInput:
         _outcome("b.partly", "data", "partly", expected="out_of_reach", summary="half holds"),
         _outcome("b.error", "sim", None, expected="verified", error="Traceback ...\nValueError: broken input"),
     ]
-    fig = FakeFigure("fig99_demo", "Demo figure", "Shows the demo (paper 000, Fig. 9).", _png(tmp_path / "figures" / "fig99_demo.png"),
-                     tmp_path / "figures" / "fig99_demo.json", claims=["a.refuted"], findings=["the demo curve falls by 12%"])
-    return ReportInput(claims=claims, outcomes=outs, figures=[fig], missing_figures={"fig98_gone": "module sim.figures.fig98_gone is missing"},
-                       env={"python": "3.x", "torch": "2.x"}, seed=5, out_dir=tmp_path, run_line="generated NOW; runtime 1.0 s")
+    fig = FakeFigure(
+        "fig99_demo",
+        "Demo figure",
+        "Shows the demo (paper 000, Fig. 9).",
+        _png(tmp_path / "figures" / "fig99_demo.png"),
+        tmp_path / "figures" / "fig99_demo.json",
+        claims=["a.refuted"],
+        findings=["the demo curve falls by 12%"],
+    )
+    return ReportInput(
+        claims=claims,
+        outcomes=outs,
+        figures=[fig],
+        missing_figures={"fig98_gone": "module sim.figures.fig98_gone is missing"},
+        env={"python": "3.x", "torch": "2.x"},
+        seed=5,
+        out_dir=tmp_path,
+        run_line="generated NOW; runtime 1.0 s",
+    )
 
 
 def test_claim_rows_status_and_figures(tmp_path):
@@ -89,7 +110,9 @@ def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
     assert "| **all** | 1 | 1 | 1 | 0 | 1 | 1 | 5 |" in md
     assert "the paper is wrong by 0.3" in md and "the demo curve falls by 12%" in md
     assert "fig98_gone" in md and "ValueError: broken input" in md
-    assert "tiltlab check --only b.partly --layer data --check chk_data --seed 5" in md  # reproducer of the changed verdict
+    assert (
+        "tiltlab check --only b.partly --layer data --check chk_data --seed 5" in md
+    )  # reproducer of the changed verdict
     assert "![Demo figure](figures/fig99_demo.png)" in md and md.count("![Demo figure]") == 1
     assert "`tiltlab llm train --config configs/x.yaml`" in md
     assert "- seed: 5" in md and "torch: 2.x" in md
@@ -103,7 +126,7 @@ def test_html_is_self_contained_with_embedded_image(tmp_path):
     assert f'src="data:image/png;base64,{b64}"' in ht
     assert ht.count("data:image/png;base64,") == 1  # embedded once, referenced afterwards
     assert 'href="#fig99_demo"' in ht
-    assert "<script" not in ht and "src=\"http" not in ht
+    assert "<script" not in ht and 'src="http' not in ht
     assert '<span class="v refuted">refuted</span>' in ht
 
 
@@ -124,8 +147,11 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     reg = isolated_registry
     reg.declare_claim("zz_fake.repro", P0, "Sec. 0", "a fake claim", kind="empirical")
     reg.register_check("zz_fake.repro", layer="sim", expected="refuted", name="fake")(
-        lambda seed: CheckResult(Verdict.REFUTED, f"fake seed={seed}", figure="fig99_demo"))
-    fig = FakeFigure("fig99_demo", "Demo", "caption", _png(tmp_path / "out" / "figures" / "fig99_demo.png"), tmp_path / "x.json")
+        lambda seed: CheckResult(Verdict.REFUTED, f"fake seed={seed}", figure="fig99_demo")
+    )
+    fig = FakeFigure(
+        "fig99_demo", "Demo", "caption", _png(tmp_path / "out" / "figures" / "fig99_demo.png"), tmp_path / "x.json"
+    )
     calls = {}
 
     def fake_select(only, layer, name, include_slow):
@@ -144,7 +170,9 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     printed = capsys.readouterr().out
     assert "fig98_gone" in printed
     rec = json.loads((out / "claims.json").read_text())
-    assert rec["checks"][0]["summary"] == "fake seed=4" and rec["figures_missing"] == {"fig98_gone": "module sim.figures.fig98_gone is missing"}
+    assert rec["checks"][0]["summary"] == "fake seed=4" and rec["figures_missing"] == {
+        "fig98_gone": "module sim.figures.fig98_gone is missing"
+    }
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert "fig98_gone" in (out / "REPORT.md").read_text()
 
@@ -160,7 +188,9 @@ def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
 def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
     """The process-pool path (figures while the checks run) reports like the serial one."""
     simfig = pytest.importorskip("tiltlab.sim.figures")
-    monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"), ("fig96_absent", "fig96_absent_module")))
+    monkeypatch.setattr(
+        simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"), ("fig96_absent", "fig96_absent_module"))
+    )
     bg = pcli._start_figures_in_background(tmp_path, quick=True, seed=0, workers=1)
     if bg is None:
         pytest.skip("no fork start method on this platform")

@@ -10,7 +10,9 @@ import torch
 from tiltlab.objectives.estimators import log_z_from_pass_rate
 from tiltlab.sim import envs, proposals
 
-K_SIGMA = 5.0  # Monte-Carlo tolerance k*sigma/sqrt(n) with k = 5: a fixed-seed false alarm has probability < 1e-6 per test
+K_SIGMA = (
+    5.0  # Monte-Carlo tolerance k*sigma/sqrt(n) with k = 5: a fixed-seed false alarm has probability < 1e-6 per test
+)
 
 
 def test_gather_matches_loop():

@@ -21,10 +21,23 @@ MINE = sorted(
 
 def test_all_my_claims_are_registered():
     ids = {c.claim_id for c in MINE}
-    for cid in ("disa.prop1.unbiased", "disa.prop1.log_jensen", "disa.prop2.geomean_bias", "disa.c5.counterexample",
-                "disa.c5.offpolicy_breaks", "disa.prop4.envelope", "disa.beyond.local_threshold",
-                "disa.beyond.global_threshold", "disa.d3.m_study", "disa.sens.beta_cliff", "disa.sens.proposal",
-                "disa.open.truncated_proposal", "fpa.dpo_equiv", "fpa.dpo_token_level", "fpa.entanglement"):
+    for cid in (
+        "disa.prop1.unbiased",
+        "disa.prop1.log_jensen",
+        "disa.prop2.geomean_bias",
+        "disa.c5.counterexample",
+        "disa.c5.offpolicy_breaks",
+        "disa.prop4.envelope",
+        "disa.beyond.local_threshold",
+        "disa.beyond.global_threshold",
+        "disa.d3.m_study",
+        "disa.sens.beta_cliff",
+        "disa.sens.proposal",
+        "disa.open.truncated_proposal",
+        "fpa.dpo_equiv",
+        "fpa.dpo_token_level",
+        "fpa.entanglement",
+    ):
         assert cid in ids, cid
 
 
@@ -70,10 +83,19 @@ def test_entanglement_summary_can_refute():
     from tiltlab.sim.figures.fig09_fpa_entanglement import summarize
 
     def run(corr, acc):
-        return {"corr": np.full((3, 2), corr), "inc": np.full((3, 2), -1.0), "acc": np.full((3, 2), acc),
-                "ref_acc": np.array([0.1, 0.1])}
+        return {
+            "corr": np.full((3, 2), corr),
+            "inc": np.full((3, 2), -1.0),
+            "acc": np.full((3, 2), acc),
+            "ref_acc": np.array([0.1, 0.1]),
+        }
 
-    runs = {"offrl": run(0.5, 0.3), "fpa1": run(-2.0, 0.1), "fpa2": run(-3.0, 0.1), "cor_only": run(1.0, 0.4),
-            "inc_only": run(0.0, 0.2)}
+    runs = {
+        "offrl": run(0.5, 0.3),
+        "fpa1": run(-2.0, 0.1),
+        "fpa2": run(-3.0, 0.1),
+        "cor_only": run(1.0, 0.4),
+        "inc_only": run(0.0, 0.2),
+    }
     parts = summarize(runs)["parts"]
     assert not any(parts.values())

@@ -36,7 +36,9 @@ def test_enumeration_is_a_distribution_and_pass_rate_recursion_matches(context, 
     p = env.init_params(1.3, 2, generator=torch.Generator().manual_seed(0))  # two prompts
     lp = env.exact_logprobs(p)  # [2, 81]
     assert lp.shape == (2, 81)
-    torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, dtype=F64), rtol=0, atol=1e-12)  # float64 sum of 81 terms
+    torch.testing.assert_close(
+        lp.exp().sum(-1), torch.ones(2, dtype=F64), rtol=0, atol=1e-12
+    )  # float64 sum of 81 terms
     enum = (lp.exp() * env.exact_rewards()).sum(-1)
     torch.testing.assert_close(env.pass_rate(p), enum, rtol=0, atol=1e-12)
 

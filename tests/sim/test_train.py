@@ -21,8 +21,18 @@ def env():
 
 @pytest.mark.sim
 def test_tb_exact_log_z_exact_gradient_converges(env):
-    cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", beta=2.0, exact=True, steps=300, lr=0.1,
-                    init_scale=1.0, seeds=2, log_every=300)
+    cfg = SimConfig(
+        env="multiprompt",
+        method="tb",
+        log_z="exact",
+        beta=2.0,
+        exact=True,
+        steps=300,
+        lr=0.1,
+        init_scale=1.0,
+        seeds=2,
+        log_every=300,
+    )
     res = train(cfg, env)
     tv = tv_distance(res.logp, env.target_logp(2.0)).max()
     assert tv < 0.02  # the criterion; exact-gradient runs actually reach ~1e-4
@@ -32,7 +42,9 @@ def test_tb_exact_log_z_exact_gradient_converges(env):
 @pytest.mark.sim
 @pytest.mark.parametrize("log_z", ["exact", "learned", "vargrad", "frozen"])
 def test_tb_sampled_on_policy_converges_to_target(env, log_z):
-    cfg = SimConfig(env="multiprompt", method="tb", log_z=log_z, beta=2.0, steps=250, G=8, lr=0.05, seeds=2, log_every=250)
+    cfg = SimConfig(
+        env="multiprompt", method="tb", log_z=log_z, beta=2.0, steps=250, G=8, lr=0.05, seeds=2, log_every=250
+    )
     res = train(cfg, env)
     # the on-policy semi-gradient does not depend on a prompt-only log Z, so every variant reaches pi*
     # up to the sampling-noise floor of Adam at lr 0.05 (measured 0.002-0.03; frozen's label error raises the floor)
@@ -58,7 +70,11 @@ def test_semigradient_invariance_to_prompt_only_log_z(env):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64)
     grads = [
-        gradient_at(SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1), env, logits)
+        gradient_at(
+            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1),
+            env,
+            logits,
+        )
         for b in (0.0, -2.0, 0.7)
     ]
     for x in grads[1:]:
@@ -77,8 +93,18 @@ def test_seeds_are_independent_under_the_optimizer(env):
 @pytest.mark.sim
 def test_grpo_collapses_on_three_mode_bandit():
     env = envs.make_lad_bandit(50)
-    cfg = SimConfig(env="lad_bandit", method="grpo", advantage="group", refresh_every=1, lr=0.05, steps=300, G=32,
-                    uniform_init=True, seeds=2, log_every=300)
+    cfg = SimConfig(
+        env="lad_bandit",
+        method="grpo",
+        advantage="group",
+        refresh_every=1,
+        lr=0.05,
+        steps=300,
+        G=32,
+        uniform_init=True,
+        seeds=2,
+        log_every=300,
+    )
     res = train(cfg, env)
     p = res.logp[:, 0].exp()
     top2 = p.topk(2, -1).values.sum(-1)
@@ -101,8 +127,18 @@ def test_lad_matches_its_target():
 
 
 def test_paced_selection_picks_prompts_nearest_tau(env):
-    cfg = SimConfig(env="multiprompt", method="tb", anchor="old", log_z="learned", beta=2.0, select_m=3,
-                    scheduler="oracle", tau=0.5, steps=1, seeds=1)
+    cfg = SimConfig(
+        env="multiprompt",
+        method="tb",
+        anchor="old",
+        log_z="learned",
+        beta=2.0,
+        select_m=3,
+        scheduler="oracle",
+        tau=0.5,
+        steps=1,
+        seeds=1,
+    )
     from tiltlab.sim.train import _Trainer
 
     tr = _Trainer(cfg, env)
@@ -115,17 +151,40 @@ def test_paced_selection_picks_prompts_nearest_tau(env):
 
 def test_paced_with_replay_runs_and_estimates_accuracy():
     env = envs.make_multiprompt(P=32, K=16, seed=0)
-    res = run(SimConfig(env="multiprompt", P=32, method="tb", anchor="old", log_z="learned", logz_init="frozen",
-                        beta=2.0, select_m=8, replay=True, replay_capacity=16, replay_add=8, steps=60, seeds=2,
-                        log_every=20), env)
+    res = run(
+        SimConfig(
+            env="multiprompt",
+            P=32,
+            method="tb",
+            anchor="old",
+            log_z="learned",
+            logz_init="frozen",
+            beta=2.0,
+            select_m=8,
+            replay=True,
+            replay_capacity=16,
+            replay_add=8,
+            steps=60,
+            seeds=2,
+            log_every=20,
+        ),
+        env,
+    )
     assert res.history["reward"][-1] > res.history["reward"][0]
     assert all(0.0 <= e < 0.3 for e in res.history["p_hat_err"])
 
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(method="nope"), dict(log_z="nope"), dict(exact=True, log_z="vargrad"), dict(steps=0),
-     dict(method="flowrl", exact=True), dict(select_m=99), dict(weight_clip="x")],
+    [
+        dict(method="nope"),
+        dict(log_z="nope"),
+        dict(exact=True, log_z="vargrad"),
+        dict(steps=0),
+        dict(method="flowrl", exact=True),
+        dict(select_m=99),
+        dict(weight_clip="x"),
+    ],
 )
 def test_bad_config_raises(kw):
     with pytest.raises(ValueError):
@@ -136,7 +195,9 @@ def test_cli_sim_runs(tmp_path, capsys):
     from tiltlab.cli import main
 
     out = tmp_path / "r.json"
-    rc = main(["sim", "--method", "tb", "--log-z", "frozen", "--steps", "20", "--P", "4", "--seeds", "1", "--out", str(out)])
+    rc = main(
+        ["sim", "--method", "tb", "--log-z", "frozen", "--steps", "20", "--P", "4", "--seeds", "1", "--out", str(out)]
+    )
     assert rc == 0 and out.exists()
     assert "tv" in capsys.readouterr().out
     assert main(["sim", "--method", "tb", "--log-z", "vargrad", "--exact"]) == 2

@@ -16,11 +16,29 @@ THEORY = registry.select(layer="theory", include_slow=True)
 def test_theory_checks_registered():
     ids = {c.claim_id for c in THEORY}
     must = {
-        "disa.prop1.unbiased", "disa.prop1.log_jensen", "disa.prop2.geomean_bias", "disa.prop3i.exact_fixed_point",
-        "disa.prop3ii.biased_stationary", "disa.c5.offpolicy_breaks", "disa.c5.counterexample", "disa.prop4.envelope",
-        "disa.beyond.local_threshold", "disa.beyond.semigradient_invariance", "disa.beyond.global_threshold",
-        "paced.prop41", "paced.prop41_ab", "paced.vargrad", "lad.lemma31", "lad.lemma32", "lad.thmB1",
-        "lad.B5.flowrl_special_case", "fpa.eq5", "fpa.dpo_equiv", "fpa.dpo_token_level", "fpa.simper", "fpa.apo_value",
+        "disa.prop1.unbiased",
+        "disa.prop1.log_jensen",
+        "disa.prop2.geomean_bias",
+        "disa.prop3i.exact_fixed_point",
+        "disa.prop3ii.biased_stationary",
+        "disa.c5.offpolicy_breaks",
+        "disa.c5.counterexample",
+        "disa.prop4.envelope",
+        "disa.beyond.local_threshold",
+        "disa.beyond.semigradient_invariance",
+        "disa.beyond.global_threshold",
+        "paced.prop41",
+        "paced.prop41_ab",
+        "paced.vargrad",
+        "lad.lemma31",
+        "lad.lemma32",
+        "lad.thmB1",
+        "lad.B5.flowrl_special_case",
+        "fpa.eq5",
+        "fpa.dpo_equiv",
+        "fpa.dpo_token_level",
+        "fpa.simper",
+        "fpa.apo_value",
     } | {f"lad.table5.{d}" for d in ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")}
     assert must <= ids, sorted(must - ids)
     assert not any(c.slow for c in THEORY)  # the whole theory set is in the fast tier
@@ -38,7 +56,7 @@ def test_registered_check_returns_expected_verdict(chk):
 def test_is_zero_decides_true_identities():
     x, y = sp.symbols("x y", positive=True)
     assert is_zero(sp.log(x * y) - sp.log(x) - sp.log(y))
-    assert is_zero((x + y) ** 2 - x ** 2 - 2 * x * y - y ** 2)
+    assert is_zero((x + y) ** 2 - x**2 - 2 * x * y - y**2)
     assert is_zero(x / (x + y) + y / (x + y) - 1)
 
 

@@ -15,25 +15,34 @@ REF, VER = Verdict.REFUTED, Verdict.VERIFIED
 
 
 # ----------------------------------------------------------------------------- DISA
-@pytest.mark.parametrize("kw", [dict(estimator="sum_over_m_plus_1"), dict(support="truncated"), dict(weight="target_only")],
-                         ids=["biased-normalizer", "truncated-proposal", "missing-likelihood-ratio"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(estimator="sum_over_m_plus_1"), dict(support="truncated"), dict(weight="target_only")],
+    ids=["biased-normalizer", "truncated-proposal", "missing-likelihood-ratio"],
+)
 def test_prop1_unbiased_rejects(kw):
     assert disa.check_prop1_unbiased(Ks=(2,), Ms=(1, 2), **kw).verdict == REF
 
 
-@pytest.mark.parametrize("claimed", [lambda v, Z, M: -v / (M * Z ** 2), lambda v, Z, M: -v / (2 * Z ** 2),
-                                     lambda v, Z, M: v / (2 * M * Z ** 2)], ids=["missing-half", "M-independent", "sign"])
+@pytest.mark.parametrize(
+    "claimed",
+    [lambda v, Z, M: -v / (M * Z**2), lambda v, Z, M: -v / (2 * Z**2), lambda v, Z, M: v / (2 * M * Z**2)],
+    ids=["missing-half", "M-independent", "sign"],
+)
 def test_prop1_log_jensen_rejects(claimed):
     assert disa.check_prop1_log_jensen(claimed, Ks=(2,), Ms=(2,)).verdict == REF
 
 
 def test_prop2_rejects_decaying_geomean_bias_and_wrong_ratio():
-    assert disa.check_prop2_geomean_bias(claimed_geomean=lambda v, Z, M: -v / (2 * M * Z ** 2), Ms=(1, 2)).verdict == REF
+    assert disa.check_prop2_geomean_bias(claimed_geomean=lambda v, Z, M: -v / (2 * M * Z**2), Ms=(1, 2)).verdict == REF
     assert disa.check_prop2_geomean_bias(claimed_ratio=lambda M: sp.Integer(1), Ms=(2,)).verdict == REF
 
 
-@pytest.mark.parametrize("kw", [dict(log_z_offset=sp.Symbol("b", positive=True)), dict(log_z_offset=sp.Rational(1, 2)),
-                                dict(reward_sign=+1)], ids=["symbolic-bias", "bias-1/2", "reward-sign"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(log_z_offset=sp.Symbol("b", positive=True)), dict(log_z_offset=sp.Rational(1, 2)), dict(reward_sign=+1)],
+    ids=["symbolic-bias", "bias-1/2", "reward-sign"],
+)
 def test_prop3i_rejects(kw):
     assert disa.check_prop3i_exact_fixed_point(K=2, **kw).verdict == REF
 
@@ -43,15 +52,20 @@ def test_prop3ii_rejects(kw):
     assert disa.check_prop3ii_biased_stationary(K=2, **kw).verdict == REF
 
 
-@pytest.mark.parametrize("claimed", [lambda b, pib, ps: [b * (pib[k] - ps[k]) for k in range(len(ps))],
-                                     lambda b, pib, ps: [0 * b for _ in ps]], ids=["missing-2", "zero"])
+@pytest.mark.parametrize(
+    "claimed",
+    [lambda b, pib, ps: [b * (pib[k] - ps[k]) for k in range(len(ps))], lambda b, pib, ps: [0 * b for _ in ps]],
+    ids=["missing-2", "zero"],
+)
 def test_c5_offpolicy_rejects(claimed):
     assert disa.check_c5_offpolicy_breaks(claimed).verdict == REF
 
 
 def test_c5_counterexample_rejects_positive_bias_and_wrong_closed_form():
     assert disa.check_c5_counterexample(b=sp.Rational(1, 2)).verdict == REF
-    wrong = lambda p, b: p * (sp.log(p) + 1 + sp.log(sp.E + 1) + b) ** 2 + (1 - p) * (sp.log(1 - p) + sp.log(sp.E + 1) + b) ** 2  # noqa: E731
+    wrong = lambda p, b: (
+        p * (sp.log(p) + 1 + sp.log(sp.E + 1) + b) ** 2 + (1 - p) * (sp.log(1 - p) + sp.log(sp.E + 1) + b) ** 2
+    )
     assert disa.check_c5_counterexample(closed_form=wrong).verdict == REF
 
 
@@ -70,26 +84,43 @@ def test_semigradient_rejects(mode):
     assert disa.check_semigradient_invariance(mode=mode, K=2).verdict == REF
 
 
-@pytest.mark.parametrize("thr", [lambda ps: 0.5 * math.log1p(-float(np.max(ps))), lambda ps: -1.0,
-                                 lambda ps: 0.5 * math.log(float(np.min(ps)))], ids=["max", "local", "log-min"])
+@pytest.mark.parametrize(
+    "thr",
+    [lambda ps: 0.5 * math.log1p(-float(np.max(ps))), lambda ps: -1.0, lambda ps: 0.5 * math.log(float(np.min(ps)))],
+    ids=["max", "local", "log-min"],
+)
 def test_global_threshold_rejects(thr):
     assert disa.check_global_threshold(thr, n_instances=2, Ks=(3,)).verdict == REF
 
 
 # ----------------------------------------------------------------------------- PACED
-@pytest.mark.parametrize("claimed", [lambda beta, lz, kl, klr: beta * lz - beta * klr,
-                                     lambda beta, lz, kl, klr: beta * lz + beta * kl,
-                                     lambda beta, lz, kl, klr: lz - kl], ids=["KL-reversed", "sign", "missing-beta"])
+@pytest.mark.parametrize(
+    "claimed",
+    [
+        lambda beta, lz, kl, klr: beta * lz - beta * klr,
+        lambda beta, lz, kl, klr: beta * lz + beta * kl,
+        lambda beta, lz, kl, klr: lz - kl,
+    ],
+    ids=["KL-reversed", "sign", "missing-beta"],
+)
 def test_prop41_rejects(claimed):
     assert paced.check_prop41(claimed, Ks=(2,)).verdict == REF
 
 
 def test_prop41_ab_rejects():
-    assert paced.check_prop41_ab(lambda beta, lz, kl, a, b: (beta * lz - beta * kl - a) / (b + a), Ks=(2,)).verdict == REF
+    assert (
+        paced.check_prop41_ab(lambda beta, lz, kl, a, b: (beta * lz - beta * kl - a) / (b + a), Ks=(2,)).verdict == REF
+    )
 
 
-@pytest.mark.parametrize("est", [lambda R, lp: sp.log(sum(sp.exp(r - l) for r, l in zip(R, lp)) / len(R)),
-                                 lambda R, lp: sum(r + l for r, l in zip(R, lp)) / len(R)], ids=["log-mean-exp", "sign"])
+@pytest.mark.parametrize(
+    "est",
+    [
+        lambda R, lp: sp.log(sum(sp.exp(r - l) for r, l in zip(R, lp)) / len(R)),
+        lambda R, lp: sum(r + l for r, l in zip(R, lp)) / len(R),
+    ],
+    ids=["log-mean-exp", "sign"],
+)
 def test_vargrad_rejects(est):
     assert paced.check_vargrad(est, Ns=(2, 3)).verdict == REF
 
@@ -99,9 +130,14 @@ def test_estimator_bias_rejects_reversed_kl():
 
 
 # ----------------------------------------------------------------------------- LAD
-@pytest.mark.parametrize("cand", [lambda po, A, eta: [po[i] * sp.exp(-A[i] / eta) for i in range(len(po))],
-                                  lambda po, A, eta: [po[i] ** 2 * sp.exp(A[i] / eta) for i in range(len(po))]],
-                         ids=["sign", "pi_old-squared"])
+@pytest.mark.parametrize(
+    "cand",
+    [
+        lambda po, A, eta: [po[i] * sp.exp(-A[i] / eta) for i in range(len(po))],
+        lambda po, A, eta: [po[i] ** 2 * sp.exp(A[i] / eta) for i in range(len(po))],
+    ],
+    ids=["sign", "pi_old-squared"],
+)
 def test_lemma31_rejects(cand):
     assert lad.check_lemma31(cand, K=2).verdict == REF
 
@@ -117,11 +153,11 @@ def test_lemma32_tv_holds_when_weights_normalized():
 
 
 def test_table5_rejects_wrong_sign_and_accepts_correct_transcriptions():
-    wrong_kl = lambda pt, po, a: pt / po * (sp.log(pt / po) + a)  # noqa: E731
+    wrong_kl = lambda pt, po, a: pt / po * (sp.log(pt / po) + a)
     assert lad.check_table5("kl", wrong_kl).verdict == REF
-    right_js = lambda pt, po, a: sp.exp(a) * lad.F_DIVERGENCES["js"](pt / po * sp.exp(-a))  # noqa: E731
+    right_js = lambda pt, po, a: sp.exp(a) * lad.F_DIVERGENCES["js"](pt / po * sp.exp(-a))
     assert lad.check_table5("js", right_js).verdict == VER
-    half_hel = lambda pt, po, a: sp.exp(a) * (sp.sqrt(pt / po) * sp.exp(-a / 2) - 1) ** 2 / 2  # noqa: E731
+    half_hel = lambda pt, po, a: sp.exp(a) * (sp.sqrt(pt / po) * sp.exp(-a / 2) - 1) ** 2 / 2
     assert lad.check_table5("hellinger", half_hel).verdict == VER
 
 
