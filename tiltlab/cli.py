@@ -1,9 +1,9 @@
 """The ``tiltlab`` console command.
 
-Each layer owns its subcommands: a package that has a ``cli`` module exposing
-``register(subparsers)`` gets its commands added here. Layers are imported lazily
-inside their command handlers, so ``tiltlab --help`` stays fast and the core
-never imports the LLM stack.
+Each layer owns its subcommands: its ``cli`` module exposes ``register(subparsers)``, which adds
+them. The table below names every command and the module that owns it, so ``tiltlab --help``
+lists the commands without importing any layer (no torch, under a second), and ``tiltlab CMD ...``
+imports only the module that owns ``CMD``.
 """
 
 from __future__ import annotations
@@ -12,32 +12,54 @@ import argparse
 import importlib
 import sys
 
-# Order = order in ``tiltlab --help``.
-_LAYERS = ("tiltlab.paper_checks.cli", "tiltlab.theory.cli", "tiltlab.sim.cli", "tiltlab.llm.cli")
+# command -> (owning module, one-line help). Order = order in ``tiltlab --help``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("tiltlab.paper_checks.cli", "run the claim checks (theory + sim + data)"),
+    "reproduce": ("tiltlab.paper_checks.cli", "all checks + all simulator figures -> REPORT.md and report.html"),
+    "sim": ("tiltlab.sim.cli", "run one exact-simulator experiment"),
+    "figures": ("tiltlab.sim.cli", "regenerate the ten toy figures (PNG + JSON)"),
+    "llm": ("tiltlab.llm.cli", "LLM layer: DISA stages 1-2, training, evaluation, demo"),
+}
+
+_DESCRIPTION = "Distribution-matching RL for LLMs: claim checks, simulator figures, LLM training."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tiltlab",
-        description="Distribution-matching RL for LLMs: claim checks, simulator figures, LLM training.",
-    )
+def _base_parser() -> argparse.ArgumentParser:
     from tiltlab import __version__
 
+    parser = argparse.ArgumentParser(prog="tiltlab", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"tiltlab {__version__}")
+    return parser
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for ``command`` (its owning layer is imported), or the light top-level parser.
+
+    With ``command=None`` every command is listed from :data:`COMMANDS` with its help and no layer
+    is imported; such a parser is only good for ``--help`` / ``--version``.
+    """
+    parser = _base_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _LAYERS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a layer not written yet / not installed
-            if exc.name == name or exc.name == name.split(".")[0]:
-                continue
-            raise
-        mod.register(sub)
+    if command is None:
+        for name, (_, help_) in COMMANDS.items():
+            sub.add_parser(name, help=help_, add_help=False)
+        return parser
+    module = importlib.import_module(COMMANDS[command][0])
+    module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None or command not in COMMANDS:
+        parser = build_parser(None)
+        if command is not None:
+            parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+        parser.parse_args(argv)  # --help / --version exit here
+        parser.print_help()
+        return 2
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

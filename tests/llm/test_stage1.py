@@ -302,7 +302,7 @@ def test_cli_flags_map_to_config_fields():
     from tiltlab.cli import build_parser
     from tiltlab.llm.cli import config_from_args, field_docs
 
-    parser = build_parser()
+    parser = build_parser("llm")
     args = parser.parse_args(
         [
             "llm",
