@@ -52,7 +52,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     ok = _pn(15.1) | {"table": "T"}
     reg.declare_claim(
         "zz_fake.ok",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
@@ -61,7 +61,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     )
     reg.declare_claim(
         "zz_fake.bad",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
@@ -70,7 +70,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     )
     reg.declare_claim(
         "zz_fake.nonum",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
