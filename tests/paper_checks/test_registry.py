@@ -27,8 +27,8 @@ def test_duplicate_claim_with_different_content_is_an_error(isolated_registry):
 
 
 def test_claim_of_an_unknown_paper_is_rejected(isolated_registry):
-    with pytest.raises(ValueError, match=r"unknown paper '000_97b17fcb5a92948e.txt'; known papers: DISA, "):
-        isolated_registry.declare_claim("zz_fake.claim", "000_97b17fcb5a92948e.txt", "§0", "a statement")
+    with pytest.raises(ValueError, match=r"unknown paper 'disa_paper.txt'; known papers: DISA, "):
+        isolated_registry.declare_claim("zz_fake.claim", "disa_paper.txt", "§0", "a statement")
 
 
 def test_unknown_paper_in_a_claim_file_names_the_file(isolated_registry, tmp_path):
