@@ -364,7 +364,7 @@ def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int)
         return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
     except ModuleNotFoundError as exc:
         if exc.name == f"tiltlab.sim.figures.{mod_name}":
-            return [], {fig_id: f"module sim.figures.{mod_name} is missing"}
+            return [], {fig_id: f"module tiltlab.sim.figures.{mod_name} is missing"}
         return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()
@@ -375,7 +375,7 @@ def _figure_list():
     try:
         from tiltlab.sim import figures as simfig
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return None, {"tiltlab.sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
+        return None, {"tiltlab.sim.figures": f"could not import tiltlab.sim.figures: {type(exc).__name__}: {exc}"}
     return list(simfig.FIGURES), {}
 
 

@@ -118,7 +118,7 @@ class Claim:
         kind: ``proposition`` (a theorem-like statement), ``empirical`` (a number or a
             figure of the paper), ``beyond`` (a result of ours, not in the paper), or
             ``open`` (a question the notes raise).
-        paper_numbers: the paper's own numbers, as data, for comparison by later runs.
+        paper_numbers: the paper's own numbers, as data, to compare re-measured numbers with.
         llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
             that would test it.
     """

@@ -87,7 +87,7 @@ def _input(tmp_path: Path) -> ReportInput:
         claims=claims,
         outcomes=outs,
         figures=[fig],
-        missing_figures={"fig98_gone": "module sim.figures.fig98_gone is missing"},
+        missing_figures={"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"},
         env={"python": "3.x", "torch": "2.x"},
         seed=5,
         out_dir=tmp_path,
@@ -173,7 +173,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
 
     def fake_figs(out_dir, quick, seed, progress=True):
         calls["figs"] = (Path(out_dir), quick, seed)
-        return [fig], {"fig98_gone": "module sim.figures.fig98_gone is missing"}
+        return [fig], {"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"}
 
     monkeypatch.setattr(pcli, "_select", fake_select)
     monkeypatch.setattr(pcli, "make_figures", fake_figs)
@@ -184,7 +184,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     assert "fig98_gone" in printed
     rec = json.loads((out / "claims.json").read_text())
     assert rec["checks"][0]["summary"] == "fake seed=4" and rec["figures_missing"] == {
-        "fig98_gone": "module sim.figures.fig98_gone is missing"
+        "fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"
     }
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert "fig98_gone" in (out / "REPORT.md").read_text()
@@ -195,7 +195,7 @@ def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
     simfig = pytest.importorskip("tiltlab.sim.figures")
     monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"),))
     recs, problems = pcli.make_figures(tmp_path, quick=True, seed=0, progress=False)
-    assert recs == [] and problems == {"fig97_absent": "module sim.figures.fig97_absent_module is missing"}
+    assert recs == [] and problems == {"fig97_absent": "module tiltlab.sim.figures.fig97_absent_module is missing"}
 
 
 def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
