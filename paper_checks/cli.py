@@ -1,8 +1,8 @@
 """``tiltlab check`` and ``tiltlab reproduce``.
 
 ``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones),
-prints one row per check (claim, paper, layer, verdict, one line of evidence) plus one row per
-declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
+prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
+evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
 when a check returns a verdict other than the one recorded as expected for it, or crashes.
 Each failure is followed by the command that re-runs just that check.
 
@@ -208,6 +208,7 @@ def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
                 "claim": cid,
                 "paper": c.paper,
                 "section": c.section,
+                "cite": registry.cite(c),
                 "statement": c.statement,
                 "kind": c.kind,
                 "verdict": "unchecked",
@@ -266,10 +267,14 @@ def _print_failures(outs, seed: int, stream=None) -> None:
         print(f"       reproduce: {o.check.reproducer(seed)}", file=stream)
 
 
+def _short(text: str, width: int = 36) -> str:
+    """A citation cut to one table column (the full citation is in the JSON record)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _table(outs, unchecked, stream=None) -> None:
     stream = stream or sys.stdout
-    from tiltlab.paper_checks.registry import get_claim
-    from tiltlab.paper_checks.report import paper_name
+    from tiltlab.paper_checks.registry import cite, get_claim
 
     rows = []
     for o in outs:
@@ -279,18 +284,18 @@ def _table(outs, unchecked, stream=None) -> None:
             else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
         )
         verdict = o.verdict if o.ok else f"{o.verdict}!={o.check.expected.value}"
-        rows.append((o.check.claim_id, paper_name(get_claim(o.check.claim_id).paper), f"{o.check.layer}", verdict, ev))
+        rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
     for u in unchecked:
-        rows.append((u["claim"], paper_name(u["paper"]), "-", "unchecked", "no check registered"))
+        rows.append((u["claim"], _short(u["cite"]), "-", "unchecked", "no check registered"))
     order = {layer: i for i, layer in enumerate(LAYERS)}
     rows.sort(key=lambda r: (r[0], order.get(r[2], len(order))))  # per claim: theory, sim, data, llm
     if not rows:
         print("no checks selected", file=stream)
         return
-    w = [max(len(r[i]) for r in [*rows, ("claim", "paper", "layer", "verdict", "")]) for i in range(4)]
+    w = [max(len(r[i]) for r in [*rows, ("claim", "source", "layer", "verdict", "")]) for i in range(4)]
     width = shutil.get_terminal_size((200, 24)).columns if stream.isatty() else 200
     ev_w = max(40, width - sum(w) - 8)
-    head = ("claim", "paper", "layer", "verdict", "evidence")
+    head = ("claim", "source", "layer", "verdict", "evidence")
     print("  ".join(h.ljust(w[i]) if i < 4 else h for i, h in enumerate(head)), file=stream)
     print("  ".join("-" * (w[i] if i < 4 else 8) for i in range(5)), file=stream)
     for r in rows:
@@ -359,7 +364,7 @@ def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int)
         return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
     except ModuleNotFoundError as exc:
         if exc.name == f"tiltlab.sim.figures.{mod_name}":
-            return [], {fig_id: f"module sim.figures.{mod_name} is missing"}
+            return [], {fig_id: f"module tiltlab.sim.figures.{mod_name} is missing"}
         return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()
@@ -370,7 +375,7 @@ def _figure_list():
     try:
         from tiltlab.sim import figures as simfig
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return None, {"tiltlab.sim.figures": f"could not import sim.figures: {type(exc).__name__}: {exc}"}
+        return None, {"tiltlab.sim.figures": f"could not import tiltlab.sim.figures: {type(exc).__name__}: {exc}"}
     return list(simfig.FIGURES), {}
 
 

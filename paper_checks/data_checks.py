@@ -122,7 +122,7 @@ def config_problems(command: str, config_dir: Path | None = None) -> list[str]:
     """Configs named in ``command`` that are missing, once ``configs/`` holds any config."""
     config_dir = CONFIG_DIR if config_dir is None else config_dir
     if not config_dir.is_dir() or not any(config_dir.glob("*.y*ml")):
-        return []  # configs/ not written yet (or a wheel install): nothing to compare with
+        return []  # no configs (e.g. a wheel install): nothing to compare with
     root = config_dir.parent
     return sorted({m for m in _CONFIG_RE.findall(command) if not (root / m).is_file()})
 

@@ -1,9 +1,14 @@
-"""Claims as data, checks as code.
+"""Papers and claims as data, checks as code.
 
-A *claim* is one statement of one paper: an id (the ones in ``shared/notes/math.md``
-plus the empirical claims of the papers' tables and figures), the paper file, the
+A *paper* is one source the project cites, known by a short name (``DISA``, ``FlowRL``,
+``PACED-RL``, ``LAD``, ``FPA``, ...); the index is ``paper_checks/papers.toml`` (``[[paper]]``
+tables), rendered for readers as ``docs/papers.md``.
+
+A *claim* is one statement of one paper: an id (the propositions restated in ``docs/math.md``
+plus the empirical claims of the papers' tables and figures), the paper's short name, the
 section, the statement. Claims are declared in the TOML files of ``paper_checks/claims/``
-(``[[claim]]`` tables; any number of files, loaded in name order).
+(``[[claim]]`` tables; any number of files, loaded in name order). A claim is cited as
+``"<paper> <section>"``, e.g. ``DISA §2.2 eq. (10)`` (:func:`cite`).
 
 A *check* is a function ``fn(seed: int) -> CheckResult`` attached to a claim with
 :func:`register_check`. A claim may carry several checks (one per layer: ``theory``
@@ -12,7 +17,9 @@ records the verdict it is *expected* to return; ``tiltlab check`` fails only whe
 verdict changes, so a claim that is refuted and stays refuted is green, and a change
 is loud.
 
-Layers register their checks on import; :func:`discover` imports them.
+Layers register their checks on import; :func:`discover` imports them by name. This module is
+the base of the check layers: it imports nothing else of the project, so ``theory``, ``sim``
+and ``llm`` check modules can import it without a cycle.
 """
 
 from __future__ import annotations
@@ -35,26 +42,32 @@ __all__ = [
     "CheckResult",
     "Claim",
     "Outcome",
+    "Paper",
     "Verdict",
     "checks",
+    "cite",
     "claims",
     "declare_claim",
+    "declare_paper",
     "discover",
     "get_claim",
+    "get_paper",
     "load_claims",
+    "load_papers",
+    "papers",
     "register_check",
     "run_checks",
     "validate",
 ]
 
 CLAIMS_DIR = Path(__file__).with_name("claims")
+PAPERS_FILE = Path(__file__).with_name("papers.toml")
 
-#: Modules imported by :func:`discover`; each registers its checks at import time.
-#: A module that does not exist yet (layer not written / extra not installed) is skipped.
+#: Modules imported by :func:`discover`, by name; each registers its checks at import time.
+#: A listed module that cannot be imported is recorded in :data:`SKIPPED_MODULES`.
 CHECK_MODULES: tuple[str, ...] = (
     "tiltlab.theory.checks",
     "tiltlab.sim.checks",
-    "tiltlab.llm.checks",
     "tiltlab.paper_checks.data_checks",
 )
 
@@ -73,18 +86,39 @@ Number = float | int | bool | str
 
 
 @dataclass(frozen=True)
+class Paper:
+    """One source of claims.
+
+    Attributes:
+        short: the name claims and citations use (``DISA``).
+        title: full title.
+        authors: authors and year.
+        source: where a reader finds it (arXiv id, venue, code).
+        about: one paragraph on what it contributes to the project.
+        cites: ``(ref, what)`` pairs: the sections / equations the project cites, and why.
+    """
+
+    short: str
+    title: str
+    authors: str = ""
+    source: str = ""
+    about: str = ""
+    cites: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Claim:
     """One statement of one paper.
 
     Attributes:
-        id: dotted id, e.g. ``disa.prop1.unbiased`` (``math.md`` ids are kept verbatim).
-        paper: file name under ``shared/papers`` (e.g. ``000_97b17fcb5a92948e.txt``).
-        section: section / equation / table / figure of that paper.
+        id: dotted id, e.g. ``disa.prop1.unbiased`` (the ids ``docs/math.md`` uses).
+        paper: short name of a paper in the index (``DISA``, ``PACED-RL``, ...; see :func:`papers`).
+        section: section / equation / table / figure of that paper (``§2.2 eq. (10)``).
         statement: the claim in one line.
         kind: ``proposition`` (a theorem-like statement), ``empirical`` (a number or a
             figure of the paper), ``beyond`` (a result of ours, not in the paper), or
             ``open`` (a question the notes raise).
-        paper_numbers: the paper's own numbers, as data, for comparison by later runs.
+        paper_numbers: the paper's own numbers, as data, to compare re-measured numbers with.
         llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
             that would test it.
     """
@@ -167,6 +201,7 @@ class Outcome:
             "claim": self.check.claim_id,
             "paper": c.paper,
             "section": c.section,
+            "cite": cite(c),
             "statement": c.statement,
             "layer": self.check.layer,
             "check": self.check.name,
@@ -182,13 +217,84 @@ class Outcome:
         }
 
 
+_PAPERS: dict[str, Paper] = {}
 _CLAIMS: dict[str, Claim] = {}
 _CHECKS: dict[str, Check] = {}
-_LOADED: set[Path] = set()  # claim directories already read
+_LOADED: set[Path] = set()  # claim directories and paper files already read
+
+
+def declare_paper(
+    short: str,
+    title: str,
+    authors: str = "",
+    source: str = "",
+    about: str = "",
+    cites: Iterable[Mapping[str, str] | tuple[str, str]] = (),
+) -> Paper:
+    """Declare a paper. Re-declaring the same short name with different content is an error."""
+    if not short or not short.strip() or short != short.strip():
+        raise ValueError(f"paper short name must be a non-empty name without surrounding spaces, got {short!r}")
+    if not title:
+        raise ValueError(f"paper {short!r} has no title")
+    rows = []
+    for c in cites:
+        ref, what = (c["ref"], c["what"]) if isinstance(c, Mapping) else c
+        rows.append((str(ref), str(what)))
+    paper = Paper(short=short, title=title, authors=authors, source=source, about=about, cites=tuple(rows))
+    old = _PAPERS.get(short)
+    if old is not None and old != paper:
+        raise ValueError(f"paper {short!r} declared twice with different content")
+    _PAPERS[short] = paper
+    return paper
+
+
+def load_papers(path: Path = PAPERS_FILE) -> None:
+    """Read ``[[paper]]`` tables from ``path`` (the project's index: ``paper_checks/papers.toml``)."""
+    path = Path(path).resolve()
+    if path in _LOADED:
+        return
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    _declare_paper_rows(path, data.get("paper", []))
+    _LOADED.add(path)
+
+
+def _declare_paper_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    for row in rows:
+        try:
+            declare_paper(**row)
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"{path.name}: bad paper row {row.get('short')!r}: {exc}") from None
+
+
+def papers() -> dict[str, Paper]:
+    """The paper index (short name -> :class:`Paper`), in the order of ``papers.toml``."""
+    load_papers()
+    return dict(_PAPERS)
+
+
+def get_paper(short: str) -> Paper:
+    known = papers()
+    try:
+        return known[short]
+    except KeyError:
+        raise KeyError(f"unknown paper {short!r}; known papers: {', '.join(known)}") from None
+
+
+def cite(claim: Claim) -> str:
+    """``"<paper> <section>"``, e.g. ``DISA §2.2 eq. (10)``: how reports cite a claim."""
+    return f"{claim.paper} {claim.section}"
 
 
 def declare_claim(id: str, paper: str, section: str, statement: str, **kw: Any) -> Claim:
-    """Declare a claim. Re-declaring the same id with different content is an error."""
+    """Declare a claim of a known paper (see :func:`papers`). Re-declaring the same id with
+    different content is an error."""
+    known = papers()
+    if paper not in known:
+        raise ValueError(
+            f"claim {id!r} names unknown paper {paper!r}; known papers: {', '.join(known)} "
+            "(declare new ones as [[paper]] tables)"
+        )
     claim = Claim(id=id, paper=paper, section=section, statement=statement, **kw)
     old = _CLAIMS.get(id)
     if old is not None and old != claim:
@@ -225,20 +331,31 @@ def register_check(
 
 
 def load_claims(directory: Path = CLAIMS_DIR) -> None:
-    """Read claim declarations from every ``*.toml`` file in ``directory``."""
+    """Read claim declarations from every ``*.toml`` file in ``directory``.
+
+    A file may also declare ``[[paper]]`` tables (another project's sources); every file's
+    papers are read before any claim, so a claim may name a paper declared in any file.
+    """
     directory = Path(directory).resolve()
     if directory in _LOADED:
         return
     if not directory.is_dir():
         raise ValueError(f"claims directory {directory} does not exist")
+    load_papers()
+    files = []
     for path in sorted(directory.glob("*.toml")):
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            files.append((path, tomllib.load(fh)))
+    for path, data in files:
+        _declare_paper_rows(path, data.get("paper", []))
+    for path, data in files:
         for row in data.get("claim", []):
             try:
                 declare_claim(**row)
             except TypeError as exc:
                 raise ValueError(f"{path.name}: bad claim row {row.get('id')!r}: {exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"{path.name}: {exc}") from None
     _LOADED.add(directory)
 
 

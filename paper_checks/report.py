@@ -1,11 +1,15 @@
 """The report of a ``tiltlab reproduce`` run: ``REPORT.md`` and a self-contained ``report.html``.
 
-Input: the check outcomes (:class:`paper_checks.registry.Outcome`), the simulator figure
-records (:class:`sim.figures.FigureRecord`, or any object with the same attributes), the
+Input: the check outcomes (:class:`tiltlab.paper_checks.registry.Outcome`), the simulator figure
+records (:class:`tiltlab.sim.figures.FigureRecord`, or any object with the same attributes), the
 figure modules that were missing or crashed, and an environment mapping. Output: one
 Markdown and one HTML document that read top to bottom — summary counts, findings, then
 per paper every declared claim with its checks' verdicts, evidence and the figure that
 shows it, then the environment.
+
+Claims are cited as ``"<paper> <section>"`` (``DISA §2.2 eq. (10)``); the report points readers
+to ``docs/math.md`` (the equations and claim ids) and ``docs/papers.md`` (the paper index), both
+in the repository. :func:`render_papers_markdown` renders ``docs/papers.md`` from the index.
 
 Deterministic: everything is sorted; the only run-dependent line is the one that names
 when the report was generated and how long the run took (``run_line``). Timings per check
@@ -23,21 +27,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks.registry import Claim, Outcome
+from tiltlab.paper_checks import registry
+from tiltlab.paper_checks.registry import Claim, Outcome, Paper, cite
 
-__all__ = ["PAPERS", "VERDICT_ORDER", "ReportInput", "claim_rows", "render_html", "render_markdown", "write_report"]
+__all__ = [
+    "SPEC_DOCS",
+    "VERDICT_ORDER",
+    "ReportInput",
+    "claim_rows",
+    "render_html",
+    "render_markdown",
+    "render_papers_markdown",
+    "write_report",
+]
 
-#: Paper files in report order, with a short name and title (``shared/papers/README.md``).
-PAPERS: dict[str, tuple[str, str]] = {
-    "000_97b17fcb5a92948e.txt": ("DISA", "Offline Importance Sampling for Distribution-Matching LLM-RL"),
-    "001_179db051776bdd12.txt": ("DISA (abstract)", "Paper-listing page for DISA (abstract only)"),
-    "002_d44afb8661380d03.txt": (
-        "PACED-RL",
-        "Beyond Normalization: the Partition Function as a Difficulty Scheduler for RLVR",
-    ),
-    "003_af5ed36eab8bd392.txt": ("FPA", "Future Policy Approximation for Offline RL Improves Mathematical Reasoning"),
-    "004_5fbe296d0161ca77.txt": ("LAD", "Learning Advantage Distribution for Reasoning"),
-}
+#: The documents, in the repository, that a report sends its reader to.
+SPEC_DOCS = (
+    "`docs/math.md` (the objectives, estimators and claim ids in one notation) and `docs/papers.md` (the paper index)"
+)
 
 #: Column order of the summary tables.
 VERDICT_ORDER = ("verified", "partly", "refuted", "out_of_reach", "error", "unchecked")
@@ -45,8 +52,8 @@ VERDICT_ORDER = ("verified", "partly", "refuted", "out_of_reach", "error", "unch
 _LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
 
 
-def paper_name(paper: str) -> str:
-    return PAPERS.get(paper, (paper, ""))[0]
+def _paper(short: str) -> Paper | None:
+    return registry.papers().get(short)
 
 
 @dataclass
@@ -110,15 +117,13 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
                 "status": _claim_status(outs),
             }
         )
-    order = {p: i for i, p in enumerate(PAPERS)}
+    order = {p: i for i, p in enumerate(registry.papers())}
     rows.sort(key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["id"]))
     return rows
 
 
 def _no_outcome_note(claim_id: str) -> str:
     """Why a claim has no outcome in this run: no check at all, or only slow checks (skipped)."""
-    from tiltlab.paper_checks import registry
-
     if any(c.claim_id == claim_id for c in registry.checks()):
         return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."
     return "no check registered yet."
@@ -139,7 +144,7 @@ def _claim_status(outs: Sequence[Outcome]) -> str:
 def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter]:
     per: dict[str, Counter] = defaultdict(Counter)
     for r in rows:
-        per[paper_name(r["paper"])][r["status"]] += 1
+        per[r["paper"]][r["status"]] += 1
         per["all"][r["status"]] += 1
     return per
 
@@ -161,7 +166,11 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
         for o in r["outcomes"]:
             if o.result is not None and o.result.verdict.value in ("refuted", "partly"):
                 out["claims"].append(
-                    (r["id"], f"({paper_name(r['paper'])}, {o.check.layer}) — {o.verdict}: {o.result.summary}", "")
+                    (
+                        r["id"],
+                        f"({cite(r['claim']) if r['claim'] else r['paper']}, {o.check.layer}) — {o.verdict}: {o.result.summary}",
+                        "",
+                    )
                 )
             if not o.ok:
                 what = "crashed" if o.result is None else f"returned {o.verdict}, expected {o.check.expected.value}"
@@ -233,6 +242,8 @@ def render_markdown(inp: ReportInput) -> str:
         "(`llm_scale`: recorded and cross-checked, not re-measured; `paper_internal`: the paper's text recomputed from its tables)."
     )
     L.append("")
+    L.append(f"Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see {SPEC_DOCS} in the repository.")
+    L.append("")
     # summary
     L.append("## Summary")
     L.append("")
@@ -242,7 +253,7 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("")
     L.append("| paper | " + " | ".join(VERDICT_ORDER) + " | total |")
     L.append("|---|" + "---|" * (len(VERDICT_ORDER) + 1))
-    names = [n for n in dict.fromkeys(paper_name(r["paper"]) for r in rows)] + ["all"]
+    names = [*dict.fromkeys(r["paper"] for r in rows), "all"]
     for n in names:
         c = counts[n]
         label = "**all**" if n == "all" else n
@@ -288,16 +299,17 @@ def render_markdown(inp: ReportInput) -> str:
     for r in rows:
         if r["paper"] != current:
             current = r["paper"]
-            nm, title = PAPERS.get(current, (current, ""))
-            L.append(f"## {nm}" + (f" — {title}" if title else ""))
+            paper = _paper(current)
+            L.append(f"## {current}" + (f" — {_md_escape(paper.title)}" if paper else ""))
             L.append("")
-            L.append(f"`{current}`")
-            L.append("")
+            if paper is not None:
+                L.append(f"{_md_escape(paper.authors)}; {_md_escape(paper.source)}. Index: `docs/papers.md`.")
+                L.append("")
         c = r["claim"]
         L.append(f"### `{r['id']}` — {r['status']}")
         L.append("")
         if c is not None:
-            L.append(f"*{c.section}* · {c.kind}. {_md_escape(c.statement)}")
+            L.append(f"*{_md_escape(cite(c))}* · {c.kind}. {_md_escape(c.statement)}")
             L.append("")
         if not r["outcomes"]:
             L.append(f"- unchecked: {_no_outcome_note(r['id'])}")
@@ -402,11 +414,15 @@ def render_html(inp: ReportInput) -> str:
         "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>"
     )
     H.append(
+        "<p>Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see <code>docs/math.md</code> (the objectives, "
+        "estimators and claim ids in one notation) and <code>docs/papers.md</code> (the paper index) in the repository.</p>"
+    )
+    H.append(
         "<h2>Summary</h2><table><tr><th>paper</th>"
         + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER)
         + "<th>total</th></tr>"
     )
-    names = [n for n in dict.fromkeys(paper_name(r["paper"]) for r in rows)] + ["all"]
+    names = [*dict.fromkeys(r["paper"] for r in rows), "all"]
     for n in names:
         c = counts[n]
         lab = f"<b>{e(n)}</b>" if n == "all" else e(n)
@@ -447,12 +463,14 @@ def render_html(inp: ReportInput) -> str:
     for r in rows:
         if r["paper"] != current:
             current = r["paper"]
-            nm, title = PAPERS.get(current, (current, ""))
-            H.append(f"<h2>{e(nm)}{' — ' + e(title) if title else ''}</h2><p><code>{e(current)}</code></p>")
+            paper = _paper(current)
+            H.append(f"<h2>{e(current)}{' — ' + e(paper.title) if paper else ''}</h2>")
+            if paper is not None:
+                H.append(f"<p>{e(paper.authors)}; {e(paper.source)}. Index: <code>docs/papers.md</code>.</p>")
         c = r["claim"]
         H.append(f'<div class="claim" id="claim-{e(r["id"])}"><h3><code>{e(r["id"])}</code> {_v(r["status"])}</h3>')
         if c is not None:
-            H.append(f'<p class="stmt"><i>{e(c.section)}</i> · {e(c.kind)}. {e(c.statement)}</p>')
+            H.append(f'<p class="stmt"><i>{e(cite(c))}</i> · {e(c.kind)}. {e(c.statement)}</p>')
         H.append("<ul>")
         if not r["outcomes"]:
             H.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
@@ -515,3 +533,50 @@ def write_report(inp: ReportInput) -> tuple[Path, Path]:
     md.write_text(render_markdown(inp), encoding="utf-8")
     ht.write_text(render_html(inp), encoding="utf-8")
     return md, ht
+
+
+# --------------------------------------------------------------------------- paper index
+
+
+def render_papers_markdown(papers: Mapping[str, Paper] | None = None) -> str:
+    """``docs/papers.md``: the paper index (``paper_checks/papers.toml``) as a document."""
+    papers = registry.papers() if papers is None else papers
+    L = [
+        "# Papers",
+        "",
+        "The sources the project implements and checks. Claims (`paper_checks/claims/*.toml`), code and",
+        "reports cite a place in a paper by short name and section, e.g. **DISA §2.2 eq. (10)**.",
+        "The equations themselves are restated in one notation in [math.md](math.md).",
+        "",
+        "This file is rendered from `paper_checks/papers.toml`; edit that file and regenerate with",
+        "`python -m tiltlab.paper_checks.report --papers-md > docs/papers.md`.",
+        "",
+        "| short name | title | authors | source |",
+        "|---|---|---|---|",
+    ]
+    for p in papers.values():
+        L.append(f"| {p.short} | {_md_escape(p.title)} | {_md_escape(p.authors)} | {_md_escape(p.source)} |")
+    L.append("")
+    for p in papers.values():
+        L.append(f"## {p.short}")
+        L.append("")
+        L.append(f"*{_md_escape(p.title)}* — {_md_escape(p.authors)}; {_md_escape(p.source)}.")
+        L.append("")
+        if p.about:
+            L.append(_md_escape(p.about))
+            L.append("")
+        if p.cites:
+            L.append("| cited as | what the project takes from it |")
+            L.append("|---|---|")
+            for ref, what in p.cites:
+                L.append(f"| {p.short} {_md_escape(ref)} | {_md_escape(what)} |")
+            L.append("")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--papers-md"]:
+        sys.exit("usage: python -m tiltlab.paper_checks.report --papers-md > docs/papers.md")
+    sys.stdout.write(render_papers_markdown())

@@ -1,11 +1,11 @@
-"""Symbolic (sympy) checks of every proposition of the five source documents.
+"""Symbolic (sympy) checks of every proposition of the papers (see docs/papers.md).
 
-One module per paper (:mod:`theory.disa`, :mod:`theory.paced`, :mod:`theory.lad`,
-:mod:`theory.fpa`); each proposition is a function ``check_xxx(...) -> CheckResult``
+One module per paper (:mod:`tiltlab.theory.disa`, :mod:`tiltlab.theory.paced`, :mod:`tiltlab.theory.lad`,
+:mod:`tiltlab.theory.fpa`); each proposition is a function ``check_xxx(...) -> CheckResult``
 that *builds* the statement in sympy and decides it. Every such function takes the
 candidate (a formula, a coefficient, a variant name) as an argument, so a test can feed
-a deliberately wrong variant and see it rejected. :mod:`theory.checks` registers the
-correct variants with the claims registry (``layer="theory"``); ``python -m theory``
+a deliberately wrong variant and see it rejected. :mod:`tiltlab.theory.checks` registers the
+correct variants with the claims registry (``layer="theory"``); ``python -m tiltlab.theory``
 runs them and prints one line per claim.
 """
 

@@ -1,4 +1,4 @@
-"""``python -m theory [PREFIX] [--seed N]``: run every theory check, one line per check.
+"""``python -m tiltlab.theory [PREFIX] [--seed N]``: run every theory check, one line per check.
 
 Each line: ``claim [check] verdict (expected ...) seconds | evidence``. Exit status 1 if a
 verdict differs from the recorded ``expected`` or a check crashed, else 0.
@@ -12,7 +12,7 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m theory", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tiltlab.theory", description=__doc__.splitlines()[0])
     ap.add_argument("prefix", nargs="?", default=None, help="only claims whose id starts with this")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
-"""DISA (``000_97b17fcb5a92948e.txt``, App. C) propositions, stated and decided in sympy.
+"""DISA (App. C) propositions, stated and decided in sympy.
 
-Notation (``shared/notes/math.md`` §1, which reconstructs the equations the text lost):
+Notation (``docs/math.md`` §1, which restates the equations DISA §2 defines):
 ``pi*(y) = pi_ref(y) exp(beta r~(y)) / Z``, ``Z = E_{pi_ref}[exp(beta r~)]``; the TB residual is
 ``delta = log Z_psi + log pi(y) - log pi_ref(y) - beta r~(y)``; Stage-1 IS weights
 ``w = pi_ref exp(beta r~) / q`` with ``Z_hat_M = mean(w)`` and the log-space label
@@ -591,7 +591,8 @@ def check_prop4_envelope(
 
 # ----------------------------------------------------------------------------- beyond the paper
 def check_local_threshold(claimed: Callable[[sp.Expr], sp.Expr] | None = None) -> CheckResult:
-    """Ours (math.md §1): ``L(pi) = E_pi[(b + log pi/pi*)^2]`` at ``pi = pi*(1 + t eps)``,
+    """Ours (``disa.beyond.local_threshold``, docs/math.md §1.6): ``L(pi) = E_pi[(b + log pi/pi*)^2]``
+    at ``pi = pi*(1 + t eps)``,
     ``sum pi* eps = 0``: ``L = b^2 + t^2 (1 + b) sum pi* eps^2 + O(t^3)``.
 
     Proof for a symbolic number of outcomes: sympy's Taylor coefficients of one summand
@@ -600,7 +601,7 @@ def check_local_threshold(claimed: Callable[[sp.Expr], sp.Expr] | None = None) -
     (default ``1 + b``), then confirms on K = 3 with the constraint eliminated. Since
     ``sum pi* eps^2 > 0`` on the tangent space, pi* is a strict local minimum on the simplex
     iff ``1 + b > 0``; for ``b < -1`` the form is negative definite: a strict local MAXIMUM
-    on the simplex (math.md calls it a saddle).
+    on the simplex, not a saddle.
     """
     if claimed is None:
         claimed = lambda b: 1 + b
@@ -629,7 +630,8 @@ def check_local_threshold(claimed: Callable[[sp.Expr], sp.Expr] | None = None) -
 
 
 def check_semigradient_invariance(mode: str = "semi", K: int = 3) -> CheckResult:
-    """Ours (math.md §1): for a tabular softmax policy the expected on-policy semi-gradient of
+    """Ours (``disa.beyond.semigradient_invariance``, docs/math.md §1.6): for a tabular softmax
+    policy the expected on-policy semi-gradient of
     ``E_{sg(pi)}[delta^2]`` is ``g_k = 2 pi_k (l'_k - E_pi[l'])``, ``l' = log pi - log pi_ref -
     beta r``: any prompt-only log Z drops out, at every pi.
 
@@ -721,7 +723,8 @@ def check_global_threshold(
     Ks: Sequence[int] = (2, 3, 4, 5, 6),
     seed: int = 0,
 ) -> CheckResult:
-    """Ours (math.md §1, conjecture): pi* is the global minimizer of ``L(pi) = E_pi[(b + l)^2]``
+    """Ours (``disa.beyond.global_threshold``, docs/math.md §1.6, a conjecture): pi* is the global
+    minimizer of ``L(pi) = E_pi[(b + l)^2]``
     iff ``b >= threshold(pi*)``, default ``1/2 log(1 - min_y pi*(y))``.
 
     What is PROVED (symbolic + argument in README): L - b^2 = 2b KL + E_pi[l^2], so the exact

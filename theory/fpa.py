@@ -1,8 +1,8 @@
-"""FPA (``003_af5ed36eab8bd392.txt``) propositions, stated and decided in sympy.
+"""FPA propositions, stated and decided in sympy.
 
 Off-RL (eq. 1): ``J = E[R pi(y|x)^{1/|y|}]``; future policy (eq. 4) per token
 ``pi_hat = softmax((1+lam) h_theta - lam h_ref)`` and eq. 5 ``pi_hat ∝ pi^{1+lam} pi_ref^{-lam}``;
-DPO-FPA (eq. 8 / App. A.3); SimPER (eq. 9, Prop. A.1); offline A*-PO value (App. B).
+DPO-FPA (eq. 8 / App. A.3); SimPER (eq. 9, Prop. A.1); offline A*-PO value (App. B.2).
 Each ``check_*`` takes the candidate as an argument so a test can feed a wrong one.
 """
 

@@ -1,4 +1,4 @@
-"""LAD (``004_5fbe296d0161ca77.txt``) propositions, stated and decided in sympy.
+"""LAD propositions, stated and decided in sympy.
 
 Notation: ``a = A/eta``, ``rho = pi_theta/pi_old``, ``c = rho e^{-a}``. Practical loss (eq. 8)
 ``L_LAD = E_{y~pi_old} e^{a} f(c)``; theoretical loss (eq. 7)
@@ -413,7 +413,7 @@ def _flowrl_f(u):
 
 
 def check_B5_flowrl(f: Callable | None = None) -> CheckResult:
-    """LAD App. B.5 (math.md form): with ``f(x) = x (log x)^2``,
+    """LAD App. B.5 (the form of docs/math.md §4): with ``f(x) = x (log x)^2``,
     ``pi_old e^{a} f(rho e^{-a}) = pi_theta (log(pi_theta/pi_old) - a)^2`` term by term, i.e.
     ``L_LAD = E_{pi_theta}[(log pi_theta/pi_old - A/eta)^2]``: on-policy TB with log Z = 0,
     reference pi_old and reward A/eta — exactly, for every eta (no eta -> inf needed).

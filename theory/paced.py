@@ -1,8 +1,9 @@
-"""PACED-RL (``002_d44afb8661380d03.txt``) propositions, stated and decided in sympy.
+"""PACED-RL propositions, stated and decided in sympy.
 
 Convention of the paper: the TB residual anchored on the rollout policy (eq. 6)
 ``delta = log Z_phi(x) + log pi_theta(y|x) - log pi_old(y|x) - r(x,y)/beta`` (beta is a KL
-coefficient here; DISA's convention would write the reward multiplier as 1/beta). Each ``check_*`` takes the candidate formula as an argument.
+coefficient here, ``kl_coef`` in ``tiltlab.objectives``; DISA's convention writes the reward
+multiplier as 1/beta). Each ``check_*`` takes the candidate formula as an argument.
 """
 
 from __future__ import annotations

@@ -9,13 +9,16 @@ from tiltlab.paper_checks import registry
 
 @pytest.fixture
 def isolated_registry():
-    """Load the real claims and checks, then restore the registry exactly after the test
-    (fake claims/checks registered by the test disappear)."""
+    """Load the real papers, claims and checks, then restore the registry exactly after the test
+    (fake papers, claims and checks registered by the test disappear)."""
     registry.discover()
-    claims, checks, loaded = dict(registry._CLAIMS), dict(registry._CHECKS), set(registry._LOADED)
+    papers, claims, checks = dict(registry._PAPERS), dict(registry._CLAIMS), dict(registry._CHECKS)
+    loaded = set(registry._LOADED)
     try:
         yield registry
     finally:
+        registry._PAPERS.clear()
+        registry._PAPERS.update(papers)
         registry._CLAIMS.clear()
         registry._CLAIMS.update(claims)
         registry._CHECKS.clear()

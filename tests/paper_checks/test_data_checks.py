@@ -39,9 +39,9 @@ def test_malformed_tables_raise():
 def test_config_problems_only_once_configs_exist(tmp_path: Path):
     cfg = tmp_path / "configs"
     cmd = "tiltlab llm train --config configs/a.yaml && tiltlab llm eval --config configs/b.yaml"
-    assert dc.config_problems(cmd, cfg) == []  # no configs/ yet: nothing to compare with
+    assert dc.config_problems(cmd, cfg) == []  # no configs/ directory: nothing to compare with
     cfg.mkdir()
-    assert dc.config_problems(cmd, cfg) == []  # empty configs/: still not written
+    assert dc.config_problems(cmd, cfg) == []  # an empty configs/: nothing to compare with either
     (cfg / "a.yaml").write_text("x: 1\n")
     assert dc.config_problems(cmd, cfg) == ["configs/b.yaml"]
 
@@ -52,7 +52,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     ok = _pn(15.1) | {"table": "T"}
     reg.declare_claim(
         "zz_fake.ok",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
@@ -61,7 +61,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     )
     reg.declare_claim(
         "zz_fake.bad",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
@@ -70,7 +70,7 @@ def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     )
     reg.declare_claim(
         "zz_fake.nonum",
-        "000_97b17fcb5a92948e.txt",
+        "DISA",
         "T",
         "s",
         kind="empirical",
@@ -125,7 +125,7 @@ def test_command_problems_parses_and_validates(tmp_path: Path):
     n, bad = dc.command_problems("tiltlab llm eval --set x=1", tmp_path / "none")
     assert bad == ["no --config in 'tiltlab llm eval --set x=1'"]
     n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set paced.tau=0.3", tmp_path / "none")
-    assert (n, bad) == (0, [])  # no configs/ yet: only the command form is checked
+    assert (n, bad) == (0, [])  # an empty configs/: only the command form is checked
 
 
 def test_command_problems_uses_the_llm_config_schema(tmp_path: Path):

@@ -8,14 +8,14 @@ import pytest
 import tomllib
 
 from tiltlab.cli import main
+from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
-from tiltlab.paper_checks.report import PAPERS
 
 KINDS = {"proposition", "empirical", "beyond", "open"}
 
 
 def _fake_claim(reg, cid="zz_fake.claim"):
-    return reg.declare_claim(cid, "000_97b17fcb5a92948e.txt", "Sec. 0", "a fake claim for the tests", kind="empirical")
+    return reg.declare_claim(cid, "DISA", "Sec. 0", "a fake claim for the tests", kind="empirical")
 
 
 def test_duplicate_claim_with_different_content_is_an_error(isolated_registry):
@@ -23,7 +23,36 @@ def test_duplicate_claim_with_different_content_is_an_error(isolated_registry):
     _fake_claim(reg)
     _fake_claim(reg)  # identical re-declaration is harmless
     with pytest.raises(ValueError, match="declared twice"):
-        reg.declare_claim("zz_fake.claim", "000_97b17fcb5a92948e.txt", "Sec. 0", "a different statement")
+        reg.declare_claim("zz_fake.claim", "DISA", "Sec. 0", "a different statement")
+
+
+def test_claim_of_an_unknown_paper_is_rejected(isolated_registry):
+    with pytest.raises(ValueError, match=r"unknown paper 'disa_paper.txt'; known papers: DISA, "):
+        isolated_registry.declare_claim("zz_fake.claim", "disa_paper.txt", "§0", "a statement")
+
+
+def test_unknown_paper_in_a_claim_file_names_the_file(isolated_registry, tmp_path):
+    (tmp_path / "bad.toml").write_text(
+        '[[claim]]\nid = "zz_fake.c"\npaper = "NoSuchPaper"\nsection = "§1"\nstatement = "s"\n', encoding="utf-8"
+    )
+    with pytest.raises(ValueError, match=r"bad.toml: claim 'zz_fake.c' names unknown paper 'NoSuchPaper'"):
+        isolated_registry.load_claims(tmp_path)
+
+
+def test_paper_index_is_well_formed(isolated_registry):
+    """papers.toml: the five papers (and DISA's listing page) with title, authors, source and the
+    places the project cites; every paper some claim names, and no paper without a claim."""
+    papers = isolated_registry.papers()
+    assert list(papers)[:1] == ["DISA"] and {"DISA", "FlowRL", "PACED-RL", "LAD", "FPA"} <= set(papers)
+    for p in papers.values():
+        assert p.title and p.authors and p.source and p.about, p.short
+        assert p.cites and all(ref and what for ref, what in p.cites), p.short
+    assert {c.paper for c in isolated_registry.claims().values()} == set(papers)
+
+
+def test_claim_citation_uses_the_short_name():
+    registry.load_claims()
+    assert registry.cite(registry.get_claim("disa.prop3i.exact_fixed_point")) == "DISA §2.2, App. C.3, Prop. 3(i)"
 
 
 def test_check_for_undeclared_claim_fails_validation(isolated_registry):
@@ -144,6 +173,7 @@ def test_prefix_run_lists_unchecked_claims(isolated_registry, tmp_path, capsys):
 def test_claim_files_are_well_formed():
     """Every claim row: unique id across files, known paper file, known kind; LLM-scale rows
     record the paper's numbers and a ``tiltlab llm`` command."""
+    papers = registry.papers()
     seen: dict[str, str] = {}
     empirical: dict[str, int] = {}
     for path in sorted(CLAIMS_DIR.glob("*.toml")):
@@ -152,7 +182,7 @@ def test_claim_files_are_well_formed():
             cid = row["id"]
             assert cid not in seen, f"{cid} declared in {seen.get(cid)} and {path.name}"
             seen[cid] = path.name
-            assert row["paper"] in PAPERS, f"{cid}: unknown paper {row['paper']}"
+            assert row["paper"] in papers, f"{cid}: unknown paper {row['paper']}"
             assert row.get("kind", "proposition") in KINDS, cid
             assert row["section"] and row["statement"], cid
             if row.get("llm_command"):
@@ -160,8 +190,9 @@ def test_claim_files_are_well_formed():
                 assert row.get("paper_numbers"), f"{cid}: llm_command without paper_numbers"
             if row.get("kind") == "empirical" and row.get("paper_numbers"):
                 empirical[row["paper"]] = empirical.get(row["paper"], 0) + 1
-    # every paper with tables (all but the abstract listing) has its numbers registered
-    assert {p for p in PAPERS if not p.startswith("001_")} <= set(empirical), empirical
+    # every paper with tables has its numbers registered (the listing page and FlowRL, whose
+    # numbers are not among the sources, have none)
+    assert set(papers) - {"DISA-listing", "FlowRL"} <= set(empirical), empirical
 
 
 def test_downstream_project_claims_and_checks(isolated_registry, tmp_path, monkeypatch, capsys):
@@ -169,7 +200,8 @@ def test_downstream_project_claims_and_checks(isolated_registry, tmp_path, monke
     through the same registry, table and exit status."""
     (tmp_path / "myclaims").mkdir()
     (tmp_path / "myclaims" / "mine.toml").write_text(
-        '[[claim]]\nid = "myproj.loss_is_finite"\npaper = "000_97b17fcb5a92948e.txt"\nsection = "eq. (5)"\n'
+        '[[paper]]\nshort = "MyProj"\ntitle = "My project"\n\n'
+        '[[claim]]\nid = "myproj.loss_is_finite"\npaper = "MyProj"\nsection = "eq. (5)"\n'
         'statement = "our TB loss is finite"\nkind = "beyond"\n',
         encoding="utf-8",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from tiltlab.paper_checks import cli as pcli
 from tiltlab.paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
 from tiltlab.paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
 
-P0, P2 = "000_97b17fcb5a92948e.txt", "002_d44afb8661380d03.txt"
+P0, P2 = "DISA", "PACED-RL"
 
 
 def _png(path: Path) -> Path:
@@ -53,8 +54,8 @@ def _outcome(cid, layer, verdict, expected=None, summary="evidence", figure=None
 
 def _input(tmp_path: Path) -> ReportInput:
     claims = {
-        "a.verified": Claim("a.verified", P0, "Sec. 1", "first statement: pi* | b < 0 | pi*"),
-        "a.refuted": Claim("a.refuted", P0, "Sec. 2", "second statement", kind="empirical"),
+        "a.verified": Claim("a.verified", P0, "§1", "first statement: pi* | b < 0 | pi*"),
+        "a.refuted": Claim("a.refuted", P0, "§2", "second statement", kind="empirical"),
         "b.partly": Claim(
             "b.partly",
             P2,
@@ -63,8 +64,8 @@ def _input(tmp_path: Path) -> ReportInput:
             kind="empirical",
             llm_command="tiltlab llm train --config configs/x.yaml",
         ),
-        "b.error": Claim("b.error", P2, "Sec. 4", "fourth statement"),
-        "b.unchecked": Claim("b.unchecked", P2, "Sec. 5", "fifth statement"),
+        "b.error": Claim("b.error", P2, "§4", "fourth statement"),
+        "b.unchecked": Claim("b.unchecked", P2, "§5", "fifth statement"),
     }
     outs = [
         _outcome("a.verified", "theory", "verified", figure="fig99_demo"),
@@ -76,7 +77,7 @@ def _input(tmp_path: Path) -> ReportInput:
     fig = FakeFigure(
         "fig99_demo",
         "Demo figure",
-        "Shows the demo (paper 000, Fig. 9).",
+        "Shows the demo (DISA Fig. 9).",
         _png(tmp_path / "figures" / "fig99_demo.png"),
         tmp_path / "figures" / "fig99_demo.json",
         claims=["a.refuted"],
@@ -86,7 +87,7 @@ def _input(tmp_path: Path) -> ReportInput:
         claims=claims,
         outcomes=outs,
         figures=[fig],
-        missing_figures={"fig98_gone": "module sim.figures.fig98_gone is missing"},
+        missing_figures={"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"},
         env={"python": "3.x", "torch": "2.x"},
         seed=5,
         out_dir=tmp_path,
@@ -119,6 +120,18 @@ def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
     assert "first statement: pi\\* \\| b &lt; 0 \\| pi\\*" in md  # no accidental emphasis, table break or HTML
 
 
+def test_report_cites_short_names_and_docs_in_the_repository(tmp_path):
+    """Claims are cited as "<paper> <section>"; the report sends readers to docs/ in the repository,
+    never to a file outside it or to a hashed file name."""
+    inp = _input(tmp_path)
+    for text in (render_markdown(inp), render_html(inp)):
+        assert "DISA §1" in text and "PACED-RL §4" in text
+        assert "docs/math.md" in text and "docs/papers.md" in text
+        assert "shared/" not in text and not re.search(r"_[0-9a-f]{16}\.txt", text)
+    md = render_markdown(inp)
+    assert "## DISA — DISA: Offline Importance Sampling for Distribution-Matching LLM-RL" in md
+
+
 def test_html_is_self_contained_with_embedded_image(tmp_path):
     inp = _input(tmp_path)
     ht = render_html(inp)
@@ -145,7 +158,7 @@ def test_write_report(tmp_path):
 
 def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_registry, tmp_path, monkeypatch, capsys):
     reg = isolated_registry
-    reg.declare_claim("zz_fake.repro", P0, "Sec. 0", "a fake claim", kind="empirical")
+    reg.declare_claim("zz_fake.repro", P0, "§0", "a fake claim", kind="empirical")
     reg.register_check("zz_fake.repro", layer="sim", expected="refuted", name="fake")(
         lambda seed: CheckResult(Verdict.REFUTED, f"fake seed={seed}", figure="fig99_demo")
     )
@@ -160,7 +173,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
 
     def fake_figs(out_dir, quick, seed, progress=True):
         calls["figs"] = (Path(out_dir), quick, seed)
-        return [fig], {"fig98_gone": "module sim.figures.fig98_gone is missing"}
+        return [fig], {"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"}
 
     monkeypatch.setattr(pcli, "_select", fake_select)
     monkeypatch.setattr(pcli, "make_figures", fake_figs)
@@ -171,7 +184,7 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     assert "fig98_gone" in printed
     rec = json.loads((out / "claims.json").read_text())
     assert rec["checks"][0]["summary"] == "fake seed=4" and rec["figures_missing"] == {
-        "fig98_gone": "module sim.figures.fig98_gone is missing"
+        "fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"
     }
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert "fig98_gone" in (out / "REPORT.md").read_text()
@@ -182,7 +195,7 @@ def test_make_figures_reports_missing_modules(tmp_path, monkeypatch):
     simfig = pytest.importorskip("tiltlab.sim.figures")
     monkeypatch.setattr(simfig, "FIGURES", (("fig97_absent", "fig97_absent_module"),))
     recs, problems = pcli.make_figures(tmp_path, quick=True, seed=0, progress=False)
-    assert recs == [] and problems == {"fig97_absent": "module sim.figures.fig97_absent_module is missing"}
+    assert recs == [] and problems == {"fig97_absent": "module tiltlab.sim.figures.fig97_absent_module is missing"}
 
 
 def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
