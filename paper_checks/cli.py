@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
 import os
 import platform
@@ -26,6 +27,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tiltlab.paper_checks.registry import FIGURE_MODULE
 
 LAYERS = ("theory", "sim", "data", "llm")
 
@@ -359,12 +362,11 @@ def _report_check(args, outs, unchecked, rec, seconds) -> None:
 def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int):
     """One figure module -> ``(records, problems)``; never raises (runs in worker processes too)."""
     try:
-        from tiltlab.sim import figures as simfig
-
+        simfig = importlib.import_module(FIGURE_MODULE)
         return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
     except ModuleNotFoundError as exc:
-        if exc.name == f"tiltlab.sim.figures.{mod_name}":
-            return [], {fig_id: f"module tiltlab.sim.figures.{mod_name} is missing"}
+        if exc.name == f"{FIGURE_MODULE}.{mod_name}":
+            return [], {fig_id: f"module {FIGURE_MODULE}.{mod_name} is missing"}
         return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()
@@ -373,9 +375,9 @@ def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int)
 
 def _figure_list():
     try:
-        from tiltlab.sim import figures as simfig
+        simfig = importlib.import_module(FIGURE_MODULE)
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return None, {"tiltlab.sim.figures": f"could not import tiltlab.sim.figures: {type(exc).__name__}: {exc}"}
+        return None, {FIGURE_MODULE: f"could not import {FIGURE_MODULE}: {type(exc).__name__}: {exc}"}
     return list(simfig.FIGURES), {}
 
 

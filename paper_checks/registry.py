@@ -38,6 +38,7 @@ import tomllib
 
 __all__ = [
     "CHECK_MODULES",
+    "FIGURE_MODULE",
     "Check",
     "CheckResult",
     "Claim",
@@ -70,6 +71,11 @@ CHECK_MODULES: tuple[str, ...] = (
     "tiltlab.sim.checks",
     "tiltlab.paper_checks.data_checks",
 )
+
+#: The figure module ``tiltlab reproduce`` imports by name, like the check modules: it provides
+#: ``FIGURES`` (``(figure id, module name)`` pairs) and ``make_all(out_dir, quick, seed, only)``.
+#: Naming it here keeps the registry and its runner below the simulator in the layer order.
+FIGURE_MODULE = "tiltlab.sim.figures"
 
 
 class Verdict(str, enum.Enum):
