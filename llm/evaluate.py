@@ -493,3 +493,54 @@ def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
     if cfg.out_dir:
         save_results(results, cfg.out_dir, config=asdict(cfg))
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: tiltlab llm eval
+# ---------------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers) -> None:
+    """``tiltlab llm eval``: flags = :class:`EvalConfig` fields (``--config`` reads the ``eval:`` section)."""
+    from tiltlab.dataclass_cli import add_dataclass_args
+
+    p = subparsers.add_parser(
+        "eval",
+        help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
+        description="Evaluate a model: Mean@k, unbiased pass@k, distinct-n diversity, "
+        "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.",
+    )
+    add_dataclass_args(p, EvalConfig, config_section="eval")
+    p.set_defaults(func=_cli_main)
+
+
+def eval_from_run_config(values: dict, rc) -> dict:
+    """A run config's ``eval:`` section -> :class:`EvalConfig` fields: the model is the run's
+    trained output (``output_dir``) unless the objective is ``none`` (a base-model row);
+    ``benchmarks`` are the dataset names; results go to ``<output_dir>/eval``."""
+    values = dict(values)
+    if "benchmarks" in values:
+        values["datasets"] = list(values.pop("benchmarks"))
+    split = values.pop("split", "test")
+    if split != "test":
+        raise ValueError(f"eval split {split!r}: the benchmark loaders read the local test copies only")
+    values.setdefault("model", rc.model if rc.objective == "none" else rc.output_dir)
+    values.setdefault("out_dir", str(Path(rc.output_dir) / "eval"))
+    return values
+
+
+def _cli_main(args) -> int:
+    import sys
+
+    from tiltlab.llm.config_args import config_from_args
+
+    try:
+        cfg = config_from_args(EvalConfig, args, section="eval", translate=eval_from_run_config)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tiltlab llm eval: error: {e}", file=sys.stderr)
+        return 2
+    results = run_eval(cfg)
+    print(results_table(results))
+    if cfg.out_dir:
+        print(f"results written to {cfg.out_dir}")
+    return 0

@@ -558,7 +558,7 @@ def config_fields() -> list[str]:
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
-    from tiltlab.llm.cli import add_dataclass_args
+    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage1",
@@ -571,7 +571,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.cli import config_from_args
+    from tiltlab.llm.config_args import config_from_args
 
     try:
         cfg = config_from_args(Stage1Config, args, section="stage1")

@@ -404,7 +404,7 @@ def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **lo
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
-    from tiltlab.llm.cli import add_dataclass_args
+    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage2",
@@ -417,7 +417,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.cli import config_from_args
+    from tiltlab.llm.config_args import config_from_args
 
     try:
         cfg = config_from_args(Stage2Config, args, section="stage2")

@@ -300,7 +300,8 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
 def test_cli_flags_map_to_config_fields():
     """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
     from tiltlab.cli import build_parser
-    from tiltlab.llm.cli import config_from_args, field_docs
+    from tiltlab.dataclass_cli import field_docs
+    from tiltlab.llm.config_args import config_from_args
 
     parser = build_parser()
     args = parser.parse_args(
