@@ -285,22 +285,6 @@ class EvalConfig:
             raise ValueError("pass_ks and distinct_ns must be positive")
 
 
-def _resolve_reward(name: str | Callable) -> Callable:
-    if callable(name):
-        return name
-    import importlib
-
-    from . import rewards
-
-    table = {"auto": rewards.verifiable_reward, "math": rewards.math_reward, "code": rewards.code_reward}
-    if name in table:
-        return table[name]
-    if ":" in name:
-        mod, _, fn = name.partition(":")
-        return getattr(importlib.import_module(mod), fn)
-    raise ValueError(f"unknown reward {name!r}; use auto, math, code or 'package.module:function'")
-
-
 def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[str]], list | None, list | None]:
     """(texts [P][k], completion ids or None, finished flags or None) from either engine protocol."""
     params = inspect.signature(engine.generate).parameters
@@ -323,16 +307,6 @@ def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[s
         if len(texts[-1]) != k:
             raise RuntimeError(f"engine returned {len(texts[-1])} completions for a prompt, expected {k}")
     return texts, (ids if all(i is not None for i in ids) else None), (fin if all(f is not None for f in fin) else None)
-
-
-def _format(tokenizer, prompt: str, chat_template: bool) -> str:
-    if not chat_template:
-        return prompt
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat_template=True but the engine's tokenizer has no chat template; use chat_template=False")
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def evaluate(
@@ -368,14 +342,17 @@ def evaluate(
 
         sampling = SamplingConfig()
     ks = sorted({int(x) for x in pass_ks if x <= k})
-    fn = _resolve_reward(reward_fn)
+    from .prompts import format_prompt
+    from .rewards import resolve_reward
+
+    fn = resolve_reward(reward_fn)
     tok = getattr(engine, "tokenizer", None)
     results: dict[str, DatasetResult] = {}
     for name, rows in tqdm(list(datasets.items()), desc="eval datasets", disable=not progress):
         rows = list(rows)
         if not rows:
             raise ValueError(f"dataset {name!r} is empty")
-        prompts = [_format(tok, r["prompt"], chat_template) for r in rows]
+        prompts = [format_prompt(tok, r["prompt"], chat_template) for r in rows]
         texts, ids, fin = _generate(engine, prompts, k, sampling)
         flat_comp = [t for g in texts for t in g]
         flat_ids = [c for g in ids for c in g] if ids is not None else None

@@ -205,7 +205,8 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     from safetensors.torch import save_file
 
     from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.stage1 import atomic_write_json, format_prompt, load_stage1, read_manifest
+    from tiltlab.llm.prompts import format_prompt
+    from tiltlab.llm.stage1 import atomic_write_json, load_stage1, read_manifest
     from tiltlab.objectives.regressor import fit_regressor
 
     man = read_manifest(cfg.labels)
@@ -342,11 +343,11 @@ class LogZPredictor:
     def predict_log_z(self, prompts: Sequence[Any]):
         import torch
 
-        from tiltlab.llm.stage1 import format_prompt
+        from tiltlab.llm.prompts import format_prompt, prompt_text
 
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list")
-        texts = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+        texts = [prompt_text(p) for p in prompts]
         feats = embed_prompts(
             self.model,
             self.tokenizer,

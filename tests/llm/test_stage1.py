@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
