@@ -12,7 +12,7 @@ DISA Stages 1-2 on a real backbone (GPU; ``pip install 'tiltlab[llm,vllm]'``)::
         --dataset prompts.jsonl --out-dir runs/disa/stage1 --M 8 --beta 1.0 --reward math \
         --engine vllm --temperature 1.0 --max-new-tokens 4096 --gpu-memory-utilization 0.6
     tiltlab llm stage2 --labels runs/disa/stage1 --out-dir runs/disa/stage2
-    # later stages: tiltlab.llm.stage2.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)
+    # Stage 3 reads: tiltlab.llm.stage2.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)
 
 Both models must share one tokenizer (Qwen3 sizes do). An interrupted Stage 1 resumes when
 rerun with the same flags.

@@ -1,6 +1,6 @@
 """Evaluation: ``k`` samples per prompt per benchmark -> Mean@k, pass@k, distinct-n, optional LLM-judge diversity.
 
-Estimators come from :mod:`objectives.metrics` (one home for the math, ``math.md`` §6):
+Estimators come from :mod:`objectives.metrics` (one home for the math, ``docs/math.md`` §6):
 
 * Mean@k = mean over prompts of ``mean_at_k(correct_i)`` (the average accuracy of the k samples);
 * pass@k' = mean over prompts of the unbiased ``pass_at_k(n=k, c_i, k')`` = ``1 - C(k-c, k')/C(k, k')``
@@ -61,7 +61,7 @@ DISA_D5_JUDGE_TEXT = (
     "Score 4 – High Diversity: – responses use the most common approach; – distinct solution strategies well-represented; multiple mathematical techniques and problem framings; strong evidence of diverse exploration strategies.\n"
     "Score 5 – Maximum Diversity: no single approach dominates ( responses use the same method); + distinctly different solution strategies; wide variety of mathematical techniques and creative approaches; excellent exploration and generation diversity.IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from to ."
 )
-"""DISA App. D.5 exactly as it appears in the project's copy of the paper (000_*.txt, lines of §D.5).
+"""DISA App. D.5 exactly as the text extraction of the paper gives it.
 
 The text extraction LOST every number of the rubric ("Rate diversity from to", "+ responses use
 ..."), so this constant is a record, not a usable prompt; :data:`JUDGE_SYSTEM_PROMPT` and
@@ -107,7 +107,7 @@ JUDGE_USER_TEMPLATE = (
     "IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from 1 to 5."
 )
 """User turn: the wording of DISA App. D.5 with the numbers its text extraction lost restored from
-the same FlowRL (Zhu et al. 2025) prompt as reproduced in LAD Box C.0 (004_*.txt), whose thresholds
+the same FlowRL (Zhu et al. 2025) prompt as reproduced in LAD Box C.0, whose thresholds
 are written for 16 solution attempts. Line breaks/bullets follow LAD's layout. ``{problem}`` and
 ``{formatted_responses}`` are filled by :func:`format_judge_messages`."""
 

@@ -1,7 +1,7 @@
 """Verifiable rewards with TRL's reward-function signature.
 
 Every reward here is ``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``
-(TRL ``GRPOTrainer`` convention, see ``notes/engines.md``): ``kwargs`` carry the dataset columns, one
+(TRL ``GRPOTrainer`` convention): ``kwargs`` carry the dataset columns, one
 entry per completion (``answer`` for math, ``tests`` and optionally ``entry_point`` for code).
 ``completions`` may be plain strings or conversational (``[{"role": "assistant", "content": ...}]``).
 ``None`` means "this reward does not apply to this row" (TRL ignores it when summing rewards).

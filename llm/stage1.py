@@ -1,6 +1,6 @@
 """DISA Stage 1: importance-sampled partition-function labels ``log Z_hat_M(x)``.
 
-DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eqs. 7-8; ``math.md`` §1). For each prompt ``x``:
+DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);

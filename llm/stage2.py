@@ -1,6 +1,6 @@
 """DISA Stage 2: regress the Stage-1 labels on frozen prompt embeddings; ``predict_log_z``.
 
-DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eq. 9; ``math.md`` §1): fit ``log Z_psi(x)`` by
+DISA §3.1 eq. (9) (``docs/math.md`` §1): fit ``log Z_psi(x)`` by
 least squares ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with a held-out split; the
 validation MSE is the separable diagnostic. Here:
 
