@@ -426,7 +426,9 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
     r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
     if not torch.isfinite(r_raw).all():
         raise ValueError("the reward function returned a non-finite value")
-    r_tilde = cfg.reward_scale * r_raw + cfg.reward_shift  # the recorded fixed affine transform
+    from tiltlab.objectives.transforms import affine_reward
+
+    r_tilde = affine_reward(r_raw, cfg.reward_scale, cfg.reward_shift)  # the recorded fixed transform
     log_w = est.log_importance_weights(logp_ref, logp_q, cfg.beta * r_tilde)  # [P, M]
 
     lab = {

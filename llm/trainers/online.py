@@ -72,6 +72,7 @@ from tiltlab.objectives.tb import (
     tb_residual,
     vargrad_log_z,
 )
+from tiltlab.objectives.transforms import affine_reward
 
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
@@ -369,7 +370,7 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             if args.reward_transform == "group_norm":
                 r_tilde = group_advantages(r_global.view(-1, g), scale="std").reshape(-1)
             else:
-                r_tilde = args.reward_scale * r_global + args.reward_shift
+                r_tilde = affine_reward(r_global, args.reward_scale, args.reward_shift)
             out["tb_reward"] = self._local(r_tilde, n).to(dev)
         if obj == "disa" or (obj == "paced" and args.paced_select_from == "disa"):
             out["log_z"] = self._frozen_log_z(inputs).to(dev)

@@ -10,6 +10,7 @@ import torch
 
 from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
 from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman, weight_clip_fraction
+from tiltlab.objectives.transforms import affine_reward
 
 # float64 inputs; the references loop in Python floats (float64), so agreement is to rounding:
 # 1e-10 relative leaves ~6 orders of magnitude above float64 accumulated error on these sizes.
@@ -205,3 +206,16 @@ def test_correlation_errors():
         pearson(torch.ones(1), torch.ones(1))
     with pytest.raises(ValueError, match="shape"):
         spearman(torch.ones(3), torch.ones(4))
+
+
+# ---- reward transform -------------------------------------------------------------------------
+
+
+def test_affine_reward_value_gradient_and_error():
+    r = torch.tensor([0.0, 1.0, 0.5, -2.0], dtype=torch.float64, requires_grad=True)
+    out = affine_reward(r, 2.5, -1.0)
+    assert out.tolist() == [2.5 * v - 1.0 for v in r.tolist()]
+    out.sum().backward()
+    assert r.grad.tolist() == [2.5] * 4
+    with pytest.raises(ValueError, match="must be > 0"):
+        affine_reward(r, 0.0)
