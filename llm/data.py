@@ -311,11 +311,9 @@ def to_hf_dataset(rows: Sequence[dict]):
 
 def as_chat(rows: Sequence[dict], system: str | None = None) -> list[dict]:
     """Copies of ``rows`` whose ``prompt`` is TRL's conversational form ``[{"role": "user", "content": ...}]``."""
-    out = []
-    for r in rows:
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": r["prompt"]}]
-        out.append({**r, "prompt": msgs})
-    return out
+    from .prompts import prompt_messages
+
+    return [{**r, "prompt": prompt_messages(r["prompt"], system)} for r in rows]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Evaluation: ``k`` samples per prompt per benchmark -> Mean@k, pass@k, distinct-n, optional LLM-judge diversity.
 
-Estimators come from :mod:`objectives.metrics` (one home for the math, ``math.md`` §6):
+Estimators come from :mod:`objectives.metrics` (one home for the math, ``docs/math.md`` §6):
 
 * Mean@k = mean over prompts of ``mean_at_k(correct_i)`` (the average accuracy of the k samples);
 * pass@k' = mean over prompts of the unbiased ``pass_at_k(n=k, c_i, k')`` = ``1 - C(k-c, k')/C(k, k')``
@@ -61,7 +61,7 @@ DISA_D5_JUDGE_TEXT = (
     "Score 4 – High Diversity: – responses use the most common approach; – distinct solution strategies well-represented; multiple mathematical techniques and problem framings; strong evidence of diverse exploration strategies.\n"
     "Score 5 – Maximum Diversity: no single approach dominates ( responses use the same method); + distinctly different solution strategies; wide variety of mathematical techniques and creative approaches; excellent exploration and generation diversity.IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from to ."
 )
-"""DISA App. D.5 exactly as it appears in the project's copy of the paper (000_*.txt, lines of §D.5).
+"""DISA App. D.5 exactly as the text extraction of the paper gives it.
 
 The text extraction LOST every number of the rubric ("Rate diversity from to", "+ responses use
 ..."), so this constant is a record, not a usable prompt; :data:`JUDGE_SYSTEM_PROMPT` and
@@ -107,7 +107,7 @@ JUDGE_USER_TEMPLATE = (
     "IMPORTANT: focus on the DIVERSITY of the attempted approaches. Return ONLY a number from 1 to 5."
 )
 """User turn: the wording of DISA App. D.5 with the numbers its text extraction lost restored from
-the same FlowRL (Zhu et al. 2025) prompt as reproduced in LAD Box C.0 (004_*.txt), whose thresholds
+the same FlowRL (Zhu et al. 2025) prompt as reproduced in LAD Box C.0, whose thresholds
 are written for 16 solution attempts. Line breaks/bullets follow LAD's layout. ``{problem}`` and
 ``{formatted_responses}`` are filled by :func:`format_judge_messages`."""
 
@@ -285,22 +285,6 @@ class EvalConfig:
             raise ValueError("pass_ks and distinct_ns must be positive")
 
 
-def _resolve_reward(name: str | Callable) -> Callable:
-    if callable(name):
-        return name
-    import importlib
-
-    from . import rewards
-
-    table = {"auto": rewards.verifiable_reward, "math": rewards.math_reward, "code": rewards.code_reward}
-    if name in table:
-        return table[name]
-    if ":" in name:
-        mod, _, fn = name.partition(":")
-        return getattr(importlib.import_module(mod), fn)
-    raise ValueError(f"unknown reward {name!r}; use auto, math, code or 'package.module:function'")
-
-
 def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[str]], list | None, list | None]:
     """(texts [P][k], completion ids or None, finished flags or None) from either engine protocol."""
     params = inspect.signature(engine.generate).parameters
@@ -323,16 +307,6 @@ def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[s
         if len(texts[-1]) != k:
             raise RuntimeError(f"engine returned {len(texts[-1])} completions for a prompt, expected {k}")
     return texts, (ids if all(i is not None for i in ids) else None), (fin if all(f is not None for f in fin) else None)
-
-
-def _format(tokenizer, prompt: str, chat_template: bool) -> str:
-    if not chat_template:
-        return prompt
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat_template=True but the engine's tokenizer has no chat template; use chat_template=False")
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def evaluate(
@@ -368,14 +342,17 @@ def evaluate(
 
         sampling = SamplingConfig()
     ks = sorted({int(x) for x in pass_ks if x <= k})
-    fn = _resolve_reward(reward_fn)
+    from .prompts import format_prompt
+    from .rewards import resolve_reward
+
+    fn = resolve_reward(reward_fn)
     tok = getattr(engine, "tokenizer", None)
     results: dict[str, DatasetResult] = {}
     for name, rows in tqdm(list(datasets.items()), desc="eval datasets", disable=not progress):
         rows = list(rows)
         if not rows:
             raise ValueError(f"dataset {name!r} is empty")
-        prompts = [_format(tok, r["prompt"], chat_template) for r in rows]
+        prompts = [format_prompt(tok, r["prompt"], chat_template) for r in rows]
         texts, ids, fin = _generate(engine, prompts, k, sampling)
         flat_comp = [t for g in texts for t in g]
         flat_ids = [c for g in ids for c in g] if ids is not None else None
@@ -493,3 +470,54 @@ def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
     if cfg.out_dir:
         save_results(results, cfg.out_dir, config=asdict(cfg))
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: tiltlab llm eval
+# ---------------------------------------------------------------------------------------------
+
+
+def add_cli(subparsers) -> None:
+    """``tiltlab llm eval``: flags = :class:`EvalConfig` fields (``--config`` reads the ``eval:`` section)."""
+    from tiltlab.dataclass_cli import add_dataclass_args
+
+    p = subparsers.add_parser(
+        "eval",
+        help="k samples per prompt per benchmark: Mean@k, pass@k, distinct-n (+ optional judge)",
+        description="Evaluate a model: Mean@k, unbiased pass@k, distinct-n diversity, "
+        "optional LLM-judge diversity (DISA App. D.5); prints a table, writes JSON with --out-dir.",
+    )
+    add_dataclass_args(p, EvalConfig, config_section="eval")
+    p.set_defaults(func=_cli_main)
+
+
+def eval_from_run_config(values: dict, rc) -> dict:
+    """A run config's ``eval:`` section -> :class:`EvalConfig` fields: the model is the run's
+    trained output (``output_dir``) unless the objective is ``none`` (a base-model row);
+    ``benchmarks`` are the dataset names; results go to ``<output_dir>/eval``."""
+    values = dict(values)
+    if "benchmarks" in values:
+        values["datasets"] = list(values.pop("benchmarks"))
+    split = values.pop("split", "test")
+    if split != "test":
+        raise ValueError(f"eval split {split!r}: the benchmark loaders read the local test copies only")
+    values.setdefault("model", rc.model if rc.objective == "none" else rc.output_dir)
+    values.setdefault("out_dir", str(Path(rc.output_dir) / "eval"))
+    return values
+
+
+def _cli_main(args) -> int:
+    import sys
+
+    from tiltlab.llm.config_args import config_from_args
+
+    try:
+        cfg = config_from_args(EvalConfig, args, section="eval", translate=eval_from_run_config)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tiltlab llm eval: error: {e}", file=sys.stderr)
+        return 2
+    results = run_eval(cfg)
+    print(results_table(results))
+    if cfg.out_dir:
+        print(f"results written to {cfg.out_dir}")
+    return 0

@@ -1,7 +1,7 @@
 """Verifiable rewards with TRL's reward-function signature.
 
 Every reward here is ``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``
-(TRL ``GRPOTrainer`` convention, see ``notes/engines.md``): ``kwargs`` carry the dataset columns, one
+(TRL ``GRPOTrainer`` convention): ``kwargs`` carry the dataset columns, one
 entry per completion (``answer`` for math, ``tests`` and optionally ``entry_point`` for code).
 ``completions`` may be plain strings or conversational (``[{"role": "assistant", "content": ...}]``).
 ``None`` means "this reward does not apply to this row" (TRL ignores it when summing rewards).
@@ -11,16 +11,20 @@ entry per completion (``answer`` for math, ``tests`` and optionally ``entry_poin
 * :func:`code_reward`: 1.0 iff the completion's code followed by the row's assert-based tests exits
   cleanly in :mod:`llm.sandbox` (timeout, memory, output and isolation limits), else 0.0.
 * :func:`verifiable_reward`: per row, math if the row has an ``answer``, code if it has ``tests``.
+
+:func:`resolve_reward` turns a reward name (``math`` | ``code`` | ``auto`` | ``package.module:function``)
+into the function; Stage 1, training and evaluation all resolve ``--reward`` through it.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+    "REWARDS",
     "code_program",
     "code_reward",
     "completion_text",
@@ -29,8 +33,32 @@ __all__ = [
     "make_code_reward",
     "math_equal",
     "math_reward",
+    "resolve_reward",
     "verifiable_reward",
 ]
+
+REWARDS: dict[str, str] = {"auto": "verifiable_reward", "math": "math_reward", "code": "code_reward"}
+"""Reward names -> functions of this module."""
+
+
+def resolve_reward(name: str | Callable) -> Callable:
+    """A TRL-signature reward ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``
+    from a name of :data:`REWARDS` or ``package.module:function`` (a callable is returned as is)."""
+    if callable(name):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"reward must be a name or a callable, got {type(name).__name__}")
+    if ":" in name:
+        import importlib
+
+        mod, _, fn = name.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), fn)
+        except AttributeError:
+            raise ValueError(f"reward {name!r}: module {mod!r} has no function {fn!r}") from None
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; use one of {sorted(REWARDS)} or 'package.module:function'")
+    return globals()[REWARDS[name]]
 
 
 def completion_text(completion: Any) -> str:

@@ -1,6 +1,6 @@
 """DISA Stage 1: importance-sampled partition-function labels ``log Z_hat_M(x)``.
 
-DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eqs. 7-8; ``math.md`` §1). For each prompt ``x``:
+DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
@@ -40,6 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from tiltlab.llm.prompts import prompt_token_ids
+from tiltlab.llm.rewards import resolve_reward
 
 __all__ = [
     "CRASH_ENV",
@@ -216,38 +219,6 @@ def _load_rows(dataset: str) -> list[dict]:
     return list(load_prompts(dataset))
 
 
-REWARDS = {"auto": "verifiable_reward", "math": "math_reward", "code": "code_reward"}
-"""Reward names of ``--reward``: functions of ``llm.rewards`` (or any ``package.module:function``)."""
-
-
-def _resolve_reward(name: str) -> Callable:
-    """A TRL-signature reward ``f(prompts, completions, completion_ids, **columns) -> list[float]``."""
-    import importlib
-
-    if ":" in name:
-        mod, _, fn = name.partition(":")
-        return getattr(importlib.import_module(mod), fn)
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; use one of {sorted(REWARDS)} or 'package.module:function'")
-    from tiltlab.llm import rewards
-
-    return getattr(rewards, REWARDS[name])
-
-
-def format_prompt(tokenizer, prompt: str, chat_template: bool) -> str:
-    """The text the model is conditioned on: the chat-templated user turn, or the raw prompt."""
-    if not chat_template:
-        return prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "chat_template=True but the reference tokenizer has no chat template; "
-            "pass --no-chat-template to use raw prompts"
-        )
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-    )
-
-
 def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
     h = hashlib.sha256()
     for i, p in zip(ids, prompts):
@@ -358,7 +329,7 @@ def run_stage1(
     ids = [str(r["id"]) for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids must be unique within the dataset")
-    reward = reward_fn if reward_fn is not None else _resolve_reward(cfg.reward)
+    reward = resolve_reward(reward_fn if reward_fn is not None else cfg.reward)
     reward_name = getattr(reward_fn, "__qualname__", repr(reward_fn)) if reward_fn is not None else cfg.reward
 
     n_shards = (len(rows) + cfg.prompts_per_shard - 1) // cfg.prompts_per_shard
@@ -433,8 +404,7 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
 
     from tiltlab.llm.scoring import score_completions
 
-    texts = [format_prompt(models.ref_tok, r["prompt"], cfg.chat_template) for r in shard_rows]
-    prompt_ids = [models.ref_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    prompt_ids = [prompt_token_ids(models.ref_tok, r["prompt"], cfg.chat_template) for r in shard_rows]
     groups = models.engine.generate(prompt_ids, cfg.M, cfg.sampling(k))
     flat_p = [g.prompt_ids for g in groups for _ in range(cfg.M)]
     flat_c = [c for g in groups for c in g.completion_ids]
@@ -456,7 +426,9 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
     r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
     if not torch.isfinite(r_raw).all():
         raise ValueError("the reward function returned a non-finite value")
-    r_tilde = cfg.reward_scale * r_raw + cfg.reward_shift  # the recorded fixed affine transform
+    from tiltlab.objectives.transforms import affine_reward
+
+    r_tilde = affine_reward(r_raw, cfg.reward_scale, cfg.reward_shift)  # the recorded fixed transform
     log_w = est.log_importance_weights(logp_ref, logp_q, cfg.beta * r_tilde)  # [P, M]
 
     lab = {
@@ -558,7 +530,7 @@ def config_fields() -> list[str]:
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
-    from tiltlab.llm.cli import add_dataclass_args
+    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage1",
@@ -571,7 +543,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.cli import config_from_args
+    from tiltlab.llm.config_args import config_from_args
 
     try:
         cfg = config_from_args(Stage1Config, args, section="stage1")

@@ -1,6 +1,6 @@
 """DISA Stage 2: regress the Stage-1 labels on frozen prompt embeddings; ``predict_log_z``.
 
-DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eq. 9; ``math.md`` §1): fit ``log Z_psi(x)`` by
+DISA §3.1 eq. (9) (``docs/math.md`` §1): fit ``log Z_psi(x)`` by
 least squares ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with a held-out split; the
 validation MSE is the separable diagnostic. Here:
 
@@ -205,7 +205,8 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     from safetensors.torch import save_file
 
     from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.stage1 import atomic_write_json, format_prompt, load_stage1, read_manifest
+    from tiltlab.llm.prompts import format_prompt
+    from tiltlab.llm.stage1 import atomic_write_json, load_stage1, read_manifest
     from tiltlab.objectives.regressor import fit_regressor
 
     man = read_manifest(cfg.labels)
@@ -342,11 +343,11 @@ class LogZPredictor:
     def predict_log_z(self, prompts: Sequence[Any]):
         import torch
 
-        from tiltlab.llm.stage1 import format_prompt
+        from tiltlab.llm.prompts import format_prompt, prompt_text
 
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list")
-        texts = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+        texts = [prompt_text(p) for p in prompts]
         feats = embed_prompts(
             self.model,
             self.tokenizer,
@@ -404,7 +405,7 @@ def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **lo
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
-    from tiltlab.llm.cli import add_dataclass_args
+    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage2",
@@ -417,7 +418,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.cli import config_from_args
+    from tiltlab.llm.config_args import config_from_args
 
     try:
         cfg = config_from_args(Stage2Config, args, section="stage2")

@@ -8,7 +8,7 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 
 from __future__ import annotations
 
-__all__ = ["add_cli", "build_trainer", "main"]
+__all__ = ["add_cli", "build_trainer", "main", "online_dataset"]
 
 
 def add_cli(subparsers) -> None:
@@ -28,20 +28,6 @@ def add_cli(subparsers) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
     p.set_defaults(func=main)
-
-
-def _reward(name: str):
-    import importlib
-
-    if ":" in name:
-        mod, _, fn = name.partition(":")
-        return getattr(importlib.import_module(mod), fn)
-    from tiltlab.llm import rewards
-
-    table = {"math": "math_reward", "code": "code_reward", "auto": "verifiable_reward"}
-    if name not in table:
-        raise ValueError(f"unknown reward {name!r}; use math | code | auto | package.module:function")
-    return getattr(rewards, table[name])
 
 
 def _disa_predictor(cfg):
@@ -65,12 +51,23 @@ def _disa_predictor(cfg):
     return log_z_fn, man
 
 
+def online_dataset(rows, chat_template: bool = True):
+    """The online trainer's ``datasets.Dataset``: the rows with ``prompt`` in the form TRL renders
+    into :func:`tiltlab.llm.prompts.format_prompt`'s text (the string Stage 1 labelled)."""
+    from datasets import Dataset
+
+    from tiltlab.llm.prompts import training_prompt
+
+    return Dataset.from_list([{**r, "prompt": training_prompt(r["prompt"], chat_template)} for r in rows])
+
+
 def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
     from datasets import Dataset
 
     from tiltlab.llm.data import load_prompts
     from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.rewards import resolve_reward
 
     if cfg.objective == "none":
         raise ValueError("objective 'none' has nothing to train (use `tiltlab llm eval`)")
@@ -80,13 +77,7 @@ def build_trainer(cfg):
     if cfg.kind == "online":
         from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
-        rows = load_prompts(cfg.dataset)
-        ds = Dataset.from_list(
-            [
-                {**{k: v for k, v in r.items() if k != "prompt"}, "prompt": [{"role": "user", "content": r["prompt"]}]}
-                for r in rows
-            ]
-        )
+        ds = online_dataset(load_prompts(cfg.dataset))
         kw.setdefault("remove_unused_columns", False)
         args = TiltGRPOConfig(**kw)
         log_z_fn = man = None
@@ -94,7 +85,7 @@ def build_trainer(cfg):
             log_z_fn, man = _disa_predictor(cfg)
         return TiltGRPOTrainer(
             model=cfg.model,
-            reward_funcs=_reward(cfg.reward),
+            reward_funcs=resolve_reward(cfg.reward),
             args=args,
             train_dataset=ds,
             processing_class=load_tokenizer(cfg.model),

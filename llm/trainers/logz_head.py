@@ -1,6 +1,6 @@
 """The learned partition function ``log Z_phi(x)`` of FlowRL / PACED, as a submodule of the policy.
 
-FlowRL's code (``math.md`` §2): ``log Z = MLP(masked mean of last-layer prompt hidden states)``,
+FlowRL's code (``docs/math.md`` §2): ``log Z = MLP(masked mean of last-layer prompt hidden states)``,
 3 layers, GELU, LayerNorm, dropout 0.1, input not detached. The head is attached to the policy
 (``model.log_z_head``) so that the trainer's optimizer, DDP/FSDP/DeepSpeed wrapping and
 checkpoints see it like any other parameter.

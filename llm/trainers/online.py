@@ -9,13 +9,15 @@ distributed plumbing (accelerate: DDP, DeepSpeed, FSDP). This module only
    ``r~`` of the TB objectives (identity, or the group-normalized plug-in), the frozen DISA
    ``log Z_psi(x)``, the batch-optimal VarGrad ``log Z``, the behaviour log-probs; PACED's prompt
    selection and replay also live there;
-2. gathers current log-probs in :meth:`TiltGRPOTrainer._compute_loss` and calls the loss of
-   ``objectives/`` (no loss formula is written here), multiplying in TRL's vLLM
-   importance-sampling ratio ``inputs["importance_sampling_ratio"]`` itself;
+2. gathers current log-probs in :meth:`TiltGRPOTrainer._compute_loss` and calls the objective's
+   entry of :data:`LOSSES` (one small function per objective, each calling ``objectives/``: no
+   formula is written here), with TRL's vLLM importance-sampling ratio
+   ``inputs["importance_sampling_ratio"]`` as a per-sequence weight
+   (:func:`objectives.correction.sequence_is_weight`);
 3. logs loss, reward, log Z mean/std, residual, weight-clip fraction, entropy and KL to the
    reference through TRL's metrics (so ``report_to`` sees them).
 
-Objectives (``math.md`` §1-§6):
+Objectives (``docs/math.md`` §1-§6):
 
 * ``grpo``  — :func:`objectives.pg.grpo_loss` (token ratio, clip ``epsilon``/``epsilon_high``,
   KL to ref with coefficient ``beta`` = TRL's KL coefficient).
@@ -25,15 +27,15 @@ Objectives (``math.md`` §1-§6):
   reward, ``tilt_beta = 15``, weight ``clamp(exp(sum log-ratio), max=10)``; the paper's
   ``[1-eps, 1+eps]`` clip via ``weight_clip="eps"``.
 * ``disa``  — :func:`objectives.tb.disa_loss`: the frozen Stage-2 ``log Z_psi(x)``, no gradient,
-  with the SAME reward transform, ``beta`` and residual scale as Stage 1 (checked, see
-  :func:`check_label_compat`).
+  with the SAME reward transform, ``beta``, residual scale and prompt format as Stage 1 (checked,
+  see :func:`tiltlab.llm.trainers.disa_labels.check_label_compat`).
 * ``vargrad`` — TB at the per-group batch-optimal ``log Z`` (:func:`objectives.tb.vargrad_log_z`),
   computed at generation time where the whole group is present.
 * ``lad``   — :func:`objectives.lad.lad_loss` with any of the six divergences, ``lad_eta``.
 * ``paced`` — TB anchored on ``pi_old`` with tilt ``r / paced_kl_coef`` and a learned ``log Z``
   head; prompts selected by ``|p_hat - tau|`` (:func:`objectives.paced.select_prompts`) from the
   learned or the DISA-frozen partition function; correct samples replayed by accuracy-error
-  priority (:class:`objectives.paced.ReplayBuffer`).
+  priority (:class:`objectives.paced.ReplayBuffer`); the glue is :mod:`tiltlab.llm.trainers.paced`.
 
 Groups and micro-batches: TRL shuffles a generation batch and splits it over gradient-
 accumulation micro-batches and processes, so a group's G completions are usually NOT together in
@@ -47,7 +49,6 @@ its gradient contribution is zero at the minimizer anyway (``dL/dlog Z = 0``), a
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,10 +58,11 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from tiltlab.objectives.estimators import pass_rate_from_log_z
+from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
+from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman, weight_clip_fraction
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
-from tiltlab.objectives.paced import ReplayBuffer, accuracy_from_log_z, replay_priority, select_prompts
-from tiltlab.objectives.pg import group_advantages, grpo_loss, gspo_loss, kl_k3, masked_mean
+from tiltlab.objectives.paced import ReplayBuffer
+from tiltlab.objectives.pg import group_advantages, grpo_loss, gspo_loss, masked_mean
 from tiltlab.objectives.tb import (
     disa_loss,
     flowrl_loss,
@@ -70,97 +72,19 @@ from tiltlab.objectives.tb import (
     tb_residual,
     vargrad_log_z,
 )
+from tiltlab.objectives.transforms import affine_reward
 
+from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
+from .paced import PacedMixin
 
-__all__ = ["OBJECTIVES", "LabelMismatchError", "TiltGRPOConfig", "TiltGRPOTrainer", "check_label_compat"]
+__all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer"]
 
 OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
 _TB = ("flowrl", "disa", "vargrad", "paced")
 _NEEDS_REF = ("flowrl", "disa", "vargrad")
 _LEARNED_Z = ("flowrl", "paced")
 REWARD_TRANSFORMS = ("affine", "identity", "group_norm")
-
-
-class LabelMismatchError(ValueError):
-    """Stage-1 labels and the Stage-3 residual disagree (reward transform, beta, or log-prob scale)."""
-
-
-def _recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
-    """Normalize a Stage-1 manifest (``llm.stage1``'s ``manifest.json``, format ``tiltlab.stage1/1``,
-    or a flat dict) to ``{beta, reward_transform, logprob_scale}``.
-
-    ``tiltlab.stage1/1`` labels are trajectory-level by construction (``log w = log pi_ref(y|x)
-    + beta r~ - log q(y|x)`` with masked-SUM sequence log-probs), so ``logprob_scale = "sum"`` is
-    implied by that format when the manifest does not state it.
-    """
-    out: dict[str, Any] = {}
-    if "beta" in recorded:
-        out["beta"] = float(recorded["beta"])
-    rt = recorded.get("reward_transform")
-    if isinstance(rt, dict):
-        name = rt.get("name", "affine")
-        out["reward_transform"] = (
-            (name, float(rt.get("a", 1.0)), float(rt.get("c", 0.0))) if name == "affine" else (name,)
-        )
-    elif rt is not None:
-        out["reward_transform"] = ("affine", 1.0, 0.0) if rt == "identity" else (str(rt),)
-    if "logprob_scale" in recorded:
-        out["logprob_scale"] = str(recorded["logprob_scale"])
-    elif str(recorded.get("format", "")).startswith("tiltlab.stage1/"):
-        out["logprob_scale"] = "sum"
-    return out
-
-
-def check_label_compat(
-    recorded: dict[str, Any] | None,
-    *,
-    beta: float,
-    reward_transform: tuple,
-    logprob_scale: str,
-    allow_mismatch: bool = False,
-    reason: str | None = None,
-) -> list[str]:
-    """Check that the Stage-3 residual uses what Stage 1 used for its labels.
-
-    DISA eq. (10) subtracts ``beta * r~`` and uses ``log pi_theta - log pi_ref`` on the scale the
-    labels ``log Z_hat = LSE(log pi_ref + beta r~ - log q) - log M`` were computed on (eqs. 7-8):
-    trajectory-level (``"sum"``) labels with a length-normalized (``"mean"``) residual, another
-    ``beta`` or another reward transform make ``sg(log Z_psi)`` the log-partition of a different
-    target. ``recorded`` is Stage 1's manifest (see :func:`_recorded_settings`);
-    ``reward_transform`` is ``("affine", a, c)`` or ``("group_norm",)``.
-
-    Returns the list of mismatches (empty when consistent). Raises :class:`LabelMismatchError`
-    unless ``allow_mismatch`` is set together with a ``reason``.
-    """
-    if recorded is None:
-        problems = ["Stage-1 manifest not given: cannot check beta / reward transform / log-prob scale"]
-    else:
-        got = _recorded_settings(recorded)
-        want = {"beta": float(beta), "reward_transform": tuple(reward_transform), "logprob_scale": logprob_scale}
-        problems = []
-        for key, val in want.items():
-            if key not in got:
-                problems.append(f"Stage 1 did not record {key!r}")
-            elif key == "beta" and not math.isclose(got[key], val, rel_tol=1e-9):
-                problems.append(f"beta: Stage 1 used {got[key]!r}, Stage 3 uses {val!r}")
-            elif key != "beta" and got[key] != val:
-                problems.append(f"{key}: Stage 1 used {got[key]!r}, Stage 3 uses {val!r}")
-        if want["reward_transform"][0] == "group_norm":
-            problems.append("a group-normalized reward is a per-batch plug-in, not the fixed transform the labels used")
-    if problems and not allow_mismatch:
-        raise LabelMismatchError(
-            "DISA Stage 3 must use the reward transform, beta and log-prob scale of the Stage-1 labels "
-            "(e.g. trajectory-level labels with a length-normalized residual, or another beta, make log Z_psi the "
-            "log-partition of a different target): "
-            + "; ".join(problems)
-            + ". Set disa_allow_label_mismatch=True with disa_mismatch_reason='...' to override."
-        )
-    if problems and not reason:
-        raise LabelMismatchError(
-            "disa_allow_label_mismatch=True needs disa_mismatch_reason explaining why: " + "; ".join(problems)
-        )
-    return problems
 
 
 @dataclass
@@ -274,7 +198,17 @@ class TiltGRPOConfig(GRPOConfig):
 LogZFn = Callable[[list[Any]], Tensor]
 
 
-class TiltGRPOTrainer(GRPOTrainer):
+def _is_chat_dataset(dataset) -> bool | None:
+    """Whether the dataset's prompts are conversational (TRL renders them with the chat template);
+    None without a dataset."""
+    if dataset is None or len(dataset) == 0:
+        return None
+    from trl.data_utils import is_conversational
+
+    return bool(is_conversational({"prompt": dataset[0]["prompt"]}))
+
+
+class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
     Extra arguments:
@@ -318,6 +252,7 @@ class TiltGRPOTrainer(GRPOTrainer):
                 beta=args.tilt_beta,
                 reward_transform=args.reward_transform_spec,
                 logprob_scale=args.logprob_scale,
+                chat_template=_is_chat_dataset(train_dataset),
                 allow_mismatch=args.disa_allow_label_mismatch,
                 reason=args.disa_mismatch_reason,
             )
@@ -397,32 +332,6 @@ class TiltGRPOTrainer(GRPOTrainer):
             self._log_z_cache.update(zip(missing, vals.tolist()))
         return torch.tensor([self._log_z_cache[k] for k in keys], dtype=torch.float32)
 
-    def _paced_select(self, inputs: list[dict]) -> list[dict]:
-        """PACED Sec. 4.2: replace this process's groups by the prompts whose estimated accuracy
-        ``p_hat`` is closest to ``tau``, out of ``pool_factor`` times as many random candidates."""
-        args, g = self.args, self.num_generations
-        n_groups = len(inputs) // g
-        if args.paced_pool_factor <= 0 or n_groups == 0:
-            return inputs
-        ds = self.train_dataset
-        n_cand = min(len(ds), n_groups * args.paced_pool_factor)
-        if n_cand <= n_groups:
-            return inputs
-        rng = random.Random(self._paced_rng.random() + self.accelerator.process_index)
-        cand = [ds[i] for i in rng.sample(range(len(ds)), n_cand)]
-        with torch.no_grad():
-            if args.paced_select_from == "disa":
-                p_hat = pass_rate_from_log_z(self._frozen_log_z(cand), args.tilt_beta).clamp(0.0, 1.0)
-            else:
-                ids, mask = self._prompt_tensors([c["prompt"] for c in cand])
-                unwrapped = self.accelerator.unwrap_model(self.model)
-                log_z = prompt_log_z(unwrapped, ids, mask, detach_input=True).float().cpu()
-                p_hat = accuracy_from_log_z(log_z, args.paced_kl_coef)
-        chosen = select_prompts(p_hat, args.paced_tau, n_groups).tolist()
-        self._metrics["train"]["paced/p_hat_selected_mean"].append(float(p_hat[chosen].mean()))
-        self._metrics["train"]["paced/p_hat_pool_mean"].append(float(p_hat.mean()))
-        return [cand[i] for i in chosen for _ in range(g)]
-
     def _prompt_tensors(self, prompts: list) -> tuple[Tensor, Tensor]:
         from tiltlab.llm.scoring import build_batch
 
@@ -461,7 +370,7 @@ class TiltGRPOTrainer(GRPOTrainer):
             if args.reward_transform == "group_norm":
                 r_tilde = group_advantages(r_global.view(-1, g), scale="std").reshape(-1)
             else:
-                r_tilde = args.reward_scale * r_global + args.reward_shift
+                r_tilde = affine_reward(r_global, args.reward_scale, args.reward_shift)
             out["tb_reward"] = self._local(r_tilde, n).to(dev)
         if obj == "disa" or (obj == "paced" and args.paced_select_from == "disa"):
             out["log_z"] = self._frozen_log_z(inputs).to(dev)
@@ -496,126 +405,20 @@ class TiltGRPOTrainer(GRPOTrainer):
             acc = (out["rewards"].float() > 0.5).float().view(-1, g).mean(1).cpu()
             if lz.numel() < 3 or lz.std() == 0 or acc.std() == 0:
                 return
-
-            def pearson(a, b):
-                a, b = a - a.mean(), b - b.mean()
-                return float((a * b).sum() / (a.norm() * b.norm()))
-
-            def ranks(x):
-                return torch.argsort(torch.argsort(x, stable=True), stable=True).float()
-
-            self._metrics["train"]["log_z/accuracy_pearson"].append(pearson(lz, acc))
-            self._metrics["train"]["log_z/accuracy_spearman"].append(pearson(ranks(lz), ranks(acc)))
-
-    def _paced_replay(self, out: dict, inputs: list[dict], r_global: Tensor, g: int) -> dict:
-        """PACED Sec. 4.4: add this batch's correct samples (highest ``|N_correct/N - p_hat|``
-        first) to the buffer, then append the buffer's contents to the batch. Replayed rows are
-        re-anchored on the current ``pi_old`` (their behaviour log-probs are recomputed now)."""
-        from trl.trainer.utils import pad
-
-        n = out["completion_ids"].shape[0]
-        dev = out["completion_ids"].device
-        spg = self.args.steps_per_generation
-        cap = self.args.paced_replay_max
-        # replay first (items from earlier steps), then insert this step's correct samples
-        items = self._replay.contents()
-        k = (len(items) // spg) * spg
-        if cap is not None:
-            k = min(k, (cap // spg) * spg)
-        items = items[-k:] if k else []
-        # priority: |N_correct / N - p_hat(x)| per prompt, from this step's groups
-        r_local = out["rewards"].float()
-        correct = r_local > 0.5
-        with torch.no_grad():
-            if self.args.paced_select_from == "disa":  # the same estimate that selected the prompts
-                p_hat = pass_rate_from_log_z(out["log_z"].float(), self.args.tilt_beta).clamp(0.0, 1.0)
-            else:
-                unwrapped = self.accelerator.unwrap_model(self.model)
-                log_z = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
-                p_hat = accuracy_from_log_z(log_z, self.args.paced_kl_coef)
-        n_corr = correct.float().view(-1, g).sum(1).repeat_interleave(g)
-        prio = replay_priority(n_corr, torch.full_like(n_corr, float(g)), p_hat)
-        rows = []
-        for b in range(n):
-            pm = out["prompt_mask"][b].bool()
-            cm = out["completion_mask"][b].bool()
-            rows.append(
-                {
-                    "prompt_ids": out["prompt_ids"][b][pm].cpu(),
-                    "completion_ids": out["completion_ids"][b][cm].cpu(),
-                    "reward": float(r_local[b]),
-                    "tb_reward": float(out["tb_reward"][b]),
-                }
-            )
-        added = self._replay.add(rows, prio.cpu(), correct.cpu())
-        self._metrics["train"]["paced/replay_added"].append(float(added))
-        self._metrics["train"]["paced/replay_used"].append(float(len(items)))
-        self._metrics["train"]["paced/accuracy_error"].append(float((n_corr / g - p_hat).abs().mean()))
-        if not items:
-            return out
-        pid = self._tokenizer.pad_token_id
-        p_ids = [out["prompt_ids"][b][out["prompt_mask"][b].bool()] for b in range(n)] + [
-            it["prompt_ids"].to(dev) for it in items
-        ]
-        c_ids = [out["completion_ids"][b][out["completion_mask"][b].bool()] for b in range(n)] + [
-            it["completion_ids"].to(dev) for it in items
-        ]
-        new = dict(out)
-        new["prompt_ids"] = pad(p_ids, padding_value=pid, padding_side="left").to(dev)
-        new["prompt_mask"] = pad([torch.ones_like(x) for x in p_ids], padding_value=0, padding_side="left").to(dev)
-        new["completion_ids"] = pad(c_ids, padding_value=pid, padding_side="right").to(dev)
-        new["completion_mask"] = pad([torch.ones_like(x) for x in c_ids], padding_value=0, padding_side="right").to(dev)
-        with torch.no_grad():
-            pc = torch.cat([new["prompt_ids"], new["completion_ids"]], 1)
-            am = torch.cat([new["prompt_mask"], new["completion_mask"]], 1)
-            new["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                self.model, pc, am, new["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
-            )
-        extra = len(items)
-        new["rewards"] = torch.cat([out["rewards"], torch.tensor([it["reward"] for it in items], device=dev)])
-        new["tb_reward"] = torch.cat([out["tb_reward"], torch.tensor([it["tb_reward"] for it in items], device=dev)])
-        new["advantages"] = torch.cat(
-            [out["advantages"], torch.zeros(extra, device=dev, dtype=out["advantages"].dtype)]
-        )
-        if "log_z" in out:
-            new["log_z"] = torch.cat([out["log_z"], out["log_z"].new_zeros(extra)])
-        new.pop("ref_per_token_logps", None)
-        new.pop("sampling_per_token_logps", None)
-        if "importance_sampling_ratio" in out:
-            isr = out["importance_sampling_ratio"]
-            t_new = new["completion_ids"].shape[1]
-            if isr.shape[1] == 1:
-                new["importance_sampling_ratio"] = torch.cat([isr, isr.new_ones(extra, 1)])
-            else:
-                base = isr.new_ones(n + extra, t_new)
-                base[:n, : isr.shape[1]] = isr
-                new["importance_sampling_ratio"] = base
-        new["num_items_in_batch"] = (
-            out["num_items_in_batch"] + self.accelerator.gather(new["completion_mask"][n:].sum()).sum()
-        )
-        return new
+            self._metrics["train"]["log_z/accuracy_pearson"].append(float(pearson(lz, acc)))
+            self._metrics["train"]["log_z/accuracy_spearman"].append(float(spearman(lz, acc)))
 
     # ------------------------------------------------------------------------------------------
-    # loss: gather log-probs, call objectives/
-    def _seq_is_weight(self, inputs: dict, mask: Tensor) -> Tensor | None:
-        """TRL's vLLM sampler-mismatch ratio as a per-sequence weight: a sequence-level ratio is
-        used as is; a token-level one becomes the product over the completion's tokens, capped
-        at ``vllm_importance_sampling_clip_max`` (use ``vllm_importance_sampling_mode=
-        'sequence_truncate'`` with the TB objectives to have TRL do this)."""
-        isr = inputs.get("importance_sampling_ratio")
-        if isr is None:
-            return None
-        if isr.dim() == 2 and isr.shape[1] == 1:
-            return isr[:, 0]
-        log_w = (torch.log(isr.clamp_min(1e-30)) * mask).sum(1)
-        cap = self.vllm_importance_sampling_clip_max
-        w = torch.exp(log_w.clamp(max=80.0))
-        return w.clamp(max=cap) if cap is not None else w
-
+    # loss: gather log-probs, call the objective's entry of LOSSES
     def _log(self, mode: str, name: str, value: Tensor | float) -> None:
         v = value if isinstance(value, Tensor) else torch.tensor(float(value))
         v = v.detach().float().reshape(1).to(self.accelerator.device)
         self._metrics[mode][name].append(self.accelerator.gather(v).nanmean().item())
+
+    def _learned_log_z(self, model, batch: LossBatch) -> Tensor:
+        """``[B]`` log Z of the learned head on the batch's prompts (gradient into the head)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        return prompt_log_z(unwrapped, batch.prompt_ids, batch.prompt_mask, detach_input=self.args.log_z_detach_input)
 
     def _compute_loss(self, model, inputs):
         args, obj = self.args, self.args.objective
@@ -633,112 +436,13 @@ class TiltGRPOTrainer(GRPOTrainer):
         old = logp.detach() if old is None else old.float()
         ref = inputs.get("ref_per_token_logps")
         isr = inputs.get("importance_sampling_ratio")
-        seq_w = self._seq_is_weight(inputs, mask)
-        metrics: dict[str, Tensor] = {}
-        if obj == "grpo":
-            loss, m = grpo_loss(
-                logp,
-                old,
-                inputs["advantages"],
-                mask,
-                clip_eps=args.epsilon,
-                clip_eps_high=args.epsilon_high,
-                loss_agg="seq_mean_token_mean" if args.loss_type == "grpo" else "token_mean",
-                token_logp_ref=ref,
-                kl_coef=self.kl_coef if ref is not None else 0.0,
-                is_weight=None if isr is None else (isr[:, 0] if isr.shape[1] == 1 else isr),
-            )
-            metrics["clip_frac"] = m["clip_frac"]
-        elif obj == "gspo":
-            loss, m = gspo_loss(
-                logp,
-                old,
-                inputs["advantages"],
-                mask,
-                clip_eps=args.epsilon,
-                clip_eps_high=args.epsilon_high,
-                is_weight=seq_w,
-            )
-            metrics["clip_frac"] = m["clip_frac"]
-            if ref is not None and self.kl_coef:
-                loss = loss + self.kl_coef * masked_mean(kl_k3(logp, ref), mask)
-        elif obj == "lad":
-            adv = inputs["advantages"]
-            if args.lad_level == "token":
-                per = lad_loss(
-                    logp, old, adv[:, None].expand_as(logp), args.lad_eta, args.lad_divergence, reduction="none"
-                )  # [B, T]
-                if isr is not None:
-                    per = per * isr
-                loss = masked_mean(per, mask, dim=1).mean()
-            else:
-                lp = sequence_logprob(logp, mask, "mean")
-                lo = sequence_logprob(old, mask, "mean")
-                loss = lad_loss(lp, lo, adv, args.lad_eta, args.lad_divergence, weight=seq_w)
-            if ref is not None and self.kl_coef:
-                loss = loss + self.kl_coef * masked_mean(kl_k3(logp, ref), mask)
-        elif obj == "flowrl":
-            log_z = prompt_log_z(
-                self.accelerator.unwrap_model(model), prompt_ids, prompt_mask, detach_input=args.log_z_detach_input
-            )
-            loss, m = flowrl_loss(
-                logp,
-                ref,
-                old,
-                mask,
-                inputs["tb_reward"][:, None],
-                log_z,
-                beta=args.tilt_beta,
-                length_normalize=args.length_normalize,
-                group_normalize=False,
-                weight_clip=args.weight_clip,
-                max_weight=args.max_weight,
-                eps=args.weight_eps,
-                is_weight=seq_w,
-            )
-            metrics.update(
-                log_z=log_z.detach(),
-                residual=m["residual_abs_mean"],
-                weight_clip_frac=m["weight_clip_frac"],
-                weight_mean=m["weight_mean"],
-            )
-        else:  # disa, vargrad, paced: TB with frozen / batch-optimal / learned log Z
-            scale = args.logprob_scale
-            lp = sequence_logprob(logp, mask, scale)
-            w = tb_importance_weight(logp, old, mask, args.weight_clip, args.max_weight, args.weight_eps)
-            if seq_w is not None:
-                w = w * seq_w
-            if obj == "paced":
-                log_z = prompt_log_z(
-                    self.accelerator.unwrap_model(model), prompt_ids, prompt_mask, detach_input=args.log_z_detach_input
-                )
-                anchor = sequence_logprob(old, mask, scale)
-                residual = tb_residual(lp, anchor, inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
-                loss = tb_loss(residual, w)
-            else:
-                lp_ref = sequence_logprob(ref, mask, scale)
-                log_z = inputs["log_z"].float()
-                r = inputs["tb_reward"].float()
-                if obj == "disa":
-                    loss = disa_loss(lp, lp_ref, r, log_z, args.tilt_beta, weight=w)
-                else:
-                    loss = tb_loss(tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta), w)
-                residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
-            metrics.update(
-                log_z=log_z.detach(),
-                residual=residual.detach().abs().mean(),
-                weight_clip_frac=(w >= args.max_weight).float().mean()
-                if args.weight_clip == "max"
-                else ((w <= 1 - args.weight_eps) | (w >= 1 + args.weight_eps)).float().mean()
-                if args.weight_clip == "eps"
-                else torch.zeros(()),
-                weight_mean=w.mean(),
-            )
+        seq_w = None if isr is None else sequence_is_weight(isr, mask, self.vllm_importance_sampling_clip_max)
+        batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask)
+        loss, metrics = LOSSES[obj](self, model, batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
         if args.log_kl_old:
-            # KL(pi_old || pi_theta) = E_{y ~ pi_old}[log pi_old(y) - log pi_theta(y)], sequence level
-            kl_old = ((old - logp.detach()) * mask).sum(1).mean()
+            kl_old = sequence_kl_old(old, logp, mask)
             metrics["kl_old"] = kl_old
             if obj == "paced":
                 metrics["paced/beta_kl_old"] = args.paced_kl_coef * kl_old
@@ -747,7 +451,7 @@ class TiltGRPOTrainer(GRPOTrainer):
             self._log(mode, f"objective/{obj}_loss", loss)
             self._log(mode, "entropy", masked_mean(entropy.float(), mask))
             if ref is not None:
-                self._log(mode, "kl_ref", masked_mean(kl_k3(logp, ref.float()), mask))
+                self._log(mode, "kl_ref", kl_penalty(logp, ref.float(), mask))
             if "log_z" in metrics:
                 lz = metrics.pop("log_z").float()
                 self._log(mode, "log_z/mean", lz.mean())
@@ -756,3 +460,192 @@ class TiltGRPOTrainer(GRPOTrainer):
                 self._log(mode, k, v)
         normalizer = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1.0
         return loss / normalizer
+
+
+# ----------------------------------------------------------------------------------------------
+# the objectives: one loss function per entry of OBJECTIVES
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LossBatch:
+    """What a loss function of :data:`LOSSES` gets from :meth:`TiltGRPOTrainer._compute_loss`.
+
+    ``logp`` ``[B, T]`` current token log-probs (with gradient); ``old`` ``[B, T]`` behaviour
+    log-probs (``pi_old``); ``ref`` ``[B, T]`` or None, reference log-probs; ``mask`` ``[B, T]``
+    float completion mask; ``isr`` TRL's ``importance_sampling_ratio`` (``[B, 1]`` or ``[B, T]``)
+    or None and ``seq_w`` ``[B]`` its per-sequence form (:func:`~tiltlab.objectives.correction.
+    sequence_is_weight`) or None; ``inputs`` the batch dict (``advantages``, ``rewards``,
+    ``tb_reward``, ``log_z``: ``[B]``); ``prompt_ids`` / ``prompt_mask`` ``[B, P]``.
+    """
+
+    logp: Tensor
+    old: Tensor
+    ref: Tensor | None
+    mask: Tensor
+    isr: Tensor | None
+    seq_w: Tensor | None
+    inputs: dict
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+
+
+LossFn = Callable[[TiltGRPOTrainer, Any, LossBatch], tuple[Tensor, dict[str, Tensor]]]
+"""``loss_fn(trainer, model, batch) -> (loss, metrics)``; a ``log_z`` metric is logged as mean/std."""
+
+
+def _with_kl(trainer: TiltGRPOTrainer, loss: Tensor, b: LossBatch) -> Tensor:
+    """``loss + kl_coef * kl_penalty`` when TRL computed reference log-probs and ``beta != 0``
+    (the KL term is not importance-weighted, as in TRL)."""
+    if b.ref is not None and trainer.kl_coef:
+        return loss + trainer.kl_coef * kl_penalty(b.logp, b.ref, b.mask)
+    return loss
+
+
+def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO (:func:`~tiltlab.objectives.pg.grpo_loss`): token ratio, clip ``epsilon``/``epsilon_high``,
+    KL to ref with TRL's ``beta``; TRL's IS ratio per token or per sequence."""
+    args = trainer.args
+    loss, m = grpo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        clip_eps=args.epsilon,
+        clip_eps_high=args.epsilon_high,
+        loss_agg="seq_mean_token_mean" if args.loss_type == "grpo" else "token_mean",
+        token_logp_ref=b.ref,
+        kl_coef=trainer.kl_coef if b.ref is not None else 0.0,
+        is_weight=None if b.isr is None else (b.isr[:, 0] if b.isr.shape[1] == 1 else b.isr),
+    )
+    return loss, {"clip_frac": m["clip_frac"]}
+
+
+def gspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (:func:`~tiltlab.objectives.pg.gspo_loss`): sequence ratio, sequence IS weight, KL to ref."""
+    args = trainer.args
+    loss, m = gspo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        clip_eps=args.epsilon,
+        clip_eps_high=args.epsilon_high,
+        is_weight=b.seq_w,
+    )
+    return _with_kl(trainer, loss, b), {"clip_frac": m["clip_frac"]}
+
+
+def lad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """LAD (:func:`~tiltlab.objectives.lad.lad_loss`) at token level (per-token IS ratio, mean over
+    tokens then sequences) or sequence level (length-normalized log-probs, sequence IS weight)."""
+    args = trainer.args
+    adv = b.inputs["advantages"]
+    if args.lad_level == "token":
+        per = lad_loss(
+            b.logp, b.old, adv[:, None].expand_as(b.logp), args.lad_eta, args.lad_divergence, reduction="none"
+        )  # [B, T]
+        if b.isr is not None:
+            per = per * b.isr
+        loss = masked_mean(per, b.mask, dim=1).mean()
+    else:
+        lp = sequence_logprob(b.logp, b.mask, "mean")
+        lo = sequence_logprob(b.old, b.mask, "mean")
+        loss = lad_loss(lp, lo, adv, args.lad_eta, args.lad_divergence, weight=b.seq_w)
+    return _with_kl(trainer, loss, b), {}
+
+
+def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """FlowRL (:func:`~tiltlab.objectives.tb.flowrl_loss`) with the learned log Z head."""
+    args = trainer.args
+    log_z = trainer._learned_log_z(model, b)
+    loss, m = flowrl_loss(
+        b.logp,
+        b.ref,
+        b.old,
+        b.mask,
+        b.inputs["tb_reward"][:, None],
+        log_z,
+        beta=args.tilt_beta,
+        length_normalize=args.length_normalize,
+        group_normalize=False,
+        weight_clip=args.weight_clip,
+        max_weight=args.max_weight,
+        eps=args.weight_eps,
+        is_weight=b.seq_w,
+    )
+    return loss, {
+        "log_z": log_z.detach(),
+        "residual": m["residual_abs_mean"],
+        "weight_clip_frac": m["weight_clip_frac"],
+        "weight_mean": m["weight_mean"],
+    }
+
+
+def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> Tensor:
+    """``[B]`` TB rollout weight (:func:`~tiltlab.objectives.tb.tb_importance_weight`) times the
+    sequence IS weight."""
+    args = trainer.args
+    w = tb_importance_weight(b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps)
+    return w if b.seq_w is None else w * b.seq_w
+
+
+def _tb_metrics(trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w: Tensor) -> dict[str, Tensor]:
+    args = trainer.args
+    return {
+        "log_z": log_z.detach(),
+        "residual": residual.detach().abs().mean(),
+        "weight_clip_frac": weight_clip_fraction(w, args.weight_clip, args.max_weight, args.weight_eps),
+        "weight_mean": w.mean(),
+    }
+
+
+def disa_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """DISA Stage 3 (:func:`~tiltlab.objectives.tb.disa_loss`): TB with the frozen Stage-2 log Z."""
+    args = trainer.args
+    scale = args.logprob_scale
+    lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
+    log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
+    w = _tb_weight(trainer, b)
+    loss = disa_loss(lp, lp_ref, r, log_z, args.tilt_beta, weight=w)
+    residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
+    return loss, _tb_metrics(trainer, log_z, residual, w)
+
+
+def vargrad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """VarGrad: TB (:func:`~tiltlab.objectives.tb.tb_loss`) at the per-group batch-optimal log Z
+    computed at generation time (:func:`~tiltlab.objectives.tb.vargrad_log_z`), held fixed."""
+    args = trainer.args
+    scale = args.logprob_scale
+    lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
+    log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
+    w = _tb_weight(trainer, b)
+    loss = tb_loss(tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta), w)
+    residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
+    return loss, _tb_metrics(trainer, log_z, residual, w)
+
+
+def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """PACED-RL: TB anchored on ``pi_old`` with tilt ``r / paced_kl_coef`` and the learned log Z head."""
+    args = trainer.args
+    scale = args.logprob_scale
+    lp, anchor = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.old, b.mask, scale)
+    log_z = trainer._learned_log_z(model, b)
+    w = _tb_weight(trainer, b)
+    residual = tb_residual(lp, anchor, b.inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
+    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w)
+
+
+LOSSES: dict[str, LossFn] = {
+    "grpo": grpo_objective,
+    "gspo": gspo_objective,
+    "flowrl": flowrl_objective,
+    "disa": disa_objective,
+    "vargrad": vargrad_objective,
+    "lad": lad_objective,
+    "paced": paced_objective,
+}
+"""Objective name -> loss function; a new objective is one function and one entry here (and in
+:data:`OBJECTIVES`, whose order is the documented one)."""
+if set(LOSSES) != set(OBJECTIVES):  # pragma: no cover - a module-level consistency check
+    raise ImportError(f"LOSSES {sorted(LOSSES)} and OBJECTIVES {sorted(OBJECTIVES)} differ")

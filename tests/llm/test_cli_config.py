@@ -10,18 +10,18 @@ import pytest
 
 pytest.importorskip("yaml")
 
-from tiltlab.llm.cli import add_dataclass_args, config_from_args
+from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.llm.config_args import config_from_args
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
 def _commands():
-    from tiltlab.llm.cli import _eval_from_run_config
-    from tiltlab.llm.evaluate import EvalConfig
+    from tiltlab.llm.evaluate import EvalConfig, eval_from_run_config
     from tiltlab.llm.stage1 import Stage1Config
     from tiltlab.llm.stage2 import Stage2Config
 
-    return {"stage1": (Stage1Config, None), "stage2": (Stage2Config, None), "eval": (EvalConfig, _eval_from_run_config)}
+    return {"stage1": (Stage1Config, None), "stage2": (Stage2Config, None), "eval": (EvalConfig, eval_from_run_config)}
 
 
 def _parse(cls, section, argv):

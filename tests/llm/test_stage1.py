@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -300,7 +301,8 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
 def test_cli_flags_map_to_config_fields():
     """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
     from tiltlab.cli import build_parser
-    from tiltlab.llm.cli import config_from_args, field_docs
+    from tiltlab.dataclass_cli import field_docs
+    from tiltlab.llm.config_args import config_from_args
 
     parser = build_parser("llm")
     args = parser.parse_args(

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tiltlab.llm.stage1 import Stage1Config, format_prompt, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1  # noqa: E402
 from tiltlab.llm.stage2 import (  # noqa: E402
     CONFIG_FILE,
     REGRESSOR_FILE,

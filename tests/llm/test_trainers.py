@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.trainers.online import LabelMismatchError, TiltGRPOConfig, TiltGRPOTrainer, check_label_compat
+from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
+from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -171,6 +172,21 @@ def test_disa_label_compat():
         reason="testing",
     )
     assert len(probs) == 1
+
+
+def test_disa_label_compat_checks_the_prompt_format():
+    """Labels of raw prompts do not describe chat-templated training prompts (and vice versa)."""
+    man = {
+        "format": "tiltlab.stage1/1",
+        "beta": 2.0,
+        "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0},
+        "config": {"chat_template": False},
+    }
+    kw = dict(beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
+    assert check_label_compat(man, chat_template=False, **kw) == []
+    assert check_label_compat(man, **kw) == []  # prompt format not given: not checked
+    with pytest.raises(LabelMismatchError, match="chat_template: Stage 1 labelled raw prompts"):
+        check_label_compat(man, chat_template=True, **kw)
 
 
 def test_disa_trainer_refuses_mismatched_labels(tiny_dir, tmp_path, math_rows):

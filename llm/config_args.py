@@ -1,0 +1,65 @@
+"""Config dataclass from command-line flags and a run config's section: the ``--config`` /
+``--set`` plumbing of ``tiltlab llm stage1|stage2|eval``.
+
+The flags themselves come from :func:`tiltlab.dataclass_cli.add_dataclass_args` (one flag per
+field, ``--config FILE`` and ``--set KEY=VALUE`` with ``config_section``). Precedence: dataclass
+default < config file section < ``--set`` < explicit flags. Import-light (standard library; the
+YAML reader is imported when a ``--config`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+__all__ = ["config_from_args", "config_section_values"]
+
+
+def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict, Any]:
+    """The ``section`` mapping of ``args.config`` with ``args.overrides`` applied, and the whole
+    :class:`~tiltlab.llm.run_config.RunConfig` (``({}, None)`` without ``--config``)."""
+    path = getattr(args, "config", None)
+    overrides = list(getattr(args, "overrides", []) or [])
+    if path is None:
+        if overrides:
+            raise ValueError("--set needs --config")
+        return {}, None
+    from tiltlab.llm.run_config import read_run_config
+
+    rc = read_run_config(path, overrides)
+    values = getattr(rc, section, None)
+    if values is None:
+        raise ValueError(f"{path}: no `{section}:` section")
+    return dict(values), rc
+
+
+def config_from_args(cls, args: argparse.Namespace, section: str | None = None, translate=None, **overrides):
+    """Build ``cls`` from (config section) + (flags present in ``args``) + ``overrides``.
+
+    ``translate(values, run_config) -> values`` maps a config section onto ``cls``'s field names
+    (e.g. eval's ``benchmarks`` -> ``datasets``).
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw: dict[str, Any] = {}
+    if section is not None:
+        values, rc = config_section_values(args, section)
+        if translate is not None and rc is not None:
+            values = translate(values, rc)
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(
+                f"{getattr(args, 'config', '')}: unknown keys in `{section}:` for {cls.__name__}: {unknown}"
+            )
+        kw.update(values)
+    kw.update({n: getattr(args, n) for n in names if hasattr(args, n)})
+    kw.update(overrides)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in kw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        flags = ", ".join("--" + m.replace("_", "-") for m in missing)
+        raise ValueError(f"missing required value(s) {flags} (give the flags or a --config with them)")
+    return cls(**kw)

@@ -1,0 +1,65 @@
+"""Quantities the online trainer logs (no gradient flows through them).
+
+* :func:`weight_clip_fraction`: the share of sequences whose TB rollout weight
+  (:func:`tiltlab.objectives.tb.tb_importance_weight`) sits at its clip: ``w >= max_weight`` for
+  FlowRL's code clip ``min(w, max_weight)``, ``w <= 1-eps or w >= 1+eps`` for FlowRL's paper clip
+  ``clip(w, 1-eps, 1+eps)``, 0 without clip.
+* :func:`sequence_kl_old`: ``KL(pi_old || pi_theta)`` estimated on samples of ``pi_old`` at sequence
+  level, ``mean_b sum_t mask (logp_old - logp)`` (PACED Fig. 1 logs ``beta`` times it).
+* :func:`pearson` / :func:`spearman`: correlation of the objective's ``log Z(x)`` with the measured
+  group accuracy (PACED App. C.1). Spearman here is Pearson of ordinal ranks (ties broken by
+  position, not averaged).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tiltlab.objectives._checks import ndim, same_shape
+
+__all__ = ["pearson", "sequence_kl_old", "spearman", "weight_clip_fraction"]
+
+
+def weight_clip_fraction(weight: Tensor, clip: str, max_weight: float = 10.0, eps: float = 0.2) -> Tensor:
+    """Fraction of ``weight`` (``[B]``, already clipped with ``clip``) at its clip bounds; scalar.
+
+    ``clip``: ``"max"`` | ``"eps"`` | ``"none"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
+    """
+    ndim("weight", weight, 1, "[B]")
+    if clip == "max":
+        return (weight >= max_weight).float().mean()
+    if clip == "eps":
+        return ((weight <= 1 - eps) | (weight >= 1 + eps)).float().mean()
+    if clip == "none":
+        return torch.zeros((), device=weight.device)
+    raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
+
+
+def sequence_kl_old(token_logp_old: Tensor, token_logp: Tensor, mask: Tensor) -> Tensor:
+    """``mean_b sum_t mask_bt (logp_old_bt - logp_bt)``; shapes ``[B, T]``; scalar, detached."""
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
+    same_shape("token_logp", token_logp, "mask", mask)
+    return ((token_logp_old - token_logp.detach()) * mask).sum(1).mean()
+
+
+def pearson(a: Tensor, b: Tensor) -> Tensor:
+    """Pearson correlation of two ``[N]`` vectors (N >= 2, neither constant); scalar."""
+    ndim("a", a, 1, "[N]")
+    same_shape("a", a, "b", b)
+    if a.numel() < 2:
+        raise ValueError(f"a correlation needs at least 2 points, got {a.numel()}")
+    a, b = a - a.mean(), b - b.mean()
+    return (a * b).sum() / (a.norm() * b.norm())
+
+
+def _ranks(x: Tensor) -> Tensor:
+    return torch.argsort(torch.argsort(x, stable=True), stable=True).to(x.dtype)
+
+
+def spearman(a: Tensor, b: Tensor) -> Tensor:
+    """Spearman rank correlation of two ``[N]`` vectors: Pearson of their ordinal ranks; scalar."""
+    ndim("a", a, 1, "[N]")
+    same_shape("a", a, "b", b)
+    return pearson(_ranks(a), _ranks(b))
