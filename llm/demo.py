@@ -103,7 +103,9 @@ def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
 
 
 def _chat(tok, prompt: str) -> str:
-    return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    from tiltlab.llm.prompts import format_prompt
+
+    return format_prompt(tok, prompt)
 
 
 def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None:

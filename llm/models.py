@@ -16,7 +16,10 @@ Deterministic given ``seed``: same corpus, same BPE merges, same ``torch.manual_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
@@ -27,6 +30,7 @@ __all__ = [
     "load_model",
     "load_model_and_tokenizer",
     "load_tokenizer",
+    "masked_mean_pool",
     "resolve_dtype",
     "tiny_config",
     "train_bpe",
@@ -269,3 +273,11 @@ def build_tiny(out_dir: str | Path | None = None, vocab_size: int = 512, seed: i
         model.save_pretrained(out)
         tok.save_pretrained(out)
     return model, tok
+
+
+def masked_mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``sum_t mask_t h_t / sum_t mask_t``: ``[B, L, H]``, ``[B, L]`` -> ``[B, H]``."""
+    if hidden.dim() != 3 or mask.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden must be [B, L, H] and mask [B, L]; got {tuple(hidden.shape)}, {tuple(mask.shape)}")
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)

@@ -6,7 +6,7 @@ validation MSE is the separable diagnostic. Here:
 
 * features: frozen embeddings from pi_ref (by default the Stage-1 reference model) -- the
   mean over prompt tokens of the final hidden state (``llm.scoring.hidden_states`` pooled with
-  ``llm.trainers.logz_head.masked_mean_pool``), ``[N, H]`` float32, of the same text the
+  ``tiltlab.llm.models.masked_mean_pool``), ``[N, H]`` float32, of the same text the
   policy is conditioned on (chat template as in Stage 1), cached on disk keyed by a model
   fingerprint and the prompt texts;
 * regressor and fit: ``objectives.regressor.PartitionRegressor`` / ``fit_regressor`` (input and
@@ -113,8 +113,8 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     import torch
     from tqdm.auto import tqdm
 
+    from tiltlab.llm.models import masked_mean_pool
     from tiltlab.llm.scoring import hidden_states
-    from tiltlab.llm.trainers.logz_head import masked_mean_pool
 
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings")

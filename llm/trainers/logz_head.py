@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LogZHead", "attach_log_z_head", "get_log_z_head", "masked_mean_pool", "prompt_log_z"]
+from tiltlab.llm.models import masked_mean_pool
+
+__all__ = ["LogZHead", "attach_log_z_head", "get_log_z_head", "prompt_log_z"]
 
 HEAD_NAME = "log_z_head"
 
@@ -55,14 +57,6 @@ class LogZHead(nn.Module):
             raise ValueError(f"LogZHead expects pooled features [B, H], got {tuple(pooled.shape)}")
         w = self.net[0].weight
         return self.net(pooled.to(w.dtype)).squeeze(-1).float()
-
-
-def masked_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
-    """``sum_t mask_t h_t / sum_t mask_t``: ``[B, L, H]``, ``[B, L]`` -> ``[B, H]``."""
-    if hidden.dim() != 3 or mask.shape != hidden.shape[:2]:
-        raise ValueError(f"hidden must be [B, L, H] and mask [B, L]; got {tuple(hidden.shape)}, {tuple(mask.shape)}")
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
 def attach_log_z_head(
