@@ -21,11 +21,11 @@ saved inputs and the saved per-token ``lse`` (and entropy), so it also never hol
     d H_n        / d z_n   = -p_n * (log p_n + H_n)            (H_n = -sum_v p log p)
     dz_n/dh_n = W^T / T,  dz_n/dW = h_n / T,  dz_n/db = 1 / T  (times each term's coefficient)
 
-It is the pure-PyTorch analogue of Liger-Kernel's chunked fused-linear losses (see the
-project's engines notes), written for *per-token* outputs (a scalar-loss fused kernel can
+It is the pure-PyTorch analogue of Liger-Kernel's chunked fused-linear losses,
+written for *per-token* outputs (a scalar-loss fused kernel can
 pre-compute gradients in the forward pass; a per-token output cannot, hence recomputation).
 
-The FPA variant (paper ``003_af5ed36eab8bd392.txt``, Sec. 2.3, eqs. 4-5) streams two read-outs
+The FPA variant (FPA Sec. 2.3, eqs. 4-5) streams two read-outs
 at once: ``z = (1 + lam) h_theta W_theta^T - lam h_ref W_ref^T`` and
 ``pi_hat = softmax(z) ∝ pi_theta^(1+lam) pi_ref^(-lam)``.
 
@@ -66,7 +66,7 @@ __all__ = [
 DEFAULT_TOKEN_CHUNK = 256
 DEFAULT_VOCAB_CHUNK = 4096
 #: Default CUDA tile: 2048 x 16384 = 128 MiB float32 (fewer, larger kernels). Not tuned on
-#: hardware yet; pass token_chunk / vocab_chunk to override.
+#: hardware; pass token_chunk / vocab_chunk to override.
 DEFAULT_CUDA_TOKEN_CHUNK = 2048
 DEFAULT_CUDA_VOCAB_CHUNK = 16384
 
@@ -548,7 +548,7 @@ def fused_linear_future_logprobs(
 ) -> Tensor:
     """FPA future-policy log-probs, streamed: ``log softmax((1+lam) z_theta - lam z_ref)[ids]``.
 
-    FPA (``003_af5ed36eab8bd392.txt``, Sec. 2.3): eq. (4)
+    FPA (Sec. 2.3): eq. (4)
     ``pi_hat = softmax((1 + lam) h_theta - lam h_ref)`` on next-token logits, equivalently
     eq. (5) ``pi_hat ∝ pi_theta^(1+lam) pi_ref^(-lam)``. Here the logits are read out of two
     hidden-state/weight pairs, ``z_theta = (h_theta W_theta^T + b_theta) / T`` and

@@ -1,4 +1,4 @@
-"""Evaluation estimators (``math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
+"""Evaluation estimators (``docs/math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
 
 from __future__ import annotations
 

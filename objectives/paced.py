@@ -1,7 +1,7 @@
-"""PACED-RL: the partition function as a difficulty scheduler (``002_d44afb8661380d03.txt``).
+"""PACED-RL: the partition function as a difficulty scheduler (``docs/math.md`` §3).
 
 PACED writes the TB target with ``exp(r / beta)`` where its beta is a KL coefficient; here that
-coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``math.md`` §0, §3). Its TB is
+coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``docs/math.md`` §0, §3). Its TB is
 anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, log_z, 1 / kl_coef)``.
 """
 
@@ -27,7 +27,7 @@ def accuracy_from_log_z(
     r_high: float = 1.0,
     clip: bool = True,
 ) -> Tensor:
-    """PACED Prop. 4.1 (and its {a, b}-reward form, ``math.md`` §3):
+    """PACED Prop. 4.1 (and its {a, b}-reward form, ``docs/math.md`` §3):
 
         p_old(x) = (kl_coef * (log Z*(x) - KL(pi_old || pi_theta)) - r_low) / (r_high - r_low)
 

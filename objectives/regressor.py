@@ -1,7 +1,7 @@
 """DISA Stage 2: amortize the Stage-1 labels with a small prompt regressor (eq. 9).
 
 ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with ``log Z_psi`` an MLP on a frozen prompt
-embedding; held-out validation MSE is the diagnostic (``math.md`` §1). Used on simulator
+embedding; held-out validation MSE is the diagnostic (``docs/math.md`` §1). Used on simulator
 features and on LLM prompt embeddings alike. Inputs and targets are standardized inside the
 module (buffers), so predictions come out in label units.
 """
