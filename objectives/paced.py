@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor
+from tiltlab.objectives._checks import as_tensor, broadcastable
 
 __all__ = ["ReplayBuffer", "accuracy_from_log_z", "replay_priority", "select_prompts", "top_priority"]
 
@@ -40,7 +40,9 @@ def accuracy_from_log_z(
     if r_high <= r_low:
         raise ValueError("need r_high > r_low")
     log_z = as_tensor(log_z)
-    p = (kl_coef * (log_z - as_tensor(kl, log_z)) - r_low) / (r_high - r_low)
+    kl_t = as_tensor(kl, log_z)
+    broadcastable("log_z", log_z, "kl", kl_t)
+    p = (kl_coef * (log_z - kl_t) - r_low) / (r_high - r_low)
     return p.clamp(0.0, 1.0) if clip else p
 
 
@@ -60,9 +62,12 @@ def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor 
     """PACED Sec. 4.4: accuracy-estimation-error priority ``|N_correct / N - p_hat(x)|``."""
     n_correct = as_tensor(n_correct)
     n = as_tensor(n, n_correct)
+    p_hat_t = as_tensor(p_hat, n_correct)
+    broadcastable("n_correct", n_correct, "n", n)
+    broadcastable("n_correct", n_correct, "p_hat", p_hat_t)
     if bool((n <= 0).any()):
         raise ValueError("n must be > 0")
-    return (n_correct / n - as_tensor(p_hat, n_correct)).abs()
+    return (n_correct / n - p_hat_t).abs()
 
 
 def top_priority(priority: Tensor, k: int) -> Tensor:

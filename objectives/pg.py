@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, nonempty, same_shape, zero_padding
+from tiltlab.objectives._checks import broadcastable, ndim, nonempty, same_shape, zero_padding
 
 __all__ = ["aggregate", "group_advantages", "grpo_loss", "gspo_loss", "kl_k3", "masked_mean", "ppo_kl_loss"]
 
@@ -78,8 +78,15 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg = "token_mean",
 
 def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Schulman's k3 estimator of ``KL(pi || pi_ref)`` per sample: ``e^{ref - logp} - (ref - logp) - 1 >= 0``."""
+    broadcastable("logp", logp, "logp_ref", logp_ref)
     d = logp_ref - logp
     return torch.exp(d) - d - 1.0
+
+
+def _clipped_indicator(clipped: Tensor, unclipped: Tensor) -> Tensor:
+    """1 where the clipped branch is the smaller (its gradient is cut), 0 elsewhere; NaN stays NaN."""
+    ind = (clipped < unclipped).to(unclipped.dtype)
+    return torch.where(torch.isnan(unclipped), unclipped, ind)
 
 
 def _check_tokens(
@@ -146,7 +153,7 @@ def grpo_loss(
         per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
     loss = aggregate(per_token, mask, loss_agg, max_len)
     with torch.no_grad():
-        clip_frac = masked_mean((clipped < unclipped).to(per_token.dtype), mask)
+        clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), mask)
         kl_mean = masked_mean(kl, mask)
     return loss, {"clip_frac": clip_frac, "kl": kl_mean}
 
@@ -204,5 +211,5 @@ def gspo_loss(
     if is_weight is not None:
         per_seq = per_seq * is_weight.detach()
     with torch.no_grad():
-        clip_frac = (clipped < unclipped).to(per_seq.dtype).mean()
+        clip_frac = _clipped_indicator(clipped, unclipped).mean()
     return per_seq.mean(), {"clip_frac": clip_frac}

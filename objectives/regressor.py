@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from tiltlab.objectives._checks import ndim
+from tiltlab.objectives._checks import ndim, same_shape
 
-__all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score"]
+__all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score", "regressor_loss"]
 
 
 class PartitionRegressor(nn.Module):
@@ -62,6 +62,12 @@ class PartitionRegressor(nn.Module):
             raise ValueError(f"features must be [N, {self.in_dim}], got {tuple(x.shape)}")
         z = (x - self.x_mean) / self.x_std
         return self.net(z).squeeze(-1) * self.y_std + self.y_mean
+
+
+def regressor_loss(pred: Tensor, target: Tensor) -> Tensor:
+    """DISA eq. (9) per batch: ``mean_x (log Z_psi(x) - log Z_hat_M(x))^2``; the label is detached."""
+    same_shape("pred", pred, "target", target)
+    return ((pred - target.detach()) ** 2).mean()
 
 
 def r2_score(pred: Tensor, target: Tensor) -> float:
@@ -152,7 +158,7 @@ def fit_regressor(
         order = torch.randperm(xt.shape[0], generator=gen)
         for s in range(0, xt.shape[0], bs):
             idx = order[s : s + bs]
-            loss = ((model(xt[idx]) - yt[idx]) ** 2).mean()
+            loss = regressor_loss(model(xt[idx]), yt[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -1,0 +1,29 @@
+"""Generic checks (``tests/objectives/_generic.py``) over every objective entry (``tests/objectives/opinfo.py``)."""
+
+import pytest
+
+from tests.objectives._generic import CHECKS
+from tests.objectives.opinfo import OPS
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+def test_generic(op, check):
+    CHECKS[check](op)
+
+
+def test_every_public_objective_has_an_entry():
+    """Adding a public objective to ``tiltlab.objectives`` without an entry fails here."""
+    import tiltlab.objectives as O
+
+    covered = {op.fn.__name__ for op in OPS} | {op.name.split("[")[0].split(".")[1] for op in OPS}
+    not_objectives = {
+        # non-differentiable helpers, classes and data: tested in their own modules
+        "Divergence", "F_DIVERGENCES", "get_divergence", "lad_target_logprobs", "aggregate",
+        "normalized_weights", "select_prompts", "top_priority", "ReplayBuffer",
+        "PartitionRegressor", "FitResult", "fit_regressor", "r2_score",
+        "pass_at_k", "mean_at_k", "distinct_n", "group_normalized_reward",
+    }  # fmt: skip
+    public = {n for mod in (O.tb, O.pg, O.lad, O.offline, O.estimators, O.paced, O.regressor, O.metrics) for n in mod.__all__}
+    missing = public - covered - not_objectives
+    assert not missing, f"objectives without an OpInfo entry: {sorted(missing)}"
