@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 from torch import Tensor
+from torch.autograd.gradcheck import GradcheckError
 
 from tests.objectives.opinfo import OpInfo
 
@@ -51,8 +52,9 @@ def _grads(f, inputs: dict[str, Tensor], names: tuple[str, ...]) -> list[Tensor]
 
 
 def _close(a: Tensor, b: Tensor, what: str, rtol: float = RTOL, atol: float = ATOL) -> None:
-    torch.testing.assert_close(a.detach().to(F64), b.detach().to(F64), rtol=rtol, atol=atol, equal_nan=False,
-                               msg=lambda m: f"{what}: {m}")  # fmt: skip
+    torch.testing.assert_close(
+        a.detach().to(F64), b.detach().to(F64), rtol=rtol, atol=atol, equal_nan=False, msg=lambda m: f"{what}: {m}"
+    )
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -86,7 +88,10 @@ def check_gradcheck(op: OpInfo, seed: int = 0) -> None:
         return op({**x, **dict(zip(op.grad, ts))})
 
     leaves = tuple(x[n].detach().clone().requires_grad_(True) for n in op.grad)
-    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+    try:
+        torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5)
+    except GradcheckError as e:
+        raise AssertionError(f"{op.name}: gradcheck failed: {str(e).splitlines()[0]}") from None
 
 
 def check_detach(op: OpInfo, seed: int = 0) -> None:
@@ -224,10 +229,19 @@ def check_shape_errors(op: OpInfo, seed: int = 0) -> None:
     for n in names:
         bad = dict(x)
         bad[n] = x[n][1:]
-        with pytest.raises(ValueError) as e:
-            op(bad)
-        msg = str(e.value)
+        msg = _value_error(op, bad, f"a {tuple(bad[n].shape)} {n!r}")
         assert msg and "\n" not in msg, f"{op.name}: error for a bad {n!r} is not one line: {msg!r}"
+
+
+def _value_error(op: OpInfo, inputs: Mapping[str, Tensor], what: str) -> str:
+    """The message of the ValueError ``op(inputs)`` must raise (anything else is a failure)."""
+    try:
+        op(inputs)
+    except ValueError as e:
+        return str(e)
+    except Exception as e:  # any other error type is the failure being reported
+        raise AssertionError(f"{op.name}: {what} raised {type(e).__name__}, not ValueError: {e}") from None
+    raise AssertionError(f"{op.name}: {what} was accepted")
 
 
 def check_nan(op: OpInfo, seed: int = 0) -> None:
@@ -240,11 +254,26 @@ def check_nan(op: OpInfo, seed: int = 0) -> None:
     t.view(-1)[0] = math.nan  # row 0, column 0: a real position (every mask keeps column 0)
     bad[n] = t
     if op.nan == "raise":
-        with pytest.raises(ValueError):
-            op(bad)
+        _value_error(op, bad, f"a NaN in {n!r}")
         return
     out = op(bad)
     assert bool(torch.isnan(out).any()), f"{op.name}: a NaN in real position 0 of {n!r} was silently dropped"
+
+
+def check_generators_match(symbolic: Mapping[str, object], divergences: Mapping[str, object]) -> None:
+    """The symbolic LAD generators (``tiltlab.theory.lad.F_DIVERGENCES``, sympy) and the torch
+    ones (``tiltlab.objectives.lad.F_DIVERGENCES``) agree numerically on a grid of x in (0, 20]."""
+    import numpy as np
+    import sympy as sp
+
+    assert set(symbolic) == set(divergences), f"generator names differ: {sorted(symbolic)} vs {sorted(divergences)}"
+    u = sp.Symbol("u", positive=True)
+    xs = np.concatenate([np.linspace(0.02, 3.0, 61), np.linspace(3.5, 20.0, 12)])
+    for name, f_sym in symbolic.items():
+        f_np = sp.lambdify(u, f_sym(u), modules="numpy")  # type: ignore[operator]
+        want = torch.as_tensor(np.asarray(f_np(xs), dtype=np.float64))
+        got = divergences[name](torch.as_tensor(xs))  # type: ignore[operator]
+        _close(got, want, f"generator {name!r}: objectives vs theory")
 
 
 CHECKS = {

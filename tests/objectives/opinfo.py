@@ -119,11 +119,14 @@ def _signed_adv(g: torch.Generator, n: int) -> Tensor:
 def _tokens(g: torch.Generator, b: int = B) -> dict[str, Tensor]:
     """Token log-probs (padded slots hold finite garbage: the mask, not the values, marks padding)."""
     lp = -torch.rand(b, T, generator=g, dtype=F64) * 2.0 - 0.05
-    return {
-        "token_logp": lp,
-        "token_logp_old": lp + _randn(g, b, T, scale=0.4),  # ratios ~ exp(+-0.4): beyond 0.8 and 1.28
-        "mask": _mask(g, b),
-    }
+    old = lp + _randn(g, b, T, scale=0.4)  # ratios ~ exp(+-0.4): many beyond 0.8 and 1.28
+    # Row 0 has A > 0 and row 1 A < 0 (_signed_adv): token ratios 1.24 and 0.76 lie between the
+    # two clip bounds (0.2 / 0.28), so a clip with swapped bounds clips them differently.
+    # (row 0 is full length, row 1 has one token: see _mask)
+    old[0, 0] = lp[0, 0] - math.log(1.24)
+    old[0, 1] = lp[0, 1] - math.log(1.22)  # two of the first kind: the clip fraction changes too
+    old[1, 0] = lp[1, 0] - math.log(0.76)
+    return {"token_logp": lp, "token_logp_old": old, "mask": _mask(g, b)}
 
 
 def _seqs(g: torch.Generator, n: int = B) -> dict[str, Tensor]:
@@ -160,7 +163,9 @@ def ref_sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: str = "sum
     return _stack(out)
 
 
-def ref_grpo_terms(lp: Tensor, lpo: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, lpr: Tensor | None, kl: float):
+def ref_grpo_terms(
+    lp: Tensor, lpo: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, lpr: Tensor | None, kl: float
+):
     """Per-sequence lists of per-token GRPO terms ``-min(rho A, clip(rho, 1-lo, 1+hi) A) + kl k3``."""
     rows = []
     for b in range(lp.shape[0]):
@@ -186,8 +191,19 @@ def ref_aggregate(rows: list[list[Any]], loss_agg: str, max_len: int | None) -> 
     return _mean([sum(row) / max_len for row in rows])
 
 
-def ref_grpo(token_logp, token_logp_old, adv, mask, token_logp_ref=None, clip_eps=0.2, clip_eps_high=None,
-             loss_agg="token_mean", kl_coef=0.0, max_len=None, is_weight=None):  # fmt: skip
+def ref_grpo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    token_logp_ref=None,
+    clip_eps=0.2,
+    clip_eps_high=None,
+    loss_agg="token_mean",
+    kl_coef=0.0,
+    max_len=None,
+    is_weight=None,
+):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_ref, kl_coef)
     if is_weight is not None:
@@ -207,7 +223,9 @@ def ref_grpo_clip_frac(token_logp, token_logp_old, adv, mask, clip_eps=0.2, clip
     return torch.tensor(hits / n, dtype=F64)
 
 
-def ref_ppo_kl(token_logp, token_logp_old, adv, mask, kl_coef=1.0, clip_eps=0.2, clip_eps_high=None, loss_agg="token_mean"):  # fmt: skip
+def ref_ppo_kl(
+    token_logp, token_logp_old, adv, mask, kl_coef=1.0, clip_eps=0.2, clip_eps_high=None, loss_agg="token_mean"
+):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_old, kl_coef)
     return ref_aggregate(rows, loss_agg, None)
@@ -250,8 +268,15 @@ def ref_kl_k3(logp, logp_ref):
 
 def ref_tb_residual_(logp, logp_ref, reward, log_z, beta):
     n = logp.shape[0]
-    return _stack(ref_tb_residual([logp[i] for i in range(n)], [logp_ref[i] for i in range(n)],
-                                  [reward[i] for i in range(n)], [log_z[i] for i in range(n)], beta))  # fmt: skip
+    return _stack(
+        ref_tb_residual(
+            [logp[i] for i in range(n)],
+            [logp_ref[i] for i in range(n)],
+            [reward[i] for i in range(n)],
+            [log_z[i] for i in range(n)],
+            beta,
+        )
+    )
 
 
 def ref_tb_loss(residual, weight):
@@ -259,11 +284,18 @@ def ref_tb_loss(residual, weight):
 
 
 def ref_disa(logp, logp_ref, reward, log_z_frozen, beta, weight):
-    return _mean([weight[i] * (log_z_frozen[i] + logp[i] - logp_ref[i] - beta * reward[i]) ** 2 for i in range(logp.shape[0])])  # fmt: skip
+    return _mean(
+        [weight[i] * (log_z_frozen[i] + logp[i] - logp_ref[i] - beta * reward[i]) ** 2 for i in range(logp.shape[0])]
+    )
 
 
 def ref_vargrad_log_z(logp, logp_ref, reward, beta):
-    return _stack([_mean([beta * reward[p, j] - logp[p, j] + logp_ref[p, j] for j in range(logp.shape[1])]) for p in range(logp.shape[0])])  # fmt: skip
+    return _stack(
+        [
+            _mean([beta * reward[p, j] - logp[p, j] + logp_ref[p, j] for j in range(logp.shape[1])])
+            for p in range(logp.shape[0])
+        ]
+    )
 
 
 def ref_vargrad(logp, logp_ref, reward, beta):
@@ -288,8 +320,20 @@ def ref_is_weight(token_logp, token_logp_old, mask, clip="max", max_weight=10.0,
     return _stack(out).detach()  # a weight: sg(.)
 
 
-def ref_flowrl(token_logp, token_logp_ref, token_logp_old, mask, rewards, log_z, beta=15.0, length_normalize=True,
-               group_normalize=True, weight_clip="max", max_weight=10.0, eps=0.2):  # fmt: skip
+def ref_flowrl(
+    token_logp,
+    token_logp_ref,
+    token_logp_old,
+    mask,
+    rewards,
+    log_z,
+    beta=15.0,
+    length_normalize=True,
+    group_normalize=True,
+    weight_clip="max",
+    max_weight=10.0,
+    eps=0.2,
+):
     norm = "mean" if length_normalize else "sum"
     lp = ref_sequence_logprob(token_logp, mask, norm)
     lpr = ref_sequence_logprob(token_logp_ref, mask, norm)
@@ -313,7 +357,7 @@ def ref_lad(logp, logp_old, adv, weight, eta, divergence):
 
 
 def _softmax(xs: list[Any]) -> list[Any]:
-    m = max(float(x) for x in xs)
+    m = max(float(torch.as_tensor(x).detach()) for x in xs)  # a constant shift: no gradient
     es = [exp(x - m) for x in xs]
     z = sum(es)
     return [e / z for e in es]
@@ -336,12 +380,18 @@ def ref_offrl(logp, lengths, reward, logp_ref, kl_tau=0.0):
 
 
 def ref_fpa(logp, logp_future, lengths, reward):
-    return -_mean([reward[i] * exp(logp_future[i].detach() / float(lengths[i])) * logp[i] / float(lengths[i])
-                   for i in range(logp.shape[0])])  # fmt: skip
+    return -_mean(
+        [
+            reward[i] * exp(logp_future[i].detach() / float(lengths[i])) * logp[i] / float(lengths[i])
+            for i in range(logp.shape[0])
+        ]
+    )
 
 
 def ref_dpo(logp_w, logp_l, ref_w, ref_l, beta=0.1):
-    return -_mean([log(ref_sigmoid(beta * ((logp_w[i] - ref_w[i]) - (logp_l[i] - ref_l[i])))) for i in range(logp_w.shape[0])])  # fmt: skip
+    return -_mean(
+        [log(ref_sigmoid(beta * ((logp_w[i] - ref_w[i]) - (logp_l[i] - ref_l[i])))) for i in range(logp_w.shape[0])]
+    )
 
 
 def ref_rpo(logp_w, logp_l, ref_w, ref_l, len_w, beta=0.1, alpha=1.0):
@@ -363,11 +413,16 @@ def ref_kto(logp, logp_ref, correct, beta=0.1, lambda_w=1.0, lambda_l=1.0, z0=No
 
 
 def ref_simper(logp_w, len_w, logp_l, len_l):
-    return -_mean([exp(logp_w[i] / float(len_w[i])) - exp(logp_l[i] / float(len_l[i])) for i in range(logp_w.shape[0])])  # fmt: skip
+    return -_mean([exp(logp_w[i] / float(len_w[i])) - exp(logp_l[i] / float(len_l[i])) for i in range(logp_w.shape[0])])
 
 
 def ref_apo_value(rewards, beta1=0.5):
-    return _stack([beta1 * ref_log_partition_lse([rewards[p, j] / beta1 for j in range(rewards.shape[1])]) for p in range(rewards.shape[0])])  # fmt: skip
+    return _stack(
+        [
+            beta1 * ref_log_partition_lse([rewards[p, j] / beta1 for j in range(rewards.shape[1])])
+            for p in range(rewards.shape[0])
+        ]
+    )
 
 
 def ref_apo_loss(logp, logp_ref, reward, v_hat, beta2=1e-3):
@@ -398,7 +453,7 @@ def _rowwise(f: Callable[[list[Any]], Any]) -> Callable[..., Tensor]:
 
 def _ref_max_weight(lw: list[Any]) -> Any:
     ws = [exp(x) for x in lw]
-    return max(ws, key=float) / sum(ws)
+    return max(ws, key=lambda w: float(w.detach())) / sum(ws)
 
 
 def ref_log_importance_weights(logp_target, logp_proposal, tilt):
@@ -452,6 +507,9 @@ def mk_ppo(g: torch.Generator) -> dict[str, Tensor]:
 def mk_gspo(g: torch.Generator) -> dict[str, Tensor]:
     d = _tokens(g)
     d["token_logp_old"] = d["token_logp"] + _randn(g, B, T, scale=0.15)
+    # sequence ratios exp(+-0.125) for row 0 (A > 0) and row 1 (A < 0): between the bounds 0.1 / 0.15
+    d["token_logp_old"][0] = d["token_logp"][0] - 0.125
+    d["token_logp_old"][1] = d["token_logp"][1] + 0.125
     d["adv"] = _signed_adv(g, B)
     return d
 
@@ -526,8 +584,11 @@ def mk_lad(g: torch.Generator) -> dict[str, Tensor]:
 
 
 def mk_lad_thm(g: torch.Generator) -> dict[str, Tensor]:
-    return {"logp": torch.log_softmax(_randn(g, P, 4), -1), "logp_old": torch.log_softmax(_randn(g, P, 4), -1),
-            "adv": _randn(g, P, 4)}  # fmt: skip
+    return {
+        "logp": torch.log_softmax(_randn(g, P, 4), -1),
+        "logp_old": torch.log_softmax(_randn(g, P, 4), -1),
+        "adv": _randn(g, P, 4),
+    }
 
 
 def mk_offrl(g: torch.Generator) -> dict[str, Tensor]:
@@ -584,12 +645,20 @@ def mk_apo_value(g: torch.Generator) -> dict[str, Tensor]:
 
 def mk_apo_loss(g: torch.Generator) -> dict[str, Tensor]:
     lp = -torch.rand(B, generator=g, dtype=F64) * 5
-    return {"logp": lp, "logp_ref": lp + _randn(g, B), "reward": torch.rand(B, generator=g, dtype=F64),
-            "v_hat": torch.rand(B, generator=g, dtype=F64)}  # fmt: skip
+    return {
+        "logp": lp,
+        "logp_ref": lp + _randn(g, B),
+        "reward": torch.rand(B, generator=g, dtype=F64),
+        "v_hat": torch.rand(B, generator=g, dtype=F64),
+    }
 
 
 def mk_future(g: torch.Generator) -> dict[str, Tensor]:
-    return {"logits_theta": _randn(g, 3, 2, 5), "logits_ref": _randn(g, 3, 2, 5), "ids": torch.randint(0, 5, (3, 2), generator=g)}  # fmt: skip
+    return {
+        "logits_theta": _randn(g, 3, 2, 5),
+        "logits_ref": _randn(g, 3, 2, 5),
+        "ids": torch.randint(0, 5, (3, 2), generator=g),
+    }
 
 
 def mk_log_w(g: torch.Generator) -> dict[str, Tensor]:
@@ -597,8 +666,11 @@ def mk_log_w(g: torch.Generator) -> dict[str, Tensor]:
 
 
 def mk_liw(g: torch.Generator) -> dict[str, Tensor]:
-    return {"logp_target": -torch.rand(B, generator=g, dtype=F64) * 3, "logp_proposal": -torch.rand(B, generator=g, dtype=F64) * 3,
-            "tilt": torch.rand(B, generator=g, dtype=F64)}  # fmt: skip
+    return {
+        "logp_target": -torch.rand(B, generator=g, dtype=F64) * 3,
+        "logp_proposal": -torch.rand(B, generator=g, dtype=F64) * 3,
+        "tilt": torch.rand(B, generator=g, dtype=F64),
+    }
 
 
 def mk_pass_rate(g: torch.Generator) -> dict[str, Tensor]:
@@ -615,8 +687,11 @@ def mk_accuracy(g: torch.Generator) -> dict[str, Tensor]:
 
 def mk_priority(g: torch.Generator) -> dict[str, Tensor]:
     n = torch.randint(4, 9, (B,), generator=g).to(F64)
-    return {"n_correct": torch.floor(n * torch.rand(B, generator=g, dtype=F64)), "n": n,
-            "p_hat": torch.rand(B, generator=g, dtype=F64)}  # fmt: skip
+    return {
+        "n_correct": torch.floor(n * torch.rand(B, generator=g, dtype=F64)),
+        "n": n,
+        "p_hat": torch.rand(B, generator=g, dtype=F64),
+    }
 
 
 def mk_regressor(g: torch.Generator) -> dict[str, Tensor]:
@@ -638,29 +713,77 @@ def _grpo_entries() -> list[OpInfo]:
     for agg, w in (("token_mean", "token"), ("seq_mean_token_mean", "mean"), ("seq_mean_token_sum_norm", "mean")):
         kw = {**CLIP, "loss_agg": agg, "kl_coef": 0.1, "max_len": 8}
         out.append(
-            OpInfo(f"pg.grpo_loss[{agg}]", loss_of(pg.grpo_loss), ref_grpo, mk_grpo, kw, grad=("token_logp",),
-                   frozen=("token_logp_old", "adv", "token_logp_ref"), mask="mask", tokens=(*TOK, "token_logp_ref"),
-                   split=Split(ROWS, w))  # fmt: skip
+            OpInfo(
+                f"pg.grpo_loss[{agg}]",
+                loss_of(pg.grpo_loss),
+                ref_grpo,
+                mk_grpo,
+                kw,
+                grad=("token_logp",),
+                frozen=("token_logp_old", "adv", "token_logp_ref"),
+                mask="mask",
+                tokens=(*TOK, "token_logp_ref"),
+                split=Split(ROWS, w),
+            )
         )
     out.append(
-        OpInfo("pg.grpo_loss[is_weight]", loss_of(pg.grpo_loss), ref_grpo, mk_grpo_isw, {**CLIP, "kl_coef": 0.1},
-               grad=("token_logp",), frozen=("token_logp_old", "adv", "token_logp_ref", "is_weight"), mask="mask",
-               tokens=(*TOK, "token_logp_ref", "is_weight"), split=Split(ROWS, "token"))  # fmt: skip
+        OpInfo(
+            "pg.grpo_loss[is_weight]",
+            loss_of(pg.grpo_loss),
+            ref_grpo,
+            mk_grpo_isw,
+            {**CLIP, "kl_coef": 0.1},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv", "token_logp_ref", "is_weight"),
+            mask="mask",
+            tokens=(*TOK, "token_logp_ref", "is_weight"),
+            split=Split(ROWS, "token"),
+        )
     )
     out.append(
-        OpInfo("pg.grpo_loss.clip_frac", lambda **kw: pg.grpo_loss(**kw)[1]["clip_frac"], ref_grpo_clip_frac, mk_ppo,
-               CLIP, frozen=("token_logp", "token_logp_old", "adv"), mask="mask", tokens=TOK,
-               split=Split(ROWS, "token"), nan_input="token_logp", low=torch.float32)  # fmt: skip
+        OpInfo(
+            "pg.grpo_loss.clip_frac",
+            lambda **kw: pg.grpo_loss(**kw)[1]["clip_frac"],
+            ref_grpo_clip_frac,
+            mk_ppo,
+            CLIP,
+            frozen=("token_logp", "token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "token"),
+            nan_input="token_logp",
+            low=torch.float32,
+        )
         # clip_frac counts threshold crossings: a bf16 ratio may land on the other side of 1 + eps
         # than its float64 value, so its low-precision twin is float32 (the ratios are O(1) apart).
     )
     out.append(
-        OpInfo("pg.ppo_kl_loss", loss_of(pg.ppo_kl_loss), ref_ppo_kl, mk_ppo, {**CLIP, "kl_coef": 1.0},
-               grad=("token_logp",), frozen=("token_logp_old", "adv"), mask="mask", tokens=TOK, split=Split(ROWS, "token"))  # fmt: skip
+        OpInfo(
+            "pg.ppo_kl_loss",
+            loss_of(pg.ppo_kl_loss),
+            ref_ppo_kl,
+            mk_ppo,
+            {**CLIP, "kl_coef": 1.0},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "token"),
+        )
     )
     out.append(
-        OpInfo("pg.gspo_loss", loss_of(pg.gspo_loss), ref_gspo, mk_gspo, {"clip_eps": 0.1, "clip_eps_high": 0.15},
-               grad=("token_logp",), frozen=("token_logp_old", "adv"), mask="mask", tokens=TOK, split=Split(ROWS, "mean"))  # fmt: skip
+        OpInfo(
+            "pg.gspo_loss",
+            loss_of(pg.gspo_loss),
+            ref_gspo,
+            mk_gspo,
+            {"clip_eps": 0.1, "clip_eps_high": 0.15},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "mean"),
+        )
     )
     return out
 
@@ -669,14 +792,28 @@ def _lad_entries() -> list[OpInfo]:
     out = []
     for name in lad.F_DIVERGENCES:
         out.append(
-            OpInfo(f"lad.lad_loss[{name}]", lad.lad_loss, ref_lad, mk_lad, {"eta": 0.7, "divergence": name},
-                   grad=("logp",), frozen=("logp_old", "adv", "weight"),
-                   split=Split(_rows("logp", "logp_old", "adv", "weight"), "mean"))  # fmt: skip
+            OpInfo(
+                f"lad.lad_loss[{name}]",
+                lad.lad_loss,
+                ref_lad,
+                mk_lad,
+                {"eta": 0.7, "divergence": name},
+                grad=("logp",),
+                frozen=("logp_old", "adv", "weight"),
+                split=Split(_rows("logp", "logp_old", "adv", "weight"), "mean"),
+            )
         )
         out.append(
-            OpInfo(f"lad.lad_theoretical_loss[{name}]", lad.lad_theoretical_loss, ref_lad_theoretical, mk_lad_thm,
-                   {"eta": 0.7, "divergence": name}, grad=("logp",), frozen=("logp_old", "adv"),
-                   split=Split(_rows("logp", "logp_old", "adv"), "concat"))  # fmt: skip
+            OpInfo(
+                f"lad.lad_theoretical_loss[{name}]",
+                lad.lad_theoretical_loss,
+                ref_lad_theoretical,
+                mk_lad_thm,
+                {"eta": 0.7, "divergence": name},
+                grad=("logp",),
+                frozen=("logp_old", "adv"),
+                split=Split(_rows("logp", "logp_old", "adv"), "concat"),
+            )
         )
     return out
 
@@ -685,110 +822,398 @@ _EST_ROWS = Split({"log_w": 1}, "concat")
 
 OPS: list[OpInfo] = [
     # --- tb
-    OpInfo("tb.sequence_logprob[sum]", tb.sequence_logprob, ref_sequence_logprob, mk_seq_tokens, {"normalize": "sum"},
-           grad=("token_logp",), mask="mask", tokens=("token_logp",), split=Split(_rows("token_logp", "mask"), "concat")),
-    OpInfo("tb.sequence_logprob[mean]", tb.sequence_logprob, ref_sequence_logprob, mk_seq_tokens, {"normalize": "mean"},
-           grad=("token_logp",), mask="mask", tokens=("token_logp",), split=Split(_rows("token_logp", "mask"), "concat")),
-    OpInfo("tb.tb_residual", tb.tb_residual, ref_tb_residual_, mk_tb, {"beta": 2.0}, grad=("logp", "log_z"),
-           split=Split(_rows("logp", "logp_ref", "reward", "log_z"), "concat")),
-    OpInfo("tb.tb_loss", tb.tb_loss, ref_tb_loss, mk_tb_loss, grad=("residual",), frozen=("weight",),
-           split=Split(_rows("residual", "weight"), "mean")),
-    OpInfo("tb.disa_loss", tb.disa_loss, ref_disa, mk_disa, {"beta": 2.0}, grad=("logp",),
-           frozen=("logp_ref", "reward", "log_z_frozen", "weight"),
-           split=Split(_rows("logp", "logp_ref", "reward", "log_z_frozen", "weight"), "mean")),
-    OpInfo("tb.vargrad_log_z", tb.vargrad_log_z, ref_vargrad_log_z, mk_vargrad, {"beta": 2.0}, grad=("logp",),
-           split=Split(_rows("logp", "logp_ref", "reward"), "concat")),
-    OpInfo("tb.vargrad_loss", tb.vargrad_loss, ref_vargrad, mk_vargrad, {"beta": 2.0}, grad=("logp",),
-           frozen=("logp_ref", "reward"), split=Split(_rows("logp", "logp_ref", "reward"), "mean")),
-    OpInfo("tb.tb_importance_weight[max]", tb.tb_importance_weight, ref_is_weight, mk_is_weight,
-           {"clip": "max", "max_weight": 1.5}, frozen=TOK, mask="mask", tokens=TOK,
-           split=Split(_rows(*TOK, "mask"), "concat"), nan_input="token_logp"),
-    OpInfo("tb.tb_importance_weight[eps]", tb.tb_importance_weight, ref_is_weight, mk_is_weight, {"clip": "eps"},
-           frozen=TOK, mask="mask", tokens=TOK, split=Split(_rows(*TOK, "mask"), "concat"), nan_input="token_logp"),
-    OpInfo("tb.flowrl_loss", loss_of(tb.flowrl_loss), ref_flowrl, mk_flowrl, {"beta": 2.0, "max_weight": 1.3},
-           grad=("token_logp", "log_z"), frozen=("token_logp_ref", "token_logp_old", "rewards"), mask="mask",
-           tokens=(*TOK, "token_logp_ref"),
-           split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
-           gradcheck=False),
-    OpInfo("tb.flowrl_loss[sum,eps,raw]", loss_of(tb.flowrl_loss), ref_flowrl, mk_flowrl,
-           {"beta": 0.5, "length_normalize": False, "group_normalize": False, "weight_clip": "eps"},
-           grad=("token_logp", "log_z"), frozen=("token_logp_ref", "token_logp_old", "rewards"), mask="mask",
-           tokens=(*TOK, "token_logp_ref"),
-           split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
-           gradcheck=False),
+    OpInfo(
+        "tb.sequence_logprob[sum]",
+        tb.sequence_logprob,
+        ref_sequence_logprob,
+        mk_seq_tokens,
+        {"normalize": "sum"},
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "concat"),
+    ),
+    OpInfo(
+        "tb.sequence_logprob[mean]",
+        tb.sequence_logprob,
+        ref_sequence_logprob,
+        mk_seq_tokens,
+        {"normalize": "mean"},
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "concat"),
+    ),
+    OpInfo(
+        "tb.tb_residual",
+        tb.tb_residual,
+        ref_tb_residual_,
+        mk_tb,
+        {"beta": 2.0},
+        grad=("logp", "log_z"),
+        split=Split(_rows("logp", "logp_ref", "reward", "log_z"), "concat"),
+    ),
+    OpInfo(
+        "tb.tb_loss",
+        tb.tb_loss,
+        ref_tb_loss,
+        mk_tb_loss,
+        grad=("residual",),
+        frozen=("weight",),
+        split=Split(_rows("residual", "weight"), "mean"),
+    ),
+    OpInfo(
+        "tb.disa_loss",
+        tb.disa_loss,
+        ref_disa,
+        mk_disa,
+        {"beta": 2.0},
+        grad=("logp",),
+        frozen=("logp_ref", "reward", "log_z_frozen", "weight"),
+        split=Split(_rows("logp", "logp_ref", "reward", "log_z_frozen", "weight"), "mean"),
+    ),
+    OpInfo(
+        "tb.vargrad_log_z",
+        tb.vargrad_log_z,
+        ref_vargrad_log_z,
+        mk_vargrad,
+        {"beta": 2.0},
+        grad=("logp",),
+        split=Split(_rows("logp", "logp_ref", "reward"), "concat"),
+    ),
+    OpInfo(
+        "tb.vargrad_loss",
+        tb.vargrad_loss,
+        ref_vargrad,
+        mk_vargrad,
+        {"beta": 2.0},
+        grad=("logp",),
+        frozen=("logp_ref", "reward"),
+        split=Split(_rows("logp", "logp_ref", "reward"), "mean"),
+    ),
+    OpInfo(
+        "tb.tb_importance_weight[max]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "max", "max_weight": 1.5},
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
+        "tb.tb_importance_weight[eps]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "eps"},
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
+        "tb.flowrl_loss",
+        loss_of(tb.flowrl_loss),
+        ref_flowrl,
+        mk_flowrl,
+        {"beta": 2.0, "max_weight": 1.3},
+        grad=("token_logp", "log_z"),
+        frozen=("token_logp_ref", "token_logp_old", "rewards"),
+        mask="mask",
+        tokens=(*TOK, "token_logp_ref"),
+        split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
+        gradcheck=False,
+    ),
+    OpInfo(
+        "tb.flowrl_loss[sum,eps,raw]",
+        loss_of(tb.flowrl_loss),
+        ref_flowrl,
+        mk_flowrl,
+        {"beta": 0.5, "length_normalize": False, "group_normalize": False, "weight_clip": "eps"},
+        grad=("token_logp", "log_z"),
+        frozen=("token_logp_ref", "token_logp_old", "rewards"),
+        mask="mask",
+        tokens=(*TOK, "token_logp_ref"),
+        split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
+        gradcheck=False,
+    ),
     # --- pg
-    OpInfo("pg.group_advantages[std]", pg.group_advantages, ref_group_advantages, mk_rewards, {"scale": "std"},
-           grad=("rewards",), split=Split({"rewards": 1}, "concat")),
-    OpInfo("pg.group_advantages[none]", pg.group_advantages, ref_group_advantages, mk_rewards, {"scale": "none"},
-           grad=("rewards",), split=Split({"rewards": 1}, "concat")),
-    OpInfo("pg.masked_mean", pg.masked_mean, ref_masked_mean, mk_masked, grad=("x",), mask="mask", tokens=("x",),
-           split=Split({"x": 1, "mask": 1}, "token")),
-    OpInfo("pg.kl_k3", pg.kl_k3, ref_kl_k3, mk_kl, grad=("logp", "logp_ref"),
-           split=Split(_rows("logp", "logp_ref"), "concat")),
+    OpInfo(
+        "pg.group_advantages[std]",
+        pg.group_advantages,
+        ref_group_advantages,
+        mk_rewards,
+        {"scale": "std"},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+    ),
+    OpInfo(
+        "pg.group_advantages[none]",
+        pg.group_advantages,
+        ref_group_advantages,
+        mk_rewards,
+        {"scale": "none"},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+    ),
+    OpInfo(
+        "pg.masked_mean",
+        pg.masked_mean,
+        ref_masked_mean,
+        mk_masked,
+        grad=("x",),
+        mask="mask",
+        tokens=("x",),
+        split=Split({"x": 1, "mask": 1}, "token"),
+    ),
+    OpInfo(
+        "pg.kl_k3",
+        pg.kl_k3,
+        ref_kl_k3,
+        mk_kl,
+        grad=("logp", "logp_ref"),
+        split=Split(_rows("logp", "logp_ref"), "concat"),
+    ),
     *_grpo_entries(),
     # --- lad
     *_lad_entries(),
     # --- offline
-    OpInfo("offline.offrl_loss", offline.offrl_loss, ref_offrl, mk_offrl, {"kl_tau": 0.04}, grad=("logp",),
-           frozen=("reward", "logp_ref"), split=Split(_rows("logp", "lengths", "reward", "logp_ref"), "mean")),
-    OpInfo("offline.fpa_loss", offline.fpa_loss, ref_fpa, mk_fpa, grad=("logp",), frozen=("logp_future", "reward"),
-           split=Split(_rows("logp", "lengths", "reward", "logp_future"), "mean")),
-    OpInfo("offline.dpo_loss", offline.dpo_loss, ref_dpo, mk_dpo, {"beta": 0.1}, grad=("logp_w", "logp_l"),
-           frozen=("ref_w", "ref_l"), split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l"), "mean")),
-    OpInfo("offline.rpo_loss", offline.rpo_loss, ref_rpo, mk_pairs, {"beta": 0.1, "alpha": 1.0},
-           grad=("logp_w", "logp_l"), frozen=("ref_w", "ref_l"),
-           split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l", "len_w"), "mean")),
+    OpInfo(
+        "offline.offrl_loss",
+        offline.offrl_loss,
+        ref_offrl,
+        mk_offrl,
+        {"kl_tau": 0.04},
+        grad=("logp",),
+        frozen=("reward", "logp_ref"),
+        split=Split(_rows("logp", "lengths", "reward", "logp_ref"), "mean"),
+    ),
+    OpInfo(
+        "offline.fpa_loss",
+        offline.fpa_loss,
+        ref_fpa,
+        mk_fpa,
+        grad=("logp",),
+        frozen=("logp_future", "reward"),
+        split=Split(_rows("logp", "lengths", "reward", "logp_future"), "mean"),
+    ),
+    OpInfo(
+        "offline.dpo_loss",
+        offline.dpo_loss,
+        ref_dpo,
+        mk_dpo,
+        {"beta": 0.1},
+        grad=("logp_w", "logp_l"),
+        frozen=("ref_w", "ref_l"),
+        split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l"), "mean"),
+    ),
+    OpInfo(
+        "offline.rpo_loss",
+        offline.rpo_loss,
+        ref_rpo,
+        mk_pairs,
+        {"beta": 0.1, "alpha": 1.0},
+        grad=("logp_w", "logp_l"),
+        frozen=("ref_w", "ref_l"),
+        split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l", "len_w"), "mean"),
+    ),
     # KTO with z0 = the batch mean of r: the reference point couples the batch (no split invariance).
-    OpInfo("offline.kto_loss[batch z0]", offline.kto_loss, ref_kto, mk_kto, {"beta": 0.5, "lambda_l": 1.33},
-           grad=("logp",), frozen=("logp_ref",), gradcheck=False),
-    OpInfo("offline.kto_loss[given z0]", offline.kto_loss, ref_kto, mk_kto_z0, {"beta": 0.5, "lambda_l": 1.33},
-           grad=("logp",), frozen=("logp_ref", "z0"), split=Split(_rows("logp", "logp_ref", "correct"), "mean"),
-           shape_inputs=("logp", "logp_ref", "correct")),
-    OpInfo("offline.simper_loss", offline.simper_loss, ref_simper, mk_simper, grad=("logp_w", "logp_l"),
-           split=Split(_rows("logp_w", "len_w", "logp_l", "len_l"), "mean")),
-    OpInfo("offline.apo_value", offline.apo_value, ref_apo_value, mk_apo_value, {"beta1": 0.5}, grad=("rewards",),
-           split=Split({"rewards": 1}, "concat"), nan="raise"),
-    OpInfo("offline.apo_loss", offline.apo_loss, ref_apo_loss, mk_apo_loss, {"beta2": 0.1}, grad=("logp",),
-           frozen=("logp_ref", "reward", "v_hat"), split=Split(_rows("logp", "logp_ref", "reward", "v_hat"), "mean")),
-    OpInfo("offline.sft_loss", offline.sft_loss, ref_sft, mk_seq_tokens, grad=("token_logp",), mask="mask",
-           tokens=("token_logp",), split=Split(_rows("token_logp", "mask"), "token")),
-    OpInfo("offline.future_policy_logprobs", offline.future_policy_logprobs, ref_future_logprobs, mk_future,
-           {"lam": 0.5}, grad=("logits_theta", "logits_ref"),
-           split=Split(_rows("logits_theta", "logits_ref", "ids"), "concat"), low=torch.float32),
+    OpInfo(
+        "offline.kto_loss[batch z0]",
+        offline.kto_loss,
+        ref_kto,
+        mk_kto,
+        {"beta": 0.5, "lambda_l": 1.33},
+        grad=("logp",),
+        frozen=("logp_ref",),
+        gradcheck=False,
+    ),
+    OpInfo(
+        "offline.kto_loss[given z0]",
+        offline.kto_loss,
+        ref_kto,
+        mk_kto_z0,
+        {"beta": 0.5, "lambda_l": 1.33},
+        grad=("logp",),
+        frozen=("logp_ref", "z0"),
+        split=Split(_rows("logp", "logp_ref", "correct"), "mean"),
+        shape_inputs=("logp", "logp_ref", "correct"),
+    ),
+    OpInfo(
+        "offline.simper_loss",
+        offline.simper_loss,
+        ref_simper,
+        mk_simper,
+        grad=("logp_w", "logp_l"),
+        split=Split(_rows("logp_w", "len_w", "logp_l", "len_l"), "mean"),
+    ),
+    OpInfo(
+        "offline.apo_value",
+        offline.apo_value,
+        ref_apo_value,
+        mk_apo_value,
+        {"beta1": 0.5},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "offline.apo_loss",
+        offline.apo_loss,
+        ref_apo_loss,
+        mk_apo_loss,
+        {"beta2": 0.1},
+        grad=("logp",),
+        frozen=("logp_ref", "reward", "v_hat"),
+        split=Split(_rows("logp", "logp_ref", "reward", "v_hat"), "mean"),
+    ),
+    OpInfo(
+        "offline.sft_loss",
+        offline.sft_loss,
+        ref_sft,
+        mk_seq_tokens,
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "token"),
+    ),
+    OpInfo(
+        "offline.future_policy_logprobs",
+        offline.future_policy_logprobs,
+        ref_future_logprobs,
+        mk_future,
+        {"lam": 0.5},
+        grad=("logits_theta", "logits_ref"),
+        split=Split(_rows("logits_theta", "logits_ref", "ids"), "concat"),
+        low=torch.float32,
+    ),
     # (future_policy_logprobs normalizes half inputs in float32 and returns the input dtype: float32 is its twin)
     # --- estimators (Stage 1)
-    OpInfo("estimators.log_partition_lse", estimators.log_partition_lse, _rowwise(ref_log_partition_lse), mk_log_w,
-           grad=("log_w",), split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.log_partition_geomean", estimators.log_partition_geomean, _rowwise(ref_geomean), mk_log_w,
-           grad=("log_w",), split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.effective_sample_size", estimators.effective_sample_size, _rowwise(ref_ess), mk_log_w,
-           grad=("log_w",), split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.max_normalized_weight", estimators.max_normalized_weight, _rowwise(_ref_max_weight), mk_log_w,
-           grad=("log_w",), split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.delta_method_bias", estimators.delta_method_bias, _rowwise(ref_delta_bias), mk_log_w,
-           grad=("log_w",), split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.bias_corrected_log_partition", estimators.bias_corrected_log_partition,
-           _rowwise(lambda lw: ref_log_partition_lse(lw) - ref_delta_bias(lw)), mk_log_w, grad=("log_w",),
-           split=_EST_ROWS, nan="raise"),
-    OpInfo("estimators.log_importance_weights", estimators.log_importance_weights, ref_log_importance_weights, mk_liw,
-           grad=("logp_target", "tilt"), split=Split(_rows("logp_target", "logp_proposal", "tilt"), "concat"),
-           nan="raise"),
-    OpInfo("estimators.log_z_from_pass_rate", estimators.log_z_from_pass_rate, ref_log_z_from_pass_rate,
-           mk_pass_rate, {"beta": 3.0}, grad=("p",), split=Split({"p": 1}, "concat"), nan="raise"),
-    OpInfo("estimators.pass_rate_from_log_z", estimators.pass_rate_from_log_z, ref_pass_rate_from_log_z, mk_log_z,
-           {"beta": 3.0}, grad=("log_z",), split=Split({"log_z": 1}, "concat")),
+    OpInfo(
+        "estimators.log_partition_lse",
+        estimators.log_partition_lse,
+        _rowwise(ref_log_partition_lse),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_partition_geomean",
+        estimators.log_partition_geomean,
+        _rowwise(ref_geomean),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.effective_sample_size",
+        estimators.effective_sample_size,
+        _rowwise(ref_ess),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.max_normalized_weight",
+        estimators.max_normalized_weight,
+        _rowwise(_ref_max_weight),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.delta_method_bias",
+        estimators.delta_method_bias,
+        _rowwise(ref_delta_bias),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.bias_corrected_log_partition",
+        estimators.bias_corrected_log_partition,
+        _rowwise(lambda lw: ref_log_partition_lse(lw) - ref_delta_bias(lw)),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_importance_weights",
+        estimators.log_importance_weights,
+        ref_log_importance_weights,
+        mk_liw,
+        grad=("logp_target", "tilt"),
+        split=Split(_rows("logp_target", "logp_proposal", "tilt"), "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_z_from_pass_rate",
+        estimators.log_z_from_pass_rate,
+        ref_log_z_from_pass_rate,
+        mk_pass_rate,
+        {"beta": 3.0},
+        grad=("p",),
+        split=Split({"p": 1}, "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.pass_rate_from_log_z",
+        estimators.pass_rate_from_log_z,
+        ref_pass_rate_from_log_z,
+        mk_log_z,
+        {"beta": 3.0},
+        grad=("log_z",),
+        split=Split({"log_z": 1}, "concat"),
+    ),
     # --- paced
-    OpInfo("paced.accuracy_from_log_z[clip]", paced.accuracy_from_log_z, ref_accuracy, mk_accuracy,
-           {"kl_coef": 0.3, "r_low": -1.0, "r_high": 1.0, "clip": True}, grad=("log_z", "kl"),
-           split=Split(_rows("log_z", "kl"), "concat")),
-    OpInfo("paced.accuracy_from_log_z[raw]", paced.accuracy_from_log_z, ref_accuracy, mk_accuracy,
-           {"kl_coef": 0.3, "clip": False}, grad=("log_z", "kl"), split=Split(_rows("log_z", "kl"), "concat")),
-    OpInfo("paced.replay_priority", paced.replay_priority, ref_replay_priority, mk_priority, grad=("p_hat",),
-           split=Split(_rows("n_correct", "n", "p_hat"), "concat"), nan_input="p_hat"),
+    OpInfo(
+        "paced.accuracy_from_log_z[clip]",
+        paced.accuracy_from_log_z,
+        ref_accuracy,
+        mk_accuracy,
+        {"kl_coef": 0.3, "r_low": -1.0, "r_high": 1.0, "clip": True},
+        grad=("log_z", "kl"),
+        split=Split(_rows("log_z", "kl"), "concat"),
+    ),
+    OpInfo(
+        "paced.accuracy_from_log_z[raw]",
+        paced.accuracy_from_log_z,
+        ref_accuracy,
+        mk_accuracy,
+        {"kl_coef": 0.3, "clip": False},
+        grad=("log_z", "kl"),
+        split=Split(_rows("log_z", "kl"), "concat"),
+    ),
+    OpInfo(
+        "paced.replay_priority",
+        paced.replay_priority,
+        ref_replay_priority,
+        mk_priority,
+        grad=("p_hat",),
+        split=Split(_rows("n_correct", "n", "p_hat"), "concat"),
+        nan_input="p_hat",
+    ),
     # --- Stage 2
-    OpInfo("regressor.regressor_loss", regressor.regressor_loss, ref_regressor_loss, mk_regressor, grad=("pred",),
-           frozen=("target",), split=Split(_rows("pred", "target"), "mean")),
-]  # fmt: skip
+    OpInfo(
+        "regressor.regressor_loss",
+        regressor.regressor_loss,
+        ref_regressor_loss,
+        mk_regressor,
+        grad=("pred",),
+        frozen=("target",),
+        split=Split(_rows("pred", "target"), "mean"),
+    ),
+]
 
 BY_NAME: dict[str, OpInfo] = {op.name: op for op in OPS}
 assert len(BY_NAME) == len(OPS), "duplicate OpInfo names"
