@@ -549,7 +549,7 @@ def fused_linear_logprobs(
 ) -> Tensor:
     """Per-token log-probs ``log softmax((h W^T + b) / T)[ids]`` without materializing ``[N, V]``.
 
-    Teacher-forced scoring (issue 6 item 5): ``logp_n = z_n[y_n] - LSE_v z_n[v]`` with
+    Teacher-forced scoring: ``logp_n = z_n[y_n] - LSE_v z_n[v]`` with
     ``z_n = (h_n W^T + b) / T``; the sequence log-prob is the masked sum over ``T``
     (``objectives.tb.sequence_logprob``). Gradients flow to ``hidden``, ``weight`` and ``bias``
     through a chunk-recomputing backward.

@@ -140,4 +140,5 @@ def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1
     """The LAD optimum (Lemma 3.1): ``log softmax(log pi_old + A/eta)`` over ``dim``."""
     if eta <= 0:
         raise ValueError("eta must be > 0")
+    broadcastable("logp_old", logp_old, "adv", adv)
     return torch.log_softmax(logp_old + adv / eta, dim=dim)

@@ -287,3 +287,18 @@ CHECKS = {
     "shape_errors": check_shape_errors,
     "nan": check_nan,
 }
+
+
+def applicable(op: OpInfo, check: str) -> bool:
+    """Whether ``check`` applies to ``op`` (the checks also skip themselves when called directly)."""
+    if check == "grad":
+        return bool(op.grad)
+    if check == "gradcheck":
+        return bool(op.grad) and op.gradcheck
+    if check == "padding":
+        return op.mask is not None
+    if check == "split":
+        return op.split is not None
+    if check == "shape_errors":
+        return op.shape_inputs is not None or sum(v.dim() >= 1 for v in op.sample().values()) >= 2
+    return True
