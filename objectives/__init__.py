@@ -1,13 +1,14 @@
 """tiltlab.objectives — the one home of all loss and estimator math.
 
 Pure torch functions of log-prob tensors; the simulator (``sim``) and the LLM layer (``llm``)
-import them unchanged. Conventions (``shared/notes/style.md``):
+import them unchanged. Conventions:
 
 - tokens ``[B, T]`` with a float ``mask``; a sequence log-prob is the masked sum
   (:func:`objectives.tb.sequence_logprob`); groups ``[P, G]`` are group-major (``B = P * G``);
 - ``beta`` always *multiplies* the reward (DISA's convention); PACED's ``exp(r / beta)`` is
   exposed as ``kl_coef``;
-- every docstring carries its formula and source (paper file + equation / section).
+- every docstring carries its formula and source (paper short name + equation / section;
+  the notation is ``docs/math.md``'s).
 
 Modules: :mod:`~objectives.estimators` (Stage-1 log Z), :mod:`~objectives.tb` (TB / DISA /
 FlowRL / VarGrad), :mod:`~objectives.lad`, :mod:`~objectives.pg` (GRPO, GSPO, PPO+KL),

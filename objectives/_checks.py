@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 
-def as_tensor(x, like: Tensor | None = None) -> Tensor:
+def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
     """Tensor view of ``x`` (float scalars become 0-d tensors on ``like``'s device/dtype)."""
     if isinstance(x, Tensor):
         return x
@@ -29,7 +31,7 @@ def same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 
 def broadcastable(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
     try:
-        torch.broadcast_shapes(a.shape, b.shape)
+        torch.broadcast_shapes(a.shape, b.shape)  # type: ignore[no-untyped-call]  # untyped in torch
     except RuntimeError:
         raise ValueError(f"{name_a} {tuple(a.shape)} does not broadcast against {name_b} {tuple(b.shape)}") from None
 
@@ -54,7 +56,17 @@ def no_pos_inf(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} contains +inf")
 
 
-def positive(name: str, x) -> None:
+def positive(name: str, x: Tensor | float) -> None:
     v = torch.as_tensor(x)
     if not bool((v > 0).all()):
         raise ValueError(f"{name} must be > 0; got {x}")
+
+
+def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` with its padded positions (``mask == 0``) replaced by 0 before any arithmetic.
+
+    Multiplying by the mask is not enough: ``NaN * 0`` and ``inf * 0`` are NaN, and a NaN in a
+    padded slot would reach the loss and (through ``0 * NaN`` in backward) the gradient. The
+    padded positions get an exactly zero gradient.
+    """
+    return torch.where(mask > 0, x, torch.zeros_like(x))

@@ -1,6 +1,6 @@
 """Importance-sampling estimators of the partition function (DISA Stage 1).
 
-DISA (``000_97b17fcb5a92948e.txt``, Sec. 3.1, eqs. 7-8; reconstructed in ``math.md`` §1).
+DISA (Sec. 3.1, eqs. 7-8; reconstructed in ``docs/math.md`` §1).
 For a prompt ``x`` draw ``y_1..y_M ~ q(.|x)`` and form the log importance weights
 
     log w_i = log pi_ref(y_i|x) + beta * r~(x, y_i) - log q(y_i|x)
@@ -119,7 +119,7 @@ def max_normalized_weight(log_w: Tensor, dim: int = -1) -> Tensor:
 def delta_method_bias(log_w: Tensor, dim: int = -1) -> Tensor:
     """Plug-in estimate of the LSE label's bias, ``E[log Z_hat_M] - log Z ~ -Var_q(w) / (2 M Z^2)``.
 
-    DISA Prop. 1 (second-order delta method, ``math.md`` §1). ``Var_q(w)/Z^2`` is estimated by
+    DISA Prop. 1 (second-order delta method, ``docs/math.md`` §1). ``Var_q(w)/Z^2`` is estimated by
     the unbiased sample variance of ``w_i / Z_hat`` computed in log space:
     with ``u_i = w_i / sum_j w_j``, ``w_i / Z_hat = M u_i`` and
     ``Var_hat(w/Z_hat) = (M sum_i u_i^2 - 1) * M / (M - 1)``.
@@ -142,14 +142,14 @@ def delta_method_bias(log_w: Tensor, dim: int = -1) -> Tensor:
 def bias_corrected_log_partition(log_w: Tensor, dim: int = -1) -> Tensor:
     """LSE label minus its delta-method bias: ``log Z_hat_M - delta_method_bias`` (>= the LSE label).
 
-    ``math.md`` §1 ("results beyond the paper"): a downward-biased label is the harmful side for
+    ``docs/math.md`` §1 ("results beyond the paper"): a downward-biased label is the harmful side for
     the biased TB loss, so an upward correction is offered next to the plain label.
     """
     return log_partition_lse(log_w, dim) - delta_method_bias(log_w, dim)
 
 
 def log_z_from_pass_rate(p: Tensor | float, beta: Tensor | float) -> Tensor:
-    """Exact binary-reward identity (DISA §3 / ``math.md`` §1): ``Z = 1 + p (e^beta - 1)``.
+    """Exact binary-reward identity (DISA §3 / ``docs/math.md`` §1): ``Z = 1 + p (e^beta - 1)``.
 
     For ``r in {0, 1}``, ``r~ = r``: ``Z = E_{pi_ref}[e^{beta r}] = (1 - p) + p e^beta``, computed
     as ``logaddexp(log(1 - p), log p + beta)`` (stable for large beta, exact at p = 0 and p = 1).

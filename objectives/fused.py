@@ -21,11 +21,11 @@ saved inputs and the saved per-token ``lse`` (and entropy), so it also never hol
     d H_n        / d z_n   = -p_n * (log p_n + H_n)            (H_n = -sum_v p log p)
     dz_n/dh_n = W^T / T,  dz_n/dW = h_n / T,  dz_n/db = 1 / T  (times each term's coefficient)
 
-It is the pure-PyTorch analogue of Liger-Kernel's chunked fused-linear losses (see the
-project's engines notes), written for *per-token* outputs (a scalar-loss fused kernel can
+It is the pure-PyTorch analogue of Liger-Kernel's chunked fused-linear losses,
+written for *per-token* outputs (a scalar-loss fused kernel can
 pre-compute gradients in the forward pass; a per-token output cannot, hence recomputation).
 
-The FPA variant (paper ``003_af5ed36eab8bd392.txt``, Sec. 2.3, eqs. 4-5) streams two read-outs
+The FPA variant (FPA Sec. 2.3, eqs. 4-5) streams two read-outs
 at once: ``z = (1 + lam) h_theta W_theta^T - lam h_ref W_ref^T`` and
 ``pi_hat = softmax(z) ∝ pi_theta^(1+lam) pi_ref^(-lam)``.
 
@@ -44,7 +44,8 @@ output is 0 and they receive no gradient.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,7 +67,7 @@ __all__ = [
 DEFAULT_TOKEN_CHUNK = 256
 DEFAULT_VOCAB_CHUNK = 4096
 #: Default CUDA tile: 2048 x 16384 = 128 MiB float32 (fewer, larger kernels). Not tuned on
-#: hardware yet; pass token_chunk / vocab_chunk to override.
+#: hardware; pass token_chunk / vocab_chunk to override.
 DEFAULT_CUDA_TOKEN_CHUNK = 2048
 DEFAULT_CUDA_VOCAB_CHUNK = 16384
 
@@ -111,7 +112,7 @@ def _operand(x: Tensor, acc: torch.dtype) -> Tensor:
     return x.to(acc)
 
 
-def _chunks(n: int, size: int):
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(start + size, n)
 
@@ -119,7 +120,14 @@ def _chunks(n: int, size: int):
 class _Terms:
     """The read-out ``z = sum_k c_k (h_k W_k^T + b_k)``; ``c_k`` already includes ``1/T``."""
 
-    def __init__(self, hiddens, weights, biases, coefs, acc):
+    def __init__(
+        self,
+        hiddens: Sequence[Tensor],
+        weights: Sequence[Tensor],
+        biases: Sequence[Tensor | None],
+        coefs: Sequence[float],
+        acc: torch.dtype,
+    ) -> None:
         self.h = list(hiddens)
         self.w = list(weights)
         self.b = list(biases)
@@ -127,19 +135,19 @@ class _Terms:
         self.acc = acc
         # operands for the tile matmuls (upcast once for h, per vocab chunk for W)
         self.h_op = [_operand(h, acc) for h in self.h]
-        bias = None
+        bias: Tensor | None = None
         for b, c in zip(self.b, self.c):
             if b is not None:
                 bias = b.to(acc) * c if bias is None else bias.add(b.to(acc), alpha=c)
         self.bias = bias  # [V] combined, acc dtype, or None
 
-    def weight_ops(self, v0: int, v1: int):
+    def weight_ops(self, v0: int, v1: int) -> list[Tensor]:
         """Transposed weight chunks ``[H, vc]`` as tile operands."""
         return [_operand(w[v0:v1], self.acc).t() for w in self.w]
 
-    def tile(self, t0: int, t1: int, v0: int, v1: int, w_ops) -> Tensor:
+    def tile(self, t0: int, t1: int, v0: int, v1: int, w_ops: Sequence[Tensor]) -> Tensor:
         """Logits tile ``z[t0:t1, v0:v1]`` in the accumulation dtype, ``[tc, vc]``."""
-        tile = None
+        tile: Tensor | None = None
         for h_op, w_t, c in zip(self.h_op, w_ops, self.c):
             h_t = h_op[t0:t1]
             if tile is None:
@@ -150,22 +158,24 @@ class _Terms:
                 tile.addmm_(h_t, w_t, alpha=c)
             else:
                 tile.add_(_mm(h_t, w_t, self.acc), alpha=c)
+        assert tile is not None  # at least one read-out term (checked at entry)
         if self.bias is not None:
             tile.add_(self.bias[v0:v1])
         return tile
 
     def target_logit(self, ids: Tensor) -> Tensor:
         """``z_n[ids_n]`` by per-token dot products, ``[N]`` in the accumulation dtype."""
-        out = None
+        out: Tensor | None = None
         for h, w, b, c in zip(self.h, self.w, self.b, self.c):
             z = (h.to(self.acc) * w.index_select(0, ids).to(self.acc)).sum(-1)
             if b is not None:
                 z = z + b.index_select(0, ids).to(self.acc)
             out = z * c if out is None else out.add(z, alpha=c)
+        assert out is not None
         return out
 
 
-def _online_stats(terms: _Terms, n: int, v: int, want_entropy: bool, tc: int, vc: int):
+def _online_stats(terms: _Terms, n: int, v: int, want_entropy: bool, tc: int, vc: int) -> tuple[Tensor, Tensor | None]:
     """Stream all tiles; return ``lse [N]`` and (if asked) ``entropy [N]``.
 
     Per token, after every vocabulary chunk the running (m, s, t) hold the max ``m``,
@@ -178,7 +188,7 @@ def _online_stats(terms: _Terms, n: int, v: int, want_entropy: bool, tc: int, vc
     dev = terms.h[0].device
     m = torch.empty(n, dtype=acc, device=dev)
     s = torch.empty(n, dtype=acc, device=dev)
-    t = torch.empty(n, dtype=acc, device=dev) if want_entropy else None
+    t = torch.empty(n if want_entropy else 0, dtype=acc, device=dev)  # empty unless the entropy is asked for
     first = True
     for v0, v1 in _chunks(v, vc):
         w_ops = terms.weight_ops(v0, v1)
@@ -224,8 +234,17 @@ class _FusedLinearSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, ids, coefs, want_logp, want_entropy, tc, vc, *flat):
-        hs, ws, bs = flat[0::3], flat[1::3], flat[2::3]
+    def forward(
+        ctx: Any,
+        ids: Tensor,
+        coefs: tuple[float, ...],
+        want_logp: bool,
+        want_entropy: bool,
+        tc: int,
+        vc: int,
+        *flat: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        hs, ws, bs = _unflatten(flat)
         acc = _acc_dtype(hs[0].dtype)
         n, v = hs[0].shape[0], ws[0].shape[0]
         terms = _Terms(hs, ws, bs, coefs, acc)
@@ -244,10 +263,10 @@ class _FusedLinearSoftmax(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_logp, g_ent):
+    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:
         ids, lse, entropy, *flat = ctx.saved_tensors
         coefs, want_logp, want_entropy, tc, vc = ctx.cfg
-        hs, ws, bs = flat[0::3], flat[1::3], flat[2::3]
+        hs, ws, bs = _unflatten(flat)
         n_fixed = 6
         need = ctx.needs_input_grad[n_fixed:]
         need_h, need_w, need_b = need[0::3], need[1::3], need[2::3]
@@ -257,14 +276,16 @@ class _FusedLinearSoftmax(torch.autograd.Function):
         g1 = g_logp.to(acc) if (want_logp and g_logp is not None) else None  # [N]
         g2 = g_ent.to(acc) if (want_entropy and g_ent is not None) else None  # [N]
         K = len(hs)
-        out = [None] * (3 * K)
+        out: list[Tensor | None] = [None] * (3 * K)
         if g1 is None and g2 is None:
             return (None,) * n_fixed + tuple(out)
-        gh = [torch.zeros(hs[k].shape, dtype=acc, device=hs[k].device) if need_h[k] else None for k in range(K)]
+        gh: list[Tensor | None] = [
+            torch.zeros(hs[k].shape, dtype=acc, device=hs[k].device) if need_h[k] else None for k in range(K)
+        ]
         # weight grads are written chunk by chunk in the weight's dtype; a float32 [vc, H]
         # accumulator is used per chunk when that dtype is lower precision
-        gw = [torch.empty_like(ws[k]) if need_w[k] else None for k in range(K)]
-        gb = [
+        gw: list[Tensor | None] = [torch.empty_like(ws[k]) if need_w[k] else None for k in range(K)]
+        gb: list[Tensor | None] = [
             torch.zeros(v, dtype=acc, device=ws[k].device) if (need_b[k] and bs[k] is not None) else None
             for k in range(K)
         ]
@@ -281,7 +302,7 @@ class _FusedLinearSoftmax(torch.autograd.Function):
         with torch.no_grad():
             for ci, (v0, v1) in enumerate(_chunks(v, vc)):
                 w_ops = terms.weight_ops(v0, v1)  # [H, vc] each
-                gw_c = [
+                gw_c: list[Tensor | None] = [
                     None
                     if g is None
                     else (
@@ -296,30 +317,33 @@ class _FusedLinearSoftmax(torch.autograd.Function):
                     tile.sub_(lse[t0:t1, None])  # log p
                     p = tile.exp()
                     if g2 is not None:
+                        assert entropy is not None
                         # -p * (g1 + g2 * (log p + H))
                         coef = tile.add_(entropy[t0:t1, None]).mul_(g2[t0:t1, None])
                         if g1 is not None:
                             coef.add_(g1[t0:t1, None])
                         gz = p.mul_(coef).neg_()
                     else:
+                        assert g1 is not None
                         gz = p.mul_(g1[t0:t1, None].neg())
                     del tile
                     for k in range(K):
                         c = coefs[k]
-                        if gh[k] is not None:  # [tc, H] += c gz @ W_k[v0:v1]
+                        gh_k, gw_ck, gb_k = gh[k], gw_c[k], gb[k]
+                        if gh_k is not None:  # [tc, H] += c gz @ W_k[v0:v1]
                             w_k = w_ops[k].t()
                             if gz.dtype == w_k.dtype:
-                                gh[k][t0:t1].addmm_(gz, w_k, alpha=c)
+                                gh_k[t0:t1].addmm_(gz, w_k, alpha=c)
                             else:
-                                gh[k][t0:t1].add_(_mm(gz, w_k, acc), alpha=c)
-                        if gw_c[k] is not None:  # [vc, H] += c gz^T @ h_k[t0:t1]
+                                gh_k[t0:t1].add_(_mm(gz, w_k, acc), alpha=c)
+                        if gw_ck is not None:  # [vc, H] += c gz^T @ h_k[t0:t1]
                             h_k = terms.h_op[k][t0:t1]
                             if gz.dtype == h_k.dtype:
-                                gw_c[k].addmm_(gz.t(), h_k, alpha=c)
+                                gw_ck.addmm_(gz.t(), h_k, alpha=c)
                             else:
-                                gw_c[k].add_(_mm(gz.t(), h_k, acc), alpha=c)
-                        if gb[k] is not None:
-                            gb[k][v0:v1].add_(gz.sum(0), alpha=c)
+                                gw_ck.add_(_mm(gz.t(), h_k, acc), alpha=c)
+                        if gb_k is not None:
+                            gb_k[v0:v1].add_(gz.sum(0), alpha=c)
                     del gz, p
                 if g1 is not None and any_w:
                     sel = order[bounds[ci] : bounds[ci + 1]]
@@ -327,22 +351,26 @@ class _FusedLinearSoftmax(torch.autograd.Function):
                         rows = ids.index_select(0, sel) - v0
                         gsel = g1.index_select(0, sel)[:, None]
                         for k in range(K):
-                            if gw_c[k] is not None:
-                                gw_c[k].index_add_(0, rows, hs[k].index_select(0, sel).to(acc) * gsel, alpha=coefs[k])
+                            gw_ck = gw_c[k]
+                            if gw_ck is not None:
+                                gw_ck.index_add_(0, rows, hs[k].index_select(0, sel).to(acc) * gsel, alpha=coefs[k])
                 for k in range(K):
-                    if gw_c[k] is not None and gw[k].dtype != acc:
-                        gw[k][v0:v1].copy_(gw_c[k])
+                    gw_ck, gw_k = gw_c[k], gw[k]
+                    if gw_ck is not None and gw_k is not None and gw_k.dtype != acc:
+                        gw_k[v0:v1].copy_(gw_ck)
                 del gw_c
             if g1 is not None:
                 for k in range(K):
-                    if gh[k] is not None:
-                        gh[k].add_(ws[k].index_select(0, ids).to(acc) * g1[:, None], alpha=coefs[k])
-                    if gb[k] is not None:
-                        gb[k].index_add_(0, ids, g1, alpha=coefs[k])
+                    gh_k, gb_k = gh[k], gb[k]
+                    if gh_k is not None:
+                        gh_k.add_(ws[k].index_select(0, ids).to(acc) * g1[:, None], alpha=coefs[k])
+                    if gb_k is not None:
+                        gb_k.index_add_(0, ids, g1, alpha=coefs[k])
         for k in range(K):
-            out[3 * k] = gh[k].to(hs[k].dtype) if gh[k] is not None else None
+            gh_k, gb_k, b_k = gh[k], gb[k], bs[k]
+            out[3 * k] = gh_k.to(hs[k].dtype) if gh_k is not None else None
             out[3 * k + 1] = gw[k]
-            out[3 * k + 2] = gb[k].to(bs[k].dtype) if gb[k] is not None else None
+            out[3 * k + 2] = gb_k.to(b_k.dtype) if (gb_k is not None and b_k is not None) else None
         return (None,) * n_fixed + tuple(out)
 
 
@@ -350,7 +378,15 @@ class _FusedLinearSoftmax(torch.autograd.Function):
 # input handling
 
 
-def _check_chunk(name: str, x, device: torch.device) -> int:
+def _unflatten(flat: Sequence[Tensor | None]) -> tuple[list[Tensor], list[Tensor], list[Tensor | None]]:
+    """``(h_0, W_0, b_0, h_1, ...)`` -> hiddens, weights, biases (only biases may be None)."""
+    hs, ws = list(flat[0::3]), list(flat[1::3])
+    if any(x is None for x in hs + ws):
+        raise ValueError("hidden states and weights must be tensors")
+    return [h for h in hs if h is not None], [w for w in ws if w is not None], list(flat[2::3])
+
+
+def _check_chunk(name: str, x: int | None, device: torch.device) -> int:
     if x is None:
         cuda = device.type == "cuda"
         if name == "token_chunk":
@@ -398,7 +434,7 @@ def _flatten_and_select(
     mask: Tensor | None,
     ignore_index: int | None,
     vocab: int,
-):
+) -> tuple[list[Tensor], Tensor | None, Tensor | None, tuple[int, ...]]:
     """Flatten ``[B, T, H]`` to ``[N, H]``; return (hiddens, ids, keep_idx or None, lead_shape)."""
     lead = tuple(hiddens[0].shape[:-1])
     for h in hiddens[1:]:
@@ -444,14 +480,25 @@ def _flatten_and_select(
     return flat, ids, keep_idx, lead
 
 
-def _scatter_back(x: Tensor, keep_idx: Tensor | None, lead) -> Tensor:
+def _scatter_back(x: Tensor, keep_idx: Tensor | None, lead: tuple[int, ...]) -> Tensor:
     n = math.prod(lead)
     if keep_idx is not None:
         x = x.new_zeros(n).index_copy(0, keep_idx, x)
     return x.reshape(lead)
 
 
-def _run(pairs, coefs, ids, mask, ignore_index, want_logp, want_entropy, token_chunk, vocab_chunk):
+def _run(
+    pairs: Sequence[tuple[Tensor, Tensor, Tensor | None]],
+    coefs: Sequence[float],
+    ids: Tensor | None,
+    mask: Tensor | None,
+    ignore_index: int | None,
+    want_logp: bool,
+    want_entropy: bool,
+    token_chunk: int | None,
+    vocab_chunk: int | None,
+) -> tuple[Tensor, Tensor]:
+    """Validate, flatten, run the fused kernel and scatter back; an output not asked for is empty."""
     dev = pairs[0][0].device
     tc = _check_chunk("token_chunk", token_chunk, dev)
     vc = _check_chunk("vocab_chunk", vocab_chunk, dev)
@@ -464,20 +511,20 @@ def _run(pairs, coefs, ids, mask, ignore_index, want_logp, want_entropy, token_c
     if hiddens[0].shape[0] == 0:  # everything masked
         zero = torch.zeros(lead, dtype=acc, device=hiddens[0].device)
         # keep the graph connected so .backward() works and yields zero gradients
-        z = sum(p[0].sum() * 0 for p in pairs) + sum(p[1].sum() * 0 for p in pairs)
+        z = torch.stack([p[0].sum() * 0 + p[1].sum() * 0 for p in pairs]).sum()
         return zero + z.to(acc), zero + z.to(acc)
     if ids is None:
         ids = torch.zeros(hiddens[0].shape[0], dtype=torch.long, device=hiddens[0].device)
-    flat = []
+    flat: list[Tensor | None] = []
     for h, (_, w, b) in zip(hiddens, pairs):
         flat += [h, w, b]
-    logp, ent = _FusedLinearSoftmax.apply(ids, tuple(coefs), want_logp, want_entropy, tc, vc, *flat)
-    logp = _scatter_back(logp, keep_idx, lead) if want_logp else None
-    ent = _scatter_back(ent, keep_idx, lead) if want_entropy else None
+    logp, ent = _FusedLinearSoftmax.apply(ids, tuple(coefs), want_logp, want_entropy, tc, vc, *flat)  # type: ignore[no-untyped-call]  # Function.apply is untyped in torch
+    logp = _scatter_back(logp, keep_idx, lead) if want_logp else logp
+    ent = _scatter_back(ent, keep_idx, lead) if want_entropy else ent
     return logp, ent
 
 
-def _check_temperature(temperature) -> float:
+def _check_temperature(temperature: float) -> float:
     t = float(temperature)
     if not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a finite number > 0; got {temperature!r}")
@@ -502,7 +549,7 @@ def fused_linear_logprobs(
 ) -> Tensor:
     """Per-token log-probs ``log softmax((h W^T + b) / T)[ids]`` without materializing ``[N, V]``.
 
-    Teacher-forced scoring (issue 6 item 5): ``logp_n = z_n[y_n] - LSE_v z_n[v]`` with
+    Teacher-forced scoring: ``logp_n = z_n[y_n] - LSE_v z_n[v]`` with
     ``z_n = (h_n W^T + b) / T``; the sequence log-prob is the masked sum over ``T``
     (``objectives.tb.sequence_logprob``). Gradients flow to ``hidden``, ``weight`` and ``bias``
     through a chunk-recomputing backward.
@@ -548,7 +595,7 @@ def fused_linear_future_logprobs(
 ) -> Tensor:
     """FPA future-policy log-probs, streamed: ``log softmax((1+lam) z_theta - lam z_ref)[ids]``.
 
-    FPA (``003_af5ed36eab8bd392.txt``, Sec. 2.3): eq. (4)
+    FPA (Sec. 2.3): eq. (4)
     ``pi_hat = softmax((1 + lam) h_theta - lam h_ref)`` on next-token logits, equivalently
     eq. (5) ``pi_hat ∝ pi_theta^(1+lam) pi_ref^(-lam)``. Here the logits are read out of two
     hidden-state/weight pairs, ``z_theta = (h_theta W_theta^T + b_theta) / T`` and

@@ -1,4 +1,4 @@
-"""LAD: f-divergence matching of the advantage distribution (``004_5fbe296d0161ca77.txt``).
+"""LAD: f-divergence matching of the advantage distribution (``docs/math.md`` §4).
 
 LAD (Sec. 3) matches ``P_pi(y|x) = (pi_theta/pi_old) / Z_pi`` (eq. 4) to
 ``P_A(y|x) = e^{A/eta} / Z_A`` (eq. 5). The theoretical loss (eq. 7) is ``D_f(P_pi || P_A)``;
@@ -99,6 +99,8 @@ def lad_loss(
         raise ValueError("eta must be > 0")
     same_shape("logp", logp, "logp_old", logp_old)
     broadcastable("logp", logp, "adv", adv)
+    if weight is not None:
+        broadcastable("logp", logp, "weight", weight)
     div = get_divergence(divergence)
     a = adv.detach() / eta
     c = torch.exp(logp - logp_old.detach() - a)
@@ -138,4 +140,5 @@ def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1
     """The LAD optimum (Lemma 3.1): ``log softmax(log pi_old + A/eta)`` over ``dim``."""
     if eta <= 0:
         raise ValueError("eta must be > 0")
+    broadcastable("logp_old", logp_old, "adv", adv)
     return torch.log_softmax(logp_old + adv / eta, dim=dim)

@@ -1,8 +1,8 @@
-"""Evaluation estimators (``math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
+"""Evaluation estimators (``docs/math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 __all__ = ["distinct_n", "mean_at_k", "pass_at_k"]
 
@@ -31,14 +31,15 @@ def mean_at_k(correct: Sequence[float | bool]) -> float:
     return float(sum(float(c) for c in correct)) / len(correct)
 
 
-def distinct_n(texts: Iterable[str] | Iterable[Sequence], n: int = 2) -> float:
+def distinct_n(texts: Iterable[str] | Iterable[Sequence[Hashable]], n: int = 2) -> float:
     """distinct-n: unique n-grams / total n-grams over all texts (whitespace tokens for strings,
     elements for sequences). 0 when there is no n-gram."""
     if n < 1:
         raise ValueError("n must be >= 1")
-    total, seen = 0, set()
+    total = 0
+    seen: set[tuple[Hashable, ...]] = set()
     for t in texts:
-        toks = t.split() if isinstance(t, str) else list(t)
+        toks: list[Hashable] = list(t.split()) if isinstance(t, str) else list(t)
         for i in range(len(toks) - n + 1):
             seen.add(tuple(toks[i : i + n]))
             total += 1

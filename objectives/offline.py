@@ -1,4 +1,4 @@
-"""Offline objectives of the FPA paper (``003_af5ed36eab8bd392.txt``; ``math.md`` §5).
+"""Offline objectives of the FPA paper (``docs/math.md`` §5).
 
 Sequence quantities are ``[B]``: ``logp`` = masked token sum of ``log pi_theta(y|x)``,
 ``lengths`` = ``|y|`` (token count, > 0), ``reward`` ``R in {+1, -1}`` (Off-RL / FPA) or ``{0, 1}``
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, same_shape
+from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
 from tiltlab.objectives.estimators import log_partition_lse
 
 __all__ = [
@@ -51,7 +51,9 @@ def offrl_loss(
     """
     lengths = _check_lengths(logp, lengths)
     same_shape("logp", logp, "reward", reward)
-    loss = -(reward * torch.exp(logp / lengths)).mean()
+    if logp_ref is not None:
+        same_shape("logp", logp, "logp_ref", logp_ref)
+    loss = -(reward.detach() * torch.exp(logp / lengths)).mean()
     if kl_tau:
         if logp_ref is None:
             raise ValueError("kl_tau > 0 needs logp_ref")
@@ -71,7 +73,7 @@ def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor)
     same_shape("logp", logp, "reward", reward)
     same_shape("logp", logp, "logp_future", logp_future)
     weight = torch.exp(logp_future.detach() / lengths)
-    return -(reward * weight * logp / lengths).mean()
+    return -(reward.detach() * weight * logp / lengths).mean()
 
 
 def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor, lam: float) -> Tensor:
@@ -122,17 +124,17 @@ def kto_loss(
 ) -> Tensor:
     """KTO as the FPA paper defines it (App. B.2):
 
-    r = logp - logp_ref,   z0 = mean r over the data (detached; batch mean when not given)
+    r = logp - logp_ref,   z0 = mean r over the data (batch mean when not given; detached either way)
     v = lambda_w sigma(beta (r - z0)) if correct else lambda_l sigma(beta (z0 - r))
     L = E[lambda_y - v]
     """
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "correct", correct)
     r = logp - logp_ref.detach()
-    if z0 is None:
-        z0 = r.detach().mean()
+    z0_t = r.detach().mean() if z0 is None else as_tensor(z0, r).detach()
+    broadcastable("logp", logp, "z0", z0_t)
     c = correct.bool()
-    v = torch.where(c, lambda_w * torch.sigmoid(beta * (r - z0)), lambda_l * torch.sigmoid(beta * (z0 - r)))
+    v = torch.where(c, lambda_w * torch.sigmoid(beta * (r - z0_t)), lambda_l * torch.sigmoid(beta * (z0_t - r)))
     lam = torch.where(c, torch.full_like(r, lambda_w), torch.full_like(r, lambda_l))
     return (lam - v).mean()
 
@@ -162,11 +164,12 @@ def apo_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, v_hat: Tensor, beta
     """Offline A*-PO stage 2: ``E[(beta2 log(pi/pi_ref) - (r - V_hat(x)))^2]`` (beta2 = 1e-3)."""
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "reward", reward)
-    return ((beta2 * (logp - logp_ref.detach()) - (reward - v_hat.detach())) ** 2).mean()
+    broadcastable("logp", logp, "v_hat", v_hat)
+    return ((beta2 * (logp - logp_ref.detach()) - (reward.detach() - v_hat.detach())) ** 2).mean()
 
 
 def sft_loss(token_logp: Tensor, mask: Tensor) -> Tensor:
     """SFT on correct trajectories: token-mean negative log-likelihood ``-sum(mask logp) / sum(mask)``."""
     ndim("token_logp", token_logp, 2, "[B, T]")
     same_shape("token_logp", token_logp, "mask", mask)
-    return -(torch.where(mask > 0, token_logp, torch.zeros_like(token_logp)) * mask).sum() / mask.sum().clamp_min(1.0)
+    return -(zero_padding(token_logp, mask) * mask).sum() / mask.sum().clamp_min(1.0)

@@ -1,7 +1,7 @@
-"""PACED-RL: the partition function as a difficulty scheduler (``002_d44afb8661380d03.txt``).
+"""PACED-RL: the partition function as a difficulty scheduler (``docs/math.md`` §3).
 
 PACED writes the TB target with ``exp(r / beta)`` where its beta is a KL coefficient; here that
-coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``math.md`` §0, §3). Its TB is
+coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``docs/math.md`` §0, §3). Its TB is
 anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, log_z, 1 / kl_coef)``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor
+from tiltlab.objectives._checks import as_tensor, broadcastable
 
 __all__ = ["ReplayBuffer", "accuracy_from_log_z", "replay_priority", "select_prompts", "top_priority"]
 
@@ -27,7 +27,7 @@ def accuracy_from_log_z(
     r_high: float = 1.0,
     clip: bool = True,
 ) -> Tensor:
-    """PACED Prop. 4.1 (and its {a, b}-reward form, ``math.md`` §3):
+    """PACED Prop. 4.1 (and its {a, b}-reward form, ``docs/math.md`` §3):
 
         p_old(x) = (kl_coef * (log Z*(x) - KL(pi_old || pi_theta)) - r_low) / (r_high - r_low)
 
@@ -40,7 +40,9 @@ def accuracy_from_log_z(
     if r_high <= r_low:
         raise ValueError("need r_high > r_low")
     log_z = as_tensor(log_z)
-    p = (kl_coef * (log_z - as_tensor(kl, log_z)) - r_low) / (r_high - r_low)
+    kl_t = as_tensor(kl, log_z)
+    broadcastable("log_z", log_z, "kl", kl_t)
+    p = (kl_coef * (log_z - kl_t) - r_low) / (r_high - r_low)
     return p.clamp(0.0, 1.0) if clip else p
 
 
@@ -60,9 +62,12 @@ def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor 
     """PACED Sec. 4.4: accuracy-estimation-error priority ``|N_correct / N - p_hat(x)|``."""
     n_correct = as_tensor(n_correct)
     n = as_tensor(n, n_correct)
+    p_hat_t = as_tensor(p_hat, n_correct)
+    broadcastable("n_correct", n_correct, "n", n)
+    broadcastable("n_correct", n_correct, "p_hat", p_hat_t)
     if bool((n <= 0).any()):
         raise ValueError("n must be > 0")
-    return (n_correct / n - as_tensor(p_hat, n_correct)).abs()
+    return (n_correct / n - p_hat_t).abs()
 
 
 def top_priority(priority: Tensor, k: int) -> Tensor:

@@ -1,4 +1,4 @@
-"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL (``math.md`` §6).
+"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL (``docs/math.md`` §6).
 
 Shapes: tokens ``[B, T]`` with a float ``mask`` (1 = completion token), sequences ``[B]``,
 groups ``[P, G]`` (``B = P * G``, group-major: rows ``p*G .. p*G+G-1`` share prompt ``p``).
@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, nonempty, same_shape
+from tiltlab.objectives._checks import broadcastable, ndim, nonempty, same_shape, zero_padding
 
 __all__ = ["aggregate", "group_advantages", "grpo_loss", "gspo_loss", "kl_k3", "masked_mean", "ppo_kl_loss"]
 
@@ -21,7 +21,7 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"
 def group_advantages(rewards: Tensor, scale: Literal["std", "none"] = "std", eps: float = 1e-6) -> Tensor:
     """GRPO's group-relative advantage ``(r - mean_G r) / (std_G r + eps)``.
 
-    DeepSeekMath GRPO; also FlowRL's "group-normalized reward" (``math.md`` §2, the finite-sample
+    DeepSeekMath GRPO; also FlowRL's "group-normalized reward" (``docs/math.md`` §2, the finite-sample
     plug-in of the affine transform ``r~ = a(x) r + c(x)``). ``std`` is the unbiased (n-1)
     standard deviation, as in veRL/TRL. A group whose rewards are all equal (e.g. all zero) gets
     advantage 0 for every member: no signal, deliberately.
@@ -46,8 +46,12 @@ def group_advantages(rewards: Tensor, scale: Literal["std", "none"] = "std", eps
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """``sum(x * mask) / sum(mask)`` (over ``dim`` or everything); an all-zero mask gives 0."""
-    num = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    """``sum(x * mask) / sum(mask)`` (over ``dim`` or everything); an all-zero mask gives 0.
+
+    Padded positions are ignored even when they hold NaN or inf."""
+    same_shape("x", x, "mask", mask)
+    xm = zero_padding(x, mask) * mask
+    num = xm.sum() if dim is None else xm.sum(dim)
     den = mask.sum() if dim is None else mask.sum(dim)
     return num / den.clamp_min(1.0)
 
@@ -58,30 +62,43 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg = "token_mean",
     - ``token_mean``: mean over all completion tokens of the batch (DAPO / TRL ``"dapo"``);
     - ``seq_mean_token_mean``: per-sequence token mean, then mean over sequences (original GRPO);
     - ``seq_mean_token_sum_norm``: per-sequence token sum divided by a constant ``max_len``
-      (default ``T``), mean over sequences (Dr. GRPO).
+      (default ``T``, which makes the value depend on the padded width; pass a fixed ``max_len``),
+      mean over sequences (Dr. GRPO).
     """
+    same_shape("per_token", per_token, "mask", mask)
     if loss_agg == "token_mean":
         return masked_mean(per_token, mask)
     if loss_agg == "seq_mean_token_mean":
         return masked_mean(per_token, mask, dim=1).mean()
     if loss_agg == "seq_mean_token_sum_norm":
         norm = per_token.shape[1] if max_len is None else max_len
-        return ((per_token * mask).sum(dim=1) / norm).mean()
+        return ((zero_padding(per_token, mask) * mask).sum(dim=1) / norm).mean()
     raise ValueError(f"unknown loss_agg {loss_agg!r}")
 
 
 def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Schulman's k3 estimator of ``KL(pi || pi_ref)`` per sample: ``e^{ref - logp} - (ref - logp) - 1 >= 0``."""
+    broadcastable("logp", logp, "logp_ref", logp_ref)
     d = logp_ref - logp
     return torch.exp(d) - d - 1.0
 
 
-def _check_tokens(token_logp: Tensor, token_logp_old: Tensor, adv: Tensor, mask: Tensor) -> None:
+def _clipped_indicator(clipped: Tensor, unclipped: Tensor) -> Tensor:
+    """1 where the clipped branch is the smaller (its gradient is cut), 0 elsewhere; NaN stays NaN."""
+    ind = (clipped < unclipped).to(unclipped.dtype)
+    return torch.where(torch.isnan(unclipped), unclipped, ind)
+
+
+def _check_tokens(
+    token_logp: Tensor, token_logp_old: Tensor, adv: Tensor, mask: Tensor, is_weight: Tensor | None
+) -> None:
     ndim("token_logp", token_logp, 2, "[B, T]")
     same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
     same_shape("token_logp", token_logp, "mask", mask)
     if adv.shape != token_logp.shape[:1]:
         raise ValueError(f"advantages must be [B]={tuple(token_logp.shape[:1])}, got {tuple(adv.shape)}")
+    if is_weight is not None and is_weight.shape not in (token_logp.shape, token_logp.shape[:1]):
+        raise ValueError(f"is_weight must be [B] or [B, T]={tuple(token_logp.shape)}, got {tuple(is_weight.shape)}")
 
 
 def grpo_loss(
@@ -95,8 +112,9 @@ def grpo_loss(
     token_logp_ref: Tensor | None = None,
     kl_coef: float = 0.0,
     is_weight: Tensor | None = None,
+    max_len: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GRPO / PPO token-level clipped surrogate (``math.md`` §6).
+    """GRPO / PPO token-level clipped surrogate (``docs/math.md`` §6).
 
     ``rho_t = exp(logp_t - logp_old_t)``; per token
     ``l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
@@ -110,13 +128,15 @@ def grpo_loss(
         mask: ``[B, T]`` float.
         is_weight: optional ``[B, T]`` or ``[B]`` truncated importance weight correcting a
             sampler/trainer mismatch (vLLM), multiplied into the per-token loss.
+        max_len: the constant divisor of ``seq_mean_token_sum_norm`` (default ``T``).
 
     Returns:
         ``(loss, metrics)`` with ``clip_frac`` and ``kl`` in metrics.
     """
-    _check_tokens(token_logp, token_logp_old, adv, mask)
+    _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = torch.exp(token_logp - token_logp_old.detach())
+    token_logp = zero_padding(token_logp, mask)
+    ratio = torch.exp(token_logp - zero_padding(token_logp_old.detach(), mask))
     a = adv.detach()[:, None]
     unclipped = ratio * a
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + hi) * a
@@ -126,14 +146,14 @@ def grpo_loss(
         if token_logp_ref is None:
             raise ValueError("kl_coef != 0 needs token_logp_ref")
         same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
-        kl = kl_k3(token_logp, token_logp_ref.detach())
+        kl = kl_k3(token_logp, zero_padding(token_logp_ref.detach(), mask))
         per_token = per_token + kl_coef * kl
     if is_weight is not None:
         w = is_weight.detach()
-        per_token = per_token * (w[:, None] if w.dim() == 1 else w)
-    loss = aggregate(per_token, mask, loss_agg)
+        per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
+    loss = aggregate(per_token, mask, loss_agg, max_len)
     with torch.no_grad():
-        clip_frac = masked_mean((clipped < unclipped).to(per_token.dtype), mask)
+        clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), mask)
         kl_mean = masked_mean(kl, mask)
     return loss, {"clip_frac": clip_frac, "kl": kl_mean}
 
@@ -146,6 +166,7 @@ def ppo_kl_loss(
     kl_coef: float = 1.0,
     clip_eps: float = 0.2,
     loss_agg: LossAgg = "token_mean",
+    clip_eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO with a KL penalty to ``pi_old`` (LAD Sec. 4 bandit baseline, KL weight 1)."""
     return grpo_loss(
@@ -154,6 +175,7 @@ def ppo_kl_loss(
         adv,
         mask,
         clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
         loss_agg=loss_agg,
         token_logp_ref=token_logp_old,
         kl_coef=kl_coef,
@@ -169,15 +191,18 @@ def gspo_loss(
     clip_eps_high: float | None = 4e-4,
     is_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """GSPO (Zheng et al. 2025; ``math.md`` §6): sequence-level ratio, clipped.
+    """GSPO (Zheng et al. 2025; ``docs/math.md`` §6): sequence-level ratio, clipped.
 
     ``s = exp(mean_t (logp_t - logp_old_t))`` (length-normalized), and
     ``loss = -mean_B min(s A, clip(s, 1 - eps, 1 + eps_high) A)``. The defaults are GSPO's
     paper values (3e-4 / 4e-4).
     """
-    _check_tokens(token_logp, token_logp_old, adv, mask)
+    _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
+    if is_weight is not None and is_weight.dim() != 1:
+        raise ValueError(f"is_weight of gspo_loss must be [B], got {tuple(is_weight.shape)}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    log_s = masked_mean(token_logp - token_logp_old.detach(), mask, dim=1)  # [B]
+    log_ratio = zero_padding(token_logp, mask) - zero_padding(token_logp_old.detach(), mask)
+    log_s = masked_mean(log_ratio, mask, dim=1)  # [B]
     s = torch.exp(log_s)
     a = adv.detach()
     unclipped = s * a
@@ -186,5 +211,5 @@ def gspo_loss(
     if is_weight is not None:
         per_seq = per_seq * is_weight.detach()
     with torch.no_grad():
-        clip_frac = (clipped < unclipped).to(per_seq.dtype).mean()
+        clip_frac = _clipped_indicator(clipped, unclipped).mean()
     return per_seq.mean(), {"clip_frac": clip_frac}

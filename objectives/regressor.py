@@ -1,7 +1,7 @@
 """DISA Stage 2: amortize the Stage-1 labels with a small prompt regressor (eq. 9).
 
 ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with ``log Z_psi`` an MLP on a frozen prompt
-embedding; held-out validation MSE is the diagnostic (``math.md`` §1). Used on simulator
+embedding; held-out validation MSE is the diagnostic (``docs/math.md`` §1). Used on simulator
 features and on LLM prompt embeddings alike. Inputs and targets are standardized inside the
 module (buffers), so predictions come out in label units.
 """
@@ -9,14 +9,15 @@ module (buffers), so predictions come out in label units.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from tiltlab.objectives._checks import ndim
+from tiltlab.objectives._checks import ndim, same_shape
 
-__all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score"]
+__all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score", "regressor_loss"]
 
 
 class PartitionRegressor(nn.Module):
@@ -28,6 +29,12 @@ class PartitionRegressor(nn.Module):
         n_layers: number of hidden layers (DISA: a 2-layer MLP).
         dropout: dropout after each hidden activation.
     """
+
+    # standardization buffers (registered in __init__; declared here for the type checker)
+    x_mean: Tensor
+    x_std: Tensor
+    y_mean: Tensor
+    y_std: Tensor
 
     def __init__(self, in_dim: int, hidden: int = 256, n_layers: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
@@ -48,7 +55,7 @@ class PartitionRegressor(nn.Module):
         self.register_buffer("y_mean", torch.zeros(()))
         self.register_buffer("y_std", torch.ones(()))
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, int | float]:
         return {"in_dim": self.in_dim, "hidden": self.hidden, "n_layers": self.n_layers, "dropout": self.dropout}
 
     def set_normalization(self, x: Tensor, y: Tensor) -> None:
@@ -61,7 +68,14 @@ class PartitionRegressor(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.in_dim:
             raise ValueError(f"features must be [N, {self.in_dim}], got {tuple(x.shape)}")
         z = (x - self.x_mean) / self.x_std
-        return self.net(z).squeeze(-1) * self.y_std + self.y_mean
+        out: Tensor = self.net(z)
+        return out.squeeze(-1) * self.y_std + self.y_mean
+
+
+def regressor_loss(pred: Tensor, target: Tensor) -> Tensor:
+    """DISA eq. (9) per batch: ``mean_x (log Z_psi(x) - log Z_hat_M(x))^2``; the label is detached."""
+    same_shape("pred", pred, "target", target)
+    return ((pred - target.detach()) ** 2).mean()
 
 
 def r2_score(pred: Tensor, target: Tensor) -> float:
@@ -141,10 +155,10 @@ def fit_regressor(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     bs = batch_size or xt.shape[0]
     hist: dict[str, list[float]] = {"train_mse": [], "val_mse": []}
-    best = (math.inf, 0, None)
-    it = range(epochs)
+    best_val, best_epoch, best_state = math.inf, 0, {k: v.clone() for k, v in model.state_dict().items()}
+    it: Iterable[int] = range(epochs)
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
 
         it = tqdm(it, desc="stage2 fit", unit="epoch")
     for ep in it:
@@ -152,9 +166,9 @@ def fit_regressor(
         order = torch.randperm(xt.shape[0], generator=gen)
         for s in range(0, xt.shape[0], bs):
             idx = order[s : s + bs]
-            loss = ((model(xt[idx]) - yt[idx]) ** 2).mean()
+            loss = regressor_loss(model(xt[idx]), yt[idx])
             opt.zero_grad()
-            loss.backward()
+            torch.autograd.backward(loss)
             opt.step()
         model.eval()
         with torch.no_grad():
@@ -162,9 +176,9 @@ def fit_regressor(
             va = float(((model(xv) - yv) ** 2).mean())
         hist["train_mse"].append(tr)
         hist["val_mse"].append(va)
-        if va < best[0]:
-            best = (va, ep, {k: v.clone() for k, v in model.state_dict().items()})
-    model.load_state_dict(best[2])
+        if va < best_val:
+            best_val, best_epoch, best_state = va, ep, {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(best_state)
     model.eval()
     with torch.no_grad():
         pv = model(xv)
@@ -175,7 +189,7 @@ def fit_regressor(
         val_mse=float(((pv - yv) ** 2).mean()),
         val_r2=r2_score(pv, yv),
         baseline_val_mse=float(((yt.mean() - yv) ** 2).mean()),
-        best_epoch=best[1],
+        best_epoch=best_epoch,
         history=hist,
         train_idx=train_idx,
         val_idx=val_idx,

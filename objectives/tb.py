@@ -1,6 +1,6 @@
 """Trajectory balance with frozen / learned / batch log Z, and FlowRL's coded variant.
 
-DISA (``000_97b17fcb5a92948e.txt``, eqs. 5, 6, 10; ``math.md`` §1):
+DISA (eqs. 5, 6, 10; ``docs/math.md`` §1):
 
     delta(x, y) = log Z(x) + log pi_theta(y|x) - log pi_ref(y|x) - beta * r~(x, y)
     J = E_x E_{y ~ pi_b} [ w(x, y) * delta(x, y)^2 ]
@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape
+from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
 from tiltlab.objectives.pg import group_advantages
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
 
 def sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: Literal["sum", "mean"] = "sum") -> Tensor:
     """Sequence log-prob from token log-probs: masked sum (``"sum"``, the true ``log pi(y|x)``)
-    or masked mean (``"mean"``, FlowRL's length-normalized code path, ``math.md`` §2).
+    or masked mean (``"mean"``, FlowRL's length-normalized code path, ``docs/math.md`` §2).
 
     Args:
         token_logp: ``[B, T]``; mask: ``[B, T]`` float (padding = 0; padded values are ignored
@@ -48,7 +48,7 @@ def sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: Literal["sum",
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
     same_shape("token_logp", token_logp, "mask", mask)
-    masked = torch.where(mask > 0, token_logp, torch.zeros_like(token_logp)) * mask
+    masked = zero_padding(token_logp, mask) * mask
     total = masked.sum(dim=1)
     if normalize == "sum":
         return total
@@ -91,8 +91,11 @@ def tb_loss(residual: Tensor, weight: Tensor | None = None) -> Tensor:
 def disa_loss(
     logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z_frozen: Tensor, beta: float, weight: Tensor | None = None
 ) -> Tensor:
-    """DISA Stage 3, eq. (10): TB with ``sg(log Z_psi(x))`` (the frozen Stage-2 prediction)."""
-    return tb_loss(tb_residual(logp, logp_ref, reward, log_z_frozen.detach(), beta), weight)
+    """DISA Stage 3, eq. (10): TB with ``sg(log Z_psi(x))`` (the frozen Stage-2 prediction).
+
+    Only ``logp`` receives gradient: ``logp_ref``, ``reward``, ``log_z_frozen`` and ``weight`` are detached.
+    """
+    return tb_loss(tb_residual(logp, logp_ref.detach(), reward.detach(), log_z_frozen.detach(), beta), weight)
 
 
 def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, detach: bool = False) -> Tensor:
@@ -116,7 +119,9 @@ def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, d
 
 def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float) -> Tensor:
     """TB at the batch-optimal ``log Z`` (= the within-group variance of ``logp - logp_ref - beta r``,
-    population form). Built from :func:`tb_residual` and :func:`tb_loss`."""
+    population form). Built from :func:`tb_residual` and :func:`tb_loss`; ``logp_ref`` and ``reward``
+    are detached."""
+    logp_ref, reward = logp_ref.detach(), reward.detach()
     log_z = vargrad_log_z(logp, logp_ref, reward, beta)
     return tb_loss(tb_residual(logp, logp_ref, reward, log_z[:, None], beta))
 
@@ -134,7 +139,7 @@ def tb_importance_weight(
     max_weight: float = 10.0,
     eps: float = 0.2,
 ) -> Tensor:
-    """Rollout weight of FlowRL's loss (``math.md`` §2), detached:
+    """Rollout weight of FlowRL's loss (``docs/math.md`` §2), detached:
 
         w = exp( sum_t mask_t (logp_t - logp_old_t) )      (token SUM)
 
@@ -146,7 +151,8 @@ def tb_importance_weight(
     ndim("token_logp", token_logp, 2, "[B, T]")
     same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
     same_shape("token_logp", token_logp, "mask", mask)
-    log_ratio = ((token_logp - token_logp_old) * mask).sum(dim=1).detach()
+    diff = zero_padding(token_logp.detach(), mask) - zero_padding(token_logp_old.detach(), mask)
+    log_ratio = (diff * mask).sum(dim=1)
     w = torch.exp(log_ratio.clamp(max=80.0))
     if clip == "max":
         return w.clamp(max=max_weight)
@@ -173,7 +179,7 @@ def flowrl_loss(
     eps: float = 0.2,
     is_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """FlowRL's loss as coded (``math.md`` §2), each code choice an option:
+    """FlowRL's loss as coded (``docs/math.md`` §2), each code choice an option:
 
         A   = (r - mean_G r)/(std_G r + 1e-6)          if group_normalize else r
         lp  = masked mean (length_normalize) or sum of token log-probs, same for lp_ref
@@ -190,6 +196,9 @@ def flowrl_loss(
         ``(loss, metrics)``.
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
+    same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
+    same_shape("token_logp", token_logp, "mask", mask)
     b = token_logp.shape[0]
     if rewards.dim() == 1:
         if group_size is None or b % group_size:
@@ -202,7 +211,11 @@ def flowrl_loss(
     reward = reward.reshape(b)
     if log_z.shape == (p,) and p != b:
         log_z = log_z.repeat_interleave(g)
-    norm = "mean" if length_normalize else "sum"
+    if log_z.shape != (b,):
+        raise ValueError(f"log_z must be [B]={b} or [P]={p}, got {tuple(log_z.shape)}")
+    if is_weight is not None and is_weight.shape != (b,):
+        raise ValueError(f"is_weight must be [B]={b}, got {tuple(is_weight.shape)}")
+    norm: Literal["sum", "mean"] = "mean" if length_normalize else "sum"
     lp = sequence_logprob(token_logp, mask, norm)
     lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
     delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)

@@ -1,4 +1,4 @@
-"""``import objectives`` must keep torch the only heavy import (issue 2)."""
+"""``import tiltlab.objectives`` keeps torch its only heavy import (no LLM library is loaded)."""
 
 import subprocess
 import sys

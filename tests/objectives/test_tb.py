@@ -180,7 +180,7 @@ def test_flowrl_loss_matches_hand_computation_and_log_z_gets_gradient():
     rewards = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
     lz = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
     loss, metrics = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz, beta=15.0)
-    # loop reference of math.md §2
+    # loop reference of docs/math.md §2
     tot = 0.0
     for b in range(P * G):
         p, j = divmod(b, G)

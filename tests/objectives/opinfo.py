@@ -1,0 +1,1219 @@
+"""One registry entry per public objective / estimator of ``tiltlab.objectives`` (PyTorch OpInfo style).
+
+An :class:`OpInfo` names the function, an independent naive reference (Python loops over 0-d
+float64 tensors, written from the formula in ``docs/math.md``; it never calls the fast code), a
+seeded float64 sample generator, which inputs must receive gradient and which must not, whether
+the function is token-level (a mask and its padding axis), how it aggregates over the batch
+(micro-batch split invariance) and its NaN semantics. ``tests/objectives/_generic.py`` runs the
+same checks on every entry. Adding an objective is adding one entry to :data:`OPS`.
+
+References mark a stop-gradient ``sg(.)`` of the formula with ``.detach()``; that is part of
+the formula (e.g. KTO's reference point ``z0``), not a shared implementation detail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from tests.objectives._ref import (
+    exp,
+    log,
+    ref_delta_bias,
+    ref_divergence,
+    ref_ess,
+    ref_geomean,
+    ref_group_adv,
+    ref_log_partition_lse,
+    ref_sigmoid,
+    ref_tb_residual,
+)
+from tiltlab.objectives import estimators, lad, offline, paced, pg, regressor, tb
+
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Split:
+    """Micro-batch split invariance: the inputs split along dim 0 and how the parts recombine.
+
+    ``rows`` maps an input to its rows per unit (a unit is a sequence, or a prompt group: the
+    FlowRL tokens have ``G`` rows per prompt); inputs not listed are shared by the parts.
+    ``weighting``: ``"mean"`` (part ``i`` weighs ``units_i / units``), ``"token"`` (weighs
+    ``sum(mask_i) / sum(mask)``: a token mean), ``"concat"`` (per-row outputs: concatenate).
+    """
+
+    rows: Mapping[str, int]
+    weighting: Literal["mean", "token", "concat"]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    fn: Callable[..., Tensor]
+    ref: Callable[..., Tensor]
+    make: Callable[[torch.Generator], dict[str, Tensor]]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)  # non-tensor arguments, passed to fn and ref
+    grad: tuple[str, ...] = ()  # inputs the gradient must reach
+    frozen: tuple[str, ...] = ()  # inputs that must receive no gradient
+    mask: str | None = None  # token-level: the name of the [B, T] mask
+    tokens: tuple[str, ...] = ()  # the [B, T] inputs padded along with the mask
+    split: Split | None = None  # None: the aggregation couples the batch (no split invariance)
+    nan: Literal["propagate", "raise"] = "propagate"  # a NaN in a real position: NaN out, or ValueError
+    nan_input: str | None = None  # where the NaN goes (default: the first grad input)
+    shape_inputs: tuple[str, ...] | None = None  # inputs whose dim 0 is cut by one (default: all, if >= 2)
+    low: torch.dtype = torch.bfloat16  # the low-precision dtype compared with float64
+    low_ulps: float = 4.0  # low-precision tolerance in units of the low dtype's eps (see _generic)
+    # False for a surrogate whose gradient is by design not the derivative of its value (a
+    # stop-gradient of a quantity computed from a trainable input: FlowRL's rollout weight, KTO's
+    # batch z0); finite differences cannot see the stop-gradient, check_grad covers it.
+    gradcheck: bool = True
+
+    def sample(self, seed: int = 0) -> dict[str, Tensor]:
+        return self.make(torch.Generator().manual_seed(seed))
+
+    def __call__(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return self.fn(**inputs, **self.kwargs)
+
+    def reference(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return self.ref(**inputs, **self.kwargs)
+
+
+def loss_of(f: Callable[..., tuple[Tensor, dict[str, Tensor]]]) -> Callable[..., Tensor]:
+    """The loss of a function returning ``(loss, metrics)``."""
+
+    def g(**kw: Any) -> Tensor:
+        return f(**kw)[0]
+
+    g.__name__ = f.__name__
+    return g
+
+
+# ------------------------------------------------------------------------------------ samplers
+B, T = 4, 5
+P, G = 3, 3
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> Tensor:
+    return torch.randn(shape, generator=g, dtype=F64) * scale
+
+
+def _mask(g: torch.Generator, b: int = B, t: int = T) -> Tensor:
+    """Ragged right-padded mask: row 0 full, row 1 a single token, the others random lengths >= 1."""
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[0], lengths[1] = t, 1
+    return (torch.arange(t)[None, :] < lengths[:, None]).to(F64)
+
+
+def _signed_adv(g: torch.Generator, n: int) -> Tensor:
+    adv = _randn(g, n)
+    adv[0], adv[1] = abs(float(adv[0])) + 0.5, -abs(float(adv[1])) - 0.5  # both signs: both clip sides bind
+    return adv
+
+
+def _tokens(g: torch.Generator, b: int = B) -> dict[str, Tensor]:
+    """Token log-probs (padded slots hold finite garbage: the mask, not the values, marks padding)."""
+    lp = -torch.rand(b, T, generator=g, dtype=F64) * 2.0 - 0.05
+    old = lp + _randn(g, b, T, scale=0.4)  # ratios ~ exp(+-0.4): many beyond 0.8 and 1.28
+    # Row 0 has A > 0 and row 1 A < 0 (_signed_adv): token ratios 1.24 and 0.76 lie between the
+    # two clip bounds (0.2 / 0.28), so a clip with swapped bounds clips them differently.
+    # (row 0 is full length, row 1 has one token: see _mask)
+    old[0, 0] = lp[0, 0] - math.log(1.24)
+    old[0, 1] = lp[0, 1] - math.log(1.22)  # two of the first kind: the clip fraction changes too
+    old[1, 0] = lp[1, 0] - math.log(0.76)
+    return {"token_logp": lp, "token_logp_old": old, "mask": _mask(g, b)}
+
+
+def _seqs(g: torch.Generator, n: int = B) -> dict[str, Tensor]:
+    lengths = torch.randint(2, 9, (n,), generator=g)
+    logp = -torch.rand(n, generator=g, dtype=F64) * lengths.to(F64) * 0.8 - 0.1
+    return {"logp": logp, "lengths": lengths}
+
+
+def _pm1(g: torch.Generator, n: int = B) -> Tensor:
+    r = torch.where(torch.rand(n, generator=g) < 0.5, 1.0, -1.0).to(F64)
+    r[0], r[1] = 1.0, -1.0
+    return r
+
+
+# --------------------------------------------------------------------------------- references
+def _stack(xs: list[Any]) -> Tensor:
+    return torch.stack([torch.as_tensor(x, dtype=F64) for x in xs])
+
+
+def _mean(xs: list[Any]) -> Any:
+    return sum(xs) / len(xs)
+
+
+def _real(mask: Tensor, b: int) -> list[int]:
+    return [t for t in range(mask.shape[1]) if float(mask[b, t]) > 0]
+
+
+def ref_sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: str = "sum") -> Tensor:
+    out = []
+    for b in range(token_logp.shape[0]):
+        ts = _real(mask, b)
+        s = sum(token_logp[b, t] for t in ts)
+        out.append(s / max(len(ts), 1) if normalize == "mean" else s)
+    return _stack(out)
+
+
+def ref_grpo_terms(
+    lp: Tensor, lpo: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, lpr: Tensor | None, kl: float
+):
+    """Per-sequence lists of per-token GRPO terms ``-min(rho A, clip(rho, 1-lo, 1+hi) A) + kl k3``."""
+    rows = []
+    for b in range(lp.shape[0]):
+        row = []
+        for t in _real(mask, b):
+            rho = exp(lp[b, t] - lpo[b, t])
+            clipped = min(max(rho, 1 - lo), 1 + hi)
+            v = -min(rho * adv[b], clipped * adv[b])
+            if kl:
+                d = lpr[b, t] - lp[b, t]
+                v = v + kl * (exp(d) - d - 1)
+            row.append(v)
+        rows.append(row)
+    return rows
+
+
+def ref_aggregate(rows: list[list[Any]], loss_agg: str, max_len: int | None) -> Tensor:
+    if loss_agg == "token_mean":
+        flat = [v for row in rows for v in row]
+        return sum(flat) / len(flat)
+    if loss_agg == "seq_mean_token_mean":
+        return _mean([sum(row) / len(row) for row in rows])
+    return _mean([sum(row) / max_len for row in rows])
+
+
+def ref_grpo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    token_logp_ref=None,
+    clip_eps=0.2,
+    clip_eps_high=None,
+    loss_agg="token_mean",
+    kl_coef=0.0,
+    max_len=None,
+    is_weight=None,
+):
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_ref, kl_coef)
+    if is_weight is not None:
+        rows = [[v * is_weight[b, t] for v, t in zip(row, _real(mask, b))] for b, row in enumerate(rows)]
+    return ref_aggregate(rows, loss_agg, max_len)
+
+
+def ref_grpo_clip_frac(token_logp, token_logp_old, adv, mask, clip_eps=0.2, clip_eps_high=None, **_):
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    n = hits = 0
+    for b in range(token_logp.shape[0]):
+        for t in _real(mask, b):
+            rho = float(exp(token_logp[b, t] - token_logp_old[b, t]))
+            a = float(adv[b])
+            n += 1
+            hits += min(max(rho, 1 - clip_eps), 1 + hi) * a < rho * a
+    return torch.tensor(hits / n, dtype=F64)
+
+
+def ref_ppo_kl(
+    token_logp, token_logp_old, adv, mask, kl_coef=1.0, clip_eps=0.2, clip_eps_high=None, loss_agg="token_mean"
+):
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_old, kl_coef)
+    return ref_aggregate(rows, loss_agg, None)
+
+
+def ref_gspo(token_logp, token_logp_old, adv, mask, clip_eps=3e-4, clip_eps_high=4e-4):
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    out = []
+    for b in range(token_logp.shape[0]):
+        ts = _real(mask, b)
+        s = exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in ts) / len(ts))
+        out.append(-min(s * adv[b], min(max(s, 1 - clip_eps), 1 + hi) * adv[b]))
+    return _mean(out)
+
+
+def ref_group_advantages(rewards, scale="std", eps=1e-6):
+    rows = []
+    for p in range(rewards.shape[0]):
+        row = [rewards[p, j] for j in range(rewards.shape[1])]
+        if scale == "std":
+            rows.append(_stack(ref_group_adv(row, eps)))
+        else:
+            mu = _mean(row)
+            rows.append(_stack([v - mu for v in row]))
+    return torch.stack(rows)
+
+
+def ref_masked_mean(x, mask):
+    flat = [x[b, t] for b in range(x.shape[0]) for t in _real(mask, b)]
+    return sum(flat) / len(flat)
+
+
+def ref_kl_k3(logp, logp_ref):
+    out = []
+    for i in range(logp.shape[0]):
+        d = logp_ref[i] - logp[i]
+        out.append(exp(d) - d - 1)
+    return _stack(out)
+
+
+def ref_tb_residual_(logp, logp_ref, reward, log_z, beta):
+    n = logp.shape[0]
+    return _stack(
+        ref_tb_residual(
+            [logp[i] for i in range(n)],
+            [logp_ref[i] for i in range(n)],
+            [reward[i] for i in range(n)],
+            [log_z[i] for i in range(n)],
+            beta,
+        )
+    )
+
+
+def ref_tb_loss(residual, weight):
+    return _mean([weight[i] * residual[i] ** 2 for i in range(residual.shape[0])])
+
+
+def ref_disa(logp, logp_ref, reward, log_z_frozen, beta, weight):
+    return _mean(
+        [weight[i] * (log_z_frozen[i] + logp[i] - logp_ref[i] - beta * reward[i]) ** 2 for i in range(logp.shape[0])]
+    )
+
+
+def ref_vargrad_log_z(logp, logp_ref, reward, beta):
+    return _stack(
+        [
+            _mean([beta * reward[p, j] - logp[p, j] + logp_ref[p, j] for j in range(logp.shape[1])])
+            for p in range(logp.shape[0])
+        ]
+    )
+
+
+def ref_vargrad(logp, logp_ref, reward, beta):
+    lz = ref_vargrad_log_z(logp, logp_ref, reward, beta)
+    terms = [
+        (lz[p] + logp[p, j] - logp_ref[p, j] - beta * reward[p, j]) ** 2
+        for p in range(logp.shape[0])
+        for j in range(logp.shape[1])
+    ]
+    return _mean(terms)
+
+
+def ref_is_weight(token_logp, token_logp_old, mask, clip="max", max_weight=10.0, eps=0.2):
+    out = []
+    for b in range(token_logp.shape[0]):
+        w = exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in _real(mask, b)))
+        if clip == "max":
+            w = min(w, max_weight)
+        elif clip == "eps":
+            w = min(max(w, 1 - eps), 1 + eps)
+        out.append(w)
+    return _stack(out).detach()  # a weight: sg(.)
+
+
+def ref_flowrl(
+    token_logp,
+    token_logp_ref,
+    token_logp_old,
+    mask,
+    rewards,
+    log_z,
+    beta=15.0,
+    length_normalize=True,
+    group_normalize=True,
+    weight_clip="max",
+    max_weight=10.0,
+    eps=0.2,
+):
+    norm = "mean" if length_normalize else "sum"
+    lp = ref_sequence_logprob(token_logp, mask, norm)
+    lpr = ref_sequence_logprob(token_logp_ref, mask, norm)
+    w = ref_is_weight(token_logp, token_logp_old, mask, weight_clip, max_weight, eps)
+    p_, g_ = rewards.shape
+    adv = ref_group_advantages(rewards) if group_normalize else rewards
+    terms = []
+    for p in range(p_):
+        for j in range(g_):
+            b = p * g_ + j
+            terms.append(w[b] * (log_z[p] + lp[b] - lpr[b] - beta * adv[p, j]) ** 2)
+    return _mean(terms)
+
+
+def ref_lad(logp, logp_old, adv, weight, eta, divergence):
+    terms = []
+    for i in range(logp.shape[0]):
+        a = adv[i] / eta
+        terms.append(weight[i] * exp(a) * ref_divergence(divergence, exp(logp[i] - logp_old[i] - a)))
+    return _mean(terms)
+
+
+def _softmax(xs: list[Any]) -> list[Any]:
+    m = max(float(torch.as_tensor(x).detach()) for x in xs)  # a constant shift: no gradient
+    es = [exp(x - m) for x in xs]
+    z = sum(es)
+    return [e / z for e in es]
+
+
+def ref_lad_theoretical(logp, logp_old, adv, eta, divergence):
+    out = []
+    for p in range(logp.shape[0]):
+        k = range(logp.shape[1])
+        p_pi = _softmax([logp[p, j] - logp_old[p, j] for j in k])
+        p_a = _softmax([adv[p, j] / eta for j in k])
+        out.append(sum(p_a[j] * ref_divergence(divergence, p_pi[j] / p_a[j]) for j in k))
+    return _stack(out)
+
+
+def ref_offrl(logp, lengths, reward, logp_ref, kl_tau=0.0):
+    n = logp.shape[0]
+    v = -_mean([reward[i] * exp(logp[i] / float(lengths[i])) for i in range(n)])
+    return v + kl_tau * _mean([logp_ref[i] - logp[i] for i in range(n)])
+
+
+def ref_fpa(logp, logp_future, lengths, reward):
+    return -_mean(
+        [
+            reward[i] * exp(logp_future[i].detach() / float(lengths[i])) * logp[i] / float(lengths[i])
+            for i in range(logp.shape[0])
+        ]
+    )
+
+
+def ref_dpo(logp_w, logp_l, ref_w, ref_l, beta=0.1):
+    return -_mean(
+        [log(ref_sigmoid(beta * ((logp_w[i] - ref_w[i]) - (logp_l[i] - ref_l[i])))) for i in range(logp_w.shape[0])]
+    )
+
+
+def ref_rpo(logp_w, logp_l, ref_w, ref_l, len_w, beta=0.1, alpha=1.0):
+    nll = _mean([logp_w[i] / float(len_w[i]) for i in range(logp_w.shape[0])])
+    return ref_dpo(logp_w, logp_l, ref_w, ref_l, beta) - alpha * nll
+
+
+def ref_kto(logp, logp_ref, correct, beta=0.1, lambda_w=1.0, lambda_l=1.0, z0=None):
+    n = logp.shape[0]
+    r = [logp[i] - logp_ref[i] for i in range(n)]
+    z = _mean(r).detach() if z0 is None else z0  # the reference point: sg(mean r)
+    terms = []
+    for i in range(n):
+        if bool(correct[i]):
+            terms.append(lambda_w - lambda_w * ref_sigmoid(beta * (r[i] - z)))
+        else:
+            terms.append(lambda_l - lambda_l * ref_sigmoid(beta * (z - r[i])))
+    return _mean(terms)
+
+
+def ref_simper(logp_w, len_w, logp_l, len_l):
+    return -_mean([exp(logp_w[i] / float(len_w[i])) - exp(logp_l[i] / float(len_l[i])) for i in range(logp_w.shape[0])])
+
+
+def ref_apo_value(rewards, beta1=0.5):
+    return _stack(
+        [
+            beta1 * ref_log_partition_lse([rewards[p, j] / beta1 for j in range(rewards.shape[1])])
+            for p in range(rewards.shape[0])
+        ]
+    )
+
+
+def ref_apo_loss(logp, logp_ref, reward, v_hat, beta2=1e-3):
+    return _mean([(beta2 * (logp[i] - logp_ref[i]) - (reward[i] - v_hat[i])) ** 2 for i in range(logp.shape[0])])
+
+
+def ref_sft(token_logp, mask):
+    return -ref_masked_mean(token_logp, mask)
+
+
+def ref_future_logprobs(logits_theta, logits_ref, ids, lam):
+    out = []
+    for b in range(logits_theta.shape[0]):
+        row = []
+        for t in range(logits_theta.shape[1]):
+            z = [(1 + lam) * logits_theta[b, t, v] - lam * logits_ref[b, t, v] for v in range(logits_theta.shape[2])]
+            row.append(log(_softmax(z)[int(ids[b, t])]))
+        out.append(_stack(row))
+    return torch.stack(out)
+
+
+def _rowwise(f: Callable[[list[Any]], Any]) -> Callable[..., Tensor]:
+    def g(log_w: Tensor) -> Tensor:
+        return _stack([f([log_w[p, j] for j in range(log_w.shape[1])]) for p in range(log_w.shape[0])])
+
+    return g
+
+
+def _ref_max_weight(lw: list[Any]) -> Any:
+    ws = [exp(x) for x in lw]
+    return max(ws, key=lambda w: float(w.detach())) / sum(ws)
+
+
+def ref_log_importance_weights(logp_target, logp_proposal, tilt):
+    return _stack([logp_target[i] + tilt[i] - logp_proposal[i] for i in range(logp_target.shape[0])])
+
+
+def ref_log_z_from_pass_rate(p, beta):
+    return _stack([log(1 + p[i] * (math.exp(beta) - 1)) for i in range(p.shape[0])])
+
+
+def ref_pass_rate_from_log_z(log_z, beta):
+    return _stack([(exp(log_z[i]) - 1) / (math.exp(beta) - 1) for i in range(log_z.shape[0])])
+
+
+def ref_accuracy(log_z, kl, kl_coef, r_low=0.0, r_high=1.0, clip=True):
+    out = []
+    for i in range(log_z.shape[0]):
+        v = (kl_coef * (log_z[i] - kl[i]) - r_low) / (r_high - r_low)
+        out.append(min(max(v, 0.0), 1.0) if clip else v)
+    return _stack(out)
+
+
+def ref_replay_priority(n_correct, n, p_hat):
+    return _stack([abs(float(n_correct[i]) / float(n[i]) - p_hat[i]) for i in range(p_hat.shape[0])])
+
+
+def ref_regressor_loss(pred, target):
+    return _mean([(pred[i] - target[i]) ** 2 for i in range(pred.shape[0])])
+
+
+# ------------------------------------------------------------------------------ input makers
+def mk_grpo(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    d["adv"] = _signed_adv(g, B)
+    d["token_logp_ref"] = d["token_logp"] + _randn(g, B, T, scale=0.3)
+    return d
+
+
+def mk_grpo_isw(g: torch.Generator) -> dict[str, Tensor]:
+    d = mk_grpo(g)
+    d["is_weight"] = torch.rand(B, T, generator=g, dtype=F64) + 0.5
+    return d
+
+
+def mk_ppo(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    d["adv"] = _signed_adv(g, B)
+    return d
+
+
+def mk_gspo(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    d["token_logp_old"] = d["token_logp"] + _randn(g, B, T, scale=0.15)
+    # sequence ratios exp(+-0.125) for row 0 (A > 0) and row 1 (A < 0): between the bounds 0.1 / 0.15
+    d["token_logp_old"][0] = d["token_logp"][0] - 0.125
+    d["token_logp_old"][1] = d["token_logp"][1] + 0.125
+    d["adv"] = _signed_adv(g, B)
+    return d
+
+
+def mk_rewards(g: torch.Generator) -> dict[str, Tensor]:
+    return {"rewards": _randn(g, P, G)}
+
+
+def mk_masked(g: torch.Generator) -> dict[str, Tensor]:
+    return {"x": _randn(g, B, T), "mask": _mask(g)}
+
+
+def mk_seq_tokens(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    return {"token_logp": d["token_logp"], "mask": d["mask"]}
+
+
+def mk_is_weight(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    d["token_logp_old"] = d["token_logp"] + _randn(g, B, T, scale=0.5)
+    return d
+
+
+def mk_kl(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(B, generator=g, dtype=F64) * 2
+    return {"logp": lp, "logp_ref": lp + _randn(g, B, scale=0.5)}
+
+
+def mk_tb(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(B, generator=g, dtype=F64) * 3
+    return {
+        "logp": lp,
+        "logp_ref": lp + _randn(g, B, scale=0.5),
+        "reward": torch.rand(B, generator=g, dtype=F64),
+        "log_z": _randn(g, B),
+    }
+
+
+def mk_tb_loss(g: torch.Generator) -> dict[str, Tensor]:
+    return {"residual": _randn(g, B), "weight": torch.rand(B, generator=g, dtype=F64) + 0.5}
+
+
+def mk_disa(g: torch.Generator) -> dict[str, Tensor]:
+    d = mk_tb(g)
+    d["log_z_frozen"] = d.pop("log_z")
+    d["weight"] = torch.rand(B, generator=g, dtype=F64) + 0.5
+    return d
+
+
+def mk_vargrad(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(P, G, generator=g, dtype=F64) * 3
+    return {"logp": lp, "logp_ref": lp + _randn(g, P, G, scale=0.5), "reward": torch.rand(P, G, generator=g, dtype=F64)}
+
+
+def mk_flowrl(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g, P * G)
+    d["token_logp_old"] = d["token_logp"] + _randn(g, P * G, T, scale=0.2)
+    d["token_logp_ref"] = d["token_logp"] + _randn(g, P * G, T, scale=0.3)
+    d["rewards"] = _randn(g, P, G)
+    d["log_z"] = _randn(g, P)
+    return d
+
+
+def mk_lad(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(B, generator=g, dtype=F64) * 3
+    return {
+        "logp": lp,
+        "logp_old": lp + _randn(g, B, scale=0.5),
+        "adv": _randn(g, B),
+        "weight": torch.rand(B, generator=g, dtype=F64) + 0.5,
+    }
+
+
+def mk_lad_thm(g: torch.Generator) -> dict[str, Tensor]:
+    return {
+        "logp": torch.log_softmax(_randn(g, P, 4), -1),
+        "logp_old": torch.log_softmax(_randn(g, P, 4), -1),
+        "adv": _randn(g, P, 4),
+    }
+
+
+def mk_offrl(g: torch.Generator) -> dict[str, Tensor]:
+    d = _seqs(g)
+    d["reward"] = _pm1(g)
+    d["logp_ref"] = d["logp"] + _randn(g, B, scale=0.5)
+    return d
+
+
+def mk_fpa(g: torch.Generator) -> dict[str, Tensor]:
+    d = _seqs(g)
+    d["reward"] = _pm1(g)
+    d["logp_future"] = d["logp"] + _randn(g, B, scale=0.5)
+    return d
+
+
+def mk_pairs(g: torch.Generator) -> dict[str, Tensor]:
+    w, lo = _seqs(g), _seqs(g)
+    return {
+        "logp_w": w["logp"],
+        "logp_l": lo["logp"],
+        "ref_w": w["logp"] + _randn(g, B, scale=2.0),
+        "ref_l": lo["logp"] + _randn(g, B, scale=2.0),
+        "len_w": w["lengths"],
+    }
+
+
+def mk_dpo(g: torch.Generator) -> dict[str, Tensor]:
+    d = mk_pairs(g)
+    del d["len_w"]
+    return d
+
+
+def mk_simper(g: torch.Generator) -> dict[str, Tensor]:
+    w, lo = _seqs(g), _seqs(g)
+    return {"logp_w": w["logp"], "len_w": w["lengths"], "logp_l": lo["logp"], "len_l": lo["lengths"]}
+
+
+def mk_kto(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(B, generator=g, dtype=F64) * 5
+    correct = torch.tensor([True, False] + [bool(torch.rand(1, generator=g) < 0.5) for _ in range(B - 2)])
+    return {"logp": lp, "logp_ref": lp + _randn(g, B, scale=4.0), "correct": correct}
+
+
+def mk_kto_z0(g: torch.Generator) -> dict[str, Tensor]:
+    d = mk_kto(g)
+    d["z0"] = _randn(g, scale=2.0)
+    return d
+
+
+def mk_apo_value(g: torch.Generator) -> dict[str, Tensor]:
+    return {"rewards": torch.rand(P, 4, generator=g, dtype=F64)}
+
+
+def mk_apo_loss(g: torch.Generator) -> dict[str, Tensor]:
+    lp = -torch.rand(B, generator=g, dtype=F64) * 5
+    return {
+        "logp": lp,
+        "logp_ref": lp + _randn(g, B),
+        "reward": torch.rand(B, generator=g, dtype=F64),
+        "v_hat": torch.rand(B, generator=g, dtype=F64),
+    }
+
+
+def mk_future(g: torch.Generator) -> dict[str, Tensor]:
+    return {
+        "logits_theta": _randn(g, 3, 2, 5),
+        "logits_ref": _randn(g, 3, 2, 5),
+        "ids": torch.randint(0, 5, (3, 2), generator=g),
+    }
+
+
+def mk_log_w(g: torch.Generator) -> dict[str, Tensor]:
+    return {"log_w": _randn(g, P + 1, 5, scale=1.5)}
+
+
+def mk_liw(g: torch.Generator) -> dict[str, Tensor]:
+    return {
+        "logp_target": -torch.rand(B, generator=g, dtype=F64) * 3,
+        "logp_proposal": -torch.rand(B, generator=g, dtype=F64) * 3,
+        "tilt": torch.rand(B, generator=g, dtype=F64),
+    }
+
+
+def mk_pass_rate(g: torch.Generator) -> dict[str, Tensor]:
+    return {"p": torch.rand(B, generator=g, dtype=F64) * 0.8 + 0.1}
+
+
+def mk_log_z(g: torch.Generator) -> dict[str, Tensor]:
+    return {"log_z": torch.rand(B, generator=g, dtype=F64) * 1.5 + 0.1}
+
+
+def mk_accuracy(g: torch.Generator) -> dict[str, Tensor]:
+    return {"log_z": _randn(g, B), "kl": torch.rand(B, generator=g, dtype=F64) * 0.2}
+
+
+def mk_priority(g: torch.Generator) -> dict[str, Tensor]:
+    n = torch.randint(4, 9, (B,), generator=g).to(F64)
+    return {
+        "n_correct": torch.floor(n * torch.rand(B, generator=g, dtype=F64)),
+        "n": n,
+        "p_hat": torch.rand(B, generator=g, dtype=F64),
+    }
+
+
+def mk_regressor(g: torch.Generator) -> dict[str, Tensor]:
+    return {"pred": _randn(g, B), "target": _randn(g, B)}
+
+
+# ----------------------------------------------------------------------------------- registry
+TOK = ("token_logp", "token_logp_old")
+CLIP = {"clip_eps": 0.2, "clip_eps_high": 0.28}  # asymmetric (DAPO's clip-higher): swapping the bounds is visible
+ROWS = {"token_logp": 1, "token_logp_old": 1, "mask": 1, "adv": 1, "token_logp_ref": 1, "is_weight": 1}
+
+
+def _rows(*names: str, n: int = 1) -> dict[str, int]:
+    return {k: n for k in names}
+
+
+def _grpo_entries() -> list[OpInfo]:
+    out = []
+    for agg, w in (("token_mean", "token"), ("seq_mean_token_mean", "mean"), ("seq_mean_token_sum_norm", "mean")):
+        kw = {**CLIP, "loss_agg": agg, "kl_coef": 0.1, "max_len": 8}
+        out.append(
+            OpInfo(
+                f"pg.grpo_loss[{agg}]",
+                loss_of(pg.grpo_loss),
+                ref_grpo,
+                mk_grpo,
+                kw,
+                grad=("token_logp",),
+                frozen=("token_logp_old", "adv", "token_logp_ref"),
+                mask="mask",
+                tokens=(*TOK, "token_logp_ref"),
+                split=Split(ROWS, w),
+            )
+        )
+    out.append(
+        OpInfo(
+            "pg.grpo_loss[is_weight]",
+            loss_of(pg.grpo_loss),
+            ref_grpo,
+            mk_grpo_isw,
+            {**CLIP, "kl_coef": 0.1},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv", "token_logp_ref", "is_weight"),
+            mask="mask",
+            tokens=(*TOK, "token_logp_ref", "is_weight"),
+            split=Split(ROWS, "token"),
+        )
+    )
+    out.append(
+        OpInfo(
+            "pg.grpo_loss.clip_frac",
+            lambda **kw: pg.grpo_loss(**kw)[1]["clip_frac"],
+            ref_grpo_clip_frac,
+            mk_ppo,
+            CLIP,
+            frozen=("token_logp", "token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "token"),
+            nan_input="token_logp",
+            low=torch.float32,
+        )
+        # clip_frac counts threshold crossings: a bf16 ratio may land on the other side of 1 + eps
+        # than its float64 value, so its low-precision twin is float32 (the ratios are O(1) apart).
+    )
+    out.append(
+        OpInfo(
+            "pg.ppo_kl_loss",
+            loss_of(pg.ppo_kl_loss),
+            ref_ppo_kl,
+            mk_ppo,
+            {**CLIP, "kl_coef": 1.0},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "token"),
+        )
+    )
+    out.append(
+        OpInfo(
+            "pg.gspo_loss",
+            loss_of(pg.gspo_loss),
+            ref_gspo,
+            mk_gspo,
+            {"clip_eps": 0.1, "clip_eps_high": 0.15},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv"),
+            mask="mask",
+            tokens=TOK,
+            split=Split(ROWS, "mean"),
+        )
+    )
+    return out
+
+
+def _lad_entries() -> list[OpInfo]:
+    out = []
+    for name in lad.F_DIVERGENCES:
+        out.append(
+            OpInfo(
+                f"lad.lad_loss[{name}]",
+                lad.lad_loss,
+                ref_lad,
+                mk_lad,
+                {"eta": 0.7, "divergence": name},
+                grad=("logp",),
+                frozen=("logp_old", "adv", "weight"),
+                split=Split(_rows("logp", "logp_old", "adv", "weight"), "mean"),
+            )
+        )
+        out.append(
+            OpInfo(
+                f"lad.lad_theoretical_loss[{name}]",
+                lad.lad_theoretical_loss,
+                ref_lad_theoretical,
+                mk_lad_thm,
+                {"eta": 0.7, "divergence": name},
+                grad=("logp",),
+                frozen=("logp_old", "adv"),
+                split=Split(_rows("logp", "logp_old", "adv"), "concat"),
+            )
+        )
+    return out
+
+
+_EST_ROWS = Split({"log_w": 1}, "concat")
+
+OPS: list[OpInfo] = [
+    # --- tb
+    OpInfo(
+        "tb.sequence_logprob[sum]",
+        tb.sequence_logprob,
+        ref_sequence_logprob,
+        mk_seq_tokens,
+        {"normalize": "sum"},
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "concat"),
+    ),
+    OpInfo(
+        "tb.sequence_logprob[mean]",
+        tb.sequence_logprob,
+        ref_sequence_logprob,
+        mk_seq_tokens,
+        {"normalize": "mean"},
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "concat"),
+    ),
+    OpInfo(
+        "tb.tb_residual",
+        tb.tb_residual,
+        ref_tb_residual_,
+        mk_tb,
+        {"beta": 2.0},
+        grad=("logp", "log_z"),
+        split=Split(_rows("logp", "logp_ref", "reward", "log_z"), "concat"),
+    ),
+    OpInfo(
+        "tb.tb_loss",
+        tb.tb_loss,
+        ref_tb_loss,
+        mk_tb_loss,
+        grad=("residual",),
+        frozen=("weight",),
+        split=Split(_rows("residual", "weight"), "mean"),
+    ),
+    OpInfo(
+        "tb.disa_loss",
+        tb.disa_loss,
+        ref_disa,
+        mk_disa,
+        {"beta": 2.0},
+        grad=("logp",),
+        frozen=("logp_ref", "reward", "log_z_frozen", "weight"),
+        split=Split(_rows("logp", "logp_ref", "reward", "log_z_frozen", "weight"), "mean"),
+    ),
+    OpInfo(
+        "tb.vargrad_log_z",
+        tb.vargrad_log_z,
+        ref_vargrad_log_z,
+        mk_vargrad,
+        {"beta": 2.0},
+        grad=("logp",),
+        split=Split(_rows("logp", "logp_ref", "reward"), "concat"),
+    ),
+    OpInfo(
+        "tb.vargrad_loss",
+        tb.vargrad_loss,
+        ref_vargrad,
+        mk_vargrad,
+        {"beta": 2.0},
+        grad=("logp",),
+        frozen=("logp_ref", "reward"),
+        split=Split(_rows("logp", "logp_ref", "reward"), "mean"),
+    ),
+    OpInfo(
+        "tb.tb_importance_weight[max]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "max", "max_weight": 1.5},
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
+        "tb.tb_importance_weight[eps]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "eps"},
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
+        "tb.flowrl_loss",
+        loss_of(tb.flowrl_loss),
+        ref_flowrl,
+        mk_flowrl,
+        {"beta": 2.0, "max_weight": 1.3},
+        grad=("token_logp", "log_z"),
+        frozen=("token_logp_ref", "token_logp_old", "rewards"),
+        mask="mask",
+        tokens=(*TOK, "token_logp_ref"),
+        split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
+        gradcheck=False,
+    ),
+    OpInfo(
+        "tb.flowrl_loss[sum,eps,raw]",
+        loss_of(tb.flowrl_loss),
+        ref_flowrl,
+        mk_flowrl,
+        {"beta": 0.5, "length_normalize": False, "group_normalize": False, "weight_clip": "eps"},
+        grad=("token_logp", "log_z"),
+        frozen=("token_logp_ref", "token_logp_old", "rewards"),
+        mask="mask",
+        tokens=(*TOK, "token_logp_ref"),
+        split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
+        gradcheck=False,
+    ),
+    # --- pg
+    OpInfo(
+        "pg.group_advantages[std]",
+        pg.group_advantages,
+        ref_group_advantages,
+        mk_rewards,
+        {"scale": "std"},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+    ),
+    OpInfo(
+        "pg.group_advantages[none]",
+        pg.group_advantages,
+        ref_group_advantages,
+        mk_rewards,
+        {"scale": "none"},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+    ),
+    OpInfo(
+        "pg.masked_mean",
+        pg.masked_mean,
+        ref_masked_mean,
+        mk_masked,
+        grad=("x",),
+        mask="mask",
+        tokens=("x",),
+        split=Split({"x": 1, "mask": 1}, "token"),
+    ),
+    OpInfo(
+        "pg.kl_k3",
+        pg.kl_k3,
+        ref_kl_k3,
+        mk_kl,
+        grad=("logp", "logp_ref"),
+        split=Split(_rows("logp", "logp_ref"), "concat"),
+    ),
+    *_grpo_entries(),
+    # --- lad
+    *_lad_entries(),
+    # --- offline
+    OpInfo(
+        "offline.offrl_loss",
+        offline.offrl_loss,
+        ref_offrl,
+        mk_offrl,
+        {"kl_tau": 0.04},
+        grad=("logp",),
+        frozen=("reward", "logp_ref"),
+        split=Split(_rows("logp", "lengths", "reward", "logp_ref"), "mean"),
+    ),
+    OpInfo(
+        "offline.fpa_loss",
+        offline.fpa_loss,
+        ref_fpa,
+        mk_fpa,
+        grad=("logp",),
+        frozen=("logp_future", "reward"),
+        split=Split(_rows("logp", "lengths", "reward", "logp_future"), "mean"),
+    ),
+    OpInfo(
+        "offline.dpo_loss",
+        offline.dpo_loss,
+        ref_dpo,
+        mk_dpo,
+        {"beta": 0.1},
+        grad=("logp_w", "logp_l"),
+        frozen=("ref_w", "ref_l"),
+        split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l"), "mean"),
+    ),
+    OpInfo(
+        "offline.rpo_loss",
+        offline.rpo_loss,
+        ref_rpo,
+        mk_pairs,
+        {"beta": 0.1, "alpha": 1.0},
+        grad=("logp_w", "logp_l"),
+        frozen=("ref_w", "ref_l"),
+        split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l", "len_w"), "mean"),
+    ),
+    # KTO with z0 = the batch mean of r: the reference point couples the batch (no split invariance).
+    OpInfo(
+        "offline.kto_loss[batch z0]",
+        offline.kto_loss,
+        ref_kto,
+        mk_kto,
+        {"beta": 0.5, "lambda_l": 1.33},
+        grad=("logp",),
+        frozen=("logp_ref",),
+        gradcheck=False,
+    ),
+    OpInfo(
+        "offline.kto_loss[given z0]",
+        offline.kto_loss,
+        ref_kto,
+        mk_kto_z0,
+        {"beta": 0.5, "lambda_l": 1.33},
+        grad=("logp",),
+        frozen=("logp_ref", "z0"),
+        split=Split(_rows("logp", "logp_ref", "correct"), "mean"),
+        shape_inputs=("logp", "logp_ref", "correct"),
+    ),
+    OpInfo(
+        "offline.simper_loss",
+        offline.simper_loss,
+        ref_simper,
+        mk_simper,
+        grad=("logp_w", "logp_l"),
+        split=Split(_rows("logp_w", "len_w", "logp_l", "len_l"), "mean"),
+    ),
+    OpInfo(
+        "offline.apo_value",
+        offline.apo_value,
+        ref_apo_value,
+        mk_apo_value,
+        {"beta1": 0.5},
+        grad=("rewards",),
+        split=Split({"rewards": 1}, "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "offline.apo_loss",
+        offline.apo_loss,
+        ref_apo_loss,
+        mk_apo_loss,
+        {"beta2": 0.1},
+        grad=("logp",),
+        frozen=("logp_ref", "reward", "v_hat"),
+        split=Split(_rows("logp", "logp_ref", "reward", "v_hat"), "mean"),
+    ),
+    OpInfo(
+        "offline.sft_loss",
+        offline.sft_loss,
+        ref_sft,
+        mk_seq_tokens,
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp",),
+        split=Split(_rows("token_logp", "mask"), "token"),
+    ),
+    OpInfo(
+        "offline.future_policy_logprobs",
+        offline.future_policy_logprobs,
+        ref_future_logprobs,
+        mk_future,
+        {"lam": 0.5},
+        grad=("logits_theta", "logits_ref"),
+        split=Split(_rows("logits_theta", "logits_ref", "ids"), "concat"),
+        low=torch.float32,
+    ),
+    # (future_policy_logprobs normalizes half inputs in float32 and returns the input dtype: float32 is its twin)
+    # --- estimators (Stage 1)
+    OpInfo(
+        "estimators.log_partition_lse",
+        estimators.log_partition_lse,
+        _rowwise(ref_log_partition_lse),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_partition_geomean",
+        estimators.log_partition_geomean,
+        _rowwise(ref_geomean),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.effective_sample_size",
+        estimators.effective_sample_size,
+        _rowwise(ref_ess),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.max_normalized_weight",
+        estimators.max_normalized_weight,
+        _rowwise(_ref_max_weight),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.delta_method_bias",
+        estimators.delta_method_bias,
+        _rowwise(ref_delta_bias),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.bias_corrected_log_partition",
+        estimators.bias_corrected_log_partition,
+        _rowwise(lambda lw: ref_log_partition_lse(lw) - ref_delta_bias(lw)),
+        mk_log_w,
+        grad=("log_w",),
+        split=_EST_ROWS,
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_importance_weights",
+        estimators.log_importance_weights,
+        ref_log_importance_weights,
+        mk_liw,
+        grad=("logp_target", "tilt"),
+        split=Split(_rows("logp_target", "logp_proposal", "tilt"), "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.log_z_from_pass_rate",
+        estimators.log_z_from_pass_rate,
+        ref_log_z_from_pass_rate,
+        mk_pass_rate,
+        {"beta": 3.0},
+        grad=("p",),
+        split=Split({"p": 1}, "concat"),
+        nan="raise",
+    ),
+    OpInfo(
+        "estimators.pass_rate_from_log_z",
+        estimators.pass_rate_from_log_z,
+        ref_pass_rate_from_log_z,
+        mk_log_z,
+        {"beta": 3.0},
+        grad=("log_z",),
+        split=Split({"log_z": 1}, "concat"),
+    ),
+    # --- paced
+    OpInfo(
+        "paced.accuracy_from_log_z[clip]",
+        paced.accuracy_from_log_z,
+        ref_accuracy,
+        mk_accuracy,
+        {"kl_coef": 0.3, "r_low": -1.0, "r_high": 1.0, "clip": True},
+        grad=("log_z", "kl"),
+        split=Split(_rows("log_z", "kl"), "concat"),
+    ),
+    OpInfo(
+        "paced.accuracy_from_log_z[raw]",
+        paced.accuracy_from_log_z,
+        ref_accuracy,
+        mk_accuracy,
+        {"kl_coef": 0.3, "clip": False},
+        grad=("log_z", "kl"),
+        split=Split(_rows("log_z", "kl"), "concat"),
+    ),
+    OpInfo(
+        "paced.replay_priority",
+        paced.replay_priority,
+        ref_replay_priority,
+        mk_priority,
+        grad=("p_hat",),
+        split=Split(_rows("n_correct", "n", "p_hat"), "concat"),
+        nan_input="p_hat",
+    ),
+    # --- Stage 2
+    OpInfo(
+        "regressor.regressor_loss",
+        regressor.regressor_loss,
+        ref_regressor_loss,
+        mk_regressor,
+        grad=("pred",),
+        frozen=("target",),
+        split=Split(_rows("pred", "target"), "mean"),
+    ),
+]
+
+BY_NAME: dict[str, OpInfo] = {op.name: op for op in OPS}
+assert len(BY_NAME) == len(OPS), "duplicate OpInfo names"
