@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, same_shape
+from tiltlab.objectives._checks import ndim, same_shape, zero_padding
 from tiltlab.objectives.pg import kl_k3, masked_mean
 
 __all__ = ["kl_penalty", "sequence_is_weight"]
@@ -38,7 +38,8 @@ def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor) -> Tens
     ndim("token_logp", token_logp, 2, "[B, T]")
     same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
     same_shape("token_logp", token_logp, "mask", mask)
-    return masked_mean(kl_k3(token_logp, token_logp_ref), mask)
+    # zero the padded slots of both inputs first: k3's backward would turn a NaN there into NaN gradient
+    return masked_mean(kl_k3(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask)), mask)
 
 
 def sequence_is_weight(ratio: Tensor, mask: Tensor, cap: float | None = None) -> Tensor:
@@ -57,6 +58,7 @@ def sequence_is_weight(ratio: Tensor, mask: Tensor, cap: float | None = None) ->
     same_shape("ratio", ratio, "mask", mask)
     if cap is not None and not cap > 0:
         raise ValueError(f"cap must be > 0, got {cap}")
-    log_w = (torch.log(ratio.clamp_min(_MIN_RATIO)) * mask).sum(1)
+    log_r = zero_padding(torch.log(ratio.clamp_min(_MIN_RATIO)), mask)  # a padded slot adds log 1 = 0
+    log_w = log_r.sum(1)
     w = torch.exp(log_w.clamp(max=_MAX_LOG_W))
     return w.clamp(max=cap) if cap is not None else w

@@ -51,7 +51,8 @@ def pearson(a: Tensor, b: Tensor) -> Tensor:
     if a.numel() < 2:
         raise ValueError(f"a correlation needs at least 2 points, got {a.numel()}")
     a, b = a - a.mean(), b - b.mean()
-    return (a * b).sum() / (a.norm() * b.norm())
+    denom: Tensor = a.norm() * b.norm()  # Tensor.norm is typed as returning Any
+    return (a * b).sum() / denom
 
 
 def _ranks(x: Tensor) -> Tensor:

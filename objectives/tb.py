@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
+from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.pg import group_advantages
 
 __all__ = [
@@ -220,6 +221,8 @@ def flowrl_loss(
     lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
     delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)
     w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps)
+    with torch.no_grad():
+        clip_frac = weight_clip_fraction(w, weight_clip, max_weight, eps)  # of the TB weight, before is_weight
     if is_weight is not None:
         w = w * is_weight.detach()
     loss = tb_loss(delta, w)
@@ -229,6 +232,6 @@ def flowrl_loss(
             "log_z_std": log_z.float().std() if log_z.numel() > 1 else torch.zeros(()),
             "residual_abs_mean": delta.abs().float().mean(),
             "weight_mean": w.float().mean(),
-            "weight_clip_frac": (w >= max_weight).float().mean() if weight_clip == "max" else torch.zeros(()),
+            "weight_clip_frac": clip_frac,
         }
     return loss, metrics

@@ -33,7 +33,7 @@ from tests.objectives._ref import (
     ref_sigmoid,
     ref_tb_residual,
 )
-from tiltlab.objectives import estimators, lad, offline, paced, pg, regressor, tb
+from tiltlab.objectives import correction, estimators, lad, offline, paced, pg, regressor, tb, transforms
 
 F64 = torch.float64
 
@@ -264,6 +264,38 @@ def ref_kl_k3(logp, logp_ref):
         d = logp_ref[i] - logp[i]
         out.append(exp(d) - d - 1)
     return _stack(out)
+
+
+def ref_kl_penalty(token_logp, token_logp_ref, mask):
+    flat = []
+    for b in range(token_logp.shape[0]):
+        for t in _real(mask, b):
+            d = token_logp_ref[b, t] - token_logp[b, t]
+            flat.append(exp(d) - d - 1)
+    return sum(flat) / len(flat)
+
+
+def ref_sequence_is_weight(ratio, mask, cap):
+    out = []
+    for b in range(ratio.shape[0]):
+        w = exp(sum(log(ratio[b, t]) for t in _real(mask, b)))
+        out.append(w if w < cap else w * 0 + cap)
+    return _stack(out)
+
+
+def ref_affine_reward(reward, scale, shift):
+    return _stack([scale * reward[i] + shift for i in range(reward.shape[0])])
+
+
+def mk_is_ratio(g: torch.Generator) -> dict[str, Tensor]:
+    # token ratios around 1 (sampler close to the trained policy); one row's product exceeds the cap
+    ratio = torch.exp(_randn(g, B, T, scale=0.3))
+    ratio[0] = 1.6  # full row: 1.6**T > 3, capped
+    return {"ratio": ratio, "mask": _mask(g)}
+
+
+def mk_reward(g: torch.Generator) -> dict[str, Tensor]:
+    return {"reward": torch.rand(B, generator=g, dtype=F64)}
 
 
 def ref_tb_residual_(logp, logp_ref, reward, log_z, beta):
@@ -979,6 +1011,37 @@ OPS: list[OpInfo] = [
         split=Split(_rows("logp", "logp_ref"), "concat"),
     ),
     *_grpo_entries(),
+    # --- correction / transforms (applied by the online trainer)
+    OpInfo(
+        "correction.kl_penalty",
+        correction.kl_penalty,
+        ref_kl_penalty,
+        lambda g: {**mk_seq_tokens(g), "token_logp_ref": _tokens(g)["token_logp_old"]},
+        grad=("token_logp",),
+        mask="mask",
+        tokens=("token_logp", "token_logp_ref"),
+        split=Split({"token_logp": 1, "token_logp_ref": 1, "mask": 1}, "token"),
+    ),
+    OpInfo(
+        "correction.sequence_is_weight",
+        correction.sequence_is_weight,
+        ref_sequence_is_weight,
+        mk_is_ratio,
+        {"cap": 3.0},
+        grad=("ratio",),
+        mask="mask",
+        tokens=("ratio",),
+        split=Split({"ratio": 1, "mask": 1}, "concat"),
+    ),
+    OpInfo(
+        "transforms.affine_reward",
+        transforms.affine_reward,
+        ref_affine_reward,
+        mk_reward,
+        {"scale": 2.0, "shift": -0.5},
+        grad=("reward",),
+        split=Split({"reward": 1}, "concat"),
+    ),
     # --- lad
     *_lad_entries(),
     # --- offline

@@ -208,3 +208,29 @@ def test_token_losses_padding_invariance():
     l0, _ = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz)
     l1, _ = tb.flowrl_loss(pad(lp, -50.0), pad(lref, 3.0), pad(lold, 7.0), pad(mask, 0.0), rewards, lz)
     torch.testing.assert_close(l0, l1, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("clip", ["max", "eps"])
+def test_flowrl_logs_the_clip_fraction_of_its_own_clip(clip):
+    """The logged ``weight_clip_frac`` counts the weights at the bounds of the clip in use (it was
+    0 under ``"eps"``), and is taken before a sampler IS weight multiplies the TB weight."""
+    P, G, T = 2, 4, 3
+    mask = torch.ones(P * G, T, dtype=torch.float64)
+    lp = torch.zeros(P * G, T, dtype=torch.float64)
+    shift = torch.tensor([3.0, -3.0, 0.01, 0.0, 3.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # log-ratio per sequence / T
+    lold = lp - shift[:, None] / T
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    _, metrics = tb.flowrl_loss(
+        lp,
+        lp,
+        lold,
+        mask,
+        rewards,
+        torch.zeros(P, dtype=torch.float64),
+        weight_clip=clip,
+        is_weight=torch.full((P * G,), 100.0, dtype=torch.float64),
+    )
+    # ratios e^3 (x2), e^-3, e^0.01, 1 (x4): "max" (at 10) clips the two e^3; "eps" (outside
+    # [0.8, 1.2]) clips e^3 twice and e^-3 once
+    expected = {"max": 2 / 8, "eps": 3 / 8}[clip]
+    assert metrics["weight_clip_frac"].item() == pytest.approx(expected)
