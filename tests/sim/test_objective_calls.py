@@ -34,20 +34,37 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("overrides", "module", "fn"), CASES, ids=[f"{c[0]}->{c[2]}" for c in CASES])
-def test_trainer_calls_the_objectives_function(monkeypatch, overrides, module, fn):
+def _record(monkeypatch, module: str, fn: str) -> list:
     mod = importlib.import_module(f"tiltlab.objectives.{module}")
     original = getattr(mod, fn)
-    calls = []
+    calls: list = []
 
     def recording(*args, **kwargs):
         calls.append(fn)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(mod, fn, recording)
+    return calls
+
+
+@pytest.mark.parametrize(("overrides", "module", "fn"), CASES, ids=[f"{c[0]}->{c[2]}" for c in CASES])
+def test_trainer_calls_the_objectives_function(monkeypatch, overrides, module, fn):
+    calls = _record(monkeypatch, module, fn)
     cfg = SimConfig(env="multiprompt", P=4, K=6, steps=2, G=4, seeds=2, log_every=1, **overrides)
     train(cfg, _env(cfg))
     assert calls, f"sim trainer ({overrides}) did not call tiltlab.objectives.{module}.{fn}"
+
+
+@pytest.mark.parametrize("log_z", ["learned", "vargrad"])
+def test_attached_or_batch_log_z_does_not_go_through_disa_loss(monkeypatch, log_z):
+    """``disa_loss`` detaches log Z: a learned log Z (PACED) must not pass through it, and VarGrad
+    composes ``tb_residual`` / ``tb_loss`` as the LLM trainer does."""
+    calls = _record(monkeypatch, "tb", "disa_loss")
+    cfg = SimConfig(env="multiprompt", P=4, K=6, steps=2, G=4, seeds=2, log_z=log_z, anchor="old")
+    res = train(cfg, _env(cfg))
+    assert not calls
+    if log_z == "learned":  # the gradient reached the log Z parameter
+        assert float(res.extra["log_z"].abs().max()) > 0
 
 
 def test_disa_path_uses_disa_loss_value(monkeypatch):
