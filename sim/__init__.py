@@ -4,8 +4,12 @@ Policies are tabular softmax logits ``[S, P, K]`` (seeds, prompts, outcomes) in 
 expectation has an exact value next to its Monte-Carlo estimate. All loss math is imported from
 ``objectives``; this package only supplies log-probabilities, rewards and samplers.
 
-Entry points: :func:`sim.run` with :class:`sim.api.SimConfig` (script), ``tiltlab sim`` /
-``tiltlab figures`` (command line).
+Entry points: :func:`tiltlab.sim.run` with :class:`tiltlab.sim.SimConfig` (script; defined in
+``sim.config``, re-exported by ``sim.api``), ``tiltlab sim`` / ``tiltlab figures`` (command line).
+
+Internal layers, each importing only the ones below it: ``cli`` > ``figures`` | ``checks`` >
+``experiments`` > ``api`` > ``train`` > ``config``, with the environments and samplers (``envs``,
+``proposals``, ``exact``, ``token_tree``) underneath ``train``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ __all__ = ["RunResult", "SimConfig", "run"]
 
 
 def __getattr__(name: str):  # lazy: importing sim must not import torch-heavy modules eagerly
-    if name in __all__:
+    if name in ("RunResult", "SimConfig"):
+        from tiltlab.sim import config
+
+        return getattr(config, name)
+    if name == "run":
         from tiltlab.sim import api
 
-        return getattr(api, name)
+        return api.run
     raise AttributeError(f"module 'sim' has no attribute {name!r}")

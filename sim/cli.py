@@ -13,13 +13,14 @@ from tiltlab.dataclass_cli import add_dataclass_args
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    from tiltlab.sim.api import SimConfig
+    from tiltlab.sim.config import SimConfig
 
     add_dataclass_args(p, SimConfig)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from tiltlab.sim.api import SimConfig, run
+    from tiltlab.sim.api import run
+    from tiltlab.sim.config import SimConfig
 
     cfg = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})
     try:

@@ -5,7 +5,7 @@ An environment is ``P`` prompts, each with ``K`` complete outputs ("arms"), a re
 Because ``K`` is small, every expectation is an exact sum; sampling exists next to it so that
 Monte-Carlo estimators can be checked against the exact value.
 
-Exact quantities (DISA ``000_97b17fcb5a92948e.txt`` eq. (4), math.md §1):
+Exact quantities (DISA eq. (4); ``docs/math.md`` §1):
 
     Z(x)   = sum_y pi_ref(y|x) exp(beta r(x, y))           (log_z)
     pi*(y|x) = pi_ref(y|x) exp(beta r(x, y)) / Z(x)         (target_logp)
@@ -154,7 +154,7 @@ def make_bandit(K: int = 10, seed: int = 0, ref_scale: float = 1.0, reward: str 
 
 
 def make_two_outcome(p1: float = 0.5, r: tuple[float, float] = (1.0, 0.0)) -> BanditEnv:
-    """``Y = {y1, y2}``, ``pi_ref = (p1, 1-p1)``, rewards ``r`` (math.md's counterexample uses (½, ½), (1, 0))."""
+    """``Y = {y1, y2}``, ``pi_ref = (p1, 1-p1)``, rewards ``r`` (DISA App. C.5's counterexample uses (½, ½), (1, 0))."""
     if not 0.0 < p1 < 1.0:
         raise ValueError(f"p1 must lie in (0, 1), got {p1}")
     lp = torch.tensor([[math.log(p1), math.log(1 - p1)]], dtype=DTYPE)
@@ -178,7 +178,7 @@ def lad_mixture(
 
 
 def make_lad_bandit(K: int = 50, eta: float = 1.0, **mixture_kw) -> BanditEnv:
-    """LAD Fig. 1 (``004_5fbe296d0161ca77.txt`` §4.1): 50 arms, uniform initial policy, advantage a three-mode mixture.
+    """LAD Fig. 1 (LAD §4.1): 50 arms, uniform initial policy, advantage a three-mode mixture.
 
     The advantage is ``A(y) = eta · (log m(y) - mean_y log m(y))`` for the mixture ``m`` of
     :func:`lad_mixture`, so the advantage distribution ``P_A = e^{A/eta} / Z_A`` equals ``m``

@@ -1,11 +1,11 @@
 """Exact (enumerated) distributions of DISA's Stage-1 labels, and population reference values.
 
-Used by the numeric checks of ``sim/checks`` and by the figures: every quantity here is an
+Used by the experiments (``sim/experiments``) and the checks: every quantity here is an
 exact float64 expectation (or a Monte-Carlo draw, for :func:`mc_log_weights`), never a loss.
 The estimators themselves (LSE / geometric-mean labels) are always applied through
 ``objectives.estimators``; this module only supplies the samples and their probabilities.
 
-Sources: DISA (``000_97b17fcb5a92948e.txt``) App. C.1-C.2 (Props. 1-2), ``math.md`` Sec. 1.
+Sources: DISA App. C.1-C.2 (Props. 1-2); ``docs/math.md`` §1.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ All functions work on log-probability tensors over an enumerable last axis ``[..
 normalized log-probabilities of the same shape (``-inf`` outside the support).
 
 Sources:
-- DISA (``000_97b17fcb5a92948e.txt``) eqs. (7)-(8): the proposal ``q`` of Stage 1 and the
+- DISA eqs. (7)-(8): the proposal ``q`` of Stage 1 and the
   absolute-continuity condition of App. C.1 (``q > 0`` wherever ``pi_ref exp(beta r) > 0``).
-- ``shared/notes/math.md`` section 1: "tilted proposals of adjustable strength"
+- ``docs/math.md`` §1: "tilted proposals of adjustable strength"
   ``q_alpha ∝ pi_ref^{1-alpha} pi*^{alpha}`` (alpha = 0: pi_ref, alpha = 1: pi*), and the
   **open** question of truncated (top-k / top-p) samplers that violate absolute continuity.
 """
@@ -49,7 +49,7 @@ def ref_proposal(logp_ref: torch.Tensor) -> torch.Tensor:
 
 
 def tilted_proposal(logp_ref: torch.Tensor, logp_target: torch.Tensor, alpha: float) -> torch.Tensor:
-    """Tilted proposal ``q_alpha ∝ pi_ref^{1-alpha} · pi*^{alpha}`` (math.md §1), renormalized.
+    """Tilted proposal ``q_alpha ∝ pi_ref^{1-alpha} · pi*^{alpha}`` (``docs/math.md`` §1), renormalized.
 
     ``alpha = 0`` gives ``pi_ref``; ``alpha = 1`` gives ``pi*`` (the zero-variance proposal:
     every IS weight equals Z). Values in ``[0, 1]`` interpolate geometrically; both inputs are

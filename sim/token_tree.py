@@ -6,7 +6,7 @@ autoregressive policy whose next-token logits depend on the position and the pre
 position only (``context="position"``, ``[L, V]``). Parameters are *shared* across sequences:
 every sequence that passes through the transition ``(t, y_{t-1} -> y_t)`` uses the same logit, so
 correct and incorrect sequences share tokens exactly as in FPA's gradient-entanglement argument
-(``003_af5ed36eab8bd392.txt``, Sec. 1 and App. C.1).
+(FPA §1 and App. C.1).
 
 Two verifiers (``reward_kind``): ``"last_token"``, ``r(y) = 1[y_{L-1} == answer]`` (the first
 ``L - 1`` tokens are the "reasoning" that correct and incorrect sequences share; under ``bigram``

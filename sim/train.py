@@ -2,18 +2,29 @@
 
 The policy is a tabular softmax: logits ``theta [S, P, K]`` (S seeds, P prompts, K outputs), float64.
 This module only gathers log-probabilities of sampled (or, in exact-gradient mode, all) outputs,
-rewards and reference log-probs, and hands them to the loss functions of ``objectives``:
+rewards and reference log-probs, and hands them to the public loss functions of ``tiltlab.objectives``
+that the LLM trainers (``llm/trainers/online.py``, ``llm/trainers/offline.py``) call for the same
+objective, so the simulator's checks exercise the code that trains models:
 
-- TB (DISA eqs. 5, 6, 10; math.md §1): ``objectives.tb.tb_residual`` + ``tb_loss``, with log Z exact,
-  frozen (DISA Stage 1: ``objectives.estimators``), learned (FlowRL), batch (``vargrad_log_z``) or zero;
-  rollout weights by ``objectives.tb.tb_importance_weight``.
-- FlowRL as coded (math.md §2): ``objectives.tb.flowrl_loss``.
-- PACED (``002_d44afb8661380d03.txt`` Alg. 1): TB anchored on pi_old, prompt selection
-  ``objectives.paced.select_prompts`` from ``accuracy_from_log_z``, replay priority ``replay_priority``.
-- LAD (``004_5fbe296d0161ca77.txt`` eq. 8): ``objectives.lad.lad_loss``.
-- GRPO / GSPO (math.md §6): ``objectives.pg.grpo_loss`` / ``gspo_loss`` with ``group_advantages``.
-- Offline (FPA ``003_af5ed36eab8bd392.txt`` eqs. 1, 3, 5; App. B.2): ``objectives.offline`` Off-RL, FPA (with
-  ``future_policy_logprobs``), DPO, SFT on a dataset drawn once from pi_ref (no rollouts).
+===========================================  ===============================================================
+``method`` / ``log_z``                       ``tiltlab.objectives`` function (the LLM trainer's objective)
+===========================================  ===============================================================
+``tb``, ``frozen`` (``exact``, ``zero``)     ``tb.disa_loss`` (``disa``; DISA §2.2 eq. (10))
+``tb``, ``vargrad``                          ``tb.vargrad_log_z`` (detached) + ``tb.tb_residual`` / ``tb_loss``
+                                             (``vargrad``)
+``tb``, ``learned`` (``anchor=old``: PACED)  ``tb.tb_residual`` / ``tb.tb_loss`` with attached log Z (``paced``)
+``flowrl``                                   ``tb.flowrl_loss`` (``flowrl``)
+``lad``                                      ``lad.lad_loss`` (``lad``, sequence level)
+``grpo`` / ``gspo``                          ``pg.grpo_loss`` / ``pg.gspo_loss``, ``pg.group_advantages``
+``offrl`` / ``fpa``                          ``offline.offrl_loss`` / ``offline.fpa_loss`` with
+                                             ``offline.future_policy_logprobs`` (the LLM uses its fused form)
+``dpo`` / ``sft``                            ``offline.dpo_loss`` / ``offline.sft_loss``
+===========================================  ===============================================================
+
+TB rollout weights come from ``tb.tb_importance_weight``; DISA's Stage-1 labels from
+``objectives.estimators``; PACED's prompt selection and replay priority from ``objectives.paced``.
+Paper references (short names of the paper index in ``docs/``): DISA §2 eqs. (5)-(10), FlowRL as coded
+(``docs/math.md`` §2), PACED-RL Alg. 1 and eq. (6), LAD eq. (8), FPA eqs. (1), (3), (5) and App. B.2.
 
 Sequences are one token long here (a bandit), so token tensors are ``[B, 1]`` with mask 1 and
 ``B = S * P * G`` (group-major: rows ``(s, p)`` hold one group of G samples).
@@ -40,7 +51,7 @@ from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.sim import proposals
-from tiltlab.sim.api import RunResult, SimConfig
+from tiltlab.sim.config import RunResult, SimConfig
 from tiltlab.sim.envs import BanditEnv, gather
 
 OFFLINE = ("offrl", "fpa", "dpo", "sft")
@@ -223,7 +234,8 @@ class _Trainer:
             return {"top_p": c.proposal_p}
         return {}
 
-    def log_z_in_use(self, lp=None, lp_anchor=None, r=None) -> torch.Tensor:
+    def log_z_in_use(self) -> torch.Tensor:
+        """``[S, P]`` log Z of the TB loss (``vargrad``'s depends on the batch: NaN here, see :meth:`tb_family_loss`)."""
         c = self.cfg
         if c.method == "flowrl" or c.log_z == "learned":
             return self.logz_param
@@ -234,12 +246,7 @@ class _Trainer:
         if c.log_z == "zero":
             return torch.zeros(self.S, self.P, dtype=torch.float64)
         if c.log_z == "vargrad":
-            if lp is None:
-                return torch.full((self.S, self.P), math.nan, dtype=torch.float64)
-            G = lp.shape[-1]
-            return tb_obj.vargrad_log_z(lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta).reshape(
-                self.S, self.P
-            )
+            return torch.full((self.S, self.P), math.nan, dtype=torch.float64)
         raise ValueError(c.log_z)
 
     def p_hat(self) -> torch.Tensor:
@@ -266,6 +273,48 @@ class _Trainer:
             raise ValueError(f"advantage must be raw|group|center, got {c.advantage!r}")
         return pg_obj.group_advantages(r.reshape(-1, G), scale=scale).reshape(r.shape)
 
+    def tb_family_loss(self, b: _Batch, logp, lp, lp_old, lp_anchor, r) -> torch.Tensor:
+        """Mean over seeds of the TB objective of ``cfg.log_z`` on the batch (plus replayed samples).
+
+        The objective function is the one the LLM trainer calls for the same log Z:
+        a fixed label (``frozen``: DISA; ``exact`` / ``zero``: the same loss with another label) ->
+        ``objectives.tb.disa_loss``; ``vargrad`` -> ``objectives.tb.vargrad_log_z`` (detached) with
+        ``tb_residual`` / ``tb_loss``; ``learned`` (PACED with ``anchor=old``) -> ``tb_residual`` /
+        ``tb_loss`` with the log Z parameter attached.
+        """
+        c = self.cfg
+        S, P, G = lp.shape
+        B = S * P * G
+        if c.log_z == "vargrad":
+            log_z = tb_obj.vargrad_log_z(
+                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta, detach=True
+            ).reshape(S, P)
+        else:
+            log_z = self.log_z_in_use()
+        w = b.w
+        wc = self.cfg_weight_clip
+        if wc != "one":
+            ones = torch.ones(B, 1, dtype=lp.dtype)
+            iw = tb_obj.tb_importance_weight(
+                lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip="none" if wc == "ratio" else wc
+            ).reshape(S, P, G)
+            w = w * iw
+        # per-sample rows [S, N]: the batch, then the replayed samples (weight 0 on empty buffer slots)
+        rows = [(lp, lp_anchor, r, log_z[..., None].expand(S, P, G), w)]
+        if b.replay is not None:
+            pr, yr, valid = b.replay
+
+            def at(t: torch.Tensor) -> torch.Tensor:  # t [S, P, K] at (prompt pr, output yr) -> [S, C]
+                return torch.gather(t.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
+
+            rows.append((at(logp), at(b.anchor), self.reward[pr, yr], torch.gather(log_z, 1, pr), valid.to(lp.dtype)))
+        lp_all, an_all, r_all, lz_all, w_all = (torch.cat([x.reshape(S, -1) for x in col], 1) for col in zip(*rows))
+        if c.log_z == "learned":
+            return tb_obj.tb_loss(tb_obj.tb_residual(lp_all, an_all, r_all, lz_all, c.beta), w_all)
+        if c.log_z == "vargrad":
+            return tb_obj.tb_loss(tb_obj.tb_residual(lp_all, an_all, r_all, lz_all.detach(), c.beta), w_all)
+        return tb_obj.disa_loss(lp_all, an_all, r_all, lz_all, c.beta, weight=w_all)
+
     def loss(self, b: _Batch) -> torch.Tensor:
         """Scalar loss = sum over seeds of each seed's batch-mean loss."""
         c = self.cfg
@@ -278,28 +327,7 @@ class _Trainer:
         B = S * P * G
         ones = torch.ones(B, 1, dtype=lp.dtype)
         if c.method == "tb":
-            log_z = self.log_z_in_use(lp, lp_anchor, r)
-            if c.log_z != "learned":
-                log_z = log_z.detach() if c.log_z != "vargrad" else log_z
-            res = tb_obj.tb_residual(lp, lp_anchor, r, log_z[..., None], c.beta)
-            w = b.w
-            wc = self.cfg_weight_clip
-            if wc != "one":
-                iw = tb_obj.tb_importance_weight(
-                    lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip="none" if wc == "ratio" else wc
-                ).reshape(S, P, G)
-                w = w * iw
-            res_all, w_all = res.reshape(S, -1), w.reshape(S, -1)
-            if b.replay is not None:
-                pr, yr, valid = b.replay
-                lp_r = torch.gather(logp.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
-                an_r = torch.gather(b.anchor.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
-                rr = self.reward[pr, yr]
-                lz_r = torch.gather(log_z, 1, pr)
-                res_r = tb_obj.tb_residual(lp_r, an_r, rr, lz_r, c.beta)
-                res_all = torch.cat([res_all, res_r], 1)
-                w_all = torch.cat([w_all, valid.to(lp.dtype)], 1)
-            return S * tb_obj.tb_loss(res_all.reshape(-1), w_all.reshape(-1))
+            return S * self.tb_family_loss(b, logp, lp, lp_old, lp_anchor, r)
         if c.method == "flowrl":
             loss, _ = tb_obj.flowrl_loss(
                 lp.reshape(B, 1),

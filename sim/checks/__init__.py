@@ -1,19 +1,13 @@
 """Numeric claim checks of the simulator layer (``layer="sim"``).
 
 Importing this package registers every check of its submodules with ``paper_checks.registry``:
-``training`` (checks through the trainers), ``estimators`` (DISA Stage-1 estimator and bias checks) and
-``fpa`` (FPA checks). A submodule that does not exist yet is skipped; any other import error is raised.
+``training`` (checks through the trainers), ``estimators`` (DISA Stage-1 estimator and bias checks),
+``fpa`` (FPA checks) and ``paced_sched`` (PACED-RL selection and replay). The numbers a check judges
+come from ``tiltlab.sim.experiments``, which the figures read too.
 """
 
 from __future__ import annotations
 
-import importlib
+from tiltlab.sim.checks import estimators, fpa, paced_sched, training
 
-_SUBMODULES = ("training", "estimators", "fpa", "paced_sched")
-
-for _name in _SUBMODULES:
-    try:
-        importlib.import_module(f"{__name__}.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"{__name__}.{_name}":
-            raise
+__all__ = ["estimators", "fpa", "paced_sched", "training"]

@@ -1,4 +1,4 @@
-"""Numeric (layer="sim") checks of FPA's claims (``003_af5ed36eab8bd392.txt``).
+"""Numeric (layer="sim") checks of FPA's claims (FPA §3).
 
 Losses and the future policy come from ``objectives.offline``; this module builds bandit and
 token-tree instances and compares. Verdicts are computed from the measurements.
@@ -10,6 +10,7 @@ import torch
 
 from tiltlab.objectives.offline import dpo_loss, future_policy_logprobs
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.sim.experiments import fpa_entanglement
 from tiltlab.sim.token_tree import TokenTree
 
 F64 = torch.float64
@@ -116,28 +117,20 @@ def dpo_token_level(seed: int) -> CheckResult:
 @register_check("fpa.entanglement", layer="sim", expected=Verdict.PARTLY)
 def entanglement(seed: int) -> CheckResult:
     """Token-tree offline RL (fig09 setup, 4 seeds, 120 SGD steps): the four parts of the claim."""
-    from tiltlab.sim.figures.fig09_fpa_entanglement import EntanglementConfig, run_all, summarize
-
-    cfg = EntanglementConfig(seeds=4, steps=120, eval_every=30)
-    summ = summarize(run_all(cfg, seed, lambdas=(1.0, 2.0, 10.0)))
+    claim = fpa_entanglement.entanglement_claim(seed)
+    n, summ = claim["numbers"], claim["summary"]
     fin, parts = summ["final"], summ["parts"]
     n_ok = sum(parts.values())
     verdict = Verdict.VERIFIED if n_ok == 4 else (Verdict.PARTLY if n_ok >= 2 else Verdict.REFUTED)
-    lam_best = max((k for k in fin if k.startswith("fpa")), key=lambda k: fin[k]["acc"])
     # the paper also says lambda in {1, 2} performs best (Fig. 5, Table 5): judged here as part of "partly"
-    best_12 = lam_best in ("fpa1", "fpa2")
-    if verdict == Verdict.VERIFIED and not best_12:
+    if verdict == Verdict.VERIFIED and not n["best_lambda_is_1_or_2"]:
         verdict = Verdict.PARTLY
     return CheckResult(
         verdict,
         f"Off-RL correct log-prob {fin['offrl']['corr']:+.2f} (acc {summ['ref_acc']:.3f}->{fin['offrl']['acc']:.3f}); "
         f"FPA lambda=1/2 correct {fin['fpa1']['corr']:+.2f}/{fin['fpa2']['corr']:+.2f}; correct-only "
         f"{fin['cor_only']['corr']:+.2f}, incorrect-only {fin['inc_only']['corr']:+.2f}; parts {parts}; best lambda by "
-        f"accuracy = {lam_best[3:]} (paper: 1-2)",
-        numbers={
-            **{k: bool(v) for k, v in parts.items()},
-            "best_lambda_is_1_or_2": best_12,
-            **{f"{k}_{m}": v for k, d in fin.items() for m, v in d.items()},
-        },
+        f"accuracy = {claim['best_lambda']:g} (paper: 1-2)",
+        numbers=n,
         figure="fig09_fpa_entanglement",
     )

@@ -7,29 +7,24 @@ All loss math is ``objectives``'; the checks only choose environments, configs a
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 from tiltlab.sim import envs
-from tiltlab.sim.api import SimConfig
-from tiltlab.sim.train import gradient_at, kl_divergence, train, tv_distance
+from tiltlab.sim.config import SimConfig
+from tiltlab.sim.experiments import lad, logz_training, paced
+from tiltlab.sim.train import kl_divergence, train
 
 V = Verdict
-
-
-def _env(P: int = 8, K: int = 12, seed: int = 0) -> envs.BanditEnv:
-    return envs.make_multiprompt(P=P, K=K, seed=seed, p_min=0.05, p_max=0.9)
 
 
 @register_check("disa.prop3i.exact_fixed_point", layer="sim", expected=V.VERIFIED, name="trainer_converges")
 def exact_fixed_point(seed: int) -> CheckResult:
     """Exact-gradient TB with exact log Z from random inits, on-policy and with a fixed full-support
     behaviour policy (the random initial policy, never refreshed): every run must reach pi*."""
-    env = _env(seed=seed)
+    env = logz_training.multiprompt_env(seed=seed)
     common = dict(
         env="multiprompt",
         method="tb",
@@ -56,57 +51,31 @@ def exact_fixed_point(seed: int) -> CheckResult:
     )
 
 
-def _grad_norm_at_target(bias: float, fixed_behaviour: bool, seed: int) -> float:
-    env = _env(seed=seed)
-    cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=bias, beta=2.0, exact=True, seeds=1)
-    tgt = env.target_logp(2.0)[None]  # logits = log pi*
-    logp_old = None
-    if fixed_behaviour:
-        g = torch.Generator().manual_seed(seed + 1)
-        logp_old = torch.log_softmax(torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64), -1)
-    return float(gradient_at(cfg, env, tgt.clone(), logp_old=logp_old).norm())
-
-
 @register_check("disa.prop3ii.biased_stationary", layer="sim", expected=V.VERIFIED, name="trainer_gradient_at_target")
 def biased_stationary(seed: int) -> CheckResult:
     """On-policy exact semi-gradient of TB at pi* with log Z = log Z* + b, for several prompt-only b."""
-    norms = {b: _grad_norm_at_target(b, False, seed) for b in (-2.0, -0.5, 0.5, 1.0)}
-    worst = max(norms.values())
+    n = logz_training.biased_stationary(seed)
+    worst = max(n.values())
     ok = worst < 1e-10  # float64 round-off of a sum of ~K terms of size O(1)
     return CheckResult(
         V.VERIFIED if ok else V.REFUTED,
         f"|grad| at pi* on-policy with prompt-only bias b in {{-2,-0.5,0.5,1}}: max {worst:.1e} (zero up to round-off)",
-        numbers={f"grad_norm_b{b:+.1f}": v for b, v in norms.items()},
+        numbers=n,
+        figure="fig07_where_logz_matters",
     )
 
 
 @register_check("disa.c5.offpolicy_breaks", layer="sim", expected=V.VERIFIED, name="trainer_offpolicy_drift")
 def offpolicy_breaks(seed: int) -> CheckResult:
     """Fixed behaviour pi_b != pi*: the gradient at pi* is nonzero for b != 0 and training settles elsewhere."""
-    g0 = _grad_norm_at_target(0.0, True, seed)
-    g5 = _grad_norm_at_target(0.5, True, seed)
-    env = _env(seed=seed)
-    common = dict(
-        env="multiprompt",
-        method="tb",
-        log_z="exact",
-        beta=2.0,
-        exact=True,
-        steps=400,
-        lr=0.1,
-        init_scale=1.0,
-        seeds=2,
-        seed=seed,
-        log_every=400,
-        refresh_every=10_000,
-    )
-    tv0 = train(SimConfig(**common, log_z_bias=0.0), env).final("tv")
-    tv5 = train(SimConfig(**common, log_z_bias=0.5), env).final("tv")
+    n = logz_training.offpolicy_drift(seed)
+    g0, g5, tv0, tv5 = n["grad_b0"], n["grad_b05"], n["tv_b0"], n["tv_b05"]
     ok = g0 < 1e-10 and g5 > 1e-3 and tv5 > 10 * max(tv0, 1e-4)
     return CheckResult(
         V.VERIFIED if ok else V.REFUTED,
         f"fixed pi_b: |grad| at pi* b=0 {g0:.1e}, b=0.5 {g5:.3f}; trained TV(pi, pi*) b=0 {tv0:.1e}, b=0.5 {tv5:.3f}",
-        numbers={"grad_b0": g0, "grad_b05": g5, "tv_b0": tv0, "tv_b05": tv5},
+        numbers=n,
+        figure="fig07_where_logz_matters",
     )
 
 
@@ -116,34 +85,16 @@ def offpolicy_breaks(seed: int) -> CheckResult:
 def semigradient_invariance(seed: int) -> CheckResult:
     """Expected on-policy semi-gradient at random theta for several prompt-only log Z (identical), and
     the sampled-gradient variance for each (different): log Z acts as a baseline."""
-    env = _env(seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    logits = env.logp_ref[None] + torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64)
-    biases = (0.0, -1.0, 1.0, -3.0)
-    grads = [
-        gradient_at(
-            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1),
-            env,
-            logits,
-        )
-        for b in biases
-    ]
-    zero = gradient_at(
-        SimConfig(env="multiprompt", method="tb", log_z="zero", beta=2.0, exact=True, seeds=1), env, logits
-    )
-    scale = float(grads[0].norm())
-    diff = max(float((x - grads[0]).norm()) for x in [*grads[1:], zero]) / scale
-    var = {}
-    for b in biases:
-        cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, G=8, seeds=1, seed=seed)
-        d = gradient_at(cfg, env, logits, draws=200)  # [D, 1, P, K]
-        var[b] = float(d.var(0).sum(-1).mean())
+    n = logz_training.semigradient_invariance(seed)
+    biases = logz_training.INVARIANCE_BIASES
+    diff = n["max_rel_diff"]
+    var = {b: n[f"grad_var_b{b:+g}"] for b in biases}
     ok = diff < 1e-10
     return CheckResult(
         V.VERIFIED if ok else V.REFUTED,
         f"relative difference of expected semi-gradients across log Z = log Z*+b (b in {biases}) and log Z = 0: "
         f"{diff:.1e}; sampled-gradient variance (G=8) by b: " + ", ".join(f"{b:+g}: {v:.2e}" for b, v in var.items()),
-        numbers={"max_rel_diff": diff, **{f"grad_var_b{b:+g}": v for b, v in var.items()}},
+        numbers=n,
         figure="fig07_where_logz_matters",
     )
 
@@ -187,7 +138,7 @@ def paced_prop41(seed: int) -> CheckResult:
 @register_check("paced.vargrad", layer="sim", expected=V.VERIFIED, name="batch_minimizer")
 def paced_vargrad(seed: int) -> CheckResult:
     """On sampled batches [P, G]: dL/dlogZ at vargrad_log_z is 0 and no other shared log Z does better."""
-    env = _env(seed=seed)
+    env = logz_training.multiprompt_env(seed=seed)
     g = torch.Generator().manual_seed(seed)
     logits = env.logp_ref + torch.randn(env.P, env.K, generator=g, dtype=torch.float64)
     logp_all = torch.log_softmax(logits, -1)
@@ -217,32 +168,9 @@ def lad_practical(seed: int) -> CheckResult:
     Where a run stops elsewhere, compare the exact practical loss there with its value at the target:
     equal losses mean the minimizer is not unique (Lemma 3.2 needs f strictly convex; TV's |x - 1| is not).
     """
-    env = envs.make_bandit(K=10, seed=seed, ref_scale=1.0)
-    res, nonunique = {}, {}
-    for d in lad_obj.F_DIVERGENCES:
-        cfg = SimConfig(
-            env="bandit",
-            method="lad",
-            divergence=d,
-            eta=1.0,
-            exact=True,
-            steps=400,
-            lr=0.1,
-            refresh_every=10_000,
-            seeds=1,
-            seed=seed,
-            log_every=400,
-        )
-        out = train(cfg, env)
-        res[d] = float(tv_distance(out.logp, out.target_logp).max())
-        if res[d] >= 1e-3:
-            old, adv = out.logp_old[0, 0], env.reward[0]
-            w = env.K * old.exp()
-
-            def loss_at(lp):
-                return float(lad_obj.lad_loss(lp, old, adv, 1.0, d, weight=w))
-
-            nonunique[d] = abs(loss_at(out.logp[0, 0]) - loss_at(out.target_logp[0, 0]))
+    n = lad.practical(seed)
+    res = {k[3:]: v for k, v in n.items() if k.startswith("tv_")}
+    nonunique = {k[len("loss_gap_") :]: v for k, v in n.items() if k.startswith("loss_gap_")}
     n_ok = sum(v < 1e-3 for v in res.values())
     verdict = V.VERIFIED if n_ok == len(res) else (V.PARTLY if n_ok > 0 else V.REFUTED)
     extra = "".join(
@@ -255,7 +183,7 @@ def lad_practical(seed: int) -> CheckResult:
         "exact-gradient LAD, K=10, 400 Adam steps: TV(pi, pi_old e^{A/eta}) "
         + ", ".join(f"{k} {v:.1e}" for k, v in res.items())
         + extra,
-        numbers={f"tv_{k}": v for k, v in res.items()} | {f"loss_gap_{k}": v for k, v in nonunique.items()},
+        numbers=n,
         figure="fig10_lad_divergences",
     )
 
@@ -265,53 +193,20 @@ def lad_fig1(seed: int) -> CheckResult:
     """LAD Fig. 1 settings (50 arms, 4000 steps, 32 samples at T=1.5, lr 5e-3, eta=1, 2 refreshes), 2 seeds:
     GRPO+KL(pi_old) collapse (max pi > 0.4)? LAD-JS recovers the three modes (P_pi's mass in each mode's
     +-2 sigma window within 30% of P_A's)? FlowRL (as coded) only partly (TV above LAD's)?"""
-    base = dict(
-        env="lad_bandit",
-        K=50,
-        eta=1.0,
-        steps=4000,
-        G=32,
-        temperature=1.5,
-        lr=5e-3,
-        refresh_every=1334,
-        uniform_init=True,
-        seeds=2,
-        seed=seed,
-        log_every=1500,
-    )
-    env = envs.make_lad_bandit(50)
-    p_a = torch.log_softmax(env.reward[0], -1)
-
-    def go(**kw):
-        r = train(SimConfig(**base, **kw), env)
-        p_pi = torch.log_softmax(r.logp[:, 0] - r.logp_old[:, 0], -1)
-        ratios = [float(p_pi.exp()[:, win].sum(-1).mean() / p_a.exp()[win].sum()) for win in windows]
-        return float(tv_distance(p_pi, p_a).mean()), float(r.logp[:, 0].exp().max(-1).values.mean()), ratios
-
-    x = torch.linspace(0, 1, 50, dtype=torch.float64)
-    windows = [
-        (x - c).abs() <= 2 * w for c, w in zip((0.18, 0.5, 0.82), (0.05, 0.06, 0.05))
-    ]  # envs.lad_mixture defaults
-    tv_g, max_g, _ = go(method="grpo", kl_coef=1.0, advantage="raw")
-    tv_l, max_l, modes_l = go(method="lad", divergence="js")
-    tv_f, max_f, _ = go(method="flowrl", anchor="ref", beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2)
+    n = lad.fig1_bandit(seed)
+    tv_g, max_g, tv_l, max_l = n["grpo_tv"], n["grpo_max_pi"], n["lad_js_tv"], n["lad_js_max_pi"]
+    tv_f, max_f = n["flowrl_tv"], n["flowrl_max_pi"]
+    modes_l = [n[f"lad_mode{i}_ratio"] for i in range(len(lad.MODE_WINDOWS))]
     grpo_collapses = max_g > 0.4
     lad_matches = all(0.7 <= m <= 1.3 for m in modes_l) and max_l < 0.4
     flowrl_partial = tv_f > tv_l
-    n = sum((grpo_collapses, lad_matches, flowrl_partial))
-    verdict = V.VERIFIED if n == 3 else (V.PARTLY if n else V.REFUTED)
+    n_ok = sum((grpo_collapses, lad_matches, flowrl_partial))
+    verdict = V.VERIFIED if n_ok == 3 else (V.PARTLY if n_ok else V.REFUTED)
     return CheckResult(
         verdict,
         f"GRPO+KL(pi_old): max pi {max_g:.3f}, TV(P_pi,P_A) {tv_g:.3f} ({'collapsed' if grpo_collapses else 'no collapse'}); "
         f"LAD-JS TV {tv_l:.3f}, mode-mass ratios {', '.join(f'{m:.2f}' for m in modes_l)} ({'three modes recovered' if lad_matches else 'modes not recovered'}); FlowRL as coded TV {tv_f:.3f}, max pi {max_f:.3f}",
-        numbers={
-            "grpo_max_pi": max_g,
-            "grpo_tv": tv_g,
-            "lad_js_tv": tv_l,
-            **{f"lad_mode{i}_ratio": m for i, m in enumerate(modes_l)},
-            "flowrl_tv": tv_f,
-            "flowrl_max_pi": max_f,
-        },
+        numbers=n,
         figure="fig01_lad_bandit",
     )
 
@@ -319,18 +214,8 @@ def lad_fig1(seed: int) -> CheckResult:
 @register_check("lad.strict_better", layer="sim", expected=V.REFUTED, name="bandit_final_distance", slow=True)
 def lad_strict_better(seed: int) -> CheckResult:
     """Final TV(P_pi, P_A) per divergence on the LAD bandit: exact-gradient (one phase) and sampled (Fig. 1 settings)."""
-    from tiltlab.sim.figures.fig10_lad_divergences import divergence_sweep
-
-    ex = divergence_sweep(1500, 1, seed, exact=True, refreshes=0, lr=2e-2)
-    sa = divergence_sweep(4000, 2, seed, exact=False, refreshes=2)
-    strict = [d for d, f in lad_obj.F_DIVERGENCES.items() if f.strict]
-    weak = [d for d in lad_obj.F_DIVERGENCES if d not in strict]
-    res = {}
-    for name, sweep in (("exact", ex), ("sampled", sa)):
-        res[name] = (
-            float(np.mean([sweep[d]["tv_final"] for d in strict])),
-            float(np.mean([sweep[d]["tv_final"] for d in weak])),
-        )
+    n = lad.strict_better(seed)["numbers"]
+    res = {k: (n[f"{k}_strict"], n[f"{k}_nonstrict"]) for k in ("exact", "sampled")}
     wins = sum(s < w for s, w in res.values())
     verdict = V.VERIFIED if wins == 2 else (V.PARTLY if wins == 1 else V.REFUTED)
     return CheckResult(
@@ -338,7 +223,7 @@ def lad_strict_better(seed: int) -> CheckResult:
         "mean final TV(P_pi, P_A), strict (TV,HD,JS) vs non-strict (KL,rKL,JF): "
         + "; ".join(f"{k} {s:.3f} vs {w:.3f}" for k, (s, w) in res.items())
         + " (toy bandit proxy for LAD's accuracy comparison)",
-        numbers={f"{k}_strict": s for k, (s, _) in res.items()} | {f"{k}_nonstrict": w for k, (_, w) in res.items()},
+        numbers=n,
         figure="fig10_lad_divergences",
     )
 
@@ -346,17 +231,15 @@ def lad_strict_better(seed: int) -> CheckResult:
 @register_check("lad.thmB1", layer="sim", expected=V.VERIFIED, name="gap_order")
 def lad_thm_b1(seed: int) -> CheckResult:
     """Exact |L_theorem - L_LAD| against gamma + delta; fitted log-log order per divergence (>= 1 means O(gamma + delta))."""
-    from tiltlab.sim.figures.fig10_lad_divergences import surrogate_gap
-
-    gap = surrogate_gap(np.logspace(-4, -1, 8), seed=seed)
-    order = gap["order"]
+    n = lad.thm_b1(seed)["numbers"]
+    order = {k[len("order_") :]: v for k, v in n.items()}
     ok = all(v > 0.95 for v in order.values())  # an O(eps) bound allows order >= 1; 0.05 slack for the fit
     return CheckResult(
         V.VERIFIED if ok else V.REFUTED,
         "gap order in gamma+delta: "
         + ", ".join(f"{k} {v:.2f}" for k, v in order.items())
         + " (order 2 where f'(1)=0: Jeffreys, Hellinger, JS)",
-        numbers={f"order_{k}": v for k, v in order.items()},
+        numbers=n,
         figure="fig10_lad_divergences",
     )
 
@@ -364,19 +247,17 @@ def lad_thm_b1(seed: int) -> CheckResult:
 @register_check("paced.tau_sweep", layer="sim", expected=V.REFUTED, name="toy_proxy")
 def paced_tau_sweep(seed: int) -> CheckResult:
     """Toy proxy of PACED Fig. 4: PACED (DISA-initialised log Z) on 64 tabular prompts, tau in {0.1..0.9}."""
-    from tiltlab.sim.figures.fig08_paced import TAUS, tau_sweep
-
-    sw = tau_sweep(quick=True, seed=seed, steps=150, seeds=4)
-    final = {t: sw[str(t)]["final_acc"] for t in TAUS}
-    best = max(final, key=final.get)
-    worst = min(final, key=final.get)
-    n = int(best == 0.5) + int(worst == 0.1)
-    verdict = V.VERIFIED if n == 2 else (V.PARTLY if n == 1 else V.REFUTED)
+    nums = paced.tau_claim(seed)["numbers"]
+    final = {t: nums[f"acc_tau{t}"] for t in paced.TAUS}
+    best, worst = nums["best_tau"], nums["worst_tau"]
+    n_ok = int(best == 0.5) + int(worst == 0.1)
+    verdict = V.VERIFIED if n_ok == 2 else (V.PARTLY if n_ok == 1 else V.REFUTED)
     return CheckResult(
         verdict,
-        "TOY PROXY (tabular prompts, no generalization; mean training pass rate after 150 steps, 4 seeds): "
+        f"TOY PROXY (tabular prompts, no generalization; mean training pass rate after {paced.TAU_CLAIM['steps']} steps, "
+        f"{paced.TAU_CLAIM['seeds']} seeds): "
         + ", ".join(f"tau={t} {v:.3f}" for t, v in final.items())
         + f"; best tau {best}, worst {worst}",
-        numbers={f"acc_tau{t}": v for t, v in final.items()},
+        numbers=nums,
         figure="fig08_paced",
     )

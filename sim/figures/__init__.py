@@ -35,11 +35,14 @@ class FigureRecord:
     Attributes:
         id: figure id (file stem).
         title: short title.
-        caption: what it shows, naming the paper figure it reproduces (paper file + figure/section).
+        caption: what it shows, naming the paper figure it reproduces (short paper name + figure/section).
         png: path of the PNG written.
         data: path of the JSON with the numbers behind the plot.
         claims: claim ids this figure illustrates.
         findings: one-line statements of what the figure shows (numbers included).
+        numbers: claim id -> that claim's numbers exactly as its check reports them (``CheckResult.numbers``),
+            computed by the same ``tiltlab.sim.experiments`` function with the same settings. Claims whose
+            check is slow are reported in full mode only.
         seconds: time taken (filled by :func:`make_all`).
     """
 
@@ -50,6 +53,7 @@ class FigureRecord:
     data: Path
     claims: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    numbers: dict[str, dict] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_json(self) -> dict:

@@ -1,4 +1,4 @@
-"""Small helpers shared by the part-A figure modules (fig01, fig07, fig08, fig10)."""
+"""Small helpers shared by the figure modules: JSON-safe copies and writing the PNG + JSON pair."""
 
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ def clean(obj: Any) -> Any:
     return obj
 
 
-def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str) -> tuple[Path, Path]:
-    """Write ``<fig_id>.png`` (with the caption under the axes) and ``<fig_id>.json``."""
+def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str, numbers: dict | None = None) -> tuple[Path, Path]:
+    """Write ``<fig_id>.png`` and ``<fig_id>.json`` (the caption, the plotted ``data`` and, under
+    ``claim_numbers``, each claim's numbers as its check reports them)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png, js = out_dir / f"{fig_id}.png", out_dir / f"{fig_id}.json"
     fig.savefig(png, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    js.write_text(json.dumps(clean({"caption": caption, **data}), indent=1))
+    js.write_text(json.dumps(clean({"caption": caption, "claim_numbers": numbers or {}, **data}), indent=1))
     return png, js

@@ -1,7 +1,7 @@
-"""Figure 2 — DISA App. D.3: variance and relative bias of ``log Z_hat_M`` against a large-M pool
-(``000_97b17fcb5a92948e.txt`` App. D.3, Figs. 6-7).
+"""Figure 2 — DISA App. D.3 (Figs. 6-7): variance and relative bias of ``log Z_hat_M`` against a large-M pool.
 
-Setup: ``P`` prompts, each a token tree (V = 4, L = 5, bigram logits, answer = last token) whose
+The experiment is :func:`tiltlab.sim.experiments.labels.m_study_claim` (the check of ``disa.d3.m_study``
+reads the same numbers). Setup: ``P`` prompts, each a token tree (V = 4, L = 5, bigram logits, answer = last token) whose
 reference pass rate is calibrated to a value spread log-uniformly from 0.01 (hard) to 0.9 (easy).
 The Stage-1 proposal ("teacher") is a token-level model: the tilted target at strength
 ``alpha`` (``pi_ref^{1-alpha} pi*^alpha``, representable exactly by :func:`sim.token_tree.tilted_table`)
@@ -16,131 +16,23 @@ The exact ``log Z`` (enumeration) is reported next to the pool value.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from tiltlab.objectives.estimators import log_importance_weights, log_partition_geomean, log_partition_lse
-from tiltlab.sim.exact import log_partition
+from tiltlab.sim.experiments import labels
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.proposals import sample
-from tiltlab.sim.token_tree import TokenTree, bigram_env, make_reference, tilted_table
 
 FIG_ID = "fig02_m_study"
-M_VALUES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def token_tree_prompts(
-    P: int,
-    seed: int,
-    beta: float,
-    alpha: float = 0.5,
-    noise: float = 0.5,
-    p_min: float = 0.01,
-    p_max: float = 0.9,
-    vocab: int = 4,
-    length: int = 5,
-):
-    """``P`` token-tree prompts with pass rates log-spaced in [p_min, p_max] and a noisy tilted teacher.
-
-    Returns dict with ``logp_ref [P, N]``, ``reward [N]``, ``logq [P, N]``, ``log_w [P, N]`` (from
-    ``objectives.estimators.log_importance_weights``), ``log_z [P]`` exact and ``pass_rate [P]``.
-    """
-    env = TokenTree(vocab, length)
-    g = torch.Generator().manual_seed(seed)
-    rates = torch.logspace(math.log10(p_min), math.log10(p_max), P, dtype=torch.float64)
-    p_ref = make_reference(env, rates, generator=g, lead=(P,))
-    teacher = tilted_table(env, p_ref, alpha * beta) + noise * torch.randn(
-        P, *env.param_shape, generator=g, dtype=torch.float64
-    )
-    be = bigram_env(env)
-    lp_ref = env.exact_logprobs(p_ref)  # [P, N]
-    lq = be.exact_logprobs(teacher)  # [P, N]
-    r = env.exact_rewards()  # [N]
-    return {
-        "env": env,
-        "logp_ref": lp_ref,
-        "reward": r,
-        "logq": lq,
-        "log_w": log_importance_weights(lp_ref, lq, beta * r),
-        "log_z": log_partition(lp_ref, beta * r),
-        "pass_rate": rates,
-    }
-
-
-def m_study(
-    P: int = 24,
-    pool: int = 512,
-    reps: int = 200,
-    seed: int = 0,
-    beta: float = 2.0,
-    alpha: float = 0.5,
-    noise: float = 0.5,
-    m_values=M_VALUES,
-) -> dict:
-    """Run the D.3 protocol. Returns per-M arrays ``[len(M), P]`` for each aggregator."""
-    d = token_tree_prompts(P, seed, beta, alpha, noise)
-    g = torch.Generator().manual_seed(seed + 1)
-    idx = sample(d["logq"], pool, generator=g)  # [P, pool]
-    lw_pool = torch.gather(d["log_w"], -1, idx)  # [P, pool]
-    lz_pool = log_partition_lse(lw_pool)  # [P]
-    perm = torch.rand(P, reps, pool, generator=g).argsort(-1)  # nested subsamples without replacement
-    out = {
-        "M": list(m_values),
-        "pass_rate": d["pass_rate"].numpy(),
-        "log_z": d["log_z"].numpy(),
-        "log_z_pool": lz_pool.numpy(),
-    }
-    for name, agg in (("lse", log_partition_lse), ("geo", log_partition_geomean)):
-        var, rel, rel_exact, bias_exact = [], [], [], []
-        for m in m_values:
-            lab = agg(torch.gather(lw_pool.unsqueeze(1).expand(P, reps, pool), -1, perm[..., :m]))  # [P, reps]
-            var.append(lab.var(-1).numpy())
-            rel.append(((lab.mean(-1) - lz_pool).abs() / lz_pool.abs()).numpy())
-            rel_exact.append(((lab.mean(-1) - d["log_z"]).abs() / d["log_z"].abs()).numpy())
-            bias_exact.append((lab.mean(-1) - d["log_z"]).numpy())
-        out[name] = {
-            "var": np.asarray(var),
-            "rel_bias": np.asarray(rel),
-            "rel_bias_exact": np.asarray(rel_exact),
-            "bias_exact": np.asarray(bias_exact),
-        }
-    return out
-
-
-def summarize(res: dict) -> dict:
-    """The D.3 numbers: drops from M=1 to M=8, the extra gain 8 -> 16, monotonicity, log-log slopes."""
-    M = np.asarray(res["M"], dtype=float)
-    i1, i8, i16 = list(res["M"]).index(1), list(res["M"]).index(8), list(res["M"]).index(16)
-    lse = res["lse"]
-    mv = lse["var"].mean(1)
-    mb = np.median(lse["rel_bias"], 1)
-    slope_var = float(np.polyfit(np.log(M), np.log(mv), 1)[0])
-    slope_bias = float(np.polyfit(np.log(M[1:]), np.log(mb[1:]), 1)[0])
-    geo_b = np.median(res["geo"]["rel_bias"], 1)
-    return {
-        "var_drop_1_to_8": float(1 - mv[i8] / mv[i1]),
-        "bias_drop_1_to_8": float(1 - mb[i8] / mb[i1]),
-        "var_extra_8_to_16_pp": float((mv[i8] - mv[i16]) / mv[i1]),
-        "bias_extra_8_to_16_pp": float((mb[i8] - mb[i16]) / mb[i1]),
-        "var_monotone": bool(np.all(np.diff(mv) < 0)),
-        "bias_monotone": bool(np.all(np.diff(mb) < 0)),
-        "slope_var": slope_var,
-        "slope_bias": slope_bias,
-        "geo_bias_M1": float(geo_b[i1]),
-        "geo_bias_M64": float(geo_b[-1]),
-        "mean_var": mv.tolist(),
-        "median_rel_bias": mb.tolist(),
-    }
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     from tiltlab.sim.figures._common_a import plt, save
 
-    res = m_study(P=12 if quick else 36, pool=512, reps=100 if quick else 300, seed=seed)
-    s = summarize(res)
+    # the M study is the claim's experiment (same settings in quick and full mode)
+    claim = labels.m_study_claim(seed)
+    res, s, n = claim["study"], claim["summary"], claim["numbers"]
+    numbers = {"disa.d3.m_study": n, "disa.prop2.geomean_bias": labels.geomean_bias(seed)}
     M = np.asarray(res["M"])
     fig, ax = plt.subplots(2, 2, figsize=(13.5, 9.5))
     for name, col, lab in (("lse", "#08519c", "LSE (DISA eq. 8)"), ("geo", "#d94801", "geometric mean")):
@@ -188,7 +80,8 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(
-        f"DISA App. D.3 M-study on {len(pr)} token-tree prompts (pass rate 0.01-0.9), pool 512, noisy tilted teacher, β=2",
+        f"DISA App. D.3 M-study on {len(pr)} token-tree prompts (pass rate 0.01-0.9), pool {labels.M_STUDY['pool']}, "
+        f"{labels.M_STUDY['reps']} subsamples per M, noisy tilted teacher, β=2",
         fontsize=11.5,
     )
     fig.tight_layout()
@@ -200,13 +93,18 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"{100 * s['bias_drop_1_to_8']:.1f}%; the extra gain 8->16 is {100 * s['var_extra_8_to_16_pp']:.1f} / "
         f"{100 * s['bias_extra_8_to_16_pp']:.1f} percentage points (of the M=1 value)",
         f"both decrease monotonically in M: variance {s['var_monotone']}, bias {s['bias_monotone']}; log-log slopes "
-        f"{s['slope_var']:.2f} (variance) and {s['slope_bias']:.2f} (bias): a power law ~1/M, no knee specific to M=8",
+        f"{s['slope_var']:.2f} (variance) and {s['slope_bias']:.2f} (bias); before / after M=8: variance "
+        f"{n['var_slope_before']:.2f} / {n['var_slope_after']:.2f}, bias {n['bias_slope_before']:.2f} / "
+        f"{n['bias_slope_after']:.2f} ({'a knee at 8' if n['knee_at_8'] else 'one power law ~1/M, no knee specific to M=8'})",
         f"geometric mean: median relative bias {s['geo_bias_M1']:.3f} at M=1 and {s['geo_bias_M64']:.3f} at M=64 (does not shrink)",
         f"by difficulty at M=8 (LSE, median relative bias): hard p<0.05 {hard8:.3f}, easy p>=0.3 {easy8:.3f} "
         "(hard prompts have small |log Z| in the denominator)",
+        "exact geometric-mean bias (Prop. 2, K=3 instances): constant in M (spread "
+        f"{max(numbers['disa.prop2.geomean_bias']['low_geo_spread'], numbers['disa.prop2.geomean_bias']['high_geo_spread']):.1e}), "
+        f"bias / (-Var/2Z^2) = {numbers['disa.prop2.geomean_bias']['low_geo_vs_second_order']:.3f} at low weight variance",
     ]
     caption = (
-        "Reproduces DISA (000_97b17fcb5a92948e.txt) App. D.3 (Figs. 6-7): variance and relative bias of the Stage-1 "
+        "Reproduces DISA App. D.3 (Figs. 6-7): variance and relative bias of the Stage-1 "
         "label log Z_M against a 512-sample pool for M in {1,...,64} across prompt difficulties; LSE vs geometric mean."
     )
     data = {
@@ -218,7 +116,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "geo": res["geo"],
         "summary": s,
     }
-    png, js = save(fig, out_dir, FIG_ID, data, caption)
+    png, js = save(fig, out_dir, FIG_ID, data, caption, numbers)
     return FigureRecord(
         FIG_ID,
         "Stage-1 M study",
@@ -227,4 +125,5 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         js,
         claims=["disa.d3.m_study", "disa.prop2.geomean_bias"],
         findings=findings,
+        numbers=numbers,
     )

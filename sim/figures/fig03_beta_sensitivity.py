@@ -1,4 +1,5 @@
-"""Figure 3 — DISA's inverse-temperature sensitivity (``000_97b17fcb5a92948e.txt`` Sec. 3.3, App. D.7).
+"""Figure 3 — DISA's inverse-temperature sensitivity (DISA §3.3, App. D.7); experiments in
+:mod:`tiltlab.sim.experiments.beta_sensitivity`.
 
 (a-c) Stage-1 label quality against beta for a *fixed* proposal (pi_ref itself, and a fixed noisy
 teacher), on token-tree prompts of varying difficulty: variance and bias of ``log Z_hat_8``, the
@@ -13,89 +14,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from tiltlab.objectives.estimators import (
-    effective_sample_size,
-    log_importance_weights,
-    log_partition_lse,
-    max_normalized_weight,
-)
-from tiltlab.sim.exact import log_partition, mc_log_weights
+from tiltlab.sim.experiments import beta_sensitivity as bs
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures.fig02_m_study import token_tree_prompts
 
 FIG_ID = "fig03_beta_sensitivity"
-BETAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-
-
-def label_vs_beta(P: int, seed: int, betas=BETAS, m: int = 8, reps: int = 1000) -> dict:
-    """Label statistics ``[len(betas), P]`` for two fixed proposals: ``ref`` (q = pi_ref) and
-    ``teacher`` (a noisy token-level tilt fixed at beta0 = 2, alpha = 0.5)."""
-    d = token_tree_prompts(P, seed, beta=2.0, alpha=0.5, noise=0.5)
-    lp_ref, r = d["logp_ref"], d["reward"]
-    g = torch.Generator().manual_seed(seed + 3)
-    out = {"beta": list(betas), "pass_rate": d["pass_rate"].numpy()}
-    for name, lq in (("ref", lp_ref), ("teacher", d["logq"])):
-        stats = {k: np.zeros((len(betas), P)) for k in ("var", "bias", "rel_bias", "ess", "maxw")}
-        for i, b in enumerate(betas):
-            lw = log_importance_weights(lp_ref, lq, b * r)  # [P, N]
-            idx = mc_log_weights(
-                lq, torch.arange(lq.shape[-1], dtype=lq.dtype).expand_as(lq), m, reps, generator=g
-            ).long()
-            lw_s = torch.gather(lw, -1, idx.flatten(1)).reshape(idx.shape)  # [P, reps, m]
-            lab = log_partition_lse(lw_s)  # [P, reps]
-            lz = log_partition(lp_ref, b * r)  # [P]
-            stats["var"][i] = lab.var(-1).numpy()
-            stats["bias"][i] = (lab.mean(-1) - lz).numpy()
-            stats["rel_bias"][i] = ((lab.mean(-1) - lz).abs() / lz.abs()).numpy()
-            stats["ess"][i] = (effective_sample_size(lw_s) / m).mean(-1).numpy()
-            stats["maxw"][i] = max_normalized_weight(lw_s).mean(-1).numpy()
-        out[name] = stats
-    return out
-
-
-def training_vs_beta(quick: bool, seed: int, betas=None) -> dict:
-    """Final TV to pi*_beta of TB with DISA's frozen label (q = pi_ref, M = 8) vs exact log Z (``sim.run``)."""
-    from tiltlab.sim.api import SimConfig, run
-
-    betas = betas or ((0.25, 1.0, 4.0, 16.0) if quick else (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0))
-    base = dict(
-        env="multiprompt",
-        P=8 if quick else 16,
-        K=16,
-        method="tb",
-        frozen_proposal="ref",
-        frozen_M=8,
-        steps=60 if quick else 150,
-        G=8,
-        seeds=2 if quick else 4,
-        seed=seed,
-        log_every=10,
-    )
-    out = {"beta": list(betas)}
-    for inner in (4,) if quick else (1, 4):
-        modes = ("frozen", "exact") if quick else ("frozen", "frozen_bc", "exact")
-        for mode in modes:
-            tv, rew, err = [], [], []
-            for b in betas:
-                # frozen_bc: the delta-method bias-corrected label (objectives.estimators.bias_corrected_log_partition)
-                extra = {"log_z": "frozen", "frozen_bias_correct": True} if mode == "frozen_bc" else {"log_z": mode}
-                res = run(SimConfig(beta=b, inner_steps=inner, **extra, **base))
-                tv.append(res.final("tv"))
-                rew.append(res.final("reward"))
-                err.append(res.final("log_z_err"))
-            out[f"tv_{mode}_inner{inner}"], out[f"reward_{mode}_inner{inner}"] = tv, rew
-            if mode == "frozen":
-                out[f"logz_err_inner{inner}"] = err
-    return out
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     from tiltlab.sim.figures._common_a import plt, save
 
-    lab = label_vs_beta(8 if quick else 24, seed, reps=300 if quick else 1000)
-    tr = training_vs_beta(quick, seed)
+    # the wider beta sweeps below are illustrations; the claim's numbers come from beta_cliff_claim
+    n = bs.beta_cliff_claim(seed)["numbers"]
+    numbers = {"disa.sens.beta_cliff": n}
+    lab = bs.label_vs_beta(8 if quick else 24, seed, reps=300 if quick else 1000)
+    tr = bs.training_vs_beta(quick, seed)
     B = np.asarray(lab["beta"])
     pr = lab["pass_rate"]
     fig, ax = plt.subplots(2, 2, figsize=(14, 10))
@@ -146,8 +79,13 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     fig.suptitle("DISA β sensitivity: label degeneracy and training with the frozen partition function", fontsize=12)
     fig.tight_layout()
 
-    s = summarize(lab, tr)
+    s = bs.summarize_sweep(lab, tr)
     findings = [
+        f"claim (disa.sens.beta_cliff, 8 prompts): Var(log Z_8) with q=pi_ref {n['var_ref_b025']:.1e} at beta=0.25 -> "
+        f"{n['var_ref_b16']:.1f} at beta=16; excess TV of the frozen label over exact log Z {n['excess_b025']:+.4f} "
+        f"(beta=0.25), {n['excess_b1']:+.4f} (1), {n['excess_b16']:+.4f} (16): plateau {n['plateau']}, cliff "
+        f"{n['train_cliff']}",
+        "sweep (illustration, {} prompts{}):".format(len(lab["pass_rate"]), ", quick" if quick else ""),
         f"q = pi_ref: Var(log Z_8) {s['var_ref_lo']:.1e} at beta={B[0]:g} -> {s['var_ref_hi']:.1f} at beta={B[-1]:g}, |bias| "
         f"{s['bias_ref_lo']:.3f} -> {s['bias_ref_hi']:.2f} nats; yet ESS/M only {s['ess_ref_lo']:.2f} -> {s['ess_ref_hi']:.2f} "
         "(an M-sample with no correct draw has equal weights: full ESS, label 0 -- ESS misses the worst failure)",
@@ -165,39 +103,11 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             f"beta={tb[-1]:g} vs plain label {s['tv_frozen_lo']:.4f} / {s['tv_frozen_hi']:.4f}"
         )
     caption = (
-        "DISA (000_97b17fcb5a92948e.txt) Sec. 3.3 / App. D.7 inverse-temperature ablation in the simulator: Stage-1 label "
+        "DISA §3.3 / App. D.7 inverse-temperature ablation in the simulator: Stage-1 label "
         "variance, ESS and bias vs beta for fixed proposals, and the final distance to pi*_beta after TB training with the "
         "frozen label vs exact log Z (plateau at small beta, cliff at large beta)."
     )
-    png, js = save(fig, out_dir, FIG_ID, {"label": lab, "training": tr, "summary": s}, caption)
-    return FigureRecord(FIG_ID, "β sensitivity", caption, png, js, claims=["disa.sens.beta_cliff"], findings=findings)
-
-
-def summarize(lab: dict, tr: dict) -> dict:
-    """Decisive numbers for the plateau / cliff reading."""
-    B = list(lab["beta"])
-    i8 = B.index(8.0) if 8.0 in B else len(B) // 2
-    tb = list(tr["beta"])
-    ex = np.asarray(tr["tv_frozen_inner4"]) - np.asarray(tr["tv_exact_inner4"])
-    small = [i for i, b in enumerate(tb) if b <= 1.0]
-    tvf = np.asarray(tr["tv_frozen_inner4"])
-    return {
-        "ess_ref_lo": float(lab["ref"]["ess"][0].mean()),
-        "ess_ref_hi": float(lab["ref"]["ess"][-1].mean()),
-        "maxw_ref_hi": float(lab["ref"]["maxw"][-1].mean()),
-        "bias_ref_lo": float(np.abs(lab["ref"]["bias"][0]).mean()),
-        "bias_ref_hi": float(np.abs(lab["ref"]["bias"][-1]).mean()),
-        "var_ref_lo": float(lab["ref"]["var"][0].mean()),
-        "var_ref_hi": float(lab["ref"]["var"][-1].mean()),
-        "maxw_teacher_hi": float(lab["teacher"]["maxw"][-1].mean()),
-        "ess_teacher_lo": float(lab["teacher"]["ess"][0].mean()),
-        "ess_teacher_hi": float(lab["teacher"]["ess"][-1].mean()),
-        "var_teacher_mid": float(lab["teacher"]["var"][i8].mean()),
-        "var_teacher_hi": float(lab["teacher"]["var"][-1].mean()),
-        "excess_lo": float(ex[0]),
-        "excess_hi": float(ex[-1]),
-        "excess_ratio": float(ex[-1] / max(ex[0], 1e-4)),
-        "tv_frozen_lo": float(tvf[0]),
-        "tv_frozen_hi": float(tvf[-1]),
-        "plateau_ratio": float(tvf[small].max() / tvf[small].min()) if len(small) > 1 else float("nan"),
-    }
+    png, js = save(fig, out_dir, FIG_ID, {"label": lab, "training": tr, "summary": s}, caption, numbers)
+    return FigureRecord(
+        FIG_ID, "β sensitivity", caption, png, js, claims=["disa.sens.beta_cliff"], findings=findings, numbers=numbers
+    )

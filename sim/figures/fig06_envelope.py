@@ -1,8 +1,8 @@
-"""Figure 6 — DISA Prop. 4's Cauchy-Schwarz envelope (``000_97b17fcb5a92948e.txt`` App. C.4).
+"""Figure 6 — DISA Prop. 4's Cauchy-Schwarz envelope (DISA App. C.4).
 
 Random instances (prompts x outcomes, random pi_ref, graded rewards, beta, behaviour policy, unit-mean
 rollout weights, policy and prompt-only log-Z error Delta(x)); residuals from ``objectives.tb.tb_residual``
-(via :func:`sim.checks.estimators.envelope_instances`). Plots ``|J_Zpsi - J_Z|`` against ``E_x[Delta^2]``
+(:func:`tiltlab.sim.experiments.bias.envelope`, the instances the check judges). Plots ``|J_Zpsi - J_Z|`` against ``E_x[Delta^2]``
 with the bound ``E[Delta^2] + 2 sqrt(E[Delta^2] J_Z)``, the tight case pi = pi*, and the ratio to the bound.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from tiltlab.sim.checks.estimators import envelope_instances
+from tiltlab.sim.experiments import bias
 from tiltlab.sim.figures import FigureRecord
 
 FIG_ID = "fig06_envelope"
@@ -22,12 +21,14 @@ FIG_ID = "fig06_envelope"
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     from tiltlab.sim.figures._common_a import plt, save
 
-    g = torch.Generator().manual_seed(seed)
-    n = 1500 if quick else 6000
-    gap, bound, ed2, jz = (t.numpy() for t in envelope_instances(n, 5, 6, g))
-    gap_t, bound_t, ed2_t, _ = (t.numpy() for t in envelope_instances(200, 5, 6, g, at_target=True))
-    gap_n, bound_n, _ed2_n, _jz_n = (t.numpy() for t in envelope_instances(n, 5, 6, g, unit_mean=False))
-    gap_m, bound_m, ed2_m, jz_m = (t.numpy() for t in envelope_instances(n, 5, 6, g, toward_target=True))
+    # the claim's instances (same in quick and full mode): the check of disa.prop4.envelope reads these numbers
+    env = bias.envelope(seed)
+    numbers = {"disa.prop4.envelope": env["numbers"]}
+    n = len(env["unit"][0])
+    gap, bound, ed2, jz = (t.numpy() for t in env["unit"])
+    gap_t, bound_t, ed2_t, _ = (t.numpy() for t in env["target"])
+    gap_n, bound_n, _ed2_n, _jz_n = (t.numpy() for t in env["nonunit"])
+    gap_m, bound_m, ed2_m, jz_m = (t.numpy() for t in env["toward"])
     ratio, ratio_n, ratio_m = gap / bound, gap_n / bound_n, gap_m / bound_m
 
     fig, ax = plt.subplots(1, 3, figsize=(17, 5.4))
@@ -66,7 +67,8 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     fig.suptitle(f"DISA Prop. 4 envelope on {n} random instances (5 prompts × 6 outcomes each)", fontsize=12)
     fig.tight_layout()
     findings = [
-        f"unit-mean weights: max |J_Zpsi - J_Z| / bound = {max(ratio.max(), ratio_m.max()):.4f} over {2 * n} instances "
+        f"unit-mean weights: max |J_Zpsi - J_Z| / bound = {ratio.max():.4f} over {n} random instances and "
+        f"{ratio_m.max():.4f} over {n} with pi drawn toward pi* "
         f"(bound {'holds' if max(ratio.max(), ratio_m.max()) <= 1 + 1e-9 else 'VIOLATED'})",
         f"at pi = pi*: ratio {float((gap_t / bound_t).min()):.6f}-{float((gap_t / bound_t).max()):.6f} (tight)",
         f"weights not unit-mean: max ratio {ratio_n.max():.2f}, {100 * float((ratio_n > 1).mean()):.1f}% of instances exceed "
@@ -74,7 +76,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"median ratio for J_Z/E[D^2] > 10: {float(np.median(ratio[jz / ed2 > 10])):.3f} (the bound is loose away from pi*)",
     ]
     caption = (
-        "DISA (000_97b17fcb5a92948e.txt) App. C.4, Prop. 4: |J_Zpsi - J_Z| <= E[D^2] + 2 sqrt(E[D^2]) sqrt(J_Z) "
+        "DISA App. C.4, Prop. 4: |J_Zpsi - J_Z| <= E[D^2] + 2 sqrt(E[D^2]) sqrt(J_Z) "
         "for unit-mean rollout weights, tight at pi = pi*; non-unit-mean weights shown for contrast."
     )
     sub = slice(None, None, max(1, n // 1500))
@@ -86,7 +88,14 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "ratio_nonunit_max": float(ratio_n.max()),
         "tight_ratio": (gap_t / bound_t),
     }
-    png, js = save(fig, out_dir, FIG_ID, data, caption)
+    png, js = save(fig, out_dir, FIG_ID, data, caption, numbers)
     return FigureRecord(
-        FIG_ID, "Cauchy-Schwarz envelope", caption, png, js, claims=["disa.prop4.envelope"], findings=findings
+        FIG_ID,
+        "Cauchy-Schwarz envelope",
+        caption,
+        png,
+        js,
+        claims=["disa.prop4.envelope"],
+        findings=findings,
+        numbers=numbers,
     )

@@ -10,6 +10,7 @@ import torch
 
 import tiltlab.sim.checks.estimators as est
 import tiltlab.sim.checks.fpa as fpa
+import tiltlab.sim.experiments.bias as bias
 from tiltlab.paper_checks.registry import checks, discover
 
 discover()
@@ -50,15 +51,15 @@ def test_check_returns_expected_verdict(chk):
 
 # ----------------------------------------------------------------- the judged quantities can fail
 def test_envelope_is_exceeded_without_unit_mean_weights():
-    gap, bound, _, _ = est.envelope_instances(2000, 5, 6, torch.Generator().manual_seed(0), unit_mean=False)
+    gap, bound, _, _ = bias.envelope_instances(2000, 5, 6, torch.Generator().manual_seed(0), unit_mean=False)
     assert float((gap / bound).max()) > 1.0
 
 
 def test_positive_bias_keeps_pi_star_global_and_negative_bias_breaks_it():
     p = torch.linspace(0, 1, 2001, dtype=torch.float64)
     p_star = math.e / (math.e + 1)
-    assert abs(float(p[est.two_outcome_loss(p, 0.3).argmin()]) - p_star) < 1e-3
-    assert abs(float(p[est.two_outcome_loss(p, -0.5).argmin()]) - p_star) > 0.1
+    assert abs(float(p[bias.two_outcome_loss(p, 0.3).argmin()]) - p_star) < 1e-3
+    assert abs(float(p[bias.two_outcome_loss(p, -0.5).argmin()]) - p_star) > 0.1
 
 
 def test_simplex_search_finds_points_below_b_squared_under_the_threshold():
@@ -66,7 +67,7 @@ def test_simplex_search_finds_points_below_b_squared_under_the_threshold():
     log_star = torch.log_softmax(torch.randn(4, 3, generator=g, dtype=torch.float64), -1)
     bc = 0.5 * torch.log1p(-log_star.exp().min(-1).values)
     b = torch.stack([bc - 0.05, bc + 0.05], 1)
-    mins = est.simplex_min(log_star, b, generator=g)
+    mins = bias.simplex_min(log_star, b, generator=g)
     assert bool((mins[:, 0] < b[:, 0] ** 2 - 1e-6).all())  # below the threshold: pi* beaten
     assert bool((mins[:, 1] > b[:, 1] ** 2 - 1e-9).all())  # above: pi* is the minimum (1e-9: float64 optimizer noise)
 
@@ -80,7 +81,7 @@ def test_token_level_dpo_deviation_shrinks_towards_the_reference():
 def test_entanglement_summary_can_refute():
     import numpy as np
 
-    from tiltlab.sim.figures.fig09_fpa_entanglement import summarize
+    from tiltlab.sim.experiments.fpa_entanglement import summarize
 
     def run(corr, acc):
         return {

@@ -26,7 +26,9 @@ def test_quick_figure(tmp_path, fig_id):
     assert rec.png.exists() and rec.png.stat().st_size > 10_000  # a real plot, not an empty canvas
     data = json.loads(rec.data.read_text())
     assert data["caption"] == rec.caption
-    assert ".txt" in rec.caption  # names the paper file it reproduces
+    # names the paper it reproduces by its short name, never by a file name
+    assert any(name in rec.caption for name in ("DISA", "FlowRL", "PACED-RL", "LAD", "FPA")), rec.caption
+    assert ".txt" not in rec.caption
     assert rec.findings and all(any(ch.isdigit() for ch in f) for f in rec.findings)  # findings carry numbers
     assert rec.claims
 
