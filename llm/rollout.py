@@ -3,7 +3,7 @@
 Every engine returns, per prompt, a :class:`RolloutGroup` with the completion token ids, the
 decoded text and the per-token log-probabilities **of the distribution actually sampled**
 (temperature, top-k and top-p applied: the "processed" log-probs). Importance weights need
-exactly these (DISA eq. 7, ``log q(y|x)``; ``engines.md`` "vLLM offline API"): the raw,
+exactly these (DISA eq. 7, ``log q(y|x)``; vLLM's ``logprobs_mode="processed_logprobs"``): the raw,
 temperature-1 log-probs of the same model are the *reference* score, not the proposal's.
 
 * :class:`HFEngine` — a transformers model, our own sampling loop with a KV cache, so the
