@@ -360,10 +360,8 @@ def test_never_materializes_full_logits():
     assert probe2.max_numel >= n * v
 
 
-def test_matches_offline_future_policy_logprobs_if_present():
-    offline = pytest.importorskip("tiltlab.objectives.offline")
-    if not hasattr(offline, "future_policy_logprobs"):
-        pytest.skip("tiltlab.objectives.offline.future_policy_logprobs not there yet")
+def test_matches_offline_future_policy_logprobs():
+    from tiltlab.objectives import offline
     B, T, h, v, lam = 2, 5, 6, 19, 1.0
     g = torch.Generator().manual_seed(91)
     ht, hr = (
