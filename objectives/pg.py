@@ -61,9 +61,13 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg = "token_mean",
 
     - ``token_mean``: mean over all completion tokens of the batch (DAPO / TRL ``"dapo"``);
     - ``seq_mean_token_mean``: per-sequence token mean, then mean over sequences (original GRPO);
-    - ``seq_mean_token_sum_norm``: per-sequence token sum divided by a constant ``max_len``
-      (default ``T``, which makes the value depend on the padded width; pass a fixed ``max_len``),
-      mean over sequences (Dr. GRPO).
+    - ``seq_mean_token_sum_norm``: per-sequence token sum divided by the fixed ``max_len``
+      (required: the maximum completion length, TRL's ``max_completion_length``; never the padded
+      width ``T``, which would make the value depend on the batch's padding), mean over sequences
+      (Dr. GRPO).
+
+    The sequence means divide by ``B`` (TRL); an empty completion (all-zero mask row) contributes
+    0. veRL divides by the number of non-empty sequences instead (the same value without empty rows).
     """
     same_shape("per_token", per_token, "mask", mask)
     if loss_agg == "token_mean":
@@ -71,8 +75,9 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_agg: LossAgg = "token_mean",
     if loss_agg == "seq_mean_token_mean":
         return masked_mean(per_token, mask, dim=1).mean()
     if loss_agg == "seq_mean_token_sum_norm":
-        norm = per_token.shape[1] if max_len is None else max_len
-        return ((zero_padding(per_token, mask) * mask).sum(dim=1) / norm).mean()
+        if max_len is None or not max_len > 0:
+            raise ValueError(f"loss_agg='seq_mean_token_sum_norm' needs a fixed max_len > 0, got {max_len!r}")
+        return ((zero_padding(per_token, mask) * mask).sum(dim=1) / max_len).mean()
     raise ValueError(f"unknown loss_agg {loss_agg!r}")
 
 
@@ -117,8 +122,10 @@ def grpo_loss(
     """GRPO / PPO token-level clipped surrogate (``docs/math.md`` §6).
 
     ``rho_t = exp(logp_t - logp_old_t)``; per token
-    ``l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
-    aggregated by ``loss_agg``. ``kl_coef`` with ``token_logp_ref = token_logp_old`` gives LAD's
+    ``l_t = -w_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
+    aggregated by ``loss_agg``, with ``w`` the optional ``is_weight``: it multiplies the
+    policy-gradient term only, never the KL term (TRL adds the KL after the vLLM IS ratio; veRL
+    weights only the policy loss). ``kl_coef`` with ``token_logp_ref = token_logp_old`` gives LAD's
     bandit baseline "GRPO + KL to pi_old".
 
     Args:
@@ -128,7 +135,7 @@ def grpo_loss(
         mask: ``[B, T]`` float.
         is_weight: optional ``[B, T]`` or ``[B]`` truncated importance weight correcting a
             sampler/trainer mismatch (vLLM), multiplied into the per-token loss.
-        max_len: the constant divisor of ``seq_mean_token_sum_norm`` (default ``T``).
+        max_len: the fixed divisor of ``seq_mean_token_sum_norm`` (required there).
 
     Returns:
         ``(loss, metrics)`` with ``clip_frac`` and ``kl`` in metrics.
@@ -141,6 +148,9 @@ def grpo_loss(
     unclipped = ratio * a
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + hi) * a
     per_token = -torch.minimum(unclipped, clipped)
+    if is_weight is not None:
+        w = is_weight.detach()
+        per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
     kl = torch.zeros_like(per_token)
     if kl_coef != 0.0:
         if token_logp_ref is None:
@@ -148,9 +158,6 @@ def grpo_loss(
         same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
         kl = kl_k3(token_logp, zero_padding(token_logp_ref.detach(), mask))
         per_token = per_token + kl_coef * kl
-    if is_weight is not None:
-        w = is_weight.detach()
-        per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
     loss = aggregate(per_token, mask, loss_agg, max_len)
     with torch.no_grad():
         clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), mask)
@@ -195,7 +202,9 @@ def gspo_loss(
 
     ``s = exp(mean_t (logp_t - logp_old_t))`` (length-normalized), and
     ``loss = -mean_B min(s A, clip(s, 1 - eps, 1 + eps_high) A)``. The defaults are GSPO's
-    paper values (3e-4 / 4e-4).
+    paper values (3e-4 / 4e-4). An empty completion (all-zero mask row) contributes 0 and counts
+    in the ``B`` of the mean (TRL's ``importance_sampling_level="sequence"``; veRL's
+    ``seq-mean-token-mean`` leaves it out of the count).
     """
     _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
     if is_weight is not None and is_weight.dim() != 1:
@@ -207,9 +216,11 @@ def gspo_loss(
     a = adv.detach()
     unclipped = s * a
     clipped = s.clamp(1.0 - clip_eps, 1.0 + hi) * a
-    per_seq = -torch.minimum(unclipped, clipped)
+    has_tokens = mask.sum(1) > 0
+    per_seq = torch.where(has_tokens, -torch.minimum(unclipped, clipped), torch.zeros_like(s))
     if is_weight is not None:
         per_seq = per_seq * is_weight.detach()
     with torch.no_grad():
-        clip_frac = _clipped_indicator(clipped, unclipped).mean()
+        seq_mask = has_tokens.to(s.dtype)
+        clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), seq_mask)
     return per_seq.mean(), {"clip_frac": clip_frac}

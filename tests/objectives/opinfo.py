@@ -163,20 +163,49 @@ def ref_sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: str = "sum
     return _stack(out)
 
 
+def ref_kl(lp: Any, lpr: Any, estimator: str = "k3") -> Any:
+    """Schulman's estimators of ``KL(pi || pi_ref)`` at one sample, ``d = log pi - log pi_ref``."""
+    d = lp - lpr
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return d * d / 2
+    return exp(-d) + d - 1
+
+
 def ref_grpo_terms(
-    lp: Tensor, lpo: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, lpr: Tensor | None, kl: float
+    lp: Tensor,
+    lpo: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    lo: float,
+    hi: float,
+    lpr: Tensor | None,
+    kl: float,
+    is_weight: Tensor | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clip: float | None = None,
+    kl_estimator: str = "k3",
 ):
-    """Per-sequence lists of per-token GRPO terms ``-min(rho A, clip(rho, 1-lo, 1+hi) A) + kl k3``."""
+    """Per-sequence lists of per-token GRPO terms
+    ``w * pg + kl * k(lp, lpr)``, ``pg = -min(rho A, clip(rho, 1-lo, 1+hi) A)``, for ``A < 0`` with
+    the dual clip ``min(pg, -c A)``; ``w`` (the IS weight) never multiplies the KL term."""
     rows = []
     for b in range(lp.shape[0]):
         row = []
         for t in _real(mask, b):
-            rho = exp(lp[b, t] - lpo[b, t])
+            lr = lp[b, t] - lpo[b, t]
+            if log_ratio_clip is not None:
+                lr = min(max(lr, -log_ratio_clip), log_ratio_clip)
+            rho = exp(lr)
             clipped = min(max(rho, 1 - lo), 1 + hi)
             v = -min(rho * adv[b], clipped * adv[b])
+            if dual_clip is not None and adv[b] < 0:
+                v = min(v, -adv[b] * dual_clip)
+            if is_weight is not None:
+                v = v * (is_weight[b] if is_weight.dim() == 1 else is_weight[b, t])
             if kl:
-                d = lpr[b, t] - lp[b, t]
-                v = v + kl * (exp(d) - d - 1)
+                v = v + kl * ref_kl(lp[b, t], lpr[b, t], kl_estimator)
             row.append(v)
         rows.append(row)
     return rows
@@ -205,9 +234,7 @@ def ref_grpo(
     is_weight=None,
 ):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_ref, kl_coef)
-    if is_weight is not None:
-        rows = [[v * is_weight[b, t] for v, t in zip(row, _real(mask, b))] for b, row in enumerate(rows)]
+    rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_ref, kl_coef, is_weight)
     return ref_aggregate(rows, loss_agg, max_len)
 
 
