@@ -139,13 +139,16 @@ def tb_importance_weight(
     clip: Literal["max", "none", "eps"] = "max",
     max_weight: float = 10.0,
     eps: float = 0.2,
+    eps_high: float | None = None,
 ) -> Tensor:
     """Rollout weight of FlowRL's loss (``docs/math.md`` §2), detached:
 
         w = exp( sum_t mask_t (logp_t - logp_old_t) )      (token SUM)
 
-    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps)``
-    (FlowRL's paper); ``"none"``: unclipped (the log-ratio is capped at 80 so float32 stays finite).
+    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps_high)``
+    (FlowRL's paper; ``eps_high`` defaults to ``eps``; one of FlowRL's recipes clips asymmetrically to
+    ``[0.8, 1.28]``: ``eps=0.2, eps_high=0.28``); ``"none"``: unclipped (the log-ratio is capped at
+    80 so float32 stays finite).
 
     Returns ``[B]``.
     """
@@ -158,7 +161,7 @@ def tb_importance_weight(
     if clip == "max":
         return w.clamp(max=max_weight)
     if clip == "eps":
-        return w.clamp(1.0 - eps, 1.0 + eps)
+        return w.clamp(1.0 - eps, 1.0 + (eps if eps_high is None else eps_high))
     if clip == "none":
         return w
     raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
@@ -179,6 +182,7 @@ def flowrl_loss(
     max_weight: float = 10.0,
     eps: float = 0.2,
     is_weight: Tensor | None = None,
+    eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """FlowRL's loss as coded (``docs/math.md`` §2), each code choice an option:
 
@@ -193,6 +197,7 @@ def flowrl_loss(
         rewards: ``[P, G]``, or ``[B]`` with ``group_size`` given.
         log_z: ``[B]`` (per completion) or ``[P]`` (per prompt); keep it attached for a learned log Z.
         is_weight: optional ``[B]`` sampler-mismatch importance weight (vLLM), multiplied in.
+        weight_clip, max_weight, eps, eps_high: the weight's clip (:func:`tb_importance_weight`).
     Returns:
         ``(loss, metrics)``.
     """
@@ -220,9 +225,11 @@ def flowrl_loss(
     lp = sequence_logprob(token_logp, mask, norm)
     lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
     delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)
-    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps)
+    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps, eps_high)
     with torch.no_grad():
-        clip_frac = weight_clip_fraction(w, weight_clip, max_weight, eps)  # of the TB weight, before is_weight
+        clip_frac = weight_clip_fraction(
+            w, weight_clip, max_weight, eps, eps_high
+        )  # of the TB weight, before is_weight
     if is_weight is not None:
         w = w * is_weight.detach()
     loss = tb_loss(delta, w)

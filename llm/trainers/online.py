@@ -133,7 +133,10 @@ class TiltGRPOConfig(GRPOConfig):
         default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"}
     )
     max_weight: float = field(default=10.0, metadata={"help": "cap of the TB rollout weight for weight_clip=max"})
-    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps] weight clip"})
+    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps_high] weight clip"})
+    weight_eps_high: float | None = field(
+        default=None, metadata={"help": "upper eps of the weight clip (None = weight_eps; FlowRL recipe: 0.28)"}
+    )
     log_z_detach_input: bool = field(
         default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"}
     )
@@ -658,6 +661,7 @@ def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Ten
         max_weight=args.max_weight,
         eps=args.weight_eps,
         is_weight=b.seq_w,
+        eps_high=args.weight_eps_high,
     )
     return loss, {
         "log_z": log_z.detach(),
@@ -671,7 +675,9 @@ def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> Tensor:
     """``[B]`` TB rollout weight (:func:`~tiltlab.objectives.tb.tb_importance_weight`) times the
     sequence IS weight."""
     args = trainer.args
-    w = tb_importance_weight(b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps)
+    w = tb_importance_weight(
+        b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+    )
     return w if b.seq_w is None else w * b.seq_w
 
 
@@ -680,7 +686,9 @@ def _tb_metrics(trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w: Te
     return {
         "log_z": log_z.detach(),
         "residual": residual.detach().abs().mean(),
-        "weight_clip_frac": weight_clip_fraction(w, args.weight_clip, args.max_weight, args.weight_eps),
+        "weight_clip_frac": weight_clip_fraction(
+            w, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+        ),
         "weight_mean": w.mean(),
     }
 

@@ -164,3 +164,39 @@ def test_dr_grpo_normalizer_is_fixed_not_padded_width():
     assert values == [-2.0 / 8, -2.0 / 8]  # TRL: sum of the 2 tokens' -A over max_completion_length
     with pytest.raises(ValueError, match="max_len"):
         pg.grpo_loss(lp, lp, adv, torch.ones(1, 2).double(), loss_agg="seq_mean_token_sum_norm")
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        {"dual_clip": 1.5},
+        {"log_ratio_clip": 0.5},
+        {"kl_estimator": "k1"},
+        {"kl_estimator": "k2"},
+        {"kl_ratio_weighted": True},
+    ],
+)
+def test_options_bind_on_their_opinfo_sample(opt):
+    # the generic checks of these options test something only if the option changes the value there;
+    # k2 and k3 agree to second order in logp - ref, so their gap is small (~1e-6) but still 1e4 times
+    # the generic value tolerance (1e-10, tests/objectives/_generic.py)
+    from tests.objectives.opinfo import CLIP, mk_grpo_far
+
+    x = mk_grpo_far(torch.Generator().manual_seed(0))
+    base = pg.grpo_loss(**x, **CLIP, kl_coef=0.1)[0]
+    assert abs(float(pg.grpo_loss(**x, **CLIP, kl_coef=0.1, **opt)[0] - base)) > 1e-7
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    lp = torch.zeros(1, 1, dtype=torch.float64)
+    loss, _ = pg.grpo_loss(lp, lp - 5.0, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), dual_clip=3.0)
+    assert loss.item() == pytest.approx(3.0, rel=1e-15)  # rho = e^5 ~ 148, bounded at c |A| = 3
+    with pytest.raises(ValueError, match="dual_clip"):
+        pg.grpo_loss(lp, lp, torch.ones(1, dtype=torch.float64), torch.ones(1, 1), dual_clip=1.0)
+
+
+def test_batch_scaled_advantages():
+    r = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    adv = pg.group_advantages(r, scale="batch", eps=0.0)
+    # group 2 has zero within-group spread: advantage 0; group 1 is divided by the batch std (0.5)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, -0.5], [0.0, 0.0]], dtype=torch.float64) / 0.5)
