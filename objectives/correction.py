@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, same_shape, zero_padding
+from tiltlab.objectives._checks import ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.pg import KlEstimator, kl_estimate, masked_mean
 
 __all__ = ["kl_penalty", "sequence_is_weight"]
@@ -37,8 +37,10 @@ def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor, estimat
     reference log-probs are computed under ``no_grad``). An all-zero mask gives 0.
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
     same_shape("token_logp", token_logp, "mask", mask)
+    no_nan_at(mask, token_logp=token_logp, token_logp_ref=token_logp_ref)  # host sync: refuse NaN input
     # zero the padded slots of both inputs first: k3's backward would turn a NaN there into NaN gradient
     return masked_mean(kl_estimate(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask), estimator), mask)
 

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import broadcastable, ndim, nonempty, same_shape, zero_padding
+from tiltlab.objectives._checks import broadcastable, ndim, no_nan_at, nonempty, same_shape, zero_padding
 
 __all__ = [
     "aggregate",
@@ -46,7 +46,9 @@ def group_advantages(rewards: Tensor, scale: Literal["std", "batch", "none"] = "
         ``[P, G]`` advantages.
     """
     ndim("rewards", rewards, 2, "[P, G]")
+    nonempty("rewards", rewards, 0)
     nonempty("rewards", rewards, 1)
+    no_nan_at(None, rewards=rewards)  # a host sync: refuse NaN rewards with a clear error
     centered = rewards - rewards.mean(dim=1, keepdim=True)
     if scale == "none":
         return centered
@@ -147,6 +149,7 @@ def _check_tokens(
     token_logp: Tensor, token_logp_old: Tensor, adv: Tensor, mask: Tensor, is_weight: Tensor | None
 ) -> None:
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
     same_shape("token_logp", token_logp, "mask", mask)
     if adv.shape != token_logp.shape[:1]:
@@ -204,6 +207,18 @@ def grpo_loss(
         ``(loss, metrics)`` with ``clip_frac`` and ``kl`` in metrics.
     """
     _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
+    if token_logp_ref is not None:
+        same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
+    # one host sync: NaN at a real position is refused (padded slots are ignored below)
+    no_nan_at(
+        mask,
+        token_logp=token_logp,
+        token_logp_old=token_logp_old,
+        adv=adv,
+        token_logp_ref=token_logp_ref if kl_coef != 0.0 else None,
+        is_weight=is_weight,
+        kl_coef=kl_coef,
+    )
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     if log_ratio_clip is not None and not log_ratio_clip > 0.0:
@@ -279,6 +294,7 @@ def gspo_loss(
     ``seq-mean-token-mean`` leaves it out of the count).
     """
     _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
+    no_nan_at(mask, token_logp=token_logp, token_logp_old=token_logp_old, adv=adv, is_weight=is_weight)  # host sync
     if is_weight is not None and is_weight.dim() != 1:
         raise ValueError(f"is_weight of gspo_loss must be [B], got {tuple(is_weight.shape)}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
+from tiltlab.objectives._checks import as_tensor, fits, ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.pg import group_advantages
 
@@ -71,10 +71,13 @@ def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | 
     Returns:
         residual of ``logp``'s shape.
     """
+    nonempty("logp", logp, 0)
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "reward", reward)
     log_z = as_tensor(log_z, logp)
-    broadcastable("logp", logp, "log_z", log_z)
+    fits("logp", logp, "log_z", log_z)
+    # one host sync: NaN input is refused with the argument's name
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, log_z=log_z, beta=beta)
     return log_z + logp - logp_ref - beta * reward
 
 
@@ -114,6 +117,7 @@ def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, d
     same_shape("logp", logp, "reward", reward)
     if logp.shape[1] == 0:
         raise ValueError("vargrad_log_z needs G >= 1 samples per prompt")
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, beta=beta)  # host sync: refuse NaN input
     est = (beta * reward - logp + logp_ref).mean(dim=1)
     return est.detach() if detach else est
 
@@ -202,9 +206,11 @@ def flowrl_loss(
         ``(loss, metrics)``.
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
     same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
     same_shape("token_logp", token_logp, "mask", mask)
+    no_nan_at(mask, token_logp=token_logp, token_logp_ref=token_logp_ref, token_logp_old=token_logp_old)  # host sync
     b = token_logp.shape[0]
     if rewards.dim() == 1:
         if group_size is None or b % group_size:

@@ -13,6 +13,7 @@ the formula (e.g. KTO's reference point ``z0``), not a shared implementation det
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -1405,6 +1406,26 @@ OPS: list[OpInfo] = [
         frozen=("target",),
         split=Split(_rows("pred", "target"), "mean"),
     ),
+]
+
+RAISE_ON_NAN = (
+    "tb.tb_residual",
+    "tb.disa_loss",
+    "tb.vargrad_log_z",
+    "tb.vargrad_loss",
+    "tb.flowrl_loss",
+    "pg.group_advantages",
+    "pg.grpo_loss",
+    "pg.ppo_kl_loss",
+    "pg.gspo_loss",
+    "correction.kl_penalty",
+    "lad.lad_loss",
+)
+"""The losses the online trainer calls refuse a NaN at a real position with a ValueError naming
+the argument (``objectives._checks.no_nan_at``); the other entries propagate it."""
+OPS = [
+    dataclasses.replace(op, nan="raise") if op.name.split("[")[0].removesuffix(".clip_frac") in RAISE_ON_NAN else op
+    for op in OPS
 ]
 
 BY_NAME: dict[str, OpInfo] = {op.name: op for op in OPS}
