@@ -37,6 +37,13 @@ Objectives (``docs/math.md`` §1-§6):
   learned or the DISA-frozen partition function; correct samples replayed by accuracy-error
   priority (:class:`objectives.paced.ReplayBuffer`); the glue is :mod:`tiltlab.llm.trainers.paced`.
 
+Loss normalization: ``grpo`` implements TRL's ``loss_type`` values ``dapo`` (TRL's default: the
+token sum over the token count of the whole accumulation window, across processes), ``grpo``,
+``bnpo`` and ``dr_grpo`` (divided by ``max_completion_length``) with TRL's normalization;
+``gspo`` is TRL's ``loss_type="grpo"`` at ``importance_sampling_level="sequence"``; the other
+objectives take no ``loss_type``. Any other value, and every TRL loss option the objectives do
+not implement, is refused by :class:`TiltGRPOConfig` (:data:`LOSS_TYPES`).
+
 Groups and micro-batches: TRL shuffles a generation batch and splits it over gradient-
 accumulation micro-batches and processes, so a group's G completions are usually NOT together in
 ``_compute_loss``. Every group-level quantity (group normalization, VarGrad ``log Z``, PACED's

@@ -132,18 +132,22 @@ def test_trl_compute_loss(loss_type, isr_level):
 
 
 # ----------------------------------------------------------------------------------------- veRL
-verl_spec = importlib.util.find_spec("verl")
+try:  # veRL's core_algos imports ray, tensordict and omegaconf at import time
+    import verl.trainer.ppo.core_algos as _verl_core
+except ImportError as e:  # not installed, or installed without the packages core_algos imports
+    _verl_core, _verl_error = None, f"{type(e).__name__}: {e}"
+else:
+    _verl_error = ""
 needs_verl = pytest.mark.skipif(
-    verl_spec is None,
-    reason="veRL is not installed: pip install --no-deps verl==0.9.1 tensordict; "
-    "pip install omegaconf ray codetiming pyvers",
+    _verl_core is None,
+    reason=f"veRL's core_algos is not importable ({_verl_error}): pip install --no-deps verl==0.9.1 "
+    "tensordict; pip install omegaconf ray codetiming pyvers",
 )
 
 
 def _core():
-    import verl.trainer.ppo.core_algos as core
-
-    return core
+    assert _verl_core is not None
+    return _verl_core
 
 
 def _actor(**kw):
