@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,6 +35,53 @@ def broadcastable(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
         torch.broadcast_shapes(a.shape, b.shape)  # type: ignore[no-untyped-call]  # untyped in torch
     except RuntimeError:
         raise ValueError(f"{name_a} {tuple(a.shape)} does not broadcast against {name_b} {tuple(b.shape)}") from None
+
+
+def fits(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    """``b`` is a scalar or has ``a``'s rank and broadcasts to ``a``'s shape without enlarging it.
+
+    Stricter than :func:`broadcastable`: ``[8, 8]`` against ``[8]`` (either way round) is refused
+    instead of silently producing an ``[8, 8]`` result or aligning ``[8]`` with the wrong axis."""
+    if b.dim() == 0:
+        return
+    try:
+        out = torch.broadcast_shapes(a.shape, b.shape)  # type: ignore[no-untyped-call]  # untyped in torch
+    except RuntimeError:
+        out = None
+    if b.dim() != a.dim() or out != a.shape:
+        raise ValueError(
+            f"{name_b} {tuple(b.shape)} must be a scalar or broadcast to {name_a}'s shape {tuple(a.shape)}"
+        )
+
+
+def no_nan_at(mask: Tensor | None, **named: Tensor | float | None) -> None:
+    """ValueError naming the first input that holds a NaN at a real position: where ``mask > 0``
+    for an input of the mask's shape, everywhere for the others (``None`` inputs are skipped).
+
+    A NaN in a padded slot is ignored (:func:`zero_padding` removes it). The check needs one
+    host-device synchronization for all the inputs together (a single ``bool`` of the stacked
+    flags); it is the price of refusing NaN input with a clear error instead of returning NaN."""
+    names: list[str] = []
+    flags: list[Tensor] = []
+    for name, x in named.items():
+        if x is None:
+            continue
+        if not isinstance(x, Tensor):
+            if math.isnan(float(x)):
+                raise ValueError(f"{name} is NaN")
+            continue
+        if not x.is_floating_point() or x.numel() == 0:
+            continue
+        nan = torch.isnan(x)
+        if mask is not None and x.shape == mask.shape:
+            nan = nan & (mask > 0)
+        names.append(name)
+        flags.append(nan.any())
+    if flags and bool(torch.stack(flags).any()):
+        for name, flag in zip(names, flags):
+            if bool(flag):
+                where = " at an unmasked position" if mask is not None else ""
+                raise ValueError(f"{name} contains NaN{where}")
 
 
 def ndim(name: str, x: Tensor, n: int, what: str) -> None:

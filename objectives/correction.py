@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, same_shape, zero_padding
-from tiltlab.objectives.pg import kl_k3, masked_mean
+from tiltlab.objectives._checks import ndim, no_nan_at, nonempty, same_shape, zero_padding
+from tiltlab.objectives.pg import KlEstimator, kl_estimate, masked_mean
 
 __all__ = ["kl_penalty", "sequence_is_weight"]
 
@@ -28,18 +28,21 @@ _MIN_RATIO = 1e-30
 """Floor of a token ratio before ``log`` (a zero ratio would give ``-inf``)."""
 
 
-def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor) -> Tensor:
-    """``sum_{b,t} mask * k3(logp, logp_ref) / sum_{b,t} mask``: the KL-to-reference term.
+def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor, estimator: KlEstimator = "k3") -> Tensor:
+    """``sum_{b,t} mask * k(logp, logp_ref) / sum_{b,t} mask``: the KL-to-reference term, ``k`` the
+    ``estimator`` (:func:`~tiltlab.objectives.pg.kl_estimate`; k3 as TRL).
 
     Shapes: ``token_logp``, ``token_logp_ref``, ``mask`` ``[B, T]``; returns a scalar. Gradient
     flows into ``token_logp`` only when ``token_logp_ref`` is detached by the caller (TRL's
     reference log-probs are computed under ``no_grad``). An all-zero mask gives 0.
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
     same_shape("token_logp", token_logp, "mask", mask)
+    no_nan_at(mask, token_logp=token_logp, token_logp_ref=token_logp_ref)  # host sync: refuse NaN input
     # zero the padded slots of both inputs first: k3's backward would turn a NaN there into NaN gradient
-    return masked_mean(kl_k3(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask)), mask)
+    return masked_mean(kl_estimate(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask), estimator), mask)
 
 
 def sequence_is_weight(ratio: Tensor, mask: Tensor, cap: float | None = None) -> Tensor:

@@ -21,7 +21,9 @@ from tiltlab.objectives._checks import ndim, same_shape
 __all__ = ["pearson", "sequence_kl_old", "spearman", "weight_clip_fraction"]
 
 
-def weight_clip_fraction(weight: Tensor, clip: str, max_weight: float = 10.0, eps: float = 0.2) -> Tensor:
+def weight_clip_fraction(
+    weight: Tensor, clip: str, max_weight: float = 10.0, eps: float = 0.2, eps_high: float | None = None
+) -> Tensor:
     """Fraction of ``weight`` (``[B]``, already clipped with ``clip``) at its clip bounds; scalar.
 
     ``clip``: ``"max"`` | ``"eps"`` | ``"none"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
@@ -30,7 +32,8 @@ def weight_clip_fraction(weight: Tensor, clip: str, max_weight: float = 10.0, ep
     if clip == "max":
         return (weight >= max_weight).float().mean()
     if clip == "eps":
-        return ((weight <= 1 - eps) | (weight >= 1 + eps)).float().mean()
+        hi = eps if eps_high is None else eps_high
+        return ((weight <= 1 - eps) | (weight >= 1 + hi)).float().mean()
     if clip == "none":
         return torch.zeros((), device=weight.device)
     raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")

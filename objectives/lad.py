@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import broadcastable, same_shape
+from tiltlab.objectives._checks import broadcastable, fits, no_nan_at, nonempty, same_shape
 
 __all__ = ["F_DIVERGENCES", "Divergence", "get_divergence", "lad_loss", "lad_target_logprobs", "lad_theoretical_loss"]
 
@@ -98,9 +98,11 @@ def lad_loss(
     if eta <= 0:
         raise ValueError("eta must be > 0")
     same_shape("logp", logp, "logp_old", logp_old)
-    broadcastable("logp", logp, "adv", adv)
+    nonempty("logp", logp, 0)
+    fits("logp", logp, "adv", adv)
     if weight is not None:
-        broadcastable("logp", logp, "weight", weight)
+        fits("logp", logp, "weight", weight)
+    no_nan_at(None, logp=logp, logp_old=logp_old, adv=adv, weight=weight, eta=eta)  # host sync: refuse NaN input
     div = get_divergence(divergence)
     a = adv.detach() / eta
     c = torch.exp(logp - logp_old.detach() - a)

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
+from tiltlab.objectives._checks import as_tensor, fits, ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.pg import group_advantages
 
@@ -71,10 +71,13 @@ def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | 
     Returns:
         residual of ``logp``'s shape.
     """
+    nonempty("logp", logp, 0)
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "reward", reward)
     log_z = as_tensor(log_z, logp)
-    broadcastable("logp", logp, "log_z", log_z)
+    fits("logp", logp, "log_z", log_z)
+    # one host sync: NaN input is refused with the argument's name
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, log_z=log_z, beta=beta)
     return log_z + logp - logp_ref - beta * reward
 
 
@@ -114,6 +117,7 @@ def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, d
     same_shape("logp", logp, "reward", reward)
     if logp.shape[1] == 0:
         raise ValueError("vargrad_log_z needs G >= 1 samples per prompt")
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, beta=beta)  # host sync: refuse NaN input
     est = (beta * reward - logp + logp_ref).mean(dim=1)
     return est.detach() if detach else est
 
@@ -139,13 +143,16 @@ def tb_importance_weight(
     clip: Literal["max", "none", "eps"] = "max",
     max_weight: float = 10.0,
     eps: float = 0.2,
+    eps_high: float | None = None,
 ) -> Tensor:
     """Rollout weight of FlowRL's loss (``docs/math.md`` §2), detached:
 
         w = exp( sum_t mask_t (logp_t - logp_old_t) )      (token SUM)
 
-    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps)``
-    (FlowRL's paper); ``"none"``: unclipped (the log-ratio is capped at 80 so float32 stays finite).
+    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps_high)``
+    (FlowRL's paper; ``eps_high`` defaults to ``eps``; one of FlowRL's recipes clips asymmetrically to
+    ``[0.8, 1.28]``: ``eps=0.2, eps_high=0.28``); ``"none"``: unclipped (the log-ratio is capped at
+    80 so float32 stays finite).
 
     Returns ``[B]``.
     """
@@ -158,7 +165,7 @@ def tb_importance_weight(
     if clip == "max":
         return w.clamp(max=max_weight)
     if clip == "eps":
-        return w.clamp(1.0 - eps, 1.0 + eps)
+        return w.clamp(1.0 - eps, 1.0 + (eps if eps_high is None else eps_high))
     if clip == "none":
         return w
     raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
@@ -179,6 +186,7 @@ def flowrl_loss(
     max_weight: float = 10.0,
     eps: float = 0.2,
     is_weight: Tensor | None = None,
+    eps_high: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """FlowRL's loss as coded (``docs/math.md`` §2), each code choice an option:
 
@@ -193,13 +201,16 @@ def flowrl_loss(
         rewards: ``[P, G]``, or ``[B]`` with ``group_size`` given.
         log_z: ``[B]`` (per completion) or ``[P]`` (per prompt); keep it attached for a learned log Z.
         is_weight: optional ``[B]`` sampler-mismatch importance weight (vLLM), multiplied in.
+        weight_clip, max_weight, eps, eps_high: the weight's clip (:func:`tb_importance_weight`).
     Returns:
         ``(loss, metrics)``.
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
     same_shape("token_logp", token_logp, "token_logp_old", token_logp_old)
     same_shape("token_logp", token_logp, "mask", mask)
+    no_nan_at(mask, token_logp=token_logp, token_logp_ref=token_logp_ref, token_logp_old=token_logp_old)  # host sync
     b = token_logp.shape[0]
     if rewards.dim() == 1:
         if group_size is None or b % group_size:
@@ -220,9 +231,11 @@ def flowrl_loss(
     lp = sequence_logprob(token_logp, mask, norm)
     lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
     delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)
-    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps)
+    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps, eps_high)
     with torch.no_grad():
-        clip_frac = weight_clip_fraction(w, weight_clip, max_weight, eps)  # of the TB weight, before is_weight
+        clip_frac = weight_clip_fraction(
+            w, weight_clip, max_weight, eps, eps_high
+        )  # of the TB weight, before is_weight
     if is_weight is not None:
         w = w * is_weight.detach()
     loss = tb_loss(delta, w)

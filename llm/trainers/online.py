@@ -37,6 +37,13 @@ Objectives (``docs/math.md`` §1-§6):
   learned or the DISA-frozen partition function; correct samples replayed by accuracy-error
   priority (:class:`objectives.paced.ReplayBuffer`); the glue is :mod:`tiltlab.llm.trainers.paced`.
 
+Loss normalization: ``grpo`` implements TRL's ``loss_type`` values ``dapo`` (TRL's default: the
+token sum over the token count of the whole accumulation window, across processes), ``grpo``,
+``bnpo`` and ``dr_grpo`` (divided by ``max_completion_length``) with TRL's normalization;
+``gspo`` is TRL's ``loss_type="grpo"`` at ``importance_sampling_level="sequence"``; the other
+objectives take no ``loss_type``. Any other value, and every TRL loss option the objectives do
+not implement, is refused by :class:`TiltGRPOConfig` (:data:`LOSS_TYPES`).
+
 Groups and micro-batches: TRL shuffles a generation batch and splits it over gradient-
 accumulation micro-batches and processes, so a group's G completions are usually NOT together in
 ``_compute_loss``. Every group-level quantity (group normalization, VarGrad ``log Z``, PACED's
@@ -85,6 +92,11 @@ _TB = ("flowrl", "disa", "vargrad", "paced")
 _NEEDS_REF = ("flowrl", "disa", "vargrad")
 _LEARNED_Z = ("flowrl", "paced")
 REWARD_TRANSFORMS = ("affine", "identity", "group_norm")
+LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",)}
+"""TRL ``loss_type`` values each objective implements with TRL's normalization (the first is the
+default); the other objectives define their own per-sequence mean and take no ``loss_type``."""
+IS_LEVEL = {"grpo": "token", "gspo": "sequence"}
+"""TRL ``importance_sampling_level`` of the ratio each objective uses (GSPO: sequence)."""
 
 
 @dataclass
@@ -94,6 +106,18 @@ class TiltGRPOConfig(GRPOConfig):
     MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is ``paced_kl_coef``."""
 
     objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
+    loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
+        default=None,
+        metadata={"help": f"TRL's loss normalization: {LOSS_TYPES}; default dapo (grpo), grpo (gspo); unset otherwise"},
+    )
+    importance_sampling_level: str | None = field(  # type: ignore[assignment]
+        default=None, metadata={"help": f"TRL's ratio level, fixed by the objective: {IS_LEVEL}; unset otherwise"}
+    )
+    kl_estimator: str = field(default="k3", metadata={"help": "KL-to-reference estimator of grpo: k1 | k2 | k3 (TRL)"})
+    dual_clip: float | None = field(default=None, metadata={"help": "grpo: veRL's dual-clip constant c > 1 (A < 0)"})
+    log_ratio_clip: float | None = field(
+        default=None, metadata={"help": "grpo: clamp logp - logp_old to [-c, c] before exp (veRL: 20)"}
+    )
     tilt_beta: float = field(default=15.0, metadata={"help": "beta multiplying r~ in flowrl/disa/vargrad (FlowRL: 15)"})
     reward_transform: str | None = field(
         default=None,
@@ -116,7 +140,10 @@ class TiltGRPOConfig(GRPOConfig):
         default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"}
     )
     max_weight: float = field(default=10.0, metadata={"help": "cap of the TB rollout weight for weight_clip=max"})
-    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps] weight clip"})
+    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps_high] weight clip"})
+    weight_eps_high: float | None = field(
+        default=None, metadata={"help": "upper eps of the weight clip (None = weight_eps; FlowRL recipe: 0.28)"}
+    )
     log_z_detach_input: bool = field(
         default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"}
     )
@@ -157,6 +184,7 @@ class TiltGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        self._check_trl_options()
         if self.reward_transform is None:
             self.reward_transform = "group_norm" if self.objective == "flowrl" else "affine"
         if self.reward_transform == "identity":
@@ -181,6 +209,43 @@ class TiltGRPOConfig(GRPOConfig):
             raise ValueError("paced_tau must lie in [0, 1]")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel bypasses _compute_loss; the tiltlab objectives need it off")
+
+    def _check_trl_options(self) -> None:
+        """Resolve ``loss_type`` / ``importance_sampling_level`` per objective and refuse every TRL
+        loss option the objectives do not implement: a value the trainer cannot honour is an error."""
+        obj = self.objective
+        types = LOSS_TYPES.get(obj, ())
+        if self.loss_type is None:
+            self.loss_type = types[0] if types else None
+        elif self.loss_type not in types:
+            raise ValueError(
+                f"objective={obj!r} implements loss_type in {types or '(none: leave it unset)'}, got {self.loss_type!r}"
+            )
+        level = IS_LEVEL.get(obj)
+        if self.importance_sampling_level is None:
+            self.importance_sampling_level = level or "token"
+        elif self.importance_sampling_level != level:
+            raise ValueError(
+                f"objective={obj!r} uses importance_sampling_level={level!r} (grpo: token, gspo: sequence), "
+                f"got {self.importance_sampling_level!r}"
+            )
+        unsupported = {
+            "delta": self.delta is not None,
+            "top_entropy_quantile": self.top_entropy_quantile != 1.0,
+            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
+            "entropy_coef": self.entropy_coef != 0.0 or self.use_adaptive_entropy,
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(f"the tiltlab objectives do not implement TRL's {bad}; leave them at TRL's defaults")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator must be k1 | k2 | k3, got {self.kl_estimator!r}")
+        if obj != "grpo" and (
+            self.dual_clip is not None or self.log_ratio_clip is not None or self.kl_estimator != "k3"
+        ):
+            raise ValueError("dual_clip, log_ratio_clip and kl_estimator != 'k3' are options of objective='grpo'")
+        if obj in ("gspo", "lad") and self.beta != 0.0 and self.use_bias_correction_kl:
+            raise ValueError(f"objective={obj!r} does not implement use_bias_correction_kl; set it False (or beta=0)")
 
     @property
     def reward_transform_spec(self) -> tuple:
@@ -437,7 +502,7 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         ref = inputs.get("ref_per_token_logps")
         isr = inputs.get("importance_sampling_ratio")
         seq_w = None if isr is None else sequence_is_weight(isr, mask, self.vllm_importance_sampling_clip_max)
-        batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask)
+        batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask, mode)
         loss, metrics = LOSSES[obj](self, model, batch)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
@@ -458,8 +523,19 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 self._log(mode, "log_z/std", lz.std() if lz.numel() > 1 else torch.zeros(()))
             for k, v in metrics.items():
                 self._log(mode, k, v)
+        if args.loss_type == "dapo":  # normalized by the accumulation window's token count already
+            return loss
         normalizer = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1.0
         return loss / normalizer
+
+    def _dapo_num_tokens(self, inputs: dict, mode: str) -> Tensor:
+        """TRL's ``dapo`` divisor: the completion tokens of one accumulation window per process,
+        ``num_items_in_batch / processes * accumulation_steps / steps_per_generation`` (train;
+        ``num_items_in_batch`` counts the whole generation batch, gathered over processes)."""
+        n = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            n = n * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return n
 
 
 # ----------------------------------------------------------------------------------------------
@@ -476,7 +552,8 @@ class LossBatch:
     float completion mask; ``isr`` TRL's ``importance_sampling_ratio`` (``[B, 1]`` or ``[B, T]``)
     or None and ``seq_w`` ``[B]`` its per-sequence form (:func:`~tiltlab.objectives.correction.
     sequence_is_weight`) or None; ``inputs`` the batch dict (``advantages``, ``rewards``,
-    ``tb_reward``, ``log_z``: ``[B]``); ``prompt_ids`` / ``prompt_mask`` ``[B, P]``.
+    ``tb_reward``, ``log_z``: ``[B]``); ``prompt_ids`` / ``prompt_mask`` ``[B, P]``; ``mode``
+    ``"train"`` or ``"eval"``.
     """
 
     logp: Tensor
@@ -488,6 +565,16 @@ class LossBatch:
     inputs: dict
     prompt_ids: Tensor
     prompt_mask: Tensor
+    mode: str = "train"
+
+
+_LOSS_AGG = {
+    "grpo": "seq_mean_token_mean",
+    "bnpo": "token_mean",
+    "dapo": "token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
+"""TRL ``loss_type`` -> :func:`~tiltlab.objectives.pg.aggregate` mode (``dapo`` with TRL's window token count)."""
 
 
 LossFn = Callable[[TiltGRPOTrainer, Any, LossBatch], tuple[Tensor, dict[str, Tensor]]]
@@ -504,8 +591,10 @@ def _with_kl(trainer: TiltGRPOTrainer, loss: Tensor, b: LossBatch) -> Tensor:
 
 def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO (:func:`~tiltlab.objectives.pg.grpo_loss`): token ratio, clip ``epsilon``/``epsilon_high``,
-    KL to ref with TRL's ``beta``; TRL's IS ratio per token or per sequence."""
+    KL to ref with TRL's ``beta`` (ratio-weighted with ``use_bias_correction_kl``); TRL's IS ratio
+    per token or per sequence; TRL's ``loss_type`` normalization."""
     args = trainer.args
+    loss_type = str(args.loss_type)
     loss, m = grpo_loss(
         b.logp,
         b.old,
@@ -513,10 +602,16 @@ def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tenso
         b.mask,
         clip_eps=args.epsilon,
         clip_eps_high=args.epsilon_high,
-        loss_agg="seq_mean_token_mean" if args.loss_type == "grpo" else "token_mean",
+        loss_agg=_LOSS_AGG[loss_type],  # type: ignore[arg-type]
         token_logp_ref=b.ref,
         kl_coef=trainer.kl_coef if b.ref is not None else 0.0,
         is_weight=None if b.isr is None else (b.isr[:, 0] if b.isr.shape[1] == 1 else b.isr),
+        max_len=args.max_completion_length,
+        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode) if loss_type == "dapo" else None,
+        dual_clip=args.dual_clip,
+        log_ratio_clip=args.log_ratio_clip,
+        kl_estimator=args.kl_estimator,
+        kl_ratio_weighted=bool(args.use_bias_correction_kl),
     )
     return loss, {"clip_frac": m["clip_frac"]}
 
@@ -573,6 +668,7 @@ def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Ten
         max_weight=args.max_weight,
         eps=args.weight_eps,
         is_weight=b.seq_w,
+        eps_high=args.weight_eps_high,
     )
     return loss, {
         "log_z": log_z.detach(),
@@ -586,7 +682,9 @@ def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> Tensor:
     """``[B]`` TB rollout weight (:func:`~tiltlab.objectives.tb.tb_importance_weight`) times the
     sequence IS weight."""
     args = trainer.args
-    w = tb_importance_weight(b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps)
+    w = tb_importance_weight(
+        b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+    )
     return w if b.seq_w is None else w * b.seq_w
 
 
@@ -595,7 +693,9 @@ def _tb_metrics(trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w: Te
     return {
         "log_z": log_z.detach(),
         "residual": residual.detach().abs().mean(),
-        "weight_clip_frac": weight_clip_fraction(w, args.weight_clip, args.max_weight, args.weight_eps),
+        "weight_clip_frac": weight_clip_fraction(
+            w, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+        ),
         "weight_mean": w.mean(),
     }
 

@@ -13,6 +13,7 @@ the formula (e.g. KTO's reference point ``z0``), not a shared implementation det
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -163,20 +164,50 @@ def ref_sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: str = "sum
     return _stack(out)
 
 
+def ref_kl(lp: Any, lpr: Any, estimator: str = "k3") -> Any:
+    """Schulman's estimators of ``KL(pi || pi_ref)`` at one sample, ``d = log pi - log pi_ref``."""
+    d = lp - lpr
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return d * d / 2
+    return exp(-d) + d - 1
+
+
 def ref_grpo_terms(
-    lp: Tensor, lpo: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float, lpr: Tensor | None, kl: float
+    lp: Tensor,
+    lpo: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    lo: float,
+    hi: float,
+    lpr: Tensor | None,
+    kl: float,
+    is_weight: Tensor | None = None,
+    dual_clip: float | None = None,
+    log_ratio_clip: float | None = None,
+    kl_estimator: str = "k3",
+    kl_ratio_weighted: bool = False,
 ):
-    """Per-sequence lists of per-token GRPO terms ``-min(rho A, clip(rho, 1-lo, 1+hi) A) + kl k3``."""
+    """Per-sequence lists of per-token GRPO terms
+    ``w * pg + kl * k(lp, lpr)``, ``pg = -min(rho A, clip(rho, 1-lo, 1+hi) A)``, for ``A < 0`` with
+    the dual clip ``min(pg, -c A)``; ``w`` (the IS weight) never multiplies the KL term."""
     rows = []
     for b in range(lp.shape[0]):
         row = []
         for t in _real(mask, b):
-            rho = exp(lp[b, t] - lpo[b, t])
+            lr = lp[b, t] - lpo[b, t]
+            if log_ratio_clip is not None:
+                lr = min(max(lr, -log_ratio_clip), log_ratio_clip)
+            rho = exp(lr)
             clipped = min(max(rho, 1 - lo), 1 + hi)
             v = -min(rho * adv[b], clipped * adv[b])
+            if dual_clip is not None and adv[b] < 0:
+                v = min(v, -adv[b] * dual_clip)
+            if is_weight is not None:
+                v = v * (is_weight[b] if is_weight.dim() == 1 else is_weight[b, t])
             if kl:
-                d = lpr[b, t] - lp[b, t]
-                v = v + kl * (exp(d) - d - 1)
+                v = v + kl * ref_kl(lp[b, t], lpr[b, t], kl_estimator) * (rho if kl_ratio_weighted else 1.0)
             row.append(v)
         rows.append(row)
     return rows
@@ -203,11 +234,27 @@ def ref_grpo(
     kl_coef=0.0,
     max_len=None,
     is_weight=None,
+    dual_clip=None,
+    log_ratio_clip=None,
+    kl_estimator="k3",
+    kl_ratio_weighted=False,
 ):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    rows = ref_grpo_terms(token_logp, token_logp_old, adv, mask, clip_eps, hi, token_logp_ref, kl_coef)
-    if is_weight is not None:
-        rows = [[v * is_weight[b, t] for v, t in zip(row, _real(mask, b))] for b, row in enumerate(rows)]
+    rows = ref_grpo_terms(
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        clip_eps,
+        hi,
+        token_logp_ref,
+        kl_coef,
+        is_weight,
+        dual_clip,
+        log_ratio_clip,
+        kl_estimator,
+        kl_ratio_weighted,
+    )
     return ref_aggregate(rows, loss_agg, max_len)
 
 
@@ -247,6 +294,12 @@ def ref_group_advantages(rewards, scale="std", eps=1e-6):
         row = [rewards[p, j] for j in range(rewards.shape[1])]
         if scale == "std":
             rows.append(_stack(ref_group_adv(row, eps)))
+        elif scale == "batch":
+            flat = [rewards[i, j] for i in range(rewards.shape[0]) for j in range(rewards.shape[1])]
+            mu_all = _mean(flat)
+            sd = (sum((v - mu_all) ** 2 for v in flat) / (len(flat) - 1)) ** 0.5  # unbiased, as TRL's nanstd
+            mu = _mean(row)
+            rows.append(_stack([(v - mu) / (sd + eps) for v in row]))
         else:
             mu = _mean(row)
             rows.append(_stack([v - mu for v in row]))
@@ -266,12 +319,10 @@ def ref_kl_k3(logp, logp_ref):
     return _stack(out)
 
 
-def ref_kl_penalty(token_logp, token_logp_ref, mask):
-    flat = []
-    for b in range(token_logp.shape[0]):
-        for t in _real(mask, b):
-            d = token_logp_ref[b, t] - token_logp[b, t]
-            flat.append(exp(d) - d - 1)
+def ref_kl_penalty(token_logp, token_logp_ref, mask, estimator="k3"):
+    flat = [
+        ref_kl(token_logp[b, t], token_logp_ref[b, t], estimator) for b in range(mask.shape[0]) for t in _real(mask, b)
+    ]
     return sum(flat) / len(flat)
 
 
@@ -340,14 +391,15 @@ def ref_vargrad(logp, logp_ref, reward, beta):
     return _mean(terms)
 
 
-def ref_is_weight(token_logp, token_logp_old, mask, clip="max", max_weight=10.0, eps=0.2):
+def ref_is_weight(token_logp, token_logp_old, mask, clip="max", max_weight=10.0, eps=0.2, eps_high=None):
+    hi = eps if eps_high is None else eps_high
     out = []
     for b in range(token_logp.shape[0]):
         w = exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in _real(mask, b)))
         if clip == "max":
             w = min(w, max_weight)
         elif clip == "eps":
-            w = min(max(w, 1 - eps), 1 + eps)
+            w = min(max(w, 1 - eps), 1 + hi)
         out.append(w)
     return _stack(out).detach()  # a weight: sg(.)
 
@@ -527,6 +579,15 @@ def mk_grpo(g: torch.Generator) -> dict[str, Tensor]:
 def mk_grpo_isw(g: torch.Generator) -> dict[str, Tensor]:
     d = mk_grpo(g)
     d["is_weight"] = torch.rand(B, T, generator=g, dtype=F64) + 0.5
+    return d
+
+
+def mk_grpo_far(g: torch.Generator) -> dict[str, Tensor]:
+    """GRPO inputs with ratios far from 1 (log-ratio scale 0.8): the dual clip (c = 1.5) and a
+    log-ratio clamp at 0.5 bind on some tokens."""
+    d = mk_grpo(g)
+    d["token_logp_old"] = d["token_logp"] + _randn(g, B, T, scale=0.8)
+    d["token_logp_old"][1, 0] = d["token_logp"][1, 0] - 1.0  # row 1 has A < 0: rho = e > c, the dual clip binds
     return d
 
 
@@ -772,6 +833,28 @@ def _grpo_entries() -> list[OpInfo]:
             split=Split(ROWS, "token"),
         )
     )
+    options = {
+        "dual_clip": {"dual_clip": 1.5},
+        "log_ratio_clip": {"log_ratio_clip": 0.5},
+        "k1": {"kl_estimator": "k1"},
+        "k2": {"kl_estimator": "k2"},
+        "kl_ratio_weighted": {"kl_ratio_weighted": True},
+    }
+    for name, opt in options.items():
+        out.append(
+            OpInfo(
+                f"pg.grpo_loss[{name}]",
+                loss_of(pg.grpo_loss),
+                ref_grpo,
+                mk_grpo_far,
+                {**CLIP, "kl_coef": 0.1, **opt},
+                grad=("token_logp",),
+                frozen=("token_logp_old", "adv", "token_logp_ref"),
+                mask="mask",
+                tokens=(*TOK, "token_logp_ref"),
+                split=Split(ROWS, "token"),
+            )
+        )
     out.append(
         OpInfo(
             "pg.grpo_loss.clip_frac",
@@ -948,6 +1031,18 @@ OPS: list[OpInfo] = [
         nan_input="token_logp",
     ),
     OpInfo(
+        "tb.tb_importance_weight[eps,asymmetric]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "eps", "eps": 0.2, "eps_high": 0.28},  # FlowRL's [0.8, 1.28] recipe
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
         "tb.flowrl_loss",
         loss_of(tb.flowrl_loss),
         ref_flowrl,
@@ -993,6 +1088,15 @@ OPS: list[OpInfo] = [
         split=Split({"rewards": 1}, "concat"),
     ),
     OpInfo(
+        "pg.group_advantages[batch]",
+        pg.group_advantages,
+        ref_group_advantages,
+        mk_rewards,
+        {"scale": "batch", "eps": 1e-4},  # TRL's scale_rewards="batch" and TRL's eps
+        grad=("rewards",),
+        split=None,  # the batch std couples all groups
+    ),
+    OpInfo(
         "pg.masked_mean",
         pg.masked_mean,
         ref_masked_mean,
@@ -1010,6 +1114,18 @@ OPS: list[OpInfo] = [
         grad=("logp", "logp_ref"),
         split=Split(_rows("logp", "logp_ref"), "concat"),
     ),
+    *(
+        OpInfo(
+            f"pg.kl_estimate[{k}]",
+            pg.kl_estimate,
+            lambda logp, logp_ref, estimator: _stack([ref_kl(logp[i], logp_ref[i], estimator) for i in range(B)]),
+            mk_kl,
+            {"estimator": k},
+            grad=("logp", "logp_ref"),
+            split=Split(_rows("logp", "logp_ref"), "concat"),
+        )
+        for k in ("k1", "k2", "k3")
+    ),
     *_grpo_entries(),
     # --- correction / transforms (applied by the online trainer)
     OpInfo(
@@ -1021,6 +1137,20 @@ OPS: list[OpInfo] = [
         mask="mask",
         tokens=("token_logp", "token_logp_ref"),
         split=Split({"token_logp": 1, "token_logp_ref": 1, "mask": 1}, "token"),
+    ),
+    *(
+        OpInfo(
+            f"correction.kl_penalty[{k}]",
+            correction.kl_penalty,
+            ref_kl_penalty,
+            lambda g: {**mk_seq_tokens(g), "token_logp_ref": _tokens(g)["token_logp_old"]},
+            {"estimator": k},
+            grad=("token_logp",),
+            mask="mask",
+            tokens=("token_logp", "token_logp_ref"),
+            split=Split({"token_logp": 1, "token_logp_ref": 1, "mask": 1}, "token"),
+        )
+        for k in ("k1", "k2")
     ),
     OpInfo(
         "correction.sequence_is_weight",
@@ -1276,6 +1406,26 @@ OPS: list[OpInfo] = [
         frozen=("target",),
         split=Split(_rows("pred", "target"), "mean"),
     ),
+]
+
+RAISE_ON_NAN = (
+    "tb.tb_residual",
+    "tb.disa_loss",
+    "tb.vargrad_log_z",
+    "tb.vargrad_loss",
+    "tb.flowrl_loss",
+    "pg.group_advantages",
+    "pg.grpo_loss",
+    "pg.ppo_kl_loss",
+    "pg.gspo_loss",
+    "correction.kl_penalty",
+    "lad.lad_loss",
+)
+"""The losses the online trainer calls refuse a NaN at a real position with a ValueError naming
+the argument (``objectives._checks.no_nan_at``); the other entries propagate it."""
+OPS = [
+    dataclasses.replace(op, nan="raise") if op.name.split("[")[0].removesuffix(".clip_frac") in RAISE_ON_NAN else op
+    for op in OPS
 ]
 
 BY_NAME: dict[str, OpInfo] = {op.name: op for op in OPS}

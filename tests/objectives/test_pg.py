@@ -42,7 +42,8 @@ def _ref_grpo_terms(lp, lpo, lpr, adv, mask, eps, kl_coef):
 @pytest.mark.parametrize("kl_coef", [0.0, 0.5])
 def test_grpo_loss_matches_loop(agg, kl_coef):
     lp, lpo, lpr, adv, mask = _batch()
-    loss, m = pg.grpo_loss(lp, lpo, adv, mask, clip_eps=0.2, loss_agg=agg, token_logp_ref=lpr, kl_coef=kl_coef)
+    kw = {"max_len": lp.shape[1]} if agg == "seq_mean_token_sum_norm" else {}
+    loss, m = pg.grpo_loss(lp, lpo, adv, mask, clip_eps=0.2, loss_agg=agg, token_logp_ref=lpr, kl_coef=kl_coef, **kw)
     terms = _ref_grpo_terms(lp, lpo, lpr, adv, mask, 0.2, kl_coef)
     flat = [v for row in terms for v in row if v is not None]
     if agg == "token_mean":
@@ -125,3 +126,77 @@ def test_shape_errors():
         pg.grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="token_logp_ref"):
         pg.grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), kl_coef=1.0)
+
+
+# ---- the three semantics shared with TRL 1.16 and veRL 0.9.1 (issue: KL not IS-weighted, empty
+# completion, Dr. GRPO's fixed normalizer); each value below is what TRL's `_compute_loss` gives.
+def test_is_weight_does_not_scale_the_kl_term():
+    # zero advantage, kl_coef = 1, IS weight 0.5: the loss is the plain k3 mean (TRL adds the KL
+    # after multiplying by the vLLM IS ratio; veRL weights only the policy-gradient term)
+    lp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    adv = torch.zeros(1, dtype=torch.float64)
+    loss, _ = pg.grpo_loss(lp, lp, adv, mask, token_logp_ref=ref, kl_coef=1.0, is_weight=torch.tensor([0.5]).double())
+    torch.testing.assert_close(loss, pg.kl_k3(lp, ref).mean(), rtol=1e-14, atol=0)
+
+
+def test_gspo_empty_completion_contributes_zero():
+    lp = torch.zeros(2, 2, dtype=torch.float64)
+    mask = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    loss, _ = pg.gspo_loss(lp, lp, adv, mask)
+    assert loss.item() == 0.0  # the empty row's ratio is 1, its A = 1: it must not give -A / B = -0.5
+    # the same with a non-zero second row: the empty row still adds 0 and counts in B (TRL)
+    loss, _ = pg.gspo_loss(lp, lp, torch.tensor([1.0, 2.0], dtype=torch.float64), mask)
+    assert loss.item() == pytest.approx(-2.0 / 2, rel=1e-15)
+
+
+def test_dr_grpo_normalizer_is_fixed_not_padded_width():
+    lp = torch.zeros(1, 2, dtype=torch.float64)
+    adv = torch.ones(1, dtype=torch.float64)
+    kw = {"loss_agg": "seq_mean_token_sum_norm", "max_len": 8}
+    padded = lambda x, t: torch.cat([x, torch.zeros(1, t - 2, dtype=x.dtype)], 1)
+    values = [
+        pg.grpo_loss(padded(lp, t), padded(lp, t), adv, padded(torch.ones(1, 2).double(), t), **kw)[0].item()
+        for t in (4, 8)
+    ]
+    assert values == [-2.0 / 8, -2.0 / 8]  # TRL: sum of the 2 tokens' -A over max_completion_length
+    with pytest.raises(ValueError, match="max_len"):
+        pg.grpo_loss(lp, lp, adv, torch.ones(1, 2).double(), loss_agg="seq_mean_token_sum_norm")
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [
+        {"dual_clip": 1.5},
+        {"log_ratio_clip": 0.5},
+        {"kl_estimator": "k1"},
+        {"kl_estimator": "k2"},
+        {"kl_ratio_weighted": True},
+    ],
+)
+def test_options_bind_on_their_opinfo_sample(opt):
+    # the generic checks of these options test something only if the option changes the value there;
+    # k2 and k3 agree to second order in logp - ref, so their gap is small (~1e-6) but still 1e4 times
+    # the generic value tolerance (1e-10, tests/objectives/_generic.py)
+    from tests.objectives.opinfo import CLIP, mk_grpo_far
+
+    x = mk_grpo_far(torch.Generator().manual_seed(0))
+    base = pg.grpo_loss(**x, **CLIP, kl_coef=0.1)[0]
+    assert abs(float(pg.grpo_loss(**x, **CLIP, kl_coef=0.1, **opt)[0] - base)) > 1e-7
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    lp = torch.zeros(1, 1, dtype=torch.float64)
+    loss, _ = pg.grpo_loss(lp, lp - 5.0, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), dual_clip=3.0)
+    assert loss.item() == pytest.approx(3.0, rel=1e-15)  # rho = e^5 ~ 148, bounded at c |A| = 3
+    with pytest.raises(ValueError, match="dual_clip"):
+        pg.grpo_loss(lp, lp, torch.ones(1, dtype=torch.float64), torch.ones(1, 1), dual_clip=1.0)
+
+
+def test_batch_scaled_advantages():
+    r = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    adv = pg.group_advantages(r, scale="batch", eps=0.0)
+    # group 2 has zero within-group spread: advantage 0; group 1 is divided by the batch std (0.5)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, -0.5], [0.0, 0.0]], dtype=torch.float64) / 0.5)
