@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, same_shape, zero_padding
+from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.estimators import log_partition_lse
 
 __all__ = [
@@ -49,10 +49,12 @@ def offrl_loss(
     forward-KL penalty of App. B.6 (eq. 31) on the offline data (``y ~ pi_ref``):
     ``+ tau * E[logp_ref - logp]`` (``tau = 0.04`` in the paper's Table 2 "w/ KL").
     """
+    nonempty("logp", logp, 0)
     lengths = _check_lengths(logp, lengths)
     same_shape("logp", logp, "reward", reward)
     if logp_ref is not None:
         same_shape("logp", logp, "logp_ref", logp_ref)
+    no_nan_at(None, logp=logp, reward=reward, logp_ref=logp_ref, kl_tau=kl_tau)
     loss = -(reward.detach() * torch.exp(logp / lengths)).mean()
     if kl_tau:
         if logp_ref is None:
@@ -69,9 +71,11 @@ def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor)
     tokens) and is detached here. With ``lambda = 0`` (``logp_future = logp``) its gradient
     equals :func:`offrl_loss`'s.
     """
+    nonempty("logp", logp, 0)
     lengths = _check_lengths(logp, lengths)
     same_shape("logp", logp, "reward", reward)
     same_shape("logp", logp, "logp_future", logp_future)
+    no_nan_at(None, logp=logp, logp_future=logp_future, reward=reward)
     weight = torch.exp(logp_future.detach() / lengths)
     return -(reward.detach() * weight * logp / lengths).mean()
 
@@ -99,8 +103,10 @@ def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor
 
 def dpo_loss(logp_w: Tensor, logp_l: Tensor, ref_w: Tensor, ref_l: Tensor, beta: float = 0.1) -> Tensor:
     """DPO (FPA App. B.2): ``-E log sigmoid(beta[(logp_w - ref_w) - (logp_l - ref_l)])``, beta = 0.1."""
+    nonempty("logp_w", logp_w, 0)
     for n, t in (("logp_l", logp_l), ("ref_w", ref_w), ("ref_l", ref_l)):
         same_shape("logp_w", logp_w, n, t)
+    no_nan_at(None, logp_w=logp_w, logp_l=logp_l, ref_w=ref_w, ref_l=ref_l, beta=beta)
     margin = (logp_w - ref_w.detach()) - (logp_l - ref_l.detach())
     return -F.logsigmoid(beta * margin).mean()
 
@@ -128,8 +134,10 @@ def kto_loss(
     v = lambda_w sigma(beta (r - z0)) if correct else lambda_l sigma(beta (z0 - r))
     L = E[lambda_y - v]
     """
+    nonempty("logp", logp, 0)
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "correct", correct)
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, beta=beta, z0=z0)
     r = logp - logp_ref.detach()
     z0_t = r.detach().mean() if z0 is None else as_tensor(z0, r).detach()
     broadcastable("logp", logp, "z0", z0_t)
@@ -144,8 +152,10 @@ def simper_loss(logp_w: Tensor, len_w: Tensor, logp_l: Tensor, len_l: Tensor) ->
 
     Prop. A.1: its gradient equals Off-RL's on the same pairs (``R = +1`` for y_w, ``-1`` for y_l).
     """
+    nonempty("logp_w", logp_w, 0)
     len_w = _check_lengths(logp_w, len_w)
     len_l = _check_lengths(logp_l, len_l)
+    no_nan_at(None, logp_w=logp_w, logp_l=logp_l)
     return -(torch.exp(logp_w / len_w) - torch.exp(logp_l / len_l)).mean()
 
 
@@ -162,14 +172,18 @@ def apo_value(rewards: Tensor, beta1: float = 0.5, dim: int = -1) -> Tensor:
 
 def apo_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, v_hat: Tensor, beta2: float = 1e-3) -> Tensor:
     """Offline A*-PO stage 2: ``E[(beta2 log(pi/pi_ref) - (r - V_hat(x)))^2]`` (beta2 = 1e-3)."""
+    nonempty("logp", logp, 0)
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "reward", reward)
     broadcastable("logp", logp, "v_hat", v_hat)
+    no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, v_hat=v_hat)
     return ((beta2 * (logp - logp_ref.detach()) - (reward.detach() - v_hat.detach())) ** 2).mean()
 
 
 def sft_loss(token_logp: Tensor, mask: Tensor) -> Tensor:
     """SFT on correct trajectories: token-mean negative log-likelihood ``-sum(mask logp) / sum(mask)``."""
     ndim("token_logp", token_logp, 2, "[B, T]")
+    nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "mask", mask)
+    no_nan_at(mask, token_logp=token_logp)
     return -(zero_padding(token_logp, mask) * mask).sum() / mask.sum().clamp_min(1.0)

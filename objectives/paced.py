@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, broadcastable
+from tiltlab.objectives._checks import as_tensor, broadcastable, no_nan_at, nonempty
 
 __all__ = ["ReplayBuffer", "accuracy_from_log_z", "replay_priority", "select_prompts", "top_priority"]
 
@@ -42,6 +42,7 @@ def accuracy_from_log_z(
     log_z = as_tensor(log_z)
     kl_t = as_tensor(kl, log_z)
     broadcastable("log_z", log_z, "kl", kl_t)
+    no_nan_at(None, log_z=log_z, kl=kl_t)
     p = (kl_coef * (log_z - kl_t) - r_low) / (r_high - r_low)
     return p.clamp(0.0, 1.0) if clip else p
 
@@ -51,6 +52,8 @@ def select_prompts(p_hat: Tensor, tau: float = 0.5, m: int = 1) -> Tensor:
     (ties broken by lower index). ``p_hat``: ``[N]``. Returns ``[m]`` int64."""
     if p_hat.dim() != 1:
         raise ValueError(f"p_hat must be [N], got {tuple(p_hat.shape)}")
+    nonempty("p_hat", p_hat, 0)
+    no_nan_at(None, p_hat=p_hat, tau=tau)
     if not 1 <= m <= p_hat.shape[0]:
         raise ValueError(f"m must be in [1, {p_hat.shape[0]}], got {m}")
     dist = (p_hat.detach().double() - tau).abs()
@@ -65,6 +68,7 @@ def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor 
     p_hat_t = as_tensor(p_hat, n_correct)
     broadcastable("n_correct", n_correct, "n", n)
     broadcastable("n_correct", n_correct, "p_hat", p_hat_t)
+    no_nan_at(None, n_correct=n_correct, n=n, p_hat=p_hat_t)
     if bool((n <= 0).any()):
         raise ValueError("n must be > 0")
     return (n_correct / n - p_hat_t).abs()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from tiltlab.objectives._checks import ndim, same_shape
+from tiltlab.objectives._checks import ndim, no_nan_at, nonempty, same_shape
 
 __all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score", "regressor_loss"]
 
@@ -74,7 +74,9 @@ class PartitionRegressor(nn.Module):
 
 def regressor_loss(pred: Tensor, target: Tensor) -> Tensor:
     """DISA eq. (9) per batch: ``mean_x (log Z_psi(x) - log Z_hat_M(x))^2``; the label is detached."""
+    nonempty("pred", pred, 0)
     same_shape("pred", pred, "target", target)
+    no_nan_at(None, pred=pred, target=target)
     return ((pred - target.detach()) ** 2).mean()
 
 

@@ -1184,6 +1184,7 @@ OPS: list[OpInfo] = [
         grad=("logp",),
         frozen=("reward", "logp_ref"),
         split=Split(_rows("logp", "lengths", "reward", "logp_ref"), "mean"),
+        nan="raise",
     ),
     OpInfo(
         "offline.fpa_loss",
@@ -1193,6 +1194,7 @@ OPS: list[OpInfo] = [
         grad=("logp",),
         frozen=("logp_future", "reward"),
         split=Split(_rows("logp", "lengths", "reward", "logp_future"), "mean"),
+        nan="raise",
     ),
     OpInfo(
         "offline.dpo_loss",
@@ -1203,6 +1205,7 @@ OPS: list[OpInfo] = [
         grad=("logp_w", "logp_l"),
         frozen=("ref_w", "ref_l"),
         split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l"), "mean"),
+        nan="raise",
     ),
     OpInfo(
         "offline.rpo_loss",
@@ -1213,6 +1216,7 @@ OPS: list[OpInfo] = [
         grad=("logp_w", "logp_l"),
         frozen=("ref_w", "ref_l"),
         split=Split(_rows("logp_w", "logp_l", "ref_w", "ref_l", "len_w"), "mean"),
+        nan="raise",
     ),
     # KTO with z0 = the batch mean of r: the reference point couples the batch (no split invariance).
     OpInfo(
@@ -1224,6 +1228,7 @@ OPS: list[OpInfo] = [
         grad=("logp",),
         frozen=("logp_ref",),
         gradcheck=False,
+        nan="raise",
     ),
     OpInfo(
         "offline.kto_loss[given z0]",
@@ -1235,6 +1240,7 @@ OPS: list[OpInfo] = [
         frozen=("logp_ref", "z0"),
         split=Split(_rows("logp", "logp_ref", "correct"), "mean"),
         shape_inputs=("logp", "logp_ref", "correct"),
+        nan="raise",
     ),
     OpInfo(
         "offline.simper_loss",
@@ -1243,6 +1249,7 @@ OPS: list[OpInfo] = [
         mk_simper,
         grad=("logp_w", "logp_l"),
         split=Split(_rows("logp_w", "len_w", "logp_l", "len_l"), "mean"),
+        nan="raise",
     ),
     OpInfo(
         "offline.apo_value",
@@ -1263,6 +1270,7 @@ OPS: list[OpInfo] = [
         grad=("logp",),
         frozen=("logp_ref", "reward", "v_hat"),
         split=Split(_rows("logp", "logp_ref", "reward", "v_hat"), "mean"),
+        nan="raise",
     ),
     OpInfo(
         "offline.sft_loss",
@@ -1273,6 +1281,7 @@ OPS: list[OpInfo] = [
         mask="mask",
         tokens=("token_logp",),
         split=Split(_rows("token_logp", "mask"), "token"),
+        nan="raise",
     ),
     OpInfo(
         "offline.future_policy_logprobs",
@@ -1377,6 +1386,7 @@ OPS: list[OpInfo] = [
         {"kl_coef": 0.3, "r_low": -1.0, "r_high": 1.0, "clip": True},
         grad=("log_z", "kl"),
         split=Split(_rows("log_z", "kl"), "concat"),
+        nan="raise",
     ),
     OpInfo(
         "paced.accuracy_from_log_z[raw]",
@@ -1386,6 +1396,7 @@ OPS: list[OpInfo] = [
         {"kl_coef": 0.3, "clip": False},
         grad=("log_z", "kl"),
         split=Split(_rows("log_z", "kl"), "concat"),
+        nan="raise",
     ),
     OpInfo(
         "paced.replay_priority",
@@ -1395,6 +1406,7 @@ OPS: list[OpInfo] = [
         grad=("p_hat",),
         split=Split(_rows("n_correct", "n", "p_hat"), "concat"),
         nan_input="p_hat",
+        nan="raise",
     ),
     # --- Stage 2
     OpInfo(
@@ -1405,6 +1417,7 @@ OPS: list[OpInfo] = [
         grad=("pred",),
         frozen=("target",),
         split=Split(_rows("pred", "target"), "mean"),
+        nan="raise",
     ),
 ]
 

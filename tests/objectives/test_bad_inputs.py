@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tiltlab.objectives import correction, lad, pg, tb
+from tiltlab.objectives import correction, lad, offline, paced, pg, regressor, tb
 
 F64 = torch.float64
 
@@ -90,3 +90,62 @@ def test_square_against_vector_is_refused():
     with pytest.raises(ValueError, match="weight"):
         lad.lad_loss(v, v, v, 1.0, "kl", weight=m)
     assert tb.tb_residual(v, v, v, 0.5, 1.0).shape == (8,)  # a scalar log Z is fine
+
+
+def _seq(n=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return -torch.rand(n, generator=g, dtype=F64) * 5 - 0.1
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "arg"),
+    [
+        (offline.offrl_loss, {"logp": _seq(), "lengths": torch.full((4,), 3), "reward": _seq(seed=2)}, "reward"),
+        (
+            offline.fpa_loss,
+            {"logp": _seq(), "logp_future": _seq(seed=3), "lengths": torch.full((4,), 3), "reward": _seq(seed=2)},
+            "logp_future",
+        ),
+        (
+            offline.dpo_loss,
+            {"logp_w": _seq(), "logp_l": _seq(seed=2), "ref_w": _seq(seed=3), "ref_l": _seq(seed=4)},
+            "ref_l",
+        ),
+        (
+            offline.kto_loss,
+            {"logp": _seq(), "logp_ref": _seq(seed=2), "correct": torch.tensor([1, 0, 1, 0])},
+            "logp_ref",
+        ),
+        (
+            offline.simper_loss,
+            {"logp_w": _seq(), "len_w": torch.full((4,), 2), "logp_l": _seq(seed=2), "len_l": torch.full((4,), 3)},
+            "logp_l",
+        ),
+        (
+            offline.apo_loss,
+            {"logp": _seq(), "logp_ref": _seq(seed=2), "reward": _seq(seed=3), "v_hat": _seq(seed=4)},
+            "v_hat",
+        ),
+        (regressor.regressor_loss, {"pred": _seq(), "target": _seq(seed=2)}, "target"),
+        (paced.accuracy_from_log_z, {"log_z": _seq(), "kl_coef": 0.5}, "log_z"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) if callable(v) else None,
+)
+def test_offline_paced_regressor_nan_names_the_argument(fn, kwargs, arg):
+    """A NaN in any real input of the offline (FPA-paper), PACED and Stage-2 losses is refused
+    with a ValueError naming that input (these returned NaN before)."""
+    bad = dict(kwargs)
+    bad[arg] = _nan_at(kwargs[arg], (1,))
+    with pytest.raises(ValueError, match=f"^{arg} contains NaN"):
+        fn(**bad)
+    fn(**kwargs)  # the clean inputs are accepted
+
+
+def test_offline_empty_batch_raises():
+    z = torch.zeros(0, dtype=F64)
+    with pytest.raises(ValueError, match="logp_w is empty"):
+        offline.dpo_loss(z, z, z, z)
+    with pytest.raises(ValueError, match="token_logp is empty"):
+        offline.sft_loss(torch.zeros(0, 3, dtype=F64), torch.zeros(0, 3, dtype=F64))
+    with pytest.raises(ValueError, match="pred is empty"):
+        regressor.regressor_loss(z, z)

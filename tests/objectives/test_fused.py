@@ -362,6 +362,7 @@ def test_never_materializes_full_logits():
 
 def test_matches_offline_future_policy_logprobs():
     from tiltlab.objectives import offline
+
     B, T, h, v, lam = 2, 5, 6, 19, 1.0
     g = torch.Generator().manual_seed(91)
     ht, hr = (
