@@ -284,12 +284,18 @@ del json, resource
 import traceback as _tb
 _MODE = cfg["mode"]
 def _died(e):
+    if not isinstance(e, MemoryError):
+        try:
+            _tb.print_exception(e)
+        except BaseException:
+            pass
+    for _s in (sys.stdout, sys.stderr):
+        try:
+            _s.flush()
+        except BaseException:
+            pass
     if isinstance(e, MemoryError):
         os._exit(@RC_MEMORY@)
-    try:
-        _tb.print_exception(e)
-    except BaseException:
-        pass
     os._exit(@RC_BLOCKED@ if _BLOCKED[0] else 1)
 try:
     code = compile(src, "<program>", "exec")
@@ -508,7 +514,7 @@ try:
             g[_n] = _Remote("n", _n)
     _mods = _hello.get("modules")
     for _n, _m in (_mods.items() if type(_mods) is dict else ()):
-        if type(_n) is str and _n.isidentifier() and type(_m) is str and _m in _JUDGE_MODULES:
+        if type(_n) is str and _n.isidentifier() and not hasattr(builtins, _n) and type(_m) is str and _m in _JUDGE_MODULES:
             g[_n] = __import__(_m, fromlist=["_"])
     g["__stdio__"] = lambda text: _rpc({"op": "stdio", "input": str(text)})
     exec(compile(cfg["tests"], "<tests>", "exec"), g)
@@ -632,7 +638,7 @@ def _bwrap_args(python: str, root: bool, disk_mb: int) -> list[str]:
                 args += ["--perms", "0755", "--dir", d]
         args += ["--ro-bind", r, r]
     size = str(int(disk_mb) << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
     return args
 
