@@ -32,6 +32,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarn
 ROWS = corpus.cases("/nonexistent", 1, "/nonexistent")
 NAMES = [r["name"] for r in ROWS]
 REPO = Path(__file__).resolve().parents[3]
+# Rows only the bwrap level wins: the fallback (unshare + rlimits, no mount namespace) shows the
+# host's /proc, file-system Unix sockets and world-readable files, and as root it drops to
+# `nobody` with the system python (no numpy). The verdict rows hold at every level.
+BWRAP_ONLY = {
+    "host process list / trainer cmdline",
+    "host Unix socket (hook off)",
+    "private files (host dir, /etc/shadow, /root)",
+    "control: correct with numpy",
+}
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", SandboxWarning)
+    LEVEL = isolation_report()["level"]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +59,10 @@ def test_corpus_size():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_row_earns_its_reward(report, name):
+    if LEVEL != "bwrap" and name in BWRAP_ONLY:
+        pytest.skip(
+            f"isolation level {LEVEL!r} cannot stop this row; install bubblewrap (apt-get install -y bubblewrap)"
+        )
     row = next(r for r in report["rows"] if r["class"] == name)
     assert row["reward"] == row["expected"], row
 
@@ -56,10 +72,7 @@ def test_nothing_left_behind(report):
 
 
 def test_isolation_level_is_reported(report):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SandboxWarning)
-        level = isolation_report()["level"]
-    assert {r["level"] for r in report["rows"]} == {level}
+    assert {r["level"] for r in report["rows"]} == {LEVEL}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +208,14 @@ def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
     assert r.stdout.strip(), r.stderr[-2000:]
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert rep["uid"] != 0
-    wrong = [(row["class"], row["reward"], row["status"]) for row in rep["rows"] if row["reward"] != row["expected"]]
+    levels = {row["level"] for row in rep["rows"]}
+    assert len(levels) == 1
+    skip = BWRAP_ONLY if levels != {"bwrap"} else set()
+    wrong = [
+        (row["class"], row["reward"], row["status"])
+        for row in rep["rows"]
+        if row["reward"] != row["expected"] and row["class"] not in skip
+    ]
     assert wrong == []
     assert rep["left"] == []
     assert corpus.leftovers() == []
