@@ -672,11 +672,12 @@ def _plan(cfg: SandboxConfig) -> dict:
             }
         if cfg.backend == "bwrap":
             raise RuntimeError("sandbox: backend='bwrap' but bubblewrap is missing or does not work here")
-        _warn_once(
-            "bwrap",
-            "sandbox: bubblewrap (bwrap) is unavailable or does not work here; falling back to "
-            "unshare + rlimits (install it: apt-get install -y bubblewrap)",
-        )
+        if cfg.backend == "auto":
+            _warn_once(
+                "bwrap",
+                "sandbox: bubblewrap (bwrap) is unavailable or does not work here; falling back to "
+                "unshare + rlimits (install it: apt-get install -y bubblewrap)",
+            )
         prefix = _unshare_prefix(cfg.isolate_network, cfg.isolate_pids)
         if prefix is None and cfg.isolate_pids:  # maybe only the network namespace works
             prefix = _unshare_prefix(cfg.isolate_network, False)
@@ -881,6 +882,13 @@ class _Candidate:
                 start_new_session=True,
                 pass_fds=(rb, *[v for k, v in fds.items()]),
             )
+        except BaseException:
+            os.close(wb)
+            for fd in (self.out, self.err):
+                os.close(fd)
+            if self.work:
+                shutil.rmtree(self.work, ignore_errors=True)
+            raise
         finally:
             os.close(rb)
         _write_all(wb, json.dumps(boot).encode())
