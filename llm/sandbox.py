@@ -17,6 +17,23 @@ Two entry points:
   never in the sandbox) cannot produce a pass. Stdio programs are run by the server with the
   case's input on fd 0 and their fd 1 captured; the judge compares the captured text.
 
+What the judge's tests can do with the candidate's objects, and the limits of that:
+
+* call a top-level function or class, read attributes, call methods, iterate (the object is
+  listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
+* stdlib modules the candidate imported under a name (``import math``) and that are on a short
+  allowlist are imported in the judge too (MBPP tests call ``math.isclose`` without importing it);
+* names of builtins are never proxied (a candidate's ``abs`` cannot replace the tests' ``abs``);
+* a candidate's exception crosses as the builtin exception of the same name if there is one
+  (``ValueError``), else as ``RuntimeError``; never as ``SystemExit`` or another ``BaseException``;
+* false negatives by design: tests that pass a callable (a lambda) to the candidate, or read a
+  candidate's module-level constant, fail; comparisons are Python's own between plain values
+  (``1 == 1.0 == True``), which gives the candidate nothing that ``return 1`` would not.
+
+The judge runs on the host as the caller, with ``python -I -B``, the address-space and CPU
+rlimits of the config, ``RLIMIT_FSIZE = 0`` and a temporary working directory: the tests are the
+dataset's (trusted); what comes from the candidate reaches it only as decoded JSON.
+
 Isolation of the candidate (:func:`isolation_report` says which level runs here):
 
 * ``bwrap`` (when ``bubblewrap`` works): new PID, network, IPC, UTS (and cgroup) namespaces, a
@@ -36,8 +53,10 @@ On every level: rlimits (soft = hard; ``RLIMIT_CPU`` hard one second above soft 
 comes first) for CPU, address space, file size (stdout/stderr are size-capped anonymous memory
 files), processes (not enforced by the kernel for uid 0), open files and core size; wall-clock
 ``SIGKILL`` of the process group; ``python -I -B`` with a scrubbed environment; stdin from
-``/dev/null``; and a PEP 578 audit hook (process creation, signals, sockets, ``ctypes``, writes
-outside the working directory) as defense in depth only, not as the boundary.
+``/dev/null``; and a PEP 578 audit hook (process creation, signals, sockets, writes outside the
+working directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth
+only: the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
+``tests/llm/hostile`` does so to show that the OS layers hold without it.
 """
 
 from __future__ import annotations
