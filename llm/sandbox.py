@@ -41,7 +41,8 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
   ``/tmp`` (the working directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
   privileged and the bootstrap switches to an unprivileged uid of its own per concurrent run
-  (``uid_base + slot``) before the candidate's code runs; as an ordinary user, bwrap creates a
+  (``uid_base + 256 * (pid % 4096) + slot``, so that several trainer processes on one machine,
+  e.g. one per GPU rank, do not share uids) before the candidate's code runs; as an ordinary user, bwrap creates a
   user namespace (the candidate is uid 65534 there) and forbids nested user namespaces. Every
   process of the run dies with the namespace's init when the run ends.
 * ``namespaces`` (no bwrap; ``unshare`` works): network + PID namespaces, a host temporary working
@@ -121,7 +122,8 @@ class SandboxConfig:
     backend: str = "auto"
     """``auto`` (bwrap if it works, else ``namespaces``/``process``), ``bwrap`` (required) or ``legacy``."""
     uid_base: int = 0x70000000
-    """As root under bwrap, run ``k`` of the concurrent runs uses uid/gid ``uid_base + k``."""
+    """As root under bwrap, the ``k``-th concurrent run of process ``pid`` uses uid/gid
+    ``uid_base + 256 * (pid % 4096) + k`` (at most 256 concurrent runs per process)."""
     isolate_network: bool = True
     """Legacy backend: use a network namespace when available."""
     isolate_pids: bool = True
@@ -142,6 +144,8 @@ class SandboxConfig:
             raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
         if self.max_output_bytes < 1 or self.max_file_mb <= 0 or self.nproc < 1 or self.nofile < 8:
             raise ValueError("max_output_bytes, max_file_mb, nproc must be positive and nofile >= 8")
+        if not 0 < self.uid_base <= 0xFFFFFFFE - (1 << 20):
+            raise ValueError(f"uid_base must leave room for 2**20 uids below 2**32 - 1, got {self.uid_base}")
         if self.disk_mb < 1:
             raise ValueError(f"disk_mb must be >= 1, got {self.disk_mb}")
         if self.backend not in ("auto", "bwrap", "legacy"):
@@ -753,7 +757,7 @@ def isolation_report(cfg: SandboxConfig | None = None) -> dict:
         "unshare_prefix": " ".join(p["prefix"]),
         "parent_is_root": p["root_parent"],
         "runs_as_uid": (
-            "uid_base + slot"
+            "uid_base + 256 * (pid % 4096) + slot"
             if p["ids"] == "slot"
             else (p["ids"][0] if p["ids"] else (65534 if p["level"] == "bwrap" else os.geteuid()))
         ),
@@ -848,7 +852,9 @@ class _Candidate:
         if plan["level"] == "bwrap":
             cwd = "/tmp"
             if plan["ids"] == "slot":
-                uid = gid = cfg.uid_base + int(slot or 0)
+                if not 0 <= int(slot or 0) < 256:
+                    raise RuntimeError("sandbox: at most 256 concurrent runs per process")
+                uid = gid = cfg.uid_base + 256 * (os.getpid() % 4096) + int(slot or 0)
         else:
             self.work = tempfile.mkdtemp(prefix="tiltlab-sbx-")
             cwd = self.work

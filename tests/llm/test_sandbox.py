@@ -45,7 +45,7 @@ def _sandbox_uid_processes() -> list[int]:
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if lo <= os.stat(f"/proc/{p}").st_uid < lo + 4096:
+                if lo <= os.stat(f"/proc/{p}").st_uid < lo + (1 << 20):
                     pids.append(int(p))
             except FileNotFoundError:
                 pass
@@ -205,6 +205,8 @@ def test_config_validation():
         SandboxConfig(backend="docker")
     with pytest.raises(ValueError, match="disk_mb"):
         SandboxConfig(disk_mb=0)
+    with pytest.raises(ValueError, match="uid_base"):
+        SandboxConfig(uid_base=0)
     with pytest.raises(ValueError, match="code must be a str"):
         run_python(b"print(1)")
     with pytest.raises(ValueError, match="code and tests"):

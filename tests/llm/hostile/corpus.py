@@ -216,7 +216,7 @@ def cases(unix_path: str, tcp_port: int, secret_dir: str) -> list[dict]:
     return out
 
 
-def leftovers(uid_lo: int = 0x70000000, uid_hi: int = 0x70000000 + 4096) -> list[str]:
+def leftovers(uid_lo: int = 0x70000000, uid_hi: int = 0x70000000 + (1 << 20)) -> list[str]:
     """Files and processes a run may have left on the host: marked files in ``/tmp`` and ``/dev/shm``,
     the sandbox's own temporary directories, and processes of the sandbox uids, marked sleepers or
     bootstraps (their command line holds the bootstrap source)."""
