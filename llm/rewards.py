@@ -8,8 +8,8 @@ entry per completion (``answer`` for math, ``tests`` and optionally ``entry_poin
 
 * :func:`math_reward`: 1.0 iff the LAST ``\\boxed{...}`` of the completion is mathematically equal to
   the gold answer under ``math-verify`` (``parse`` + ``verify``), else 0.0 (no box -> 0.0).
-* :func:`code_reward`: 1.0 iff the completion's code followed by the row's assert-based tests exits
-  cleanly in :mod:`llm.sandbox` (timeout, memory, output and isolation limits), else 0.0.
+* :func:`code_reward`: 1.0 iff the row's tests, run in a judge process separate from the
+  completion's code (which runs in the OS-isolated :mod:`llm.sandbox`), pass; else 0.0.
 * :func:`verifiable_reward`: per row, math if the row has an ``answer``, code if it has ``tests``.
 
 :func:`resolve_reward` turns a reward name (``math`` | ``code`` | ``auto`` | ``package.module:function``)
@@ -21,11 +21,12 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "REWARDS",
-    "code_program",
+    "CodeJob",
+    "code_job",
     "code_reward",
     "completion_text",
     "extract_boxed",
@@ -168,44 +169,22 @@ def extract_code(text: str) -> str:
     return text
 
 
-_STDIO_HARNESS = """
-import io as _io, json as _json, os as _os, sys as _sys
-_SPEC = _json.loads({spec!r})
-_CODE = compile({code!r}, "<solution>", "exec")
+_STDIO_JUDGE = """
+import json
+_SPEC = json.loads({spec!r})
 for _i, _c in enumerate(_SPEC["cases"]):
-    with open("_stdin.txt", "w") as _f:
-        _f.write(_c["input"])
-    _fd = _os.open("_stdin.txt", _os.O_RDONLY)
-    if _fd != 0:  # fd 0 may have been closed by the previous case's open(0)
-        _os.dup2(_fd, 0)
-        _os.close(_fd)
-    _sys.stdin = open(0, "r", closefd=False)
-    _out = _io.TextIOWrapper(_io.BytesIO(), encoding="utf-8")
-    _real = _sys.stdout
-    _sys.stdout = _out
-    try:
-        exec(_CODE, {{"__name__": "__main__"}})
-    except SystemExit:
-        pass
-    finally:
-        _sys.stdout = _real
-    _out.flush()
-    _got = _out.buffer.getvalue().decode("utf-8", "replace")
-    if _got.split() != str(_c["output"]).split():
+    if __stdio__(_c["input"]).split() != str(_c["output"]).split():
         raise AssertionError(f"stdio case {{_i}}: wrong output")
 """
 
-_FUNCTIONAL_HARNESS = """
-import json as _json
-_SPEC = _json.loads({spec!r})
+_FUNCTIONAL_JUDGE = """
+import json
+_SPEC = json.loads({spec!r})
 _name = _SPEC.get("func_name") or {entry!r}
-def _norm(v):
-    return _json.loads(_json.dumps(v))
 for _i, _c in enumerate(_SPEC["cases"]):
-    _args = [_json.loads(_l) for _l in _c["input"].split("\\n") if _l.strip()]
-    _exp = _json.loads(_c["output"])
+    _args = [json.loads(_l) for _l in _c["input"].split("\\n") if _l.strip()]
     _f = getattr(Solution(), _name) if "Solution" in globals() else globals()[_name]
-    if _norm(_f(*_args)) != _norm(_exp):
+    if json.loads(json.dumps(_f(*_args))) != json.loads(_c["output"]):
         raise AssertionError(f"functional case {{_i}}: wrong result")
 """
 
@@ -215,71 +194,103 @@ _FUNCTIONAL_PRELUDE = (
 )
 
 
-def code_program(
-    code: str, tests: str, entry_point: str | None = None, test_type: str | None = None, code_prefix: str | None = None
-) -> str:
-    """The program run in the sandbox for one completion.
+class CodeJob(NamedTuple):
+    """What the sandbox runs for one completion: the candidate's ``code``, the judge's ``tests``
+    (Python source run in a separate process, see :func:`llm.sandbox.run_judged`), and whether the
+    code is a stdio program."""
 
-    * ``test_type="assert"`` (default): ``code`` then ``tests``; HumanEval-style tests defining
-      ``check(candidate)`` get ``check(entry_point)`` appended. With ``code_prefix`` (HumanEval's
-      signature + docstring) and a ``code`` lacking ``def <entry_point>``, the prefix is prepended
-      (a base model's continuation of the signature).
-    * ``"stdio"``: ``tests`` is JSON ``{"cases": [{"input", "output"}]}``; the code is run once per
-      case with the input on file descriptor 0 / ``sys.stdin`` and its stdout compared to the
-      expected output token by token (whitespace-split).
+    code: str
+    tests: str
+    stdio: bool
+
+
+def code_job(
+    code: str, tests: str, entry_point: str | None = None, test_type: str | None = None, code_prefix: str | None = None
+) -> CodeJob:
+    """The sandbox job for one completion.
+
+    * ``test_type="assert"`` (default): ``tests`` run in the judge against the candidate's
+      top-level functions and classes (and the stdlib modules it imported, e.g. ``math``);
+      HumanEval-style tests defining ``check(candidate)`` get ``check(entry_point)`` appended. With
+      ``code_prefix`` (HumanEval's signature + docstring) and a ``code`` lacking
+      ``def <entry_point>``, the prefix is prepended (a base model's continuation of the signature).
+    * ``"stdio"``: ``tests`` is JSON ``{"cases": [{"input", "output"}]}``; the code runs once per
+      case with the input on file descriptor 0 / ``sys.stdin``; its stdout is compared to the
+      expected output token by token (whitespace-split) in the judge.
     * ``"functional"`` (LiveCodeBench LeetCode-style): JSON ``{"cases": [...], "func_name"}``; each
-      input line is one JSON argument of ``Solution().<func_name>`` (or a top-level function).
+      input line is one JSON argument of ``Solution().<func_name>`` (or a top-level function); the
+      result is compared after a JSON round trip, in the judge.
     """
     test_type = test_type or "assert"
     if test_type == "assert":
         if code_prefix and entry_point and not re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
             code = code_prefix + code
-        prog = code.rstrip() + "\n\n" + tests.rstrip() + "\n"
+        judge = tests.rstrip() + "\n"
         if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
-            prog += f"\ncheck({entry_point})\n"
-        return prog
+            judge += f"\ncheck({entry_point})\n"
+        return CodeJob(code, judge, False)
     if test_type == "stdio":
-        return _STDIO_HARNESS.format(spec=tests, code=code)
+        return CodeJob(code, _STDIO_JUDGE.format(spec=tests), True)
     if test_type == "functional":
-        return _FUNCTIONAL_PRELUDE + code.rstrip() + "\n" + _FUNCTIONAL_HARNESS.format(spec=tests, entry=entry_point)
+        return CodeJob(_FUNCTIONAL_PRELUDE + code, _FUNCTIONAL_JUDGE.format(spec=tests, entry=entry_point), False)
     raise ValueError(f"unknown test_type {test_type!r}; use assert, stdio or functional")
 
 
 def make_code_reward(config=None, max_workers: int | None = None, name: str = "code_reward"):
-    """A TRL reward function running code + tests in :mod:`llm.sandbox` with ``config`` (a ``SandboxConfig``)."""
-    from .sandbox import SandboxConfig
+    """A TRL reward function judging code in :mod:`llm.sandbox` with ``config`` (a ``SandboxConfig``).
+
+    1.0 iff the judge process's tests pass against the candidate's code (see
+    :func:`llm.sandbox.run_judged`), else 0.0. After each call ``reward.last_results`` holds the
+    per-row :class:`llm.sandbox.SandboxResult` (None for rows without tests); each names the
+    isolation level that ran in ``result.isolation["level"]``; ``reward.isolation()`` reports the
+    level this machine gives.
+    """
+    from .sandbox import SandboxConfig, isolation_report
 
     cfg = config or SandboxConfig(timeout_s=10.0)
 
     def reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
-        from .sandbox import run_many
+        from .sandbox import run_many_judged
 
         n = len(completions)
         tests = _column(kwargs, "tests", n, required=True)
         entry = _column(kwargs, "entry_point", n, required=False) or [None] * n
         ttype = _column(kwargs, "test_type", n, required=False) or [None] * n
         prefix = _column(kwargs, "code_prefix", n, required=False) or [None] * n
-        idx, progs = [], []
+        idx, jobs = [], []
         for i, (comp, t) in enumerate(zip(completions, tests)):
             if t is None:
                 continue
             idx.append(i)
-            progs.append(code_program(extract_code(completion_text(comp)), str(t), entry[i], ttype[i], prefix[i]))
+            jobs.append(code_job(extract_code(completion_text(comp)), str(t), entry[i], ttype[i], prefix[i]))
         out: list[float | None] = [None] * n
-        for i, res in zip(idx, run_many(progs, cfg, max_workers=max_workers)):
+        results: list = [None] * n
+        for i, res in zip(idx, run_many_judged(jobs, cfg, max_workers=max_workers)):
             out[i] = 1.0 if res.passed else 0.0
+            results[i] = res
+        reward.last_results = results
         return out
 
     reward.__name__ = name
+    reward.last_results = []
+    reward.isolation = lambda: isolation_report(cfg)
     return reward
 
 
 def code_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
-    """Default-config sandboxed code reward (10 s wall clock per program)."""
-    return _default_code_reward(prompts, completions, completion_ids, **kwargs)
+    """Default-config sandboxed code reward (10 s wall clock per program); see :func:`make_code_reward`.
+
+    ``code_reward.last_results`` holds the last call's per-row sandbox results (with the isolation
+    level that ran); ``code_reward.isolation()`` reports the level this machine gives.
+    """
+    out = _default_code_reward(prompts, completions, completion_ids, **kwargs)
+    code_reward.last_results = _default_code_reward.last_results
+    return out
 
 
 _default_code_reward = make_code_reward()
+code_reward.last_results = []
+code_reward.isolation = _default_code_reward.isolation
 
 
 def verifiable_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float]:

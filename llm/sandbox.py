@@ -1,38 +1,63 @@
-"""Run untrusted Python (model-written code + unit tests) in a separate, limited process.
+"""Run untrusted Python (model-written code) in an OS-isolated process, and judge it from outside.
 
-Layers (each is applied when the OS allows it; :func:`isolation_report` says which are active):
+Two entry points:
 
-1. **Separate process, own session/process group**, killed with ``SIGKILL`` on the wall-clock
-   timeout and always reaped (``killpg``) after it ends.
-2. **Linux namespaces** via ``unshare``: a new *network* namespace (only a downed loopback, so no
-   network at all) and a new *PID* namespace (when its init dies the kernel kills every process
-   left inside it). Tried as ``unshare -n -p -f --kill-child`` (root / CAP_SYS_ADMIN), then with
-   ``-r`` (unprivileged user namespace). If neither works a :class:`SandboxWarning` is issued
-   once and only the in-process socket block (layer 5) stands between the program and the network.
-3. **Privilege drop**: when the parent runs as root the child switches to ``nobody:nogroup``
-   before running user code (so file permissions apply and ``RLIMIT_NPROC`` is enforced — the
-   kernel does not apply ``RLIMIT_NPROC`` to root). This needs an interpreter that ``nobody`` can
-   execute; ``sys.executable`` is tried first, then the system ``python3``; if none works the
-   child stays root and a warning is issued.
-4. **rlimits** (soft = hard, so they cannot be raised; RLIMIT_CPU's hard limit is 1 s above the soft
-   one so SIGXCPU arrives before SIGKILL): ``RLIMIT_CPU`` (CPU seconds),
-   ``RLIMIT_AS`` (address space), ``RLIMIT_FSIZE`` (largest file, incl. stdout/stderr files),
-   ``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE = 0``.
-5. **Audit hook** (PEP 578) installed before user code: blocks process creation (``os.fork``,
-   ``os.exec*``, ``os.posix_spawn``, ``os.system``, ``subprocess.Popen``, ...), signals to other
-   processes, socket creation/connection/DNS, ``ctypes`` and any write/delete/rename/chmod
-   outside the working directory. This is defense in depth, NOT a security boundary on its own
-   (CPython audit hooks can be bypassed by sufficiently clever code); layers 1–4 are the boundary.
-6. **Empty temporary working directory** (removed afterwards), **scrubbed environment**
-   (``PATH``, ``HOME`` = ``TMPDIR`` = the work dir, ``LANG``, one-thread BLAS/OpenMP variables; nothing
-   else), ``python -I -B`` (isolated mode:
-   ignores ``PYTHON*`` variables and user site-packages), stdin from ``/dev/null``.
-7. **Output cap**: stdout/stderr go to files capped by ``RLIMIT_FSIZE``; at most
-   ``max_output_bytes`` of each is read back, and hitting the cap is reported as ``output_limit``.
+* :func:`run_python` runs one program and reports how it ended (``status`` from the exit status,
+  the signal or the limit that stopped it; output is never searched). A program decides its own
+  exit status, so ``run_python(...).passed`` says "it exited 0", nothing more.
+* :func:`run_judged` is what the code reward uses. The candidate's code runs in the sandbox as a
+  *server*; the tests run in a separate *judge* process that the candidate's code does not share.
+  The judge reaches the candidate's top-level functions and classes through proxies: each call is
+  one request over a pipe, its arguments and result cross as tagged JSON of plain builtins only
+  (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes`` and lists, tuples, dicts,
+  sets of those, exact types, no subclasses); any other object stays in the sandbox and the judge
+  holds an opaque handle that compares equal only to itself. The verdict is the judge's exit status
+  plus one byte on a pipe only the judge holds. So exiting early, exit hooks, patching the server
+  loop, objects whose ``__eq__`` always returns True and reading the tests from disk (they are
+  never in the sandbox) cannot produce a pass. Stdio programs are run by the server with the
+  case's input on fd 0 and their fd 1 captured; the judge compares the captured text.
 
-:func:`run_python` returns a :class:`SandboxResult`; ``result.passed`` is True only for a clean
-exit 0 with no limit hit. :func:`run_many` runs several programs concurrently (threads, each
-sandbox is its own process).
+What the judge's tests can do with the candidate's objects, and the limits of that:
+
+* call a top-level function or class, read attributes, call methods, iterate (the object is
+  listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
+* stdlib modules the candidate imported under a name (``import math``) and that are on a short
+  allowlist are imported in the judge too (MBPP tests call ``math.isclose`` without importing it);
+* names of builtins are never proxied (a candidate's ``abs`` cannot replace the tests' ``abs``);
+* a candidate's exception crosses as the builtin exception of the same name if there is one
+  (``ValueError``), else as ``RuntimeError``; never as ``SystemExit`` or another ``BaseException``;
+* false negatives by design: tests that pass a callable (a lambda) to the candidate, or read a
+  candidate's module-level constant, fail; comparisons are Python's own between plain values
+  (``1 == 1.0 == True``), which gives the candidate nothing that ``return 1`` would not.
+
+The judge runs on the host as the caller, with ``python -I -B``, the address-space and CPU
+rlimits of the config, ``RLIMIT_FSIZE = 0`` and a temporary working directory: the tests are the
+dataset's (trusted); what comes from the candidate reaches it only as decoded JSON.
+
+Isolation of the candidate (:func:`isolation_report` says which level runs here):
+
+* ``bwrap`` (when ``bubblewrap`` works): new PID, network, IPC, UTS (and cgroup) namespaces, a
+  root file system holding only read-only ``/usr`` and the interpreter's prefixes (so numpy etc.
+  of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
+  ``/tmp`` (the working directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
+  privileged and the bootstrap switches to an unprivileged uid of its own per concurrent run
+  (``uid_base + 256 * (pid % 4096) + slot``, so that several trainer processes on one machine,
+  e.g. one per GPU rank, do not share uids) before the candidate's code runs; as an ordinary user, bwrap creates a
+  user namespace (the candidate is uid 65534 there) and forbids nested user namespaces. Every
+  process of the run dies with the namespace's init when the run ends.
+* ``namespaces`` (no bwrap; ``unshare`` works): network + PID namespaces, a host temporary working
+  directory removed afterwards, and, as root, the ``nobody`` uid when the interpreter is usable by
+  it (else the system ``python3`` without the environment's packages).
+* ``process``: a separate process group with rlimits only.
+
+On every level: rlimits (soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU``
+comes first) for CPU, address space, file size (stdout/stderr are size-capped anonymous memory
+files), processes (not enforced by the kernel for uid 0), open files and core size; wall-clock
+``SIGKILL`` of the process group; ``python -I -B`` with a scrubbed environment; stdin from
+``/dev/null``; and a PEP 578 audit hook (process creation, signals, sockets, writes outside the
+working directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth
+only: the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
+``tests/llm/hostile`` does so to show that the OS layers hold without it.
 """
 
 from __future__ import annotations
@@ -58,9 +83,16 @@ __all__ = [
     "SandboxResult",
     "SandboxWarning",
     "isolation_report",
+    "run_judged",
     "run_many",
+    "run_many_judged",
     "run_python",
 ]
+
+RC_MEMORY = 211
+"""Exit status of the bootstrap when the program raised ``MemoryError`` (RLIMIT_AS)."""
+RC_BLOCKED = 212
+"""Exit status of the bootstrap when an uncaught exception followed an audit-hook block."""
 
 
 class SandboxWarning(RuntimeWarning):
@@ -72,31 +104,38 @@ class SandboxConfig:
     """Limits for one sandboxed run."""
 
     timeout_s: float = 10.0
-    """Wall-clock limit (seconds); the whole process group is SIGKILLed when it is exceeded."""
+    """Wall-clock limit (seconds); every process of the run is SIGKILLed when it is exceeded."""
     cpu_s: int | None = None
     """RLIMIT_CPU in seconds; ``None`` = int(timeout_s) + 2."""
     memory_mb: int = 1024
-    """RLIMIT_AS (virtual address space) in MiB."""
+    """RLIMIT_AS (virtual address space) in MiB, for the candidate and for the judge."""
     max_file_mb: float = 16.0
     """Largest file the program may write (RLIMIT_FSIZE), MiB."""
     max_output_bytes: int = 1 << 20
-    """Cap on stdout and on stderr (each); reaching it is status ``output_limit``."""
+    """Cap on stdout and on stderr (each) and on one judged reply; reaching it is ``output_limit``."""
+    disk_mb: int = 64
+    """Size of the private tmpfs ``/tmp`` (and of ``/dev/shm``) under bwrap, MiB."""
     nproc: int = 64
-    """RLIMIT_NPROC (only effective when the child is not root)."""
+    """RLIMIT_NPROC (only effective when the child is not uid 0)."""
     nofile: int = 64
     """RLIMIT_NOFILE."""
+    backend: str = "auto"
+    """``auto`` (bwrap if it works, else ``namespaces``/``process``), ``bwrap`` (required) or ``legacy``."""
+    uid_base: int = 0x70000000
+    """As root under bwrap, the ``k``-th concurrent run of process ``pid`` uses uid/gid
+    ``uid_base + 256 * (pid % 4096) + k`` (at most 256 concurrent runs per process)."""
     isolate_network: bool = True
-    """Use a network namespace when available (the audit-hook socket block is always on)."""
+    """Legacy backend: use a network namespace when available."""
     isolate_pids: bool = True
-    """Use a PID namespace when available."""
+    """Legacy backend: use a PID namespace when available."""
     drop_privileges: bool = True
-    """When running as root, run user code as ``nobody``."""
+    """When running as root, run user code as an unprivileged uid."""
     block_processes: bool = True
-    """Audit-hook block on process creation (turn off only to test the rlimit layer)."""
+    """Audit-hook block on process creation (turn off only to test the layers underneath it)."""
     audit_hook: bool = True
     """Install the audit hook at all (turn off only to test the OS layers underneath it)."""
     python: str | None = None
-    """Interpreter; ``None`` = auto (sys.executable if usable after the privilege drop, else system python3)."""
+    """Interpreter; ``None`` = ``sys.executable`` (legacy backend as root: the system python3 if needed)."""
 
     def __post_init__(self):
         if not self.timeout_s > 0:
@@ -105,11 +144,22 @@ class SandboxConfig:
             raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
         if self.max_output_bytes < 1 or self.max_file_mb <= 0 or self.nproc < 1 or self.nofile < 8:
             raise ValueError("max_output_bytes, max_file_mb, nproc must be positive and nofile >= 8")
+        if not 0 < self.uid_base <= 0xFFFFFFFE - (1 << 20):
+            raise ValueError(f"uid_base must leave room for 2**20 uids below 2**32 - 1, got {self.uid_base}")
+        if self.disk_mb < 1:
+            raise ValueError(f"disk_mb must be >= 1, got {self.disk_mb}")
+        if self.backend not in ("auto", "bwrap", "legacy"):
+            raise ValueError(f"backend must be auto, bwrap or legacy, got {self.backend!r}")
 
 
 @dataclass
 class SandboxResult:
-    """Outcome of one run. ``status``: ok | error | timeout | memory | output_limit | killed | blocked."""
+    """Outcome of one run.
+
+    ``status``: ok | failed (the judge's tests failed) | error | timeout | memory | output_limit |
+    killed | blocked. ``verdict`` is the judge's verdict for :func:`run_judged` (None for
+    :func:`run_python`). ``isolation`` names the level that ran.
+    """
 
     status: str
     returncode: int | None
@@ -117,9 +167,13 @@ class SandboxResult:
     stderr: str
     wall_s: float
     isolation: dict = field(default_factory=dict)
+    verdict: bool | None = None
+    judge_stderr: str = ""
 
     @property
     def passed(self) -> bool:
+        if self.verdict is not None:
+            return self.verdict
         return self.status == "ok" and self.returncode == 0
 
     def to_dict(self) -> dict:
@@ -127,12 +181,63 @@ class SandboxResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# child bootstrap (runs with python -I -B -c BOOT <config.json>); stdlib only
+# the wire format shared by the candidate's server and the judge (stdlib only, exact types)
 # ---------------------------------------------------------------------------------------------
 
-_BOOT = r"""
+_CODEC = r"""
+def _enc(v, handle):
+    t = type(v)
+    if v is None or t is bool or t is int or t is float or t is str:
+        return v
+    if t is list:
+        return [_enc(x, handle) for x in v]
+    if t is tuple:
+        return {"t": [_enc(x, handle) for x in v]}
+    if t is dict:
+        return {"d": [[_enc(k, handle), _enc(x, handle)] for k, x in v.items()]}
+    if t is set or t is frozenset:
+        return {("s" if t is set else "f"): [_enc(x, handle) for x in v]}
+    if t is bytes:
+        return {"b": v.hex()}
+    if t is complex:
+        return {"c": [v.real, v.imag]}
+    return handle(v)
+def _dec(x, remote):
+    t = type(x)
+    if x is None or t is bool or t is int or t is float or t is str:
+        return x
+    if t is list:
+        return [_dec(i, remote) for i in x]
+    if t is not dict or len(x) != 1:
+        raise ValueError("sandbox: malformed value")
+    (k, v), = x.items()
+    if k == "t":
+        return tuple(_dec(i, remote) for i in v)
+    if k == "d":
+        return {_dec(a, remote): _dec(b, remote) for a, b in v}
+    if k == "s":
+        return {_dec(i, remote) for i in v}
+    if k == "f":
+        return frozenset(_dec(i, remote) for i in v)
+    if k == "b":
+        return bytes.fromhex(v)
+    if k == "c":
+        return complex(float(v[0]), float(v[1]))
+    if k in ("h", "n"):
+        return remote(k, v)
+    raise ValueError("sandbox: malformed value")
+"""
+
+# ---------------------------------------------------------------------------------------------
+# candidate bootstrap: python -I -B -c _BOOT <fd>; reads its config and the program from <fd>
+# ---------------------------------------------------------------------------------------------
+
+_BOOT = (
+    r"""
 import json, os, resource, sys
-cfg = json.load(open(sys.argv[1]))
+_f = os.fdopen(int(sys.argv[1]), "rb")
+cfg = json.loads(_f.read())
+_f.close()
 os.chdir(cfg["cwd"])
 def _lim(name, v):
     resource.setrlimit(getattr(resource, name), (v, v))
@@ -144,10 +249,9 @@ if cfg["uid"] is not None:
     os.setgroups([])
     os.setgid(cfg["gid"])
     os.setuid(cfg["uid"])
-if cfg["nproc"] is not None:
-    _lim("RLIMIT_NPROC", cfg["nproc"])
+_lim("RLIMIT_NPROC", cfg["nproc"])
 _lim("RLIMIT_AS", cfg["as_bytes"])
-src = open(cfg["program"]).read()
+src = cfg.pop("program")
 _ROOT = os.path.realpath(cfg["cwd"])
 _PROC = frozenset(("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                    "subprocess.Popen", "os.kill", "os.killpg", "pty.spawn", "os.startfile"))
@@ -163,6 +267,8 @@ _MUT = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "
                   "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod"))
 _WFLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _BLOCK_PROC = cfg["block_processes"]
+_BLOCK_FFI = cfg["block_ctypes"]
+_BLOCKED = [False]
 _fspath, _realpath, _join, _sep = os.fspath, os.path.realpath, os.path.join, os.sep
 def _inside(p):
     if isinstance(p, int):
@@ -175,31 +281,274 @@ def _inside(p):
     except Exception:
         return False
     return r == _ROOT or r.startswith(_ROOT + _sep)
+def _deny(msg):
+    _BLOCKED[0] = True
+    raise PermissionError("sandbox: " + msg)
 def _hook(event, args):
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None, None))[:3]
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
             isinstance(flags, int) and flags & _WFLAGS)
         if writing and not _inside(path):
-            raise PermissionError(f"sandbox: write outside the working directory blocked: {path!r}")
+            _deny(f"write outside the working directory blocked: {path!r}")
     elif event in _MUT:
         for a in args[:2]:
             if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
-                raise PermissionError(f"sandbox: {event} outside the working directory blocked")
+                _deny(f"{event} outside the working directory blocked")
     elif event in _NET:
-        raise PermissionError(f"sandbox: network blocked ({event})")
-    elif event in _FFI:
-        raise PermissionError(f"sandbox: {event} blocked")
+        _deny(f"network blocked ({event})")
+    elif event in _FFI and (_BLOCK_FFI or not event.startswith("ctypes.")):
+        _deny(f"{event} blocked")
     elif _BLOCK_PROC and event in _PROC:
-        raise PermissionError(f"sandbox: process creation/signals blocked ({event})")
+        _deny(f"process creation/signals blocked ({event})")
 if cfg["audit_hook"]:
     sys.addaudithook(_hook)
 del json, resource
-code = compile(src, "<program>", "exec")
-g = {"__name__": "__main__", "__builtins__": __builtins__}
-del src, cfg
-exec(code, g)
+import traceback as _tb
+_MODE = cfg["mode"]
+def _died(e):
+    if not isinstance(e, MemoryError):
+        try:
+            _tb.print_exception(e)
+        except BaseException:
+            pass
+    for _s in (sys.stdout, sys.stderr):
+        try:
+            _s.flush()
+        except BaseException:
+            pass
+    if isinstance(e, MemoryError):
+        os._exit(@RC_MEMORY@)
+    os._exit(@RC_BLOCKED@ if _BLOCKED[0] else 1)
+try:
+    code = compile(src, "<program>", "exec")
+except BaseException as e:
+    _died(e)
+del src
+if _MODE == "run":
+    g = {"__name__": "__main__", "__builtins__": __builtins__}
+    del cfg
+    try:
+        exec(code, g)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        _died(e)
+    sys.exit(0)
+""".replace("@RC_MEMORY@", str(RC_MEMORY)).replace("@RC_BLOCKED@", str(RC_BLOCKED))
+    + _CODEC
+    + r"""
+import io as _io, json as _json
+_rq = os.fdopen(cfg["rfd"], "rb")
+_rs = os.fdopen(cfg["wfd"], "wb")
+_cap = cfg["max_reply"]
+_table = {}
+def _handle(v):
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.generic):  # numpy scalars cross as the Python scalar they hold
+        return _enc(v.item(), _handle)
+    _table[id(v)] = v
+    return {"h": id(v)}
+def _send(msg):
+    try:
+        data = _json.dumps(msg).encode()
+    except (TypeError, ValueError, RecursionError) as e:
+        data = _json.dumps({"e": [type(e).__name__, "reply not serializable"]}).encode()
+    if len(data) > _cap:
+        data = _json.dumps({"e": ["OverflowError", "reply too large"]}).encode()
+    _rs.write(data + b"\n")
+    _rs.flush()
+g = {"__name__": "__main__" if _MODE == "stdio" else "solution", "__builtins__": __builtins__}
+if _MODE == "module":
+    try:
+        exec(code, g)
+        _send({
+            "names": sorted(k for k, v in g.items() if callable(v) and not k.startswith("__")),
+            "modules": {k: v.__name__ for k, v in g.items() if type(v) is type(os) and not k.startswith("__")},
+        })
+    except MemoryError as e:
+        _died(e)
+    except BaseException as e:
+        _send({"e": [type(e).__name__, str(e)[:500]]})
+        _died(e)
+else:
+    _send({"names": []})
+_stdout0 = os.dup(1)
+def _stdio(text):
+    fin = os.memfd_create("stdin")
+    os.write(fin, text.encode())
+    os.lseek(fin, 0, 0)
+    os.dup2(fin, 0)
+    os.close(fin)
+    fout = os.memfd_create("stdout")
+    os.dup2(fout, 1)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    try:
+        exec(code, dict(g))
+    except SystemExit:
+        pass
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            os.dup2(_stdout0, 1)
+            sys.stdout = sys.__stdout__
+    os.lseek(fout, 0, 0)
+    data = os.read(fout, _cap + 1)
+    os.close(fout)
+    if len(data) > _cap:
+        raise OverflowError("output too large")
+    return data.decode("utf-8", "replace")
+def _remote(kind, v):
+    return g[v] if kind == "n" else _table[v]
+while True:
+    line = _rq.readline()
+    if not line:
+        break
+    try:
+        req = _json.loads(line)
+        op = req["op"]
+        if op == "stdio":
+            res = _stdio(req["input"])
+        else:
+            obj = _dec(req["obj"], _remote)
+            if op == "call":
+                res = obj(*_dec(req["args"], _remote), **_dec(req["kwargs"], _remote))
+            elif op == "getattr":
+                res = getattr(obj, req["name"])
+            elif op == "list":
+                res = list(obj)
+            elif op == "len":
+                res = len(obj)
+            elif op == "getitem":
+                res = obj[_dec(req["key"], _remote)]
+            else:
+                raise ValueError("unknown op")
+        out = {"v": _enc(res, _handle)}
+    except MemoryError as e:
+        _died(e)
+    except BaseException as e:
+        out = {"e": [type(e).__name__, str(e)[:500]]}
+    _send(out)
+os._exit(0)
 """
+)
+
+# ---------------------------------------------------------------------------------------------
+# judge: python -I -B -c _JUDGE <fd>; runs the tests against proxies of the candidate's names
+# ---------------------------------------------------------------------------------------------
+
+_JUDGE = (
+    r"""
+import builtins, json, os, resource, sys
+_f = os.fdopen(int(sys.argv[1]), "rb")
+cfg = json.loads(_f.read())
+_f.close()
+for _n, _v in (("RLIMIT_AS", cfg["as_bytes"]), ("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", 0)):
+    resource.setrlimit(getattr(resource, _n), (_v, _v))
+resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+_vfd = cfg["vfd"]
+_rq = os.fdopen(cfg["wfd"], "wb")
+_rs = os.fdopen(cfg["rfd"], "rb")
+_cap = cfg["max_reply"]
+_broken = []
+# stdlib modules the candidate imported that the tests may use too (MBPP tests call math.isclose)
+_JUDGE_MODULES = frozenset((
+    "array", "bisect", "cmath", "collections", "copy", "datetime", "decimal", "fractions", "functools", "heapq",
+    "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "sys", "typing",
+    "collections.abc", "os.path",
+))
+class SandboxGone(BaseException):
+    "The candidate's process stopped answering (exited, was killed or sent garbage)."
+"""
+    + _CODEC
+    + r"""
+def _read():
+    line = _rs.readline(_cap + 2)
+    if not line.endswith(b"\n"):
+        _broken.append("no reply")
+        raise SandboxGone("candidate process gone")
+    try:
+        return json.loads(line)
+    except ValueError:
+        _broken.append("bad reply")
+        raise SandboxGone("malformed reply") from None
+def _exc(name, msg):
+    t = getattr(builtins, name, None) if isinstance(name, str) else None
+    if isinstance(t, type) and issubclass(t, Exception) and t.__module__ == "builtins":
+        try:
+            return t(msg)
+        except Exception:
+            pass
+    return RuntimeError(f"{name}: {msg}")
+def _rpc(req):
+    if _broken:
+        raise SandboxGone("candidate process gone")
+    try:
+        _rq.write(json.dumps(req).encode() + b"\n")
+        _rq.flush()
+    except OSError:
+        _broken.append("send failed")
+        raise SandboxGone("candidate process gone") from None
+    msg = _read()
+    if type(msg) is not dict:
+        _broken.append("bad reply")
+        raise SandboxGone("malformed reply")
+    if "e" in msg:
+        e = msg["e"]
+        raise _exc(e[0], e[1]) if type(e) is list and len(e) == 2 else _exc("?", "?")
+    try:
+        return _dec(msg["v"], _Remote)
+    except (KeyError, ValueError, TypeError, RecursionError):
+        _broken.append("bad reply")
+        raise SandboxGone("malformed reply") from None
+def _arg(v):
+    if type(v) is _Remote:
+        return v._ref
+    raise TypeError(f"a {type(v).__name__} cannot be passed to the candidate's code")
+class _Remote:
+    "An object that lives in the candidate's process; equal only to itself."
+    __slots__ = ("_ref",)
+    def __init__(self, kind, v):
+        object.__setattr__(self, "_ref", {kind: v})
+    def __call__(self, *args, **kwargs):
+        return _rpc({"op": "call", "obj": self._ref, "args": _enc(list(args), _arg), "kwargs": _enc(kwargs, _arg)})
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _rpc({"op": "getattr", "obj": self._ref, "name": name})
+    def __iter__(self):
+        return iter(_rpc({"op": "list", "obj": self._ref}))
+    def __len__(self):
+        return _rpc({"op": "len", "obj": self._ref})
+    def __getitem__(self, key):
+        return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
+    def __repr__(self):
+        return f"<candidate object {self._ref}>"
+_ok = False
+try:
+    _hello = _read()
+    if type(_hello) is not dict or type(_hello.get("names")) is not list:
+        raise SandboxGone("the candidate's code did not load")
+    g = {"__name__": "__main__", "__builtins__": builtins}
+    for _n in _hello["names"]:
+        if type(_n) is str and _n.isidentifier() and not hasattr(builtins, _n):
+            g[_n] = _Remote("n", _n)
+    _mods = _hello.get("modules")
+    for _n, _m in (_mods.items() if type(_mods) is dict else ()):
+        if type(_n) is str and _n.isidentifier() and not hasattr(builtins, _n) and type(_m) is str and _m in _JUDGE_MODULES:
+            g[_n] = __import__(_m, fromlist=["_"])
+    g["__stdio__"] = lambda text: _rpc({"op": "stdio", "input": str(text)})
+    exec(compile(cfg["tests"], "<tests>", "exec"), g)
+    _ok = not _broken
+except BaseException as e:
+    import traceback
+    traceback.print_exception(e, limit=3)
+os.write(_vfd, b"1" if _ok else b"0")
+os._exit(0 if _ok else 1)
+"""
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,9 +621,86 @@ def _usable_as(python: str, uid: int, gid: int) -> bool:
     return r.returncode == 0
 
 
+def _bind_roots(python: str) -> list[str]:
+    """Host directories the interpreter needs (its prefixes), outside ``/usr``, without nesting."""
+    real = os.path.realpath(python)
+    cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(real))}
+    cands |= {os.path.dirname(os.path.dirname(os.path.abspath(python)))}
+    roots = sorted({os.path.realpath(c) for c in cands} | {os.path.abspath(c) for c in cands})
+    out: list[str] = []
+    for r in roots:
+        if r in ("/", "/usr") or r.startswith("/usr/") or not os.path.isdir(r):
+            continue
+        if any(r == o or r.startswith(o + "/") for o in out):
+            continue
+        out.append(r)
+    return out
+
+
+def _bwrap_args(python: str, root: bool, disk_mb: int) -> list[str]:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return []
+    if root:  # privileged bwrap; the bootstrap drops to the run's own uid
+        ns = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    else:  # unprivileged: a user namespace, uid 65534 inside, no nested user namespaces
+        ns = ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
+    args = [exe, *ns, "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    made: set[str] = set()
+    for r in _bind_roots(python):
+        parts = Path(r).parts[1:-1]
+        for i in range(len(parts)):
+            d = "/" + "/".join(parts[: i + 1])
+            if d not in made:
+                made.add(d)
+                args += ["--perms", "0755", "--dir", d]
+        args += ["--ro-bind", r, r]
+    size = str(int(disk_mb) << 20)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    return args
+
+
+@functools.cache
+def _bwrap_works(python: str, root: bool) -> bool:
+    args = _bwrap_args(python, root, 1)
+    if not args:
+        return False
+    try:
+        r = subprocess.run([*args, "--", python, "-I", "-B", "-c", "import json"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
 def _plan(cfg: SandboxConfig) -> dict:
-    """Decide interpreter, privilege drop and namespaces for ``cfg`` (cached probes)."""
+    """Decide the isolation level, interpreter, privilege drop and namespaces for ``cfg`` (cached probes)."""
+    is_root = os.geteuid() == 0
+    python = cfg.python or sys.executable
     with _probe_lock:
+        if cfg.backend != "legacy" and _bwrap_works(python, is_root):
+            return {
+                "level": "bwrap",
+                "prefix": [],
+                "net_ns": True,
+                "pid_ns": True,
+                "python": python,
+                "ids": "slot" if is_root and cfg.drop_privileges else None,
+                "root_parent": is_root,
+            }
+        if cfg.backend == "bwrap":
+            raise RuntimeError("sandbox: backend='bwrap' but bubblewrap is missing or does not work here")
+        if cfg.backend == "auto":
+            _warn_once(
+                "bwrap",
+                "sandbox: bubblewrap (bwrap) is unavailable or does not work here; falling back to "
+                "unshare + rlimits (install it: apt-get install -y bubblewrap)",
+            )
         prefix = _unshare_prefix(cfg.isolate_network, cfg.isolate_pids)
         if prefix is None and cfg.isolate_pids:  # maybe only the network namespace works
             prefix = _unshare_prefix(cfg.isolate_network, False)
@@ -286,9 +712,7 @@ def _plan(cfg: SandboxConfig) -> dict:
                 "sandbox: network namespaces are unavailable (unshare -n failed); "
                 "falling back to the in-process socket audit hook only",
             )
-        python = cfg.python or sys.executable
         ids = None
-        is_root = os.geteuid() == 0
         if cfg.drop_privileges and is_root:
             nb = _nobody()
             if nb is None:
@@ -303,18 +727,13 @@ def _plan(cfg: SandboxConfig) -> dict:
                     _warn_once(
                         "syspython",
                         f"sandbox: the current interpreter is not usable by 'nobody'; user code "
-                        f"runs with {python} (packages installed only in the current "
-                        "environment, e.g. numpy, are unavailable there; pass python=... "
-                        "or drop_privileges=False to change this)",
+                        f"runs with {python} (packages installed only in the current environment, "
+                        "e.g. numpy, are unavailable there; install bubblewrap to keep them)",
                     )
                 if ids is None:
-                    _warn_once(
-                        "drop",
-                        "sandbox: no interpreter usable by 'nobody'; user code runs as root "
-                        "(RLIMIT_NPROC is not enforced for root; fork bombs are stopped only by "
-                        "the audit hook and the process-group/PID-namespace kill)",
-                    )
+                    _warn_once("drop", "sandbox: no interpreter usable by 'nobody'; user code runs as root")
     return {
+        "level": "namespaces" if prefix else "process",
         "prefix": list(prefix) if prefix else [],
         "net_ns": net_ns,
         "pid_ns": pid_ns,
@@ -325,16 +744,24 @@ def _plan(cfg: SandboxConfig) -> dict:
 
 
 def isolation_report(cfg: SandboxConfig | None = None) -> dict:
-    """What isolation :func:`run_python` gets here: namespaces, privilege drop, interpreter, rlimits."""
+    """What isolation the sandbox gets here: level, namespaces, privilege drop, interpreter."""
     cfg = cfg or SandboxConfig()
     p = _plan(cfg)
+    dropped = p["ids"] is not None or (p["level"] == "bwrap" and not p["root_parent"])
     return {
+        "level": p["level"],
         "network_namespace": p["net_ns"],
         "pid_namespace": p["pid_ns"],
+        "mount_namespace": p["level"] == "bwrap",
+        "private_tmp": p["level"] == "bwrap",
         "unshare_prefix": " ".join(p["prefix"]),
         "parent_is_root": p["root_parent"],
-        "runs_as_uid": p["ids"][0] if p["ids"] else os.geteuid(),
-        "privileges_dropped": p["ids"] is not None,
+        "runs_as_uid": (
+            "uid_base + 256 * (pid % 4096) + slot"
+            if p["ids"] == "slot"
+            else (p["ids"][0] if p["ids"] else (65534 if p["level"] == "bwrap" else os.geteuid()))
+        ),
+        "privileges_dropped": dropped,
         "rlimit_nproc_effective": p["ids"] is not None or not p["root_parent"],
         "python": p["python"],
         "audit_hook": cfg.audit_hook,
@@ -345,44 +772,100 @@ def isolation_report(cfg: SandboxConfig | None = None) -> dict:
 # running
 # ---------------------------------------------------------------------------------------------
 
+_slots_lock = threading.Lock()
+_slots_busy: set[int] = set()
 
-def _read_capped(path: Path, cap: int) -> tuple[str, bool]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        data = f.read(cap)
+
+@contextlib.contextmanager
+def _uid_slot():
+    """A slot number not used by any other run of this process (one uid per concurrent run)."""
+    with _slots_lock:
+        k = 0
+        while k in _slots_busy:
+            k += 1
+        _slots_busy.add(k)
+    try:
+        yield k
+    finally:
+        with _slots_lock:
+            _slots_busy.discard(k)
+
+
+def _env(home: str) -> dict:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "TMPDIR": home,
+        # one BLAS/OpenMP thread: keeps numeric libraries inside RLIMIT_AS and the CPU budget
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def _read_memfd(fd: int, cap: int) -> tuple[str, bool]:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, cap, 0)
     return data.decode("utf-8", errors="replace"), size >= cap
 
 
-def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> SandboxResult:
-    """Run ``code`` (Python source) under the sandbox; keyword overrides update ``config``'s fields."""
-    if not isinstance(code, str):
-        raise ValueError(f"code must be a str, got {type(code).__name__}")
-    cfg = config or SandboxConfig()
-    if overrides:
-        cfg = SandboxConfig(**{**asdict(cfg), **overrides})
-    plan = _plan(cfg)
-    iso = {
-        "network_namespace": plan["net_ns"],
-        "pid_namespace": plan["pid_ns"],
-        "privileges_dropped": plan["ids"] is not None,
-    }
-    ctl = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-ctl-"))  # parent-owned: program, config, outputs
-    work = Path(tempfile.mkdtemp(prefix="tiltlab-sbx-"))  # the child's empty cwd
-    proc = None
-    t0 = time.monotonic()
-    try:
-        prog = ctl / "program.py"
-        prog.write_text(code, encoding="utf-8")
-        uid, gid = plan["ids"] if plan["ids"] else (None, None)
-        if uid is not None:
-            os.chown(work, uid, gid)
-            os.chmod(ctl, 0o711)
-            os.chmod(prog, 0o644)
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        with os.fdopen(fd, "wb", closefd=True) as f:
+            f.write(data)
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _status_from_rc(rc: int | None, timed_out: bool, over: bool) -> str:
+    if timed_out:
+        return "timeout"
+    if over or rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
+        return "output_limit"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "timeout"
+    if rc in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return "killed"
+    if rc == RC_MEMORY:
+        return "memory"
+    if rc == RC_BLOCKED:
+        return "blocked"
+    return "ok" if rc == 0 else "error"
+
+
+class _Candidate:
+    """One candidate process under the planned isolation; ``fds`` are passed through unchanged."""
+
+    def __init__(self, code: str, cfg: SandboxConfig, mode: str, fds: dict, slot: int | None):
+        self.cfg = cfg
+        self.plan = _plan(cfg)
+        self.work = None
+        plan = self.plan
+        uid = gid = None
+        if plan["level"] == "bwrap":
+            cwd = "/tmp"
+            if plan["ids"] == "slot":
+                if not 0 <= int(slot or 0) < 256:
+                    raise RuntimeError("sandbox: at most 256 concurrent runs per process")
+                uid = gid = cfg.uid_base + 256 * (os.getpid() % 4096) + int(slot or 0)
+        else:
+            self.work = tempfile.mkdtemp(prefix="tiltlab-sbx-")
+            cwd = self.work
+            if plan["ids"]:
+                uid, gid = plan["ids"]
+                os.chown(self.work, uid, gid)
         cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2
-        child_cfg = {
-            "cwd": str(work),
-            "program": str(prog),
-            "config": str(ctl / "config.json"),
+        boot = {
+            "cwd": cwd,
+            "program": code,
+            "mode": mode,
             "cpu_s": int(cpu_s),
             "fsize": int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes)),
             "nofile": cfg.nofile,
@@ -392,90 +875,216 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             "gid": gid,
             "block_processes": cfg.block_processes,
             "audit_hook": cfg.audit_hook,
+            # under bwrap the OS is the boundary and ctypes stays usable (numpy needs it)
+            "block_ctypes": plan["level"] != "bwrap",
+            "max_reply": cfg.max_output_bytes,
+            **fds,
         }
-        (ctl / "config.json").write_text(json.dumps(child_cfg))
-        if uid is not None:
-            os.chmod(ctl / "config.json", 0o644)
-        cmd = [plan["python"], "-I", "-B", "-c", _BOOT, str(ctl / "config.json")]
-        if plan["pid_ns"]:
-            # keep the interpreter off PID 1 (PID 1 ignores default-action signals such as SIGXCPU)
-            cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
-        cmd = plan["prefix"] + cmd
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(work),
-            "LANG": "C.UTF-8",
-            "TMPDIR": str(work),
-            # one BLAS/OpenMP thread: keeps numeric libraries inside RLIMIT_AS and the CPU budget
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-        with open(ctl / "stdout", "wb") as out, open(ctl / "stderr", "wb") as err:
-            proc = subprocess.Popen(
+        rb, wb = os.pipe()
+        self.out = os.memfd_create("tiltlab-sbx-stdout")
+        self.err = os.memfd_create("tiltlab-sbx-stderr")
+        cmd = [plan["python"], "-I", "-B", "-c", _BOOT, str(rb)]
+        env = _env(cwd)
+        if plan["level"] == "bwrap":
+            pre = _bwrap_args(plan["python"], plan["root_parent"], cfg.disk_mb)
+            for k, v in env.items():
+                pre += ["--setenv", k, v]
+            cmd = [*pre, "--", *cmd]
+        else:
+            if plan["pid_ns"]:
+                # keep the interpreter off PID 1 (PID 1 ignores default-action signals such as SIGXCPU)
+                cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
+            cmd = plan["prefix"] + cmd
+        self.t0 = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=str(work),
+                stdout=self.out,
+                stderr=self.err,
+                cwd=cwd if self.work else "/",
                 env=env,
                 start_new_session=True,
-                close_fds=True,
+                pass_fds=(rb, *[v for k, v in fds.items()]),
             )
-            timed_out = False
-            try:
-                rc = proc.wait(timeout=cfg.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                rc = proc.wait()
-            _kill_group(proc)  # reap anything the program left behind in its group
-        wall = time.monotonic() - t0
-        stdout, over_out = _read_capped(ctl / "stdout", cfg.max_output_bytes)
-        stderr, over_err = _read_capped(ctl / "stderr", cfg.max_output_bytes)
-        if timed_out:
-            status = "timeout"
-        elif over_out or over_err or rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
-            status = "output_limit"
-        elif (
-            rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL)
-            and "MemoryError" not in stderr
-        ):
-            status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "killed"
-        elif "MemoryError" in stderr:
-            status = "memory"
-        elif "sandbox:" in stderr and "blocked" in stderr:
-            status = "blocked"
-        elif rc != 0:
-            status = "error"
-        else:
-            status = "ok"
-        return SandboxResult(status, rc, stdout, stderr, wall, iso)
+        except BaseException:
+            os.close(wb)
+            for fd in (self.out, self.err):
+                os.close(fd)
+            if self.work:
+                shutil.rmtree(self.work, ignore_errors=True)
+            raise
+        finally:
+            os.close(rb)
+        _write_all(wb, json.dumps(boot).encode())
+
+    def wait(self, deadline: float) -> tuple[int, bool]:
+        timed_out = False
+        try:
+            rc = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(self.proc)
+            rc = self.proc.wait()
+        return rc, timed_out
+
+    def finish(self, rc: int | None, timed_out: bool) -> SandboxResult:
+        cap = self.cfg.max_output_bytes
+        stdout, over_out = _read_memfd(self.out, cap)
+        stderr, over_err = _read_memfd(self.err, cap)
+        status = _status_from_rc(rc, timed_out, over_out or over_err)
+        iso = {
+            "level": self.plan["level"],
+            "network_namespace": self.plan["net_ns"],
+            "pid_namespace": self.plan["pid_ns"],
+            "privileges_dropped": self.plan["ids"] is not None
+            or (self.plan["level"] == "bwrap" and not self.plan["root_parent"]),
+        }
+        return SandboxResult(status, rc, stdout, stderr, time.monotonic() - self.t0, iso)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            _kill_group(self.proc)
+            self.proc.wait()
+        _kill_group(self.proc)  # anything the program left in its session
+        for fd in (self.out, self.err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.work:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _config(config: SandboxConfig | None, overrides: dict) -> SandboxConfig:
+    cfg = config or SandboxConfig()
+    return SandboxConfig(**{**asdict(cfg), **overrides}) if overrides else cfg
+
+
+def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> SandboxResult:
+    """Run ``code`` (Python source) as ``__main__``; keyword overrides update ``config``'s fields."""
+    if not isinstance(code, str):
+        raise ValueError(f"code must be a str, got {type(code).__name__}")
+    cfg = _config(config, overrides)
+    with _uid_slot() as slot:
+        cand = _Candidate(code, cfg, "run", {}, slot)
+        try:
+            rc, timed_out = cand.wait(cand.t0 + cfg.timeout_s)
+            _kill_group(cand.proc)  # reap anything the program left behind in its group
+            return cand.finish(rc, timed_out)
+        finally:
+            cand.close()
+
+
+def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio: bool = False, **overrides):
+    """Run ``code`` in the sandbox and ``tests`` in a separate judge process; ``passed`` is the judge's verdict.
+
+    ``tests`` is Python source. It sees every top-level callable the candidate's code defines
+    (functions, classes; names of builtins excepted) as a proxy, and ``__stdio__(input) -> str``,
+    which runs the candidate's code as ``__main__`` with ``input`` on stdin (``stdio=True``: the
+    code is not run at load time). The verdict is True iff the tests ran to the end with no
+    failed assertion, no error and no broken exchange with the candidate.
+    """
+    if not isinstance(code, str) or not isinstance(tests, str):
+        raise ValueError("code and tests must be str")
+    cfg = _config(config, overrides)
+    req_r, req_w = os.pipe()  # judge -> candidate
+    rep_r, rep_w = os.pipe()  # candidate -> judge
+    ver_r, ver_w = os.pipe()  # judge -> parent only
+    jb_r, jb_w = os.pipe()
+    judge = cand = None
+    cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2
+    try:
+        with _uid_slot() as slot:
+            cand = _Candidate(code, cfg, "stdio" if stdio else "module", {"rfd": req_r, "wfd": rep_w}, slot)
+            os.close(req_r)
+            os.close(rep_w)
+            req_r = rep_w = -1
+            with tempfile.TemporaryDirectory(prefix="tiltlab-judge-") as jdir:
+                judge = subprocess.Popen(
+                    [sys.executable, "-I", "-B", "-c", _JUDGE, str(jb_r)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    cwd=jdir,
+                    env=_env(jdir),
+                    start_new_session=True,
+                    pass_fds=(jb_r, req_w, rep_r, ver_w),
+                )
+                jcfg = {
+                    "tests": tests,
+                    "as_bytes": int(cfg.memory_mb) << 20,
+                    "cpu_s": int(cpu_s),
+                    "max_reply": cfg.max_output_bytes,
+                    "wfd": req_w,
+                    "rfd": rep_r,
+                    "vfd": ver_w,
+                }
+                for fd in (jb_r, req_w, rep_r, ver_w):
+                    os.close(fd)
+                jb_r = req_w = rep_r = ver_w = -1
+                _write_all(jb_w, json.dumps(jcfg).encode())
+                jb_w = -1
+                deadline = cand.t0 + cfg.timeout_s
+                try:
+                    _, jerr = judge.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(judge)
+                    _, jerr = judge.communicate()
+                verdict = False
+                if not timed_out and judge.returncode == 0:
+                    verdict = os.read(ver_r, 1) == b"1"
+                _kill_group(cand.proc)
+                rc = cand.proc.wait()
+                res = cand.finish(rc if rc is not None else None, timed_out)
+                res.verdict = verdict
+                res.judge_stderr = jerr.decode("utf-8", "replace")[-4000:]
+                if verdict:
+                    res.status = "ok"
+                elif res.status in ("ok", "killed"):
+                    res.status = "failed"
+                return res
     finally:
-        if proc is not None and proc.poll() is None:
-            _kill_group(proc)
-            proc.wait()
-        shutil.rmtree(ctl, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if judge is not None and judge.poll() is None:
+            _kill_group(judge)
+            judge.wait()
+        if cand is not None:
+            cand.close()
+        for fd in (req_r, req_w, rep_r, rep_w, ver_r, ver_w, jb_r, jb_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _pool(fn, items, max_workers: int | None, progress: bool):
+    if not items:
+        return []
+    workers = max_workers or max(1, min(len(items), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futs = [pool.submit(fn, it) for it in items]
+        if progress:
+            from tqdm.auto import tqdm
+
+            for f in tqdm(futs, desc="sandbox", total=len(futs)):
+                f.result()
+        return [f.result() for f in futs]
 
 
 def run_many(
     codes: list[str], config: SandboxConfig | None = None, max_workers: int | None = None, progress: bool = False
 ) -> list[SandboxResult]:
-    """Run several programs concurrently (a thread per running sandbox); results in input order."""
-    if not codes:
-        return []
-    workers = max_workers or max(1, min(len(codes), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futs = [pool.submit(run_python, c, config) for c in codes]
-        if progress:
-            from tqdm.auto import tqdm
+    """:func:`run_python` on several programs concurrently (a thread per running sandbox); input order."""
+    return _pool(lambda c: run_python(c, config), codes, max_workers, progress)
 
-            for _ in tqdm(futs, desc="sandbox", total=len(futs)):
-                _.result()
-        return [f.result() for f in futs]
+
+def run_many_judged(
+    jobs: list[tuple[str, str, bool]],
+    config: SandboxConfig | None = None,
+    max_workers: int | None = None,
+    progress: bool = False,
+) -> list[SandboxResult]:
+    """:func:`run_judged` on ``(code, tests, stdio)`` jobs concurrently; results in input order.
+
+    ``max_workers`` defaults to the number of CPUs.
+    """
+    return _pool(lambda j: run_judged(j[0], j[1], config, stdio=j[2]), jobs, max_workers, progress)

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from tiltlab.llm.rewards import (
-    code_program,
+    code_job,
     code_reward,
     extract_boxed,
     extract_code,
@@ -81,9 +81,13 @@ def test_extract_code_and_program():
     text = "first\n```python\nx = 1\n```\nthen\n```py\ndef f(x):\n    return x\n```\n"
     assert extract_code(text) == "def f(x):\n    return x\n"
     assert extract_code("def f(x): return 1") == "def f(x): return 1"
-    prog = code_program("def g(x): return x", "def check(candidate):\n    assert candidate(1) == 1\n", "g")
-    assert prog.rstrip().endswith("check(g)")
-    assert "check(" not in code_program("def g(x): return x", "assert g(1) == 1\n", "g")
+    job = code_job("def g(x): return x", "def check(candidate):\n    assert candidate(1) == 1\n", "g")
+    assert job.tests.rstrip().endswith("check(g)") and job.code == "def g(x): return x" and not job.stdio
+    assert "check(" not in code_job("def g(x): return x", "assert g(1) == 1\n", "g").tests
+    # the tests never reach the candidate's code
+    assert "assert" not in code_job("def g(x): return x", "assert g(1) == 1\n", "g").code
+    with pytest.raises(ValueError, match="unknown test_type"):
+        code_job("x", "y", test_type="pytest")
 
 
 def test_code_reward_on_synthetic_tasks():

@@ -1,4 +1,7 @@
-"""Hostile programs in llm.sandbox: each must fail (score 0), none may hang or touch the host."""
+"""llm.sandbox: status from the exit status, OS isolation (bwrap level and the fallback), the judge's channel.
+
+The hostile-candidate corpus through the reward API lives in ``tests/llm/hostile/``.
+"""
 
 import os
 import socket
@@ -12,8 +15,15 @@ if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (rlimits, namespaces)", allow_module_level=True)
 
 from tiltlab.llm import sandbox
-from tiltlab.llm.rewards import code_reward
-from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report, run_many, run_python
+from tiltlab.llm.sandbox import (
+    SandboxConfig,
+    SandboxWarning,
+    isolation_report,
+    run_judged,
+    run_many,
+    run_many_judged,
+    run_python,
+)
 
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
     warnings.simplefilter("ignore", SandboxWarning)
@@ -23,18 +33,28 @@ FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
 # Wall-time bound for a run that must be cut by the 2 s timeout: timeout + interpreter start/kill slack.
 # 3 s slack covers a loaded 2-core machine; a hang would exceed it by far.
 BOUND = FAST.timeout_s + 3.0
+BWRAP = REPORT["level"] == "bwrap"
+needs_bwrap = pytest.mark.skipif(
+    not BWRAP, reason="bubblewrap is missing or does not work here (apt-get install -y bubblewrap)"
+)
 
 
-def _uid_processes(uid: int) -> list[int]:
+def _sandbox_uid_processes() -> list[int]:
+    lo = SandboxConfig().uid_base
     pids = []
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if os.stat(f"/proc/{p}").st_uid == uid:
+                if lo <= os.stat(f"/proc/{p}").st_uid < lo + (1 << 20):
                     pids.append(int(p))
             except FileNotFoundError:
                 pass
     return pids
+
+
+# ---------------------------------------------------------------------------------------------
+# run_python: status from the exit status, signal or limit
+# ---------------------------------------------------------------------------------------------
 
 
 def test_ok_program_and_clean_environment():
@@ -44,11 +64,20 @@ def test_ok_program_and_clean_environment():
     assert r.stdout.strip().endswith(" 42")
     for key in ("TILTLAB", "PYTHONPATH", "VIRTUAL_ENV", "PYENV"):
         assert key not in r.stdout
+    assert r.isolation["level"] == REPORT["level"]
 
 
 def test_failing_assert_is_error():
     r = run_python("assert 1 == 2", FAST)
     assert r.status == "error" and not r.passed
+
+
+def test_status_never_comes_from_output():
+    code = "import sys\nsys.stderr.write('MemoryError\\nsandbox: x blocked\\n')\nprint('Traceback')"
+    r = run_python(code, FAST)
+    assert r.status == "ok" and r.passed
+    r = run_judged("import sys\nsys.stderr.write('MemoryError')\ndef f(x):\n    return x\n", "assert f(1) == 1", FAST)
+    assert r.passed and r.status == "ok"
 
 
 def test_infinite_loop_times_out():
@@ -71,13 +100,7 @@ def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
     assert r.wall_s < 10  # 1 CPU-second (+1 s to the hard limit); far below the 20 s wall clock
 
 
-@pytest.mark.parametrize(
-    "code",
-    [
-        "x = bytearray(8 * 1024 ** 3)",
-        "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)",
-    ],
-)
+@pytest.mark.parametrize("code", ["x = bytearray(8 * 1024 ** 3)", "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)"])
 def test_memory_bomb(code):
     t = time.monotonic()
     r = run_python(code, FAST)
@@ -92,32 +115,28 @@ def test_memory_bomb(code):
         "import subprocess\nsubprocess.run(['sh', '-c', 'echo pwned'])",
         "import os\nos.system('echo pwned')",
         "import multiprocessing as mp\nmp.Process(target=print).start()",
-        "import ctypes\nctypes.CDLL(None).fork()",
     ],
 )
-def test_process_creation_blocked(code):
+def test_process_creation_blocked_by_hook(code):
     r = run_python(code, FAST)
     assert r.status == "blocked" and not r.passed, (r.status, r.stderr[-300:])
     assert "pwned" not in r.stdout
 
 
 @pytest.mark.skipif(
-    not REPORT["rlimit_nproc_effective"],
-    reason="RLIMIT_NPROC is not enforced for root and no privilege drop is possible here",
+    not REPORT["rlimit_nproc_effective"], reason="RLIMIT_NPROC is not enforced for uid 0 and no drop is possible"
 )
-def test_fork_bomb_without_audit_hook_is_contained_by_rlimit():
-    uid = REPORT["runs_as_uid"]
-    before = set(_uid_processes(uid)) if REPORT["privileges_dropped"] else set()
+def test_fork_bomb_without_audit_hook_is_contained():
+    before = set(_sandbox_uid_processes())
     t = time.monotonic()
     r = run_python("import os\nwhile True:\n    os.fork()", FAST, audit_hook=False, nproc=16)
     assert not r.passed
     assert time.monotonic() - t < BOUND
-    if REPORT["privileges_dropped"]:
-        time.sleep(0.2)
-        assert set(_uid_processes(uid)) - before == set()  # nothing survives the run
+    time.sleep(0.5)  # the kernel tears the PID namespace down asynchronously after its init is killed
+    assert set(_sandbox_uid_processes()) - before == set()
 
 
-def test_write_outside_workdir_blocked(tmp_path):
+def test_write_outside_workdir_fails(tmp_path):
     target = tmp_path / "pwned.txt"
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
@@ -128,20 +147,13 @@ def test_write_outside_workdir_blocked(tmp_path):
         f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
         "open('../escape.txt', 'w').write('x')",
     ):
-        r = run_python(code, FAST)
-        assert not r.passed, code
+        for hook in (True, False):
+            r = run_python(code, FAST, audit_hook=hook)
+            assert not r.passed, (code, hook)
     assert not target.exists()
     assert victim.read_text() == "keep"
     # writing inside the working directory is allowed
     assert run_python("open('ok.txt', 'w').write('x')\nprint(open('ok.txt').read())", FAST).stdout.strip() == "x"
-
-
-@pytest.mark.skipif(not REPORT["privileges_dropped"], reason="no privilege drop here")
-def test_write_outside_workdir_denied_by_os_without_hook(tmp_path):
-    os.chmod(tmp_path, 0o755)
-    r = run_python(f"open({str(tmp_path / 'x')!r}, 'w').write('x')", FAST, audit_hook=False)
-    assert r.status == "error" and "Permission denied" in r.stderr
-    assert not (tmp_path / "x").exists()
 
 
 @pytest.fixture
@@ -157,15 +169,15 @@ def test_network_blocked(listener):
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=2)\nprint('connected')"
     r = run_python(code, FAST)
     assert r.status == "blocked" and "connected" not in r.stdout
+    if REPORT["network_namespace"]:
+        r = run_python(code, FAST, audit_hook=False)
+        assert not r.passed and "connected" not in r.stdout
 
 
-@pytest.mark.skipif(not REPORT["network_namespace"], reason="no network namespace on this OS")
-def test_network_namespace_without_hook(listener):
+def test_network_control_reaches_listener_without_isolation(listener):
+    # control: the program does reach the host listener with every layer off (so the test above can fail)
     code = f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=2)\nprint('connected')"
-    r = run_python(code, FAST, audit_hook=False)
-    assert not r.passed and "connected" not in r.stdout
-    # control: the same program reaches the host listener when both layers are off (the test can fail)
-    r = run_python(code, FAST, audit_hook=False, isolate_network=False)
+    r = run_python(code, FAST, audit_hook=False, isolate_network=False, backend="legacy")
     assert r.passed and "connected" in r.stdout
 
 
@@ -179,36 +191,9 @@ def test_huge_output_capped():
         assert time.monotonic() - t < BOUND
 
 
-def test_hostile_solutions_score_zero(tmp_path, listener):
-    tests = "assert f(2) == 4\n"
-    good = "def f(x):\n    return 2 * x\n"
-    hostile = [
-        "while True:\n    pass\n" + good,
-        "x = bytearray(8 * 1024 ** 3)\n" + good,
-        "import os\nos.fork()\n" + good,
-        f"open({str(tmp_path / 'p')!r}, 'w').write('x')\n" + good,
-        f"import socket\nsocket.create_connection(('127.0.0.1', {listener}), timeout=1)\n" + good,
-        "print('z' * 10 ** 8)\n" + good,
-    ]
-    comps = [f"```python\n{c}```" for c in [good, *hostile]]
-    rew = sandbox_reward(comps, tests)
-    assert rew == [1.0] + [0.0] * len(hostile)
-
-
-def sandbox_reward(comps, tests):
-    from tiltlab.llm.rewards import make_code_reward
-
-    fn = make_code_reward(SandboxConfig(timeout_s=2.0, memory_mb=256, max_output_bytes=1 << 16, max_file_mb=0.1))
-    return fn(None, comps, tests=[tests] * len(comps))
-
-
 def test_run_many_order():
     res = run_many([f"print({i})" for i in range(5)], FAST, max_workers=2)
     assert [r.stdout.strip() for r in res] == [str(i) for i in range(5)]
-
-
-def test_default_code_reward_runs():
-    assert code_reward(None, ["def f(x):\n    return x"], tests=["assert f(3) == 3"]) == [1.0]
 
 
 def test_config_validation():
@@ -216,15 +201,191 @@ def test_config_validation():
         SandboxConfig(timeout_s=0)
     with pytest.raises(ValueError, match="memory_mb"):
         SandboxConfig(memory_mb=1)
+    with pytest.raises(ValueError, match="backend"):
+        SandboxConfig(backend="docker")
+    with pytest.raises(ValueError, match="disk_mb"):
+        SandboxConfig(disk_mb=0)
+    with pytest.raises(ValueError, match="uid_base"):
+        SandboxConfig(uid_base=0)
     with pytest.raises(ValueError, match="code must be a str"):
         run_python(b"print(1)")
+    with pytest.raises(ValueError, match="code and tests"):
+        run_judged("x = 1", None)
 
 
-def test_warns_and_still_blocks_without_namespaces(monkeypatch):
+# ---------------------------------------------------------------------------------------------
+# fallback without bwrap
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fallback_without_bwrap_warns_reports_and_still_blocks(monkeypatch):
+    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
     monkeypatch.setattr(sandbox, "_unshare_prefix", lambda net, pids: None)
     monkeypatch.setattr(sandbox, "_warned", set())
     with pytest.warns(SandboxWarning) as rec:
         r = run_python("import socket\nsocket.socket()", FAST)
-    assert any("network namespaces are unavailable" in str(w.message) for w in rec)
+    msgs = " ".join(str(w.message) for w in rec)
+    assert "apt-get install -y bubblewrap" in msgs and "network namespaces are unavailable" in msgs
     assert r.status == "blocked"
-    assert r.isolation["network_namespace"] is False
+    assert r.isolation["level"] == "process" and r.isolation["network_namespace"] is False
+    assert run_judged("def f(x):\n    return x + 1\n", "assert f(1) == 2", FAST).passed
+
+
+def test_backend_bwrap_required(monkeypatch):
+    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
+    with pytest.raises(RuntimeError, match="bubblewrap"):
+        run_python("pass", FAST, backend="bwrap")
+
+
+def test_legacy_backend_runs_and_says_so():
+    r = run_python("print(1)", FAST, backend="legacy")
+    assert r.passed and r.isolation["level"] in ("namespaces", "process")
+
+
+# ---------------------------------------------------------------------------------------------
+# the bwrap level: what the candidate sees of the host
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_bwrap_private_tmp_shm_and_proc(tmp_path):
+    name = f"tiltlab-sbx-probe-{os.getpid()}"
+    code = (
+        "import os\n"
+        f"for d in ('/tmp', '/dev/shm'):\n    open(d + '/{name}', 'w').write('x')\n"
+        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
+    )
+    r = run_python(code, FAST, audit_hook=False)  # the OS layer, not the hook's write block
+    assert r.passed, r.stderr
+    pids = eval(r.stdout.splitlines()[0])
+    assert max(pids) < 10  # its own PID namespace: a handful of processes, none of the host's
+    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
+    # a second run starts from empty /tmp and /dev/shm
+    r2 = run_python("import os\nprint(os.listdir('/tmp'), os.listdir('/dev/shm'))", FAST)
+    assert r2.stdout.strip() == "[] []"
+
+
+@needs_bwrap
+def test_bwrap_hides_host_files_and_unix_sockets(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "f.txt").write_text("host")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(tmp_path / "s"))
+    srv.listen(1)
+    try:
+        code = (
+            "import os, socket\n"
+            f"print(os.path.exists({str(tmp_path / 'f.txt')!r}), os.path.exists('/etc/passwd'))\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            f"s.connect({str(tmp_path / 's')!r})\n"
+        )
+        r = run_python(code, FAST, audit_hook=False)
+        assert r.stdout.strip() == "False False" and r.status == "error"
+        # control: the host can connect to that socket
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(str(tmp_path / "s"))
+        c.close()
+    finally:
+        srv.close()
+
+
+@needs_bwrap
+def test_bwrap_tmpfs_is_size_capped():
+    code = "open('big', 'wb').write(b'x' * (8 << 20))"
+    assert run_python(code, FAST, max_file_mb=64, disk_mb=16).passed
+    r = run_python(code, FAST, max_file_mb=64, disk_mb=4)
+    assert r.status == "error"  # ENOSPC: the 4 MiB tmpfs is full
+
+
+@needs_bwrap
+def test_bwrap_numpy_and_distinct_uids():
+    code = "import os, time, numpy\ntime.sleep(0.5)\nprint(os.getuid(), int(numpy.arange(4).sum()))"
+    res = run_many([code] * 2, FAST, max_workers=2)
+    assert all(r.passed for r in res), [r.stderr[-300:] for r in res]
+    uids = [int(r.stdout.split()[0]) for r in res]
+    assert all(r.stdout.split()[1] == "6" for r in res)
+    if REPORT["parent_is_root"]:
+        assert len(set(uids)) == 2 and 0 not in uids  # one unprivileged uid per concurrent run
+    else:
+        assert uids == [65534, 65534]  # each in its own user namespace
+
+
+# ---------------------------------------------------------------------------------------------
+# run_judged: the judge's channel and the wire format
+# ---------------------------------------------------------------------------------------------
+
+
+def test_judged_pass_and_fail():
+    assert run_judged("def f(x):\n    return 2 * x\n", "assert f(2) == 4", FAST).passed
+    r = run_judged("def f(x):\n    return 0\n", "assert f(2) == 4", FAST)
+    assert not r.passed and r.status == "failed" and "AssertionError" in r.judge_stderr
+
+
+@pytest.mark.parametrize(
+    "ret,test,ok",
+    [
+        ("[1, 2]", "assert f() == [1, 2]", True),
+        ("[1, 2]", "assert f() == (1, 2)", False),  # list != tuple, as in Python
+        ("(1, 'a', None, 2.5, b'x', 1j)", "assert f() == (1, 'a', None, 2.5, b'x', 1j)", True),
+        ("{(1, 2): {3}, 'k': frozenset([4])}", "assert f() == {(1, 2): {3}, 'k': frozenset([4])}", True),
+        ("True", "assert f() is True", True),
+        ("type('I', (int,), {'__eq__': lambda s, o: True})(0)", "assert f() == 4", False),
+        ("type('S', (str,), {})('4')", "assert f() == '4'", False),  # a str subclass stays in the sandbox
+        ("type('A', (), {'__eq__': lambda s, o: True})()", "assert f() == 4", False),
+        # residual, by design: comparisons are Python's own between plain values (1 == 1.0 == True),
+        # and the truth value of a non-plain result is its len() computed in the sandbox; neither
+        # gives more than `return 1` / `return True` would
+        ("1.0", "assert f() == 1", True),
+        ("type('L', (), {'__len__': lambda s: 1})()", "assert f()", True),
+        ("object()", "assert f()", False),
+    ],
+)
+def test_judged_values_cross_as_exact_builtins(ret, test, ok):
+    assert run_judged(f"def f():\n    return {ret}\n", test, FAST).passed is ok
+
+
+def test_judged_handles_classes_generators_and_modules():
+    code = (
+        "import math\n"
+        "class Acc:\n    def __init__(self):\n        self.n = 0\n"
+        "    def add(self, k):\n        self.n += k\n        return self\n"
+        "def gen(k):\n    yield from range(k)\n"
+        "def area(r):\n    return math.pi * r * r\n"
+        "def bad():\n    raise ValueError('no')\n"
+    )
+    tests = (
+        "a = Acc()\na.add(2).add(3)\nassert a.n == 5\n"
+        "assert list(gen(3)) == [0, 1, 2]\n"
+        "assert math.isclose(area(1), 3.14159, rel_tol=1e-4)\n"  # the candidate's stdlib import is usable
+        "try:\n    bad()\n    raise AssertionError('no raise')\nexcept ValueError:\n    pass\n"
+    )
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr
+
+
+def test_judged_candidate_cannot_shadow_builtins_or_forge_system_exit():
+    code = "def abs(x):\n    return 0\ndef f(x):\n    raise SystemExit(0)\n"
+    assert not run_judged(code, "assert abs(-3) == 0", FAST).passed  # builtins' abs, not the candidate's
+    assert run_judged("import math as len\ndef f():\n    return [1]\n", "assert len(f()) == 1", FAST).passed
+    assert not run_judged(code, "f(1)", FAST).passed
+    # a broken exchange fails the run even when the tests swallow the error
+    assert not run_judged(
+        "import os\ndef f():\n    os._exit(0)\n", "try:\n    f()\nexcept BaseException:\n    pass", FAST
+    ).passed
+
+
+def test_judged_stdio():
+    code = "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n"
+    tests = "assert __stdio__('1 2\\n3').split() == ['6']\nassert __stdio__('5').strip() == '5'\n"
+    assert run_judged(code, tests, FAST, stdio=True).passed
+    assert not run_judged("print(7)", tests, FAST, stdio=True).passed
+
+
+def test_judged_timeout_and_many():
+    t = time.monotonic()
+    r = run_judged("def f():\n    while True:\n        pass\n", "f()", FAST)
+    assert r.status == "timeout" and not r.passed
+    assert time.monotonic() - t < BOUND
+    res = run_many_judged([(f"def f():\n    return {i}\n", f"assert f() == {i % 2}", False) for i in range(4)], FAST)
+    assert [r.passed for r in res] == [True, True, False, False]
