@@ -49,6 +49,8 @@ _MATH = (
     ("log Z", r"$\log Z$"),
     ("·Â", r"$\cdot\hat{A}$"),
     ("A/η", r"$A/\eta$"),
+    ("p_old", r"$p_{\mathrm{old}}$"),
+    ("p_ref", r"$p_{\mathrm{ref}}$"),
 )
 
 
