@@ -437,12 +437,12 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;line-height:1.45;color:#222}
 nav#toc{position:fixed;top:0;left:0;bottom:0;width:240px;overflow-y:auto;padding:.8em;background:#f7f7f9;border-right:1px solid #ddd;font-size:.85em}
 nav#toc ul{list-style:none;padding-left:.8em;margin:.2em 0}nav#toc>ul{padding-left:0}nav#toc a{text-decoration:none;color:#1a4f8a}
-nav#toc .v{font-size:.8em;padding:0 3px}
+nav#toc li{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.dot{display:inline-block;width:.7em;height:.7em;border-radius:50%;margin-right:.35em;border:1px solid #999;vertical-align:middle}
 main{margin-left:270px;max-width:1100px;padding:0 1.5em 3em 1em}
 @media (max-width:900px){nav#toc{position:static;width:auto;border-right:none;border-bottom:1px solid #ddd}main{margin-left:0}}
 h1{border-bottom:2px solid #444}h2{border-bottom:1px solid #bbb;margin-top:2em}h3{margin-bottom:.3em;font-size:1.02em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child{text-align:left}
-td.ids{text-align:left}td.ids a{text-decoration:none;margin-right:.3em;white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child{text-align:left;white-space:nowrap}
+td.ids{text-align:left;font-size:.85em;line-height:1.9}td.ids a{text-decoration:none;margin-right:.25em;white-space:nowrap;font-weight:400;display:inline-block}
 code{background:#f4f4f4;padding:0 3px;border-radius:3px;font-size:.92em;word-break:break-word}
 .v{font-weight:600;padding:0 5px;border-radius:3px}
 .verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}
@@ -516,7 +516,10 @@ def _html_toc(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, Any], has_lo
         by_paper[r["paper"]].append(r)
     for paper, rs in by_paper.items():
         T.append(f'<li><a href="#{_html_id("paper", paper)}">{e(paper)}</a> ({len(rs)})<ul>')
-        T += [f"<li>{_claim_link(r['id'])} {_v(r['status'])}</li>" for r in rs]
+        T += [
+            f'<li><span class="dot {e(r["status"])}" title="{e(r["status"])}"></span>{_claim_link(r["id"])}</li>'
+            for r in rs
+        ]
         T.append("</ul></li>")
     if figs:
         T.append('<li><a href="#figures">Figures</a><ul>')
@@ -564,7 +567,7 @@ def render_html(inp: ReportInput) -> str:
         "<h2 id=\"summary\">Summary</h2><p>Claims by paper (a claim's verdict is its most informative check's: "
         "error &gt; refuted &gt; partly &gt; verified &gt; out_of_reach).</p><table><tr><th>paper</th>"
         + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER)
-        + "<th>total</th><th>claims</th></tr>"
+        + "<th>total</th></tr>"
     )
     by_paper: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -576,7 +579,8 @@ def render_html(inp: ReportInput) -> str:
         H.append(
             f"<tr><td>{lab}</td>"
             + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER)
-            + f'<td>{sum(c.values())}</td><td class="ids">{ids}</td></tr>'
+            + f"<td>{sum(c.values())}</td></tr>"
+            + (f'<tr><td></td><td class="ids" colspan="{len(VERDICT_ORDER) + 1}">{ids}</td></tr>' if ids else "")
         )
     H.append("</table>")
     lc = _layer_counts(inp.outcomes)
