@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import html
+import inspect
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ __all__ = [
     "VERDICT_ORDER",
     "ReportInput",
     "claim_rows",
+    "figures_json",
     "render_html",
     "render_markdown",
     "render_papers_markdown",
@@ -52,8 +55,68 @@ VERDICT_ORDER = ("verified", "partly", "refuted", "out_of_reach", "error", "unch
 _LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
 
 
+#: The repository root (the folder holding ``paper_checks/``); source and doc links are relative to it.
+_REPO = Path(__file__).resolve().parents[1]
+
+
 def _paper(short: str) -> Paper | None:
     return registry.papers().get(short)
+
+
+def _slug(text: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces -> ``-``."""
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _html_id(prefix: str, text: str) -> str:
+    return f"{prefix}-" + re.sub(r"[^A-Za-z0-9_.\-]", "-", text)
+
+
+def _repo_href(target: Path, out_dir: Path, fragment: str = "") -> tuple[str | None, str | None]:
+    """``(href, label)`` for a file of the repository seen from a report written into ``out_dir``.
+
+    ``label`` is the path relative to the repository (``None`` when ``target`` is outside it);
+    ``href`` is a relative link, given only when ``out_dir`` is inside the repository too (a report
+    copied elsewhere would otherwise carry dead links)."""
+    try:
+        label = Path(target).resolve().relative_to(_REPO).as_posix()
+    except ValueError:
+        return None, None
+    try:
+        Path(out_dir).resolve().relative_to(_REPO)
+    except ValueError:
+        return None, label
+    href = os.path.relpath(Path(target).resolve(), Path(out_dir).resolve()).replace(os.sep, "/")
+    return href + fragment, label
+
+
+def _check_source(check: Any) -> tuple[Path, int] | None:
+    """File and first line of a registered check function (``None`` for a builtin or lost source)."""
+    fn = inspect.unwrap(check.fn)
+    try:
+        path = inspect.getsourcefile(fn)
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return None
+    return (Path(path), line) if path else None
+
+
+def _source_ref(check: Any, out_dir: Path) -> tuple[str | None, str]:
+    """``(href, text)`` naming where a check is defined: ``sim/checks/estimators.py:120``."""
+    src = _check_source(check)
+    if src is None:
+        return None, "source unavailable"
+    path, line = src
+    href, label = _repo_href(path, out_dir, f"#L{line}")
+    return href, f"{label or path}:{line}"
+
+
+def _papers_href(paper: str, out_dir: Path) -> str | None:
+    """Link to the paper's section of ``docs/papers.md`` (``None`` when that file is not reachable)."""
+    doc = _REPO / "docs" / "papers.md"
+    if not doc.is_file() or f"## {paper}\n" not in doc.read_text(encoding="utf-8"):
+        return None
+    return _repo_href(doc, out_dir, f"#{_slug(paper)}")[0]
 
 
 @dataclass
@@ -371,13 +434,20 @@ def render_markdown(inp: ReportInput) -> str:
 # --------------------------------------------------------------------------- html
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;line-height:1.45;color:#222}
+nav#toc{position:fixed;top:0;left:0;bottom:0;width:240px;overflow-y:auto;padding:.8em;background:#f7f7f9;border-right:1px solid #ddd;font-size:.85em}
+nav#toc ul{list-style:none;padding-left:.8em;margin:.2em 0}nav#toc>ul{padding-left:0}nav#toc a{text-decoration:none;color:#1a4f8a}
+nav#toc li{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.dot{display:inline-block;width:.7em;height:.7em;border-radius:50%;margin-right:.35em;border:1px solid #999;vertical-align:middle}
+main{margin-left:270px;max-width:1100px;padding:0 1.5em 3em 1em}
+@media (max-width:900px){nav#toc{position:static;width:auto;border-right:none;border-bottom:1px solid #ddd}main{margin-left:0}}
 h1{border-bottom:2px solid #444}h2{border-bottom:1px solid #bbb;margin-top:2em}h3{margin-bottom:.3em;font-size:1.02em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child{text-align:left}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child{text-align:left;white-space:nowrap}
+td.ids{text-align:left;font-size:.85em;line-height:1.9}td.ids a{text-decoration:none;margin-right:.25em;white-space:nowrap;font-weight:400;display:inline-block}
 code{background:#f4f4f4;padding:0 3px;border-radius:3px;font-size:.92em;word-break:break-word}
 .v{font-weight:600;padding:0 5px;border-radius:3px}
 .verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}
-.claim{margin:0 0 1.2em 0;padding:.3em .8em;border-left:4px solid #ddd}.stmt{color:#444}.nums{color:#555;font-size:.88em}
+.claim{margin:0 0 1.2em 0;padding:.3em .8em;border-left:4px solid #ddd;display:block}.stmt{color:#444}.nums{color:#555;font-size:.88em}
+details.claim>summary{cursor:pointer;padding:.2em 0}.src{font-size:.85em;color:#666}
 figure{margin:.8em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#444}
 """
 
@@ -394,15 +464,87 @@ def _img_data(png: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
+def _a(href: str | None, text: str, cls: str = "") -> str:
+    """An escaped link, or the escaped text alone when there is nothing to link to."""
+    c = f' class="{cls}"' if cls else ""
+    if href is None:
+        return f"<span{c}>{html.escape(text)}</span>" if cls else html.escape(text)
+    return f'<a href="{html.escape(href)}"{c}>{html.escape(text)}</a>'
+
+
+def _claim_link(cid: str, status: str | None = None) -> str:
+    cls = f"v {status}" if status else ""
+    return _a(f"#{_html_id('claim', cid)}", cid, cls)
+
+
+def _html_finding_linked(f: Finding, href: str | None) -> str:
+    head, text, code = f
+    return (
+        f"<li><b>{_a(href, head)}</b> {html.escape(text)}"
+        + (f" <code>{html.escape(code)}</code>" if code else "")
+        + "</li>"
+    )
+
+
+def _html_citation(c: Claim, out_dir: Path) -> str:
+    return f"<i>{_a(_papers_href(c.paper, out_dir), cite(c))}</i>"
+
+
+def _html_check(o: Outcome, out_dir: Path) -> str:
+    e = html.escape
+    exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
+    href, text = _source_ref(o.check, out_dir)
+    src = f' <span class="src">[source: {_a(href, text)}]</span>'
+    head = f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: "
+    if o.result is None:
+        last = (o.error or "").strip().splitlines()[-1:] or [""]
+        return f"{head}{_v('error')}{exp} — {e(last[0])}{src}</li>"
+    out = f"{head}{_v(o.verdict)}{exp} — {e(o.result.summary)}{src}"
+    if o.check.name != "llm_scale":
+        nums = _short_numbers(o.result.numbers)
+        if nums:
+            out += f'<div class="nums">{e(nums)}</div>'
+    return out + "</li>"
+
+
+def _html_toc(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, Any], has_loose: bool) -> str:
+    e = html.escape
+    T = ['<nav id="toc"><b>Contents</b><ul>', '<li><a href="#summary">Summary</a></li>']
+    T.append('<li><a href="#findings">Findings</a></li>')
+    by_paper: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_paper[r["paper"]].append(r)
+    for paper, rs in by_paper.items():
+        T.append(f'<li><a href="#{_html_id("paper", paper)}">{e(paper)}</a> ({len(rs)})<ul>')
+        T += [
+            f'<li><span class="dot {e(r["status"])}" title="{e(r["status"])}"></span>{_claim_link(r["id"])}</li>'
+            for r in rs
+        ]
+        T.append("</ul></li>")
+    if figs:
+        T.append('<li><a href="#figures">Figures</a><ul>')
+        T += [f'<li><a href="#{e(fid)}">{e(fid)}</a></li>' for fid in sorted(figs)]
+        T.append("</ul></li>")
+    if has_loose:
+        T.append('<li><a href="#other-figures">Other figures</a></li>')
+    T.append('<li><a href="#environment">Environment</a></li></ul></nav>')
+    return "\n".join(T)
+
+
 def render_html(inp: ReportInput) -> str:
     rows = claim_rows(inp)
     counts = _counts(rows)
     figs = {f.id: f for f in inp.figures}
     e = html.escape
+    claimed = {fid for r in rows for fid in r["figures"] if fid in figs}
+    loose = sorted(fid for fid in figs if fid not in claimed)
     H: list[str] = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>tiltlab report</title>",
         f"<style>{_CSS}</style></head><body>",
+        _html_toc(rows, figs, bool(loose)),
+        "<main>",
     ]
     H.append("<h1>tiltlab — claims of the five papers, checked</h1>")
     H.append(
@@ -413,29 +555,38 @@ def render_html(inp: ReportInput) -> str:
         "<p>Layers: <code>theory</code> symbolic (sympy), <code>sim</code> exact float64 simulator, <code>data</code> the paper's "
         "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>"
     )
+    math_href, _ = _repo_href(_REPO / "docs" / "math.md", inp.out_dir)
+    papers_href, _ = _repo_href(_REPO / "docs" / "papers.md", inp.out_dir)
     H.append(
-        "<p>Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see <code>docs/math.md</code> (the objectives, "
-        "estimators and claim ids in one notation) and <code>docs/papers.md</code> (the paper index) in the repository.</p>"
+        "<p>Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see "
+        f"<code>{_a(math_href, 'docs/math.md')}</code> (the objectives, estimators and claim ids in one notation) and "
+        f"<code>{_a(papers_href, 'docs/papers.md')}</code> (the paper index) in the repository. Each check names "
+        "the file and line that defines it.</p>"
     )
     H.append(
-        "<h2>Summary</h2><table><tr><th>paper</th>"
+        "<h2 id=\"summary\">Summary</h2><p>Claims by paper (a claim's verdict is its most informative check's: "
+        "error &gt; refuted &gt; partly &gt; verified &gt; out_of_reach).</p><table><tr><th>paper</th>"
         + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER)
         + "<th>total</th></tr>"
     )
-    names = [*dict.fromkeys(r["paper"] for r in rows), "all"]
-    for n in names:
+    by_paper: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_paper[r["paper"]].append(r)
+    for n in [*by_paper, "all"]:
         c = counts[n]
-        lab = f"<b>{e(n)}</b>" if n == "all" else e(n)
+        lab = "<b>all</b>" if n == "all" else _a(f"#{_html_id('paper', n)}", n)
+        ids = "" if n == "all" else " ".join(_claim_link(r["id"], r["status"]) for r in by_paper[n])
         H.append(
             f"<tr><td>{lab}</td>"
             + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER)
             + f"<td>{sum(c.values())}</td></tr>"
+            + (f'<tr><td></td><td class="ids" colspan="{len(VERDICT_ORDER) + 1}">{ids}</td></tr>' if ids else "")
         )
     H.append("</table>")
     lc = _layer_counts(inp.outcomes)
     if lc:
         H.append(
-            "<table><tr><th>layer</th>"
+            "<p>Checks by layer:</p><table><tr><th>layer</th>"
             + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER[:-1])
             + "<th>total</th></tr>"
         )
@@ -448,7 +599,18 @@ def render_html(inp: ReportInput) -> str:
             )
         H.append("</table>")
     fd = _findings(inp, rows)
-    H.append("<h2>Findings</h2>")
+    known = {r["id"] for r in rows}
+
+    def claim_href(cid: str) -> str | None:
+        return f"#{_html_id('claim', cid)}" if cid in known else None
+
+    link_for = {
+        "changed": lambda head: claim_href(head.split("[", 1)[0]),
+        "missing": lambda head: None,
+        "claims": claim_href,
+        "figures": lambda head: f"#{head}" if head in figs else None,
+    }
+    H.append('<h2 id="findings">Findings</h2>')
     for key, title in (
         ("changed", "Checks whose verdict changed or that crashed"),
         ("missing", "Figures missing or failed"),
@@ -457,71 +619,92 @@ def render_html(inp: ReportInput) -> str:
     ):
         if key in ("changed", "missing") and not fd[key]:
             continue
-        H.append(f"<h3>{title}</h3><ul>" + ("".join(_html_finding(x) for x in fd[key]) or "<li>none</li>") + "</ul>")
+        items = "".join(_html_finding_linked(x, link_for[key](x[0])) for x in fd[key])
+        H.append(f"<h3>{title}</h3><ul>" + (items or "<li>none</li>") + "</ul>")
     shown: set[str] = set()
-    current = None
-    for r in rows:
-        if r["paper"] != current:
-            current = r["paper"]
-            paper = _paper(current)
-            H.append(f"<h2>{e(current)}{' — ' + e(paper.title) if paper else ''}</h2>")
-            if paper is not None:
-                H.append(f"<p>{e(paper.authors)}; {e(paper.source)}. Index: <code>docs/papers.md</code>.</p>")
-        c = r["claim"]
-        H.append(f'<div class="claim" id="claim-{e(r["id"])}"><h3><code>{e(r["id"])}</code> {_v(r["status"])}</h3>')
-        if c is not None:
-            H.append(f'<p class="stmt"><i>{e(cite(c))}</i> · {e(c.kind)}. {e(c.statement)}</p>')
-        H.append("<ul>")
-        if not r["outcomes"]:
-            H.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
-        for o in r["outcomes"]:
-            exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
-            if o.result is None:
-                last = (o.error or "").strip().splitlines()[-1:] or [""]
-                H.append(
-                    f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v('error')}{exp} — {e(last[0])}</li>"
-                )
+    first_fig = True
+    for paper_name, rs in by_paper.items():
+        paper = _paper(paper_name)
+        H.append(
+            f'<h2 id="{e(_html_id("paper", paper_name))}">{e(paper_name)}{" — " + e(paper.title) if paper else ""}</h2>'
+        )
+        if paper is not None:
+            idx = _a(_papers_href(paper_name, inp.out_dir), "docs/papers.md")
+            H.append(f"<p>{e(paper.authors)}; {e(paper.source)}. Index: <code>{idx}</code>.</p>")
+        for r in rs:
+            c = r["claim"]
+            cid = e(_html_id("claim", r["id"]))
+            body: list[str] = []
+            if c is not None:
+                body.append(f'<p class="stmt">{_html_citation(c, inp.out_dir)} · {e(c.kind)}. {e(c.statement)}</p>')
+            body.append("<ul>")
+            if not r["outcomes"]:
+                body.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
+            body += [_html_check(o, inp.out_dir) for o in r["outcomes"]]
+            if c is not None and c.llm_command:
+                body.append(f"<li>LLM-scale command: <code>{e(c.llm_command)}</code></li>")
+            body.append("</ul>")
+            for fid in r["figures"]:
+                f = figs.get(fid)
+                if f is None:
+                    body.append(f"<p>figure <code>{e(fid)}</code>: not produced in this run</p>")
+                elif fid in shown:
+                    body.append(f'<p>figure: see <a href="#{e(fid)}">{e(fid)}</a> above</p>')
+                else:
+                    shown.add(fid)
+                    if first_fig:
+                        body.append('<span id="figures"></span>')
+                        first_fig = False
+                    body.append(_html_figure(f, known))
+            head = f"<code>{e(r['id'])}</code> {_v(r['status'])}"
+            if r["status"] == "out_of_reach":
+                # out of reach: the paper's numbers and the LLM command, folded away
+                H.append(f'<details class="claim" id="{cid}"><summary>{head}')
+                if c is not None:
+                    H.append(f" — {e(cite(c))}")
+                H.append("</summary>" + "".join(body) + "</details>")
             else:
-                H.append(
-                    f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: {_v(o.verdict)}{exp} — {e(o.result.summary)}"
-                )
-                if o.check.name != "llm_scale":
-                    nums = _short_numbers(o.result.numbers)
-                    if nums:
-                        H.append(f'<div class="nums">{e(nums)}</div>')
-                H.append("</li>")
-        if c is not None and c.llm_command:
-            H.append(f"<li>LLM-scale command: <code>{e(c.llm_command)}</code></li>")
-        H.append("</ul>")
-        for fid in r["figures"]:
-            f = figs.get(fid)
-            if f is None:
-                H.append(f"<p>figure <code>{e(fid)}</code>: not produced in this run</p>")
-            elif fid in shown:
-                H.append(f'<p>figure: see <a href="#{e(fid)}">{e(fid)}</a> above</p>')
-            else:
-                shown.add(fid)
-                H.append(_html_figure(f))
-        H.append("</div>")
-    loose = sorted(fid for fid in figs if fid not in shown)
+                H.append(f'<div class="claim" id="{cid}"><h3>{head}</h3>' + "".join(body) + "</div>")
     if loose:
-        H.append("<h2>Other figures</h2>")
-        H += [_html_figure(figs[fid]) for fid in loose]
-    H.append("<h2>Environment</h2><ul>")
+        H.append('<h2 id="other-figures">Other figures</h2>')
+        if first_fig:
+            H.append('<span id="figures"></span>')
+        H += [_html_figure(figs[fid], known) for fid in loose]
+    H.append('<h2 id="environment">Environment</h2><ul>')
     H += [f"<li>{e(k)}: {e(str(v))}</li>" for k, v in sorted(inp.env.items())]
     H.append(f"<li>seed: {inp.seed}</li>")
     if inp.run_line:
         H.append(f"<li>{e(inp.run_line)}</li>")
-    H.append("</ul></body></html>")
+    H.append("</ul></main></body></html>")
     return "\n".join(H)
 
 
-def _html_figure(f: Any) -> str:
+def figures_json(figures: Iterable[Any], out_dir: Path) -> list[dict[str, Any]]:
+    """The figure records for ``claims.json``: sorted by id, paths relative to ``out_dir`` (where the
+    record is written), so a results folder can be moved or shared."""
+    rows = []
+    for f in sorted(figures, key=lambda f: f.id):
+        d = f.to_json() if hasattr(f, "to_json") else dict(vars(f))
+        for k in ("png", "data"):
+            if d.get(k):
+                d[k] = os.path.relpath(Path(d[k]).resolve(), Path(out_dir).resolve()).replace(os.sep, "/")
+        rows.append(d)
+    return rows
+
+
+def _html_figure(f: Any, known: set[str] = frozenset()) -> str:
     e = html.escape
     src = _img_data(Path(f.png))
-    img = f'<img alt="{e(f.title)}" src="{src}">' if src else f"<p><i>image {e(str(f.png))} could not be read</i></p>"
+    img = (
+        f'<img alt="{e(f.title)}" src="{src}">'
+        if src
+        else f"<p><i>image {e(Path(f.png).name)} could not be read</i></p>"
+    )
+    cl = [cid for cid in getattr(f, "claims", []) or [] if cid in known]
+    sup = (" Claims: " + ", ".join(_claim_link(cid) for cid in cl) + ".") if cl else ""
     return (
-        f'<figure id="{e(f.id)}">{img}<figcaption><b>{e(f.id)}: {e(f.title)}.</b> {e(f.caption)}</figcaption></figure>'
+        f'<figure id="{e(f.id)}">{img}<figcaption><b>{e(f.id)}: {e(f.title)}.</b> {e(f.caption)}{sup}</figcaption>'
+        "</figure>"
     )
 
 

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-__all__ = ["clean", "plt", "save"]
+__all__ = ["clean", "mathtext", "plt", "save", "steps_label"]
 
 
 def clean(obj: Any) -> Any:
@@ -38,3 +38,29 @@ def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str, numbers: dic
     plt.close(fig)
     js.write_text(json.dumps(clean({"caption": caption, "claim_numbers": numbers or {}, **data}), indent=1))
     return png, js
+
+
+# plain-text symbols in experiment labels -> matplotlib mathtext (labels stay plain in the JSON)
+_MATH = (
+    ("π_old", r"$\pi_{\mathrm{old}}$"),
+    ("π_ref", r"$\pi_{\mathrm{ref}}$"),
+    ("π_0", r"$\pi_0$"),
+    ("π*", r"$\pi^*$"),
+    ("log Z", r"$\log Z$"),
+    ("·Â", r"$\cdot\hat{A}$"),
+    ("A/η", r"$A/\eta$"),
+    ("p_old", r"$p_{\mathrm{old}}$"),
+    ("p_ref", r"$p_{\mathrm{ref}}$"),
+)
+
+
+def mathtext(label: str) -> str:
+    """A plot label with its plain-text symbols (``π_old``, ``log Z``, ...) set as mathtext."""
+    for a, b in _MATH:
+        label = label.replace(a, b)
+    return label
+
+
+def steps_label(inner: int) -> str:
+    """``1 step/batch``, ``4 steps/batch``."""
+    return f"{inner} step{'s' if inner != 1 else ''}/batch"

@@ -14,7 +14,7 @@ import numpy as np
 
 from tiltlab.sim.experiments import lad
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.figures._common_a import mathtext, plt, save
 
 FIG_ID = "fig01_lad_bandit"
 
@@ -26,36 +26,49 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     p_a = np.asarray(data["P_A"])
     methods = data["methods"]
     n = len(methods)
-    fig, axes = plt.subplots(2, (n + 1) // 2, figsize=(18, 7.2), sharey=True)
+    seeds = data["base"]["seeds"]
+    fig, axes = plt.subplots(2, (n + 1) // 2, figsize=(16, 7.6))
     x = np.arange(len(p_a))
     for ax, (label, m) in zip(axes.ravel(), methods.items()):
-        ax.bar(x, np.asarray(m["policy"]), color="tab:blue", alpha=0.55, label="final policy π_θ")
-        ax.step(x, np.asarray(m["P_pi"]), where="mid", color="navy", lw=1.3, label="P_π ∝ π_θ/π_old")
-        ax.plot(x, p_a, color="tab:orange", lw=2.0, label="target P_A = e^{A/η}/Z_A")
-        ax.set_title(f"{label}\nTV(P_π,P_A)={m['tv_Ppi_PA']:.3f}  max π={m['max_pi']:.2f}", fontsize=9)
+        title = mathtext(label)
+        pol, p_pi = np.asarray(m["policy"]), np.asarray(m["P_pi"])
+        ax.bar(x, pol, color="tab:blue", alpha=0.55, label=r"final policy $\pi_\theta$")
+        ax.step(x, p_pi, where="mid", color="navy", lw=1.3, label=r"$P_\pi \propto \pi_\theta/\pi_{\mathrm{old}}$")
+        ax.plot(x, p_a, color="tab:orange", lw=2.0, label=r"target $P_A = e^{A/\eta}/Z_A$")
+        # per-panel limits: a collapsed panel must not squash the others
+        ax.set_ylim(0, 1.08 * max(pol.max(), p_pi.max(), p_a.max()))
+        sd = m.get("tv_Ppi_PA_std")
+        tv = f"{m['tv_Ppi_PA']:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
+        ax.set_title(f"{title}\n$\\mathrm{{TV}}(P_\\pi, P_A)$ = {tv},  max $\\pi$ = {m['max_pi']:.2f}", fontsize=10)
         ax.set_xlabel("arm")
+        ax.tick_params(labelsize=9)
     for ax in axes[:, 0]:
         ax.set_ylabel("probability")
-    axes[0, 0].legend(fontsize=8, loc="upper left")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=10, frameon=False)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     steps = data["base"]["steps"]
     fig.suptitle(
-        f"LAD Fig. 1 bandit: 50 arms, {steps} steps, 32 samples/step at T=1.5, lr 5e-3, η=1, π_old refreshed twice"
-        f"{' (quick)' if quick else ''}",
+        f"LAD Fig. 1 bandit: 50 arms, {steps} steps, 32 samples/step drawn from $\\pi_{{\\mathrm{{old}}}}$ at sampling "
+        f"temperature T = 1.5, Adam lr 5e-3, $\\eta$ = 1, $\\pi_{{\\mathrm{{old}}}}$ refreshed twice; mean of {seeds} seeds "
+        f"(± = sd of TV over seeds){' (quick)' if quick else ''}",
         fontsize=11,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     g_clip = methods[lad.FIG1_GRPO]
     g_on = methods["GRPO on-policy (π_old every step)"]
     lad_js = methods[lad.FIG1_LAD]
     fl_code = methods[lad.FIG1_FLOWRL]
     fl_m = methods["FlowRL matched (A/η, ref=π_old)"]
     caption = (
-        "Reproduces LAD Fig. 1 / §4.1: final policy (bars), the ratio-induced P_π "
-        "(navy) and the advantage distribution P_A (orange), mean over seeds. Titles give TV(P_π, P_A) and the "
-        "largest arm probability. Paper settings; our mixture parameters; GRPO uses the raw advantage so that its "
-        "KL(π_old)-regularized optimum equals LAD's."
+        "Reproduces LAD Fig. 1 / §4.1 (claim lad.fig1.bandit): final policy (bars), the ratio-induced P_π "
+        f"(navy) and the advantage distribution P_A (orange), mean over {seeds} seeds. Titles give TV(P_π, P_A) "
+        "± its sd over seeds and the largest arm probability; each panel has its own y-range. Settings: 50 arms, "
+        f"{steps} steps, 32 samples per step from π_old at sampling temperature T = 1.5 (the paper's rollout "
+        "temperature), Adam lr 5e-3, η = 1, π_old refreshed twice; our mixture parameters; GRPO uses the raw "
+        "advantage so that its KL(π_old)-regularized optimum equals LAD's."
+        + (" Quick mode: a reduced illustration; the claim is judged at the paper's 4000 steps." if quick else "")
     )
 
     def collapsed(m: dict) -> bool:  # most mass on <= 2 arms (P_A's largest two arms hold < 0.13)

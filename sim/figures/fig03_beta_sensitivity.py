@@ -22,7 +22,7 @@ FIG_ID = "fig03_beta_sensitivity"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import plt, save, steps_label
 
     # the wider beta sweeps below are illustrations; the claim's numbers come from beta_cliff_claim
     n = bs.beta_cliff_claim(seed)["numbers"]
@@ -32,21 +32,24 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     B = np.asarray(lab["beta"])
     pr = lab["pass_rate"]
     fig, ax = plt.subplots(2, 2, figsize=(14, 10))
+    lz = r"$\log \hat Z_8$"
     for name, col in (("ref", "#a50f15"), ("teacher", "#08519c")):
         st = lab[name]
-        qlab = "q = π_ref" if name == "ref" else "fixed noisy teacher"
-        ax[0, 0].plot(B, st["var"].mean(1), "o-", color=col, label=f"Var(log Ẑ_8), {qlab}")
+        qlab = r"$q = \pi_{\mathrm{ref}}$" if name == "ref" else "fixed noisy teacher"
+        ax[0, 0].plot(B, st["var"].mean(1), "o-", color=col, label=f"Var({lz}), {qlab}")
         ax[0, 0].plot(B, np.abs(st["bias"]).mean(1), "s--", color=col, alpha=0.7, label=f"|bias| (nats), {qlab}")
         ax[0, 1].plot(B, st["ess"].mean(1), "o-", color=col, label=f"ESS/M, {qlab}")
         ax[0, 1].plot(B, st["maxw"].mean(1), "s--", color=col, alpha=0.7, label=f"max normalized weight, {qlab}")
         hard = pr < 0.05
-        ax[1, 0].plot(B, np.median(st["rel_bias"][:, hard], 1), "o-", color=col, label=f"hard p<0.05, {qlab}")
-        ax[1, 0].plot(B, np.median(st["rel_bias"][:, ~hard], 1), "s--", color=col, alpha=0.7, label=f"p≥0.05, {qlab}")
+        ax[1, 0].plot(B, np.median(st["rel_bias"][:, hard], 1), "o-", color=col, label=f"hard ($p<0.05$), {qlab}")
+        ax[1, 0].plot(
+            B, np.median(st["rel_bias"][:, ~hard], 1), "s--", color=col, alpha=0.7, label=rf"$p\geq 0.05$, {qlab}"
+        )
     ax[0, 0].set_yscale("log")
-    ax[0, 0].set_title("(a) label variance and |bias| vs β (M=8)")
+    ax[0, 0].set_title(r"(a) label variance and |bias| vs $\beta$ ($M = 8$)")
     ax[0, 1].set_title("(b) weight degeneracy: ESS/M and max normalized weight")
     ax[1, 0].set_yscale("log")
-    ax[1, 0].set_title("(c) median relative bias |E log Ẑ_8 − log Z| / log Z")
+    ax[1, 0].set_title(r"(c) median relative bias $|\mathbb{E}\,\log \hat Z_8 - \log Z|\,/\,|\log Z|$")
     tb = np.asarray(tr["beta"])
     for inner, ls in ((1, ":"), (4, "-")):
         if f"tv_frozen_inner{inner}" not in tr:
@@ -56,10 +59,10 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             tr[f"tv_frozen_inner{inner}"],
             "o" + ls,
             color="#d94801",
-            label=f"frozen label (q=π_ref, M=8), {inner} step(s)/batch",
+            label=rf"frozen label ($q=\pi_{{\mathrm{{ref}}}}$, $M=8$), {steps_label(inner)}",
         )
         ax[1, 1].plot(
-            tb, tr[f"tv_exact_inner{inner}"], "s" + ls, color="#08519c", label=f"exact log Z, {inner} step(s)/batch"
+            tb, tr[f"tv_exact_inner{inner}"], "s" + ls, color="#08519c", label=rf"exact $\log Z$, {steps_label(inner)}"
         )
         if f"tv_frozen_bc_inner{inner}" in tr and inner == 4:
             ax[1, 1].plot(
@@ -67,16 +70,24 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
                 tr[f"tv_frozen_bc_inner{inner}"],
                 "^" + ls,
                 color="#31a354",
-                label=f"bias-corrected frozen label, {inner} steps/batch",
+                label=f"bias-corrected frozen label, {steps_label(inner)}",
             )
     ax[1, 1].set_yscale("log")
-    ax[1, 1].set_title("(d) final TV(π_θ, π*_β) after TB training (multi-prompt env)")
+    ax[1, 1].set_title(
+        rf"(d) final TV($\pi_\theta$, $\pi^*_\beta$) after TB training, $\beta \leq$ {tb.max():g} (training sweep)"
+    )
+    lo, hi = min(B.min(), tb.min()), max(B.max(), tb.max())
     for a in ax.flat:
         a.set_xscale("log", base=2)
-        a.set_xlabel("β (inverse temperature multiplying the reward)")
+        a.set_xlim(lo / 1.3, hi * 1.3)  # one beta range for all panels
+        a.set_xlabel(r"$\beta$ (inverse temperature multiplying the reward)")
         a.grid(alpha=0.3)
-        a.legend(fontsize=7.5)
-    fig.suptitle("DISA β sensitivity: label degeneracy and training with the frozen partition function", fontsize=12)
+        a.legend(fontsize=9)
+    fig.suptitle(
+        r"DISA $\beta$ sensitivity: label degeneracy and training with the frozen partition function"
+        f" ({len(pr)} prompts{', quick' if quick else ''})",
+        fontsize=12,
+    )
     fig.tight_layout()
 
     s = bs.summarize_sweep(lab, tr)
@@ -105,7 +116,11 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     caption = (
         "DISA §3.3 / App. D.7 inverse-temperature ablation in the simulator: Stage-1 label "
         "variance, ESS and bias vs beta for fixed proposals, and the final distance to pi*_beta after TB training with the "
-        "frozen label vs exact log Z (plateau at small beta, cliff at large beta)."
+        "frozen label vs exact log Z (plateau at small beta, cliff at large beta). Supports disa.sens.beta_cliff, "
+        f"whose numbers (8 prompts, beta = 0.25, 1, 16) are in the findings; the sweeps here are illustrations: "
+        f"{len(pr)} prompts, {300 if quick else 1000} label repetitions per beta, training at beta = "
+        + ", ".join(f"{b:g}" for b in tb)
+        + " (1 and 4 optimizer steps per rollout batch where shown)."
     )
     png, js = save(fig, out_dir, FIG_ID, {"label": lab, "training": tr, "summary": s}, caption, numbers)
     return FigureRecord(

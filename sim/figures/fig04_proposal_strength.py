@@ -27,7 +27,7 @@ ALPHAS = ps.ALPHAS
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._common_a import mathtext, plt, save
 
     # (a) pure tilt and (c) truncation are the claims' experiments (same settings in quick and full mode);
     # the noisy teacher (b) and the training runs (d) are illustrations reduced in quick mode
@@ -44,29 +44,35 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     hard, easy = pr < 0.05, pr >= 0.3
     for msk, lab, col in (
         (slice(None), "all prompts", "k"),
-        (hard, "hard p<0.05", "#a50f15"),
-        (easy, "easy p≥0.3", "#31a354"),
+        (hard, "hard $p<0.05$", "#a50f15"),
+        (easy, r"easy $p\geq 0.3$", "#31a354"),
     ):
         # alpha = 1 is the zero-variance proposal (bias and variance exactly 0): left off the log axes
         ax[0, 0].plot(
             al[:-1], -tilt["bias"][:-1, msk].mean(1), "o-", color=col, label=f"−bias, pure tilt (exact), {lab}"
         )
         ax[0, 1].plot(al[:-1], tilt["var"][:-1, msk].mean(1), "o-", color=col, label=f"pure tilt (exact), {lab}")
-    ax[0, 0].plot(al_n, -noisy["bias"].mean(1), "s--", color="#08519c", label="−bias, noisy teacher σ=0.5 (MC), all")
-    ax[0, 1].plot(al_n, noisy["var"].mean(1), "s--", color="#08519c", label="noisy teacher σ=0.5 (MC), all")
+    ax[0, 0].plot(
+        al_n, -noisy["bias"].mean(1), "s--", color="#08519c", label=r"−bias, noisy teacher $\sigma$ = 0.5 (MC), all"
+    )
+    ax[0, 1].plot(al_n, noisy["var"].mean(1), "s--", color="#08519c", label=r"noisy teacher $\sigma$ = 0.5 (MC), all")
     ax2 = ax[0, 0].twinx()
-    ax2.plot(al, np.abs(tilt["mean_ratio"] - 1).max(1) + 1e-17, ":", color="gray", label="max |E[Ẑ_8]/Z − 1| (exact)")
+    ax2.plot(
+        al, np.abs(tilt["mean_ratio"] - 1).max(1) + 1e-17, ":", color="gray", label=r"max $|E[\hat Z_8]/Z - 1|$ (exact)"
+    )
     ax2.set_yscale("log")
-    ax2.set_ylabel("max |E[Ẑ]/Z − 1|", color="gray")
+    ax2.set_ylabel(r"max $|E[\hat Z_8]/Z - 1|$ (dotted; float64 rounding)", color="gray")
     ax2.set_ylim(1e-17, 1e-10)
     for a in ax[0]:
         a.set_yscale("log")
-        a.set_xlabel("proposal tilt α  (q ∝ π_ref^{1−α} π*^α; 0 = π_ref, 1 = π*)")
-        a.legend(fontsize=7.5, loc="lower left")
-    ax[0, 0].set_ylabel("log Z − E[log Ẑ_8]  (Jensen bias, > 0 = label low)")
-    ax[0, 1].set_ylabel("Var(log Ẑ_8)")
-    ax[0, 0].set_title("(a) label bias vs proposal strength (E[Ẑ] = Z for every α; 0 at α=1)")
-    ax[0, 1].set_title("(b) label variance vs proposal strength (0 at α=1)")
+        a.set_xlabel(
+            r"proposal tilt $\alpha$   ($q \propto \pi_{\mathrm{ref}}^{1-\alpha}\,\pi^{*\alpha}$; 0 = $\pi_{\mathrm{ref}}$, 1 = $\pi^*$)"
+        )
+        a.legend(fontsize=9, loc="lower left")
+    ax[0, 0].set_ylabel(r"$\log Z - E[\log \hat Z_8]$  (Jensen bias, > 0 = label low)")
+    ax[0, 1].set_ylabel(r"Var($\log \hat Z_8$)")
+    ax[0, 0].set_title(r"(a) label bias vs proposal strength ($E[\hat Z] = Z$ for every $\alpha$; 0 at $\alpha$ = 1)")
+    ax[0, 1].set_title(r"(b) label variance vs proposal strength (0 at $\alpha$ = 1)")
     marks = "ovs^<>D"
     for i, name in enumerate(trunc["name"]):
         ax[1, 0].scatter(
@@ -80,28 +86,41 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             facecolors="none",
             edgecolors="gray",
         )
-    ax[1, 0].plot([0, 1], [0, 1], "k:", label="E[Ẑ]/Z = π*(supp q)")
+    ax[1, 0].plot([0, 1], [0, 1], "k:", label=r"$E[\hat Z]/Z = \pi^*(\mathrm{supp}\,q)$")
     ax[1, 0].scatter(
         [], [], marker="o", facecolors="none", edgecolors="gray", label="open: weights from the untruncated teacher"
     )
-    ax[1, 0].set_xlabel("tilted mass inside the truncated support π*(supp q)")
-    ax[1, 0].set_ylabel("measured E[Ẑ_8] / Z")
+    ax[1, 0].set_xlabel(r"tilted mass inside the truncated support $\pi^*(\mathrm{supp}\,q)$")
+    ax[1, 0].set_ylabel(r"measured $E[\hat Z_8]\,/\,Z$")
     ax[1, 0].set_title("(c) truncated (top-k / top-p per token) teachers on token-tree prompts")
-    ax[1, 0].legend(fontsize=7, loc="upper left")
+    top = float(max(np.max(trunc["ratio"]), np.max(trunc["ratio_fullq"])))
+    ax[1, 0].set_ylim(-0.05, top * 1.5)  # headroom: the legend sits above the points
+    ax[1, 0].legend(fontsize=8.5, loc="upper center", ncol=2)
     x = np.arange(len(pol["name"]))
     if "tv_inner1" in pol:
-        ax[1, 1].bar(x - 0.2, pol["tv_inner1"], 0.4, color="#6baed6", label="on-policy (1 step / batch)")
-        ax[1, 1].axhline(pol["tv_exact_inner1"], color="#6baed6", ls="--", label="exact log Z, 1 step")
-    ax[1, 1].bar(x + 0.2, pol["tv_inner4"], 0.4, color="#08519c", label="4 optimizer steps / batch")
-    ax[1, 1].axhline(pol["tv_exact_inner4"], color="#08519c", ls="--", label="exact log Z, 4 steps")
-    ax[1, 1].set_xticks(x, pol["name"], rotation=35, ha="right", fontsize=8)
-    ax[1, 1].set_ylabel("final TV(π_θ, π*)")
+        ax[1, 1].bar(x - 0.2, pol["tv_inner1"], 0.4, color="#6baed6", label="frozen label, on-policy (1 step/batch)")
+        ax[1, 1].axhline(pol["tv_exact_inner1"], color="#6baed6", ls="--", label=r"exact $\log Z$, 1 step/batch")
+    both = "tv_inner1" in pol
+    ax[1, 1].bar(
+        x + 0.2 if both else x,
+        pol["tv_inner4"],
+        0.4 if both else 0.6,
+        color="#08519c",
+        label="frozen label, 4 optimizer steps/batch",
+    )
+    ax[1, 1].axhline(pol["tv_exact_inner4"], color="#08519c", ls="--", label=r"exact $\log Z$, 4 steps/batch")
+    ax[1, 1].set_xticks(
+        x, [mathtext(n).replace("α", r"$\alpha$") for n in pol["name"]], rotation=30, ha="right", fontsize=9.5
+    )
+    ax[1, 1].set_ylabel(r"final TV($\pi_\theta$, $\pi^*$)")
     ax[1, 1].set_title("(d) effect on the trained policy (TB + DISA frozen label, multi-prompt env)")
-    ax[1, 1].legend(fontsize=7.5)
+    ax[1, 1].legend(fontsize=9)
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(
-        "Proposal strength and truncation: Stage-1 label quality and its effect on training (β=2, M=8)", fontsize=12
+        r"Proposal strength and truncation: Stage-1 label quality and its effect on training ($\beta$ = 2, $M$ = 8)"
+        + (" (quick)" if quick else ""),
+        fontsize=12,
     )
     fig.tight_layout()
 
@@ -125,7 +144,10 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "DISA §3.3 / App. D.6 proposal-strength ablation and the App. C.1 absolute-continuity "
         "condition: label bias and variance vs tilt alpha, truncated (top-k/top-p) teachers' measured E[Z]/Z vs the tilted "
         "mass inside their support (an open question, docs/math.md §1), and the effect of each proposal's frozen label on "
-        "TB training."
+        "TB training. Settings: beta = 2, M = 8; (a) and (c) are the claims' experiments (disa.sens.proposal, "
+        f"disa.open.truncated_proposal; same in quick and full mode, seed {seed}); (b) noisy teacher on {P} prompts, "
+        f"{500 if quick else 2000} repetitions; (d) TB with each proposal's frozen label on the multi-prompt env "
+        "(dashed: exact log Z), mean over prompts and training seeds (the experiment records the mean only)."
     )
     data = {"tilt": tilt, "noisy": noisy, "noisy_alpha": al_n, "truncation": trunc, "trained": pol}
     png, js = save(fig, out_dir, FIG_ID, data, caption, numbers)

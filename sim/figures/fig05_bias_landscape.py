@@ -57,46 +57,59 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     fig, ax = plt.subplots(2, 2, figsize=(13, 9.5))
     cmap = plt.get_cmap("coolwarm_r")
     for i, b in enumerate(bs):
-        lab = f"b = {b:+.3f}" + (" (= b_c)" if b == bc2 else "")
+        lab = f"$b$ = {b:+.3f}" + (" (= $b_c$)" if b == bc2 else "")
         ax[0, 0].plot(p.numpy(), curves[b], color=cmap(i / (len(bs) - 1)), label=lab, lw=2 if b == bc2 else 1.3)
-    ax[0, 0].axvline(p_star, color="k", ls=":", label=f"π*(y1) = {p_star:.4f}")
+    ax[0, 0].axvline(p_star, color="k", ls=":", label=rf"$\pi^*(y_1)$ = {p_star:.4f}")
     ax[0, 0].axhline(0, color="gray", lw=0.8)
     ax[0, 0].set_ylim(-0.6, 1.0)
-    ax[0, 0].set_xlabel("p = π(y1)")
-    ax[0, 0].set_ylabel("L(p) − b²   (L(π*) = b²)")
-    ax[0, 0].set_title("(a) two-outcome example: π_ref=(½,½), r=(1,0), β=1")
-    ax[0, 0].legend(fontsize=8, ncol=2)
-    ax[0, 1].plot(b_axis.numpy(), argmin, color="#08519c", label="global argmin p")
+    ax[0, 0].set_xlabel(r"$p = \pi(y_1)$")
+    ax[0, 0].set_ylabel(r"$L(p) - b^2$   ($L(\pi^*) = b^2$)")
+    ax[0, 0].set_title(
+        r"(a) two-outcome example: $\pi_{\mathrm{ref}} = (\frac{1}{2}, \frac{1}{2})$, $r = (1, 0)$, $\beta = 1$"
+    )
+    ax[0, 0].legend(fontsize=9, ncol=2)
+    ax[0, 1].plot(b_axis.numpy(), argmin, color="#08519c", label=r"global $\arg\min_p L$")
     ax2 = ax[0, 1].twinx()
-    ax2.plot(b_axis.numpy(), gain, color="#d94801", ls="--", label="b² − min L (gain over π*)")
-    ax2.set_ylabel("b² − min_p L(p)", color="#d94801")
-    ax[0, 1].axhline(p_star, color="k", ls=":", label="π*(y1)")
-    ax[0, 1].axvline(-1, color="purple", ls="-.", label="local threshold b = −1")
-    ax[0, 1].axvline(bc2, color="green", ls="-.", label=f"global threshold b_c = ½log(1−min π*) = {bc2:.3f}")
-    ax[0, 1].set_xlabel("prompt-only bias b = log Z_ψ − log Z")
-    ax[0, 1].set_ylabel("argmin p")
-    ax[0, 1].set_title("(b) global minimizer vs b (two outcomes)")
+    ax2.plot(b_axis.numpy(), gain, color="#d94801", ls="--", label=r"$b^2 - \min_p L$ (gain over $\pi^*$)")
+    ax2.set_ylabel(r"$b^2 - \min_p L(p)$", color="#d94801")
+    ax[0, 1].axhline(p_star, color="k", ls=":", label=r"$\pi^*(y_1)$")
+    ax[0, 1].axvline(-1, color="purple", ls="-.", label=r"local threshold $b = -1$")
+    ax[0, 1].axvline(
+        bc2, color="green", ls="-.", label=rf"global threshold $b_c = \frac{{1}}{{2}}\log(1 - \min \pi^*)$ = {bc2:.3f}"
+    )
+    ax[0, 1].set_xlabel(r"prompt-only bias $b = \log Z_\psi - \log Z$")
+    ax[0, 1].set_ylabel(r"$\arg\min_p L(p)$")
+    ax[0, 1].set_title("(b) global minimizer vs $b$ (two outcomes)")
     h1, l1 = ax[0, 1].get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax[0, 1].legend(h1 + h2, l1 + l2, fontsize=8, loc="center left")
+    ax[0, 1].legend(h1 + h2, l1 + l2, fontsize=9, loc="center left")
     lim = [-0.4, 0.0]
-    ax[1, 0].plot(lim, lim, color="gray", ls=":", label="y = x")
-    ax[1, 0].scatter(conj, num, s=22, color="#08519c", label=f"{n_inst} random 3-outcome π* (grid step {step:.3f})")
-    ax[1, 0].set_xlabel("conjectured b_c = ½ log(1 − min π*)")
+    ax[1, 0].plot(lim, lim, color="gray", ls=":", label="$y = x$")
+    ax[1, 0].scatter(
+        conj, num, s=22, color="#08519c", label=rf"{n_inst} random 3-outcome $\pi^*$ (grid step {step:.3f})"
+    )
+    lo_c = float(min(np.min(conj), np.min(num))) - 0.03
+    hi_c = float(max(np.max(conj), np.max(num))) + 0.03
+    ax[1, 0].set_xlim(lo_c, hi_c)  # zoom on the instances (the y = x line spans a wider range)
+    ax[1, 0].set_ylim(lo_c, hi_c)
+    ax[1, 0].set_xlabel(r"conjectured $b_c = \frac{1}{2}\log(1 - \min \pi^*)$")
     ax[1, 0].set_ylabel("numeric threshold (multistart search over all faces)")
     ax[1, 0].set_title(f"(c) global threshold: agreement within one grid step {agree:.0%}")
-    ax[1, 0].legend(fontsize=8)
-    ax[1, 1].plot(hb, eig, "o-", color="#08519c", ms=3, label="min tangent eigenvalue of ∇²L at π* (K=5)")
-    ax[1, 1].axvline(-1, color="purple", ls="-.", label="b = −1")
+    ax[1, 0].legend(fontsize=9)
+    ax[1, 1].plot(
+        hb, eig, "o-", color="#08519c", ms=3, label=r"min tangent eigenvalue of $\nabla^2 L$ at $\pi^*$ ($K = 5$)"
+    )
+    ax[1, 1].axvline(-1, color="purple", ls="-.", label="$b = -1$")
     ax[1, 1].axhline(0, color="gray", lw=0.8)
-    ax[1, 1].set_xlabel("b")
+    ax[1, 1].set_xlabel(r"prompt-only bias $b$")
     ax[1, 1].set_ylabel("eigenvalue")
-    ax[1, 1].set_title("(d) local threshold: Hessian = 2(1+b)(diag π* − π*π*ᵀ)")
-    ax[1, 1].legend(fontsize=8)
+    ax[1, 1].set_title(r"(d) local threshold: Hessian $= 2(1+b)(\mathrm{diag}\,\pi^* - \pi^*\pi^{*\top})$")
+    ax[1, 1].legend(fontsize=9)
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(
-        "Biased log Z: on-policy TB loss L(π) = E_π[(b + log π/π*)²] (DISA App. C.5 + our thresholds)", fontsize=12
+        r"Biased $\log Z$: on-policy TB loss $L(\pi) = E_\pi[(b + \log \pi/\pi^*)^2]$ (DISA App. C.5 + our thresholds)",
+        fontsize=12,
     )
     fig.tight_layout()
 
@@ -119,7 +132,10 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     caption = (
         "DISA App. C.5 bias counterexample, rebuilt (docs/math.md §1): the on-policy TB loss "
         "with a prompt-only log-Z bias b; pi* stays stationary for every b, a strict local minimum iff b > -1, and "
-        "the global minimizer iff b >= 1/2 log(1 - min pi*) (our conjecture, tested numerically)."
+        "the global minimizer iff b >= 1/2 log(1 - min pi*) (our conjecture, tested numerically). Settings: (a, b) two "
+        "outcomes, pi_ref = (1/2, 1/2), r = (1, 0), beta = 1; (c) random 3-outcome instances, b on a grid of step "
+        f"{step:.3f}; (d) a K = 5 instance. Exact computations, no sampling (no seeds). Supports "
+        "disa.c5.counterexample, disa.beyond.local_threshold and disa.beyond.global_threshold (numbers in the findings)."
     )
     data = {
         "p": p.numpy()[::10],

@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import paced
 from tiltlab.sim.experiments.paced import SCHEDULERS, TAUS, base_config, steps_to
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.figures._common_a import mathtext, plt, save
 from tiltlab.sim.train import train
 
 FIG_ID = "fig08_paced"
@@ -48,28 +50,56 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             "p_hat_err": h.get("p_hat_err", []),
             "sel_p": h.get("sel_p", []),
             "final_acc": h["reward"][-1],
+            # per seed (mean over prompts) at the end: the interval drawn at the last step
+            "final_acc_per_seed": env.pass_rate(res.logp).mean(-1).tolist(),
             "steps_to_target": steps_to(h["step"], h["reward"], target),
         }
     taus = tau["sweep"]
 
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
-    ax = axes[0]
-    for label, d in sched.items():
-        ax.plot(d["step"], d["acc"], label=label, lw=2 if label.startswith("PACED") else 1.2)
+    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (8, 2))]
+    colors = ["#08519c", "#d94801", "#31a354", "#756bb1", "k", "#e7298a", "#a6761d"]
+    S = base["seeds"]
+    paced_best = max((k for k in sched if k.startswith("PACED")), key=lambda k: sched[k]["final_acc"])
+    rnd = next(k for k in sched if "random" in k)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
+    ax = axes[0, 0]
+    for i, (label, d) in enumerate(sched.items()):
+        col, ls = colors[i % len(colors)], styles[i % len(styles)]
+        ax.plot(
+            d["step"], d["acc"], label=mathtext(label), lw=2.2 if label.startswith("PACED") else 1.5, color=col, ls=ls
+        )
+        per = np.asarray(d["final_acc_per_seed"])
+        x_end = d["step"][-1] * (1.01 + 0.012 * i)
+        ax.errorbar(
+            [x_end], [per.mean()], yerr=[[per.mean() - per.min()], [per.max() - per.mean()]], color=col, capsize=3
+        )
     ax.axhline(target, color="k", ls=":", lw=0.8)
     ax.set_xlabel("training step")
     ax.set_ylabel("mean pass rate over 64 prompts (exact)")
-    ax.set_title("Schedulers (τ = 0.5, 16 of 64 prompts/step)")
-    ax.legend(fontsize=7)
-    ax = axes[1]
-    for tau, d in taus.items():
-        ax.plot(d["step"], d["acc"], label=f"τ = {tau}")
+    ax.set_title(r"(a) schedulers ($\tau$ = 0.5, 16 of 64 prompts/step)" + f", mean of {S} seeds")
+    ax.legend(fontsize=8.5, title=f"bars at the end: min–max over {S} seeds", title_fontsize=8)
+    if sched[rnd]["final_acc"] > sched[paced_best]["final_acc"]:
+        ax.annotate(
+            f"random prompts ({sched[rnd]['final_acc']:.2f}) beat\nevery PACED variant (best {sched[paced_best]['final_acc']:.2f})",
+            xy=(0.98, 0.04),
+            xycoords="axes fraction",
+            ha="right",
+            va="bottom",
+            fontsize=9.5,
+            color="#b30000",
+            bbox=dict(boxstyle="round", fc="white", ec="#b30000"),
+        )
+    ax = axes[0, 1]
+    for i, (tau, d) in enumerate(taus.items()):
+        ax.plot(
+            d["step"], d["acc"], label=rf"$\tau$ = {tau}", color=colors[i % len(colors)], ls=styles[i % len(styles)]
+        )
     ax.axhline(target, color="k", ls=":", lw=0.8)
     ax.set_xlabel("training step")
     ax.set_ylabel("mean pass rate")
-    ax.set_title(f"τ sweep (PACED, DISA-initialised log Z; {paced.TAU_CLAIM['seeds']} seeds)")
-    ax.legend(fontsize=8)
-    ax = axes[2]
+    ax.set_title(rf"(b) $\tau$ sweep (PACED, DISA-initialised $\log Z$; mean of {paced.TAU_CLAIM['seeds']} seeds)")
+    ax.legend(fontsize=9)
+    ax = axes[1, 0]
     stt = [taus[str(t)]["steps_to_target"] for t in TAUS]
     cap = paced.TAU_CLAIM["steps"] * 1.05
     ax.bar(
@@ -83,22 +113,33 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
             (s if math.isfinite(s) else cap) + 1,
             f"{s:.0f}" if math.isfinite(s) else "never",
             ha="center",
-            fontsize=8,
+            fontsize=10,
         )
-    ax.set_xlabel("target accuracy τ")
+    ax.set_ylim(0, cap * 1.12)
+    ax.set_xlabel(r"target accuracy $\tau$")
     ax.set_ylabel(f"steps to mean pass rate {target}")
-    ax.set_title("Steps to target (gray: not reached)")
-    ax = axes[3]
-    for label, d in sched.items():
+    ax.set_title(f"(c) steps to target (gray: not reached in {paced.TAU_CLAIM['steps']} steps)")
+    ax = axes[1, 1]
+    for i, (label, d) in enumerate(sched.items()):
         if d["p_hat_err"] and "oracle" not in label and "random" not in label:
-            ax.plot(d["step"], d["p_hat_err"], label=label)
+            ax.plot(
+                d["step"],
+                d["p_hat_err"],
+                label=mathtext(label),
+                color=colors[i % len(colors)],
+                ls=styles[i % len(styles)],
+                lw=2,
+            )
     ax.set_xlabel("training step")
-    ax.set_ylabel("mean |p̂ − p_old| over prompts")
-    ax.set_title("Accuracy estimate error (PACED eq. 8)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel(r"mean $|\hat p - p_{\mathrm{old}}|$ over prompts")
+    ax.set_title("(d) accuracy estimate error (PACED eq. 8)")
+    ax.legend(fontsize=8.5)
+    for a in axes.flat:
+        a.grid(alpha=0.3)
     fig.suptitle(
-        f"PACED-RL toy proxy: TB anchored on π_old, learned log Z, kl_coef 0.5{' (quick)' if quick else ''}",
-        fontsize=11,
+        r"PACED-RL toy proxy: TB anchored on $\pi_{\mathrm{old}}$, learned $\log Z$, kl_coef 0.5, 64 prompts × 16 outputs"
+        f"{' (quick)' if quick else ''}",
+        fontsize=12,
     )
     fig.tight_layout()
 
@@ -106,7 +147,17 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     caption = (
         "PACED-RL §4.3-4.4, Fig. 4 (τ sweep), Table 2 (replay ablation) in a tabular toy "
         "proxy: exact mean pass rate over 64 prompts against steps for several schedulers, the τ sweep with steps to "
-        f"mean pass rate {target}, and the error of PACED's estimate p̂ = clip(kl_coef·log Z_φ) against the exact p_old."
+        f"mean pass rate {target}, and the error of PACED's estimate p̂ = clip(kl_coef·log Z_φ) against the exact p_old. "
+        f"Settings: 64 prompts x 16 outputs, 16 prompts x 8 samples per step, (a, d) {base['steps']} steps and "
+        f"{base['seeds']} seeds (bars: min-max over seeds of the final pass rate), (b, c) the claim's τ sweep "
+        f"({paced.TAU_CLAIM['steps']} steps, mean of {paced.TAU_CLAIM['seeds']} seeds; the experiment records the mean "
+        "only). Supports paced.tau_sweep, paced.selection, paced.replay and paced.estimator (numbers in the findings). "
+        + (
+            f"Random prompts ({sched[rnd]['final_acc']:.2f}) end above every PACED variant (best: {paced_best}, "
+            f"{sched[paced_best]['final_acc']:.2f}) in this toy."
+            if sched[rnd]["final_acc"] > sched[paced_best]["final_acc"]
+            else ""
+        )
     )
     findings = [
         f"Schedulers (64 prompts, 16 per step, {base['steps']} steps, {base['seeds']} seeds; illustration) final mean "
@@ -118,6 +169,13 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         f"with vs {nrep['without_replay']:.3f} without (z = {nrep['z']:.1f}).",
         f"Selection from DISA's frozen labels (M=8): overlap with the oracle top-16 of 64 is {nsel['overlap']:.2f} "
         f"(chance {nsel['chance']:.2f}).",
+        f"Random prompts end at {sched[rnd]['final_acc']:.3f} vs the best PACED variant ({paced_best}) "
+        f"{sched[paced_best]['final_acc']:.3f}: "
+        + (
+            "random prompts beat every PACED variant in this toy (no scheduler gain)."
+            if sched[rnd]["final_acc"] > sched[paced_best]["final_acc"]
+            else "PACED's best variant ends above random prompts."
+        ),
         f"p̂ error at the end: PACED from 0 {sched['PACED (log Z from 0)']['p_hat_err'][-1]:.3f}, DISA-initialised "
         f"{sched['PACED (log Z init. from DISA)']['p_hat_err'][-1]:.3f}.",
     ]

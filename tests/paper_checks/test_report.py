@@ -209,3 +209,60 @@ def test_background_figures_report_missing_modules(tmp_path, monkeypatch):
         pytest.skip("no fork start method on this platform")
     recs, problems = pcli._collect_figures(bg)
     assert recs == [] and sorted(problems) == ["fig96_absent", "fig97_absent"]
+
+
+def _hrefs(page: str) -> list[str]:
+    return re.findall(r'href="([^"]*)"', page)
+
+
+def test_html_navigation_links_every_claim_and_folds_out_of_reach(tmp_path):
+    inp = _input(tmp_path)
+    inp.outcomes = [*inp.outcomes, _outcome("b.unchecked", "data", "out_of_reach", summary="needs GPUs")]
+    ht = render_html(inp)
+    assert '<nav id="toc">' in ht and 'href="#summary"' in ht and 'href="#environment"' in ht
+    ids = set(re.findall(r'id="([^"]+)"', ht))
+    for cid in inp.claims:
+        # linked from the sidebar, the summary table, and the target exists
+        assert ht.count(f'href="#claim-{cid}"') >= 2 and f"claim-{cid}" in ids, cid
+    assert {"paper-DISA", "paper-PACED-RL", "summary", "findings", "environment", "fig99_demo"} <= ids
+    assert all(h[1:] in ids for h in _hrefs(ht) if h.startswith("#")), "dangling in-page link"
+    # the refuted finding links to its claim; the out-of-reach claim is folded, the others are not
+    assert '<b><a href="#claim-a.refuted">a.refuted</a></b>' in ht
+    assert '<details class="claim" id="claim-b.unchecked">' in ht
+    assert ht.count("<details") == 1
+
+
+def test_html_links_checks_to_source_and_citations_to_papers_md(tmp_path):
+    """Inside the repository the report links each check to its file and line and each citation to
+    docs/papers.md; outside it names ``path:line`` as text (a copied report carries no dead links)."""
+    import inspect
+
+    from tiltlab.paper_checks import report as rep
+
+    inp = _input(tmp_path)
+    line = inspect.getsourcelines(inp.outcomes[0].check.fn)[1]
+    outside = render_html(inp)
+    assert f"[source: tests/paper_checks/test_report.py:{line}]" in outside
+    assert not [h for h in _hrefs(outside) if not h.startswith("#")]
+    inp.out_dir = rep._REPO / "results"
+    inside = render_html(inp)
+    assert f'href="../tests/paper_checks/test_report.py#L{line}"' in inside
+    assert '<i><a href="../docs/papers.md#disa">DISA §1</a></i>' in inside
+    files = [h for h in _hrefs(inside) if not h.startswith("#")]
+    assert files
+    for h in files:
+        path, _, frag = h.partition("#")
+        target = (inp.out_dir / path).resolve()
+        assert target.is_file(), h
+        if frag.startswith("L"):
+            assert int(frag[1:]) <= len(target.read_text().splitlines()), h
+        elif frag:
+            assert f"## {frag}".lower() in target.read_text().lower(), h
+
+
+def test_figures_json_paths_are_relative(tmp_path):
+    from tiltlab.paper_checks.report import figures_json
+
+    inp = _input(tmp_path)
+    rec = figures_json(inp.figures, tmp_path)
+    assert rec[0]["png"] == "figures/fig99_demo.png" and rec[0]["data"] == "figures/fig99_demo.json"
