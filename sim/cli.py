@@ -66,9 +66,8 @@ def resolve_figure_ids(requested: list[str], known: list[str]) -> list[str]:
             out.append(name)
             continue
         m = re.fullmatch(r"(?:fig)?0*(\d+)", name)
-        if m:
-            matches = [k for k in known if k.startswith(f"fig{int(m.group(1)):02d}_")]
-        else:
+        matches = [k for k in known if m and k.startswith(f"fig{int(m.group(1)):02d}_")]
+        if not matches:
             matches = [k for k in known if k.startswith(name)]
         if len(matches) == 1:
             out.append(matches[0])
