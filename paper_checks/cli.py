@@ -413,8 +413,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if layer and layer != prefix:
             raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; give one of them")
         prefix, layer = None, prefix
-    if not args.list:
-        _check_writable_file(args.out)
     t0 = time.perf_counter()
     try:
         _load_extra(args.claims, args.module)
@@ -427,6 +425,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.list:
         _list(chks, unchecked)
         return 0
+    _check_writable_file(args.out)  # before any check runs
     outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     seconds = time.perf_counter() - t0
     sel = {
