@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -48,10 +50,13 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 def _check_writable(path: Path) -> None:
     """Refuse an output file that cannot be written, before the run (one line, exit 2)."""
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory; pass a file path such as {path / 'run.json'}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".tiltlab-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ValueError(f"cannot write --out {path} ({exc.strerror or exc}); pass a writable path") from None
 

@@ -1,6 +1,6 @@
 """A user's mistakes on the command line: each ends in one line on stderr that says what is wrong
 and what to do, exit 2 (bad input) or 1 (a failed run), no traceback, and nothing half-written.
-``--debug`` brings the traceback back."""
+``--debug`` brings the traceback back. The long commands end by naming their output folder."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def test_sim_unknown_env(capsys):
     assert main(["sim", "--env", "nosuchenv"]) == 2
     line = _one_line_error(capsys, "tiltlab sim: error: unknown --env 'nosuchenv'")
     assert "multiprompt" in line  # the choices are named
+
+
+def test_sim_unwritable_out_is_refused_before_the_run(capsys, tmp_path, monkeypatch):
+    import tiltlab.sim.api as api
+
+    monkeypatch.setattr(api, "run", lambda cfg, env=None: pytest.fail("the run started"))
+    (tmp_path / "a_file").write_text("x")
+    assert main(["sim", "--steps", "1", "--out", str(tmp_path / "a_file" / "r.json")]) == 2
+    _one_line_error(capsys, f"tiltlab sim: error: cannot write --out {tmp_path / 'a_file' / 'r.json'}")
 
 
 def test_a_failed_run_exits_1_and_debug_shows_the_traceback(capsys, monkeypatch):
@@ -208,3 +217,29 @@ def test_demo_bad_threads(capsys, tmp_path):
     assert main(["llm", "demo", "--threads", "0", "--out-dir", str(tmp_path / "d")]) == 2
     _one_line_error(capsys, "tiltlab llm demo: error: --threads must be >= 1, got 0")
     assert not (tmp_path / "d").exists()
+
+
+# --------------------------------------------------------------------------- where the outputs went
+
+
+def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys):
+    """demo, stage1 and eval end with the folder their outputs went to (the runs are stubbed)."""
+    import tiltlab.llm.demo as demo
+    import tiltlab.llm.evaluate as evaluate
+    import tiltlab.llm.stage1 as stage1
+
+    out = tmp_path / "d"
+    monkeypatch.setattr(demo, "run_demo", lambda cfg: {"timings": {"total": 1.0}, "figure": str(out / "curves.png")})
+    assert main(["llm", "demo", "--quick", "--out-dir", str(out)]) == 0
+    assert f"outputs in {out}/" in capsys.readouterr().out.splitlines()[-1]
+
+    monkeypatch.setattr(stage1, "run_stage1", lambda cfg, progress=True: {"prompts": 0})
+    argv = ["llm", "stage1", "--proposal", "tiny", "--reference", "tiny", "--dataset", "synthetic:math:2"]
+    assert main([*argv, "--out-dir", str(tmp_path / "s1")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"labels and samples written to {tmp_path / 's1'}"
+
+    monkeypatch.setattr(evaluate, "run_eval", lambda cfg: {})
+    monkeypatch.setattr(evaluate, "results_table", lambda results: "| table |")
+    argv = ["llm", "eval", "--model", "tiny", "--datasets", "synthetic:math:2", "--k", "1"]
+    assert main([*argv, "--out-dir", str(tmp_path / "ev")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"results written to {tmp_path / 'ev'}")
