@@ -13,7 +13,43 @@ import argparse
 import dataclasses
 from typing import Any
 
-__all__ = ["config_from_args", "config_section_values"]
+__all__ = ["config_from_args", "config_section_values", "read_config"]
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML parse error as one phrase: "expected ',' or ']', but got ':' at line 2, column 6"."""
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def read_config(path, overrides=(), loader=None):
+    """``loader(path, overrides)`` (default :func:`tiltlab.llm.run_config.read_run_config`) with
+    one-line errors for the user's mistakes: a config file that does not exist, a file or a
+    ``--set`` value that is not valid YAML (``FileNotFoundError`` / ``ValueError``)."""
+    from pathlib import Path
+
+    import yaml
+
+    if loader is None:
+        from tiltlab.llm.run_config import read_run_config as loader
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise FileNotFoundError(f"config {str(p)!r} {what}; pass --config with a YAML run config (configs/*.yaml)")
+    try:
+        yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: not valid YAML: {_yaml_problem(exc)}; fix the file") from None
+    for item in overrides:
+        _, sep, raw = str(item).partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {item}: the value is not valid YAML ({_yaml_problem(exc)})") from None
+    return loader(p, list(overrides))
 
 
 def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict, Any]:
@@ -25,9 +61,7 @@ def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict,
         if overrides:
             raise ValueError("--set needs --config")
         return {}, None
-    from tiltlab.llm.run_config import read_run_config
-
-    rc = read_run_config(path, overrides)
+    rc = read_config(path, overrides)
     values = getattr(rc, section, None)
     if values is None:
         raise ValueError(f"{path}: no `{section}:` section")

@@ -403,6 +403,16 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out-dir {out} is a file; pass a directory")
     cfg = (DemoConfig.quick if args.quick else DemoConfig)(out_dir=args.out_dir, seed=args.seed, threads=args.threads)
-    run_demo(cfg)
+    print(f"[demo] {'quick' if args.quick else 'full'} run, {cfg.threads} torch thread(s) -> {out}/", flush=True)
+    res = run_demo(cfg)
+    print(
+        f"[demo] done in {res['timings']['total']:.1f} s; outputs in {out}/: results.json, "
+        f"{Path(res['figure']).name}, tiny_init/, warmup/, stage1/, stage2/, rl_<method>/"
+    )
     return 0

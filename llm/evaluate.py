@@ -506,18 +506,60 @@ def eval_from_run_config(values: dict, rc) -> dict:
     return values
 
 
+def _check_model(name: str) -> None:
+    """Refuse a ``--model`` that is neither ``tiny[:seed]``, an existing local path nor shaped like a
+    hub id (``org/name``), before anything loads (a missing path would end in a hub error)."""
+    if name == "tiny" or name.startswith("tiny:") or Path(name).expanduser().exists():
+        return
+    looks_local = name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") != 1
+    if looks_local:
+        raise FileNotFoundError(
+            f"model {name!r} does not exist: pass --model with a local model directory, a hub id (org/name) or tiny"
+        )
+
+
+def _check_datasets(cfg) -> None:
+    """Load every dataset once before the model: a benchmark that is not on disk fails in a second."""
+    from .data import load_prompts
+
+    for name in cfg.datasets:
+        try:
+            rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
+        except FileNotFoundError as exc:
+            # the loader speaks of the Python argument; on the command line it is the flag
+            raise FileNotFoundError(str(exc).replace("pass data_dir=", "pass --data-dir DIR")) from None
+        if not rows:
+            raise ValueError(f"dataset {name!r} has no rows (after --limit); nothing to evaluate")
+
+
 def _cli_main(args) -> int:
     import sys
 
-    from tiltlab.llm.config_args import config_from_args
+    from tiltlab.llm.config_args import config_from_args, config_section_values
 
-    try:
-        cfg = config_from_args(EvalConfig, args, section="eval", translate=eval_from_run_config)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"tiltlab llm eval: error: {e}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(EvalConfig, args, section="eval", translate=eval_from_run_config)
+    if getattr(args, "config", None) and not hasattr(args, "model"):
+        values, rc = config_section_values(args, "eval")
+        if "model" not in values and rc.objective != "none" and not Path(rc.output_dir).exists():
+            raise FileNotFoundError(
+                f"the trained model {rc.output_dir} (output_dir of {args.config}) does not exist: run "
+                f"`tiltlab llm train --config {args.config}` first, or pass --model"
+            )
+    _check_model(cfg.model)
+    _check_datasets(cfg)
+    if cfg.out_dir:
+        out = Path(cfg.out_dir)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out-dir {out} is a file; pass a directory")
+    print(
+        f"[eval] {cfg.model}: {len(cfg.datasets)} dataset(s), k = {cfg.k} samples per prompt",
+        file=sys.stderr,
+        flush=True,
+    )
     results = run_eval(cfg)
     print(results_table(results))
     if cfg.out_dir:
-        print(f"results written to {cfg.out_dir}")
+        print(f"results written to {cfg.out_dir} (results.json, results.md, samples.jsonl)")
+    else:
+        print("no --out-dir given: results printed only")
     return 0

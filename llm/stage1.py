@@ -317,19 +317,20 @@ def run_stage1(
             )
         _loud_truncation_warning(cfg)
 
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
-        stale.unlink()
+    # the inputs are checked before anything is written to out_dir
     rows = list(rows) if rows is not None else _load_rows(cfg.dataset)
     if cfg.max_prompts is not None:
         rows = rows[: cfg.max_prompts]
     if not rows:
-        raise ValueError("no prompts to process")
+        raise ValueError(f"no prompts to process: the dataset {cfg.dataset!r} has no rows")
     ids = [str(r["id"]) for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids must be unique within the dataset")
     reward = resolve_reward(reward_fn if reward_fn is not None else cfg.reward)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
+        stale.unlink()
     reward_name = getattr(reward_fn, "__qualname__", repr(reward_fn)) if reward_fn is not None else cfg.reward
 
     n_shards = (len(rows) + cfg.prompts_per_shard - 1) // cfg.prompts_per_shard
@@ -545,12 +546,8 @@ def add_cli(subparsers) -> None:
 def _cli_main(args) -> int:
     from tiltlab.llm.config_args import config_from_args
 
-    try:
-        cfg = config_from_args(Stage1Config, args, section="stage1")
-        summary = run_stage1(cfg, progress=not args.quiet)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"tiltlab llm stage1: error: {e}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(Stage1Config, args, section="stage1")  # errors: one line, exit 2 (tiltlab.cli)
+    summary = run_stage1(cfg, progress=not args.quiet)
     print(json.dumps(summary, indent=2))
     print(f"labels and samples written to {cfg.out_dir}")
     return 0

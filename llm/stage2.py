@@ -419,13 +419,16 @@ def add_cli(subparsers) -> None:
 
 def _cli_main(args) -> int:
     from tiltlab.llm.config_args import config_from_args
+    from tiltlab.llm.stage1 import MANIFEST
 
-    try:
-        cfg = config_from_args(Stage2Config, args, section="stage2")
-        m = run_stage2(cfg, progress=not args.quiet)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"tiltlab llm stage2: error: {e}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(Stage2Config, args, section="stage2")
+    if not (Path(cfg.labels) / MANIFEST).is_file():
+        raise FileNotFoundError(
+            f"no Stage 1 output in {cfg.labels} (no {MANIFEST}): run `tiltlab llm stage1 --out-dir {cfg.labels} ...` "
+            "first, or point --labels at a Stage 1 --out-dir"
+        )
+    print(f"[stage2] fitting on the Stage 1 labels in {cfg.labels}", file=sys.stderr, flush=True)
+    m = run_stage2(cfg, progress=not args.quiet)
     print(
         f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
         f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "

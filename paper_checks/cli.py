@@ -4,7 +4,9 @@
 prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
 evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
 when a check returns a verdict other than the one recorded as expected for it, or crashes.
-Each failure is followed by the command that re-runs just that check.
+Each failure is followed by the command that re-runs just that check. Arguments are checked
+before any check runs: an empty selection, ``--jobs`` < 1 or an ``--out`` that cannot be written
+is an error (exit 2) and leaves the record untouched. ``--list`` prints the selection only.
 
 ``tiltlab reproduce`` runs all checks and all simulator figures and writes ``claims.json``,
 ``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
@@ -18,9 +20,11 @@ import importlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -36,7 +40,8 @@ _CHECK_HELP = """Run the claim checks and compare every verdict with the one rec
 
 Exit status: 0 when every selected check returns its expected verdict (a claim that is
 refuted and stays refuted is green); 1 when a verdict changed or a check crashed; 2 on
-bad arguments. Failing checks are followed by a reproducer line."""
+bad arguments (an empty selection included; the record is then left untouched). Failing
+checks are followed by a reproducer line. --list prints the selection without running it."""
 
 _REPRO_HELP = """Run all checks and all simulator figures and write the report:
 OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained)."""
@@ -58,8 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slow", action="store_true", help="include checks marked slow")
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
     p.add_argument(
+        "--list", action="store_true", help="print the selected checks (claim, check, layer, slow) and run none"
+    )
+    p.add_argument(
         "--jobs",
-        type=int,
+        type=_positive_int,
         default=min(2, os.cpu_count() or 1),
         help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process)",
     )
@@ -95,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
     r.add_argument(
         "--jobs",
-        type=int,
+        type=_positive_int,
         default=min(2, os.cpu_count() or 1),
         help="processes: figures run in JOBS-1 worker processes while the checks run (default: min(2, CPUs))",
     )
@@ -103,6 +111,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------- shared
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of ``--jobs``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (1 = run in this process), got {value}")
+    return value
+
+
+def _check_writable_file(path: Path, flag: str = "--out") -> None:
+    """Raise ``ValueError`` (one line) unless a file can be created at ``path``: checked before
+    any work, so a bad ``--out`` does not cost a whole run. Creates the missing parent folders."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; pass a file path such as {path / 'claims.json'}")
+    _check_writable_dir(path.parent, flag, shown=path)
+
+
+def _check_writable_dir(path: Path, flag: str = "--out", shown: Path | None = None) -> None:
+    shown = path if shown is None else shown
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".tiltlab-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"cannot write {flag} {shown} ({reason}); pass {flag} with a writable path") from None
 
 
 def _progress(iterable: Any, desc: str, enabled: bool = True, total: int | None = None):
@@ -221,13 +260,20 @@ def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
     return rows
 
 
-def _record(outs, unchecked, seed: int, selection: dict[str, Any], seconds: float) -> dict[str, Any]:
+def _record(
+    outs, unchecked, seed: int, selection: dict[str, Any], seconds: float, claim_dirs=(), modules=()
+) -> dict[str, Any]:
     from tiltlab import __version__
 
     counts = Counter(o.verdict for o in outs)
     counts.update({"unchecked": len(unchecked)} if unchecked else {})
     from tiltlab.paper_checks import registry
 
+    checks = []
+    for o in outs:
+        row = o.to_json(seed)
+        row["reproducer"] = reproducer(o.check, seed, claim_dirs, modules)
+        checks.append(row)
     return {
         "tiltlab": __version__,
         "skipped_modules": dict(sorted(registry.SKIPPED_MODULES.items())),
@@ -240,19 +286,71 @@ def _record(outs, unchecked, seed: int, selection: dict[str, Any], seconds: floa
             "verdicts": dict(sorted(counts.items())),
             "seconds": round(seconds, 3),
         },
-        "checks": [o.to_json(seed) for o in outs],
+        "claims": _claim_verdicts(outs),
+        "checks": checks,
         "unchecked": unchecked,
     }
 
 
 def _write_json(path: Path, rec: dict[str, Any]) -> None:
+    """Write ``rec`` atomically: a temporary file in the same folder, then ``os.replace`` (a reader,
+    or a run that dies while writing, sees the old record or the new one, never half of one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
-def _print_failures(outs, seed: int, stream=None) -> None:
+def _claim_verdicts(outs) -> list[dict[str, Any]]:
+    """One row per claim with checks in ``outs``: the claim's verdict is its most informative
+    check's (the report's rule, :func:`tiltlab.paper_checks.report._claim_status`)."""
+    from collections import defaultdict
+
+    from tiltlab.paper_checks.report import _claim_status
+
+    by_claim: dict[str, list] = defaultdict(list)
+    for o in outs:
+        by_claim[o.check.claim_id].append(o)
+    return [
+        {"claim": cid, "verdict": _claim_status(os_), "checks": [o.check.name for o in os_]}
+        for cid, os_ in sorted(by_claim.items())
+    ]
+
+
+def reproducer(check, seed: int, claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> str:
+    """The command that re-runs exactly ``check``: the registry's line plus ``--slow`` for a slow
+    check and the ``--claims`` / ``--module`` of another project's claims and checks."""
+    line = check.reproducer(seed)
+    if check.slow and "--slow" not in line.split():
+        line += " --slow"
+    line += "".join(f" --claims {shlex.quote(str(d))}" for d in claim_dirs)
+    line += "".join(f" --module {shlex.quote(m)}" for m in modules)
+    return line
+
+
+def _counts_line(rec: dict[str, Any]) -> str:
+    """Check counts and claim counts, each labelled: "137 checks (verified 80, ...) of 70 claims
+    (claim verdicts: verified 46, ...)"."""
+    checks = ", ".join(f"{k} {v}" for k, v in rec["summary"]["verdicts"].items() if k != "unchecked")
+    claims = Counter(row["verdict"] for row in rec["claims"])
+    n_unchecked = len(rec.get("unchecked", []))
+    if n_unchecked:
+        claims["unchecked"] = n_unchecked
+    per_claim = ", ".join(f"{k} {v}" for k, v in sorted(claims.items()))
+    return (
+        f"{rec['summary']['checks']} checks ({checks}) of {sum(claims.values())} claims "
+        f"(per claim, its most informative check's verdict: {per_claim})"
+    )
+
+
+def _print_failures(outs, seed: int, stream=None, claim_dirs=(), modules=()) -> None:
     stream = stream or sys.stdout
     bad = [o for o in outs if not o.ok]
     if not bad:
@@ -267,7 +365,7 @@ def _print_failures(outs, seed: int, stream=None) -> None:
                 f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}",
                 file=stream,
             )
-        print(f"       reproduce: {o.check.reproducer(seed)}", file=stream)
+        print(f"       reproduce: {reproducer(o.check, seed, claim_dirs, modules)}", file=stream)
 
 
 def _short(text: str, width: int = 36) -> str:
@@ -313,21 +411,32 @@ def _cmd_check(args: argparse.Namespace) -> int:
     prefix, layer = args.only, args.layer
     if prefix in LAYERS:
         if layer and layer != prefix:
-            print(f"tiltlab check: --only {prefix} (a layer) conflicts with --layer {layer}", file=sys.stderr)
-            return 2
+            raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; give one of them")
         prefix, layer = None, prefix
     t0 = time.perf_counter()
     try:
         _load_extra(args.claims, args.module)
-        chks = _select(prefix, layer, args.check, args.slow)
-    except (ValueError, ImportError) as exc:
-        print(f"tiltlab check: {exc}", file=sys.stderr)
-        return 2
-    outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
+    except ImportError as exc:
+        raise ValueError(f"--module: {exc} (the module must be importable from the current directory)") from None
+    chks = _select(prefix, layer, args.check, args.slow)
     unchecked = [] if (layer or args.check) else _unchecked(prefix)
+    if not chks and not unchecked:
+        raise ValueError(_empty_selection(prefix, layer, args.check, args.slow))
+    if args.list:
+        _list(chks, unchecked)
+        return 0
+    _check_writable_file(args.out)  # before any check runs
+    outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     seconds = time.perf_counter() - t0
-    sel = {"only": prefix, "layer": layer, "check": args.check, "slow": bool(args.slow)}
-    rec = _record(outs, unchecked, args.seed, sel, seconds)
+    sel = {
+        "only": prefix,
+        "layer": layer,
+        "check": args.check,
+        "slow": bool(args.slow),
+        "claims": [str(d) for d in args.claims],
+        "module": list(args.module),
+    }
+    rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module)
     _write_json(args.out, rec)
     rc = 1 if rec["summary"]["failures"] else 0
     try:
@@ -338,22 +447,54 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return rc
 
 
+def _empty_selection(prefix: str | None, layer: str | None, name: str | None, slow: bool) -> str:
+    """Why nothing was selected, and what to pass instead (one line)."""
+    from tiltlab.paper_checks import registry
+
+    all_checks = registry.checks()
+    layers_with_checks = [x for x in LAYERS if any(c.layer == x for c in all_checks)]
+    if layer and layer not in layers_with_checks:
+        return (
+            f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "
+            "the LLM-scale claims are recorded as data: use --layer data"
+        )
+    if (
+        not slow
+        and registry.select(prefix, layer, True)
+        and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
+    ):
+        return "the selected checks are all slow: add --slow"
+    what = " ".join(
+        f"{flag} {value}" for flag, value in (("--only", prefix), ("--layer", layer), ("--check", name)) if value
+    )
+    return f"no check matches {what}; `tiltlab check --list` prints every check (claim, check name, layer)"
+
+
+def _list(chks, unchecked=()) -> None:
+    """``tiltlab check --list``: one row per selected check (and per selected claim without a
+    check), nothing run."""
+    rows = [(c.claim_id, c.name, c.layer, "slow" if c.slow else "") for c in chks]
+    rows += [(u["claim"], "(no check yet)", "-", "") for u in unchecked]
+    head = ("claim", "check", "layer", "slow")
+    w = [max(len(r[i]) for r in [*rows, head]) for i in range(3)]
+    print("  ".join(h.ljust(w[i]) if i < 3 else h for i, h in enumerate(head)).rstrip())
+    for r in rows:
+        print("  ".join(x.ljust(w[i]) if i < 3 else x for i, x in enumerate(r)).rstrip())
+    print(f"{len(rows)} check(s) selected ({sum(c.slow for c in chks)} slow); none run")
+
+
 def _report_check(args, outs, unchecked, rec, seconds) -> None:
     if args.json:
         json.dump(rec, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
-        _print_failures(outs, args.seed, stream=sys.stderr)
+        _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
     else:
         _table(outs, unchecked)
-        c = rec["summary"]["verdicts"]
-        print(
-            f"\n{len(outs)} checks in {seconds:.1f} s: "
-            + ", ".join(f"{k} {v}" for k, v in c.items())
-            + f"; {rec['summary']['failures']} changed/crashed. Record: {args.out}"
-        )
+        print(f"\n{_counts_line(rec)} in {seconds:.1f} s; {rec['summary']['failures']} changed/crashed.")
+        print(f"record written to {args.out}")
         for m, why in rec["skipped_modules"].items():
             print(f"note: check module {m} was skipped ({why})")
-        _print_failures(outs, args.seed)
+        _print_failures(outs, args.seed, None, args.claims, args.module)
 
 
 # --------------------------------------------------------------------------- tiltlab reproduce
@@ -457,14 +598,32 @@ def environment() -> dict[str, str]:
     return env
 
 
+def _stage(msg: str) -> None:
+    """One progress line of ``tiltlab reproduce`` on stderr (the bars show only on a terminal)."""
+    print(f"[reproduce] {msg}", file=sys.stderr, flush=True)
+
+
+def _relative_paths(row: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``png`` / ``data`` paths of a figure row relative to ``base`` (the record's folder), so the
+    record stays valid when the folder is moved or published."""
+    for key in ("png", "data"):
+        if row.get(key):
+            row[key] = Path(os.path.relpath(Path(row[key]).resolve(), base.resolve())).as_posix()
+    return row
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from tiltlab.paper_checks import registry
     from tiltlab.paper_checks.report import ReportInput, write_report
 
     t0 = time.perf_counter()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory (default results/)")
+    _check_writable_dir(out)
     chks = _select(None, None, None, include_slow=not args.quick)
+    n_figs = len(_figure_list()[0] or [])
+    _stage(f"{len(chks)} checks and {n_figs} figures ({'quick' if args.quick else 'full'} mode) -> {out}/")
     # figures in worker processes while the checks run here (each figure is seeded on its own,
     # so the results do not depend on where it runs); --jobs 1 runs everything in this process
     bg = _start_figures_in_background(out / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
@@ -472,12 +631,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         _one_thread()  # the checks share the cores with the figure workers
     outs = _run(chks, args.seed)
     t_checks = time.perf_counter() - t0
+    _stage(f"checks done in {t_checks:.1f} s; " + ("waiting for the figures" if bg else "making the figures"))
     figs, problems = _collect_figures(bg) if bg else make_figures(out / "figures", args.quick, args.seed)
+    _stage(f"figures done ({len(figs)}) after {time.perf_counter() - t0:.1f} s; writing the report")
     figs = sorted(figs, key=lambda f: f.id)
     t_figs = time.perf_counter() - t0 - (0.0 if bg else t_checks)
     unchecked = _unchecked(None)
     rec = _record(outs, unchecked, args.seed, {"reproduce": True, "quick": bool(args.quick)}, time.perf_counter() - t0)
-    rec["figures"] = [f.to_json() if hasattr(f, "to_json") else vars(f) for f in sorted(figs, key=lambda f: f.id)]
+    rec["figures"] = [_relative_paths(f.to_json() if hasattr(f, "to_json") else dict(vars(f)), out) for f in figs]
     rec["figures_missing"] = dict(sorted(problems.items()))
     _write_json(out / "claims.json", rec)
     runtime = time.perf_counter() - t0
@@ -495,9 +656,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         + (f", {args.jobs} processes)" if bg else ")"),
     )
     md, ht = write_report(inp)
-    c = rec["summary"]["verdicts"]
-    print(f"{len(outs)} checks ({', '.join(f'{k} {v}' for k, v in c.items())}), {len(figs)} figures in {runtime:.1f} s")
-    print(f"wrote {out / 'claims.json'}, {md}, {ht}")
+    print(f"{_counts_line(rec)}; {len(figs)} figures; {runtime:.1f} s")
+    print(f"outputs in {out}/: claims.json, {Path(md).name}, {Path(ht).name}, figures/")
     _print_failures(outs, args.seed)
     if problems:
         print(f"\n{len(problems)} figure(s) missing or failed:")

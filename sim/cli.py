@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
+import re
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -18,17 +20,21 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, SimConfig)
 
 
+#: environments ``tiltlab sim --env`` builds (:func:`tiltlab.sim.api.make_env`)
+ENVS = ("multiprompt", "bandit", "lad_bandit", "two_outcome")
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from tiltlab.sim.api import run
+    from tiltlab.sim.api import make_env, run
     from tiltlab.sim.config import SimConfig
 
     cfg = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})
-    try:
-        cfg.validate()
-    except ValueError as exc:
-        print(f"tiltlab sim: {exc}", file=sys.stderr)
-        return 2
-    res = run(cfg)
+    if cfg.env not in ENVS:
+        raise ValueError(f"unknown --env {cfg.env!r}; choose one of {', '.join(ENVS)}")
+    cfg.validate()  # ValueError -> one line, exit 2 (tiltlab.cli.main)
+    if args.out:
+        _check_writable(Path(args.out))
+    res = run(cfg, make_env(cfg))
     h = res.history
     keys = [k for k in h if k != "step"]
     print(f"{cfg.method} (log Z {cfg.log_z}) on {cfg.env}: {cfg.steps} batches, {cfg.seeds} seeds, {res.seconds:.1f} s")
@@ -42,22 +48,54 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(path: Path) -> None:
+    """Refuse an output file that cannot be written, before the run (one line, exit 2)."""
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory; pass a file path such as {path / 'run.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".tiltlab-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write --out {path} ({exc.strerror or exc}); pass a writable path") from None
+
+
+def resolve_figure_ids(requested: list[str], known: list[str]) -> list[str]:
+    """Each requested name -> one figure id: the exact id, the figure number (``fig1``, ``fig01``,
+    ``1`` -> ``fig01_...``) or an unambiguous prefix. Unknown or ambiguous names raise ``ValueError``
+    listing the candidates, so ``fig1`` never silently means ``fig10``."""
+    out: list[str] = []
+    for name in requested:
+        if name in known:
+            out.append(name)
+            continue
+        m = re.fullmatch(r"(?:fig)?0*(\d+)", name)
+        matches = [k for k in known if m and k.startswith(f"fig{int(m.group(1)):02d}_")]
+        if not matches:
+            matches = [k for k in known if k.startswith(name)]
+        if len(matches) == 1:
+            out.append(matches[0])
+        elif matches:
+            raise ValueError(f"figure {name!r} is ambiguous: it matches {', '.join(matches)}; give more of the id")
+        else:
+            raise ValueError(f"unknown figure {name!r}; known: {', '.join(known)} (or a number: fig1 = fig01)")
+    return list(dict.fromkeys(out))
+
+
 def _cmd_figures(args: argparse.Namespace) -> int:
     from tiltlab.sim.figures import FIGURES, make_all
 
-    if args.only:
-        known = [fid for fid, _ in FIGURES]
-        bad = [o for o in args.only if not any(fid.startswith(o) or o in fid for fid in known)]
-        if bad:
-            print(f"tiltlab figures: unknown figure(s) {bad}; known: {known}", file=sys.stderr)
-            return 2
+    only = resolve_figure_ids(args.only, [fid for fid, _ in FIGURES]) if args.only else None
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory")
     t0 = time.perf_counter()
     records = make_all(
         out,
         quick=args.quick,
         seed=args.seed,
-        only=args.only,
+        only=only,
         progress=lambda fid: print(f"[figures] {fid} ...", flush=True),
     )
     total = time.perf_counter() - t0
@@ -67,7 +105,7 @@ def _cmd_figures(args: argparse.Namespace) -> int:
             print(f"      - {line}")
     index = {"quick": args.quick, "seed": args.seed, "seconds": total, "figures": [r.to_json() for r in records]}
     (out / "index.json").write_text(json.dumps(index, indent=1))
-    print(f"{len(records)} figure(s) in {total:.1f} s; index at {out / 'index.json'}")
+    print(f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'})")
     return 0
 
 
@@ -84,7 +122,9 @@ def register(subparsers) -> None:
 
     f = subparsers.add_parser("figures", help="regenerate the ten toy figures (PNG + JSON)")
     f.add_argument("--quick", action="store_true", help="reduced versions (CI: all ten in under 90 s)")
-    f.add_argument("--only", nargs="+", default=None, help="figure ids or prefixes, e.g. fig01 fig07")
+    f.add_argument(
+        "--only", nargs="+", default=None, help="figure ids, numbers or unambiguous prefixes, e.g. fig01 7 fig10_lad"
+    )
     f.add_argument("--out", default="results/figures", help="output directory (default: results/figures)")
     f.add_argument("--seed", type=int, default=0, help="base seed (default: 0)")
     f.set_defaults(func=_cmd_figures)

@@ -1,4 +1,4 @@
-"""``tiltlab llm train --config configs/X.yaml [--set key=value ...]``.
+"""``tiltlab llm train --config configs/X.yaml [--objective NAME] [--set key=value ...]``.
 
 Online configs (``kind: online``) build :class:`llm.trainers.online.TiltGRPOTrainer`, offline
 ones (``kind: offline``) :class:`llm.trainers.offline.OfflineTrainer`. Run it under
@@ -25,6 +25,13 @@ def add_cli(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a config value, dotted keys (e.g. paced.tau=0.3); repeatable",
+    )
+    p.add_argument(
+        "--objective",
+        default=None,
+        metavar="NAME",
+        help="the objective, overriding the config's `objective:` (online: grpo, gspo, flowrl, disa, vargrad, "
+        "lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
     )
     p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
     p.set_defaults(func=main)
@@ -61,6 +68,16 @@ def online_dataset(rows, chat_template: bool = True):
     return Dataset.from_list([{**r, "prompt": training_prompt(r["prompt"], chat_template)} for r in rows])
 
 
+def _nonempty(rows: list, dataset) -> list:
+    """The training rows, or a ``ValueError`` when there are none (a run of 0 steps would still
+    write a model)."""
+    if not rows:
+        raise ValueError(
+            f"dataset {str(dataset)!r} has no rows: nothing to train on; point `dataset:` at a non-empty file"
+        )
+    return rows
+
+
 def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
     from datasets import Dataset
@@ -77,7 +94,7 @@ def build_trainer(cfg):
     if cfg.kind == "online":
         from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
-        ds = online_dataset(load_prompts(cfg.dataset))
+        ds = online_dataset(_nonempty(load_prompts(cfg.dataset), cfg.dataset))
         kw.setdefault("remove_unused_columns", False)
         args = TiltGRPOConfig(**kw)
         log_z_fn = man = None
@@ -96,7 +113,7 @@ def build_trainer(cfg):
     from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
 
     args = OfflineConfig(**kw)
-    rows = prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1)
+    rows = _nonempty(prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1), cfg.dataset)
     tok = load_tokenizer(cfg.model, padding_side="right")
     model = load_model(cfg.model)
     ref = load_model(cfg.ref_model or cfg.model)
@@ -113,13 +130,20 @@ def main(args) -> int:
     import dataclasses
     import json
 
+    from tiltlab.llm.config_args import read_config
     from tiltlab.llm.trainers.config import load_run_config
 
-    cfg = load_run_config(args.config, args.overrides)
+    overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
+    cfg = read_config(args.config, overrides, loader=load_run_config)
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         return 0
+    print(f"[train] {cfg.kind} {cfg.objective} on {cfg.model}: building the trainer", flush=True)
     trainer = build_trainer(cfg)
     trainer.train()
+    steps = trainer.state.global_step
+    if steps == 0:
+        raise RuntimeError("training ran 0 optimizer steps (check max_steps / the dataset size); no model written")
     trainer.save_model(cfg.output_dir)
+    print(f"[train] {steps} optimizer steps; model written to {cfg.output_dir}")
     return 0

@@ -1,0 +1,213 @@
+"""``tiltlab check`` / ``tiltlab reproduce`` arguments: an empty selection, ``--list``, ``--jobs``,
+an unwritable ``--out``, reproducers that carry every flag, and the JSON record (claim verdicts,
+atomic write, relative paths)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tiltlab.cli import main
+from tiltlab.paper_checks import cli as pcli
+from tiltlab.paper_checks.registry import CheckResult, Verdict
+from tiltlab.paper_checks.report import _claim_status
+
+
+def _claim(reg, cid="zz_fake.claim"):
+    return reg.declare_claim(cid, "DISA", "Sec. 0", "a fake claim for the tests", kind="empirical")
+
+
+def _check(reg, name, returns, expected=None, cid="zz_fake.claim", slow=False, calls=None):
+    def fn(seed: int) -> CheckResult:
+        if calls is not None:
+            calls.append(name)
+        return CheckResult(returns, f"{name} says {returns.value}", {"x": 1.0})
+
+    reg.register_check(cid, layer="sim", expected=expected or returns, name=name, slow=slow)(fn)
+
+
+# a valid 1x1 PNG (the report embeds it)
+_PNG_1X1 = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+@dataclass
+class _FakeFigure:
+    """The fields of a figure record that ``tiltlab reproduce`` and the report read."""
+
+    id: str
+    title: str
+    caption: str
+    png: Path
+    data: Path
+    claims: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _stderr_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_empty_selection_is_an_error_and_leaves_the_record(isolated_registry, tmp_path, capsys):
+    out = tmp_path / "claims.json"
+    out.write_text('{"previous": "record"}\n')
+    assert main(["check", "--only", "nosuchprefix", "--out", str(out)]) == 2
+    line = _stderr_line(capsys)
+    assert line.startswith("tiltlab check: error: no check matches --only nosuchprefix") and "--list" in line
+    assert out.read_text() == '{"previous": "record"}\n'
+
+
+def test_layer_llm_says_no_llm_checks_exist(isolated_registry, tmp_path, capsys):
+    assert main(["check", "--layer", "llm", "--out", str(tmp_path / "c.json")]) == 2
+    assert _stderr_line(capsys).startswith("tiltlab check: error: no llm checks exist yet")
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_only_slow_checks_selected_says_add_slow(isolated_registry, tmp_path, capsys):
+    _claim(isolated_registry)
+    _check(isolated_registry, "slowpoke", Verdict.VERIFIED, slow=True)
+    assert main(["check", "--only", "zz_fake", "--layer", "sim", "--out", str(tmp_path / "c.json")]) == 2
+    assert _stderr_line(capsys) == "tiltlab check: error: the selected checks are all slow: add --slow"
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3"])
+def test_jobs_below_one_is_refused(jobs, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--jobs", jobs, "--out", str(tmp_path / "c.json")])
+    assert exc.value.code == 2
+    assert (
+        _stderr_line(capsys)
+        == f"tiltlab check: error: argument --jobs: must be >= 1 (1 = run in this process), got {jobs}"
+    )
+
+
+def test_unwritable_out_is_refused_before_any_check_runs(isolated_registry, tmp_path, capsys):
+    calls: list[str] = []
+    _claim(isolated_registry)
+    _check(isolated_registry, "counted", Verdict.VERIFIED, calls=calls)
+    (tmp_path / "a_file").write_text("not a folder")
+    bad = tmp_path / "a_file" / "claims.json"  # its parent is a file: cannot be created
+    assert main(["check", "--only", "zz_fake", "--jobs", "1", "--out", str(bad)]) == 2
+    assert _stderr_line(capsys).startswith(f"tiltlab check: error: cannot write --out {bad}")
+    assert calls == []
+    assert main(["check", "--only", "zz_fake", "--jobs", "1", "--out", str(tmp_path)]) == 2  # a directory
+    assert "is a directory" in _stderr_line(capsys) and calls == []
+
+
+def test_list_prints_the_selection_and_runs_nothing(isolated_registry, tmp_path, capsys):
+    calls: list[str] = []
+    _claim(isolated_registry)
+    _check(isolated_registry, "fast_one", Verdict.VERIFIED, calls=calls)
+    _check(isolated_registry, "slow_one", Verdict.VERIFIED, slow=True, calls=calls)
+    out = tmp_path / "c.json"
+    assert main(["check", "--only", "zz_fake", "--slow", "--list", "--out", str(out)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split() == ["claim", "check", "layer", "slow"]
+    assert rows[1].split() == ["zz_fake.claim", "fast_one", "sim"]
+    assert rows[2].split() == ["zz_fake.claim", "slow_one", "sim", "slow"]
+    assert rows[3].startswith("2 check(s) selected (1 slow); none run")
+    assert calls == [] and not out.exists()
+
+
+def test_reproducer_of_a_slow_check_carries_slow(isolated_registry, tmp_path, capsys):
+    _claim(isolated_registry)
+    _check(isolated_registry, "slow_flip", Verdict.PARTLY, expected=Verdict.VERIFIED, slow=True)
+    assert main(["check", "--only", "zz_fake", "--slow", "--jobs", "1", "--out", str(tmp_path / "c.json")]) == 1
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "reproduce:" in ln]
+    cmd = shlex.split(line.split("reproduce:", 1)[1])
+    assert "--slow" in cmd
+    # the reproducer selects the check again (without --slow it would select nothing)
+    assert main([*cmd[1:], "--jobs", "1", "--json", "--out", str(tmp_path / "d.json")]) == 1
+    assert [c["check"] for c in json.loads(capsys.readouterr().out)["checks"]] == ["slow_flip"]
+
+
+def test_reproducer_of_a_downstream_check_carries_claims_and_module(isolated_registry, tmp_path, monkeypatch, capsys):
+    (tmp_path / "myclaims").mkdir()
+    (tmp_path / "myclaims" / "mine.toml").write_text(
+        '[[paper]]\nshort = "MyProjR"\ntitle = "My project"\n\n'
+        '[[claim]]\nid = "myprojr.loss_is_finite"\npaper = "MyProjR"\nsection = "eq. (5)"\n'
+        'statement = "our TB loss is finite"\nkind = "beyond"\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "zz_myprojr_checks.py").write_text(
+        "from tiltlab.paper_checks import register_check, CheckResult, Verdict\n"
+        "@register_check('myprojr.loss_is_finite', layer='sim', expected=Verdict.VERIFIED)\n"
+        "def finite(seed):\n    return CheckResult(Verdict.REFUTED, 'loss=inf', {'loss': 1e9})\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    monkeypatch.delitem(__import__("sys").modules, "zz_myprojr_checks", raising=False)
+    argv = ["check", "--claims", "myclaims", "--module", "zz_myprojr_checks", "--only", "myprojr", "--jobs", "1"]
+    assert main([*argv, "--out", "c.json"]) == 1
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "reproduce:" in ln]
+    cmd = shlex.split(line.split("reproduce:", 1)[1])
+    assert cmd[cmd.index("--claims") + 1] == "myclaims" and cmd[cmd.index("--module") + 1] == "zz_myprojr_checks"
+    rec = json.loads(Path("c.json").read_text())
+    assert rec["checks"][0]["reproducer"] == line.split("reproduce:", 1)[1].strip()
+    # the printed command re-runs exactly that check
+    assert main([*cmd[1:], "--jobs", "1", "--json", "--out", "d.json"]) == 1
+    assert [c["claim"] for c in json.loads(capsys.readouterr().out)["checks"]] == ["myprojr.loss_is_finite"]
+    __import__("sys").modules.pop("zz_myprojr_checks", None)
+
+
+def test_record_has_claim_verdicts_and_is_written_atomically(isolated_registry, tmp_path, capsys):
+    reg = isolated_registry
+    _claim(reg, "zz_fake.mixed")
+    _claim(reg, "zz_fake.reach")
+    _check(reg, "holds", Verdict.VERIFIED, cid="zz_fake.mixed")
+    _check(reg, "breaks", Verdict.REFUTED, cid="zz_fake.mixed")
+    _check(reg, "far", Verdict.OUT_OF_REACH, cid="zz_fake.reach")
+    out = tmp_path / "rec" / "claims.json"
+    assert main(["check", "--only", "zz_fake", "--jobs", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    claims = {row["claim"]: row for row in rec["claims"]}
+    assert claims["zz_fake.mixed"]["verdict"] == "refuted"  # refuted outranks verified
+    assert claims["zz_fake.reach"]["verdict"] == "out_of_reach"
+    assert sorted(claims["zz_fake.mixed"]["checks"]) == ["breaks", "holds"]
+    # the same rule as the report's claim rows
+    outs_by_claim = {}
+    for o in pcli._run(pcli._select("zz_fake", None, None, False), 0, progress=False):
+        outs_by_claim.setdefault(o.check.claim_id, []).append(o)
+    assert {c: _claim_status(os_) for c, os_ in outs_by_claim.items()} == {
+        c: row["verdict"] for c, row in claims.items()
+    }
+    assert "3 checks (out_of_reach 1, refuted 1, verified 1) of 2 claims" in printed
+    assert sorted(p.name for p in out.parent.iterdir()) == ["claims.json"]  # no temporary left behind
+
+
+def test_reproduce_stores_paths_relative_to_the_output_dir(isolated_registry, tmp_path, monkeypatch, capsys):
+    reg = isolated_registry
+    _claim(reg, "zz_fake.repro")
+    _check(reg, "fake", Verdict.VERIFIED, cid="zz_fake.repro")
+    out = tmp_path / "out"
+    png = out / "figures" / "fig99_demo.png"
+    png.parent.mkdir(parents=True)
+    png.write_bytes(_PNG_1X1)
+    fig = _FakeFigure("fig99_demo", "Demo", "caption", png, out / "figures" / "fig99_demo.json")
+    monkeypatch.setattr(pcli, "_select", lambda *a, **k: [c for c in reg.checks() if c.claim_id == "zz_fake.repro"])
+    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([fig], {}))
+    assert main(["reproduce", "--quick", "--jobs", "1", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    rec = json.loads((out / "claims.json").read_text())
+    assert rec["figures"][0]["png"] == "figures/fig99_demo.png"
+    assert rec["figures"][0]["data"] == "figures/fig99_demo.json"
+    assert f"outputs in {out}/" in captured.out
+    assert "[reproduce] checks done" in captured.err  # per-stage progress lines
+
+
+def test_reproduce_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert main(["reproduce", "--quick", "--out", str(tmp_path / "f")]) == 2
+    assert _stderr_line(capsys).startswith(f"tiltlab reproduce: error: --out {tmp_path / 'f'} is a file")

@@ -1,0 +1,245 @@
+"""A user's mistakes on the command line: each ends in one line on stderr that says what is wrong
+and what to do, exit 2 (bad input) or 1 (a failed run), no traceback, and nothing half-written.
+``--debug`` brings the traceback back. The long commands end by naming their output folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiltlab.cli import main
+
+
+def _one_line_error(capsys, prefix: str) -> str:
+    """The single stderr line (asserted single, traceback-free, starting with ``prefix``)."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- tiltlab sim / figures
+
+
+def test_sim_unknown_env(capsys):
+    assert main(["sim", "--env", "nosuchenv"]) == 2
+    line = _one_line_error(capsys, "tiltlab sim: error: unknown --env 'nosuchenv'")
+    assert "multiprompt" in line  # the choices are named
+
+
+def test_sim_unwritable_out_is_refused_before_the_run(capsys, tmp_path, monkeypatch):
+    import tiltlab.sim.api as api
+
+    monkeypatch.setattr(api, "run", lambda cfg, env=None: pytest.fail("the run started"))
+    (tmp_path / "a_file").write_text("x")
+    assert main(["sim", "--steps", "1", "--out", str(tmp_path / "a_file" / "r.json")]) == 2
+    _one_line_error(capsys, f"tiltlab sim: error: cannot write --out {tmp_path / 'a_file' / 'r.json'}")
+
+
+def test_a_failed_run_exits_1_and_debug_shows_the_traceback(capsys, monkeypatch):
+    import tiltlab.sim.api as api
+
+    def boom(cfg, env=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "run", boom)
+    assert main(["sim", "--steps", "1"]) == 1
+    line = _one_line_error(capsys, "tiltlab sim: error: RuntimeError: boom")
+    assert "--debug" in line
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["sim", "--steps", "1", "--debug"])
+
+
+def test_debug_reraises_a_usage_error():
+    with pytest.raises(ValueError, match="nosuchenv"):
+        main(["--debug", "sim", "--env", "nosuchenv"])
+
+
+def test_parse_error_is_one_line(capsys):
+    assert _exit_code(lambda: main(["check", "--jobs", "two"])) == 2
+    _one_line_error(capsys, "tiltlab check: error: argument --jobs: expected a whole number >= 1, got 'two'")
+
+
+def _exit_code(fn) -> int:
+    with pytest.raises(SystemExit) as exc:
+        fn()
+    return exc.value.code
+
+
+def test_figures_only_fig1_means_fig01_not_fig10(monkeypatch, tmp_path, capsys):
+    import tiltlab.sim.figures as simfig
+
+    asked = {}
+
+    def fake_make_all(out_dir, quick=False, seed=0, only=None, progress=None):
+        asked["only"] = only
+        return []
+
+    monkeypatch.setattr(simfig, "make_all", fake_make_all)
+    assert main(["figures", "--only", "fig1", "--out", str(tmp_path)]) == 0
+    assert asked["only"] == ["fig01_lad_bandit"]
+    assert main(["figures", "--only", "fig10", "--out", str(tmp_path)]) == 0
+    assert asked["only"] == ["fig10_lad_divergences"]
+    capsys.readouterr()
+
+
+def test_figures_ambiguous_prefix_lists_the_matches(capsys, tmp_path):
+    assert main(["figures", "--only", "fig0", "--out", str(tmp_path)]) == 2
+    line = _one_line_error(capsys, "tiltlab figures: error: figure 'fig0' is ambiguous")
+    assert "fig01_lad_bandit" in line and "fig09_fpa_entanglement" in line
+    assert not (tmp_path / "index.json").exists()
+
+
+def test_figures_unknown_id(capsys, tmp_path):
+    assert main(["figures", "--only", "fig99_nope", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, "tiltlab figures: error: unknown figure 'fig99_nope'")
+
+
+# --------------------------------------------------------------------------- tiltlab llm
+
+
+def _needs(module: str):
+    try:
+        __import__(module)
+    except ImportError as exc:
+        pytest.skip(f"{module} is not importable ({exc})")
+
+
+def test_train_without_config(capsys):
+    assert _exit_code(lambda: main(["llm", "train"])) == 2
+    _one_line_error(capsys, "tiltlab llm train: error: the following arguments are required: --config")
+
+
+def test_train_missing_config(capsys, tmp_path):
+    assert main(["llm", "train", "--config", str(tmp_path / "nosuch.yaml")]) == 2
+    line = _one_line_error(capsys, "tiltlab llm train: error: config ")
+    assert "does not exist" in line and "--config" in line
+
+
+def _config(tmp_path, **kw) -> str:
+    import yaml
+
+    data = {
+        "kind": "online",
+        "objective": "grpo",
+        "model": "tiny",
+        "dataset": "synthetic:math:4:1",
+        "output_dir": str(tmp_path / "out"),
+        "trl": {"max_steps": 1, "use_cpu": True, "report_to": "none"},
+        **kw,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_train_unknown_objective(capsys, tmp_path):
+    _needs("trl")
+    assert main(["llm", "train", "--config", _config(tmp_path), "--objective", "nosuch", "--dry-run"]) == 2
+    line = _one_line_error(capsys, "tiltlab llm train: error: objective 'nosuch'")
+    assert "grpo" in line  # the choices are named
+
+
+def test_train_objective_flag_overrides_the_config(capsys, tmp_path):
+    _needs("trl")
+    assert main(["llm", "train", "--config", _config(tmp_path), "--objective", "flowrl", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["objective"] == "flowrl"
+
+
+def test_train_empty_online_dataset_writes_no_model(capsys, tmp_path):
+    _needs("trl")
+    (tmp_path / "empty.jsonl").write_text("")
+    cfg = _config(tmp_path, dataset=str(tmp_path / "empty.jsonl"))
+    assert main(["llm", "train", "--config", cfg]) == 2
+    line = _one_line_error(capsys, "tiltlab llm train: error: dataset ")
+    assert "has no rows" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_stage1_missing_data_file_writes_nothing(capsys, tmp_path):
+    _needs("transformers")
+    out = tmp_path / "s1"
+    argv = ["llm", "stage1", "--proposal", "tiny", "--reference", "tiny", "--dataset", str(tmp_path / "nosuch.jsonl")]
+    assert main([*argv, "--out-dir", str(out)]) == 2
+    line = _one_line_error(capsys, "tiltlab llm stage1: error: dataset path ")
+    assert "does not exist" in line
+    assert not out.exists()
+
+
+def test_stage1_broken_yaml(capsys, tmp_path):
+    (tmp_path / "broken.yaml").write_text("stage1:\n  M: [8\n  beta: 1.0\n")
+    assert main(["llm", "stage1", "--config", str(tmp_path / "broken.yaml")]) == 2
+    line = _one_line_error(capsys, "tiltlab llm stage1: error: ")
+    assert "not valid YAML" in line and "line 3" in line
+
+
+def test_set_value_that_is_not_yaml(capsys, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: tiny\nstage2:\n  labels: L\n  out_dir: O\n")
+    assert main(["llm", "stage2", "--config", str(cfg), "--set", "stage2.epochs=[3"]) == 2
+    _one_line_error(capsys, "tiltlab llm stage2: error: --set stage2.epochs=[3: the value is not valid YAML")
+
+
+def test_stage2_before_stage1(capsys, tmp_path):
+    out = tmp_path / "s2"
+    assert main(["llm", "stage2", "--labels", str(tmp_path / "s1"), "--out-dir", str(out)]) == 2
+    line = _one_line_error(capsys, "tiltlab llm stage2: error: no Stage 1 output in ")
+    assert "run `tiltlab llm stage1" in line
+    assert not out.exists()
+
+
+def test_eval_missing_local_model(capsys, tmp_path):
+    missing = str(tmp_path / "no" / "such" / "model")
+    assert main(["llm", "eval", "--model", missing, "--datasets", "synthetic:math:2", "--k", "1"]) == 2
+    line = _one_line_error(capsys, f"tiltlab llm eval: error: model '{missing}' does not exist")
+    assert "Repo id" not in line
+
+
+def test_eval_benchmark_not_on_disk_names_the_flag(capsys, tmp_path):
+    argv = ["llm", "eval", "--model", "tiny", "--datasets", "aime24", "--data-dir", str(tmp_path), "--k", "1"]
+    assert main(argv) == 2
+    line = _one_line_error(capsys, "tiltlab llm eval: error: benchmark 'aime24' not found")
+    assert "--data-dir" in line and "data_dir=" not in line
+
+
+def test_eval_untrained_run_of_a_config(capsys, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: tiny\nobjective: grpo\noutput_dir: {tmp_path / 'never_trained'}\neval:\n  k: 1\n")
+    assert main(["llm", "eval", "--config", str(cfg)]) == 2
+    line = _one_line_error(capsys, "tiltlab llm eval: error: the trained model ")
+    assert "tiltlab llm train --config" in line
+
+
+def test_demo_bad_threads(capsys, tmp_path):
+    assert main(["llm", "demo", "--threads", "0", "--out-dir", str(tmp_path / "d")]) == 2
+    _one_line_error(capsys, "tiltlab llm demo: error: --threads must be >= 1, got 0")
+    assert not (tmp_path / "d").exists()
+
+
+# --------------------------------------------------------------------------- where the outputs went
+
+
+def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys):
+    """demo, stage1 and eval end with the folder their outputs went to (the runs are stubbed)."""
+    import tiltlab.llm.demo as demo
+    import tiltlab.llm.evaluate as evaluate
+    import tiltlab.llm.stage1 as stage1
+
+    out = tmp_path / "d"
+    monkeypatch.setattr(demo, "run_demo", lambda cfg: {"timings": {"total": 1.0}, "figure": str(out / "curves.png")})
+    assert main(["llm", "demo", "--quick", "--out-dir", str(out)]) == 0
+    assert f"outputs in {out}/" in capsys.readouterr().out.splitlines()[-1]
+
+    monkeypatch.setattr(stage1, "run_stage1", lambda cfg, progress=True: {"prompts": 0})
+    argv = ["llm", "stage1", "--proposal", "tiny", "--reference", "tiny", "--dataset", "synthetic:math:2"]
+    assert main([*argv, "--out-dir", str(tmp_path / "s1")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"labels and samples written to {tmp_path / 's1'}"
+
+    monkeypatch.setattr(evaluate, "run_eval", lambda cfg: {})
+    monkeypatch.setattr(evaluate, "results_table", lambda results: "| table |")
+    argv = ["llm", "eval", "--model", "tiny", "--datasets", "synthetic:math:2", "--k", "1"]
+    assert main([*argv, "--out-dir", str(tmp_path / "ev")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"results written to {tmp_path / 'ev'}")
