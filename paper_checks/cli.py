@@ -603,18 +603,9 @@ def _stage(msg: str) -> None:
     print(f"[reproduce] {msg}", file=sys.stderr, flush=True)
 
 
-def _relative_paths(row: dict[str, Any], base: Path) -> dict[str, Any]:
-    """``png`` / ``data`` paths of a figure row relative to ``base`` (the record's folder), so the
-    record stays valid when the folder is moved or published."""
-    for key in ("png", "data"):
-        if row.get(key):
-            row[key] = Path(os.path.relpath(Path(row[key]).resolve(), base.resolve())).as_posix()
-    return row
-
-
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.report import ReportInput, write_report
+    from tiltlab.paper_checks.report import ReportInput, figures_json, write_report
 
     t0 = time.perf_counter()
     out: Path = args.out
@@ -638,7 +629,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     t_figs = time.perf_counter() - t0 - (0.0 if bg else t_checks)
     unchecked = _unchecked(None)
     rec = _record(outs, unchecked, args.seed, {"reproduce": True, "quick": bool(args.quick)}, time.perf_counter() - t0)
-    rec["figures"] = [_relative_paths(f.to_json() if hasattr(f, "to_json") else dict(vars(f)), out) for f in figs]
+    rec["figures"] = figures_json(figs, out)
     rec["figures_missing"] = dict(sorted(problems.items()))
     _write_json(out / "claims.json", rec)
     runtime = time.perf_counter() - t0
