@@ -246,9 +246,10 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
     return out
 
 
-def _md_finding(f: Finding) -> str:
+def _md_finding(f: Finding, claim_ids: frozenset[str] | set[str] = frozenset()) -> str:
     head, text, code = f
-    return f"- **{head}** {_md_escape(text)}" + (f" `{code}`" if code else "")
+    label = f"[{head}](#{_html_id('claim', head)})" if head in claim_ids else head
+    return f"- **{label}** {_md_escape(text)}" + (f" `{code}`" if code else "")
 
 
 def _html_finding(f: Finding) -> str:
@@ -307,7 +308,14 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("")
     L.append(f"Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see {SPEC_DOCS} in the repository.")
     L.append("")
+    papers_in_order = [*dict.fromkeys(r["paper"] for r in rows)]
+    claim_ids = {r["id"] for r in rows}
+    L.append("Contents: [Summary](#summary) · [Findings](#findings) · ")
+    L[-1] += " · ".join(f"[{p}](#{_html_id('paper', p)})" for p in papers_in_order) + " · [Environment](#environment)"
+    L.append("")
     # summary
+    L.append('<a id="summary"></a>')
+    L.append("")
     L.append("## Summary")
     L.append("")
     L.append(
@@ -319,7 +327,7 @@ def render_markdown(inp: ReportInput) -> str:
     names = [*dict.fromkeys(r["paper"] for r in rows), "all"]
     for n in names:
         c = counts[n]
-        label = "**all**" if n == "all" else n
+        label = "**all**" if n == "all" else f"[{n}](#{_html_id('paper', n)})"
         L.append(f"| {label} | " + " | ".join(str(c.get(v, 0)) for v in VERDICT_ORDER) + f" | {sum(c.values())} |")
     L.append("")
     lc = _layer_counts(inp.outcomes)
@@ -336,12 +344,14 @@ def render_markdown(inp: ReportInput) -> str:
         L.append("")
     # findings
     fd = _findings(inp, rows)
+    L.append('<a id="findings"></a>')
+    L.append("")
     L.append("## Findings")
     L.append("")
     if fd["changed"]:
         L.append("### Checks whose verdict changed or that crashed")
         L.append("")
-        L += [_md_finding(x) for x in fd["changed"]]
+        L += [_md_finding(x, claim_ids) for x in fd["changed"]]
         L.append("")
     if fd["missing"]:
         L.append("### Figures missing or failed")
@@ -350,7 +360,7 @@ def render_markdown(inp: ReportInput) -> str:
         L.append("")
     L.append("### Claims refuted or only partly supported")
     L.append("")
-    L += [_md_finding(x) for x in fd["claims"]] or ["- none"]
+    L += [_md_finding(x, claim_ids) for x in fd["claims"]] or ["- none"]
     L.append("")
     L.append("### From the simulator figures")
     L.append("")
@@ -363,12 +373,23 @@ def render_markdown(inp: ReportInput) -> str:
         if r["paper"] != current:
             current = r["paper"]
             paper = _paper(current)
+            L.append(f'<a id="{_html_id("paper", current)}"></a>')
+            L.append("")
             L.append(f"## {current}" + (f" — {_md_escape(paper.title)}" if paper else ""))
             L.append("")
             if paper is not None:
                 L.append(f"{_md_escape(paper.authors)}; {_md_escape(paper.source)}. Index: `docs/papers.md`.")
                 L.append("")
+            L.append(
+                "Claims: "
+                + ", ".join(
+                    f"[{x['id']}](#{_html_id('claim', x['id'])}) ({x['status']})" for x in rows if x["paper"] == current
+                )
+            )
+            L.append("")
         c = r["claim"]
+        L.append(f'<a id="{_html_id("claim", r["id"])}"></a>')
+        L.append("")
         L.append(f"### `{r['id']}` — {r['status']}")
         L.append("")
         if c is not None:
@@ -420,6 +441,8 @@ def render_markdown(inp: ReportInput) -> str:
             L.append(f"*{fid}: {_md_escape(f.title)}.* {_md_escape(f.caption)}")
             L.append("")
     # environment
+    L.append('<a id="environment"></a>')
+    L.append("")
     L.append("## Environment")
     L.append("")
     for k, v in sorted(inp.env.items()):

@@ -106,8 +106,8 @@ def test_claim_rows_status_and_figures(tmp_path):
 def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
     md = render_markdown(_input(tmp_path))
     # columns: verified partly refuted out_of_reach error unchecked total
-    assert "| DISA | 1 | 0 | 1 | 0 | 0 | 0 | 2 |" in md
-    assert "| PACED-RL | 0 | 1 | 0 | 0 | 1 | 1 | 3 |" in md
+    assert "| [DISA](#paper-DISA) | 1 | 0 | 1 | 0 | 0 | 0 | 2 |" in md
+    assert "| [PACED-RL](#paper-PACED-RL) | 0 | 1 | 0 | 0 | 1 | 1 | 3 |" in md
     assert "| **all** | 1 | 1 | 1 | 0 | 1 | 1 | 5 |" in md
     assert "the paper is wrong by 0.3" in md and "the demo curve falls by 12%" in md
     assert "fig98_gone" in md and "ValueError: broken input" in md
@@ -266,3 +266,20 @@ def test_figures_json_paths_are_relative(tmp_path):
     inp = _input(tmp_path)
     rec = figures_json(inp.figures, tmp_path)
     assert rec[0]["png"] == "figures/fig99_demo.png" and rec[0]["data"] == "figures/fig99_demo.json"
+
+
+def test_markdown_links_every_claim_and_no_link_dangles(tmp_path):
+    """REPORT.md has a contents line, and every claim id of the summary's per-paper lists and of the
+    findings links to an anchor that exists in the same file."""
+    import re
+
+    inp = _input(tmp_path)
+    md = render_markdown(inp)
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', md))
+    targets = re.findall(r"\]\(#([^)]+)\)", md)
+    assert targets, "no in-page links"
+    assert not sorted(set(targets) - anchors), "dangling in-page links"
+    for row in claim_rows(inp):
+        cid = f"claim-{row['id']}"
+        assert cid in anchors and targets.count(cid) >= 1, row["id"]
+    assert md.index("Contents:") < md.index("## Summary")
