@@ -500,7 +500,7 @@ def benchmark_path(name: str, data_dir_: str | Path | None = None) -> Path:
     b = BENCHMARKS[key]
     raise FileNotFoundError(
         f"benchmark {key!r} not found: expected one of {', '.join(str(c) for c in candidates[:3])} or the directory "
-        f"{str(root / key)!r} (datasets.save_to_disk or Parquet shards). Set TILTLAB_DATA or pass data_dir=. "
+        f"{str(root / key)!r} (datasets.save_to_disk or Parquet shards). Set TILTLAB_DATA or give the data directory (--data-dir DIR on the command line, the data_dir argument in Python). "
         f"Public source: {b.source}; e.g. on a machine with hub access: "
         f"datasets.load_dataset(...).to_json('{key}.jsonl')"
     )

@@ -523,11 +523,7 @@ def _check_datasets(cfg) -> None:
     from .data import load_prompts
 
     for name in cfg.datasets:
-        try:
-            rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
-        except FileNotFoundError as exc:
-            # the loader speaks of the Python argument; on the command line it is the flag
-            raise FileNotFoundError(str(exc).replace("pass data_dir=", "pass --data-dir DIR")) from None
+        rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
         if not rows:
             raise ValueError(f"dataset {name!r} has no rows (after --limit); nothing to evaluate")
 

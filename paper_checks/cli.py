@@ -310,16 +310,16 @@ def _write_json(path: Path, rec: dict[str, Any]) -> None:
 
 def _claim_verdicts(outs) -> list[dict[str, Any]]:
     """One row per claim with checks in ``outs``: the claim's verdict is its most informative
-    check's (the report's rule, :func:`tiltlab.paper_checks.report._claim_status`)."""
+    check's (the report's rule, :func:`tiltlab.paper_checks.report.claim_status`)."""
     from collections import defaultdict
 
-    from tiltlab.paper_checks.report import _claim_status
+    from tiltlab.paper_checks.report import claim_status
 
     by_claim: dict[str, list] = defaultdict(list)
     for o in outs:
         by_claim[o.check.claim_id].append(o)
     return [
-        {"claim": cid, "verdict": _claim_status(os_), "checks": [o.check.name for o in os_]}
+        {"claim": cid, "verdict": claim_status(os_), "checks": [o.check.name for o in os_]}
         for cid, os_ in sorted(by_claim.items())
     ]
 

@@ -37,6 +37,7 @@ __all__ = [
     "VERDICT_ORDER",
     "ReportInput",
     "claim_rows",
+    "claim_status",
     "figures_json",
     "render_html",
     "render_markdown",
@@ -177,7 +178,7 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
                 "paper": c.paper if c else "(undeclared)",
                 "outcomes": outs,
                 "figures": sorted(set(fig_for.get(cid, []))),
-                "status": _claim_status(outs),
+                "status": claim_status(outs),
             }
         )
     order = {p: i for i, p in enumerate(registry.papers())}
@@ -192,7 +193,7 @@ def _no_outcome_note(claim_id: str) -> str:
     return "no check registered yet."
 
 
-def _claim_status(outs: Sequence[Outcome]) -> str:
+def claim_status(outs: Sequence[Outcome]) -> str:
     """One verdict per claim: an error wins, then the most informative non-``out_of_reach``
     verdict (refuted > partly > verified), then ``out_of_reach``; no check -> unchecked."""
     if not outs:

@@ -678,25 +678,30 @@ def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Ten
     }
 
 
-def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> Tensor:
-    """``[B]`` TB rollout weight (:func:`~tiltlab.objectives.tb.tb_importance_weight`) times the
-    sequence IS weight."""
+def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> tuple[Tensor, Tensor]:
+    """``([B] TB rollout weight, [B] loss weight)``: the clipped weight of
+    :func:`~tiltlab.objectives.tb.tb_importance_weight`, and that weight times the sampler's sequence
+    IS weight (what the loss uses)."""
     args = trainer.args
-    w = tb_importance_weight(
+    w_tb = tb_importance_weight(
         b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
     )
-    return w if b.seq_w is None else w * b.seq_w
+    return w_tb, (w_tb if b.seq_w is None else w_tb * b.seq_w)
 
 
-def _tb_metrics(trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w: Tensor) -> dict[str, Tensor]:
+def _tb_metrics(
+    trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w_tb: Tensor, w: Tensor
+) -> dict[str, Tensor]:
+    """The clip fraction is of the TB weight at its own clip bounds, before the sampler IS weight
+    multiplies it (as in :func:`~tiltlab.objectives.tb.flowrl_loss`)."""
     args = trainer.args
     return {
         "log_z": log_z.detach(),
         "residual": residual.detach().abs().mean(),
         "weight_clip_frac": weight_clip_fraction(
-            w, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+            w_tb.detach(), args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
         ),
-        "weight_mean": w.mean(),
+        "weight_mean": w.detach().mean(),
     }
 
 
@@ -706,10 +711,10 @@ def disa_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tenso
     scale = args.logprob_scale
     lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
     log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
-    w = _tb_weight(trainer, b)
+    w_tb, w = _tb_weight(trainer, b)
     loss = disa_loss(lp, lp_ref, r, log_z, args.tilt_beta, weight=w)
     residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
-    return loss, _tb_metrics(trainer, log_z, residual, w)
+    return loss, _tb_metrics(trainer, log_z, residual, w_tb, w)
 
 
 def vargrad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -719,10 +724,9 @@ def vargrad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Te
     scale = args.logprob_scale
     lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
     log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
-    w = _tb_weight(trainer, b)
-    loss = tb_loss(tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta), w)
-    residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
-    return loss, _tb_metrics(trainer, log_z, residual, w)
+    w_tb, w = _tb_weight(trainer, b)
+    residual = tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta)
+    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w_tb, w)
 
 
 def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -731,9 +735,9 @@ def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tens
     scale = args.logprob_scale
     lp, anchor = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.old, b.mask, scale)
     log_z = trainer._learned_log_z(model, b)
-    w = _tb_weight(trainer, b)
+    w_tb, w = _tb_weight(trainer, b)
     residual = tb_residual(lp, anchor, b.inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
-    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w)
+    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w_tb, w)
 
 
 LOSSES: dict[str, LossFn] = {

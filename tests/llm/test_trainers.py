@@ -313,3 +313,25 @@ def test_cli_train_online_and_offline(tiny_dir, tmp_path):
     (tmp_path / "off.yaml").write_text(yaml.safe_dump(off))
     assert main(["llm", "train", "--config", str(tmp_path / "off.yaml")]) == 0
     assert (tmp_path / "off" / "model.safetensors").exists()
+
+
+def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
+    """DISA/VarGrad/PACED log the fraction of TB weights at their clip bounds; the sampler's sequence
+    IS weight multiplies the loss weight only (a large IS weight must not count as clipped)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tiltlab.llm.trainers.online import LossBatch, _tb_metrics, _tb_weight
+
+    args = SimpleNamespace(weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None)
+    trainer = SimpleNamespace(args=args)
+    logp = torch.zeros(4, 2)
+    old = logp - torch.tensor([3.0, 0.0, 0.0, 0.0])[:, None]  # sequence ratios e^6 (clipped at 10), 1, 1, 1
+    b = LossBatch(
+        logp, old, None, torch.ones(4, 2), None, torch.full((4,), 50.0), {}, torch.zeros(4, 1), torch.ones(4, 1)
+    )
+    w_tb, w = _tb_weight(trainer, b)
+    torch.testing.assert_close(w, w_tb * 50.0)  # the loss weight carries the IS weight
+    m = _tb_metrics(trainer, torch.zeros(4), torch.zeros(4), w_tb, w)
+    assert m["weight_clip_frac"].item() == 0.25  # one of four TB weights at max_weight, not all four

@@ -15,7 +15,7 @@ import pytest
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
 from tiltlab.paper_checks.registry import CheckResult, Verdict
-from tiltlab.paper_checks.report import _claim_status
+from tiltlab.paper_checks.report import claim_status
 
 
 def _claim(reg, cid="zz_fake.claim"):
@@ -180,7 +180,7 @@ def test_record_has_claim_verdicts_and_is_written_atomically(isolated_registry, 
     outs_by_claim = {}
     for o in pcli._run(pcli._select("zz_fake", None, None, False), 0, progress=False):
         outs_by_claim.setdefault(o.check.claim_id, []).append(o)
-    assert {c: _claim_status(os_) for c, os_ in outs_by_claim.items()} == {
+    assert {c: claim_status(os_) for c, os_ in outs_by_claim.items()} == {
         c: row["verdict"] for c, row in claims.items()
     }
     assert "3 checks (out_of_reach 1, refuted 1, verified 1) of 2 claims" in printed
