@@ -28,6 +28,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "tiltlab.llm.evaluate",
     "tiltlab.llm.trainers.cli",
     "tiltlab.llm.demo",
+    "tiltlab.llm.prepare",
 )
 """Modules whose ``add_cli(subparsers)`` adds one ``tiltlab llm`` command each."""
 

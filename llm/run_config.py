@@ -19,6 +19,9 @@ Sections (all optional except ``model``):
 ``stage1`` / ``stage2`` / ``eval``  passed to ``tiltlab llm stage1/stage2/eval``.
 ``flowrl`` / ``disa`` / ``lad`` / ``paced`` / ``fpa`` / ``offrl`` / ``dpo`` / ``kto`` / ``apo``
                 objective options (see :data:`SECTION_KEYS`).
+``lora``        LoRA adapter (:data:`LORA_KEYS`: ``r``, ``alpha``, ``dropout``, ``target_modules``).
+``validation``  periodic validation for checkpoint selection (:data:`VALIDATION_KEYS`: ``dataset`` or
+                ``holdout_fraction``, ``every_steps``, ``metric``, ``k``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OFFLINE_OBJECTIVES", "ONLINE_OBJECTIVES", "SECTION_KEYS", "RunConfig", "apply_overrides", "read_run_config"]
+__all__ = [
+    "LORA_KEYS",
+    "OFFLINE_OBJECTIVES",
+    "ONLINE_OBJECTIVES",
+    "SECTION_KEYS",
+    "STAGE1_KEYS",
+    "VALIDATION_KEYS",
+    "RunConfig",
+    "apply_overrides",
+    "read_run_config",
+]
 
 ONLINE_OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
 OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
@@ -73,6 +86,7 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "replay_max": "paced_replay_max",
         "log_z_lr": "log_z_lr",
         "log_z_hidden": "log_z_hidden",
+        "embeddings": "",  # frozen_ref (paper: frozen pi_ref prompt embeddings) | live (policy hidden states)
     },
     "fpa": {"lam": "fpa_lam", "apply_to": "fpa_apply_to"},
     "offrl": {"kl_tau": "offrl_kl_tau"},
@@ -81,6 +95,24 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
     "kto": {"beta": "kto_beta", "lambda_w": "kto_lambda_w", "lambda_l": "kto_lambda_l"},
     "apo": {"beta1": "apo_beta1", "beta2": "apo_beta2"},
 }
+
+#: ``lora:`` keys (a PEFT ``LoraConfig``: rank, scaling alpha, dropout, module names)
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+
+#: ``validation:`` keys: a held-out ``dataset`` (path) or a ``holdout_fraction`` of the training set,
+#: evaluated every ``every_steps`` optimizer steps with ``metric`` (e.g. mean@k) over ``k`` samples
+VALIDATION_KEYS = ("dataset", "holdout_fraction", "every_steps", "metric", "k")
+
+#: ``stage1:`` keys added for paper-scale Stage 1 (proposal sharding, context, tokenizer, template
+#: options); the rest of the section is :class:`tiltlab.llm.stage1.Stage1Config`'s fields
+STAGE1_KEYS = (
+    "tensor_parallel_size",
+    "max_model_len",
+    "tokenizer",
+    "quantization",
+    "chat_template_kwargs",
+    "gpu_memory_utilization",
+)
 
 
 @dataclass
@@ -136,6 +168,10 @@ class RunConfig:
     rpo: dict = field(default_factory=dict)
     kto: dict = field(default_factory=dict)
     apo: dict = field(default_factory=dict)
+    lora: dict = field(default_factory=dict)
+    """LoRA adapter (keys :data:`LORA_KEYS`); empty = full fine-tuning."""
+    validation: dict = field(default_factory=dict)
+    """Periodic validation / checkpoint selection (keys :data:`VALIDATION_KEYS`)."""
 
     def __post_init__(self) -> None:
         if self.kind == "online" and self.log_logprob_dynamics:
@@ -153,6 +189,17 @@ class RunConfig:
             unknown = set(getattr(self, name)) - set(keys)
             if unknown:
                 raise ValueError(f"section {name!r}: unknown keys {sorted(unknown)}; allowed {sorted(keys)}")
+        for name, keys in (("lora", LORA_KEYS), ("validation", VALIDATION_KEYS)):
+            unknown = set(getattr(self, name)) - set(keys)
+            if unknown:
+                raise ValueError(f"section {name!r}: unknown keys {sorted(unknown)}; allowed {sorted(keys)}")
+        if self.validation and ("dataset" in self.validation) == ("holdout_fraction" in self.validation):
+            raise ValueError("validation: give exactly one of `dataset` (a held-out file) or `holdout_fraction`")
+        frac = self.validation.get("holdout_fraction")
+        if frac is not None and not 0.0 < float(frac) < 1.0:
+            raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
+        if self.lora and "r" not in self.lora:
+            raise ValueError("lora: the rank `r` is required")
         if isinstance(self.beta, str):
             if self.beta not in self.beta_levels:
                 raise ValueError(
