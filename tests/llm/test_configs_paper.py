@@ -86,36 +86,43 @@ _KEY = re.compile(r"^(?P<indent> *)(?:- )?(?P<key>[A-Za-z_][\w.]*):(?P<rest>.*)$
 
 
 def _uncommented_values(text: str) -> list[str]:
-    """Keys with a scalar value and no source comment: none on their line, none earlier in their
-    block (a comment above a run of keys covers the run: "per block"), none on or above an
-    enclosing section. Bookkeeping keys (paths, logging) are exempt."""
+    """Keys with a scalar value and no source comment. A value is covered by a comment on its line,
+    by a comment earlier in its own block (a comment above a run of keys covers the run: "per
+    block"), or by its section being covered; a section (``trl:``, ``stage1:`` ...) is covered only
+    by a comment on its line or directly above it -- the file header covers top-level scalars, not
+    the sections. Bookkeeping keys (paths, logging) are exempt."""
     commented: dict[int, bool] = {}  # indent of an open block -> a comment appeared in it
     section: dict[int, bool] = {}  # indent of an open section key -> it is covered
     bad = []
+    prev_comment = False
     for line in text.splitlines():
         s = line.strip()
         if not s:
+            prev_comment = False
             continue
         indent = len(line) - len(line.lstrip(" "))
         if s.startswith("#"):
             for k in [k for k in commented if k > indent]:
                 del commented[k]
             commented[indent] = True
+            prev_comment = True
             continue
         m = _KEY.match(line)
         if not m:
+            prev_comment = False
             continue
         key, rest = m.group("key"), m.group("rest")
-        for d in (commented, section):
-            for k in [k for k in d if k > indent]:
-                del d[k]
+        for k in [k for k in commented if k > indent]:
+            del commented[k]
         for k in [k for k in section if k >= indent]:
             del section[k]
-        covered = "#" in rest or commented.get(indent, False) or any(section.values())
+        inline = "#" in rest
+        parent = any(section.values())
         if rest.split("#")[0].strip() == "":  # a section: its children inherit its coverage
-            section[indent] = covered
-        elif not covered and key not in _BOOKKEEPING:
+            section[indent] = inline or prev_comment or parent
+        elif not (inline or parent or commented.get(indent, False)) and key not in _BOOKKEEPING:
             bad.append(key)
+        prev_comment = False
     return bad
 
 
@@ -128,10 +135,12 @@ def test_every_value_has_a_source_comment(path):
 def test_comment_check_catches_an_uncommented_value():
     assert _uncommented_values("trl:\n  learning_rate: 1.0e-06\n") == ["learning_rate"]
     assert _uncommented_values("trl:\n  learning_rate: 1.0e-06  # FPA App. B.4\n") == []
-    assert _uncommented_values("# App. D.1\ntrl:\n  learning_rate: 1.0e-06\n") == []
+    assert _uncommented_values("kind: online\n# App. D.1\ntrl:\n  learning_rate: 1.0e-06\n") == []
     # a comment in one section does not cover the next one
     text = "trl:\n  # App. D.1\n  learning_rate: 1.0e-06\nlad:\n  eta: 1.0\n"
     assert _uncommented_values(text) == ["eta"]
+    # the file header does not cover a section further down
+    assert _uncommented_values("# header\nkind: online\ntrl:\n  learning_rate: 1.0e-06\n") == ["learning_rate"]
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIG_FILES if p.name.startswith("disa")], ids=lambda p: p.stem)
