@@ -265,3 +265,17 @@ def test_build_fpa_offline_on_the_tiny_model(tmp_path, monkeypatch):
     assert info["kept"] == 4 and info["train_rows"] == 9 and info["val_rows"] == 3
     t = pq.read_table(tmp_path / "o.parquet").to_pylist()
     assert {"prompt", "completion", "reward", "prompt_id"} <= set(t[0])
+
+
+def test_prepare_fpa_cli_refuses_a_dataset_with_nothing_to_keep(tmp_path, capsys):
+    """`tiltlab llm prepare fpa` end to end on the tiny model: its samples never box the gold answer,
+    so every prompt is all-wrong and the command fails with a clear message, writing nothing."""
+    from tiltlab.cli import main
+
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"id": "q0", "prompt": "Compute 1+1.", "answer": "123456789"}) + "\n")
+    out = tmp_path / "fpa.jsonl"
+    argv = ["llm", "prepare", "fpa", "--model", "tiny", "--dataset", str(data), "--out", str(out)]
+    assert main([*argv, "--engine", "hf", "--k", "2", "--max-new-tokens", "2"]) != 0
+    assert "no prompt with both correct and wrong samples" in capsys.readouterr().err
+    assert not out.exists()
