@@ -80,6 +80,9 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
     "rpo": {"alpha": "rpo_alpha"},
     "kto": {"beta": "kto_beta", "lambda_w": "kto_lambda_w", "lambda_l": "kto_lambda_l"},
     "apo": {"beta1": "apo_beta1", "beta2": "apo_beta2"},
+    # read by `tiltlab llm train` itself (llm.trainers.cli), not mapped onto trainer-config fields
+    "lora": {"r": "", "alpha": "", "dropout": "", "target_modules": ""},
+    "validation": {"dataset": "", "holdout_fraction": "", "every_steps": "", "metric": "", "k": ""},
 }
 
 
@@ -136,6 +139,10 @@ class RunConfig:
     rpo: dict = field(default_factory=dict)
     kto: dict = field(default_factory=dict)
     apo: dict = field(default_factory=dict)
+    lora: dict = field(default_factory=dict)
+    """LoRA adapters (peft): r, alpha, dropout, target_modules; the log Z head is trained in full."""
+    validation: dict = field(default_factory=dict)
+    """Periodic validation and best-checkpoint selection: dataset | holdout_fraction, every_steps, metric, k."""
 
     def __post_init__(self) -> None:
         if self.kind == "online" and self.log_logprob_dynamics:
