@@ -109,6 +109,14 @@ class ReplayBuffer(Generic[T]):
     def contents(self) -> list[T]:
         return list(self._items)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer's items, oldest first (for checkpoints; items must be picklable)."""
+        return {"capacity": self.capacity, "n_add": self.n_add, "items": list(self._items)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the contents by ``state["items"]`` (the newest ``capacity`` of them)."""
+        self._items = deque(state["items"], maxlen=self.capacity)
+
     def __len__(self) -> int:
         return len(self._items)
 

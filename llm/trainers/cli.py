@@ -1,4 +1,4 @@
-"""``tiltlab llm train --config configs/X.yaml [--objective NAME] [--set key=value ...]``.
+"""``tiltlab llm train --config configs/X.yaml [--objective NAME] [--set key=value ...] [--resume [DIR|latest]]``.
 
 Online configs (``kind: online``) build :class:`llm.trainers.online.TiltGRPOTrainer`, offline
 ones (``kind: offline``) :class:`llm.trainers.offline.OfflineTrainer`. Run it under
@@ -8,7 +8,7 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 
 from __future__ import annotations
 
-__all__ = ["add_cli", "build_trainer", "main", "online_dataset"]
+__all__ = ["add_cli", "build_trainer", "lora_config", "main", "online_dataset", "resolve_checkpoint"]
 
 
 def add_cli(subparsers) -> None:
@@ -32,6 +32,15 @@ def add_cli(subparsers) -> None:
         metavar="NAME",
         help="the objective, overriding the config's `objective:` (online: grpo, gspo, flowrl, disa, vargrad, "
         "lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="DIR|latest",
+        help="resume from a checkpoint-N directory, or from the newest one in output_dir (`latest`, the "
+        "default without a value); model, optimizer, scheduler, RNG, data order and the objective's state",
     )
     p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
     p.set_defaults(func=main)
@@ -78,6 +87,111 @@ def _nonempty(rows: list, dataset) -> list:
     return rows
 
 
+def resolve_checkpoint(resume: str, output_dir: str) -> str:
+    """``latest`` -> the newest ``checkpoint-N`` in ``output_dir``; a ``checkpoint-N`` directory
+    (one with ``trainer_state.json``) -> itself; a run directory -> its newest checkpoint."""
+    from pathlib import Path
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    where = Path(output_dir) if resume == "latest" else Path(resume)
+    if not where.is_dir():
+        raise ValueError(
+            f"--resume {resume}: {str(where)!r} is not a directory; pass a checkpoint-N directory or latest"
+        )
+    if (where / "trainer_state.json").is_file():
+        return str(where)
+    last = get_last_checkpoint(str(where))
+    if last is None:
+        raise ValueError(
+            f"--resume {resume}: no checkpoint-N directory in {str(where)!r}; train with trl.save_strategy=steps first"
+        )
+    return last
+
+
+LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
+
+
+def lora_config(cfg):
+    """The ``lora:`` section as a ``peft.LoraConfig`` (None without one). The learned log Z head
+    of flowrl/paced is trained in full (``modules_to_save``) and kept out of the adapter targets."""
+    if not cfg.lora:
+        return None
+    from peft import LoraConfig
+
+    from tiltlab.llm.trainers.logz_head import HEAD_NAME
+
+    lo = {**LORA_DEFAULTS, **cfg.lora}
+    if not (isinstance(lo["r"], int) and lo["r"] > 0) or not float(lo["alpha"]) > 0:
+        raise ValueError(
+            f"lora.r must be a positive integer and lora.alpha > 0, got r={lo['r']!r}, alpha={lo['alpha']!r}"
+        )
+    if not 0.0 <= float(lo["dropout"]) < 1.0:
+        raise ValueError(f"lora.dropout must lie in [0, 1), got {lo['dropout']!r}")
+    learned_z = cfg.kind == "online" and (cfg.objective in ("flowrl", "paced"))
+    return LoraConfig(
+        r=int(lo["r"]),
+        lora_alpha=float(lo["alpha"]),
+        lora_dropout=float(lo["dropout"]),
+        target_modules=lo["target_modules"],
+        exclude_modules=rf".*{HEAD_NAME}.*" if learned_z else None,
+        modules_to_save=[HEAD_NAME] if learned_z else None,
+        task_type="CAUSAL_LM",
+    )
+
+
+VALIDATION_METRICS = ("reward", "accuracy")
+
+
+def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
+    """``(train rows, held-out rows)`` from the ``validation:`` section, and the evaluation /
+    checkpoint-selection settings written into the trainer kwargs ``kw`` (transformers' machinery:
+    ``eval_strategy=steps``, ``metric_for_best_model``; a checkpoint at every evaluation)."""
+    v = dict(cfg.validation)
+    if not v:
+        return rows, None
+    if cfg.kind != "online":
+        raise ValueError("the validation: section is implemented for online runs; offline runs report eval_loss")
+    if ("dataset" in v) == ("holdout_fraction" in v):
+        raise ValueError("validation: give exactly one of dataset (a path) or holdout_fraction (of the training rows)")
+    every = v.get("every_steps")
+    if not (isinstance(every, int) and every > 0):
+        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
+    metric = v.get("metric", "reward")
+    if metric not in VALIDATION_METRICS:
+        raise ValueError(f"validation.metric must be one of {VALIDATION_METRICS}, got {metric!r}")
+    if "dataset" in v:
+        from tiltlab.llm.data import load_prompts
+
+        held = _nonempty(load_prompts(v["dataset"]), v["dataset"])
+    else:
+        import random
+
+        frac = float(v["holdout_fraction"])
+        if not 0.0 < frac < 1.0:
+            raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
+        order = list(range(len(rows)))
+        random.Random(int(kw.get("seed", 42))).shuffle(order)
+        n_held = max(1, round(frac * len(rows)))
+        if n_held >= len(rows):
+            raise ValueError(f"validation.holdout_fraction={frac} leaves no training rows out of {len(rows)}")
+        held_ix = set(order[:n_held])
+        held = [rows[i] for i in sorted(held_ix)]
+        rows = [r for i, r in enumerate(rows) if i not in held_ix]
+    k = int(v.get("k", kw.get("num_generations", 8)))
+    kw.update(
+        eval_strategy="steps",
+        eval_steps=every,
+        save_strategy="steps",
+        save_steps=every,
+        metric_for_best_model=f"eval_{metric}",
+        greater_is_better=True,
+        num_generations_eval=k,
+    )
+    kw.setdefault("per_device_eval_batch_size", k)
+    return rows, held
+
+
 def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
     from datasets import Dataset
@@ -94,20 +208,25 @@ def build_trainer(cfg):
     if cfg.kind == "online":
         from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
-        ds = online_dataset(_nonempty(load_prompts(cfg.dataset), cfg.dataset))
+        rows, held = _validation(cfg, _nonempty(load_prompts(cfg.dataset), cfg.dataset), kw)
+        ds = online_dataset(rows)
         kw.setdefault("remove_unused_columns", False)
         args = TiltGRPOConfig(**kw)
         log_z_fn = man = None
-        if cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa"):
+        needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
+        # a dataset with a precomputed log_z column needs no Stage-2 predictor
+        if needs_z and (cfg.disa.get("stage2_dir") or "log_z" not in ds.column_names):
             log_z_fn, man = _disa_predictor(cfg)
         return TiltGRPOTrainer(
             model=cfg.model,
             reward_funcs=resolve_reward(cfg.reward),
             args=args,
             train_dataset=ds,
+            eval_dataset=None if held is None else online_dataset(held),
             processing_class=load_tokenizer(cfg.model),
             log_z_fn=log_z_fn,
             log_z_manifest=man,
+            peft_config=lora_config(cfg),
         )
     from tiltlab.llm.data import read_table
     from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
@@ -115,7 +234,13 @@ def build_trainer(cfg):
     args = OfflineConfig(**kw)
     rows = _nonempty(prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1), cfg.dataset)
     tok = load_tokenizer(cfg.model, padding_side="right")
+    _validation(cfg, rows, kw)  # refuses a validation: section (online only)
     model = load_model(cfg.model)
+    peft_cfg = lora_config(cfg)
+    if peft_cfg is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_cfg)
     ref = load_model(cfg.ref_model or cfg.model)
     return OfflineTrainer(
         model=model,
@@ -138,12 +263,35 @@ def main(args) -> int:
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         return 0
+    # transformers' Trainer never reads TrainingArguments.resume_from_checkpoint: honour it here
+    resume = args.resume or cfg.trl.get("resume_from_checkpoint")
+    checkpoint = resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir)) if resume else None
     print(f"[train] {cfg.kind} {cfg.objective} on {cfg.model}: building the trainer", flush=True)
     trainer = build_trainer(cfg)
-    trainer.train()
+    if checkpoint:
+        print(f"[train] resuming from {checkpoint}", flush=True)
+    trainer.train(resume_from_checkpoint=checkpoint)
     steps = trainer.state.global_step
     if steps == 0:
         raise RuntimeError("training ran 0 optimizer steps (check max_steps / the dataset size); no model written")
-    trainer.save_model(cfg.output_dir)
-    print(f"[train] {steps} optimizer steps; model written to {cfg.output_dir}")
+    out = trainer.args.output_dir
+    trainer.save_model(out)
+    print(f"[train] {steps} optimizer steps; model written to {out}")
+    if cfg.validation:
+        _write_best(trainer, out)
     return 0
+
+
+def _write_best(trainer, out_dir: str) -> None:
+    """``best_checkpoint.json`` in the run directory: the checkpoint with the best validation metric."""
+    import json
+    import os
+
+    st, name = trainer.state, trainer.args.metric_for_best_model
+    evals = [(h["step"], h[name]) for h in st.log_history if name in h]
+    rec = {"best_checkpoint": st.best_model_checkpoint, "metric": name, "best_metric": st.best_metric, "evals": evals}
+    path = os.path.join(out_dir, "best_checkpoint.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(rec, f, indent=2)
+    os.replace(path + ".tmp", path)
+    print(f"[train] best {name} = {st.best_metric} at {st.best_model_checkpoint} ({path})")

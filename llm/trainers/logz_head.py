@@ -81,6 +81,10 @@ def get_log_z_head(model: nn.Module, required: bool = True) -> LogZHead | None:
     seen = model
     for _ in range(4):
         head = getattr(seen, HEAD_NAME, None) if isinstance(seen, nn.Module) else None
+        saved = getattr(head, "modules_to_save", None)  # PEFT's ModulesToSaveWrapper: the trained copy
+        if isinstance(saved, nn.ModuleDict) and not isinstance(head, LogZHead):
+            active = [a for a in getattr(head, "active_adapters", []) if a in saved]
+            head = saved[active[0]] if active else None
         if isinstance(head, LogZHead):
             return head
         seen = getattr(seen, "module", None) or getattr(seen, "base_model", None) or getattr(seen, "model", None)

@@ -261,6 +261,8 @@ class TiltGRPOConfig(GRPOConfig):
 
 
 LogZFn = Callable[[list[Any]], Tensor]
+TILT_STATE = "tiltlab_state_{}.pt"
+"""Per-process trainer state in each checkpoint (see :meth:`TiltGRPOTrainer._tilt_state`)."""
 
 
 def _is_chat_dataset(dataset) -> bool | None:
@@ -304,6 +306,9 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             # need them and ignore TRL's beta (their KL to ref is only logged).
             args.beta = 1.0
         if obj in _LEARNED_Z:
+            from transformers import set_seed
+
+            set_seed(args.seed)  # the head is created here, before GRPOTrainer seeds: same seed, same head
             if isinstance(model, str):
                 from tiltlab.llm.models import load_model
 
@@ -369,6 +374,62 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         return opt
 
     # ------------------------------------------------------------------------------------------
+    # checkpoints: the trainer state TRL/transformers do not save (as TRL does for its entropy
+    # controller: written in _save_checkpoint, read in _load_optimizer_and_scheduler)
+    def _tilt_state(self) -> dict:
+        """Per-process state for a bit-identical resume: TRL's micro-step counter and buffered
+        generation batch (a resume between two generations reuses it) and PACED's RNG and replay buffer."""
+        buffered = self._buffered_inputs
+        if buffered is not None:
+            buffered = [{k: v.cpu() if isinstance(v, Tensor) else v for k, v in b.items()} for b in buffered]
+        state = {"step": self._step, "buffered_inputs": buffered}
+        if self.args.objective == "paced":
+            state["paced"] = self.paced_state_dict()
+        return state
+
+    def _save_checkpoint(self, model, trial):
+        import os
+
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        super()._save_checkpoint(model, trial)
+        out = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, TILT_STATE.format(self.accelerator.process_index))
+        torch.save(self._tilt_state(), path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a killed save leaves no half-written state
+
+    def evaluate(self, *args, **kwargs):
+        """transformers' ``evaluate`` plus the generation metrics TRL logs in eval mode
+        (``eval_reward``, ``eval_accuracy``, ...), so ``metric_for_best_model`` can name them."""
+        metrics = super().evaluate(*args, **kwargs)
+        last = self.state.log_history[-1] if self.state.log_history else {}
+        metrics.update({k: v for k, v in last.items() if k.startswith("eval_") and k not in metrics})
+        return metrics
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        import os
+
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, TILT_STATE.format(self.accelerator.process_index))
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"{checkpoint} has no {os.path.basename(path)} (written by tiltlab's trainer with the same number "
+                "of processes); resume from a checkpoint of this trainer"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self._step = int(state["step"])
+        dev = self.accelerator.device
+        buffered = state["buffered_inputs"]
+        if buffered is not None:
+            buffered = [{k: v.to(dev) if isinstance(v, Tensor) else v for k, v in b.items()} for b in buffered]
+        self._buffered_inputs = buffered
+        if self.args.objective == "paced":
+            self.load_paced_state_dict(state["paced"])
+
+    # ------------------------------------------------------------------------------------------
     # rollouts: whole groups are present here
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -419,6 +480,8 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         rpf = self._last_rewards_per_func
         r_global = torch.nan_to_num((rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(1), nan=0.0)
         out["rewards"] = self._local(r_global, n).to(dev)
+        if mode == "eval":  # validation accuracy: the fraction of completions with reward > 0.5
+            self._metrics["eval"]["accuracy"].append(float((r_global > 0.5).float().mean()))
         if obj not in _TB and obj != "lad":
             return out
         mask = out["completion_mask"].float()

@@ -32,6 +32,18 @@ __all__ = ["PacedMixin"]
 class PacedMixin:
     """PACED-RL selection and replay for :class:`~tiltlab.llm.trainers.online.TiltGRPOTrainer`."""
 
+    def paced_state_dict(self) -> dict:
+        """What a checkpoint must hold for a bit-identical resume: the selection RNG and the replay buffer."""
+        return {
+            "rng": self._paced_rng.getstate(),
+            "replay": None if self._replay is None else self._replay.state_dict(),
+        }
+
+    def load_paced_state_dict(self, state: dict) -> None:
+        self._paced_rng.setstate(state["rng"])
+        if self._replay is not None and state.get("replay") is not None:
+            self._replay.load_state_dict(state["replay"])
+
     def _paced_select(self, inputs: list[dict]) -> list[dict]:
         """PACED Sec. 4.2: replace this process's groups by the prompts whose estimated accuracy
         ``p_hat`` is closest to ``tau``, out of ``pool_factor`` times as many random candidates."""
