@@ -134,8 +134,10 @@ class Claim:
         section: section / equation / table / figure of that paper (``§2.2 eq. (10)``).
         statement: the claim in one line.
         kind: ``proposition`` (a theorem-like statement), ``empirical`` (a number or a
-            figure of the paper), ``beyond`` (a result of ours, not in the paper), or
-            ``open`` (a question the notes raise).
+            figure of the paper), ``beyond`` (a result of ours, not in the paper), ``open``
+            (a question the notes raise), or ``typo`` (a table's own consistency, e.g. a printed
+            average against its cells; refuted = a printing error, kept apart from the claim
+            whose table holds it).
         paper_numbers: the paper's own numbers, as data, to compare re-measured numbers with.
         llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
             that would test it.

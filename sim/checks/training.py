@@ -168,15 +168,21 @@ LAD_CONVERGED_TV = 1e-3
 LAD_SAME_LOSS = 1e-3
 
 
+LAD_STRICT = ("kl", "rkl", "jeffreys", "hellinger", "js")  # strictly convex f: Lemma 3.2 gives a unique minimizer
+
+
 def lad_practical_items(n: dict) -> dict[str, bool]:
     """Per-divergence outcomes of :func:`lad_practical` from its numbers."""
-    items = {f"{d}_converges": n[f"tv_{d}"] < LAD_CONVERGED_TV for d in LAD_STRICT + ("tv",)}
+    items = {f"{d}_converges": n[f"tv_{d}"] < LAD_CONVERGED_TV for d in (*LAD_STRICT, "tv")}
     items["tv_second_minimizer"] = (not items["tv_converges"]) and n.get("loss_gap_tv", 1.0) < LAD_SAME_LOSS
     return items
 
 
-LAD_STRICT = ("kl", "rkl", "jeffreys", "hellinger", "js")  # strictly convex f: Lemma 3.2 gives a unique minimizer
-LAD_PRACTICAL_ITEMS = {**{f"{d}_converges": True for d in LAD_STRICT}, "tv_converges": False, "tv_second_minimizer": True}
+LAD_PRACTICAL_ITEMS = {
+    **{f"{d}_converges": True for d in LAD_STRICT},
+    "tv_converges": False,
+    "tv_second_minimizer": True,
+}
 
 
 def lad_practical_verdict(items: dict[str, bool]) -> V:
@@ -224,6 +230,9 @@ def lad_practical(seed: int) -> CheckResult:
     )
 
 
+FIG1_COLLAPSE_MAX_PI = 0.4  # "collapsed to one arm": the largest arm holds more than 0.4 of the mass
+
+
 @register_check(
     "lad.fig1.bandit",
     layer="sim",
@@ -256,7 +265,11 @@ def lad_fig1(seed: int) -> CheckResult:
         f"LAD-JS TV {tv_l:.3f}, mode-mass ratios {', '.join(f'{m:.2f}' for m in modes_l)} ({'three modes recovered' if lad_matches else 'modes not recovered'}); FlowRL as coded TV {tv_f:.3f}, max pi {max_f:.3f}",
         numbers=n,
         figure="fig01_lad_bandit",
-        items={"grpo_collapses": grpo_collapses, "lad_recovers_modes": lad_matches, "flowrl_only_partly": flowrl_partial},
+        items={
+            "grpo_collapses": grpo_collapses,
+            "lad_recovers_modes": lad_matches,
+            "flowrl_only_partly": flowrl_partial,
+        },
     )
 
 
