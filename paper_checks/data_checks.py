@@ -290,6 +290,7 @@ def _from_statements(parts: Sequence[tuple[str, bool]], numbers: dict[str, Any])
     ok = [d for d, b in parts if b]
     bad = [d for d, b in parts if not b]
     numbers = dict(numbers, n_statements=len(parts), n_hold=len(ok))
+    items = {f"s{i + 1}": bool(b) for i, (_, b) in enumerate(parts)}
     if not bad:
         v = Verdict.VERIFIED
         summary = f"paper-internal: all {len(parts)} statements hold in the tables: " + "; ".join(ok)
@@ -299,7 +300,7 @@ def _from_statements(parts: Sequence[tuple[str, bool]], numbers: dict[str, Any])
     else:
         v = Verdict.PARTLY
         summary = f"paper-internal: {len(ok)}/{len(parts)} hold; fails: " + "; ".join(bad)
-    return CheckResult(v, summary, numbers)
+    return CheckResult(v, summary, numbers, items=items)
 
 
 def _diff_tol(a: float, b: float) -> float:
@@ -312,14 +313,19 @@ def _rel_gain_interval(new: float, old: float) -> tuple[float, float]:
     return (100 * ((new - hn) / (old + ho) - 1), 100 * ((new + hn) / (old - ho) - 1))
 
 
-_INTERNAL: dict[str, tuple[Verdict, Callable[[int], CheckResult]]] = {}
+_INTERNAL: dict[str, tuple[Verdict, Callable[[int], CheckResult], dict[str, bool] | None]] = {}
 
 
 def _internal(
-    claim_id: str, expected: Verdict
+    claim_id: str, expected: Verdict, holds: Sequence[bool] | None = None
 ) -> Callable[[Callable[[int], CheckResult]], Callable[[int], CheckResult]]:
+    """Register a paper-internal check. ``holds``: for a ``partly`` verdict over several statements,
+    which statements (in order) are known to hold; a change in any of them fails the check even when
+    the verdict stays ``partly`` (for ``verified`` / ``refuted`` all / none hold by definition)."""
+
     def deco(fn: Callable[[int], CheckResult]) -> Callable[[int], CheckResult]:
-        _INTERNAL[claim_id] = (expected, fn)
+        items = None if holds is None else {f"s{i + 1}": bool(b) for i, b in enumerate(holds)}
+        _INTERNAL[claim_id] = (expected, fn, items)
         return fn
 
     return deco
@@ -374,7 +380,7 @@ def disa_sft_gap(seed: int) -> CheckResult:
     )
 
 
-@_internal("disa.text.table4_vs_table1", Verdict.PARTLY)
+@_internal("disa.text.table4_vs_table1", Verdict.PARTLY, holds=(False, True, True, False))
 def disa_table4_vs_table1(seed: int) -> CheckResult:
     parts, nums = [], {}
     for bb in ("qwen2.5_7b", "qwen3_4b"):
@@ -625,7 +631,7 @@ def _fpa_gains(model: str) -> CheckResult:
     return _from_statements(parts, nums)
 
 
-@_internal("fpa.text.gains_qwen3_4b", Verdict.PARTLY)
+@_internal("fpa.text.gains_qwen3_4b", Verdict.PARTLY, holds=(True, False, False))
 def fpa_gains_qwen3(seed: int) -> CheckResult:
     return _fpa_gains("qwen3_4b")
 
@@ -687,7 +693,7 @@ def fpa_lambda_best(seed: int) -> CheckResult:
     return _from_statements(parts, nums)
 
 
-@_internal("fpa.text.table6_matches_table1", Verdict.PARTLY)
+@_internal("fpa.text.table6_matches_table1", Verdict.PARTLY, holds=(True, True, True, True, False, True))
 def fpa_table6_vs_table1(seed: int) -> CheckResult:
     parts, nums = [], {}
     for m in _FPA_MODELS:
@@ -863,7 +869,7 @@ def lad_eta_vs_grpo(seed: int) -> CheckResult:
     return _from_statements(parts, nums)
 
 
-@_internal("lad.text.strict_better_table8", Verdict.PARTLY)
+@_internal("lad.text.strict_better_table8", Verdict.PARTLY, holds=(True, True, True, False))
 def lad_strict_better(seed: int) -> CheckResult:
     pn = get_claim("lad.table8.divergences").paper_numbers
     cols = list(pn["columns"])
@@ -898,7 +904,7 @@ def flowrl_disa_matches(seed: int) -> CheckResult:
     return _from_statements(parts, {})
 
 
-@_internal("flowrl.vs_grpo_across_papers", Verdict.PARTLY)
+@_internal("flowrl.vs_grpo_across_papers", Verdict.PARTLY, holds=(True, True, False, False, False))
 def flowrl_vs_grpo(seed: int) -> CheckResult:
     comps = [
         ("DISA Qwen2.5-7B", "disa.table1.math_qwen2.5_7b", "Avg"),
@@ -944,10 +950,10 @@ def _register_all() -> None:
             register_check(
                 cid, layer="data", expected=EXPECTED_LLM_SCALE.get(cid, Verdict.OUT_OF_REACH), name="llm_scale"
             )(llm_scale_check(cid))
-    for cid, (expected, fn) in sorted(_INTERNAL.items()):
+    for cid, (expected, fn, items) in sorted(_INTERNAL.items()):
         if cid not in declared:
             raise ValueError(f"paper_internal check for undeclared claim {cid!r}")
-        register_check(cid, layer="data", expected=expected, name="paper_internal")(fn)
+        register_check(cid, layer="data", expected=expected, name="paper_internal", expected_items=items)(fn)
 
 
 _register_all()
