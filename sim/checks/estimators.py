@@ -150,7 +150,6 @@ def prop2_geomean_bias(seed: int) -> CheckResult:
         f"{hi['lseM_over_geo_M64']:.2f} (second order is only a small-variance statement)",
         numbers=n,
         figure="fig02_m_study",
-        items={"var_and_bias_decrease": bool(monotone), "knee_at_8": bool(knee)},
     )
 
 
