@@ -1,6 +1,7 @@
 """``tiltlab check`` and ``tiltlab reproduce``.
 
-``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones),
+``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones; the opt-in
+``llm`` layer runs only with ``--layer llm``),
 prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
 evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
 when a check returns a verdict other than the one recorded as expected for it, or crashes.
@@ -8,7 +9,7 @@ Each failure is followed by the command that re-runs just that check. Arguments 
 before any check runs: an empty selection, ``--jobs`` < 1 or an ``--out`` that cannot be written
 is an error (exit 2) and leaves the record untouched. ``--list`` prints the selection only.
 
-``tiltlab reproduce`` runs all checks and all simulator figures and writes ``claims.json``,
+``tiltlab reproduce`` runs all checks (``--llm`` adds the llm layer) and all simulator figures and writes ``claims.json``,
 ``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
 """
 
@@ -37,6 +38,11 @@ from tiltlab.paper_checks.registry import FIGURE_MODULE
 LAYERS = ("theory", "sim", "data", "llm")
 
 _CHECK_HELP = """Run the claim checks and compare every verdict with the one recorded as expected.
+
+The llm-layer checks (small real models trained on CPU, all slow) run only when asked for:
+`--layer llm --slow` (or `--only llm --slow`); `tiltlab reproduce --llm` adds them to the report.
+A check that records expected per-item outcomes fails when an item changes, even if its verdict
+does not.
 
 Exit status: 0 when every selected check returns its expected verdict (a claim that is
 refuted and stays refuted is green); 1 when a verdict changed or a check crashed; 2 on
