@@ -1,6 +1,7 @@
 """``tiltlab check`` and ``tiltlab reproduce``.
 
-``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones),
+``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones; the opt-in
+``llm`` layer runs only with ``--layer llm``),
 prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
 evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
 when a check returns a verdict other than the one recorded as expected for it, or crashes.
@@ -8,7 +9,7 @@ Each failure is followed by the command that re-runs just that check. Arguments 
 before any check runs: an empty selection, ``--jobs`` < 1 or an ``--out`` that cannot be written
 is an error (exit 2) and leaves the record untouched. ``--list`` prints the selection only.
 
-``tiltlab reproduce`` runs all checks and all simulator figures and writes ``claims.json``,
+``tiltlab reproduce`` runs all checks (``--llm`` adds the llm layer) and all simulator figures and writes ``claims.json``,
 ``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
 """
 
@@ -37,6 +38,11 @@ from tiltlab.paper_checks.registry import FIGURE_MODULE
 LAYERS = ("theory", "sim", "data", "llm")
 
 _CHECK_HELP = """Run the claim checks and compare every verdict with the one recorded as expected.
+
+The llm-layer checks (small real models trained on CPU, all slow) run only when asked for:
+`--layer llm --slow` (or `--only llm --slow`); `tiltlab reproduce --llm` adds them to the report.
+A check that records expected per-item outcomes fails when an item changes, even if its verdict
+does not.
 
 Exit status: 0 when every selected check returns its expected verdict (a claim that is
 refuted and stays refuted is green); 1 when a verdict changed or a check crashed; 2 on
@@ -99,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reproduce", help="all checks + all simulator figures -> REPORT.md and report.html", description=_REPRO_HELP
     )
     r.add_argument("--quick", action="store_true", help="fast figure settings, skip slow checks (under 2 minutes)")
+    r.add_argument(
+        "--llm",
+        action="store_true",
+        help="also run the llm-layer checks (small real models trained on CPU; tens of minutes; needs the [llm] extra)",
+    )
     r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
     r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
     r.add_argument(
@@ -177,12 +188,14 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
         importlib.import_module(m)
 
 
-def _select(args_only: str | None, layer: str | None, name: str | None, include_slow: bool):
+def _select(
+    args_only: str | None, layer: str | None, name: str | None, include_slow: bool, include_llm: bool | None = None
+):
     from tiltlab.paper_checks import registry
 
     registry.discover()
     registry.validate()
-    chks = registry.select(args_only, layer, include_slow)
+    chks = registry.select(args_only, layer, include_slow, include_llm)
     if name:
         chks = [c for c in chks if c.name == name]
     return chks
@@ -313,15 +326,16 @@ def _claim_verdicts(outs) -> list[dict[str, Any]]:
     check's (the report's rule, :func:`tiltlab.paper_checks.report.claim_status`)."""
     from collections import defaultdict
 
-    from tiltlab.paper_checks.report import claim_status
+    from tiltlab.paper_checks.report import claim_decision
 
     by_claim: dict[str, list] = defaultdict(list)
     for o in outs:
         by_claim[o.check.claim_id].append(o)
-    return [
-        {"claim": cid, "verdict": claim_status(os_), "checks": [o.check.name for o in os_]}
-        for cid, os_ in sorted(by_claim.items())
-    ]
+    rows = []
+    for cid, os_ in sorted(by_claim.items()):
+        verdict, layers = claim_decision(os_)
+        rows.append({"claim": cid, "verdict": verdict, "decided_by": layers, "checks": [o.check.name for o in os_]})
+    return rows
 
 
 def reproducer(check, seed: int, claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> str:
@@ -360,12 +374,21 @@ def _print_failures(outs, seed: int, stream=None, claim_dirs=(), modules=()) -> 
         if o.result is None:
             last = (o.error or "").strip().splitlines()[-1:] or ["?"]
             print(f"  FAIL {o.check.key}: crashed: {last[0]}", file=stream)
-        else:
+        elif o.result.verdict != o.check.expected:
             print(
                 f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}",
                 file=stream,
             )
+        else:
+            print(f"  FAIL {o.check.key}: verdict {o.verdict} as expected, but {_items_line(o)}", file=stream)
         print(f"       reproduce: {reproducer(o.check, seed, claim_dirs, modules)}", file=stream)
+
+
+def _items_line(o) -> str:
+    """The per-item outcomes that changed: "items changed: a expected True got False, ..."."""
+    return "items changed: " + ", ".join(
+        f"{k} expected {exp} got {'missing' if got is None else got}" for k, (exp, got) in o.item_changes.items()
+    )
 
 
 def _short(text: str, width: int = 36) -> str:
@@ -384,7 +407,15 @@ def _table(outs, unchecked, stream=None) -> None:
             if o.result is not None
             else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
         )
-        verdict = o.verdict if o.ok else f"{o.verdict}!={o.check.expected.value}"
+        verdict = (
+            o.verdict
+            if o.ok
+            else (
+                f"{o.verdict}!={o.check.expected.value}"
+                if o.verdict != o.check.expected.value
+                else f"{o.verdict}(items!)"
+            )
+        )
         rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
     for u in unchecked:
         rows.append((u["claim"], _short(u["cite"]), "-", "unchecked", "no check registered"))
@@ -454,9 +485,12 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
     all_checks = registry.checks()
     layers_with_checks = [x for x in LAYERS if any(c.layer == x for c in all_checks)]
     if layer and layer not in layers_with_checks:
+        skipped = "".join(
+            f"; check module {m} was skipped ({why})" for m, why in sorted(registry.SKIPPED_MODULES.items())
+        )
         return (
             f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "
-            "the LLM-scale claims are recorded as data: use --layer data"
+            f"the LLM-scale claims are recorded as data: use --layer data{skipped}"
         )
     if (
         not slow
@@ -613,6 +647,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out} is a file; pass a directory (default results/)")
     _check_writable_dir(out)
     chks = _select(None, None, None, include_slow=not args.quick)
+    if args.llm:
+        llm_chks = _select(None, "llm", None, include_slow=True)
+        if not llm_chks:
+            raise ValueError(_empty_selection(None, "llm", None, True))
+        chks = chks + llm_chks
     n_figs = len(_figure_list()[0] or [])
     _stage(f"{len(chks)} checks and {n_figs} figures ({'quick' if args.quick else 'full'} mode) -> {out}/")
     # figures in worker processes while the checks run here (each figure is seeded on its own,
@@ -628,7 +667,13 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     figs = sorted(figs, key=lambda f: f.id)
     t_figs = time.perf_counter() - t0 - (0.0 if bg else t_checks)
     unchecked = _unchecked(None)
-    rec = _record(outs, unchecked, args.seed, {"reproduce": True, "quick": bool(args.quick)}, time.perf_counter() - t0)
+    rec = _record(
+        outs,
+        unchecked,
+        args.seed,
+        {"reproduce": True, "quick": bool(args.quick), "llm": bool(args.llm)},
+        time.perf_counter() - t0,
+    )
     rec["figures"] = figures_json(figs, out)
     rec["figures_missing"] = dict(sorted(problems.items()))
     _write_json(out / "claims.json", rec)

@@ -70,7 +70,16 @@ CHECK_MODULES: tuple[str, ...] = (
     "tiltlab.theory.checks",
     "tiltlab.sim.checks",
     "tiltlab.paper_checks.data_checks",
+    "tiltlab.llm.checks",
 )
+
+#: Check modules that need optional dependencies (the ``[llm]`` extra): any ImportError while
+#: importing one records it in :data:`SKIPPED_MODULES` instead of failing discovery.
+OPTIONAL_MODULES: frozenset[str] = frozenset({"tiltlab.llm.checks"})
+
+#: Layers whose checks run only when asked for by name (``--layer llm``, ``reproduce --llm``):
+#: they train models for minutes each.
+OPT_IN_LAYERS: frozenset[str] = frozenset({"llm"})
 
 #: The figure module ``tiltlab reproduce`` imports by name, like the check modules: it provides
 #: ``FIGURES`` (``(figure id, module name)`` pairs) and ``make_all(out_dir, quick, seed, only)``.
@@ -82,6 +91,9 @@ class Verdict(str, enum.Enum):
     VERIFIED = "verified"
     REFUTED = "refuted"
     PARTLY = "partly"
+    #: the evidence this layer can produce cannot decide the claim (a toy proxy of an LLM-scale
+    #: claim); neither support nor a refutation. Another layer (``llm``) may decide it.
+    INCONCLUSIVE = "inconclusive"
     OUT_OF_REACH = "out_of_reach"
 
     def __str__(self) -> str:  # pragma: no cover - cosmetic
@@ -122,8 +134,10 @@ class Claim:
         section: section / equation / table / figure of that paper (``§2.2 eq. (10)``).
         statement: the claim in one line.
         kind: ``proposition`` (a theorem-like statement), ``empirical`` (a number or a
-            figure of the paper), ``beyond`` (a result of ours, not in the paper), or
-            ``open`` (a question the notes raise).
+            figure of the paper), ``beyond`` (a result of ours, not in the paper), ``open``
+            (a question the notes raise), or ``typo`` (a table's own consistency, e.g. a printed
+            average against its cells; refuted = a printing error, kept apart from the claim
+            whose table holds it).
         paper_numbers: the paper's own numbers, as data, to compare re-measured numbers with.
         llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
             that would test it.
@@ -148,12 +162,16 @@ class CheckResult:
         summary: one line of evidence, with the decisive numbers in it.
         numbers: the evidence numbers (machine-readable; go into ``claims.json``).
         figure: optional figure id (``sim`` figures) that shows the claim.
+        items: per-item outcomes of a verdict that summarizes several statements (name -> holds);
+            compared with the check's ``expected_items``, so a changed item is loud even when the
+            verdict category stays the same.
     """
 
     verdict: Verdict
     summary: str
     numbers: dict[str, Number] = field(default_factory=dict)
     figure: str | None = None
+    items: dict[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)
@@ -163,6 +181,7 @@ class CheckResult:
             if isinstance(v, float) and not math.isfinite(v):
                 v = str(v)
             self.numbers[k] = v
+        self.items = {str(k): bool(v) for k, v in self.items.items()}
 
 
 CheckFn = Callable[[int], CheckResult]
@@ -176,6 +195,7 @@ class Check:
     expected: Verdict
     fn: CheckFn
     slow: bool = False
+    expected_items: tuple[tuple[str, bool], ...] = ()
 
     @property
     def key(self) -> str:
@@ -197,9 +217,18 @@ class Outcome:
         return "error" if self.result is None else self.result.verdict.value
 
     @property
+    def item_changes(self) -> dict[str, tuple[bool, bool | None]]:
+        """Items whose outcome differs from the expected one: name -> (expected, got; None = missing)."""
+        if self.result is None:
+            return {}
+        got = self.result.items
+        return {k: (v, got.get(k)) for k, v in self.check.expected_items if got.get(k) is not v}
+
+    @property
     def ok(self) -> bool:
-        """True when the check ran and returned the verdict recorded as expected."""
-        return self.result is not None and self.result.verdict == self.check.expected
+        """True when the check ran, returned the verdict recorded as expected and, where it records
+        expected per-item outcomes, every item came out as expected."""
+        return self.result is not None and self.result.verdict == self.check.expected and not self.item_changes
 
     def to_json(self, seed: int) -> dict[str, Any]:
         c = get_claim(self.check.claim_id)
@@ -217,6 +246,8 @@ class Outcome:
             "summary": None if self.result is None else self.result.summary,
             "numbers": {} if self.result is None else self.result.numbers,
             "figure": None if self.result is None else self.result.figure,
+            "items": {} if self.result is None else dict(self.result.items),
+            "expected_items": dict(self.check.expected_items),
             "seconds": round(self.seconds, 4),
             "error": self.error,
             "reproducer": self.check.reproducer(seed),
@@ -316,18 +347,22 @@ def register_check(
     expected: Verdict | str = Verdict.VERIFIED,
     name: str | None = None,
     slow: bool = False,
+    expected_items: Mapping[str, bool] | None = None,
 ) -> Callable[[CheckFn], CheckFn]:
     """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
 
     ``expected`` is the verdict this check is known to return; ``tiltlab check``
-    exits non-zero when it changes. The claim must be declared
+    exits non-zero when it changes. ``expected_items`` (for a verdict that summarizes several
+    statements) records the per-item outcomes (:attr:`CheckResult.items`) the check is known to
+    return; a changed item fails the check too. The claim must be declared
     (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
     """
     if layer not in {"theory", "sim", "llm", "data"}:
         raise ValueError(f"unknown layer {layer!r}")
 
     def deco(fn: CheckFn) -> CheckFn:
-        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow)
+        items = tuple((str(k), bool(v)) for k, v in (expected_items or {}).items())
+        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items)
         if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
             raise ValueError(f"check {chk.key} registered twice")
         _CHECKS[chk.key] = chk
@@ -379,7 +414,12 @@ def discover(modules: Iterable[str] = CHECK_MODULES) -> None:
             SKIPPED_MODULES.pop(name, None)
         except ModuleNotFoundError as exc:
             top = name.split(".")[0]
-            if exc.name in (name, top):
+            if exc.name in (name, top) or name in OPTIONAL_MODULES:
+                SKIPPED_MODULES[name] = f"not importable: {exc}"
+                continue
+            raise
+        except ImportError as exc:
+            if name in OPTIONAL_MODULES:
                 SKIPPED_MODULES[name] = f"not importable: {exc}"
                 continue
             raise
@@ -407,7 +447,14 @@ def validate() -> None:
         raise ValueError(f"checks registered for undeclared claims: {missing}")
 
 
-def select(prefix: str | None = None, layer: str | None = None, include_slow: bool = False) -> list[Check]:
+def select(
+    prefix: str | None = None, layer: str | None = None, include_slow: bool = False, include_llm: bool | None = None
+) -> list[Check]:
+    """Checks matching ``prefix`` and ``layer``; slow ones only with ``include_slow``. Checks of an
+    opt-in layer (:data:`OPT_IN_LAYERS`: ``llm``) are selected only when ``layer`` names it or
+    ``include_llm`` is true (the default, ``None``, means "only when named")."""
+    if include_llm is None:
+        include_llm = layer in OPT_IN_LAYERS
     out = []
     for c in _CHECKS.values():
         if prefix and not (
@@ -415,6 +462,8 @@ def select(prefix: str | None = None, layer: str | None = None, include_slow: bo
         ):
             continue
         if layer and c.layer != layer:
+            continue
+        if c.layer in OPT_IN_LAYERS and not include_llm:
             continue
         if c.slow and not include_slow:
             continue
@@ -439,12 +488,13 @@ def run_checks(
     layer: str | None = None,
     seed: int = 0,
     include_slow: bool = False,
+    include_llm: bool | None = None,
     progress: Callable[[Check], None] | None = None,
 ) -> list[Outcome]:
     discover()
     validate()
     outs = []
-    for chk in select(prefix, layer, include_slow):
+    for chk in select(prefix, layer, include_slow, include_llm):
         if progress is not None:
             progress(chk)
         outs.append(run_one(chk, seed))

@@ -36,6 +36,7 @@ __all__ = [
     "SPEC_DOCS",
     "VERDICT_ORDER",
     "ReportInput",
+    "claim_decision",
     "claim_rows",
     "claim_status",
     "figures_json",
@@ -51,7 +52,10 @@ SPEC_DOCS = (
 )
 
 #: Column order of the summary tables.
-VERDICT_ORDER = ("verified", "partly", "refuted", "out_of_reach", "error", "unchecked")
+VERDICT_ORDER = ("verified", "partly", "refuted", "inconclusive", "out_of_reach", "error", "unchecked")
+
+#: Which verdict decides a claim with several checks, most decisive first.
+DECISION_ORDER = ("error", "refuted", "partly", "verified", "inconclusive", "out_of_reach")
 
 _LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
 
@@ -179,6 +183,7 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
                 "outcomes": outs,
                 "figures": sorted(set(fig_for.get(cid, []))),
                 "status": claim_status(outs),
+                "decided_by": claim_decision(outs)[1],
             }
         )
     order = {p: i for i, p in enumerate(registry.papers())}
@@ -193,16 +198,27 @@ def _no_outcome_note(claim_id: str) -> str:
     return "no check registered yet."
 
 
-def claim_status(outs: Sequence[Outcome]) -> str:
-    """One verdict per claim: an error wins, then the most informative non-``out_of_reach``
-    verdict (refuted > partly > verified), then ``out_of_reach``; no check -> unchecked."""
+def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
+    """One verdict per claim and the layers whose checks decided it.
+
+    An error wins, then the most informative decided verdict (refuted > partly > verified), then
+    ``inconclusive`` (a toy proxy that cannot decide), then ``out_of_reach``. So a claim whose data
+    check is out of reach, or whose sim proxy is inconclusive, takes the verdict of the layer that
+    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks."""
     if not outs:
-        return "unchecked"
+        return "unchecked", []
     vs = {o.verdict for o in outs}
-    for v in ("error", "refuted", "partly", "verified", "out_of_reach"):
+    for v in DECISION_ORDER:
         if v in vs:
-            return v
-    return sorted(vs)[0]
+            layers = sorted({o.check.layer for o in outs if o.verdict == v}, key=lambda x: _LAYER_ORDER.get(x, 9))
+            return v, layers
+    v = sorted(vs)[0]
+    return v, sorted({o.check.layer for o in outs if o.verdict == v})
+
+
+def claim_status(outs: Sequence[Outcome]) -> str:
+    """The verdict of :func:`claim_decision` (``unchecked`` without checks)."""
+    return claim_decision(outs)[0]
 
 
 def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter]:
@@ -228,7 +244,7 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
     out: dict[str, list[Finding]] = {"claims": [], "figures": [], "changed": [], "missing": []}
     for r in rows:
         for o in r["outcomes"]:
-            if o.result is not None and o.result.verdict.value in ("refuted", "partly"):
+            if o.result is not None and o.result.verdict.value in ("refuted", "partly", "inconclusive"):
                 out["claims"].append(
                     (
                         r["id"],
@@ -237,7 +253,16 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
                     )
                 )
             if not o.ok:
-                what = "crashed" if o.result is None else f"returned {o.verdict}, expected {o.check.expected.value}"
+                what = (
+                    "crashed"
+                    if o.result is None
+                    else (
+                        f"returned {o.verdict}, expected {o.check.expected.value}"
+                        if o.verdict != o.check.expected.value
+                        else "items changed: "
+                        + ", ".join(f"{k} (expected {e})" for k, (e, _) in o.item_changes.items())
+                    )
+                )
                 out["changed"].append((o.check.key, f"{what}; reproduce:", o.check.reproducer(inp.seed)))
     for f in sorted(inp.figures, key=lambda f: f.id):
         for line in getattr(f, "findings", []) or []:
@@ -298,6 +323,7 @@ def render_markdown(inp: ReportInput) -> str:
     L.append(
         f"Seed {inp.seed}{' (quick mode)' if inp.quick else ''}. {len(rows)} claims, {len(inp.outcomes)} checks, "
         f"{len(inp.figures)} figures. Verdicts: *verified* (our check agrees), *partly*, *refuted* (a finding), "
+        "*inconclusive* (a toy proxy that cannot decide an LLM-scale claim; the llm layer may), "
         "*out_of_reach* (needs the LLM layer on GPUs; the paper's numbers and the command are recorded), "
         "*unchecked* (declared, no check yet), *error* (the check crashed)."
     )
@@ -320,7 +346,8 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("## Summary")
     L.append("")
     L.append(
-        "Claims by paper (a claim's verdict is its most informative check's: error > refuted > partly > verified > out_of_reach)."
+        "Claims by paper (a claim's verdict is its most informative check's: error > refuted > partly > verified > "
+        "inconclusive > out_of_reach; the claim heading names the layer that decided it)."
     )
     L.append("")
     L.append("| paper | " + " | ".join(VERDICT_ORDER) + " | total |")
@@ -391,7 +418,8 @@ def render_markdown(inp: ReportInput) -> str:
         c = r["claim"]
         L.append(f'<a id="{_html_id("claim", r["id"])}"></a>')
         L.append("")
-        L.append(f"### `{r['id']}` — {r['status']}")
+        by = f" (decided by {', '.join(r['decided_by'])})" if len({o.check.layer for o in r["outcomes"]}) > 1 else ""
+        L.append(f"### `{r['id']}` — {r['status']}{by}")
         L.append("")
         if c is not None:
             L.append(f"*{_md_escape(cite(c))}* · {c.kind}. {_md_escape(c.statement)}")
@@ -469,7 +497,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 td.ids{text-align:left;font-size:.85em;line-height:1.9}td.ids a{text-decoration:none;margin-right:.25em;white-space:nowrap;font-weight:400;display:inline-block}
 code{background:#f4f4f4;padding:0 3px;border-radius:3px;font-size:.92em;word-break:break-word}
 .v{font-weight:600;padding:0 5px;border-radius:3px}
-.verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}
+.verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.inconclusive{background:#ece0f5}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}
 .claim{margin:0 0 1.2em 0;padding:.3em .8em;border-left:4px solid #ddd;display:block}.stmt{color:#444}.nums{color:#555;font-size:.88em}
 details.claim>summary{cursor:pointer;padding:.2em 0}.src{font-size:.85em;color:#666}
 figure{margin:.8em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#444}
@@ -589,7 +617,7 @@ def render_html(inp: ReportInput) -> str:
     )
     H.append(
         "<h2 id=\"summary\">Summary</h2><p>Claims by paper (a claim's verdict is its most informative check's: "
-        "error &gt; refuted &gt; partly &gt; verified &gt; out_of_reach).</p><table><tr><th>paper</th>"
+        "error &gt; refuted &gt; partly &gt; verified &gt; inconclusive &gt; out_of_reach).</p><table><tr><th>paper</th>"
         + "".join(f"<th>{_v(v)}</th>" for v in VERDICT_ORDER)
         + "<th>total</th></tr>"
     )
@@ -681,6 +709,8 @@ def render_html(inp: ReportInput) -> str:
                         first_fig = False
                     body.append(_html_figure(f, known))
             head = f"<code>{e(r['id'])}</code> {_v(r['status'])}"
+            if len({o.check.layer for o in r["outcomes"]}) > 1:
+                head += f" <small>decided by {e(', '.join(r['decided_by']))}</small>"
             if r["status"] == "out_of_reach":
                 # out of reach: the paper's numbers and the LLM command, folded away
                 H.append(f'<details class="claim" id="{cid}"><summary>{head}')

@@ -38,6 +38,7 @@ __all__ = [
     "calibrate_skill",
     "make_reference",
     "offline_dataset",
+    "ragged_mask",
     "shared_transition_fraction",
     "tilted_table",
 ]
@@ -209,6 +210,23 @@ class TokenTree:
             out.append(nxt)
             prev = nxt
         return torch.stack(out, dim=-1)
+
+
+def ragged_mask(ids: Tensor, eos: int) -> Tensor:
+    """Ragged lengths on the token tree: a sequence ends at its first ``eos`` token (included); the
+    positions after it are padding. Returns the float64 mask ``[..., B, L]`` (1 = real token), so
+    ``|y| = mask.sum(-1)`` ranges over ``1..L``.
+
+    With a mask the tree is a distribution over variable-length sequences: the probability of a
+    truncated sequence is the product of its real tokens' probabilities (the continuations after
+    ``eos`` sum to 1). The padded positions still hold finite log-probs, so a loss that forgets the
+    mask, or normalizes by the padded length ``L``, gives a different number.
+    """
+    if ids.dtype != torch.long:
+        raise ValueError(f"ids must be int64, got {ids.dtype}")
+    is_eos = (ids == eos).to(torch.long)
+    before = torch.cumsum(is_eos, dim=-1) - is_eos  # eos tokens strictly before position t
+    return (before == 0).to(torch.float64)
 
 
 def make_reference(

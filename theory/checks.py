@@ -174,3 +174,36 @@ def fpa_simper(seed: int) -> CheckResult:
 @register_check("fpa.apo_value", layer="theory", expected=V)
 def fpa_apo_value(seed: int) -> CheckResult:
     return fpa.check_apo_value()
+
+
+# ----------------------------------------------------------------------------- added claims (text)
+
+
+@register_check("lad.lemma31.stated", layer="theory", expected=R, name="eq2_trust_region_numeric")
+def lad_lemma31_stated(seed: int) -> CheckResult:
+    return lad.check_lemma31_stated("stated", seed=seed)
+
+
+@register_check("lad.lemma31", layer="theory", expected=V, name="proof_trust_region_numeric")
+def lad_lemma31_proof_numeric(seed: int) -> CheckResult:
+    return lad.check_lemma31_stated("proof", seed=seed)
+
+
+@register_check("lad.s41.grpo_optimum", layer="theory", expected=V)
+def lad_grpo_optimum(seed: int) -> CheckResult:
+    return lad.check_grpo_optimum()
+
+
+@register_check("lad.eq9.gradient", layer="theory", expected=V, name="symbolic_gradient")
+def lad_eq9(seed: int) -> CheckResult:
+    return lad.check_eq9_gradients("eq9", seed=seed)
+
+
+@register_check("lad.b4.theoretical_gradient", layer="theory", expected=V, name="symbolic_gradient")
+def lad_b4(seed: int) -> CheckResult:
+    return lad.check_eq9_gradients("B4", seed=seed)
+
+
+@register_check("fpa.s21.grad_norm", layer="theory", expected=R)
+def fpa_grad_norm(seed: int) -> CheckResult:
+    return fpa.check_grad_norm("softmax")

@@ -774,7 +774,9 @@ def check_global_threshold(
     summ = (
         f"CONJECTURE (numerical, not a full proof): only-if direction proved symbolically (drop-least-likely policy gives "
         f"L-b^2 = c(c+2b)): {only_if_ok}; reduction to 2 outcomes via stationarity (l two-valued): {reduction_ok}; "
-        f"2-outcome inequality min F on 200x2001 grid = {lemma_min:.2e}; numeric threshold vs candidate on {n} random pi* "
-        f"(K=2..6): {n_bad} disagree, max |b_c - candidate| = {worst:.1e}"
+        f"2-outcome inequality min F on 200x2001 grid = {lemma_min:.2e}; counterexample search on {n} random pi* "
+        f"(K=2..6; L-BFGS-B from 3 random starts and the K drop-one policies, its best value initialized AT the "
+        f"candidate's drop-one bound, so it can only confirm or undercut the candidate, not estimate b_c "
+        f"independently): {n_bad} undercut it, largest gap {worst:.1e}"
     )
     return result(ok, summ, {"only_if": only_if_ok, "lemma_grid_min": lemma_min, "n_disagree": n_bad, "max_err": worst})

@@ -15,7 +15,14 @@ import sympy as sp
 
 from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simplex
 
-__all__ = ["check_apo_value", "check_dpo_bandit", "check_dpo_token_level", "check_eq5", "check_simper"]
+__all__ = [
+    "check_apo_value",
+    "check_dpo_bandit",
+    "check_dpo_token_level",
+    "check_eq5",
+    "check_grad_norm",
+    "check_simper",
+]
 
 lam = sp.Symbol("lambda", nonnegative=True)
 
@@ -243,3 +250,42 @@ def check_apo_value(variant: str = "paper", Ns: Sequence[int] = (1, 2, 3, 4)) ->
         + f"; E[exp(V_hat/beta1)] = E_pi_ref[e^(r/beta1)] (K=2,N=2): {unb} -> V_hat <= V* in expectation (Jensen)"
     )
     return result(ok, summ, {"n_fail": len(fails), "unbiased_linear": unb})
+
+
+def check_grad_norm(parameterization: str = "softmax", K: int = 3) -> CheckResult:
+    """FPA §2.1: ``||grad log pi(y)|| ∝ 1/pi(y)`` (low-probability tokens get large gradients).
+
+    ``softmax`` (an LLM's parameterization: logits h, ``pi = softmax(h)``): exact with K symbolic
+    logits, ``d log pi_1 / d h_j = 1[j=1] - pi_j``, so ``||grad||^2 = (1 - pi_1)^2 + sum_{j>1} pi_j^2 <= 2``
+    for every pi: bounded, not ∝ 1/pi_1 (refuted). ``direct`` (pi itself the parameter, the reading
+    under which the statement holds): ``d log pi_1 / d pi_1 = 1/pi_1`` (verified)."""
+    if parameterization not in ("softmax", "direct"):
+        raise ValueError(f"parameterization must be 'softmax' or 'direct', got {parameterization!r}")
+    if parameterization == "direct":
+        p = sp.Symbol("p1", positive=True)
+        ok = is_zero(sp.diff(sp.log(p), p) - 1 / p)
+        return result(ok, f"direct parameterization: d log pi/d pi = 1/pi: {ok}", {"inverse_pi": ok})
+    h = list(sp.symbols(f"h1:{K + 1}", real=True))
+    Z = sum(sp.exp(v) for v in h)
+    pi = [sp.exp(v) / Z for v in h]
+    grad = [sp.diff(sp.log(pi[0]), v) for v in h]
+    closed = all(is_zero(grad[j] - ((1 if j == 0 else 0) - pi[j])) for j in range(K))
+    norm2 = sum(gj**2 for gj in grad)
+    # ||grad||^2 = (1 - pi_1)^2 + sum_{j>1} pi_j^2 <= (1 - pi_1)^2 + (sum_{j>1} pi_j)^2 = 2 (1 - pi_1)^2 <= 2
+    q = list(sp.symbols(f"q1:{K + 1}", positive=True))
+    bound = sp.expand(2 * (1 - q[0]) ** 2 - ((1 - q[0]) ** 2 + sum(v**2 for v in q[1:])))
+    # with q_1 = 1 - sum_{j>1} q_j the difference is 2 sum_{i<j, i,j>1} q_i q_j >= 0
+    bound_ok = is_zero(
+        bound.subs(q[0], 1 - sum(q[1:])) - 2 * sum(q[i] * q[j] for i in range(1, K) for j in range(i + 1, K))
+    )
+    # pi_1 -> 0 with the other logits fixed: ||grad||^2 tends to a finite limit (1 + sum_{j>1} pi_j^2 <= 2)
+    lim = sp.limit(norm2.subs({h[j]: 0 for j in range(1, K)}), h[0], -sp.oo)
+    ok_claim = False  # bounded by sqrt(2): cannot grow like 1/pi_1
+    summ = (
+        f"softmax, K={K} symbolic logits: d log pi_1/d h = e_1 - pi: {closed}; ||grad||^2 = (1-pi_1)^2 + sum_j>1 pi_j^2 "
+        f"<= 2 (1-pi_1)^2 <= 2: {bound_ok}; limit as pi_1 -> 0 (other logits 0): {lim} — bounded, not ∝ 1/pi_1 "
+        "(1/pi holds only for the probability itself as the parameter)"
+    )
+    if not (closed and bound_ok):
+        return CheckResult(Verdict.PARTLY, "could not establish the softmax identity: " + summ, {"closed": closed})
+    return result(ok_claim, summ, {"closed_form": closed, "bounded_by_2": bound_ok, "limit_norm2": float(lim)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import mpmath
 import numpy as np
 import sympy as sp
 
@@ -21,10 +22,14 @@ __all__ = [
     "TABLE5_PRINTED",
     "check_B5_eq18",
     "check_B5_flowrl",
+    "check_eq9_gradients",
+    "check_grpo_optimum",
     "check_lemma31",
+    "check_lemma31_stated",
     "check_lemma32",
     "check_table5",
     "check_thmB1",
+    "trust_region_optimum",
 ]
 
 x = sp.Symbol("x", positive=True)
@@ -114,6 +119,159 @@ def check_lemma31(candidate: Callable[[list, list, sp.Expr], list] | None = None
         f"y-independent); objective strictly concave: {concave}; dKL/d(1/eta) = (1/eta) Var_pi(A) >= 0 (K=2): {mono}"
     )
     return result(ok, summ, {"kkt": kkt, "concave": concave, "kl_monotone": mono})
+
+
+def trust_region_optimum(po: np.ndarray, A: np.ndarray, eps: float, constraint: str) -> np.ndarray:
+    """Optimum of ``max_pi sum_y A pi`` on the simplex subject to ``KL(pi||pi_old) <= eps``
+    (``constraint="proof"``, App. B.1) or ``KL(pi_old||pi) <= eps`` (``"stated"``, Eq. 2).
+
+    From the KKT conditions (a linear objective over a convex set: the KKT point is the global optimum),
+    with the multiplier found by a 1-D root search on the active constraint:
+    ``proof``: ``pi ∝ pi_old e^{s A}`` (``A_y - (1/s)(log pi_y/pi_old(y) + 1) - mu = 0``);
+    ``stated``: ``pi_y = lam pi_old(y) / (mu - A_y)`` with ``mu > max A`` (``A_y + lam pi_old(y)/pi_y - mu = 0``)
+    and ``lam`` normalizing."""
+    from scipy.optimize import brentq
+
+    if constraint == "proof":
+
+        def pi_of(s: float) -> np.ndarray:
+            z = np.log(po) + s * A
+            p = np.exp(z - z.max())
+            return p / p.sum()
+
+        gap = lambda s: float(np.sum(pi_of(s) * np.log(pi_of(s) / po))) - eps
+        hi = 1.0
+        while gap(hi) < 0:
+            hi *= 2
+        return pi_of(brentq(gap, 0.0, hi, xtol=1e-15, rtol=1e-15))
+    if constraint == "stated":
+        amax = float(A.max())
+
+        def pi_of(t: float) -> np.ndarray:  # mu = max A + 1/t, t in (0, inf): t -> 0 gives pi_old
+            w = po / (1.0 + t * (amax - A))
+            return w / w.sum()
+
+        gap = lambda t: float(np.sum(po * np.log(po / pi_of(t)))) - eps
+        hi = 1.0
+        while gap(hi) < 0:
+            hi *= 2
+        return pi_of(brentq(gap, 0.0, hi, xtol=1e-15, rtol=1e-15))
+    raise ValueError(f"constraint must be 'proof' or 'stated', got {constraint!r}")
+
+
+def check_lemma31_stated(constraint: str = "stated", seed: int = 0, n_instances: int = 6) -> CheckResult:
+    """LAD Lemma 3.1 as Eq. 2 states it: the constraint is ``KL(pi_old||pi) <= eps`` (the proof in
+    App. B.1 solves ``KL(pi||pi_old) <= eps``). For random instances (K = 3..5, eta = 1): set eps to the
+    radius of the claimed optimum ``pi_eta ∝ pi_old e^{A/eta}`` under the chosen constraint, solve the
+    problem (:func:`trust_region_optimum`) and report ``max |pi_opt - pi_eta|``. The claimed optimum
+    solves the problem iff that error is at root-search precision (< 1e-8; the proof's form, run as a
+    control, gives ~1e-16). Independently of the KKT algebra, the claimed optimum is then beaten in the
+    objective by a feasible point (the objective gain is reported).
+    """
+    rng = np.random.default_rng(seed)
+    errs, gains = [], []
+    for i in range(n_instances):
+        K = 3 + i % 3
+        po = rng.dirichlet(np.ones(K))
+        A = rng.normal(size=K)
+        pe = po * np.exp(A)
+        pe /= pe.sum()
+        eps = float(np.sum(pe * np.log(pe / po))) if constraint == "proof" else float(np.sum(po * np.log(po / pe)))
+        opt = trust_region_optimum(po, A, eps, constraint)
+        errs.append(float(np.abs(opt - pe).max()))
+        gains.append(float(A @ opt - A @ pe))
+    worst = max(errs)
+    ok = worst < 1e-8
+    form = "KL(pi_old||pi) <= eps (Eq. 2 as stated)" if constraint == "stated" else "KL(pi||pi_old) <= eps (proof)"
+    summ = (
+        f"{n_instances} random instances (K=3..5, eta=1), constraint {form}: max |pi_opt - pi_old e^(A/eta)/Z| = "
+        f"{worst:.1e}; objective gain of the true optimum over the claimed one up to {max(gains):.1e} "
+        + ("(the claimed optimum solves it)" if ok else "(the claimed optimum does not solve this problem)")
+    )
+    return result(ok, summ, {"max_optimum_error": worst, "max_objective_gain": max(gains), "n_instances": n_instances})
+
+
+def check_grpo_optimum(kl_weight: sp.Expr | None = None, K: int = 3) -> CheckResult:
+    """LAD §4.1: with a KL(pi||pi_old) penalty of weight beta = eta (Fig. 1: both 1), GRPO's optimum
+    coincides with LAD's ``pi_old e^{A/eta}``. Exact (K symbolic outcomes): the unclipped GRPO
+    objective ``E_pi[A] - beta E_pi[k3]`` with GRPO's k3 estimator ``pi_old/pi - 1 - log(pi_old/pi)``
+    has ``E_pi[k3] = KL(pi||pi_old)``, so it is Lemma 3.1's objective and its stationary point on the
+    simplex is ``pi_old e^{A/beta}``; it equals LAD's iff ``beta = eta``. ``kl_weight`` (default eta)
+    is the weight tried. (The clipped surrogate has a clipped trust region instead: lad.fig1.bandit.)"""
+    eta = sp.Symbol("eta", positive=True)
+    beta = eta if kl_weight is None else kl_weight
+    po, _ = simplex("po", K)
+    ps = list(sp.symbols(f"p1:{K + 1}", positive=True))
+    A = list(sp.symbols(f"A1:{K + 1}", real=True))
+    k3_mean = sum(ps[i] * (po[i] / ps[i] - 1 - sp.log(po[i] / ps[i])) for i in range(K))
+    kl = sum(ps[i] * sp.log(ps[i] / po[i]) for i in range(K))
+    # E_pi[k3] - KL(pi||pi_old) = sum pi_old - sum pi: zero on the simplex, so E_pi[k3] = KL(pi||pi_old) exactly
+    k3_ok = is_zero(sp.expand(k3_mean - kl) - (sum(po) - sum(ps)))
+    un = [po[i] * sp.exp(A[i] / eta) for i in range(K)]
+    pi = [u / sum(un) for u in un]
+    grad = [A[i] - beta * (sp.log(pi[i] / po[i]) + 1) for i in range(K)]
+    stationary = all(is_zero(grad[i] - grad[0]) for i in range(1, K))
+    ok = k3_ok and stationary
+    return result(
+        ok,
+        f"K={K} symbolic: E_pi[k3] - KL(pi||pi_old) = sum pi_old - sum pi (0 on the simplex): {k3_ok}; unclipped "
+        f"GRPO objective E_pi[A] - {beta} KL(pi||pi_old) stationary at LAD's optimum pi_old e^(A/eta)/Z: {stationary}",
+        {"k3_mean_is_kl": k3_ok, "stationary_at_lad_optimum": stationary},
+    )
+
+
+def check_eq9_gradients(form: str = "eq9", seed: int = 0, n_points: int = 3) -> CheckResult:
+    """LAD eq. (9) and App. B.4: the gradients with respect to the logits theta (K = 3, eta = 1).
+
+    ``eq9``: ``grad L_LAD = E_{y~pi_theta} f'(rho e^{-A/eta}) grad log pi_theta(y)`` (eq. 8 summed exactly
+    over y under pi_old). ``B4``: ``grad L_thm = E_{y~P_pi} f'(rho e^{-A/eta} Z_A/Z_pi) (grad log pi(y) -
+    E_{y'~P_pi} grad log pi(y'))`` with ``P_pi = rho/Z_pi``, ``Z_pi = sum_y rho``, ``Z_A = sum_y e^{A/eta}``.
+    Symbolic derivatives of the losses compared with the printed forms at ``n_points`` random rational
+    points per f (|difference| < 1e-12 at 30 digits); ``eq9_no_expectation`` (f' without the pi_theta
+    weight) is a wrong variant."""
+    import random
+
+    if form not in ("eq9", "eq9_no_expectation", "B4"):
+        raise ValueError(f"form must be 'eq9', 'eq9_no_expectation' or 'B4', got {form!r}")
+    rng = random.Random(seed)
+    th = list(sp.symbols("t1:4", real=True))
+    po = list(sp.symbols("o1:4", positive=True))
+    a = list(sp.symbols("a1:4", real=True))
+    Z = sum(sp.exp(v) for v in th)
+    pi = [sp.exp(v) / Z for v in th]
+    rho = [pi[i] / po[i] for i in range(3)]
+    dlog = [[sp.diff(sp.log(pi[i]), v) for v in th] for i in range(3)]
+    worst = 0.0
+    for f in F_DIVERGENCES.values():
+        fp = lambda u, f=f: sp.diff(f(x), x).subs(x, u)
+        if form in ("eq9", "eq9_no_expectation"):
+            loss = sum(po[i] * sp.exp(a[i]) * f(rho[i] * sp.exp(-a[i])) for i in range(3))
+            w = [pi[i] if form == "eq9" else 1 for i in range(3)]
+            printed = [sum(w[i] * fp(rho[i] * sp.exp(-a[i])) * dlog[i][j] for i in range(3)) for j in range(3)]
+        else:
+            ZA = sum(sp.exp(v) for v in a)
+            Zp = sum(rho)
+            P = [r / Zp for r in rho]
+            loss = sum(sp.exp(a[i]) / ZA * f(P[i] * ZA / sp.exp(a[i])) for i in range(3))
+            mean = [sum(P[i] * dlog[i][j] for i in range(3)) for j in range(3)]
+            printed = [
+                sum(P[i] * fp(rho[i] * sp.exp(-a[i]) * ZA / Zp) * (dlog[i][j] - mean[j]) for i in range(3))
+                for j in range(3)
+            ]
+        diffs = sp.lambdify([*th, *po, *a], [sp.diff(loss, v) - printed[j] for j, v in enumerate(th)], "mpmath")
+        for _ in range(n_points):
+            o = [mpmath.mpf(rng.randint(1, 9)) for _ in range(3)]
+            o = [v / sum(o) for v in o]
+            args = [mpmath.mpf(rng.randint(-9, 9)) / 5 for _ in range(3)] + o
+            args += [mpmath.mpf(rng.randint(-9, 9)) / 7 for _ in range(3)]
+            with mpmath.workdps(30):
+                worst = max(worst, max(abs(float(d)) for d in diffs(*args)))
+    ok = worst < 1e-12
+    return result(
+        ok,
+        f"{form}: max |symbolic gradient - printed form| over the six f x {n_points} random points = {worst:.1e}",
+        {"max_abs_diff": worst},
+    )
 
 
 # ----------------------------------------------------------------------------- Lemma 3.2

@@ -2,12 +2,13 @@
 
 Importing this package registers every check of its submodules with ``paper_checks.registry``:
 ``training`` (checks through the trainers), ``estimators`` (DISA Stage-1 estimator and bias checks),
-``fpa`` (FPA checks) and ``paced_sched`` (PACED-RL selection and replay). The numbers a check judges
+``fpa`` (FPA checks), ``paced_sched`` (PACED-RL selection and replay) and ``text_claims`` (claims
+from the papers' text: remarks, section statements, figure readings). The numbers a check judges
 come from ``tiltlab.sim.experiments``, which the figures read too.
 """
 
 from __future__ import annotations
 
-from tiltlab.sim.checks import estimators, fpa, paced_sched, training
+from tiltlab.sim.checks import estimators, fpa, paced_sched, text_claims, training
 
-__all__ = ["estimators", "fpa", "paced_sched", "training"]
+__all__ = ["estimators", "fpa", "paced_sched", "text_claims", "training"]

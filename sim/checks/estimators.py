@@ -76,7 +76,12 @@ def prop1_unbiased(seed: int) -> CheckResult:
     )
 
 
-@register_check("disa.prop1.log_jensen", layer="sim", expected=Verdict.VERIFIED)
+@register_check(
+    "disa.prop1.log_jensen",
+    layer="sim",
+    expected=Verdict.VERIFIED,
+    expected_items={"bias_negative": True, "ratio_tends_to_1": True, "plugin_matches_bias": True},
+)
 def prop1_log_jensen(seed: int) -> CheckResult:
     """Exact E[log Z_hat_M] - log Z for M=1..64 (K=3) against the delta method -Var_q(w)/(2 M Z^2)."""
     logp_ref, reward, logq, log_w = random_instance(seed, k=3)
@@ -93,11 +98,21 @@ def prop1_log_jensen(seed: int) -> CheckResult:
     all_neg = all(b < 0 for b in biases)
     r8, r64 = ratios[M_GRID.index(8)], ratios[-1]
     # the delta method is asymptotic: require the ratio to approach 1 (|r64 - 1| < 5% and shrinking).
-    ok = all_neg and abs(r64 - 1) < 0.05 and abs(r64 - 1) < abs(r8 - 1) + 1e-12
+    # The sample plug-in (objectives.delta_method_bias) estimates the same -chi2/(2M) term with an O(1/M)
+    # relative error of its own (Var_hat(w/Z_hat) uses Z_hat for Z): its exact expectation must match the
+    # true bias to the same 5% at M = 64 (a factor-2 or 1/M slip in the plug-in misses by >= 50%).
+    items = {
+        "bias_negative": all_neg,
+        "ratio_tends_to_1": abs(r64 - 1) < 0.05 and abs(r64 - 1) < abs(r8 - 1) + 1e-12,
+        "plugin_matches_bias": abs(plug / biases[-1] - 1) < 0.05,
+    }
+    ok = all(items.values())
     return CheckResult(
         Verdict.VERIFIED if ok else Verdict.REFUTED,
         f"E[log Z_M] - log Z < 0 for all M: {all_neg}; bias/delta-method ratio M=1: {ratios[0]:.3f}, M=8: {r8:.3f}, "
-        f"M=64: {r64:.4f} (-> 1); exact E[plug-in delta_method_bias] at M=64 = {plug:.2e} vs true bias {biases[-1]:.2e}",
+        f"M=64: {r64:.4f} (-> 1); exact E[plug-in delta_method_bias] at M=64 = {plug:.2e} vs true bias {biases[-1]:.2e} "
+        f"(ratio {plug / biases[-1]:.3f}, must be within 5% of 1)",
+        items=items,
         numbers={
             "chi2": chi2,
             "ratio_M1": ratios[0],
@@ -251,16 +266,23 @@ def global_threshold(seed: int) -> CheckResult:
     verdict = Verdict.VERIFIED if agree == total else (Verdict.PARTLY if rate > 0.5 else Verdict.REFUTED)
     return CheckResult(
         verdict,
-        f"conjecture b_c = 1/2 log(1 - min pi*) agrees with the numeric global minimum in {agree}/{total} "
-        f"(instance, b) cases (K=3: {n['K3_agree']:.3f}, K=4: {n['K4_agree']:.3f}); largest violation "
-        f"L(pi*) - min L above b_c = {worst:.2e}",
+        f"counterexample search, not an independent estimate: the multistart search on every face starts from pi* "
+        f"restricted to the face, which includes the drop-least-likely policy that beats pi* below b_c by "
+        f"construction; above b_c = 1/2 log(1 - min pi*) it found no policy beating pi*: conjecture consistent in "
+        f"{agree}/{total} (instance, b) cases (K=3: {n['K3_agree']:.3f}, K=4: {n['K4_agree']:.3f}); largest "
+        f"L(pi*) - min L found above b_c = {worst:.2e}",
         numbers=n,
         figure="fig05_bias_landscape",
     )
 
 
 # ----------------------------------------------------------------------------- empirical (App. D)
-@register_check("disa.d3.m_study", layer="sim", expected=Verdict.PARTLY)
+@register_check(
+    "disa.d3.m_study",
+    layer="sim",
+    expected=Verdict.PARTLY,
+    expected_items={"var_and_bias_decrease": True, "knee_at_8": False},
+)
 def d3_m_study(seed: int) -> CheckResult:
     """The App. D.3 protocol on 12 token-tree prompts (pool 512, 400 subsamples per M): monotone decrease of
     variance and relative bias, and whether the curves flatten *at* M = 8 (log-log slope after 8 less
@@ -280,6 +302,7 @@ def d3_m_study(seed: int) -> CheckResult:
         f"{b_before:.2f}/{b_after:.2f} -> {'a knee at 8' if knee else 'one ~1/M power law: the flattening is the linear-axis view, not a knee at 8'}",
         numbers=n,
         figure="fig02_m_study",
+        items={"var_and_bias_decrease": bool(monotone), "knee_at_8": bool(knee)},
     )
 
 

@@ -161,70 +161,145 @@ def paced_vargrad(seed: int) -> CheckResult:
     )
 
 
-@register_check("lad.practical", layer="sim", expected=V.PARTLY, name="trainer_converges_all_divergences")
+#: ``lad.practical``: converged = TV(pi, pi_old e^{A/eta}) below this after 400 exact-gradient Adam steps
+#: (the strictly convex f reach ~1e-10; TV stops near 1.7e-2).
+LAD_CONVERGED_TV = 1e-3
+#: A run that stops at a point whose exact practical loss equals the target's within this is at a second minimizer.
+LAD_SAME_LOSS = 1e-3
+
+
+LAD_STRICT = ("kl", "rkl", "jeffreys", "hellinger", "js")  # strictly convex f: Lemma 3.2 gives a unique minimizer
+
+
+def lad_practical_items(n: dict) -> dict[str, bool]:
+    """Per-divergence outcomes of :func:`lad_practical` from its numbers."""
+    items = {f"{d}_converges": n[f"tv_{d}"] < LAD_CONVERGED_TV for d in (*LAD_STRICT, "tv")}
+    items["tv_second_minimizer"] = (not items["tv_converges"]) and n.get("loss_gap_tv", 1.0) < LAD_SAME_LOSS
+    return items
+
+
+LAD_PRACTICAL_ITEMS = {
+    **{f"{d}_converges": True for d in LAD_STRICT},
+    "tv_converges": False,
+    "tv_second_minimizer": True,
+}
+
+
+def lad_practical_verdict(items: dict[str, bool]) -> V:
+    """Every strictly convex f converges and TV stops at a second minimizer -> partly (the optimum is
+    unique for five of the six f); all six converge -> verified; any strictly convex f fails -> refuted."""
+    if not all(items[f"{d}_converges"] for d in LAD_STRICT):
+        return V.REFUTED
+    if items["tv_converges"]:
+        return V.VERIFIED
+    return V.PARTLY if items["tv_second_minimizer"] else V.REFUTED
+
+
+@register_check(
+    "lad.practical",
+    layer="sim",
+    expected=V.PARTLY,
+    name="trainer_converges_all_divergences",
+    expected_items=LAD_PRACTICAL_ITEMS,
+)
 def lad_practical(seed: int) -> CheckResult:
     """Exact-gradient LAD (eq. 8, expectation under pi_old) from pi_old: does pi reach pi_old e^{A/eta} for all six f?
 
     Where a run stops elsewhere, compare the exact practical loss there with its value at the target:
     equal losses mean the minimizer is not unique (Lemma 3.2 needs f strictly convex; TV's |x - 1| is not).
+    Every strictly convex f must converge and only TV may stop (:func:`lad_practical_verdict`).
     """
     n = lad.practical(seed)
     res = {k[3:]: v for k, v in n.items() if k.startswith("tv_")}
     nonunique = {k[len("loss_gap_") :]: v for k, v in n.items() if k.startswith("loss_gap_")}
-    n_ok = sum(v < 1e-3 for v in res.values())
-    verdict = V.VERIFIED if n_ok == len(res) else (V.PARTLY if n_ok > 0 else V.REFUTED)
+    items = lad_practical_items(n)
     extra = "".join(
         f"; {d}: stops at TV {res[d]:.3f} with practical loss equal to the target's within {g:.1e} "
-        f"({'a second minimizer: f not strictly convex' if g < 1e-3 else 'not a minimizer'})"
+        f"({'a second minimizer: f not strictly convex' if g < LAD_SAME_LOSS else 'not a minimizer'})"
         for d, g in nonunique.items()
     )
     return CheckResult(
-        verdict,
+        lad_practical_verdict(items),
         "exact-gradient LAD, K=10, 400 Adam steps: TV(pi, pi_old e^{A/eta}) "
         + ", ".join(f"{k} {v:.1e}" for k, v in res.items())
-        + extra,
+        + extra
+        + f" (converged: TV < {LAD_CONVERGED_TV:g})",
         numbers=n,
         figure="fig10_lad_divergences",
+        items=items,
     )
 
 
-@register_check("lad.fig1.bandit", layer="sim", expected=V.PARTLY, name="bandit_paper_settings", slow=True)
+FIG1_COLLAPSE_MAX_PI = 0.4  # "collapsed to one arm": the largest arm holds more than 0.4 of the mass
+
+
+@register_check(
+    "lad.fig1.bandit",
+    layer="sim",
+    expected=V.PARTLY,
+    name="bandit_paper_settings",
+    slow=True,
+    expected_items={"grpo_collapses": False, "lad_recovers_modes": True, "flowrl_only_partly": True},
+)
 def lad_fig1(seed: int) -> CheckResult:
     """LAD Fig. 1 settings (50 arms, 4000 steps, 32 samples at T=1.5, lr 5e-3, eta=1, 2 refreshes), 2 seeds:
     GRPO+KL(pi_old) collapse (max pi > 0.4)? LAD-JS recovers the three modes (P_pi's mass in each mode's
-    +-2 sigma window within 30% of P_A's)? FlowRL (as coded) only partly (TV above LAD's)?"""
+    +-2 sigma window within 30% of P_A's)? FlowRL (as coded) only partly (TV above LAD's)?
+
+    The collapse criterion cannot be met at these settings (``lad.FIG1_GRPO_MAX_PI_BOUND``): the GRPO
+    part is reported as not reproduced *because of the clip*, not as evidence against the paper."""
     n = lad.fig1_bandit(seed)
     tv_g, max_g, tv_l, max_l = n["grpo_tv"], n["grpo_max_pi"], n["lad_js_tv"], n["lad_js_max_pi"]
     tv_f, max_f = n["flowrl_tv"], n["flowrl_max_pi"]
     modes_l = [n[f"lad_mode{i}_ratio"] for i in range(len(lad.MODE_WINDOWS))]
-    grpo_collapses = max_g > 0.4
-    lad_matches = all(0.7 <= m <= 1.3 for m in modes_l) and max_l < 0.4
+    grpo_collapses = max_g > FIG1_COLLAPSE_MAX_PI
+    lad_matches = all(0.7 <= m <= 1.3 for m in modes_l) and max_l < FIG1_COLLAPSE_MAX_PI
     flowrl_partial = tv_f > tv_l
     n_ok = sum((grpo_collapses, lad_matches, flowrl_partial))
     verdict = V.VERIFIED if n_ok == 3 else (V.PARTLY if n_ok else V.REFUTED)
     return CheckResult(
         verdict,
-        f"GRPO+KL(pi_old): max pi {max_g:.3f}, TV(P_pi,P_A) {tv_g:.3f} ({'collapsed' if grpo_collapses else 'no collapse'}); "
+        f"GRPO+KL(pi_old): max pi {max_g:.3f}, TV(P_pi,P_A) {tv_g:.3f} ({'collapsed' if grpo_collapses else 'no collapse'}; "
+        f"the 0.2 clip over 3 pi_old phases caps max pi at (1/50)1.2^3 = {n['grpo_max_pi_bound']:.4f} < "
+        f"{FIG1_COLLAPSE_MAX_PI}, so collapse cannot show at these settings); "
         f"LAD-JS TV {tv_l:.3f}, mode-mass ratios {', '.join(f'{m:.2f}' for m in modes_l)} ({'three modes recovered' if lad_matches else 'modes not recovered'}); FlowRL as coded TV {tv_f:.3f}, max pi {max_f:.3f}",
         numbers=n,
         figure="fig01_lad_bandit",
+        items={
+            "grpo_collapses": grpo_collapses,
+            "lad_recovers_modes": lad_matches,
+            "flowrl_only_partly": flowrl_partial,
+        },
     )
 
 
-@register_check("lad.strict_better", layer="sim", expected=V.REFUTED, name="bandit_final_distance", slow=True)
+@register_check(
+    "lad.strict_better",
+    layer="sim",
+    expected=V.INCONCLUSIVE,
+    name="bandit_final_distance",
+    slow=True,
+    expected_items={"exact_strict_closer": False, "sampled_strict_closer": False},
+)
 def lad_strict_better(seed: int) -> CheckResult:
-    """Final TV(P_pi, P_A) per divergence on the LAD bandit: exact-gradient (one phase) and sampled (Fig. 1 settings)."""
+    """Final TV(P_pi, P_A) per divergence on the LAD bandit: exact-gradient (one phase) and sampled (Fig. 1 settings).
+
+    A toy proxy: LAD's claim is about held-out accuracy of 7B models; a bandit's distance to its own
+    target measures optimization, not generalization, and without TV (whose minimizer is not unique)
+    Hellinger and JS sit inside the non-strict range. The verdict is therefore ``inconclusive`` whatever
+    the distances; the per-item outcomes are recorded so a change in them is still loud."""
     n = lad.strict_better(seed)["numbers"]
     res = {k: (n[f"{k}_strict"], n[f"{k}_nonstrict"]) for k in ("exact", "sampled")}
-    wins = sum(s < w for s, w in res.values())
-    verdict = V.VERIFIED if wins == 2 else (V.PARTLY if wins == 1 else V.REFUTED)
+    per = ", ".join(f"{d} {n[f'sampled_tv_{d}']:.3f}" for d in lad.F_DIVERGENCES if f"sampled_tv_{d}" in n)
     return CheckResult(
-        verdict,
-        "mean final TV(P_pi, P_A), strict (TV,HD,JS) vs non-strict (KL,rKL,JF): "
+        V.INCONCLUSIVE,
+        "TOY PROXY, inconclusive at toy scale (the llm layer decides): mean final TV(P_pi, P_A), strict (TV,HD,JS) vs "
+        "non-strict (KL,rKL,JF): "
         + "; ".join(f"{k} {s:.3f} vs {w:.3f}" for k, (s, w) in res.items())
-        + " (toy bandit proxy for LAD's accuracy comparison)",
+        + (f"; sampled per divergence: {per}" if per else ""),
         numbers=n,
         figure="fig10_lad_divergences",
+        items={f"{k}_strict_closer": s < w for k, (s, w) in res.items()},
     )
 
 
@@ -244,20 +319,29 @@ def lad_thm_b1(seed: int) -> CheckResult:
     )
 
 
-@register_check("paced.tau_sweep", layer="sim", expected=V.REFUTED, name="toy_proxy")
+@register_check(
+    "paced.tau_sweep",
+    layer="sim",
+    expected=V.INCONCLUSIVE,
+    name="toy_proxy",
+    expected_items={"best_tau_is_0.5": False, "worst_tau_is_0.1": False},
+)
 def paced_tau_sweep(seed: int) -> CheckResult:
-    """Toy proxy of PACED Fig. 4: PACED (DISA-initialised log Z) on 64 tabular prompts, tau in {0.1..0.9}."""
+    """Toy proxy of PACED Fig. 4: PACED (DISA-initialised log Z) on 64 tabular prompts, tau in {0.1..0.9}.
+
+    Inconclusive by design: the paper's metric is held-out accuracy; tabular prompts do not generalize,
+    and fixing the hardest training prompts (small tau) is structurally rewarded by a training pass
+    rate. The per-item outcomes (which tau is best / worst) are recorded and compared."""
     nums = paced.tau_claim(seed)["numbers"]
     final = {t: nums[f"acc_tau{t}"] for t in paced.TAUS}
     best, worst = nums["best_tau"], nums["worst_tau"]
-    n_ok = int(best == 0.5) + int(worst == 0.1)
-    verdict = V.VERIFIED if n_ok == 2 else (V.PARTLY if n_ok == 1 else V.REFUTED)
     return CheckResult(
-        verdict,
-        f"TOY PROXY (tabular prompts, no generalization; mean training pass rate after {paced.TAU_CLAIM['steps']} steps, "
-        f"{paced.TAU_CLAIM['seeds']} seeds): "
+        V.INCONCLUSIVE,
+        f"TOY PROXY, inconclusive at toy scale (no held-out split, no generalization; the llm layer decides): mean "
+        f"training pass rate after {paced.TAU_CLAIM['steps']} steps, {paced.TAU_CLAIM['seeds']} seeds: "
         + ", ".join(f"tau={t} {v:.3f}" for t, v in final.items())
         + f"; best tau {best}, worst {worst}",
         numbers=nums,
         figure="fig08_paced",
+        items={"best_tau_is_0.5": best == 0.5, "worst_tau_is_0.1": worst == 0.1},
     )

@@ -156,6 +156,9 @@ def summarize(runs: dict[str, dict]) -> dict:
 #: ``fpa.entanglement``'s settings (its check and fig09's SGD runs use these).
 CLAIM_CONFIG = EntanglementConfig(seeds=4, steps=120, eval_every=30)
 CLAIM_LAMBDAS = (1.0, 2.0, 10.0)
+#: "FPA moved the policy": the mean correct log-prob changed by more than this many nats (Off-RL moves it
+#: by ~4.7 nats at CLAIM_CONFIG, FPA lambda = 2 by ~0.9; an FPA that stopped learning moves it by 0).
+FPA_MOVES_NATS = 0.05
 
 
 @cached
@@ -166,8 +169,13 @@ def entanglement_claim(seed: int) -> dict:
     summ = summarize(run_all(CLAIM_CONFIG, seed, lambdas=CLAIM_LAMBDAS))
     fin, parts = summ["final"], summ["parts"]
     lam_best = max((k for k in fin if k.startswith("fpa")), key=lambda k: fin[k]["acc"])
+    lam12 = [k for k in ("fpa1", "fpa2") if k in fin]
     numbers = {
         **{k: bool(v) for k, v in parts.items()},
+        # FPA must learn, not merely keep the correct log-probs by standing still: its correct log-prob moves
+        # by more than FPA_MOVES_NATS and its accuracy ends above the reference policy's
+        "fpa_moves": all(abs(fin[k]["corr"]) > FPA_MOVES_NATS for k in lam12),
+        "fpa_raises_acc": all(fin[k]["acc"] > summ["ref_acc"] for k in lam12),
         "best_lambda_is_1_or_2": lam_best in ("fpa1", "fpa2"),
         "ref_acc": summ["ref_acc"],
         **{f"{k}_{m}": v for k, d in fin.items() for m, v in d.items()},

@@ -237,7 +237,14 @@ def strict_better(seed: int) -> dict:
     for name, sweep in (("exact", ex), ("sampled", sa)):
         numbers[f"{name}_strict"] = float(np.mean([sweep[d]["tv_final"] for d in strict]))
         numbers[f"{name}_nonstrict"] = float(np.mean([sweep[d]["tv_final"] for d in weak]))
+        numbers.update({f"{name}_tv_{d}": float(sweep[d]["tv_final"]) for d in F_DIVERGENCES})
     return {"exact": ex, "sampled": sa, "numbers": numbers}
+
+
+#: LAD Fig. 1's GRPO clips the ratio pi/pi_old to [1 - 0.2, 1 + 0.2] and refreshes pi_old twice (3 phases):
+#: from the uniform start over 50 arms no arm can exceed (1/50) * 1.2^3 = 0.0346, so "collapse to one
+#: arm" is unreachable at these settings by construction (reported with ``lad.fig1.bandit``'s numbers).
+FIG1_GRPO_MAX_PI_BOUND = (1 / 50) * 1.2**3
 
 
 def fig1_bandit(seed: int) -> dict:
@@ -266,4 +273,5 @@ def fig1_bandit(seed: int) -> dict:
         **{f"lad_mode{i}_ratio": m for i, m in enumerate(modes_l)},
         "flowrl_tv": tv_f,
         "flowrl_max_pi": max_f,
+        "grpo_max_pi_bound": FIG1_GRPO_MAX_PI_BOUND,
     }

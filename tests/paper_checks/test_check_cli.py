@@ -68,6 +68,8 @@ def test_empty_selection_is_an_error_and_leaves_the_record(isolated_registry, tm
 
 
 def test_layer_llm_says_no_llm_checks_exist(isolated_registry, tmp_path, capsys):
+    for key in [k for k, c in isolated_registry._CHECKS.items() if c.layer == "llm"]:
+        del isolated_registry._CHECKS[key]  # the message is for a registry without llm checks
     assert main(["check", "--layer", "llm", "--out", str(tmp_path / "c.json")]) == 2
     assert _stderr_line(capsys).startswith("tiltlab check: error: no llm checks exist yet")
     assert not (tmp_path / "c.json").exists()

@@ -138,3 +138,19 @@ def test_command_problems_uses_the_llm_config_schema(tmp_path: Path):
     assert dc.command_problems(ok, cfg) == (1, [])
     n, bad = dc.command_problems("tiltlab llm train --config configs/a.yaml --set no_such_key=1", cfg)
     assert n == 0 and "no_such_key" in bad[0]
+
+
+def test_partly_paper_internal_checks_record_which_statements_hold():
+    """A 'partly' over several statements is compared statement by statement: a check whose failing
+    statement moves (same count, same verdict) fails."""
+    from tiltlab.paper_checks import registry
+    from tiltlab.paper_checks.registry import CheckResult, Outcome
+
+    registry.discover()
+    partly = [c for c in registry.checks() if c.name == "paper_internal" and c.expected.value == "partly"]
+    assert partly and all(c.expected_items for c in partly)
+    chk = partly[0]
+    res = registry.run_one(chk).result
+    assert registry.Outcome(chk, res, 0.0).ok
+    moved = dict(zip(res.items, [not v for v in res.items.values()]))
+    assert not Outcome(chk, CheckResult(res.verdict, res.summary, items=moved), 0.0).ok

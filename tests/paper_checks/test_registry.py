@@ -11,7 +11,7 @@ from tiltlab.cli import main
 from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
 
-KINDS = {"proposition", "empirical", "beyond", "open"}
+KINDS = {"proposition", "empirical", "beyond", "open", "typo"}
 
 
 def _fake_claim(reg, cid="zz_fake.claim"):

@@ -105,10 +105,10 @@ def test_claim_rows_status_and_figures(tmp_path):
 
 def test_markdown_has_summary_counts_findings_and_figure(tmp_path):
     md = render_markdown(_input(tmp_path))
-    # columns: verified partly refuted out_of_reach error unchecked total
-    assert "| [DISA](#paper-DISA) | 1 | 0 | 1 | 0 | 0 | 0 | 2 |" in md
-    assert "| [PACED-RL](#paper-PACED-RL) | 0 | 1 | 0 | 0 | 1 | 1 | 3 |" in md
-    assert "| **all** | 1 | 1 | 1 | 0 | 1 | 1 | 5 |" in md
+    # columns: verified partly refuted inconclusive out_of_reach error unchecked total
+    assert "| [DISA](#paper-DISA) | 1 | 0 | 1 | 0 | 0 | 0 | 0 | 2 |" in md
+    assert "| [PACED-RL](#paper-PACED-RL) | 0 | 1 | 0 | 0 | 0 | 1 | 1 | 3 |" in md
+    assert "| **all** | 1 | 1 | 1 | 0 | 0 | 1 | 1 | 5 |" in md
     assert "the paper is wrong by 0.3" in md and "the demo curve falls by 12%" in md
     assert "fig98_gone" in md and "ValueError: broken input" in md
     assert (

@@ -39,6 +39,11 @@ def test_theory_checks_registered():
         "fpa.dpo_token_level",
         "fpa.simper",
         "fpa.apo_value",
+        "fpa.s21.grad_norm",
+        "lad.lemma31.stated",
+        "lad.s41.grpo_optimum",
+        "lad.eq9.gradient",
+        "lad.b4.theoretical_gradient",
     } | {f"lad.table5.{d}" for d in ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")}
     assert must <= ids, sorted(must - ids)
     assert not any(c.slow for c in THEORY)  # the whole theory set is in the fast tier

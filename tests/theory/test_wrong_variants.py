@@ -197,3 +197,39 @@ def test_simper_rejects(kw):
 @pytest.mark.parametrize("variant", ["beta_is_beta1", "geomean"])
 def test_apo_value_rejects(variant):
     assert fpa.check_apo_value(variant, Ns=(2, 3)).verdict == REF
+
+
+# ----------------------------------------------------------------------------- claims from the papers' text
+def test_lemma31_stated_form_is_refuted_and_the_proof_form_is_the_control():
+    stated = lad.check_lemma31_stated("stated", n_instances=3)
+    proof = lad.check_lemma31_stated("proof", n_instances=3)
+    assert stated.verdict == REF and stated.numbers["max_optimum_error"] > 1e-3
+    assert stated.numbers["max_objective_gain"] > 0  # the true optimum of the stated problem does better
+    assert proof.verdict == VER and proof.numbers["max_optimum_error"] < 1e-12
+    with pytest.raises(ValueError, match="constraint"):
+        lad.trust_region_optimum(np.ones(2) / 2, np.zeros(2), 0.1, "reverse")
+
+
+def test_trust_region_optimum_is_feasible_and_beats_random_feasible_points():
+    rng = np.random.default_rng(3)
+    po, A = rng.dirichlet(np.ones(3)), rng.normal(size=3)
+    eps = 0.05
+    opt = lad.trust_region_optimum(po, A, eps, "stated")
+    assert abs(float(np.sum(po * np.log(po / opt))) - eps) < 1e-10  # the constraint is active
+    pts = rng.dirichlet(np.ones(3) * 0.5, size=20000)
+    feas = pts[np.sum(po * np.log(po / pts), axis=1) <= eps]
+    assert len(feas) > 100 and float((feas @ A).max()) <= float(A @ opt) + 1e-12
+
+
+def test_grad_norm_holds_only_for_the_direct_parameterization():
+    assert fpa.check_grad_norm("softmax").verdict == REF
+    assert fpa.check_grad_norm("direct").verdict == VER
+
+
+def test_eq9_rejects_a_gradient_without_the_policy_weight():
+    assert lad.check_eq9_gradients("eq9_no_expectation", n_points=1).verdict == REF
+
+
+def test_grpo_optimum_differs_for_a_kl_weight_other_than_eta():
+    eta = sp.Symbol("eta", positive=True)
+    assert lad.check_grpo_optimum(kl_weight=2 * eta).verdict == REF
