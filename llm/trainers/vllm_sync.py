@@ -17,6 +17,10 @@ streams the same pairs to ``trl vllm-serve``. Two things break that on this proj
    would leave the packed copy stale anyway). :func:`reload_on_cpu` makes the colocate sync call vLLM's
    in-place reload (``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)``),
    which restores the layers to checkpoint format, loads the pairs and repacks them.
+3. **Tied embeddings on CPU**: the output layer ``lm_head`` shares ``embed_tokens.weight`` and packs its
+   own GEMM copy of it. The walk sends the shared tensor once, under the embedding's name, so the
+   reload sees no weight for ``lm_head`` and puts its old kernel tensors back: vLLM would sample from
+   the initial output layer forever. :func:`retie_lm_head` re-ties it and repacks its GEMM copy.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from .logz_head import without_log_z_head
 
-__all__ = ["keep_log_z_head_out", "reload_on_cpu"]
+__all__ = ["keep_log_z_head_out", "reload_on_cpu", "retie_lm_head"]
 
 
 def _require(gen: Any, attr: str) -> None:
@@ -56,6 +60,23 @@ def reload_on_cpu(gen: Any) -> None:
     def sync_weights() -> None:
         runner = gen.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.reload_weights(weights_iterator=gen._iter_named_params(), is_checkpoint_format=True)
+        retie_lm_head(runner.get_model())
         gen.llm.reset_prefix_cache()
 
     gen.sync_weights = sync_weights
+
+
+def retie_lm_head(model: Any) -> bool:
+    """After an in-place reload on CPU, point a tied ``lm_head`` at the reloaded embedding again and
+    rebuild its CPU GEMM copy (``quant_method.process_weights_after_loading``). Returns whether it did."""
+    cfg = getattr(model, "config", None)
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)  # vLLM's decoder-only layout
+    if not getattr(text_cfg, "tie_word_embeddings", False) or lm_head is None or embed is None:
+        return False
+    if not hasattr(embed, "weight") or not hasattr(lm_head, "quant_method"):
+        raise RuntimeError("tied lm_head without a weight / quant_method: cannot refresh it after the reload")
+    lm_head.weight = embed.weight
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+    return True

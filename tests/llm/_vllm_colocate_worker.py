@@ -42,7 +42,9 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
     real_llm = vg.LLM
-    vg.LLM = lambda **kw: real_llm(**{**kw, "enforce_eager": True, "kv_cache_memory_bytes": 32 << 20})
+    vg.LLM = lambda **kw: real_llm(
+        **{**kw, "enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "dtype": "float32"}
+    )
 
     rows = [
         {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -103,8 +105,11 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
         "steps": tr.state.global_step,
         "losses": losses,
         "sent_names_ok": sent == [n for n in policy if not is_log_z_head_param(n)],
-        "vllm_matches_policy": bool(max(d_trained) < 1e-3),
-        "policy_changed": bool(max(d_initial) > 5e-2),
+        # fp32 on both sides but different GEMM kernels (vLLM's packed CPU kernels vs ATen): a few 1e-3 in a
+        # log-prob once training has grown the weights. The sync is right when vLLM is within 2e-2 of the
+        # trained policy AND 10x closer to it than to the initial weights (stale layers give >= 0.5).
+        "vllm_matches_policy": bool(max(d_trained) < 2e-2 and 10 * max(d_trained) < max(d_initial)),
+        "policy_changed": bool(max(d_initial) > 1e-1),
         "max_diff_trained": float(max(d_trained)),
         "max_diff_initial": float(max(d_initial)),
     }
