@@ -58,7 +58,7 @@ def bench_model(label: str, path: str, args) -> list[dict]:
     start = time.perf_counter() - t
     dt, ntok, fin = _run(vl, prompts, args.n, args.max_new_tokens)
     rows.append(dict(model=label, engine="vllm", dtype=args.vllm_dtype, start=start, s=dt, tokens=ntok, fin=fin))
-    del vl
+    vl.close()
     return rows
 
 

@@ -460,6 +460,13 @@ class VLLMEngine(RolloutEngine):
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
+    def close(self) -> None:
+        """Stop vLLM's engine-core process now (it otherwise lives until the interpreter exits)."""
+        llm = self.__dict__.pop("llm", None)
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[RolloutGroup]:
         from vllm import SamplingParams
 

@@ -44,7 +44,7 @@ def vllm_tiny_dir(tmp_path_factory):
 def engine(vllm_tiny_dir):
     eng = VLLMEngine(str(vllm_tiny_dir), dtype="float32", max_model_len=256, kv_cache_memory_bytes=32 << 20)
     yield eng
-    del eng.llm
+    eng.close()
 
 
 @pytest.fixture(scope="module")
