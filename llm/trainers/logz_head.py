@@ -16,7 +16,14 @@ from torch import Tensor, nn
 
 from tiltlab.llm.models import masked_mean_pool
 
-__all__ = ["LogZHead", "attach_log_z_head", "get_log_z_head", "prompt_log_z"]
+__all__ = [
+    "LogZHead",
+    "attach_log_z_head",
+    "get_log_z_head",
+    "is_log_z_head_param",
+    "prompt_log_z",
+    "without_log_z_head",
+]
 
 HEAD_NAME = "log_z_head"
 
@@ -93,6 +100,21 @@ def get_log_z_head(model: nn.Module, required: bool = True) -> LogZHead | None:
     if required:
         raise ValueError("the model has no log_z_head; call llm.trainers.logz_head.attach_log_z_head(model) first")
     return None
+
+
+def is_log_z_head_param(name: str) -> bool:
+    """True for a parameter name inside the head, under any wrapper prefix (``log_z_head.net.0.weight``,
+    ``base_model.model.log_z_head.modules_to_save.default.net.0.weight``, ...)."""
+    return HEAD_NAME in name.split(".")
+
+
+def without_log_z_head(named_params):
+    """``(name, tensor)`` pairs minus the head's: the head is a training-side module (it stays in the
+    policy's state dict and checkpoints) that an inference engine's model does not have — vLLM's
+    ``load_weights`` rejects the name ("There is no module or parameter named 'log_z_head'")."""
+    for name, param in named_params:
+        if not is_log_z_head_param(name):
+            yield name, param
 
 
 def prompt_log_z(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, detach_input: bool = False) -> Tensor:

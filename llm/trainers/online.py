@@ -84,6 +84,7 @@ from tiltlab.objectives.transforms import affine_reward
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
+from .vllm_sync import keep_log_z_head_out, reload_on_cpu
 
 __all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer"]
 
@@ -337,6 +338,10 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         self._paced_rng = random.Random(int(args.seed))
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         head = get_log_z_head(self.model, required=False)
+        if getattr(self, "vllm_generation", None) is not None:  # TRL's weight sync (llm/trainers/vllm_sync.py)
+            if head is not None:
+                keep_log_z_head_out(self.vllm_generation)
+            reload_on_cpu(self.vllm_generation)
         if head is not None and not any(p.requires_grad for p in head.parameters()):
             raise ValueError(
                 "the log Z head is frozen (PEFT freezes non-adapter modules): pass "

@@ -1,0 +1,134 @@
+"""Run by tests/llm/test_vllm.py in a subprocess: two steps of TRL's GRPOTrainer (TiltGRPOTrainer) with
+``use_vllm=True, vllm_mode="colocate"`` on CPU, then checks written to ``<out>/report.json``:
+
+* the (name, tensor) pairs TRL's sync walks are the policy's parameters minus the log Z head;
+* after a final sync, vLLM's processed log-probs of its own samples equal the trained policy's
+  (transformers, teacher forcing) and differ from the initial model's: the weights really moved;
+* (flowrl) the head is in the saved checkpoint and a fresh policy + head restores it exactly.
+
+TRL has no option for vLLM's ``enforce_eager``; the worker wraps ``vllm.LLM`` to pass it (and a small
+KV cache) so the engine starts in seconds instead of compiling, the sync path is TRL's unchanged.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def reward(prompts, completions, completion_ids, **kw):
+    return [float(sum(ids) % 2 == 0) for ids in completion_ids]
+
+
+def teacher_forced(model, prompt_ids, completion_ids):
+    from tiltlab.llm.rollout import processed_logprobs
+
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids[:-1])])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 :]
+    return processed_logprobs(logits).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1).double()
+
+
+def main(tiny_dir: str, out_dir: str, objective: str) -> None:
+    import trl.generation.vllm_generation as vg
+    from datasets import Dataset
+    from safetensors.torch import load_file
+    from vllm import SamplingParams
+
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.tasks import arithmetic_tasks
+    from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+    real_llm = vg.LLM
+    vg.LLM = lambda **kw: real_llm(
+        **{**kw, "enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "dtype": "float32"}
+    )
+
+    rows = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+        for r in arithmetic_tasks(12, seed=0)
+    ]
+    extra = {}
+    if objective == "disa":
+        extra = dict(
+            tilt_beta=2.0, disa_stage1_manifest={"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
+        )
+        for i, r in enumerate(rows):
+            r["log_z"] = 0.1 * i
+    out = Path(out_dir)
+    args = TiltGRPOConfig(
+        output_dir=str(out),
+        objective=objective,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        learning_rate=5e-2,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        remove_unused_columns=False,
+        seed=0,
+        disable_tqdm=True,
+        max_steps=2,
+        use_vllm=True,
+        vllm_mode="colocate",
+        **extra,
+    )
+    initial = load_model(tiny_dir, device="cpu").eval()
+    tr = TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(tiny_dir),
+    )
+    tr.train()
+    losses = [h["loss"] for h in tr.state.log_history if "loss" in h and "train_loss" not in h]
+    gen = tr.vllm_generation
+    sent = [name for name, _ in gen._iter_named_params()]
+    policy = [name for name, _ in tr.model.named_parameters()]
+    gen.sync_weights()  # push the final weights (TRL syncs before each generation step, not after the last)
+    prompt = tr.processing_class("12 + 7 =", add_special_tokens=False)["input_ids"]
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=8, logprobs=0, seed=5)
+    comp = gen.llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)[0].outputs
+    tr.model.eval()
+    d_trained, d_initial = [], []
+    for c in comp:
+        ids = list(c.token_ids)
+        got = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, ids)], dtype=torch.float64)
+        d_trained.append((got - teacher_forced(tr.model, prompt, ids)).abs().max())
+        d_initial.append((got - teacher_forced(initial, prompt, ids)).abs().max())
+    rep = {
+        "steps": tr.state.global_step,
+        "losses": losses,
+        "sent_names_ok": sent == [n for n in policy if not is_log_z_head_param(n)],
+        # fp32 on both sides but different GEMM kernels (vLLM's packed CPU kernels vs ATen): a few 1e-3 in a
+        # log-prob once training has grown the weights. The sync is right when vLLM is within 2e-2 of the
+        # trained policy AND 10x closer to it than to the initial weights (stale layers give >= 0.5).
+        "vllm_matches_policy": bool(max(d_trained) < 2e-2 and 10 * max(d_trained) < max(d_initial)),
+        "policy_changed": bool(max(d_initial) > 1e-1),
+        "max_diff_trained": float(max(d_trained)),
+        "max_diff_initial": float(max(d_initial)),
+    }
+    head = get_log_z_head(tr.model, required=False)
+    rep["head_params"] = 0 if head is None else sum(p.numel() for p in head.parameters())
+    if head is not None:
+        tr.save_model(str(out / "final"))
+        state = load_file(str(out / "final" / "model.safetensors"))
+        rep["head_in_checkpoint"] = any(is_log_z_head_param(k) for k in state)
+        fresh = load_model(tiny_dir, device="cpu")
+        attach_log_z_head(fresh, args.log_z_hidden, args.log_z_layers, args.log_z_dropout)
+        missing, _ = fresh.load_state_dict(state, strict=False)
+        new_head = get_log_z_head(fresh)
+        rep["head_restored"] = not [k for k in missing if is_log_z_head_param(k)] and all(
+            torch.equal(a, b) for a, b in zip(head.state_dict().values(), new_head.state_dict().values())
+        )
+    (out / "report.json").write_text(json.dumps(rep))
+    print(json.dumps(rep))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,99 @@
+"""TRL weight-sync adapter (llm/trainers/vllm_sync.py) without vLLM: the walk TRL pushes to vLLM drops
+the learned log Z head (and only it), the head still lands in the checkpoint and restores, and a tied
+output layer is re-tied and repacked after a reload. The end-to-end runs are in test_vllm.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+from tiltlab.llm.trainers.vllm_sync import keep_log_z_head_out, reload_on_cpu, retie_lm_head
+
+
+def test_walk_skips_exactly_the_head(tiny_dir):
+    from tiltlab.llm.models import load_model
+
+    model = load_model(tiny_dir, device="cpu")
+    attach_log_z_head(model)
+    names = [n for n, _ in model.named_parameters()]
+    head = [n for n in names if n.startswith("log_z_head.")]
+    assert len(head) == 10  # 3 Linear (w, b) + 2 LayerNorm (w, b)
+    gen = SimpleNamespace(_iter_named_params=lambda: ((n, p.data) for n, p in model.named_parameters()))
+    keep_log_z_head_out(gen)
+    sent = [n for n, _ in gen._iter_named_params()]
+    assert sent == [n for n in names if n not in head] and len(sent) == len(names) - 10
+    # wrapper prefixes (PEFT modules_to_save, DDP) are recognised; look-alike names are not
+    assert is_log_z_head_param("base_model.model.log_z_head.modules_to_save.default.net.0.weight")
+    assert not is_log_z_head_param("model.layers.0.log_z_head_proj.weight")
+
+
+def test_adapter_refuses_an_unknown_trl_layout():
+    with pytest.raises(RuntimeError, match="TRL 1.x"):
+        keep_log_z_head_out(SimpleNamespace())
+    gen = SimpleNamespace(mode="server", sync_weights="untouched")
+    reload_on_cpu(gen)  # server mode: TRL's own sync stays
+    assert gen.sync_weights == "untouched"
+
+
+def test_head_saved_and_restored_with_the_checkpoint(tiny_dir, tmp_path, math_rows):
+    from datasets import Dataset
+    from safetensors.torch import load_file
+
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
+    args = TiltGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        objective="flowrl",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=4,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        remove_unused_columns=False,
+        seed=0,
+        disable_tqdm=True,
+        max_steps=1,
+    )
+    tr = TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=lambda prompts, completions, completion_ids, **kw: [float(len(c) % 2) for c in completion_ids],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(tiny_dir),
+    )
+    tr.train()
+    tr.save_model(str(tmp_path / "final"))
+    state = load_file(str(tmp_path / "final" / "model.safetensors"))
+    trained = get_log_z_head(tr.model).state_dict()
+    assert sorted(k for k in state if is_log_z_head_param(k)) == sorted(f"log_z_head.{k}" for k in trained)
+    fresh = load_model(tiny_dir, device="cpu")
+    attach_log_z_head(fresh, args.log_z_hidden, args.log_z_layers, args.log_z_dropout)
+    before = {k: v.clone() for k, v in get_log_z_head(fresh).state_dict().items()}
+    fresh.load_state_dict(state, strict=False)
+    restored = get_log_z_head(fresh).state_dict()
+    assert all(torch.equal(restored[k], trained[k]) for k in trained)
+    assert any(not torch.equal(before[k], trained[k]) for k in trained)  # the load did something
+
+
+def test_retie_lm_head_points_at_the_reloaded_embedding():
+    calls = []
+    embed = torch.nn.Embedding(8, 4)
+    lm_head = torch.nn.Module()
+    lm_head.weight = torch.nn.Parameter(torch.zeros(8, 4))
+    lm_head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: calls.append(layer))
+    model = torch.nn.Module()
+    model.model = SimpleNamespace(embed_tokens=embed)
+    model.lm_head = lm_head
+    model.config = SimpleNamespace(tie_word_embeddings=True)
+    assert retie_lm_head(model) and lm_head.weight is embed.weight and calls == [lm_head]
+    model.config = SimpleNamespace(tie_word_embeddings=False)
+    assert not retie_lm_head(model) and calls == [lm_head]

