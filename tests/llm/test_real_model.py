@@ -111,6 +111,28 @@ def test_failed_conversion_leaves_nothing_half_written(fake_source, tmp_path):
     assert (tmp_path / "cache" / ALIAS / "config.json").is_file()
 
 
+def test_concurrent_build_waits_for_the_lock(fake_source, tmp_path, capsys):
+    """While another process holds the build lock, resolve_model says so and waits; it then finds
+    the cache complete (the holder's conversion) or builds it itself, exactly once."""
+    import fcntl
+    import threading
+    import time
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    holder = open(root / f".{ALIAS}.lock", "a+")  # noqa: SIM115
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("dir", resolve_model(ALIAS, progress=False)))
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive() and fake_source["calls"] == 0  # blocked on the lock, nothing converted
+    holder.close()  # releases the lock
+    t.join(timeout=60)
+    assert result["dir"] == str(root / ALIAS) and fake_source["calls"] == 1
+    assert "another process is converting 'smollm2-135m'; waiting" in capsys.readouterr().err
+
+
 def test_load_model_and_tokenizer_resolve_the_alias(fake_source, monkeypatch, tiny_dir):
     """load_model/load_tokenizer go through resolve_model: point the alias at the tiny model."""
     import shutil
