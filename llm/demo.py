@@ -366,7 +366,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
 def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
     import torch
 
-    from tiltlab.llm.models import _parse_tiny, build_tiny, load_model, load_tokenizer
+    from tiltlab.llm.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
 
     t_all = time.perf_counter()
     out = Path(cfg.out_dir)
@@ -385,13 +385,17 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
         build_tiny(out_dir=tiny_dir, seed=_parse_tiny(cfg.model) + cfg.seed)
         model, tok = load_model(tiny_dir, device="cpu"), load_tokenizer(tiny_dir)
     else:
-        model, tok = load_model(cfg.model, device="cpu"), load_tokenizer(cfg.model)
+        source = Path(resolve_model(cfg.model))  # an alias is converted once (progress bar)
+        model, tok = load_model(source, device="cpu"), load_tokenizer(source)
     if cfg.sft_steps > 0:
         say(f"[demo] SFT warm-up: {cfg.sft_steps} steps on {len(train)} training prompts")
         sft_warmup(model, tok, train, cfg, log)
-    ref_dir = out / "warmup"
-    model.save_pretrained(ref_dir)
-    tok.save_pretrained(ref_dir)
+    if cfg.is_tiny or cfg.sft_steps > 0:
+        ref_dir = out / "warmup"
+        model.save_pretrained(ref_dir)
+        tok.save_pretrained(ref_dir)
+    else:  # the pretrained model itself is pi_ref: no copy
+        ref_dir = source
     timings["sft"] = time.perf_counter() - t
     say(f"[demo] warm-up model (pi_ref) ready in {timings['sft']:.1f}s -> {ref_dir}/")
 
