@@ -9,12 +9,20 @@
    (:func:`llm.stage2.run_stage2`: the regressor on frozen ``pi_ref`` prompt embeddings, held-out
    MSE / R^2 reported), **Stage 3** (:class:`llm.trainers.online.TiltGRPOTrainer`,
    ``objective="disa"``, frozen ``log Z_psi``).
-3. **GRPO** and **FlowRL** from the same start with the same rollout budget.
+3. **GRPO** and **FlowRL** from the same start with the same rollout budget. FlowRL runs at
+   DISA's target: the same ``beta``, the same reward transform (``r~ = r``) and the same length
+   normalization (none: summed log-probs), so both fit the same ``pi* ~ pi_ref exp(beta r)``; the
+   only difference is the log partition function (FlowRL's learned head vs DISA's frozen Stage-2
+   regressor). Both use the same learning rate.
 4. **Evaluation** on held-out prompts (values of ``a`` never seen in training): Mean@k, pass@k
    (unbiased estimator), distinct-2 per method; a table on stdout, ``results.json`` and
-   ``curves.png`` (training reward per step) in the output directory.
+   ``curves.png`` in the output directory. The curves show the training reward per step and the
+   held-out Mean@k every ``curve_every`` steps (the last point is the table's value).
 
-``--quick`` shrinks every budget so the run takes well under two minutes on 2 CPU cores.
+``--quick`` shrinks every budget (about 20 s on an idle 2-core machine). ``--model NAME`` starts
+from a real pretrained model instead (e.g. ``smollm2-135m``, see :func:`llm.models.resolve_model`):
+no tiny model, no SFT warm-up (the pretrained model is ``pi_ref``), smaller learning rates and
+longer completions (:data:`REAL_MODEL_OVERRIDES`); slow on CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "add_cli", "run_demo"]
+__all__ = ["REAL_MODEL_OVERRIDES", "DemoConfig", "add_cli", "run_demo"]
 
 
 @dataclass
@@ -35,6 +43,8 @@ class DemoConfig:
 
     out_dir: str = "runs/demo"
     """Output directory (model checkpoints, Stage 1/2 files, results.json, curves.png)."""
+    model: str = "tiny"
+    """Starting model: "tiny" (random tiny Qwen3 + SFT warm-up) or a pretrained model / alias used as pi_ref."""
     seed: int = 0
     """Seed of the tiny model, the data split, SFT, the trainers and the evaluation sampler."""
     n_train: int = 60
@@ -50,25 +60,25 @@ class DemoConfig:
     rl_steps: int = 40
     """Optimizer steps of each RL method."""
     rl_lr: float = 2e-3
-    """Learning rate of GRPO and FlowRL."""
-    disa_lr: float = 5e-4
-    """Learning rate of DISA: its squared residual on trajectory-level (summed) log-probs has larger
-    gradients than GRPO's ratio surrogate; at 2e-3 the quick run's DISA policy got worse (0.29 -> 0.19
-    held-out Mean@8, seed 0) while 5e-4 improved it (0.29 -> 0.46)."""
+    """Learning rate of GRPO."""
+    tb_lr: float = 5e-4
+    """Learning rate of DISA and FlowRL: their squared trajectory-balance residual on summed
+    log-probs has larger gradients than GRPO's ratio surrogate; at 2e-3 the quick run's DISA policy
+    got worse (0.29 -> 0.19 held-out Mean@8, seed 0) while 5e-4 improved it (0.29 -> 0.46)."""
     prompts_per_step: int = 8
     """Prompts per RL step (x num_generations completions)."""
     num_generations: int = 8
     """Group size G of the RL methods (and M of Stage 1)."""
     beta: float = 2.0
-    """Tilt beta of DISA (multiplies r~ = r)."""
-    flowrl_beta: float = 15.0
-    """FlowRL's coded beta on the group-normalized reward."""
+    """Tilt beta of DISA and FlowRL (multiplies r~ = r; target pi* ~ pi_ref exp(beta r))."""
     eval_k: int = 8
     """Samples per held-out prompt for Mean@k / pass@k."""
     max_new_tokens: int = 8
     """Completion length cap (an answer is \\boxed{n} + end of turn: 5-6 tokens)."""
     methods: tuple = ("grpo", "flowrl", "disa")
     """RL methods trained from the warm-up model."""
+    curve_every: int = 5
+    """Held-out Mean@k is evaluated every this many RL steps (and after the last) for the curves."""
     threads: int = 1
     """torch intra-op threads for the run. Fixed (not the machine's core count) because a parallel
     reduction sums in an order that depends on the thread count, and these short training runs
@@ -76,11 +86,31 @@ class DemoConfig:
     with 1 thread and 0.125 -> 0.154 with 2. The 64-wide model gains little from more threads (seed 1
     on a loaded 2-core machine: 13 s with 1 thread, 20 s with 2)."""
 
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.curve_every < 1:
+            raise ValueError(f"curve_every must be >= 1, got {self.curve_every}")
+        unknown = set(self.methods) - {"grpo", "flowrl", "disa"}
+        if unknown:
+            raise ValueError(f"unknown demo methods {sorted(unknown)}; use grpo, flowrl, disa")
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model == "tiny" or self.model.startswith("tiny:")
+
     @classmethod
     def quick(cls, **kw) -> DemoConfig:
         base = dict(n_train=60, n_eval=30, sft_steps=150, rl_steps=15, prompts_per_step=4, num_generations=8, eval_k=8)
         base.update(kw)
         return cls(**base)
+
+
+#: budget changes applied by ``tiltlab llm demo --model NAME`` for a pretrained model: no SFT
+#: warm-up, learning rates for pretrained weights, completions long enough for an instruct answer.
+REAL_MODEL_OVERRIDES = dict(
+    sft_steps=0, rl_lr=1e-6, tb_lr=1e-6, max_new_tokens=48, n_train=16, n_eval=16, prompts_per_step=2, eval_k=4
+)
 
 
 def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
@@ -215,9 +245,15 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
     return read_manifest(s1_dir), load_log_z_predictor(s2_dir, device="cpu")
 
 
-def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log_z_fn, manifest):
-    """One RL run from the warm-up model; returns (trained model, per-step reward history)."""
+def _train_rl(
+    method: str, ref_dir: Path, train: list[dict], held: list[dict], cfg: DemoConfig, out: Path, log_z_fn, manifest, say
+):
+    """One RL run from the warm-up model; returns a dict: ``policy``, ``tokenizer``, ``history`` (per-step
+    log), ``heldout`` (``[(step, Mean@k)]`` every ``cfg.curve_every`` steps and after the last),
+    ``final`` (held-out metrics after the last step), ``target`` (the tilt the trainer fits, TB methods)."""
+    import torch
     from datasets import Dataset
+    from transformers import TrainerCallback
 
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.rewards import math_reward
@@ -228,14 +264,16 @@ def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, ou
         [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in train]
     )
     extra: dict[str, Any] = {}
-    if method == "disa":
-        extra = dict(tilt_beta=cfg.beta, reward_transform="affine", length_normalize=False)
-    elif method == "flowrl":
-        extra = dict(tilt_beta=cfg.flowrl_beta, log_z_dropout=0.0)
+    if method in ("disa", "flowrl"):  # one target pi* ~ pi_ref exp(beta r) for both
+        extra = dict(
+            tilt_beta=cfg.beta, reward_transform="affine", reward_scale=1.0, reward_shift=0.0, length_normalize=False
+        )
+    if method == "flowrl":
+        extra["log_z_dropout"] = 0.0
     args = TiltGRPOConfig(
         output_dir=str(out / f"rl_{method}"),
         objective=method,
-        learning_rate=cfg.disa_lr if method == "disa" else cfg.rl_lr,
+        learning_rate=cfg.tb_lr if method in ("disa", "flowrl") else cfg.rl_lr,
         per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_new_tokens,
@@ -264,12 +302,51 @@ def _train_rl(method: str, ref_dir: Path, train: list[dict], cfg: DemoConfig, ou
     )
     from transformers.trainer_callback import PrinterCallback
 
+    heldout: list[tuple[int, float]] = []
+    final: dict[str, dict] = {}
+
+    class HeldOut(TrainerCallback):
+        """Held-out Mean@k during training, on the random state of its own (training is unchanged)."""
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            step = state.global_step
+            if step % cfg.curve_every and step != state.max_steps:
+                return
+            with torch.random.fork_rng(devices=[]):
+                model.eval()
+                metrics = evaluate(model, tok, held, cfg.eval_k, cfg.seed + 1, cfg.max_new_tokens)
+                model.train()
+            acc = metrics["mean_at_k"]
+            heldout.append((step, acc))
+            if step == state.max_steps:
+                final["metrics"] = metrics  # the table's row: same model, same evaluation seed
+            rew = [h["reward"] for h in state.log_history if "reward" in h]
+            say(
+                f"[demo] {method} step {step}/{state.max_steps}: training reward {rew[-1] if rew else float('nan'):.3f}, "
+                f"held-out Mean@{cfg.eval_k} {acc:.3f}"
+            )
+
     tr.remove_callback(PrinterCallback)
+    tr.add_callback(HeldOut())
     tr.train()
     hist = [h for h in tr.state.log_history if "reward" in h]
     pol = tr.model
     pol.eval()  # the sampler below uses a KV cache: eval mode, no gradient checkpointing
-    return pol, tok, hist
+    target = None
+    if method in ("disa", "flowrl"):  # what the trainer actually fits: pi* ~ pi_ref exp(beta r~), r~ = a r + c
+        target = {
+            "tilt_beta": args.tilt_beta,
+            "reward_transform": list(args.reward_transform_spec),
+            "logprob_scale": args.logprob_scale,
+        }
+    return {
+        "policy": pol,
+        "tokenizer": tok,
+        "history": hist,
+        "heldout": heldout,
+        "final": final.get("metrics"),
+        "target": target,
+    }
 
 
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
@@ -278,8 +355,6 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
     Runs with ``cfg.threads`` torch threads and restores the caller's setting afterwards."""
     import torch
 
-    if cfg.threads < 1:
-        raise ValueError(f"threads must be >= 1, got {cfg.threads}")
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -291,7 +366,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
 def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
     import torch
 
-    from tiltlab.llm.models import build_tiny, load_model, load_tokenizer
+    from tiltlab.llm.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
 
     t_all = time.perf_counter()
     out = Path(cfg.out_dir)
@@ -300,60 +375,89 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
     timings: dict[str, float] = {}
     log: list[dict] = []
     train, held = _split(cfg)
-    say = print if progress else (lambda *a, **k: None)
+    say = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+
+    say(f"[demo] outputs -> {out}/ (model {cfg.model}, seed {cfg.seed}, {cfg.threads} torch thread(s))")
 
     t = time.perf_counter()
-    tiny_dir = out / "tiny_init"
-    build_tiny(out_dir=tiny_dir, seed=cfg.seed)
-    model, tok = load_model(tiny_dir, device="cpu"), load_tokenizer(tiny_dir)
-    sft_warmup(model, tok, train, cfg, log)
-    ref_dir = out / "warmup"
-    model.save_pretrained(ref_dir)
-    tok.save_pretrained(ref_dir)
+    if cfg.is_tiny:
+        tiny_dir = out / "tiny_init"
+        build_tiny(out_dir=tiny_dir, seed=_parse_tiny(cfg.model) + cfg.seed)
+        model, tok = load_model(tiny_dir, device="cpu"), load_tokenizer(tiny_dir)
+    else:
+        source = Path(resolve_model(cfg.model))  # an alias is converted once (progress bar)
+        model, tok = load_model(source, device="cpu"), load_tokenizer(source)
+    if cfg.sft_steps > 0:
+        say(f"[demo] SFT warm-up: {cfg.sft_steps} steps on {len(train)} training prompts")
+        sft_warmup(model, tok, train, cfg, log)
+    if cfg.is_tiny or cfg.sft_steps > 0:
+        ref_dir = out / "warmup"
+        model.save_pretrained(ref_dir)
+        tok.save_pretrained(ref_dir)
+    else:  # the pretrained model itself is pi_ref: no copy
+        ref_dir = source
     timings["sft"] = time.perf_counter() - t
-    say(f"[demo] SFT warm-up done in {timings['sft']:.1f}s")
+    say(f"[demo] warm-up model (pi_ref) ready in {timings['sft']:.1f}s -> {ref_dir}/")
 
     table: dict[str, dict] = {}
     t = time.perf_counter()
     table["warmup"] = evaluate(model, tok, held, cfg.eval_k, cfg.seed + 1, cfg.max_new_tokens)
     timings["eval"] = time.perf_counter() - t
-    say(f"[demo] warm-up held-out Mean@{cfg.eval_k} = {table['warmup']['mean_at_k']:.3f}")
+    say(f"[demo] warm-up held-out Mean@{cfg.eval_k} = {table['warmup']['mean_at_k']:.3f} ({len(held)} prompts)")
+    del model
 
     log_z_fn = manifest = None
     if "disa" in cfg.methods:
+        say(f"[demo] DISA Stage 1 (M = {cfg.num_generations}, beta = {cfg.beta}) and Stage 2")
         t = time.perf_counter()
         manifest, log_z_fn = _stage12(ref_dir, train, cfg, out, log)
         timings["stage1+2"] = time.perf_counter() - t
-        say(f"[demo] Stage 1+2 done in {timings['stage1+2']:.1f}s: {log[-1]}")
+        s2 = log[-1]
+        say(
+            f"[demo] Stage 1+2 done in {timings['stage1+2']:.1f}s: mean label log Z {s2['stage1_mean_log_z']:.3f}, "
+            f"mean ESS {s2['stage1_mean_ess']:.2f}"
+        )
 
     curves: dict[str, list] = {}
+    heldout: dict[str, list] = {}
+    targets: dict[str, dict] = {}
     for m in cfg.methods:
+        say(f"[demo] training {m}: {cfg.rl_steps} steps x {cfg.prompts_per_step} prompts x {cfg.num_generations}")
+        t0 = time.perf_counter()
+        run = _train_rl(m, ref_dir, train, held, cfg, out, log_z_fn, manifest, say)
+        curves[m] = [(h["step"], h["reward"]) for h in run["history"]]
+        heldout[m] = [(0, table["warmup"]["mean_at_k"]), *run["heldout"]]
+        if run["target"] is not None:
+            targets[m] = run["target"]
         t = time.perf_counter()
-        pol, ptok, hist = _train_rl(m, ref_dir, train, cfg, out, log_z_fn, manifest)
-        timings[f"train_{m}"] = time.perf_counter() - t
-        curves[m] = [(h["step"], h["reward"]) for h in hist]
-        t = time.perf_counter()
-        table[m] = evaluate(pol, ptok, held, cfg.eval_k, cfg.seed + 1, cfg.max_new_tokens)
+        table[m] = run["final"] or evaluate(
+            run["policy"], run["tokenizer"], held, cfg.eval_k, cfg.seed + 1, cfg.max_new_tokens
+        )
         timings["eval"] += time.perf_counter() - t
+        timings[f"train_{m}"] = t - t0  # includes the held-out evaluations of the curve
         say(
-            f"[demo] {m}: trained in {timings[f'train_{m}']:.1f}s, held-out Mean@{cfg.eval_k} = "
-            f"{table[m]['mean_at_k']:.3f}"
+            f"[demo] {m}: done in {timings[f'train_{m}']:.1f}s, held-out Mean@{cfg.eval_k} = {table[m]['mean_at_k']:.3f}"
         )
     timings["total"] = time.perf_counter() - t_all
-    fig = _plot(curves, log, out / "curves.png")
+    fig = _plot(curves, heldout, log, out / "curves.png", cfg.eval_k)
     res = {
         "config": asdict(cfg),
         "table": table,
         "timings": timings,
         "log": log,
         "curves": curves,
+        "heldout_curves": heldout,
+        "targets": targets,
         "figure": str(fig),
         "n_train": len(train),
         "n_eval": len(held),
     }
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    tmp = out / ".results.json.tmp"
+    tmp.write_text(json.dumps(res, indent=2, default=str))
+    tmp.replace(out / "results.json")
     say(format_table(table, cfg.eval_k))
     say("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    say(f"[demo] results.json and {fig.name} written to {out}/")
     return res
 
 
@@ -367,24 +471,33 @@ def format_table(table: dict[str, dict], k: int) -> str:
     return "\n".join(lines)
 
 
-def _plot(curves: dict[str, list], log: list[dict], path: Path) -> Path:
+def _plot(curves: dict[str, list], heldout: dict[str, list], log: list[dict], path: Path, k: int) -> Path:
+    """SFT loss, training reward per step and held-out Mean@k per method; written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     sft = [e for e in log if e.get("phase") == "sft"]
     axes[0].plot([e["step"] for e in sft], [e["loss"] for e in sft], color="k")
-    axes[0].set(title="SFT warm-up", xlabel="step", ylabel="token NLL")
+    axes[0].set(title="SFT warm-up" if sft else "SFT warm-up (none: pretrained pi_ref)", xlabel="step")
+    axes[0].set(ylabel="token NLL")
     for m, c in curves.items():
         if c:
             axes[1].plot([s for s, _ in c], [r for _, r in c], marker=".", label=m)
-    axes[1].set(title="RL: mean training reward per step", xlabel="optimizer step", ylabel="reward")
-    axes[1].legend()
+    axes[1].set(title="training reward per step (train prompts)", xlabel="optimizer step", ylabel="reward")
+    for m, c in heldout.items():
+        axes[2].plot([s for s, _ in c], [r for _, r in c], marker="o", label=m)
+    axes[2].set(title=f"held-out Mean@{k} (prompts never trained on)", xlabel="optimizer step", ylabel=f"Mean@{k}")
+    for ax in axes[1:]:
+        if ax.lines:
+            ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
     plt.close(fig)
+    tmp.replace(path)
     return path
 
 
@@ -395,7 +508,12 @@ def add_cli(subparsers) -> None:
         help="CPU end-to-end demo: SFT warm-up, DISA stages 1-3, GRPO, FlowRL, eval",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("--quick", action="store_true", help="small budget (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="small budget (about 20 s on 2 idle cores)")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="starting model: tiny (default; SFT warm-up) or a pretrained model, e.g. smollm2-135m (slow)",
+    )
     p.add_argument("--out-dir", default="runs/demo", help="output directory (default: runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads; results depend on it (default: 1)")
@@ -408,11 +526,19 @@ def _cli_main(args) -> int:
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file; pass a directory")
-    cfg = (DemoConfig.quick if args.quick else DemoConfig)(out_dir=args.out_dir, seed=args.seed, threads=args.threads)
+    kw: dict[str, Any] = dict(out_dir=args.out_dir, seed=args.seed, threads=args.threads, model=args.model)
+    if not (args.model == "tiny" or args.model.startswith("tiny:")):
+        from tiltlab.llm.models import resolve_model
+
+        kw.update(REAL_MODEL_OVERRIDES)
+        kw["model"] = resolve_model(args.model)  # converts an alias once (progress bar), before the run
+        if args.quick:
+            kw["rl_steps"] = 4
+    cfg = (DemoConfig.quick if args.quick else DemoConfig)(**kw)
     print(f"[demo] {'quick' if args.quick else 'full'} run, {cfg.threads} torch thread(s) -> {out}/", flush=True)
     res = run_demo(cfg)
     print(
         f"[demo] done in {res['timings']['total']:.1f} s; outputs in {out}/: results.json, "
-        f"{Path(res['figure']).name}, tiny_init/, warmup/, stage1/, stage2/, rl_<method>/"
+        f"{Path(res['figure']).name}, warmup/, stage1/, stage2/, rl_<method>/"
     )
     return 0

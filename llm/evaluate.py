@@ -514,12 +514,15 @@ def eval_from_run_config(values: dict, rc) -> dict:
 def _check_model(name: str) -> None:
     """Refuse a ``--model`` that is neither ``tiny[:seed]``, an existing local path nor shaped like a
     hub id (``org/name``), before anything loads (a missing path would end in a hub error)."""
-    if name == "tiny" or name.startswith("tiny:") or Path(name).expanduser().exists():
+    from tiltlab.llm.models import MODEL_ALIASES
+
+    if name == "tiny" or name.startswith("tiny:") or name in MODEL_ALIASES or Path(name).expanduser().exists():
         return
     looks_local = name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") != 1
     if looks_local:
         raise FileNotFoundError(
-            f"model {name!r} does not exist: pass --model with a local model directory, a hub id (org/name) or tiny"
+            f"model {name!r} does not exist: pass --model with a local model directory, a hub id (org/name), "
+            f"tiny or one of {sorted(MODEL_ALIASES)}"
         )
 
 

