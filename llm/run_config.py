@@ -71,6 +71,7 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "replay_capacity": "paced_replay_capacity",
         "replay_add": "paced_replay_add",
         "replay_max": "paced_replay_max",
+        "embeddings": "paced_embeddings",
         "log_z_lr": "log_z_lr",
         "log_z_hidden": "log_z_hidden",
     },
