@@ -22,11 +22,11 @@ def reward(prompts, completions, completion_ids, **kw):
     return [float(sum(ids) % 2 == 0) for ids in completion_ids]
 
 
-def _common(out_dir: str, mode: str, steps: int, world_batch: int) -> dict:
+def _common(out_dir: str, mode: str, steps: int, lr: float) -> dict:
     kw = dict(
         output_dir=out_dir,
         max_steps=steps,
-        learning_rate=1e-2,
+        learning_rate=lr,
         optim="sgd",
         lr_scheduler_type="constant",
         weight_decay=0.0,
@@ -91,7 +91,7 @@ def online(tiny_dir: str, out_dir: str, objective: str, mode: str, steps: int):
         max_completion_length=6,
         log_z_dropout=0.0,
         **extra,
-        **_common(out_dir, mode, steps, 8),
+        **_common(out_dir, mode, steps, 1e-2),
     )
     _fsdp_on_cpu(args)
     return TiltGRPOTrainer(
@@ -116,7 +116,7 @@ def offline(tiny_dir: str, out_dir: str, mode: str, steps: int, world: int):
     args = OfflineConfig(
         objective="fpa",
         per_device_train_batch_size=8 // world,
-        **_common(out_dir, mode, steps, 8),
+        **_common(out_dir, mode, steps, 1.0),  # the FPA gradient of 8 rows is small: lr 1 gives deltas ~1e-4
     )
     args.dataloader_drop_last = True
     _fsdp_on_cpu(args)
@@ -137,6 +137,8 @@ def main(tiny_dir: str, out_dir: str, trainer: str, mode: str, steps: str = "1")
     else:
         tr = online(tiny_dir, out_dir, trainer, mode, n)
     init = {k: v.detach().cpu().clone() for k, v in tr.model.named_parameters()}
+    mlp = getattr(tr, "_paced_head", None)
+    mlp_init = None if mlp is None else {k: v.detach().cpu().clone() for k, v in mlp.state_dict().items()}
     tr.train()
     rank = tr.accelerator.process_index
     final = _full_params(tr.model)
@@ -146,6 +148,8 @@ def main(tiny_dir: str, out_dir: str, trainer: str, mode: str, steps: str = "1")
             "state": final,
             "world": tr.accelerator.num_processes,
             "model_type": type(tr.model_wrapped).__name__,
+            "paced_mlp_init": mlp_init,
+            "paced_mlp": None if mlp is None else {k: v.detach().cpu().clone() for k, v in mlp.state_dict().items()},
             "losses": [h["loss"] for h in tr.state.log_history if "loss" in h and "train_loss" not in h],
         },
         Path(out_dir) / f"rank{rank}.pt",

@@ -121,9 +121,20 @@ def test_informative_groups():
         informative_groups(r[:7], 4)
 
 
-def _half_constant_reward(prompts, completions, completion_ids, answer, **kw):
-    # prompts with an even answer: every completion rewarded (an uninformative group); otherwise parity
-    return [1.0 if int(a) % 2 == 0 else float(sum(ids) % 2 == 0) for a, ids in zip(answer, completion_ids)]
+class _FirstRoundConstant:
+    """Reward 1 for every completion on the first call (every group uninformative, so a refill is
+    certain); afterwards: 1 for prompts with an even answer (uninformative groups), parity otherwise."""
+
+    __name__ = "first_round_constant"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompts, completions, completion_ids, answer, **kw):
+        self.calls += 1
+        if self.calls == 1:
+            return [1.0] * len(completion_ids)
+        return [1.0 if int(a) % 2 == 0 else float(sum(ids) % 2 == 0) for a, ids in zip(answer, completion_ids)]
 
 
 def test_dynamic_sampling_drops_equal_reward_groups_refills_and_steps(tiny_dir, tmp_path, math_rows):
@@ -138,6 +149,7 @@ def test_dynamic_sampling_drops_equal_reward_groups_refills_and_steps(tiny_dir, 
 
     from tiltlab.llm.models import load_model, load_tokenizer
 
+    reward = _FirstRoundConstant()
     args = TiltGRPOConfig(
         output_dir=str(tmp_path / "ds"),
         objective="grpo",
@@ -158,20 +170,20 @@ def test_dynamic_sampling_drops_equal_reward_groups_refills_and_steps(tiny_dir, 
     )
     tr = Spy(
         model=load_model(tiny_dir, device="cpu"),
-        reward_funcs=_half_constant_reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=_dataset(math_rows),
         processing_class=load_tokenizer(tiny_dir),
     )
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
     tr.train()
-    assert tr.state.global_step == 1
+    assert reward.calls >= 2 and tr.state.global_step == 1
     assert any(not torch.equal(before[k], v) for k, v in tr.model.named_parameters())
     assert seen and all(r.numel() == 8 for r in seen)
     for r in seen:  # every trained group is informative
         assert informative_groups(r.float(), 4).all(), r
     log = next(h for h in tr.state.log_history if "dynamic_sampling/informative_frac" in h)
-    assert log["dynamic_sampling/informative_frac"] == 1.0
+    assert log["dynamic_sampling/informative_frac"] == 1.0 and log["dynamic_sampling/refills"] >= 1
 
 
 def test_dynamic_sampling_is_off_by_default_and_validated():
