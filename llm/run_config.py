@@ -58,7 +58,7 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "length_normalize": "length_normalize",
         "weight_clip": "weight_clip",
         "max_weight": "max_weight",
-        "label": "",
+        "label": "disa_label",
     },
     "vargrad": {"length_normalize": "length_normalize", "reward_transform": "reward_transform"},
     "lad": {"divergence": "lad_divergence", "eta": "lad_eta", "level": "lad_level"},

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -325,7 +324,7 @@ class OfflineTrainer(Trainer):
                 )
         else:
             future = {"lam": a.fpa_lam} if obj == "fpa" else None
-            lp_seq, lengths, tok_lp, hs, sel = self._seq(model, inputs, future=future)
+            lp_seq, lengths, tok_lp, _, sel = self._seq(model, inputs, future=future)
             r01 = inputs["reward"].float()
             if obj == "sft":
                 loss = sft_loss(tok_lp, inputs["target_mask"])

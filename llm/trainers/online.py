@@ -156,6 +156,13 @@ class TiltGRPOConfig(GRPOConfig):
     disa_stage1_manifest: dict | None = field(
         default=None, metadata={"help": "Stage-1 recorded settings (beta, reward_transform, logprob_scale)"}
     )
+    disa_label: str = field(
+        default="predictor",
+        metadata={
+            "help": "where DISA's frozen log Z comes from: predictor (log_z_fn, the Stage-2 model loaded on every "
+            "process) | column (the dataset's log_z column written by `tiltlab llm stage2-annotate`; no second model)"
+        },
+    )
     disa_allow_label_mismatch: bool = field(default=False, metadata={"help": "override the label-compat check"})
     disa_mismatch_reason: str | None = field(default=None, metadata={"help": "why the override is sound"})
     lad_divergence: str = field(default="js", metadata={"help": f"one of {sorted(F_DIVERGENCES)}"})
@@ -220,6 +227,8 @@ class TiltGRPOConfig(GRPOConfig):
             raise ValueError("lad_eta, paced_kl_coef and tilt_beta must be > 0")
         if self.lad_level not in ("token", "sequence"):
             raise ValueError(f"lad_level must be token | sequence, got {self.lad_level!r}")
+        if self.disa_label not in ("predictor", "column"):
+            raise ValueError(f"disa_label must be predictor | column, got {self.disa_label!r}")
         if self.paced_embeddings not in ("frozen_ref", "live"):
             raise ValueError(f"paced_embeddings must be frozen_ref | live, got {self.paced_embeddings!r}")
         if self.dynamic_sampling_max_refills < 0:
@@ -410,6 +419,14 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 and (train_dataset is None or "log_z" not in train_dataset.column_names)
             ):
                 raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor) or a 'log_z' column")
+        uses_frozen = obj == "disa" or (obj == "paced" and args.paced_select_from == "disa")
+        if uses_frozen and args.disa_label == "column":
+            if train_dataset is None or "log_z" not in train_dataset.column_names:
+                raise ValueError(
+                    "disa.label=column needs a 'log_z' column in the dataset: write it with "
+                    "`tiltlab llm stage2-annotate --stage2-dir STAGE2 --dataset DATA --out DATA_WITH_LOG_Z.jsonl`"
+                )
+            self.log_z_fn = None  # the column only: no predictor (no second model) during training
         if obj == "disa" and log_z_fn is None and (train_dataset is None or "log_z" not in train_dataset.column_names):
             raise ValueError("objective='disa' needs log_z_fn (Stage-2 predict_log_z) or a 'log_z' dataset column")
 
@@ -537,8 +554,8 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         n_groups = n_local // g
         outs, rows_in, rpf_local, keep = [], [], [], []
         rng = random.Random(self._paced_rng.random() + 7919 * (self.accelerator.process_index + 1))
-        batch = inputs
-        for round_ in range(args.dynamic_sampling_max_refills + 1):
+        batch, refills = inputs, 0
+        for refills in range(args.dynamic_sampling_max_refills + 1):  # noqa: B007 - the count is logged below
             out = super()._generate_and_score_completions(batch)
             rpf = self._last_rewards_per_func
             n = out["completion_ids"].shape[0]
@@ -556,7 +573,7 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             batch = [row for row in picks for _ in range(g)]
             if len(batch) < n_local:  # a dataset smaller than the batch: repeat groups
                 batch = (batch * (n_local // len(batch) + 1))[:n_local]
-        self._metrics["train"]["dynamic_sampling/refills"].append(float(round_))
+        self._metrics["train"]["dynamic_sampling/refills"].append(float(refills))
         good = [i for i, k in enumerate(keep) if k][:n_groups]
         bad = [i for i, k in enumerate(keep) if not k][: n_groups - len(good)]
         self._metrics["train"]["dynamic_sampling/informative_frac"].append(len(good) / n_groups)

@@ -168,7 +168,9 @@ class PacedMixin:
                 off += g.numel()
         base = self.args.log_z_lr if self.args.log_z_lr is not None else self.args.learning_rate
         sched = getattr(self, "lr_scheduler", None)
-        scale = sched.get_last_lr()[0] / self.args.learning_rate if sched is not None and self.args.learning_rate else 1.0
+        scale = (
+            sched.get_last_lr()[0] / self.args.learning_rate if sched is not None and self.args.learning_rate else 1.0
+        )
         for g in self._paced_opt.param_groups:
             g["lr"] = base * scale
         self._paced_opt.step()

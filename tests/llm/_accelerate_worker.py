@@ -108,8 +108,11 @@ def offline(tiny_dir: str, out_dir: str, mode: str, steps: int, world: int):
 
     tok = load_tokenizer(tiny_dir)
     rows = [
-        {"prompt": f"What is {i} + {i + 1}?", "completion": f"The answer is {2 * i + 1 + (i % 3 == 0)}.",
-         "reward": float(i % 3 != 0)}
+        {
+            "prompt": f"What is {i} + {i + 1}?",
+            "completion": f"The answer is {2 * i + 1 + (i % 3 == 0)}.",
+            "reward": float(i % 3 != 0),
+        }
         for i in range(8)
     ]
     ds = Dataset.from_list(prepare_offline_rows(rows, "fpa"))
