@@ -403,6 +403,11 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 "the log Z head is frozen (PEFT freezes non-adapter modules): pass "
                 "peft_config with modules_to_save=['log_z_head'] for a learned log Z"
             )
+        if obj == "paced" and args.paced_embeddings == "live" and getattr(self.accelerator, "is_fsdp2", False):
+            raise ValueError(
+                "paced_embeddings='live' calls the log Z head outside the policy's forward, which FSDP2 does not "
+                "support (mixed torch.Tensor and DTensor); use paced_embeddings='frozen_ref' (the paper's Z_phi)"
+            )
         if obj == "paced" and args.paced_embeddings == "frozen_ref":
             self._paced_setup_frozen()
         if obj == "paced":
