@@ -94,7 +94,11 @@ def test_paced_state_round_trip(tiny_dir, tmp_path, math_rows):
     assert len(other._replay) == len(tr._replay)
     for k, v in tr._paced_head.state_dict().items():
         assert torch.equal(other._paced_head.state_dict()[k], v)
-    live = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_embeddings="live")
+    live = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_embeddings="live", paced_pool_factor=2)
+    from tiltlab.llm.trainers.logz_head import get_log_z_head
+
+    assert live._paced_head is None and get_log_z_head(live.model) is not None  # the old head on the policy
+    live.train()  # the live path still trains in one process / DDP
     with pytest.raises(ValueError, match="frozen_ref MLP"):
         tr_state = live.paced_state()
         other.load_paced_state(tr_state)
