@@ -71,7 +71,7 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "length_normalize": "length_normalize",
         "weight_clip": "weight_clip",
         "max_weight": "max_weight",
-        "label": "",
+        "label": "disa_label",
     },
     "vargrad": {"length_normalize": "length_normalize", "reward_transform": "reward_transform"},
     "lad": {"divergence": "lad_divergence", "eta": "lad_eta", "level": "lad_level"},
@@ -84,6 +84,7 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "replay_capacity": "paced_replay_capacity",
         "replay_add": "paced_replay_add",
         "replay_max": "paced_replay_max",
+        "embeddings": "paced_embeddings",
         "log_z_lr": "log_z_lr",
         "log_z_hidden": "log_z_hidden",
         "embeddings": "",  # frozen_ref (paper: frozen pi_ref prompt embeddings) | live (policy hidden states)

@@ -39,6 +39,7 @@ __all__ = [
     "REGRESSOR_FILE",
     "LogZPredictor",
     "Stage2Config",
+    "annotate_log_z",
     "cached_embeddings",
     "embed_prompts",
     "load_log_z_predictor",
@@ -398,6 +399,46 @@ def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **lo
     return pred.predict_log_z(prompts)
 
 
+def annotate_log_z(
+    stage2_dir: str | Path | LogZPredictor,
+    dataset: str | Path | list[dict],
+    out: str | Path,
+    column: str = "log_z",
+    batch_size: int = 64,
+    progress: bool = True,
+    **load_kwargs,
+) -> Path:
+    """Write ``dataset`` (a path or rows, read by :func:`tiltlab.llm.data.load_prompts`) to ``out``
+    (``.jsonl`` / ``.parquet``) with a ``column`` of Stage-2 predictions ``log Z_psi(x)``, so that
+    DISA Stage 3 (``disa.label: column``) reads the frozen partition function from the data and
+    loads no second model. The file is written atomically; an existing ``column`` is refused."""
+    import os
+
+    import torch
+
+    from tiltlab.llm.data import load_prompts, save_prompts
+
+    rows = load_prompts(dataset)
+    if not rows:
+        raise ValueError(f"annotate_log_z: the dataset {dataset!r} has no rows")
+    if column in rows[0]:
+        raise ValueError(f"annotate_log_z: the dataset already has a {column!r} column; write to another column")
+    pred = stage2_dir if isinstance(stage2_dir, LogZPredictor) else load_log_z_predictor(stage2_dir, **load_kwargs)
+    from tqdm.auto import tqdm
+
+    vals = []
+    for s in tqdm(range(0, len(rows), batch_size), desc="stage2 annotate log Z", disable=not progress):
+        vals.append(pred.predict_log_z([r["prompt"] for r in rows[s : s + batch_size]]))
+    log_z = torch.cat(vals)
+    if log_z.numel() != len(rows) or not torch.isfinite(log_z).all():
+        raise ValueError("annotate_log_z: the predictor returned a non-finite or wrong number of log Z values")
+    out = Path(out)
+    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}{out.suffix}")
+    save_prompts([{**r, column: float(v)} for r, v in zip(rows, log_z.tolist())], tmp)
+    os.replace(tmp, out)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +456,33 @@ def add_cli(subparsers) -> None:
     add_dataclass_args(p, Stage2Config, config_section="stage2")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
+    a = subparsers.add_parser(
+        "stage2-annotate",
+        help="write a dataset with a log_z column predicted by a Stage-2 regressor (for disa.label=column)",
+        description="DISA: precompute log Z_psi(x) for every prompt of a dataset, so that Stage 3 loads no second model.",
+    )
+    a.add_argument("--stage2-dir", required=True, help="output directory of `tiltlab llm stage2`")
+    a.add_argument("--dataset", required=True, help="prompts: .jsonl / .parquet / save_to_disk dir / synthetic:...")
+    a.add_argument("--out", required=True, help="output .jsonl or .parquet (the dataset plus a log_z column)")
+    a.add_argument("--column", default="log_z", help="name of the new column (default log_z)")
+    a.add_argument("--batch-size", type=int, default=64)
+    a.add_argument("--embed-model", default=None, help="override the embedding model path recorded by Stage 2")
+    a.add_argument("--quiet", action="store_true", help="no progress bars")
+    a.set_defaults(func=_annotate_main)
+
+
+def _annotate_main(args) -> int:
+    out = annotate_log_z(
+        args.stage2_dir,
+        args.dataset,
+        args.out,
+        column=args.column,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        embed_model=args.embed_model,
+    )
+    print(f"wrote {out} with a {args.column!r} column (set disa.label: column and dataset: {out})")
+    return 0
 
 
 def _cli_main(args) -> int:

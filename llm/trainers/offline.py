@@ -16,10 +16,12 @@ completions per prompt); losses from :mod:`objectives.offline`:
 * ``sft``    token-mean NLL on correct completions.
 
 Built on ``transformers.Trainer`` (so accelerate / DeepSpeed / FSDP work unchanged); the policy
-runs through the (possibly wrapped) model's own forward with ``logits_to_keep=1`` and
-``output_hidden_states=True`` -- only the last position's logits are materialized -- and the
-per-token log-probs come from :func:`objectives.fused.fused_linear_logprobs` on the final hidden
-states. The reference forward runs frozen, under ``no_grad``.
+runs through the (possibly wrapped) model's own forward, whose output head is replaced for the
+call by :func:`objectives.fused.fused_linear_logprobs` on the final hidden states (no
+``[B, T, V]`` logits); the read-out thus runs inside the head module's forward, where FSDP /
+ZeRO-3 have gathered its weight (:func:`_head_readout`). The reference forward runs frozen,
+under ``no_grad``; FPA's future log-probs are computed inside the policy head's forward by a
+nested reference forward, so both heads are gathered at once.
 
 Shapes: per batch ``input_ids`` ``[B, L]`` (right padding), ``target_mask`` ``[B, L]`` (1 on
 completion tokens), sequences ``[B]``; pairs carry a second set with the ``_l`` suffix.
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -170,25 +173,47 @@ class OfflineCollator:
         return out
 
 
-def _final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Final (post-norm) hidden states ``[B, L, H]`` through the model's own forward (works under
-    DDP/FSDP/DeepSpeed wrappers); only the last position's logits are computed."""
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=pos,
-        logits_to_keep=1,
-        output_hidden_states=True,
-        use_cache=False,
-    )
-    return out.hidden_states[-1]
-
-
-def _head(model):
+def _output_head(model):
+    """The output-embedding module (``lm_head``) of a (possibly DDP/FSDP/DeepSpeed/PEFT-wrapped)
+    causal LM; refuses heads the fused read-out cannot reproduce (see ``body_and_head``)."""
     from tiltlab.llm.scoring import body_and_head
 
-    return body_and_head(model)[1:]
+    base = model
+    for _ in range(3):  # DDP / DeepSpeed engine expose .module
+        base = getattr(base, "module", base) if not hasattr(base, "get_output_embeddings") else base
+    body_and_head(base)  # validation only (soft-capping, logit scaling)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return base.get_output_embeddings()
+
+
+@contextmanager
+def _head_readout(model, fn: Callable[[Tensor, Tensor, Tensor | None], Tensor]) -> Iterator[None]:
+    """Inside the block, the model's output head returns ``fn(hidden [B, L, H], weight, bias)``
+    instead of logits. The read-out thus runs inside the head module's own forward, where every
+    sharding scheme has gathered its parameters (FSDP2 units that reshard after forward, ZeRO-3
+    partitions, FSDP1 flat parameters) and registers its backward hooks on the output; reading
+    ``lm_head.weight`` outside that forward sees a shard (a DTensor) or an empty placeholder."""
+    head = _output_head(model)
+
+    def forward(hidden: Tensor) -> Tensor:
+        return fn(hidden, head.weight, getattr(head, "bias", None))
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _readout_forward(model, input_ids: Tensor, attention_mask: Tensor, fn) -> Tensor:
+    """The model's own forward (positions from the mask) with the head replaced by ``fn`` on
+    every position (``logits_to_keep=0``: no ``[B, L, V]`` logits are materialized)."""
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    with _head_readout(model, fn):
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=0, use_cache=False
+        )
+    return out.logits
 
 
 class OfflineTrainer(Trainer):
@@ -220,37 +245,66 @@ class OfflineTrainer(Trainer):
                 self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
         self._dyn: dict[str, list[float]] = defaultdict(list)
 
-    # ---- scoring
-    def _score(self, model, ids: Tensor, attn: Tensor, tgt: Tensor, grad: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """``(token_logp [B, L], hidden of scored rows [N, H], selection [B, L-1] bool)``."""
-        ctx = torch.enable_grad() if grad else torch.no_grad()
-        with ctx:
-            h = _final_hidden(model, ids, attn)[:, :-1]  # [B, L-1, H]
-            sel = tgt[:, 1:] > 0
-            hs = h[sel]  # [N, H]
-            w, b = _head(self.accelerator.unwrap_model(model))
-            lp_sel = fused_linear_logprobs(hs, w, ids[:, 1:][sel], bias=b, ignore_index=None)
+    # ---- scoring (the read-out runs inside the head's forward: see _head_readout)
+    def _score(
+        self, model, ids: Tensor, attn: Tensor, tgt: Tensor, grad: bool, future: dict | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(token_logp [B, L], hidden of scored rows [N, H], selection [B, L-1] bool)``.
+
+        ``future`` (FPA): ``{"lam", "batch"}``; the detached future log-probs ``log pi_hat`` of
+        the scored tokens are computed inside the policy head's forward (its weight gathered)
+        by a nested frozen reference forward, and stored in ``future["logp"]`` ``[N]``."""
+        sel = tgt[:, 1:] > 0
+        tok = ids[:, 1:][sel]
+        keep: dict[str, Tensor] = {}
+
+        def read(hidden: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+            hs = hidden[:, :-1][sel]  # [N, H]
+            keep["hs"] = hs
+            if future is not None:
+                with torch.no_grad():
+                    future["logp"] = self._ref_future(
+                        ids, attn, sel, tok, hs.detach(), w.detach(), None if b is None else b.detach(), future["lam"]
+                    )
+            return fused_linear_logprobs(hs, w, tok, bias=b, ignore_index=None)
+
+        with torch.enable_grad() if grad else torch.no_grad():
+            lp_sel = _readout_forward(model, ids, attn, read)
             lp = torch.zeros(ids.shape, dtype=lp_sel.dtype, device=ids.device)
             lp[:, 1:] = lp[:, 1:].masked_scatter(sel, lp_sel)
-        return lp, hs, sel
+        return lp, keep["hs"], sel
 
-    def _seq(self, model, batch: dict, suffix: str = "", grad: bool = True):
+    def _ref_future(self, ids, attn, sel, tok, hs_theta, w_theta, b_theta, lam: float) -> Tensor:
+        """FPA eqs. 4-5 on the scored tokens: ``log pi_hat`` ``[N]`` from the policy's hidden states
+        and head (given) and the reference's (read inside the reference head's forward)."""
+
+        def read(hidden: Tensor, w_ref: Tensor, b_ref: Tensor | None) -> Tensor:
+            h_ref = hidden[:, :-1][sel]
+            return fused_linear_future_logprobs(
+                hs_theta,
+                w_theta,
+                h_ref.to(hs_theta.dtype),
+                w_ref,
+                tok,
+                lam,
+                bias_theta=b_theta,
+                bias_ref=b_ref,
+                ignore_index=None,
+            )
+
+        with torch.no_grad():
+            return _readout_forward(self.ref_model, ids, attn, read)
+
+    def _seq(self, model, batch: dict, suffix: str = "", grad: bool = True, future: dict | None = None):
         ids, attn, tgt = batch["input_ids" + suffix], batch["attention_mask" + suffix], batch["target_mask" + suffix]
-        lp, hs, sel = self._score(model, ids, attn, tgt, grad)
+        lp, hs, sel = self._score(model, ids, attn, tgt, grad, future)
         return sequence_logprob(lp, tgt), tgt.sum(1), lp, hs, sel
 
     def _ref_seq(self, batch: dict, suffix: str = "") -> tuple[Tensor, Tensor]:
-        """Frozen reference: ``(sequence log-prob [B], hidden states of the scored rows [N, H'])``."""
+        """Frozen reference: ``(sequence log-prob [B], token log-probs [B, L])``."""
         ids, attn, tgt = batch["input_ids" + suffix], batch["attention_mask" + suffix], batch["target_mask" + suffix]
-        with torch.no_grad():
-            h = _final_hidden(self.ref_model, ids, attn)[:, :-1]
-            sel = tgt[:, 1:] > 0
-            hs = h[sel]
-            w, b = _head(self.accelerator.unwrap_model(self.ref_model))
-            lp_sel = fused_linear_logprobs(hs, w, ids[:, 1:][sel], bias=b, ignore_index=None)
-            lp = torch.zeros(ids.shape, dtype=lp_sel.dtype, device=ids.device)
-            lp[:, 1:] = lp[:, 1:].masked_scatter(sel, lp_sel)
-        return sequence_logprob(lp, tgt), hs
+        lp, _, _ = self._score(self.ref_model, ids, attn, tgt, grad=False)
+        return sequence_logprob(lp, tgt), lp
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         a = self.args
@@ -269,7 +323,8 @@ class OfflineTrainer(Trainer):
                     else rpo_loss(lw, ll, rw, rl, len_w, a.dpo_beta, a.rpo_alpha)
                 )
         else:
-            lp_seq, lengths, tok_lp, hs, sel = self._seq(model, inputs)
+            future = {"lam": a.fpa_lam} if obj == "fpa" else None
+            lp_seq, lengths, tok_lp, _, sel = self._seq(model, inputs, future=future)
             r01 = inputs["reward"].float()
             if obj == "sft":
                 loss = sft_loss(tok_lp, inputs["target_mask"])
@@ -280,23 +335,9 @@ class OfflineTrainer(Trainer):
                 loss = kto_loss(lp_seq, self._ref_seq(inputs)[0], r01 > 0, a.kto_beta, a.kto_lambda_w, a.kto_lambda_l)
             elif obj == "apo":
                 loss = apo_loss(lp_seq, self._ref_seq(inputs)[0], r01, inputs["v_hat"].float(), a.apo_beta2)
-            else:  # fpa
-                _, h_ref = self._ref_seq(inputs)
-                w_t, b_t = _head(self.accelerator.unwrap_model(model))
-                w_r, b_r = _head(self.accelerator.unwrap_model(self.ref_model))
-                ids_sel = inputs["input_ids"][:, 1:][sel]
+            else:  # fpa: log pi_hat of the scored tokens, computed in _score
                 with torch.no_grad():
-                    fut_sel = fused_linear_future_logprobs(
-                        hs.detach(),
-                        w_t.detach(),
-                        h_ref.to(hs.dtype),
-                        w_r,
-                        ids_sel,
-                        a.fpa_lam,
-                        bias_theta=b_t,
-                        bias_ref=b_r,
-                        ignore_index=None,
-                    )
+                    fut_sel = future["logp"]
                     fut = torch.zeros_like(tok_lp)
                     fut[:, 1:] = fut[:, 1:].masked_scatter(sel, fut_sel.to(fut.dtype))
                     fut_seq = sequence_logprob(fut, inputs["target_mask"])

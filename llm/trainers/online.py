@@ -86,7 +86,7 @@ from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
 from .vllm_sync import keep_log_z_head_out, reload_on_cpu
 
-__all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer"]
+__all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
 
 OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
 _TB = ("flowrl", "disa", "vargrad", "paced")
@@ -157,6 +157,13 @@ class TiltGRPOConfig(GRPOConfig):
     disa_stage1_manifest: dict | None = field(
         default=None, metadata={"help": "Stage-1 recorded settings (beta, reward_transform, logprob_scale)"}
     )
+    disa_label: str = field(
+        default="predictor",
+        metadata={
+            "help": "where DISA's frozen log Z comes from: predictor (log_z_fn, the Stage-2 model loaded on every "
+            "process) | column (the dataset's log_z column written by `tiltlab llm stage2-annotate`; no second model)"
+        },
+    )
     disa_allow_label_mismatch: bool = field(default=False, metadata={"help": "override the label-compat check"})
     disa_mismatch_reason: str | None = field(default=None, metadata={"help": "why the override is sound"})
     lad_divergence: str = field(default="js", metadata={"help": f"one of {sorted(F_DIVERGENCES)}"})
@@ -170,6 +177,23 @@ class TiltGRPOConfig(GRPOConfig):
     paced_replay_capacity: int = field(default=128, metadata={"help": "replay buffer capacity (PACED: 128)"})
     paced_replay_add: int = field(default=64, metadata={"help": "correct samples added per step (PACED: 64)"})
     paced_replay_max: int | None = field(default=None, metadata={"help": "at most this many replayed rows per batch"})
+    paced_embeddings: str = field(
+        default="frozen_ref",
+        metadata={
+            "help": "PACED's Z_phi input: frozen_ref (paper Sec. 4.3: an MLP on frozen pi_ref prompt embeddings, "
+            "precomputed once) | live (the head on the live policy's hidden states)"
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling (DAPO Sec. 3.2): drop groups whose rewards are all equal and refill "
+            "the batch from further generations"
+        },
+    )
+    dynamic_sampling_max_refills: int = field(
+        default=8, metadata={"help": "at most this many extra generation rounds per batch (then train on what is kept)"}
+    )
     log_kl_old: bool = field(
         default=False, metadata={"help": "log KL(pi_old || pi_theta) (and times paced_kl_coef), PACED Fig. 1"}
     )
@@ -204,6 +228,12 @@ class TiltGRPOConfig(GRPOConfig):
             raise ValueError("lad_eta, paced_kl_coef and tilt_beta must be > 0")
         if self.lad_level not in ("token", "sequence"):
             raise ValueError(f"lad_level must be token | sequence, got {self.lad_level!r}")
+        if self.disa_label not in ("predictor", "column"):
+            raise ValueError(f"disa_label must be predictor | column, got {self.disa_label!r}")
+        if self.paced_embeddings not in ("frozen_ref", "live"):
+            raise ValueError(f"paced_embeddings must be frozen_ref | live, got {self.paced_embeddings!r}")
+        if self.dynamic_sampling_max_refills < 0:
+            raise ValueError("dynamic_sampling_max_refills must be >= 0")
         if self.paced_select_from not in ("learned", "disa"):
             raise ValueError(f"paced_select_from must be learned | disa, got {self.paced_select_from!r}")
         if not 0.0 <= self.paced_tau <= 1.0:
@@ -276,6 +306,38 @@ def _is_chat_dataset(dataset) -> bool | None:
     return bool(is_conversational({"prompt": dataset[0]["prompt"]}))
 
 
+def informative_groups(rewards: Tensor, g: int) -> Tensor:
+    """DAPO dynamic sampling's filter (DAPO Sec. 3.2, eq. 11 constraint ``0 < |correct| < G``,
+    generalized to any reward): ``[N/g]`` bool, True for the groups of ``g`` consecutive rewards
+    that are not all equal (a group with equal rewards has zero advantage and no gradient)."""
+    if rewards.dim() != 1 or rewards.numel() % g:
+        raise ValueError(f"rewards must be [N] with N a multiple of g={g}, got {tuple(rewards.shape)}")
+    r = rewards.view(-1, g)
+    return (r != r[:, :1]).any(dim=1)
+
+
+def _merge_rows(outs: list[dict], rows: Tensor, pad_id: int) -> dict:
+    """Concatenate the per-row tensors of several generation outputs (re-padding prompts on the
+    left and completions on the right) and keep ``rows``; non-row entries come from the first."""
+    from trl.trainer.utils import pad
+
+    n_each = [o["completion_ids"].shape[0] for o in outs]
+    merged: dict = {}
+    for key, v0 in outs[0].items():
+        if not (isinstance(v0, Tensor) and v0.dim() >= 1 and v0.shape[0] == n_each[0]):
+            merged[key] = v0
+            continue
+        parts = [o[key] for o in outs]
+        if v0.dim() == 1:
+            merged[key] = torch.cat(parts)[rows]
+            continue
+        side = "left" if key.startswith("prompt") else "right"
+        value = pad_id if key.endswith("_ids") else 1.0 if key == "importance_sampling_ratio" else 0
+        rows_list = [x for p in parts for x in p.unbind(0)]
+        merged[key] = pad(rows_list, padding_value=value, padding_side=side)[rows]
+    return merged
+
+
 class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
@@ -310,7 +372,7 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             # TRL builds the reference model and its log-probs only when beta != 0; the TB losses
             # need them and ignore TRL's beta (their KL to ref is only logged).
             args.beta = 1.0
-        if obj in _LEARNED_Z:
+        if obj == "flowrl" or (obj == "paced" and args.paced_embeddings == "live"):
             from transformers import set_seed
 
             set_seed(args.seed)  # the head is created here, before GRPOTrainer seeds: same seed, same head
@@ -318,7 +380,11 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 from tiltlab.llm.models import load_model
 
                 model = load_model(model, device="cpu")
-            attach_log_z_head(model, args.log_z_hidden, args.log_z_layers, args.log_z_dropout)
+            # seeded: every process builds the same head (FSDP2 does not broadcast module states
+            # as DDP does, so unseeded heads would start different on each rank)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(args.seed))
+                attach_log_z_head(model, args.log_z_hidden, args.log_z_layers, args.log_z_dropout)
         manifest = log_z_manifest if log_z_manifest is not None else args.disa_stage1_manifest
         self.label_mismatches: list[str] = []
         if obj == "disa":
@@ -351,6 +417,13 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 "the log Z head is frozen (PEFT freezes non-adapter modules): pass "
                 "peft_config with modules_to_save=['log_z_head'] for a learned log Z"
             )
+        if obj == "paced" and args.paced_embeddings == "live" and getattr(self.accelerator, "is_fsdp2", False):
+            raise ValueError(
+                "paced_embeddings='live' calls the log Z head outside the policy's forward, which FSDP2 does not "
+                "support (mixed torch.Tensor and DTensor); use paced_embeddings='frozen_ref' (the paper's Z_phi)"
+            )
+        if obj == "paced" and args.paced_embeddings == "frozen_ref":
+            self._paced_setup_frozen()
         if obj == "paced":
             g = self.num_generations
             gen_local = args.per_device_train_batch_size * args.steps_per_generation
@@ -365,6 +438,14 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
                 and (train_dataset is None or "log_z" not in train_dataset.column_names)
             ):
                 raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor) or a 'log_z' column")
+        uses_frozen = obj == "disa" or (obj == "paced" and args.paced_select_from == "disa")
+        if uses_frozen and args.disa_label == "column":
+            if train_dataset is None or "log_z" not in train_dataset.column_names:
+                raise ValueError(
+                    "disa.label=column needs a 'log_z' column in the dataset: write it with "
+                    "`tiltlab llm stage2-annotate --stage2-dir STAGE2 --dataset DATA --out DATA_WITH_LOG_Z.jsonl`"
+                )
+            self.log_z_fn = None  # the column only: no predictor (no second model) during training
         if obj == "disa" and log_z_fn is None and (train_dataset is None or "log_z" not in train_dataset.column_names):
             raise ValueError("objective='disa' needs log_z_fn (Stage-2 predict_log_z) or a 'log_z' dataset column")
 
@@ -482,7 +563,10 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if obj == "paced" and mode == "train":
             inputs = self._paced_select(inputs)
-        out = super()._generate_and_score_completions(inputs)
+        if args.dynamic_sampling and mode == "train":
+            out, inputs = self._dynamic_sampling(inputs)
+        else:
+            out = super()._generate_and_score_completions(inputs)
         n = out["completion_ids"].shape[0]
         dev = out["completion_ids"].device
         g = self.num_generations if mode == "train" else self.num_generations_eval
@@ -511,6 +595,8 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             out["tb_reward"] = self._local(r_tilde, n).to(dev)
         if obj == "disa" or (obj == "paced" and args.paced_select_from == "disa"):
             out["log_z"] = self._frozen_log_z(inputs).to(dev)
+        if obj == "paced" and self._paced_head is not None:
+            out["paced_emb"] = self._paced_rows_emb(inputs).to(dev)
         if obj == "vargrad":
             scale = args.logprob_scale
             lp_old = sequence_logprob(out["old_per_token_logps"], mask, scale)
@@ -529,12 +615,60 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             out = self._paced_replay(out, inputs, r_global, g)
         return out
 
+    def _dynamic_sampling(self, inputs: list[dict]) -> tuple[dict, list[dict]]:
+        """DAPO dynamic sampling: generate, drop the groups whose rewards are all equal, and refill
+        from further generations (fresh random prompts of the training set) until every process
+        holds as many informative groups as the batch has, or ``dynamic_sampling_max_refills``
+        extra rounds were spent (then the batch is completed with dropped groups, which carry
+        zero advantage). Rounds are synchronized across processes (generation is collective)."""
+        args, g = self.args, self.num_generations
+        n_local = len(inputs)
+        if n_local % g:
+            raise ValueError(
+                f"dynamic_sampling keeps whole groups per process: per_device_train_batch_size * "
+                f"steps_per_generation = {n_local} must be a multiple of num_generations = {g}"
+            )
+        n_groups = n_local // g
+        outs, rows_in, rpf_local, keep = [], [], [], []
+        rng = random.Random(self._paced_rng.random() + 7919 * (self.accelerator.process_index + 1))
+        batch, refills = inputs, 0
+        for refills in range(args.dynamic_sampling_max_refills + 1):  # noqa: B007 - the count is logged below
+            out = super()._generate_and_score_completions(batch)
+            rpf = self._last_rewards_per_func
+            n = out["completion_ids"].shape[0]
+            local = self._local(rpf, n)
+            r = torch.nan_to_num((local * self.reward_weights.to(local.device).unsqueeze(0)).nansum(1), nan=0.0)
+            outs.append(out)
+            rows_in.extend(batch)
+            rpf_local.append(local)
+            keep.extend(informative_groups(r, g).tolist())
+            have = torch.tensor([float(sum(keep))], device=self.accelerator.device)
+            if self.accelerator.gather(have).min().item() >= n_groups:
+                break
+            ds = self.train_dataset
+            picks = [ds[i] for i in rng.sample(range(len(ds)), min(len(ds), n_groups))]
+            batch = [row for row in picks for _ in range(g)]
+            if len(batch) < n_local:  # a dataset smaller than the batch: repeat groups
+                batch = (batch * (n_local // len(batch) + 1))[:n_local]
+        self._metrics["train"]["dynamic_sampling/refills"].append(float(refills))
+        good = [i for i, k in enumerate(keep) if k][:n_groups]
+        bad = [i for i, k in enumerate(keep) if not k][: n_groups - len(good)]
+        self._metrics["train"]["dynamic_sampling/informative_frac"].append(len(good) / n_groups)
+        groups = sorted(good + bad)
+        rows = torch.tensor([gi * g + j for gi in groups for j in range(g)], dtype=torch.long)
+        merged = _merge_rows(outs, rows.to(outs[0]["completion_ids"].device), self._tokenizer.pad_token_id)
+        merged["num_items_in_batch"] = self.accelerator.gather(merged["completion_mask"].sum()).sum()
+        self._last_rewards_per_func = self._gathered(torch.cat(rpf_local)[rows.to(rpf_local[0].device)])
+        return merged, [rows_in[i] for i in rows.tolist()]
+
     def _log_log_z_accuracy(self, out: dict, g: int) -> None:
         """Pearson and Spearman correlation, over this process's groups, between the log Z the
         objective uses (learned head, frozen DISA or VarGrad) and the group's measured accuracy."""
         with torch.no_grad():
             if "log_z" in out:
                 lz = out["log_z"].float()
+            elif self._paced_head is not None:
+                lz = self._paced_frozen_log_z(out["paced_emb"]).float()
             else:
                 unwrapped = self.accelerator.unwrap_model(self.model)
                 lz = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
@@ -806,7 +940,7 @@ def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tens
     args = trainer.args
     scale = args.logprob_scale
     lp, anchor = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.old, b.mask, scale)
-    log_z = trainer._learned_log_z(model, b)
+    log_z = trainer._paced_log_z(model, b)
     w_tb, w = _tb_weight(trainer, b)
     residual = tb_residual(lp, anchor, b.inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
     return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w_tb, w)

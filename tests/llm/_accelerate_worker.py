@@ -1,6 +1,13 @@
-"""Run by tests/llm/test_accelerate.py under `accelerate launch --num_processes 2` (CPU, gloo):
-two optimizer steps of the online trainer, then each rank saves its parameters."""
+"""Run by tests/llm/test_accelerate.py, alone or under `accelerate launch --num_processes 2` (CPU, gloo).
 
+``python _accelerate_worker.py TINY_DIR OUT_DIR TRAINER MODE [STEPS]``: ``TRAINER`` is an online
+objective (flowrl, paced, grpo, ...) or ``offline``; ``MODE`` is ``ddp`` or ``fsdp`` (FSDP2, full
+shard, one unit per decoder layer). Plain SGD (the update is ``-lr * grad``, so parameter deltas
+compare gradients). Each rank saves the full (gathered) parameters before and after, and the
+logged losses, to ``OUT_DIR/rank{i}.pt``.
+"""
+
+import os
 import sys
 from pathlib import Path
 
@@ -9,26 +16,21 @@ from datasets import Dataset
 
 from tiltlab.llm.models import load_model, load_tokenizer
 from tiltlab.llm.tasks import arithmetic_tasks
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
 
 def reward(prompts, completions, completion_ids, **kw):
     return [float(sum(ids) % 2 == 0) for ids in completion_ids]
 
 
-def main(tiny_dir: str, out_dir: str, objective: str) -> None:
-    rows = arithmetic_tasks(16, difficulty=1, seed=0)
-    ds = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
-    )
-    args = TiltGRPOConfig(
+def _common(out_dir: str, mode: str, steps: int, lr: float) -> dict:
+    kw = dict(
         output_dir=out_dir,
-        objective=objective,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-2,
+        max_steps=steps,
+        learning_rate=lr,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
         report_to="none",
         use_cpu=True,
         logging_steps=1,
@@ -36,26 +38,121 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
         remove_unused_columns=False,
         seed=0,
         disable_tqdm=True,
-        ddp_backend="gloo",
+        bf16=False,  # fp32 throughout: FSDP2's bf16 param policy and DDP's bf16 autocast round differently
     )
-    tr = TiltGRPOTrainer(
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return kw
+    kw["ddp_backend"] = "gloo"
+    if mode == "fsdp":  # FSDP2: one unit per decoder layer and one per Linear (lm_head included, as a
+        # size-based policy does for a large vocabulary): the head's weight is a sharded DTensor
+        # outside its own forward
+        kw["fsdp"] = "full_shard"
+        wrap = os.environ.get("TILTLAB_TEST_FSDP_WRAP", "Qwen3DecoderLayer,Linear").split(",")
+        kw["fsdp_config"] = {"version": 2, "transformer_layer_cls_to_wrap": wrap}
+    return kw
+
+
+def _fsdp_on_cpu(args) -> None:
+    """accelerate enables FSDP only for accelerator device types (on CPU the state is MULTI_CPU);
+    mark the shared process state MULTI_GPU before the Trainer builds its Accelerator so that
+    FSDP2 (``fully_shard`` on a gloo CPU mesh) wraps the model."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if args.fsdp:
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+
+
+def _full_params(model) -> dict[str, torch.Tensor]:
+    """Full parameters on every rank (DTensor shards all-gathered; same order on every rank)."""
+    out = {}
+    for k, v in model.named_parameters():
+        t = v.full_tensor() if hasattr(v, "full_tensor") else v
+        out[k.replace("_fsdp_wrapped_module.", "").replace("module.", "", 1)] = t.detach().cpu().clone()
+    return out
+
+
+def online(tiny_dir: str, out_dir: str, objective: str, mode: str, steps: int):
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+    rows = arithmetic_tasks(16, difficulty=1, seed=0)
+    ds = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
+    )
+    extra = {}
+    if objective.startswith("paced"):  # paced | paced_live (Z_phi on the live policy's hidden states)
+        extra = {"paced_pool_factor": 2, "paced_replay_add": 2}
+        if objective == "paced_live":
+            objective, extra["paced_embeddings"] = "paced", "live"
+    args = TiltGRPOConfig(
+        objective=objective,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        log_z_dropout=0.0,
+        **extra,
+        **_common(out_dir, mode, steps, 1e-2),
+    )
+    _fsdp_on_cpu(args)
+    return TiltGRPOTrainer(
         model=load_model(tiny_dir, device="cpu"),
         reward_funcs=reward,
         args=args,
         train_dataset=ds,
         processing_class=load_tokenizer(tiny_dir),
     )
-    init = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
+
+
+def offline(tiny_dir: str, out_dir: str, mode: str, steps: int, world: int):
+    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+
+    tok = load_tokenizer(tiny_dir)
+    rows = [
+        {
+            "prompt": f"What is {i} + {i + 1}?",
+            "completion": f"The answer is {2 * i + 1 + (i % 3 == 0)}.",
+            "reward": float(i % 3 != 0),
+        }
+        for i in range(8)
+    ]
+    ds = Dataset.from_list(prepare_offline_rows(rows, "fpa"))
+    args = OfflineConfig(
+        objective="fpa",
+        per_device_train_batch_size=8 // world,
+        **_common(out_dir, mode, steps, 1.0),  # the FPA gradient of 8 rows is small: lr 1 gives deltas ~1e-4
+    )
+    args.dataloader_drop_last = True
+    _fsdp_on_cpu(args)
+    tr = OfflineTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        args=args,
+        ref_model=load_model(tiny_dir, device="cpu"),
+        train_dataset=ds,
+        data_collator=OfflineCollator(tok, max_length=64),
+    )
+    return tr
+
+
+def main(tiny_dir: str, out_dir: str, trainer: str, mode: str, steps: str = "1") -> None:
+    n = int(steps)
+    if trainer == "offline":
+        tr = offline(tiny_dir, out_dir, mode, n, int(os.environ.get("WORLD_SIZE", "1")))
+    else:
+        tr = online(tiny_dir, out_dir, trainer, mode, n)
+    init = {k: v.detach().cpu().clone() for k, v in tr.model.named_parameters()}
+    mlp = getattr(tr, "_paced_head", None)
+    mlp_init = None if mlp is None else {k: v.detach().cpu().clone() for k, v in mlp.state_dict().items()}
     tr.train()
     rank = tr.accelerator.process_index
-    model = tr.accelerator.unwrap_model(tr.model)
-    state = {k: v.detach().cpu() for k, v in model.named_parameters()}
-    changed = sum(not torch.equal(state[k], init[k]) for k in state)
+    final = _full_params(tr.model)
     torch.save(
         {
-            "state": state,
-            "changed": changed,
+            "init": init,
+            "state": final,
             "world": tr.accelerator.num_processes,
+            "model_type": type(tr.model_wrapped).__name__,
+            "paced_mlp_init": mlp_init,
+            "paced_mlp": None if mlp is None else {k: v.detach().cpu().clone() for k, v in mlp.state_dict().items()},
             "losses": [h["loss"] for h in tr.state.log_history if "loss" in h and "train_loss" not in h],
         },
         Path(out_dir) / f"rank{rank}.pt",
@@ -63,4 +160,4 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])

@@ -1,0 +1,120 @@
+"""DISA's frozen log Z as a dataset column: `stage2-annotate` writes it from the Stage-2 predictor,
+and the Stage-3 trainer with ``disa_label="column"`` reads it and holds no predictor (no second
+model during training)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_dir):
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.stage2 import LogZPredictor
+    from tiltlab.objectives.regressor import PartitionRegressor
+
+    model = load_model(tiny_dir, device="cpu")
+    torch.manual_seed(0)
+    reg = PartitionRegressor(model.config.hidden_size, hidden=16)
+    return LogZPredictor(reg, model, load_tokenizer(tiny_dir), chat_template=True, batch_size=4)
+
+
+def test_annotate_writes_the_predictor_log_z_column(predictor, math_rows, tmp_path):
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.stage2 import annotate_log_z
+
+    out = annotate_log_z(predictor, list(math_rows), tmp_path / "with_log_z.jsonl", batch_size=5, progress=False)
+    rows = load_prompts(str(out))
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in math_rows]
+    want = predictor.predict_log_z([r["prompt"] for r in math_rows])
+    got = torch.tensor([r["log_z"] for r in rows])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert want.std() > 0  # a real per-prompt prediction, not a constant
+    assert not list(tmp_path.glob(".*tmp*"))  # no leftover temporary file
+    with pytest.raises(ValueError, match="already has a 'log_z' column"):
+        annotate_log_z(predictor, rows, tmp_path / "again.jsonl", progress=False)
+
+
+def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_rows, tmp_path):
+    from datasets import Dataset
+
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.stage2 import annotate_log_z
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+    path = annotate_log_z(predictor, list(math_rows), tmp_path / "d.jsonl", progress=False)
+    raw = [json.loads(x) for x in path.read_text().splitlines()]
+    ds = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"], "log_z": r["log_z"]}
+            for r in raw
+        ]
+    )
+
+    def args(**kw):
+        return TiltGRPOConfig(
+            output_dir=str(tmp_path / "o"),
+            objective="disa",
+            disa_label="column",
+            tilt_beta=2.0,
+            disa_stage1_manifest={"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"},
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=4,
+            max_steps=1,
+            learning_rate=1e-2,
+            report_to="none",
+            use_cpu=True,
+            save_strategy="no",
+            remove_unused_columns=False,
+            seed=0,
+            disable_tqdm=True,
+            **kw,
+        )
+
+    def never(prompts):
+        raise AssertionError("the predictor must not be called with disa_label='column'")
+
+    seen = []
+
+    class Spy(TiltGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((out["log_z"].clone(), [r["log_z"] for r in inputs]))
+            return out
+
+    tr = Spy(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=lambda prompts, completions, completion_ids, **kw: [float(i[0] % 2) for i in completion_ids],
+        args=args(),
+        train_dataset=ds,
+        processing_class=load_tokenizer(tiny_dir),
+        log_z_fn=never,
+    )
+    assert tr.log_z_fn is None
+    tr.train()
+    assert tr.state.global_step == 1 and seen
+    for lz, col in seen:
+        torch.testing.assert_close(lz.cpu(), torch.tensor(col, dtype=torch.float32))
+    with pytest.raises(ValueError, match="stage2-annotate"):
+        TiltGRPOTrainer(
+            model=load_model(tiny_dir, device="cpu"),
+            reward_funcs=lambda prompts, completions, **kw: [0.0] * len(prompts),
+            args=args(),
+            train_dataset=ds.remove_columns("log_z"),
+            processing_class=load_tokenizer(tiny_dir),
+        )
+
+
+def test_disa_label_config_key():
+    from tiltlab.llm.run_config import SECTION_KEYS
+    from tiltlab.llm.trainers.online import TiltGRPOConfig
+
+    assert SECTION_KEYS["disa"]["label"] == "disa_label"
+    with pytest.raises(ValueError, match="disa_label"):
+        TiltGRPOConfig(output_dir="x", use_cpu=True, disa_label="file")
