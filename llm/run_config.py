@@ -87,7 +87,6 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "embeddings": "paced_embeddings",
         "log_z_lr": "log_z_lr",
         "log_z_hidden": "log_z_hidden",
-        "embeddings": "",  # frozen_ref (paper: frozen pi_ref prompt embeddings) | live (policy hidden states)
     },
     "fpa": {"lam": "fpa_lam", "apply_to": "fpa_apply_to"},
     "offrl": {"kl_tau": "offrl_kl_tau"},

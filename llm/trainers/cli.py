@@ -46,16 +46,22 @@ def add_cli(subparsers) -> None:
     p.set_defaults(func=main)
 
 
+def _stage1_manifest(cfg) -> dict | None:
+    """Stage 1's manifest from ``disa.stage1_dir`` (None without one): the label settings the
+    trainer checks its own against."""
+    s1 = cfg.disa.get("stage1_dir")
+    if not s1:
+        return None
+    from tiltlab.llm.stage1 import read_manifest
+
+    return read_manifest(s1)
+
+
 def _disa_predictor(cfg):
     """``(log_z_fn, stage1 manifest)`` from the config's ``disa`` section (Stage 1/2 outputs)."""
     from pathlib import Path
 
-    man = None
-    s1 = cfg.disa.get("stage1_dir")
-    if s1:
-        from tiltlab.llm.stage1 import read_manifest
-
-        man = read_manifest(s1)
+    man = _stage1_manifest(cfg)
     s2 = cfg.disa.get("stage2_dir")
     if not s2:
         raise ValueError(
@@ -215,7 +221,9 @@ def build_trainer(cfg):
         log_z_fn = man = None
         needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
         # a dataset with a precomputed log_z column needs no Stage-2 predictor
-        if needs_z and (cfg.disa.get("stage2_dir") or "log_z" not in ds.column_names):
+        if needs_z and args.disa_label == "column":
+            man = _stage1_manifest(cfg)  # the labels are in the dataset: no Stage-2 model is loaded
+        elif needs_z and (cfg.disa.get("stage2_dir") or "log_z" not in ds.column_names):
             log_z_fn, man = _disa_predictor(cfg)
         return TiltGRPOTrainer(
             model=cfg.model,

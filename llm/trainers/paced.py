@@ -202,7 +202,6 @@ class PacedMixin:
             self._paced_head.load_state_dict(state["head"])
             self._paced_opt.load_state_dict(state["head_opt"])
 
-
     def _paced_select(self, inputs: list[dict]) -> list[dict]:
         """PACED Sec. 4.2: replace this process's groups by the prompts whose estimated accuracy
         ``p_hat`` is closest to ``tau``, out of ``pool_factor`` times as many random candidates."""
