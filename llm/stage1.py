@@ -55,7 +55,6 @@ can be built without loading the LLM stack.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -746,27 +745,9 @@ def add_cli(subparsers) -> None:
         help="DISA Stage 1: importance-sampled log Z labels (resumable sharded Parquet)",
         description=__doc__.split("\n\n")[0] + " Refuses top-k/top-p truncation unless --allow-truncated.",
     )
-    add_dataclass_args(p, Stage1Config, skip=("chat_template_kwargs",), config_section="stage1")
-    p.add_argument(
-        "--chat-template-kwargs",
-        dest="chat_template_kwargs",
-        type=_json_object,
-        default=argparse.SUPPRESS,
-        metavar="JSON",
-        help="extra chat-template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'",
-    )
+    add_dataclass_args(p, Stage1Config, config_section="stage1")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not a JSON object: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
 
 
 def _cli_main(args) -> int:
