@@ -55,10 +55,12 @@ can be built without loading the LLM stack.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -77,6 +79,7 @@ __all__ = [
     "atomic_write_json",
     "load_stage1",
     "run_stage1",
+    "vllm_proposal_engine",
 ]
 
 MANIFEST = "manifest.json"
@@ -356,6 +359,37 @@ def _check_prompt_lengths(cfg: Stage1Config, ids: Sequence[str], prompt_ids, nam
         )
 
 
+def vllm_proposal_engine(cfg: Stage1Config):
+    """The proposal's :class:`~tiltlab.llm.rollout.VLLMEngine` for ``cfg`` (processed log-probs).
+
+    On CPU (``device`` "cpu", or no CUDA) it runs eagerly (``enforce_eager=True``) and takes 0.3 of
+    host memory unless ``gpu_memory_utilization`` says otherwise (vLLM's 0.9 default fails there).
+    Chunked prefill is off on CPU: vLLM 0.32's CPU worker crashes on a seeded request whose prefill is
+    split across steps ("CPU Generator does not use offset"), and Stage 1 seeds every request; the
+    step token budget is then at least the context length (vLLM requires it).
+    """
+    from tiltlab.llm.models import default_device
+    from tiltlab.llm.rollout import VLLMEngine
+
+    on_cpu = str(cfg.device or default_device()).startswith("cpu")
+    extra: dict[str, Any] = {}
+    if on_cpu:
+        ctx = cfg.max_model_len or _config_positions(cfg.proposal) or 8192
+        extra.update(enforce_eager=True, enable_chunked_prefill=False, max_num_batched_tokens=max(ctx, 8192))
+    if cfg.quantization:
+        extra["quantization"] = cfg.quantization
+    gmu = cfg.gpu_memory_utilization
+    return VLLMEngine(
+        cfg.proposal,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        gpu_memory_utilization=gmu if gmu is not None else (0.3 if on_cpu else 0.6),
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        max_model_len=cfg.max_model_len,
+        **extra,
+    )
+
+
 class _Models:
     """Tokenizers, the formatted prompts, the proposal engine and the reference scorer.
 
@@ -400,22 +434,7 @@ class _Models:
         if engine is not None:
             self.engine = engine
         elif cfg.engine == "vllm":
-            from tiltlab.llm.rollout import VLLMEngine
-
-            on_cpu = str(self.device).startswith("cpu")
-            extra: dict[str, Any] = {"enforce_eager": True} if on_cpu else {}
-            if cfg.quantization:
-                extra["quantization"] = cfg.quantization
-            gmu = cfg.gpu_memory_utilization
-            self.engine = VLLMEngine(
-                cfg.proposal,
-                dtype=cfg.dtype,
-                seed=cfg.seed,
-                gpu_memory_utilization=gmu if gmu is not None else (0.3 if on_cpu else 0.6),
-                tensor_parallel_size=cfg.tensor_parallel_size,
-                max_model_len=cfg.max_model_len,
-                **extra,
-            )
+            self.engine = vllm_proposal_engine(cfg)
         else:
             from tiltlab.llm.rollout import HFEngine
 
@@ -553,7 +572,9 @@ def run_stage1(
 
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
     # every refusal (tokenizers, context lengths) happens here, before the first write
-    models = _Models(cfg, rows, engine=engine) if todo else None
+    clock = _Clock()
+    with clock("setup"):
+        models = _Models(cfg, rows, engine=engine) if todo else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
         stale.unlink()
@@ -568,10 +589,11 @@ def run_stage1(
     pp = cfg.prompts_per_shard
     for k in todo:
         sl = slice(k * pp, (k + 1) * pp)
-        samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch)
+        samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
-        _atomic_write_parquet(out / s_name, samples)
-        _atomic_write_parquet(out / l_name, labels)
+        with clock("io"):
+            _atomic_write_parquet(out / s_name, samples)
+            _atomic_write_parquet(out / l_name, labels)
         _crash_hook(k + 1, "before_manifest")
         manifest["shards"][str(k)] = {
             "samples": s_name,
@@ -589,16 +611,40 @@ def run_stage1(
     summary = _summary(lab, cfg)
     manifest["complete"] = True
     manifest["summary"] = summary
+    manifest["seconds"] = clock.seconds  # this invocation's wall time per phase (see _Clock)
     atomic_write_json(man_path, manifest)
     return summary
 
 
-def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, reward, est, torch):
+class _Clock:
+    """Wall seconds per phase of one invocation: setup (tokenizers, models, engine), sample (the
+    proposal engine), score (pi_ref teacher forcing), reward, weights (log w, labels, tables), io."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def total(self, *phases: str) -> float:
+        return sum(self.seconds.get(p, 0.0) for p in phases)
+
+
+def _run_shard(
+    cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, reward, est, torch, clock: _Clock
+):
     import pyarrow as pa
 
     from tiltlab.llm.scoring import score_completions
 
-    groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
+    with clock("sample"):
+        groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
+    t_rest, inner0 = time.perf_counter(), clock.total("score", "reward")
     P, M = len(groups), cfg.M
     ref_pids = models.ref_prompt_ids[sl]
     flat_p = [p for p in ref_pids for _ in range(M)]
@@ -618,14 +664,16 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: s
         flat_c = flat_q
     if any(len(c) == 0 for c in flat_c):
         raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
-    sc = score_completions(
-        models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id, batch_size=cfg.score_batch_size
-    )
+    with clock("score"):
+        sc = score_completions(
+            models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id, batch_size=cfg.score_batch_size
+        )
     logp_ref = sc.seq_logprobs.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
     kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
-    r_list = reward([r["prompt"] for r in shard_rows for _ in range(M)], texts, flat_c, **kwargs)
+    with clock("reward"):
+        r_list = reward([r["prompt"] for r in shard_rows for _ in range(M)], texts, flat_c, **kwargs)
     if len(r_list) != P * M or any(v is None for v in r_list):
         raise ValueError("the reward function must return one number per completion (got None or a wrong count)")
     r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
@@ -672,7 +720,10 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: s
     }
     if models.retokenize:
         scols["proposal_completion_ids"] = pa.array(flat_q, pa.list_(pa.int32()))
-    return pa.table(scols), labels
+    out = pa.table(scols), labels
+    rest = time.perf_counter() - t_rest - (clock.total("score", "reward") - inner0)
+    clock.seconds["weights"] = clock.seconds.get("weights", 0.0) + rest
+    return out
 
 
 def load_stage1(out_dir: str | Path):
