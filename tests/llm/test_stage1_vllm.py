@@ -108,7 +108,7 @@ def _ess_fraction_tolerance(m, M):
 
 
 def test_vllm_labels_and_ess_match_exact_and_hf_engine(engine, hf, model_dir, math_rows, tmp_path):
-    """One-token completions, M = 512 per prompt from each engine with the same seeds. Each label is
+    """One-token completions, M = 1024 per prompt from each engine with the same seeds. Each label is
     within 4 sd + |bias| of the exact log Z (sd = sqrt(Var_q(w)/Z^2 / M), the estimator's delta-method
     standard error from the exact variance; bias = Var/(2 M Z^2)); the two engines' labels within
     4 sqrt(2) sd of each other (independent draws, same bias); ESS/M within 4 sd + |bias| of
@@ -122,7 +122,7 @@ def test_vllm_labels_and_ess_match_exact_and_hf_engine(engine, hf, model_dir, ma
     rewarded = frozenset(RARE | {mode})
     reward = partial(token_reward, rewarded=rewarded)
     reward.__qualname__ = "token_reward"
-    M = 512
+    M = 1024
     labels = {}
     for name in ("vllm", "hf"):
         cfg = _cfg(model_dir, tmp_path / name, engine=name, M=M, max_new_tokens=1, gen_batch_size=1024)
