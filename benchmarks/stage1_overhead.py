@@ -96,7 +96,7 @@ def main(argv=None) -> dict:
     t_sample = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    summary = run_stage1(c, engine=engine, progress=False)
+    summary = run_stage1(c, rows=rows, engine=engine, progress=False)
     t_stage1 = time.perf_counter() - t0
     phases = read_manifest(c.out_dir)["seconds"]
 

@@ -199,3 +199,22 @@ def test_new_fields_validate_and_come_from_yaml_and_flags(tmp_path):
     argv = ["llm", "stage1", "--config", str(path), "--chat-template-kwargs", '{"enable_thinking": true}']
     cfg = config_from_args(Stage1Config, parser.parse_args([*argv, "--max-model-len", "4096"]), section="stage1")
     assert cfg.chat_template_kwargs == {"enable_thinking": True} and cfg.max_model_len == 4096
+
+
+def test_tokenizer_choice_selects_whose_chat_template(tiny_model, tiny_tokenizer, tiny_dir, math_rows, tmp_path):
+    """Same vocabulary, different chat templates: tokenizer='proposal' formats with q's template,
+    'reference' (the default) with pi_ref's; the choice is part of the resume identity."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template += "8 8"
+    q_dir = tmp_path / "q"
+    tiny_model.save_pretrained(q_dir)
+    tok.save_pretrained(q_dir)
+    rows = _rows(math_rows)
+    _run(_cfg(tiny_dir, tmp_path / "p", proposal=str(q_dir), tokenizer="proposal"), rows)
+    _run(_cfg(tiny_dir, tmp_path / "r", proposal=str(q_dir)), rows)
+    assert all(t.endswith("8 8") for t in load_stage1(tmp_path / "p")[1].column("prompt_text").to_pylist())
+    assert not any(t.endswith("8 8") for t in load_stage1(tmp_path / "r")[1].column("prompt_text").to_pylist())
+    with pytest.raises(ValueError, match="different configuration"):
+        _run(_cfg(tiny_dir, tmp_path / "p", proposal=str(q_dir)), rows)
