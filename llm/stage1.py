@@ -665,10 +665,18 @@ def _run_shard(
     if any(len(c) == 0 for c in flat_c):
         raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
     with clock("score"):
+        # longest first: batches of similar lengths waste little compute on padding
+        order = sorted(range(len(flat_c)), key=lambda i: -(len(flat_p[i]) + len(flat_c[i])))
         sc = score_completions(
-            models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id, batch_size=cfg.score_batch_size
+            models.ref,
+            [flat_p[i] for i in order],
+            [flat_c[i] for i in order],
+            pad_token_id=models.ref_tok.pad_token_id,
+            batch_size=cfg.score_batch_size,
         )
-    logp_ref = sc.seq_logprobs.detach().double().cpu().view(P, M)  # [P, M]
+        seq = torch.empty_like(sc.seq_logprobs)
+        seq[torch.tensor(order, device=seq.device)] = sc.seq_logprobs
+    logp_ref = seq.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
     kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
