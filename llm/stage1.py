@@ -4,7 +4,9 @@ DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
-2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``);
+2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``; with the
+   vLLM engine and proposal == reference, the engine's own prompt log-probs of ``x + y_i``, which
+   are raw temperature-1 log-probs, so no second copy of the model is loaded);
 3. reward ``r(x, y_i)`` (``llm.rewards``) and transform it, ``r~ = a r + c`` (a fixed affine map,
    recorded with ``beta`` in the manifest);
 4. ``log w_i = log pi_ref + beta r~ - log q`` and the per-prompt label ``log Z_hat_M`` (LSE) with
@@ -58,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -428,9 +431,14 @@ class _Models:
         _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx_q)
 
         self.device = cfg.device or default_device()
-        self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=self.device)
-        self.ref_context = _context(cfg, "the reference", getattr(self.ref.config, "max_position_embeddings", None))
-        _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", self.ref_context)
+        # one model under vLLM: its engine scores pi_ref too (prompt log-probs are raw, temperature 1),
+        # so no transformers copy is loaded
+        self.vllm_scores = cfg.engine == "vllm" and cfg.proposal == cfg.reference and not self.retokenize
+        self.ref, self.ref_context = None, ctx_ref
+        if not self.vllm_scores:
+            self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=self.device)
+            self.ref_context = _context(cfg, "the reference", getattr(self.ref.config, "max_position_embeddings", None))
+            _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", self.ref_context)
         if engine is not None:
             self.engine = engine
         elif cfg.engine == "vllm":
@@ -616,6 +624,43 @@ def run_stage1(
     return summary
 
 
+def _hf_reference_logprobs(models: _Models, flat_p, flat_c, batch_size: int, torch):
+    """``[N]`` log pi_ref(c | p) by transformers teacher forcing (temperature 1)."""
+    from tiltlab.llm.scoring import score_completions
+
+    # longest first: batches of similar lengths waste little compute on padding
+    order = sorted(range(len(flat_c)), key=lambda i: -(len(flat_p[i]) + len(flat_c[i])))
+    sc = score_completions(
+        models.ref,
+        [flat_p[i] for i in order],
+        [flat_c[i] for i in order],
+        pad_token_id=models.ref_tok.pad_token_id,
+        batch_size=batch_size,
+    )
+    seq = torch.empty_like(sc.seq_logprobs)
+    seq[torch.tensor(order, device=seq.device)] = sc.seq_logprobs
+    return seq
+
+
+def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
+    """``[N]`` log pi_ref(c | p) from a vLLM engine of pi_ref: ``prompt_logprobs=0`` on ``p + c``
+    returns each prompt token's raw (temperature-1) log-prob -- vLLM applies no sampling processor to
+    prompt tokens, whatever ``logprobs_mode`` -- and the completion's are summed (float64)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0, seed=0)
+    outs = engine.llm.generate(
+        [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(flat_p, flat_c)], params, use_tqdm=False
+    )
+    seq = []
+    for p, c, o in zip(flat_p, flat_c, outs):
+        lps = o.prompt_logprobs  # [None, {tok: Logprob}, ...] one per prompt token
+        if lps is None or len(lps) != len(p) + len(c):
+            raise RuntimeError("vLLM returned no prompt log-probs for a reference-scoring request")
+        seq.append(math.fsum(float(lps[len(p) + t][tok].logprob) for t, tok in enumerate(c)))
+    return torch.tensor(seq, dtype=torch.float64)
+
+
 class _Clock:
     """Wall seconds per phase of one invocation: setup (tokenizers, models, engine), sample (the
     proposal engine), score (pi_ref teacher forcing), reward, weights (log w, labels, tables), io."""
@@ -640,8 +685,6 @@ def _run_shard(
 ):
     import pyarrow as pa
 
-    from tiltlab.llm.scoring import score_completions
-
     with clock("sample"):
         groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
     t_rest, inner0 = time.perf_counter(), clock.total("score", "reward")
@@ -665,17 +708,10 @@ def _run_shard(
     if any(len(c) == 0 for c in flat_c):
         raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
     with clock("score"):
-        # longest first: batches of similar lengths waste little compute on padding
-        order = sorted(range(len(flat_c)), key=lambda i: -(len(flat_p[i]) + len(flat_c[i])))
-        sc = score_completions(
-            models.ref,
-            [flat_p[i] for i in order],
-            [flat_c[i] for i in order],
-            pad_token_id=models.ref_tok.pad_token_id,
-            batch_size=cfg.score_batch_size,
-        )
-        seq = torch.empty_like(sc.seq_logprobs)
-        seq[torch.tensor(order, device=seq.device)] = sc.seq_logprobs
+        if models.vllm_scores:
+            seq = _vllm_reference_logprobs(models.engine, flat_p, flat_c, torch)
+        else:
+            seq = _hf_reference_logprobs(models, flat_p, flat_c, cfg.score_batch_size, torch)
     logp_ref = seq.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})

@@ -148,9 +148,13 @@ def test_vllm_labels_and_ess_match_exact_and_hf_engine(engine, hf, model_dir, ma
 def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, math_rows, tmp_path):
     """Multi-token completions at temperature 0.7: logp_proposal (vLLM, processed) equals the
     transformers teacher-forced log-prob of the same tokens under log_softmax(logits / 0.7), and
-    logp_ref equals it at temperature 1. Both engines run fp32: per token the two computations differ
-    by float32 rounding of O(10)-sized logits (~1e-6 each), so 1e-4 per token is loose for fp32 yet
-    well below bf16's ~1e-2 and below the temperature effect checked last."""
+    logp_ref -- scored by the same vLLM engine's prompt log-probs, proposal == reference -- equals it
+    at temperature 1. A second run whose reference is another copy of the model scores pi_ref with
+    transformers instead: same samples, same logp_ref. Both engines run fp32: per token the two
+    computations differ by float32 rounding of O(10)-sized logits (~1e-6 each), so 1e-4 per token is
+    loose for fp32 yet well below bf16's ~1e-2 and below the temperature effect checked last."""
+    import shutil
+
     from tiltlab.llm.rollout import processed_logprobs
 
     model, tok = hf
@@ -173,3 +177,11 @@ def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, ma
         assert abs(tf_q - tf_ref) > 100 * tol  # the temperature matters far beyond the tolerance
         n_checked += len(c)
     assert n_checked >= 12 * 4  # most completions have several tokens
+    ref_copy = tmp_path / "ref_copy"
+    shutil.copytree(model_dir, ref_copy)
+    cfg2 = _cfg(model_dir, tmp_path / "hf_ref", reference=str(ref_copy), M=4, max_new_tokens=8)
+    run_stage1(cfg2, rows=rows, reward_fn=token_reward, progress=False, engine=engine)
+    s2 = load_stage1(cfg2.out_dir)[0].to_pydict()
+    assert s2["completion_ids"] == s["completion_ids"]
+    for c, a, b in zip(s["completion_ids"], s["logp_ref"], s2["logp_ref"]):
+        assert abs(a - b) < 1e-4 * len(c)
