@@ -124,6 +124,9 @@ def main(argv=None) -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
+    core = getattr(getattr(engine.llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()  # stop the engine process before interpreter exit
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -67,9 +67,9 @@ def _cfg(model_dir, out, **kw):
 def engine(model_dir, tmp_path_factory):
     eng = vllm_proposal_engine(_cfg(model_dir, tmp_path_factory.mktemp("unused")))
     yield eng
-    shutdown = getattr(getattr(eng.llm, "llm_engine", None), "shutdown", None)
-    if callable(shutdown):
-        shutdown()
+    core = getattr(getattr(eng.llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
     del eng
     gc.collect()
 
