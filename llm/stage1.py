@@ -4,7 +4,9 @@ DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
-2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``);
+2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``; with the
+   vLLM engine and proposal == reference, the engine's own prompt log-probs of ``x + y_i``, which
+   are raw temperature-1 log-probs, so no second copy of the model is loaded);
 3. reward ``r(x, y_i)`` (``llm.rewards``) and transform it, ``r~ = a r + c`` (a fixed affine map,
    recorded with ``beta`` in the manifest);
 4. ``log w_i = log pi_ref + beta r~ - log q`` and the per-prompt label ``log Z_hat_M`` (LSE) with
@@ -21,9 +23,33 @@ Output directory (resumable, every file written atomically: temporary file + ``o
     samples-00000.parquet ...     one row per (prompt_id, sample_idx)
     labels-00000.parquet  ...     one row per prompt_id
 
+Tokenizers (``tokenizer``). Completions are scored under pi_ref by token ids, so by default
+(``"reference"``) the reference tokenizer (and its chat template) formats the prompts and both
+models read the same ids; the proposal's tokenizer must then be token-for-token compatible (the
+same token -> id map), else the run is refused before anything is written. ``"proposal"`` uses the
+proposal's tokenizer and chat template with the same requirement. ``"retokenize"`` lets each model
+use its own tokenizer and chat template (e.g. a Qwen3 proposal for a Qwen2.5 reference): the
+proposal samples from its own formatting of the prompt, the decoded completion text (special tokens
+dropped) is re-tokenized by the reference tokenizer, and the reference's eos is appended when the
+proposal stopped on its own. ``log q`` is then the log-prob of q's own tokenization of the text (the
+mass of other tokenizations of the same string is ignored, as usual for text-level weights), and
+``completion_ids`` hold the reference's tokens (the ones scored; ``proposal_completion_ids`` keeps
+q's).
+
+Context. A prompt whose tokens plus ``max_new_tokens`` exceed a model's context (``max_model_len``
+if given, else the model config's ``max_position_embeddings``) is refused before sampling.
+``quantization`` (vLLM, e.g. ``"fp8"``) applies to the proposal only: its log-probs are those of the
+quantized model that actually sampled, so the importance weights stay exact.
+
 Prompts are split into fixed shards of ``prompts_per_shard`` in dataset order, and shard ``k``
 samples with a seed derived from ``(seed, k)``: a run that is killed resumes at the first shard
-not recorded in the manifest, and produces exactly the rows an uninterrupted run would.
+not recorded in the manifest, and produces exactly the rows an uninterrupted run would. A resumed
+run must agree on every setting that changes the samples (sampling, seeds, models, tokenizer
+choice, chat-template arguments, dtype/device, the hf engine's ``gen_batch_size``, the vLLM
+engine's quantization and tensor-parallel degree): a change is refused. The manifest keeps the
+first run's ``config``; a resume appends the other settings it changed to ``resumes``. The manifest
+is written only after the models, tokenizers and prompt lengths are checked, and a manifest with no
+finished shard never blocks a new configuration (it is replaced).
 
 This module is import-light (torch etc. are imported inside functions) so that the CLI parser
 can be built without loading the LLM stack.
@@ -31,27 +57,32 @@ can be built without loading the LLM stack.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tiltlab.llm.prompts import prompt_token_ids
+from tiltlab.llm.prompts import format_prompt
 from tiltlab.llm.rewards import resolve_reward
 
 __all__ = [
     "CRASH_ENV",
     "MANIFEST",
+    "TOKENIZER_MODES",
     "Stage1Config",
     "atomic_write_bytes",
     "atomic_write_json",
     "load_stage1",
     "run_stage1",
+    "vllm_proposal_engine",
 ]
 
 MANIFEST = "manifest.json"
@@ -78,8 +109,15 @@ _IDENTITY_FIELDS = (
     "prompts_per_shard",
     "max_prompts",
     "chat_template",
+    "chat_template_kwargs",
+    "tokenizer",
     "engine",
+    "dtype",
 )
+# engine-specific fields of the identity (None for the other engine)
+_HF_IDENTITY = ("gen_batch_size",)
+_VLLM_IDENTITY = ("quantization", "tensor_parallel_size")
+TOKENIZER_MODES = ("reference", "proposal", "retokenize")
 
 
 @dataclass
@@ -132,10 +170,18 @@ class Stage1Config:
     """Model dtype: "auto" (bf16 on GPU, fp32 on CPU), "bf16", "fp32", ..."""
     device: str | None = None
     """Device for the hf models (default: cuda if available, else cpu)."""
-    gpu_memory_utilization: float = 0.6
-    """vLLM only: fraction of GPU memory for the proposal engine (the reference model shares the GPU)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM only: fraction of (GPU or, on CPU, host) memory for the proposal engine; default 0.6 on GPU (the reference model shares it), 0.3 on CPU."""
     tensor_parallel_size: int = 1
-    """vLLM only: tensor-parallel degree of the proposal engine."""
+    """vLLM only: tensor-parallel degree of the proposal engine (e.g. 8 for a 235B proposal on 8 GPUs)."""
+    max_model_len: int | None = None
+    """Context length (prompt + completion) of both models; default: each model config's max_position_embeddings. Longer prompts are refused."""
+    tokenizer: str = "reference"
+    """Which tokenizer formats prompts and completions: "reference", "proposal" (both need token-for-token compatible tokenizers) or "retokenize" (each model its own; completion text re-tokenized for pi_ref)."""
+    quantization: str | None = None
+    """vLLM only: quantization of the proposal engine (e.g. "fp8": 235B bf16 weights, 470 GB, do not fit 0.6 x 8 x 80 GB)."""
+    chat_template_kwargs: dict | None = None
+    """Extra chat-template arguments, e.g. {"enable_thinking": false} for Qwen3 (CLI: a JSON object)."""
 
     def __post_init__(self) -> None:
         if self.M < 1:
@@ -152,6 +198,30 @@ class Stage1Config:
             raise ValueError(f"engine must be 'hf' or 'vllm', got {self.engine!r}")
         if self.max_prompts is not None and self.max_prompts < 1:
             raise ValueError("max_prompts must be >= 1")
+        if self.tokenizer not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer must be one of {TOKENIZER_MODES}, got {self.tokenizer!r}")
+        if self.max_model_len is not None and self.max_model_len <= self.max_new_tokens:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) must exceed max_new_tokens ({self.max_new_tokens}): "
+                "the prompt needs room too"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.engine == "hf" and (self.quantization or self.tensor_parallel_size != 1):
+            raise ValueError(
+                "quantization / tensor_parallel_size apply to the vLLM proposal engine; use engine='vllm' "
+                "(the hf engine loads full-precision weights on one device)"
+            )
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.chat_template_kwargs is not None:
+            if not isinstance(self.chat_template_kwargs, dict):
+                raise ValueError(
+                    f"chat_template_kwargs must be a mapping, e.g. {{enable_thinking: false}}, "
+                    f"got {self.chat_template_kwargs!r}"
+                )
+            if not self.chat_template:
+                raise ValueError("chat_template_kwargs need chat_template=True")
 
     def sampling(self, shard: int):
         from tiltlab.llm.rollout import SamplingConfig, derive_seed
@@ -227,10 +297,16 @@ def _prompts_hash(ids: Sequence[str], prompts: Sequence[str]) -> str:
 
 
 def _check_same_tokenizer(tok_q, tok_ref) -> None:
+    """Refuse unless the two tokenizers map every token string to the same id (token-for-token)."""
     if len(tok_q) != len(tok_ref) or tok_q.get_vocab() != tok_ref.get_vocab():
+        vq, vr = tok_q.get_vocab(), tok_ref.get_vocab()
+        only_q = sorted(set(vq) - set(vr))[:3]
+        only_r = sorted(set(vr) - set(vq))[:3]
         raise ValueError(
-            "proposal and reference tokenizers differ: completions are scored under pi_ref by their "
-            "token ids, so both models must share one tokenizer"
+            f"proposal and reference tokenizers differ ({len(tok_q)} vs {len(tok_ref)} tokens; only in the "
+            f"proposal: {only_q}, only in the reference: {only_r}): completions are scored under pi_ref by "
+            "their token ids, so tokenizer='reference'/'proposal' needs one shared vocabulary. Use "
+            "tokenizer='retokenize' (stage1.tokenizer: retokenize) to re-tokenize the completion text for pi_ref"
         )
 
 
@@ -250,32 +326,144 @@ def _crash_hook(shard_done: int, phase: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _config_positions(name: str) -> int | None:
+    """``max_position_embeddings`` of a model's config, or None when it cannot be read cheaply."""
+    try:
+        from transformers import AutoConfig
+
+        c = AutoConfig.from_pretrained(str(name), trust_remote_code=False)
+    except Exception:  # aliases such as "tiny" are checked on the loaded model instead
+        return None
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    return getattr(c, "max_position_embeddings", None)
+
+
+def _context(cfg: Stage1Config, name: str, positions: int | None) -> int | None:
+    if positions is not None and cfg.max_model_len is not None and cfg.max_model_len > positions:
+        raise ValueError(
+            f"max_model_len={cfg.max_model_len} exceeds {name}'s max_position_embeddings={positions}; "
+            "lower max_model_len"
+        )
+    return cfg.max_model_len if cfg.max_model_len is not None else positions
+
+
+def _check_prompt_lengths(cfg: Stage1Config, ids: Sequence[str], prompt_ids, name: str, ctx: int | None) -> None:
+    """Refuse prompts with more than ``ctx - max_new_tokens`` tokens (before anything is sampled)."""
+    if ctx is None:
+        return
+    room = ctx - cfg.max_new_tokens
+    bad = [(i, len(p)) for i, p in zip(ids, prompt_ids) if len(p) > room]
+    if bad:
+        shown = ", ".join(f"{i!r} ({n} tokens)" for i, n in bad[:3])
+        raise ValueError(
+            f"{len(bad)} prompt(s) do not fit {name}'s context: {shown} > {ctx} (context) - "
+            f"{cfg.max_new_tokens} (max_new_tokens) = {room}; filter or shorten them, lower max_new_tokens, "
+            "or raise max_model_len"
+        )
+
+
+def vllm_proposal_engine(cfg: Stage1Config):
+    """The proposal's :class:`~tiltlab.llm.rollout.VLLMEngine` for ``cfg`` (processed log-probs).
+
+    On CPU (``device`` "cpu", or no CUDA) it runs eagerly (``enforce_eager=True``) and takes 0.3 of
+    host memory unless ``gpu_memory_utilization`` says otherwise (vLLM's 0.9 default fails there).
+    Chunked prefill is off on CPU: vLLM 0.32's CPU worker crashes on a seeded request whose prefill is
+    split across steps ("CPU Generator does not use offset"), and Stage 1 seeds every request; the
+    step token budget is then at least the context length (vLLM requires it).
+    """
+    from tiltlab.llm.models import default_device
+    from tiltlab.llm.rollout import VLLMEngine
+
+    on_cpu = str(cfg.device or default_device()).startswith("cpu")
+    extra: dict[str, Any] = {}
+    if on_cpu:
+        ctx = cfg.max_model_len or _config_positions(cfg.proposal) or 8192
+        extra.update(enforce_eager=True, enable_chunked_prefill=False, max_num_batched_tokens=max(ctx, 8192))
+    if cfg.quantization:
+        extra["quantization"] = cfg.quantization
+    gmu = cfg.gpu_memory_utilization
+    return VLLMEngine(
+        cfg.proposal,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        gpu_memory_utilization=gmu if gmu is not None else (0.3 if on_cpu else 0.6),
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        max_model_len=cfg.max_model_len,
+        **extra,
+    )
+
+
 class _Models:
-    """Lazily built proposal engine and reference scorer (only when some shard remains)."""
+    """Tokenizers, the formatted prompts, the proposal engine and the reference scorer.
 
-    def __init__(self, cfg: Stage1Config):
-        from tiltlab.llm.models import load_model, load_tokenizer
-        from tiltlab.llm.rollout import HFEngine, VLLMEngine
+    Built (only when some shard remains) before the manifest is written: every check that can
+    refuse the run -- tokenizer compatibility, prompt lengths -- happens here, and cheap checks
+    (tokenizers, config context lengths) before any model is loaded.
+    """
 
+    def __init__(self, cfg: Stage1Config, rows: list[dict], engine=None):
+        from tiltlab.llm.models import default_device, load_model, load_tokenizer
+
+        self.retokenize = cfg.tokenizer == "retokenize"
+        ids = [str(r["id"]) for r in rows]
         self.ref_tok = load_tokenizer(cfg.reference)
-        self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=cfg.device)
-        if cfg.engine == "vllm":
-            self.engine = VLLMEngine(
-                cfg.proposal,
-                dtype=cfg.dtype,
-                seed=cfg.seed,
-                gpu_memory_utilization=cfg.gpu_memory_utilization,
-                tensor_parallel_size=cfg.tensor_parallel_size,
-            )
-            _check_same_tokenizer(self.engine.tokenizer, self.ref_tok)
+        if engine is not None:
+            q_tok = engine.tokenizer
+        elif cfg.proposal == cfg.reference:
+            q_tok = self.ref_tok
         else:
-            if cfg.proposal == cfg.reference:
-                q_model, q_tok = self.ref, self.ref_tok
-            else:
-                q_tok = load_tokenizer(cfg.proposal)
-                _check_same_tokenizer(q_tok, self.ref_tok)
-                q_model = load_model(cfg.proposal, dtype=cfg.dtype, device=cfg.device)
+            q_tok = load_tokenizer(cfg.proposal)
+        if not self.retokenize:
+            _check_same_tokenizer(q_tok, self.ref_tok)
+        fmt_tok = q_tok if cfg.tokenizer == "proposal" else self.ref_tok
+
+        def encode(tok):
+            texts = [format_prompt(tok, r["prompt"], cfg.chat_template, **kw) for r in rows]
+            return texts, [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+        kw = dict(chat_template_kwargs=cfg.chat_template_kwargs)
+        self.prompt_texts, self.ref_prompt_ids = encode(fmt_tok)  # pi_ref's conditioning strings
+        self.q_prompt_ids = encode(q_tok)[1] if self.retokenize else self.ref_prompt_ids
+        # cheap context check from the configs, before loading any weights
+        ctx_ref = _context(cfg, "the reference", _config_positions(cfg.reference))
+        _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", ctx_ref)
+        ctx_q = _context(cfg, "the proposal", _config_positions(cfg.proposal))
+        _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx_q)
+
+        self.device = cfg.device or default_device()
+        # one model under vLLM: its engine scores pi_ref too (prompt log-probs are raw, temperature 1),
+        # so no transformers copy is loaded
+        self.vllm_scores = cfg.engine == "vllm" and cfg.proposal == cfg.reference and not self.retokenize
+        self.ref, self.ref_context = None, ctx_ref
+        if not self.vllm_scores:
+            self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=self.device)
+            self.ref_context = _context(cfg, "the reference", getattr(self.ref.config, "max_position_embeddings", None))
+            _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", self.ref_context)
+        if engine is not None:
+            self.engine = engine
+        elif cfg.engine == "vllm":
+            self.engine = vllm_proposal_engine(cfg)
+        else:
+            from tiltlab.llm.rollout import HFEngine
+
+            q_model = (
+                self.ref
+                if cfg.proposal == cfg.reference
+                else load_model(cfg.proposal, dtype=cfg.dtype, device=self.device)
+            )
+            ctx = _context(cfg, "the proposal", getattr(q_model.config, "max_position_embeddings", None))
+            _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx)
             self.engine = HFEngine(q_model, q_tok, batch_size=cfg.gen_batch_size)
+        self.q_tok = q_tok
+        eos = self.ref_tok.eos_token_id
+        self.ref_eos = int(eos) if eos is not None else None
+
+    def reference_completion(self, text: str, finished: bool) -> list[int]:
+        """``"retokenize"``: the reference's tokens of a proposal completion's text (+ its eos if it stopped)."""
+        ids = list(self.ref_tok(text, add_special_tokens=False)["input_ids"])
+        if finished and self.ref_eos is not None:
+            ids.append(self.ref_eos)
+        return ids
 
 
 def _loud_truncation_warning(cfg: Stage1Config) -> None:
@@ -289,8 +477,25 @@ def _loud_truncation_warning(cfg: Stage1Config) -> None:
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def _identity(cfg: Stage1Config, reward_name: str, ids, rows, device: str) -> dict[str, Any]:
+    identity = {k: getattr(cfg, k) for k in _IDENTITY_FIELDS}
+    identity["reward"] = reward_name
+    identity["prompts_sha256"] = _prompts_hash(ids, [r["prompt"] for r in rows])
+    identity["device"] = device.split(":")[0]  # samplers draw different streams on cpu and cuda
+    for k in _HF_IDENTITY:
+        identity[k] = getattr(cfg, k) if cfg.engine == "hf" else None
+    for k in _VLLM_IDENTITY:
+        identity[k] = getattr(cfg, k) if cfg.engine == "vllm" else None
+    return identity
+
+
 def run_stage1(
-    cfg: Stage1Config, *, rows: list[dict] | None = None, reward_fn: Callable | None = None, progress: bool = True
+    cfg: Stage1Config,
+    *,
+    rows: list[dict] | None = None,
+    reward_fn: Callable | None = None,
+    progress: bool = True,
+    engine=None,
 ) -> dict:
     """Run (or resume) Stage 1 and return a summary dict (also stored in the manifest).
 
@@ -302,10 +507,13 @@ def run_stage1(
             ``f(prompts, completions, completion_ids, **columns) -> list[float]`` (columns = the
             rows' other fields, one entry per completion) instead of ``cfg.reward``; its
             ``__qualname__`` is recorded.
+        engine: a ready proposal :class:`~tiltlab.llm.rollout.RolloutEngine` of ``cfg.proposal``
+            (e.g. one vLLM engine shared by several runs) instead of building one from ``cfg``.
     """
     import torch
     from tqdm.auto import tqdm
 
+    from tiltlab.llm.models import default_device
     from tiltlab.objectives import estimators as est
 
     if cfg.truncated_support:
@@ -328,30 +536,37 @@ def run_stage1(
         raise ValueError("prompt ids must be unique within the dataset")
     reward = resolve_reward(reward_fn if reward_fn is not None else cfg.reward)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
-        stale.unlink()
     reward_name = getattr(reward_fn, "__qualname__", repr(reward_fn)) if reward_fn is not None else cfg.reward
 
     n_shards = (len(rows) + cfg.prompts_per_shard - 1) // cfg.prompts_per_shard
-    identity = {k: getattr(cfg, k) for k in _IDENTITY_FIELDS}
-    identity["reward"] = reward_name
-    identity["prompts_sha256"] = _prompts_hash(ids, [r["prompt"] for r in rows])
+    identity = _identity(cfg, reward_name, ids, rows, cfg.device or default_device())
     man_path = out / MANIFEST
-    if man_path.exists():
-        manifest = json.loads(man_path.read_text())
+    manifest = json.loads(man_path.read_text()) if man_path.exists() else None
+    if manifest is not None:
         old = manifest.get("identity", {})
         diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
-        if diff:
+        if diff and manifest.get("shards"):
             raise ValueError(
-                f"{out} holds a Stage 1 run with a different configuration {diff}; "
+                f"{out} holds a Stage 1 run with a different configuration {diff} (recorded, requested); "
                 "use another out_dir or the same settings to resume"
             )
-    else:
-        manifest = {"format": "tiltlab.stage1/1", "identity": identity, "shards": {}, "complete": False}
+        if diff:  # nothing was produced under the old settings: start afresh
+            warnings.warn(f"{out}: replacing a Stage 1 manifest with no finished shard", RuntimeWarning, stacklevel=2)
+            manifest = None
+    if manifest is None:
+        manifest = {
+            "format": "tiltlab.stage1/1",
+            "identity": identity,
+            "shards": {},
+            "complete": False,
+            "config": asdict(cfg),
+            "resumes": [],
+        }
+    else:  # a resume keeps the first run's config and records what else it changed
+        changed = {k: v for k, v in asdict(cfg).items() if manifest.get("config", {}).get(k) != v}
+        manifest.setdefault("resumes", []).append(changed)
     manifest.update(
         {
-            "config": asdict(cfg),
             "n_prompts": len(rows),
             "n_shards": n_shards,
             "beta": cfg.beta,
@@ -362,10 +577,16 @@ def run_stage1(
             "label": "log_z = LSE_i(log w_i) - log M (DISA eq. 8); log_z_bias_corrected = log_z - delta_method_bias",
         }
     )
-    atomic_write_json(man_path, manifest)
 
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
-    models = _Models(cfg) if todo else None
+    # every refusal (tokenizers, context lengths) happens here, before the first write
+    clock = _Clock()
+    with clock("setup"):
+        models = _Models(cfg, rows, engine=engine) if todo else None
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
+        stale.unlink()
+    atomic_write_json(man_path, manifest)
     bar = tqdm(
         total=len(rows),
         desc="stage1 prompts",
@@ -373,22 +594,24 @@ def run_stage1(
         disable=not progress,
         initial=sum(v["n_prompts"] for v in manifest["shards"].values()),
     )
+    pp = cfg.prompts_per_shard
     for k in todo:
-        shard_rows = rows[k * cfg.prompts_per_shard : (k + 1) * cfg.prompts_per_shard]
-        samples, labels = _run_shard(cfg, models, shard_rows, k, reward, est, torch)
+        sl = slice(k * pp, (k + 1) * pp)
+        samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
-        _atomic_write_parquet(out / s_name, samples)
-        _atomic_write_parquet(out / l_name, labels)
+        with clock("io"):
+            _atomic_write_parquet(out / s_name, samples)
+            _atomic_write_parquet(out / l_name, labels)
         _crash_hook(k + 1, "before_manifest")
         manifest["shards"][str(k)] = {
             "samples": s_name,
             "labels": l_name,
-            "n_prompts": len(shard_rows),
+            "n_prompts": len(rows[sl]),
             "n_samples": samples.num_rows,
-            "prompt_ids": [str(r["id"]) for r in shard_rows],
+            "prompt_ids": ids[sl],
         }
         atomic_write_json(man_path, manifest)
-        bar.update(len(shard_rows))
+        bar.update(len(rows[sl]))
         _crash_hook(k + 1, "after_manifest")
     bar.close()
 
@@ -396,32 +619,105 @@ def run_stage1(
     summary = _summary(lab, cfg)
     manifest["complete"] = True
     manifest["summary"] = summary
+    manifest["seconds"] = clock.seconds  # this invocation's wall time per phase (see _Clock)
     atomic_write_json(man_path, manifest)
     return summary
 
 
-def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: int, reward, est, torch):
-    import pyarrow as pa
-
+def _hf_reference_logprobs(models: _Models, flat_p, flat_c, batch_size: int, torch):
+    """``[N]`` log pi_ref(c | p) by transformers teacher forcing (temperature 1)."""
     from tiltlab.llm.scoring import score_completions
 
-    prompt_ids = [prompt_token_ids(models.ref_tok, r["prompt"], cfg.chat_template) for r in shard_rows]
-    groups = models.engine.generate(prompt_ids, cfg.M, cfg.sampling(k))
-    flat_p = [g.prompt_ids for g in groups for _ in range(cfg.M)]
-    flat_c = [c for g in groups for c in g.completion_ids]
+    # longest first: batches of similar lengths waste little compute on padding
+    order = sorted(range(len(flat_c)), key=lambda i: -(len(flat_p[i]) + len(flat_c[i])))
+    sc = score_completions(
+        models.ref,
+        [flat_p[i] for i in order],
+        [flat_c[i] for i in order],
+        pad_token_id=models.ref_tok.pad_token_id,
+        batch_size=batch_size,
+    )
+    seq = torch.empty_like(sc.seq_logprobs)
+    seq[torch.tensor(order, device=seq.device)] = sc.seq_logprobs
+    return seq
+
+
+def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
+    """``[N]`` log pi_ref(c | p) from a vLLM engine of pi_ref: ``prompt_logprobs=0`` on ``p + c``
+    returns each prompt token's raw (temperature-1) log-prob -- vLLM applies no sampling processor to
+    prompt tokens, whatever ``logprobs_mode`` -- and the completion's are summed (float64)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0, seed=0)
+    outs = engine.llm.generate(
+        [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(flat_p, flat_c)], params, use_tqdm=False
+    )
+    seq = []
+    for p, c, o in zip(flat_p, flat_c, outs):
+        lps = o.prompt_logprobs  # [None, {tok: Logprob}, ...] one per prompt token
+        if lps is None or len(lps) != len(p) + len(c):
+            raise RuntimeError("vLLM returned no prompt log-probs for a reference-scoring request")
+        seq.append(math.fsum(float(lps[len(p) + t][tok].logprob) for t, tok in enumerate(c)))
+    return torch.tensor(seq, dtype=torch.float64)
+
+
+class _Clock:
+    """Wall seconds per phase of one invocation: setup (tokenizers, models, engine), sample (the
+    proposal engine), score (pi_ref teacher forcing), reward, weights (log w, labels, tables), io."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def total(self, *phases: str) -> float:
+        return sum(self.seconds.get(p, 0.0) for p in phases)
+
+
+def _run_shard(
+    cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, reward, est, torch, clock: _Clock
+):
+    import pyarrow as pa
+
+    with clock("sample"):
+        groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
+    t_rest, inner0 = time.perf_counter(), clock.total("score", "reward")
+    P, M = len(groups), cfg.M
+    ref_pids = models.ref_prompt_ids[sl]
+    flat_p = [p for p in ref_pids for _ in range(M)]
+    flat_q = [c for g in groups for c in g.completion_ids]
+    flat_fin = [f for g in groups for f in (g.finished or [False] * M)]
+    texts = [t for g in groups for t in g.texts]
+    if models.retokenize:
+        flat_c = [models.reference_completion(t, f) for t, f in zip(texts, flat_fin)]
+        if models.ref_context is not None:
+            for j, (p, c) in enumerate(zip(flat_p, flat_c)):
+                if len(p) + len(c) > models.ref_context:
+                    raise ValueError(
+                        f"prompt {shard_rows[j // M]['id']!r}: the re-tokenized completion ({len(c)} tokens) "
+                        f"does not fit the reference's context {models.ref_context}; lower max_new_tokens"
+                    )
+    else:
+        flat_c = flat_q
     if any(len(c) == 0 for c in flat_c):
         raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
-    sc = score_completions(
-        models.ref, flat_p, flat_c, pad_token_id=models.ref_tok.pad_token_id, batch_size=cfg.score_batch_size
-    )
-    P, M = len(groups), cfg.M
-    logp_ref = sc.seq_logprobs.detach().double().cpu().view(P, M)  # [P, M]
+    with clock("score"):
+        if models.vllm_scores:
+            seq = _vllm_reference_logprobs(models.engine, flat_p, flat_c, torch)
+        else:
+            seq = _hf_reference_logprobs(models, flat_p, flat_c, cfg.score_batch_size, torch)
+    logp_ref = seq.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
     kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
-    r_list = reward(
-        [r["prompt"] for r in shard_rows for _ in range(M)], [t for g in groups for t in g.texts], flat_c, **kwargs
-    )
+    with clock("reward"):
+        r_list = reward([r["prompt"] for r in shard_rows for _ in range(M)], texts, flat_c, **kwargs)
     if len(r_list) != P * M or any(v is None for v in r_list):
         raise ValueError("the reward function must return one number per completion (got None or a wrong count)")
     r_raw = torch.tensor(r_list, dtype=torch.float64).view(P, M)  # [P, M]
@@ -444,28 +740,34 @@ def _run_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], k: in
         {
             "prompt_id": [str(r["id"]) for r in shard_rows],
             "prompt": [r["prompt"] for r in shard_rows],
+            # the exact conditioning string of pi_ref the label belongs to (chat template applied)
+            "prompt_text": models.prompt_texts[sl],
+            "prompt_n_tokens": pa.array([len(p) for p in ref_pids], pa.int32()),
             "M": pa.array([M] * P, pa.int32()),
             **{name: pa.array(v.tolist(), pa.float64()) for name, v in lab.items()},
             "n_reward_bearing": pa.array((r_raw > 0).sum(-1).tolist(), pa.int32()),
             "mean_reward": pa.array(r_raw.mean(-1).tolist(), pa.float64()),
         }
     )
-    samples = pa.table(
-        {
-            "prompt_id": [str(r["id"]) for r in shard_rows for _ in range(M)],
-            "sample_idx": pa.array([j for _ in range(P) for j in range(M)], pa.int32()),
-            "completion": [t for g in groups for t in g.texts],
-            "completion_ids": pa.array(flat_c, pa.list_(pa.int32())),
-            "n_tokens": pa.array([len(c) for c in flat_c], pa.int32()),
-            "finished": [f for g in groups for f in (g.finished or [False] * M)],
-            "logp_proposal": pa.array(logp_q.flatten().tolist(), pa.float64()),
-            "logp_ref": pa.array(logp_ref.flatten().tolist(), pa.float64()),
-            "reward_raw": pa.array(r_raw.flatten().tolist(), pa.float64()),
-            "reward": pa.array(r_tilde.flatten().tolist(), pa.float64()),
-            "log_w": pa.array(log_w.flatten().tolist(), pa.float64()),
-        }
-    )
-    return samples, labels
+    scols = {
+        "prompt_id": [str(r["id"]) for r in shard_rows for _ in range(M)],
+        "sample_idx": pa.array([j for _ in range(P) for j in range(M)], pa.int32()),
+        "completion": texts,
+        "completion_ids": pa.array(flat_c, pa.list_(pa.int32())),
+        "n_tokens": pa.array([len(c) for c in flat_c], pa.int32()),
+        "finished": flat_fin,
+        "logp_proposal": pa.array(logp_q.flatten().tolist(), pa.float64()),
+        "logp_ref": pa.array(logp_ref.flatten().tolist(), pa.float64()),
+        "reward_raw": pa.array(r_raw.flatten().tolist(), pa.float64()),
+        "reward": pa.array(r_tilde.flatten().tolist(), pa.float64()),
+        "log_w": pa.array(log_w.flatten().tolist(), pa.float64()),
+    }
+    if models.retokenize:
+        scols["proposal_completion_ids"] = pa.array(flat_q, pa.list_(pa.int32()))
+    out = pa.table(scols), labels
+    rest = time.perf_counter() - t_rest - (clock.total("score", "reward") - inner0)
+    clock.seconds["weights"] = clock.seconds.get("weights", 0.0) + rest
+    return out
 
 
 def load_stage1(out_dir: str | Path):

@@ -1,7 +1,8 @@
 """Config dataclass -> command-line flags, shared by ``tiltlab sim`` and ``tiltlab llm``.
 
 One flag per field (``--snake-case``), the field's attribute docstring (the string literal right
-after it) as its help, booleans as ``--x/--no-x``, ``list[...]`` fields as several values; a field
+after it) as its help, booleans as ``--x/--no-x``, ``list[...]`` fields as several values, ``dict``
+fields as one JSON object (``--chat-template-kwargs '{"enable_thinking": false}'``); a field
 without a default is a required flag. Standard library only, so ``tiltlab --help`` stays fast.
 """
 
@@ -48,9 +49,24 @@ def _field_type(tp: Any) -> tuple[type, bool]:
     names = {"int": int, "float": float, "str": str, "bool": bool}
     if len(parts) == 1 and parts[0] in names:
         return names[parts[0]], False
+    if len(parts) == 1 and (parts[0] == "dict" or parts[0].startswith("dict[")):
+        return dict, False
     if len(parts) == 1 and parts[0].startswith("list[") and parts[0][5:-1] in names:
         return names[parts[0][5:-1]], True
     raise TypeError(f"unsupported CLI field type {tp!r}")
+
+
+def _json_object(text: str) -> dict:
+    """A ``dict`` field's flag value: a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON object ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
+    return value
 
 
 def add_dataclass_args(
@@ -105,5 +121,11 @@ def add_dataclass_args(
             )
             continue
         parser.add_argument(
-            flag, dest=f.name, type=tp, help=help_, metavar=f.name.upper(), nargs="+" if is_list else None, **kw
+            flag,
+            dest=f.name,
+            type=_json_object if tp is dict else tp,
+            help=help_,
+            metavar=f.name.upper(),
+            nargs="+" if is_list else None,
+            **kw,
         )
