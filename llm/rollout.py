@@ -365,6 +365,19 @@ def _local_model(model: str) -> str:
     return resolve_model(str(model)) if str(model) in MODEL_ALIASES else str(model)
 
 
+def _config_positions(model: str) -> int | None:
+    """``max_position_embeddings`` of a local model directory's ``config.json`` (None if unknown)."""
+    import json
+    from pathlib import Path
+
+    f = Path(model).expanduser() / "config.json"
+    if not f.is_file():
+        return None
+    cfg = json.loads(f.read_text())
+    n = cfg.get("text_config", cfg).get("max_position_embeddings")
+    return int(n) if n else None
+
+
 def vllm_unsupported_reason(model: str) -> str | None:
     """Why vLLM cannot serve ``model`` here (None when it can, as far as can be told without starting it):
     vLLM not installed, a model that is not a directory or hub id (``tiny``), or, on CPU, a head size
@@ -465,6 +478,12 @@ class VLLMEngine(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if not on_gpu:
+            # vLLM 0.32's CPU worker crashes on a seeded request whose prefill is split across steps
+            # ("CPU Generator does not use offset"), and every request here is seeded: no chunked
+            # prefill, so the step token budget must cover the context (vLLM requires it).
+            ctx = max_model_len or _config_positions(str(model)) or 8192
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(int(ctx), 8192))
         kwargs.update(llm_kwargs)
         self.device = "cuda" if on_gpu else "cpu"
         self.llm = LLM(**kwargs)
