@@ -298,7 +298,7 @@ def train_online(
     prompts: Sequence[int],
     steps: int,
     lr: float = 1e-3,
-    batch_prompts: int = 16,
+    batch_prompts: int = 8,
     g: int = 8,
     seed: int = 0,
     old_every: int = 1,
