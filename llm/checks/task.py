@@ -233,13 +233,21 @@ def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
     model.eval()
 
 
+def _task_key() -> str:
+    """Short hash of everything the warmed weights depend on (a changed task never loads old weights)."""
+    import hashlib
+
+    spec = repr((CACHE_VERSION, K, N_CORRECT, LEVEL_PASS, HINT_PASS, N_T, HELD_OUT_T, "digits+eos", 1e-2, 24))
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
 @lru_cache(maxsize=8)
 def _warm_cached(seed: int, steps: int) -> tuple[object, object, EnumTask]:
     from tiltlab.llm.models import build_tiny
 
     model, tok = build_tiny(seed=seed)
     task = build_task(tok)
-    path = _cache_dir() / f"warm_{CACHE_VERSION}_s{seed}_n{steps}.pt"
+    path = _cache_dir() / f"warm_{_task_key()}_s{seed}_n{steps}.pt"
     if path.exists():
         model.load_state_dict(torch.load(path, map_location="cpu"))
         model.eval()
@@ -385,6 +393,11 @@ def ci_numbers(prefix: str, xs: Sequence[float]) -> dict[str, float]:
     return {prefix: m, f"{prefix}_lo": lo, f"{prefix}_hi": hi}
 
 
-def seeds_for(seed: int, n: int) -> list[int]:
-    """The ``n`` model seeds a check run at ``--seed seed`` uses."""
-    return [seed * 100 + i for i in range(n)]
+def seeds_for(seed: int, n: int, desc: str | None = None):
+    """The ``n`` model seeds a check run at ``--seed seed`` uses (with a progress bar when ``desc``)."""
+    seeds = [seed * 100 + i for i in range(n)]
+    if desc is None:
+        return seeds
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(seeds, desc=f"llm check {desc}", unit="seed", leave=False)
