@@ -160,7 +160,9 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
 
 
 @register_check("disa.remark2.calibration_distorts", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
-def logz_variants(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0) -> CheckResult:
+def logz_variants(
+    seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+) -> CheckResult:
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
     tv = {k: [] for k in names}
     gv = {k: [] for k in names}
@@ -176,7 +178,7 @@ def logz_variants(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float =
             model, _ = T.warm_reference(s)
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
             fn = _variants(lz, lab, noisy, beta, table)[k]
-            gv[k].append(_grad_var(model, task, ref_tok, fn, tr, s))
+            gv[k].append(_grad_var(model, task, ref_tok, fn, tr, s, n=grad_draws))
             extra = (table,) if k == "learned_head" else ()
             T.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s, extra_params=extra)
             tv[k].append(evaluate(model, task, tr, ref, beta)["tv"])

@@ -92,7 +92,7 @@ def test_mean_ci():
 
 CASES = [
     (stage3.target_tracking, dict(n_seeds=1, steps=2, betas=(2.0,))),
-    (stage3.logz_variants, dict(n_seeds=1, steps=2)),
+    (stage3.logz_variants, dict(n_seeds=1, steps=2, grad_draws=2)),
     (stage3.m_study, dict(n_seeds=1, steps=2, ms=(1, 8))),
     (stage3.proposal_strength, dict(n_seeds=1, steps=2)),
     (stage3.stage2_denoising, dict(n_seeds=1)),
