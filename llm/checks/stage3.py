@@ -71,7 +71,7 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ 1. DISA target tracking
-@register_check("disa.llm.target_tracking", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
+@register_check("disa.llm.target_tracking", layer="llm", expected=V.PARTLY, slow=True, name="tiny_qwen3_enum")
 def target_tracking(seed: int, n_seeds: int = 3, steps: int = STEPS, betas=(1.0, 2.0, 4.0)) -> CheckResult:
     mae: dict[float, list[float]] = {b: [] for b in betas}
     mae0: dict[float, list[float]] = {b: [] for b in betas}
@@ -318,7 +318,9 @@ def prompt_features(model, task: T.EnumTask, idx) -> torch.Tensor:
     return masked_mean_pool(out.hidden_states[-1].float(), pmask)
 
 
-@register_check("disa.stage2.amortized_denoising", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
+@register_check(
+    "disa.stage2.amortized_denoising", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum"
+)
 def stage2_denoising(seed: int, n_seeds: int = 3, beta: float = 2.0, m: int = 2) -> CheckResult:
     from tiltlab.objectives.regressor import fit_regressor
 
@@ -374,7 +376,7 @@ def method_fns(name: str, lz, beta: float, table):
 _MEMO: dict[tuple, CheckResult] = {}
 
 
-@register_check("disa.table1.math_qwen2.5_7b", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
+@register_check("disa.table1.math_qwen2.5_7b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
 def methods_compare(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
     """One run decides both Table-1 claims (same direction, two backbones): memoized per process."""
     key = (seed, n_seeds, steps, beta, T.WARM_STEPS)
@@ -432,7 +434,7 @@ def _methods_compare(seed: int, n_seeds: int, steps: int, beta: float) -> CheckR
     )
 
 
-register_check("disa.table1.math_qwen3_4b", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")(
+register_check("disa.table1.math_qwen3_4b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")(
     methods_compare
 )
 
