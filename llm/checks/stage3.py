@@ -159,7 +159,9 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
     return float(((g - g.mean(0)) ** 2).sum(1).mean())
 
 
-@register_check("disa.remark2.calibration_distorts", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
+@register_check(
+    "disa.remark2.calibration_distorts", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum"
+)
 def logz_variants(
     seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
@@ -261,7 +263,7 @@ def proposal_logprobs(ref: T.Policy, task: T.EnumTask, idx, kind: str) -> torch.
     return torch.stack(rows)
 
 
-@register_check("disa.fig3.proposal_strength", layer="llm", expected=V.PARTLY, slow=True, name="tiny_qwen3_enum")
+@register_check("disa.fig3.proposal_strength", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
 def proposal_strength(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, m: int = 8) -> CheckResult:
     kinds = ("level0", "level2", "hint")
     err = {k: [] for k in kinds}
@@ -529,7 +531,7 @@ def fpa_train(
     model.eval()
 
 
-@register_check("fpa.figs2_4.llm_dynamics", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
+@register_check("fpa.figs2_4.llm_dynamics", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
 def fpa_entanglement(seed: int, n_seeds: int = 3, steps: int = 150, lams=(0.0, 1.0, 2.0, 5.0, 20.0)) -> CheckResult:
     acc = {lam: [] for lam in lams}
     dcorr = {lam: [] for lam in lams}
