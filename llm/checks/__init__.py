@@ -1,0 +1,13 @@
+"""Checks of the ``llm`` layer (``layer="llm"``, all ``slow``): claims decided by training a small
+real transformer on an enumerable task with exact ``pi``, ``pi*``, ``log Z`` and TV.
+
+Importing this package registers its checks with ``paper_checks.registry``; the shared task and
+its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltlab.llm.checks.stage3`.
+See ``docs/llm-checks.md``.
+"""
+
+from __future__ import annotations
+
+from tiltlab.llm.checks import stage3, task
+
+__all__ = ["stage3", "task"]

@@ -1,0 +1,403 @@
+"""The enumerable task every ``llm`` check shares, with its exact quantities.
+
+A prompt ``"t=<t> L=<d>:"`` asks for an answer ``n in 0..K-1`` written as its digits and the end
+of turn (``K = 16``: one- and two-digit answers, so completions have ragged lengths; the
+``\\boxed{}`` wrapper is left out so the tiny model's warm-up learns the prompt dependence in a
+few hundred steps); ``n`` is correct when
+``n % 4 == t % 4`` (4 correct answers of 16). The level ``d`` sets the warm-up pass rate
+(:data:`LEVEL_PASS`), so pass rates and ``log Z`` vary across prompts. A hinted prompt
+``"t=<t> L=<d> hint:"`` is warmed up to pass rate 0.9: ``pi_ref(y | x, hint)`` is a strong proposal
+with the same tokenizer and full support.
+
+Because the answer set is enumerable, every quantity is exact by teacher forcing all K answer
+sequences: ``pi(y|x)`` restricted to the K answers and renormalized (the mass a model puts
+outside the answer set is reported as ``leak``), ``pi*(y|x) ∝ pi_ref(y|x) e^{beta r}``,
+``log Z(x) = log sum_y pi_ref(y|x) e^{beta r}``, ``TV(pi, pi*)``. Rollouts are drawn exactly from
+the renormalized teacher-forced distribution (no generate loop); the losses are the objectives'
+functions applied to per-token log-probs of the sampled sequences.
+
+The model is :func:`tiltlab.llm.models.build_tiny` (random-init 2-layer Qwen3 + BPE tokenizer),
+warmed up by a short exact SFT (:func:`warm_reference`), cached per seed in memory and on disk.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from tiltlab.objectives.offline import sft_loss
+
+__all__ = [
+    "LEVEL_PASS",
+    "EnumTask",
+    "K",
+    "Policy",
+    "build_task",
+    "exact_log_z",
+    "mean_ci",
+    "tilted",
+    "tv_distance",
+    "warm_reference",
+]
+
+K = 16
+N_CORRECT = 4
+LEVEL_PASS = (0.01, 0.03, 0.1, 0.25, 0.5, 0.8)
+"""Warm-up pass rate of a prompt at level ``d`` (index); hinted prompts are warmed to 0.9."""
+HINT_PASS = 0.9
+N_T = 8
+HELD_OUT_T = (3, 6)
+"""Values of ``t`` whose prompts are never seen in warm-up or training (the held-out split)."""
+WARM_STEPS = 500
+CACHE_VERSION = "v1"
+
+
+def correct_set(t: int) -> list[int]:
+    return [n for n in range(K) if n % N_CORRECT == t % N_CORRECT]
+
+
+@dataclass
+class EnumTask:
+    """Prompts ``(t, d, hint)`` and the fixed teacher-forcing layout of all ``K`` answers.
+
+    Attributes:
+        prompts: ``(t, level, hinted)`` per prompt.
+        ids: ``[P, K, L]`` token ids (prompt left-padded, answer right-padded).
+        attn: ``[P, K, L]`` attention mask. pos: ``[P, K, L]`` position ids.
+        comp_mask: ``[P, K, L-1]`` float mask over the predicted answer tokens (shifted by one).
+        reward: ``[P, K]`` float 0/1.
+    """
+
+    tokenizer: object
+    prompts: list[tuple[int, int, bool]]
+    ids: Tensor
+    attn: Tensor
+    pos: Tensor
+    comp_mask: Tensor
+    reward: Tensor
+    _index: dict[tuple[int, int, bool], int] = field(default_factory=dict)
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.prompts)
+
+    def index(self, t: int, d: int, hint: bool = False) -> int:
+        return self._index[(t, d, hint)]
+
+    def split(self, held_out: bool, hint: bool = False) -> list[int]:
+        """Indices of the plain (or hinted) prompts of the train (``held_out=False``) or held-out split."""
+        return [i for i, (t, _, h) in enumerate(self.prompts) if h == hint and ((t in HELD_OUT_T) == held_out)]
+
+    def lengths(self) -> Tensor:
+        """``[P, K]`` answer lengths in tokens (ragged)."""
+        return self.comp_mask.sum(-1)
+
+
+def build_task(tokenizer) -> EnumTask:
+    """All ``(t, d)`` prompts, plain and hinted, with the teacher-forcing layout of the K answers."""
+    prompts = [(t, d, h) for h in (False, True) for t in range(N_T) for d in range(len(LEVEL_PASS))]
+    ptexts = [f"t={t} L={d}{' hint' if h else ''}:" for t, d, h in prompts]
+    atexts = [f"{n}" for n in range(K)]
+    p_tok = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in ptexts]
+    a_tok = [tokenizer(s, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for s in atexts]
+    lp, la = max(map(len, p_tok)), max(map(len, a_tok))
+    pad = tokenizer.pad_token_id
+    n_p, length = len(prompts), lp + la
+    ids = torch.full((n_p, K, length), pad, dtype=torch.long)
+    attn = torch.zeros((n_p, K, length), dtype=torch.long)
+    comp = torch.zeros((n_p, K, length), dtype=torch.float32)
+    for i, pt in enumerate(p_tok):
+        for k, at in enumerate(a_tok):
+            s = lp - len(pt)
+            ids[i, k, s:lp] = torch.tensor(pt)
+            ids[i, k, lp : lp + len(at)] = torch.tensor(at)
+            attn[i, k, s : lp + len(at)] = 1
+            comp[i, k, lp : lp + len(at)] = 1.0
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    reward = torch.zeros(n_p, K)
+    for i, (t, _, _) in enumerate(prompts):
+        reward[i, correct_set(t)] = 1.0
+    index = {p: i for i, p in enumerate(prompts)}
+    return EnumTask(tokenizer, prompts, ids, attn, pos, comp[..., 1:], reward, index)
+
+
+def token_logps(model, task: EnumTask, prompt_idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Teacher-forced per-token log-probs of all K answers of the given prompts.
+
+    Returns ``(logp [Pb, K, T], mask [Pb, K, T])``; gradient flows when enabled."""
+    ids, attn, pos = task.ids[prompt_idx], task.attn[prompt_idx], task.pos[prompt_idx]
+    pb, k, length = ids.shape
+    out = model(input_ids=ids.view(-1, length), attention_mask=attn.view(-1, length), position_ids=pos.view(-1, length))
+    logits = out.logits[:, :-1].float()
+    tgt = ids.view(-1, length)[:, 1:]
+    lp = torch.log_softmax(logits, -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    mask = task.comp_mask[prompt_idx].reshape(-1, length - 1)
+    lp = lp * mask
+    return lp.view(pb, k, -1), mask.view(pb, k, -1)
+
+
+@dataclass
+class Policy:
+    """Exact teacher-forced answer distribution of a model on prompts ``idx``."""
+
+    idx: Tensor
+    seq_logp: Tensor  # [P, K] unnormalized log pi(y|x) (token sums)
+    log_probs: Tensor  # [P, K] renormalized over the K answers
+
+    @property
+    def probs(self) -> Tensor:
+        return self.log_probs.exp()
+
+    @property
+    def leak(self) -> Tensor:
+        """``[P]`` mass outside the answer set."""
+        return (1.0 - self.seq_logp.exp().sum(-1)).clamp_min(0.0)
+
+
+@torch.no_grad()
+def policy(model, task: EnumTask, idx: Sequence[int] | Tensor, chunk: int = 64) -> Policy:
+    idx = torch.as_tensor(idx, dtype=torch.long)
+    rows = []
+    for s in range(0, len(idx), chunk):
+        lp, _ = token_logps(model, task, idx[s : s + chunk])
+        rows.append(lp.sum(-1).double())
+    seq = torch.cat(rows)
+    return Policy(idx, seq, torch.log_softmax(seq, -1))
+
+
+def tilted(log_ref: Tensor, reward: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """``(log pi*, log Z)``: ``pi* ∝ pi_ref e^{beta r}`` over the last dim of renormalized ``log_ref``."""
+    s = log_ref + beta * reward.to(log_ref.dtype)
+    log_z = torch.logsumexp(s, -1)
+    return s - log_z[..., None], log_z
+
+
+def exact_log_z(log_ref: Tensor, reward: Tensor, beta: float) -> Tensor:
+    return tilted(log_ref, reward, beta)[1]
+
+
+def tv_distance(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """``[...]`` total variation ``1/2 sum |p - q|`` over the last dim."""
+    return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+
+
+def pass_rate(pol: Policy, task: EnumTask) -> Tensor:
+    return (pol.probs * task.reward[pol.idx].double()).sum(-1)
+
+
+# ---------------------------------------------------------------- warm-up (exact SFT), cached per seed
+def _warm_targets(task: EnumTask) -> Tensor:
+    """``[P, K]`` SFT target distribution: pass rate by level (0.9 hinted), uniform within each set."""
+    q = torch.zeros(task.n_prompts, K)
+    for i, (_, d, h) in enumerate(task.prompts):
+        p = HINT_PASS if h else LEVEL_PASS[d]
+        r = task.reward[i]
+        q[i] = r * p / r.sum() + (1 - r) * (1 - p) / (K - r.sum())
+    return q
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TILTLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tiltlab")
+    return Path(root) / "llm_checks"
+
+
+def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
+    idx_all = torch.tensor([i for i, (t, _, h) in enumerate(task.prompts) if h or t not in HELD_OUT_T])
+    q = _warm_targets(task)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        it = tqdm(it, desc=f"llm checks: warm-up seed {seed}", unit="step", leave=False)
+    for _ in it:
+        b = idx_all[torch.randperm(len(idx_all), generator=gen)[:24]]
+        lp, mask = token_logps(model, task, b)
+        # exact expected SFT loss under the target q: the token NLL of every answer weighted by q(y|x)
+        t = lp.shape[-1]
+        loss = sft_loss(lp.reshape(-1, t), mask.reshape(-1, t) * q[b].reshape(-1, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def _task_key() -> str:
+    """Short hash of everything the warmed weights depend on (a changed task never loads old weights)."""
+    import hashlib
+
+    spec = repr((CACHE_VERSION, K, N_CORRECT, LEVEL_PASS, HINT_PASS, N_T, HELD_OUT_T, "digits+eos", 1e-2, 24))
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=8)
+def _warm_cached(seed: int, steps: int) -> tuple[object, object, EnumTask]:
+    from tiltlab.llm.models import build_tiny
+
+    model, tok = build_tiny(seed=seed)
+    task = build_task(tok)
+    path = _cache_dir() / f"warm_{_task_key()}_s{seed}_n{steps}.pt"
+    if path.exists():
+        model.load_state_dict(torch.load(path, map_location="cpu"))
+        model.eval()
+        return model, tok, task
+    torch.manual_seed(seed)
+    _sft(model, task, steps, seed, progress=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)  # atomic: a half-written cache is never read
+    return model, tok, task
+
+
+def warm_reference(seed: int, steps: int | None = None) -> tuple[object, EnumTask]:
+    """``(pi_ref, task)``: a fresh copy of the warmed tiny model of ``seed`` (callers may train it).
+    ``steps`` defaults to :data:`WARM_STEPS` (read at call time)."""
+    model, _, task = _warm_cached(seed, WARM_STEPS if steps is None else steps)
+    return copy.deepcopy(model), task
+
+
+# ---------------------------------------------------------------- rollouts and training
+def sample_answers(log_probs: Tensor, g: int, gen: torch.Generator) -> Tensor:
+    """``[P, g]`` answer indices drawn exactly from ``softmax(log_probs)`` (``[P, K]``)."""
+    return torch.multinomial(log_probs.exp().float(), g, replacement=True, generator=gen)
+
+
+def gather_tokens(x: Tensor, ans: Tensor) -> Tensor:
+    """``x [P, K, T]``, ``ans [P, G]`` -> ``[P*G, T]`` (group-major)."""
+    return x.gather(1, ans[..., None].expand(-1, -1, x.shape[-1])).reshape(-1, x.shape[-1])
+
+
+@dataclass
+class Batch:
+    """One step's rollouts: ``P`` prompts x ``G`` answers, group-major ``B = P*G`` rows."""
+
+    prompt_idx: Tensor  # [P]
+    ans: Tensor  # [P, G]
+    logp: Tensor  # [B, T] current policy (grad)
+    logp_old: Tensor  # [B, T] behaviour (detached)
+    logp_ref: Tensor  # [B, T] reference
+    mask: Tensor  # [B, T]
+    reward: Tensor  # [P, G]
+    all_logp: Tensor  # [P, K, T] current policy, all answers (grad)
+
+
+LossFn = Callable[[Batch], Tensor]
+
+
+def train_online(
+    model,
+    task: EnumTask,
+    ref_tok: Tensor,
+    loss_fn: LossFn,
+    *,
+    prompts: Sequence[int],
+    steps: int,
+    lr: float = 1e-3,
+    batch_prompts: int = 8,
+    g: int = 8,
+    seed: int = 0,
+    old_every: int = 1,
+    select: Callable[[int], Sequence[int]] | None = None,
+    extra_params: Sequence[torch.nn.Parameter] = (),
+    on_step: Callable[[int], None] | None = None,
+) -> None:
+    """Online RL with exact rollouts. ``ref_tok``: ``[P_all, K, T]`` reference token log-probs.
+
+    Each step draws ``batch_prompts`` prompts (or ``select(step)``), samples ``g`` answers per
+    prompt from the behaviour policy ``pi_old`` (refreshed every ``old_every`` steps; 1 = on-policy),
+    and takes one Adam step on ``loss_fn(batch)``."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    prompts_t = torch.as_tensor(list(prompts), dtype=torch.long)
+    opt = torch.optim.Adam([*model.parameters(), *extra_params], lr=lr)
+    old_model = None
+    model.train()
+    for step in range(steps):
+        if select is not None:
+            idx = torch.as_tensor(list(select(step)), dtype=torch.long)
+        else:
+            idx = prompts_t[torch.randperm(len(prompts_t), generator=gen)[:batch_prompts]]
+        all_lp, mask_all = token_logps(model, task, idx)
+        if old_every > 1:
+            if step % old_every == 0:
+                old_model = copy.deepcopy(model).eval()
+            with torch.no_grad():
+                old_lp, _ = token_logps(old_model, task, idx)
+        else:
+            old_lp = all_lp.detach()
+        old_seq = torch.log_softmax(old_lp.sum(-1).double(), -1)
+        ans = sample_answers(old_seq, g, gen)
+        batch = Batch(
+            idx,
+            ans,
+            gather_tokens(all_lp, ans),
+            gather_tokens(old_lp, ans).detach(),
+            gather_tokens(ref_tok[idx], ans),
+            gather_tokens(mask_all, ans),
+            task.reward[idx].gather(1, ans),
+            all_lp,
+        )
+        loss = loss_fn(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if on_step is not None:
+            on_step(step)
+    model.eval()
+
+
+@torch.no_grad()
+def reference_tokens(model, task: EnumTask) -> Tensor:
+    """``[P_all, K, T]`` token log-probs of every answer of every prompt under ``model``."""
+    rows = [
+        token_logps(model, task, torch.arange(s, min(s + 64, task.n_prompts)))[0] for s in range(0, task.n_prompts, 64)
+    ]
+    return torch.cat(rows)
+
+
+# ---------------------------------------------------------------- statistics
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: two-sided 95% Student-t interval over seeds (``lo = hi = mean`` for one value)."""
+    x = [float(v) for v in xs]
+    n = len(x)
+    m = sum(x) / n
+    if n < 2:
+        return m, m, m
+    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
+    h = _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
+def fmt_ci(xs: Sequence[float], digits: int = 3) -> str:
+    m, lo, hi = mean_ci(xs)
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def ci_numbers(prefix: str, xs: Sequence[float]) -> dict[str, float]:
+    m, lo, hi = mean_ci(xs)
+    return {prefix: m, f"{prefix}_lo": lo, f"{prefix}_hi": hi}
+
+
+def seeds_for(seed: int, n: int, desc: str | None = None):
+    """The ``n`` model seeds a check run at ``--seed seed`` uses (with a progress bar when ``desc``)."""
+    seeds = [seed * 100 + i for i in range(n)]
+    if desc is None:
+        return seeds
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(seeds, desc=f"llm check {desc}", unit="seed", leave=False)

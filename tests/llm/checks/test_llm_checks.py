@@ -1,0 +1,110 @@
+"""The llm layer's shared task (exact quantities against brute force) and each check's machinery
+at a tiny budget (the full checks are slow and run with ``tiltlab check --layer llm --slow``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tiltlab.llm.checks import stage3
+from tiltlab.llm.checks import task as T
+from tiltlab.paper_checks.registry import CheckResult, Verdict
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TILTLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    mp.setattr(T, "WARM_STEPS", 3)
+    model, task = T.warm_reference(0)
+    yield model, task
+    mp.undo()
+
+
+def test_tilted_log_z_tv_match_brute_force():
+    gen = torch.Generator().manual_seed(1)
+    log_ref = torch.log_softmax(torch.randn(5, 7, generator=gen, dtype=torch.float64), -1)
+    r = (torch.rand(5, 7, generator=gen) < 0.4).double()
+    beta = 1.7
+    log_star, log_z = T.tilted(log_ref, r, beta)
+    for i in range(5):
+        z = sum(math.exp(log_ref[i, k].item()) * math.exp(beta * r[i, k].item()) for k in range(7))
+        assert log_z[i].item() == pytest.approx(math.log(z), rel=1e-12)
+        for k in range(7):
+            want = math.exp(log_ref[i, k].item()) * math.exp(beta * r[i, k].item()) / z
+            assert log_star[i, k].exp().item() == pytest.approx(want, rel=1e-10)
+    q = torch.log_softmax(torch.randn(5, 7, generator=gen, dtype=torch.float64), -1)
+    tv = T.tv_distance(log_star, q)
+    brute = [0.5 * sum(abs(log_star[i, k].exp().item() - q[i, k].exp().item()) for k in range(7)) for i in range(5)]
+    assert tv.tolist() == pytest.approx(brute, rel=1e-12)
+    # binary reward: the tilted pass rate is p e^b / (p e^b + 1 - p)
+    p = (log_ref.exp() * r).sum(-1)
+    p_star = (log_star.exp() * r).sum(-1)
+    assert p_star.tolist() == pytest.approx((p * math.e**beta / (p * math.e**beta + 1 - p)).tolist(), rel=1e-10)
+
+
+def test_task_layout_rewards_and_ragged_lengths(tiny):
+    _, task = tiny
+    assert task.ids.shape[:2] == (task.n_prompts, T.K)
+    assert (task.reward.sum(-1) == T.N_CORRECT).all()
+    for i, (t, _, _) in enumerate(task.prompts):
+        assert task.reward[i].nonzero().flatten().tolist() == [n for n in range(T.K) if n % 4 == t % 4]
+    lengths = task.lengths()
+    assert lengths[0, 3].item() == 2 and lengths[0, 12].item() == 3  # digit(s) + end of turn
+    assert set(task.split(False)).isdisjoint(task.split(True))
+
+
+def test_teacher_forced_logprob_equals_unpadded_forward(tiny):
+    """The padded, batched teacher forcing gives each answer's log-prob as an unpadded forward does."""
+    model, task = tiny
+    tok = task.tokenizer
+    i = task.index(5, 2)
+    pol = T.policy(model, task, [i])
+    for n in (0, 7, 13):
+        ids = tok("t=5 L=2:", add_special_tokens=False)["input_ids"]
+        ans = tok(f"{n}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        x = torch.tensor([ids + ans])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].double(), -1)
+        want = sum(lp[len(ids) - 1 + j, a].item() for j, a in enumerate(ans))
+        assert pol.seq_logp[0, n].item() == pytest.approx(want, abs=1e-4)
+    assert pol.probs.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert 0.0 <= pol.leak.item() < 1.0
+
+
+def test_sample_answers_follow_the_distribution():
+    log_p = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64))
+    ans = T.sample_answers(log_p, 20_000, torch.Generator().manual_seed(0))
+    freq = torch.stack([(ans == k).double().mean(1) for k in range(4)], 1)
+    sd = (log_p.exp() * (1 - log_p.exp()) / 20_000).sqrt()
+    assert ((freq - log_p.exp()).abs() <= 5 * sd + 1e-12).all()
+    assert (ans[0] != 3).all()
+
+
+def test_mean_ci():
+    m, lo, hi = T.mean_ci([1.0, 2.0, 3.0])
+    assert m - lo == pytest.approx(hi - m)
+    assert m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert T.mean_ci([0.5]) == (0.5, 0.5, 0.5)
+
+
+CASES = [
+    (stage3.target_tracking, dict(n_seeds=1, steps=2, betas=(2.0,))),
+    (stage3.logz_variants, dict(n_seeds=1, steps=2, grad_draws=2)),
+    (stage3.m_study, dict(n_seeds=1, steps=2, ms=(1, 8))),
+    (stage3.proposal_strength, dict(n_seeds=1, steps=2)),
+    (stage3.stage2_denoising, dict(n_seeds=1)),
+    (stage3.methods_compare, dict(n_seeds=1, steps=2)),
+    (stage3.lad_divergences, dict(n_seeds=1, steps=2)),
+    (stage3.fpa_entanglement, dict(n_seeds=1, steps=2, lams=(0.0, 1.0))),
+]
+
+
+@pytest.mark.parametrize("fn,kw", CASES, ids=[c[0].__name__ for c in CASES])
+def test_check_machinery_tiny_budget(tiny, fn, kw):
+    res = fn(0, **kw)
+    assert isinstance(res, CheckResult)
+    assert res.verdict in set(Verdict)
+    assert res.numbers and all(not isinstance(v, float) or math.isfinite(v) for v in res.numbers.values())
