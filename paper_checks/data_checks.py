@@ -25,6 +25,7 @@ Rounding: a printed value with ``d`` decimals stands for an interval of half-wid
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import re
 import shlex
@@ -33,7 +34,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict, claims, get_claim, load_claims, register_check
+from tiltlab.paper_checks.registry import (
+    RUN_CONFIG_LOADER,
+    CheckResult,
+    Verdict,
+    claims,
+    get_claim,
+    load_claims,
+    register_check,
+)
 
 __all__ = [
     "CONFIG_DIR",
@@ -180,7 +189,10 @@ def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     try:
         import yaml  # noqa: F401  (the schema reads YAML; both come with the [llm] extra)
 
-        from tiltlab.llm.trainers.config import load_run_config
+        # by name, like the check and figure modules: the llm layer imports the registry (its checks),
+        # so a static import here would make the packages paper_checks and llm import each other
+        mod, _, fn = RUN_CONFIG_LOADER.rpartition(".")
+        load_run_config = getattr(importlib.import_module(mod), fn)
     except ImportError:
         return _NO_SCHEMA
     try:

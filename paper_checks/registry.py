@@ -73,6 +73,11 @@ CHECK_MODULES: tuple[str, ...] = (
     "tiltlab.llm.checks",
 )
 
+#: The llm layer's run-config loader (``path, overrides, validate=False``), imported by name by the
+#: data check that parses every claim's ``tiltlab llm ...`` command: the llm layer imports this
+#: registry, so the data checks cannot import it statically without a package cycle.
+RUN_CONFIG_LOADER = "tiltlab.llm.trainers.config.load_run_config"
+
 #: Check modules that need optional dependencies (the ``[llm]`` extra): any ImportError while
 #: importing one records it in :data:`SKIPPED_MODULES` instead of failing discovery.
 OPTIONAL_MODULES: frozenset[str] = frozenset({"tiltlab.llm.checks"})
