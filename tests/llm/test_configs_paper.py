@@ -154,7 +154,7 @@ def test_disa_headers_explain_the_proposal_sampling_deviation(path):
 
 def test_disa_235b_proposal_is_sharded_and_bounded():
     """470 GB of bf16 weights do not fit 0.6 x 8 x 80 GB: the 235B Stage 1 runs FP8 on 8-way tensor
-    parallel with a bounded context; the Qwen2.5 reference names its tokenizer explicitly."""
+    parallel with a bounded context; a Qwen2.5 reference re-tokenizes (its vocabulary differs from Qwen3's)."""
     for path in CONFIG_FILES:
         data = yaml.safe_load(path.read_text())
         s1 = data.get("stage1") or {}
@@ -165,7 +165,7 @@ def test_disa_235b_proposal_is_sharded_and_bounded():
         assert s1["tensor_parallel_size"] == 8 and s1["max_model_len"] >= s1["max_new_tokens"]
         assert bf16_gb > budget_gb and s1["quantization"] == "fp8" and bf16_gb / 2 < budget_gb
         if "Qwen2.5" in s1["reference"]:
-            assert s1["tokenizer"] == s1["reference"], path.name
+            assert s1["tokenizer"] == "retokenize", path.name  # Qwen3 and Qwen2.5 vocabularies differ
         else:
             assert s1["chat_template_kwargs"] == {"enable_thinking": False}
             assert data["trl"]["chat_template_kwargs"] == s1["chat_template_kwargs"], path.name

@@ -119,14 +119,23 @@ def _assert_resume_identical(tmp_path, cfg, resume_at: int, *resume_args):
     la, lb = _losses(straight / "checkpoint-4"), _losses(resumed / "checkpoint-4")
     assert sorted(la) == sorted(lb) == [1, 2, 3, 4]
     assert la == lb
+    if cfg.get("objective") == "paced":  # Z_phi (frozen_ref) lives outside the policy, in tiltlab's state
+        ha, hb = (
+            torch.load(d / "checkpoint-4" / "tiltlab_state_0.pt", weights_only=True)["paced"]["head"]
+            for d in (straight, resumed)
+        )
+        assert ha.keys() == hb.keys() and len(ha) > 0
+        assert all(torch.equal(ha[k], hb[k]) for k in ha), "PACED's Z_phi differs after resume"
     return a
 
 
 @pytest.mark.parametrize("objective", ONLINE_OBJECTIVES)
 def test_online_resume_is_bit_identical(objective, tiny_dir, tmp_path, reward_module):
     params = _assert_resume_identical(tmp_path, _online_cfg(tiny_dir, tmp_path, objective, reward_module), 2)
-    if objective in ("flowrl", "paced"):
+    if objective == "flowrl":
         assert any(k.startswith("log_z_head.") for k in params)  # the head is saved and compared too
+    if objective == "paced":  # PACED's Z_phi is an MLP on frozen pi_ref embeddings, not on the policy
+        assert not any(k.startswith("log_z_head.") for k in params)
 
 
 def test_paced_checkpoint_holds_replay_buffer_and_rng(tiny_dir, tmp_path, reward_module):
@@ -197,6 +206,7 @@ def test_log_z_head_is_seeded(objective, tiny_dir, tmp_path):
             train_dataset=Dataset.from_list([{"prompt": "1 + 1 ="}] * 4),
             processing_class=load_tokenizer(tiny_dir),
         )
-        heads.append({k: v.detach().clone() for k, v in get_log_z_head(tr.model).state_dict().items()})
+        head = get_log_z_head(tr.model) if objective == "flowrl" else tr._paced_head  # PACED: Z_phi MLP
+        heads.append({k: v.detach().clone() for k, v in head.state_dict().items()})
     assert heads[0].keys() == heads[1].keys()
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])

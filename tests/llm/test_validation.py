@@ -69,7 +69,7 @@ def test_holdout_rows_are_disjoint_and_errors_are_clear():
     assert not {r["id"] for r in train} & {r["id"] for r in held}
     assert kw["metric_for_best_model"] == "eval_reward" and kw["eval_steps"] == kw["save_steps"] == 5
     for bad, msg in (
-        ({"every_steps": 5}, "exactly one of dataset"),
+        ({"every_steps": 5}, "exactly one of `?dataset"),
         ({"holdout_fraction": 0.2, "every_steps": 0}, "every_steps must be a positive integer"),
         ({"holdout_fraction": 0.2, "every_steps": 1, "metric": "bleu"}, "validation.metric must be one of"),
         ({"holdout_fraction": 1.5, "every_steps": 1}, "holdout_fraction must lie in"),
