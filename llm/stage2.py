@@ -216,17 +216,20 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     if not embed_name:
         raise ValueError("no embedding model: pass embed_model (the Stage 1 manifest names no reference)")
     chat = s1.get("chat_template", True) if cfg.chat_template is None else cfg.chat_template
+    # Stage 1's chat-template arguments (e.g. enable_thinking): the embedded prompt is the one pi_ref saw
+    template_kwargs = (s1.get("chat_template_kwargs") or None) if chat else None
     if not man.get("complete"):
         warnings.warn(f"Stage 1 run in {cfg.labels} is not complete; fitting on its finished shards only", stacklevel=2)
     _, labels = load_stage1(cfg.labels)
     lab = labels.to_pydict()
-    prompts, targets, dropped = [], [], 0
-    for p, y in zip(lab["prompt"], lab[cfg.target]):
+    prompts, targets, stage1_texts, dropped = [], [], [], 0
+    for i, (p, y) in enumerate(zip(lab["prompt"], lab[cfg.target])):
         if y is None or not math.isfinite(y):
             dropped += 1
             continue
         prompts.append(p)
         targets.append(float(y))
+        stage1_texts.append(lab["prompt_text"][i] if "prompt_text" in lab else None)
     if dropped:
         warnings.warn(f"dropped {dropped} prompts with a non-finite {cfg.target} label", stacklevel=2)
     if len(prompts) < 3:
@@ -236,7 +239,16 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(embed_name)
     model = load_model(embed_name, dtype=cfg.dtype, device=cfg.device)
-    texts = [format_prompt(tok, p, chat) for p in prompts]
+    texts = [format_prompt(tok, p, chat, chat_template_kwargs=template_kwargs) for p in prompts]
+    same_format = embed_name == s1.get("reference") and chat == s1.get("chat_template", True)
+    if same_format and s1.get("tokenizer", "reference") == "reference":
+        n_diff = sum(t != s for t, s in zip(texts, stage1_texts) if s is not None)
+        if n_diff:
+            warnings.warn(
+                f"{n_diff} Stage-2 prompt(s) differ from the text pi_ref was conditioned on in Stage 1 "
+                "(labels' prompt_text): was the tokenizer's chat template changed?",
+                stacklevel=2,
+            )
     feats, hit = cached_embeddings(
         model, tok, texts, cfg.cache_dir or out / "embed_cache", embed_name, cfg.embed_batch_size, progress
     )
@@ -277,6 +289,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         "embed_model": _model_ref(embed_name),
         "pooling": POOLING,
         "chat_template": bool(chat),
+        "chat_template_kwargs": template_kwargs,
         "target": cfg.target,
         "beta": man.get("beta"),
         "reward_transform": man.get("reward_transform"),
@@ -332,12 +345,20 @@ class LogZPredictor:
     """
 
     def __init__(
-        self, regressor, model, tokenizer, chat_template: bool, batch_size: int = 16, config: dict | None = None
+        self,
+        regressor,
+        model,
+        tokenizer,
+        chat_template: bool,
+        batch_size: int = 16,
+        config: dict | None = None,
+        chat_template_kwargs: dict | None = None,
     ):
         self.regressor = regressor.eval()
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.chat_template_kwargs = chat_template_kwargs
         self.batch_size = batch_size
         self.config = config or {}
 
@@ -352,7 +373,10 @@ class LogZPredictor:
         feats = embed_prompts(
             self.model,
             self.tokenizer,
-            [format_prompt(self.tokenizer, t, self.chat_template) for t in texts],
+            [
+                format_prompt(self.tokenizer, t, self.chat_template, chat_template_kwargs=self.chat_template_kwargs)
+                for t in texts
+            ],
             self.batch_size,
         )
         with torch.no_grad():
@@ -390,7 +414,9 @@ def load_log_z_predictor(
         name = embed_model or config["embed_model"]
         model = model if model is not None else load_model(name, dtype=dtype, device=device)
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
-    return LogZPredictor(reg, model, tokenizer, bool(config["chat_template"]), batch_size, config)
+    chat = bool(config["chat_template"])
+    kwargs = config.get("chat_template_kwargs") if chat else None
+    return LogZPredictor(reg, model, tokenizer, chat, batch_size, config, chat_template_kwargs=kwargs)
 
 
 def predict_log_z(prompts: Sequence[Any], path: str | Path | LogZPredictor, **load_kwargs):

@@ -84,7 +84,7 @@ from tiltlab.objectives.transforms import affine_reward
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
-from .vllm_sync import keep_log_z_head_out, reload_on_cpu
+from .vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
 
 __all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
 
@@ -151,6 +151,13 @@ class TiltGRPOConfig(GRPOConfig):
     log_z_hidden: int = field(default=256, metadata={"help": "width of the log Z head"})
     log_z_layers: int = field(default=3, metadata={"help": "Linear layers of the log Z head (FlowRL: 3)"})
     log_z_dropout: float = field(default=0.1, metadata={"help": "dropout in the log Z head (FlowRL: 0.1)"})
+    vllm_kv_cache_memory_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV cache of the colocated vLLM on CPU, in bytes (default 1 GiB); GPUs use "
+            "vllm_gpu_memory_utilization"
+        },
+    )
     log_z_lr: float | None = field(
         default=None, metadata={"help": "learning rate of the log Z head (None = learning_rate)"}
     )
@@ -338,6 +345,11 @@ def _merge_rows(outs: list[dict], rows: Tensor, pad_id: int) -> dict:
     return merged
 
 
+def _param_dtype(model) -> torch.dtype | None:
+    p = next(iter(model.parameters()), None) if model is not None else None
+    return None if p is None else p.dtype
+
+
 class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
@@ -406,7 +418,10 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             else None
         )
         self._paced_rng = random.Random(int(args.seed))
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
+        # no CUDA: TRL's colocated vLLM is built with CPU settings (llm/trainers/vllm_sync.py), in the
+        # policy's dtype (TRL has loaded the policy when it builds the engine)
+        with cpu_colocate_llm(lambda: _param_dtype(getattr(self, "model", None)), args.vllm_kv_cache_memory_bytes):
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, **kwargs)
         head = get_log_z_head(self.model, required=False)
         if getattr(self, "vllm_generation", None) is not None:  # TRL's weight sync (llm/trainers/vllm_sync.py)
             if head is not None:

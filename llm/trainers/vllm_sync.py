@@ -21,15 +21,89 @@ streams the same pairs to ``trl vllm-serve``. Two things break that on this proj
    own GEMM copy of it. The walk sends the shared tensor once, under the embedding's name, so the
    reload sees no weight for ``lm_head`` and puts its old kernel tensors back: vLLM would sample from
    the initial output layer forever. :func:`retie_lm_head` re-ties it and repacks its GEMM copy.
+
+TRL's colocate mode also builds its ``vllm.LLM`` with GPU settings only (``gpu_memory_utilization``,
+CUDA graphs, chunked prefill, the checkpoint's dtype). :func:`cpu_colocate_llm` adapts that construction
+when there is no CUDA device (see :func:`cpu_llm_kwargs`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .logz_head import without_log_z_head
 
-__all__ = ["keep_log_z_head_out", "reload_on_cpu", "retie_lm_head"]
+__all__ = ["cpu_colocate_llm", "cpu_llm_kwargs", "keep_log_z_head_out", "reload_on_cpu", "retie_lm_head"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+def cpu_llm_kwargs(kwargs: dict[str, Any], dtype: Any = None, kv_cache_memory_bytes: int | None = None) -> dict:
+    """TRL's colocate ``LLM(**kwargs)`` arguments adapted to vLLM's CPU backend:
+
+    * ``enforce_eager=True``: no ``torch.compile`` (the engine starts in ~25 s instead of ~90 s);
+    * ``kv_cache_memory_bytes`` (default :data:`~tiltlab.llm.rollout.CPU_KV_CACHE_BYTES`) instead of
+      ``gpu_memory_utilization``, a fraction of the NUMA node's memory that fails on a shared machine;
+    * ``enable_chunked_prefill=False`` with a step budget covering the context: vLLM 0.32's CPU worker
+      crashes on a seeded request whose prefill is split across steps ("CPU Generator does not use
+      offset"; see :class:`~tiltlab.llm.rollout.VLLMEngine`);
+    * ``dtype``: the policy's, so vLLM samples from the weights being trained, not a cast of them.
+    """
+    from tiltlab.llm.rollout import CPU_KV_CACHE_BYTES, _config_positions
+
+    out = dict(kwargs)
+    out.pop("gpu_memory_utilization", None)
+    out["enforce_eager"] = True
+    out["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
+    ctx = out.get("max_model_len") or _config_positions(str(out.get("model", ""))) or 8192
+    out["enable_chunked_prefill"] = False
+    out["max_num_batched_tokens"] = max(int(ctx), int(out.get("max_num_batched_tokens") or 0), 8192)
+    if dtype is not None:
+        out["dtype"] = _DTYPE_NAMES.get(str(dtype), dtype)
+    return out
+
+
+@contextlib.contextmanager
+def cpu_colocate_llm(policy_dtype: Callable[[], Any], kv_cache_memory_bytes: int | None = None) -> Iterator[None]:
+    """While active and without CUDA, the ``LLM`` that TRL's colocate mode constructs
+    (``trl.generation.vllm_generation.LLM``) gets :func:`cpu_llm_kwargs`; restored on exit (also on
+    error). ``policy_dtype()`` is asked at construction time (the policy is loaded by then). A no-op on
+    GPUs or where TRL's vLLM backend is unavailable."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    try:
+        import trl.generation.vllm_generation as vg
+    except ImportError:  # pragma: no cover - TRL layout changed; VLLMGeneration will say so
+        yield
+        return
+    real = getattr(vg, "LLM", None)
+    if real is None:  # vLLM not installed: TRL raises its own error when use_vllm is set
+        yield
+        return
+
+    def llm_on_cpu(*args: Any, **kwargs: Any) -> Any:
+        kw = cpu_llm_kwargs(kwargs, policy_dtype(), kv_cache_memory_bytes)
+        logger.warning(
+            "vLLM colocate on CPU: enforce_eager, KV cache %d MiB (vllm_kv_cache_memory_bytes) instead of "
+            "gpu_memory_utilization, chunked prefill off, dtype %s",
+            kw["kv_cache_memory_bytes"] >> 20,
+            kw.get("dtype", "auto"),
+        )
+        return real(*args, **kw)
+
+    vg.LLM = llm_on_cpu
+    try:
+        yield
+    finally:
+        vg.LLM = real
 
 
 def _require(gen: Any, attr: str) -> None:

@@ -6,8 +6,9 @@
   (transformers, teacher forcing) and differ from the initial model's: the weights really moved;
 * (flowrl) the head is in the saved checkpoint and a fresh policy + head restores it exactly.
 
-TRL has no option for vLLM's ``enforce_eager``; the worker wraps ``vllm.LLM`` to pass it (and a small
-KV cache) so the engine starts in seconds instead of compiling, the sync path is TRL's unchanged.
+The engine is built as a user's ``tiltlab llm train`` builds it: TiltGRPOTrainer adapts TRL's colocated
+``LLM`` to the CPU (eager, KV cache in bytes, chunked prefill off, the policy's dtype); the worker only
+sets the KV cache size (``vllm_kv_cache_memory_bytes``) and checks the engine got those settings.
 """
 
 import json
@@ -31,7 +32,6 @@ def teacher_forced(model, prompt_ids, completion_ids):
 
 
 def main(tiny_dir: str, out_dir: str, objective: str) -> None:
-    import trl.generation.vllm_generation as vg
     from datasets import Dataset
     from safetensors.torch import load_file
     from vllm import SamplingParams
@@ -40,11 +40,6 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     from tiltlab.llm.tasks import arithmetic_tasks
     from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
     from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
-
-    real_llm = vg.LLM
-    vg.LLM = lambda **kw: real_llm(
-        **{**kw, "enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "dtype": "float32"}
-    )
 
     rows = [
         {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -75,6 +70,7 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
         max_steps=2,
         use_vllm=True,
         vllm_mode="colocate",
+        vllm_kv_cache_memory_bytes=32 << 20,
         **extra,
     )
     initial = load_model(tiny_dir, device="cpu").eval()
@@ -88,6 +84,17 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     tr.train()
     losses = [h["loss"] for h in tr.state.log_history if "loss" in h and "train_loss" not in h]
     gen = tr.vllm_generation
+    import trl.generation.vllm_generation as vg
+    from vllm import LLM
+
+    engine = gen.llm.llm_engine
+    rep_engine = {
+        "llm_restored": vg.LLM is LLM,  # the CPU adaptation is scoped to the trainer's construction
+        "enforce_eager": engine.model_config.enforce_eager,
+        "dtype": str(engine.model_config.dtype),
+        "kv_cache_memory_bytes": engine.vllm_config.cache_config.kv_cache_memory_bytes,
+        "chunked_prefill": engine.vllm_config.scheduler_config.enable_chunked_prefill,
+    }
     sent = [name for name, _ in gen._iter_named_params()]
     policy = [name for name, _ in tr.model.named_parameters()]
     gen.sync_weights()  # push the final weights (TRL syncs before each generation step, not after the last)
@@ -102,6 +109,7 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
         d_trained.append((got - teacher_forced(tr.model, prompt, ids)).abs().max())
         d_initial.append((got - teacher_forced(initial, prompt, ids)).abs().max())
     rep = {
+        **rep_engine,
         "steps": tr.state.global_step,
         "losses": losses,
         "sent_names_ok": sent == [n for n in policy if not is_log_z_head_param(n)],

@@ -1,9 +1,11 @@
-"""The real backbone ``smollm2-135m`` through the whole DISA pipeline on CPU: Stage 1 (``run_stage1``),
-Stage 2 (``run_stage2``), then DISA and GRPO built by ``tiltlab llm train``'s ``build_trainer``.
+"""The real backbone ``smollm2-135m`` through the whole DISA pipeline on CPU, on vLLM: Stage 1 with the
+vLLM proposal engine (``vllm_proposal_engine``), Stage 2 (``run_stage2``), then DISA and GRPO trained by
+``tiltlab llm train`` with ``trl.use_vllm: true, vllm_mode: colocate`` (TRL generates the rollouts with
+a vLLM engine colocated in the trainer process, which tiltlab adapts to the CPU).
 
-Rollouts use the transformers engine (``engine="hf"``): the CPU vLLM path is exercised in the
-vLLM tests. The full variant (8 prompts, M = 4, two optimizer steps per method) is ``slow``; the
-short variant (4 prompts, M = 2, one step each) runs by default.
+Each training run is its own ``tiltlab llm train`` process, as a user runs it (TRL's colocated engine
+sets the process's distributed environment). The full variant (8 prompts, M = 4, two optimizer steps
+per method) is ``slow``; the short variant (4 prompts, M = 2, one DISA step) runs in CI.
 """
 
 from __future__ import annotations
@@ -11,18 +13,29 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("trl")
+try:  # a broken install (e.g. mismatched torchvision) fails at import: skip, do not error
+    import vllm  # noqa: F401
+except Exception as e:  # pragma: no cover - depends on the machine
+    pytest.skip(f"vLLM is not importable: {e}", allow_module_level=True)
 
 from tiltlab.llm.models import MODEL_ALIASES, resolve_model
 
+pytestmark = pytest.mark.vllm
 ALIAS = "smollm2-135m"
 SIZES = {
-    "full": dict(prompts=8, M=4, steps=2, new_tokens=24),
-    "short": dict(prompts=4, M=2, steps=1, new_tokens=8),
+    "full": dict(prompts=8, M=4, steps=2, new_tokens=24, objectives=("disa", "grpo")),
+    # CI: each `tiltlab llm train` process starts its own colocated engine (~45 s with its imports, model
+    # and reference loads on a 2-core machine), so the short variant trains DISA only
+    "short": dict(prompts=4, M=2, steps=1, new_tokens=8, objectives=("disa",)),
 }
+KEY = "model.layers.29.mlp.down_proj.weight"
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +47,18 @@ def smollm2_dir():
     return resolve_model(ALIAS)
 
 
-def _train_config(tmp_path, objective, model, size, data, extra=None):
+def _train(tmp_path, objective, model, size, data, extra=None) -> tuple[list[dict], str, str]:
+    """``tiltlab llm train`` in a subprocess; returns (TRL's log history, the output dir, stderr)."""
     import yaml
 
+    out = tmp_path / f"rl_{objective}"
     cfg = {
         "kind": "online",
         "objective": objective,
         "model": model,
         "dataset": data,
         "reward": "math",
-        "output_dir": str(tmp_path / f"rl_{objective}"),
+        "output_dir": str(out),
         "trl": {
             "learning_rate": 1e-5,
             "per_device_train_batch_size": 2 * size["M"],
@@ -54,54 +69,72 @@ def _train_config(tmp_path, objective, model, size, data, extra=None):
             "beta": 0.0,
             "use_cpu": True,
             "report_to": "none",
-            "save_strategy": "no",
+            "save_strategy": "steps",  # the last step's checkpoint keeps trainer_state.json (log history)
+            "save_steps": size["steps"],
             "logging_steps": 1,
             "disable_tqdm": True,
             "seed": 0,
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_kv_cache_memory_bytes": 64 << 20,
+            "vllm_max_model_length": 512,
         },
         **(extra or {}),
     }
     path = tmp_path / f"{objective}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return path
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, "-m", "tiltlab.cli", "llm", "train", "--config", str(path)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"[train] {size['steps']} optimizer steps" in res.stdout
+    state = json.loads((out / f"checkpoint-{size['steps']}" / "trainer_state.json").read_text())
+    return state["log_history"], str(out), res.stderr
 
 
 @pytest.mark.parametrize("size", [pytest.param("full", marks=pytest.mark.slow), "short"])
-def test_smollm2_stage1_stage2_disa_grpo(smollm2_dir, tmp_path, size):
+def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
     import torch
     from safetensors.torch import load_file
 
+    from tiltlab.llm.rollout import VLLMEngine
     from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1
     from tiltlab.llm.stage2 import Stage2Config, load_log_z_predictor, run_stage2
-    from tiltlab.llm.trainers.cli import build_trainer
-    from tiltlab.llm.trainers.config import load_run_config
 
     sz = SIZES[size]
     beta = 2.0
     data = f"synthetic:math:{sz['prompts']}:1"
     s1, s2 = tmp_path / "stage1", tmp_path / "stage2"
-    summary = run_stage1(
-        Stage1Config(
-            proposal=ALIAS,
-            reference=ALIAS,
-            dataset=data,
-            out_dir=str(s1),
-            M=sz["M"],
-            beta=beta,
-            reward="math",
-            max_new_tokens=sz["new_tokens"],
-            engine="hf",
-            device="cpu",
-            gen_batch_size=64,
-            score_batch_size=16,
-        ),
-        progress=False,
+    cfg = Stage1Config(
+        proposal=ALIAS,
+        reference=ALIAS,
+        dataset=data,
+        out_dir=str(s1),
+        M=sz["M"],
+        beta=beta,
+        reward="math",
+        max_new_tokens=sz["new_tokens"],
+        engine="vllm",
+        max_model_len=512,  # the KV cache below holds one 512-token sequence (the config's 8192 needs 0.35 GiB)
+        dtype="fp32",  # vLLM (proposal) and transformers (reference) score the same fp32 weights
+        device="cpu",
+        gen_batch_size=64,
+        score_batch_size=16,
     )
+    # Stage 1's proposal engine as vllm_proposal_engine builds it on CPU (eager, no chunked prefill), with
+    # a 64 MiB KV cache instead of its default 0.3 of the host's memory (too much for a shared CI machine)
+    engine = VLLMEngine(
+        smollm2_dir, dtype=cfg.dtype, seed=cfg.seed, max_model_len=cfg.max_model_len, kv_cache_memory_bytes=64 << 20
+    )
+    try:
+        summary = run_stage1(cfg, engine=engine, progress=False)
+    finally:
+        engine.close()
     samples, labels = load_stage1(s1)
     assert (labels.num_rows, samples.num_rows) == (sz["prompts"], sz["prompts"] * sz["M"])
     log_z = labels.column("log_z").to_pylist()
-    # q = pi_ref: the sampler's log-probs and pi_ref's teacher-forced ones score the same tokens
-    # (fp32; batched-generation vs scoring numerics differ by ~1e-5 per token), so log w ~ 0 ...
+    # q = pi_ref on two engines: vLLM's sampled log-probs and transformers' teacher-forced ones of the
+    # same tokens differ only by kernel summation order (fp32, ~1e-5 per token), so log w ~ 0 ...
     log_w = samples.column("log_w").to_pylist()
     assert max(abs(v) for v in log_w) < 1e-2, log_w
     # ... and the label log mean_j w_j exp(beta r_j) of rewards in {0, 1} lies in [0, beta] up to that
@@ -109,7 +142,7 @@ def test_smollm2_stage1_stage2_disa_grpo(smollm2_dir, tmp_path, size):
     assert all(abs(e - sz["M"]) < 1e-2 for e in labels.column("ess").to_pylist())
     assert math.isfinite(summary["mean_log_z"])
     man = json.loads((s1 / "manifest.json").read_text())
-    assert man["config"]["reference"] == ALIAS  # the manifest keeps the portable alias
+    assert man["config"]["reference"] == ALIAS and man["config"]["engine"] == "vllm"
 
     metrics = run_stage2(
         Stage2Config(labels=str(s1), out_dir=str(s2), val_fraction=0.25, epochs=20, hidden=32, device="cpu"),
@@ -120,21 +153,22 @@ def test_smollm2_stage1_stage2_disa_grpo(smollm2_dir, tmp_path, size):
     predict = load_log_z_predictor(s2, device="cpu")
     pred = predict([[{"role": "user", "content": "Compute 2 + 3."}]])
     assert pred.shape == (1,) and torch.isfinite(pred).all()
+    del predict
 
-    start = load_file(f"{smollm2_dir}/model.safetensors")
-    key = "model.layers.29.mlp.down_proj.weight"
+    start = load_file(f"{smollm2_dir}/model.safetensors")[KEY].float()
     disa = {
         "beta": beta,
         "disa": {"stage1_dir": str(s1), "stage2_dir": str(s2), "length_normalize": False},
     }
     for objective, extra in (("disa", disa), ("grpo", None)):
-        # TRL loads a model given by name itself: it gets the resolved directory
-        trainer = build_trainer(load_run_config(_train_config(tmp_path, objective, smollm2_dir, sz, data, extra)))
-        trainer.train()
-        steps = [h for h in trainer.state.log_history if "loss" in h]
+        if objective not in sz["objectives"]:
+            continue
+        history, out, err = _train(tmp_path, objective, ALIAS, sz, data, extra)
+        assert "vLLM colocate on CPU" in err  # the trainer built TRL's engine with CPU settings
+        steps = [h for h in history if "loss" in h]
         assert [h["step"] for h in steps] == list(range(1, sz["steps"] + 1)), objective
         assert all(math.isfinite(h["loss"]) for h in steps), steps
-        moved = not torch.equal(trainer.model.state_dict()[key].detach().float(), start[key].float())
+        moved = not torch.equal(load_file(f"{out}/model.safetensors")[KEY].float(), start)
         if objective == "grpo" and all(h["frac_reward_zero_std"] == 1.0 for h in steps):
             # every group's rewards were constant: zero advantages, so GRPO (KL coefficient 0) must not move
             assert not moved, "GRPO moved the weights with zero advantages"

@@ -154,3 +154,60 @@ def test_stage2_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_log_z_predictor(tmp_path)
     assert math.isfinite(BETA)
+
+
+THINK_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>"
+    "{% if enable_thinking is defined and not enable_thinking %}[no thinking]{% endif %}{% endif %}"
+)
+
+
+def test_stage2_formats_prompts_with_stage1_chat_template_kwargs(tiny_dir, tmp_path, monkeypatch):
+    # Stage 1 conditioned pi_ref on the template rendered with chat_template_kwargs (enable_thinking=False);
+    # Stage 2 must embed those same strings (and the saved predictor must format new prompts the same way),
+    # not the template's default rendering.
+    import shutil
+
+    from tiltlab.llm import stage2
+    from tiltlab.llm.models import load_tokenizer
+    from tiltlab.llm.tasks import arithmetic_tasks
+
+    model_dir = tmp_path / "tiny_think"
+    shutil.copytree(tiny_dir, model_dir)
+    tok = load_tokenizer(model_dir)
+    tok.chat_template = THINK_TEMPLATE
+    tok.save_pretrained(model_dir)
+    rows = arithmetic_tasks(6, seed=1)
+    cfg = Stage1Config(
+        proposal=str(model_dir),
+        reference=str(model_dir),
+        dataset="synthetic:math:6",
+        out_dir=str(tmp_path / "s1"),
+        M=2,
+        beta=BETA,
+        max_new_tokens=2,
+        seed=0,
+        device="cpu",
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    run_stage1(cfg, rows=rows, reward_fn=easy_even_reward, progress=False)
+    _, labels = load_stage1(cfg.out_dir)
+    stage1_text = dict(zip(labels.column("prompt").to_pylist(), labels.column("prompt_text").to_pylist()))
+    assert all(t.endswith("<assistant>[no thinking]") for t in stage1_text.values())
+
+    seen: list[list[str]] = []
+    real_cached, real_embed = stage2.cached_embeddings, stage2.embed_prompts
+    monkeypatch.setattr(
+        stage2, "cached_embeddings", lambda m, t, texts, *a: seen.append(list(texts)) or real_cached(m, t, texts, *a)
+    )
+    run_stage2(Stage2Config(labels=cfg.out_dir, out_dir=str(tmp_path / "s2"), epochs=2, device="cpu"), progress=False)
+    assert seen and seen[0] == [stage1_text[p] for p in labels.column("prompt").to_pylist()]
+
+    monkeypatch.setattr(
+        stage2, "embed_prompts", lambda m, t, texts, *a: seen.append(list(texts)) or real_embed(m, t, texts, *a)
+    )
+    pred = load_log_z_predictor(tmp_path / "s2", device="cpu")
+    prompts = [r["prompt"] for r in rows[:3]]
+    assert pred(prompts).shape == (3,)
+    assert seen[-1] == [stage1_text[p] for p in prompts]

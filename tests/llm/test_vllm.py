@@ -3,7 +3,8 @@
 One module-scoped :class:`~tiltlab.llm.rollout.VLLMEngine` on a tiny Qwen3 (``build_tiny(head_dim=32)``:
 vLLM's CPU attention kernel has no head size 16, the tiny model's default) serves the engine, log-prob
 and eval tests, so the engine starts once (~25 s eager). The TRL colocate runs start their own
-in-process engine in a subprocess (``_vllm_colocate_worker.py``).
+in-process engine in a subprocess (``_vllm_colocate_worker.py``), built the way ``tiltlab llm train``
+builds it on CPU (no test-only wrapper).
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ def _colocate(objective: str, tiny: Path, tmp_path: Path) -> dict:
 
 
 def _check_colocate(rep: dict, objective: str) -> None:
+    # the trainer itself built TRL's engine with CPU settings (no wrapper in the worker), in the policy's
+    # dtype, and put TRL's LLM constructor back afterwards
+    assert rep["enforce_eager"] is True and rep["chunked_prefill"] is False and rep["dtype"] == "torch.float32"
+    assert rep["kv_cache_memory_bytes"] == 32 << 20 and rep["llm_restored"]
     assert rep["steps"] == 2 and all(math.isfinite(x) for x in rep["losses"]) and len(rep["losses"]) == 2
     # the weights vLLM generated the second step with are the trained policy's, not the initial ones
     assert rep["vllm_matches_policy"] and rep["policy_changed"]

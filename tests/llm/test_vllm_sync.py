@@ -97,3 +97,37 @@ def test_retie_lm_head_points_at_the_reloaded_embedding():
     assert retie_lm_head(model) and lm_head.weight is embed.weight and calls == [lm_head]
     model.config = SimpleNamespace(tie_word_embeddings=False)
     assert not retie_lm_head(model) and calls == [lm_head]
+
+
+def test_cpu_colocate_llm_adapts_trl_engine_and_restores_it(tiny_dir, monkeypatch):
+    # TRL's colocate mode calls trl.generation.vllm_generation.LLM(...) with GPU settings; without CUDA
+    # the trainer's scope hands vLLM CPU ones, and puts TRL's constructor back afterwards (also on error)
+    import json
+
+    import trl.generation.vllm_generation as vg
+
+    from tiltlab.llm.trainers.vllm_sync import cpu_colocate_llm
+
+    built = []
+
+    def fake_llm(**kw):
+        built.append(kw)
+        return "engine"
+
+    monkeypatch.setattr(vg, "LLM", fake_llm, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    trl_kwargs = dict(model=str(tiny_dir), gpu_memory_utilization=0.3, max_model_len=None, max_num_batched_tokens=4096)
+    with cpu_colocate_llm(lambda: torch.float32, kv_cache_memory_bytes=32 << 20):
+        assert vg.LLM is not fake_llm and vg.LLM(**trl_kwargs) == "engine"
+    assert vg.LLM is fake_llm
+    kw = built[-1]
+    positions = json.loads((tiny_dir / "config.json").read_text())["max_position_embeddings"]
+    assert "gpu_memory_utilization" not in kw and kw["kv_cache_memory_bytes"] == 32 << 20
+    assert kw["enforce_eager"] is True and kw["enable_chunked_prefill"] is False and kw["dtype"] == "float32"
+    assert kw["max_num_batched_tokens"] >= max(positions, 4096)  # no chunked prefill: the step covers the context
+    with pytest.raises(KeyError), cpu_colocate_llm(lambda: torch.bfloat16):
+        raise KeyError("trainer construction failed")
+    assert vg.LLM is fake_llm
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GPUs: TRL's settings stay
+    with cpu_colocate_llm(lambda: torch.float32):
+        assert vg.LLM is fake_llm
