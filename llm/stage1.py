@@ -365,8 +365,9 @@ def _check_prompt_lengths(cfg: Stage1Config, ids: Sequence[str], prompt_ids, nam
 def vllm_proposal_engine(cfg: Stage1Config):
     """The proposal's :class:`~tiltlab.llm.rollout.VLLMEngine` for ``cfg`` (processed log-probs).
 
-    On CPU (``device`` "cpu", or no CUDA) it runs eagerly (``enforce_eager=True``) and takes 0.3 of
-    host memory unless ``gpu_memory_utilization`` says otherwise (vLLM's 0.9 default fails there).
+    On CPU (``device`` "cpu", or no CUDA) it runs eagerly (``enforce_eager=True``) with
+    :class:`~tiltlab.llm.rollout.VLLMEngine`'s KV cache size in bytes unless ``gpu_memory_utilization``
+    says otherwise (vLLM's 0.9 default fails there).
     Chunked prefill is off on CPU: vLLM 0.32's CPU worker crashes on a seeded request whose prefill is
     split across steps ("CPU Generator does not use offset"), and Stage 1 seeds every request; the
     step token budget is then at least the context length (vLLM requires it).
@@ -386,7 +387,8 @@ def vllm_proposal_engine(cfg: Stage1Config):
         cfg.proposal,
         dtype=cfg.dtype,
         seed=cfg.seed,
-        gpu_memory_utilization=gmu if gmu is not None else (0.3 if on_cpu else 0.6),
+        # on CPU: VLLMEngine's KV cache in bytes (a share of host memory is too much on a shared machine)
+        gpu_memory_utilization=gmu if gmu is not None else (None if on_cpu else 0.6),
         tensor_parallel_size=cfg.tensor_parallel_size,
         max_model_len=cfg.max_model_len,
         **extra,
