@@ -171,7 +171,7 @@ class Stage1Config:
     device: str | None = None
     """Device for the hf models (default: cuda if available, else cpu)."""
     gpu_memory_utilization: float | None = None
-    """vLLM only: fraction of (GPU or, on CPU, host) memory for the proposal engine; default 0.6 on GPU (the reference model shares it), 0.3 on CPU."""
+    """vLLM only: fraction of (GPU or, on CPU, host) memory for the proposal engine; default 0.6 on GPU (the reference model shares it); on CPU the KV cache is sized in bytes instead (VLLMEngine)."""
     tensor_parallel_size: int = 1
     """vLLM only: tensor-parallel degree of the proposal engine (e.g. 8 for a 235B proposal on 8 GPUs)."""
     max_model_len: int | None = None
