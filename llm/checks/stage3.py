@@ -22,7 +22,7 @@ from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 from . import task as T
 
 V = Verdict
-INCONCLUSIVE = getattr(Verdict, "INCONCLUSIVE", Verdict.PARTLY)
+INCONCLUSIVE = Verdict.INCONCLUSIVE
 STEPS = 100
 LR = 2e-3
 
@@ -159,9 +159,7 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
     return float(((g - g.mean(0)) ** 2).sum(1).mean())
 
 
-@register_check(
-    "disa.remark2.calibration_distorts", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum"
-)
+@register_check("disa.remark2.calibration", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
 def logz_variants(
     seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
@@ -320,9 +318,7 @@ def prompt_features(model, task: T.EnumTask, idx) -> torch.Tensor:
     return masked_mean_pool(out.hidden_states[-1].float(), pmask)
 
 
-@register_check(
-    "disa.stage2.amortized_denoising", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum"
-)
+@register_check("disa.stage2.denoising", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
 def stage2_denoising(seed: int, n_seeds: int = 3, beta: float = 2.0, m: int = 2) -> CheckResult:
     from tiltlab.objectives.regressor import fit_regressor
 
