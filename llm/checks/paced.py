@@ -169,7 +169,7 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     return nums, txt
 
 
-@register_check("paced.tau_sweep", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@register_check("paced.tau_sweep", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
 def tau_sweep(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy.
 
@@ -184,7 +184,7 @@ def tau_sweep(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckResult:
     return CheckResult(verdict, f"{txt}; rule: items (a) (b) (c) all CI > 0 verified, some partly", nums)
 
 
-@register_check("paced.fig4.tau_llm", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@register_check("paced.fig4.tau_llm", layer="llm", expected=V.PARTLY, slow=True, name="tiny_qwen3_enum")
 def tau_sweep_fig4(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckResult:
     """Fig. 4's items: those of :func:`tau_sweep` plus (d) "train accuracy tracks tau": the mean
     reward of the trained batches at tau = 0.9 minus at tau = 0.1. Same rule over four items."""
@@ -195,7 +195,7 @@ def tau_sweep_fig4(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckRe
 
 
 @register_check(
-    "paced.table1.math_qwen2.5_math_1.5b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum"
+    "paced.table1.math_qwen2.5_math_1.5b", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum"
 )
 def paced_vs_baselines(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (as coded, the memoized 4-method run: same seeds,
@@ -230,7 +230,7 @@ def paced_vs_baselines(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> Che
 
 
 for _cid in ("paced.table1.math_qwen2.5_math_7b",):
-    register_check(_cid, layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")(paced_vs_baselines)
+    register_check(_cid, layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")(paced_vs_baselines)
 
 
 @register_check("paced.fig5.difficulty_rises", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
