@@ -312,16 +312,21 @@ def train_online(
     old_every: int = 1,
     select: Callable[[int], Sequence[int]] | None = None,
     extra_params: Sequence[torch.nn.Parameter] = (),
+    extra_lr: float | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> None:
     """Online RL with exact rollouts. ``ref_tok``: ``[P_all, K, T]`` reference token log-probs.
 
     Each step draws ``batch_prompts`` prompts (or ``select(step)``), samples ``g`` answers per
     prompt from the behaviour policy ``pi_old`` (refreshed every ``old_every`` steps; 1 = on-policy),
-    and takes one Adam step on ``loss_fn(batch)``."""
+    and takes one Adam step on ``loss_fn(batch)``; ``extra_params`` (e.g. a learned log Z table)
+    use ``extra_lr`` (default ``lr``)."""
     gen = torch.Generator().manual_seed(10_000 + seed)
     prompts_t = torch.as_tensor(list(prompts), dtype=torch.long)
-    opt = torch.optim.Adam([*model.parameters(), *extra_params], lr=lr)
+    groups = [{"params": list(model.parameters())}]
+    if extra_params:
+        groups.append({"params": list(extra_params), "lr": lr if extra_lr is None else extra_lr})
+    opt = torch.optim.Adam(groups, lr=lr)
     old_model = None
     model.train()
     for step in range(steps):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tiltlab.llm.checks import stage3
+from tiltlab.llm.checks import paced, stage3
 from tiltlab.llm.checks import task as T
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
@@ -99,12 +99,74 @@ CASES = [
     (stage3.methods_compare, dict(n_seeds=1, steps=2)),
     (stage3.lad_divergences, dict(n_seeds=1, steps=2)),
     (stage3.fpa_entanglement, dict(n_seeds=1, steps=2, lams=(0.0, 1.0))),
+    (stage3.lad_table8, dict(n_seeds=1, steps=2)),
+    (stage3.fpa_lambda_best, dict(n_seeds=1, steps=2)),
+    (paced.tau_sweep, dict(n_seeds=1, steps=3)),
+    (paced.tau_sweep_fig4, dict(n_seeds=1, steps=3)),
+    (paced.paced_vs_baselines, dict(n_seeds=1, steps=3)),
+    (paced.difficulty_rises, dict(n_seeds=1, steps=3)),
 ]
 
 
 @pytest.mark.parametrize("fn,kw", CASES, ids=[c[0].__name__ for c in CASES])
-def test_check_machinery_tiny_budget(tiny, fn, kw):
+def test_check_machinery_tiny_budget(tiny, fn, kw, monkeypatch):
+    monkeypatch.setattr(paced, "EARLY", 2)  # the "fast start" read inside the tiny budget
     res = fn(0, **kw)
     assert isinstance(res, CheckResult)
     assert res.verdict in set(Verdict)
     assert res.numbers and all(not isinstance(v, float) or math.isfinite(v) for v in res.numbers.values())
+
+
+def test_paced_table_fixed_point_is_beta_times_pass_rate():
+    """PACED's TB anchored on the rollout policy: on-policy, the log Z table's gradient vanishes at
+    beta * (the group's mean reward), so p_hat = log Z / beta reads the pass rate (Prop. 4.1)."""
+    gen = torch.Generator().manual_seed(3)
+    p, g, t, beta = 3, 5, 4, 4.0
+    reward = (torch.rand(p, g, generator=gen) < 0.4).float()
+    lp = torch.randn(p * g, t, generator=gen)
+    mask = torch.ones(p * g, t)
+    table = torch.zeros(6, requires_grad=True)
+    idx = torch.tensor([4, 0, 2])
+    with torch.no_grad():
+        table[idx] = beta * reward.mean(1)
+    b = T.Batch(idx, torch.zeros(p, g, dtype=torch.long), lp.clone(), lp.clone(), lp - 1.0, mask, reward, lp)
+    (grad,) = torch.autograd.grad(paced.paced_fn(table, beta)(b), table)
+    assert grad.abs().max().item() < 1e-6
+    with torch.no_grad():
+        table[idx] += 0.5  # above the fixed point: gradient descent lowers it
+    (grad,) = torch.autograd.grad(paced.paced_fn(table, beta)(b), table)
+    assert (grad[idx] > 0).all() and (grad[[1, 3, 5]] == 0).all()
+
+
+def test_items_verdict_rule():
+    def nums(*cis):
+        return {f"i{k}_{e}": v for k, (lo, hi) in enumerate(cis) for e, v in (("lo", lo), ("hi", hi))}
+
+    items = ("i0", "i1")
+    assert paced._items_verdict(nums((0.1, 0.2), (0.01, 0.3)), items) == Verdict.VERIFIED
+    assert paced._items_verdict(nums((0.1, 0.2), (-0.3, -0.1)), items) == Verdict.PARTLY
+    assert paced._items_verdict(nums((-0.1, 0.2), (-0.3, -0.1)), items) == Verdict.REFUTED
+    assert paced._items_verdict(nums((-0.1, 0.2), (-0.3, 0.1)), items) == Verdict.INCONCLUSIVE
+
+
+def test_train_online_extra_lr_applies_to_extra_params_only(tiny):
+    """A learned log Z table gets its own learning rate: with lr = 0 the model stays put and the
+    table's trained entries take one Adam step of size extra_lr."""
+    model, task = tiny
+    model = __import__("copy").deepcopy(model)
+    before = [q.detach().clone() for q in model.parameters()]
+    ref_tok = T.reference_tokens(model, task)
+    table = torch.nn.Parameter(torch.zeros(task.n_prompts))
+    prompts = task.split(False)[:8]
+    T.train_online(
+        model, task, ref_tok, paced.paced_fn(table, 4.0), prompts=prompts, steps=1, lr=0.0, seed=0,
+        extra_params=(table,), extra_lr=0.05,
+    )  # fmt: skip
+    assert all(torch.equal(a, q.detach()) for a, q in zip(before, model.parameters()))
+    # each trained entry moves by extra_lr, or stays at 0 where its group drew no correct answer
+    # (the residual's table gradient is then exactly 0)
+    moved = table.detach()[prompts].abs().tolist()
+    assert any(m > 0 for m in moved)
+    assert all(m == 0.0 or m == pytest.approx(0.05, rel=1e-3) for m in moved)
+    others = [i for i in range(task.n_prompts) if i not in prompts]
+    assert (table.detach()[others] == 0).all()
