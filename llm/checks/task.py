@@ -210,6 +210,28 @@ def _cache_dir() -> Path:
     return Path(root) / "llm_checks"
 
 
+#: Torch threads used by every training loop of the llm checks: a float reduction's order depends on
+#: the thread count, so the same seed gives the same numbers only at a fixed count.
+CHECK_THREADS = 1
+
+
+def fixed_threads(fn):
+    """Run ``fn`` with ``torch.set_num_threads(CHECK_THREADS)``, restoring the caller's count."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = torch.get_num_threads()
+        torch.set_num_threads(CHECK_THREADS)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
+@fixed_threads
 def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
     idx_all = torch.tensor([i for i, (t, _, h) in enumerate(task.prompts) if h or t not in HELD_OUT_T])
     q = _warm_targets(task)
@@ -237,7 +259,22 @@ def _task_key() -> str:
     """Short hash of everything the warmed weights depend on (a changed task never loads old weights)."""
     import hashlib
 
-    spec = repr((CACHE_VERSION, K, N_CORRECT, LEVEL_PASS, HINT_PASS, N_T, HELD_OUT_T, "digits+eos", 1e-2, 24))
+    spec = repr(
+        (
+            CACHE_VERSION,
+            K,
+            N_CORRECT,
+            LEVEL_PASS,
+            HINT_PASS,
+            N_T,
+            HELD_OUT_T,
+            "digits+eos",
+            1e-2,
+            24,
+            "threads",
+            CHECK_THREADS,
+        )
+    )
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
@@ -297,6 +334,7 @@ class Batch:
 LossFn = Callable[[Batch], Tensor]
 
 
+@fixed_threads
 def train_online(
     model,
     task: EnumTask,
