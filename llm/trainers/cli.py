@@ -149,6 +149,40 @@ def lora_config(cfg):
 VALIDATION_METRICS = ("reward", "accuracy")
 
 
+def _offline_validation(v: dict, kw: dict) -> list:
+    """Offline runs (no generation during training): the held-out rows of ``validation.dataset`` (the
+    same format as the training file, e.g. the ``.val`` file ``tiltlab llm prepare fpa`` writes), scored
+    by the objective's loss every ``every_steps``; the checkpoint with the lowest ``eval_loss`` is kept.
+    A held-out split must be by prompt, so ``holdout_fraction`` of the rows is refused here."""
+    from tiltlab.llm.data import read_table
+
+    if "dataset" not in v:
+        raise ValueError(
+            "validation for offline runs needs validation.dataset (held-out prompts, e.g. the .val file "
+            "`tiltlab llm prepare fpa` writes); holdout_fraction would split one prompt's samples"
+        )
+    if v.get("metric", "loss") != "loss":
+        raise ValueError(
+            f"validation.metric for offline runs is 'loss' (the objective on held-out rows), got {v['metric']!r}; "
+            "select on accuracy by evaluating the saved checkpoints with `tiltlab llm eval`"
+        )
+    every = v.get("every_steps")
+    if not (isinstance(every, int) and every > 0):
+        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
+    held = list(read_table(v["dataset"]))
+    if not held:
+        raise ValueError(f"validation.dataset {v['dataset']!r} has no rows")
+    kw.update(
+        eval_strategy="steps",
+        eval_steps=every,
+        save_strategy="steps",
+        save_steps=every,
+        metric_for_best_model="eval_loss",
+        greater_is_better=False,
+    )
+    return held
+
+
 def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
     """``(train rows, held-out rows)`` from the ``validation:`` section, and the evaluation /
     checkpoint-selection settings written into the trainer kwargs ``kw`` (transformers' machinery:
@@ -157,7 +191,7 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
     if not v:
         return rows, None
     if cfg.kind != "online":
-        raise ValueError("the validation: section is implemented for online runs; offline runs report eval_loss")
+        return rows, _offline_validation(v, kw)
     if ("dataset" in v) == ("holdout_fraction" in v):
         raise ValueError("validation: give exactly one of dataset (a path) or holdout_fraction (of the training rows)")
     every = v.get("every_steps")
@@ -239,10 +273,12 @@ def build_trainer(cfg):
     from tiltlab.llm.data import read_table
     from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
 
+    _, held = _validation(cfg, [], kw)  # held-out rows (raw) and the eval / selection settings in kw
     args = OfflineConfig(**kw)
     rows = _nonempty(prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1), cfg.dataset)
+    if held is not None:
+        held = _nonempty(prepare_offline_rows(held, args.objective, args.apo_beta1), cfg.validation["dataset"])
     tok = load_tokenizer(cfg.model, padding_side="right")
-    _validation(cfg, rows, kw)  # refuses a validation: section (online only)
     model = load_model(cfg.model)
     peft_cfg = lora_config(cfg)
     if peft_cfg is not None:
@@ -255,6 +291,7 @@ def build_trainer(cfg):
         args=args,
         ref_model=ref,
         train_dataset=Dataset.from_list(rows),
+        eval_dataset=None if held is None else Dataset.from_list(held),
         data_collator=OfflineCollator(tok, max_length=args.max_length),
     )
 

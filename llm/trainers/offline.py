@@ -306,6 +306,14 @@ class OfflineTrainer(Trainer):
         lp, _, _ = self._score(self.ref_model, ids, attn, tgt, grad=False)
         return sequence_logprob(lp, tgt), lp
 
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation (``validation:``): the objective's loss on held-out rows. The batches carry no
+        ``labels``, so transformers' default step would return no loss."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         a = self.args
         obj = a.objective

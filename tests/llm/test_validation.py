@@ -78,3 +78,71 @@ def test_holdout_rows_are_disjoint_and_errors_are_clear():
             _validation(RunConfig(model="m", validation=bad), rows, {})
     with pytest.raises(ValueError, match="unknown keys"):
         RunConfig(model="m", validation={"every": 5})
+
+
+def _offline_rows(n: int, offset: int = 0) -> list[dict]:
+    rows = []
+    for i in range(offset, offset + n):
+        for c, r in ((f"\\boxed{{{2 * i + 1}}}", 1.0), (f"\\boxed{{{2 * i}}}", 0.0)):
+            rows.append({"prompt": f"Compute {i} + {i + 1}.", "completion": c, "reward": r})
+    return rows
+
+
+def test_offline_validation_keeps_the_lowest_held_out_loss(tiny_dir, tmp_path):
+    """Offline runs (FPA's early stopping): the objective's loss on held-out prompts every N steps; the
+    recorded best checkpoint is the argmin of the logged eval_loss."""
+    import yaml
+
+    train, val = tmp_path / "train.jsonl", tmp_path / "train.val.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _offline_rows(4)))
+    val.write_text("".join(json.dumps(r) + "\n" for r in _offline_rows(2, offset=10)))
+    out = tmp_path / "run"
+    cfg = {
+        "kind": "offline",
+        "objective": "fpa",
+        "model": str(tiny_dir),
+        "dataset": str(train),
+        "output_dir": str(out),
+        "validation": {"dataset": str(val), "every_steps": 1, "metric": "loss"},
+        "trl": {
+            "per_device_train_batch_size": 2,
+            "max_steps": 4,
+            "learning_rate": 5e-2,
+            "use_cpu": True,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "seed": 0,
+        },
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["llm", "train", "--config", str(tmp_path / "run.yaml")]) == 0
+    rec = json.loads((out / "best_checkpoint.json").read_text())
+    hist = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
+    evals = [(h["step"], h["eval_loss"]) for h in hist if "eval_loss" in h]
+    assert [s for s, _ in evals] == [1, 2, 3, 4]
+    assert len({v for _, v in evals}) > 1  # the loss moves, so the choice is not vacuous
+    best_step, best = min(evals, key=lambda sv: sv[1])
+    assert rec["metric"] == "eval_loss" and rec["best_metric"] == best
+    assert rec["best_checkpoint"] == str(out / f"checkpoint-{best_step}")
+
+
+@pytest.mark.parametrize(
+    "validation, message",
+    [
+        ({"holdout_fraction": 0.1, "every_steps": 1}, "needs validation.dataset"),
+        ({"dataset": "x.jsonl", "every_steps": 1, "metric": "accuracy"}, "metric for offline runs is 'loss'"),
+    ],
+)
+def test_offline_validation_errors(validation, message, tiny_dir, tmp_path):
+    import yaml
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _offline_rows(2)))
+    cfg = {"kind": "offline", "objective": "fpa", "model": str(tiny_dir), "dataset": str(train)}
+    cfg.update(output_dir=str(tmp_path / "run"), validation=validation, trl={"use_cpu": True, "report_to": "none"})
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    from tiltlab.llm.trainers.cli import build_trainer
+    from tiltlab.llm.trainers.config import load_run_config
+
+    with pytest.raises(ValueError, match=message):
+        build_trainer(load_run_config(str(tmp_path / "run.yaml"), []))
