@@ -391,7 +391,11 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             if isinstance(model, str):
                 from tiltlab.llm.models import load_model
 
-                model = load_model(model, device="cpu")
+                # as TRL loads a model name: args.model_init_kwargs (dtype float32 unless given, e.g.
+                # bfloat16 for a half-size copy per process); from_pretrained partitions under ZeRO-3
+                init = dict(args.model_init_kwargs or {})
+                init.pop("device_map", None)
+                model = load_model(model, dtype=init.pop("dtype", "float32"), device="cpu", **init)
             # seeded: every process builds the same head (FSDP2 does not broadcast module states
             # as DDP does, so unseeded heads would start different on each rank)
             with torch.random.fork_rng(devices=[]):

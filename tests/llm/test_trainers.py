@@ -335,3 +335,35 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
     torch.testing.assert_close(w, w_tb * 50.0)  # the loss weight carries the IS weight
     m = _tb_metrics(trainer, torch.zeros(4), torch.zeros(4), w_tb, w)
     assert m["weight_clip_frac"].item() == 0.25  # one of four TB weights at max_weight, not all four
+
+
+def test_learned_z_model_is_loaded_with_model_init_kwargs(tiny_dir, tmp_path):
+    """FlowRL attaches its head to a model it loads itself: that load honours TRL's
+    ``model_init_kwargs`` (a bf16 copy per process when asked), as TRL's own load of a name does."""
+    import torch
+    from datasets import Dataset
+
+    from tiltlab.llm.models import load_tokenizer
+    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+
+    def build(**init):
+        args = TiltGRPOConfig(
+            output_dir=str(tmp_path),
+            objective="flowrl",
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=4,
+            use_cpu=True,
+            report_to="none",
+            model_init_kwargs=init or None,
+        )
+        return TiltGRPOTrainer(
+            model=str(tiny_dir),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "1 + 1 ="}] * 4),
+            processing_class=load_tokenizer(tiny_dir),
+        )
+
+    assert build().model.get_input_embeddings().weight.dtype == torch.float32  # TRL's default
+    assert build(dtype="bfloat16").model.get_input_embeddings().weight.dtype == torch.bfloat16
