@@ -169,7 +169,7 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     return nums, txt
 
 
-@register_check("paced.tau_sweep", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
+@register_check("paced.tau_sweep", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
 def tau_sweep(seed: int, n_seeds: int = 3, steps: int = S.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy.
 
