@@ -156,6 +156,20 @@ def model_cache_dir() -> Path:
     return Path(base).expanduser() / "tiltlab" / "models"
 
 
+def context_length(name_or_path: str | Path) -> int | None:
+    """``max_position_embeddings`` of a model's (text) config, or None when it cannot be read
+    without loading the model (``tiny``; a hub id with no hub). An alias reads its converted copy."""
+    try:
+        from transformers import AutoConfig
+
+        c = AutoConfig.from_pretrained(resolve_model(name_or_path), trust_remote_code=False)
+    except Exception:  # the caller then checks the loaded model or uses its own bound
+        return None
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    n = getattr(c, "max_position_embeddings", None)
+    return int(n) if n else None
+
+
 def resolve_model(name_or_path: str | Path, progress: bool = True) -> str:
     """The local directory (or unchanged name) to load for ``name_or_path``.
 

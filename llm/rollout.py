@@ -365,17 +365,15 @@ def _local_model(model: str) -> str:
     return resolve_model(str(model)) if str(model) in MODEL_ALIASES else str(model)
 
 
-def _config_positions(model: str) -> int | None:
-    """``max_position_embeddings`` of a local model directory's ``config.json`` (None if unknown)."""
-    import json
-    from pathlib import Path
+def cpu_prefill_kwargs(model: str, max_model_len: int | None = None) -> dict[str, Any]:
+    """vLLM settings every seeded CPU engine needs (this engine and TRL's colocated one): vLLM 0.32's
+    CPU worker crashes on a seeded request whose prefill is split across steps ("CPU Generator does
+    not use offset"), so chunked prefill is off and the step token budget covers the context (vLLM
+    requires it then)."""
+    from tiltlab.llm.models import context_length
 
-    f = Path(model).expanduser() / "config.json"
-    if not f.is_file():
-        return None
-    cfg = json.loads(f.read_text())
-    n = cfg.get("text_config", cfg).get("max_position_embeddings")
-    return int(n) if n else None
+    ctx = max_model_len or context_length(model) or 8192
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(ctx), 8192)}
 
 
 def vllm_unsupported_reason(model: str) -> str | None:
@@ -478,12 +476,8 @@ class VLLMEngine(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if not on_gpu:
-            # vLLM 0.32's CPU worker crashes on a seeded request whose prefill is split across steps
-            # ("CPU Generator does not use offset"), and every request here is seeded: no chunked
-            # prefill, so the step token budget must cover the context (vLLM requires it).
-            ctx = max_model_len or _config_positions(str(model)) or 8192
-            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(int(ctx), 8192))
+        if not on_gpu:  # every request here is seeded
+            kwargs.update(cpu_prefill_kwargs(str(model), max_model_len))
         kwargs.update(llm_kwargs)
         self.device = "cuda" if on_gpu else "cpu"
         self.llm = LLM(**kwargs)

@@ -326,18 +326,6 @@ def _crash_hook(shard_done: int, phase: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _config_positions(name: str) -> int | None:
-    """``max_position_embeddings`` of a model's config, or None when it cannot be read cheaply."""
-    try:
-        from transformers import AutoConfig
-
-        c = AutoConfig.from_pretrained(str(name), trust_remote_code=False)
-    except Exception:  # aliases such as "tiny" are checked on the loaded model instead
-        return None
-    c = c.get_text_config() if hasattr(c, "get_text_config") else c
-    return getattr(c, "max_position_embeddings", None)
-
-
 def _context(cfg: Stage1Config, name: str, positions: int | None) -> int | None:
     if positions is not None and cfg.max_model_len is not None and cfg.max_model_len > positions:
         raise ValueError(
@@ -365,21 +353,15 @@ def _check_prompt_lengths(cfg: Stage1Config, ids: Sequence[str], prompt_ids, nam
 def vllm_proposal_engine(cfg: Stage1Config):
     """The proposal's :class:`~tiltlab.llm.rollout.VLLMEngine` for ``cfg`` (processed log-probs).
 
-    On CPU (``device`` "cpu", or no CUDA) it runs eagerly (``enforce_eager=True``) with
-    :class:`~tiltlab.llm.rollout.VLLMEngine`'s KV cache size in bytes unless ``gpu_memory_utilization``
+    On CPU the engine's own CPU defaults apply (eager, KV cache in bytes, no chunked prefill for
+    seeded requests; :class:`~tiltlab.llm.rollout.VLLMEngine`) unless ``gpu_memory_utilization``
     says otherwise (vLLM's 0.9 default fails there).
-    Chunked prefill is off on CPU: vLLM 0.32's CPU worker crashes on a seeded request whose prefill is
-    split across steps ("CPU Generator does not use offset"), and Stage 1 seeds every request; the
-    step token budget is then at least the context length (vLLM requires it).
     """
     from tiltlab.llm.models import default_device
     from tiltlab.llm.rollout import VLLMEngine
 
     on_cpu = str(cfg.device or default_device()).startswith("cpu")
     extra: dict[str, Any] = {}
-    if on_cpu:
-        ctx = cfg.max_model_len or _config_positions(cfg.proposal) or 8192
-        extra.update(enforce_eager=True, enable_chunked_prefill=False, max_num_batched_tokens=max(ctx, 8192))
     if cfg.quantization:
         extra["quantization"] = cfg.quantization
     gmu = cfg.gpu_memory_utilization
@@ -427,9 +409,11 @@ class _Models:
         self.prompt_texts, self.ref_prompt_ids = encode(fmt_tok)  # pi_ref's conditioning strings
         self.q_prompt_ids = encode(q_tok)[1] if self.retokenize else self.ref_prompt_ids
         # cheap context check from the configs, before loading any weights
-        ctx_ref = _context(cfg, "the reference", _config_positions(cfg.reference))
+        from tiltlab.llm.models import context_length
+
+        ctx_ref = _context(cfg, "the reference", context_length(cfg.reference))
         _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", ctx_ref)
-        ctx_q = _context(cfg, "the proposal", _config_positions(cfg.proposal))
+        ctx_q = _context(cfg, "the proposal", context_length(cfg.proposal))
         _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx_q)
 
         self.device = cfg.device or default_device()

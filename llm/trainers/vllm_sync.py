@@ -54,15 +54,15 @@ def cpu_llm_kwargs(kwargs: dict[str, Any], dtype: Any = None, kv_cache_memory_by
       offset"; see :class:`~tiltlab.llm.rollout.VLLMEngine`);
     * ``dtype``: the policy's, so vLLM samples from the weights being trained, not a cast of them.
     """
-    from tiltlab.llm.rollout import CPU_KV_CACHE_BYTES, _config_positions
+    from tiltlab.llm.rollout import CPU_KV_CACHE_BYTES, cpu_prefill_kwargs
 
     out = dict(kwargs)
     out.pop("gpu_memory_utilization", None)
     out["enforce_eager"] = True
     out["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
-    ctx = out.get("max_model_len") or _config_positions(str(out.get("model", ""))) or 8192
-    out["enable_chunked_prefill"] = False
-    out["max_num_batched_tokens"] = max(int(ctx), int(out.get("max_num_batched_tokens") or 0), 8192)
+    budget = int(out.get("max_num_batched_tokens") or 0)
+    out.update(cpu_prefill_kwargs(str(out.get("model", "")), out.get("max_model_len")))
+    out["max_num_batched_tokens"] = max(out["max_num_batched_tokens"], budget)
     if dtype is not None:
         out["dtype"] = _DTYPE_NAMES.get(str(dtype), dtype)
     return out
