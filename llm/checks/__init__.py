@@ -2,12 +2,13 @@
 real transformer on an enumerable task with exact ``pi``, ``pi*``, ``log Z`` and TV.
 
 Importing this package registers its checks with ``paper_checks.registry``; the shared task and
-its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltlab.llm.checks.stage3` and :mod:`tiltlab.llm.checks.paced`.
+its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltlab.llm.checks.stage3` and :mod:`tiltlab.llm.checks.paced`;
+:mod:`tiltlab.llm.checks.stage1_real` runs Stage 1 on a real pretrained model (SmolLM2-135M-Instruct, vLLM).
 See ``docs/llm-checks.md``.
 """
 
 from __future__ import annotations
 
-from tiltlab.llm.checks import paced, stage3, task
+from tiltlab.llm.checks import paced, stage1_real, stage3, task
 
-__all__ = ["paced", "stage3", "task"]
+__all__ = ["paced", "stage1_real", "stage3", "task"]

@@ -26,6 +26,27 @@ INCONCLUSIVE = Verdict.INCONCLUSIVE
 STEPS = 100
 LR = 2e-3
 
+# Per-item outcomes of the last full run (seed 0, 5 seeds; docs/llm-checks.md): a changed item fails
+# `tiltlab check` even when the verdict category stays.
+TARGET_TRACKING_ITEMS = {
+    "beta1_within_0.05": False,
+    "beta2_within_0.05": False,
+    "beta4_within_0.05": False,
+    "beta1_gap_halved": True,
+    "beta2_gap_halved": True,
+    "beta4_gap_halved": True,
+}
+REMARK2_ITEMS = {
+    "is_label_m4_distorts": False,
+    "exact_plus_noise_distorts": True,
+    "is_label_m4_invariant": False,
+    "exact_plus_noise_invariant": False,
+}
+M_STUDY_ITEMS = {"variance_non_increasing": True, "bias_shrinks": True, "flat_at_8": True}
+PROPOSAL_ITEMS = {"strong_minus_weak_above_0": False, "weak_minus_backbone_above_0": True}
+TABLE1_ITEMS = {"dm_min_minus_rm_max_above_0": False, "rm_max_minus_dm_max_above_0": False}
+FPA_ITEMS = {"offrl_lowers_both": False, "fpa_keeps_correct": False, "fpa_raises_accuracy": True}
+
 
 def _seq(b: T.Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_ref, b.mask)
@@ -71,8 +92,15 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ 1. DISA target tracking
-@register_check("disa.llm.target_tracking", layer="llm", expected=V.PARTLY, slow=True, name="tiny_qwen3_enum")
-def target_tracking(seed: int, n_seeds: int = 3, steps: int = STEPS, betas=(1.0, 2.0, 4.0)) -> CheckResult:
+@register_check(
+    "disa.llm.target_tracking",
+    layer="llm",
+    expected=V.PARTLY,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=TARGET_TRACKING_ITEMS,
+)
+def target_tracking(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, betas=(1.0, 2.0, 4.0)) -> CheckResult:
     mae: dict[float, list[float]] = {b: [] for b in betas}
     mae0: dict[float, list[float]] = {b: [] for b in betas}
     for s in T.seeds_for(seed, n_seeds, "target_tracking"):
@@ -92,11 +120,14 @@ def target_tracking(seed: int, n_seeds: int = 3, steps: int = STEPS, betas=(1.0,
         ok &= nums[f"mae_beta{b:g}_hi"] < 0.05
     partly = all(nums[f"mae_beta{b:g}"] < 0.5 * nums[f"mae_start_beta{b:g}"] for b in betas)
     verdict = V.VERIFIED if ok else (V.PARTLY if partly else V.REFUTED)
+    items = {f"beta{b:g}_within_0.05": nums[f"mae_beta{b:g}_hi"] < 0.05 for b in betas}
+    items.update({f"beta{b:g}_gap_halved": nums[f"mae_beta{b:g}"] < 0.5 * nums[f"mae_start_beta{b:g}"] for b in betas})
     txt = "; ".join(f"beta={b:g}: MAE {T.fmt_ci(mae[b])} (start {nums[f'mae_start_beta{b:g}']:.3f})" for b in betas)
     return CheckResult(
         verdict,
         f"DISA Stage 3 (exact frozen log Z, {steps} steps, {n_seeds} seeds): per-prompt |acc - p e^b/(p e^b+1-p)| {txt}; rule: CI upper < 0.05 for every beta",
         nums,
+        items=items,
     )
 
 
@@ -159,9 +190,16 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
     return float(((g - g.mean(0)) ** 2).sum(1).mean())
 
 
-@register_check("disa.remark2.calibration", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@register_check(
+    "disa.remark2.calibration",
+    layer="llm",
+    expected=V.VERIFIED,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=REMARK2_ITEMS,
+)
 def logz_variants(
-    seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
     tv = {k: [] for k in names}
@@ -194,6 +232,10 @@ def logz_variants(
     distorted = any(nums[f"tv_diff_{k}_lo"] > 0.03 for k in diffs)
     invariant = all(abs(nums[f"tv_diff_{k}_lo"]) <= 0.03 and abs(nums[f"tv_diff_{k}_hi"]) <= 0.03 for k in diffs)
     verdict = V.VERIFIED if distorted else (V.REFUTED if invariant else INCONCLUSIVE)
+    items = {f"{k}_distorts": nums[f"tv_diff_{k}_lo"] > 0.03 for k in diffs}
+    items.update(
+        {f"{k}_invariant": nums[f"tv_diff_{k}_lo"] >= -0.03 and nums[f"tv_diff_{k}_hi"] <= 0.03 for k in diffs}
+    )
     txt = ", ".join(f"{k} {T.fmt_ci(tv[k])}" for k in names)
     gtxt = ", ".join(f"{k} {sum(gv[k]) / len(gv[k]):.3g}" for k in names)
     return CheckResult(
@@ -203,12 +245,22 @@ def logz_variants(
         f"{T.fmt_ci(diffs['exact_plus_noise'])}; grad variance at pi_ref {gtxt}; rule: distorts if a diff CI > 0.03, "
         "invariant if both CIs inside [-0.03, 0.03]",
         nums,
+        items=items,
     )
 
 
 # ------------------------------------------------------------------ 3. M study
-@register_check("disa.d3.teacher_m_study", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
-def m_study(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 8, 32, 128)) -> CheckResult:
+@register_check(
+    "disa.d3.teacher_m_study",
+    layer="llm",
+    expected=V.VERIFIED,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=M_STUDY_ITEMS,
+)
+def m_study(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 8, 32, 128)
+) -> CheckResult:
     var = {m: [] for m in ms}
     bias = {m: [] for m in ms}
     tv3 = {m: [] for m in (1, 128)}
@@ -237,6 +289,11 @@ def m_study(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, 
     # "flattens around M = 8": the variance left at M=8 is < 25% of the M=1 variance
     flat = nums["var_m8"] < 0.25 * nums["var_m1"]
     verdict = V.VERIFIED if decreasing and flat else (V.PARTLY if decreasing else V.REFUTED)
+    items = {
+        "variance_non_increasing": all(a >= b for a, b in itertools.pairwise(vm)),
+        "bias_shrinks": bm[-1] <= bm[0],
+        "flat_at_8": flat,
+    }
     return CheckResult(
         verdict,
         f"beta={beta:g}, q=pi_ref, 50 label draws x {n_seeds} seeds: label variance "
@@ -246,6 +303,7 @@ def m_study(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, 
         + f"; Stage-3 TV M=1 {T.fmt_ci(tv3[1])} vs M=128 {T.fmt_ci(tv3[128])}; rule: variance non-increasing, "
         "|bias| at 128 <= at 1, var(8) < 0.25 var(1)",
         nums,
+        items=items,
     )
 
 
@@ -261,8 +319,17 @@ def proposal_logprobs(ref: T.Policy, task: T.EnumTask, idx, kind: str) -> torch.
     return torch.stack(rows)
 
 
-@register_check("disa.fig3.proposal_strength", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
-def proposal_strength(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 2.0, m: int = 8) -> CheckResult:
+@register_check(
+    "disa.fig3.proposal_strength",
+    layer="llm",
+    expected=V.PARTLY,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=PROPOSAL_ITEMS,
+)
+def proposal_strength(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, m: int = 8
+) -> CheckResult:
     kinds = ("level0", "level2", "hint")
     err = {k: [] for k in kinds}
     qpass = {k: [] for k in kinds}
@@ -292,6 +359,7 @@ def proposal_strength(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: flo
     nums.update(T.ci_numbers("acc_weak_minus_backbone", above))
     drops, stays_above = nums["acc_drop_strong_minus_weak_lo"] > 0, nums["acc_weak_minus_backbone_lo"] > 0
     verdict = V.VERIFIED if drops and stays_above else (V.PARTLY if stays_above or drops else V.REFUTED)
+    items = {"strong_minus_weak_above_0": drops, "weak_minus_backbone_above_0": stays_above}
     return CheckResult(
         verdict,
         f"beta={beta:g}, M={m}, {n_seeds} seeds; proposal pass rates "
@@ -302,6 +370,7 @@ def proposal_strength(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: flo
         + ", ".join(f"{k} {T.fmt_ci(acc[k])}" for k in kinds)
         + f", backbone {T.fmt_ci(base)}; strong-weak {T.fmt_ci(drop)}, weak-backbone {T.fmt_ci(above)}; rule: verified if both CIs > 0",
         nums,
+        items=items,
     )
 
 
@@ -318,8 +387,8 @@ def prompt_features(model, task: T.EnumTask, idx) -> torch.Tensor:
     return masked_mean_pool(out.hidden_states[-1].float(), pmask)
 
 
-@register_check("disa.stage2.denoising", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
-def stage2_denoising(seed: int, n_seeds: int = 3, beta: float = 2.0, m: int = 2) -> CheckResult:
+@register_check("disa.stage2.denoising", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
+def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
     from tiltlab.objectives.regressor import fit_regressor
 
     raw, pred = [], []
@@ -384,7 +453,9 @@ def _memo(key: tuple, fn):
 METHODS = ("disa", "flowrl", "grpo", "gspo")
 
 
-def methods_raw(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 4.0) -> dict[str, dict[str, list]]:
+def methods_raw(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+) -> dict[str, dict[str, list]]:
     """Per-seed Mean (train accuracy), held-out accuracy, pass@8 and coverage of DISA (beta, exact
     frozen log Z), FlowRL (as coded), GRPO and GSPO; memoized per process (Table-1, FlowRL and
     PACED checks read it)."""
@@ -420,8 +491,15 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
     return res
 
 
-@register_check("disa.table1.math_qwen2.5_7b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
-def methods_compare(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
+@register_check(
+    "disa.table1.math_qwen2.5_7b",
+    layer="llm",
+    expected=INCONCLUSIVE,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=TABLE1_ITEMS,
+)
+def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
     """One run decides both Table-1 claims (same direction, two backbones): the run is memoized."""
     names = METHODS
     res = methods_raw(seed, n_seeds, steps, beta)
@@ -433,10 +511,14 @@ def methods_compare(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float
     rm = [max(c, d) - max(a, b) for a, b, c, d in zip(*(res[k]["acc"] for k in names))]
     nums.update(T.ci_numbers("dm_min_minus_rm_max", dm))
     nums.update(T.ci_numbers("rm_max_minus_dm_max", rm))
+    items = {
+        "dm_min_minus_rm_max_above_0": nums["dm_min_minus_rm_max_lo"] > 0,
+        "rm_max_minus_dm_max_above_0": nums["rm_max_minus_dm_max_lo"] > 0,
+    }
     verdict = (
         V.VERIFIED
-        if nums["dm_min_minus_rm_max_lo"] > 0
-        else (V.REFUTED if nums["rm_max_minus_dm_max_lo"] > 0 else INCONCLUSIVE)
+        if items["dm_min_minus_rm_max_above_0"]
+        else (V.REFUTED if items["rm_max_minus_dm_max_above_0"] else INCONCLUSIVE)
     )
     txt = "; ".join(
         f"{k}: Mean {T.fmt_ci(res[k]['acc'])}, held-out {T.fmt_ci(res[k]['heldout_acc'])}, pass@8 {T.fmt_ci(res[k]['pass8'])}, coverage {T.fmt_ci(res[k]['coverage'])}"
@@ -447,12 +529,18 @@ def methods_compare(seed: int, n_seeds: int = 3, steps: int = STEPS, beta: float
         f"tiny Qwen3, {steps} steps, {n_seeds} seeds, DISA beta={beta:g} (exact frozen log Z), FlowRL as coded: {txt}; rule: "
         "verified if min(DISA, FlowRL) - max(GRPO, GSPO) CI > 0, refuted if max(GRPO, GSPO) - max(DISA, FlowRL) CI > 0",
         nums,
+        items=items,
     )
 
 
-register_check("disa.table1.math_qwen3_4b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")(
-    methods_compare
-)
+register_check(
+    "disa.table1.math_qwen3_4b",
+    layer="llm",
+    expected=INCONCLUSIVE,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=TABLE1_ITEMS,
+)(methods_compare)
 
 
 # ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
@@ -479,7 +567,7 @@ def grpo_kl_fn(clip: bool):
 LAD_NAMES = (*F_DIVERGENCES, "grpo_kl_clip", "grpo_kl_noclip")
 
 
-def lad_raw(seed: int, n_seeds: int = 3, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
+def lad_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
     """Per-seed final train and held-out accuracy of LAD with each divergence and of GRPO + KL to
     pi_old with / without the clip; memoized per process (``lad.strict_better`` and
     ``lad.table8.divergences`` read it)."""
@@ -514,7 +602,7 @@ def strict_minus_nonstrict(acc: dict[str, list[float]]) -> list[float]:
 
 @register_check("lad.strict_better", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
 def lad_divergences(
-    seed: int, n_seeds: int = 3, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     names = LAD_NAMES
     acc, _ = lad_raw(seed, n_seeds, steps, eta, old_every)
@@ -538,7 +626,9 @@ def lad_divergences(
 
 
 @register_check("lad.table8.divergences", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
-def lad_table8(seed: int, n_seeds: int = 3, steps: int = STEPS, eta: float = 1.0, old_every: int = 4) -> CheckResult:
+def lad_table8(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+) -> CheckResult:
     """Table 8's direction on the held-out split (the paper's metric is test accuracy), read from
     the memoized LAD run. Rule (fixed before the run, also in the claim statement): d = mean
     held-out accuracy of TV/Hellinger/JS minus that of KL/rKL/Jeffreys per seed; verified if the
@@ -595,7 +685,7 @@ def fpa_train(
 FPA_LAMS = (0.0, 1.0, 2.0, 5.0, 20.0)
 
 
-def fpa_raw(seed: int, n_seeds: int = 3, steps: int = 150, lams=FPA_LAMS):
+def fpa_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
     """Per-seed results of the offline FPA lambda sweep (train and held-out accuracy, log-prob
     shifts of correct / incorrect answers, correct-only / incorrect-only at lambda = 1);
     memoized per process (the Figs. 2-4 and the Table-6 / lambda checks read it)."""
@@ -639,8 +729,15 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
     }  # fmt: skip
 
 
-@register_check("fpa.figs2_4.llm_dynamics", layer="llm", expected=V.REFUTED, slow=True, name="tiny_qwen3_enum")
-def fpa_entanglement(seed: int, n_seeds: int = 3, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
+@register_check(
+    "fpa.figs2_4.llm_dynamics",
+    layer="llm",
+    expected=V.REFUTED,
+    slow=True,
+    name="tiny_qwen3_enum",
+    expected_items=FPA_ITEMS,
+)
+def fpa_entanglement(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
     r = fpa_raw(seed, n_seeds, steps, lams)
     acc, dcorr, dinc, base, parts = r["acc"], r["dcorr"], r["dinc"], r["base"], r["parts"]
     nums: dict[str, float] = T.ci_numbers("acc_ref", base)
@@ -654,6 +751,7 @@ def fpa_entanglement(seed: int, n_seeds: int = 3, steps: int = 150, lams=FPA_LAM
     fpa_keeps = nums["dlogp_correct_lam1_lo"] > nums["dlogp_correct_lam0_hi"]
     fpa_learns = nums["acc_lam1_lo"] > nums["acc_ref"]
     verdict = V.VERIFIED if offrl_lowers_both and fpa_keeps and fpa_learns else (V.PARTLY if fpa_keeps else V.REFUTED)
+    items = {"offrl_lowers_both": offrl_lowers_both, "fpa_keeps_correct": fpa_keeps, "fpa_raises_accuracy": fpa_learns}
     return CheckResult(
         verdict,
         f"offline data 8/prompt from pi_ref, {steps} steps, {n_seeds} seeds: accuracy ref {T.fmt_ci(base)}, "
@@ -666,6 +764,7 @@ def fpa_entanglement(seed: int, n_seeds: int = 3, steps: int = 150, lams=FPA_LAM
         + f"; lam=1 correct-only {T.fmt_ci(parts['correct_only'])}, incorrect-only {T.fmt_ci(parts['incorrect_only'])}"
         + "; rule: Off-RL (lam=0) lowers both (CI < 0), FPA lam=1 keeps correct (CI above lam=0's) and raises accuracy above pi_ref",
         nums,
+        items=items,
     )
 
 
@@ -687,7 +786,7 @@ def _ci_verdict(nums: dict[str, float], key: str) -> Verdict:
 
 
 @register_check("fpa.table6.lambda_qwen3_4b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
-def fpa_lambda_best(seed: int, n_seeds: int = 3, steps: int = 150) -> CheckResult:
+def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> CheckResult:
     """Table 6's direction ("lambda in {1, 2} best"), one run for the three backbones' claims.
 
     Rule (fixed before the run, also in the claim statements): d = mean held-out accuracy at

@@ -58,6 +58,8 @@ N_T = 8
 HELD_OUT_T = (3, 6)
 """Values of ``t`` whose prompts are never seen in warm-up or training (the held-out split)."""
 WARM_STEPS = 500
+N_SEEDS = 5
+"""Model seeds per check (the claim statements' rules name the same count)."""
 CACHE_VERSION = "v1"
 
 

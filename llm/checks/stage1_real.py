@@ -1,0 +1,235 @@
+"""Stage-1 labels on a real pretrained model: SmolLM2-135M-Instruct (``--model smollm2-135m``).
+
+The enumerable task (:mod:`tiltlab.llm.checks.task`) has exact ``log Z``; a real instruct model
+answering free text does not. What a real model adds is the thing the tiny task cannot show: how
+spread the *sequence* log-weights ``log w = log pi_ref(y|x) + beta r - log q(y|x)`` of a proposal
+are once completions are tens of tokens long, and what that does to the labels. So this check
+runs DISA Stage 1 as users run it (:func:`tiltlab.llm.stage1.run_stage1` on the vLLM proposal
+engine, ``pi_ref`` scored by the same engine's prompt log-probs, labels written to Parquet) on
+:data:`QUESTIONS`, short arithmetic questions the 135M model answers correctly some of the time:
+
+* ``pi_ref``: SmolLM2-135M-Instruct at temperature 1 (its raw distribution);
+* ``q``: the same model at temperature :data:`Q_TEMPERATURE` (a proposal that is not ``pi_ref``,
+  like the paper's proposal sampled at its evaluation temperature) -- same tokenizer, full support;
+* ``q`` truncated: the same with ``top_p =`` :data:`TRUNC_TOP_P` (log-probs of the truncated,
+  renormalized sampler, as vLLM returns them);
+* an independent estimate of ``log Z``: for a 0/1 reward ``Z = 1 + p_ref (e^beta - 1)``, with
+  ``p_ref`` the pass rate of :data:`N_REF` samples of ``pi_ref`` (Stage 1 with ``q = pi_ref``).
+
+The reward is the math verifier without the ``\\boxed`` requirement (the 135M model rarely
+boxes). Units of the intervals are (prompt, seed) pairs: each is an independent Stage-1 problem.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+
+from . import task as T
+
+V = Verdict
+ALIAS = "smollm2-135m"
+QUESTIONS: tuple[tuple[str, str], ...] = (
+    ("2 + 3", "5"),
+    ("4 + 5", "9"),
+    ("7 + 8", "15"),
+    ("6 + 9", "15"),
+    ("12 + 9", "21"),
+    ("23 + 14", "37"),
+    ("45 + 37", "82"),
+    ("58 + 67", "125"),
+    ("10 - 4", "6"),
+    ("15 - 7", "8"),
+    ("92 - 35", "57"),
+    ("3 times 4", "12"),
+    ("6 times 7", "42"),
+    ("9 times 8", "72"),
+    ("12 times 11", "132"),
+    ("100 + 200", "300"),
+)
+"""``(expression, answer)``; the prompt is "What is <expression>? Answer with just the number."."""
+BETA = 2.0
+Q_TEMPERATURE = 0.7
+TRUNC_TOP_P = 0.9
+M = 16
+M_SMALL = 4
+N_REF = 64
+MAX_NEW_TOKENS = 48
+N_SEEDS = 3
+SPREAD_NATS = 1.0
+ESS_FRACTION = 0.5
+
+
+def unboxed_math_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
+    """:func:`tiltlab.llm.rewards.math_reward` with ``require_boxed=False``: an unboxed answer is
+    parsed by math-verify's default extraction (the last expression) instead of scoring 0."""
+    from tiltlab.llm.rewards import math_reward
+
+    return math_reward(prompts, completions, completion_ids, require_boxed=False, **kwargs)
+
+
+def question_rows(n: int | None = None) -> list[dict]:
+    qs = QUESTIONS[:n] if n is not None else QUESTIONS
+    return [
+        {"id": f"arith-{i:02d}", "prompt": f"What is {e}? Answer with just the number.", "answer": a}
+        for i, (e, a) in enumerate(qs)
+    ]
+
+
+def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, top_p: float, max_new_tokens: int):
+    from tiltlab.llm.stage1 import Stage1Config
+
+    return Stage1Config(
+        proposal=model_dir,
+        reference=model_dir,
+        dataset="tiltlab.llm.checks.stage1_real:QUESTIONS",
+        out_dir=str(out),
+        M=m,
+        beta=BETA,
+        temperature=temperature,
+        top_p=top_p,
+        allow_truncated=top_p < 1.0,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        engine="vllm",
+        prompts_per_shard=len(QUESTIONS),
+    )
+
+
+def run_labels(engine, cfg, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run Stage 1 for ``cfg`` on ``engine``; ``(log_w [P, M], label [P], pass rate [P])`` read back
+    from the Parquet files it wrote (rows in the order of ``rows``)."""
+    from tiltlab.llm.stage1 import load_stage1, run_stage1
+
+    with warnings.catch_warnings():  # the truncation warning: truncating is what is measured here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run_stage1(cfg, rows=rows, reward_fn=unboxed_math_reward, progress=False, engine=engine)
+    samples, labels = load_stage1(cfg.out_dir)
+    pos = {r["id"]: i for i, r in enumerate(rows)}
+    log_w = torch.full((len(rows), cfg.M), math.nan, dtype=torch.float64)
+    for pid, j, lw in zip(
+        samples["prompt_id"].to_pylist(), samples["sample_idx"].to_pylist(), samples["log_w"].to_pylist()
+    ):
+        log_w[pos[pid], j] = lw
+    label = torch.full((len(rows),), math.nan, dtype=torch.float64)
+    passed = torch.full((len(rows),), math.nan, dtype=torch.float64)
+    for pid, lz, mr in zip(
+        labels["prompt_id"].to_pylist(), labels["log_z"].to_pylist(), labels["mean_reward"].to_pylist()
+    ):
+        label[pos[pid]], passed[pos[pid]] = lz, mr
+    if torch.isnan(log_w).any() or torch.isnan(label).any():
+        raise RuntimeError(f"Stage 1 output in {cfg.out_dir} misses samples or labels")
+    if not torch.allclose(label, log_partition_lse(log_w), rtol=0, atol=1e-9):  # rows read back in order
+        raise RuntimeError(f"Stage 1 labels in {cfg.out_dir} do not match their samples' log-weights")
+    return log_w, label, passed
+
+
+def unit_numbers(
+    log_w: torch.Tensor, log_w_trunc: torch.Tensor, log_z_ref: torch.Tensor, m_small: int
+) -> dict[str, list[float]]:
+    """Per-prompt quantities of one seed. ``log_w``/``log_w_trunc``: ``[P, M]`` (full / truncated
+    proposal); ``log_z_ref``: ``[P]`` the independent estimate. M-sample labels use all ``M``
+    weights; ``m_small`` labels the ``M / m_small`` disjoint groups of ``m_small`` weights."""
+    p, m = log_w.shape
+    if m % m_small:
+        raise ValueError(f"M={m} is not a multiple of m_small={m_small}")
+    lab = log_partition_lse(log_w)  # [P]
+    lab_small = log_partition_lse(log_w.view(p, m // m_small, m_small))  # [P, G]
+    lab_trunc = log_partition_lse(log_w_trunc)
+    err, err_small = lab - log_z_ref, lab_small - log_z_ref[:, None]
+    return {
+        "sd_log_w": log_w.std(-1).tolist(),
+        "ess_fraction": (effective_sample_size(log_w) / m).tolist(),
+        "sq_err_m": err.pow(2).tolist(),
+        "sq_err_small": err_small.pow(2).mean(-1).tolist(),
+        "mse_gain": (err_small.pow(2).mean(-1) - err.pow(2)).tolist(),
+        "bias_m": err.tolist(),
+        "bias_small": err_small.mean(-1).tolist(),
+        "trunc_minus_full": (lab_trunc - lab).tolist(),
+        "trunc_bias": (lab_trunc - log_z_ref).tolist(),
+    }
+
+
+@register_check(
+    "disa.llm.stage1_real_model",
+    layer="llm",
+    expected=V.VERIFIED,
+    slow=True,
+    name="smollm2_135m_vllm",
+    expected_items={"log_w_spread": True, "ess_below_half": True, "m16_beats_m4": True, "top_p_biases_low": True},
+)
+@T.fixed_threads
+def stage1_real_model(
+    seed: int,
+    n_seeds: int = N_SEEDS,
+    n_prompts: int | None = None,
+    m: int = M,
+    m_small: int = M_SMALL,
+    n_ref: int = N_REF,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> CheckResult:
+    from tiltlab.llm.models import resolve_model
+    from tiltlab.llm.stage1 import vllm_proposal_engine
+
+    model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
+    rows = question_rows(n_prompts)
+    units: dict[str, list[float]] = {}
+    passes: dict[str, list[float]] = {"ref": [], "q": [], "q_trunc": []}
+    with tempfile.TemporaryDirectory(prefix="tiltlab-stage1-real-") as tmp:
+        root = Path(tmp)
+        engine = vllm_proposal_engine(_config(model_dir, root / "engine", seed, m, 1.0, 1.0, max_new_tokens))
+        try:
+            for s in T.seeds_for(seed, n_seeds, "stage1_real_model"):
+
+                def labels(name: str, mm: int, temperature: float, top_p: float, s: int = s):
+                    cfg = _config(model_dir, root / f"{name}-{s}", s, mm, temperature, top_p, max_new_tokens)
+                    return run_labels(engine, cfg, rows)
+
+                _, _, p_ref = labels("ref", n_ref, 1.0, 1.0)
+                log_w, _, p_q = labels("q", m, Q_TEMPERATURE, 1.0)
+                log_w_tr, _, p_tr = labels("q_trunc", m, Q_TEMPERATURE, TRUNC_TOP_P)
+                log_z_ref = log_z_from_pass_rate(p_ref, BETA).double()
+                for k, v in unit_numbers(log_w, log_w_tr, log_z_ref, m_small).items():
+                    units.setdefault(k, []).extend(v)
+                for k, v in (("ref", p_ref), ("q", p_q), ("q_trunc", p_tr)):
+                    passes[k].extend(v.tolist())
+        finally:
+            engine.close()
+    nums: dict[str, float] = {}
+    for k, xs in units.items():
+        nums.update(T.ci_numbers(k, xs))
+    for k, xs in passes.items():
+        nums[f"pass_rate_{k}"] = sum(xs) / len(xs)
+    nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
+    nums["n_units"] = len(units["sd_log_w"])
+    items = {
+        "log_w_spread": nums["median_sd_log_w"] > SPREAD_NATS,
+        "ess_below_half": nums["ess_fraction_hi"] < ESS_FRACTION,
+        "m16_beats_m4": nums["mse_gain_lo"] > 0,
+        "top_p_biases_low": nums["trunc_minus_full_hi"] < 0,
+    }
+    n_ok = sum(items.values())
+    verdict = V.VERIFIED if n_ok == len(items) else (V.REFUTED if n_ok == 0 else V.PARTLY)
+    return CheckResult(
+        verdict,
+        f"SmolLM2-135M-Instruct on vLLM, {len(rows)} arithmetic prompts x {n_seeds} seeds, beta={BETA:g}, "
+        f"pi_ref = the model at T=1, q = the model at T={Q_TEMPERATURE:g}, M={m}; pass rates pi_ref {nums['pass_rate_ref']:.3f}, q "
+        f"{nums['pass_rate_q']:.3f}, q top-p {TRUNC_TOP_P:g} {nums['pass_rate_q_trunc']:.3f}; sd(log w) median "
+        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {T.fmt_ci(units['ess_fraction'])}; squared label error vs "
+        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(units['sq_err_small'])}, "
+        f"M={m} {T.fmt_ci(units['sq_err_m'])}, gain {T.fmt_ci(units['mse_gain'])}; label bias M={m_small} "
+        f"{T.fmt_ci(units['bias_small'])}, M={m} {T.fmt_ci(units['bias_m'])}; top-p {TRUNC_TOP_P:g} minus full label "
+        f"{T.fmt_ci(units['trunc_minus_full'])}; 95% t-CIs over (prompt, seed) units; rule: sd(log w) median > "
+        f"{SPREAD_NATS:g}, ESS/M CI < {ESS_FRACTION:g}, gain CI > 0, top-p difference CI < 0 (verified: all four; "
+        "refuted: none)",
+        nums,
+        items=items,
+    )

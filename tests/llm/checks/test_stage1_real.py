@@ -1,0 +1,75 @@
+"""The real-model Stage-1 check (``disa.llm.stage1_real_model``): its per-prompt arithmetic against
+naive loops, and the whole check at a tiny budget on SmolLM2-135M-Instruct and vLLM (the full check
+is slow: ``tiltlab check --layer llm --slow``)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import math
+
+import pytest
+import torch
+
+from tiltlab.llm.checks import stage1_real as S
+from tiltlab.paper_checks.registry import Verdict
+
+
+def _lse_label(ws: list[float]) -> float:
+    return math.log(sum(math.exp(w) for w in ws) / len(ws))
+
+
+def test_unit_numbers_match_naive_loops():
+    gen = torch.Generator().manual_seed(3)
+    log_w = torch.randn(3, 8, generator=gen, dtype=torch.float64) * 2
+    log_w_tr = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    ref = torch.tensor([0.1, -0.4, 1.2], dtype=torch.float64)
+    u = S.unit_numbers(log_w, log_w_tr, ref, m_small=2)
+    for i in range(3):
+        ws = log_w[i].tolist()
+        full = _lse_label(ws)
+        small = [_lse_label(ws[j : j + 2]) for j in range(0, 8, 2)]
+        w = [math.exp(x) for x in ws]
+        ess = sum(w) ** 2 / sum(x * x for x in w)
+        mean = sum(ws) / 8
+        sd = math.sqrt(sum((x - mean) ** 2 for x in ws) / 7)
+        assert u["sd_log_w"][i] == pytest.approx(sd, rel=1e-12)
+        assert u["ess_fraction"][i] == pytest.approx(ess / 8, rel=1e-12)
+        assert u["sq_err_m"][i] == pytest.approx((full - ref[i].item()) ** 2, rel=1e-12)
+        sq_small = sum((x - ref[i].item()) ** 2 for x in small) / 4
+        assert u["sq_err_small"][i] == pytest.approx(sq_small, rel=1e-12)
+        assert u["mse_gain"][i] == pytest.approx(sq_small - (full - ref[i].item()) ** 2, rel=1e-10, abs=1e-12)
+        assert u["trunc_minus_full"][i] == pytest.approx(_lse_label(log_w_tr[i].tolist()) - full, rel=1e-12)
+    # equal weights: no spread, ESS = M, the label is the weight
+    flat = torch.full((2, 4), 0.3, dtype=torch.float64)
+    v = S.unit_numbers(flat, flat, torch.tensor([0.3, 0.3], dtype=torch.float64), m_small=2)
+    assert v["sd_log_w"] == [0.0, 0.0] and v["ess_fraction"] == pytest.approx([1.0, 1.0])
+    assert v["sq_err_m"] == pytest.approx([0.0, 0.0], abs=1e-24)
+    with pytest.raises(ValueError, match="multiple"):
+        S.unit_numbers(flat, flat, flat[:, 0], m_small=3)
+
+
+def test_unboxed_reward_accepts_a_plain_answer():
+    r = S.unboxed_math_reward(["q"] * 3, ["2 + 3 = 5", "The answer is 6.", "\\boxed{5}"], answer=["5", "5", "5"])
+    assert r == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.vllm
+def test_check_runs_end_to_end_at_a_tiny_budget():
+    pytest.importorskip("vllm")
+    from tiltlab.llm.models import MODEL_ALIASES
+
+    try:
+        md.distribution(MODEL_ALIASES[S.ALIAS].distribution)
+    except md.PackageNotFoundError:
+        pytest.skip(f"needs `{MODEL_ALIASES[S.ALIAS].install}`")
+    res = S.stage1_real_model(0, n_seeds=1, n_prompts=2, m=4, m_small=2, n_ref=4, max_new_tokens=12)
+    n = res.numbers
+    assert n["n_units"] == 2
+    assert all(math.isfinite(v) for v in n.values())
+    assert 1 / 4 <= n["ess_fraction"] <= 1.0 + 1e-12
+    for k in ("ref", "q", "q_trunc"):
+        assert 0.0 <= n[f"pass_rate_{k}"] <= 1.0
+    assert set(res.items) == {"log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low"}
+    n_ok = sum(res.items.values())
+    want = Verdict.VERIFIED if n_ok == 4 else (Verdict.REFUTED if n_ok == 0 else Verdict.PARTLY)
+    assert res.verdict == want
