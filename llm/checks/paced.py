@@ -20,7 +20,7 @@ from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, select_prompts
 from tiltlab.objectives.pg import group_advantages, grpo_loss
 from tiltlab.objectives.tb import sequence_logprob, tb_loss, tb_residual
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 from . import stage3 as S
 from . import task as T
@@ -203,14 +203,15 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     return nums, txt
 
 
-@register_check(
-    "paced.tau_sweep",
-    layer="llm",
-    expected=INCONCLUSIVE,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=TAU_SWEEP_ITEMS,
-)
+SWEEP_KEYS = ("best_0.5_minus_edges", "others_minus_0.1", "fast_start_0.9")
+
+
+def _sweep_result(seed: int, n_seeds: int, steps: int, keys: tuple[str, ...], rule: str) -> CheckResult:
+    nums, txt = _sweep_numbers(paced_raw(seed, n_seeds, steps), steps, n_seeds)
+    return CheckResult(_items_verdict(nums, keys), f"{txt}; rule: {rule}", nums, items=_ci_items(nums, keys))
+
+
+@S.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
 def tau_sweep(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy.
 
@@ -219,42 +220,19 @@ def tau_sweep(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> Chec
     (b) the mean of the other taus minus tau = 0.1 ("0.1 worst"); (c) tau = 0.9 minus the mean
     of the others at step 25 ("fast start"). Verified if every CI lies above 0; partly if some do;
     refuted if none does and one lies below 0; inconclusive if none excludes 0."""
-    res = paced_raw(seed, n_seeds, steps)
-    nums, txt = _sweep_numbers(res, steps, n_seeds)
-    keys = ("best_0.5_minus_edges", "others_minus_0.1", "fast_start_0.9")
-    return CheckResult(
-        _items_verdict(nums, keys),
-        f"{txt}; rule: items (a) (b) (c) all CI > 0 verified, some partly",
-        nums,
-        items=_ci_items(nums, keys),
-    )
+    return _sweep_result(seed, n_seeds, steps, SWEEP_KEYS, "items (a) (b) (c) all CI > 0 verified, some partly")
 
 
-@register_check(
-    "paced.fig4.tau_llm", layer="llm", expected=V.PARTLY, slow=True, name="tiny_qwen3_enum", expected_items=FIG4_ITEMS
-)
+@S.tiny_check("paced.fig4.tau_llm", V.PARTLY, FIG4_ITEMS)
 def tau_sweep_fig4(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
     """Fig. 4's items: those of :func:`tau_sweep` plus (d) "train accuracy tracks tau": the mean
     reward of the trained batches at tau = 0.9 minus at tau = 0.1. Same rule over four items."""
-    res = paced_raw(seed, n_seeds, steps)
-    nums, txt = _sweep_numbers(res, steps, n_seeds)
-    items = ("best_0.5_minus_edges", "others_minus_0.1", "fast_start_0.9", "train_acc_tracks_tau")
-    return CheckResult(
-        _items_verdict(nums, items),
-        f"{txt}; rule: items (a)-(d) all CI > 0 verified",
-        nums,
-        items=_ci_items(nums, items),
+    return _sweep_result(
+        seed, n_seeds, steps, (*SWEEP_KEYS, "train_acc_tracks_tau"), "items (a)-(d) all CI > 0 verified"
     )
 
 
-@register_check(
-    "paced.table1.math_qwen2.5_math_1.5b",
-    layer="llm",
-    expected=INCONCLUSIVE,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=TABLE1_ITEMS,
-)
+@S.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
 def paced_vs_baselines(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (as coded, the memoized 4-method run: same seeds,
     steps, learning rate and prompts), held-out accuracy. DS, LILO and MoPPS are not run.
@@ -289,12 +267,10 @@ def paced_vs_baselines(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS
 
 
 for _cid in ("paced.table1.math_qwen2.5_math_7b",):
-    register_check(
-        _cid, layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum", expected_items=TABLE1_ITEMS
-    )(paced_vs_baselines)
+    S.tiny_check(_cid, INCONCLUSIVE, TABLE1_ITEMS)(paced_vs_baselines)
 
 
-@register_check("paced.fig5.difficulty_rises", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@S.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE)
 def difficulty_rises(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
     """Difficulty (1 - pi_ref's pass rate) of the trained prompts, last fifth minus first fifth of
     the run, PACED at tau = 0.5 (the no-selection arm reported: constant by construction).

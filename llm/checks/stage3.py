@@ -48,6 +48,13 @@ TABLE1_ITEMS = {"dm_min_minus_rm_max_above_0": False, "rm_max_minus_dm_max_above
 FPA_ITEMS = {"offrl_lowers_both": False, "fpa_keeps_correct": False, "fpa_raises_accuracy": True}
 
 
+def tiny_check(claim_id: str, expected: Verdict, expected_items: dict[str, bool] | None = None):
+    """``register_check`` for a check of the llm layer on the tiny-model task (slow, one name)."""
+    return register_check(
+        claim_id, layer="llm", expected=expected, slow=True, name="tiny_qwen3_enum", expected_items=expected_items
+    )
+
+
 def _seq(b: T.Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_ref, b.mask)
 
@@ -92,14 +99,7 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ 1. DISA target tracking
-@register_check(
-    "disa.llm.target_tracking",
-    layer="llm",
-    expected=V.PARTLY,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=TARGET_TRACKING_ITEMS,
-)
+@tiny_check("disa.llm.target_tracking", V.PARTLY, TARGET_TRACKING_ITEMS)
 def target_tracking(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, betas=(1.0, 2.0, 4.0)) -> CheckResult:
     mae: dict[float, list[float]] = {b: [] for b in betas}
     mae0: dict[float, list[float]] = {b: [] for b in betas}
@@ -190,14 +190,7 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
     return float(((g - g.mean(0)) ** 2).sum(1).mean())
 
 
-@register_check(
-    "disa.remark2.calibration",
-    layer="llm",
-    expected=V.VERIFIED,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=REMARK2_ITEMS,
-)
+@tiny_check("disa.remark2.calibration", V.VERIFIED, REMARK2_ITEMS)
 def logz_variants(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
@@ -250,14 +243,7 @@ def logz_variants(
 
 
 # ------------------------------------------------------------------ 3. M study
-@register_check(
-    "disa.d3.teacher_m_study",
-    layer="llm",
-    expected=V.VERIFIED,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=M_STUDY_ITEMS,
-)
+@tiny_check("disa.d3.teacher_m_study", V.VERIFIED, M_STUDY_ITEMS)
 def m_study(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 8, 32, 128)
 ) -> CheckResult:
@@ -319,14 +305,7 @@ def proposal_logprobs(ref: T.Policy, task: T.EnumTask, idx, kind: str) -> torch.
     return torch.stack(rows)
 
 
-@register_check(
-    "disa.fig3.proposal_strength",
-    layer="llm",
-    expected=V.PARTLY,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=PROPOSAL_ITEMS,
-)
+@tiny_check("disa.fig3.proposal_strength", V.PARTLY, PROPOSAL_ITEMS)
 def proposal_strength(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, m: int = 8
 ) -> CheckResult:
@@ -387,7 +366,7 @@ def prompt_features(model, task: T.EnumTask, idx) -> torch.Tensor:
     return masked_mean_pool(out.hidden_states[-1].float(), pmask)
 
 
-@register_check("disa.stage2.denoising", layer="llm", expected=V.VERIFIED, slow=True, name="tiny_qwen3_enum")
+@tiny_check("disa.stage2.denoising", V.VERIFIED)
 def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
     from tiltlab.objectives.regressor import fit_regressor
 
@@ -491,14 +470,7 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
     return res
 
 
-@register_check(
-    "disa.table1.math_qwen2.5_7b",
-    layer="llm",
-    expected=INCONCLUSIVE,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=TABLE1_ITEMS,
-)
+@tiny_check("disa.table1.math_qwen2.5_7b", INCONCLUSIVE, TABLE1_ITEMS)
 def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
     """One run decides both Table-1 claims (same direction, two backbones): the run is memoized."""
     names = METHODS
@@ -533,14 +505,7 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
     )
 
 
-register_check(
-    "disa.table1.math_qwen3_4b",
-    layer="llm",
-    expected=INCONCLUSIVE,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=TABLE1_ITEMS,
-)(methods_compare)
+tiny_check("disa.table1.math_qwen3_4b", INCONCLUSIVE, TABLE1_ITEMS)(methods_compare)
 
 
 # ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
@@ -600,7 +565,7 @@ def strict_minus_nonstrict(acc: dict[str, list[float]]) -> list[float]:
     return [sum(acc[d][i] for d in strict) / len(strict) - sum(acc[d][i] for d in loose) / len(loose) for i in range(n)]
 
 
-@register_check("lad.strict_better", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@tiny_check("lad.strict_better", INCONCLUSIVE)
 def lad_divergences(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
@@ -625,7 +590,7 @@ def lad_divergences(
     )
 
 
-@register_check("lad.table8.divergences", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@tiny_check("lad.table8.divergences", INCONCLUSIVE)
 def lad_table8(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
@@ -729,14 +694,7 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
     }  # fmt: skip
 
 
-@register_check(
-    "fpa.figs2_4.llm_dynamics",
-    layer="llm",
-    expected=V.REFUTED,
-    slow=True,
-    name="tiny_qwen3_enum",
-    expected_items=FPA_ITEMS,
-)
+@tiny_check("fpa.figs2_4.llm_dynamics", V.REFUTED, FPA_ITEMS)
 def fpa_entanglement(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
     r = fpa_raw(seed, n_seeds, steps, lams)
     acc, dcorr, dinc, base, parts = r["acc"], r["dcorr"], r["dinc"], r["base"], r["parts"]
@@ -785,7 +743,7 @@ def _ci_verdict(nums: dict[str, float], key: str) -> Verdict:
     return V.VERIFIED if nums[f"{key}_lo"] > 0 else (V.REFUTED if nums[f"{key}_hi"] < 0 else INCONCLUSIVE)
 
 
-@register_check("fpa.table6.lambda_qwen3_4b", layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")
+@tiny_check("fpa.table6.lambda_qwen3_4b", INCONCLUSIVE)
 def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> CheckResult:
     """Table 6's direction ("lambda in {1, 2} best"), one run for the three backbones' claims.
 
@@ -804,4 +762,4 @@ def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> Ch
 
 
 for _cid in ("fpa.table6.lambda_qwen2.5_math_7b", "fpa.table6.lambda_llama3.2_3b"):
-    register_check(_cid, layer="llm", expected=INCONCLUSIVE, slow=True, name="tiny_qwen3_enum")(fpa_lambda_best)
+    tiny_check(_cid, INCONCLUSIVE)(fpa_lambda_best)
