@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 
 import torch
+from _tiny_trainer import BASE
+from _tiny_trainer import parity_reward as reward
 from datasets import Dataset
 
 from tiltlab.llm.models import load_model, load_tokenizer
 from tiltlab.llm.tasks import arithmetic_tasks
-
-
-def reward(prompts, completions, completion_ids, **kw):
-    return [float(sum(ids) % 2 == 0) for ids in completion_ids]
 
 
 def _common(out_dir: str, mode: str, steps: int, lr: float) -> dict:
@@ -31,13 +29,7 @@ def _common(out_dir: str, mode: str, steps: int, lr: float) -> dict:
         lr_scheduler_type="constant",
         weight_decay=0.0,
         max_grad_norm=0.0,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
+        **BASE,
         bf16=False,  # fp32 throughout: FSDP2's bf16 param policy and DDP's bf16 autocast round differently
     )
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:

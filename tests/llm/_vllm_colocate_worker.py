@@ -16,10 +16,8 @@ import sys
 from pathlib import Path
 
 import torch
-
-
-def reward(prompts, completions, completion_ids, **kw):
-    return [float(sum(ids) % 2 == 0) for ids in completion_ids]
+from _tiny_trainer import disa_kwargs, online_args
+from _tiny_trainer import parity_reward as reward
 
 
 def teacher_forced(model, prompt_ids, completion_ids):
@@ -39,7 +37,7 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.tasks import arithmetic_tasks
     from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
     rows = [
         {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
@@ -47,26 +45,14 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     ]
     extra = {}
     if objective == "disa":
-        extra = dict(
-            tilt_beta=2.0, disa_stage1_manifest={"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
-        )
+        extra = disa_kwargs()
         for i, r in enumerate(rows):
             r["log_z"] = 0.1 * i
     out = Path(out_dir)
-    args = TiltGRPOConfig(
-        output_dir=str(out),
-        objective=objective,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
+    args = online_args(
+        out,
+        objective,
         learning_rate=5e-2,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
         max_steps=2,
         use_vllm=True,
         vllm_mode="colocate",

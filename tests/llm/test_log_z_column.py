@@ -45,7 +45,7 @@ def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_
 
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.stage2 import annotate_log_z
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
     path = annotate_log_z(predictor, list(math_rows), tmp_path / "d.jsonl", progress=False)
     raw = [json.loads(x) for x in path.read_text().splitlines()]
@@ -57,24 +57,10 @@ def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_
     )
 
     def args(**kw):
-        return TiltGRPOConfig(
-            output_dir=str(tmp_path / "o"),
-            objective="disa",
-            disa_label="column",
-            tilt_beta=2.0,
-            disa_stage1_manifest={"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"},
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_completion_length=4,
-            max_steps=1,
-            learning_rate=1e-2,
-            report_to="none",
-            use_cpu=True,
-            save_strategy="no",
-            remove_unused_columns=False,
-            seed=0,
-            disable_tqdm=True,
-            **kw,
+        from _tiny_trainer import disa_kwargs, online_args
+
+        return online_args(
+            tmp_path / "o", "disa", disa_label="column", max_completion_length=4, max_steps=1, **disa_kwargs(), **kw
         )
 
     def never(prompts):

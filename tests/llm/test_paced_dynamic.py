@@ -8,6 +8,8 @@ import torch
 
 pytest.importorskip("trl")
 
+from _tiny_trainer import online_args, parity_reward
+
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer, informative_groups
 
 
@@ -19,30 +21,10 @@ def _dataset(math_rows):
     )
 
 
-def _parity_reward(prompts, completions, completion_ids, **kw):
-    return [float(sum(ids) % 2 == 0) for ids in completion_ids]
-
-
-def _trainer(tiny_dir, tmp_path, math_rows, objective, reward=_parity_reward, **kw):
+def _trainer(tiny_dir, tmp_path, math_rows, objective, reward=parity_reward, **kw):
     from tiltlab.llm.models import load_model, load_tokenizer
 
-    kw.setdefault("max_steps", 1)
-    args = TiltGRPOConfig(
-        output_dir=str(tmp_path / objective),
-        objective=objective,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
-        **kw,
-    )
+    args = online_args(tmp_path / objective, objective, **{"max_steps": 1, **kw})
     return TiltGRPOTrainer(
         model=load_model(tiny_dir, device="cpu"),
         reward_funcs=reward,
@@ -154,24 +136,7 @@ def test_dynamic_sampling_drops_equal_reward_groups_refills_and_steps(tiny_dir, 
     from tiltlab.llm.models import load_model, load_tokenizer
 
     reward = _FirstRoundConstant()
-    args = TiltGRPOConfig(
-        output_dir=str(tmp_path / "ds"),
-        objective="grpo",
-        dynamic_sampling=True,
-        dynamic_sampling_max_refills=20,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        max_steps=1,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
-    )
+    args = online_args(tmp_path / "ds", "grpo", dynamic_sampling=True, dynamic_sampling_max_refills=20, max_steps=1)
     tr = Spy(
         model=load_model(tiny_dir, device="cpu"),
         reward_funcs=reward,

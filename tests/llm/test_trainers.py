@@ -11,15 +11,12 @@ import torch
 
 pytest.importorskip("trl")
 
+from _tiny_trainer import disa_kwargs, online_args, parity_reward
+
 from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def _reward(prompts, completions, completion_ids, **kw):
-    # deterministic, prompt-independent, half-ish of completions rewarded: enough signal for every loss
-    return [float(sum(ids) % 2 == 0) for ids in completion_ids]
 
 
 def _dataset(math_rows, with_log_z=False):
@@ -35,30 +32,11 @@ def _dataset(math_rows, with_log_z=False):
 def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
     from tiltlab.llm.models import load_model, load_tokenizer
 
-    extra = dict(kw)
-    if objective == "disa":
-        extra.setdefault("tilt_beta", 2.0)
-        extra.setdefault("disa_stage1_manifest", {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"})
-    extra.setdefault("max_steps", 2)
-    args = TiltGRPOConfig(
-        output_dir=str(tmp_path / objective),
-        objective=objective,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
-        **extra,
-    )
+    extra = {**(disa_kwargs() if objective == "disa" else {}), "max_steps": 2, **kw}
+    args = online_args(tmp_path / objective, objective, **extra)
     return TiltGRPOTrainer(
         model=load_model(tiny_dir, device="cpu"),
-        reward_funcs=_reward,
+        reward_funcs=parity_reward,
         args=args,
         train_dataset=_dataset(math_rows, with_log_z=objective == "disa" or kw.get("paced_select_from") == "disa"),
         processing_class=load_tokenizer(tiny_dir),

@@ -45,24 +45,12 @@ def test_head_saved_and_restored_with_the_checkpoint(tiny_dir, tmp_path, math_ro
     from safetensors.torch import load_file
 
     from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
-    args = TiltGRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        objective="flowrl",
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=4,
-        learning_rate=1e-2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        remove_unused_columns=False,
-        seed=0,
-        disable_tqdm=True,
-        max_steps=1,
-    )
+    from _tiny_trainer import online_args
+
+    args = online_args(tmp_path / "run", "flowrl", max_completion_length=4, max_steps=1)
     tr = TiltGRPOTrainer(
         model=load_model(tiny_dir, device="cpu"),
         reward_funcs=lambda prompts, completions, completion_ids, **kw: [float(len(c) % 2) for c in completion_ids],
