@@ -6,8 +6,9 @@
 * veRL 0.9.1 ``verl.trainer.ppo.core_algos``: GRPO advantages, the PPO clip (clip-higher, dual
   clip, ``log_ratio`` clamp at 20) under its three aggregations, GSPO, and the k1/k2/k3 KL.
   veRL is not a dependency of tiltlab; install it as CI does (``.ci/run``):
-  ``pip install --no-deps verl==0.9.1 tensordict`` and ``pip install omegaconf ray codetiming pyvers``.
-  Without it these tests are skipped (with that reason).
+  ``pip install --no-deps verl==0.9.1 tensordict==0.15.3`` and ``pip install omegaconf ray codetiming
+  pyvers orjson``. Without it these tests are skipped (with that reason), except with ``CI`` set
+  (``CI=true``), where they fail.
 
 Every comparison is in float64 and must agree to 1e-12 (both sides evaluate the same formula on
 O(1) numbers: the differences are summation order, ~1e-16 relative). Convention differences
@@ -18,6 +19,7 @@ of the inputs here and named in ``docs/math.md``'s conventions table.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -138,15 +140,19 @@ except ImportError as e:  # not installed, or installed without the packages cor
     _verl_core, _verl_error = None, f"{type(e).__name__}: {e}"
 else:
     _verl_error = ""
-needs_verl = pytest.mark.skipif(
-    _verl_core is None,
-    reason=f"veRL's core_algos is not importable ({_verl_error}): pip install --no-deps verl==0.9.1 "
-    "tensordict; pip install omegaconf ray codetiming pyvers",
+# With CI set (CI=true, as CI services set it) a missing veRL is a failure, not a skip: the skip
+# mark is off and every veRL test fails in _core() with the import error.
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+_VERL_HINT = (
+    f"veRL's core_algos is not importable ({_verl_error}): pip install --no-deps verl==0.9.1 "
+    "tensordict==0.15.3; pip install omegaconf ray codetiming pyvers orjson"
 )
+needs_verl = pytest.mark.skipif(_verl_core is None and not _CI, reason=_VERL_HINT)
 
 
 def _core():
-    assert _verl_core is not None
+    if _verl_core is None:
+        pytest.fail(f"CI is set and {_VERL_HINT}")
     return _verl_core
 
 

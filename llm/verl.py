@@ -1,0 +1,571 @@
+"""tiltlab's objectives inside veRL 0.9.1 (optional extra ``tiltlab[verl]``; ``docs/verl.md``).
+
+Importing this module registers, in veRL's own registries (``verl.trainer.ppo.core_algos``):
+
+* policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode=<name>``), called by veRL's actor
+  as ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+  rollout_is_weights) -> (loss, metrics)`` on ``[B, T]`` response tensors:
+
+  - ``tiltlab_grpo``: :func:`tiltlab.objectives.pg.grpo_loss` with veRL's ``loss_agg_mode`` mapped
+    to tiltlab's aggregation (:data:`VERL_AGG`), clip ``clip_ratio_low`` / ``clip_ratio_high`` and
+    the dual clip ``clip_ratio_c``; ``tiltlab_grpo_<agg>`` fixes the aggregation to one of
+    tiltlab's modes (``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``)
+    whatever ``loss_agg_mode`` says;
+  - ``tiltlab_gspo``: :func:`tiltlab.objectives.pg.gspo_loss` (sequence ratio);
+  - ``tiltlab_lad_<divergence>`` (token ratios, veRL's aggregation) and
+    ``tiltlab_lad_<divergence>_seq`` (length-normalized sequence ratios):
+    :func:`tiltlab.objectives.lad.lad_loss` at ``eta = 1`` for each of the six f-divergences;
+    :func:`register_lad` adds other temperatures.
+
+* advantage estimators (``algorithm.adv_estimator=<name>``), called by veRL's driver as
+  ``fn(token_level_rewards, response_mask, config, index) -> (advantages, returns)``:
+  ``tiltlab_grpo`` / ``tiltlab_grpo_batch`` / ``tiltlab_drgrpo`` =
+  :func:`tiltlab.objectives.pg.group_advantages` with ``scale="std"`` / ``"batch"`` / ``"none"``.
+
+The trajectory-balance family does not fit the policy-loss interface (it needs ``pi_ref``
+log-probs, the reward and a ``log Z`` per sequence): :func:`tb_loss_fn` replaces veRL's whole
+actor loss (veRL's engine path, ``loss_fn(config, model_output, data, dp_group)``), installed by
+:func:`worker_class` (an ``ActorRolloutRefWorker`` subclass) and launched by :func:`main`
+(``python -m tiltlab.llm.verl``; a Hydra entry on top of veRL's ``ppo_trainer`` config).
+
+All loss math is tiltlab's (``tiltlab.objectives``); this module only maps veRL's shapes, names
+and global-batch normalization onto it. veRL conventions that differ are stated where they apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tiltlab.objectives import lad, pg, tb
+from tiltlab.objectives.transforms import affine_reward
+
+try:  # veRL's core_algos imports ray, tensordict, omegaconf, codetiming, pyvers and orjson
+    from verl.trainer.ppo import core_algos
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "tiltlab.llm.verl needs veRL 0.9.1 and the packages its core_algos imports: "
+        "pip install --no-deps verl==0.9.1 tensordict==0.15.3 && pip install 'tiltlab[verl]' "
+        f"({type(e).__name__}: {e})"
+    ) from e
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "POLICY_LOSSES",
+    "VERL_AGG",
+    "TBSettings",
+    "main",
+    "register",
+    "register_lad",
+    "sequence_advantages",
+    "tb_loss_fn",
+    "worker_class",
+]
+
+VERL_AGG: dict[str, pg.LossAgg] = {
+    "token-mean": "token_mean",
+    "seq-mean-token-mean": "seq_mean_token_mean",
+    "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
+}
+"""veRL ``loss_agg_mode`` -> tiltlab aggregation (:func:`tiltlab.objectives.pg.aggregate`). veRL's
+``token-sum`` and ``seq-mean-token-sum`` have no tiltlab counterpart and are refused."""
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Any]]]] = {}
+"""Every policy loss this module registered in veRL: name -> function."""
+
+ADV_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
+"""Every advantage estimator this module registered in veRL: name -> function."""
+
+
+# ------------------------------------------------------------------------------------- adapters
+def _agg(loss_agg_mode: str) -> pg.LossAgg:
+    try:
+        return VERL_AGG[loss_agg_mode]
+    except KeyError:
+        raise ValueError(f"loss_agg_mode must be one of {sorted(VERL_AGG)} for tiltlab losses, got {loss_agg_mode!r}")
+
+
+def _cfg_get(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    if isinstance(config, dict):
+        return config.get(key, default)
+    getter = getattr(config, "get", None)
+    if callable(getter):
+        return getter(key, default)
+    return getattr(config, key, default)
+
+
+def _clip(config: Any) -> tuple[float, float]:
+    """``(low, high)`` clip ranges from veRL's actor config (``clip_ratio_low/high`` fall back to ``clip_ratio``)."""
+    if config is None:
+        raise ValueError("config: tiltlab's veRL policy losses need the actor config (clip ranges), got None")
+    eps = _cfg_get(config, "clip_ratio", 0.2)
+    lo = _cfg_get(config, "clip_ratio_low", None)
+    hi = _cfg_get(config, "clip_ratio_high", None)
+    return float(eps if lo is None else lo), float(eps if hi is None else hi)
+
+
+def _global(config: Any) -> dict[str, Any]:
+    """veRL's global-batch info (``config.global_batch_info``: ``dp_size``, ``batch_num_tokens``,
+    ``global_batch_size``, ``loss_scale_factor``), set by the actor before each micro-batch."""
+    info = _cfg_get(config, "global_batch_info", None)
+    return dict(info) if info else {}
+
+
+def _aggregation_args(info: dict[str, Any], agg: pg.LossAgg, mask: Tensor) -> tuple[dict[str, Any], float]:
+    """``(kwargs for pg.aggregate, factor)`` that turn tiltlab's per-micro-batch aggregation into veRL's
+    global-batch one: a micro-batch loss that veRL sums over micro-batches and averages over
+    ``dp_size`` data-parallel ranks.
+
+    - ``token_mean``: divide by the mini-batch's token count over all ranks, ``batch_num_tokens``
+      (``num_tokens = batch_num_tokens / dp_size``: the rank average then gives one token mean);
+    - the sequence means: tiltlab divides by this micro-batch's ``B``; the factor
+      ``B * dp_size / global_batch_size`` makes it a share of the mini-batch's sequence mean;
+    - ``seq_mean_token_sum_norm`` divides by ``loss_scale_factor`` (tiltlab's fixed ``max_len``).
+      veRL falls back to the padded width when it is unset; tiltlab refuses that (the value would
+      depend on padding).
+    """
+    dp = int(info.get("dp_size") or 1)
+    kw: dict[str, Any] = {}
+    factor = 1.0
+    if agg == "token_mean":
+        n = info.get("batch_num_tokens")
+        if n is not None:
+            kw["num_tokens"] = float(n) / dp
+    else:
+        gbs = info.get("global_batch_size")
+        if gbs is not None:
+            factor = mask.shape[0] * dp / float(gbs)
+        if agg == "seq_mean_token_sum_norm":
+            max_len = info.get("loss_scale_factor")
+            if max_len is None:
+                raise ValueError(
+                    "actor.loss_scale_factor: seq-mean-token-sum-norm needs the fixed maximum response length "
+                    "(tiltlab never divides by the padded width), got None"
+                )
+            kw["max_len"] = int(max_len)
+    return kw, factor
+
+
+def sequence_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """veRL's token advantages ``[B, T]`` -> tiltlab's sequence advantages ``[B]``.
+
+    veRL broadcasts an outcome advantage over the response tokens; tiltlab's losses take one value
+    per sequence. The value of each row's valid tokens is returned (0 for an empty row); token-varying
+    advantages (GAE) are refused with a clear error rather than averaged."""
+    mask = response_mask.to(advantages.dtype)
+    n = mask.sum(-1)
+    seq = (advantages * mask).sum(-1) / n.clamp_min(1.0)
+    spread = ((advantages - seq[:, None]).abs() * mask).amax() if mask.numel() else advantages.new_zeros(())
+    if float(spread) > 1e-6 * (1.0 + float(seq.abs().max()) if seq.numel() else 1.0):
+        raise ValueError(
+            "advantages: tiltlab's veRL losses need one advantage per sequence (an outcome estimator such as "
+            f"grpo / tiltlab_grpo), got values that vary along a response (max spread {float(spread):.3g})"
+        )
+    return seq
+
+
+def _sequence_weight(weights: Tensor | None, mask: Tensor, name: str) -> Tensor | None:
+    """veRL's ``rollout_is_weights`` ``[B, T]`` -> ``[B]`` for the sequence-level losses (refused when the
+    weight varies along a response: a token-level correction has no sequence-level meaning)."""
+    if weights is None:
+        return None
+    if weights.dim() == 1:
+        return weights
+    m = mask.to(weights.dtype)
+    seq = (weights * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    if float(((weights - seq[:, None]).abs() * m).amax()) > 1e-6 * (1.0 + float(seq.abs().max())):
+        raise ValueError(
+            f"rollout_is_weights: {name} needs sequence-level rollout weights (algorithm.rollout_correction."
+            "rollout_is=sequence), got weights that vary along a response"
+        )
+    return seq
+
+
+def _metrics(m: dict[str, Tensor], prefix: str = "actor/") -> dict[str, Any]:
+    return {f"{prefix}{k}": float(v.detach()) for k, v in m.items()}
+
+
+# -------------------------------------------------------------------------------- policy losses
+def _grpo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+    *,
+    agg: pg.LossAgg | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`tiltlab.objectives.pg.grpo_loss` on veRL's arguments (no KL: veRL adds its KL loss itself)."""
+    lo, hi = _clip(config)
+    mode = agg if agg is not None else _agg(loss_agg_mode)
+    mask = response_mask.to(log_prob.dtype)
+    kw, factor = _aggregation_args(_global(config), mode, mask)
+    dual = _cfg_get(config, "clip_ratio_c", None)
+    loss, m = pg.grpo_loss(
+        log_prob,
+        old_log_prob,
+        sequence_advantages(advantages, mask),
+        mask,
+        clip_eps=lo,
+        clip_eps_high=hi,
+        loss_agg=mode,
+        is_weight=rollout_is_weights,
+        dual_clip=None if dual is None else float(dual),
+        **kw,
+    )
+    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+
+
+def _gspo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`tiltlab.objectives.pg.gspo_loss` (a mean over sequences, whatever ``loss_agg_mode``)."""
+    lo, hi = _clip(config)
+    mask = response_mask.to(log_prob.dtype)
+    _, factor = _aggregation_args(_global(config), "seq_mean_token_mean", mask)
+    loss, m = pg.gspo_loss(
+        log_prob,
+        old_log_prob,
+        sequence_advantages(advantages, mask),
+        mask,
+        clip_eps=lo,
+        clip_eps_high=hi,
+        is_weight=_sequence_weight(rollout_is_weights, mask, "tiltlab_gspo"),
+    )
+    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+
+
+def _lad(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+    *,
+    divergence: str,
+    eta: float,
+    level: str,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`tiltlab.objectives.lad.lad_loss`: per token then veRL's aggregation (``level="token"``), or on
+    length-normalized sequence log-probs, mean over sequences (``level="sequence"``)."""
+    mask = response_mask.to(log_prob.dtype)
+    adv = sequence_advantages(advantages, mask)
+    info = _global(config)
+    if level == "token":
+        mode = _agg(loss_agg_mode)
+        kw, factor = _aggregation_args(info, mode, mask)
+        per = lad.lad_loss(log_prob, old_log_prob, adv[:, None].expand_as(log_prob), eta, divergence, reduction="none")
+        if rollout_is_weights is not None:
+            per = per * rollout_is_weights.detach()
+        return pg.aggregate(per, mask, mode, **kw) * factor, {}
+    _, factor = _aggregation_args(info, "seq_mean_token_mean", mask)
+    lp = tb.sequence_logprob(log_prob, mask, "mean")
+    lo = tb.sequence_logprob(old_log_prob, mask, "mean")
+    w = _sequence_weight(rollout_is_weights, mask, "tiltlab_lad_*_seq")
+    return lad.lad_loss(lp, lo, adv, eta, divergence, weight=w) * factor, {}
+
+
+def _register_loss(name: str, fn: Callable[..., tuple[Tensor, dict[str, Any]]]) -> None:
+    POLICY_LOSSES[name] = fn
+    core_algos.register_policy_loss(name)(fn)  # type: ignore[arg-type]
+
+
+def register_lad(divergence: str, eta: float, level: str = "token", name: str | None = None) -> str:
+    """Register LAD with ``divergence`` (a name in :data:`tiltlab.objectives.lad.F_DIVERGENCES`) at
+    temperature ``eta`` as a veRL policy loss; returns its name (default
+    ``tiltlab_lad_<divergence>[_seq]_eta<eta>``). Call it from a module veRL imports in every worker
+    (``VERL_USE_EXTERNAL_MODULES=<module>``), since Ray workers import their registrations afresh."""
+    lad.get_divergence(divergence)  # a clear error for an unknown name
+    if not eta > 0:
+        raise ValueError(f"eta must be > 0, got {eta}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    if name is None:
+        name = f"tiltlab_lad_{divergence}{'_seq' if level == 'sequence' else ''}_eta{eta:g}"
+    _register_loss(name, partial(_lad, divergence=divergence, eta=float(eta), level=level))
+    return name
+
+
+# -------------------------------------------------------------------------- advantage estimators
+def _group_rows(index: Any, b: int) -> Tensor:
+    """Row order that puts each prompt's completions together: ``[P, G]`` indices (groups in order of
+    first appearance; every group must have the same size ``G``)."""
+    if index is None:
+        raise ValueError("index: tiltlab's group advantages need veRL's per-row prompt uid (non_tensor_batch['uid'])")
+    ids = np.asarray(index)
+    if ids.shape != (b,):
+        raise ValueError(f"index must hold one uid per row ({b}), got shape {ids.shape}")
+    groups: dict[Any, list[int]] = {}
+    for i, u in enumerate(ids.tolist()):
+        groups.setdefault(u, []).append(i)
+    sizes = {len(v) for v in groups.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"index: tiltlab's group advantages need equal group sizes, got sizes {sorted(sizes)}")
+    return torch.tensor(list(groups.values()), dtype=torch.long)
+
+
+def _group_adv(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any = None,
+    config: Any = None,
+    *,
+    scale: str,
+    eps: float = 1e-6,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """:func:`tiltlab.objectives.pg.group_advantages` on veRL's outcome rewards, broadcast over the response."""
+    scores = token_level_rewards.sum(-1)
+    rows = _group_rows(index, scores.shape[0])  # [P, G]
+    adv_pg = pg.group_advantages(scores[rows], scale=scale, eps=eps)  # type: ignore[arg-type]
+    adv = torch.empty_like(scores)
+    adv[rows.reshape(-1)] = adv_pg.reshape(-1)
+    out = adv[:, None] * response_mask.to(adv.dtype)
+    return out, out
+
+
+def _register_adv(name: str, fn: Callable[..., tuple[Tensor, Tensor]]) -> None:
+    existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+    if existing is not None and getattr(getattr(existing, "func", None), "__qualname__", "") != "_group_adv":
+        raise ValueError(f"veRL already has another advantage estimator named {name!r}")
+    core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)  # ours from an earlier import of this module
+    ADV_ESTIMATORS[name] = fn
+    core_algos.register_adv_est(name)(fn)
+
+
+def register() -> None:
+    """Register every tiltlab loss and estimator in veRL (idempotent; runs at import)."""
+    _register_loss("tiltlab_grpo", _grpo)
+    for mode in VERL_AGG.values():
+        _register_loss(f"tiltlab_grpo_{mode}", partial(_grpo, agg=mode))
+    _register_loss("tiltlab_gspo", _gspo)
+    for div in sorted(lad.F_DIVERGENCES):
+        register_lad(div, 1.0, "token", name=f"tiltlab_lad_{div}")
+        register_lad(div, 1.0, "sequence", name=f"tiltlab_lad_{div}_seq")
+    for name, scale in (("tiltlab_grpo", "std"), ("tiltlab_grpo_batch", "batch"), ("tiltlab_drgrpo", "none")):
+        _register_adv(name, ADV_ESTIMATORS.get(name) or partial(_group_adv, scale=scale))
+
+
+# ----------------------------------------------------------------- trajectory balance (actor loss)
+TB_OBJECTIVES = ("disa", "flowrl", "paced")
+
+
+@dataclass
+class TBSettings:
+    """The TB objective run inside veRL's actor (``actor_rollout_ref.tiltlab`` in the Hydra config)."""
+
+    objective: str = "disa"
+    """``disa`` (frozen Stage-2 ``log Z`` from the label column), ``flowrl`` or ``paced`` (learned
+    ``log Z`` from the model output ``tiltlab_log_z``)."""
+    beta: float = 15.0
+    """inverse temperature multiplying the transformed reward (disa, flowrl)."""
+    reward_scale: float = 1.0
+    """``a`` in ``r~ = a r + c`` (must equal Stage 1's for DISA labels)."""
+    reward_shift: float = 0.0
+    """``c`` in ``r~ = a r + c``."""
+    length_normalize: bool = False
+    """sequence log-prob as the token mean (FlowRL's code) instead of the sum (DISA eq. 6)."""
+    weight_clip: str = "max"
+    """TB rollout weight clip: ``max`` | ``eps`` | ``none`` (:func:`tiltlab.objectives.tb.tb_importance_weight`)."""
+    max_weight: float = 10.0
+    """cap of the rollout weight for ``weight_clip=max``."""
+    weight_eps: float = 0.2
+    """lower eps of the ``[1 - eps, 1 + eps_high]`` weight clip."""
+    weight_eps_high: float | None = None
+    """upper eps of the weight clip (None = ``weight_eps``)."""
+    paced_kl_coef: float = 1.0
+    """PACED's tilt ``r / paced_kl_coef`` (the TB anchor is ``pi_old``)."""
+    log_z_key: str = "tiltlab_log_z"
+    """the per-row frozen ``log Z`` column (disa) / the model-output key of the learned one."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in TB_OBJECTIVES:
+            raise ValueError(f"objective must be one of {TB_OBJECTIVES}, got {self.objective!r}")
+        if not self.beta > 0 or not self.paced_kl_coef > 0:
+            raise ValueError(f"beta and paced_kl_coef must be > 0, got {self.beta}, {self.paced_kl_coef}")
+        if self.weight_clip not in ("max", "eps", "none"):
+            raise ValueError(f"weight_clip must be max | eps | none, got {self.weight_clip!r}")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> TBSettings:
+        """From a mapping (an omegaconf node or a dict); unknown keys are refused by name."""
+        d = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"actor_rollout_ref.tiltlab: unknown keys {unknown}; expected some of {sorted(known)}")
+        return cls(**d)
+
+
+def _non_tensor_column(data: Any, key: str, n: int) -> Tensor:
+    """A per-row float column of veRL's batch: a tensor, or a NonTensorStack (a dataset column that veRL
+    carries in ``non_tensor_batch`` and converts with ``DataProto.to_tensordict``)."""
+    if key not in data.keys():
+        raise ValueError(
+            f"{key}: DISA needs the frozen log Z as a per-row column of the training data "
+            "(a dataset column, written by tiltlab.llm.verl's data step), not found in the batch"
+        )
+    col = data[key]
+    if isinstance(col, Tensor) and not col.is_nested:
+        out = col.reshape(-1).float()
+    else:
+        out = torch.tensor([float(x) for x in col.tolist()], dtype=torch.float32)
+    if out.shape != (n,):
+        raise ValueError(f"{key} must hold one value per row ({n}), got {tuple(out.shape)}")
+    return out
+
+
+def tb_loss_fn(
+    config: Any, model_output: dict[str, Any], data: Any, dp_group: Any = None, *, settings: TBSettings
+) -> tuple[Tensor, dict[str, Any]]:
+    """veRL engine actor loss for the TB family (replaces ``verl.workers.utils.losses.ppo_loss``).
+
+    Reads from veRL's micro-batch ``data`` (a TensorDict): ``old_log_probs`` and ``ref_log_prob``
+    ``[B, T]`` (the reference worker runs when ``actor.use_kl_loss=true``), ``response_mask``, the
+    reward ``token_level_scores`` ``[B, T]`` (summed over the response), and for DISA the frozen
+    label column ``settings.log_z_key``; from ``model_output`` the current log-probs (veRL's nested
+    ``log_probs``) and, for FlowRL / PACED, the learned ``log Z`` ``[B]`` under ``settings.log_z_key``.
+
+    The loss of a micro-batch is tiltlab's mean over its ``B`` sequences times
+    ``B * dp_size / global_batch_size``: veRL sums micro-batch gradients and averages ranks, so the
+    optimizer step sees the mean over the mini-batch (as veRL's own seq-mean losses).
+    """
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if _cfg_get(config, "use_kl_loss", False) and float(_cfg_get(config, "kl_loss_coef", 0.0)) != 0.0:
+        raise ValueError(
+            "actor.kl_loss_coef: TB is anchored on pi_ref itself; set kl_loss_coef=0 (use_kl_loss=true only "
+            "makes veRL compute the reference log-probs)"
+        )
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)  # [B, T]
+    keys = ["response_mask", "old_log_probs", "token_level_scores"]
+    if settings.objective != "paced":
+        keys.append("ref_log_prob")
+    missing = [k for k in keys if k not in data.keys()]
+    if missing:
+        raise ValueError(f"data: the TB loss needs {missing} in veRL's batch (ref_log_prob: set actor.use_kl_loss=true)")
+    if "rollout_is_weights" in data.keys():
+        raise ValueError("rollout_is_weights: the TB recipe does not apply veRL's rollout correction; turn it off")
+    d = data.select(*keys).to_padded_tensor()
+    mask = d["response_mask"].to(log_prob.dtype)
+    old = d["old_log_probs"].to(log_prob.dtype)
+    b = mask.shape[0]
+    reward = affine_reward(d["token_level_scores"].sum(-1).float(), settings.reward_scale, settings.reward_shift)
+    norm = "mean" if settings.length_normalize else "sum"
+    lp = tb.sequence_logprob(log_prob, mask, norm)  # type: ignore[arg-type]
+    w = tb.tb_importance_weight(
+        log_prob, old, mask, settings.weight_clip, settings.max_weight, settings.weight_eps, settings.weight_eps_high
+    )  # type: ignore[arg-type]
+    if settings.objective == "disa":
+        log_z = _non_tensor_column(data, settings.log_z_key, b).to(lp.device)
+        lp_ref = tb.sequence_logprob(d["ref_log_prob"].to(log_prob.dtype), mask, norm)  # type: ignore[arg-type]
+        loss = tb.disa_loss(lp, lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta, weight=w)
+        residual = tb.tb_residual(lp.detach(), lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta)
+    else:
+        if settings.log_z_key not in model_output:
+            raise ValueError(
+                f"model_output[{settings.log_z_key!r}]: {settings.objective} needs the learned log Z [B] from the "
+                "model (a log Z head on the actor); the model output has none"
+            )
+        log_z = model_output[settings.log_z_key].reshape(-1)
+        if settings.objective == "flowrl":
+            anchor = tb.sequence_logprob(d["ref_log_prob"].to(log_prob.dtype), mask, norm)  # type: ignore[arg-type]
+            beta = settings.beta
+        else:  # paced: TB anchored on pi_old with the tilt r / kl_coef
+            anchor = tb.sequence_logprob(old, mask, norm)  # type: ignore[arg-type]
+            beta = 1.0 / settings.paced_kl_coef
+        residual = tb.tb_residual(lp, anchor.detach(), reward.to(lp.dtype).detach(), log_z.to(lp.dtype), beta)
+        loss = tb.tb_loss(residual, w)
+    dp = int(_get_non_tensor(data, "dp_size", 1) or 1)
+    gbs = _get_non_tensor(data, "global_batch_size", None)
+    factor = 1.0 if gbs is None else b * dp / float(gbs)
+    metrics = {
+        "actor/tb_loss": float(loss.detach()),
+        "actor/log_z_mean": float(log_z.detach().float().mean()),
+        "actor/residual_abs_mean": float(residual.detach().abs().float().mean()),
+        "actor/weight_mean": float(w.float().mean()),
+    }
+    return loss * factor, metrics
+
+
+def _get_non_tensor(data: Any, key: str, default: Any) -> Any:
+    from verl.utils import tensordict_utils as tu
+
+    return tu.get_non_tensor_data(data=data, key=key, default=default)
+
+
+# ------------------------------------------------------------------------ worker and entry point
+def worker_class() -> type:
+    """veRL's engine ``ActorRolloutRefWorker`` with the actor loss replaced by :func:`tb_loss_fn`
+    (settings from ``actor_rollout_ref.tiltlab``). Imported inside Ray workers: it needs a GPU
+    (veRL has no CPU engine)."""
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    class TiltlabActorRolloutRefWorker(ActorRolloutRefWorker):  # type: ignore[misc, valid-type]
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def init_model(self) -> None:
+            super().init_model()
+            if "actor" in self.role:
+                settings = TBSettings.from_config(self.config.get("tiltlab"))
+                actor_config = self.loss_fn.keywords["config"]
+                self.loss_fn = partial(tb_loss_fn, config=actor_config, settings=settings)
+                self.actor.set_loss_fn(self.loss_fn)
+
+    return TiltlabActorRolloutRefWorker
+
+
+def _task_runner() -> Any:
+    """veRL's (v0) TaskRunner that places :func:`worker_class` as the actor/rollout/ref worker."""
+    import ray
+    from verl.trainer.main_ppo_v0 import TaskRunner
+
+    class TiltlabTaskRunner(TaskRunner):  # type: ignore[misc, valid-type]
+        def add_actor_rollout_worker(self, config: Any) -> Any:
+            _, group_cls = super().add_actor_rollout_worker(config)
+            cls = worker_class()
+            for role in list(self.role_worker_mapping):
+                self.role_worker_mapping[role] = ray.remote(cls)
+            return cls, group_cls
+
+    return ray.remote(num_cpus=1)(TiltlabTaskRunner)
+
+
+def main() -> None:  # pragma: no cover - launches a Ray cluster on GPUs
+    """``python -m tiltlab.llm.verl --config-path <abs dir> --config-name <name> [overrides]``: veRL's
+    ``main_ppo`` with the tiltlab worker (see ``configs/verl/`` and ``docs/verl.md``)."""
+    import hydra
+    from verl.trainer.main_ppo import run_ppo
+
+    @hydra.main(config_path=None, config_name=None, version_base=None)
+    def _main(config: Any) -> None:
+        if config.trainer.get("use_v1", False):
+            raise ValueError("trainer.use_v1: the tiltlab worker runs on veRL's v0 trainer; set trainer.use_v1=false")
+        TBSettings.from_config(config.actor_rollout_ref.get("tiltlab"))  # fail before Ray starts
+        run_ppo(config, task_runner_class=_task_runner())
+
+    _main()
+
+
+register()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
