@@ -88,7 +88,9 @@ def _agg(loss_agg_mode: str) -> pg.LossAgg:
     try:
         return VERL_AGG[loss_agg_mode]
     except KeyError:
-        raise ValueError(f"loss_agg_mode must be one of {sorted(VERL_AGG)} for tiltlab losses, got {loss_agg_mode!r}")
+        raise ValueError(
+            f"loss_agg_mode must be one of {sorted(VERL_AGG)} for tiltlab losses, got {loss_agg_mode!r}"
+        ) from None
 
 
 def _cfg_get(config: Any, key: str, default: Any = None) -> Any:
@@ -418,7 +420,7 @@ class TBSettings:
 def _non_tensor_column(data: Any, key: str, n: int) -> Tensor:
     """A per-row float column of veRL's batch: a tensor, or a NonTensorStack (a dataset column that veRL
     carries in ``non_tensor_batch`` and converts with ``DataProto.to_tensordict``)."""
-    if key not in data.keys():
+    if key not in data:
         raise ValueError(
             f"{key}: DISA needs the frozen log Z as a per-row column of the training data "
             "(a dataset column, written by tiltlab.llm.verl's data step), not found in the batch"
@@ -459,10 +461,12 @@ def tb_loss_fn(
     keys = ["response_mask", "old_log_probs", "token_level_scores"]
     if settings.objective != "paced":
         keys.append("ref_log_prob")
-    missing = [k for k in keys if k not in data.keys()]
+    missing = [k for k in keys if k not in data]
     if missing:
-        raise ValueError(f"data: the TB loss needs {missing} in veRL's batch (ref_log_prob: set actor.use_kl_loss=true)")
-    if "rollout_is_weights" in data.keys():
+        raise ValueError(
+            f"data: the TB loss needs {missing} in veRL's batch (ref_log_prob: set actor.use_kl_loss=true)"
+        )
+    if "rollout_is_weights" in data:
         raise ValueError("rollout_is_weights: the TB recipe does not apply veRL's rollout correction; turn it off")
     d = data.select(*keys).to_padded_tensor()
     mask = d["response_mask"].to(log_prob.dtype)

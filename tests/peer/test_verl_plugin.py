@@ -31,8 +31,9 @@ from tiltlab.objectives import lad, pg, tb
 pytestmark = pytest.mark.peer
 
 try:
-    import tiltlab.llm.verl as plugin
     from verl.trainer.ppo import core_algos
+
+    import tiltlab.llm.verl as plugin
 except ImportError as e:  # veRL or one of the packages its core_algos imports is missing
     plugin = core_algos = None  # type: ignore[assignment]
     _ERR = f"{type(e).__name__}: {e}"
@@ -40,7 +41,9 @@ else:
     _ERR = ""
 
 _CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-_HINT = f"veRL is not importable ({_ERR}): pip install --no-deps verl==0.9.1 tensordict==0.15.3 && pip install -e '.[verl]'"
+_HINT = (
+    f"veRL is not importable ({_ERR}): pip install --no-deps verl==0.9.1 tensordict==0.15.3 && pip install -e '.[verl]'"
+)
 if plugin is None and not _CI:
     pytest.skip(_HINT, allow_module_level=True)
 if plugin is None:  # CI: every test of this module fails with the reason
@@ -238,7 +241,9 @@ def test_lad_equals_tiltlab(div, level):
         got = _value_and_grad(lambda x: _call(name, x, old, adv, mask, cfg, agg, w), lp)
         want = _value_and_grad(
             lambda x: pg.aggregate(
-                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta, div, reduction="none") * w, m, "seq_mean_token_mean"
+                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta, div, reduction="none") * w,
+                m,
+                "seq_mean_token_mean",
             ),
             lp,
         )
