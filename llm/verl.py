@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,14 +58,17 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "LOG_Z_KEY",
     "POLICY_LOSSES",
     "VERL_AGG",
     "TBSettings",
     "main",
+    "prepare",
     "register",
     "register_lad",
     "sequence_advantages",
     "tb_loss_fn",
+    "verl_rows",
     "worker_class",
 ]
 
@@ -417,19 +421,27 @@ class TBSettings:
         return cls(**d)
 
 
-def _non_tensor_column(data: Any, key: str, n: int) -> Tensor:
-    """A per-row float column of veRL's batch: a tensor, or a NonTensorStack (a dataset column that veRL
-    carries in ``non_tensor_batch`` and converts with ``DataProto.to_tensordict``)."""
-    if key not in data:
-        raise ValueError(
-            f"{key}: DISA needs the frozen log Z as a per-row column of the training data "
-            "(a dataset column, written by tiltlab.llm.verl's data step), not found in the batch"
-        )
-    col = data[key]
-    if isinstance(col, Tensor) and not col.is_nested:
-        out = col.reshape(-1).float()
+def _label_column(data: Any, key: str, n: int) -> Tensor:
+    """The frozen per-row ``log Z`` of veRL's batch, ``[n]``: ``extra_info[key]`` (where the data step
+    writes it: veRL keeps ``extra_info`` with the batch through generation) or a top-level column
+    ``key`` (a tensor, or the NonTensorStack that ``DataProto.to_tensordict`` makes of a
+    ``non_tensor_batch`` entry)."""
+    if key in data:
+        col = data[key]
+        if isinstance(col, Tensor) and not col.is_nested:
+            out = col.reshape(-1).to(torch.float64)
+        else:
+            out = torch.tensor([float(x) for x in col.tolist()], dtype=torch.float64)
+    elif "extra_info" in data:
+        infos = data["extra_info"].tolist()
+        if not all(isinstance(i, dict) and key in i for i in infos):
+            raise ValueError(f"extra_info[{key!r}]: DISA needs the frozen log Z in every row's extra_info")
+        out = torch.tensor([float(i[key]) for i in infos], dtype=torch.float64)
     else:
-        out = torch.tensor([float(x) for x in col.tolist()], dtype=torch.float32)
+        raise ValueError(
+            f"{key}: DISA needs the frozen log Z per row (extra_info[{key!r}], written by the data step "
+            "`python -m tiltlab.llm.verl prepare`), found neither it nor extra_info in the batch"
+        )
     if out.shape != (n,):
         raise ValueError(f"{key} must hold one value per row ({n}), got {tuple(out.shape)}")
     return out
@@ -472,14 +484,16 @@ def tb_loss_fn(
     mask = d["response_mask"].to(log_prob.dtype)
     old = d["old_log_probs"].to(log_prob.dtype)
     b = mask.shape[0]
-    reward = affine_reward(d["token_level_scores"].sum(-1).float(), settings.reward_scale, settings.reward_shift)
+    reward = affine_reward(
+        d["token_level_scores"].sum(-1).to(log_prob.dtype), settings.reward_scale, settings.reward_shift
+    )
     norm = "mean" if settings.length_normalize else "sum"
     lp = tb.sequence_logprob(log_prob, mask, norm)  # type: ignore[arg-type]
     w = tb.tb_importance_weight(
         log_prob, old, mask, settings.weight_clip, settings.max_weight, settings.weight_eps, settings.weight_eps_high
     )  # type: ignore[arg-type]
     if settings.objective == "disa":
-        log_z = _non_tensor_column(data, settings.log_z_key, b).to(lp.device)
+        log_z = _label_column(data, settings.log_z_key, b).to(lp.device)
         lp_ref = tb.sequence_logprob(d["ref_log_prob"].to(log_prob.dtype), mask, norm)  # type: ignore[arg-type]
         loss = tb.disa_loss(lp, lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta, weight=w)
         residual = tb.tb_residual(lp.detach(), lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta)
@@ -542,7 +556,9 @@ def _task_runner() -> Any:
     import ray
     from verl.trainer.main_ppo_v0 import TaskRunner
 
-    class TiltlabTaskRunner(TaskRunner):  # type: ignore[misc, valid-type]
+    base = TaskRunner.__ray_actor_class__  # veRL's TaskRunner is already a Ray actor class: subclass its class
+
+    class TiltlabTaskRunner(base):  # type: ignore[misc, valid-type]
         def add_actor_rollout_worker(self, config: Any) -> Any:
             _, group_cls = super().add_actor_rollout_worker(config)
             cls = worker_class()
@@ -553,9 +569,91 @@ def _task_runner() -> Any:
     return ray.remote(num_cpus=1)(TiltlabTaskRunner)
 
 
-def main() -> None:  # pragma: no cover - launches a Ray cluster on GPUs
-    """``python -m tiltlab.llm.verl --config-path <abs dir> --config-name <name> [overrides]``: veRL's
-    ``main_ppo`` with the tiltlab worker (see ``configs/verl/`` and ``docs/verl.md``)."""
+LOG_Z_KEY = "tiltlab_log_z"
+"""Where the data step writes DISA's frozen label: ``extra_info[LOG_Z_KEY]`` of each row."""
+
+
+def verl_rows(
+    rows: list[dict[str, Any]], log_z: Tensor | list[float] | None = None, data_source: str = "math_dapo"
+) -> list[dict[str, Any]]:
+    """tiltlab prompt rows (``{id, prompt, answer}``, :func:`tiltlab.llm.data.load_prompts`) -> rows of
+    veRL's RL dataset: ``data_source`` (selects veRL's rule-based scorer; ``math_dapo`` is DAPO's
+    boxed-answer check), ``prompt`` as one user message, ``reward_model.ground_truth``, and
+    ``extra_info`` with the row's index, id and, given ``log_z`` ``[N]``, DISA's frozen label
+    (veRL keeps ``extra_info`` with each completion from the dataset to the actor update)."""
+    if log_z is not None:
+        z = torch.as_tensor(log_z, dtype=torch.float64).reshape(-1)
+        if z.shape != (len(rows),):
+            raise ValueError(f"log_z must hold one value per row ({len(rows)}), got {tuple(z.shape)}")
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError("log_z must be finite for every row")
+    out = []
+    for i, r in enumerate(rows):
+        if "prompt" not in r or "answer" not in r:
+            raise ValueError(f"rows[{i}] must have 'prompt' and 'answer', got keys {sorted(r)}")
+        extra: dict[str, Any] = {"index": i, "id": str(r.get("id", i))}
+        if log_z is not None:
+            extra[LOG_Z_KEY] = float(z[i])
+        out.append(
+            {
+                "data_source": data_source,
+                "prompt": [{"role": "user", "content": str(r["prompt"])}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(r["answer"])},
+                "extra_info": extra,
+            }
+        )
+    return out
+
+
+def prepare(config: str, out: str, data_source: str = "math_dapo") -> int:  # pragma: no cover - loads models
+    """The DISA data step: the tiltlab run config's dataset, labelled by its Stage-2 regressor
+    (``disa.stage2_dir``; checked against Stage 1's manifest as the TRL trainer checks it), written
+    as a veRL parquet with the label in ``extra_info``. Returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.trainers.cli import _disa_predictor
+    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.disa_labels import check_label_compat
+
+    cfg = load_run_config(config)
+    d = cfg.disa
+    log_z_fn, manifest = _disa_predictor(cfg)
+    check_label_compat(
+        manifest,
+        beta=float(cfg.tilt_beta),
+        reward_transform=("affine", float(d.get("reward_scale", 1.0)), float(d.get("reward_shift", 0.0))),
+        logprob_scale="mean" if d.get("length_normalize", False) else "sum",
+        chat_template=True,
+    )
+    rows = load_prompts(cfg.dataset)
+    log_z = log_z_fn([[{"role": "user", "content": r["prompt"]}] for r in rows])
+    table = pa.Table.from_pylist(verl_rows(rows, log_z, data_source))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out)
+    return len(rows)
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - launches a Ray cluster on GPUs
+    """``python -m tiltlab.llm.verl prepare --config <tiltlab run config> --out <parquet>`` (the DISA data
+    step), or ``python -m tiltlab.llm.verl --config-path <abs dir> --config-name <name> [overrides]``:
+    veRL's ``main_ppo`` with the tiltlab worker (``configs/verl/``, ``docs/verl.md``)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["prepare"]:
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="python -m tiltlab.llm.verl prepare")
+        ap.add_argument("--config", required=True, help="the tiltlab run config (configs/disa_*.yaml)")
+        ap.add_argument("--out", required=True, help="the veRL parquet to write")
+        ap.add_argument("--data-source", default="math_dapo", help="veRL's scorer key (default math_dapo)")
+        a = ap.parse_args(args[1:])
+        print(f"wrote {prepare(a.config, a.out, a.data_source)} rows to {a.out}")
+        return
+
     import hydra
     from verl.trainer.main_ppo import run_ppo
 
@@ -566,6 +664,7 @@ def main() -> None:  # pragma: no cover - launches a Ray cluster on GPUs
         TBSettings.from_config(config.actor_rollout_ref.get("tiltlab"))  # fail before Ray starts
         run_ppo(config, task_runner_class=_task_runner())
 
+    sys.argv = [sys.argv[0], *args]
     _main()
 
 
