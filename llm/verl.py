@@ -62,6 +62,7 @@ __all__ = [
     "POLICY_LOSSES",
     "VERL_AGG",
     "TBSettings",
+    "compute_score",
     "main",
     "prepare",
     "register",
@@ -574,11 +575,11 @@ LOG_Z_KEY = "tiltlab_log_z"
 
 
 def verl_rows(
-    rows: list[dict[str, Any]], log_z: Tensor | list[float] | None = None, data_source: str = "math_dapo"
+    rows: list[dict[str, Any]], log_z: Tensor | list[float] | None = None, data_source: str = "tiltlab_math"
 ) -> list[dict[str, Any]]:
     """tiltlab prompt rows (``{id, prompt, answer}``, :func:`tiltlab.llm.data.load_prompts`) -> rows of
-    veRL's RL dataset: ``data_source`` (selects veRL's rule-based scorer; ``math_dapo`` is DAPO's
-    boxed-answer check), ``prompt`` as one user message, ``reward_model.ground_truth``, and
+    veRL's RL dataset: ``data_source`` (a label; the reward is :func:`compute_score`, set as veRL's
+    custom reward function), ``prompt`` as one user message, ``reward_model.ground_truth``, and
     ``extra_info`` with the row's index, id and, given ``log_z`` ``[N]``, DISA's frozen label
     (veRL keeps ``extra_info`` with each completion from the dataset to the actor update)."""
     if log_z is not None:
@@ -606,7 +607,18 @@ def verl_rows(
     return out
 
 
-def prepare(config: str, out: str, data_source: str = "math_dapo") -> int:  # pragma: no cover - loads models
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> float:
+    """tiltlab's math reward as veRL's custom reward function (``reward.custom_reward_function.path=
+    pkg://tiltlab.llm.verl``, ``name=compute_score``): :func:`tiltlab.llm.rewards.math_reward`, 1 iff the
+    last boxed answer equals ``ground_truth`` (math-verify), else 0 -- the reward Stage 1 labelled with.
+    veRL's built-in ``math_dapo`` scorer gives -1 / 1 instead, another reward transform than the labels'."""
+    from tiltlab.llm.rewards import math_reward
+
+    (r,) = math_reward([""], [solution_str], answer=[ground_truth])
+    return float(r or 0.0)
+
+
+def prepare(config: str, out: str, data_source: str = "tiltlab_math") -> int:  # pragma: no cover - loads models
     """The DISA data step: the tiltlab run config's dataset, labelled by its Stage-2 regressor
     (``disa.stage2_dir``; checked against Stage 1's manifest as the TRL trainer checks it), written
     as a veRL parquet with the label in ``extra_info``. Returns the number of rows."""
@@ -649,7 +661,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - launches 
         ap = argparse.ArgumentParser(prog="python -m tiltlab.llm.verl prepare")
         ap.add_argument("--config", required=True, help="the tiltlab run config (configs/disa_*.yaml)")
         ap.add_argument("--out", required=True, help="the veRL parquet to write")
-        ap.add_argument("--data-source", default="math_dapo", help="veRL's scorer key (default math_dapo)")
+        ap.add_argument("--data-source", default="tiltlab_math", help="the rows' data_source label")
         a = ap.parse_args(args[1:])
         print(f"wrote {prepare(a.config, a.out, a.data_source)} rows to {a.out}")
         return

@@ -277,6 +277,25 @@ def test_worker_and_task_runner_build():
     assert runner.role_worker_mapping[role].__ray_actor_class__.__name__ == "TiltlabActorRolloutRefWorker"
 
 
+def test_compute_score_is_tiltlabs_math_reward_loaded_the_way_verl_loads_it():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    cfg = yaml_config()
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": cfg["reward"]}))
+    assert fn(data_source="tiltlab_math", solution_str="so \\boxed{4}.", ground_truth="4", extra_info={}) == 1.0
+    assert fn(data_source="tiltlab_math", solution_str="so \\boxed{5}.", ground_truth="4", extra_info={}) == 0.0
+    assert (
+        fn(data_source="tiltlab_math", solution_str="Answer: 4", ground_truth="4", extra_info={}) == 0.0
+    )  # boxed only
+
+
+def yaml_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "configs" / "verl" / "disa_qwen3_4b.yaml").read_text())
+
+
 def test_verl_rows_carry_the_label_through_verl_dataset_and_repeat(tmp_path):
     # veRL's own RLHFDataset, collate_fn and DataProto.repeat (the rollout's n copies per prompt)
     import pyarrow as pa
@@ -317,7 +336,7 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
     import yaml
     from omegaconf import OmegaConf
 
-    ours = yaml.safe_load((ROOT / "configs" / "verl" / "disa_qwen3_4b.yaml").read_text())
+    ours = yaml_config()
     base = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
     tilt = ours["actor_rollout_ref"].pop("tiltlab")
     settings = plugin.TBSettings.from_config(tilt)
@@ -346,3 +365,4 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
     assert a["model"]["path"] == trl["model"]
     assert a["actor"]["use_kl_loss"] is True and a["actor"]["kl_loss_coef"] == 0.0  # reference log-probs, no KL
     assert ours["trainer"]["use_v1"] is False
+    assert trl["reward"] == "math" and ours["reward"]["custom_reward_function"]["name"] == "compute_score"
