@@ -58,17 +58,21 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "ENGINE_VENDOR",
     "LOG_Z_KEY",
     "POLICY_LOSSES",
     "VERL_AGG",
     "TBSettings",
     "compute_score",
+    "log_z_engine_class",
     "main",
+    "pool_prompt_hidden",
     "prepare",
     "register",
     "register_lad",
     "sequence_advantages",
     "tb_loss_fn",
+    "use_log_z_engine",
     "verl_rows",
     "worker_class",
 ]
@@ -373,6 +377,9 @@ def register() -> None:
 
 # ----------------------------------------------------------------- trajectory balance (actor loss)
 TB_OBJECTIVES = ("disa", "flowrl", "paced")
+LOG_Z_KEY = "tiltlab_log_z"
+"""Where the data step writes DISA's frozen label (``extra_info[LOG_Z_KEY]`` of each row) and where the
+log Z head engine puts the learned log Z in the model output."""
 
 
 @dataclass
@@ -402,6 +409,12 @@ class TBSettings:
     """PACED's tilt ``r / paced_kl_coef`` (the TB anchor is ``pi_old``)."""
     log_z_key: str = "tiltlab_log_z"
     """the per-row frozen ``log Z`` column (disa) / the model-output key of the learned one."""
+    log_z_hidden: int = 256
+    """width of the learned log Z head (flowrl, paced; :class:`tiltlab.llm.trainers.logz_head.LogZHead`)."""
+    log_z_layers: int = 3
+    """Linear layers of the head (FlowRL: 3)."""
+    log_z_dropout: float = 0.1
+    """dropout in the head (FlowRL: 0.1)."""
 
     def __post_init__(self) -> None:
         if self.objective not in TB_OBJECTIVES:
@@ -531,10 +544,129 @@ def _get_non_tensor(data: Any, key: str, default: Any) -> Any:
     return tu.get_non_tensor_data(data=data, key=key, default=default)
 
 
+# ------------------------------------------------------------------------------ learned log Z head
+ENGINE_VENDOR = "tiltlab_log_z"
+"""veRL engine-registry vendor key of :func:`log_z_engine_class` (selected with ``VERL_ENGINE_VENDOR``)."""
+_LOG_Z_ENGINE: list[type] = []
+
+
+def _prompt_lengths(data: Any) -> Tensor:
+    """``[B]`` prompt token counts of veRL's micro-batch (as ``no_padding_2_padding`` computes them)."""
+    prompts = data["prompts"]
+    if prompts.is_nested:
+        return prompts.offsets().diff()
+    return data["attention_mask"][:, : prompts.shape[1]].sum(dim=1)
+
+
+def pool_prompt_hidden(hidden: Tensor, data: Any, remove_padding: bool) -> Tensor:
+    """``[B, H]``: each row's mean final hidden state over its prompt tokens, from the hidden states of
+    veRL's forward -- packed ``[1, N, H]`` (``use_remove_padding``: rows back to back, row ``i`` from
+    ``offsets[i]``) or ``[B, S, H]`` (each row's tokens first, right-padded). Prompt tokens come first
+    in every row, so this is FlowRL's input to its log Z head (a masked mean over the prompt)."""
+    from tiltlab.llm.models import masked_mean_pool
+
+    p = _prompt_lengths(data).to(hidden.device)
+    if remove_padding:
+        starts = data["input_ids"].offsets()[:-1].to(hidden.device)
+        n = hidden.shape[-2]
+        pos = torch.arange(n, device=hidden.device)[None, :]
+        w = ((pos >= starts[:, None]) & (pos < (starts + p)[:, None])).to(hidden.dtype)  # [B, N]
+        return (w @ hidden.reshape(n, -1)) / p[:, None].to(hidden.dtype)
+    mask = torch.arange(hidden.shape[1], device=hidden.device)[None, :] < p[:, None]
+    return masked_mean_pool(hidden, mask)
+
+
+def log_z_engine_class() -> type:
+    """veRL's FSDP LM engine with FlowRL's learned ``log Z`` head on the policy (built once per process).
+
+    - the head (:func:`tiltlab.llm.trainers.logz_head.attach_log_z_head`) is attached before FSDP wraps
+      the model, so FSDP shards it and the optimizer trains it with the policy (FlowRL's recipe does the
+      same in its worker);
+    - each forward runs the head inside the model's forward (a hook on the decoder's final norm, where
+      FSDP holds the parameters unsharded) on the prompt-pooled hidden state
+      (:func:`pool_prompt_hidden`), and puts ``[B]`` log Z in the model output under :data:`LOG_Z_KEY`;
+    - the head's parameters are left out of the weights sent to the rollout engine (vLLM has no such module).
+    """
+    if _LOG_Z_ENGINE:
+        return _LOG_Z_ENGINE[0]
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+
+    class TiltlabLogZEngine(FSDPEngineWithLMHead):  # type: ignore[misc, valid-type]
+        head_kwargs: dict[str, Any] = {}  # noqa: RUF012 - set by the worker from TBSettings
+
+        def _build_module(self) -> Any:
+            module = super()._build_module()
+            if not self.engine_config.forward_only:  # the trained policy gets a head; pi_ref needs none
+                attach_log_z_head(module, **self.head_kwargs)
+            return module
+
+        def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
+            head = get_log_z_head(self.module, required=False)
+            if head is None:
+                return super().forward_step(micro_batch, loss_function, forward_only)
+            if self.use_ulysses_sp:
+                raise NotImplementedError("the log Z head does not support Ulysses sequence parallelism")
+            remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
+            box = self._tiltlab_box = {}
+
+            def run_head(module: Any, inputs: Any, output: Any) -> None:
+                hidden = output[0] if isinstance(output, tuple) else output
+                box["log_z"] = head(pool_prompt_hidden(hidden, micro_batch, remove_padding))
+
+            handle = self.module.get_decoder().norm.register_forward_hook(run_head)
+            try:
+                return super().forward_step(micro_batch, loss_function, forward_only)
+            finally:
+                handle.remove()
+                box.clear()
+
+        def prepare_model_outputs(self, output: Any, output_args: Any, micro_batch: Any, logits_processor_func: Any):
+            out = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+            box = getattr(self, "_tiltlab_box", {})
+            if "log_z" in box:
+                out[LOG_Z_KEY] = box.pop("log_z")
+            return out
+
+        def get_per_tensor_param(self, *args: Any, **kwargs: Any) -> Any:
+            gen, meta = super().get_per_tensor_param(*args, **kwargs)
+            return (x for x in gen if not is_log_z_head_param(x[0])), meta
+
+        def get_per_tensor_param_shard(self, *args: Any, **kwargs: Any) -> Any:
+            gen, meta = super().get_per_tensor_param_shard(*args, **kwargs)
+            return (x for x in gen if not is_log_z_head_param(x[0])), meta
+
+    _LOG_Z_ENGINE.append(TiltlabLogZEngine)
+    return TiltlabLogZEngine
+
+
+def use_log_z_engine(settings: TBSettings) -> type:
+    """Register :func:`log_z_engine_class` in veRL's engine registry under :data:`ENGINE_VENDOR` and select
+    it for this process (``VERL_ENGINE_VENDOR``), with the head sized by ``settings``."""
+    import os
+
+    from verl.workers.engine.base import EngineRegistry
+
+    cls = log_z_engine_class()
+    cls.head_kwargs = {
+        "hidden": settings.log_z_hidden,
+        "n_layers": settings.log_z_layers,
+        "dropout": settings.log_z_dropout,
+    }
+    table = EngineRegistry._engines.get("language_model", {})
+    if ("cuda", ENGINE_VENDOR) not in table.get("fsdp", {}):
+        EngineRegistry.register("language_model", ["fsdp", "fsdp2"], device="cuda", vendor=ENGINE_VENDOR)(cls)
+    os.environ["VERL_ENGINE_VENDOR"] = ENGINE_VENDOR
+    return cls
+
+
 # ------------------------------------------------------------------------ worker and entry point
 def worker_class() -> type:
     """veRL's engine ``ActorRolloutRefWorker`` with the actor loss replaced by :func:`tb_loss_fn`
-    (settings from ``actor_rollout_ref.tiltlab``). Imported inside Ray workers: it needs a GPU
+    (settings from ``actor_rollout_ref.tiltlab``); for ``flowrl`` / ``paced`` its engine is
+    :func:`log_z_engine_class` (the learned head). Imported inside Ray workers: it needs a GPU
     (veRL has no CPU engine)."""
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -542,9 +674,11 @@ def worker_class() -> type:
     class TiltlabActorRolloutRefWorker(ActorRolloutRefWorker):  # type: ignore[misc, valid-type]
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def init_model(self) -> None:
+            settings = TBSettings.from_config(self.config.get("tiltlab"))
+            if settings.objective != "disa":
+                use_log_z_engine(settings)
             super().init_model()
             if "actor" in self.role:
-                settings = TBSettings.from_config(self.config.get("tiltlab"))
                 actor_config = self.loss_fn.keywords["config"]
                 self.loss_fn = partial(tb_loss_fn, config=actor_config, settings=settings)
                 self.actor.set_loss_fn(self.loss_fn)
@@ -568,10 +702,6 @@ def _task_runner() -> Any:
             return cls, group_cls
 
     return ray.remote(num_cpus=1)(TiltlabTaskRunner)
-
-
-LOG_Z_KEY = "tiltlab_log_z"
-"""Where the data step writes DISA's frozen label: ``extra_info[LOG_Z_KEY]`` of each row."""
 
 
 def verl_rows(

@@ -366,3 +366,97 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
     assert a["actor"]["use_kl_loss"] is True and a["actor"]["kl_loss_coef"] == 0.0  # reference log-probs, no KL
     assert ours["trainer"]["use_v1"] is False
     assert trl["reward"] == "math" and ours["reward"]["custom_reward_function"]["name"] == "compute_score"
+
+
+# ------------------------------------------------------------------------ the learned log Z head
+def _head_model(model):
+    import copy
+
+    from tiltlab.llm.trainers.logz_head import attach_log_z_head
+
+    m = copy.deepcopy(model)
+    torch.manual_seed(1)
+    head = attach_log_z_head(m, hidden=16, n_layers=2, dropout=0.0, init=0.5)
+    torch.nn.init.normal_(head.net[-1].weight, std=0.3)  # a non-constant head: log Z depends on the prompt
+    return m.to(F64)
+
+
+def test_log_z_engine_forward_supplies_the_heads_log_z(model, monkeypatch):
+    # veRL's forward_step of the head engine puts log Z [B] in the model output; it equals the TRL
+    # path's prompt_log_z row by row (float32: LogZHead returns float32, so 1e-6 relative), and the
+    # FlowRL loss step's gradients (head and backbone) equal tiltlab's on an independent forward
+    from tiltlab.llm.trainers.logz_head import get_log_z_head, prompt_log_z
+
+    m = _head_model(model)
+    cls = plugin.log_z_engine_class()
+    eng = _engine(m, monkeypatch)
+    eng.__class__ = cls
+    r = _rollout(4)
+    with torch.no_grad():
+        base = _reference_token_logp(m, r)
+    old, ref = base + r["noise"](0.05), base + r["noise"](0.3)
+    settings = plugin.TBSettings(objective="flowrl", **SETTINGS)  # type: ignore[arg-type]
+    seen = {}
+
+    def loss_fn(model_output, data, dp_group=None):
+        seen["log_z"] = model_output[plugin.LOG_Z_KEY].detach().clone()
+        return plugin.tb_loss_fn(_actor_config(), model_output, data, dp_group, settings=settings)
+
+    got, got_g = _step(eng, m, _verl_batch(m, r, old, ref, with_label=None), loss_fn)
+
+    m.zero_grad()
+    head = get_log_z_head(m)
+    rows = [r["prompts"][i, LP - p :][None] for i, p in enumerate(PROMPT_LENS)]
+    log_z = torch.cat([prompt_log_z(m, ids, torch.ones_like(ids)) for ids in rows])
+    torch.testing.assert_close(seen["log_z"], log_z.detach(), rtol=1e-6, atol=1e-6)
+    mask = r["response_mask"].to(F64)
+    logp = _reference_token_logp(m, r)
+    want, _ = tb.flowrl_loss(
+        logp, ref, old, mask, (2.0 * r["reward"] - 0.5)[:, None], log_z, beta=4.0, length_normalize=False,
+        group_normalize=False, weight_clip="eps", eps=0.1, eps_high=0.3,
+    )  # fmt: skip
+    want.backward()
+    assert got == pytest.approx(float(want), rel=1e-6)
+    names = [n for n, _ in m.named_parameters()]
+    # LogZHead returns float32: a 1-ulp (~6e-8) difference of log Z between the two forwards enters every
+    # residual, so gradients agree to ~1e-6 of their own scale; 1e-5 of each tensor's largest entry
+    for n, a, b in zip(names, got_g, _grads(m)):
+        scale = float(b.abs().max())
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * scale, msg=lambda s, n=n: f"{n}: {s}")
+    assert float(head.net[-1].weight.grad.abs().sum()) > 0  # the head learns from the TB loss
+
+
+def test_pool_prompt_hidden_packed_equals_padded():
+    # the packed layout (use_remove_padding) and the padded one pool the same prompt tokens
+    from tensordict import TensorDict
+
+    g = torch.Generator().manual_seed(5)
+    seq = [p + n for p, n in zip(PROMPT_LENS, RESP_LENS)]
+    rows = [torch.randn(s, 3, generator=g, dtype=F64) for s in seq]
+    offsets = torch.tensor([0, *np.cumsum(seq)])
+    ids = torch.nested.nested_tensor_from_jagged(torch.zeros(int(offsets[-1]), dtype=torch.long), offsets)
+    attn = torch.zeros(B, LP + 1, dtype=torch.long)
+    for i, p in enumerate(PROMPT_LENS):
+        attn[i, LP - p : LP + 1] = 1
+    data = TensorDict({"input_ids": ids, "prompts": torch.zeros(B, LP, dtype=torch.long), "attention_mask": attn}, [B])
+    packed = torch.cat(rows)[None]  # [1, N, H]
+    padded = torch.stack([torch.nn.functional.pad(x, (0, 0, 0, max(seq) - len(x))) for x in rows])
+    want = torch.stack([x[:p].mean(0) for x, p in zip(rows, PROMPT_LENS)])
+    torch.testing.assert_close(plugin.pool_prompt_hidden(packed, data, True), want, **TOL)
+    torch.testing.assert_close(plugin.pool_prompt_hidden(padded, data, False), want, **TOL)
+
+
+def test_log_z_engine_is_selected_and_keeps_the_head_out_of_the_rollout_weights(monkeypatch):
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    monkeypatch.setenv("VERL_ENGINE_VENDOR", "unset-by-the-test")  # restored after the test
+    settings = plugin.TBSettings(objective="paced", log_z_hidden=32, log_z_layers=2, log_z_dropout=0.0)
+    cls = plugin.use_log_z_engine(settings)
+    assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is cls
+    assert cls.head_kwargs == {"hidden": 32, "n_layers": 2, "dropout": 0.0}
+    assert plugin.use_log_z_engine(settings) is cls  # idempotent
+    names = ["model.embed_tokens.weight", "log_z_head.net.0.weight", "lm_head.weight", "log_z_head.net.3.bias"]
+    monkeypatch.setattr(FSDPEngineWithLMHead, "get_per_tensor_param", lambda self, **k: (((n, 0) for n in names), None))
+    gen, _ = cls.get_per_tensor_param(object.__new__(cls))
+    assert [n for n, _ in gen] == ["model.embed_tokens.weight", "lm_head.weight"]

@@ -316,7 +316,9 @@ def test_bad_input_is_refused_by_name():
 _BLOCK_ORJSON = "raise ImportError('orjson blocked by the test')\n"
 
 
-@pytest.mark.parametrize("ci", ["true", ""])
+# a fresh interpreter importing torch and collecting tests/peer: tens of seconds on a loaded machine; the
+# CI case (what issue 22 asks for) runs by default, the local skip case with -m slow
+@pytest.mark.parametrize("ci", ["true", pytest.param("", marks=pytest.mark.slow)])
 def test_missing_orjson_fails_under_ci_and_skips_otherwise(tmp_path, ci):
     # veRL's core_algos imports orjson: shadow it with a module that cannot be imported and run the
     # veRL peer tests in a fresh interpreter, with and without CI
