@@ -124,6 +124,22 @@ def test_every_registration_is_tested_here():
     assert set(plugin.POLICY_LOSSES) == loss and set(plugin.ADV_ESTIMATORS) == adv
 
 
+def test_verl_loads_the_plugin_through_its_entry_point():
+    # veRL imports each "verl.plugins" entry point on `import verl` (pyproject.toml declares ours)
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="verl.plugins") if e.name == "tiltlab"]
+    assert ep.value == "tiltlab.llm.verl" and ep.load() is plugin
+
+
+@pytest.mark.slow
+def test_import_verl_alone_registers_tiltlab():
+    code = "import verl; from verl.trainer.ppo import core_algos as c; print(sorted(k for k in c.POLICY_LOSS_REGISTRY if k.startswith('tiltlab')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert eval(out.stdout.strip().splitlines()[-1]) == sorted(LOSS_NAMES)
+
+
 def test_register_is_idempotent():
     before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
     plugin.register()
