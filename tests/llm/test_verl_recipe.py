@@ -426,6 +426,25 @@ def test_log_z_engine_forward_supplies_the_heads_log_z(model, monkeypatch):
     assert float(head.net[-1].weight.grad.abs().sum()) > 0  # the head learns from the TB loss
 
 
+@pytest.mark.parametrize("forward_only", [False, True])
+def test_log_z_engine_attaches_the_head_to_the_trained_policy_only(model, monkeypatch, forward_only):
+    import copy
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from tiltlab.llm.trainers.logz_head import get_log_z_head
+
+    cls = plugin.log_z_engine_class()
+    monkeypatch.setattr(cls, "head_kwargs", {"hidden": 8, "n_layers": 2, "dropout": 0.0})
+    monkeypatch.setattr(FSDPEngineWithLMHead, "_build_module", lambda self: copy.deepcopy(model))  # HF load stand-in
+    eng = object.__new__(cls)
+    eng.engine_config = SimpleNamespace(forward_only=forward_only)
+    head = get_log_z_head(eng._build_module(), required=False)
+    assert (head is None) == forward_only  # the reference engine (forward only) gets no head
+    if head is not None:
+        assert head.net[0].out_features == 8 and len([m for m in head.net if isinstance(m, torch.nn.Linear)]) == 2
+
+
 def test_pool_prompt_hidden_packed_equals_padded():
     # the packed layout (use_remove_padding) and the padded one pool the same prompt tokens
     from tensordict import TensorDict
