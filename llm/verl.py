@@ -26,7 +26,9 @@ The trajectory-balance family does not fit the policy-loss interface (it needs `
 log-probs, the reward and a ``log Z`` per sequence): :func:`tb_loss_fn` replaces veRL's whole
 actor loss (veRL's engine path, ``loss_fn(config, model_output, data, dp_group)``), installed by
 :func:`worker_class` (an ``ActorRolloutRefWorker`` subclass) and launched by :func:`main`
-(``python -m tiltlab.llm.verl``; a Hydra entry on top of veRL's ``ppo_trainer`` config).
+(``python -m tiltlab.llm.verl``; a Hydra entry on top of veRL's ``ppo_trainer`` config). DISA's frozen
+label travels in each row's ``extra_info`` (:func:`verl_rows`, the ``prepare`` step); FlowRL's and
+PACED's learned log Z comes from a head on the policy (:func:`log_z_engine_class`).
 
 All loss math is tiltlab's (``tiltlab.objectives``); this module only maps veRL's shapes, names
 and global-batch normalization onto it. veRL conventions that differ are stated where they apply.
