@@ -66,7 +66,8 @@ def test_did_you_mean_picks_the_closest_or_nothing():
 
     assert did_you_mean("evl", ["stage1", "eval", "train"]) == " (did you mean 'eval'?)"
     assert did_you_mean("--onyl", ["--only", "--json", "--jobs"], "{}") == " (did you mean --only?)"
-    assert did_you_mean("ONLY", ["only"]) == " (did you mean 'only'?)"  # case-insensitive
+    assert did_you_mean("ONLY", ["only"]) == " (did you mean 'only'?)"  # case-insensitive both ways:
+    assert did_you_mean("m", ["M", "beta"]) == " (did you mean 'M'?)"  # Stage1Config's field M
     assert did_you_mean("xyzzy", ["stage1", "eval"]) == ""
     assert close_matches("epohcs", ["epochs", "hidden", "lr"]) == ["epochs"]
     assert close_matches("epoch", ["epochs_max", "epochs"], n=2) == ["epochs", "epochs_max"]  # best first
@@ -125,6 +126,7 @@ def test_check_field_values_accepts_and_coerces_each_type():
         ("xs", [1, "a"], "a list of integers"),
         ("d", [1], "a mapping"),
         ("o", "abc", "a number or null"),
+        ("names", "math500", "a list of strings"),  # a string is not a list of its characters
     ],
 )
 def test_check_field_values_names_the_expected_type(key, value, expected):
@@ -141,6 +143,7 @@ def test_check_field_values_names_the_expected_type(key, value, expected):
         xs: list[int] = dataclasses.field(default_factory=list)
         d: dict = dataclasses.field(default_factory=dict)
         o: float | None = None
+        names: list[str] = dataclasses.field(default_factory=list)
 
     with pytest.raises(ValueError) as exc:
         check_field_values(C, {key: value}, prefix="sec.")
@@ -185,3 +188,15 @@ def test_main_quiets_library_warnings_unless_debug(monkeypatch, capsys):
     assert cli.main(["--debug"]) == 2
     assert calls == [1]
     capsys.readouterr()
+
+
+def test_a_plain_argparse_subparser_keeps_the_one_line_error(capsys):
+    """A subcommand added with another parser class: the error is still one line, reported by the
+    top parser (the close-match lookup stops where the parsers are no longer tiltlab's)."""
+    top = cli.Parser(prog="top")
+    sub = top.add_subparsers(dest="cmd", parser_class=argparse.ArgumentParser)
+    sub.add_parser("x").add_argument("--only")
+    with pytest.raises(SystemExit) as exc:
+        top.parse_args(["x", "--onyl", "1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "top: error: unrecognized arguments: --onyl 1\n"

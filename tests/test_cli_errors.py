@@ -226,11 +226,12 @@ def test_demo_bad_threads(capsys, tmp_path):
     ("argv", "prog", "rest", "hint"),
     [
         (["check", "--onyl", "x"], "tiltlab check", "--onyl x", "--only"),
+        (["check", "--onyl", "json"], "tiltlab check", "--onyl json", "--only"),  # a value is not a flag
         (["reproduce", "--qick"], "tiltlab reproduce", "--qick", "--quick"),
         (["figures", "--qiuck"], "tiltlab figures", "--qiuck", "--quick"),
         (["sim", "--stpes", "3"], "tiltlab sim", "--stpes 3", "--steps"),
         (["llm", "eval", "--modle", "x"], "tiltlab llm eval", "--modle x", "--model"),
-        (["llm", "stage2", "--epohcs=3"], "tiltlab llm stage2", "--epohcs=3", "--epochs"),
+        (["llm", "stage2", "--epohcs=1000000"], "tiltlab llm stage2", "--epohcs=1000000", "--epochs"),
     ],
 )
 def test_mistyped_flag_names_the_close_match_under_its_subcommand(capsys, argv, prog, rest, hint):

@@ -126,7 +126,7 @@ def _coerce(tp: type, value: Any) -> Any:
             except ValueError:
                 pass
         raise TypeError
-    if tp is not bool and isinstance(value, tp):
+    if isinstance(value, tp):  # a bool value returned above; no other value is a bool
         return value
     raise TypeError
 
