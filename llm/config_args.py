@@ -13,6 +13,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+
 __all__ = ["config_from_args", "config_section_values", "read_config"]
 
 
@@ -68,6 +70,15 @@ def config_section_values(args: argparse.Namespace, section: str) -> tuple[dict,
     return dict(values), rc
 
 
+def _origin(args: argparse.Namespace, section: str, keys: list[str]) -> str:
+    """Where the first of ``section``'s ``keys`` came from: ``--set stage2.epohcs=3`` or the config file."""
+    for item in getattr(args, "overrides", None) or []:
+        key = str(item).partition("=")[0].strip()
+        if key in {f"{section}.{k}" for k in keys}:
+            return f"--set {item}"
+    return str(getattr(args, "config", ""))
+
+
 def config_from_args(cls, args: argparse.Namespace, section: str | None = None, translate=None, **overrides):
     """Build ``cls`` from (config section) + (flags present in ``args``) + ``overrides``.
 
@@ -82,10 +93,9 @@ def config_from_args(cls, args: argparse.Namespace, section: str | None = None, 
             values = translate(values, rc)
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(
-                f"{getattr(args, 'config', '')}: unknown keys in `{section}:` for {cls.__name__}: {unknown}"
-            )
-        kw.update(values)
+            where = f"`{section}:` ({cls.__name__})"
+            raise ValueError(f"{_origin(args, section, unknown)}: {unknown_keys_message(unknown, names, where)}")
+        kw.update(check_field_values(cls, values, prefix=f"{section}."))
     kw.update({n: getattr(args, n) for n in names if hasattr(args, n)})
     kw.update(overrides)
     missing = [

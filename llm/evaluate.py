@@ -195,13 +195,14 @@ def judge_diversity(
     progress: bool = False,
 ) -> list[int | None]:
     """Per-problem Likert diversity scores (None where the reply held no 1-5 integer)."""
-    from tqdm.auto import tqdm
+    from tiltlab.progress import track
 
     if len(problems) != len(responses):
         raise ValueError(f"{len(problems)} problems but {len(responses)} response groups")
     cfg = (config or JudgeConfig()).resolved()
     scores = []
-    for p, rs in tqdm(list(zip(problems, responses)), desc="judge", disable=not progress):
+    pairs = list(zip(problems, responses))
+    for p, rs in track(pairs, desc="judging", unit="prompt", mode=None if progress else "off"):
         scores.append(parse_judge_score(_post_chat(cfg, format_judge_messages(p, rs, cfg.max_response_chars))))
     return scores
 
@@ -336,9 +337,8 @@ def evaluate(
         k: samples per prompt; ``pass_ks`` larger than ``k`` are dropped.
         sampling: an :class:`llm.rollout.SamplingConfig` (default: temperature 1, no truncation).
     """
-    from tqdm.auto import tqdm
-
     from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
+    from tiltlab.progress import progress as progress_bar
 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -352,18 +352,20 @@ def evaluate(
 
     fn = resolve_reward(reward_fn)
     tok = getattr(engine, "tokenizer", None)
+    mode = None if progress else "off"
     results: dict[str, DatasetResult] = {}
-    for name, rows in tqdm(list(datasets.items()), desc="eval datasets", disable=not progress):
+    outer = progress_bar(len(datasets), desc="eval", unit="dataset", mode=mode)
+    for d, (name, rows) in enumerate(datasets.items()):
         rows = list(rows)
         if not rows:
             raise ValueError(f"dataset {name!r} is empty")
+        outer.update(0, postfix=name)
+        outer.write(f"[eval] {name} ({d + 1}/{len(datasets)}): sampling {len(rows)} prompts x {k}")
         prompts = [format_prompt(tok, r["prompt"], chat_template) for r in rows]
         texts, ids, fin = _generate(engine, prompts, k, sampling)
-        flat_comp = [t for g in texts for t in g]
-        flat_ids = [c for g in ids for c in g] if ids is not None else None
         cols = {c: [r.get(c) for r in rows for _ in range(k)] for c in {c for r in rows for c in r} if c != "prompt"}
-        rewards = fn([p for p in prompts for _ in range(k)], flat_comp, flat_ids, **cols)
-        if len(rewards) != len(flat_comp) or any(r is None for r in rewards):
+        rewards = _score(fn, prompts, texts, ids, cols, k, desc=f"scoring {name}", mode=mode)
+        if len(rewards) != len(rows) * k or any(r is None for r in rewards):
             raise ValueError(
                 f"{name}: the reward function returned None or a wrong number of rewards "
                 "(does every row have an answer or tests?)"
@@ -406,7 +408,34 @@ def evaluate(
             res.judge_mean = sum(valid) / len(valid) if valid else None
             res.judge_std = statistics.pstdev(valid) if len(valid) > 1 else (0.0 if valid else None)
         results[name] = res
+        outer.update(1, postfix=f"{name}: Mean@{k} {100 * res.mean_at_k:.1f}")
+    outer.close()
     return results
+
+
+def _score(fn, prompts: list[str], texts, ids, cols: dict, k: int, desc: str, mode: str | None, chunk: int = 16):
+    """The reward of every completion, ``chunk`` prompts (``chunk * k`` completions) per call so that
+    a slow verifier (the code sandbox) reports progress; each completion's reward depends on its own
+    row only (TRL's reward signature is per completion), so the chunking changes no value."""
+    from tiltlab.progress import progress as progress_bar
+
+    rewards: list = []
+    with progress_bar(len(prompts), desc=desc, unit="prompt", mode=mode) as bar:
+        for s in range(0, len(prompts), chunk):
+            e = min(s + chunk, len(prompts))
+            part = fn(
+                [p for p in prompts[s:e] for _ in range(k)],
+                [t for g in texts[s:e] for t in g],
+                [c for g in ids[s:e] for c in g] if ids is not None else None,
+                **{c: v[s * k : e * k] for c, v in cols.items()},
+            )
+            if len(part) != (e - s) * k:
+                raise ValueError(
+                    f"{desc}: the reward function returned {len(part)} rewards for {(e - s) * k} completions"
+                )
+            rewards.extend(part)
+            bar.update(e - s)
+    return rewards
 
 
 def results_table(results: dict[str, DatasetResult]) -> str:
@@ -453,25 +482,33 @@ def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
     from .data import load_prompts
     from .rollout import SamplingConfig, make_engine
 
-    if engine is None:
-        engine = make_engine(cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, batch_size=cfg.batch_size)
     data = {name: load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed) for name in cfg.datasets}
+    own_engine = engine is None
+    if engine is None:
+        engine = make_engine(
+            cfg.engine, cfg.model, dtype=cfg.dtype, device=cfg.device, batch_size=cfg.batch_size, show_progress=True
+        )
     sampling = SamplingConfig(
         temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
     judge = JudgeConfig(base_url=cfg.judge_base_url, model=cfg.judge_model) if cfg.judge else None
-    results = evaluate(
-        engine,
-        data,
-        cfg.k,
-        sampling,
-        pass_ks=cfg.pass_ks,
-        distinct_ns=cfg.distinct_ns,
-        reward_fn=cfg.reward,
-        chat_template=cfg.chat_template,
-        judge=judge,
-        judge_datasets=cfg.judge_datasets,
-    )
+    try:
+        results = evaluate(
+            engine,
+            data,
+            cfg.k,
+            sampling,
+            pass_ks=cfg.pass_ks,
+            distinct_ns=cfg.distinct_ns,
+            reward_fn=cfg.reward,
+            chat_template=cfg.chat_template,
+            judge=judge,
+            judge_datasets=cfg.judge_datasets,
+        )
+    finally:
+        close = getattr(engine, "close", None)
+        if own_engine and callable(close):
+            close()  # a vLLM engine's worker processes end here, not at interpreter exit
     if cfg.out_dir:
         save_results(results, cfg.out_dir, config=asdict(cfg))
     return results

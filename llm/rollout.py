@@ -239,7 +239,8 @@ class HFEngine(RolloutEngine):
 
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[RolloutGroup]:
         import torch
-        from tqdm.auto import tqdm
+
+        from tiltlab.progress import progress
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -247,14 +248,20 @@ class HFEngine(RolloutEngine):
         rows = [(i, j) for i in range(len(ids)) for j in range(n)]
         comp: dict[tuple[int, int], tuple[list[int], list[float], bool]] = {}
         batches = [rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
-        for b, batch in enumerate(tqdm(batches, desc="hf sampling", disable=not self.show_progress, leave=False)):
-            gen = None
-            if sampling.seed is not None:
-                gen = torch.Generator(device=self.model.device)
-                gen.manual_seed(derive_seed("hf", sampling.seed, b))
-            out = self._sample_batch([ids[i] for i, _ in batch], sampling, gen)
-            for key, res in zip(batch, out):
-                comp[key] = res
+        mode = None if self.show_progress else "off"
+        with progress(len(rows), desc="sampling", unit="completion", mode=mode) as bar:
+            for b, batch in enumerate(batches):
+                gen = None
+                if sampling.seed is not None:
+                    gen = torch.Generator(device=self.model.device)
+                    gen.manual_seed(derive_seed("hf", sampling.seed, b))
+                where = f"batch {b + 1}/{len(batches)}, token {{}}/{sampling.max_new_tokens}"
+                out = self._sample_batch(
+                    [ids[i] for i, _ in batch], sampling, gen, tick=lambda t: bar.update(0, postfix=where.format(t))
+                )
+                for key, res in zip(batch, out):
+                    comp[key] = res
+                bar.update(len(batch))
         groups = []
         for i in range(len(ids)):
             cids = [comp[(i, j)][0] for j in range(n)]
@@ -270,7 +277,8 @@ class HFEngine(RolloutEngine):
             )
         return groups
 
-    def _sample_batch(self, prompt_ids: list[list[int]], s: SamplingConfig, gen):
+    def _sample_batch(self, prompt_ids: list[list[int]], s: SamplingConfig, gen, tick=None):
+        """Sample one batch; ``tick(t)`` (if given) is called after each decoding step ``t``."""
         import torch
 
         model = self.model
@@ -290,7 +298,9 @@ class HFEngine(RolloutEngine):
             out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
             past = out.past_key_values
             next_pos = attn.sum(-1, keepdim=True)  # [B, 1]
-            for _ in range(s.max_new_tokens):
+            for step in range(s.max_new_tokens):
+                if tick is not None:
+                    tick(step)
                 logp = processed_logprobs(out.logits[:, -1, :], s.temperature, s.top_k, s.top_p)  # [B, V]
                 if s.temperature == 0.0:
                     tok = logp.argmax(-1)

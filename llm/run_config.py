@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+
 __all__ = [
     "LORA_KEYS",
     "OFFLINE_OBJECTIVES",
@@ -191,7 +193,7 @@ class RunConfig:
         for name, keys in SECTION_KEYS.items():
             unknown = set(getattr(self, name)) - set(keys)
             if unknown:
-                raise ValueError(f"section {name!r}: unknown keys {sorted(unknown)}; allowed {sorted(keys)}")
+                raise ValueError(unknown_keys_message(unknown, keys, f"`{name}:`"))
         if self.validation and ("dataset" in self.validation) == ("holdout_fraction" in self.validation):
             raise ValueError("validation: give exactly one of `dataset` (a held-out file) or `holdout_fraction`")
         frac = self.validation.get("holdout_fraction")
@@ -199,12 +201,13 @@ class RunConfig:
             raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
         if self.lora and "r" not in self.lora:
             raise ValueError("lora: the rank `r` is required")
-        if isinstance(self.beta, str):
-            if self.beta not in self.beta_levels:
-                raise ValueError(
-                    f"beta={self.beta!r} is not a number nor a key of beta_levels {sorted(self.beta_levels)}"
-                )
-        elif self.beta is not None and not float(self.beta) > 0:
+        if self.beta is not None and (
+            self.beta not in self.beta_levels if isinstance(self.beta, str) else not _is_number(self.beta)
+        ):
+            levels = sorted(self.beta_levels)
+            named = f" or a name in beta_levels ({', '.join(levels)})" if levels else ""
+            raise ValueError(f"beta: expected a number{named}, got {self.beta!r}")
+        if self.beta is not None and not isinstance(self.beta, str) and not float(self.beta) > 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
         if not self.lr_scale > 0:
             raise ValueError("lr_scale must be > 0")
@@ -241,6 +244,10 @@ class RunConfig:
         if self.lr_scale != 1.0:
             kw["learning_rate"] = float(kw.get("learning_rate", 1e-6)) * self.lr_scale
         return kw
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _parse_value(text: str) -> Any:
@@ -287,5 +294,7 @@ def read_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}")
-    return RunConfig(**data)
+        sets = [o for o in overrides or [] if o.partition("=")[0].strip().split(".")[0] in unknown]
+        origin = f"--set {sets[0]}" if sets else str(path)
+        raise ValueError(f"{origin}: {unknown_keys_message(unknown, known, 'the run config')}")
+    return RunConfig(**check_field_values(RunConfig, data))

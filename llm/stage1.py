@@ -385,7 +385,7 @@ class _Models:
     (tokenizers, config context lengths) before any model is loaded.
     """
 
-    def __init__(self, cfg: Stage1Config, rows: list[dict], engine=None):
+    def __init__(self, cfg: Stage1Config, rows: list[dict], engine=None, show_progress: bool = False):
         from tiltlab.llm.models import default_device, load_model, load_tokenizer
 
         self.retokenize = cfg.tokenizer == "retokenize"
@@ -439,7 +439,7 @@ class _Models:
             )
             ctx = _context(cfg, "the proposal", getattr(q_model.config, "max_position_embeddings", None))
             _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx)
-            self.engine = HFEngine(q_model, q_tok, batch_size=cfg.gen_batch_size)
+            self.engine = HFEngine(q_model, q_tok, batch_size=cfg.gen_batch_size, show_progress=show_progress)
         self.q_tok = q_tok
         eos = self.ref_tok.eos_token_id
         self.ref_eos = int(eos) if eos is not None else None
@@ -497,10 +497,10 @@ def run_stage1(
             (e.g. one vLLM engine shared by several runs) instead of building one from ``cfg``.
     """
     import torch
-    from tqdm.auto import tqdm
 
     from tiltlab.llm.models import default_device
     from tiltlab.objectives import estimators as est
+    from tiltlab.progress import progress as progress_bar
 
     if cfg.truncated_support:
         if not cfg.allow_truncated:
@@ -568,21 +568,23 @@ def run_stage1(
     # every refusal (tokenizers, context lengths) happens here, before the first write
     clock = _Clock()
     with clock("setup"):
-        models = _Models(cfg, rows, engine=engine) if todo else None
+        models = _Models(cfg, rows, engine=engine, show_progress=progress) if todo else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
         stale.unlink()
     atomic_write_json(man_path, manifest)
-    bar = tqdm(
-        total=len(rows),
-        desc="stage1 prompts",
-        unit="prompt",
-        disable=not progress,
-        initial=sum(v["n_prompts"] for v in manifest["shards"].values()),
-    )
     pp = cfg.prompts_per_shard
+    # the bar counts this invocation's prompts, so a resumed run's rate and ETA are its own
+    resumed = f" (resumed: {n_shards - len(todo)}/{n_shards} shards done)" if len(todo) < n_shards else ""
+    bar = progress_bar(
+        sum(len(rows[k * pp : (k + 1) * pp]) for k in todo),
+        desc=f"stage1{resumed}",
+        unit="prompt",
+        mode=None if progress else "off",
+    )
     for k in todo:
         sl = slice(k * pp, (k + 1) * pp)
+        clock.on_phase = lambda phase: bar.update(0, postfix=f"shard {k + 1}/{n_shards}: {phase}")
         samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
         with clock("io"):
@@ -597,7 +599,7 @@ def run_stage1(
             "prompt_ids": ids[sl],
         }
         atomic_write_json(man_path, manifest)
-        bar.update(len(rows[sl]))
+        bar.update(len(rows[sl]), postfix=f"shard {k + 1}/{n_shards} written")
         _crash_hook(k + 1, "after_manifest")
     bar.close()
 
@@ -653,9 +655,13 @@ class _Clock:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.on_phase: Callable[[str], None] | None = None
+        """Called with the phase's name as each phase starts (the progress reporter's postfix)."""
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
+        if self.on_phase is not None:
+            self.on_phase(phase)
         t0 = time.perf_counter()
         try:
             yield

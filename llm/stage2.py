@@ -112,10 +112,10 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     tokens, right-padded; the pooling ignores padding, so results do not depend on batching.
     """
     import torch
-    from tqdm.auto import tqdm
 
     from tiltlab.llm.models import masked_mean_pool
     from tiltlab.llm.scoring import hidden_states
+    from tiltlab.progress import progress as progress_bar
 
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings")
@@ -123,8 +123,9 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     out = []
     side = tokenizer.padding_side
     tokenizer.padding_side = "right"
+    bar = progress_bar(len(texts), desc="stage2 embedding", unit="prompt", mode=None if progress else "off")
     try:
-        for s in tqdm(range(0, len(texts), batch_size), desc="embedding prompts", disable=not progress, leave=False):
+        for s in range(0, len(texts), batch_size):
             enc = tokenizer(
                 list(texts[s : s + batch_size]), return_tensors="pt", padding=True, add_special_tokens=False
             )
@@ -134,8 +135,10 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
             with torch.no_grad():
                 h = hidden_states(model, ids, attn)  # [B, L, H]
                 out.append(masked_mean_pool(h.float(), attn).cpu())  # [B, H]
+            bar.update(len(texts[s : s + batch_size]))
     finally:
         tokenizer.padding_side = side
+        bar.close()
     if not out:
         return torch.zeros(0, 0)
     return torch.cat(out)
@@ -209,6 +212,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     from tiltlab.llm.prompts import format_prompt
     from tiltlab.llm.stage1 import atomic_write_json, load_stage1, read_manifest
     from tiltlab.objectives.regressor import fit_regressor
+    from tiltlab.progress import progress as progress_bar
 
     man = read_manifest(cfg.labels)
     s1 = man.get("config", {})
@@ -254,6 +258,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     )
     del model
     y = torch.tensor(targets, dtype=torch.float32)
+    fit_bar = progress_bar(cfg.epochs, desc="stage2 fit", unit="epoch", mode=None if progress else "off")
     fit = fit_regressor(
         feats,
         y,
@@ -265,8 +270,9 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         n_layers=cfg.n_layers,
         batch_size=cfg.fit_batch_size,
         seed=cfg.seed,
-        progress=progress,
+        on_epoch=(lambda ep, tr, va: fit_bar.update(1, postfix=f"train MSE {tr:.4g}, val MSE {va:.4g}")),
     )
+    fit_bar.close()
     metrics = {
         "n_train": int(fit.train_idx.numel()),
         "n_val": int(fit.val_idx.numel()),
@@ -450,11 +456,13 @@ def annotate_log_z(
     if column in rows[0]:
         raise ValueError(f"annotate_log_z: the dataset already has a {column!r} column; write to another column")
     pred = stage2_dir if isinstance(stage2_dir, LogZPredictor) else load_log_z_predictor(stage2_dir, **load_kwargs)
-    from tqdm.auto import tqdm
+    from tiltlab.progress import progress as progress_bar
 
     vals = []
-    for s in tqdm(range(0, len(rows), batch_size), desc="stage2 annotate log Z", disable=not progress):
-        vals.append(pred.predict_log_z([r["prompt"] for r in rows[s : s + batch_size]]))
+    with progress_bar(len(rows), desc="stage2 annotate log Z", unit="prompt", mode=None if progress else "off") as bar:
+        for s in range(0, len(rows), batch_size):
+            vals.append(pred.predict_log_z([r["prompt"] for r in rows[s : s + batch_size]]))
+            bar.update(len(rows[s : s + batch_size]))
     log_z = torch.cat(vals)
     if log_z.numel() != len(rows) or not torch.isfinite(log_z).all():
         raise ValueError("annotate_log_z: the predictor returned a non-finite or wrong number of log Z values")

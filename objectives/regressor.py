@@ -9,7 +9,7 @@ module (buffers), so predictions come out in label units.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -122,6 +122,7 @@ def fit_regressor(
     batch_size: int | None = None,
     seed: int = 0,
     progress: bool = False,
+    on_epoch: Callable[[int, float, float], None] | None = None,
 ) -> FitResult:
     """Fit :class:`PartitionRegressor` by least squares (DISA eq. 9) with a held-out split.
 
@@ -131,6 +132,7 @@ def fit_regressor(
         val_fraction: fraction held out (at least one example each side).
         epochs: full passes; the epoch with the lowest validation MSE is restored (early stopping).
         batch_size: mini-batch size (None = full batch).
+        on_epoch: called as ``on_epoch(epoch, train_mse, val_mse)`` after each epoch (progress reporting).
     """
     ndim("features", features, 2, "[N, D]")
     ndim("targets", targets, 1, "[N]")
@@ -178,6 +180,8 @@ def fit_regressor(
             va = float(((model(xv) - yv) ** 2).mean())
         hist["train_mse"].append(tr)
         hist["val_mse"].append(va)
+        if on_epoch is not None:
+            on_epoch(ep, tr, va)
         if va < best_val:
             best_val, best_epoch, best_state = va, ep, {k: v.clone() for k, v in model.state_dict().items()}
     model.load_state_dict(best_state)

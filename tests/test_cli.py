@@ -56,3 +56,147 @@ def test_unknown_command_is_a_one_line_error(capsys):
 def test_no_command_prints_help_and_exits_2(capsys):
     assert cli.main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- close matches and field types
+
+
+def test_did_you_mean_picks_the_closest_or_nothing():
+    from tiltlab.dataclass_cli import close_matches, did_you_mean
+
+    assert did_you_mean("evl", ["stage1", "eval", "train"]) == " (did you mean 'eval'?)"
+    assert did_you_mean("--onyl", ["--only", "--json", "--jobs"], "{}") == " (did you mean --only?)"
+    assert did_you_mean("ONLY", ["only"]) == " (did you mean 'only'?)"  # case-insensitive both ways:
+    assert did_you_mean("m", ["M", "beta"]) == " (did you mean 'M'?)"  # Stage1Config's field M
+    assert did_you_mean("xyzzy", ["stage1", "eval"]) == ""
+    assert close_matches("epohcs", ["epochs", "hidden", "lr"]) == ["epochs"]
+    assert close_matches("epoch", ["epochs_max", "epochs"], n=2) == ["epochs", "epochs_max"]  # best first
+
+
+def test_unknown_keys_message_one_and_several():
+    from tiltlab.dataclass_cli import unknown_keys_message
+
+    valid = ["epochs", "hidden", "lr"]
+    assert unknown_keys_message(["epohcs"], valid, "`stage2:`") == (
+        "unknown keys ['epohcs'] in `stage2:` (did you mean 'epochs'?); valid keys: epochs, hidden, lr"
+    )
+    assert unknown_keys_message(["zzz", "hiden", "epohcs"], valid, "X") == (
+        "unknown keys ['epohcs', 'hiden', 'zzz'] in X (did you mean 'epochs' for 'epohcs', 'hidden' for 'hiden'?); "
+        "valid keys: epochs, hidden, lr"
+    )
+    assert unknown_keys_message(["zzz"], valid, "X") == "unknown keys ['zzz'] in X; valid keys: epochs, hidden, lr"
+
+
+def test_check_field_values_accepts_and_coerces_each_type():
+    import dataclasses
+
+    from tiltlab.dataclass_cli import check_field_values
+
+    @dataclasses.dataclass
+    class C:
+        n: int = 1
+        x: float = 0.5
+        s: str = "a"
+        b: bool = False
+        xs: list[int] = dataclasses.field(default_factory=list)
+        d: dict = dataclasses.field(default_factory=dict)
+        o: float | None = None
+        free: object = None  # a type no flag can express: passed through
+
+    good = {"n": 3, "x": 2, "s": "b", "b": True, "xs": [1, 2], "d": {"k": 1}, "o": None, "free": [1], "extra": 7}
+    out = check_field_values(C, good)
+    assert out == {**good, "x": 2.0} and isinstance(out["x"], float)
+    assert check_field_values(C, {"x": "2e-6"})["x"] == 2e-6  # YAML 1.1 reads 2e-6 as a string
+    assert check_field_values(C, {"o": 3})["o"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("n", 3.0, "an integer"),
+        ("n", "3", "an integer"),
+        ("n", True, "an integer"),
+        ("x", "abc", "a number"),
+        ("x", False, "a number"),
+        ("x", None, "a number"),
+        ("s", 3, "a string"),
+        ("b", 1, "true or false"),
+        ("b", "yes", "true or false"),
+        ("xs", 3, "a list of integers"),
+        ("xs", [1, "a"], "a list of integers"),
+        ("d", [1], "a mapping"),
+        ("o", "abc", "a number or null"),
+        ("names", "math500", "a list of strings"),  # a string is not a list of its characters
+    ],
+)
+def test_check_field_values_names_the_expected_type(key, value, expected):
+    import dataclasses
+
+    from tiltlab.dataclass_cli import check_field_values
+
+    @dataclasses.dataclass
+    class C:
+        n: int = 1
+        x: float = 0.5
+        s: str = "a"
+        b: bool = False
+        xs: list[int] = dataclasses.field(default_factory=list)
+        d: dict = dataclasses.field(default_factory=dict)
+        o: float | None = None
+        names: list[str] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(ValueError) as exc:
+        check_field_values(C, {key: value}, prefix="sec.")
+    assert str(exc.value) == f"sec.{key}: expected {expected}, got {value!r}"
+
+
+# --------------------------------------------------------------------------- library warnings
+
+
+def test_quiet_library_warnings_here_and_in_child_processes():
+    import builtins
+    import os
+    import warnings
+
+    env: dict[str, str] = {"PYTHONWARNINGS": "default::ResourceWarning"}
+    messages = [(getattr(builtins, c), m + " (and the rest)") for c, m, _ in cli.QUIET_WARNINGS]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli.quiet_library_warnings(env)
+        cli.quiet_library_warnings(env)  # idempotent
+        for category, message in messages:
+            warnings.warn(message, category, stacklevel=1)
+        warnings.warn("some other deprecation", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["some other deprecation"]
+    specs = env["PYTHONWARNINGS"].split(",")
+    assert specs[0] == "default::ResourceWarning" and len(specs) == 1 + len(cli.QUIET_WARNINGS)
+    code = (
+        "import warnings\n"
+        + "".join(f"warnings.warn({m!r}, {c.__name__})\n" for c, m in messages)
+        + "warnings.warn('keep me', FutureWarning)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "keep me" in out.stderr and not any(m in out.stderr for _, m in messages), out.stderr
+
+
+def test_main_quiets_library_warnings_unless_debug(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(cli, "quiet_library_warnings", lambda: calls.append(1))
+    assert cli.main([]) == 2
+    assert calls == [1]
+    assert cli.main(["--debug"]) == 2
+    assert calls == [1]
+    capsys.readouterr()
+
+
+def test_a_plain_argparse_subparser_keeps_the_one_line_error(capsys):
+    """A subcommand added with another parser class: the error is still one line, reported by the
+    top parser (the close-match lookup stops where the parsers are no longer tiltlab's)."""
+    top = cli.Parser(prog="top")
+    sub = top.add_subparsers(dest="cmd", parser_class=argparse.ArgumentParser)
+    sub.add_parser("x").add_argument("--only")
+    with pytest.raises(SystemExit) as exc:
+        top.parse_args(["x", "--onyl", "1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "top: error: unrecognized arguments: --onyl 1\n"

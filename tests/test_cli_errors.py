@@ -219,6 +219,115 @@ def test_demo_bad_threads(capsys, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+# --------------------------------------------------------------------------- close matches, config keys and types
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "rest", "hint"),
+    [
+        (["check", "--onyl", "x"], "tiltlab check", "--onyl x", "--only"),
+        (["check", "--onyl", "json"], "tiltlab check", "--onyl json", "--only"),  # a value is not a flag
+        (["reproduce", "--qick"], "tiltlab reproduce", "--qick", "--quick"),
+        (["figures", "--qiuck"], "tiltlab figures", "--qiuck", "--quick"),
+        (["sim", "--stpes", "3"], "tiltlab sim", "--stpes 3", "--steps"),
+        (["llm", "eval", "--modle", "x"], "tiltlab llm eval", "--modle x", "--model"),
+        (["llm", "stage2", "--epohcs=1000000"], "tiltlab llm stage2", "--epohcs=1000000", "--epochs"),
+    ],
+)
+def test_mistyped_flag_names_the_close_match_under_its_subcommand(capsys, argv, prog, rest, hint):
+    assert _exit_code(lambda: main(argv)) == 2
+    line = _one_line_error(capsys, f"{prog}: error: ")
+    assert line == f"{prog}: error: unrecognized arguments: {rest} (did you mean {hint}?)"
+
+
+def test_several_mistyped_flags_and_one_with_no_close_match(capsys):
+    assert _exit_code(lambda: main(["check", "--onyl", "x", "--jbos", "2", "--xyzzy"])) == 2
+    line = _one_line_error(capsys, "tiltlab check: error: unrecognized arguments: --onyl x --jbos 2 --xyzzy")
+    assert line.endswith("(did you mean --only for --onyl, --jobs for --jbos?)"), line
+    assert _exit_code(lambda: main(["check", "--xyzzy"])) == 2
+    assert _one_line_error(capsys, "tiltlab check: error: ") == "tiltlab check: error: unrecognized arguments: --xyzzy"
+
+
+def test_mistyped_commands_name_the_close_match(capsys):
+    assert _exit_code(lambda: main(["chek"])) == 2
+    line = _one_line_error(capsys, "tiltlab: error: unknown command 'chek' (did you mean 'check'?)")
+    assert "choose from check, reproduce" in line
+    assert _exit_code(lambda: main(["llm", "evl"])) == 2
+    line = _one_line_error(capsys, "tiltlab llm: error: argument COMMAND: invalid choice: 'evl' (did you mean 'eval'?)")
+    assert "'stage1'" in line  # the choices are still listed
+    assert _exit_code(lambda: main(["check", "--layer", "thoery"])) == 2
+    _one_line_error(capsys, "tiltlab check: error: argument --layer: invalid choice: 'thoery' (did you mean 'theory'?)")
+    assert _exit_code(lambda: main(["zzzzzz"])) == 2
+    line = _one_line_error(capsys, "tiltlab: error: unknown command 'zzzzzz' (choose from")
+    assert "did you mean" not in line
+
+
+def _run_yaml(tmp_path, text: str) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_set_unknown_top_level_key_lists_the_valid_keys(capsys, tmp_path):
+    cfg = _run_yaml(tmp_path, "model: tiny\nstage2:\n  labels: L\n  out_dir: O\n")
+    assert main(["llm", "stage2", "--config", cfg, "--set", "nosuch.key=1"]) == 2
+    line = _one_line_error(
+        capsys, "tiltlab llm stage2: error: --set nosuch.key=1: unknown keys ['nosuch'] in the run config"
+    )
+    assert "did you mean" not in line
+    valid = line.split("valid keys: ", 1)[1].split(", ")
+    assert {"model", "beta", "stage1", "stage2", "trl", "output_dir"} <= set(valid) and valid == sorted(valid)
+    assert main(["llm", "stage2", "--config", cfg, "--set", "objectve=grpo"]) == 2
+    line = _one_line_error(capsys, "tiltlab llm stage2: error: --set objectve=grpo: unknown keys ['objectve']")
+    assert "(did you mean 'objective'?)" in line
+
+
+def test_unknown_key_in_the_file_names_the_file(capsys, tmp_path):
+    cfg = _run_yaml(tmp_path, "model: tiny\nbta: 1\nstage2:\n  labels: L\n  out_dir: O\n")
+    assert main(["llm", "stage2", "--config", cfg]) == 2
+    _one_line_error(
+        capsys, f"tiltlab llm stage2: error: {cfg}: unknown keys ['bta'] in the run config (did you mean 'beta'?)"
+    )
+
+
+def test_set_unknown_section_key_names_the_close_match(capsys, tmp_path):
+    cfg = _run_yaml(tmp_path, "model: tiny\nstage2:\n  labels: L\n  out_dir: O\n")
+    assert main(["llm", "stage2", "--config", cfg, "--set", "stage2.epohcs=3"]) == 2
+    line = _one_line_error(
+        capsys,
+        "tiltlab llm stage2: error: --set stage2.epohcs=3: unknown keys ['epohcs'] in `stage2:` (Stage2Config) "
+        "(did you mean 'epochs'?); valid keys: ",
+    )
+    assert "epochs" in line.split("valid keys: ")[1].split(", ") and "labels" in line
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "setting", "message"),
+    [
+        ("model: tiny\n", "beta=abc", "beta: expected a number, got 'abc'"),
+        (
+            "model: tiny\nbeta_levels: {low: 0.5, high: 2.0}\n",
+            "beta=abc",
+            "beta: expected a number or a name in beta_levels (high, low), got 'abc'",
+        ),
+        ("model: tiny\n", "lr_scale=fast", "lr_scale: expected a number, got 'fast'"),
+        ("model: tiny\n", "log_kl_old=3", "log_kl_old: expected true or false, got 3"),
+        ("model: tiny\n", "stage2=5", "stage2: expected a mapping, got 5"),
+        ("model: tiny\n", "stage2.epochs=abc", "stage2.epochs: expected an integer, got 'abc'"),
+        ("model: tiny\n", "stage2.epochs=2.5", "stage2.epochs: expected an integer, got 2.5"),
+        ("model: tiny\n", "stage2.lr=[1]", "stage2.lr: expected a number, got [1]"),
+        ("model: tiny\n", "stage2.device=3", "stage2.device: expected a string or null, got 3"),
+    ],
+)
+def test_set_type_errors_name_the_expected_type(capsys, tmp_path, yaml_text, setting, message):
+    cfg = _run_yaml(tmp_path, yaml_text)
+    out = tmp_path / "s2"
+    argv = ["llm", "stage2", "--config", cfg, "--labels", "L", "--out-dir", str(out), "--set", setting]
+    assert main(argv) == 2
+    assert _one_line_error(capsys, "tiltlab llm stage2: error: ") == f"tiltlab llm stage2: error: {message}"
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- where the outputs went
 
 

