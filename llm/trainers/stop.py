@@ -20,6 +20,7 @@ the signal to it, so pressing Ctrl-C again aborts a stop that does not come.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -51,11 +52,10 @@ class GracefulStop(TrainerCallback):
         now = time.monotonic()
         if self._received is None:
             self._received, self._received_at = signum, now
-            print(
-                f"[train] {signal.Signals(signum).name} received: stopping at the end of this optimizer step "
-                "with a checkpoint",
-                flush=True,
-            )
+            # os.write, not print: a handler that prints while the main thread is inside a print to the
+            # same stream raises "reentrant call"
+            msg = f"[train] {signal.Signals(signum).name} received: stopping at the end of this optimizer step\n"
+            os.write(2, msg.encode())
             return
         if now - self._received_at < REPEAT_WINDOW_S:
             return  # the same request, forwarded by a launcher or sent to the whole process group

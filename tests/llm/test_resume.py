@@ -256,7 +256,7 @@ def test_signal_stops_with_a_checkpoint_that_resumes_bit_identically(
     monkeypatch.setenv("TILTLAB_TEST_SIGNAL", sig)
     monkeypatch.setenv("TILTLAB_TEST_SIGNAL_AT", "3")
     capsys.readouterr()
-    _train(tmp_path, cfg, stopped)
+    _train(tmp_path, cfg, stopped, "--set", "trl.logging_steps=1")  # an override the resume line must repeat
     out = capsys.readouterr().out
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are put back
     assert sorted(p.name for p in stopped.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
@@ -264,7 +264,7 @@ def test_signal_stops_with_a_checkpoint_that_resumes_bit_identically(
     lines = [ln for ln in out.splitlines() if "continue with:" in ln]
     assert len(lines) == 1, out[-2000:]
     assert f"stopped by {sig} at step 3 of 4" in lines[0]
-    assert lines[0].endswith("--resume latest") and str(stopped / "checkpoint-3") in lines[0]
+    assert lines[0].endswith("--set trl.logging_steps=1 --resume latest") and str(stopped / "checkpoint-3") in lines[0]
     monkeypatch.delenv("TILTLAB_TEST_SIGNAL_AT")
     _train(tmp_path, cfg, stopped, "--resume", "latest")
     assert "resuming from " + str(stopped / "checkpoint-3") in capsys.readouterr().out
@@ -292,3 +292,17 @@ def test_stop_callback_stops_every_rank_when_any_rank_was_signalled(monkeypatch)
     cb.on_step_end(None, state, control)
     assert control.should_save and control.should_training_stop
     assert cb.stopped_at == 5 and cb.stopped_by == "a signal on another rank"
+
+
+def test_a_signal_in_the_last_step_finishes_the_run(tiny_dir, tmp_path, signal_reward, monkeypatch, capsys):
+    """Stopped at the last step, the run is complete: the final model is written as without the
+    signal, and no resume line is printed."""
+    cfg = _online_cfg(tiny_dir, tmp_path, "grpo", signal_reward, max_steps=2, save_strategy="no")
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL", "SIGTERM")
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL_AT", "2")
+    capsys.readouterr()
+    _train(tmp_path, cfg, tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "continue with:" not in out and "2 optimizer steps; model written" in out
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert [p.name for p in (tmp_path / "run").glob("checkpoint-*")] == ["checkpoint-2"]  # the stop's checkpoint
