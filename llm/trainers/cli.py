@@ -296,9 +296,23 @@ def build_trainer(cfg):
     )
 
 
+def _resume_command(args) -> str:
+    """The command line that continues this run from its newest checkpoint (``--resume latest``
+    replacing any ``--resume`` given)."""
+    import shlex
+
+    cmd = ["tiltlab", "llm", "train", "--config", args.config]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    if args.objective:
+        cmd += ["--objective", args.objective]
+    return shlex.join([*cmd, "--resume", "latest"])
+
+
 def main(args) -> int:
     import dataclasses
     import json
+    import os
 
     from tiltlab.llm.config_args import read_config
     from tiltlab.llm.trainers.config import load_run_config
@@ -313,13 +327,27 @@ def main(args) -> int:
     checkpoint = resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir)) if resume else None
     print(f"[train] {cfg.kind} {cfg.objective} on {cfg.model}: building the trainer", flush=True)
     trainer = build_trainer(cfg)
+    from tiltlab.llm.trainers.stop import GracefulStop
+
+    stop = GracefulStop()  # SIGTERM / SIGINT: a checkpoint at the next step boundary on every rank
+    trainer.add_callback(stop)
     if checkpoint:
         print(f"[train] resuming from {checkpoint}", flush=True)
     trainer.train(resume_from_checkpoint=checkpoint)
     steps = trainer.state.global_step
+    out = trainer.args.output_dir
+    if stop.stopped_by is not None and steps < trainer.state.max_steps:
+        if not trainer.is_world_process_zero():
+            return 0
+        print(
+            f"[train] stopped by {stop.stopped_by} at step {steps} of {trainer.state.max_steps}; "
+            f"checkpoint {os.path.join(out, f'checkpoint-{steps}')}; continue with: {_resume_command(args)}"
+            + (" (under the same launcher)" if trainer.args.world_size > 1 else ""),
+            flush=True,
+        )
+        return 0
     if steps == 0:
         raise RuntimeError("training ran 0 optimizer steps (check max_steps / the dataset size); no model written")
-    out = trainer.args.output_dir
     trainer.save_model(out)
     print(f"[train] {steps} optimizer steps; model written to {out}")
     if cfg.validation:

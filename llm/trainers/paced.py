@@ -12,7 +12,7 @@ that run at generation time, where whole groups are present:
 Z_phi (``paced_embeddings``): ``"frozen_ref"`` (the paper, Sec. 4.3) is a 3-layer MLP
 (:class:`~tiltlab.llm.trainers.logz_head.LogZHead`) on frozen ``pi_ref`` prompt embeddings (masked
 mean of the final hidden states) precomputed once over the whole dataset (the policy at
-initialization is ``pi_ref``); only the MLP trains. It lives outside the policy, replicated on
+initialization is ``pi_ref``; under ZeRO-3 with its parameters gathered); only the MLP trains. It lives outside the policy, replicated on
 every process with its own optimizer (its gradient all-reduced, averaged over processes, at each
 optimizer step), so no standalone call ever touches a sharded policy parameter (FSDP2 DTensors,
 ZeRO-3 partitions). ``"live"`` is the head on the live policy's hidden states (FlowRL's code).
@@ -42,6 +42,22 @@ __all__ = ["PacedMixin"]
 
 def _prompt_key(prompt) -> str:
     return repr(prompt)
+
+
+def _zero3_gathered(model):
+    """A context in which a model whose parameters DeepSpeed ZeRO-3 partitioned at load
+    (``zero.Init``) has them whole on every rank (a no-op for any other model). The embedding pass
+    runs when the trainer is built, before DeepSpeed's engine installs the hooks that gather each
+    layer for its forward; it gathers all parameters at once, so each rank holds the full weights
+    (its dtype) for the duration of the pass."""
+    import contextlib
+
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 class PacedMixin:
@@ -105,7 +121,7 @@ class PacedMixin:
         model.eval()
         from tqdm.auto import tqdm
 
-        with torch.no_grad():
+        with torch.no_grad(), _zero3_gathered(model):
             for s in tqdm(range(0, len(mine), bs), desc="PACED pi_ref embeddings", disable=not acc.is_main_process):
                 ids, mask = self._prompt_tensors([prompts[i] for i in mine[s : s + bs]])
                 h = hidden_states(model, ids.to(dev), mask.to(dev))

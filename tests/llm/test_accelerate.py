@@ -1,5 +1,5 @@
-"""Two CPU processes (gloo) under `accelerate launch`, DDP and FSDP2, for FlowRL, PACED and the
-offline trainer (FPA): one SGD step each (the parameter change is ``-lr * grad``), see
+"""Two CPU processes (gloo) under `accelerate launch`, DDP, FSDP2 and DeepSpeed ZeRO-2/3, for FlowRL,
+PACED and the offline trainer (FPA): one SGD step each (the parameter change is ``-lr * grad``), see
 ``_accelerate_worker.py``. The model is the tiny Qwen3 with an untied ``lm_head``; FSDP2 makes one
 unit per decoder layer (accelerate's transformer-based wrap) and, for the offline trainer, also one
 per ``Linear`` -- ``lm_head`` included, as a size-based policy does for a large vocabulary -- so the
@@ -15,6 +15,13 @@ What should agree, and how closely:
   process draws from its own generator), so the reference is DDP: FSDP2 sees the same rollouts and
   the same fp32 arithmetic (2-way reduce-scatter vs all-reduce of two terms is exact), and must give
   the same update to ``atol=1e-6`` (deltas ~1e-2).
+
+DeepSpeed runs from the shipped ``configs/accelerate/zero2.yaml`` / ``zero3.yaml`` (the paper configs'
+launchers) with ``--num_processes 2 --mixed_precision no`` on DeepSpeed's CPU accelerator
+(``DS_ACCELERATOR=cpu``, gloo): the offline step must equal one process (``atol=1e-6`` as above; ZeRO-3
+partitions ``lm_head``, which the offline head readout gathers), FlowRL's learned log Z head must
+start equal on both ranks and move under ZeRO-3 (default run), and each online ZeRO step must equal
+DDP's (``slow``). bf16, the GPU setting of those configs, is not exercised on CPU.
 
 The FSDP2 case of each trainer runs by default (each fails on the code before issue 14: FlowRL's
 log-Z head was initialized differently on each rank, PACED's standalone head call and the offline
@@ -73,14 +80,21 @@ def runs(untied_dir, tmp_path_factory):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     port = s.getsockname()[1]
+                config, extra = "cpu_gloo_2proc.yaml", []
+                if mode.startswith("zero"):  # the shipped DeepSpeed config itself, on DeepSpeed's CPU
+                    # accelerator, with 2 processes and fp32 (bf16 is the GPU setting; see the docstring)
+                    _require_deepspeed()
+                    config, extra = f"{mode}.yaml", ["--mixed_precision", "no"]
+                    env["DS_ACCELERATOR"] = "cpu"
                 cmd = [
                     sys.executable,
                     "-m",
                     "accelerate.commands.launch",
                     "--config_file",
-                    str(ROOT / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"),
+                    str(ROOT / "configs" / "accelerate" / config),
                     "--num_processes",
                     "2",
+                    *extra,
                     "--main_process_port",
                     str(port),
                     *args,
@@ -91,6 +105,17 @@ def runs(untied_dir, tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def _require_deepspeed() -> None:
+    """Skip without deepspeed; under CI (``CI=true``) its absence is a failure: .ci/run installs it."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        msg = "deepspeed is not installed (pip install deepspeed==0.19.8, as .ci/run does)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
 
 
 def _deltas(r: dict) -> dict[str, torch.Tensor]:
@@ -146,7 +171,34 @@ def test_fsdp2_paced_frozen_ref_mlp_is_replicated_and_trains(runs):
     assert any(not torch.equal(v, r0["paced_mlp_init"][k]) for k, v in r0["paced_mlp"].items())
 
 
-# ---- slow: DDP, and FSDP2 == DDP
+# ---- default (CI): DeepSpeed ZeRO-2 (the paper configs' default) and ZeRO-3, from the shipped configs
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_deepspeed_offline_fpa_matches_single_process(runs, stage):
+    """ZeRO-3 partitions lm_head too: the offline head readout (``_head_readout``) must gather it."""
+    single = runs("offline", "ddp", world=1)[0]
+    r0, r1 = runs("offline", stage)
+    assert r0["model_type"] == "DeepSpeedEngine" and r0["zero_stage"] == int(stage[-1])
+    _assert_ranks_agree(r0, r1)
+    assert r0["losses"][0] == pytest.approx(single["losses"][0], rel=1e-5)
+    _assert_same_update(single, r0)
+
+
+def test_deepspeed_zero3_flowrl_learned_log_z_head(runs):
+    """FlowRL's log Z head under ZeRO-3 (partitioned with the policy): the ranks start from the same
+    head, agree after the step, and the head's zero-initialized last layer moved."""
+    r0, r1 = runs("flowrl", "zero3")
+    assert r0["model_type"] == "DeepSpeedEngine" and r0["zero_stage"] == 3
+    heads = [k for k in r0["init"] if "log_z_head" in k]
+    assert heads
+    for k in heads:
+        assert torch.equal(r0["init"][k], r1["init"][k]), k
+    _assert_ranks_agree(r0, r1)
+    assert any(not torch.equal(r0["state"][k], r0["init"][k]) for k in heads)
+
+
+# ---- slow: DDP, and FSDP2 == DDP, ZeRO == DDP
 
 
 @pytest.mark.slow
@@ -157,6 +209,20 @@ def test_ddp_offline_fpa_matches_single_process(runs):
     _assert_ranks_agree(r0, r1)
     assert r0["losses"][0] == pytest.approx(single["losses"][0], rel=1e-5)
     _assert_same_update(single, r0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer,stage", [("flowrl", "zero2"), ("flowrl", "zero3"), ("paced", "zero3")])
+def test_deepspeed_online_step_equals_ddp(runs, trainer, stage):
+    d0, _ = runs(trainer, "ddp")
+    z0, z1 = runs(trainer, stage)
+    assert z0["model_type"] == "DeepSpeedEngine"
+    _assert_ranks_agree(z0, z1)
+    assert z0["losses"] == pytest.approx(d0["losses"], rel=1e-6)
+    _assert_same_update(d0, z0)
+    if trainer == "paced":
+        for k, v in d0["paced_mlp"].items():
+            torch.testing.assert_close(z0["paced_mlp"][k], v, rtol=0.0, atol=ATOL)
 
 
 @pytest.mark.slow

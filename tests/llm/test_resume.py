@@ -210,3 +210,99 @@ def test_log_z_head_is_seeded(objective, tiny_dir, tmp_path):
         heads.append({k: v.detach().clone() for k, v in head.state_dict().items()})
     assert heads[0].keys() == heads[1].keys()
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+# ---- a stop that keeps the work: SIGTERM / SIGINT -> checkpoint at the step boundary -> --resume latest
+
+SIGNAL_REWARD = (
+    REWARD
+    + '''
+
+def parity_then_signal(prompts, completions, completion_ids, trainer_state=None, **kw):
+    """The parity reward; during optimizer step TILTLAB_TEST_SIGNAL_AT, rank 0 sends TILTLAB_TEST_SIGNAL to
+    itself, or to its launcher (the parent process) with TILTLAB_TEST_SIGNAL_PARENT=1."""
+    import os
+    import signal
+
+    at = int(os.environ.get("TILTLAB_TEST_SIGNAL_AT", "0"))
+    if at and trainer_state.global_step == at - 1 and os.environ.get("RANK", "0") == "0":
+        to = os.getppid() if os.environ.get("TILTLAB_TEST_SIGNAL_PARENT") == "1" else os.getpid()
+        os.kill(to, getattr(signal, os.environ["TILTLAB_TEST_SIGNAL"]))
+    return parity(prompts, completions, completion_ids)
+'''
+)
+
+
+@pytest.fixture
+def signal_reward(tmp_path, monkeypatch):
+    (tmp_path / "tilt_signal_reward.py").write_text(SIGNAL_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "tilt_signal_reward:parity_then_signal"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_stops_with_a_checkpoint_that_resumes_bit_identically(
+    sig, tiny_dir, tmp_path, signal_reward, monkeypatch, capsys
+):
+    """A signal during step 3 of 4: exit 0 at the end of step 3 with checkpoint-3 (not a multiple of
+    save_steps=2, so it is the stop's), no final model, one line naming the resume command; `--resume
+    latest` from it ends where a run without the signal ends, bit for bit (FlowRL: the log Z head too)."""
+    import signal
+
+    cfg = _online_cfg(tiny_dir, tmp_path, "flowrl", signal_reward)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    _train(tmp_path, cfg, straight)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL", sig)
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL_AT", "3")
+    capsys.readouterr()
+    _train(tmp_path, cfg, stopped, "--set", "trl.logging_steps=1")  # an override the resume line must repeat
+    out = capsys.readouterr().out
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are put back
+    assert sorted(p.name for p in stopped.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert not (stopped / "model.safetensors").exists()  # an unfinished run writes no final model
+    lines = [ln for ln in out.splitlines() if "continue with:" in ln]
+    assert len(lines) == 1, out[-2000:]
+    assert f"stopped by {sig} at step 3 of 4" in lines[0]
+    assert lines[0].endswith("--set trl.logging_steps=1 --resume latest") and str(stopped / "checkpoint-3") in lines[0]
+    monkeypatch.delenv("TILTLAB_TEST_SIGNAL_AT")
+    _train(tmp_path, cfg, stopped, "--resume", "latest")
+    assert "resuming from " + str(stopped / "checkpoint-3") in capsys.readouterr().out
+    a, b = _params(straight), _params(stopped)
+    assert any(k.startswith("log_z_head.") for k in a)
+    assert a.keys() == b.keys()
+    assert not [k for k in a if not torch.equal(a[k], b[k])]
+    assert _losses(straight / "checkpoint-4") == _losses(stopped / "checkpoint-4")
+
+
+def test_stop_callback_stops_every_rank_when_any_rank_was_signalled(monkeypatch):
+    """The flag is OR-ed over ranks: a rank that saw no signal stops with the one that did (the
+    all-reduce is replaced by a stub giving the other rank's flag)."""
+    from transformers import TrainerControl, TrainerState
+
+    from tiltlab.llm.trainers import stop as stop_mod
+
+    cb = stop_mod.GracefulStop(signals=())
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = 5
+    monkeypatch.setattr(stop_mod.GracefulStop, "_any_rank_signalled", lambda self: False)
+    cb.on_step_end(None, state, control)
+    assert not control.should_save and not control.should_training_stop and cb.stopped_by is None
+    monkeypatch.setattr(stop_mod.GracefulStop, "_any_rank_signalled", lambda self: True)
+    cb.on_step_end(None, state, control)
+    assert control.should_save and control.should_training_stop
+    assert cb.stopped_at == 5 and cb.stopped_by == "a signal on another rank"
+
+
+def test_a_signal_in_the_last_step_finishes_the_run(tiny_dir, tmp_path, signal_reward, monkeypatch, capsys):
+    """Stopped at the last step, the run is complete: the final model is written as without the
+    signal, and no resume line is printed."""
+    cfg = _online_cfg(tiny_dir, tmp_path, "grpo", signal_reward, max_steps=2, save_strategy="no")
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL", "SIGTERM")
+    monkeypatch.setenv("TILTLAB_TEST_SIGNAL_AT", "2")
+    capsys.readouterr()
+    _train(tmp_path, cfg, tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "continue with:" not in out and "2 optimizer steps; model written" in out
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert [p.name for p in (tmp_path / "run").glob("checkpoint-*")] == ["checkpoint-2"]  # the stop's checkpoint
