@@ -104,7 +104,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     run_len = paced.TAU_CLAIM["steps"]
     names = [str(t) for t in TAUS]
     reached = [i for i, s in enumerate(stt) if math.isfinite(s)]
-    ax.bar([names[i] for i in reached], [stt[i] for i in reached], color="tab:blue", label="steps to reach the target")
+    ax.bar(reached, [stt[i] for i in reached], color="tab:blue", label="steps to reach the target")
     for i in reached:
         ax.text(i, stt[i] + 1, f"{stt[i]:.0f}", ha="center", va="bottom", fontsize=10)
     # a target never reached has no step count: no bar (a bar would give it a height), a marker on the
