@@ -179,9 +179,9 @@ def test_demo_seeds_summarize_every_seed(tmp_path):
 def test_summarize_seeds_refuses_different_schedules():
     from tiltlab.llm.demo import summarize_seeds
 
-    def run(seed, steps):
-        row = {"mean_at_k": 0.5, "pass_at_1": 0.5, "pass_at_k": 0.5, "distinct_2": 0.5}
-        curve = [(s, 0.1) for s in steps]
+    def run(seed, steps, v=0.5):
+        row = {"mean_at_k": v, "pass_at_1": v, "pass_at_k": v, "distinct_2": v}
+        curve = [(s, v / 5 * (i + 1)) for i, s in enumerate(steps)]
         return {
             "config": {"seed": seed},
             "table": {"grpo": row},
@@ -192,8 +192,24 @@ def test_summarize_seeds_refuses_different_schedules():
 
     with pytest.raises(ValueError, match="the seeds logged different steps"):
         summarize_seeds([run(0, [1, 2]), run(1, [1, 3])])
-    ok = summarize_seeds([run(0, [1, 2]), run(1, [1, 2])])
-    assert ok["table"]["grpo"]["mean_at_k"] == {"mean": 0.5, "min": 0.5, "max": 0.5}
+    ok = summarize_seeds([run(0, [1, 2], 0.5), run(1, [1, 2], 0.25), run(2, [1, 2], 1.0)])
+    assert ok["seeds"] == [0, 1, 2]
+    assert ok["table"]["grpo"]["mean_at_k"] == {"mean": 1.75 / 3, "min": 0.25, "max": 1.0}
+    band = ok["heldout_curves"]["grpo"]
+    assert band["step"] == [1, 2] and band["min"] == [0.05, 0.1] and band["max"] == [0.2, 0.4]
+    assert band["mean"] == pytest.approx([0.35 / 3, 0.7 / 3], rel=1e-12)  # float summation order only
+
+
+def test_progress_counts_every_optimizer_step():
+    """One unit per SFT step and per RL step of every method and seed (bookkeeping against the sum)."""
+    from tiltlab.llm.demo import DemoConfig, _bar
+
+    cfg = DemoConfig.quick()
+    assert len(cfg.methods) == 3
+    with _bar(cfg, 2, enabled=False) as bar:
+        assert bar.total == 2 * (150 + 3 * 15) and bar.mode == "off"
+    with _bar(DemoConfig.quick(methods=("disa",), sft_steps=0), 1, enabled=False) as bar:
+        assert bar.total == 15
 
 
 def test_demo_restores_thread_count(tmp_path):

@@ -70,6 +70,13 @@ def _assert_valid_pdf(path):
     assert len(raw) > 10_000, path  # vector drawing of a plot, not an empty page
 
 
+def _assert_paper_ready_pdf(path):
+    """Fonts embedded as TrueType (no Type 3 bitmaps-in-disguise) and no creation date (same figure, same file)."""
+    raw = path.read_bytes()
+    assert b"/Subtype /Type3" not in raw and b"/FontFile2" in raw, path
+    assert b"/CreationDate" not in raw, path
+
+
 @pytest.mark.parametrize("fig_id", FIG_IDS)
 def test_quick_figure(quick_figures, fig_id):
     rec, _ = quick_figures[fig_id]
@@ -78,6 +85,7 @@ def test_quick_figure(quick_figures, fig_id):
     assert rec.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert rec.pdf == rec.png.with_suffix(".pdf")
     _assert_valid_pdf(rec.pdf)
+    _assert_paper_ready_pdf(rec.pdf)
     data = json.loads(rec.data.read_text())
     assert data["caption"] == rec.caption
     # names the paper it reproduces by its short name, never by a file name
