@@ -99,9 +99,10 @@ def _cmd_figures(args: argparse.Namespace) -> int:
     # the findings go to stdout at the end
     with progress(total=len(selected), desc="figures", unit="figure") as bar:
         for fid in selected:
-            rec = make_all(out, quick=args.quick, seed=args.seed, only=[fid])[0]
-            records.append(rec)
-            bar.write(f"[figures] {fid}: {rec.seconds:.1f} s")
+            made = make_all(out, quick=args.quick, seed=args.seed, only=[fid])
+            records += made
+            for rec in made:
+                bar.write(f"[figures] {rec.id}: {rec.seconds:.1f} s")
             bar.update(1, postfix=fid)
     total = time.perf_counter() - t0
     for r in records:
