@@ -16,10 +16,15 @@
    regressor). Both use the same learning rate.
 4. **Evaluation** on held-out prompts (values of ``a`` never seen in training): Mean@k, pass@k
    (unbiased estimator), distinct-2 per method; a table on stdout, ``results.json`` and
-   ``curves.png`` in the output directory. The curves show the training reward per step and the
-   held-out Mean@k every ``curve_every`` steps (the last point is the table's value).
+   ``curves.png`` / ``curves.pdf`` in the output directory. The curves show the training reward per
+   step and the held-out Mean@k every ``curve_every`` steps (the last point is the table's value).
 
-``--quick`` shrinks every budget (about 20 s on an idle 2-core machine). ``--model NAME`` starts
+One seed cannot rank the methods: the warm-up pass rate alone ranges from 0.02 to 0.41 across seeds
+of the quick run, so a one-seed figure is captioned "one seed, illustration only". ``--seeds N``
+(:func:`run_demo_seeds`) runs seeds ``seed .. seed+N-1`` (each in ``seed<s>/``) and writes the mean
+over seeds with the min-max range as the interval, in the table and the figure.
+
+``--quick`` shrinks every budget (about a minute on an idle 2-core machine, per seed). ``--model NAME`` starts
 from a real pretrained model instead (e.g. ``smollm2-135m``, see :func:`llm.models.resolve_model`):
 no tiny model, no SFT warm-up (the pretrained model is ``pi_ref``), smaller learning rates and
 longer completions (:data:`REAL_MODEL_OVERRIDES`); slow on CPU.
@@ -27,14 +32,16 @@ longer completions (:data:`REAL_MODEL_OVERRIDES`); slow on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REAL_MODEL_OVERRIDES", "DemoConfig", "add_cli", "run_demo"]
+__all__ = ["REAL_MODEL_OVERRIDES", "DemoConfig", "add_cli", "run_demo", "run_demo_seeds"]
 
 
 @dataclass
@@ -138,9 +145,10 @@ def _chat(tok, prompt: str) -> str:
     return format_prompt(tok, prompt)
 
 
-def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None:
+def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list, bar=None) -> None:
     """SFT on ``\\boxed{answer}`` (+ end of turn); a ``sft_noise`` fraction of the targets is wrong
-    (the answer with a stray ``0`` appended, a prompt-independent error RL can learn to avoid)."""
+    (the answer with a stray ``0`` appended, a prompt-independent error RL can learn to avoid).
+    ``bar``: a :class:`tiltlab.progress.Progress` advanced by one per optimizer step."""
     import torch
 
     from tiltlab.llm.scoring import score_completions
@@ -167,6 +175,8 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list) -> None
         opt.step()
         if step % 20 == 0 or step == cfg.sft_steps - 1:
             log.append({"phase": "sft", "step": step, "loss": float(loss.detach())})
+        if bar is not None:
+            bar.update(1, postfix=f"seed {cfg.seed} sft")
     model.eval()
 
 
@@ -246,7 +256,16 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
 
 
 def _train_rl(
-    method: str, ref_dir: Path, train: list[dict], held: list[dict], cfg: DemoConfig, out: Path, log_z_fn, manifest, say
+    method: str,
+    ref_dir: Path,
+    train: list[dict],
+    held: list[dict],
+    cfg: DemoConfig,
+    out: Path,
+    log_z_fn,
+    manifest,
+    say,
+    bar=None,
 ):
     """One RL run from the warm-up model; returns a dict: ``policy``, ``tokenizer``, ``history`` (per-step
     log), ``heldout`` (``[(step, Mean@k)]`` every ``cfg.curve_every`` steps and after the last),
@@ -310,6 +329,8 @@ def _train_rl(
 
         def on_step_end(self, args, state, control, model=None, **kw):
             step = state.global_step
+            if bar is not None:
+                bar.update(1, postfix=f"seed {cfg.seed} {method}")
             if step % cfg.curve_every and step != state.max_steps:
                 return
             with torch.random.fork_rng(devices=[]):
@@ -350,20 +371,141 @@ def _train_rl(
 
 
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict[str, Any]:
-    """Run the demo; returns ``{"table": {method: metrics}, "timings": {...}, ...}`` (also results.json).
+    """Run the demo (one seed); returns ``{"table": {method: metrics}, "timings": {...}, ...}`` (also results.json).
 
-    Runs with ``cfg.threads`` torch threads and restores the caller's setting afterwards."""
+    Runs with ``cfg.threads`` torch threads and restores the caller's setting afterwards. ``progress``:
+    the ``[demo]`` lines on stdout and a progress bar over the optimizer steps (SFT + RL) on stderr."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _run_demo(cfg, progress)
+        with _quiet_library_bars(), _bar(cfg, 1, progress) as bar:
+            return _run_demo(cfg, progress, bar)
     finally:
         torch.set_num_threads(previous)
 
 
-def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
+def run_demo_seeds(cfg: DemoConfig, seeds: int, progress: bool = True) -> dict[str, Any]:
+    """The demo at seeds ``cfg.seed .. cfg.seed + seeds - 1``, each in ``<out_dir>/seed<s>/`` (a whole
+    :func:`run_demo` output), and their summary in ``<out_dir>``: ``results.json`` with every seed's table
+    and, per method and metric, the mean, min and max over seeds; ``curves.png`` / ``curves.pdf`` with the
+    mean curves and the min-max band."""
+    import torch
+
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say = _say_fn(progress)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    runs = []
+    t_all = time.perf_counter()
+    try:
+        with _quiet_library_bars(), _bar(cfg, seeds, progress) as bar:
+            for i in range(seeds):
+                one = replace(cfg, seed=cfg.seed + i, out_dir=str(out / f"seed{cfg.seed + i}"))
+                say(f"[demo] seed {one.seed} ({i + 1} of {seeds}) -> {one.out_dir}/", bar)
+                runs.append(_run_demo(one, progress, bar))
+    finally:
+        torch.set_num_threads(previous)
+    res = summarize_seeds(runs)
+    res["config"] = asdict(cfg)
+    res["timings"] = {"total": time.perf_counter() - t_all}
+    fig, caption = _plot_seeds(res, runs, out / "curves.png", cfg.eval_k)
+    res["figure"], res["figure_pdf"], res["figure_caption"] = str(fig), str(fig.with_suffix(".pdf")), caption
+    _write_json(res, out / "results.json")
+    say(format_table_seeds(res, cfg.eval_k))
+    say(f"[demo] {seeds} seeds: results.json, {fig.name} and {fig.with_suffix('.pdf').name} written to {out}/")
+    return res
+
+
+def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-seed results -> ``{"seeds", "tables", "table": {method: {metric: {"mean", "min", "max"}}},
+    "heldout_curves" / "curves": {method: {"step", "mean", "min", "max"}}}``. Curves are summarized step by
+    step; every seed runs the same schedule, so their steps agree (checked)."""
+    seeds = [r["config"]["seed"] for r in runs]
+    table: dict[str, dict] = {}
+    for m in runs[0]["table"]:
+        table[m] = {}
+        for key in ("mean_at_k", "pass_at_1", "pass_at_k", "distinct_2"):
+            vals = [r["table"][m][key] for r in runs]
+            table[m][key] = {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals)}
+
+    def band(name: str) -> dict[str, dict]:
+        outb = {}
+        for m in runs[0][name]:
+            steps = [s for s, _ in runs[0][name][m]]
+            for r in runs[1:]:
+                if [s for s, _ in r[name][m]] != steps:
+                    raise ValueError(f"{name} of {m}: the seeds logged different steps; cannot summarize them")
+            cols = list(zip(*([v for _, v in r[name][m]] for r in runs)))
+            outb[m] = {
+                "step": steps,
+                "mean": [sum(c) / len(c) for c in cols],
+                "min": [min(c) for c in cols],
+                "max": [max(c) for c in cols],
+            }
+        return outb
+
+    return {
+        "seeds": seeds,
+        "tables": {str(s): r["table"] for s, r in zip(seeds, runs)},
+        "table": table,
+        "heldout_curves": band("heldout_curves"),
+        "curves": band("curves"),
+        "seed_dirs": {str(s): str(Path(r["figure"]).parent) for s, r in zip(seeds, runs)},
+    }
+
+
+def _bar(cfg: DemoConfig, seeds: int, enabled: bool):
+    """The demo's progress reporter: one unit per optimizer step (SFT and RL), over every seed."""
+    from tiltlab.progress import progress
+
+    total = seeds * (cfg.sft_steps + cfg.rl_steps * len(cfg.methods))
+    return progress(total=total, desc="demo", unit="step", **({} if enabled else {"mode": "off"}))
+
+
+@contextlib.contextmanager
+def _quiet_library_bars():
+    """transformers' own bars (writing and loading each checkpoint, several per run) would interleave
+    with the demo's one bar; they are switched off for the run and restored after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _say_fn(enabled: bool):
+    """``say(msg, bar)``: one ``[demo]`` line on stdout, written around a progress bar on a terminal."""
+
+    def say(msg: str, bar=None) -> None:
+        if not enabled:
+            return
+        if bar is not None and bar.mode == "bar":
+            from tqdm import tqdm
+
+            with tqdm.external_write_mode(file=sys.stdout):
+                print(msg, flush=True)
+        else:
+            print(msg, flush=True)
+
+    return say
+
+
+def _write_json(res: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(res, indent=2, default=str))
+    tmp.replace(path)
+
+
+def _run_demo(cfg: DemoConfig, progress: bool, bar) -> dict[str, Any]:
     import torch
 
     from tiltlab.llm.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
@@ -375,7 +517,10 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
     timings: dict[str, float] = {}
     log: list[dict] = []
     train, held = _split(cfg)
-    say = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    say_bar = _say_fn(progress)
+
+    def say(msg: str) -> None:
+        say_bar(msg, bar)
 
     say(f"[demo] outputs -> {out}/ (model {cfg.model}, seed {cfg.seed}, {cfg.threads} torch thread(s))")
 
@@ -389,7 +534,7 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
         model, tok = load_model(source, device="cpu"), load_tokenizer(source)
     if cfg.sft_steps > 0:
         say(f"[demo] SFT warm-up: {cfg.sft_steps} steps on {len(train)} training prompts")
-        sft_warmup(model, tok, train, cfg, log)
+        sft_warmup(model, tok, train, cfg, log, bar=bar)
     if cfg.is_tiny or cfg.sft_steps > 0:
         ref_dir = out / "warmup"
         model.save_pretrained(ref_dir)
@@ -424,7 +569,7 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
     for m in cfg.methods:
         say(f"[demo] training {m}: {cfg.rl_steps} steps x {cfg.prompts_per_step} prompts x {cfg.num_generations}")
         t0 = time.perf_counter()
-        run = _train_rl(m, ref_dir, train, held, cfg, out, log_z_fn, manifest, say)
+        run = _train_rl(m, ref_dir, train, held, cfg, out, log_z_fn, manifest, say, bar=bar)
         curves[m] = [(h["step"], h["reward"]) for h in run["history"]]
         heldout[m] = [(0, table["warmup"]["mean_at_k"]), *run["heldout"]]
         if run["target"] is not None:
@@ -439,7 +584,7 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
             f"[demo] {m}: done in {timings[f'train_{m}']:.1f}s, held-out Mean@{cfg.eval_k} = {table[m]['mean_at_k']:.3f}"
         )
     timings["total"] = time.perf_counter() - t_all
-    fig = _plot(curves, heldout, log, out / "curves.png", cfg.eval_k)
+    fig, caption = _plot(curves, heldout, log, out / "curves.png", cfg.eval_k, seed=cfg.seed)
     res = {
         "config": asdict(cfg),
         "table": table,
@@ -449,15 +594,15 @@ def _run_demo(cfg: DemoConfig, progress: bool) -> dict[str, Any]:
         "heldout_curves": heldout,
         "targets": targets,
         "figure": str(fig),
+        "figure_pdf": str(fig.with_suffix(".pdf")),
+        "figure_caption": caption,
         "n_train": len(train),
         "n_eval": len(held),
     }
-    tmp = out / ".results.json.tmp"
-    tmp.write_text(json.dumps(res, indent=2, default=str))
-    tmp.replace(out / "results.json")
+    _write_json(res, out / "results.json")
     say(format_table(table, cfg.eval_k))
     say("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
-    say(f"[demo] results.json and {fig.name} written to {out}/")
+    say(f"[demo] results.json, {fig.name} and {fig.with_suffix('.pdf').name} written to {out}/")
     return res
 
 
@@ -471,14 +616,54 @@ def format_table(table: dict[str, dict], k: int) -> str:
     return "\n".join(lines)
 
 
-def _plot(curves: dict[str, list], heldout: dict[str, list], log: list[dict], path: Path, k: int) -> Path:
-    """SFT loss, training reward per step and held-out Mean@k per method; written atomically."""
+def format_table_seeds(res: dict[str, Any], k: int) -> str:
+    """The table of :func:`run_demo_seeds`: mean over seeds and, in brackets, the min-max range."""
+    n = len(res["seeds"])
+    head = f"{'method':<8} {'Mean@' + str(k):>22} {'pass@1':>22} {'pass@' + str(k):>22} {'distinct-2':>22}"
+    lines = [f"mean over {n} seeds [min, max]", head, "-" * len(head)]
+    for m, r in res["table"].items():
+        cells = [
+            f"{r[key]['mean']:.3f} [{r[key]['min']:.3f}, {r[key]['max']:.3f}]"
+            for key in ("mean_at_k", "pass_at_1", "pass_at_k", "distinct_2")
+        ]
+        lines.append(f"{m:<8} " + " ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def _one_seed_caption(seed: int) -> str:
+    return (
+        f"one seed (seed {seed}), illustration only: not a ranking of the methods "
+        "(the warm-up pass rate alone varies several-fold across seeds); --seeds N gives the mean and range"
+    )
+
+
+def _save_figure(fig, path: Path) -> Path:
+    """PNG and PDF (TrueType fonts, no creation date), each written atomically."""
+    import matplotlib.pyplot as plt
+
+    try:
+        for suffix, kw in ((".png", {"dpi": 110}), (".pdf", {"metadata": {"CreationDate": None}})):
+            final = path.with_suffix(suffix)
+            tmp = final.with_name(f".{final.stem}.tmp{suffix}")
+            with plt.rc_context({"pdf.fonttype": 42}):
+                fig.savefig(tmp, bbox_inches="tight", **kw)
+            tmp.replace(final)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _plot(
+    curves: dict[str, list], heldout: dict[str, list], log: list[dict], path: Path, k: int, seed: int = 0
+) -> tuple[Path, str]:
+    """SFT loss, training reward per step and held-out Mean@k per method, captioned as one seed;
+    PNG + PDF written atomically. Returns ``(png path, caption)``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
     sft = [e for e in log if e.get("phase") == "sft"]
     axes[0].plot([e["step"] for e in sft], [e["loss"] for e in sft], color="k")
     axes[0].set(title="SFT warm-up" if sft else "SFT warm-up (none: pretrained pi_ref)", xlabel="step")
@@ -493,12 +678,43 @@ def _plot(curves: dict[str, list], heldout: dict[str, list], log: list[dict], pa
     for ax in axes[1:]:
         if ax.lines:
             ax.legend()
+    caption = _one_seed_caption(seed)
+    fig.suptitle(caption, fontsize=10.5, color="#b30000")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return _save_figure(fig, path), caption
+
+
+def _plot_seeds(res: dict[str, Any], runs: list[dict], path: Path, k: int) -> tuple[Path, str]:
+    """The summary of :func:`run_demo_seeds`: mean curves over seeds with the min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(res["seeds"])
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+    for r in runs:
+        sft = [e for e in r["log"] if e.get("phase") == "sft"]
+        axes[0].plot([e["step"] for e in sft], [e["loss"] for e in sft], color="k", alpha=0.6, lw=1)
+    axes[0].set(title="SFT warm-up (one line per seed)", xlabel="step", ylabel="token NLL")
+    for ax, name, title, ylabel in (
+        (axes[1], "curves", "training reward per step (train prompts)", "reward"),
+        (axes[2], "heldout_curves", f"held-out Mean@{k} (prompts never trained on)", f"Mean@{k}"),
+    ):
+        for i, (m, b) in enumerate(res[name].items()):
+            if not b["step"]:
+                continue
+            col = f"C{i}"
+            ax.plot(b["step"], b["mean"], marker="o" if name == "heldout_curves" else ".", color=col, label=m)
+            ax.fill_between(b["step"], b["min"], b["max"], color=col, alpha=0.18, lw=0)
+        ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
+        if ax.lines:
+            ax.legend()
+    seeds = res["seeds"]
+    caption = f"mean over {n} seeds ({seeds[0]}-{seeds[-1]}); bands: min-max over the seeds"
+    fig.suptitle(caption, fontsize=10.5)
+    fig.tight_layout()
+    return _save_figure(fig, path), caption
 
 
 def add_cli(subparsers) -> None:
@@ -508,7 +724,7 @@ def add_cli(subparsers) -> None:
         help="CPU end-to-end demo: SFT warm-up, DISA stages 1-3, GRPO, FlowRL, eval",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("--quick", action="store_true", help="small budget (about 20 s on 2 idle cores)")
+    p.add_argument("--quick", action="store_true", help="small budget (about a minute per seed on 2 idle cores)")
     p.add_argument(
         "--model",
         default="tiny",
@@ -516,6 +732,13 @@ def add_cli(subparsers) -> None:
     )
     p.add_argument("--out-dir", default="runs/demo", help="output directory (default: runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="run seeds SEED .. SEED+N-1 and report the mean and the min-max range over them (default: 1; "
+        "one seed is an illustration, not a ranking)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads; results depend on it (default: 1)")
     p.set_defaults(func=_cli_main)
 
@@ -523,6 +746,8 @@ def add_cli(subparsers) -> None:
 def _cli_main(args) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1 (the number of seeds to run), got {args.seeds}")
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out-dir {out} is a file; pass a directory")
@@ -535,7 +760,19 @@ def _cli_main(args) -> int:
         if args.quick:
             kw["rl_steps"] = 4
     cfg = (DemoConfig.quick if args.quick else DemoConfig)(**kw)
-    print(f"[demo] {'quick' if args.quick else 'full'} run, {cfg.threads} torch thread(s) -> {out}/", flush=True)
+    print(
+        f"[demo] {'quick' if args.quick else 'full'} run, {cfg.threads} torch thread(s), "
+        + (f"{args.seeds} seeds" if args.seeds > 1 else "one seed (illustration only)")
+        + f" -> {out}/",
+        flush=True,
+    )
+    if args.seeds > 1:
+        res = run_demo_seeds(cfg, args.seeds)
+        print(
+            f"[demo] done in {res['timings']['total']:.1f} s; outputs in {out}/: results.json, "
+            f"{Path(res['figure']).name} (mean and min-max over {args.seeds} seeds), seed<s>/ (each seed's run)"
+        )
+        return 0
     res = run_demo(cfg)
     print(
         f"[demo] done in {res['timings']['total']:.1f} s; outputs in {out}/: results.json, "

@@ -1,4 +1,4 @@
-"""``tiltlab sim`` (one simulator experiment) and ``tiltlab figures`` (the ten toy figures)."""
+"""``tiltlab sim`` (one simulator experiment) and ``tiltlab figures`` (the ten toy figures, PNG + PDF + JSON)."""
 
 from __future__ import annotations
 
@@ -84,26 +84,33 @@ def resolve_figure_ids(requested: list[str], known: list[str]) -> list[str]:
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
+    from tiltlab.progress import progress
     from tiltlab.sim.figures import FIGURES, make_all
 
-    only = resolve_figure_ids(args.only, [fid for fid, _ in FIGURES]) if args.only else None
+    known = [fid for fid, _ in FIGURES]
+    only = resolve_figure_ids(args.only, known) if args.only else None
+    selected = [fid for fid in known if only is None or fid in only]  # report order
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; pass a directory")
     t0 = time.perf_counter()
-    records = make_all(
-        out,
-        quick=args.quick,
-        seed=args.seed,
-        only=only,
-        progress=lambda fid: print(f"[figures] {fid} ...", flush=True),
-    )
+    records = []
+    # progress on stderr (a bar on a terminal, periodic lines elsewhere) plus one line per finished figure;
+    # the findings go to stdout at the end
+    with progress(total=len(selected), desc="figures", unit="figure") as bar:
+        for fid in selected:
+            made = make_all(out, quick=args.quick, seed=args.seed, only=[fid])
+            records += made
+            for rec in made:
+                bar.write(f"[figures] {rec.id}: {rec.seconds:.1f} s")
+            bar.update(1, postfix=fid)
     total = time.perf_counter() - t0
     for r in records:
-        print(f"  {r.id}: {r.seconds:.1f} s -> {r.png}")
+        print(f"  {r.id}: {r.seconds:.1f} s -> {r.png} (+ {r.pdf.name})")
         for line in r.findings:
             print(f"      - {line}")
-    index = {"quick": args.quick, "seed": args.seed, "seconds": total, "figures": [r.to_json() for r in records]}
+    figures = [{**r.to_json(), "pdf": str(r.pdf)} for r in records]
+    index = {"quick": args.quick, "seed": args.seed, "seconds": total, "figures": figures}
     (out / "index.json").write_text(json.dumps(index, indent=1))
     print(f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'})")
     return 0
@@ -120,7 +127,13 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="write the RunResult as JSON here")
     p.set_defaults(func=_cmd_sim)
 
-    f = subparsers.add_parser("figures", help="regenerate the ten toy figures (PNG + JSON)")
+    f = subparsers.add_parser(
+        "figures",
+        help="regenerate the ten toy figures (PNG + PDF + JSON)",
+        description="Regenerate the ten toy figures: <id>.png, <id>.pdf and <id>.json (the numbers behind the plot) "
+        "per figure, and index.json. Progress goes to stderr: a bar on a terminal, elsewhere one line per figure "
+        "(TILTLAB_PROGRESS=bar|lines|off overrides).",
+    )
     f.add_argument("--quick", action="store_true", help="reduced versions (CI: all ten in under 90 s)")
     f.add_argument(
         "--only", nargs="+", default=None, help="figure ids, numbers or unambiguous prefixes, e.g. fig01 7 fig10_lad"

@@ -1,8 +1,9 @@
 """The ten toy figures, one module each.
 
 Each module ``sim.figures.<name>`` defines ``make(out_dir: Path, quick: bool, seed: int) -> FigureRecord``:
-it writes ``<out_dir>/<id>.png`` and ``<out_dir>/<id>.json`` (the data behind the plot) and returns the
-record. :func:`make_all` runs them in order; ``tiltlab figures`` and ``tiltlab reproduce`` call it.
+it writes ``<out_dir>/<id>.png``, the same figure as a vector ``<out_dir>/<id>.pdf`` and ``<out_dir>/<id>.json``
+(the data behind the plot), and returns the record. :func:`make_all` runs them in order; ``tiltlab figures``
+and ``tiltlab reproduce`` call it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class FigureRecord:
         id: figure id (file stem).
         title: short title.
         caption: what it shows, naming the paper figure it reproduces (short paper name + figure/section).
-        png: path of the PNG written.
+        png: path of the PNG written (the PDF is :attr:`pdf`, next to it).
         data: path of the JSON with the numbers behind the plot.
         claims: claim ids this figure illustrates.
         findings: one-line statements of what the figure shows (numbers included).
@@ -55,6 +56,11 @@ class FigureRecord:
     findings: list[str] = field(default_factory=list)
     numbers: dict[str, dict] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def pdf(self) -> Path:
+        """The vector copy of the figure, written next to the PNG."""
+        return Path(self.png).with_suffix(".pdf")
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -1,4 +1,4 @@
-"""Small helpers shared by the figure modules: JSON-safe copies and writing the PNG + JSON pair."""
+"""Small helpers shared by the figure modules: JSON-safe copies and writing the PNG + PDF + JSON files."""
 
 from __future__ import annotations
 
@@ -29,13 +29,21 @@ def clean(obj: Any) -> Any:
 
 
 def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str, numbers: dict | None = None) -> tuple[Path, Path]:
-    """Write ``<fig_id>.png`` and ``<fig_id>.json`` (the caption, the plotted ``data`` and, under
-    ``claim_numbers``, each claim's numbers as its check reports them)."""
+    """Write ``<fig_id>.png`` (raster, for the HTML report), ``<fig_id>.pdf`` (vector, for a paper) and
+    ``<fig_id>.json`` (the caption, the plotted ``data`` and, under ``claim_numbers``, each claim's numbers as
+    its check reports them). Returns ``(png, json)``; the PDF is ``png.with_suffix(".pdf")``.
+
+    The PDF embeds its fonts as TrueType (``pdf.fonttype`` 42, what journals' submission checks ask for)
+    and carries no creation date, so the same figure gives the same file."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    png, js = out_dir / f"{fig_id}.png", out_dir / f"{fig_id}.json"
-    fig.savefig(png, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    png, pdf, js = out_dir / f"{fig_id}.png", out_dir / f"{fig_id}.pdf", out_dir / f"{fig_id}.json"
+    try:
+        fig.savefig(png, dpi=110, bbox_inches="tight")
+        with plt.rc_context({"pdf.fonttype": 42}):
+            fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None})
+    finally:
+        plt.close(fig)
     js.write_text(json.dumps(clean({"caption": caption, "claim_numbers": numbers or {}, **data}), indent=1))
     return png, js
 

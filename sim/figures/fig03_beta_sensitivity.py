@@ -79,10 +79,17 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     lo, hi = min(B.min(), tb.min()), max(B.max(), tb.max())
     for a in ax.flat:
         a.set_xscale("log", base=2)
-        a.set_xlim(lo / 1.3, hi * 1.3)  # one beta range for all panels
+        a.set_xlim(lo / 1.3, hi * 1.3)  # (a-c) share one beta range
         a.set_xlabel(r"$\beta$ (inverse temperature multiplying the reward)")
         a.grid(alpha=0.3)
+    for a in (ax[0, 0], ax[0, 1], ax[1, 0]):
         a.legend(fontsize=9)
+    # (d) spans only the training sweep, and its legend gets a band of its own above the data (two
+    # columns, one decade of headroom on the log axis) so that it hides no point
+    ax[1, 1].set_xlim(tb.min() / 1.3, tb.max() * 1.3)
+    y_lo, y_hi = ax[1, 1].get_ylim()
+    ax[1, 1].set_ylim(y_lo, y_hi * 10)
+    ax[1, 1].legend(fontsize=8.5, ncol=2, loc="upper center")
     fig.suptitle(
         r"DISA $\beta$ sensitivity: label degeneracy and training with the frozen partition function"
         f" ({len(pr)} prompts{', quick' if quick else ''})",

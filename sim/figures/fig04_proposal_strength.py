@@ -56,13 +56,20 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         al_n, -noisy["bias"].mean(1), "s--", color="#08519c", label=r"−bias, noisy teacher $\sigma$ = 0.5 (MC), all"
     )
     ax[0, 1].plot(al_n, noisy["var"].mean(1), "s--", color="#08519c", label=r"noisy teacher $\sigma$ = 0.5 (MC), all")
-    ax2 = ax[0, 0].twinx()
-    ax2.plot(
-        al, np.abs(tilt["mean_ratio"] - 1).max(1) + 1e-17, ":", color="gray", label=r"max $|E[\hat Z_8]/Z - 1|$ (exact)"
+    # E[Z_hat_8] / Z - 1 is 0 in exact arithmetic for every alpha (Z_hat is unbiased, log Z_hat is not); what the
+    # enumeration measures is float64 rounding (~1e-15), so it is stated in the panel instead of drawn on a second axis
+    dev = float(np.abs(tilt["mean_ratio"] - 1).max())
+    ax[0, 0].text(
+        0.98,
+        0.8,  # between the noisy-teacher curve and the exact curves, which fall away to the right
+        rf"$E[\hat Z_8] = Z$ at every $\alpha$: max $|E[\hat Z_8]/Z - 1|$ = {dev:.0e}"
+        + "\n(float64 rounding; exact enumeration)",
+        transform=ax[0, 0].transAxes,
+        ha="right",
+        va="top",
+        fontsize=9,
+        bbox=dict(boxstyle="round", fc="white", ec="gray", alpha=0.9),
     )
-    ax2.set_yscale("log")
-    ax2.set_ylabel(r"max $|E[\hat Z_8]/Z - 1|$ (dotted; float64 rounding)", color="gray")
-    ax2.set_ylim(1e-17, 1e-10)
     for a in ax[0]:
         a.set_yscale("log")
         a.set_xlabel(
@@ -129,7 +136,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     i_min = int(np.argmin(trunc["supp_mass"].mean(1)))
     tv4 = dict(zip(pol["name"], pol["tv_inner4"]))
     findings = [
-        f"pure tilt: E[Z_8]/Z = 1 for every alpha (max dev {float(np.abs(tilt['mean_ratio'] - 1).max()):.1e}); Var(log Z_8) "
+        f"pure tilt: E[Z_8]/Z = 1 for every alpha (max dev {dev:.1e}); Var(log Z_8) "
         f"falls from {tilt['var'][0].mean():.3f} (alpha=0) to {tilt['var'][-2].mean():.2e} (alpha=0.9), 0 at alpha=1; Jensen bias "
         f"{-tilt['bias'][0].mean():.3f} -> {-tilt['bias'][-2].mean():.1e}",
         f"noisy teacher: variance {noisy['var'][0].mean():.3f} (alpha=0) -> {noisy['var'][-1].mean():.3f} (alpha=1): teacher noise "

@@ -70,19 +70,21 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     ax[0, 0].legend(fontsize=9, ncol=2)
     ax[0, 1].plot(b_axis.numpy(), argmin, color="#08519c", label=r"global $\arg\min_p L$")
     ax2 = ax[0, 1].twinx()
-    ax2.plot(b_axis.numpy(), gain, color="#d94801", ls="--", label=r"$b^2 - \min_p L$ (gain over $\pi^*$)")
+    ax2.plot(b_axis.numpy(), gain, color="#d94801", ls="--", label=r"gain $b^2 - \min_p L$")
     ax2.set_ylabel(r"$b^2 - \min_p L(p)$", color="#d94801")
     ax[0, 1].axhline(p_star, color="k", ls=":", label=r"$\pi^*(y_1)$")
     ax[0, 1].axvline(-1, color="purple", ls="-.", label=r"local threshold $b = -1$")
-    ax[0, 1].axvline(
-        bc2, color="green", ls="-.", label=rf"global threshold $b_c = \frac{{1}}{{2}}\log(1 - \min \pi^*)$ = {bc2:.3f}"
-    )
+    ax[0, 1].axvline(bc2, color="green", ls="-.", label=r"global threshold $b_c$")
     ax[0, 1].set_xlabel(r"prompt-only bias $b = \log Z_\psi - \log Z$")
     ax[0, 1].set_ylabel(r"$\arg\min_p L(p)$")
-    ax[0, 1].set_title("(b) global minimizer vs $b$ (two outcomes)")
+    ax[0, 1].set_title(
+        rf"(b) global minimizer vs $b$ (two outcomes; $b_c = \frac{{1}}{{2}}\log(1 - \min \pi^*)$ = {bc2:.3f})"
+    )
     h1, l1 = ax[0, 1].get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax[0, 1].legend(h1 + h2, l1 + l2, fontsize=9, loc="center left")
+    # legend (short labels; b_c's formula and value are in the title) in the empty band right of b_c between the gain
+    # (at 0 there) and pi*(y1), so that it sits on no curve
+    ax[0, 1].legend(h1 + h2, l1 + l2, fontsize=9, loc="center right", bbox_to_anchor=(1.0, 0.38), handlelength=1.5)
     lim = [-0.4, 0.0]
     ax[1, 0].plot(lim, lim, color="gray", ls=":", label="$y = x$")
     ax[1, 0].scatter(

@@ -81,10 +81,23 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         ax[1, 0].plot(r["step"], r["corr"].mean(1), color=colors[k], label=label(k) + " (correct)")
         ax[1, 0].plot(r["step"], r["inc"].mean(1), color=colors[k], ls="--", label=label(k) + " (incorrect)")
     ax[1, 0].set_title("(d) targeted FPA (Table 2 / Fig. 4): solid correct, dashed incorrect")
-    for k, ls in (("offrl", "-"), ("fpa2", "--")):
+    # four series, each with its own look: colour and marker shape = method, line = correct (solid, filled
+    # marker) or incorrect (dashed, open marker), as in (d)
+    for k, mk in (("offrl", "o"), ("fpa2", "s")):
         r = runs[k]
-        ax[1, 1].plot(r["step"], r["w_inc"].mean(1), color=colors[k], ls=ls, label=f"{label(k)}: incorrect")
-        ax[1, 1].plot(r["step"], r["w_corr"].mean(1), color=colors[k], ls=ls, alpha=0.45, label=f"{label(k)}: correct")
+        for key, ls, face, what in (("w_corr", "-", colors[k], "correct"), ("w_inc", "--", "white", "incorrect")):
+            ax[1, 1].plot(
+                r["step"],
+                r[key].mean(1),
+                color=colors[k],
+                ls=ls,
+                marker=mk,
+                ms=6,
+                mfc=face,
+                mew=1.5,
+                lw=1.8,
+                label=f"{label(k)}: {what}",
+            )
     ax[1, 1].set_yscale("log")
     ax[1, 1].set_title(r"(e) gradient weight $\pi^{1/|y|}$ (Off-RL) vs $\hat\pi^{1/|y|}$ (FPA)")
     lam_axis = [0.0, *list(LAMBDAS)]

@@ -27,6 +27,8 @@ the DISA numbers above unchanged (checked directly by ``test_curve_evaluations_d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("trl")
@@ -101,15 +103,113 @@ def test_curve_evaluations_do_not_change_training(tmp_path):
     assert every["table"] == last["table"]
 
 
-def test_demo_prints_progress_and_output_dir(tmp_path, capsys):
+def test_demo_prints_progress_and_output_dir(tmp_path, capsys, monkeypatch):
+    import json
+
     from tiltlab.llm.demo import run_demo
 
+    monkeypatch.setenv("TILTLAB_PROGRESS", "lines")
+    monkeypatch.setenv("TILTLAB_PROGRESS_INTERVAL", "0")
     cfg = _small(tmp_path, "p", curve_every=1)
     run_demo(cfg, progress=True)
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
     assert f"outputs -> {cfg.out_dir}/" in out.splitlines()[0]
     assert "[demo] grpo step 1/2: training reward" in out and "held-out Mean@4" in out
-    assert out.rstrip().splitlines()[-1] == f"[demo] results.json and curves.png written to {cfg.out_dir}/"
+    last = f"[demo] results.json, curves.png and curves.pdf written to {cfg.out_dir}/"
+    assert out.rstrip().splitlines()[-1] == last
+    # progress on stderr: one unit per optimizer step (20 SFT + 2 RL), the last line at 100%
+    err = [ln for ln in cap.err.splitlines() if ln.startswith("demo: ")]
+    total = cfg.sft_steps + cfg.rl_steps * len(cfg.methods)
+    assert err[0].startswith(f"demo: 1/{total} step") and "ETA" in err[0] and "[seed 0 sft]" in err[0], err[0]
+    assert any(ln.startswith(f"demo: {cfg.sft_steps + 1}/{total} step") and "[seed 0 grpo]" in ln for ln in err)
+    assert err[-1].startswith(f"demo: {total}/{total} step (100%)"), err[-1]
+    assert "Loading weights" not in cap.err and "Writing model shards" not in cap.err  # transformers' own bars off
+    # the one-seed figure says what it is, in the figure (PNG + PDF) and in the record
+    res = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert "one seed (seed 0), illustration only" in res["figure_caption"]
+    for key in ("figure", "figure_pdf"):
+        assert Path(res[key]).stat().st_size > 10_000
+    assert (tmp_path / "p" / "curves.pdf").read_bytes().startswith(b"%PDF-")
+
+
+def test_demo_quiet_without_progress(tmp_path, capsys, monkeypatch):
+    from tiltlab.llm.demo import run_demo
+
+    monkeypatch.setenv("TILTLAB_PROGRESS", "lines")
+    monkeypatch.setenv("TILTLAB_PROGRESS_INTERVAL", "0")
+    run_demo(_small(tmp_path, "q", rl_steps=1, sft_steps=2), progress=False)
+    cap = capsys.readouterr()
+    assert "[demo]" not in cap.out and "demo: " not in cap.err
+
+
+def test_demo_seeds_summarize_every_seed(tmp_path):
+    """--seeds 2: each seed's run is the same as that seed alone (nothing leaks between them), and the
+    summary's mean / min / max are those of the per-seed tables and curves, computed here by hand."""
+    import json
+
+    from tiltlab.llm.demo import run_demo, run_demo_seeds
+
+    kw = dict(rl_steps=2, sft_steps=10, seed=3)
+    res = run_demo_seeds(_small(tmp_path, "multi", **kw), 2, progress=False)
+    alone = run_demo(_small(tmp_path, "alone", **{**kw, "seed": 4}), progress=False)
+    assert res["seeds"] == [3, 4]
+    per = {s: json.loads((tmp_path / "multi" / f"seed{s}" / "results.json").read_text()) for s in (3, 4)}
+    assert per[4]["table"] == alone["table"]
+    assert per[4]["curves"]["grpo"] == [list(x) for x in alone["curves"]["grpo"]]
+    for m in ("warmup", "grpo"):
+        for key in ("mean_at_k", "pass_at_1", "pass_at_k", "distinct_2"):
+            a, b = per[3]["table"][m][key], per[4]["table"][m][key]
+            assert res["table"][m][key] == {"mean": (a + b) / 2, "min": min(a, b), "max": max(a, b)}, (m, key)
+    band = res["curves"]["grpo"]
+    r3, r4 = per[3]["curves"]["grpo"], per[4]["curves"]["grpo"]
+    assert band["step"] == [s for s, _ in r3] == [s for s, _ in r4]
+    assert band["min"] == [min(x[1], y[1]) for x, y in zip(r3, r4)]
+    assert band["max"] == [max(x[1], y[1]) for x, y in zip(r3, r4)]
+    assert band["mean"] == [(x[1] + y[1]) / 2 for x, y in zip(r3, r4)]
+    # the two seeds differ, so mean, min and max above are three different numbers somewhere
+    assert per[3]["table"]["grpo"]["distinct_2"] != per[4]["table"]["grpo"]["distinct_2"]
+    summary = json.loads((tmp_path / "multi" / "results.json").read_text())
+    assert summary["table"] == res["table"] and summary["figure_caption"].startswith("mean over 2 seeds (3-4)")
+    assert "min-max" in summary["figure_caption"]
+    for name in ("curves.png", "curves.pdf"):
+        assert (tmp_path / "multi" / name).stat().st_size > 10_000
+
+
+def test_summarize_seeds_refuses_different_schedules():
+    from tiltlab.llm.demo import summarize_seeds
+
+    def run(seed, steps, v=0.5):
+        row = {"mean_at_k": v, "pass_at_1": v, "pass_at_k": v, "distinct_2": v}
+        curve = [(s, v / 5 * (i + 1)) for i, s in enumerate(steps)]
+        return {
+            "config": {"seed": seed},
+            "table": {"grpo": row},
+            "curves": {"grpo": curve},
+            "heldout_curves": {"grpo": curve},
+            "figure": f"d{seed}/curves.png",
+        }
+
+    with pytest.raises(ValueError, match="the seeds logged different steps"):
+        summarize_seeds([run(0, [1, 2]), run(1, [1, 3])])
+    ok = summarize_seeds([run(0, [1, 2], 0.5), run(1, [1, 2], 0.25), run(2, [1, 2], 1.0)])
+    assert ok["seeds"] == [0, 1, 2]
+    assert ok["table"]["grpo"]["mean_at_k"] == {"mean": 1.75 / 3, "min": 0.25, "max": 1.0}
+    band = ok["heldout_curves"]["grpo"]
+    assert band["step"] == [1, 2] and band["min"] == [0.05, 0.1] and band["max"] == [0.2, 0.4]
+    assert band["mean"] == pytest.approx([0.35 / 3, 0.7 / 3], rel=1e-12)  # float summation order only
+
+
+def test_progress_counts_every_optimizer_step():
+    """One unit per SFT step and per RL step of every method and seed (bookkeeping against the sum)."""
+    from tiltlab.llm.demo import DemoConfig, _bar
+
+    cfg = DemoConfig.quick()
+    assert len(cfg.methods) == 3
+    with _bar(cfg, 2, enabled=False) as bar:
+        assert bar.total == 2 * (150 + 3 * 15) and bar.mode == "off"
+    with _bar(DemoConfig.quick(methods=("disa",), sft_steps=0), 1, enabled=False) as bar:
+        assert bar.total == 15
 
 
 def test_demo_restores_thread_count(tmp_path):
@@ -147,6 +247,31 @@ def test_cli_model_alias_uses_the_real_model_budget(monkeypatch, tmp_path):
     seen.clear()
     assert main(["llm", "demo", "--quick", "--out-dir", str(tmp_path / "t")]) == 0
     assert seen["cfg"].model == "tiny" and seen["cfg"].sft_steps == 150
+
+
+def test_cli_seeds(monkeypatch, tmp_path, capsys):
+    """`--seeds N` runs the multi-seed summary (stubbed here); `--seeds 0` is a one-line error."""
+    import tiltlab.llm.demo as demo
+    from tiltlab.cli import main
+
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        demo.run_demo_seeds(demo.DemoConfig.quick(out_dir=str(tmp_path / "y")), 0, progress=False)
+    assert not (tmp_path / "y").exists()
+    seen = {}
+
+    def fake(cfg, seeds):
+        seen["args"] = (cfg, seeds)
+        return {"timings": {"total": 1.0}, "figure": str(tmp_path / "m" / "curves.png")}
+
+    monkeypatch.setattr(demo, "run_demo_seeds", fake)
+    assert main(["llm", "demo", "--quick", "--seeds", "3", "--seed", "5", "--out-dir", str(tmp_path / "m")]) == 0
+    cfg, seeds = seen["args"]
+    assert seeds == 3 and cfg.seed == 5 and cfg.rl_steps == demo.DemoConfig.quick().rl_steps
+    assert "3 seeds" in capsys.readouterr().out
+    assert main(["llm", "demo", "--seeds", "0", "--out-dir", str(tmp_path / "z")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tiltlab llm demo: error: --seeds must be >= 1 (the number of seeds to run), got 0"]
+    assert not (tmp_path / "z").exists()
 
 
 @pytest.mark.slow

@@ -1,10 +1,16 @@
-"""Quick versions of all ten figures run, write PNG + JSON, and state their findings; the CLI filter."""
+"""Quick versions of all ten figures run, write PNG + PDF + JSON, and state their findings; the CLI filter
+and its progress report; and the layout fixes: no legend sits on data, "never reached" has no height, an
+axis does not run past its data, the series of a panel can be told apart."""
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import math
+import re
 
+import numpy as np
 import pytest
 
 from tiltlab.sim.figures import FIGURES, FigureRecord
@@ -18,12 +24,68 @@ def test_all_ten_figures_are_registered():
         assert importlib.util.find_spec(f"tiltlab.sim.figures.{mod}") is not None, fid
 
 
+@pytest.fixture(scope="module")
+def quick_figures(tmp_path_factory):
+    """Each quick figure made once: ``fig_id -> (record, matplotlib Figure)``. The Figure is caught on its
+    way into ``_common_a.save``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import tiltlab.sim.figures._common_a as common
+
+    out = tmp_path_factory.mktemp("quick_figures")
+    made: dict[str, tuple] = {}
+    caught: list = []
+    real_save = common.save
+
+    def catching_save(fig, *a, **kw):
+        caught.append(fig)
+        return real_save(fig, *a, **kw)
+
+    for fid, name in FIGURES:
+        mod = importlib.import_module(f"tiltlab.sim.figures.{name}")
+        patched = [m for m in (common, mod) if getattr(m, "save", None) is real_save]
+        for m in patched:
+            m.save = catching_save
+        try:
+            caught.clear()
+            rec = mod.make(out, quick=True, seed=0)
+        finally:
+            for m in patched:
+                m.save = real_save
+        assert len(caught) == 1, fid
+        fig = caught[0]
+        FigureCanvasAgg(fig)  # save() closed it: a canvas again, drawn so that legends have their final place
+        fig.canvas.draw()
+        made[fid] = (rec, fig)
+    return made
+
+
+def _assert_valid_pdf(path):
+    raw = path.read_bytes()
+    assert raw.startswith(b"%PDF-1.") and raw.rstrip().endswith(b"%%EOF"), path
+    assert len(re.findall(rb"/Type\s*/Page\b(?!s)", raw)) == 1, path  # one page: the whole figure
+    assert re.search(rb"startxref\s+(\d+)", raw), path
+    xref = int(re.search(rb"startxref\s+(\d+)", raw).group(1))
+    assert raw[xref : xref + 4] == b"xref", path  # the cross-reference table is where the trailer says
+    assert len(raw) > 10_000, path  # vector drawing of a plot, not an empty page
+
+
+def _assert_paper_ready_pdf(path):
+    """Fonts embedded as TrueType (no Type 3 bitmaps-in-disguise) and no creation date (same figure, same file)."""
+    raw = path.read_bytes()
+    assert b"/Subtype /Type3" not in raw and b"/FontFile2" in raw, path
+    assert b"/CreationDate" not in raw, path
+
+
 @pytest.mark.parametrize("fig_id", FIG_IDS)
-def test_quick_figure(tmp_path, fig_id):
-    mod = importlib.import_module(f"tiltlab.sim.figures.{dict(FIGURES)[fig_id]}")
-    rec = mod.make(tmp_path, quick=True, seed=0)
+def test_quick_figure(quick_figures, fig_id):
+    rec, _ = quick_figures[fig_id]
     assert isinstance(rec, FigureRecord) and rec.id == fig_id
     assert rec.png.exists() and rec.png.stat().st_size > 10_000  # a real plot, not an empty canvas
+    assert rec.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert rec.pdf == rec.png.with_suffix(".pdf")
+    _assert_valid_pdf(rec.pdf)
+    _assert_paper_ready_pdf(rec.pdf)
     data = json.loads(rec.data.read_text())
     assert data["caption"] == rec.caption
     # names the paper it reproduces by its short name, never by a file name
@@ -33,10 +95,208 @@ def test_quick_figure(tmp_path, fig_id):
     assert rec.claims
 
 
-def test_cli_figures_only(tmp_path):
+def test_pdf_validator_rejects_broken_files(tmp_path):
+    """The PDF check above can fail: a truncated file and a PNG renamed .pdf are refused."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(np.arange(200), np.sin(np.arange(200)))
+    ax.scatter(np.arange(200), np.cos(np.arange(200)))
+    good = tmp_path / "good.pdf"
+    fig.savefig(good)
+    fig.savefig(tmp_path / "fake.pdf", format="png")
+    plt.close(fig)
+    _assert_valid_pdf(good)
+    (tmp_path / "cut.pdf").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    for bad in ("cut.pdf", "fake.pdf"):
+        with pytest.raises(AssertionError):
+            _assert_valid_pdf(tmp_path / bad)
+
+
+# ------------------------------------------------------------------ layout: legends off the data
+
+
+def _display_points(artist, step: float = 2.0) -> np.ndarray:
+    """Points (display pixels) an artist covers: a line's path densified to one point every ``step``
+    pixels (a segment that crosses a box with no vertex inside it counts), a scatter's markers, a bar's
+    four corners and centre."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    if isinstance(artist, Line2D):
+        xy = artist.get_transform().transform(np.asarray(artist.get_xydata(), float))
+        xy = xy[np.isfinite(xy).all(1)]
+        if artist.get_linestyle() in ("None", "none", "", " ") or len(xy) < 2:
+            return xy
+        pts = [xy[:1]]
+        for a, b in itertools.pairwise(xy):
+            n = max(2, int(np.hypot(*(b - a)) / step) + 1)
+            pts.append(a + (b - a) * np.linspace(0, 1, n)[1:, None])
+        return np.concatenate(pts)
+    if isinstance(artist, PathCollection):
+        return artist.get_offset_transform().transform(np.asarray(artist.get_offsets(), float))
+    if isinstance(artist, Rectangle):
+        c = artist.get_transform().transform(np.array([[0, 0], [0, 1], [1, 0], [1, 1], [0.5, 0.5]], float))
+        return c
+    return np.empty((0, 2))
+
+
+def _covered_by_legend(fig, ax) -> list[str]:
+    """Data drawn in ``ax`` (and in any twin axes at the same place) that lies under ``ax``'s legend:
+    one entry per artist, naming it; empty when the legend hides nothing."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_legend().get_window_extent(renderer)
+    where = ax.get_position().bounds
+    hits = []
+    for a in fig.axes:
+        if not np.allclose(a.get_position().bounds, where):
+            continue
+        artists = [*a.lines, *a.collections, *[p for p in a.patches if isinstance(p, Rectangle)]]
+        for art in artists:
+            if not isinstance(art, (Line2D, PathCollection, Rectangle)):
+                continue
+            pts = _display_points(art)
+            inside = (pts[:, 0] > box.x0) & (pts[:, 0] < box.x1) & (pts[:, 1] > box.y0) & (pts[:, 1] < box.y1)
+            if inside.any():
+                hits.append(f"{type(art).__name__} {art.get_label()!r}: {int(inside.sum())} point(s)")
+    return hits
+
+
+#: (figure, panel index in fig.axes) whose legend the issue found on the data
+LEGEND_PANELS = [
+    ("fig03_beta_sensitivity", 3),  # (d)
+    ("fig05_bias_landscape", 1),  # (b), with its twin axis
+    ("fig06_envelope", 0),  # (a)
+    ("fig08_paced", 2),  # (c)
+    ("fig09_fpa_entanglement", 4),  # (e)
+]
+
+
+@pytest.mark.parametrize("fig_id,panel", LEGEND_PANELS)
+def test_legend_hides_no_data(quick_figures, fig_id, panel):
+    _, fig = quick_figures[fig_id]
+    ax = fig.axes[panel]
+    assert ax.get_legend() is not None
+    assert _covered_by_legend(fig, ax) == [], fig_id
+
+
+def test_legend_check_sees_a_covered_point():
+    """The check above can fail: a legend placed on a line and on a point is reported."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [0, 1], label="diagonal")  # crosses the centre: no vertex inside the legend
+    ax.scatter([0.5], [0.5], label="centre point")
+    ax.plot([0, 1], [0.02, 0.02], label="floor")
+    ax.legend(loc="center")
+    fig.canvas.draw()
+    hits = _covered_by_legend(fig, ax)
+    plt.close(fig)
+    assert any("diagonal" in h for h in hits) and any("centre point" in h for h in hits)
+    assert not any("floor" in h for h in hits)
+
+
+# ------------------------------------------------------------------ the other layout fixes
+
+
+def test_fig03_training_panel_spans_its_own_betas(quick_figures):
+    rec, fig = quick_figures["fig03_beta_sensitivity"]
+    betas = np.asarray(json.loads(rec.data.read_text())["training"]["beta"], float)
+    lo, hi = fig.axes[3].get_xlim()
+    # 1.3x margin on a log axis: the x-axis ends within one margin of the last trained beta
+    assert betas.max() <= hi <= betas.max() * 1.3 * (1 + 1e-9)
+    assert betas.min() / 1.3 * (1 - 1e-9) <= lo <= betas.min()
+    label_betas = np.asarray(json.loads(rec.data.read_text())["label"]["beta"], float)
+    assert label_betas.max() > betas.max()  # (a-c) do go further: the narrowing is real
+
+
+def test_fig04_has_no_rounding_axis(quick_figures):
+    rec, fig = quick_figures["fig04_proposal_strength"]
+    assert len(fig.axes) == 4  # no twin axis of float64 rounding
+    dev = max(abs(float(r) - 1) for row in json.loads(rec.data.read_text())["tilt"]["mean_ratio"] for r in row)
+    assert dev < 1e-12  # what the note states: E[Z_8] = Z up to rounding
+    notes = [t.get_text() for t in fig.axes[0].texts]
+    assert any(f"{dev:.0e}" in t and "rounding" in t for t in notes), notes
+
+
+def test_fig08_never_reached_has_no_height(quick_figures):
+    from matplotlib.patches import Rectangle
+
+    rec, fig = quick_figures["fig08_paced"]
+    d = json.loads(rec.data.read_text())
+    taus = list(d["tau_sweep"])
+    steps = [d["tau_sweep"][t]["steps_to_target"] for t in taus]
+    never = [i for i, s in enumerate(steps) if not (isinstance(s, (int, float)) and math.isfinite(s))]
+    reached = [i for i in range(len(taus)) if i not in never]
+    assert never and reached  # seed 0 has both kinds, so both branches are exercised
+    ax = fig.axes[2]
+    bars = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_height() > 0]
+    assert sorted(round(b.get_x() + b.get_width() / 2) for b in bars) == reached
+    assert [b.get_height() for b in sorted(bars, key=lambda b: b.get_x())] == [steps[i] for i in reached]
+    markers = [ln for ln in ax.lines if ln.get_marker() not in ("None", None, "")]
+    assert len(markers) == 1
+    xs, ys = markers[0].get_xdata(), markers[0].get_ydata()
+    run_len = next(ln for ln in ax.lines if ln.get_linestyle() == "--").get_ydata()[0]
+    assert list(xs) == never and all(y == run_len for y in ys)
+
+
+def test_fig09_weight_series_are_distinct(quick_figures):
+    _, fig = quick_figures["fig09_fpa_entanglement"]
+    lines = fig.axes[4].lines
+    assert len(lines) == 4
+    look = [(ln.get_color(), ln.get_linestyle(), ln.get_marker(), str(ln.get_markerfacecolor())) for ln in lines]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            same_method = look[i][0] == look[j][0]
+            if same_method:  # correct vs incorrect of one method: line style and marker fill differ
+                assert look[i][1] != look[j][1] and look[i][3] != look[j][3], (look[i], look[j])
+            else:  # the two methods: colour and marker shape differ
+                assert look[i][2] != look[j][2], (look[i], look[j])
+    assert len({lk[0] for lk in look}) == 2 and len({lk[1] for lk in look}) == 2
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_cli_figures_only(tmp_path, monkeypatch, capsys):
     from tiltlab.cli import main
 
-    assert main(["figures", "--quick", "--only", "fig08", "--out", str(tmp_path)]) == 0
+    monkeypatch.setenv("TILTLAB_PROGRESS", "lines")
+    monkeypatch.setenv("TILTLAB_PROGRESS_INTERVAL", "0")
+    assert main(["figures", "--quick", "--only", "fig08", "fig5", "--out", str(tmp_path)]) == 0
     index = json.loads((tmp_path / "index.json").read_text())
-    assert [f["id"] for f in index["figures"]] == ["fig08_paced"]
+    assert [f["id"] for f in index["figures"]] == ["fig05_bias_landscape", "fig08_paced"]  # report order
+    for f in index["figures"]:
+        assert f["pdf"] == str(tmp_path / f"{f['id']}.pdf")
+        _assert_valid_pdf(tmp_path / f"{f['id']}.pdf")
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    # one line per finished figure, the running count with its ETA, and the closing line
+    assert re.fullmatch(r"\[figures\] fig05_bias_landscape: \d+\.\d s", lines[0]), lines
+    assert (
+        lines[1].startswith("figures: 1/2 figure (50%)") and "ETA" in lines[1] and "[fig05_bias_landscape]" in lines[1]
+    )
+    assert re.fullmatch(r"\[figures\] fig08_paced: \d+\.\d s", lines[2]), lines
+    assert lines[-1].startswith("figures: 2/2 figure (100%)"), lines
+    assert "fig08_paced.pdf" in out and "2 figure(s) in" in out
     assert main(["figures", "--only", "fig99_nope", "--out", str(tmp_path)]) == 2
+
+
+def test_cli_figures_quiet_progress(tmp_path, monkeypatch, capsys):
+    from tiltlab.cli import main
+
+    monkeypatch.setenv("TILTLAB_PROGRESS", "off")
+    assert main(["figures", "--quick", "--only", "fig06", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "1 figure(s) in" in out
