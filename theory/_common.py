@@ -45,7 +45,7 @@ def is_zero(expr: sp.Expr) -> bool:
     return sp.simplify(e) == 0
 
 
-def _numerically_nonzero(expr: sp.Expr, n: int = 3, seed: int = 12345) -> bool:
+def _numerically_nonzero(expr: sp.Expr, n: int = 1, seed: int = 12345) -> bool:
     """True if ``expr`` evaluates (30 digits) to a clearly nonzero value at some sample point.
 
     Only a one-sided shortcut: a nonzero value at a point is a proof that the expression is
