@@ -44,25 +44,11 @@ F = TypeVar("F", bound=Callable)
 #: (unset: each process caches for itself). Set by the check runner for one run; not a user setting.
 RUN_CACHE_ENV = "TILTLAB_RUN_CACHE"
 
-#: How many shared computations this process is inside: a computation that needs another
-#: experiment reads it if it is stored but never waits for another process's lock, so two
-#: processes can never wait for each other.
-_depth = 0
-
 
 def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
     """File name of one result: the function and its (hashable, repr-exact) arguments, hashed."""
     text = repr((fn.__module__, fn.__qualname__, args, sorted(kwargs.items())))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
-
-
-def _compute(fn: Callable, args: tuple, kwargs: dict) -> Any:
-    global _depth
-    _depth += 1
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _depth -= 1
 
 
 def _store(path: Path, value: Any) -> None:
@@ -84,18 +70,16 @@ def _shared(fn: Callable, args: tuple, kwargs: dict) -> Any:
     if not root or fcntl is None:
         return fn(*args, **kwargs)
     path = Path(root) / f"{_key(fn, args, kwargs)}.pkl"
-    if _depth:  # inside another shared computation: use a stored result, never wait for a lock
-        if path.exists():
-            with path.open("rb") as fh:
-                return pickle.load(fh)
-        return _compute(fn, args, kwargs)
+    # One lock per result. An experiment that needs another one takes that lock while holding its own;
+    # the experiments do not call themselves (directly or through others), so locks are always taken
+    # along that acyclic call graph and two processes can never wait for each other.
     with path.with_suffix(".lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a process computing the same experiment finishes first
         try:
             if path.exists():
                 with path.open("rb") as fh:
                     return pickle.load(fh)
-            value = _compute(fn, args, kwargs)
+            value = fn(*args, **kwargs)
             _store(path, value)
             return value
         finally:

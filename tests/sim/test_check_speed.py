@@ -99,9 +99,9 @@ def _call_inner():
     return _INNER(0)
 
 
-def test_nested_experiments_cannot_wait_on_each_other(tmp_path, monkeypatch):
-    """An experiment that needs another one (inside the lock of the outer) never waits for a lock, so
-    processes computing the outer and the inner at the same time finish."""
+def test_nested_experiments_are_shared_and_finish(tmp_path, monkeypatch):
+    """An experiment that needs another one takes the inner lock while holding its own: processes asking
+    for the outer and the inner at the same time all finish, and the inner is computed once."""
     global _OUTER, _INNER
     monkeypatch.setenv(RUN_CACHE_ENV, str(tmp_path))
     _INNER = _counting(str(tmp_path))
@@ -116,6 +116,7 @@ def test_nested_experiments_cannot_wait_on_each_other(tmp_path, monkeypatch):
         rs = [pool.apply_async(f) for f in (_call_outer, _call_inner, _call_outer, _call_inner)]
         got = [r.get(timeout=120) for r in rs]
     assert got[0] == got[2] == float(got[1]["x"].sum()) + 1.0
+    assert len(_calls(tmp_path)) == 1
 
 
 def test_failed_experiment_leaves_nothing_and_unlocks(tmp_path, monkeypatch):
@@ -198,3 +199,38 @@ def test_dpo_sweep_is_bit_identical_to_one_run_per_beta(lam):
         assert got == _naive_dpo_run(7, beta, steps=40, prompts=8, lam=lam)
     assert sweep[0] != sweep[2]  # the betas differ: each run used its own beta
     assert fpa_checks.dpo_bandit_training(7, 0.5, steps=40, prompts=8, lam=lam) == sweep[1]
+
+
+def _naive_simplex_min(log_star, b, starts=4, steps=250, generator=None):
+    """Every face optimized, the vertices included (what simplex_min did before it skipped them)."""
+    from tiltlab.sim.experiments.bias import biased_loss
+
+    n, k = log_star.shape
+    nb = b.shape[1]
+    subsets = torch.tensor([[(s >> i) & 1 for i in range(k)] for s in range(1, 2**k)], dtype=torch.bool)
+    S = subsets.shape[0]
+    init = torch.randn(n, nb, S, starts, k, generator=generator, dtype=torch.float64) * 2
+    init[..., 0, :] = log_star[:, None, None, :]
+    u = init.clone().requires_grad_(True)
+    mask = subsets[None, None, :, None, :].expand(n, nb, S, starts, k)
+    ls, bb = log_star[:, None, None, None, :], b[:, :, None, None]
+    opt = torch.optim.Adam([u], lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        biased_loss(u.masked_fill(~mask, float("-inf")), ls, bb).sum().backward()
+        opt.step()
+    with torch.no_grad():
+        return biased_loss(u.masked_fill(~mask, float("-inf")), ls, bb).flatten(2).amin(-1)
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_simplex_min_is_bit_identical_to_optimizing_every_face(k):
+    from tiltlab.sim.experiments.bias import simplex_min
+
+    g = torch.Generator().manual_seed(k)
+    log_star = torch.log_softmax(torch.randn(3, k, generator=g, dtype=torch.float64) * 1.2, -1)
+    b = torch.tensor([[-0.4, -0.05, 0.3]], dtype=torch.float64).expand(3, 3)
+    got = simplex_min(log_star, b, steps=40, generator=torch.Generator().manual_seed(1))
+    want = _naive_simplex_min(log_star, b, steps=40, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(got, want)
+    assert (got < b**2 - 1e-9).any()  # some case where a face beats pi*: the faces' optimum matters
