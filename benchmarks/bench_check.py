@@ -24,6 +24,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--jobs values must be 'default' or whole numbers >= 1, got {j!r}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below when stopped
     tmp = Path(tempfile.mkdtemp(prefix="bench-check-"))
     trees = {"current": ROOT}
     rows: list[dict] = []
