@@ -69,7 +69,8 @@ def test_shared_cache_computes_once_across_processes(tmp_path, monkeypatch):
     # another argument is another result
     monkeypatch.setenv(RUN_CACHE_ENV, str(cache_dir))
     assert not torch.equal(_EXPERIMENT(4, scale=2.0)["x"], want["x"])
-    assert len(_calls(log_dir)) == 2
+    assert torch.equal(_EXPERIMENT(3, scale=3.0)["x"], want["x"] * 1.5)  # a keyword argument too
+    assert len(_calls(log_dir)) == 3
 
 
 def test_without_the_variable_each_process_computes(tmp_path, monkeypatch):
