@@ -16,6 +16,7 @@ is an error (exit 2) and leaves the record untouched. ``--list`` prints the sele
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -221,6 +222,37 @@ def _run_key(key: str, seed: int):
     return key, out.result, out.seconds, out.error
 
 
+#: Environment variable naming the folder where the forked workers of one run share the simulator's
+#: experiment results (read by ``tiltlab.sim.experiments.cached``; a test pins the two names together).
+RUN_CACHE_ENV = "TILTLAB_RUN_CACHE"
+
+#: Imported once before the workers fork, instead of once in each of them: modules the checks import
+#: on first use (the first optimizer step imports torch._dynamo, ~1 CPU-s; the theory checks scipy.optimize).
+_PRELOAD = ("torch._dynamo", "scipy.optimize")
+
+
+def _preload() -> None:
+    for name in _PRELOAD:
+        with contextlib.suppress(ImportError):  # a speed-up only: a check that needs it reports the problem
+            importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def _run_cache():
+    """A folder shared by the workers of one run (experiments computed once across them), removed
+    at the end; an outer value of the variable is restored."""
+    old = os.environ.get(RUN_CACHE_ENV)
+    with tempfile.TemporaryDirectory(prefix="tiltlab-run-cache-") as tmp:
+        os.environ[RUN_CACHE_ENV] = tmp
+        try:
+            yield tmp
+        finally:
+            if old is None:
+                os.environ.pop(RUN_CACHE_ENV, None)
+            else:
+                os.environ[RUN_CACHE_ENV] = old
+
+
 def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
     """Run the checks in order; with ``jobs > 1`` in a pool of forked processes (each check is
     seeded on its own, so verdicts do not depend on where it runs). Outcomes keep ``chks`` order."""
@@ -233,7 +265,11 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
 
         by_key = {c.key: c for c in chks}
         done = {}
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"), initializer=_one_thread) as ex:
+        _preload()
+        with (
+            _run_cache(),
+            ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"), initializer=_one_thread) as ex,
+        ):
             futs = [ex.submit(_run_key, c.key, seed) for c in chks]
             for fut in _progress(as_completed(futs), "checks", progress, total=len(futs)):
                 key, res, sec, err = fut.result()

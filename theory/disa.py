@@ -13,6 +13,7 @@ registered checks (``theory.checks``) call them with the correct candidates.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -148,10 +149,12 @@ def _delta_method_general() -> tuple[sp.Expr, sp.Expr, sp.Symbol, sp.Symbol, sp.
     return sp.expand(Elog), k2, mu, eps, k3
 
 
+@functools.cache
 def _small_noise_log_bias(kk: int, M: int, aggregator: str) -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     """Exact s-series of E[label] - log Z for w = Z (1 + s u), E_q[u] = 0, K = kk outcomes.
 
-    Returns (coefficient of s, coefficient of s^2, Var_q(u) = sum q u^2).
+    Returns (coefficient of s, coefficient of s^2, Var_q(u) = sum q u^2). Cached (sympy expressions are
+    immutable): Prop. 1 and Prop. 2 both need the two-outcome LSE series for M = 1, 2, 3.
     """
     q, _ = simplex("q", kk)
     u_free = list(sp.symbols(f"u1:{kk}", real=True))

@@ -170,40 +170,57 @@ def dpo_bandit_training(
 
     Returns the mean change of log pi(y_w)/pi(y_l) over the pairs, the fraction of pairs whose ratio
     rose, and pi(y_l) at the start and the end (mean over pairs), plus pi(y_l) after ``steps // 10``."""
+    return dpo_bandit_sweep(seed, (beta,), steps, lr, lam, prompts)[0]
+
+
+def dpo_bandit_sweep(
+    seed: int, betas: tuple[float, ...], steps: int = 300, lr: float = 0.05, lam: float = 0.0, prompts: int = 64
+) -> list[dict]:
+    """:func:`dpo_bandit_training` for each beta in ``betas`` (same instance), the runs trained side by side:
+    one logits tensor ``[len(betas), prompts, 1, K]``, one backward of the sum of the per-beta losses and one
+    Adam step per step. Each run's loss depends on its own slice only and Adam is elementwise, so every run
+    takes the same steps as when trained alone (the numbers are identical; tests/sim pins this)."""
     g = torch.Generator().manual_seed(seed)
-    B, K = prompts, 16
+    B, K, R = prompts, 16, len(betas)
     ref = torch.randn(B, 1, K, generator=g, dtype=F64)
     yw = torch.randint(K, (B, 1), generator=g)
     yl = (yw + torch.randint(1, K, (B, 1), generator=g)) % K  # y_l != y_w
-    th = ref.clone().requires_grad_(True)
+    th = ref.expand(R, B, 1, K).clone().requires_grad_(True)
     opt = torch.optim.Adam([th], lr=lr)
+    yw_r, yl_r, ref_r = yw.expand(R, B, 1), yl.expand(R, B, 1), ref.expand(R, B, 1, K)
 
     def logp(t, y):
         return torch.log_softmax(t, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     rw, rl = logp(ref, yw), logp(ref, yl)
-    pl_early = None
+    pl_early = [float("nan")] * R
     for step in range(steps):
         if lam > 0:
-            lw = future_policy_logprobs(th, ref, yw, lam).sum(-1)
-            ll = future_policy_logprobs(th, ref, yl, lam).sum(-1)
+            lw = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yw_r.flatten(0, 1), lam)
+            ll = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yl_r.flatten(0, 1), lam)
+            lw, ll = lw.sum(-1).view(R, B), ll.sum(-1).view(R, B)
         else:
-            lw, ll = logp(th, yw), logp(th, yl)
-        loss = dpo_loss(lw, ll, rw, rl, beta)
+            lw, ll = logp(th, yw_r), logp(th, yl_r)
+        loss = sum(dpo_loss(lw[r], ll[r], rw, rl, beta) for r, beta in enumerate(betas))
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step + 1 == steps // 10:
-            pl_early = float(logp(th.detach(), yl).exp().mean())
+            pl_early = [float(x) for x in logp(th.detach(), yl_r).exp().mean(-1)]
+    out = []
     with torch.no_grad():
-        d = (logp(th, yw) - logp(th, yl)) - (rw - rl)
-        return {
-            "ratio_change": float(d.mean()),
-            "frac_raised": float((d > 0).double().mean()),
-            "pi_l_start": float(rl.exp().mean()),
-            "pi_l_early": float(pl_early),
-            "pi_l_end": float(logp(th, yl).exp().mean()),
-        }
+        for r in range(R):
+            d = (logp(th[r], yw) - logp(th[r], yl)) - (rw - rl)
+            out.append(
+                {
+                    "ratio_change": float(d.mean()),
+                    "frac_raised": float((d > 0).double().mean()),
+                    "pi_l_start": float(rl.exp().mean()),
+                    "pi_l_early": pl_early[r],
+                    "pi_l_end": float(logp(th[r], yl).exp().mean()),
+                }
+            )
+    return out
 
 
 @register_check("fpa.dpo_equiv", layer="sim", expected=Verdict.VERIFIED, name="dpo_training_raises_preferred_ratio")
@@ -238,7 +255,7 @@ def dpo_loser_vanishes(seed: int) -> CheckResult:
     16 prompts, 3000 Adam steps per beta: pi(y_l) must keep falling (step 300 below the start, step 3000
     below step 300) and end below A4_FINAL_FRACTION of its start. Larger beta saturates the sigmoid
     sooner and slows the fall (beta 2: ~0.06 of the start after 3000 steps), but it does not stop it."""
-    res = {b: dpo_bandit_training(seed, b, steps=3000, prompts=16) for b in A4_BETAS}
+    res = dict(zip(A4_BETAS, dpo_bandit_sweep(seed, A4_BETAS, steps=3000, prompts=16)))
     items = {
         f"beta{b:g}": r["pi_l_end"] < A4_FINAL_FRACTION * r["pi_l_start"]
         and r["pi_l_end"] < r["pi_l_early"] < r["pi_l_start"]

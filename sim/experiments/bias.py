@@ -101,18 +101,23 @@ def simplex_min(
     S = subsets.shape[0]
     init = torch.randn(n, nb, S, starts, k, generator=generator, dtype=F64) * 2
     init[..., 0, :] = log_star[:, None, None, :]
-    u = init.clone().requires_grad_(True)
     mask = subsets[None, None, :, None, :].expand(n, nb, S, starts + 0, k)
     ls = log_star[:, None, None, None, :]
     bb = b[:, :, None, None]
+    # A one-outcome face is a vertex: pi is the same whatever the logits, so L is evaluated there, not
+    # optimized (Adam is elementwise: the other faces take the same steps as when the vertices ride along).
+    face = subsets.sum(-1) > 1  # [S]
+    u = init[:, :, face].clone().requires_grad_(True)
     opt = torch.optim.Adam([u], lr=0.05)
     for _ in range(steps):
         opt.zero_grad()
-        loss = biased_loss(u.masked_fill(~mask, float("-inf")), ls, bb)
+        loss = biased_loss(u.masked_fill(~mask[:, :, face], float("-inf")), ls, bb)
         loss.sum().backward()
         opt.step()
     with torch.no_grad():
-        loss = biased_loss(u.masked_fill(~mask, float("-inf")), ls, bb)
+        final = init.clone()
+        final[:, :, face] = u
+        loss = biased_loss(final.masked_fill(~mask, float("-inf")), ls, bb)
     return loss.flatten(2).amin(-1)
 
 

@@ -71,3 +71,22 @@ def test_is_zero_rejects_nonzero():
     assert not is_zero(x - y)
     assert _numerically_nonzero(sp.exp(x) - 1 - x)
     assert not _numerically_nonzero(sp.sin(x) ** 2 + sp.cos(x) ** 2 - 1)
+
+
+def test_is_zero_does_not_rest_on_the_witness_point(monkeypatch):
+    """The numeric witness is a shortcut only (one sample point by default): a nonzero expression that
+    vanishes at that point, or a witness search that finds nothing, leaves the decision to the exact stages."""
+    import random
+
+    from tiltlab.theory import _common
+
+    x, y = sp.symbols("x y", positive=True)
+    rng = random.Random(12345)  # the witness's first point, as _numerically_nonzero draws it
+    at = {s: sp.Rational(rng.randint(50, 300), 1000) for s in (x, y)}
+    hidden = (x - at[x]) * (y + 1)  # nonzero, but zero at the witness point
+    assert not _numerically_nonzero(hidden)
+    assert _numerically_nonzero(hidden, n=3)  # another point shows it
+    assert not is_zero(hidden)  # decided symbolically
+    monkeypatch.setattr(_common, "_numerically_nonzero", lambda e, *a, **k: False)  # no witness at all
+    assert not is_zero(sp.log(x + y) - sp.log(x) - sp.log(y))
+    assert is_zero(x / (x + y) + y / (x + y) - 1)
