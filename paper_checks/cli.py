@@ -3,14 +3,20 @@
 ``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones; the opt-in
 ``llm`` layer runs only with ``--layer llm``),
 prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
-evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
-when a check returns a verdict other than the one recorded as expected for it, or crashes.
+evidence) plus one row per declared claim that has no check yet, merges them into ``results/claims.json`` (a
+partial run never shrinks the record: rows of checks not run now are kept with their own time, mode and
+commit; ``--replace`` writes this run only) and exits non-zero only
+when a check returns a verdict other than the one recorded as expected for it, or crashes. The llm-layer
+rows come from the shipped record of its last full run, marked ``recorded`` (:mod:`.record`).
 Each failure is followed by the command that re-runs just that check. Arguments are checked
 before any check runs: an empty selection, ``--jobs`` < 1 or an ``--out`` that cannot be written
 is an error (exit 2) and leaves the record untouched. ``--list`` prints the selection only.
 
-``tiltlab reproduce`` runs all checks (``--llm`` adds the llm layer) and all simulator figures and writes ``claims.json``,
-``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
+``tiltlab reproduce`` runs all checks (``--llm`` re-runs the llm layer instead of merging its shipped record) and all
+simulator figures and writes ``claims.json``, ``REPORT.md`` and a self-contained ``report.html`` (figures embedded)
+into ``--out`` (``results/``; ``results/quick/`` with ``--quick``), through a temporary folder moved into place at the
+end. ``tiltlab report`` works from a record: the report again, the per-claim table (csv, latex, md), the README's
+generated sections, and stamping the shipped llm record.
 """
 
 from __future__ import annotations
@@ -40,7 +46,12 @@ LAYERS = ("theory", "sim", "data", "llm")
 _CHECK_HELP = """Run the claim checks and compare every verdict with the one recorded as expected.
 
 The llm-layer checks (small real models trained on CPU, all slow) run only when asked for:
-`--layer llm --slow` (or `--only llm --slow`); `tiltlab reproduce --llm` adds them to the report.
+`--layer llm --slow` (or `--only llm --slow`); otherwise their last full run, shipped with the
+project, is merged and marked "recorded" (not re-run; never affects the exit status).
+
+The record is merged, never shrunk: a partial run replaces the rows of the checks it ran and keeps
+the others, each with the time, command, mode and commit of its run; --replace writes this run only.
+An --out that is not a tiltlab record is refused.
 A check that records expected per-item outcomes fails when an item changes, even if its verdict
 does not.
 
@@ -50,7 +61,11 @@ bad arguments (an empty selection included; the record is then left untouched). 
 checks are followed by a reproducer line. --list prints the selection without running it."""
 
 _REPRO_HELP = """Run all checks and all simulator figures and write the report:
-OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained)."""
+OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained).
+
+Everything is written into a temporary folder next to OUT and moved into place at the end, so an
+interrupted run leaves the previous outputs. --quick writes to results/quick/ by default and refuses
+an OUT that holds a full run. The llm layer comes from its shipped record (marked recorded) unless --llm."""
 
 
 _REPORT_HELP = """Work from a record instead of re-running checks.
@@ -394,9 +409,9 @@ def _machine() -> dict[str, Any]:
 
 
 def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | None = None) -> dict[str, Any]:
-    from tiltlab.paper_checks.record import git_commit
-
     import uuid
+
+    from tiltlab.paper_checks.record import git_commit
 
     return {
         "run_at": run_at or _now(),

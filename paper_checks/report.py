@@ -98,6 +98,8 @@ def _repo_href(target: Path, out_dir: Path, fragment: str = "") -> tuple[str | N
 def _check_source(check: Any) -> tuple[Path, int] | None:
     """File and first line of a registered check function (``None`` for a builtin or lost source)."""
     fn = inspect.unwrap(check.fn)
+    if getattr(fn, "__name__", "") == "_not_loaded":  # a recorded row whose check module is not loaded
+        return None
     try:
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]

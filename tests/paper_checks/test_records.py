@@ -399,3 +399,34 @@ def test_check_and_reproduce_report_progress_per_check_and_figure(isolated_regis
     monkeypatch.setenv("TILTLAB_PROGRESS", "off")
     assert _check("--only", "zz_fake", "--out", str(tmp_path / "c.json")) == 0
     assert not any(ln.startswith("checks:") for ln in capsys.readouterr().err.splitlines())
+
+
+def test_rows_of_checks_not_loaded_keep_their_recorded_judgement(isolated_registry):
+    """Without the [llm] extra the llm checks are not registered: their recorded rows still count,
+    with the verdict and ok flag they were recorded with."""
+    reg = isolated_registry
+    reg.declare_claim(LLM_CID, "DISA", "Sec. 9", "a fake LLM-scale claim", kind="empirical")
+    row = {
+        "claim": LLM_CID,
+        "layer": "llm",
+        "check": "gone",
+        "expected": "verified",
+        "verdict": "partly",
+        "ok": False,
+        "summary": "s",
+        "numbers": {"a": 1.0},
+        "items": {"x": True},
+        "expected_items": {"x": True},
+        "seconds": 2.5,
+        "source": "recorded",
+        "commit": "c0ffee",
+    }
+    (o,) = record.outcomes_from_rows([row, {**row, "claim": "zz_fake.undeclared"}])
+    assert o.check.key == f"{LLM_CID}[llm:gone]" and o.verdict == "partly" and o.ok is False
+    assert o.provenance == {"source": "recorded", "commit": "c0ffee"} and o.seconds == 2.5
+    assert record.outcomes_from_rows([{**row, "verdict": "verified", "ok": True}])[0].ok is True
+    # a registered check is judged again against its current expectation
+    reg.register_check(LLM_CID, layer="llm", expected=Verdict.PARTLY, name="gone", slow=True)(
+        lambda s: CheckResult(Verdict.PARTLY, "x", items={"x": True})
+    )
+    assert record.outcomes_from_rows([row])[0].ok is True
