@@ -893,8 +893,9 @@ def key_numbers(numbers: Mapping[str, Any], limit: int = 4) -> str:
     for ``acc``, ``acc_lo``, ``acc_hi``; at most ``limit`` entries, in name order within each group."""
     with_ci, plain = [], []
     for k in sorted(numbers):
-        if k.endswith(("_lo", "_hi")) and k[:-3] in numbers:
-            continue
+        base = k[:-3]
+        if k.endswith(("_lo", "_hi")) and base in numbers and f"{base}_lo" in numbers and f"{base}_hi" in numbers:
+            continue  # shown inside its interval
         lo, hi = numbers.get(f"{k}_lo"), numbers.get(f"{k}_hi")
         if lo is not None and hi is not None:
             with_ci.append(f"{k} {_fmt(numbers[k])} [{_fmt(lo)}, {_fmt(hi)}]")
@@ -1049,7 +1050,9 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
     mach = (rec.get("runtime") or {}).get("machine") or rec.get("machine")
     n_rec = sum(1 for o in outs if (o.provenance or {}).get("source") == "recorded")
     L = [registry_sentence(), ""]
-    what = "`tiltlab reproduce`" + (" --quick" if sel.get("quick") else "")
+    what = "`tiltlab reproduce" + (" --quick" if sel.get("quick") else "") + "`"
+    if not sel.get("reproduce"):
+        what = f"`{(rec.get('checks') or [{}])[0].get('command') or 'tiltlab check'}`"
     L.append(
         f"{what} (seed {rec.get('seed', 0)}, {mode}; run {_when(rec.get('generated_at'))} at commit "
         f"{rec.get('commit') or 'unknown'} on {_machine_text(mach)}) judged {len(rows)} claims with {len(outs)} checks"
@@ -1059,7 +1062,9 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
             if n_rec and llm_rec
             else ""
         )
-        + ". Two counts, labelled the way `reproduce` and `check` print them:"
+        + ". Two counts, labelled the way `reproduce` and `check` print them"
+        + (" (claims whose checks are all slow count as unchecked in quick mode)" if sel.get("quick") else "")
+        + ":"
     )
     L.append("")
     c = counts["all"]

@@ -131,6 +131,26 @@ def test_an_out_that_is_not_a_record_is_refused_before_any_check_runs(isolated_r
     assert _check("--only", "zz_fake", "--replace", "--out", str(out)) == 0 and len(_rows(out)) == 3
 
 
+@pytest.mark.parametrize("content", ['{"claims": []}', "[1, 2]", '{"checks": "not a list"}'])
+def test_json_that_is_not_a_record_is_refused_too(isolated_registry, tmp_path, capsys, content):
+    _setup(isolated_registry)
+    out = tmp_path / "claims.json"
+    out.write_text(content)
+    assert _check("--only", "zz_fake", "--out", str(out)) == 2
+    assert "is not a tiltlab record (no 'checks' list)" in capsys.readouterr().err
+    assert out.read_text() == content
+
+
+def test_a_plain_check_record_next_to_a_report_does_not_rewrite_it(isolated_registry, tmp_path, capsys):
+    _setup(isolated_registry)
+    (tmp_path / "REPORT.md").write_text("someone's report\n")
+    out = tmp_path / "claims.json"
+    assert _check("--only", "zz_fake", "--out", str(out)) == 0
+    assert _check("--only", CID_B, "--out", str(out)) == 0  # merged, but not a reproduce record
+    assert (tmp_path / "REPORT.md").read_text() == "someone's report\n"
+    assert "report rewritten" not in capsys.readouterr().out
+
+
 def test_rows_of_claims_no_longer_declared_are_dropped_on_merge(isolated_registry, tmp_path):
     _setup(isolated_registry)
     out = tmp_path / "claims.json"
@@ -357,6 +377,11 @@ def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(isolated_r
     assert {r["layer"] for r in json.loads(out.read_text())["checks"]} == {"data"}
     assert _check("--layer", "llm", "--slow", "--replace", "--out", str(out)) == 0
     assert calls == [0] and [r["source"] for r in json.loads(out.read_text())["checks"]] == ["run"]
+    # --check selects among the recorded rows too
+    assert _check("--only", "zz_fake", "--check", "llm_scale", "--replace", "--out", str(out)) == 0
+    assert [r["check"] for r in json.loads(out.read_text())["checks"]] == ["llm_scale"]
+    assert _check("--only", "zz_fake", "--check", "tiny", "--slow", "--replace", "--out", str(out)) == 2  # llm: --layer
+    assert calls == [0]
     # reproduce: the report has the llm layer, marked recorded, and names the commit
     monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([], {}))
     res = tmp_path / "results"

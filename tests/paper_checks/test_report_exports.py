@@ -143,6 +143,28 @@ def test_key_numbers_against_a_naive_listing():
     assert P.key_numbers(nums, limit=10) == "a 0.5 [0.25, 0.75]; b 1.5; c 2; d 4; z_lo 3"
     assert P.key_numbers(nums, limit=2) == "a 0.5 [0.25, 0.75]; b 1.5"
     assert P.key_numbers({}) == ""
+    # half an interval is no interval: both ends are listed as plain numbers
+    assert P.key_numbers({"a": 1, "a_lo": 0, "b": 2, "b_hi": 3}) == "a 1; a_lo 0; b 2; b_hi 3"
+
+
+def test_the_table_takes_the_numbers_of_the_deciding_check_only(isolated_registry):
+    reg = isolated_registry
+    reg.declare_claim("zz_fake.two", "DISA", "§2", "two sim checks disagree", kind="empirical")
+    reg.register_check("zz_fake.two", layer="sim", name="holds")(lambda s: CheckResult(Verdict.VERIFIED, "", {"u": 1}))
+    reg.register_check("zz_fake.two", layer="sim", name="breaks", expected=Verdict.REFUTED)(
+        lambda s: CheckResult(Verdict.REFUTED, "", {"v": 2})
+    )
+    reg.register_check("zz_fake.two", layer="data", name="other", expected=Verdict.REFUTED)(
+        lambda s: CheckResult(Verdict.REFUTED, "", {"w": 3})
+    )
+    outs = [reg.run_one(c) for c in reg.select("zz_fake.two")]
+    (row,) = [r for r in P.claim_table(reg.claims(), outs, "c1") if r["claim"] == "zz_fake.two"]
+    assert (row["verdict"], row["decided_by"], row["key_numbers"]) == (
+        "refuted",
+        "sim, data",
+        "breaks: v 2; other: w 3",
+    )
+    assert row["commit"] == "c1" and row["source"] == "run"
 
 
 def test_llm_scale_commands_render_as_lists(isolated_registry, tmp_path):
