@@ -593,11 +593,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded)
     rec["runtime"] = _runtime(seconds)
     if old:
-        for key in ("figures", "figures_missing", "environment", "report"):
-            if key in old:
-                rec[key] = old[key]
-        rec["unchecked"] = _merge_unchecked(old.get("unchecked", []), unchecked)
         rec["history"] = [*old.get("history", [_history_entry(old)]), _history_entry(rec)]
+        rec["unchecked"] = _merge_unchecked(old.get("unchecked", []), unchecked)
+        if "figures" in old:  # a `tiltlab reproduce` record: it still describes that run (mode, time, commit)
+            for key in (*_REPRODUCE_KEYS, "generated_at", "commit", "machine", "seed", "selection", "runtime"):
+                if key in old:
+                    rec[key] = old[key]
+            rec["updated_at"] = prov["run_at"]
     _write_json(args.out, rec)
     rerendered = _rerender_report(args.out, rec) if old else None
     rc = 1 if rec["summary"]["failures"] else 0
@@ -620,6 +622,10 @@ def _check_command(args: argparse.Namespace) -> str:
     if args.seed:
         parts.append(f"--seed {args.seed}")
     return " ".join(parts)
+
+
+#: Keys of a ``tiltlab reproduce`` record that a ``tiltlab check`` merged into it keeps.
+_REPRODUCE_KEYS = ("figures", "figures_missing", "environment", "report")
 
 
 def _history_entry(rec: dict[str, Any]) -> dict[str, Any]:

@@ -261,6 +261,11 @@ def test_a_check_into_a_reproduce_folder_rewrites_its_report(isolated_registry, 
     html = (out / "report.html").read_text()
     rec = json.loads((out / "claims.json").read_text())
     assert len(rec["checks"]) == 4 and rec["figures"][0]["id"] == "fig99_demo"
+    # the record still describes the reproduce run (a later --quick must not replace it), plus the merge
+    assert rec["selection"] == {"reproduce": True, "quick": False, "llm": False} and rec["updated_at"]
+    assert [h["ran"] for h in rec["history"]] == [4, 1]
+    capsys.readouterr()
+    assert _reproduce(out, "--quick") == 2 and "holds a full-mode run" in capsys.readouterr().err
     # the re-run check's line says which run, mode and commit it came from; the report's own rows do not
     assert "**sim** `b_sim`: **partly** (expected verified)" in md
     (note,) = [ln for ln in md.splitlines() if "from an earlier run" in ln]
