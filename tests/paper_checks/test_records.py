@@ -323,6 +323,12 @@ def test_ship_llm_stamps_the_record(isolated_registry, tmp_path, monkeypatch, ca
     assert shipped["date"] and shipped["regenerate"] == record.LLM_RECORD_COMMAND
     (row,) = shipped["checks"]
     assert row["commit"] == "abc123" and row["command"] == "tiltlab check --layer llm --slow" and row["slow"]
+    # docs/llm-checks.md's generated "last full run" section, from the shipped record
+    from tiltlab.paper_checks.report import llm_run_section
+
+    text = llm_run_section(shipped)
+    assert "at commit abc123 on test box: 1 checks, 0 changed or crashed" in text
+    assert f"| `{LLM_CID}` | `tiny` | verified | gap 0.2 [0.1, 0.3] |" in text
 
 
 def test_ship_llm_refuses_a_partial_run(isolated_registry, tmp_path, monkeypatch, capsys):
