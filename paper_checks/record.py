@@ -317,6 +317,8 @@ def ship_llm_record(
         "slow": True,
         "commit": commit,
         "seed": rec.get("seed"),
+        "run_id": "llm-record",
+        "source": "run",  # measured by that run; merged elsewhere as "recorded" (recorded_llm_rows)
     }
     shipped = {
         "record": "tiltlab llm-layer record",
