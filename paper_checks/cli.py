@@ -3,14 +3,20 @@
 ``tiltlab check`` runs every fast check (theory, sim, data; ``--slow`` adds the slow ones; the opt-in
 ``llm`` layer runs only with ``--layer llm``),
 prints one row per check (claim, source as "DISA §2.2 eq. (10)", layer, verdict, one line of
-evidence) plus one row per declared claim that has no check yet, writes ``results/claims.json`` and exits non-zero only
-when a check returns a verdict other than the one recorded as expected for it, or crashes.
+evidence) plus one row per declared claim that has no check yet, merges them into ``results/claims.json`` (a
+partial run never shrinks the record: rows of checks not run now are kept with their own time, mode and
+commit; ``--replace`` writes this run only) and exits non-zero only
+when a check returns a verdict other than the one recorded as expected for it, or crashes. The llm-layer
+rows come from the shipped record of its last full run, marked ``recorded`` (:mod:`.record`).
 Each failure is followed by the command that re-runs just that check. Arguments are checked
 before any check runs: an empty selection, ``--jobs`` < 1 or an ``--out`` that cannot be written
 is an error (exit 2) and leaves the record untouched. ``--list`` prints the selection only.
 
-``tiltlab reproduce`` runs all checks (``--llm`` adds the llm layer) and all simulator figures and writes ``claims.json``,
-``REPORT.md`` and a self-contained ``report.html`` (figures embedded) into ``--out``.
+``tiltlab reproduce`` runs all checks (``--llm`` re-runs the llm layer instead of merging its shipped record) and all
+simulator figures and writes ``claims.json``, ``REPORT.md`` and a self-contained ``report.html`` (figures embedded)
+into ``--out`` (``results/``; ``results/quick/`` with ``--quick``), through a temporary folder moved into place at the
+end. ``tiltlab report`` works from a record: the report again, the per-claim table (csv, latex, md), the README's
+generated sections, and stamping the shipped llm record.
 """
 
 from __future__ import annotations
@@ -41,7 +47,12 @@ LAYERS = ("theory", "sim", "data", "llm")
 _CHECK_HELP = """Run the claim checks and compare every verdict with the one recorded as expected.
 
 The llm-layer checks (small real models trained on CPU, all slow) run only when asked for:
-`--layer llm --slow` (or `--only llm --slow`); `tiltlab reproduce --llm` adds them to the report.
+`--layer llm --slow` (or `--only llm --slow`); otherwise their last full run, shipped with the
+project, is merged and marked "recorded" (not re-run; never affects the exit status).
+
+The record is merged, never shrunk: a partial run replaces the rows of the checks it ran and keeps
+the others, each with the time, command, mode and commit of its run; --replace writes this run only.
+An --out that is not a tiltlab record is refused.
 A check that records expected per-item outcomes fails when an item changes, even if its verdict
 does not.
 
@@ -51,7 +62,22 @@ bad arguments (an empty selection included; the record is then left untouched). 
 checks are followed by a reproducer line. --list prints the selection without running it."""
 
 _REPRO_HELP = """Run all checks and all simulator figures and write the report:
-OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained)."""
+OUT/claims.json, OUT/figures/*.png|json, OUT/REPORT.md and OUT/report.html (self-contained).
+
+Everything is written into a temporary folder next to OUT and moved into place at the end, so an
+interrupted run leaves the previous outputs. --quick writes to results/quick/ by default and refuses
+an OUT that holds a full run. The llm layer comes from its shipped record (marked recorded) unless --llm."""
+
+
+_REPORT_HELP = """Work from a record instead of re-running checks.
+
+  tiltlab report                      rewrite REPORT.md and report.html next to a reproduce record
+  tiltlab report --format csv|latex|md  the per-claim table (claim, paper, section, verdict, deciding
+                                      layers, key numbers with CIs, commit, source) on stdout or --out
+  tiltlab report --docs               rewrite the generated sections of README.md and docs/llm-checks.md
+  tiltlab report --ship-llm FILE      stamp a full llm-layer run as the shipped llm record
+
+The llm-layer checks of the shipped record are merged (marked recorded) into a record that lacks them."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,6 +126,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also import this module, which registers checks with paper_checks.register_check (repeatable; "
         "the current directory is importable)",
     )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="write only this run's checks to --out (default: merge into an existing record, keeping the rows of "
+        "checks not run now with their own time, mode and commit)",
+    )
     p.set_defaults(func=_cmd_check)
 
     r = subparsers.add_parser(
@@ -112,7 +144,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also run the llm-layer checks (small real models trained on CPU; tens of minutes; needs the [llm] extra)",
     )
     r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
-    r.add_argument("--out", type=Path, default=Path("results"), help="output directory (default results/)")
+    r.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default results/, and results/quick/ with --quick so a quick run never replaces a "
+        "full one)",
+    )
     r.add_argument(
         "--jobs",
         type=_positive_int,
@@ -120,6 +158,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="processes: figures run in JOBS-1 worker processes while the checks run (default: min(2, CPUs))",
     )
     r.set_defaults(func=_cmd_reproduce)
+
+    t = subparsers.add_parser(
+        "report",
+        help="the report, the per-claim table (csv, latex, md) or the README sections, from a record",
+        description=_REPORT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument(
+        "--record",
+        type=Path,
+        default=Path("results/claims.json"),
+        help="the record to read (default results/claims.json, written by tiltlab reproduce / check)",
+    )
+    t.add_argument("--format", choices=("csv", "latex", "md"), help="print the per-claim table in this format")
+    t.add_argument("--out", type=Path, help="write the table here instead of stdout (--format), or the shipped record")
+    t.add_argument(
+        "--docs",
+        action="store_true",
+        help="rewrite the generated sections of README.md (counts, verdict table, timings) and docs/llm-checks.md",
+    )
+    t.add_argument(
+        "--timings",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RECORD",
+        help="with --docs: records whose run times fill the timings table (repeatable; default: --record)",
+    )
+    t.add_argument("--readme", type=Path, default=None, help="with --docs: the README to rewrite (default: the repo's)")
+    t.add_argument(
+        "--ship-llm",
+        type=Path,
+        metavar="RECORD",
+        help="stamp the record of a full llm-layer run and write it as the shipped llm record "
+        "(paper_checks/records/llm.json, or --out)",
+    )
+    t.add_argument("--commit", help="with --ship-llm: the commit that ran it (default: the record's)")
+    t.add_argument("--machine", help="with --ship-llm: the machine that ran it (default: the record's)")
+    t.add_argument("--run-seconds", type=float, help="with --ship-llm: its wall time (default: the record's)")
+    t.set_defaults(func=_cmd_report)
 
 
 # --------------------------------------------------------------------------- shared
@@ -156,22 +234,12 @@ def _check_writable_dir(path: Path, flag: str = "--out", shown: Path | None = No
         raise ValueError(f"cannot write {flag} {shown} ({reason}); pass {flag} with a writable path") from None
 
 
-def _progress(iterable: Any, desc: str, enabled: bool = True, total: int | None = None):
-    """tqdm on stderr when it is a terminal (silent in CI logs and under --json pipes)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a core dependency
-        return iterable
-    return tqdm(
-        iterable,
-        desc=desc,
-        unit="check" if desc == "checks" else "fig",
-        file=sys.stderr,
-        total=total,
-        disable=None if enabled else True,
-        leave=False,
-        dynamic_ncols=True,
-    )
+def _progress(total: int | None, desc: str, unit: str, enabled: bool = True):
+    """The shared progress reporter (:mod:`tiltlab.progress`): a bar with ETA on a terminal, a line
+    every ``TILTLAB_PROGRESS_INTERVAL`` seconds elsewhere; nothing when ``enabled`` is false."""
+    from tiltlab.progress import progress
+
+    return progress(total, desc, unit, **({} if enabled else {"mode": "off"}))
 
 
 def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> None:
@@ -269,18 +337,19 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
         with (
             _run_cache(),
             ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"), initializer=_one_thread) as ex,
+            _progress(len(chks), "checks", "check", progress) as bar,
         ):
             futs = [ex.submit(_run_key, c.key, seed) for c in chks]
-            for fut in _progress(as_completed(futs), "checks", progress, total=len(futs)):
+            for fut in as_completed(futs):
                 key, res, sec, err = fut.result()
                 done[key] = registry.Outcome(by_key[key], res, sec, err)
+                bar.update(1, postfix=key)
         return [done[c.key] for c in chks]
     outs = []
-    bar = _progress(chks, "checks", progress)
-    for c in bar:
-        if hasattr(bar, "set_postfix_str"):
-            bar.set_postfix_str(c.claim_id, refresh=False)
-        outs.append(registry.run_one(c, seed))
+    with _progress(len(chks), "checks", "check", progress) as bar:
+        for c in chks:
+            outs.append(registry.run_one(c, seed))
+            bar.update(1, postfix=c.key)
     return outs
 
 
@@ -310,51 +379,91 @@ def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
 
 
 def _record(
-    outs, unchecked, seed: int, selection: dict[str, Any], seconds: float, claim_dirs=(), modules=()
+    outs,
+    unchecked,
+    seed: int,
+    selection: dict[str, Any],
+    seconds: float,
+    claim_dirs=(),
+    modules=(),
+    prov: dict[str, Any] | None = None,
+    kept_rows: Sequence[dict[str, Any]] = (),
+    recorded_rows: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The JSON record: this run's rows (stamped with ``prov``), then ``kept_rows`` (earlier runs'
+    rows this run did not re-run) and ``recorded_rows`` (the shipped llm record); the summary and the
+    claim verdicts cover all of them, ``summary.failures`` only this run's checks."""
     from tiltlab import __version__
-
-    counts = Counter(o.verdict for o in outs)
-    counts.update({"unchecked": len(unchecked)} if unchecked else {})
     from tiltlab.paper_checks import registry
+    from tiltlab.paper_checks.record import outcomes_from_rows
 
+    prov = prov or {}
     checks = []
     for o in outs:
         row = o.to_json(seed)
         row["reproducer"] = reproducer(o.check, seed, claim_dirs, modules)
-        checks.append(row)
+        checks.append({**row, **prov})
+    rows = [*checks, *kept_rows, *recorded_rows]
+    all_outs = [*outs, *outcomes_from_rows([*kept_rows, *recorded_rows])]
+    counts = Counter(o.verdict for o in all_outs)
+    counts.update({"unchecked": len(unchecked)} if unchecked else {})
     return {
         "tiltlab": __version__,
         "skipped_modules": dict(sorted(registry.SKIPPED_MODULES.items())),
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": prov.get("run_at") or _now(),
+        "commit": prov.get("commit"),
+        "machine": _machine(),
         "seed": seed,
         "selection": selection,
         "summary": {
-            "checks": len(outs),
+            "checks": len(rows),
+            "run": len(outs),
+            "kept": len(kept_rows),
+            "recorded": len(recorded_rows),
             "failures": sum(not o.ok for o in outs),
             "verdicts": dict(sorted(counts.items())),
             "seconds": round(seconds, 3),
         },
-        "claims": _claim_verdicts(outs),
-        "checks": checks,
+        "claims": _claim_verdicts(all_outs),
+        "checks": sorted(rows, key=lambda r: (r["claim"], r["layer"], r["check"])),
         "unchecked": unchecked,
     }
 
 
+def _now() -> str:
+    from tiltlab.paper_checks.record import now_utc
+
+    return now_utc()
+
+
+def _machine() -> dict[str, Any]:
+    from tiltlab.paper_checks.record import machine
+
+    return machine()
+
+
+def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | None = None) -> dict[str, Any]:
+    import uuid
+
+    from tiltlab.paper_checks.record import git_commit
+
+    return {
+        "run_at": run_at or _now(),
+        "run_id": uuid.uuid4().hex[:12],
+        "command": command,
+        "mode": mode,
+        "slow": slow,
+        "commit": git_commit(),
+        "seed": seed,
+        "source": "run",
+    }
+
+
 def _write_json(path: Path, rec: dict[str, Any]) -> None:
-    """Write ``rec`` atomically: a temporary file in the same folder, then ``os.replace`` (a reader,
-    or a run that dies while writing, sees the old record or the new one, never half of one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``rec`` atomically (:func:`tiltlab.paper_checks.record.write_json`)."""
+    from tiltlab.paper_checks.record import write_json
+
+    write_json(path, rec)
 
 
 def _claim_verdicts(outs) -> list[dict[str, Any]]:
@@ -452,6 +561,8 @@ def _table(outs, unchecked, stream=None) -> None:
                 else f"{o.verdict}(items!)"
             )
         )
+        if (getattr(o, "provenance", None) or {}).get("source") == "recorded":
+            verdict += " (recorded)"
         rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
     for u in unchecked:
         rows.append((u["claim"], _short(u["cite"]), "-", "unchecked", "no check registered"))
@@ -493,6 +604,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _list(chks, unchecked)
         return 0
     _check_writable_file(args.out)  # before any check runs
+    from tiltlab.paper_checks.record import merge, read_record, recorded_llm_rows, row_key
+
+    old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
+    prov = _provenance(_check_command(args), "check", bool(args.slow), args.seed)
     outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     seconds = time.perf_counter() - t0
     sel = {
@@ -503,15 +618,78 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "claims": [str(d) for d in args.claims],
         "module": list(args.module),
     }
-    rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module)
+    # the last full llm-layer run, shipped with the repository: merged as recorded (not re-run)
+    # unless this run ran the llm layer or selected another layer
+    recorded = [] if layer else recorded_llm_rows(prefix, args.check)[0]
+    ran = {o.check.key for o in outs}
+    recorded = [r for r in recorded if row_key(r) not in ran]
+    kept = [r for r in merge(old, [])[0] if row_key(r) not in ran]
+    rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded)
+    rec["runtime"] = _runtime(seconds)
+    if old:
+        rec["history"] = [*old.get("history", [_history_entry(old)]), _history_entry(rec)]
+        rec["unchecked"] = _merge_unchecked(old.get("unchecked", []), unchecked)
+        if "figures" in old:  # a `tiltlab reproduce` record: it still describes that run (mode, time, commit)
+            for key in (*_REPRODUCE_KEYS, "generated_at", "commit", "machine", "seed", "selection", "runtime"):
+                if key in old:
+                    rec[key] = old[key]
+            rec["updated_at"] = prov["run_at"]
     _write_json(args.out, rec)
+    rerendered = _rerender_report(args.out, rec) if old else None
     rc = 1 if rec["summary"]["failures"] else 0
     try:
-        _report_check(args, outs, unchecked, rec, seconds)
+        _report_check(args, outs, unchecked, rec, seconds, recorded, len(kept), rerendered)
     except BrokenPipeError:  # e.g. `tiltlab check | head`: the record is written, keep the exit status
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     return rc
+
+
+def _check_command(args: argparse.Namespace) -> str:
+    """The ``tiltlab check`` command line of this run (without ``--out``/``--json``/``--jobs``)."""
+    parts = ["tiltlab check"]
+    for flag, value in (("--only", args.only), ("--layer", args.layer), ("--check", args.check)):
+        if value:
+            parts.append(f"{flag} {shlex.quote(value)}")
+    if args.slow:
+        parts.append("--slow")
+    if args.seed:
+        parts.append(f"--seed {args.seed}")
+    return " ".join(parts)
+
+
+#: Keys of a ``tiltlab reproduce`` record that a ``tiltlab check`` merged into it keeps.
+_REPRODUCE_KEYS = ("figures", "figures_missing", "environment", "report")
+
+
+def _history_entry(rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "generated_at": rec.get("generated_at"),
+        "commit": rec.get("commit"),
+        "selection": rec.get("selection"),
+        "ran": rec.get("summary", {}).get("run", rec.get("summary", {}).get("checks")),
+    }
+
+
+def _merge_unchecked(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Claims without a check, from both runs, minus those that have a check now."""
+    from tiltlab.paper_checks import registry
+
+    have = {c.claim_id for c in registry.checks()}
+    by_id = {u["claim"]: u for u in [*old, *new] if u["claim"] not in have and u["claim"] in registry.claims()}
+    return [by_id[k] for k in sorted(by_id)]
+
+
+def _rerender_report(out: Path, rec: dict[str, Any]) -> Path | None:
+    """After merging into a ``tiltlab reproduce`` record, rewrite its REPORT.md and report.html from
+    the merged record, so the report never disagrees with the record next to it."""
+    folder = out.parent
+    if "figures" not in rec or out.name != "claims.json" or not (folder / "REPORT.md").is_file():
+        return None
+    from tiltlab.paper_checks.report import report_input_from_record, write_report
+
+    write_report(report_input_from_record(rec, folder))
+    return folder / "REPORT.md"
 
 
 def _empty_selection(prefix: str | None, layer: str | None, name: str | None, slow: bool) -> str:
@@ -553,15 +731,33 @@ def _list(chks, unchecked=()) -> None:
     print(f"{len(rows)} check(s) selected ({sum(c.slow for c in chks)} slow); none run")
 
 
-def _report_check(args, outs, unchecked, rec, seconds) -> None:
+def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, rerendered=None) -> None:
     if args.json:
         json.dump(rec, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
         _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
     else:
-        _table(outs, unchecked)
-        print(f"\n{_counts_line(rec)} in {seconds:.1f} s; {rec['summary']['failures']} changed/crashed.")
+        from tiltlab.paper_checks.record import outcomes_from_rows
+
+        _table([*outs, *outcomes_from_rows(recorded)], unchecked)
+        print(
+            f"\n{_counts_line(rec)}; ran {len(outs)} in {seconds:.1f} s; {rec['summary']['failures']} changed/crashed."
+        )
         print(f"record written to {args.out}")
+        if recorded:
+            r0 = recorded[0]
+            print(
+                f"note: {len(recorded)} llm check(s) shown as 'recorded' come from the shipped record of the last full "
+                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; "
+                "`tiltlab check --layer llm --slow` runs them"
+            )
+        if n_kept:
+            print(
+                f"note: merged into the existing record: {n_kept} check(s) kept from earlier runs with their own "
+                "time, mode and commit (--replace writes this run only)"
+            )
+        if rerendered is not None:
+            print(f"report rewritten from the merged record: {rerendered}")
         for m, why in rec["skipped_modules"].items():
             print(f"note: check module {m} was skipped ({why})")
         _print_failures(outs, args.seed, None, args.claims, args.module)
@@ -599,10 +795,12 @@ def make_figures(out_dir: Path, quick: bool, seed: int, progress: bool = True):
     if figs is None:
         return [], problems
     records = []
-    for fig_id, mod_name in _progress(figs, "figures", progress):
-        recs, probs = _make_one(fig_id, mod_name, out_dir, quick, seed)
-        records += recs
-        problems.update(probs)
+    with _progress(len(figs), "figures", "figure", progress) as bar:
+        for fig_id, mod_name in figs:
+            recs, probs = _make_one(fig_id, mod_name, out_dir, quick, seed)
+            records += recs
+            problems.update(probs)
+            bar.update(1, postfix=fig_id)
     return records, problems
 
 
@@ -623,13 +821,17 @@ def _start_figures_in_background(out_dir: Path, quick: bool, seed: int, workers:
 
 
 def _collect_figures(bg) -> tuple[list, dict]:
+    from concurrent.futures import as_completed
+
     ex, futs, problems = bg
     records = []
     try:
-        for fut in _progress(futs, "figures"):
-            recs, probs = fut.result()
-            records += recs
-            problems.update(probs)
+        with _progress(len(futs), "figures", "figure") as bar:
+            for fut in as_completed(futs):
+                recs, probs = fut.result()
+                records += recs
+                problems.update(probs)
+                bar.update(1, postfix=", ".join([r.id for r in recs] + sorted(probs)))
     finally:
         ex.shutdown()
     return records, problems
@@ -674,31 +876,65 @@ def _stage(msg: str) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.report import ReportInput, figures_json, write_report
+    from tiltlab.paper_checks.record import read_record, recorded_llm_rows
 
     t0 = time.perf_counter()
-    out: Path = args.out
+    out: Path = args.out if args.out is not None else Path("results/quick" if args.quick else "results")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; pass a directory (default results/)")
     _check_writable_dir(out)
+    try:
+        old = read_record(out / "claims.json", "--out")
+    except ValueError:
+        old = None  # not a record: it is replaced like any other output file
+    if args.quick and old and not old.get("selection", {}).get("quick", True):
+        raise ValueError(
+            f"--out {out} holds a full-mode run ({old.get('generated_at')}, commit {old.get('commit') or 'unknown'}); "
+            "--quick would replace it with reduced figures and without the slow checks: pass another --out "
+            "(the default for --quick is results/quick)"
+        )
     chks = _select(None, None, None, include_slow=not args.quick)
     if args.llm:
         llm_chks = _select(None, "llm", None, include_slow=True)
         if not llm_chks:
             raise ValueError(_empty_selection(None, "llm", None, True))
         chks = chks + llm_chks
+    recorded = [] if args.llm else recorded_llm_rows()[0]
     n_figs = len(_figure_list()[0] or [])
-    _stage(f"{len(chks)} checks and {n_figs} figures ({'quick' if args.quick else 'full'} mode) -> {out}/")
+    _stage(
+        f"{len(chks)} checks and {n_figs} figures ({'quick' if args.quick else 'full'} mode) -> {out}/"
+        + (f"; {len(recorded)} llm checks from the shipped record (not re-run)" if recorded else "")
+    )
+    # everything is written into a temporary folder next to --out and moved into place at the end:
+    # an interrupted run leaves the previous outputs (or nothing), never a partial set that looks complete
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        rc = _reproduce_into(args, tmp, out, chks, recorded, t0)
+        _move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rc
+
+
+def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> int:
+    """The body of ``tiltlab reproduce``, writing into ``tmp`` (the report names ``out``)."""
+    from tiltlab.paper_checks import registry
+    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.paper_checks.report import ReportInput, figures_json, write_report
+
+    mode = "quick" if args.quick else "full"
+    command = "tiltlab reproduce" + (" --quick" if args.quick else "") + (" --llm" if args.llm else "")
+    command += f" --seed {args.seed}" if args.seed else ""
+    prov = _provenance(command, mode, not args.quick, args.seed)
     # figures in worker processes while the checks run here (each figure is seeded on its own,
     # so the results do not depend on where it runs); --jobs 1 runs everything in this process
-    bg = _start_figures_in_background(out / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
+    bg = _start_figures_in_background(tmp / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
     if bg is not None:
         _one_thread()  # the checks share the cores with the figure workers
     outs = _run(chks, args.seed)
     t_checks = time.perf_counter() - t0
     _stage(f"checks done in {t_checks:.1f} s; " + ("waiting for the figures" if bg else "making the figures"))
-    figs, problems = _collect_figures(bg) if bg else make_figures(out / "figures", args.quick, args.seed)
+    figs, problems = _collect_figures(bg) if bg else make_figures(tmp / "figures", args.quick, args.seed)
     _stage(f"figures done ({len(figs)}) after {time.perf_counter() - t0:.1f} s; writing the report")
     figs = sorted(figs, key=lambda f: f.id)
     t_figs = time.perf_counter() - t0 - (0.0 if bg else t_checks)
@@ -709,30 +945,174 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         args.seed,
         {"reproduce": True, "quick": bool(args.quick), "llm": bool(args.llm)},
         time.perf_counter() - t0,
+        prov=prov,
+        recorded_rows=recorded,
     )
-    rec["figures"] = figures_json(figs, out)
+    rec["figures"] = figures_json(figs, tmp)
     rec["figures_missing"] = dict(sorted(problems.items()))
-    _write_json(out / "claims.json", rec)
     runtime = time.perf_counter() - t0
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    env = environment()
+    run_line = f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s" + (
+        f", {args.jobs} processes)" if bg else ")"
+    )
+    rec["environment"] = env
+    rec["report"] = {"run_line": run_line, "quick": bool(args.quick), "run_id": prov["run_id"]}
+    rec["runtime"] = _runtime(runtime)
+    _write_json(tmp / "claims.json", rec)
     inp = ReportInput(
         claims=registry.claims(),
-        outcomes=outs,
+        outcomes=[*outs, *outcomes_from_rows(recorded)],
         figures=figs,
         missing_figures=problems,
-        env=environment(),
+        env=env,
         seed=args.seed,
         quick=bool(args.quick),
-        out_dir=out,
-        run_line=f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s"
-        + (f", {args.jobs} processes)" if bg else ")"),
+        out_dir=tmp,
+        run_line=run_line,
+        run_id=prov["run_id"],
     )
     md, ht = write_report(inp)
     print(f"{_counts_line(rec)}; {len(figs)} figures; {runtime:.1f} s")
     print(f"outputs in {out}/: claims.json, {Path(md).name}, {Path(ht).name}, figures/")
+    if recorded:
+        r0 = recorded[0]
+        print(
+            f"{len(recorded)} llm checks recorded, not re-run (the shipped llm-layer record: commit {r0.get('commit')}, "
+            f"{r0.get('run_at')}); `tiltlab reproduce --llm` runs them"
+        )
     _print_failures(outs, args.seed)
     if problems:
         print(f"\n{len(problems)} figure(s) missing or failed:")
         for k, v in sorted(problems.items()):
             print(f"  {k}: {v}")
     return 1 if (problems or rec["summary"]["failures"]) else 0
+
+
+def _runtime(wall: float) -> dict[str, Any]:
+    """Wall time, CPU time (this process and its finished children) and peak memory of the run."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "max_rss_mib": round(max(me.ru_maxrss, kids.ru_maxrss) / 1024, 0),
+        "machine": _machine(),
+    }
+
+
+#: What ``tiltlab reproduce`` writes into ``--out``, moved into place in this order (the record last).
+_OUTPUTS = ("figures", "REPORT.md", "report.html", "claims.json")
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Move the finished outputs from ``tmp`` into ``out``: a folder replaces the old folder (the old
+    one is renamed away first, then deleted), a file replaces the old file; the record goes last."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in _OUTPUTS:
+        src, dst = tmp / name, out / name
+        if not src.exists():
+            continue
+        if src.is_dir():
+            trash = None
+            if dst.exists():
+                trash = Path(tempfile.mkdtemp(dir=out, prefix=f".{name}.old-"))
+                os.replace(dst, trash / name)
+            os.replace(src, dst)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(src, dst)
+
+
+# --------------------------------------------------------------------------- tiltlab report
+
+
+def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` plus the shipped llm record's rows (as ``recorded``) when it has no llm rows."""
+    from tiltlab.paper_checks.record import recorded_llm_rows
+
+    if any(r.get("layer") == "llm" for r in rec.get("checks", [])):
+        return rec
+    rows, _ = recorded_llm_rows()
+    return {**rec, "checks": [*rec.get("checks", []), *rows]} if rows else rec
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from tiltlab.paper_checks import record as R
+    from tiltlab.paper_checks import report as P
+
+    if args.ship_llm is not None:
+        dest = args.out or R.LLM_RECORD
+        shipped = R.ship_llm_record(
+            args.ship_llm, dest, commit=args.commit, machine_desc=args.machine, run_seconds=args.run_seconds
+        )
+        print(
+            f"shipped llm record written to {dest}: {len(shipped['checks'])} checks, commit {shipped['commit']}, "
+            f"registry hash {shipped['registry_hash']}"
+        )
+        return 0
+    rec = R.read_record(args.record, "--record")
+    if rec is None:
+        raise FileNotFoundError(
+            f"--record {args.record}: no such file; run `tiltlab reproduce` (or `tiltlab check`) first"
+        )
+    rec = _with_recorded_llm(rec)
+    if args.format:
+        from tiltlab.paper_checks import registry
+
+        registry.discover()
+        text = P.render_table(
+            P.claim_table(registry.claims(), R.outcomes_from_rows(rec["checks"]), rec.get("commit")), args.format
+        )
+        if args.out:
+            _check_writable_file(args.out)
+            R.write_text(args.out, text)
+            print(f"per-claim table ({args.format}) written to {args.out}")
+        else:
+            sys.stdout.write(text)
+        return 0
+    if args.docs:
+        return _write_docs(args, rec)
+    if "figures" not in rec:
+        raise ValueError(
+            f"--record {args.record} is a `tiltlab check` record (no figures); the full report needs a "
+            "`tiltlab reproduce` record, or pass --format / --docs"
+        )
+    md, ht = P.write_report(P.report_input_from_record(rec, args.record.parent))
+    print(f"report rewritten from {args.record}: {md}, {ht}")
+    return 0
+
+
+def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
+    """``tiltlab report --docs``: README's results and timings sections, docs/llm-checks.md's last run."""
+    from tiltlab.paper_checks import record as R
+    from tiltlab.paper_checks import report as P
+
+    root = Path(__file__).resolve().parents[1]
+    readme = args.readme or root / "README.md"
+    llm_rec = R.load_llm_record()
+    timing_recs = [rec]
+    for path in args.timings:
+        other = R.read_record(path, "--timings")
+        if other is None:
+            raise FileNotFoundError(f"--timings {path}: no such file")
+        timing_recs.append(other)
+    text = readme.read_text(encoding="utf-8")
+    text = P.replace_section(text, "results", P.results_section(rec, llm_rec), str(readme))
+    text = P.replace_section(text, "timings", P.timings_section(timing_recs, llm_rec), str(readme))
+    written = [readme]
+    llm_doc = root / "docs" / "llm-checks.md"
+    new_llm = None
+    if llm_rec is not None and args.readme is None and llm_doc.is_file():
+        new_llm = P.replace_section(
+            llm_doc.read_text(encoding="utf-8"), "llm-run", P.llm_run_section(llm_rec), str(llm_doc)
+        )
+    R.write_text(readme, text)  # after every section rendered: nothing half-written on an error
+    if new_llm is not None:
+        R.write_text(llm_doc, new_llm)
+        written.append(llm_doc)
+    print("generated sections rewritten in " + ", ".join(str(w) for w in written))
+    return 0

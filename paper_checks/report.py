@@ -98,6 +98,8 @@ def _repo_href(target: Path, out_dir: Path, fragment: str = "") -> tuple[str | N
 def _check_source(check: Any) -> tuple[Path, int] | None:
     """File and first line of a registered check function (``None`` for a builtin or lost source)."""
     fn = inspect.unwrap(check.fn)
+    if getattr(fn, "__name__", "") == "_not_loaded":  # a recorded row whose check module is not loaded
+        return None
     try:
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]
@@ -149,6 +151,52 @@ class ReportInput:
     quick: bool = False
     run_line: str = ""
     out_dir: Path = Path(".")
+    run_id: str = ""
+
+
+def _provenance_note(o: Outcome, inp: ReportInput) -> str:
+    """Where a number came from, when not from the run this report describes: the shipped llm
+    record (``recorded``) or an earlier run merged into the record (time, mode, commit, command)."""
+    prov = getattr(o, "provenance", None) or {}
+    if not prov:
+        return ""
+    if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
+        return ""
+    from tiltlab.paper_checks.record import provenance_line
+
+    return provenance_line(prov)
+
+
+def _recorded_sentence(inp: ReportInput) -> str:
+    """One sentence on the outcomes not measured by this run (shipped llm record, earlier runs)."""
+    notes = [(o, _provenance_note(o, inp)) for o in inp.outcomes]
+    rec = [o for o, n in notes if n and (o.provenance or {}).get("source") == "recorded"]  # type: ignore[attr-defined]
+    old = [o for o, n in notes if n and (o.provenance or {}).get("source") != "recorded"]  # type: ignore[attr-defined]
+    parts = []
+    if rec:
+        p = rec[0].provenance  # type: ignore[attr-defined]
+        parts.append(
+            f"{len(rec)} {'llm ' if all(o.check.layer == 'llm' for o in rec) else ''}checks are recorded, not re-run: "
+            f"they come from the last full llm-layer run shipped with the repository (commit {p.get('commit')}, "
+            f"{p.get('run_at')}); `tiltlab reproduce --llm` re-runs them."
+        )
+    if old:
+        parts.append(
+            f"{len(old)} checks come from earlier runs merged into this record; each names its time, mode and commit."
+        )
+    return " ".join(parts)
+
+
+def _layer_label(layer: str, outs: Sequence[Outcome]) -> str:
+    """``llm (recorded)`` when every outcome of the layer comes from the shipped record."""
+    mine = [o for o in outs if o.check.layer == layer]
+    rec = [o for o in mine if (getattr(o, "provenance", None) or {}).get("source") == "recorded"]
+    return f"{layer} (recorded)" if mine and len(rec) == len(mine) else layer
+
+
+def command_list(command: str) -> list[str]:
+    """A chained LLM-scale command (``a && b && c``) as the list of its commands, in order."""
+    return [part.strip() for part in command.split(" && ") if part.strip()]
 
 
 # --------------------------------------------------------------------------- model
@@ -335,6 +383,9 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("")
     L.append(f"Claims are cited as paper and section (e.g. DISA §2.2 eq. (10)); see {SPEC_DOCS} in the repository.")
     L.append("")
+    if _recorded_sentence(inp):
+        L.append(_recorded_sentence(inp))
+        L.append("")
     papers_in_order = [*dict.fromkeys(r["paper"] for r in rows)]
     claim_ids = {r["id"] for r in rows}
     L.append("Contents: [Summary](#summary) · [Findings](#findings) · ")
@@ -367,7 +418,9 @@ def render_markdown(inp: ReportInput) -> str:
         for layer in sorted(lc, key=lambda x: _LAYER_ORDER.get(x, 9)):
             c = lc[layer]
             L.append(
-                f"| {layer} | " + " | ".join(str(c.get(v, 0)) for v in VERDICT_ORDER[:-1]) + f" | {sum(c.values())} |"
+                f"| {_layer_label(layer, inp.outcomes)} | "
+                + " | ".join(str(c.get(v, 0)) for v in VERDICT_ORDER[:-1])
+                + f" | {sum(c.values())} |"
             )
         L.append("")
     # findings
@@ -435,12 +488,20 @@ def render_markdown(inp: ReportInput) -> str:
                 L.append(
                     f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp} — {_md_escape(o.result.summary)}"
                 )
+                note = _provenance_note(o, inp)
+                if note:
+                    L.append(f"  - {_md_escape(note).replace(chr(92) + '`', '`')}")
                 if o.check.name != "llm_scale":
                     nums = _short_numbers(o.result.numbers)
                     if nums:
                         L.append(f"  - numbers: {_md_escape(nums)}")
         if c is not None and c.llm_command:
-            L.append(f"- LLM-scale command: `{c.llm_command}`")
+            cmds = command_list(c.llm_command)
+            if len(cmds) == 1:
+                L.append(f"- LLM-scale command: `{cmds[0]}`")
+            else:
+                L.append(f"- LLM-scale commands, in order ({len(cmds)}):")
+                L += [f"  {i}. `{cmd}`" for i, cmd in enumerate(cmds, 1)]
         for fid in r["figures"]:
             f = figs.get(fid)
             if f is None:
@@ -542,7 +603,7 @@ def _html_citation(c: Claim, out_dir: Path) -> str:
     return f"<i>{_a(_papers_href(c.paper, out_dir), cite(c))}</i>"
 
 
-def _html_check(o: Outcome, out_dir: Path) -> str:
+def _html_check(o: Outcome, out_dir: Path, note: str = "") -> str:
     e = html.escape
     exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
     href, text = _source_ref(o.check, out_dir)
@@ -552,6 +613,8 @@ def _html_check(o: Outcome, out_dir: Path) -> str:
         last = (o.error or "").strip().splitlines()[-1:] or [""]
         return f"{head}{_v('error')}{exp} — {e(last[0])}{src}</li>"
     out = f"{head}{_v(o.verdict)}{exp} — {e(o.result.summary)}{src}"
+    if note:
+        out += f'<div class="nums">{e(note)}</div>'
     if o.check.name != "llm_scale":
         nums = _short_numbers(o.result.numbers)
         if nums:
@@ -607,6 +670,8 @@ def render_html(inp: ReportInput) -> str:
         "<p>Layers: <code>theory</code> symbolic (sympy), <code>sim</code> exact float64 simulator, <code>data</code> the paper's "
         "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>"
     )
+    if _recorded_sentence(inp):
+        H.append(f"<p>{e(_recorded_sentence(inp))}</p>")
     math_href, _ = _repo_href(_REPO / "docs" / "math.md", inp.out_dir)
     papers_href, _ = _repo_href(_REPO / "docs" / "papers.md", inp.out_dir)
     H.append(
@@ -645,7 +710,7 @@ def render_html(inp: ReportInput) -> str:
         for layer in sorted(lc, key=lambda x: _LAYER_ORDER.get(x, 9)):
             c = lc[layer]
             H.append(
-                f"<tr><td>{e(layer)}</td>"
+                f"<tr><td>{e(_layer_label(layer, inp.outcomes))}</td>"
                 + "".join(f"<td>{c.get(v, 0)}</td>" for v in VERDICT_ORDER[:-1])
                 + f"<td>{sum(c.values())}</td></tr>"
             )
@@ -692,9 +757,17 @@ def render_html(inp: ReportInput) -> str:
             body.append("<ul>")
             if not r["outcomes"]:
                 body.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
-            body += [_html_check(o, inp.out_dir) for o in r["outcomes"]]
+            body += [_html_check(o, inp.out_dir, _provenance_note(o, inp)) for o in r["outcomes"]]
             if c is not None and c.llm_command:
-                body.append(f"<li>LLM-scale command: <code>{e(c.llm_command)}</code></li>")
+                cmds = command_list(c.llm_command)
+                if len(cmds) == 1:
+                    body.append(f"<li>LLM-scale command: <code>{e(cmds[0])}</code></li>")
+                else:
+                    body.append(
+                        f"<li>LLM-scale commands, in order ({len(cmds)}):<ol>"
+                        + "".join(f"<li><code>{e(cmd)}</code></li>" for cmd in cmds)
+                        + "</ol></li>"
+                    )
             body.append("</ul>")
             for fid in r["figures"]:
                 f = figs.get(fid)
@@ -770,6 +843,319 @@ def write_report(inp: ReportInput) -> tuple[Path, Path]:
     md.write_text(render_markdown(inp), encoding="utf-8")
     ht.write_text(render_html(inp), encoding="utf-8")
     return md, ht
+
+
+# --------------------------------------------------------------------------- reports from a record
+
+
+def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInput:
+    """A :class:`ReportInput` rebuilt from a ``tiltlab reproduce`` record (``claims.json`` in
+    ``out_dir``), e.g. after ``tiltlab check`` merged a partial run into it. Outcomes keep their
+    provenance, so the report says which run, mode and commit each number came from."""
+    from types import SimpleNamespace
+
+    from tiltlab.paper_checks.record import outcomes_from_rows
+
+    registry.discover()
+    figs = []
+    for f in rec.get("figures", []):
+        d = dict(f)
+        for k in ("png", "data"):
+            if d.get(k):
+                d[k] = Path(out_dir) / d[k]
+        d.setdefault("claims", [])
+        d.setdefault("findings", [])
+        figs.append(SimpleNamespace(**d))
+    rep = rec.get("report") or {}
+    sel = rec.get("selection") or {}
+    return ReportInput(
+        claims=registry.claims(),
+        outcomes=outcomes_from_rows(rec.get("checks", [])),
+        figures=figs,
+        missing_figures=dict(rec.get("figures_missing") or {}),
+        env=dict(rec.get("environment") or {}),
+        seed=int(rec.get("seed") or 0),
+        quick=bool(rep.get("quick", sel.get("quick", False))),
+        out_dir=Path(out_dir),
+        run_line=str(rep.get("run_line", "")),
+        run_id=str(rep.get("run_id", "")),
+    )
+
+
+# --------------------------------------------------------------------------- the per-claim table
+
+#: Columns of the exported per-claim table (``tiltlab report --format csv|latex|md``).
+TABLE_COLUMNS = ("claim", "paper", "section", "verdict", "decided_by", "key_numbers", "commit", "source")
+
+
+def key_numbers(numbers: Mapping[str, Any], limit: int = 4) -> str:
+    """The numbers of a check, those with a confidence interval first: ``acc 0.5 [0.4, 0.6]``
+    for ``acc``, ``acc_lo``, ``acc_hi``; at most ``limit`` entries, in name order within each group."""
+    with_ci, plain = [], []
+    for k in sorted(numbers):
+        base = k[:-3]
+        if k.endswith(("_lo", "_hi")) and base in numbers and f"{base}_lo" in numbers and f"{base}_hi" in numbers:
+            continue  # shown inside its interval
+        lo, hi = numbers.get(f"{k}_lo"), numbers.get(f"{k}_hi")
+        if lo is not None and hi is not None:
+            with_ci.append(f"{k} {_fmt(numbers[k])} [{_fmt(lo)}, {_fmt(hi)}]")
+        else:
+            plain.append(f"{k} {_fmt(numbers[k])}")
+    return "; ".join([*with_ci, *plain][:limit])
+
+
+def claim_table(
+    claims: Mapping[str, Claim], outcomes: Sequence[Outcome], commit: str | None = None
+) -> list[dict[str, str]]:
+    """One row per declared claim: paper, section, verdict, the deciding layers, the key numbers of
+    the deciding check(s) with their CIs, and the commit (and source: run / recorded) they came from."""
+    inp = ReportInput(claims=claims, outcomes=outcomes)
+    table = []
+    for r in claim_rows(inp):
+        c = r["claim"]
+        deciding = [o for o in r["outcomes"] if o.verdict == r["status"] and o.check.layer in r["decided_by"]]
+        nums = "; ".join(
+            f"{o.check.name}: {key_numbers(o.result.numbers)}"
+            for o in deciding
+            if o.result is not None and o.result.numbers and o.check.name != "llm_scale"
+        )
+        provs = [getattr(o, "provenance", None) or {} for o in deciding]
+        commits = sorted({p.get("commit") or commit or "" for p in provs} - {""}) or ([commit] if commit else [])
+        sources = sorted({p.get("source", "run") for p in provs}) or ([] if not deciding else ["run"])
+        table.append(
+            {
+                "claim": r["id"],
+                "paper": r["paper"],
+                "section": c.section if c is not None else "",
+                "verdict": r["status"],
+                "decided_by": ", ".join(r["decided_by"]),
+                "key_numbers": nums,
+                "commit": ", ".join(commits),
+                "source": ", ".join(sources),
+            }
+        )
+    return table
+
+
+def _latex_escape(text: str) -> str:
+    out = []
+    for ch in text:
+        out.append(_LATEX_ESCAPES.get(ch, ch))
+    return "".join(out)
+
+
+_LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
+def render_table(table: Sequence[Mapping[str, str]], fmt: str) -> str:
+    """The per-claim table as ``csv``, ``md`` (a GitHub pipe table) or ``latex`` (a ``tabular``)."""
+    cols = TABLE_COLUMNS
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: row.get(k, "") for k in cols} for row in table)
+        return buf.getvalue()
+    if fmt == "md":
+
+        def cell(x: str) -> str:
+            return x.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(cell(row.get(k, "")) for k in cols) + " |" for row in table]
+        return "\n".join(lines) + "\n"
+    if fmt == "latex":
+        spec = "lllll" + "p{6cm}" + "ll"
+        lines = [
+            "% generated by `tiltlab report --format latex`; needs no package beyond LaTeX itself",
+            f"\\begin{{tabular}}{{{spec}}}",
+            "\\hline",
+            " & ".join(_latex_escape(c) for c in cols) + " \\\\",
+            "\\hline",
+        ]
+        lines += [" & ".join(_latex_escape(row.get(k, "")) for k in cols) + " \\\\" for row in table]
+        lines += ["\\hline", "\\end{tabular}"]
+        return "\n".join(lines) + "\n"
+    raise ValueError(f"--format must be one of csv, latex, md; got {fmt!r}")
+
+
+# --------------------------------------------------------------------------- generated doc sections
+
+#: ``<!-- tiltlab report --docs: NAME -->`` ... ``<!-- end NAME -->`` delimit a generated section.
+DOCS_BEGIN = "<!-- generated by `tiltlab report --docs`: {name} -->"
+DOCS_END = "<!-- end of generated section: {name} -->"
+
+
+def registry_counts() -> dict[str, int]:
+    """Claims and checks the registry declares now (llm checks counted when their module loads)."""
+    registry.discover()
+    chks = registry.checks()
+    fast_layers = [c for c in chks if c.layer not in registry.OPT_IN_LAYERS]
+    return {
+        "claims": len(registry.claims()),
+        "checks": len(fast_layers),
+        "slow": sum(c.slow for c in fast_layers),
+        "llm": sum(c.layer == "llm" for c in chks),
+    }
+
+
+def registry_sentence(counts: Mapping[str, int] | None = None) -> str:
+    """``The registry declares 127 claims, with 157 checks in the theory, sim and data layers (12 of
+    them slow) and 19 llm-layer checks.``"""
+    n = registry_counts() if counts is None else counts
+    return (
+        f"The registry declares {n['claims']} claims, with {n['checks']} checks in the theory, sim and data layers "
+        f"({n['slow']} of them slow) and {n['llm']} llm-layer checks."
+    )
+
+
+def _when(stamp: Any) -> str:
+    return str(stamp or "unknown date").replace("T", " ").replace("+00:00", " UTC")
+
+
+def _machine_text(m: Any) -> str:
+    if isinstance(m, Mapping):
+        load = m.get("load")
+        return f"{m.get('platform', '?')}, {m.get('cpus', '?')} CPUs, load {load if load is not None else '?'}"
+    return str(m or "unknown machine")
+
+
+def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -> str:
+    """The README's results section: registry counts, the run's claim / check counts and the
+    verdict table per paper, stamped with the run's date, commit, machine and load."""
+    from tiltlab.paper_checks.record import outcomes_from_rows
+
+    registry.discover()
+    outs = outcomes_from_rows(rec.get("checks", []))
+    inp = ReportInput(claims=registry.claims(), outcomes=outs)
+    rows = claim_rows(inp)
+    counts = _counts(rows)
+    per_check = Counter(o.verdict for o in outs)
+    sel = rec.get("selection") or {}
+    mode = "quick mode" if sel.get("quick") else "full mode"
+    mach = (rec.get("runtime") or {}).get("machine") or rec.get("machine")
+    n_rec = sum(1 for o in outs if (o.provenance or {}).get("source") == "recorded")
+    L = [registry_sentence(), ""]
+    what = "`tiltlab reproduce" + (" --quick" if sel.get("quick") else "") + "`"
+    if not sel.get("reproduce"):
+        what = f"`{(rec.get('checks') or [{}])[0].get('command') or 'tiltlab check'}`"
+    L.append(
+        f"{what} (seed {rec.get('seed', 0)}, {mode}; run {_when(rec.get('generated_at'))} at commit "
+        f"{rec.get('commit') or 'unknown'} on {_machine_text(mach)}) judged {len(rows)} claims with {len(outs)} checks"
+        + (
+            f", {n_rec} of them the llm-layer checks recorded in the shipped llm record "
+            f"(commit {llm_rec.get('commit')}, {_when(llm_rec.get('date'))}; not re-run)"
+            if n_rec and llm_rec
+            else ""
+        )
+        + ". Two counts, labelled the way `reproduce` and `check` print them"
+        + (" (claims whose checks are all slow count as unchecked in quick mode)" if sel.get("quick") else "")
+        + ":"
+    )
+    L.append("")
+    c = counts["all"]
+    L.append(
+        "- **per claim** (a claim takes the verdict of its most informative check: error > refuted > partly > "
+        "verified > inconclusive > out of reach): "
+        + ", ".join(f"{c[v]} {v.replace('_', ' ')}" for v in VERDICT_ORDER if c.get(v))
+        + ";"
+    )
+    L.append(
+        "- **per check**: "
+        + ", ".join(f"{per_check[v]} {v.replace('_', ' ')}" for v in VERDICT_ORDER if per_check.get(v))
+        + "."
+    )
+    L.append("")
+    L.append("| paper | " + " | ".join(v.replace("_", " ") for v in VERDICT_ORDER) + " | total |")
+    L.append("|---|" + "---:|" * (len(VERDICT_ORDER) + 1))
+    for n in [*dict.fromkeys(r["paper"] for r in rows), "all"]:
+        cn = counts[n]
+        L.append(
+            f"| {'**all**' if n == 'all' else n} | "
+            + " | ".join(str(cn.get(v, 0)) for v in VERDICT_ORDER)
+            + f" | {sum(cn.values())} |"
+        )
+    return "\n".join(L)
+
+
+def timings_section(records: Sequence[Mapping[str, Any]], llm_rec: Mapping[str, Any] | None) -> str:
+    """The timings table: one row per record given (wall, CPU, peak memory, date, machine and load),
+    plus the shipped llm-layer run."""
+    L = [
+        "| command | wall | CPU (user + sys) | max RSS | run | machine (load at the end) | commit |",
+        "| --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for rec in records:
+        rt = rec.get("runtime") or {}
+        sel = rec.get("selection") or {}
+        if sel.get("reproduce"):
+            cmd = "tiltlab reproduce" + (" --quick" if sel.get("quick") else "") + (" --llm" if sel.get("llm") else "")
+        else:
+            cmd = "tiltlab check" + (" --slow" if sel.get("slow") else "")
+        cpu, rss = rt.get("cpu_s"), rt.get("max_rss_mib")
+        L.append(
+            f"| `{cmd}` | {rt.get('wall_s', (rec.get('summary') or {}).get('seconds', '?'))} s | "
+            f"{'—' if cpu is None else f'{cpu} s'} | {'—' if rss is None else f'{rss:.0f} MiB'} | "
+            f"{_when(rec.get('generated_at'))} | {_machine_text(rt.get('machine') or rec.get('machine'))} | "
+            f"{rec.get('commit') or '?'} |"
+        )
+    if llm_rec:
+        L.append(
+            f"| `tiltlab check --layer llm --slow --jobs 1` | {llm_rec.get('run_seconds', '?')} s | — | — | "
+            f"{_when(llm_rec.get('date'))} | {_machine_text(llm_rec.get('machine'))} | {llm_rec.get('commit')} |"
+        )
+    return "\n".join(L)
+
+
+def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
+    """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
+    from tiltlab.paper_checks.record import outcomes_from_rows
+
+    outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
+    summ = llm_rec.get("summary") or {}
+    L = [
+        f"`tiltlab check --layer llm --slow --jobs 1` (seed {llm_rec.get('seed', 0)}), run {_when(llm_rec.get('date'))} "
+        f"at commit {llm_rec.get('commit')} on {_machine_text(llm_rec.get('machine'))}: {len(outs)} checks, "
+        f"{summ.get('failures', '?')} changed or crashed, {llm_rec.get('run_seconds', '?')} s wall. "
+        f"Registry hash of the llm part: `{llm_rec.get('registry_hash')}`.",
+        "",
+        "| claim | check | verdict | key numbers (95% t-intervals) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for o in outs:
+        nums = key_numbers(o.result.numbers, limit=3) if o.result is not None else (o.error or "").strip()[-80:]
+        L.append(f"| `{o.check.claim_id}` | `{o.check.name}` | {o.verdict} | {_md_escape(nums)} |")
+    return "\n".join(L)
+
+
+def replace_section(text: str, name: str, body: str, where: str = "README.md") -> str:
+    """``text`` with the generated section ``name`` replaced by ``body`` (its markers must exist)."""
+    begin, end = DOCS_BEGIN.format(name=name), DOCS_END.format(name=name)
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"{where} has no generated section {name!r} (expected the lines {begin!r} ... {end!r})")
+    return text[: i + len(begin)] + "\n" + body.rstrip("\n") + "\n" + text[j:]
+
+
+def section_text(text: str, name: str) -> str | None:
+    """The body of the generated section ``name`` of ``text`` (None without its markers)."""
+    begin, end = DOCS_BEGIN.format(name=name), DOCS_END.format(name=name)
+    i, j = text.find(begin), text.find(end)
+    return None if i < 0 or j < i else text[i + len(begin) : j].strip("\n")
 
 
 # --------------------------------------------------------------------------- paper index

@@ -26,6 +26,7 @@ from tiltlab.dataclass_cli import close_matches, did_you_mean
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("tiltlab.paper_checks.cli", "run the claim checks (theory + sim + data)"),
     "reproduce": ("tiltlab.paper_checks.cli", "all checks + all simulator figures -> REPORT.md and report.html"),
+    "report": ("tiltlab.paper_checks.cli", "the report, the per-claim table or the README sections, from a record"),
     "sim": ("tiltlab.sim.cli", "run one exact-simulator experiment"),
     "figures": ("tiltlab.sim.cli", "regenerate the ten toy figures (PNG + JSON)"),
     "llm": ("tiltlab.llm.cli", "LLM layer: DISA stages 1-2, training, evaluation, demo"),

@@ -25,3 +25,18 @@ def isolated_registry():
         registry._CHECKS.update(checks)
         registry._LOADED.clear()
         registry._LOADED.update(loaded)
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_llm_record(tmp_path_factory):
+    """Tests see no shipped llm record unless they set one (``record.LLM_RECORD``); the test of the
+    real shipped record reads it by its path. (Restored by hand, not with ``monkeypatch``, so the
+    tests' own ``monkeypatch`` is still undone before :func:`isolated_registry` restores the registry.)"""
+    from tiltlab.paper_checks import record
+
+    real = record.LLM_RECORD
+    record.LLM_RECORD = tmp_path_factory.mktemp("no_llm_record") / "llm.json"
+    try:
+        yield
+    finally:
+        record.LLM_RECORD = real

@@ -51,6 +51,15 @@ class _FakeFigure:
     seconds: float = 0.0
 
 
+def _fake_png(fig_dir: Path, fid: str = "fig99_demo") -> _FakeFigure:
+    """A figure written where the figure runner is told to write (``tiltlab reproduce``'s temporary folder)."""
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    png = fig_dir / f"{fid}.png"
+    png.write_bytes(_PNG_1X1)
+    (fig_dir / f"{fid}.json").write_text("{}")
+    return _FakeFigure(fid, "Demo", "caption", png, fig_dir / f"{fid}.json")
+
+
 def _stderr_line(capsys) -> str:
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -194,12 +203,8 @@ def test_reproduce_stores_paths_relative_to_the_output_dir(isolated_registry, tm
     _claim(reg, "zz_fake.repro")
     _check(reg, "fake", Verdict.VERIFIED, cid="zz_fake.repro")
     out = tmp_path / "out"
-    png = out / "figures" / "fig99_demo.png"
-    png.parent.mkdir(parents=True)
-    png.write_bytes(_PNG_1X1)
-    fig = _FakeFigure("fig99_demo", "Demo", "caption", png, out / "figures" / "fig99_demo.json")
     monkeypatch.setattr(pcli, "_select", lambda *a, **k: [c for c in reg.checks() if c.claim_id == "zz_fake.repro"])
-    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([fig], {}))
+    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([_fake_png(out_dir)], {}))
     assert main(["reproduce", "--quick", "--jobs", "1", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     rec = json.loads((out / "claims.json").read_text())

@@ -162,9 +162,6 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
     reg.register_check("zz_fake.repro", layer="sim", expected="refuted", name="fake")(
         lambda seed: CheckResult(Verdict.REFUTED, f"fake seed={seed}", figure="fig99_demo")
     )
-    fig = FakeFigure(
-        "fig99_demo", "Demo", "caption", _png(tmp_path / "out" / "figures" / "fig99_demo.png"), tmp_path / "x.json"
-    )
     calls = {}
 
     def fake_select(only, layer, name, include_slow):
@@ -172,14 +169,17 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
         return [c for c in reg.checks() if c.claim_id == "zz_fake.repro"]
 
     def fake_figs(out_dir, quick, seed, progress=True):
-        calls["figs"] = (Path(out_dir), quick, seed)
+        calls["figs"] = (Path(out_dir).name, Path(out_dir).parent.parent, quick, seed)
+        fig = FakeFigure("fig99_demo", "Demo", "caption", _png(Path(out_dir) / "fig99_demo.png"), tmp_path / "x.json")
         return [fig], {"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"}
 
     monkeypatch.setattr(pcli, "_select", fake_select)
     monkeypatch.setattr(pcli, "make_figures", fake_figs)
     out = tmp_path / "out"
     assert main(["reproduce", "--quick", "--seed", "4", "--jobs", "1", "--out", str(out)]) == 1  # a figure is missing
-    assert calls == {"slow": False, "figs": (out / "figures", True, 4)}
+    # the figures go to a temporary folder next to --out (moved into place at the end)
+    assert calls == {"slow": False, "figs": ("figures", tmp_path, True, 4)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temporary folder is gone
     printed = capsys.readouterr().out
     assert "fig98_gone" in printed
     rec = json.loads((out / "claims.json").read_text())

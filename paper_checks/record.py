@@ -1,0 +1,364 @@
+"""Check records (``claims.json``): where each number came from, merging runs, the shipped llm record.
+
+Every check row of a record carries its *provenance*: when it ran (``run_at``), the command and its
+mode (``mode``: ``full`` / ``quick`` for ``tiltlab reproduce``, ``check`` for ``tiltlab check``;
+``slow``: whether slow checks were part of that run), the git ``commit`` and the ``seed``, and
+``source``: ``run`` (measured by that command) or ``recorded`` (taken from the shipped llm record,
+not re-run).
+
+A partial run (``tiltlab check --only / --layer / --check``, or without ``--slow``) *merges* into
+an existing record: the rows it ran replace theirs, every other row is kept with its own
+provenance, so a record never shrinks silently (:func:`merge`).
+
+The llm layer trains small models for tens of minutes, so ``tiltlab reproduce`` and ``tiltlab
+check`` do not re-run it: they merge the last full llm-layer run shipped in the repository
+(``paper_checks/records/llm.json``, :data:`LLM_RECORD`), stamped with the commit, date, machine and
+run time of that run and a hash of the llm part of the registry (:func:`llm_registry_hash`: the
+claims the llm checks decide, the checks, their expected verdicts and items). A test fails when
+that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 1 --out FILE && tiltlab
+report --ship-llm FILE`` regenerates it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tiltlab.paper_checks import registry
+from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
+
+__all__ = [
+    "LLM_RECORD",
+    "LLM_RECORD_COMMAND",
+    "RecordedOutcome",
+    "git_commit",
+    "llm_registry_hash",
+    "load_llm_record",
+    "machine",
+    "merge",
+    "outcomes_from_rows",
+    "provenance_line",
+    "read_record",
+    "row_key",
+    "ship_llm_record",
+]
+
+_REPO = Path(__file__).resolve().parents[1]
+
+#: The shipped record of the last full llm-layer run.
+LLM_RECORD = Path(__file__).with_name("records") / "llm.json"
+
+#: The one command that regenerates :data:`LLM_RECORD` (documented in docs/llm-checks.md).
+LLM_RECORD_COMMAND = (
+    "tiltlab check --layer llm --slow --jobs 1 --out results/llm.json && tiltlab report --ship-llm results/llm.json"
+)
+
+#: Provenance fields copied onto every check row.
+PROVENANCE_FIELDS = ("run_at", "run_id", "command", "mode", "slow", "commit", "seed", "source")
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit(root: Path = _REPO) -> str | None:
+    """``git describe --always --dirty --abbrev=12`` of the checkout holding the code (None outside git)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = out.stdout.strip()
+    return text if out.returncode == 0 and text else None
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run used: platform, CPU count and the 1-minute load average (None where unknown)."""
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        load = None
+    return {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "load": load,
+        "python": platform.python_version(),
+    }
+
+
+def row_key(row: Mapping[str, Any]) -> str:
+    """The registry key of a check row: ``claim[layer:check]`` (:attr:`Check.key`)."""
+    return f"{row['claim']}[{row['layer']}:{row['check']}]"
+
+
+# --------------------------------------------------------------------------- rows <-> outcomes
+
+
+@dataclasses.dataclass
+class RecordedOutcome(Outcome):
+    """An outcome read back from a record, with the provenance of the run that produced it."""
+
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ok_recorded: bool | None = None
+
+    @property
+    def ok(self) -> bool:  # type: ignore[override]
+        # a row whose check is no longer loaded keeps the judgement made when it ran
+        if self.check.fn is _not_loaded and self.ok_recorded is not None:
+            return self.ok_recorded
+        return super().ok
+
+
+def _not_loaded(seed: int) -> CheckResult:  # pragma: no cover - never called
+    raise RuntimeError("this check's module is not loaded; the row comes from a record")
+
+
+def _check_for(row: Mapping[str, Any]) -> Check:
+    """The registered check of a row, or a stand-in built from the row (its module is not loaded,
+    e.g. the llm layer without the ``[llm]`` extra)."""
+    chk = registry._CHECKS.get(row_key(row))
+    if chk is not None:
+        return chk
+    items = tuple((str(k), bool(v)) for k, v in (row.get("expected_items") or {}).items())
+    return Check(
+        row["claim"], row["layer"], row["check"], Verdict(row["expected"]), _not_loaded, bool(row.get("slow")), items
+    )
+
+
+def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcome]:
+    """Outcomes of the check rows of a record (rows of claims no longer declared are dropped)."""
+    known = registry.claims()
+    outs = []
+    for row in rows:
+        if row["claim"] not in known:
+            continue
+        verdict = row.get("verdict")
+        result = None
+        if verdict not in (None, "error"):
+            result = CheckResult(
+                Verdict(verdict),
+                row.get("summary") or "",
+                dict(row.get("numbers") or {}),
+                row.get("figure"),
+                dict(row.get("items") or {}),
+            )
+        prov = {k: row[k] for k in PROVENANCE_FIELDS if k in row}
+        outs.append(
+            RecordedOutcome(
+                _check_for(row), result, float(row.get("seconds") or 0.0), row.get("error"), prov, row.get("ok")
+            )
+        )
+    return outs
+
+
+def stamp_rows(rows: Sequence[dict[str, Any]], prov: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows with ``prov`` (the run's provenance) written onto each."""
+    return [{**row, **prov} for row in rows]
+
+
+def provenance_line(prov: Mapping[str, Any]) -> str:
+    """``recorded 2026-11-24 19:10 UTC, commit abc123, `tiltlab check --layer llm --slow``` (one line)."""
+    what = "recorded (not re-run)" if prov.get("source") == "recorded" else "from an earlier run"
+    parts = [what]
+    if prov.get("run_at"):
+        parts.append(str(prov["run_at"]).replace("T", " ").replace("+00:00", " UTC"))
+    if prov.get("mode"):
+        parts.append(f"mode {prov['mode']}" + (" with slow checks" if prov.get("slow") else ""))
+    parts.append(f"commit {prov.get('commit') or 'unknown'}")
+    if prov.get("command"):
+        parts.append(f"`{prov['command']}`")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- reading / merging
+
+
+def read_record(path: Path, flag: str = "--out") -> dict[str, Any] | None:
+    """The record at ``path`` (None when there is no file); a file that is not a tiltlab record is
+    an error (one line), so it is never overwritten by accident."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"{flag} {path} exists and is not a tiltlab record ({type(exc).__name__}); "
+            "pass another path, or --replace to overwrite it"
+        ) from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("checks"), list):
+        raise ValueError(
+            f"{flag} {path} exists and is not a tiltlab record (no 'checks' list); "
+            "pass another path, or --replace to overwrite it"
+        )
+    return rec
+
+
+def merge(old: Mapping[str, Any] | None, new_rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Rows of ``old`` that this run did not re-run (and whose claim is still declared, and which
+    are not ``recorded`` rows: those are merged afresh from the shipped record), then ``new_rows``.
+    Returns ``(rows, kept)`` with ``kept`` the number of rows taken from ``old``."""
+    if not old:
+        return list(new_rows), 0
+    ran = {row_key(r) for r in new_rows}
+    known = registry.claims()
+    kept = [
+        r
+        for r in old.get("checks", [])
+        if row_key(r) not in ran and r.get("claim") in known and r.get("source") != "recorded"
+    ]
+    return [*kept, *new_rows], len(kept)
+
+
+# --------------------------------------------------------------------------- the shipped llm record
+
+
+def llm_registry_hash() -> str:
+    """sha256 (16 hex digits) of the llm part of the registry: every llm check (key, expected
+    verdict, expected items, slow) and the claims they decide (every declared field)."""
+    registry.discover()
+    chks = sorted((c for c in registry.checks() if c.layer == "llm"), key=lambda c: c.key)
+    claims = registry.claims()
+    payload = {
+        "checks": [
+            {"key": c.key, "expected": c.expected.value, "items": sorted(c.expected_items), "slow": c.slow}
+            for c in chks
+        ],
+        "claims": [dataclasses.asdict(claims[cid]) for cid in sorted({c.claim_id for c in chks}) if cid in claims],
+    }
+    text = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def load_llm_record(path: Path | None = None) -> dict[str, Any] | None:
+    """The shipped llm-layer record (None when there is none)."""
+    path = LLM_RECORD if path is None else Path(path)
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    return rec if isinstance(rec, dict) and isinstance(rec.get("checks"), list) else None
+
+
+def recorded_llm_rows(
+    prefix: str | None = None, name: str | None = None, path: Path | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The shipped record's rows (``source: recorded``) matching a check selection, and the record."""
+    rec = load_llm_record(path)
+    if rec is None:
+        return [], None
+    rows = []
+    for r in rec["checks"]:
+        cid = r["claim"]
+        if prefix and not (cid == prefix or cid.startswith(prefix.rstrip(".") + ".") or cid.startswith(prefix)):
+            continue
+        if name and r["check"] != name:
+            continue
+        rows.append({**r, "source": "recorded"})
+    return rows, rec
+
+
+def ship_llm_record(
+    src: Path,
+    dest: Path | None = None,
+    *,
+    commit: str | None = None,
+    machine_desc: str | None = None,
+    run_seconds: float | None = None,
+    date: str | None = None,
+) -> dict[str, Any]:
+    """Stamp the record of a full llm-layer run (``tiltlab check --layer llm --slow --out src``) and
+    write it to ``dest`` (default :data:`LLM_RECORD`) atomically. The run must hold a row for every
+    registered llm check and nothing else. Values not given are taken from the record (``commit``,
+    ``machine``, ``summary.seconds``, ``generated_at``)."""
+    rec = read_record(Path(src), "--ship-llm")
+    if rec is None:
+        raise FileNotFoundError(f"--ship-llm {src}: no such file")
+    registry.discover()
+    want = {c.key for c in registry.checks() if c.layer == "llm"}
+    if not want:
+        raise ValueError("--ship-llm: no llm checks are registered (is the [llm] extra installed?)")
+    rows = rec["checks"]
+    got = {row_key(r) for r in rows}
+    if any(r.get("layer") != "llm" for r in rows) or got != want:
+        missing, extra = sorted(want - got), sorted(got - want)
+        raise ValueError(
+            f"--ship-llm {src} is not a full llm-layer run (missing {len(missing)} llm check(s)"
+            + (f": {', '.join(missing[:3])}" if missing else "")
+            + f"; {len(extra) + sum(r.get('layer') != 'llm' for r in rows if row_key(r) in want)} other row(s)); "
+            "run `tiltlab check --layer llm --slow --jobs 1 --out FILE` first"
+        )
+    commit = commit or rec.get("commit")
+    if not commit:
+        raise ValueError(f"--ship-llm {src}: the record names no commit; pass --commit with the commit that ran it")
+    mach: Any = machine_desc or rec.get("machine")
+    if not mach:
+        raise ValueError(f"--ship-llm {src}: the record names no machine; pass --machine 'what ran it'")
+    seconds = run_seconds if run_seconds is not None else (rec.get("summary") or {}).get("seconds")
+    date = date or rec.get("generated_at")
+    command = "tiltlab check --layer llm --slow" + (
+        f" --seed {rec['seed']}" if rec.get("seed") not in (None, 0) else ""
+    )
+    prov = {
+        "run_at": date,
+        "command": command,
+        "mode": "check",
+        "slow": True,
+        "commit": commit,
+        "seed": rec.get("seed"),
+        "run_id": "llm-record",
+        "source": "run",  # measured by that run; merged elsewhere as "recorded" (recorded_llm_rows)
+    }
+    shipped = {
+        "record": "tiltlab llm-layer record",
+        "regenerate": LLM_RECORD_COMMAND,
+        "commit": commit,
+        "date": date,
+        "machine": mach,
+        "run_seconds": seconds,
+        "registry_hash": llm_registry_hash(),
+        "tiltlab": rec.get("tiltlab"),
+        "seed": rec.get("seed"),
+        "summary": rec.get("summary"),
+        "claims": rec.get("claims", []),
+        "checks": sorted(
+            ({**{k: v for k, v in r.items() if k not in PROVENANCE_FIELDS}, **prov} for r in rows), key=row_key
+        ),
+    }
+    dest = LLM_RECORD if dest is None else Path(dest)
+    write_json(dest, shipped)
+    return shipped
+
+
+def write_json(path: Path, rec: Mapping[str, Any]) -> None:
+    """Write ``rec`` atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically: a temporary file in the same folder, then ``os.replace`` (a reader,
+    or a run that dies while writing, sees the old file or the new one, never half of one)."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
