@@ -83,36 +83,104 @@ def resolve_figure_ids(requested: list[str], known: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _read_index(out: Path) -> dict | None:
+    """The ``index.json`` of an earlier ``tiltlab figures`` run in ``out`` (None when there is none)."""
+    path = out / "index.json"
+    if not path.exists():
+        return None
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--out {out}: {path} is not a figures index ({exc}); pass another --out") from None
+    if not isinstance(index, dict) or not isinstance(index.get("figures"), list):
+        raise ValueError(f"--out {out}: {path} is not a figures index; pass another --out")
+    return index
+
+
+def _merge_index(old: dict | None, new_entries: list[dict], known: list[str]) -> dict:
+    """The index after a run: the entries of this run replace those of the same figures, every other
+    figure of ``old`` stays with its own mode, seed and time; entries in report order."""
+    by_id = {e["id"]: e for e in (old or {}).get("figures", []) if isinstance(e, dict) and "id" in e}
+    by_id.update({e["id"]: e for e in new_entries})
+    entries = [by_id[f] for f in known if f in by_id] + [e for f, e in by_id.items() if f not in known]
+    modes = {bool(e.get("quick")) for e in entries}
+    return {
+        "quick": modes.pop() if len(modes) == 1 else "mixed",
+        "seconds": sum(float(e.get("seconds", 0.0)) for e in entries),
+        "figures": entries,
+    }
+
+
 def _cmd_figures(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import os
+    import shutil
+    import tempfile
+
     from tiltlab.progress import progress
     from tiltlab.sim.figures import FIGURES, make_all
 
     known = [fid for fid, _ in FIGURES]
     only = resolve_figure_ids(args.only, known) if args.only else None
     selected = [fid for fid in known if only is None or fid in only]  # report order
-    out = Path(args.out)
+    out = Path(args.out if args.out is not None else ("results/quick/figures" if args.quick else "results/figures"))
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; pass a directory")
+    old = _read_index(out)
+    if args.quick and old is not None:
+        full = [e["id"] for e in old["figures"] if not e.get("quick", True)]
+        if full:
+            raise ValueError(
+                f"--out {out} holds full-mode figures ({', '.join(full[:3])}{', ...' if len(full) > 3 else ''}); "
+                "--quick would replace them with reduced ones: pass another --out (the default for --quick is "
+                "results/quick/figures)"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    # Every figure is made in a temporary folder next to --out and moved into place only when it is complete,
+    # so an interrupted or failed run leaves the earlier figures and index.json as they were.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     t0 = time.perf_counter()
-    records = []
-    # progress on stderr (a bar on a terminal, periodic lines elsewhere) plus one line per finished figure;
-    # the findings go to stdout at the end
-    with progress(total=len(selected), desc="figures", unit="figure") as bar:
-        for fid in selected:
-            made = make_all(out, quick=args.quick, seed=args.seed, only=[fid])
-            records += made
-            for rec in made:
-                bar.write(f"[figures] {rec.id}: {rec.seconds:.1f} s")
-            bar.update(1, postfix=fid)
+    records, entries = [], []
+    try:
+        # progress on stderr (a bar on a terminal, periodic lines elsewhere) plus one line per finished
+        # figure; the findings go to stdout at the end
+        with progress(total=len(selected), desc="figures", unit="figure") as bar:
+            for fid in selected:
+                made = make_all(tmp, quick=args.quick, seed=args.seed, only=[fid])
+                for rec in made:
+                    for src in (Path(rec.png), rec.pdf, Path(rec.data)):
+                        os.replace(src, out / src.name)
+                    rec.png, rec.data = out / Path(rec.png).name, out / Path(rec.data).name
+                    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                    entries.append(
+                        {
+                            **rec.to_json(),
+                            "pdf": str(rec.pdf),
+                            "quick": bool(args.quick),
+                            "seed": args.seed,
+                            "made_at": stamp,
+                        }
+                    )
+                    bar.write(f"[figures] {rec.id}: {rec.seconds:.1f} s")
+                records += made
+                bar.update(1, postfix=fid)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     total = time.perf_counter() - t0
     for r in records:
         print(f"  {r.id}: {r.seconds:.1f} s -> {r.png} (+ {r.pdf.name})")
         for line in r.findings:
             print(f"      - {line}")
-    figures = [{**r.to_json(), "pdf": str(r.pdf)} for r in records]
-    index = {"quick": args.quick, "seed": args.seed, "seconds": total, "figures": figures}
-    (out / "index.json").write_text(json.dumps(index, indent=1))
-    print(f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'})")
+    index = _merge_index(old, entries, known)
+    index_tmp = out / ".index.json.tmp"
+    index_tmp.write_text(json.dumps(index, indent=1))
+    os.replace(index_tmp, out / "index.json")
+    kept = len(index["figures"]) - len(entries)
+    print(
+        f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'}"
+        + (f"; {kept} earlier figure(s) kept with their own mode and time" if kept else "")
+        + ")"
+    )
     return 0
 
 
@@ -138,6 +206,11 @@ def register(subparsers) -> None:
     f.add_argument(
         "--only", nargs="+", default=None, help="figure ids, numbers or unambiguous prefixes, e.g. fig01 7 fig10_lad"
     )
-    f.add_argument("--out", default="results/figures", help="output directory (default: results/figures)")
+    f.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: results/figures, and results/quick/figures with --quick, so reduced "
+        "figures never replace full ones); --only merges into the folder's index.json",
+    )
     f.add_argument("--seed", type=int, default=0, help="base seed (default: 0)")
     f.set_defaults(func=_cmd_figures)

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -300,3 +301,103 @@ def test_cli_figures_quiet_progress(tmp_path, monkeypatch, capsys):
     assert main(["figures", "--quick", "--only", "fig06", "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "1 figure(s) in" in out
+
+
+# ------------------------------------------------------------------ results are never silently replaced
+
+
+def _fake_make_all(fail_on: str | None = None):
+    """A stand-in for ``make_all`` that writes the three files of a figure (cheap), or raises on ``fail_on``."""
+    from tiltlab.sim.figures import FigureRecord
+
+    def make_all(out_dir, quick=False, seed=0, only=None, progress=None):
+        (fid,) = only
+        if fid == fail_on:
+            raise RuntimeError(f"{fid} broke")
+        out_dir = Path(out_dir)
+        for ext in ("png", "pdf", "json"):
+            (out_dir / f"{fid}.{ext}").write_text(f"{fid} quick={quick} seed={seed}")
+        return [FigureRecord(fid, fid, "c", out_dir / f"{fid}.png", out_dir / f"{fid}.json", seconds=0.5)]
+
+    return make_all
+
+
+def test_figures_only_merges_into_the_index_and_keeps_other_figures(tmp_path, monkeypatch, capsys):
+    import tiltlab.sim.figures as simfig
+    from tiltlab.cli import main
+
+    monkeypatch.setenv("TILTLAB_PROGRESS", "off")
+    monkeypatch.setattr(simfig, "make_all", _fake_make_all())
+    assert main(["figures", "--out", str(tmp_path), "--seed", "3"]) == 0
+    full = json.loads((tmp_path / "index.json").read_text())
+    assert len(full["figures"]) == 10 and full["quick"] is False
+    assert main(["figures", "--only", "fig05", "--out", str(tmp_path), "--seed", "7"]) == 0
+    index = json.loads((tmp_path / "index.json").read_text())
+    ids = [f["id"] for f in index["figures"]]
+    assert ids == [f["id"] for f in full["figures"]]  # nothing dropped, report order kept
+    by_id = {f["id"]: f for f in index["figures"]}
+    assert by_id["fig05_bias_landscape"]["seed"] == 7
+    assert by_id["fig01_lad_bandit"] == full["figures"][0]  # untouched entry, its own seed and time
+    assert (tmp_path / "fig05_bias_landscape.png").read_text() == "fig05_bias_landscape quick=False seed=7"
+    assert (tmp_path / "fig01_lad_bandit.png").read_text() == "fig01_lad_bandit quick=False seed=3"
+    assert "9 earlier figure(s) kept" in capsys.readouterr().out
+    assert not [p for p in tmp_path.parent.iterdir() if p.name.startswith(f".{tmp_path.name}.partial-")]
+
+
+def test_figures_quick_never_replaces_full_figures(tmp_path, monkeypatch, capsys):
+    import tiltlab.sim.figures as simfig
+    from tiltlab.cli import main
+
+    monkeypatch.setenv("TILTLAB_PROGRESS", "off")
+    monkeypatch.setattr(simfig, "make_all", _fake_make_all())
+    out = tmp_path / "figs"
+    assert main(["figures", "--only", "fig01", "fig02", "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["figures", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds full-mode figures (fig01_lad_bandit, fig02_m_study)" in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the default folder of --quick is its own: results/quick/figures
+    monkeypatch.chdir(tmp_path)
+    assert main(["figures", "--quick", "--only", "fig03"]) == 0
+    quick = json.loads((tmp_path / "results/quick/figures/index.json").read_text())
+    assert [(f["id"], f["quick"]) for f in quick["figures"]] == [("fig03_beta_sensitivity", True)]
+    # a folder holding both modes says so
+    assert main(["figures", "--quick", "--only", "fig04", "--out", str(tmp_path / "results/quick/figures")]) == 0
+    assert main(["figures", "--only", "fig05", "--out", str(tmp_path / "mixed")]) == 0
+    assert main(["figures", "--only", "fig06", "--quick", "--out", str(tmp_path / "q2")]) == 0
+    from tiltlab.sim.cli import _merge_index
+
+    mixed = _merge_index(
+        {"figures": [{"id": "a", "quick": False, "seconds": 1.0}]},
+        [{"id": "b", "quick": True, "seconds": 2.0}],
+        ["a", "b"],
+    )
+    assert mixed["quick"] == "mixed" and mixed["seconds"] == 3.0
+
+
+def test_an_interrupted_figures_run_leaves_the_earlier_outputs(tmp_path, monkeypatch):
+    import tiltlab.sim.figures as simfig
+    from tiltlab.cli import main
+
+    monkeypatch.setenv("TILTLAB_PROGRESS", "off")
+    monkeypatch.setattr(simfig, "make_all", _fake_make_all())
+    out = tmp_path / "figs"
+    assert main(["figures", "--only", "fig01", "fig02", "--out", str(out), "--seed", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(simfig, "make_all", _fake_make_all(fail_on="fig02_m_study"))
+    assert main(["figures", "--only", "fig01", "fig02", "--out", str(out), "--seed", "2"]) == 1
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    # fig01 was complete and moved into place; fig02 and the index are the earlier ones
+    assert after["fig02_m_study.png"] == before["fig02_m_study.png"]
+    assert after["index.json"] == before["index.json"]
+    assert after["fig01_lad_bandit.png"] == b"fig01_lad_bandit quick=False seed=2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figs"]  # no partial folder left
+
+
+def test_figures_refuses_an_index_it_did_not_write(tmp_path, capsys):
+    from tiltlab.cli import main
+
+    (tmp_path / "index.json").write_text("[1, 2]")
+    assert main(["figures", "--quick", "--only", "fig06", "--out", str(tmp_path)]) == 2
+    assert "is not a figures index" in capsys.readouterr().err
