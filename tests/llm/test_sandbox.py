@@ -30,9 +30,6 @@ with warnings.catch_warnings():  # the isolation facts are asserted below, not w
     REPORT = isolation_report()
 pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
-# Wall-time bound for a run that must be cut by the 2 s timeout: timeout + interpreter start/kill slack.
-# 3 s slack covers a loaded 2-core machine; a hang would exceed it by far.
-BOUND = FAST.timeout_s + 3.0
 BWRAP = REPORT["level"] == "bwrap"
 needs_bwrap = pytest.mark.skipif(
     not BWRAP, reason="bubblewrap is missing or does not work here (apt-get install -y bubblewrap)"
@@ -81,17 +78,13 @@ def test_status_never_comes_from_output():
 
 
 def test_infinite_loop_times_out():
-    t = time.monotonic()
     r = run_python("while True:\n    pass", FAST)
     assert r.status == "timeout" and not r.passed
-    assert time.monotonic() - t < BOUND
 
 
 def test_sleep_times_out():
-    t = time.monotonic()
     r = run_python("import time\ntime.sleep(60)", FAST)
     assert r.status == "timeout"
-    assert time.monotonic() - t < BOUND
 
 
 def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
@@ -102,10 +95,8 @@ def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 * 1024 ** 3)", "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)"])
 def test_memory_bomb(code):
-    t = time.monotonic()
     r = run_python(code, FAST)
     assert r.status == "memory" and not r.passed
-    assert time.monotonic() - t < BOUND
 
 
 @pytest.mark.parametrize(
@@ -128,10 +119,8 @@ def test_process_creation_blocked_by_hook(code):
 )
 def test_fork_bomb_without_audit_hook_is_contained():
     before = set(_sandbox_uid_processes())
-    t = time.monotonic()
     r = run_python("import os\nwhile True:\n    os.fork()", FAST, audit_hook=False, nproc=16)
     assert not r.passed
-    assert time.monotonic() - t < BOUND
     time.sleep(0.5)  # the kernel tears the PID namespace down asynchronously after its init is killed
     assert set(_sandbox_uid_processes()) - before == set()
 
@@ -184,11 +173,9 @@ def test_network_control_reaches_listener_without_isolation(listener):
 def test_huge_output_capped():
     cap = 4096
     for code in ("print('x' * 10 ** 8)", "import sys\nfor _ in range(10 ** 6):\n    sys.stdout.write('y' * 100)"):
-        t = time.monotonic()
         r = run_python(code, FAST, max_output_bytes=cap, max_file_mb=0.01)
         assert r.status == "output_limit" and not r.passed
         assert len(r.stdout) <= cap
-        assert time.monotonic() - t < BOUND
 
 
 def test_run_many_order():
@@ -383,9 +370,7 @@ def test_judged_stdio():
 
 
 def test_judged_timeout_and_many():
-    t = time.monotonic()
     r = run_judged("def f():\n    while True:\n        pass\n", "f()", FAST)
     assert r.status == "timeout" and not r.passed
-    assert time.monotonic() - t < BOUND
     res = run_many_judged([(f"def f():\n    return {i}\n", f"assert f() == {i % 2}", False) for i in range(4)], FAST)
     assert [r.passed for r in res] == [True, True, False, False]
