@@ -7,7 +7,12 @@ import numpy first (the slower case the issue names). ``--backend legacy`` measu
 without bubblewrap.
 
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
-load average before and after, the CPU count and the isolation level that ran.
+CPU time the sandbox's processes used per reward (candidate, bwrap, judge: ``RUSAGE_CHILDREN``,
+plus this process), the load average before and after, the CPU count and the isolation level
+that ran. On a machine other work shares, rewards/s measures the share this run got; the CPU
+time per reward does not depend on the load, and ``cpus / cpu_s_per_reward`` is the rate the
+sandbox's own work allows on that many idle cores (``idle_bound_rewards_per_s``: an upper bound,
+it ignores the latency of process start-up and of the judge's round trips).
 
 Usage::
 
@@ -26,12 +31,21 @@ import time
 import warnings
 
 
+def _cpu() -> float:
+    import resource
+
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    m = resource.getrusage(resource.RUSAGE_SELF)
+    return c.ru_utime + c.ru_stime + m.ru_utime + m.ru_stime
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=64, help="programs per batch")
     ap.add_argument("--repeats", type=int, default=3, help="batches timed")
     ap.add_argument("--numpy", action="store_true", help="every solution imports numpy")
     ap.add_argument("--backend", default="auto", choices=["auto", "bwrap", "legacy"])
+    ap.add_argument("--workers", type=int, default=None, help="concurrent sandboxes (default: the CPU count)")
     args = ap.parse_args(argv)
 
     from tiltlab.llm.rewards import code_reward, make_code_reward
@@ -43,14 +57,15 @@ def main(argv=None) -> int:
     pre = "import numpy as np\n" if args.numpy else ""
     comps = [f"```python\n{pre}{r['solution']}```" for r in rows]
     tests = [r["tests"] for r in rows]
-    if args.backend == "auto":
+    if args.backend == "auto" and args.workers is None:
         reward, cfg = code_reward, SandboxConfig()
     else:
         cfg = SandboxConfig(backend=args.backend)
-        reward = make_code_reward(cfg)
+        reward = make_code_reward(cfg, max_workers=args.workers)
     reward(None, comps[:2], tests=tests[:2])  # warm the probes (bwrap / unshare checks are cached)
     load0 = os.getloadavg()
     rates = []
+    cpu0 = _cpu()
     for _ in range(args.repeats):
         t = time.monotonic()
         out = reward(None, comps, tests=tests, entry_point=["f"] * len(rows))
@@ -59,12 +74,15 @@ def main(argv=None) -> int:
             print(f"FAIL: {out.count(1.0)}/{len(rows)} correct programs paid", file=sys.stderr)
             return 1
         rates.append(len(rows) / dt)
+    cpu_per = (_cpu() - cpu0) / (len(rows) * args.repeats)
     rep = {
         "n": args.n,
         "numpy": args.numpy,
         "repeats": args.repeats,
         "rewards_per_s_median": round(statistics.median(rates), 1),
         "rewards_per_s_best": round(max(rates), 1),
+        "cpu_s_per_reward": round(cpu_per, 4),
+        "idle_bound_rewards_per_s": round((os.cpu_count() or 1) / cpu_per, 1),
         "cpus": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
