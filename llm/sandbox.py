@@ -8,31 +8,38 @@ Two entry points:
 * :func:`run_judged` is what the code reward uses. The candidate's code runs in the sandbox as a
   *server*; the tests run in a separate *judge* process that the candidate's code does not share.
   The judge reaches the candidate's top-level functions and classes through proxies: each call is
-  one request over a pipe, its arguments and result cross as tagged JSON of plain builtins only
-  (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes`` and lists, tuples, dicts,
-  sets of those, exact types, no subclasses); any other object stays in the sandbox and the judge
-  holds an opaque handle that compares equal only to itself. The verdict is the judge's exit status
-  plus one byte on a pipe only the judge holds. So exiting early, exit hooks, patching the server
-  loop, objects whose ``__eq__`` always returns True and reading the tests from disk (they are
-  never in the sandbox) cannot produce a pass. Stdio programs are run by the server with the
-  case's input on fd 0 and their fd 1 captured; the judge compares the captured text.
+  one request over a pipe, its arguments and result cross as tagged JSON, by value for the
+  builtin and stdlib types that compare by value (exact types, never subclasses: see ``_CODEC``
+  and docs/code-reward.md), so they compare in the judge as in one process; any other object
+  stays in the sandbox and the judge holds an opaque handle that compares equal only to itself.
+  In-place changes a call makes to its mutable arguments are sent back and applied to the
+  judge's objects. The verdict is the judge's exit status plus one byte on a pipe only the judge
+  holds. So exiting early, exit hooks, patching the server loop, objects whose ``__eq__`` always
+  returns True and reading the tests from disk (they are never in the sandbox) cannot produce a
+  pass. Stdio programs run once per case in a child of the server (input on fd 0, fd 1 captured
+  after the child's non-daemon threads finish); the judge compares the captured text.
 
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
 * call a top-level function or class, read attributes, call methods, iterate (the object is
   listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
-* stdlib modules the candidate imported under a name (``import math``) and that are on a short
-  allowlist are imported in the judge too (MBPP tests call ``math.isclose`` without importing it);
-* names of builtins are never proxied (a candidate's ``abs`` cannot replace the tests' ``abs``);
+* the candidate cannot write the judge's namespace: dunder names and names of builtins are never
+  proxied, ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
+  the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
+  without importing it); helpers a HumanEval prompt defines are defined by the judge
+  (:func:`llm.rewards.code_job` puts them in the tests);
 * a candidate's exception crosses as the builtin exception of the same name if there is one
-  (``ValueError``), else as ``RuntimeError``; never as ``SystemExit`` or another ``BaseException``;
+  (``ValueError``), else as ``RuntimeError``; those that steer control flow (:data:`NO_CROSS`:
+  ``StopIteration``, ``SystemExit``, ...) always as ``RuntimeError``;
+* limits: nesting depth :data:`WIRE_DEPTH`, one reply ``max_reply_mb``; ints of any size;
 * false negatives by design: tests that pass a callable (a lambda) to the candidate, or read a
   candidate's module-level constant, fail; comparisons are Python's own between plain values
   (``1 == 1.0 == True``), which gives the candidate nothing that ``return 1`` would not.
 
-The judge runs on the host as the caller, with ``python -I -B``, the address-space and CPU
-rlimits of the config, ``RLIMIT_FSIZE = 0`` and a temporary working directory: the tests are the
-dataset's (trusted); what comes from the candidate reaches it only as decoded JSON.
+The judge runs on the host as the caller, with ``python -I -B -S`` (this environment's site
+directories on ``sys.path``), the address-space and CPU rlimits of the config, ``RLIMIT_FSIZE = 0``
+and a temporary working directory: the tests are the dataset's (trusted); what comes from the
+candidate reaches it only as decoded JSON, rebuilt from validated names into plain values.
 
 Isolation of the candidate (:func:`isolation_report` says which level runs here):
 
@@ -40,9 +47,10 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   root file system holding only read-only ``/usr`` and the interpreter's prefixes (so numpy etc.
   of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
   ``/tmp`` (the working directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
-  privileged and the bootstrap switches to an unprivileged uid of its own per concurrent run
+  privileged and the bootstrap switches to an unprivileged uid of its own per run
   (``uid_base + 256 * (pid % 4096) + slot``, so that several trainer processes on one machine,
-  e.g. one per GPU rank, do not share uids) before the candidate's code runs; as an ordinary user, bwrap creates a
+  e.g. one per GPU rank, do not share uids; slots rotate and a slot whose uid still has a process
+  on the machine is skipped) before the candidate's code runs; as an ordinary user, bwrap creates a
   user namespace (the candidate is uid 65534 there) and forbids nested user namespaces. Every
   process of the run dies with the namespace's init when the run ends.
 * ``namespaces`` (no bwrap; ``unshare`` works): network + PID namespaces, a host temporary working
@@ -50,13 +58,16 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   it (else the system ``python3`` without the environment's packages).
 * ``process``: a separate process group with rlimits only.
 
-On every level: rlimits (soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU``
-comes first) for CPU, address space, file size (stdout/stderr are size-capped anonymous memory
-files), processes (not enforced by the kernel for uid 0), open files and core size; wall-clock
-``SIGKILL`` of the process group; ``python -I -B`` with a scrubbed environment; stdin from
-``/dev/null``; and a PEP 578 audit hook (process creation, signals, sockets, writes outside the
-working directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth
-only: the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
+On every level: a seccomp filter (:func:`seccomp_program`) answering the kernel keyring system
+calls with ``EPERM`` (keys outlive a run, and the session keyring is the trainer's); rlimits
+(soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU`` comes first) for CPU,
+address space, file size (stdout/stderr are size-capped anonymous memory files), processes (not
+enforced by the kernel for uid 0), open files and core size; a time limit of wall time less the
+time the run's processes waited for a CPU, and a plain wall-clock cap, enforced by ``SIGKILL``
+of the process group; ``python -I -B`` with a scrubbed environment; stdin from ``/dev/null``;
+and a PEP 578 audit hook (process creation, signals, sockets, writes outside the working
+directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth only:
+the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
 ``tests/llm/hostile`` does so to show that the OS layers hold without it.
 """
 
@@ -80,6 +91,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "JUDGE_MODULES",
+    "NO_CROSS",
+    "WIRE_DEPTH",
     "SandboxConfig",
     "SandboxResult",
     "SandboxWarning",
@@ -88,6 +102,7 @@ __all__ = [
     "run_many",
     "run_many_judged",
     "run_python",
+    "seccomp_program",
 ]
 
 RC_MEMORY = 211

@@ -573,7 +573,7 @@ CROSS_RUN_ORACLE = (
 """Learns ``f`` across runs: each run guesses, and a guess that passed its assert (the judge went on
 to the next call) is remembered in every place that could outlive the run: files in ``/tmp``,
 ``/dev/shm``, ``/var/tmp``, the home and working directories, and the user, session and
-user-session keyrings. Where any of them survives, the 8th run is paid 1.0."""
+user-session keyrings. Where any of them survives, the 7th run is paid 1.0."""
 
 
 def run_cross_run_oracle(runs: int = 20) -> dict:
