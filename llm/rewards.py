@@ -219,7 +219,8 @@ def join_code(*parts: str) -> str:
             continue
         futures += [m.group(0).rstrip("\n") + "\n" for m in _FUTURE_RE.finditer(part)]
         rest = _FUTURE_RE.sub("", part)
-        body.append(rest if rest.endswith("\n") else rest + "\n")
+        if rest:
+            body.append(rest if rest.endswith("\n") else rest + "\n")
     return "".join(dict.fromkeys(futures)) + "".join(body)
 
 

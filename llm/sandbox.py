@@ -25,7 +25,7 @@ What the judge's tests can do with the candidate's objects, and the limits of th
   listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
   proxied, ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
-  the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
+  whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
   without importing it); helpers a HumanEval prompt defines are defined by the judge
   (:func:`llm.rewards.code_job` puts them in the tests);
 * a candidate's exception crosses as the builtin exception of the same name if there is one
@@ -840,9 +840,9 @@ class _Remote:
         return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
     def __repr__(self):
         return f"<candidate object {self._ref}>"
-def _free_names(tree):
-    "Every name the tests read (a binding of the tests' own replaces the judge's at run time)."
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+def _module_names(tree):
+    "Names whose attributes the tests read (``math`` in ``math.isclose``); the tests' own bindings win at run time."
+    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
 _ok = False
 try:
     _tree = ast.parse(cfg["tests"], "<tests>")
@@ -860,7 +860,7 @@ try:
             g[_n] = __import__(_m, fromlist=["_"])
     # what the candidate's names can never shadow: the builtins, and the stdlib modules the tests name
     g["__builtins__"] = builtins
-    for _n in _free_names(_tree):
+    for _n in _module_names(_tree):
         if _n in _JUDGE_MODULES:
             g[_n] = __import__(_n)
     g["__stdio__"] = lambda text: _rpc({"op": "stdio", "input": str(text)})

@@ -595,3 +595,18 @@ def test_successive_runs_get_new_uids():
         pytest.skip("as an ordinary user every run is uid 65534 of its own user namespace")
     uids = [int(run_python("import os\nprint(os.getuid())", FAST).stdout) for _ in range(3)]
     assert len(set(uids)) == 3
+
+
+def test_judged_namespace_rules():
+    shadow = "def f(x):\n    return 0\nclass math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\n"
+    stop = "def f():\n    raise StopIteration\n"
+    jobs = [
+        ("def copy(x):\n    return [x]\n", "assert copy(1) == [1]\n", False),  # a function named like a module
+        (shadow, "assert math.isclose(f(1), 2)\n", False),  # the tests' math is the judge's
+        ("def f(r):\n    return 2.0 * r\n", "assert math.isclose(f(1), 2)\n", False),  # unimported math
+        (stop, "assert all(map(lambda _: f(), [1]))\n", False),
+        (stop, "try:\n    f()\nexcept RuntimeError as e:\n    assert 'StopIteration' in str(e)\n", False),
+        ("def f():\n    raise KeyError('k')\n", "try:\n    f()\nexcept KeyError:\n    pass\n", False),
+    ]
+    got = [r.passed for r in run_many_judged(jobs, FAST)]
+    assert got == [True, False, True, False, True, True]
