@@ -7,12 +7,10 @@ import numpy first (the slower case the issue names). ``--backend legacy`` measu
 without bubblewrap.
 
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
-CPU time the sandbox's processes used per reward (candidate, bwrap, judge: ``RUSAGE_CHILDREN``,
-plus this process), the load average before and after, the CPU count and the isolation level
-that ran. On a machine other work shares, rewards/s measures the share this run got; the CPU
-time per reward does not depend on the load, and ``cpus / cpu_s_per_reward`` is the rate the
-sandbox's own work allows on that many idle cores (``idle_bound_rewards_per_s``: an upper bound,
-it ignores the latency of process start-up and of the judge's round trips).
+load average before and after, the CPU count and the isolation level that ran. On a machine that
+other work shares, the rate is what this run's share of the CPUs gave, a lower bound for the same
+CPUs idle. (No CPU time per reward: the candidate's processes die in a PID namespace whose init
+reaps them, so their CPU time never reaches this process's ``RUSAGE_CHILDREN``.)
 
 Usage::
 
@@ -29,14 +27,6 @@ import statistics
 import sys
 import time
 import warnings
-
-
-def _cpu() -> float:
-    import resource
-
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    m = resource.getrusage(resource.RUSAGE_SELF)
-    return c.ru_utime + c.ru_stime + m.ru_utime + m.ru_stime
 
 
 def main(argv=None) -> int:
@@ -65,7 +55,6 @@ def main(argv=None) -> int:
     reward(None, comps[:2], tests=tests[:2])  # warm the probes (bwrap / unshare checks are cached)
     load0 = os.getloadavg()
     rates = []
-    cpu0 = _cpu()
     for _ in range(args.repeats):
         t = time.monotonic()
         out = reward(None, comps, tests=tests, entry_point=["f"] * len(rows))
@@ -74,15 +63,13 @@ def main(argv=None) -> int:
             print(f"FAIL: {out.count(1.0)}/{len(rows)} correct programs paid", file=sys.stderr)
             return 1
         rates.append(len(rows) / dt)
-    cpu_per = (_cpu() - cpu0) / (len(rows) * args.repeats)
     rep = {
         "n": args.n,
         "numpy": args.numpy,
+        "workers": args.workers or os.cpu_count(),
         "repeats": args.repeats,
         "rewards_per_s_median": round(statistics.median(rates), 1),
         "rewards_per_s_best": round(max(rates), 1),
-        "cpu_s_per_reward": round(cpu_per, 4),
-        "idle_bound_rewards_per_s": round((os.cpu_count() or 1) / cpu_per, 1),
         "cpus": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
