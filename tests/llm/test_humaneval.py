@@ -33,6 +33,7 @@ def test_spec_loads_all_or_the_first_n(rows):
     assert len(rows) == HUMANEVAL_SIZE == 164
     assert [r["id"] for r in rows[:3]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert rows[-1]["id"] == "HumanEval/163" and len({r["id"] for r in rows}) == 164
+    assert len(load_prompts("humaneval:164")) == 164
     head = load_prompts("humaneval:5")
     assert [r["id"] for r in head] == [r["id"] for r in rows[:5]]
     assert [r["id"] for r in load_prompts("humaneval")] == [r["id"] for r in rows]
@@ -174,3 +175,27 @@ def test_humanevalplus_empty_result_guard(tmp_path):
     # the dataset's own tests, unguarded, pay the empty result: the quirk the guard is for
     raw_cols = dict(cols, tests=[_PLUS_TEST] * 3)
     assert fn(None, [right, "    return []\n", "    return 0.0\n"], **raw_cols) == [1.0, 1.0, 0.0]
+
+
+def test_humanevalplus_guard_in_process(tmp_path):
+    from tiltlab.llm.data import _HUMANEVALPLUS_GUARD, load_benchmark, save_prompts
+
+    calls = []
+    ns = {"assertion": lambda out, exp, atol: calls.append((out, exp))}
+    exec(_HUMANEVALPLUS_GUARD, ns)
+    with pytest.raises(AssertionError, match="empty result"):
+        ns["assertion"]([], 1.0, 0)
+    ns["assertion"]([], [], 0)  # empty where empty is expected
+
+    class Unsized:
+        def __array__(self, *args, **kwargs):
+            raise ValueError("no array")
+
+    ns["assertion"]([], Unsized(), 0)  # sizes not computable: left to the dataset's comparison
+    assert len(calls) == 2
+    # rows whose tests do not use the template are left as they are
+    save_prompts(
+        [{"task_id": "HumanEval/1", "prompt": _PLUS_PROMPT, "entry_point": "mad", "test": "assert True\n"}],
+        tmp_path / "humanevalplus.jsonl",
+    )
+    assert load_benchmark("humanevalplus", data_dir=tmp_path)[0]["tests"] == "assert True\n"

@@ -160,5 +160,6 @@ def test_functional_prelude_after_future_import():
     from tiltlab.llm.rewards import _FUNCTIONAL_PRELUDE
 
     job = code_job("from __future__ import annotations\nclass Solution:\n    pass\n", "{}", test_type="functional")
-    assert job.code.startswith("from __future__ import annotations\n" + _FUNCTIONAL_PRELUDE)
+    assert job.code.startswith("from __future__ import annotations\n" + _FUNCTIONAL_PRELUDE) and not job.stdio
+    assert code_job("print(1)", '{"cases": []}', test_type="stdio").stdio
     compile(job.code, "<t>", "exec")

@@ -425,6 +425,7 @@ def test_codec_values_cross_as_their_own_types():
         datetime.timedelta(days=-1, seconds=5),
         range(1, 10, 3),
         bytearray(b"ab"),
+        complex(1.5, -2.0),
         (1, [2, (3,)], {4: frozenset({5})}),
         {1, 2},
     ]
@@ -449,6 +450,21 @@ def test_codec_values_cross_as_their_own_types():
     assert back == _roundtrip(Pt(1, [3]), ns) and back != _roundtrip(Pt(2, [2]), ns) < _roundtrip(Pt(3, [2]), ns)
     assert back < _roundtrip(Pt(2, [2]), ns) and back != _roundtrip(Pt(1, [2]))  # another judge's class
     assert type(back).__name__ == "Pt" and back.y == [2]
+
+    @dataclasses.dataclass
+    class Plain:  # eq, no order
+        x: int
+
+    @dataclasses.dataclass(eq=False)
+    class Ident:
+        x: int
+
+    assert _roundtrip(Plain(1), ns) == _roundtrip(Plain(1), ns) != _roundtrip(Plain(2), ns)
+    with pytest.raises(TypeError):
+        _roundtrip(Plain(1), ns) < _roundtrip(Plain(2), ns)  # noqa: B015
+    assert _roundtrip(Ident(1), ns) != _roundtrip(Ident(1), ns)  # eq=False: identity, as in one process
+    wide = dataclasses.make_dataclass("Wide", [f"f{i}" for i in range(256)])
+    assert _roundtrip(wide(*range(256)), ns).f255 == 255
     # a class of the receiving side with that name and those fields is used as is
     assert type(_roundtrip(Pt(1, [2]), _codec(own={"Pt": Pt}))) is Pt
 
@@ -468,6 +484,22 @@ def test_codec_deep_values_and_unknown_objects():
         ns["_enc"](object(), _handle)
     with pytest.raises(TypeError, match="handle"):
         ns["_enc"](type("I", (int,), {})(3), _handle)  # subclasses never cross by value
+    with pytest.raises(TypeError, match="handle T"):
+        ns["_enc"](type("T", (tuple,), {})((1,)), _handle)  # a tuple subclass that is no namedtuple
+    with pytest.raises(TypeError, match="handle F"):
+        ns["_enc"](type("F", (), {"_fields": ("a",)})(), _handle)  # _fields on a non-tuple
+
+
+def test_codec_dataclass_by_reference_on_the_candidate_side():
+    ns = _codec(by_ref=True)
+    fields = [["x", True, 1]]
+    assert ns["_dec"]({"dc": ["P", fields, [True, False, False], 7]}, lambda k, x: ("remote", k, x)) == (
+        "remote",
+        "h",
+        7,
+    )
+    built = ns["_dec"]({"dc": ["P", fields, [True, False, False], None]}, lambda k, x: None)
+    assert type(built).__name__ == "P" and built.x == 1
 
 
 @pytest.mark.parametrize(
@@ -479,6 +511,8 @@ def test_codec_deep_values_and_unknown_objects():
         {"N": ["class", ["a"], [1]]},
         {"dc": ["P", [["__eq__", True, 1]], [True, False, False], None]},
         {"dc": ["P", [["_tl_ref", True, 1]], [True, False, False], None]},
+        {"dc": ["False", [["a", True, 1]], [True, False, False], None]},
+        {"dc": ["P", [[f"f{i}", True, i] for i in range(257)], [True, False, False], None]},
         {"nd": ["|O8", [1], [1]]},
         {"dt": ["timezone", "x"]},
         {"zz": 1},
@@ -494,6 +528,10 @@ def test_sync_applies_in_place_changes():
     import collections
 
     sync = _codec()["_sync"]
+    deep = [1]
+    d = {"k": deep, "gone": 1}
+    sync(d, {"k": [1, 2], "new": 3})
+    assert d == {"k": [1, 2], "new": 3} and d["k"] is deep and deep == [1, 2]  # nested values changed in place
     inner = [1]
     old = [inner, {"k": [2]}, 3]
     sync(old, [[1, 9], {"k": [2, 8], "n": 1}, 4])
@@ -553,6 +591,36 @@ def test_uid_slots_rotate_and_skip_uids_still_in_use(monkeypatch):
     with sandbox._uid_slot(lambda k: k) as d:
         pass
     assert d == 4  # slot 3's uid still has a process
+
+
+def _bpf(prog: bytes, arch: int, nr: int) -> int:
+    """Run a classic-BPF seccomp program (the instructions seccomp_program uses) on one system call."""
+    import struct
+
+    ins = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    data = {0: nr, 4: arch}
+    acc = pc = 0
+    while True:
+        code, jt, jf, k = ins[pc]
+        if code == 0x20:
+            acc = data[k]
+        elif code in (0x15, 0x35):
+            pc += jt if (acc == k if code == 0x15 else acc >= k) else jf
+        elif code == 0x06:
+            return k
+        pc += 1
+
+
+def test_seccomp_program_denies_the_keyring_calls_only():
+    allow, eperm = 0x7FFF0000, 0x00050001
+    x86 = sandbox.seccomp_program("x86_64")
+    for nr, want in ((0, allow), (1, allow), (247, allow), (248, eperm), (249, eperm), (250, eperm), (251, allow)):
+        assert _bpf(x86, 0xC000003E, nr) == want, nr
+    assert _bpf(x86, 0xC000003E, 0x40000000 + 248) == eperm  # x32 ABI
+    assert _bpf(x86, 0x40000003, 0) == eperm  # i386 ABI
+    arm = sandbox.seccomp_program("aarch64")
+    assert [_bpf(arm, 0xC00000B7, nr) for nr in (216, 217, 218, 219, 220)] == [allow, eperm, eperm, eperm, allow]
+    assert _bpf(arm, 0xC00000B7, 0x40000000) == allow  # no x32 check off x86_64
 
 
 def test_seccomp_program_layout():
