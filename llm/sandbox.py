@@ -1245,8 +1245,8 @@ def _tree(roots: list[int]) -> list[int]:
     return out
 
 
-def _run_delays(pids: list[int]) -> dict[int, int]:
-    """Per thread of ``pids``: nanoseconds spent runnable but waiting for a CPU (``schedstat``)."""
+def _run_delays(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per thread of ``pids``: (nanoseconds on a CPU, nanoseconds runnable but waiting for one) (``schedstat``)."""
     out = {}
     for pid in pids:
         try:
@@ -1256,7 +1256,8 @@ def _run_delays(pids: list[int]) -> dict[int, int]:
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                    out[int(tid)] = int(f.read().split()[1])
+                    cpu, delay = f.read().split()[:2]
+                out[int(tid)] = (int(cpu), int(delay))
             except (OSError, ValueError, IndexError):
                 continue
     return out
@@ -1264,20 +1265,26 @@ def _run_delays(pids: list[int]) -> dict[int, int]:
 
 class _Clock:
     """The limit of one run: ``timeout_s`` of wall time, not counting the time its processes sat
-    runnable without a CPU (a loaded machine), and never more than ``max_wall_s`` of plain wall time."""
+    runnable without a CPU (a loaded machine), and never more than ``max_wall_s`` of plain wall time.
+
+    The clock always advances by at least the CPU time the run itself used, so a run that keeps
+    many of its own threads or processes runnable (a fork bomb) cannot stretch its limit by
+    starving itself."""
 
     def __init__(self, timeout_s: float, max_wall_s: float):
         self.t0 = self.last = time.monotonic()
         self.timeout, self.cap = timeout_s, max_wall_s
         self.starved = 0.0
-        self.seen: dict[int, int] = {}
+        self.seen: dict[int, tuple[int, int]] = {}
 
     def sample(self, roots: list[int]) -> None:
-        delays = _run_delays(_tree(roots))
+        stats = _run_delays(_tree(roots))
         now = time.monotonic()
-        waited = sum(max(0, d - self.seen.get(t, 0)) for t, d in delays.items()) / 1e9
-        self.seen.update(delays)
-        self.starved += min(waited, now - self.last)
+        dt = now - self.last
+        ran = sum(max(0, c - self.seen.get(t, (0, 0))[0]) for t, (c, _) in stats.items()) / 1e9
+        waited = sum(max(0, d - self.seen.get(t, (0, 0))[1]) for t, (_, d) in stats.items()) / 1e9
+        self.seen.update(stats)
+        self.starved += max(0.0, min(waited, dt, dt - ran))
         self.last = now
 
     def left(self) -> float:
