@@ -41,7 +41,17 @@ def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--continue-on-collection-errors", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            str(tmp_path),
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -49,7 +49,8 @@ def test_unknown_command_is_a_one_line_error(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (
-        err[-1] == "tiltlab: error: unknown command 'nosuchcommand' (choose from check, reproduce, report, sim, figures, llm)"
+        err[-1]
+        == "tiltlab: error: unknown command 'nosuchcommand' (choose from check, reproduce, report, sim, figures, llm)"
     )
 
 
