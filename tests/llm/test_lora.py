@@ -74,7 +74,9 @@ def test_lora_trains_only_adapters_and_the_head(objective, kind, tiny_dir, tmp_p
 def test_lora_section_rejects_unknown_keys_and_bad_values(tiny_dir, tmp_path):
     from tiltlab.llm.trainers.cli import lora_config
 
-    with pytest.raises(ValueError, match="section 'lora': unknown keys"):
+    with pytest.raises(
+        ValueError, match=r"unknown keys \['rank'\] in `lora:`; valid keys: alpha, dropout, r, target_modules"
+    ):
         RunConfig(model="m", lora={"rank": 4})
     with pytest.raises(ValueError, match="lora.r must be a positive integer"):
         lora_config(RunConfig(model="m", lora={"r": 0}))

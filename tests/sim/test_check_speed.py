@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 
 import pytest
 import torch
@@ -37,11 +38,25 @@ def _calls(log_dir) -> list[str]:
     return open(path).read().split("\n")[:-1] if os.path.exists(path) else []
 
 
+def _child(fn, q) -> None:
+    q.put(
+        pickle.dumps(fn())
+    )  # plain bytes: torch's queue pickler would share the tensors' memory with a process that exits
+
+
 def _in_children(fn, n: int = 3) -> list:
-    """``fn()`` in ``n`` forked processes at once; their results."""
+    """``fn()`` in ``n`` forked processes at once, one call per process (a pool worker that finished one
+    call could take another, which its in-memory cache would answer); their results."""
     ctx = mp.get_context("fork")
-    with ctx.Pool(n) as pool:
-        return [r.get(timeout=120) for r in [pool.apply_async(fn) for _ in range(n)]]
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, q)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [pickle.loads(q.get(timeout=120)) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
 
 
 _EXPERIMENT = None
