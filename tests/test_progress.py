@@ -94,3 +94,23 @@ def test_bad_input_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("TILTLAB_PROGRESS_INTERVAL", "soon")
     with pytest.raises(ValueError, match="TILTLAB_PROGRESS_INTERVAL must be a number"):
         Progress(1, "x", mode="off")
+
+
+def test_line_at_the_interval_boundary_zero_steps_and_write():
+    clock, out = FakeClock(), io.StringIO()
+    p = Progress(4, "eval", "dataset", mode="lines", stream=out, interval=30, clock=clock)
+    assert p.line() == "eval: 0/4 dataset (0%) 0s elapsed"  # no ETA before the first step
+    p.update(0)  # a zero step is allowed and writes nothing
+    clock.t += 30
+    p.update(1)  # exactly one interval after the start: a line
+    assert out.getvalue().splitlines() == ["eval: 1/4 dataset (25%) 30s elapsed, ETA 1m30s"]
+    p.write("note")
+    assert out.getvalue().splitlines()[-1] == "note"
+    Progress(1, "x", mode="off", stream=out).write("hidden")
+    assert "hidden" not in out.getvalue()
+    tty = TTY()
+    bar = Progress(2, "stage1", "shard", mode="bar", stream=tty)
+    bar.update(1, postfix="shard 0")
+    bar.write("between")
+    bar.close()
+    assert "shard 0" in tty.getvalue() and "between" in tty.getvalue()
