@@ -976,7 +976,12 @@ def _bwrap_args(python: str, root: bool, disk_mb: int) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    made: set[str] = set()
+    # the private /proc, /dev and tmpfs /tmp come before the interpreter's prefixes: bwrap mounts in argument
+    # order, and a tmpfs mounted after them would hide a prefix under /tmp (a virtualenv in /tmp/...)
+    size = str(int(disk_mb) << 20)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
+    made: set[str] = {"/tmp", "/dev", "/proc"}
     for r in _bind_roots(python):
         parts = Path(r).parts[1:-1]
         for i in range(len(parts)):
@@ -985,9 +990,7 @@ def _bwrap_args(python: str, root: bool, disk_mb: int) -> list[str]:
                 made.add(d)
                 args += ["--perms", "0755", "--dir", d]
         args += ["--ro-bind", r, r]
-    size = str(int(disk_mb) << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
-    args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    args += ["--chdir", "/tmp", "--clearenv"]
     return args
 
 

@@ -682,3 +682,21 @@ def test_judged_namespace_rules():
     ]
     got = [r.passed for r in run_many_judged(jobs, FAST)]
     assert got == [True, False, True, False, True, True]
+
+
+def test_bwrap_mounts_tmp_before_the_interpreter_prefixes(tmp_path):
+    """bwrap mounts in argument order: the private tmpfs /tmp must come before the bind of an interpreter
+    prefix under /tmp (a virtualenv there), or it hides it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bwrap") is None:
+        pytest.fail("bubblewrap is missing") if os.environ.get("CI") else pytest.skip("bubblewrap is missing")
+    venv = tmp_path / "venv"  # pytest's tmp_path lies under /tmp
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    args = sandbox._bwrap_args(py, os.geteuid() == 0, 1)
+    tmpfs_at = max(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
+    binds = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == str(venv)]
+    assert binds and min(binds) > tmpfs_at
+    assert sandbox._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
