@@ -1126,11 +1126,14 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     from tiltlab.paper_checks.record import outcomes_from_rows
 
     outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
-    summ = llm_rec.get("summary") or {}
+    # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
+    # summary, which describes only the last invocation that wrote the record
+    bad = sorted(str(r.get("claim")) for r in llm_rec.get("checks", []) if not r.get("ok", True))
+    changed = f"{len(bad)} changed or crashed" + (f" ({', '.join(bad)})" if bad else "")
     L = [
         f"`tiltlab check --layer llm --slow --jobs 1` (seed {llm_rec.get('seed', 0)}), run {_when(llm_rec.get('date'))} "
         f"at commit {llm_rec.get('commit')} on {_machine_text(llm_rec.get('machine'))}: {len(outs)} checks, "
-        f"{summ.get('failures', '?')} changed or crashed, {llm_rec.get('run_seconds', '?')} s wall. "
+        f"{changed}, {llm_rec.get('run_seconds', '?')} s wall. "
         f"Registry hash of the llm part: `{llm_rec.get('registry_hash')}`.",
         "",
         "| claim | check | verdict | key numbers (95% t-intervals) |",
