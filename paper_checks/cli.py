@@ -30,7 +30,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -848,18 +847,11 @@ def environment() -> dict[str, str]:
     from tiltlab import __version__
 
     env["tiltlab"] = __version__
-    root = Path(__file__).resolve().parents[1]
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            env["git commit"] = out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    from tiltlab.paper_checks.record import git_commit
+
+    commit = git_commit()
+    if commit:
+        env["git commit"] = commit
     env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     from tiltlab.paper_checks import registry
 
