@@ -21,6 +21,11 @@ of :mod:`tiltlab.llm.data` (``id``, ``prompt``, ``answer`` | ``tests`` ...), ato
 * ``sft``        the SFT-LoRA baseline's corpus (DISA App. D.4) from a Stage-1 directory: the
   proposal samples with reward > 0 that finished (complete solutions), as
   ``prompt, completion, reward`` rows.
+* ``select``     a task with learning signal (DAPO's dynamic-sampling filter, applied offline): the
+  prompts of a Stage-1 run with ``q = pi_ref`` (same model, T = 1, untruncated) whose ``pi_ref`` pass
+  rate (the Stage-1 ``mean_reward`` of their M samples) lies in ``[min_pass, max_pass]``, the rest of
+  each row as the dataset gave it plus ``ref_pass_rate`` and the Stage-1 label ``log_z``, split into a
+  train file and an optional held-out file.
 * ``fpa``        FPA's offline dataset (FPA App. B.1): ``K`` samples per prompt from the model at
   temperature ``T`` (rollout engine :func:`tiltlab.llm.rollout.make_engine`), graded by the
   reward; prompts whose samples are all correct or all wrong are dropped; a held-out fraction of
@@ -49,6 +54,7 @@ __all__ = [
     "prepare_deepcoder",
     "prepare_deepscaler",
     "prepare_math",
+    "select_by_pass_rate",
     "sft_rows_from_stage1",
     "write_rows",
 ]
@@ -293,6 +299,108 @@ def sft_rows_from_stage1(stage1_dir: str | Path, require_finished: bool = True) 
 
 
 @dataclass
+class SelectConfig:
+    """``tiltlab llm prepare select``: keep the prompts with learning signal under pi_ref."""
+
+    stage1: str
+    """Stage-1 output directory of a run with proposal = reference at T = 1, top-p 1, top-k 0 (pi_ref's own samples)."""
+    out: str
+    """Selected training rows (.jsonl/.parquet)."""
+    min_pass: float = 0.1
+    """Smallest pi_ref pass rate kept (a prompt pi_ref never solves gives no signal)."""
+    max_pass: float = 0.9
+    """Largest pi_ref pass rate kept (a prompt pi_ref always solves gives no signal either)."""
+    heldout_fraction: float = 0.0
+    """Share of the selected prompts written to ``heldout_out`` instead (a seeded random split)."""
+    heldout_out: str | None = None
+    """Held-out rows file (required when heldout_fraction > 0)."""
+    seed: int = 0
+    """Seed of the held-out split."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_pass <= self.max_pass <= 1.0:
+            raise ValueError(f"need 0 <= min_pass <= max_pass <= 1, got {self.min_pass} and {self.max_pass}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
+        if (self.heldout_fraction > 0) != (self.heldout_out is not None):
+            raise ValueError("heldout_out and heldout_fraction > 0 go together")
+
+
+def select_by_pass_rate(cfg: SelectConfig, rows: Sequence[dict] | None = None) -> dict[str, Any]:
+    """Write the rows of the Stage-1 dataset whose pi_ref pass rate lies in ``[min_pass, max_pass]``
+    (columns ``ref_pass_rate`` and ``log_z`` added) to ``cfg.out`` (and a seeded held-out share to
+    ``cfg.heldout_out``); returns a summary with the pass rates before and after selection.
+
+    Each kept row's ``log_z`` is its Stage-1 label (``log Z_hat_M`` at the run's ``beta``: with
+    ``q = pi_ref`` it is ``log mean_j exp(beta r~_j)``), which DISA Stage 3 reads with
+    ``disa_label: column`` (give ``disa.stage1_dir`` too, so the trainer checks beta and the reward
+    transform against the manifest).
+
+    ``rows``: the dataset rows when Stage 1 ran on programmatic rows; by default the manifest's
+    ``dataset`` is loaded again (:func:`tiltlab.llm.data.load_prompts`). The Stage-1 run must sample
+    ``pi_ref`` itself (the same model as proposal and reference, temperature 1, no truncation):
+    otherwise ``mean_reward`` is a pass rate of the proposal, not of ``pi_ref``, and it is refused."""
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.stage1 import load_stage1, read_manifest
+
+    man = read_manifest(cfg.stage1)
+    c = man["config"]
+    if c["proposal"] != c["reference"] or c["temperature"] != 1.0 or c["top_p"] != 1.0 or c["top_k"] != 0:
+        raise ValueError(
+            f"{cfg.stage1}: select needs pi_ref's own samples (proposal = reference, temperature 1, top_p 1, "
+            f"top_k 0); this run has proposal {c['proposal']!r}, reference {c['reference']!r}, temperature "
+            f"{c['temperature']}, top_p {c['top_p']}, top_k {c['top_k']}"
+        )
+    _, labels = load_stage1(cfg.stage1)
+    rate = dict(zip(labels.column("prompt_id").to_pylist(), labels.column("mean_reward").to_pylist()))
+    log_z = dict(zip(labels.column("prompt_id").to_pylist(), labels.column("log_z").to_pylist()))
+    if rows is None:
+        rows = load_prompts(c["dataset"], limit=c.get("max_prompts"))
+    by_id = {str(r["id"]): r for r in rows}
+    missing = [pid for pid in rate if pid not in by_id]
+    if missing:
+        raise ValueError(
+            f"{cfg.stage1}: {len(missing)} labelled prompt ids are not in the dataset (first: {missing[0]!r})"
+        )
+    kept = [
+        {**by_id[pid], "ref_pass_rate": float(p), "log_z": float(log_z[pid])}
+        for pid, p in rate.items()
+        if cfg.min_pass <= p <= cfg.max_pass
+    ]
+    if not kept:
+        raise ValueError(
+            f"{cfg.stage1}: no prompt has a pi_ref pass rate in [{cfg.min_pass}, {cfg.max_pass}] "
+            f"({len(rate)} prompts, mean pass rate {sum(rate.values()) / len(rate):.3f}): the task has no signal "
+            "for this model; use easier prompts or more samples per prompt (M)"
+        )
+    order = list(range(len(kept)))
+    random.Random(f"select-{cfg.seed}").shuffle(order)
+    n_held = round(cfg.heldout_fraction * len(kept))
+    held_idx = set(order[:n_held])
+    train = [r for i, r in enumerate(kept) if i not in held_idx]
+    held = [r for i, r in enumerate(kept) if i in held_idx]
+    if not train:
+        raise ValueError(f"heldout_fraction {cfg.heldout_fraction} leaves no training prompt of {len(kept)}")
+    write_rows(train, cfg.out)
+    if cfg.heldout_out is not None:
+        write_rows(held, cfg.heldout_out)
+
+    def mean(rs):
+        return sum(r["ref_pass_rate"] for r in rs) / len(rs) if rs else float("nan")
+
+    return {
+        "n_labelled": len(rate),
+        "mean_pass_all": sum(rate.values()) / len(rate),
+        "n_kept": len(kept),
+        "n_train": len(train),
+        "n_heldout": len(held),
+        "mean_pass_train": mean(train),
+        "mean_pass_heldout": mean(held),
+        "M": c["M"],
+    }
+
+
+@dataclass
 class FpaConfig:
     """FPA's offline data generation (FPA App. B.1)."""
 
@@ -440,7 +548,7 @@ def build_fpa_offline(cfg: FpaConfig, engine=None) -> dict[str, Any]:
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "prepare",
-        help="training data from local copies of the papers' datasets (DAPO, DeepScaleR, DeepCoder, MATH, SFT, FPA)",
+        help="training data from local copies of the papers' datasets (DAPO, DeepScaleR, DeepCoder, MATH, SFT, FPA) and pass-rate selection",
         description=__doc__.split("\n\n")[0],
     )
     sub = p.add_subparsers(dest="prepare_source", metavar="SOURCE")
@@ -456,11 +564,30 @@ def add_cli(subparsers) -> None:
         q.add_argument("--input", required=True, help="local file (or the Stage-1 directory for `sft`)")
         q.add_argument("--out", required=True, help="output .jsonl or .parquet")
         q.set_defaults(func=_main_simple, prepare_source=name)
-    f = sub.add_parser("fpa", help="FPA's offline dataset: K samples at T per prompt, filtered, 5%% held out")
     from tiltlab.dataclass_cli import add_dataclass_args
 
+    sel = sub.add_parser(
+        "select",
+        help="Stage-1 run of pi_ref -> the prompts whose pi_ref pass rate lies in [min, max] (+ held-out split)",
+    )
+    add_dataclass_args(sel, SelectConfig)
+    sel.set_defaults(func=_main_select)
+    f = sub.add_parser("fpa", help="FPA's offline dataset: K samples at T per prompt, filtered, 5%% held out")
     add_dataclass_args(f, FpaConfig)
     f.set_defaults(func=_main_fpa)
+
+
+def _main_select(args) -> int:
+    from tiltlab.llm.config_args import config_from_args
+
+    cfg = config_from_args(SelectConfig, args)
+    info = select_by_pass_rate(cfg)
+    print(
+        f"[prepare select] {info['n_kept']} of {info['n_labelled']} prompts have a pi_ref pass rate in "
+        f"[{cfg.min_pass:g}, {cfg.max_pass:g}] (mean {info['mean_pass_all']:.3f} -> {info['mean_pass_train']:.3f}); "
+        f"{info['n_train']} -> {cfg.out}" + (f", {info['n_heldout']} -> {cfg.heldout_out}" if cfg.heldout_out else "")
+    )
+    return 0
 
 
 def _main_simple(args) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
+    "ANSWER_FORMATS",
     "REWARDS",
     "CodeJob",
     "code_job",
@@ -40,6 +41,8 @@ __all__ = [
     "verifiable_reward",
 ]
 
+ANSWER_FORMATS = (None, "boxed", "plain")
+"""Values of the optional ``answer_format`` dataset column read by :func:`math_reward`."""
 REWARDS: dict[str, str] = {"auto": "verifiable_reward", "math": "math_reward", "code": "code_reward"}
 """Reward names -> functions of this module."""
 
@@ -131,20 +134,25 @@ def math_reward(
 ) -> list[float | None]:
     """1.0 iff the last boxed answer equals ``answer`` (math-verify), 0.0 otherwise; None where answer is None.
 
-    With ``require_boxed=False`` an unboxed completion is parsed by math-verify's default extraction
-    (last LaTeX / plain expression) instead of scoring 0.
+    With ``require_boxed=False``, or on rows whose ``answer_format`` column is ``"plain"`` (datasets
+    that ask for a bare answer, e.g. ``synthetic:qa``), an unboxed completion is parsed by math-verify's
+    default extraction (last LaTeX / plain expression) instead of scoring 0. A boxed answer is always
+    graded by its last ``\\boxed{}``.
     """
     n = len(completions)
     answers = _column(kwargs, "answer", n, required=True)
+    formats = _column(kwargs, "answer_format", n, required=False) or [None] * n
     out: list[float | None] = []
-    for comp, gold in zip(completions, answers):
+    for comp, gold, fmt in zip(completions, answers, formats):
+        if fmt not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS[1:]} (or missing), got {fmt!r}")
         if gold is None:
             out.append(None)
             continue
         text = completion_text(comp)
         boxed = extract_boxed(text)
         if boxed is None:
-            if require_boxed:
+            if require_boxed and fmt != "plain":
                 out.append(0.0)
                 continue
             from math_verify import parse, verify
@@ -358,8 +366,8 @@ def verifiable_reward(prompts, completions, completion_ids=None, **kwargs) -> li
     n = len(completions)
     answers = _column(kwargs, "answer", n, required=False) or [None] * n
     tests = _column(kwargs, "tests", n, required=False) or [None] * n
-    rest = {k: v for k, v in kwargs.items() if k not in ("answer", "tests")}
-    m = math_reward(prompts, completions, answer=answers)
+    rest = {k: v for k, v in kwargs.items() if k not in ("answer", "tests", "answer_format")}
+    m = math_reward(prompts, completions, answer=answers, answer_format=kwargs.get("answer_format"))
     code_mask = [a is None and t is not None for a, t in zip(answers, tests)]
     c = (
         code_reward(prompts, completions, tests=[t if cm else None for t, cm in zip(tests, code_mask)], **rest)

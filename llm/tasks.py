@@ -7,6 +7,10 @@ Record schema (the same as :mod:`llm.data` prompt datasets):
 
 * math rows:  ``{"id", "prompt", "answer", "difficulty", "task": "arithmetic"}`` where ``answer`` is
   the exact integer as a string; a correct completion ends with ``\\boxed{<answer>}``.
+* plain-answer arithmetic rows (:func:`qa_tasks`): ``{"id", "prompt", "answer", "answer_format": "plain",
+  "difficulty", "task": "arithmetic_qa"}``: "What is 23 + 14? Answer with just the number." -- graded by the
+  math reward without the ``\\boxed{}`` requirement (``answer_format``), a task a 135M instruct model
+  passes some of the time (the boxed task it never passes).
 * code rows:  ``{"id", "prompt", "tests", "entry_point", "solution", "difficulty", "task": "function"}``
   where ``tests`` is assert-based Python source run after the completion's code (see
   :mod:`llm.rewards`), and ``solution`` is a reference implementation (for tests of the tests).
@@ -24,6 +28,7 @@ __all__ = [
     "arithmetic_tasks",
     "function_tasks",
     "mixed_tasks",
+    "qa_tasks",
     "synthetic_corpus",
 ]
 
@@ -108,6 +113,58 @@ def arithmetic_tasks(n: int, difficulty: int | list[int] | None = None, seed: in
         _check_difficulty(d)
     rng = random.Random(f"arith-{seed}")
     return [arithmetic_task(rng, levels[i % len(levels)], idx=i) for i in range(n)]
+
+
+# plain-answer questions: level -> (left operand range, right operand range, operator)
+_QA_LEVELS: dict[int, tuple[tuple[int, int], tuple[int, int], str]] = {
+    1: ((1, 9), (1, 9), "+"),
+    2: ((10, 99), (1, 99), "+"),
+    3: ((10, 99), (1, 99), "-"),
+    4: ((2, 12), (2, 12), "*"),
+    5: ((10, 99), (2, 9), "*"),
+}
+QA_INSTRUCTION = "Answer with just the number."
+
+
+def qa_tasks(n: int, difficulty: int | list[int] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` plain-answer arithmetic questions ("What is 23 + 14? Answer with just the number.").
+
+    ``difficulty`` as in :func:`arithmetic_tasks` (levels 1..5 of :data:`_QA_LEVELS`: one-digit sums,
+    two-digit sums, two-digit differences (never negative), times tables, two-digit times one-digit).
+    Rows carry ``answer_format = "plain"``: :func:`tiltlab.llm.rewards.math_reward` then grades the
+    last number of the completion instead of requiring ``\\boxed{}``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    levels = (
+        list(_QA_LEVELS) if difficulty is None else ([difficulty] if isinstance(difficulty, int) else list(difficulty))
+    )
+    if not levels:
+        raise ValueError("difficulty list is empty")
+    for d in levels:
+        if d not in _QA_LEVELS:
+            raise ValueError(f"difficulty must be an int in 1..{len(_QA_LEVELS)}, got {d!r}")
+    rng = random.Random(f"qa-{seed}")
+    rows = []
+    for i in range(n):
+        d = levels[i % len(levels)]
+        (a_lo, a_hi), (b_lo, b_hi), op = _QA_LEVELS[d]
+        a, b = rng.randint(a_lo, a_hi), rng.randint(b_lo, b_hi)
+        if op == "-" and b > a:
+            a, b = b, a
+        value = a + b if op == "+" else (a - b if op == "-" else a * b)
+        expr = f"{a} {'times' if op == '*' else op} {b}"
+        rows.append(
+            {
+                "id": f"qa-d{d}-{i}",
+                "prompt": f"What is {expr}? {QA_INSTRUCTION}",
+                "answer": str(value),
+                "answer_format": "plain",
+                "difficulty": d,
+                "task": "arithmetic_qa",
+            }
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------

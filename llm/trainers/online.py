@@ -57,6 +57,7 @@ its gradient contribution is zero at the minimizer anyway (``dL/dlog Z = 0``), a
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -350,6 +351,35 @@ def _param_dtype(model) -> torch.dtype | None:
     return None if p is None else p.dtype
 
 
+def _record_profiled_times() -> None:
+    """Make TRL's ``profiling_context`` blocks (``vLLM.generate``, ``sync_weights``, each reward
+    function, ...) also append their duration to a :class:`TiltGRPOTrainer`'s metrics as
+    ``time/<name>``: TRL sends them only to wandb / mlflow / trackio, and a run's per-step time and
+    where it goes then lands in ``trainer_state.json``'s log history (with TRL's ``step_time``, the
+    optimizer step's forward and backward, and ``time/generate_and_score``, the whole rollout)."""
+    import trl.trainer.grpo_trainer as gt
+
+    trl_context = gt.profiling_context
+    if getattr(trl_context, "_tiltlab", False):
+        return
+
+    def profiling_context(trainer, name: str):
+        ctx = trl_context(trainer, name)
+        if isinstance(trainer, TiltGRPOTrainer):
+            log = ctx._log_metrics
+
+            def log_and_record(duration: float) -> None:
+                log(duration)
+                mode = "train" if trainer.model.training else "eval"
+                trainer._metrics[mode][f"time/{name}"].append(duration)
+
+            ctx._log_metrics = log_and_record
+        return ctx
+
+    profiling_context._tiltlab = True  # type: ignore[attr-defined]
+    gt.profiling_context = profiling_context
+
+
 class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
@@ -422,6 +452,7 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
             else None
         )
         self._paced_rng = random.Random(int(args.seed))
+        _record_profiled_times()
         # no CUDA: TRL's colocated vLLM is built with CPU settings (llm/trainers/vllm_sync.py), in the
         # policy's dtype (TRL has loaded the policy when it builds the engine)
         with cpu_colocate_llm(lambda: _param_dtype(getattr(self, "model", None)), args.vllm_kv_cache_memory_bytes):
@@ -578,6 +609,13 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         return ids, attn
 
     def _generate_and_score_completions(self, inputs):
+        t0 = time.perf_counter()
+        out = self._generate_and_score(inputs)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["time/generate_and_score"].append(time.perf_counter() - t0)
+        return out
+
+    def _generate_and_score(self, inputs):
         args, obj = self.args, self.args.objective
         mode = "train" if self.model.training else "eval"
         if obj == "paced" and mode == "train":
