@@ -36,6 +36,7 @@ __all__ = [
     "make_code_reward",
     "math_equal",
     "math_reward",
+    "plain_number_correct",
     "prompt_parts",
     "resolve_reward",
     "verifiable_reward",
@@ -134,25 +135,30 @@ def math_reward(
 ) -> list[float | None]:
     """1.0 iff the last boxed answer equals ``answer`` (math-verify), 0.0 otherwise; None where answer is None.
 
-    With ``require_boxed=False``, or on rows whose ``answer_format`` column is ``"plain"`` (datasets
-    that ask for a bare answer, e.g. ``synthetic:qa``), an unboxed completion is parsed by math-verify's
-    default extraction (last LaTeX / plain expression) instead of scoring 0. A boxed answer is always
-    graded by its last ``\\boxed{}``.
+    With ``require_boxed=False`` an unboxed completion is parsed by math-verify's default extraction
+    (last LaTeX / plain expression) instead of scoring 0. Rows whose ``answer_format`` column is
+    ``"plain"`` (datasets that ask for just a number, e.g. ``synthetic:qa``) are graded by
+    :func:`plain_number_correct` instead.
     """
     n = len(completions)
     answers = _column(kwargs, "answer", n, required=True)
     formats = _column(kwargs, "answer_format", n, required=False) or [None] * n
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts for {n} completions")
     out: list[float | None] = []
-    for comp, gold, fmt in zip(completions, answers, formats):
+    for prompt, comp, gold, fmt in zip(prompts, completions, answers, formats):
         if fmt not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS[1:]} (or missing), got {fmt!r}")
         if gold is None:
             out.append(None)
             continue
         text = completion_text(comp)
+        if fmt == "plain":
+            out.append(float(plain_number_correct(_prompt_text(prompt), text, str(gold))))
+            continue
         boxed = extract_boxed(text)
         if boxed is None:
-            if require_boxed and fmt != "plain":
+            if require_boxed:
                 out.append(0.0)
                 continue
             from math_verify import parse, verify
@@ -167,6 +173,37 @@ def math_reward(
 
 
 math_reward.__name__ = "math_reward"
+
+_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(m.group(0).replace(",", "")) for m in _NUMBER_RE.finditer(text)]
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+    return str(prompt)
+
+
+def plain_number_correct(prompt: str, text: str, gold: str) -> bool:
+    """A just-the-number answer: the LAST number of ``text`` equals ``gold`` (numerically; ``1,234``
+    and ``37.0`` are read as numbers, ``-37`` is not ``37``), and every other number of ``text`` is
+    ``gold`` or a number of the prompt ("23 + 14 = 37" restates the question; "35, 36, 37" lists
+    candidates and is not paid, nor is a self-correction "36. No, 37")."""
+    try:
+        want = float(str(gold).replace(",", ""))
+    except ValueError:
+        raise ValueError(f"answer_format 'plain' needs a numeric answer, got {gold!r}") from None
+    nums = _numbers(text)
+    if not nums or nums[-1] != want:
+        return False
+    allowed = set(_numbers(prompt)) | {want}
+    return all(v in allowed for v in nums)
+
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

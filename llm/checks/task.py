@@ -413,7 +413,13 @@ def reference_tokens(model, task: EnumTask) -> Tensor:
 
 
 # ---------------------------------------------------------------- statistics
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (two-sided 95%), exact for every df."""
+    from scipy.stats import t
+
+    if df < 1:
+        raise ValueError(f"a t interval needs df >= 1, got {df}")
+    return float(t.ppf(0.975, df))
 
 
 def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
@@ -424,7 +430,7 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
     if n < 2:
         return m, m, m
     sd = math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1))
-    h = _T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    h = t975(n - 1) * sd / math.sqrt(n)
     return m, m - h, m + h
 
 

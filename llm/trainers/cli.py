@@ -349,6 +349,7 @@ def main(args) -> int:
     if steps == 0:
         raise RuntimeError("training ran 0 optimizer steps (check max_steps / the dataset size); no model written")
     trainer.save_model(out)
+    trainer.save_state()  # trainer_state.json beside the model: the log history (losses, times per step)
     print(f"[train] {steps} optimizer steps; model written to {out}")
     if cfg.validation:
         _write_best(trainer, out)
