@@ -48,7 +48,7 @@ from . import task as T
 V = Verdict
 ALIAS = "smollm2-135m"
 OBJECTIVES = ("disa", "flowrl", "grpo")
-N_CANDIDATES = 64
+N_CANDIDATES = 96
 SELECT_M = 8
 MIN_PASS, MAX_PASS = 0.1, 0.9
 HELDOUT_FRACTION = 0.5
@@ -56,13 +56,16 @@ BETA = 2.0
 NEW_TOKENS = 16
 PROMPTS_PER_STEP = 4
 G = 4
-STEPS = 8
-LR = 2e-5
+STEPS = 12
+LR = 5e-5
 EVAL_K = 16
 N_SEEDS = 2
 MARGIN = 0.02
 """Smallest accuracy difference of interest: *refuted* needs the interval below ``-MARGIN``."""
 KV_CACHE_BYTES = 64 << 20
+"""The colocated engine's KV cache in each training process (16 sequences of < 100 tokens)."""
+EVAL_KV_CACHE_BYTES = 256 << 20
+"""Stage-1 and evaluation engines: room for ~80 such sequences at once (batched decoding)."""
 MAX_MODEL_LEN = 512
 EXPECTED_ITEMS: dict[str, bool] | None = None
 
@@ -92,7 +95,7 @@ def _engine(model_dir: str, seed: int):
     from tiltlab.llm.rollout import VLLMEngine
 
     return VLLMEngine(
-        model_dir, dtype="fp32", seed=seed, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=KV_CACHE_BYTES
+        model_dir, dtype="fp32", seed=seed, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=EVAL_KV_CACHE_BYTES
     )
 
 
@@ -254,6 +257,36 @@ def clustered_ci(per_seed: list[torch.Tensor]) -> tuple[float, float, float]:
     return T.mean_ci(d.tolist())
 
 
+def decide(trained: dict[str, bool], diffs: dict[str, list[torch.Tensor]]) -> tuple[Verdict, dict, dict]:
+    """The pre-registered rule. ``trained[m]``: objective ``m`` trained (:func:`trained_items`);
+    ``diffs[m]``: per seed, the ``[P]`` held-out accuracy of ``m`` minus the base model's. Returns
+    ``(verdict, numbers, items)``; non-finite differences raise (a broken evaluation decides nothing)."""
+    for m, ds in diffs.items():
+        if not ds or any(not torch.isfinite(d).all() for d in ds):
+            raise ValueError(f"held-out accuracy differences of {m!r} are missing or non-finite")
+    nums: dict[str, float] = {}
+    items: dict[str, bool] = {f"{m}_trained": bool(trained[m]) for m in OBJECTIVES}
+    for m in OBJECTIVES:
+        mean, lo, hi = clustered_ci(diffs[m])
+        nums.update({f"{m}_minus_base": mean, f"{m}_minus_base_lo": lo, f"{m}_minus_base_hi": hi})
+        items[f"{m}_beats_base"] = lo > 0
+        # "it ran" at the evaluation: some held-out prompt's accuracy left the base model's value
+        items[f"{m}_accuracy_moved"] = any(bool(d.abs().sum() > 0) for d in diffs[m])
+    for other in ("flowrl", "grpo"):
+        mean, lo, hi = clustered_ci([a - b for a, b in zip(diffs["disa"], diffs[other])])
+        nums.update({f"disa_minus_{other}": mean, f"disa_minus_{other}_lo": lo, f"disa_minus_{other}_hi": hi})
+        items[f"disa_above_{other}"] = lo > 0
+        items[f"disa_below_{other}_by_margin"] = hi < -MARGIN
+    all_trained = all(items[f"{m}_trained"] for m in OBJECTIVES)
+    if all_trained and items["disa_beats_base"] and items["disa_above_flowrl"] and items["disa_above_grpo"]:
+        verdict = V.VERIFIED
+    elif all_trained and (items["disa_below_flowrl_by_margin"] or items["disa_below_grpo_by_margin"]):
+        verdict = V.REFUTED
+    else:
+        verdict = V.INCONCLUSIVE
+    return verdict, nums, items
+
+
 @register_check(
     "disa.llm.real_model_training",
     layer="llm",
@@ -300,7 +333,7 @@ def real_model_training(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -
                 out, history = run_training(m, task, root, s, steps)
                 nums[f"{m}_s{s}_train_s"] = time.perf_counter() - t1
                 ok, tn = trained_items(history, weights_moved(start, out))
-                items[f"{m}_trained"] = items.get(f"{m}_trained", True) and ok
+                items[f"{m}_trained"] = items.get(f"{m}_trained", True) and ok  # every seed trained
                 for k, v in {**tn, **step_times(history)}.items():
                     nums[f"{m}_s{s}_{k}"] = v
                 acc = heldout_accuracy(out, held, eval_seed)
@@ -308,22 +341,13 @@ def real_model_training(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -
                 diffs[m].append(acc - base)
     for m in OBJECTIVES:
         nums[f"acc_{m}"] = sum(accs[m]) / len(accs[m])
-        mean, lo, hi = clustered_ci(diffs[m])
-        nums.update({f"{m}_minus_base": mean, f"{m}_minus_base_lo": lo, f"{m}_minus_base_hi": hi})
-        items[f"{m}_beats_base"] = lo > 0
-    for other in ("flowrl", "grpo"):
-        mean, lo, hi = clustered_ci([a - b for a, b in zip(diffs["disa"], diffs[other])])
-        nums.update({f"disa_minus_{other}": mean, f"disa_minus_{other}_lo": lo, f"disa_minus_{other}_hi": hi})
-        items[f"disa_above_{other}"] = lo > 0
-        items[f"disa_below_{other}_by_margin"] = hi < -MARGIN
+        for part in ("step_time", "time/generate_and_score", "time/vLLM.generate", "time/sync_weights"):
+            vals = [v for k, v in nums.items() if k.startswith(f"{m}_s") and k.endswith(f"_{part}")]
+            nums[f"{m}_{part.removeprefix('time/')}_mean"] = sum(vals) / len(vals) if vals else math.nan
     nums["n_heldout_prompts"] = float(len(base))
-    all_trained = all(items[f"{m}_trained"] for m in OBJECTIVES)
-    if all_trained and items["disa_beats_base"] and items["disa_above_flowrl"] and items["disa_above_grpo"]:
-        verdict = V.VERIFIED
-    elif all_trained and (items["disa_below_flowrl_by_margin"] or items["disa_below_grpo_by_margin"]):
-        verdict = V.REFUTED
-    else:
-        verdict = V.INCONCLUSIVE
+    verdict, dn, di = decide({m: items[f"{m}_trained"] for m in OBJECTIVES}, diffs)
+    nums.update(dn)
+    items.update(di)
 
     def ci(key: str) -> str:
         return f"{nums[key]:+.3f} [{nums[key + '_lo']:+.3f}, {nums[key + '_hi']:+.3f}]"
@@ -339,6 +363,13 @@ def real_model_training(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -
         f"FlowRL {nums['acc_flowrl']:.3f}, GRPO {nums['acc_grpo']:.3f}; minus base: DISA {ci('disa_minus_base')}, "
         f"FlowRL {ci('flowrl_minus_base')}, GRPO {ci('grpo_minus_base')}; DISA minus FlowRL {ci('disa_minus_flowrl')}, "
         f"DISA minus GRPO {ci('disa_minus_grpo')} (95% t-CIs over held-out prompts, seeds averaged within a prompt); "
+        + "seconds per step (of which rollout, of which vLLM generate): "
+        + ", ".join(
+            f"{m} {nums[f'{m}_step_time_mean']:.1f} ({nums[f'{m}_generate_and_score_mean']:.1f}, "
+            f"{nums[f'{m}_vLLM.generate_mean']:.1f})"
+            for m in OBJECTIVES
+        )
+        + "; "
         f"rule: verified if all three trained and DISA - base, DISA - FlowRL and DISA - GRPO have lower bound > 0; "
         f"refuted if DISA - FlowRL or DISA - GRPO has upper bound < -{MARGIN:g}; else inconclusive",
         nums,
