@@ -103,7 +103,9 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
 
     sz = SIZES[size]
     beta = 2.0
-    data = f"synthetic:math:{sz['prompts']}:1"
+    # plain-answer questions the 135M model answers correctly some of the time (one-digit sums: pi_ref pass
+    # rate ~0.26): on the boxed synthetic:math task it never does, every label is log Z = 0 and the run is vacuous
+    data = f"synthetic:qa:{sz['prompts']}:1"
     s1, s2 = tmp_path / "stage1", tmp_path / "stage2"
     cfg = Stage1Config(
         proposal=ALIAS,
@@ -151,7 +153,7 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
     mses = {k: v for k, v in metrics.items() if k.endswith("mse")}
     assert mses and all(math.isfinite(v) for v in mses.values()), metrics  # (R^2 is nan for constant labels)
     predict = load_log_z_predictor(s2, device="cpu")
-    pred = predict([[{"role": "user", "content": "Compute 2 + 3."}]])
+    pred = predict([[{"role": "user", "content": "What is 2 + 3? Answer with just the number."}]])
     assert pred.shape == (1,) and torch.isfinite(pred).all()
     del predict
 

@@ -141,3 +141,50 @@ def test_whole_check_at_a_tiny_budget(monkeypatch):
     assert res.numbers["task_n_train"] >= 1 and 0.1 <= res.numbers["task_mean_pass_train"] <= 0.9
     for m in R.OBJECTIVES:
         assert res.numbers[f"{m}_s0_steps"] == 2 and res.numbers[f"{m}_step_time_mean"] > 0
+
+
+def test_check_assembles_numbers_items_and_summary_from_its_parts(monkeypatch, tmp_path):
+    """The check's bookkeeping with its engine-bound parts replaced by fakes: which accuracies are paired
+    with which, per-seed "trained" items (one frozen seed makes the objective not trained), the times."""
+    from tiltlab.llm.data import save_prompts
+
+    held = [{"id": f"h{i}", "prompt": f"q{i}", "answer": "1", "answer_format": "plain"} for i in range(P)]
+    save_prompts(held, tmp_path / "held.jsonl")
+    task = {
+        "n_labelled": 96, "n_kept": 2 * P, "n_train": P, "n_heldout": P, "mean_pass_all": 0.2,
+        "mean_pass_train": 0.3, "mean_pass_heldout": 0.31, "stage1_dir": "s1", "train": "t", "heldout": str(tmp_path / "held.jsonl"),
+    }  # fmt: skip
+    base = torch.linspace(0.1, 0.5, P, dtype=torch.float64)
+    lift = {"base": 0.0, "disa": 0.2, "flowrl": 0.05, "grpo": 0.1}
+    seen = []
+
+    def fake_eval(model_dir, rows, seed):
+        seen.append((model_dir, seed))
+        name = "base" if model_dir == "BASE" else model_dir.split("-")[0]
+        return base + lift[name] + 0.001 * torch.arange(P) * (name != "base")
+
+    def fake_train(m, task_, root, s, steps):
+        frozen = m == "grpo" and s == 1
+        hist = [{"loss": 0.0 if frozen else 0.5, "grad_norm": 0.0 if frozen else 3.0, "step_time": 10.0 + s,
+                 "time/generate_and_score": 4.0, "time/vLLM.generate": 2.0, "step": i + 1} for i in range(steps)]  # fmt: skip
+        return f"{m}-{s}", hist
+
+    monkeypatch.setattr("tiltlab.llm.models.resolve_model", lambda name, progress=True: "BASE")
+    monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": torch.zeros(2)})
+    monkeypatch.setattr(R, "make_task", lambda root, model_dir, seed: task)
+    monkeypatch.setattr(R, "heldout_accuracy", fake_eval)
+    monkeypatch.setattr(R, "run_training", fake_train)
+    monkeypatch.setattr(R, "weights_moved", lambda start, out: 0.0 if out == "grpo-1" else 1e-3)
+    res = R.real_model_training.__wrapped__(0, n_seeds=2, steps=3)
+    # every model evaluated with the same sampling seed; base once, each (objective, seed) once
+    assert {s for _, s in seen} == {99} and [d for d, _ in seen][0] == "BASE"
+    assert sorted(d for d, _ in seen[1:]) == sorted(f"{m}-{s}" for m in R.OBJECTIVES for s in (0, 1))
+    assert res.items["disa_trained"] and res.items["flowrl_trained"] and not res.items["grpo_trained"]
+    assert res.verdict is Verdict.INCONCLUSIVE  # GRPO did not train on seed 1: no verdict either way
+    assert res.numbers["acc_base"] == pytest.approx(float(base.mean()))
+    want = float((lift["disa"] + 0.001 * torch.arange(P)).mean())
+    assert res.numbers["disa_minus_base"] == pytest.approx(want)
+    assert res.numbers["disa_minus_flowrl"] == pytest.approx(lift["disa"] - lift["flowrl"])
+    assert res.numbers["disa_step_time_mean"] == pytest.approx(10.5)  # seeds 0 and 1: 10 and 11 s
+    assert res.numbers["grpo_s1_max_abs_loss"] == 0.0 and res.numbers["disa_s0_steps"] == 3
+    assert "grpo NO" in res.summary and "lower bound > 0" in res.summary
