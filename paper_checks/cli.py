@@ -711,6 +711,16 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
         and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
     ):
         return "the selected checks are all slow: add --slow"
+    opt_in = [
+        c
+        for c in registry.select(prefix, None, True, include_llm=True)
+        if c.layer in registry.OPT_IN_LAYERS and (not name or c.name == name) and not layer
+    ]
+    if opt_in:
+        return (
+            f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: "
+            f"add --layer {opt_in[0].layer} --slow"
+        )
     what = " ".join(
         f"{flag} {value}" for flag, value in (("--only", prefix), ("--layer", layer), ("--check", name)) if value
     )

@@ -76,6 +76,22 @@ def test_empty_selection_is_an_error_and_leaves_the_record(isolated_registry, tm
     assert out.read_text() == '{"previous": "record"}\n'
 
 
+def test_only_an_llm_claim_says_to_name_the_layer(isolated_registry, tmp_path, capsys):
+    """An llm-layer check selected by --only alone (the opt-in layer is not named): the error says how
+    to run it, with or without --slow."""
+    from tiltlab.paper_checks.registry import CheckResult, Verdict
+
+    cid = next(c for c in isolated_registry._CLAIMS)
+    isolated_registry.register_check(cid, layer="llm", expected=Verdict.VERIFIED, name="opt_in_probe", slow=True)(
+        lambda seed: CheckResult(Verdict.VERIFIED, "x")
+    )
+    for extra in ([], ["--slow"]):
+        assert main(["check", "--only", cid, "--check", "opt_in_probe", *extra, "--out", str(tmp_path / "c.json")]) == 2
+        line = _stderr_line(capsys)
+        assert "add --layer llm --slow" in line, line
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_layer_llm_says_no_llm_checks_exist(isolated_registry, tmp_path, capsys):
     for key in [k for k, c in isolated_registry._CHECKS.items() if c.layer == "llm"]:
         del isolated_registry._CHECKS[key]  # the message is for a registry without llm checks

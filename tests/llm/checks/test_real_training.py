@@ -177,7 +177,7 @@ def test_check_assembles_numbers_items_and_summary_from_its_parts(monkeypatch, t
     monkeypatch.setattr(R, "weights_moved", lambda start, out: 0.0 if out == "grpo-1" else 1e-3)
     res = R.real_model_training.__wrapped__(0, n_seeds=2, steps=3)
     # every model evaluated with the same sampling seed; base once, each (objective, seed) once
-    assert {s for _, s in seen} == {99} and [d for d, _ in seen][0] == "BASE"
+    assert {s for _, s in seen} == {99} and next(d for d, _ in seen) == "BASE"
     assert sorted(d for d, _ in seen[1:]) == sorted(f"{m}-{s}" for m in R.OBJECTIVES for s in (0, 1))
     assert res.items["disa_trained"] and res.items["flowrl_trained"] and not res.items["grpo_trained"]
     assert res.verdict is Verdict.INCONCLUSIVE  # GRPO did not train on seed 1: no verdict either way
