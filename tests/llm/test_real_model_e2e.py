@@ -135,13 +135,17 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
     samples, labels = load_stage1(s1)
     assert (labels.num_rows, samples.num_rows) == (sz["prompts"], sz["prompts"] * sz["M"])
     log_z = labels.column("log_z").to_pylist()
-    # q = pi_ref on two engines: vLLM's sampled log-probs and transformers' teacher-forced ones of the
-    # same tokens differ only by kernel summation order (fp32, ~1e-5 per token), so log w ~ 0 ...
-    log_w = samples.column("log_w").to_pylist()
-    assert max(abs(v) for v in log_w) < 1e-2, log_w
-    # ... and the label log mean_j w_j exp(beta r_j) of rewards in {0, 1} lies in [0, beta] up to that
+    # q = pi_ref: the proposal's sampled log-probs and pi_ref's of the same tokens differ only by kernel
+    # summation order (fp32, ~1e-5 per token), so log w = beta r up to that ...
+    col = {k: samples.column(k).to_pylist() for k in ("log_w", "reward", "logp_ref", "logp_proposal", "prompt_id")}
+    assert max(abs(a - b) for a, b in zip(col["logp_ref"], col["logp_proposal"])) < 1e-2, col
+    assert max(abs(w - beta * r) for w, r in zip(col["log_w"], col["reward"])) < 1e-2, col
+    # ... the label log mean_j exp(beta r_j) of rewards in {0, 1} lies in [0, beta] up to that, and the ESS
+    # is that of the weights exp(beta r_j) (M when a prompt's rewards are all equal)
     assert all(-1e-2 <= v <= beta + 1e-2 for v in log_z), log_z
-    assert all(abs(e - sz["M"]) < 1e-2 for e in labels.column("ess").to_pylist())
+    for pid, ess in zip(labels.column("prompt_id").to_pylist(), labels.column("ess").to_pylist()):
+        w = [math.exp(beta * r) for p, r in zip(col["prompt_id"], col["reward"]) if p == pid]
+        assert len(w) == sz["M"] and abs(ess - sum(w) ** 2 / sum(x * x for x in w)) < 1e-2 * sz["M"]
     assert math.isfinite(summary["mean_log_z"])
     man = json.loads((s1 / "manifest.json").read_text())
     assert man["config"]["reference"] == ALIAS and man["config"]["engine"] == "vllm"
