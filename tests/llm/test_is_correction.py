@@ -4,7 +4,9 @@ TRL hands ``inputs["importance_sampling_ratio"]`` to ``_compute_loss``: ``[B, 1]
 ``sequence_mask`` / ``sequence_truncate`` modes (0 for a masked sequence), ``[B, T]`` in the token modes.
 For every objective, run ``TiltGRPOTrainer._compute_loss`` on a stub batch and check that the gradient of
 each sequence's log-probs scales with that sequence's ratio: ``grad(r) = r_i * grad(1)`` row by row, so a
-masked sequence gets no gradient, and a ratio of 1 is the same as no ratio. The KL-to-reference term is not
+masked sequence gets no gradient, and a ratio of 1 is the same as no ratio. Token ratios weight each token
+(``grpo``, token-level ``lad``) or become the product over the completion capped at
+``vllm_importance_sampling_clip_max`` (the sequence-level objectives). The KL-to-reference term is not
 IS-weighted (as in TRL), so ``beta = 0`` here."""
 
 from __future__ import annotations
@@ -125,3 +127,25 @@ def test_token_ratio_scales_each_token_gradient(objective, tmp_path):
     _, g_r = _grad(args, ratio)
     assert (g_one.abs() > 0).sum() >= 15
     torch.testing.assert_close(g_r, ratio * g_one, rtol=1e-5, atol=1e-8)
+
+
+SEQUENCE_LEVEL = [(obj, {}) for obj in ("gspo", "flowrl", "disa", "vargrad", "paced")] + [
+    ("lad", {"lad_level": "sequence"})
+]
+
+
+@pytest.mark.parametrize(
+    "objective,kw", SEQUENCE_LEVEL, ids=[c[0] + ("_sequence" if c[1] else "") for c in SEQUENCE_LEVEL]
+)
+def test_token_ratio_becomes_a_capped_sequence_weight(objective, kw, tmp_path):
+    # TRL's token_* modes with a sequence-level objective: the sequence weight is the product of the
+    # completion's token ratios, capped at vllm_importance_sampling_clip_max (3 here); padding counts 1
+    args = _args(tmp_path, objective, **kw)
+    mask = _inputs(torch.Generator().manual_seed(0))[1]["completion_mask"].bool()
+    ratio = torch.tensor([[1.5, 1.5, 1.5, 1.5], [0.5, 1.2, 9.0, 9.0], [2.0, 2.0, 2.0, 0.1]], dtype=torch.float64)
+    ratio = torch.cat([ratio, ratio.flip(0)])  # rows 0, 2, 5 exceed the cap (5.06, 8, 4 before capping)
+    weight = torch.where(mask, ratio, torch.ones_like(ratio)).prod(1).clamp(max=3.0)
+    assert (weight == 3.0).sum() == 3 and (weight < 3.0).sum() == 3
+    _, g_one = _grad(args, torch.ones(B, T, dtype=torch.float64))
+    _, g_r = _grad(args, ratio)
+    torch.testing.assert_close(g_r, weight[:, None] * g_one, rtol=1e-5, atol=1e-8)
