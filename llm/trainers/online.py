@@ -85,7 +85,7 @@ from tiltlab.objectives.transforms import affine_reward
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
-from .vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
+from .vllm_sync import cpu_colocate_llm, cpu_trainer_bf16, keep_log_z_head_out, reload_on_cpu
 
 __all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
 
@@ -214,6 +214,10 @@ class TiltGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        # before TRL resolves an unset bf16 to True: on CPU with vLLM the trainer must score in vLLM's fp32
+        self.bf16 = cpu_trainer_bf16(
+            self.bf16, bool(self.fp16), bool(self.use_vllm), bool(self.use_cpu) or not torch.cuda.is_available()
+        )
         super().__post_init__()
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")

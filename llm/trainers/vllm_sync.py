@@ -4,7 +4,8 @@
 TRL pushes the policy's weights into vLLM before each new generation step: ``sync_weights`` walks
 ``_iter_named_params()`` (``model.named_parameters()`` with PEFT/FSDP names fixed up) and, in colocate
 mode, calls ``model_runner.model.load_weights([(name, tensor)])`` once per parameter; in server mode it
-streams the same pairs to ``trl vllm-serve``. Two things break that on this project's runs:
+streams the same pairs to ``trl vllm-serve``. Four things break that, or the agreement between trainer
+and sampler it exists for, on this project's runs:
 
 1. **The learned log Z head** (FlowRL, PACED: ``model.log_z_head``) is a policy submodule vLLM's model
    does not have; ``load_weights`` raises "There is no module or parameter named 'log_z_head'" at the
@@ -22,6 +23,15 @@ streams the same pairs to ``trl vllm-serve``. Two things break that on this proj
    reload sees no weight for ``lm_head`` and puts its old kernel tensors back: vLLM would sample from
    the initial output layer forever. :func:`retie_lm_head` re-ties it and repacks its GEMM copy.
 
+4. **The trainer's precision on CPU**: TRL's configs default ``bf16`` to True (unless ``fp16``), so on CPU
+   accelerate runs the trainer's forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``: the
+   log-probs TRL compares with vLLM's (``old_per_token_logps``, the importance-sampling ratio) and the
+   loss's log-probs come from bf16 matmuls of the fp32 policy, while the colocated vLLM samples from the
+   same fp32 weights in fp32. On SmolLM2-135M that alone made the two log-probs of the same token differ by
+   0.016 on average and up to 0.1-0.6 (sequence IS ratios 0.33-2.7 in three steps); in fp32 on both
+   sides they agree to 1e-5 (``docs/colocate.md``). :func:`cpu_trainer_bf16` keeps an unset ``bf16`` off
+   on a CPU run with vLLM, and says so when ``bf16=True`` is set explicitly.
+
 TRL's colocate mode also builds its ``vllm.LLM`` with GPU settings only (``gpu_memory_utilization``,
 CUDA graphs, chunked prefill, the checkpoint's dtype). :func:`cpu_colocate_llm` adapts that construction
 when there is no CUDA device (see :func:`cpu_llm_kwargs`).
@@ -36,11 +46,39 @@ from typing import Any
 
 from .logz_head import without_log_z_head
 
-__all__ = ["cpu_colocate_llm", "cpu_llm_kwargs", "keep_log_z_head_out", "reload_on_cpu", "retie_lm_head"]
+__all__ = [
+    "cpu_colocate_llm",
+    "cpu_llm_kwargs",
+    "cpu_trainer_bf16",
+    "keep_log_z_head_out",
+    "reload_on_cpu",
+    "retie_lm_head",
+]
 
 logger = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+def cpu_trainer_bf16(bf16: bool | None, fp16: bool, use_vllm: bool, on_cpu: bool) -> bool | None:
+    """The ``bf16`` a TRL config should carry so that the trainer scores tokens at vLLM's precision.
+
+    TRL resolves an unset ``bf16`` (None) to ``not fp16``; on a CPU run with vLLM that turns on bf16
+    autocast in the trainer while vLLM runs the fp32 policy (module docstring, item 4). There an unset
+    ``bf16`` becomes False; an explicit ``bf16=True`` is kept with a warning (the importance-sampling
+    ratio then carries the bf16 rounding). Everything else (GPUs, no vLLM, a set value) is returned as is.
+    """
+    if not (use_vllm and on_cpu) or fp16:
+        return bf16
+    if bf16 is None:
+        return False
+    if bf16:
+        logger.warning(
+            "bf16=True on CPU with vLLM: the trainer autocasts to bf16 while vLLM samples the fp32 policy in fp32, "
+            "so their log-probs of a token differ by ~2e-2 (up to ~0.5) and the importance-sampling ratio absorbs "
+            "it; leave bf16 unset for fp32 on both sides (docs/colocate.md)"
+        )
+    return bf16
 
 
 def cpu_llm_kwargs(kwargs: dict[str, Any], dtype: Any = None, kv_cache_memory_bytes: int | None = None) -> dict:

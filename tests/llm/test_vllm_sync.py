@@ -119,3 +119,31 @@ def test_cpu_colocate_llm_adapts_trl_engine_and_restores_it(tiny_dir, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GPUs: TRL's settings stay
     with cpu_colocate_llm(lambda: torch.float32):
         assert vg.LLM is fake_llm
+
+
+def test_cpu_vllm_runs_keep_the_trainer_at_the_samplers_precision(tmp_path, monkeypatch, caplog):
+    # TRL resolves an unset bf16 to True; on CPU that autocasts the trainer's forward to bf16 while the
+    # colocated vLLM runs the fp32 policy in fp32 (docs/colocate.md): with vLLM on CPU an unset bf16 is off
+    import logging
+
+    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.trainers.vllm_sync import cpu_trainer_bf16
+
+    def bf16(**kw):
+        return TiltGRPOConfig(output_dir=str(tmp_path), report_to="none", **kw).bf16
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bf16(use_vllm=True, use_cpu=True) is False
+    assert bf16(use_vllm=True) is False  # no CUDA device: a CPU run without use_cpu
+    assert bf16(use_vllm=False, use_cpu=True) is True  # no sampler to agree with: TRL's default stays
+    assert bf16(use_vllm=True, use_cpu=True, bf16=False) is False
+    with caplog.at_level(logging.WARNING, logger="tiltlab.llm.trainers.vllm_sync"):
+        assert bf16(use_vllm=True, use_cpu=False) is False
+        assert not caplog.records
+        assert bf16(use_vllm=True, use_cpu=True, bf16=True) is True  # explicit: kept, with one warning
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["bf16=True on CPU with vLLM"]
+    # on a GPU, with fp16, or with a value given, the value is TRL's to resolve
+    assert cpu_trainer_bf16(None, fp16=False, use_vllm=True, on_cpu=False) is None
+    assert cpu_trainer_bf16(None, fp16=True, use_vllm=True, on_cpu=True) is None
+    assert cpu_trainer_bf16(True, fp16=False, use_vllm=True, on_cpu=False) is True
+    assert cpu_trainer_bf16(None, fp16=False, use_vllm=False, on_cpu=True) is None
