@@ -25,9 +25,12 @@ The conditions, precisely:
   normalized weight, so every label is a one-sample estimate (``ESS ~ 1 + 2 delta`` when the other
   samples share mass ``delta``). With ``M == 1`` ESS is 1 = M by construction and neither ESS
   condition is tested.
-* ``constant_targets`` (Stage 2): every regression target (the finite labels, or the validation
-  split's) is the same float: the fit has nothing to explain and ``R^2 = 1 - SS_res/SS_tot`` is
-  undefined (``SS_tot = 0``).
+* ``constant_targets`` (Stage 2): the regression targets (the finite labels, or the validation
+  split's) span at most ``CONSTANT_TARGET_ATOL`` = 1e-4 nats (``max - min``): the fit has nothing to
+  explain and ``R^2 = 1 - SS_res/SS_tot`` is undefined (``SS_tot = 0``) or fits rounding noise. The
+  tolerance covers the float32 rounding of the sequence log-probs inside ``log w``: with all
+  rewards 0 and ``q = pi_ref`` the labels are ``log pi_ref - log q ~ 1e-6``, not exactly 0, when
+  the sampler and the scorer are two float32 computations (transformers on CPU).
 * ``zero_update`` (training): in one optimizer step every micro-batch loss is exactly 0 and every
   parameter gradient present is exactly 0. Parameters without a gradient (frozen, or sharded away
   by DeepSpeed ZeRO) are not looked at; when no parameter has one the condition is not decided.
@@ -44,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "CONSTANT_TARGET_ATOL",
     "ESS_COLLAPSED_MAX",
     "ESS_UNIFORM_RTOL",
     "SELECT_HINT",
@@ -59,6 +63,8 @@ __all__ = [
 
 ESS_UNIFORM_RTOL = 1e-6
 """``ess_uniform`` holds when ``ESS >= (1 - ESS_UNIFORM_RTOL) * M`` on every prompt."""
+CONSTANT_TARGET_ATOL = 1e-4
+"""``constant_targets`` holds when the targets' ``max - min <= CONSTANT_TARGET_ATOL`` (nats)."""
 ESS_COLLAPSED_MAX = 1.05
 """``ess_collapsed`` holds when ``ESS <= ESS_COLLAPSED_MAX`` on every prompt."""
 SELECT_HINT = "select prompts with a Stage-1 pass rate strictly between 0 and 1 (`tiltlab llm prepare select`)"
@@ -135,16 +141,21 @@ def degenerate_ess(ess: Iterable[Any], M: int, *, stage: str = "stage1") -> Sign
 
 
 def constant_targets(values: Iterable[Any], *, stage: str = "stage2", what: str = "labels") -> SignalFinding | None:
-    """All regression targets equal (``R^2`` undefined); fewer than two values is not tested."""
+    """Regression targets within ``CONSTANT_TARGET_ATOL`` of each other (``R^2`` undefined or noise);
+    fewer than two values, or a non-finite one (Stage 2 drops those first), is not tested."""
     v = _floats(values)
-    if len(v) < 2 or any(x != v[0] for x in v):
+    if len(v) < 2 or not all(math.isfinite(x) for x in v):
+        return None
+    lo, hi = min(v), max(v)
+    if hi - lo > CONSTANT_TARGET_ATOL:
         return None
     return SignalFinding(
         "constant_targets",
         stage,
-        f"{stage}: all {len(v)} {what} equal {v[0]:g}: the regressor has nothing to fit and R^2 is undefined (NaN); "
-        f"re-run Stage 1 on prompts with signal: {SELECT_HINT}",
-        {"n": len(v), "value": v[0], "what": what},
+        f"{stage}: all {len(v)} {what} lie in [{lo:.6g}, {hi:.6g}] (spread <= {CONSTANT_TARGET_ATOL:g}): the "
+        f"regressor has nothing to fit and R^2 is undefined (NaN) or fits rounding noise; re-run Stage 1 on "
+        f"prompts with signal: {SELECT_HINT}",
+        {"n": len(v), "min": lo, "max": hi, "what": what, "atol": CONSTANT_TARGET_ATOL},
     )
 
 
