@@ -57,6 +57,7 @@ __all__ = [
     "degenerate_ess",
     "equal_rewards",
     "grads_all_zero",
+    "over_run",
     "report",
     "zero_update",
 ]
@@ -185,6 +186,29 @@ def zero_update(losses: Sequence[Any], grads_zero: bool | None, *, step: int, st
         f"{stage}: step {step}: loss and gradient are exactly 0 (over {len(ls)} micro-batch(es)): the step "
         f"cannot change the policy, e.g. all rewards of its groups are equal; {SELECT_HINT}",
         {"step": step, "n_micro_batches": len(ls)},
+    )
+
+
+_PER_STEP = {
+    "zero_update": "had loss and gradient exactly 0 (the policy did not change)",
+    "equal_rewards": "had all rewards of their generation batch equal (no signal)",
+}
+
+
+def over_run(kind: str, steps: Iterable[int], n_total: int, what: str, *, stage: str = "train"):
+    """The run-level record of a per-step condition (``zero_update`` or ``equal_rewards``):
+    ``k of n_total`` ``what`` (e.g. "optimizer steps") had it; ``None`` when none had."""
+    if kind not in _PER_STEP:
+        raise ValueError(f"kind must be one of {sorted(_PER_STEP)}, got {kind!r}")
+    s = sorted(set(steps))
+    if not s:
+        return None
+    head = f"all {n_total} {what}" if len(s) == n_total else f"{len(s)} of the {n_total} {what}"
+    return SignalFinding(
+        kind,
+        stage,
+        f"{stage}: {head} {_PER_STEP[kind]}, first at step {s[0]}; {SELECT_HINT}",
+        {"n": len(s), "n_total": n_total, "steps": s},
     )
 
 

@@ -84,6 +84,7 @@ from tiltlab.objectives.transforms import affine_reward
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
+from .signal_guard import SignalGuardMixin
 from .vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
 
 __all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
@@ -350,7 +351,7 @@ def _param_dtype(model) -> torch.dtype | None:
     return None if p is None else p.dtype
 
 
-class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
+class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
     Extra arguments:
@@ -592,6 +593,8 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         rpf = self._last_rewards_per_func
         r_global = torch.nan_to_num((rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(1), nan=0.0)
         out["rewards"] = self._local(r_global, n).to(dev)
+        if mode == "train":
+            self._signal_rewards(r_global)  # vacuous-run guard: all rewards of the batch equal
         if mode == "eval":  # validation accuracy: the fraction of completions with reward > 0.5
             self._metrics["eval"]["accuracy"].append(float((r_global > 0.5).float().mean()))
         if obj not in _TB and obj != "lad":

@@ -128,3 +128,15 @@ def test_report_warns_one_line_per_finding_and_returns_records():
         warnings.simplefilter("always")
         assert ls.report([None, None]) == []
     assert w == []
+
+
+def test_over_run_counts_the_steps_with_a_condition():
+    f = ls.over_run("zero_update", [2, 1, 2], 2, "optimizer steps")
+    assert f.observed == {"n": 2, "n_total": 2, "steps": [1, 2]}
+    assert f.message.startswith("train: all 2 optimizer steps had loss and gradient exactly 0")
+    g = ls.over_run("equal_rewards", [3], 4, "generation batches")
+    assert g.observed["steps"] == [3] and "1 of the 4 generation batches had all rewards" in g.message
+    assert "first at step 3" in g.message
+    assert ls.over_run("zero_update", [], 5, "optimizer steps") is None
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ls.over_run("ess_uniform", [1], 1, "steps")

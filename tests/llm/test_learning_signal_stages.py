@@ -144,3 +144,135 @@ def test_stage2_constant_validation_split_alone_is_recorded():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _signal_record(y, torch.tensor([1, 2, 3]), "log_z") == []  # one differing validation label
+
+
+# ---------------------------------------------------------------------------------------------
+# training: <output_dir>/signal.json
+# ---------------------------------------------------------------------------------------------
+
+
+def _zero_reward(prompts, completions, completion_ids, **kw):
+    return [0.0] * len(completions)
+
+
+def _online(tiny_dir, out, math_rows, reward, objective="grpo", **kw):
+    pytest.importorskip("trl")
+    from _tiny_trainer import online_args
+    from datasets import Dataset
+
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in math_rows[:4]])
+    return TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=reward,
+        args=online_args(out, objective, **{"max_steps": 2, **kw}),
+        train_dataset=ds,
+        processing_class=load_tokenizer(tiny_dir),
+    )
+
+
+def _train(tr, **kw):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tr.train(**kw)
+    return [str(x.message) for x in w if issubclass(x.category, VacuousRunWarning)]
+
+
+@pytest.mark.parametrize("objective", ["grpo", "flowrl"])
+def test_training_without_signal_records_zero_steps_and_equal_batches(objective, tiny_dir, tmp_path, math_rows):
+    from tiltlab.llm.trainers.signal_guard import read_signal_record
+
+    tr = _online(tiny_dir, tmp_path / objective, math_rows, _zero_reward, objective)
+    before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
+    vac = _train(tr)
+    # the observation, pinned: loss and gradient exactly 0, weights bit-identical
+    assert all(torch.equal(v, before[k]) for k, v in tr.model.named_parameters())
+    rec = read_signal_record(str(tmp_path / objective))
+    assert rec["optimizer_steps_observed"] == 2 and rec["zero_update_steps"] == [1, 2]
+    assert rec["generation_batches_observed"] == 2 and rec["equal_reward_steps"] == [1, 2]
+    assert [(f["kind"], f["observed"]["n"]) for f in rec["findings"]] == [("zero_update", 2), ("equal_rewards", 2)]
+    assert rec["findings"][0]["message"].startswith("train: all 2 optimizer steps had loss and gradient exactly 0")
+    # one line at the first occurrence of each condition, one per run-level finding at the end
+    assert len(vac) == 4 and all("\n" not in m for m in vac)
+    assert sum("step 1: loss and gradient are exactly 0" in m for m in vac) == 1
+    assert [m for m in vac if m in {f["message"] for f in rec["findings"]}] == [f["message"] for f in rec["findings"]]
+
+
+def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
+    from _tiny_trainer import parity_reward
+
+    from tiltlab.llm.trainers.signal_guard import read_signal_record
+
+    tr = _online(tiny_dir, tmp_path, math_rows, parity_reward)
+    assert _train(tr) == []
+    rec = read_signal_record(str(tmp_path))
+    assert rec["findings"] == [] and rec["zero_update_steps"] == [] and rec["equal_reward_steps"] == []
+    assert rec["optimizer_steps_observed"] == 2 and rec["generation_batches_observed"] == 2
+
+
+def test_a_resumed_run_keeps_the_record_before_its_checkpoint_and_redoes_the_rest(tiny_dir, tmp_path, math_rows):
+    from _tiny_trainer import parity_reward
+
+    from tiltlab.llm.trainers.signal_guard import read_signal_record
+
+    kw = dict(save_strategy="steps", save_steps=1)
+    _train(_online(tiny_dir, tmp_path, math_rows, _zero_reward, **kw))
+    assert read_signal_record(str(tmp_path))["zero_update_steps"] == [1, 2]
+    # continue from checkpoint-1 with a reward that has signal: step 1 stays recorded, step 2 is redone
+    vac = _train(
+        _online(tiny_dir, tmp_path, math_rows, parity_reward, **kw),
+        resume_from_checkpoint=str(tmp_path / "checkpoint-1"),
+    )
+    rec = read_signal_record(str(tmp_path))
+    assert rec["zero_update_steps"] == [1] and rec["equal_reward_steps"] == [1]
+    assert rec["optimizer_steps_observed"] == 2 and rec["generation_batches_observed"] == 2
+    assert [f["observed"]["n"] for f in rec["findings"]] == [1, 1] and len(vac) == 2  # the run-level lines only
+    assert "1 of the 2 optimizer steps" in rec["findings"][0]["message"]
+
+
+def test_offline_dataset_of_equal_rewards_is_recorded(tiny_dir, tmp_path, math_rows):
+    from datasets import Dataset
+
+    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+    from tiltlab.llm.trainers.signal_guard import read_signal_record
+
+    def trainer(rewards, out):
+        rows = [
+            {"prompt": r["prompt"], "completion": f"\\boxed{{{r['answer']}}}", "reward": x}
+            for r, x in zip(math_rows[:4], rewards)
+        ]
+        args = OfflineConfig(
+            output_dir=str(out),
+            objective="offrl",
+            per_device_train_batch_size=4,
+            max_steps=1,
+            learning_rate=1e-2,
+            report_to="none",
+            use_cpu=True,
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        ds = Dataset.from_list(prepare_offline_rows(rows, "offrl"))
+        tok = load_tokenizer(tiny_dir, padding_side="right")
+        return OfflineTrainer(
+            model=load_model(tiny_dir, device="cpu"), args=args, train_dataset=ds, data_collator=OfflineCollator(tok)
+        )
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tr = trainer([1.0] * 4, tmp_path / "equal")
+    assert [str(x.message) for x in w if issubclass(x.category, VacuousRunWarning)] == [
+        "train: all 4 rewards of the training dataset equal 1: no learning signal (constant labels, zero advantages, "
+        "zero TB residual gradients); select prompts with a Stage-1 pass rate strictly between 0 and 1 "
+        "(`tiltlab llm prepare select`), or use an easier task / more new tokens"
+    ]
+    _train(tr)
+    rec = read_signal_record(str(tmp_path / "equal"))
+    assert [f["kind"] for f in rec["findings"]] == ["equal_rewards"] and rec["optimizer_steps_observed"] == 1
+    assert rec["zero_update_steps"] == []  # Off-RL with r = 1 everywhere still moves the weights (SFT-like)
+    # one differing reward: nothing
+    tr = trainer([1.0, 1.0, 0.0, 1.0], tmp_path / "mixed")
+    assert _train(tr) == [] and read_signal_record(str(tmp_path / "mixed"))["findings"] == []
