@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import json
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,37 @@ def test_qwen3_configs_evaluate_every_row_on_the_training_prompt():
         by_model.setdefault(data["model"], set()).add(repr(kw))
         n += 1
     assert n >= 10 and by_model and all(v == {repr(NO_THINK)} for v in by_model.values()), by_model
+
+
+def test_run_eval_renders_prompts_with_the_config_chat_template_kwargs(tiny_dir, tmp_path):
+    from tiltlab.llm.evaluate import run_eval
+    from tiltlab.llm.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_dir)
+    tok.chat_template = _qwen3_template()
+
+    class Echo:
+        """generate(prompts, n) -> n copies of "0" per prompt; keeps the prompt strings it was given."""
+
+        tokenizer = tok
+
+        def generate(self, prompts, n):
+            self.seen = list(prompts)
+            return [["0"] * n for _ in prompts]
+
+    for kw, thinking in ((dict(NO_THINK), False), (None, True)):
+        engine = Echo()
+        cfg = EvalConfig(
+            datasets=["synthetic:math:3"],
+            k=2,
+            pass_ks=[1],
+            distinct_ns=[1],
+            chat_template_kwargs=kw,
+            out_dir=str(tmp_path / str(thinking)),
+        )
+        run_eval(cfg, engine=engine)
+        assert len(engine.seen) == 3
+        assert all(p.endswith("<|im_start|>assistant\n") == thinking for p in engine.seen)
+        assert all(p.endswith("<think>\n\n</think>\n\n") != thinking for p in engine.seen)
+        saved = json.loads((tmp_path / str(thinking) / "results.json").read_text())["config"]
+        assert saved["chat_template_kwargs"] == kw  # the record names the prompt format it evaluated
