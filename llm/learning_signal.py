@@ -212,9 +212,10 @@ def over_run(kind: str, steps: Iterable[int], n_total: int, what: str, *, stage:
     )
 
 
-def report(findings: Iterable[SignalFinding | None], stacklevel: int = 2) -> list[dict[str, Any]]:
+def report(findings: Iterable[SignalFinding | None], stacklevel: int = 1) -> list[dict[str, Any]]:
     """Warn once per finding (one line, :class:`VacuousRunWarning`) and return their records
-    (``[]`` when every condition was tested and none held: the record says the check ran)."""
+    (``[]`` when every condition was tested and none held: the record says the check ran).
+    ``stacklevel`` counts from the caller of ``report`` (1: the warning points at that caller)."""
     out = []
     for f in findings:
         if f is None:

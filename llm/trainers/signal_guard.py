@@ -118,7 +118,7 @@ class SignalGuardMixin:
                 ls.over_run("zero_update", zero, len(steps), "optimizer steps"),
                 ls.over_run("equal_rewards", equal, len(rsteps), "generation batches"),
             ],
-            stacklevel=4,
+            stacklevel=3,
         )
         record = {
             "format": FORMAT,

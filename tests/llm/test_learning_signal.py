@@ -58,6 +58,8 @@ def test_ess_uniform_from_equal_log_weights_and_not_when_one_prompt_has_a_spread
     assert ls.degenerate_ess(_ess(tiny), M).kind == "ess_uniform"
     tiny[:, 0] = 1e-2  # 1 - ESS/M ~ 1e-5 > 1e-6
     assert ls.degenerate_ess(_ess(tiny), M) is None
+    at = (1 - ls.ESS_UNIFORM_RTOL) * M  # the boundary itself counts as uniform
+    assert ls.degenerate_ess([at, at], M).kind == "ess_uniform"
 
 
 def test_ess_collapsed_only_when_every_prompt_is_one_sample():
@@ -72,6 +74,7 @@ def test_ess_collapsed_only_when_every_prompt_is_one_sample():
     # just above / below the threshold, set directly
     assert ls.degenerate_ess([1.0, ls.ESS_COLLAPSED_MAX], M).kind == "ess_collapsed"
     assert ls.degenerate_ess([1.0, ls.ESS_COLLAPSED_MAX + 1e-9], M) is None
+    assert ls.degenerate_ess([1.0, 1.2], M) is None  # the largest weight ~0.9: not one sample alone
 
 
 def test_ess_is_not_tested_for_one_sample_or_without_finite_values():
@@ -91,6 +94,8 @@ def test_constant_targets():
     assert ls.constant_targets([8.3e-7, -1.2e-7, 1.7e-13]).kind == "constant_targets"
     assert ls.constant_targets([2.0, 2.0 + 0.99 * ls.CONSTANT_TARGET_ATOL]) is not None
     assert ls.constant_targets([2.0, 2.0 + 1.01 * ls.CONSTANT_TARGET_ATOL]) is None
+    assert ls.constant_targets([0.0, ls.CONSTANT_TARGET_ATOL]) is not None  # the boundary counts as constant
+    assert ls.constant_targets([0.0, 2e-3]) is None  # a label spread of 2e-3 nats is signal, not rounding
     assert ls.constant_targets([0.0, 0.0, float("nan")]) is None  # a non-finite target: not judged
     assert ls.constant_targets([float("nan"), 0.0, 0.0]) is None
     assert ls.constant_targets([3.0]) is None  # one value: no variance to speak of, R^2 needs >= 2
@@ -124,6 +129,7 @@ def test_report_warns_one_line_per_finding_and_returns_records():
     assert len(w) == 2 and all(issubclass(x.category, ls.VacuousRunWarning) for x in w)
     assert all("\n" not in str(x.message) for x in w)
     assert [str(x.message) for x in w] == [r["message"] for r in rec]
+    assert all(x.filename == __file__ for x in w)  # the warning points at report's caller
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert ls.report([None, None]) == []
@@ -134,6 +140,7 @@ def test_over_run_counts_the_steps_with_a_condition():
     f = ls.over_run("zero_update", [2, 1, 2], 2, "optimizer steps")
     assert f.observed == {"n": 2, "n_total": 2, "steps": [1, 2]}
     assert f.message.startswith("train: all 2 optimizer steps had loss and gradient exactly 0")
+    assert "first at step 1" in f.message
     g = ls.over_run("equal_rewards", [3], 4, "generation batches")
     assert g.observed["steps"] == [3] and "1 of the 4 generation batches had all rewards" in g.message
     assert "first at step 3" in g.message

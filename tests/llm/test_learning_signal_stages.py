@@ -47,6 +47,7 @@ def _stage1(tiny_dir, rows, out, paid, **kw):
         warnings.simplefilter("always")
         summary = run_stage1(cfg, rows=rows, reward_fn=_positional_reward(paid), progress=False)
     vac = [str(x.message) for x in w if issubclass(x.category, VacuousRunWarning)]
+    assert all(x.filename == __file__ for x in w if issubclass(x.category, VacuousRunWarning))  # at the caller
     return summary, json.loads((out / MANIFEST).read_text()), vac
 
 
@@ -116,6 +117,7 @@ def _stage2(stage1_dir, out):
         warnings.simplefilter("always")
         metrics = run_stage2(cfg, progress=False)
     vac = [str(x.message) for x in w if issubclass(x.category, VacuousRunWarning)]
+    assert all(x.filename == __file__ for x in w if issubclass(x.category, VacuousRunWarning))  # at the caller
     return metrics, json.loads((out / CONFIG_FILE).read_text()), vac
 
 
@@ -180,13 +182,21 @@ def _train(tr, **kw):
     return [str(x.message) for x in w if issubclass(x.category, VacuousRunWarning)]
 
 
+def _train_where(tr, **kw):
+    """(message, file the warning points at) of each vacuous-run warning of ``tr.train()``."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        tr.train(**kw)
+    return [(str(x.message), x.filename) for x in w if issubclass(x.category, VacuousRunWarning)]
+
+
 @pytest.mark.parametrize("objective", ["grpo", "flowrl"])
 def test_training_without_signal_records_zero_steps_and_equal_batches(objective, tiny_dir, tmp_path, math_rows):
     from tiltlab.llm.trainers.signal_guard import read_signal_record
 
     tr = _online(tiny_dir, tmp_path / objective, math_rows, _zero_reward, objective)
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
-    vac = _train(tr)
+    vac = _train_where(tr)
     # the issue's observation, pinned: loss and gradient exactly 0, weights bit-identical
     assert all(torch.equal(v, before[k]) for k, v in tr.model.named_parameters())
     rec = read_signal_record(str(tmp_path / objective))
@@ -195,9 +205,12 @@ def test_training_without_signal_records_zero_steps_and_equal_batches(objective,
     assert [(f["kind"], f["observed"]["n"]) for f in rec["findings"]] == [("zero_update", 2), ("equal_rewards", 2)]
     assert rec["findings"][0]["message"].startswith("train: all 2 optimizer steps had loss and gradient exactly 0")
     # one line at the first occurrence of each condition, one per run-level finding at the end
-    assert len(vac) == 4 and all("\n" not in m for m in vac)
-    assert sum("step 1: loss and gradient are exactly 0" in m for m in vac) == 1
-    assert [m for m in vac if m in {f["message"] for f in rec["findings"]}] == [f["message"] for f in rec["findings"]]
+    assert len(vac) == 4 and all("\n" not in m for m, _ in vac)
+    assert sum("step 1: loss and gradient are exactly 0" in m for m, _ in vac) == 1
+    assert [m for m, _ in vac if m in {f["message"] for f in rec["findings"]}] == [
+        f["message"] for f in rec["findings"]
+    ]
+    assert all(where == __file__ for m, where in vac if m in {f["message"] for f in rec["findings"]})
 
 
 def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
