@@ -266,6 +266,9 @@ class EvalConfig:
     batch_size: int = 64
     chat_template: bool = True
     """Wrap prompts as a user turn with the tokenizer's chat template."""
+    chat_template_kwargs: dict | None = None
+    """Extra chat-template arguments, e.g. {"enable_thinking": false} for Qwen3 (CLI: a JSON object); from a run
+    config, default: the training prompt's trl.chat_template_kwargs."""
     limit: int | None = None
     """Use only the first ``limit`` prompts of each dataset."""
     reward: str = "auto"
@@ -286,6 +289,14 @@ class EvalConfig:
             raise ValueError("no datasets to evaluate")
         if any(n < 1 for n in self.distinct_ns) or any(p < 1 for p in self.pass_ks):
             raise ValueError("pass_ks and distinct_ns must be positive")
+        if self.chat_template_kwargs is not None:
+            if not isinstance(self.chat_template_kwargs, dict):
+                raise ValueError(
+                    f"chat_template_kwargs must be a mapping, e.g. {{enable_thinking: false}}, "
+                    f"got {self.chat_template_kwargs!r}"
+                )
+            if not self.chat_template:
+                raise ValueError("chat_template_kwargs need chat_template=True")
         from .rollout import ENGINES
 
         if self.engine not in ENGINES:
@@ -328,6 +339,7 @@ def evaluate(
     judge: JudgeConfig | None = None,
     judge_datasets: Sequence[str] | None = None,
     progress: bool = True,
+    chat_template_kwargs: dict | None = None,
 ) -> dict[str, DatasetResult]:
     """Evaluate ``engine`` on ``{name: rows}``; returns ``{name: DatasetResult}``.
 
@@ -337,6 +349,8 @@ def evaluate(
         datasets: rows with ``id``, ``prompt`` and ``answer`` or ``tests`` (:mod:`llm.data`).
         k: samples per prompt; ``pass_ks`` larger than ``k`` are dropped.
         sampling: an :class:`llm.rollout.SamplingConfig` (default: temperature 1, no truncation).
+        chat_template_kwargs: passed to the chat template (:func:`llm.prompts.format_prompt`), e.g.
+            ``{"enable_thinking": False}``: the prompt training conditioned on.
     """
     from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
     from tiltlab.progress import progress as progress_bar
@@ -362,7 +376,9 @@ def evaluate(
             raise ValueError(f"dataset {name!r} is empty")
         outer.update(0, postfix=name)
         outer.write(f"[eval] {name} ({d + 1}/{len(datasets)}): sampling {len(rows)} prompts x {k}")
-        prompts = [format_prompt(tok, r["prompt"], chat_template) for r in rows]
+        prompts = [
+            format_prompt(tok, r["prompt"], chat_template, chat_template_kwargs=chat_template_kwargs) for r in rows
+        ]
         texts, ids, fin = _generate(engine, prompts, k, sampling)
         cols = {c: [r.get(c) for r in rows for _ in range(k)] for c in {c for r in rows for c in r} if c != "prompt"}
         rewards = _score(fn, prompts, texts, ids, cols, k, desc=f"scoring {name}", mode=mode)
@@ -503,6 +519,7 @@ def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
             distinct_ns=cfg.distinct_ns,
             reward_fn=cfg.reward,
             chat_template=cfg.chat_template,
+            chat_template_kwargs=cfg.chat_template_kwargs,
             judge=judge,
             judge_datasets=cfg.judge_datasets,
         )
@@ -537,8 +554,14 @@ def add_cli(subparsers) -> None:
 def eval_from_run_config(values: dict, rc) -> dict:
     """A run config's ``eval:`` section -> :class:`EvalConfig` fields: the model is the run's
     trained output (``output_dir``) unless the objective is ``none`` (a base-model row);
-    ``benchmarks`` are the dataset names; results go to ``<output_dir>/eval``."""
+    ``benchmarks`` are the dataset names; results go to ``<output_dir>/eval``; the chat-template
+    arguments are the section's own, else the ones training renders its prompts with
+    (``trl.chat_template_kwargs``), so that evaluation conditions on the prompt the policy was
+    trained on."""
     values = dict(values)
+    train_kwargs = (rc.trl or {}).get("chat_template_kwargs")
+    if "chat_template_kwargs" not in values and train_kwargs and values.get("chat_template", True):
+        values["chat_template_kwargs"] = dict(train_kwargs)
     if "benchmarks" in values:
         values["datasets"] = list(values.pop("benchmarks"))
     split = values.pop("split", "test")

@@ -19,7 +19,8 @@ recorded as ``truncated_support`` in the manifest).
 
 Output directory (resumable, every file written atomically: temporary file + ``os.replace``)::
 
-    manifest.json                 config, reward transform, beta, prompt list hash, finished shards
+    manifest.json                 config, reward transform, beta, prompt list hash, finished shards,
+                                  signal (vacuous-run findings, tiltlab.llm.learning_signal)
     samples-00000.parquet ...     one row per (prompt_id, sample_idx)
     labels-00000.parquet  ...     one row per prompt_id
 
@@ -603,8 +604,11 @@ def run_stage1(
         _crash_hook(k + 1, "after_manifest")
     bar.close()
 
-    _, lab = load_stage1(out)
+    samples, lab = load_stage1(out)
     summary = _summary(lab, cfg)
+    # vacuous-run guard: one warning line per condition, recorded in the manifest ([] = checked, none held)
+    manifest["signal"] = _signal_record(samples, lab, cfg)
+    summary["signal_warnings"] = [f["kind"] for f in manifest["signal"]]
     manifest["complete"] = True
     manifest["summary"] = summary
     manifest["seconds"] = clock.seconds  # this invocation's wall time per phase (see _Clock)
@@ -812,6 +816,22 @@ def _summary(labels, cfg: Stage1Config) -> dict:
         / max(1, labels.num_rows),
         "n_nonfinite_labels": sum(1 for x in lz if not math.isfinite(x)),
     }
+
+
+def _signal_record(samples, labels, cfg: Stage1Config) -> list[dict]:
+    """The vacuous-run conditions of :mod:`tiltlab.llm.learning_signal` on all recorded shards: all
+    rewards of the dataset equal, and a degenerate ESS (equal weights or one sample on every prompt)."""
+    from tiltlab.llm import learning_signal as ls
+
+    rewards = samples.column("reward_raw").to_pylist()
+    scope = f"dataset ({labels.num_rows} prompts x {cfg.M} samples)"
+    return ls.report(
+        [
+            ls.equal_rewards(rewards, stage="stage1", scope=scope),
+            ls.degenerate_ess(labels.column("ess").to_pylist(), cfg.M, stage="stage1"),
+        ],
+        stacklevel=3,
+    )
 
 
 def config_fields() -> list[str]:

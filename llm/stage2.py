@@ -12,7 +12,8 @@ validation MSE is the separable diagnostic. Here:
 * regressor and fit: ``objectives.regressor.PartitionRegressor`` / ``fit_regressor`` (input and
   target standardization live inside the module's buffers);
 * outputs in ``out_dir``: ``regressor.safetensors`` + ``regressor.json`` (architecture, the
-  embedding model and prompt format, the label column, beta, metrics, history),
+  embedding model and prompt format, the label column, beta, metrics, history, and ``signal``:
+  the :mod:`tiltlab.llm.learning_signal` findings, e.g. constant labels),
   ``loss_curve.png``.
 
 Later stages load it with :func:`load_log_z_predictor` and call ``predict_log_z(prompts)``
@@ -273,6 +274,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         on_epoch=(lambda ep, tr, va: fit_bar.update(1, postfix=f"train MSE {tr:.4g}, val MSE {va:.4g}")),
     )
     fit_bar.close()
+    signal = _signal_record(y, fit.val_idx, cfg.target)
     metrics = {
         "n_train": int(fit.train_idx.numel()),
         "n_val": int(fit.val_idx.numel()),
@@ -302,6 +304,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         "stage1_dir": str(Path(cfg.labels).resolve()),
         "stage2_config": asdict(cfg),
         "metrics": metrics,
+        "signal": signal,  # vacuous-run findings (tiltlab.llm.learning_signal); [] = checked, none held
         "history": fit.history,
     }
     atomic_write_json(out / CONFIG_FILE, config)
@@ -312,6 +315,16 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         title=f"Stage 2: val MSE {fit.val_mse:.4g}, R² {fit.val_r2:.3f}",
     )
     return metrics
+
+
+def _signal_record(y, val_idx, target: str) -> list[dict]:
+    """Constant regression targets (R^2 undefined): all finite labels, else the validation split's."""
+    from tiltlab.llm import learning_signal as ls
+
+    found = ls.constant_targets(y.tolist(), what=f"finite {target} labels")
+    if found is None:
+        found = ls.constant_targets(y[val_idx].tolist(), what=f"validation {target} labels")
+    return ls.report([found], stacklevel=3)
 
 
 def plot_loss_curve(history: dict[str, list[float]], baseline: float, path: Path, title: str = "") -> Path:

@@ -53,10 +53,14 @@ from tiltlab.objectives.offline import (
 )
 from tiltlab.objectives.tb import sequence_logprob
 
+from .signal_guard import SignalGuardMixin
+
 __all__ = ["OFFLINE_OBJECTIVES", "OfflineCollator", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows"]
 
 OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 PAIRED = ("dpo", "rpo", "simper")
+REWARDED = ("offrl", "fpa", "kto", "apo")
+"""Objectives whose loss reads the rows' rewards (all rewards equal: no signal, warned about)."""
 
 
 @dataclass
@@ -216,7 +220,7 @@ def _readout_forward(model, input_ids: Tensor, attention_mask: Tensor, fn) -> Te
     return out.logits
 
 
-class OfflineTrainer(Trainer):
+class OfflineTrainer(SignalGuardMixin, Trainer):
     """``transformers.Trainer`` computing the offline objectives of :mod:`objectives.offline`.
 
     Args:
@@ -244,6 +248,9 @@ class OfflineTrainer(Trainer):
             else:
                 self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
         self._dyn: dict[str, list[float]] = defaultdict(list)
+        ds = kwargs.get("train_dataset")
+        if args.objective in REWARDED and ds is not None and "reward" in ds.column_names:
+            self._signal_dataset_rewards(ds["reward"])  # vacuous-run guard: all rewards equal
 
     # ---- scoring (the read-out runs inside the head's forward: see _head_readout)
     def _score(

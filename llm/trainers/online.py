@@ -85,6 +85,7 @@ from tiltlab.objectives.transforms import affine_reward
 from .disa_labels import check_label_compat
 from .logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from .paced import PacedMixin
+from .signal_guard import SignalGuardMixin
 from .vllm_sync import cpu_colocate_llm, cpu_trainer_bf16, keep_log_z_head_out, reload_on_cpu
 
 __all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
@@ -360,7 +361,8 @@ def _record_profiled_times() -> None:
     function, ...) also append their duration to a :class:`TiltGRPOTrainer`'s metrics as
     ``time/<name>``: TRL sends them only to wandb / mlflow / trackio, and a run's per-step time and
     where it goes then lands in ``trainer_state.json``'s log history (with TRL's ``step_time``, the
-    optimizer step's forward and backward, and ``time/generate_and_score``, the whole rollout)."""
+    whole ``training_step``: the rollout when one is due, the loss's forward and backward, and
+    ``time/generate_and_score``, the rollout with its scoring passes)."""
     import trl.trainer.grpo_trainer as gt
 
     trl_context = gt.profiling_context
@@ -384,7 +386,7 @@ def _record_profiled_times() -> None:
     gt.profiling_context = profiling_context
 
 
-class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
+class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
     """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
 
     Extra arguments:
@@ -634,6 +636,8 @@ class TiltGRPOTrainer(PacedMixin, GRPOTrainer):
         rpf = self._last_rewards_per_func
         r_global = torch.nan_to_num((rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(1), nan=0.0)
         out["rewards"] = self._local(r_global, n).to(dev)
+        if mode == "train":
+            self._signal_rewards(r_global)  # vacuous-run guard: all rewards of the batch equal
         if mode == "eval":  # validation accuracy: the fraction of completions with reward > 0.5
             self._metrics["eval"]["accuracy"].append(float((r_global > 0.5).float().mean()))
         if obj not in _TB and obj != "lad":
