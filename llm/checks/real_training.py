@@ -244,7 +244,7 @@ def trained_items(history: list[dict], moved: float) -> tuple[bool, dict[str, fl
 
 def step_times(history: list[dict]) -> dict[str, float]:
     """Mean seconds per optimizer step and its parts from the log history (the trainer records TRL's
-    profiled blocks as ``time/<name>``; ``step_time`` is TRL's forward + backward)."""
+    profiled blocks as ``time/<name>``; ``step_time`` is TRL's whole training step, rollout included)."""
     steps = [h for h in history if "loss" in h]
     keys = sorted({k for h in steps for k in h if k.startswith("time/") or k == "step_time"})
     return {k: sum(float(h.get(k, 0.0)) for h in steps) / len(steps) for k in keys} if steps else {}
