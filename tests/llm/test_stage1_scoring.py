@@ -121,3 +121,47 @@ def test_sampler_path_loads_no_reference_model(tiny_dir, math_rows, tmp_path, mo
         _cfg(tiny_dir, tmp_path / "b", M=2, max_new_tokens=3, temperature=0.8), rows=rows, reward_fn=first_token_reward
     )
     assert calls == [1]
+
+
+class _FakeLLM:
+    """Stands in for ``vllm.LLM`` in :func:`_vllm_reference_logprobs`: the log-prob of token ``t`` at
+    position ``j`` is ``-(t + j / 100)``; positions inside a cache hit hold garbage (+7, never a
+    log-prob), as vLLM leaves them unset. ``hits[i]`` = cached tokens of request ``i`` when it reads the
+    cache."""
+
+    def __init__(self, hits):
+        self.hits, self.calls = hits, []
+
+    def generate(self, requests, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+
+        self.calls.append((len(requests), params.skip_reading_prefix_cache, {r["cache_salt"] for r in requests}))
+        outs = []
+        for r in requests:
+            ids = r["prompt_token_ids"]
+            i = self.index[tuple(ids)]
+            cached = 0 if params.skip_reading_prefix_cache else self.hits[i]
+            lps = [None] + [{t: NS(logprob=7.0 if j <= cached else -(t + j / 100))} for j, t in enumerate(ids) if j > 0]
+            outs.append(NS(prompt_logprobs=lps, num_cached_tokens=cached))
+        return outs
+
+
+def test_prefix_cached_scoring_reads_only_computed_positions():
+    """A request is kept when its cache hit ends at or before the prompt's last token (the completion's
+    first token is predicted from there); one hit that reaches the prompt's end or beyond is scored
+    again without the cache. Every request shares one salt; the tokens read from the cache are counted."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    from tiltlab.llm.stage1 import SCORE_CACHE_SALT, _vllm_reference_logprobs
+
+    p = [5, 6, 7, 8]  # 4 prompt tokens
+    comps = [[1, 2], [3], [4, 4, 4], [2, 9]]
+    hits = [0, 3, 4, 5]  # 3 = len(p) - 1: fine; 4 and 5 cover the position that predicts c[0]
+    llm = _FakeLLM(hits)
+    llm.index = {tuple(p + c): i for i, c in enumerate(comps)}
+    seq, n_rescored, n_cached = _vllm_reference_logprobs(NS(llm=llm), [p] * 4, comps, torch)
+    want = [sum(-(t + (len(p) + k) / 100) for k, t in enumerate(c)) for c in comps]
+    assert seq.dtype == torch.float64 and torch.allclose(seq, torch.tensor(want, dtype=torch.float64), atol=1e-12)
+    assert n_rescored == 2 and n_cached == 0 + 3
+    assert llm.calls == [(4, False, {SCORE_CACHE_SALT}), (2, True, {SCORE_CACHE_SALT})]
