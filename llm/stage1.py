@@ -4,9 +4,11 @@ DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
-2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``; with the
-   vLLM engine and proposal == reference, the engine's own prompt log-probs of ``x + y_i``, which
-   are raw temperature-1 log-probs, so no second copy of the model is loaded);
+2. score ``log pi_ref(y_i|x)`` at temperature 1 (``reference_scoring``): no pass at all when the
+   proposal is pi_ref sampled at T = 1 untruncated (the sampled log-probs are pi_ref's); else the
+   prompt log-probs of ``x + y_i`` from a vLLM engine (the proposal's when it is pi_ref, reading the
+   prompt's KV from the prefix cache; or a second engine of pi_ref, overlapped with the next shard's
+   sampling); else transformers teacher forcing (``llm.scoring``);
 3. reward ``r(x, y_i)`` (``llm.rewards``) and transform it, ``r~ = a r + c`` (a fixed affine map,
    recorded with ``beta`` in the manifest);
 4. ``log w_i = log pi_ref + beta r~ - log q`` and the per-prompt label ``log Z_hat_M`` (LSE) with
