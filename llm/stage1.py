@@ -792,9 +792,9 @@ def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
     processor to prompt tokens, whatever ``logprobs_mode`` -- and the completion's are summed (float64).
 
     The prompt's KV is computed once and shared: the requests read the prefix cache (vLLM turns that
-    off for prompt log-prob requests by default) under :data:`SCORE_CACHE_SALT`, so the M requests of a
-    prompt reuse its cached blocks and only the completion (plus the prompt's last partial block) is
-    prefilled. Log-probs exist only for tokens after the cached prefix; the completion's first token is
+    off for prompt log-prob requests by default) under :data:`SCORE_CACHE_SALT`; each prompt's first
+    request runs first, and its other M - 1 requests, in a second batch, reuse its cached blocks and
+    prefill only the completion (plus the prompt's last partial block). Log-probs exist only for tokens after the cached prefix; the completion's first token is
     predicted from the prompt's last position, so a request whose cache hit reaches past
     ``len(p) - 1`` (a prompt of whole blocks, or completions sharing a block-long start) is scored again
     without reading the cache; ``n_rescored`` counts them, ``n_cached`` counts the tokens read from the
@@ -820,7 +820,20 @@ def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
             raise RuntimeError("vLLM returned no prompt log-probs for a reference-scoring request")
         return math.fsum(float(lps[len(p) + t][tok].logprob) for t, tok in enumerate(c))
 
-    outs = engine.llm.generate([request(p, c) for p, c in zip(flat_p, flat_c)], params(True), use_tqdm=False)
+    # a prompt's first request fills the cache with its blocks, then its other requests read them
+    # (requests of one scheduler step cannot read each other's blocks)
+    first: list[int] = []
+    seen: set[tuple[int, ...]] = set()
+    for i, p in enumerate(flat_p):
+        if tuple(p) not in seen:
+            seen.add(tuple(p))
+            first.append(i)
+    rest = sorted(set(range(len(flat_c))) - set(first))
+    outs: list[Any] = [None] * len(flat_c)
+    for part in (first, rest):
+        got = engine.llm.generate([request(flat_p[i], flat_c[i]) for i in part], params(True), use_tqdm=False)
+        for i, o in zip(part, got):
+            outs[i] = o
     seq: list[float] = [0.0] * len(flat_c)
     redo, n_cached = [], 0
     for i, (p, c, o) in enumerate(zip(flat_p, flat_c, outs)):

@@ -149,7 +149,8 @@ class _FakeLLM:
 def test_prefix_cached_scoring_reads_only_computed_positions():
     """A request is kept when its cache hit ends at or before the prompt's last token (the completion's
     first token is predicted from there); one hit that reaches the prompt's end or beyond is scored
-    again without the cache. Every request shares one salt; the tokens read from the cache are counted."""
+    again without the cache. A prompt's first request runs alone before its others; every request
+    shares one salt; the tokens read from the cache are counted."""
     pytest.importorskip("vllm")
     from types import SimpleNamespace as NS
 
@@ -164,4 +165,5 @@ def test_prefix_cached_scoring_reads_only_computed_positions():
     want = [sum(-(t + (len(p) + k) / 100) for k, t in enumerate(c)) for c in comps]
     assert seq.dtype == torch.float64 and torch.allclose(seq, torch.tensor(want, dtype=torch.float64), atol=1e-12)
     assert n_rescored == 2 and n_cached == 0 + 3
-    assert llm.calls == [(4, False, {SCORE_CACHE_SALT}), (2, True, {SCORE_CACHE_SALT})]
+    # the prompt's first request, then the others (reading its blocks), then the two rescored
+    assert llm.calls == [(1, False, {SCORE_CACHE_SALT}), (3, False, {SCORE_CACHE_SALT}), (2, True, {SCORE_CACHE_SALT})]
