@@ -66,6 +66,16 @@ def test_auto_picks_the_sampler_only_where_its_log_probs_are_pi_ref(tmp_path):
     assert resolve_reference_scoring(_cfg(m, tmp_path, reference_scoring="hf")) == "hf"
     assert resolve_reference_scoring(_cfg(m, tmp_path, reference_scoring="vllm")) == "vllm"
     assert resolve_reference_scoring(_cfg("tiny", tmp_path, reference="tiny:1", engine="vllm")) == "hf"
+    # a reference vLLM can serve here: a second engine only when the proposal runs on vLLM too
+    from tiltlab.llm.rollout import vllm_available
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "config.json").write_text(json.dumps({"head_dim": 64}))
+    want = "vllm" if vllm_available() else "hf"
+    assert resolve_reference_scoring(_cfg(m, tmp_path, reference=str(served), engine="vllm")) == want
+    assert resolve_reference_scoring(_cfg(m, tmp_path, reference=str(served), engine="hf")) == "hf"
+    assert resolve_reference_scoring(_cfg(str(served), tmp_path, engine="vllm", temperature=0.5)) == want
     with pytest.raises(ValueError, match=r"^reference_scoring must be one of"):
         _cfg(m, tmp_path, reference_scoring="engine")
 
