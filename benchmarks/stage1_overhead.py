@@ -1,84 +1,104 @@
-"""Stage-1 wall time vs pure vLLM sampling of the same samples (goal: overhead <= 10%).
+"""Stage-1 wall time vs pure vLLM sampling of the same samples, for the three ways pi_ref is scored.
 
-One vLLM proposal engine (built by ``llm.stage1.vllm_proposal_engine``, the path Stage 1 uses) is
-started once and warmed up. Then, in this order:
+* **(a)** proposal = reference, T = 1, untruncated: ``reference_scoring="sampler"``, no scoring pass
+  (the sampled log-probs are pi_ref's). Goal: overhead <= 10%.
+* **(b)** the same model at T = 0.7 with top-p 0.9 (allowed): one pass of prompt log-probs on the
+  proposal's engine that reads each prompt's KV from the prefix cache.
 
-1. **sampling**: ``engine.generate`` on the formatted prompts, shard by shard with Stage 1's own
-   per-shard seeds (``Stage1Config.sampling(k)``) -- exactly the calls Stage 1 makes, nothing else;
-2. **stage 1**: ``run_stage1(cfg, engine=engine)`` into a fresh directory, same prompts and seeds.
+For (a) and (b) the scoring pass Stage 1 made before (prompt log-probs of every ``x + y`` with the
+prefix cache unread) is timed too on the same samples (``score_uncached_s``), with the largest
+difference between its log pi_ref and the one Stage 1 recorded.
+* **(c)** a distinct reference (a copy of the model in another directory: a different model as far as
+  Stage 1 can tell, with the same cost): a second vLLM engine scores shard k in a worker thread while
+  the proposal samples shard k + 1. For comparison the same case with transformers teacher forcing.
 
-Stage 1's manifest records the wall seconds of each phase (``seconds``: setup = tokenizers, prompt
-formatting and the reference model's load; sample; score = pi_ref teacher forcing; reward;
-weights = log w, labels and tables; io = Parquet + manifest). The report gives
+One proposal engine (built by ``llm.stage1.vllm_proposal_engine`` for case (b): on CPU its KV blocks
+are 32 tokens) and, for (c), one reference engine (``vllm_reference_engine``) are started once and
+warmed up; engine starts are not part of any timing. For each case, back to back:
 
-* overhead = (stage-1 wall - sampling wall) / sampling wall, with and without the one-off setup;
-* where the time goes (the phases), and the fraction of identical completions between the two
-  runs (vLLM per-request seeds make them equal up to batch-composition numerics).
+1. **sampling**: ``engine.generate`` on the formatted prompts, shard by shard with Stage 1's per-shard
+   seeds (``Stage1Config.sampling(k)``): exactly the sampling calls Stage 1 makes, nothing else;
+2. **stage 1**: ``run_stage1(cfg, engine=..., reference_engine=...)`` into a fresh directory.
 
-Usage (the proposal and reference are one model by default, as in the smallest DISA setting)::
+overhead = (stage-1 wall - sampling wall) / sampling wall, from walls a minute apart; on a machine shared
+with other jobs the load drifts between the two, so the report also gives overhead_within_run =
+(stage-1 wall - stage-1's own sample phase) / that phase, both from one invocation (the same sampling
+calls, timed inside Stage 1). Stage 1's manifest gives its phases (setup, sample, score, score_wait,
+reward, weights, io; see ``llm.stage1._Clock``) and the scoring facts of each shard.
 
-    OMP_NUM_THREADS=2 python benchmarks/stage1_overhead.py --model PATH --prompts 32 --M 8 \\
-        --max-new-tokens 64 --out results/stage1_overhead.json
+Usage::
 
-Measured (2-core shared CPU, SmolLM2-135M-Instruct fp32 safetensors, 16 prompts x M = 8, 48 new
-tokens, 5,658 completion tokens, identical completions in both runs):
+    OMP_NUM_THREADS=2 python benchmarks/stage1_overhead.py --model smollm2-135m --prompts 16 --M 8 \\
+        --max-new-tokens 48 --prompts-per-shard 8 --out results/stage1_overhead.json
 
-* proposal == reference (pi_ref scored by the engine's prompt log-probs): sampling 13.4 s,
-  Stage 1 24.1 s -> overhead 80% (sample 12.3 s, score 10.7 s, reward 0.24 s, weights 0.19 s,
-  io 0.01 s, setup 0.66 s). Scoring re-reads every sample's prompt (128 x ~85 tokens, no prefix
-  cache for prompt log-probs) while sampling shares it, so on CPU it costs about what sampling does.
-* a distinct reference (``--reference`` = a copy of the model: transformers fp32 teacher forcing,
-  longest-first batches of 16): sampling 14.0 s, Stage 1 71.4 s -> overhead 409% (score 55.8 s).
-* the first version (transformers scoring, unsorted batches), on a machine loaded ~8x by other
-  jobs: overhead 1,158% (score 285 s of 316 s); not comparable in absolute terms.
-
-The 10% goal is not met on CPU; what remains is pi_ref's forward pass itself.
-
-Without ``--model`` the tiny random Qwen3 (head_dim 32, vLLM CPU's smallest) is built in a
-temporary directory. On CPU the engine runs eager with 0.3 of host memory.
+Without ``--model`` the tiny random Qwen3 (head_dim 32, vLLM CPU's smallest) is built in a temporary
+directory. The measured table is in docs/llm-runs.md ("Stage 1 at engine speed").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
+CASES = ("a", "b", "c", "c_hf")
+
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="local model dir (proposal = reference); default: tiny")
-    ap.add_argument("--reference", default=None, help="reference model (default: --model)")
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--model", default=None, help="local model dir or alias (e.g. smollm2-135m); default: tiny")
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--M", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--prompts-per-shard", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--prompts-per-shard", type=int, default=8)
     ap.add_argument("--score-batch-size", type=int, default=16)
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--device", default=None)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES}")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    if bad := [c for c in cases if c not in CASES]:
+        ap.error(f"--cases: unknown {bad}; expected a subset of {CASES}")
 
+    from tiltlab.llm.models import resolve_model
     from tiltlab.llm.prompts import format_prompt
-    from tiltlab.llm.stage1 import Stage1Config, read_manifest, run_stage1, vllm_proposal_engine
+    from tiltlab.llm.stage1 import (
+        Stage1Config,
+        load_stage1,
+        read_manifest,
+        run_stage1,
+        vllm_proposal_engine,
+        vllm_reference_engine,
+    )
     from tiltlab.llm.tasks import arithmetic_tasks
 
     tmp = Path(tempfile.mkdtemp(prefix="stage1_overhead_"))
-    model = args.model
-    if model is None:
+    if args.model is None:
         from tiltlab.llm.models import build_tiny
 
         model = str(tmp / "tiny")
         build_tiny(out_dir=model, seed=0, head_dim=32)
+    else:
+        model = resolve_model(args.model)
+    reference = str(tmp / "reference_copy")  # a distinct path: Stage 1 treats it as another model
+    if any(c.startswith("c") for c in cases):
+        shutil.copytree(model, reference)
     rows = [{k: r[k] for k in ("id", "prompt", "answer")} for r in arithmetic_tasks(args.prompts, seed=0)]
 
-    def cfg(out: str) -> Stage1Config:
+    def cfg(case: str, out: str) -> Stage1Config:
+        kw: dict = {}
+        if case == "b":
+            kw = dict(temperature=0.7, top_p=0.9, allow_truncated=True)
+        elif case in ("c", "c_hf"):
+            kw = dict(reference=reference, reference_scoring="vllm" if case == "c" else "hf")
         return Stage1Config(
             proposal=model,
-            reference=args.reference or model,
+            reference=kw.pop("reference", model),
             dataset="synthetic",
             out_dir=out,
             M=args.M,
@@ -86,61 +106,98 @@ def main(argv=None) -> dict:
             engine="vllm",
             reward="math",
             dtype=args.dtype,
-            device=args.device,
+            device="cpu",
             prompts_per_shard=args.prompts_per_shard,
             score_batch_size=args.score_batch_size,
             seed=0,
+            **kw,
         )
 
-    c = cfg(str(tmp / "run"))
-    t0 = time.perf_counter()
-    engine = vllm_proposal_engine(c)
-    t_start = time.perf_counter() - t0
-    tok = engine.tokenizer
-    pids = [tok(format_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows]
     from tiltlab.llm.rollout import SamplingConfig
 
+    t0 = time.perf_counter()
+    engine = vllm_proposal_engine(cfg("b", str(tmp / "unused")))
+    starts = {"proposal_engine_s": round(time.perf_counter() - t0, 1)}
+    ref_engine = None
+    if "c" in cases:
+        t0 = time.perf_counter()
+        ref_engine = vllm_reference_engine(cfg("c", str(tmp / "unused")))
+        starts["reference_engine_s"] = round(time.perf_counter() - t0, 1)
+    tok = engine.tokenizer
+    pids = [tok(format_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows]
     engine.generate(pids[:2], 2, SamplingConfig(max_new_tokens=4, seed=123))  # warm-up
+    if ref_engine is not None:
+        ref_engine.generate(pids[:2], 2, SamplingConfig(max_new_tokens=4, seed=123))
 
     pp = args.prompts_per_shard
-    t0 = time.perf_counter()
-    pure = []
-    for k in range(0, len(rows), pp):
-        pure += engine.generate(pids[k : k + pp], args.M, c.sampling(k // pp))
-    t_sample = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    summary = run_stage1(c, rows=rows, engine=engine, progress=False)
-    t_stage1 = time.perf_counter() - t0
-    phases = read_manifest(c.out_dir)["seconds"]
-
-    from tiltlab.llm.stage1 import load_stage1
-
-    samples = load_stage1(c.out_dir)[0].column("completion_ids").to_pylist()
-    pure_ids = [x for g in pure for x in g.completion_ids]
-    same = sum(a == b for a, b in zip(samples, pure_ids)) / len(pure_ids)
-    n_tokens = sum(len(x) for x in pure_ids)
-    report = {
+    report: dict = {
         "model": args.model or "tiny (random, head_dim 32)",
+        "dtype": args.dtype,
         "prompts": len(rows),
         "M": args.M,
         "max_new_tokens": args.max_new_tokens,
-        "completion_tokens": n_tokens,
-        "engine_start_s": round(t_start, 2),
-        "sampling_s": round(t_sample, 3),
-        "sampling_tokens_per_s": round(n_tokens / t_sample, 1),
-        "stage1_s": round(t_stage1, 3),
-        "stage1_phases_s": {k: round(v, 3) for k, v in phases.items()},
-        "overhead": round((t_stage1 - t_sample) / t_sample, 4),
-        "overhead_without_setup": round((t_stage1 - phases.get("setup", 0.0) - t_sample) / t_sample, 4),
-        "same_completions": round(same, 4),
-        "mean_log_z": summary["mean_log_z"],
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+        "prompts_per_shard": pp,
+        **starts,
+        "cases": {},
     }
-    core = getattr(getattr(engine.llm, "llm_engine", None), "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()  # stop the engine process before interpreter exit
+    for case in cases:
+        c = cfg(case, str(tmp / f"run_{case}"))
+        t0 = time.perf_counter()
+        pure = []
+        for k in range(0, len(rows), pp):
+            pure += engine.generate(pids[k : k + pp], args.M, c.sampling(k // pp))
+        t_sample = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        summary = run_stage1(c, rows=rows, engine=engine, reference_engine=ref_engine if case == "c" else None)
+        t_stage1 = time.perf_counter() - t0
+        man = read_manifest(c.out_dir)
+        samples = load_stage1(c.out_dir)[0]
+        ids = samples.column("completion_ids").to_pylist()
+        pure_ids = [x for g in pure for x in g.completion_ids]
+        row = {
+            "reference_scoring": man["reference_scoring"],
+            "completion_tokens": sum(len(x) for x in ids),
+            "sampling_s": round(t_sample, 3),
+            "stage1_s": round(t_stage1, 3),
+            "overhead": round((t_stage1 - t_sample) / t_sample, 4),
+            "overhead_without_setup": round((t_stage1 - man["seconds"].get("setup", 0.0) - t_sample) / t_sample, 4),
+            # the same ratio against Stage 1's own sampling phase: both walls from one invocation
+            "overhead_within_run": round((t_stage1 - man["seconds"]["sample"]) / man["seconds"]["sample"], 4),
+            "stage1_phases_s": {k: round(v, 3) for k, v in man["seconds"].items()},
+            "shard_scoring": [s["reference_scoring"] for s in man["shards"].values()],
+            "same_completions": round(sum(a == b for a, b in zip(ids, pure_ids)) / len(pure_ids), 4),
+            "mean_log_z": summary["mean_log_z"],
+        }
+        if case in ("a", "b"):  # the scoring pass of the path before: prompt log-probs, prefix cache unread
+            from vllm import SamplingParams
+
+            by_id = dict(zip([r["id"] for r in rows], pids))
+            reqs = [
+                {"prompt_token_ids": by_id[p] + c_ids} for p, c_ids in zip(samples.column("prompt_id").to_pylist(), ids)
+            ]
+            params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0, seed=0)
+            t0 = time.perf_counter()
+            outs = engine.llm.generate(reqs, params, use_tqdm=False)
+            row["score_uncached_s"] = round(time.perf_counter() - t0, 3)
+            assert all(o.num_cached_tokens == 0 for o in outs)
+            got = samples.column("logp_ref").to_pylist()
+            pl = [len(by_id[p]) for p in samples.column("prompt_id").to_pylist()]
+            want = [
+                math.fsum(o.prompt_logprobs[n + t][x].logprob for t, x in enumerate(c_ids))
+                for n, c_ids, o in zip(pl, ids, outs)
+            ]
+            row["max_abs_logp_ref_diff_vs_uncached"] = max(abs(a - b) for a, b in zip(got, want))
+            row["max_abs_logp_ref_diff_per_token_vs_uncached"] = max(
+                abs(a - b) / len(c_ids) for a, b, c_ids in zip(got, want, ids)
+            )
+        report["cases"][case] = row
+        print(json.dumps({case: row}), flush=True)
+    report["python"] = platform.python_version()
+    report["machine"] = platform.machine()
+    if ref_engine is not None:
+        ref_engine.close()
+    engine.close()  # stop the engine processes before interpreter exit
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

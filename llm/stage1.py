@@ -4,9 +4,11 @@ DISA §3.1 eqs. (7)-(8) (``docs/math.md`` §1). For each prompt ``x``:
 
 1. draw ``y_1..y_M ~ q(.|x)`` from the proposal through a rollout engine (``llm.rollout``),
    keeping ``log q(y_i|x)`` of the distribution actually sampled (processed log-probs);
-2. score ``log pi_ref(y_i|x)`` by teacher forcing at temperature 1 (``llm.scoring``; with the
-   vLLM engine and proposal == reference, the engine's own prompt log-probs of ``x + y_i``, which
-   are raw temperature-1 log-probs, so no second copy of the model is loaded);
+2. score ``log pi_ref(y_i|x)`` at temperature 1 (``reference_scoring``): no pass at all when the
+   proposal is pi_ref sampled at T = 1 untruncated (the sampled log-probs are pi_ref's); else the
+   prompt log-probs of ``x + y_i`` from a vLLM engine (the proposal's when it is pi_ref, reading the
+   prompt's KV from the prefix cache; or a second engine of pi_ref, overlapped with the next shard's
+   sampling); else transformers teacher forcing (``llm.scoring``);
 3. reward ``r(x, y_i)`` (``llm.rewards``) and transform it, ``r~ = a r + c`` (a fixed affine map,
    recorded with ``beta`` in the manifest);
 4. ``log w_i = log pi_ref + beta r~ - log q`` and the per-prompt label ``log Z_hat_M`` (LSE) with
@@ -67,6 +69,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -77,13 +80,16 @@ from tiltlab.llm.rewards import resolve_reward
 __all__ = [
     "CRASH_ENV",
     "MANIFEST",
+    "SCORING_MODES",
     "TOKENIZER_MODES",
     "Stage1Config",
     "atomic_write_bytes",
     "atomic_write_json",
     "load_stage1",
     "run_stage1",
+    "sampler_not_reference",
     "vllm_proposal_engine",
+    "vllm_reference_engine",
 ]
 
 MANIFEST = "manifest.json"
@@ -119,6 +125,27 @@ _IDENTITY_FIELDS = (
 _HF_IDENTITY = ("gen_batch_size",)
 _VLLM_IDENTITY = ("quantization", "tensor_parallel_size")
 TOKENIZER_MODES = ("reference", "proposal", "retokenize")
+SCORING_MODES = ("auto", "sampler", "vllm", "hf")
+
+
+def sampler_not_reference(cfg) -> str | None:
+    """Why the proposal's sampled log-probs are not log pi_ref (None when they are).
+
+    They are when the proposal is the reference (same model, same dtype, not quantized, same token
+    ids) sampled at temperature 1 with no truncation: the processed distribution is then the model's
+    own ``softmax(logits)``, so ``log q(y|x) = log pi_ref(y|x)`` token by token.
+    """
+    if cfg.proposal != cfg.reference:
+        return "the proposal and the reference are different models"
+    if cfg.quantization:
+        return f"the proposal engine is quantized ({cfg.quantization})"
+    if cfg.tokenizer == "retokenize":
+        return "tokenizer='retokenize' scores re-tokenized completions"
+    if cfg.temperature != 1.0:
+        return f"temperature={cfg.temperature} (pi_ref is the temperature-1 distribution)"
+    if cfg.top_k > 0 or cfg.top_p < 1.0:
+        return f"top_k={cfg.top_k} / top_p={cfg.top_p} truncate the sampler"
+    return None
 
 
 @dataclass
@@ -183,6 +210,8 @@ class Stage1Config:
     """vLLM only: quantization of the proposal engine (e.g. "fp8": 235B bf16 weights, 470 GB, do not fit 0.6 x 8 x 80 GB)."""
     chat_template_kwargs: dict | None = None
     """Extra chat-template arguments, e.g. {"enable_thinking": false} for Qwen3 (CLI: a JSON object)."""
+    reference_scoring: str = "auto"
+    """How log pi_ref is computed: "sampler" (no scoring pass: proposal == reference, unquantized, T = 1, untruncated, so the sampled tokens' log-probs are pi_ref's), "vllm" (prompt log-probs of a vLLM engine: the proposal's when it is pi_ref, else a second engine overlapped with the next shard's sampling), "hf" (transformers teacher forcing) or "auto" (the first that applies, in that order; vllm only with the vllm engine)."""
 
     def __post_init__(self) -> None:
         if self.M < 1:
@@ -215,6 +244,13 @@ class Stage1Config:
             )
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.reference_scoring not in SCORING_MODES:
+            raise ValueError(f"reference_scoring must be one of {SCORING_MODES}, got {self.reference_scoring!r}")
+        if self.reference_scoring == "sampler" and (why := sampler_not_reference(self)) is not None:
+            raise ValueError(
+                f"reference_scoring='sampler' needs the sampler's log-probs to be pi_ref's, but {why}; "
+                "use reference_scoring='auto'"
+            )
         if self.chat_template_kwargs is not None:
             if not isinstance(self.chat_template_kwargs, dict):
                 raise ValueError(
@@ -351,12 +387,49 @@ def _check_prompt_lengths(cfg: Stage1Config, ids: Sequence[str], prompt_ids, nam
         )
 
 
+def resolve_reference_scoring(cfg: Stage1Config) -> str:
+    """The scoring path ``cfg.reference_scoring`` stands for: ``"sampler"``, ``"vllm"`` or ``"hf"``
+    (``"auto"``: the sampler's log-probs when they are pi_ref's, else vLLM when the proposal runs
+    on vLLM and vLLM can serve the reference here, else transformers)."""
+    if cfg.reference_scoring != "auto":
+        return cfg.reference_scoring
+    if sampler_not_reference(cfg) is None:
+        return "sampler"
+    from tiltlab.llm.rollout import vllm_unsupported_reason
+
+    if cfg.engine == "vllm" and vllm_unsupported_reason(cfg.reference) is None:
+        return "vllm"
+    return "hf"
+
+
+def _proposal_engine_scores(cfg: Stage1Config) -> bool:
+    """True when pi_ref is scored by the proposal's own vLLM engine (it *is* pi_ref: same model, not quantized)."""
+    return (
+        resolve_reference_scoring(cfg) == "vllm"
+        and cfg.engine == "vllm"
+        and cfg.proposal == cfg.reference
+        and not cfg.quantization
+    )
+
+
+CPU_SCORING_BLOCK_SIZE = 32
+"""KV-cache block size of a vLLM engine that scores pi_ref on CPU. Prefix-cache hits are whole blocks,
+and vLLM's CPU default (128 tokens) is longer than a typical chat prompt, so with it no prompt's KV would
+be shared by the M scoring requests of that prompt."""
+
+SCORE_CACHE_SALT = "tiltlab-stage1-score"
+"""``cache_salt`` of every scoring request: they share cached prompt blocks with each other, never with
+the sampling requests (whose cached blocks run into the completions, whose log-probs must be computed)."""
+
+
 def vllm_proposal_engine(cfg: Stage1Config):
     """The proposal's :class:`~tiltlab.llm.rollout.VLLMEngine` for ``cfg`` (processed log-probs).
 
     On CPU the engine's own CPU defaults apply (eager, KV cache in bytes, no chunked prefill for
     seeded requests; :class:`~tiltlab.llm.rollout.VLLMEngine`) unless ``gpu_memory_utilization``
-    says otherwise (vLLM's 0.9 default fails there).
+    says otherwise (vLLM's 0.9 default fails there). When the engine also scores pi_ref on CPU, its
+    KV blocks are :data:`CPU_SCORING_BLOCK_SIZE` tokens, so that the M scoring requests of a prompt
+    share the prompt's cached KV.
     """
     from tiltlab.llm.models import default_device
     from tiltlab.llm.rollout import VLLMEngine
@@ -365,6 +438,8 @@ def vllm_proposal_engine(cfg: Stage1Config):
     extra: dict[str, Any] = {}
     if cfg.quantization:
         extra["quantization"] = cfg.quantization
+    if on_cpu and _proposal_engine_scores(cfg):
+        extra["block_size"] = CPU_SCORING_BLOCK_SIZE
     gmu = cfg.gpu_memory_utilization
     return VLLMEngine(
         cfg.proposal,
@@ -378,6 +453,25 @@ def vllm_proposal_engine(cfg: Stage1Config):
     )
 
 
+def vllm_reference_engine(cfg: Stage1Config):
+    """A second :class:`~tiltlab.llm.rollout.VLLMEngine`, of the reference, that only scores (prompt
+    log-probs are raw temperature-1 log-probs whatever the engine's ``logprobs_mode``). Full precision
+    (no quantization), one device, ``cfg.dtype``; on a GPU 0.25 of its memory (the proposal's default
+    0.6 leaves room for it); on CPU the engine's KV cache in bytes and :data:`CPU_SCORING_BLOCK_SIZE`."""
+    from tiltlab.llm.models import default_device
+    from tiltlab.llm.rollout import VLLMEngine
+
+    on_cpu = str(cfg.device or default_device()).startswith("cpu")
+    return VLLMEngine(
+        cfg.reference,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        gpu_memory_utilization=None if on_cpu else 0.25,
+        max_model_len=cfg.max_model_len,
+        **({"block_size": CPU_SCORING_BLOCK_SIZE} if on_cpu else {}),
+    )
+
+
 class _Models:
     """Tokenizers, the formatted prompts, the proposal engine and the reference scorer.
 
@@ -386,7 +480,9 @@ class _Models:
     (tokenizers, config context lengths) before any model is loaded.
     """
 
-    def __init__(self, cfg: Stage1Config, rows: list[dict], engine=None, show_progress: bool = False):
+    def __init__(
+        self, cfg: Stage1Config, rows: list[dict], engine=None, show_progress: bool = False, reference_engine=None
+    ):
         from tiltlab.llm.models import default_device, load_model, load_tokenizer
 
         self.retokenize = cfg.tokenizer == "retokenize"
@@ -418,14 +514,24 @@ class _Models:
         _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx_q)
 
         self.device = cfg.device or default_device()
-        # one model under vLLM: its engine scores pi_ref too (prompt log-probs are raw, temperature 1),
-        # so no transformers copy is loaded
-        self.vllm_scores = cfg.engine == "vllm" and cfg.proposal == cfg.reference and not self.retokenize
-        self.ref, self.ref_context = None, ctx_ref
-        if not self.vllm_scores:
+        # "sampler": no scoring; "vllm": the proposal's engine when it is pi_ref, else a second engine
+        # (self.ref_engine, scoring overlapped with sampling); "hf": a transformers copy of pi_ref
+        self.scoring = resolve_reference_scoring(cfg)
+        self.ref, self.ref_engine, self.ref_context = None, None, ctx_ref
+        hf_proposal_is_ref = cfg.engine == "hf" and cfg.proposal == cfg.reference
+        if self.scoring == "hf" or (hf_proposal_is_ref and engine is None):
             self.ref = load_model(cfg.reference, dtype=cfg.dtype, device=self.device)
             self.ref_context = _context(cfg, "the reference", getattr(self.ref.config, "max_position_embeddings", None))
             _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", self.ref_context)
+        self._own_ref_engine = False
+        if self.scoring == "vllm" and not _proposal_engine_scores(cfg):
+            self._own_ref_engine = reference_engine is None
+            self.ref_engine = vllm_reference_engine(cfg) if reference_engine is None else reference_engine
+        elif reference_engine is not None:
+            raise ValueError(
+                f"reference_engine is used only by reference_scoring='vllm' with a reference other than the "
+                f"proposal's engine; this run scores pi_ref by {self.scoring!r}"
+            )
         if engine is not None:
             self.engine = engine
         elif cfg.engine == "vllm":
@@ -433,17 +539,26 @@ class _Models:
         else:
             from tiltlab.llm.rollout import HFEngine
 
-            q_model = (
-                self.ref
-                if cfg.proposal == cfg.reference
-                else load_model(cfg.proposal, dtype=cfg.dtype, device=self.device)
-            )
+            q_model = self.ref if hf_proposal_is_ref else load_model(cfg.proposal, dtype=cfg.dtype, device=self.device)
             ctx = _context(cfg, "the proposal", getattr(q_model.config, "max_position_embeddings", None))
             _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx)
             self.engine = HFEngine(q_model, q_tok, batch_size=cfg.gen_batch_size, show_progress=show_progress)
         self.q_tok = q_tok
         eos = self.ref_tok.eos_token_id
         self.ref_eos = int(eos) if eos is not None else None
+
+    @property
+    def scoring_record(self) -> str:
+        """The scoring path as recorded in the manifest."""
+        if self.scoring == "vllm":
+            return "vllm:reference-engine" if self.ref_engine is not None else "vllm:proposal-engine"
+        return self.scoring
+
+    def close(self) -> None:
+        """Stop the reference engine if it was started here (a caller's engines stay up)."""
+        if self.ref_engine is not None and self._own_ref_engine:
+            self.ref_engine.close()
+            self.ref_engine = None
 
     def reference_completion(self, text: str, finished: bool) -> list[int]:
         """``"retokenize"``: the reference's tokens of a proposal completion's text (+ its eos if it stopped)."""
@@ -483,6 +598,7 @@ def run_stage1(
     reward_fn: Callable | None = None,
     progress: bool = True,
     engine=None,
+    reference_engine=None,
 ) -> dict:
     """Run (or resume) Stage 1 and return a summary dict (also stored in the manifest).
 
@@ -496,6 +612,8 @@ def run_stage1(
             ``__qualname__`` is recorded.
         engine: a ready proposal :class:`~tiltlab.llm.rollout.RolloutEngine` of ``cfg.proposal``
             (e.g. one vLLM engine shared by several runs) instead of building one from ``cfg``.
+        reference_engine: a ready :class:`~tiltlab.llm.rollout.VLLMEngine` of ``cfg.reference`` that
+            scores pi_ref when ``reference_scoring`` resolves to a second engine (instead of starting one).
     """
     import torch
 
@@ -569,10 +687,16 @@ def run_stage1(
     # every refusal (tokenizers, context lengths) happens here, before the first write
     clock = _Clock()
     with clock("setup"):
-        models = _Models(cfg, rows, engine=engine, show_progress=progress) if todo else None
+        models = (
+            _Models(cfg, rows, engine=engine, show_progress=progress, reference_engine=reference_engine)
+            if todo
+            else None
+        )
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*.tmp-*"):  # temporaries of a run killed mid-write
         stale.unlink()
+    if models is not None:
+        manifest["reference_scoring"] = models.scoring_record  # this invocation's; each shard records its own
     atomic_write_json(man_path, manifest)
     pp = cfg.prompts_per_shard
     # the bar counts this invocation's prompts, so a resumed run's rate and ETA are its own
@@ -583,10 +707,15 @@ def run_stage1(
         unit="prompt",
         mode=None if progress else "off",
     )
-    for k in todo:
+
+    def finish(k: int, shard: dict, scored) -> None:
+        """Weights, labels and the atomic writes of shard ``k`` (in shard order, in this thread)."""
         sl = slice(k * pp, (k + 1) * pp)
-        clock.on_phase = lambda phase: bar.update(0, postfix=f"shard {k + 1}/{n_shards}: {phase}")
-        samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock)
+        if isinstance(scored, Future):  # scored by the reference engine while later shards were sampled
+            with clock("score_wait"):
+                scored, seconds = scored.result()
+            clock.seconds["score"] = clock.seconds.get("score", 0.0) + seconds
+        samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock, shard, scored)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
         with clock("io"):
             _atomic_write_parquet(out / s_name, samples)
@@ -598,10 +727,37 @@ def run_stage1(
             "n_prompts": len(rows[sl]),
             "n_samples": samples.num_rows,
             "prompt_ids": ids[sl],
+            "reference_scoring": {"path": models.scoring_record, **scored[1]},
         }
         atomic_write_json(man_path, manifest)
         bar.update(len(rows[sl]), postfix=f"shard {k + 1}/{n_shards} written")
         _crash_hook(k + 1, "after_manifest")
+
+    # a second (reference) engine scores shard k in a worker thread while the proposal samples
+    # shard k + 1; shards are still finished and written one by one, in order
+    pool = ThreadPoolExecutor(1, thread_name_prefix="stage1-score") if models and models.ref_engine else None
+    try:
+        pending = None
+        for k in todo:
+            sl = slice(k * pp, (k + 1) * pp)
+            clock.on_phase = lambda phase, k=k: bar.update(0, postfix=f"shard {k + 1}/{n_shards}: {phase}")
+            shard = _sample_shard(cfg, models, rows[sl], sl, k, clock)
+            if pool is None:
+                with clock("score"):
+                    scored = _score_reference(models, shard, cfg, torch)
+                finish(k, shard, scored)
+                continue
+            future = pool.submit(_timed, _score_reference, models, shard, cfg, torch)
+            if pending is not None:
+                finish(*pending)
+            pending = (k, shard, future)
+        if pending is not None:
+            finish(*pending)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if models is not None:
+            models.close()
     bar.close()
 
     samples, lab = load_stage1(out)
@@ -635,27 +791,76 @@ def _hf_reference_logprobs(models: _Models, flat_p, flat_c, batch_size: int, tor
 
 
 def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
-    """``[N]`` log pi_ref(c | p) from a vLLM engine of pi_ref: ``prompt_logprobs=0`` on ``p + c``
-    returns each prompt token's raw (temperature-1) log-prob -- vLLM applies no sampling processor to
-    prompt tokens, whatever ``logprobs_mode`` -- and the completion's are summed (float64)."""
+    """``([N] log pi_ref(c | p), n_rescored, n_cached)`` from a vLLM engine of pi_ref: ``prompt_logprobs=0`` on
+    ``p + c`` returns each prompt token's raw (temperature-1) log-prob -- vLLM applies no sampling
+    processor to prompt tokens, whatever ``logprobs_mode`` -- and the completion's are summed (float64).
+
+    The prompt's KV is computed once and shared: the requests read the prefix cache (vLLM turns that
+    off for prompt log-prob requests by default) under :data:`SCORE_CACHE_SALT`; each prompt's first
+    request runs first, and its other M - 1 requests, in a second batch, reuse its cached blocks and
+    prefill only the completion (plus the prompt's last partial block). Log-probs exist only for tokens after the cached prefix; the completion's first token is
+    predicted from the prompt's last position, so a request whose cache hit reaches past
+    ``len(p) - 1`` (a prompt of whole blocks, or completions sharing a block-long start) is scored again
+    without reading the cache; ``n_rescored`` counts them, ``n_cached`` counts the tokens read from the
+    cache by the requests that kept their first answer."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0, seed=0)
-    outs = engine.llm.generate(
-        [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(flat_p, flat_c)], params, use_tqdm=False
-    )
-    seq = []
-    for p, c, o in zip(flat_p, flat_c, outs):
+    def params(read_cache: bool):
+        return SamplingParams(
+            max_tokens=1,
+            prompt_logprobs=0,
+            detokenize=False,
+            temperature=1.0,
+            seed=0,
+            skip_reading_prefix_cache=not read_cache,
+        )
+
+    def request(p, c):
+        return {"prompt_token_ids": list(p) + list(c), "cache_salt": SCORE_CACHE_SALT}
+
+    def seq_logprob(p, c, o) -> float:
         lps = o.prompt_logprobs  # [None, {tok: Logprob}, ...] one per prompt token
         if lps is None or len(lps) != len(p) + len(c):
             raise RuntimeError("vLLM returned no prompt log-probs for a reference-scoring request")
-        seq.append(math.fsum(float(lps[len(p) + t][tok].logprob) for t, tok in enumerate(c)))
-    return torch.tensor(seq, dtype=torch.float64)
+        return math.fsum(float(lps[len(p) + t][tok].logprob) for t, tok in enumerate(c))
+
+    # a prompt's first request fills the cache with its blocks, then its other requests read them
+    # (requests of one scheduler step cannot read each other's blocks)
+    first: list[int] = []
+    seen: set[tuple[int, ...]] = set()
+    for i, p in enumerate(flat_p):
+        if tuple(p) not in seen:
+            seen.add(tuple(p))
+            first.append(i)
+    rest = sorted(set(range(len(flat_c))) - set(first))
+    outs: list[Any] = [None] * len(flat_c)
+    for part in (first, rest):
+        got = engine.llm.generate([request(flat_p[i], flat_c[i]) for i in part], params(True), use_tqdm=False)
+        for i, o in zip(part, got):
+            outs[i] = o
+    seq: list[float] = [0.0] * len(flat_c)
+    redo, n_cached = [], 0
+    for i, (p, c, o) in enumerate(zip(flat_p, flat_c, outs)):
+        cached = o.num_cached_tokens
+        if cached is None or cached > len(p) - 1:
+            redo.append(i)
+        else:
+            seq[i] = seq_logprob(p, c, o)
+            n_cached += cached
+    if redo:
+        outs = engine.llm.generate([request(flat_p[i], flat_c[i]) for i in redo], params(False), use_tqdm=False)
+        for i, o in zip(redo, outs):
+            if o.num_cached_tokens:
+                raise RuntimeError("vLLM read the prefix cache for a request that asked it not to")
+            seq[i] = seq_logprob(flat_p[i], flat_c[i], o)
+    return torch.tensor(seq, dtype=torch.float64), len(redo), n_cached
 
 
 class _Clock:
-    """Wall seconds per phase of one invocation: setup (tokenizers, models, engine), sample (the
-    proposal engine), score (pi_ref teacher forcing), reward, weights (log w, labels, tables), io."""
+    """Wall seconds per phase of one invocation: setup (tokenizers, models, engines), sample (the
+    proposal engine), score (pi_ref's scoring pass; with a reference engine it runs in a worker thread
+    beside the next shard's sampling, and score_wait is the time the main thread waited for it),
+    reward, weights (flat layout, log w, labels, tables), io."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -676,40 +881,82 @@ class _Clock:
         return sum(self.seconds.get(p, 0.0) for p in phases)
 
 
+def _sample_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, clock: _Clock) -> dict:
+    """Sample shard ``k`` and lay its completions out flat (prompt-major): ``groups``, ``flat_p`` (pi_ref's
+    prompt ids), ``flat_c`` (the completion ids pi_ref scores), ``flat_q`` (the proposal's), ``flat_fin``, ``texts``."""
+    with clock("sample"):
+        groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
+    with clock("weights"):
+        M = cfg.M
+        flat_p = [p for p in models.ref_prompt_ids[sl] for _ in range(M)]
+        flat_q = [c for g in groups for c in g.completion_ids]
+        flat_fin = [f for g in groups for f in (g.finished or [False] * M)]
+        texts = [t for g in groups for t in g.texts]
+        if models.retokenize:
+            flat_c = [models.reference_completion(t, f) for t, f in zip(texts, flat_fin)]
+            if models.ref_context is not None:
+                for j, (p, c) in enumerate(zip(flat_p, flat_c)):
+                    if len(p) + len(c) > models.ref_context:
+                        raise ValueError(
+                            f"prompt {shard_rows[j // M]['id']!r}: the re-tokenized completion ({len(c)} tokens) "
+                            f"does not fit the reference's context {models.ref_context}; lower max_new_tokens"
+                        )
+        else:
+            flat_c = flat_q
+        if any(len(c) == 0 for c in flat_c):
+            raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
+    return {
+        "groups": groups,
+        "flat_p": flat_p,
+        "flat_c": flat_c,
+        "flat_q": flat_q,
+        "flat_fin": flat_fin,
+        "texts": texts,
+    }
+
+
+def _score_reference(models: _Models, shard: dict, cfg: Stage1Config, torch):
+    """``(log pi_ref [N] float64 or None, facts for the manifest)`` of a sampled shard; None on the
+    "sampler" path, where the sampled log-probs are pi_ref's."""
+    if models.scoring == "sampler":
+        return None, {}
+    if models.scoring == "vllm":
+        eng = models.ref_engine if models.ref_engine is not None else models.engine
+        seq, n_rescored, n_cached = _vllm_reference_logprobs(eng, shard["flat_p"], shard["flat_c"], torch)
+        return seq, {"rescored_without_prefix_cache": n_rescored, "tokens_read_from_prefix_cache": n_cached}
+    return _hf_reference_logprobs(models, shard["flat_p"], shard["flat_c"], cfg.score_batch_size, torch), {}
+
+
+def _timed(fn, *args):
+    """``(fn(*args), wall seconds)``: the work of the scoring thread, timed there."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
 def _run_shard(
-    cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, reward, est, torch, clock: _Clock
+    cfg: Stage1Config,
+    models: _Models,
+    shard_rows: list[dict],
+    sl: slice,
+    k: int,
+    reward,
+    est,
+    torch,
+    clock: _Clock,
+    shard: dict,
+    scored: tuple,
 ):
     import pyarrow as pa
 
-    with clock("sample"):
-        groups = models.engine.generate(models.q_prompt_ids[sl], cfg.M, cfg.sampling(k))
-    t_rest, inner0 = time.perf_counter(), clock.total("score", "reward")
+    t_rest, inner0 = time.perf_counter(), clock.total("reward")
+    groups, flat_c, flat_q, flat_fin, texts = (shard[n] for n in ("groups", "flat_c", "flat_q", "flat_fin", "texts"))
     P, M = len(groups), cfg.M
     ref_pids = models.ref_prompt_ids[sl]
-    flat_p = [p for p in ref_pids for _ in range(M)]
-    flat_q = [c for g in groups for c in g.completion_ids]
-    flat_fin = [f for g in groups for f in (g.finished or [False] * M)]
-    texts = [t for g in groups for t in g.texts]
-    if models.retokenize:
-        flat_c = [models.reference_completion(t, f) for t, f in zip(texts, flat_fin)]
-        if models.ref_context is not None:
-            for j, (p, c) in enumerate(zip(flat_p, flat_c)):
-                if len(p) + len(c) > models.ref_context:
-                    raise ValueError(
-                        f"prompt {shard_rows[j // M]['id']!r}: the re-tokenized completion ({len(c)} tokens) "
-                        f"does not fit the reference's context {models.ref_context}; lower max_new_tokens"
-                    )
-    else:
-        flat_c = flat_q
-    if any(len(c) == 0 for c in flat_c):
-        raise RuntimeError("the engine returned an empty completion (no sampled token to weight)")
-    with clock("score"):
-        if models.vllm_scores:
-            seq = _vllm_reference_logprobs(models.engine, flat_p, flat_c, torch)
-        else:
-            seq = _hf_reference_logprobs(models, flat_p, flat_c, cfg.score_batch_size, torch)
-    logp_ref = seq.detach().double().cpu().view(P, M)  # [P, M]
     logp_q = torch.stack([g.seq_logprobs() for g in groups]).double()  # [P, M]
+    seq = scored[0]
+    # "sampler" path: proposal == reference at temperature 1, untruncated, so log q IS log pi_ref
+    logp_ref = logp_q.clone() if seq is None else seq.detach().double().cpu().view(P, M)  # [P, M]
     cols = sorted({c for r in shard_rows for c in r} - {"prompt"})
     kwargs = {c: [r.get(c) for r in shard_rows for _ in range(M)] for c in cols}
     with clock("reward"):
@@ -761,7 +1008,7 @@ def _run_shard(
     if models.retokenize:
         scols["proposal_completion_ids"] = pa.array(flat_q, pa.list_(pa.int32()))
     out = pa.table(scols), labels
-    rest = time.perf_counter() - t_rest - (clock.total("score", "reward") - inner0)
+    rest = time.perf_counter() - t_rest - (clock.total("reward") - inner0)
     clock.seconds["weights"] = clock.seconds.get("weights", 0.0) + rest
     return out
 

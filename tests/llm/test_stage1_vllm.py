@@ -148,9 +148,9 @@ def test_vllm_labels_and_ess_match_exact_and_hf_engine(engine, hf, model_dir, ma
 def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, math_rows, tmp_path):
     """Multi-token completions at temperature 0.7: logp_proposal (vLLM, processed) equals the
     transformers teacher-forced log-prob of the same tokens under log_softmax(logits / 0.7), and
-    logp_ref -- scored by the same vLLM engine's prompt log-probs, proposal == reference -- equals it
-    at temperature 1. A second run whose reference is another copy of the model scores pi_ref with
-    transformers instead: same samples, same logp_ref. Both engines run fp32: per token the two
+    logp_ref -- scored by the same vLLM engine's prompt log-probs (prompt KV read from the prefix
+    cache), proposal == reference -- equals it at temperature 1. A second run whose reference is
+    another copy of the model scores pi_ref with transformers instead: same samples, same logp_ref. Both engines run fp32: per token the two
     computations differ by float32 rounding of O(10)-sized logits (~1e-6 each), so 1e-4 per token is
     loose for fp32 yet well below bf16's ~1e-2 and below the temperature effect checked last."""
     import shutil
@@ -179,9 +179,91 @@ def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, ma
     assert n_checked >= 12 * 4  # most completions have several tokens
     ref_copy = tmp_path / "ref_copy"
     shutil.copytree(model_dir, ref_copy)
-    cfg2 = _cfg(model_dir, tmp_path / "hf_ref", reference=str(ref_copy), M=4, max_new_tokens=8)
+    cfg2 = _cfg(model_dir, tmp_path / "hf_ref", reference=str(ref_copy), M=4, max_new_tokens=8, reference_scoring="hf")
     run_stage1(cfg2, rows=rows, reward_fn=token_reward, progress=False, engine=engine)
     s2 = load_stage1(cfg2.out_dir)[0].to_pydict()
     assert s2["completion_ids"] == s["completion_ids"]
     for c, a, b in zip(s["completion_ids"], s["logp_ref"], s2["logp_ref"]):
         assert abs(a - b) < 1e-4 * len(c)
+
+
+@pytest.fixture(scope="module")
+def other_dir(model_dir, tmp_path_factory):
+    """A second tiny model (weights of seed 1, head_dim 32) with the proposal's tokenizer: another pi_ref."""
+    from tiltlab.llm.models import build_tiny, load_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_hd32_seed1")
+    model, _ = build_tiny(seed=1, head_dim=32)
+    model.save_pretrained(out)
+    load_tokenizer(model_dir).save_pretrained(out)
+    return out
+
+
+def test_reference_engine_overlapped_labels_equal_transformers_and_resume(
+    engine, model_dir, other_dir, math_rows, tmp_path, monkeypatch
+):
+    """A reference other than the proposal, scored by a second vLLM engine in a worker thread while the
+    next shard is sampled ("vllm"), gives the labels of transformers teacher forcing ("hf") on the same
+    samples. Both fp32: per token float32 rounding of O(10) logits (~1e-6), so 1e-4 per token as in the
+    test above; the labels are LSEs of M such log w. The pipeline runs sample(k+1) before shard k is
+    finished, yet a run that fails in shard 1 leaves exactly shard 0 recorded and resumes to the
+    uninterrupted result (shards are written in order, atomically)."""
+    import json
+    import threading
+
+    import tiltlab.llm.stage1 as s1
+
+    rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:3]]
+    kw = dict(reference=str(other_dir), M=4, max_new_tokens=8, prompts_per_shard=1)
+    cfg_hf = _cfg(model_dir, tmp_path / "hf", reference_scoring="hf", **kw)
+    run_stage1(cfg_hf, rows=rows, reward_fn=token_reward, progress=False, engine=engine)
+
+    events = []
+    for name in ("_sample_shard", "_run_shard", "_score_reference"):
+        real = getattr(s1, name)
+
+        def wrapped(*a, _real=real, _name=name, **k):
+            events.append((_name, threading.current_thread().name))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(s1, name, wrapped)
+    calls = {"n": 0}
+
+    def failing_reward(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("reward server down")
+        return token_reward(*a, **k)
+
+    failing_reward.__qualname__ = "token_reward"  # the reward's name is part of the run's identity
+    cfg = _cfg(model_dir, tmp_path / "vllm", reference_scoring="vllm", **kw)
+    ref_engine = s1.vllm_reference_engine(cfg)
+    try:
+        with pytest.raises(RuntimeError, match="reward server down"):
+            run_stage1(
+                cfg, rows=rows, reward_fn=failing_reward, progress=False, engine=engine, reference_engine=ref_engine
+            )
+        man = json.loads((tmp_path / "vllm" / s1.MANIFEST).read_text())
+        assert list(man["shards"]) == ["0"] and not man["complete"]
+        main = [e[0] for e in events if e[1] == threading.main_thread().name]
+        # shard 1 was sampled before shard 0 was finished; the failure came in finishing shard 1
+        assert main == ["_sample_shard", "_sample_shard", "_run_shard", "_sample_shard", "_run_shard"]
+        assert {t for n, t in events if n == "_score_reference"} == {"stage1-score_0"}
+        run_stage1(cfg, rows=rows, reward_fn=token_reward, progress=False, engine=engine, reference_engine=ref_engine)
+        assert ref_engine.__dict__.get("llm") is not None  # a caller's engine is left running
+    finally:
+        ref_engine.close()
+    man = json.loads((tmp_path / "vllm" / s1.MANIFEST).read_text())
+    assert man["complete"] and man["reference_scoring"] == "vllm:reference-engine"
+    assert {s["reference_scoring"]["path"] for s in man["shards"].values()} == {"vllm:reference-engine"}
+    sv, lv = (t.to_pydict() for t in load_stage1(tmp_path / "vllm"))
+    sh, lh = (t.to_pydict() for t in load_stage1(tmp_path / "hf"))
+    assert sv["completion_ids"] == sh["completion_ids"] and sv["prompt_id"] == sh["prompt_id"]
+    for c, a, b in zip(sv["completion_ids"], sv["logp_ref"], sh["logp_ref"]):
+        assert abs(a - b) < 1e-4 * len(c)
+    # pi_ref is really the other model: its log-probs are not the proposal's temperature-1 ones
+    assert max(abs(a - b) for a, b in zip(sv["logp_ref"], sv["logp_proposal"])) > 1.0
+    # log Z = LSE(log w) - log M moves by at most max |d log w| <= 8e-4; log ESS by at most 4x that
+    delta = 1e-4 * 8
+    assert max(abs(a - b) for a, b in zip(lv["log_z"], lh["log_z"])) < delta
+    assert max(abs(math.log(a) - math.log(b)) for a, b in zip(lv["ess"], lh["ess"])) < 4 * delta
