@@ -27,8 +27,11 @@ def test_qa_tasks_answers_levels_and_determinism():
         assert r["answer_format"] == "plain" and r["id"].startswith(f"qa-d{r['difficulty']}-")
     assert {r["difficulty"] for r in qa_tasks(6, difficulty=[2, 4])} == {2, 4}
     assert load_prompts("synthetic:qa:5:3", seed=1) == qa_tasks(5, difficulty=[3], seed=1)
+    assert qa_tasks(0) == []
     with pytest.raises(ValueError, match="difficulty"):
         qa_tasks(2, difficulty=6)
+    with pytest.raises(ValueError, match="n must be"):
+        qa_tasks(-1)
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,8 @@ def test_trained_items_fail_on_noop_nan_and_frozen_runs():
     assert not R.trained_items(_hist([0.5, 0.4], [1.0, 2.0]), moved=0.0)[0]  # weights frozen
     assert not R.trained_items(_hist([0.5, 0.4], [0.0, 0.0]), moved=1e-3)[0]  # no gradient
     assert not R.trained_items([{"train_runtime": 3.0}], moved=1e-3)[0]  # no step logged
+    # one step with a zero gradient (a batch whose groups all had equal rewards) does not undo the others
+    assert R.trained_items(_hist([0.0, 0.4], [0.0, 2.0]), moved=1e-3)[0]
 
 
 def test_step_times_are_means_over_logged_steps():
@@ -96,6 +98,21 @@ def test_decide_maps_each_outcome_of_the_rule():
     for one in ALL:
         assert R.decide({**ALL, one: False}, _diffs(0.20, 0.05, 0.05))[0] is Verdict.INCONCLUSIVE
         assert R.decide({**ALL, one: False}, _diffs(0.05, 0.20, 0.05))[0] is Verdict.INCONCLUSIVE
+
+
+def test_decide_boundaries_are_strict(monkeypatch):
+    """Lower bound exactly 0 is not "above"; upper bound exactly -MARGIN is not "below by the margin";
+    one prompt moved by one sample in 16 is "moved"."""
+    monkeypatch.setattr(R, "MARGIN", 0.25)  # a binary fraction: the mean of 12 copies is exactly -0.25
+    zeros = [torch.zeros(P, dtype=torch.float64)] * 2
+    at_margin = [torch.full((P,), R.MARGIN, dtype=torch.float64)] * 2  # DISA - FlowRL = 0 - MARGIN exactly
+    v, nums, items = R.decide(ALL, {"disa": zeros, "flowrl": at_margin, "grpo": zeros})
+    assert nums["disa_minus_grpo_lo"] == 0.0 and not items["disa_above_grpo"]
+    assert nums["disa_minus_flowrl_hi"] == -R.MARGIN and not items["disa_below_flowrl_by_margin"]
+    assert v is Verdict.INCONCLUSIVE and not items["disa_accuracy_moved"] and items["flowrl_accuracy_moved"]
+    one = torch.zeros(P, dtype=torch.float64)
+    one[3] = 1 / 16
+    assert R.decide(ALL, {"disa": [one, zeros[0]], "flowrl": zeros, "grpo": zeros})[2]["disa_accuracy_moved"]
 
 
 def test_decide_refuses_nan_or_missing_differences():
