@@ -301,6 +301,7 @@ def real_model_training(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -
 
     from tiltlab.llm.data import load_prompts
     from tiltlab.llm.models import resolve_model
+    from tiltlab.llm.trainers.logz_head import policy_only_dir
 
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     start = load_file(str(Path(model_dir) / "model.safetensors"))
@@ -336,7 +337,8 @@ def real_model_training(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -
                 items[f"{m}_trained"] = items.get(f"{m}_trained", True) and ok  # every seed trained
                 for k, v in {**tn, **step_times(history)}.items():
                     nums[f"{m}_s{s}_{k}"] = v
-                acc = heldout_accuracy(out, held, eval_seed)
+                # FlowRL's saved policy carries its log Z head, which vLLM cannot load: evaluate without it
+                acc = heldout_accuracy(str(policy_only_dir(out)), held, eval_seed)
                 accs[m].append(float(acc.mean()))
                 diffs[m].append(acc - base)
     for m in OBJECTIVES:

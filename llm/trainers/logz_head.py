@@ -21,6 +21,7 @@ __all__ = [
     "attach_log_z_head",
     "get_log_z_head",
     "is_log_z_head_param",
+    "policy_only_dir",
     "prompt_log_z",
     "without_log_z_head",
 ]
@@ -115,6 +116,52 @@ def without_log_z_head(named_params):
     for name, param in named_params:
         if not is_log_z_head_param(name):
             yield name, param
+
+
+def policy_only_dir(model_dir, out_dir=None):
+    """A directory an inference engine can load from a saved FlowRL / PACED policy: ``model_dir`` itself
+    when its ``model.safetensors`` has no head weights; otherwise ``out_dir`` (default
+    ``<model_dir>/policy``) holding the same files with the head's tensors left out of
+    ``model.safetensors`` (vLLM refuses unknown parameter names; transformers would only warn). Written
+    atomically (a temporary directory renamed into place); an existing up-to-date copy is reused."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = Path(model_dir)
+    weights = src / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{str(src)!r} has no model.safetensors (a sharded or adapter-only save?)")
+    with safe_open(str(weights), "pt") as f:
+        keys = list(f.keys())
+        head = [k for k in keys if is_log_z_head_param(k)]
+        if not head:
+            return src
+        tensors = {k: f.get_tensor(k) for k in keys if k not in head}
+        meta = f.metadata()
+    dst = Path(out_dir) if out_dir is not None else src / "policy"
+    if (dst / "model.safetensors").is_file() and os.path.getmtime(dst / "model.safetensors") >= os.path.getmtime(
+        weights
+    ):
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}."))
+    try:
+        for item in src.iterdir():
+            if item.is_file() and item.name != "model.safetensors" and not item.name.startswith("."):
+                shutil.copy2(item, tmp / item.name)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata=meta)
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
 
 
 def prompt_log_z(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, detach_input: bool = False) -> Tensor:

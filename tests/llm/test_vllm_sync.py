@@ -147,3 +147,35 @@ def test_cpu_vllm_runs_keep_the_trainer_at_the_samplers_precision(tmp_path, monk
     assert cpu_trainer_bf16(None, fp16=True, use_vllm=True, on_cpu=True) is None
     assert cpu_trainer_bf16(True, fp16=False, use_vllm=True, on_cpu=False) is True
     assert cpu_trainer_bf16(None, fp16=False, use_vllm=False, on_cpu=True) is None
+
+
+def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
+    """A saved FlowRL policy (head attached) -> a directory without the head's tensors that loads as
+    the plain model; a model without a head is returned unchanged; the copy is reused until the model
+    is saved again."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from tiltlab.llm.models import load_model
+    from tiltlab.llm.trainers.logz_head import attach_log_z_head, policy_only_dir
+
+    assert policy_only_dir(tiny_dir) == tiny_dir  # no head: nothing written
+    model = load_model(tiny_dir, device="cpu")
+    attach_log_z_head(model)
+    saved = tmp_path / "flowrl"
+    model.save_pretrained(saved)
+    full = load_file(str(saved / "model.safetensors"))
+    head = {k for k in full if k.startswith("log_z_head.")}
+    assert head
+    out = policy_only_dir(saved)
+    assert out == saved / "policy"
+    kept = load_file(str(out / "model.safetensors"))
+    assert set(kept) == set(full) - head and all(torch.equal(kept[k], full[k]) for k in kept)
+    assert (out / "config.json").read_text() == (saved / "config.json").read_text()
+    plain = load_model(out, device="cpu")  # loads as the architecture, no unexpected keys
+    assert not hasattr(plain, "log_z_head")
+    mtime = os.path.getmtime(out / "model.safetensors")
+    assert policy_only_dir(saved) == out and os.path.getmtime(out / "model.safetensors") == mtime
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        policy_only_dir(tmp_path)

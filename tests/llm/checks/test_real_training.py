@@ -192,6 +192,7 @@ def test_check_assembles_numbers_items_and_summary_from_its_parts(monkeypatch, t
     monkeypatch.setattr(R, "heldout_accuracy", fake_eval)
     monkeypatch.setattr(R, "run_training", fake_train)
     monkeypatch.setattr(R, "weights_moved", lambda start, out: 0.0 if out == "grpo-1" else 1e-3)
+    monkeypatch.setattr("tiltlab.llm.trainers.logz_head.policy_only_dir", lambda d: d)
     res = R.real_model_training.__wrapped__(0, n_seeds=2, steps=3)
     # every model evaluated with the same sampling seed; base once, each (objective, seed) once
     assert {s for _, s in seen} == {99} and next(d for d, _ in seen) == "BASE"
