@@ -143,10 +143,11 @@ def math_reward(
     n = len(completions)
     answers = _column(kwargs, "answer", n, required=True)
     formats = _column(kwargs, "answer_format", n, required=False) or [None] * n
-    if len(prompts) != n:
+    if prompts is not None and len(prompts) != n:
         raise ValueError(f"{len(prompts)} prompts for {n} completions")
+    plist = list(prompts) if prompts is not None else [""] * n  # no prompt: no number is the question's
     out: list[float | None] = []
-    for prompt, comp, gold, fmt in zip(prompts, completions, answers, formats):
+    for prompt, comp, gold, fmt in zip(plist, completions, answers, formats):
         if fmt not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS[1:]} (or missing), got {fmt!r}")
         if gold is None:

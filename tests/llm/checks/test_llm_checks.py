@@ -86,7 +86,7 @@ def test_sample_answers_follow_the_distribution():
 def test_mean_ci():
     m, lo, hi = T.mean_ci([1.0, 2.0, 3.0])
     assert m - lo == pytest.approx(hi - m)
-    assert m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert m == 2.0 and hi - m == pytest.approx(4.302652729749464 / math.sqrt(3), rel=1e-9)  # t(0.975, df=2)
     assert T.mean_ci([0.5]) == (0.5, 0.5, 0.5)
 
 
