@@ -164,6 +164,17 @@ def test_select_refuses_what_is_not_pi_ref_or_has_no_signal(tmp_path, tiny_dir):
     with pytest.raises(ValueError, match="pi_ref's own samples"):
         prepare.select_by_pass_rate(prepare.SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
     cfg, _ = _stage1(tmp_path, tiny_dir, [0, 8, 0])
+    # each other way a run is not pi_ref's own sampling (recorded in its manifest) is refused too
+    import shutil
+
+    for i, change in enumerate(({"top_p": 0.9}, {"top_k": 20}, {"proposal": "another-model"})):
+        d = tmp_path / f"patched{i}"
+        shutil.copytree(cfg.out_dir, d)
+        man = json.loads((d / "manifest.json").read_text())
+        man["config"].update(change)
+        (d / "manifest.json").write_text(json.dumps(man))
+        with pytest.raises(ValueError, match="pi_ref's own samples"):
+            prepare.select_by_pass_rate(prepare.SelectConfig(stage1=str(d), out=str(tmp_path / "x.jsonl"), min_pass=0))
     with pytest.raises(ValueError, match="no signal"):
         prepare.select_by_pass_rate(prepare.SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
     assert not (tmp_path / "x.jsonl").exists()  # nothing written on refusal
