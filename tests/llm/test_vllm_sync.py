@@ -165,6 +165,8 @@ def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
     attach_log_z_head(model)
     saved = tmp_path / "flowrl"
     model.save_pretrained(saved)
+    (saved / "checkpoint-1").mkdir()  # a run directory holds checkpoints and hidden files: not copied
+    (saved / ".lock").write_text("x")
     full = load_file(str(saved / "model.safetensors"))
     head = {k for k in full if k.startswith("log_z_head.")}
     assert head
@@ -173,6 +175,7 @@ def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
     kept = load_file(str(out / "model.safetensors"))
     assert set(kept) == set(full) - head and all(torch.equal(kept[k], full[k]) for k in kept)
     assert (out / "config.json").read_text() == (saved / "config.json").read_text()
+    assert not (out / "checkpoint-1").exists() and not (out / ".lock").exists()
     plain = load_model(out, device="cpu")  # loads as the architecture, no unexpected keys
     assert not hasattr(plain, "log_z_head")
     mtime = os.path.getmtime(out / "model.safetensors")

@@ -89,6 +89,10 @@ def test_only_an_llm_claim_says_to_name_the_layer(isolated_registry, tmp_path, c
         assert main(["check", "--only", cid, "--check", "opt_in_probe", *extra, "--out", str(tmp_path / "c.json")]) == 2
         line = _stderr_line(capsys)
         assert "add --layer llm --slow" in line, line
+    # not when the check name selects nothing or another layer was asked for: the plain message
+    for extra in (["--check", "no_such_check"], ["--check", "opt_in_probe", "--layer", "sim"]):
+        assert main(["check", "--only", cid, *extra, "--slow", "--out", str(tmp_path / "c.json")]) == 2
+        assert "add --layer llm" not in _stderr_line(capsys)
     assert not (tmp_path / "c.json").exists()
 
 
