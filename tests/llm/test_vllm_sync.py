@@ -180,5 +180,7 @@ def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
     assert not hasattr(plain, "log_z_head")
     mtime = os.path.getmtime(out / "model.safetensors")
     assert policy_only_dir(saved) == out and os.path.getmtime(out / "model.safetensors") == mtime
+    nested = policy_only_dir(saved, tmp_path / "exports" / "flowrl" / "policy")  # parents are created
+    assert set(load_file(str(nested / "model.safetensors"))) == set(kept)
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         policy_only_dir(tmp_path)
