@@ -67,7 +67,23 @@ KV_CACHE_BYTES = 64 << 20
 EVAL_KV_CACHE_BYTES = 256 << 20
 """Stage-1 and evaluation engines: room for ~80 such sequences at once (batched decoding)."""
 MAX_MODEL_LEN = 512
-EXPECTED_ITEMS: dict[str, bool] | None = None
+EXPECTED_ITEMS: dict[str, bool] | None = {
+    "disa_trained": True,
+    "flowrl_trained": True,
+    "grpo_trained": True,
+    "disa_beats_base": True,
+    "disa_accuracy_moved": True,
+    "flowrl_beats_base": False,
+    "flowrl_accuracy_moved": True,
+    "grpo_beats_base": True,
+    "grpo_accuracy_moved": True,
+    "disa_above_flowrl": True,
+    "disa_below_flowrl_by_margin": False,
+    "disa_above_grpo": False,
+    "disa_below_grpo_by_margin": True,
+}
+"""Per-item outcomes of the first full run (seed 0, 2 seeds, commit 0986fca; docs/llm-checks.md): the
+regression guard, set from that run (the rule itself was fixed before it)."""
 
 
 def _stage1_config(model_dir: str, dataset: str, out: Path, seed: int):
@@ -290,7 +306,7 @@ def decide(trained: dict[str, bool], diffs: dict[str, list[torch.Tensor]]) -> tu
 @register_check(
     "disa.llm.real_model_training",
     layer="llm",
-    expected=V.INCONCLUSIVE,
+    expected=V.REFUTED,
     slow=True,
     name="smollm2_135m_colocate",
     expected_items=EXPECTED_ITEMS,
