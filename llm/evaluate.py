@@ -289,14 +289,9 @@ class EvalConfig:
             raise ValueError("no datasets to evaluate")
         if any(n < 1 for n in self.distinct_ns) or any(p < 1 for p in self.pass_ks):
             raise ValueError("pass_ks and distinct_ns must be positive")
-        if self.chat_template_kwargs is not None:
-            if not isinstance(self.chat_template_kwargs, dict):
-                raise ValueError(
-                    f"chat_template_kwargs must be a mapping, e.g. {{enable_thinking: false}}, "
-                    f"got {self.chat_template_kwargs!r}"
-                )
-            if not self.chat_template:
-                raise ValueError("chat_template_kwargs need chat_template=True")
+        from .prompts import check_chat_template_kwargs
+
+        check_chat_template_kwargs(self.chat_template_kwargs, self.chat_template)
         from .rollout import ENGINES
 
         if self.engine not in ENGINES:

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_prompt", "prompt_messages", "prompt_text", "prompt_token_ids", "training_prompt"]
+__all__ = [
+    "check_chat_template_kwargs",
+    "format_prompt",
+    "prompt_messages",
+    "prompt_text",
+    "prompt_token_ids",
+    "training_prompt",
+]
 
 
 def prompt_messages(prompt: str, system: str | None = None) -> list[dict[str, str]]:
@@ -83,3 +90,14 @@ def training_prompt(prompt: str, chat_template: bool = True, system: str | None 
             raise ValueError("a system prompt needs chat_template=True")
         return prompt
     return prompt_messages(prompt, system)
+
+
+def check_chat_template_kwargs(kwargs: Any, chat_template: bool) -> None:
+    """One-line ``ValueError`` unless ``kwargs`` is None or a mapping used with the chat template (the
+    check Stage 1 and eval share)."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be a mapping, e.g. {{enable_thinking: false}}, got {kwargs!r}")
+    if not chat_template:
+        raise ValueError("chat_template_kwargs need chat_template=True")

@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tiltlab.llm.prompts import format_prompt
+from tiltlab.llm.prompts import check_chat_template_kwargs, format_prompt
 from tiltlab.llm.rewards import resolve_reward
 
 __all__ = [
@@ -251,14 +251,7 @@ class Stage1Config:
                 f"reference_scoring='sampler' needs the sampler's log-probs to be pi_ref's, but {why}; "
                 "use reference_scoring='auto'"
             )
-        if self.chat_template_kwargs is not None:
-            if not isinstance(self.chat_template_kwargs, dict):
-                raise ValueError(
-                    f"chat_template_kwargs must be a mapping, e.g. {{enable_thinking: false}}, "
-                    f"got {self.chat_template_kwargs!r}"
-                )
-            if not self.chat_template:
-                raise ValueError("chat_template_kwargs need chat_template=True")
+        check_chat_template_kwargs(self.chat_template_kwargs, self.chat_template)
 
     def sampling(self, shard: int):
         from tiltlab.llm.rollout import SamplingConfig, derive_seed
