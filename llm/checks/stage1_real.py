@@ -33,6 +33,7 @@ import torch
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
+from . import rules as R
 from . import task as T
 
 V = Verdict
@@ -66,6 +67,14 @@ MAX_NEW_TOKENS = 48
 N_SEEDS = 3
 SPREAD_NATS = 1.0
 ESS_FRACTION = 0.5
+SPREAD_MARGIN = 0.25
+"""Smallest effect of interest of sd(log w) - 1 nat (nats)."""
+ESS_MARGIN = 0.05
+"""Smallest effect of interest of 0.5 - ESS/M."""
+MSE_MARGIN = 0.05
+"""Smallest effect of interest of a squared-label-error difference (nats^2)."""
+LABEL_MARGIN = 0.05
+"""Smallest effect of interest of a label difference (nats)."""
 
 
 def unboxed_math_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
@@ -158,13 +167,53 @@ def unit_numbers(
     }
 
 
+def cluster_by_prompt(units: dict[str, list[float]], n_prompts: int, n_seeds: int) -> dict[str, list[float]]:
+    """Prompt-clustered units: each prompt's numbers averaged over the seeds (``units[k]`` holds
+    seed-major rows: seed 0's prompts, then seed 1's, ...). The seeds of one prompt are not
+    independent evidence, so every interval has ``n_prompts - 1`` degrees of freedom."""
+    out = {}
+    for k, xs in units.items():
+        if len(xs) != n_prompts * n_seeds:
+            raise ValueError(f"{k}: {len(xs)} values for {n_prompts} prompts x {n_seeds} seeds")
+        out[k] = [sum(xs[s * n_prompts + i] for s in range(n_seeds)) / n_seeds for i in range(n_prompts)]
+    return out
+
+
+def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: int, n_seeds: int):
+    """The pre-registered rule on the per-(prompt, seed) numbers of :func:`unit_numbers`:
+    ``(verdict, numbers, items, clustered, rule items, rule numbers)``."""
+    clustered = cluster_by_prompt(units, n_p, n_seeds)
+    nums: dict[str, float] = {}
+    for k, xs in clustered.items():
+        nums.update(T.ci_numbers(k, xs))
+    for k, xs in passes.items():
+        nums[f"pass_rate_{k}"] = sum(xs) / len(xs)
+    nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
+    nums["n_prompts"] = n_p
+    items = [
+        R.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), SPREAD_MARGIN),
+        R.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), ESS_MARGIN),
+        R.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN),
+        R.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN),
+    ]
+    ran = {"ran_weights_vary": max(units["sd_log_w"]) > 0, "ran_labels_differ": max(map(abs, units["mse_gain"])) > 0}
+    verdict, rnums, flags = R.judge(items, ran)
+    nums.update(rnums)
+    return verdict, nums, flags, clustered, items, rnums
+
+
 @register_check(
     "disa.llm.stage1_real_model",
     layer="llm",
     expected=V.VERIFIED,
     slow=True,
     name="smollm2_135m_vllm",
-    expected_items={"log_w_spread": True, "ess_below_half": True, "m16_beats_m4": True, "top_p_biases_low": True},
+    expected_items={
+        **{f"{k}_supports": True for k in ("log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low")},
+        **{f"{k}_against": False for k in ("log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low")},
+        "ran_weights_vary": True,
+        "ran_labels_differ": True,
+    },
 )
 @T.fixed_threads
 def stage1_real_model(
@@ -203,33 +252,17 @@ def stage1_real_model(
                     passes[k].extend(v.tolist())
         finally:
             engine.close()
-    nums: dict[str, float] = {}
-    for k, xs in units.items():
-        nums.update(T.ci_numbers(k, xs))
-    for k, xs in passes.items():
-        nums[f"pass_rate_{k}"] = sum(xs) / len(xs)
-    nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
-    nums["n_units"] = len(units["sd_log_w"])
-    items = {
-        "log_w_spread": nums["median_sd_log_w"] > SPREAD_NATS,
-        "ess_below_half": nums["ess_fraction_hi"] < ESS_FRACTION,
-        "m16_beats_m4": nums["mse_gain_lo"] > 0,
-        "top_p_biases_low": nums["trunc_minus_full_hi"] < 0,
-    }
-    n_ok = sum(items.values())
-    verdict = V.VERIFIED if n_ok == len(items) else (V.REFUTED if n_ok == 0 else V.PARTLY)
+    verdict, nums, flags, clustered, items, rnums = decide(units, passes, len(rows), n_seeds)
     return CheckResult(
         verdict,
         f"SmolLM2-135M-Instruct on vLLM, {len(rows)} arithmetic prompts x {n_seeds} seeds, beta={BETA:g}, "
         f"pi_ref = the model at T=1, q = the model at T={Q_TEMPERATURE:g}, M={m}; pass rates pi_ref {nums['pass_rate_ref']:.3f}, q "
         f"{nums['pass_rate_q']:.3f}, q top-p {TRUNC_TOP_P:g} {nums['pass_rate_q_trunc']:.3f}; sd(log w) median "
-        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {T.fmt_ci(units['ess_fraction'])}; squared label error vs "
-        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(units['sq_err_small'])}, "
-        f"M={m} {T.fmt_ci(units['sq_err_m'])}, gain {T.fmt_ci(units['mse_gain'])}; label bias M={m_small} "
-        f"{T.fmt_ci(units['bias_small'])}, M={m} {T.fmt_ci(units['bias_m'])}; top-p {TRUNC_TOP_P:g} minus full label "
-        f"{T.fmt_ci(units['trunc_minus_full'])}; 95% t-CIs over (prompt, seed) units; rule: sd(log w) median > "
-        f"{SPREAD_NATS:g}, ESS/M CI < {ESS_FRACTION:g}, gain CI > 0, top-p difference CI < 0 (verified: all four; "
-        "refuted: none)",
+        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {T.fmt_ci(clustered['ess_fraction'])}; squared label error vs "
+        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(clustered['sq_err_small'])}, "
+        f"M={m} {T.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
+        f"{T.fmt_ci(clustered['bias_small'])}, M={m} {T.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
+        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(items, rnums, flags)}; {R.RULE_TEXT.replace('per-seed', 'per-prompt')}",
         nums,
-        items=items,
+        items=flags,
     )
