@@ -152,3 +152,30 @@ def test_completion_length_and_finished_fraction_over_all_completions(monkeypatc
     # two prompts already have a standard error: sd (n - 1) of 2/3 and 1/3 over sqrt(2)
     assert res.mean_at_k_se == pytest.approx(math.sqrt(2 * (1 / 6) ** 2) / math.sqrt(2), abs=1e-12)
     assert res.judge_n == 1 and res.judge_mean == 3 and res.judge_std == 0.0
+
+
+def test_judge_datasets_judges_only_the_named_datasets(monkeypatch):
+    """``judge_datasets`` away from its default (None = every dataset): only the named dataset is
+    sent to the judge; the other keeps no judge numbers and no per-prompt judge key."""
+    table = {"q0": [("\\boxed{7}", [1], True)] * 2, "q1": [("x", [2], True)] * 2}
+    rows = {"judged": [{"id": "a", "prompt": "q0", "answer": "7"}], "plain": [{"id": "b", "prompt": "q1", "answer": "7"}]}
+    calls = []
+
+    def fake_judge(problems, texts, cfg, progress=True):
+        calls.append(list(problems))
+        return [4] * len(problems)
+
+    monkeypatch.setattr(ev, "judge_diversity", fake_judge)
+    res = ev.evaluate(
+        _Groups(table),
+        rows,
+        k=2,
+        chat_template=False,
+        progress=False,
+        judge=ev.JudgeConfig(base_url="http://unused", model="m"),
+        judge_datasets=["judged"],
+    )
+    assert calls == [["q0"]]
+    assert res["judged"].judge_n == 1 and res["judged"].judge_mean == 4 and res["judged"].judge_std == 0.0
+    assert res["plain"].judge_n == 0 and res["plain"].judge_mean is None and res["plain"].judge_std is None
+    assert "judge" not in res["plain"].per_prompt[0] and res["judged"].per_prompt[0]["judge"] == 4
