@@ -158,7 +158,10 @@ def test_judge_datasets_judges_only_the_named_datasets(monkeypatch):
     """``judge_datasets`` away from its default (None = every dataset): only the named dataset is
     sent to the judge; the other keeps no judge numbers and no per-prompt judge key."""
     table = {"q0": [("\\boxed{7}", [1], True)] * 2, "q1": [("x", [2], True)] * 2}
-    rows = {"judged": [{"id": "a", "prompt": "q0", "answer": "7"}], "plain": [{"id": "b", "prompt": "q1", "answer": "7"}]}
+    rows = {
+        "judged": [{"id": "a", "prompt": "q0", "answer": "7"}],
+        "plain": [{"id": "b", "prompt": "q1", "answer": "7"}],
+    }
     calls = []
 
     def fake_judge(problems, texts, cfg, progress=True):
