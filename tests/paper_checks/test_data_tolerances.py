@@ -158,11 +158,35 @@ def test_kl_no_gain_within_the_cells_rounding(isolated_registry, kl_minus_off, h
     assert (dc.fpa_kl_no_gain(0).verdict is Verdict.VERIFIED) is holds
 
 
+def test_fpa_gain_summary_names_the_column_a_wrong_stated_gain_belongs_to(isolated_registry):
+    """A stated gain that misses its column is attributed to every other column whose table gain is
+    within 0.1 of it; a stated gain that holds is never attributed (the real case: Qwen3-4B's text
+    states +7.8 for GaoKao, which is MATH500's gain)."""
+    reg = isolated_registry
+    cid = "fpa.text.gains_qwen3_4b"
+    # table gains (FPA - Off-RL): GSM8K 4.8, MATH500 7.8, MATH-P 7.0, GaoKao 6.8, Olympiad 4.7, AMC 5.9, Avg 5.5
+    got = dc.fpa_gains_qwen3(0).summary
+    assert "GaoKao: stated +7.8, table +6.8 (+7.8 is the MATH500 gain)" in got
+    assert "MATH500: stated +6.5, table +7.8;" in got  # misses, but no column has a gain within 0.1 of 6.5
+    # 0.1 away from MATH500's gain is still attributed; 0.2 away is not
+    _edit(reg, cid, lambda pn: pn["stated_gain_points"].update(GaoKao=7.9))
+    assert "GaoKao: stated +7.9, table +6.8 (+7.9 is the MATH500 gain)" in dc.fpa_gains_qwen3(0).summary
+    _edit(reg, cid, lambda pn: pn["stated_gain_points"].update(GaoKao=8.0))
+    assert dc.fpa_gains_qwen3(0).summary.endswith("GaoKao: stated +8, table +6.8")
+    # a stated gain that holds (GSM8K +4.8) is not attributed to Olympiad (+4.7) although it is within 0.1
+    _edit(reg, cid, lambda pn: pn["stated_gain_points"].update(GSM8K=4.8))
+    res = dc.fpa_gains_qwen3(0)
+    assert "is the Olympiad gain" not in res.summary and "GSM8K" not in res.summary  # passes are not listed
+
+
 def test_aime25_lilo_gain_holds_inside_the_rounding_interval_only(isolated_registry):
     reg = isolated_registry
-    lo, hi = dc._rel_gain_interval(13.1, 11.7)  # 10.98% .. 12.88%; the stated number has one decimal (±0.05)
-    inside = [math.floor(hi * 10) / 10, math.ceil(lo * 10) / 10, 11.9]
-    outside = [round(math.ceil((hi + 0.05) * 10) / 10 + 0.1, 1), round(math.floor((lo - 0.05) * 10) / 10 - 0.1, 1)]
+    lo, hi = dc._rel_gain_interval(13.1, 11.7)  # 11.06% .. 12.88%; the stated number has one decimal (±0.05)
+    # the one-decimal values nearest the widened bounds [lo - 0.05, hi + 0.05] = [11.01, 12.93], each side
+    top, bottom = math.floor((hi + 0.05) * 10) / 10, math.ceil((lo - 0.05) * 10) / 10
+    assert (top, bottom) == (12.9, 11.1)
+    inside = [top, bottom, math.floor(hi * 10) / 10, 11.9]
+    outside = [round(top + 0.1, 1), round(bottom - 0.1, 1), round(math.ceil((hi + 0.05) * 10) / 10 + 0.1, 1)]
     for s, want in [(s, Verdict.VERIFIED) for s in inside] + [(s, Verdict.REFUTED) for s in outside]:
         _edit(reg, "paced.text.aime25_lilo_gain", lambda pn, s=s: pn.update(stated_rel_gain=s))
         assert dc.paced_aime25_lilo(0).verdict is want, s
