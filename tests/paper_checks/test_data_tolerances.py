@@ -195,7 +195,11 @@ def test_aime25_lilo_gain_holds_inside_the_rounding_interval_only(isolated_regis
     assert dc.paced_aime25_lilo(0).verdict is Verdict.REFUTED
 
 
-@pytest.mark.parametrize(("ratio", "want"), [(10**2 * 1.01, Verdict.VERIFIED), (10**2 * 0.99, Verdict.REFUTED)])
+@pytest.mark.parametrize(
+    ("ratio", "want"),
+    # exactly two orders (log10(100) == 2.0 in floats) is "at least two": it holds
+    [(10**2 * 1.01, Verdict.VERIFIED), (100.0, Verdict.VERIFIED), (10**2 * 0.99, Verdict.REFUTED)],
+)
 def test_z_overhead_needs_the_stated_orders_of_magnitude(isolated_registry, ratio, want):
     def f(pn):
         pn["rows"]["Qwen2.5-Math-7B"] = [1.0, ratio]
