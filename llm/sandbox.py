@@ -46,7 +46,9 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
 * ``bwrap`` (when ``bubblewrap`` works): new PID, network, IPC, UTS (and cgroup) namespaces, a
   root file system holding only read-only ``/usr`` and the interpreter's prefixes (so numpy etc.
   of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
-  ``/tmp`` (the working directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
+  ``/tmp`` (the working directory; an interpreter installed under ``/tmp``, e.g. a virtualenv in
+  ``/tmp/ci/venv``, is bound read-only at its own path there, so ``/tmp`` then lists its top
+  directory) and ``/dev/shm``; no host file is written. As root, bwrap runs
   privileged and the bootstrap switches to an unprivileged uid of its own per run
   (``uid_base + 256 * (pid % 4096) + slot``, so that several trainer processes on one machine,
   e.g. one per GPU rank, do not share uids; slots rotate and a slot whose uid still has a process

@@ -8,6 +8,7 @@ import socket
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -54,11 +55,31 @@ def _sandbox_uid_processes() -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _interpreter_dirs_in_tmp() -> list[str]:
+    """Names directly under ``/tmp`` of the interpreter's read-only bind mounts (a virtualenv in
+    ``/tmp/...``): under bwrap they are the only entries a fresh private ``/tmp`` may hold. Empty for
+    an interpreter elsewhere (a system Python, as CI runs), so there the listing must be empty."""
+    return sorted(
+        {
+            Path(r).parts[2]
+            for r in sandbox._bind_roots(sys.executable)
+            if len(Path(r).parts) > 2 and Path(r).parts[1] == "tmp"
+        }
+    )
+
+
+def test_interpreter_dirs_in_tmp_against_hand_values(monkeypatch):
+    monkeypatch.setattr(sandbox, "_bind_roots", lambda python: ["/opt/py", "/tmp/ci/venv", "/tmp/x", "/tmpfoo/y"])
+    assert _interpreter_dirs_in_tmp() == ["ci", "x"]
+
+
 def test_ok_program_and_clean_environment():
-    r = run_python("import os\nprint(sorted(os.listdir('.')), sorted(os.environ), 6 * 7)", FAST)
+    r = run_python("import os\nprint(sorted(os.listdir('.')))\nprint(sorted(os.environ), 6 * 7)", FAST)
     assert r.passed, r.stderr
-    assert r.stdout.startswith("[] ")  # empty working directory
-    assert r.stdout.strip().endswith(" 42")
+    listing, rest = r.stdout.splitlines()
+    # an empty working directory (under bwrap, /tmp: only the interpreter's mount points if it lives there)
+    assert eval(listing) == (_interpreter_dirs_in_tmp() if r.isolation["level"] == "bwrap" else [])
+    assert rest.endswith(" 42")
     for key in ("TILTLAB", "PYTHONPATH", "VIRTUAL_ENV", "PYENV"):
         assert key not in r.stdout
     assert r.isolation["level"] == REPORT["level"]
@@ -249,8 +270,8 @@ def test_bwrap_private_tmp_shm_and_proc(tmp_path):
     assert max(pids) < 10  # its own PID namespace: a handful of processes, none of the host's
     assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
     # a second run starts from empty /tmp and /dev/shm
-    r2 = run_python("import os\nprint(os.listdir('/tmp'), os.listdir('/dev/shm'))", FAST)
-    assert r2.stdout.strip() == "[] []"
+    r2 = run_python("import os\nprint(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))", FAST)
+    assert r2.stdout.strip() == f"{_interpreter_dirs_in_tmp()} []"
 
 
 @needs_bwrap
