@@ -60,9 +60,20 @@ def test_replay_add_with_no_correct_sample_adds_nothing():
     buf = paced.ReplayBuffer(capacity=4, n_add=2)
     assert buf.add(["a", "b"], torch.tensor([0.3, 0.9]), torch.tensor([0, 0])) == 0
     assert len(buf) == 0
+    assert buf.add(["x"], torch.tensor([0.1]), torch.tensor([1])) == 1  # a single correct sample is added
     assert buf.add(["a", "b", "c"], torch.tensor([0.3, 0.9, 0.5]), torch.tensor([1, 0, 1])) == 2
+    assert list(buf) == ["x", "c", "a"]  # by descending priority, oldest first
 
 
 def test_r2_of_a_constant_target_is_nan():
     assert math.isnan(r2_score(torch.tensor([1.0, 2.0]), torch.tensor([3.0, 3.0])))
     assert r2_score(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) == 1.0
+
+
+def test_ties_are_broken_by_lower_index_in_large_batches():
+    """Documented tie-break (lower index first). torch's unstable CPU sort already reorders ties at a
+    few dozen elements, so the pin needs a batch of that size."""
+    p_hat = torch.tensor([0.5] * 20 + [0.1] * 20 + [0.5] * 20, dtype=torch.float64)
+    assert paced.select_prompts(p_hat, tau=0.5, m=30).tolist() == list(range(20)) + list(range(40, 50))
+    pri = torch.tensor([0.5] * 20 + [0.1] * 20 + [0.5] * 20)
+    assert paced.top_priority(pri, 30).tolist() == list(range(20)) + list(range(40, 50))
