@@ -104,6 +104,15 @@ class Verdict(str, enum.Enum):
     def __str__(self) -> str:  # pragma: no cover - cosmetic
         return self.value
 
+    @classmethod
+    def of_items(cls, holds: Iterable[bool]) -> Verdict:
+        """The deterministic checks' mapping of sub-statements: all hold -> VERIFIED, none -> REFUTED,
+        some -> PARTLY (the statistical rules live in :mod:`tiltlab.paper_checks.stats`)."""
+        hs = [bool(h) for h in holds]
+        if not hs:
+            raise ValueError("Verdict.of_items needs at least one item")
+        return cls.VERIFIED if all(hs) else (cls.PARTLY if any(hs) else cls.REFUTED)
+
 
 Number = float | int | bool | str
 

@@ -77,7 +77,7 @@ def remark1_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     _finite("disa.remark1.mode_collapse", n)
     drop = (n["ref_modes"] - n["grpo_modes"]) / (n["ref_modes"] - 1.0)
     items = {"reward_max_collapses": drop > REMARK1_COLLAPSE, "tilt_keeps_mix": n["tb_tv_to_ref"] < REMARK1_KEEP_TV}
-    verdict = V.VERIFIED if all(items.values()) else (V.REFUTED if not any(items.values()) else V.PARTLY)
+    verdict = V.of_items(items.values())
     return verdict, items
 
 
@@ -155,7 +155,7 @@ def judge_verdict(n: dict) -> tuple[Verdict, dict[str, bool], dict[int, float]]:
     _finite("disa.d5.judge_comparability", n)
     shifts = {m: max(abs(n[f"s{s:g}_n{m}"] - n[f"s{s:g}_n16"]) for s in JUDGE_TOP_SHARES) for m in JUDGE_OTHER_N}
     items = {f"comparable_n{m}": v < JUDGE_MARGIN for m, v in shifts.items()}
-    verdict = V.VERIFIED if all(items.values()) else (V.REFUTED if not any(items.values()) else V.PARTLY)
+    verdict = V.of_items(items.values())
     return verdict, items, shifts
 
 
@@ -313,7 +313,7 @@ def linear_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     for name in ("offrl", "fpa"):
         items[f"{name}_linear"] = all(n[f"{name}_cos_t{t}"] > LINEAR_COSINE for t in LINEAR_TIMES)
         items[f"{name}_extrapolation_helps"] = all(n[f"{name}_extrap_ratio_t{t}"] < 1.0 for t in LINEAR_TIMES)
-    verdict = V.VERIFIED if all(items.values()) else (V.REFUTED if not any(items.values()) else V.PARTLY)
+    verdict = V.of_items(items.values())
     return verdict, items
 
 
@@ -407,7 +407,7 @@ def gradnorm_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
         "incorrect_contribution_larger": n["min_contribution_ratio"] > 1.0,
         "incorrect_per_sequence_larger": n["min_per_sequence_ratio"] > 1.0,
     }
-    verdict = V.VERIFIED if all(items.values()) else (V.REFUTED if not any(items.values()) else V.PARTLY)
+    verdict = V.of_items(items.values())
     return verdict, items
 
 

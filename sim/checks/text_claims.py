@@ -231,7 +231,7 @@ def retains_near_tau_check(seed: int) -> CheckResult:
     n = retains_near_tau(seed)
     items = {f"stage{s:g}_chosen_nearer": n[f"s{s:g}_chosen_dist"] < n[f"s{s:g}_pool_dist"] for s in RETAIN_SHIFTS}
     return CheckResult(
-        V.VERIFIED if all(items.values()) else (V.PARTLY if any(items.values()) else V.REFUTED),
+        V.of_items(items.values()),
         "pool pass rate / mean |p - tau| of chosen vs pool, by stage: "
         + "; ".join(
             f"{n[f's{s:g}_pool_mean']:.2f}: {n[f's{s:g}_chosen_dist']:.3f} vs {n[f's{s:g}_pool_dist']:.3f}"
@@ -451,7 +451,7 @@ def practical_theory_align(seed: int) -> CheckResult:
         f"{d}_practical_closer_than_grpo": n[f"{d}_practical_vs_theory"] < n[f"{d}_grpo_vs_theory"] for d in FIG2_DIVS
     }
     return CheckResult(
-        V.VERIFIED if all(items.values()) else (V.PARTLY if any(items.values()) else V.REFUTED),
+        V.of_items(items.values()),
         "K=10 bandit, 300 gradient steps from pi_old, mean TV to the theoretical-LAD path: "
         + "; ".join(
             f"{d}: practical {n[f'{d}_practical_vs_theory']:.4f} vs GRPO+KL {n[f'{d}_grpo_vs_theory']:.4f} "

@@ -213,3 +213,14 @@ def test_llm_pins_skip_items_whose_interval_is_not_numeric():
     for lo in ("n/a", True):
         nums = {"item": 0.1, "item_lo": lo, "item_hi": 0.2, "item_margin": 0.02}
         assert record.llm_pins({"checks": [{**row, "numbers": nums}]}) == {}
+
+
+def test_verdict_of_items_all_some_none_and_empty():
+    from tiltlab.paper_checks.registry import Verdict
+
+    assert Verdict.of_items([True, True]) is Verdict.VERIFIED
+    assert Verdict.of_items([True, False]) is Verdict.PARTLY and Verdict.of_items([False, True]) is Verdict.PARTLY
+    assert Verdict.of_items([False, False]) is Verdict.REFUTED
+    assert Verdict.of_items(iter([True])) is Verdict.VERIFIED  # any iterable, consumed once
+    with pytest.raises(ValueError, match="at least one item"):
+        Verdict.of_items([])
