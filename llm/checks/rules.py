@@ -140,12 +140,18 @@ def describe(items: Sequence[Item], nums: Mapping[str, float], flags: Mapping[st
     return "; ".join(parts)
 
 
-RULE_TEXT = (
-    "rule: per-seed paired differences (positive = the paper's direction); an item supports if a one-sided "
-    "t-test rejects mean <= 0, goes against if it rejects mean >= -margin, each family Holm-corrected at 0.025; "
-    "all support verified, some partly, none and one against refuted, else inconclusive; inconclusive if a run "
-    "did not train"
-)
+def rule_text(unit: str = "per-seed") -> str:
+    """The rule of :func:`judge` in words, for a check's summary; ``unit`` names the paired unit
+    (``per-seed``; the real-model Stage-1 check pairs ``per-prompt`` means)."""
+    return (
+        f"rule: {unit} paired differences (positive = the paper's direction); an item supports if a one-sided "
+        "t-test rejects mean <= 0, goes against if it rejects mean >= -margin, each family Holm-corrected at 0.025; "
+        "all support verified, some partly, none and one against refuted, else inconclusive; inconclusive if a run "
+        "did not train"
+    )
+
+
+RULE_TEXT = rule_text()
 
 
 @dataclass

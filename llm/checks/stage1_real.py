@@ -262,7 +262,7 @@ def stage1_real_model(
         f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(clustered['sq_err_small'])}, "
         f"M={m} {T.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
         f"{T.fmt_ci(clustered['bias_small'])}, M={m} {T.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
-        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(items, rnums, flags)}; {R.RULE_TEXT.replace('per-seed', 'per-prompt')}",
+        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(items, rnums, flags)}; {R.rule_text('per-prompt')}",
         nums,
         items=flags,
     )
