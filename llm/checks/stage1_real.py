@@ -17,7 +17,8 @@ engine, ``pi_ref`` scored by the same engine's prompt log-probs, labels written 
   ``p_ref`` the pass rate of :data:`N_REF` samples of ``pi_ref`` (Stage 1 with ``q = pi_ref``).
 
 The reward is the math verifier without the ``\\boxed`` requirement (the 135M model rarely
-boxes). Units of the intervals are (prompt, seed) pairs: each is an independent Stage-1 problem.
+boxes). Units of the intervals are prompts: each prompt's numbers are averaged over its seeds
+(the seeds of one prompt share its question, so they are not independent evidence).
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def cluster_by_prompt(units: dict[str, list[float]], n_prompts: int, n_seeds: in
 
 
 def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: int, n_seeds: int):
-    """The pre-registered rule on the per-(prompt, seed) numbers of :func:`unit_numbers`:
+    """The pre-registered rule on the per-(prompt, seed) numbers of :func:`unit_numbers`, clustered by prompt:
     ``(verdict, numbers, items, clustered, rule items, rule numbers)``."""
     clustered = cluster_by_prompt(units, n_p, n_seeds)
     nums: dict[str, float] = {}
