@@ -145,7 +145,7 @@ def rule_text(unit: str = "per-seed") -> str:
     (``per-seed``; the real-model Stage-1 check pairs ``per-prompt`` means)."""
     return (
         f"rule: {unit} paired differences (positive = the paper's direction); an item supports if a one-sided "
-        "t-test rejects mean <= 0, goes against if it rejects mean >= -margin, each family Holm-corrected at 0.025; "
+        f"t-test rejects mean <= 0, goes against if it rejects mean >= -margin, each family Holm-corrected at {ALPHA:g}; "
         "all support verified, some partly, none and one against refuted, else inconclusive; inconclusive if a run "
         "did not train"
     )

@@ -191,6 +191,14 @@ def test_describe_names_the_state_of_every_item():
     assert [s.split(": ")[-1] for s in text.split("; ")] == ["supports", "against", "not significant"]
 
 
+def test_rule_text_names_the_unit_and_the_level_judge_uses(monkeypatch):
+    assert R.RULE_TEXT == R.rule_text() and R.RULE_TEXT.startswith("rule: per-seed paired differences")
+    assert R.rule_text("per-prompt").startswith("rule: per-prompt paired differences")
+    assert "Holm-corrected at 0.025;" in R.RULE_TEXT
+    monkeypatch.setattr(R, "ALPHA", 0.01)  # the text states the level the rule runs at, not a copy of it
+    assert "Holm-corrected at 0.01;" in R.rule_text()
+
+
 def test_every_verdict_is_reachable_and_only_from_its_pattern():
     # exhaustive over 3 items of the three kinds: the verdict is a function of (supports, against) only
     kinds = {"u": UP, "d": DOWN, "f": FLAT}
