@@ -72,3 +72,19 @@ def test_rule_commits_precede_the_shipped_runs_and_seed_counts_match():
         assert ok, f"{row['claim']}: rule commit {rule['rule_commit']} does not precede its run {run}"
         if row["check"] == "tiny_qwen3_enum":
             assert row["numbers"]["seeds"] == rule["seeds"], row["claim"]
+
+
+def test_shipped_summaries_state_the_rule_the_code_runs():
+    """Each shipped row decided by the general llm rule states that rule in the words
+    ``rules.rule_text`` gives now (per-seed for the tiny model, per-prompt for the Stage-1 real-model
+    check): a rule edited after its run shows here, not silently in the report."""
+    from tiltlab.llm.checks import rules
+
+    rec = record.load_llm_record(ROOT / "paper_checks" / "records" / "llm.json")
+    assert rec is not None
+    own_rule = {"smollm2_135m_colocate"}  # registered with its own mapping at d67392c (preregistration.toml)
+    judged = [r for r in rec["checks"] if r["check"] not in own_rule]
+    assert len(judged) == len(rec["checks"]) - 1
+    for row in judged:
+        unit = "per-prompt" if row["check"] == "smollm2_135m_vllm" else "per-seed"
+        assert rules.rule_text(unit) in row["summary"], row["claim"]
