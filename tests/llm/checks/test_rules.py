@@ -192,7 +192,7 @@ def test_describe_names_the_state_of_every_item():
 
 
 def test_rule_text_names_the_unit_and_the_level_judge_uses(monkeypatch):
-    assert R.RULE_TEXT == R.rule_text() and R.RULE_TEXT.startswith("rule: per-seed paired differences")
+    assert R.rule_text() == R.RULE_TEXT and R.RULE_TEXT.startswith("rule: per-seed paired differences")
     assert R.rule_text("per-prompt").startswith("rule: per-prompt paired differences")
     assert "Holm-corrected at 0.025;" in R.RULE_TEXT
     monkeypatch.setattr(R, "ALPHA", 0.01)  # the text states the level the rule runs at, not a copy of it
