@@ -10,8 +10,11 @@ lookup is pointed at the CPU (veRL has no CPU platform; it falls back to CUDA).
 
 The reference is written independently: one unpadded forward of the same model per row, the
 response tokens' log-probs gathered from the logits, and tiltlab's objective on them. The model
-runs in float64, so both sides agree to ~1e-12 relative (different padding layouts change
-summation order only): tolerance 1e-9, while a wrong label, reward or scale moves the loss by >1e-2.
+runs in float64 with SDPA attention, so both sides agree to ~1e-12 relative (different padding
+layouts change summation order only): tolerance 1e-9, while a wrong label, reward or scale moves the
+loss by >1e-2. Not eager attention: transformers' eager path takes its softmax in float32 even in a
+float64 model, which limits agreement to float32 rounding that depends on the padding layout and the
+CPU (seen: 2e-8 relative on one machine, under 1e-9 on another).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def model():
     torch.manual_seed(0)
     cfg = Qwen3Config(
         vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attn_implementation="eager",
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attn_implementation="sdpa",
     )  # fmt: skip
     return Qwen3ForCausalLM(cfg).to(F64).eval()
 
