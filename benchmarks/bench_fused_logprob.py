@@ -193,6 +193,18 @@ def _run_variant(variant: str, args) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _ratio(num: float, den: float) -> float | None:
+    """``num / den``, or None where the denominator measured 0 (RSS growth below a page, a CPU time
+    below the clock's resolution): a tiny problem has no ratio, not an infinite one."""
+    return num / den if den > 0 else None
+
+
+def _fmt_bound(value: float | None, ok: bool | None, bound: str | None) -> str:
+    if value is None:
+        return "n/a (the naive run measured 0" + (f"; bound {bound} not judged)" if bound else ")")
+    return f"{value:.3f}" + (f" (bound {bound}: {'met' if ok else 'NOT met'})" if bound else "")
+
+
 def _markdown(report: dict) -> str:
     c = report["config"]
     lines = [
@@ -207,9 +219,10 @@ def _markdown(report: dict) -> str:
     s = report["summary"]
     lines += [
         "",
-        f"memory ratio chunked/naive = {s['memory_ratio']:.3f} (bound <= 0.25: {'met' if s['memory_ok'] else 'NOT met'}); "
-        f"wall-time ratio chunked/naive = {s['time_ratio']:.3f} (bound <= 1.5: {'met' if s['time_ok'] else 'NOT met'}); "
-        f"CPU-time ratio {s['cpu_time_ratio']:.3f}; load average at start {report['config']['loadavg_start']}; "
+        f"memory ratio chunked/naive = {_fmt_bound(s['memory_ratio'], s['memory_ok'], '<= 0.25')}; "
+        f"wall-time ratio chunked/naive = {_fmt_bound(s['time_ratio'], s['time_ok'], '<= 1.5')}; "
+        f"CPU-time ratio {_fmt_bound(s['cpu_time_ratio'], None, None)}; "
+        f"load average at start {report['config']['loadavg_start']}; "
         f"max relative checksum difference {s['max_rel_checksum_diff']:.2e}",
     ]
     return "\n".join(lines) + "\n"
@@ -257,13 +270,14 @@ def main(argv=None) -> int:
             abs(ch["checksum"][k] - nv["checksum"][k]) / max(abs(nv["checksum"][k]), 1e-12) for k in nv["checksum"]
         ]
         summary = {
-            "memory_ratio": ch["peak_bytes"] / nv["peak_bytes"],
-            "time_ratio": ch["time_s"] / nv["time_s"],
-            "cpu_time_ratio": ch["cpu_time_s"] / nv["cpu_time_s"],
+            "memory_ratio": _ratio(ch["peak_bytes"], nv["peak_bytes"]),
+            "time_ratio": _ratio(ch["time_s"], nv["time_s"]),
+            "cpu_time_ratio": _ratio(ch["cpu_time_s"], nv["cpu_time_s"]),
             "max_rel_checksum_diff": max(diffs),
         }
-        summary["memory_ok"] = summary["memory_ratio"] <= 0.25
-        summary["time_ok"] = summary["time_ratio"] <= 1.5
+        # None: the naive run's measurement was 0 (a problem below the probe's resolution), no ratio to judge
+        summary["memory_ok"] = None if summary["memory_ratio"] is None else summary["memory_ratio"] <= 0.25
+        summary["time_ok"] = None if summary["time_ratio"] is None else summary["time_ratio"] <= 1.5
     calibration = _run_variant("calibrate", args) if args.device == "cpu" else None
     report = {
         "config": {

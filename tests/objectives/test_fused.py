@@ -500,3 +500,20 @@ def test_benchmark_script_smoke(tmp_path):
     assert rep["summary"]["max_rel_checksum_diff"] < 1e-5  # float32 sums over 64 x 16 / 1000 x 16 entries
     assert all(r["peak_bytes"] >= 0 and r["time_s"] > 0 for r in rep["results"])
     assert out.with_suffix(".md").read_text().startswith("N = 64 tokens")
+
+
+def test_benchmark_summary_has_no_ratio_where_the_naive_run_measured_zero():
+    """A problem below the memory probe's resolution (the naive run's RSS grew by 0 bytes) gets no
+    memory ratio and no verdict on its bound, not a ZeroDivisionError or an infinite ratio."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_logprob.py"
+    spec = importlib.util.spec_from_file_location("bench_fused_logprob", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._ratio(3.0, 12.0) == 0.25 and bench._ratio(3.0, 0) is None and bench._ratio(0.0, 2.0) == 0.0
+    assert bench._fmt_bound(None, None, "<= 0.25") == "n/a (the naive run measured 0; bound <= 0.25 not judged)"
+    assert bench._fmt_bound(0.3, False, "<= 0.25") == "0.300 (bound <= 0.25: NOT met)"
+    assert bench._fmt_bound(0.25, True, "<= 0.25") == "0.250 (bound <= 0.25: met)"
+    assert bench._fmt_bound(1.7, None, None) == "1.700"
