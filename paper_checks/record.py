@@ -275,12 +275,14 @@ def write_pins(
     rtol: float = 1e-4,
     layers=PIN_LAYERS,
     llm_rec: Mapping[str, Any] | None = None,
+    floors: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
     """Pin every finite number of the record's rows of ``layers`` run at seed 0 (not recorded rows):
-    ``{key: {name: [value, max(rtol |value|, PIN_ATOL)]}}``, plus the judged items of the shipped llm
-    record ``llm_rec`` (:func:`llm_pins`), written atomically to ``dest``. Returns ``(checks,
-    numbers)`` pinned. Refuses a record with a failed or crashed row (a pin of a wrong run would
-    make the wrong numbers the expected ones)."""
+    ``{key: {name: [value, max(rtol |value|, PIN_ATOL, floor)]}}``, plus the judged items of the shipped
+    llm record ``llm_rec`` (:func:`llm_pins`), written atomically to ``dest``. ``floor`` is the check's
+    declared ``pin_atol`` (``floors``: check key -> floor; default: the registered checks'). Returns
+    ``(checks, numbers)`` pinned. Refuses a record with a failed or crashed row (a pin of a wrong run
+    would make the wrong numbers the expected ones)."""
     if not (math.isfinite(rtol) and rtol > 0):
         raise ValueError(f"--pin-rtol must be a finite number > 0, got {rtol}")
     if rec.get("seed", 0) != 0:
@@ -295,11 +297,15 @@ def write_pins(
         )
     if not rows:
         raise ValueError(f"the record has no rows of layers {', '.join(layers)} to pin")
+    if floors is None:
+        registry.discover()
+        floors = {c.key: c.pin_atol for c in registry.checks()}
     out: dict[str, dict[str, list[float]]] = {}
     n = 0
     for r in sorted(rows, key=row_key):
+        floor = float(floors.get(row_key(r), 0.0))
         nums = {
-            k: [float(v), max(rtol * abs(float(v)), PIN_ATOL)]
+            k: [float(v), max(rtol * abs(float(v)), PIN_ATOL, floor)]
             for k, v in sorted(r.get("numbers", {}).items())
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
         }

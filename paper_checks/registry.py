@@ -227,6 +227,7 @@ class Check:
     fn: CheckFn
     slow: bool = False
     expected_items: tuple[tuple[str, bool], ...] = ()
+    pin_atol: float = 0.0
 
     @property
     def key(self) -> str:
@@ -480,21 +481,27 @@ def register_check(
     name: str | None = None,
     slow: bool = False,
     expected_items: Mapping[str, bool] | None = None,
+    pin_atol: float = 0.0,
 ) -> Callable[[CheckFn], CheckFn]:
     """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
 
     ``expected`` is the verdict this check is known to return; ``tiltlab check``
     exits non-zero when it changes. ``expected_items`` (for a verdict that summarizes several
     statements) records the per-item outcomes (:attr:`CheckResult.items`) the check is known to
-    return; a changed item fails the check too. The claim must be declared
-    (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
+    return; a changed item fails the check too. ``pin_atol`` (>= 0, in the numbers' own units) is the
+    absolute floor of this check's pinned-number tolerance (``tiltlab report --pin``), for a check whose
+    numbers are bit-reproducible on one CPU kernel path but not across them (a selection that amplifies
+    last-bit differences); it must stay below the smallest effect the check judges. The claim must be
+    declared (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
     """
     if layer not in {"theory", "sim", "llm", "data"}:
         raise ValueError(f"unknown layer {layer!r}")
+    if not (math.isfinite(pin_atol) and pin_atol >= 0):
+        raise ValueError(f"pin_atol must be a finite number >= 0, got {pin_atol!r}")
 
     def deco(fn: CheckFn) -> CheckFn:
         items = tuple((str(k), bool(v)) for k, v in (expected_items or {}).items())
-        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items)
+        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items, float(pin_atol))
         if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
             raise ValueError(f"check {chk.key} registered twice")
         _CHECKS[chk.key] = chk
