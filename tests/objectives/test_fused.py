@@ -513,6 +513,8 @@ def test_benchmark_summary_has_no_ratio_where_the_naive_run_measured_zero():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     assert bench._ratio(3.0, 12.0) == 0.25 and bench._ratio(3.0, 0) is None and bench._ratio(0.0, 2.0) == 0.0
+    assert bench._ratio(0.5, 0.25) == 2.0  # a denominator under 1 (seconds) is a measurement, not a zero
+    assert bench._fmt_bound(None, None, None) == "n/a (the naive run measured 0)"
     assert bench._fmt_bound(None, None, "<= 0.25") == "n/a (the naive run measured 0; bound <= 0.25 not judged)"
     assert bench._fmt_bound(0.3, False, "<= 0.25") == "0.300 (bound <= 0.25: NOT met)"
     assert bench._fmt_bound(0.25, True, "<= 0.25") == "0.250 (bound <= 0.25: met)"

@@ -58,6 +58,9 @@ def test_a_registered_floor_reaches_the_check(isolated_registry):
 
     chk = next(c for c in registry.checks() if c.name == "floored_probe")
     assert chk.pin_atol == 0.25
+    register_check("disa.prop1.unbiased", layer="sim", name="floored_probe", pin_atol=0.25)(probe)  # same fn: fine
+    with pytest.raises(ValueError, match="registered twice"):
+        register_check("disa.prop1.unbiased", layer="sim", name="floored_probe")(lambda seed: probe(seed))
 
 
 def test_only_the_selection_driven_checks_have_a_floor_and_it_is_half_their_margin():
