@@ -240,3 +240,16 @@ def test_defaults_and_edges_pinned():
             stats.paired_t_ci(DIFFS, bad)
         with pytest.raises(ValueError, match="level"):
             stats.holm([0.01], bad)
+
+
+def test_a_decision_and_its_items_cannot_be_edited_after_the_fact():
+    """A verdict is read off a Decision; neither it nor its item tests may be changed in place
+    (frozen dataclasses: a report cannot show a verdict its statistics did not give)."""
+    import dataclasses
+
+    d = stats.decide({"a": [0.3, 0.4, 0.5, 0.35]}, 0.01)
+    item = d.items["a"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.verdict = "verified"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        item.outcome = stats.AGAINST  # type: ignore[misc]
