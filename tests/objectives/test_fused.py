@@ -499,6 +499,15 @@ def test_benchmark_script_smoke(tmp_path):
     assert {r["variant"] for r in rep["results"]} == {"naive", "chunked"}
     assert rep["summary"]["max_rel_checksum_diff"] < 1e-5  # float32 sums over 64 x 16 / 1000 x 16 entries
     assert all(r["peak_bytes"] >= 0 and r["time_s"] > 0 for r in rep["results"])
+    # the summary, recomputed naively from the two variants' raw results
+    nv, ch = (next(r for r in rep["results"] if r["variant"] == v) for v in ("naive", "chunked"))
+    s = rep["summary"]
+    for key, field in (("memory_ratio", "peak_bytes"), ("time_ratio", "time_s"), ("cpu_time_ratio", "cpu_time_s")):
+        assert s[key] == (ch[field] / nv[field] if nv[field] > 0 else None), key
+    rel = [abs(ch["checksum"][k] - v) / abs(v) for k, v in nv["checksum"].items()]
+    assert s["max_rel_checksum_diff"] == pytest.approx(max(rel), rel=1e-9, abs=1e-300)
+    assert s["memory_ok"] == (None if s["memory_ratio"] is None else s["memory_ratio"] <= 0.25)
+    assert s["time_ok"] == (None if s["time_ratio"] is None else s["time_ratio"] <= 1.5)
     assert out.with_suffix(".md").read_text().startswith("N = 64 tokens")
 
 
