@@ -199,6 +199,26 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+MEMORY_BOUND, TIME_BOUND = 0.25, 1.5
+"""The bounds the chunked path is measured against: peak memory <= 0.25 x and wall time <= 1.5 x the naive path's."""
+
+
+def _summary(nv: dict, ch: dict) -> dict:
+    """Chunked vs naive: the three ratios (None where the naive run measured 0), the largest relative
+    checksum difference, and whether each bound is met (None where its ratio is None)."""
+    diffs = [abs(ch["checksum"][k] - v) / max(abs(v), 1e-12) for k, v in nv["checksum"].items()]
+    summary = {
+        "memory_ratio": _ratio(ch["peak_bytes"], nv["peak_bytes"]),
+        "time_ratio": _ratio(ch["time_s"], nv["time_s"]),
+        "cpu_time_ratio": _ratio(ch["cpu_time_s"], nv["cpu_time_s"]),
+        "max_rel_checksum_diff": max(diffs),
+    }
+    m, t = summary["memory_ratio"], summary["time_ratio"]
+    summary["memory_ok"] = None if m is None else m <= MEMORY_BOUND
+    summary["time_ok"] = None if t is None else t <= TIME_BOUND
+    return summary
+
+
 def _fmt_bound(value: float | None, ok: bool | None, bound: str | None) -> str:
     if value is None:
         return "n/a (the naive run measured 0" + (f"; bound {bound} not judged)" if bound else ")")
@@ -219,8 +239,8 @@ def _markdown(report: dict) -> str:
     s = report["summary"]
     lines += [
         "",
-        f"memory ratio chunked/naive = {_fmt_bound(s['memory_ratio'], s['memory_ok'], '<= 0.25')}; "
-        f"wall-time ratio chunked/naive = {_fmt_bound(s['time_ratio'], s['time_ok'], '<= 1.5')}; "
+        f"memory ratio chunked/naive = {_fmt_bound(s['memory_ratio'], s['memory_ok'], f'<= {MEMORY_BOUND:g}')}; "
+        f"wall-time ratio chunked/naive = {_fmt_bound(s['time_ratio'], s['time_ok'], f'<= {TIME_BOUND:g}')}; "
         f"CPU-time ratio {_fmt_bound(s['cpu_time_ratio'], None, None)}; "
         f"load average at start {report['config']['loadavg_start']}; "
         f"max relative checksum difference {s['max_rel_checksum_diff']:.2e}",
@@ -263,21 +283,7 @@ def main(argv=None) -> int:
     loadavg = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     results = [_run_variant(v, args) for v in args.variants.split(",")]
     by = {r["variant"]: r for r in results}
-    summary = {}
-    if "naive" in by and "chunked" in by:
-        nv, ch = by["naive"], by["chunked"]
-        diffs = [
-            abs(ch["checksum"][k] - nv["checksum"][k]) / max(abs(nv["checksum"][k]), 1e-12) for k in nv["checksum"]
-        ]
-        summary = {
-            "memory_ratio": _ratio(ch["peak_bytes"], nv["peak_bytes"]),
-            "time_ratio": _ratio(ch["time_s"], nv["time_s"]),
-            "cpu_time_ratio": _ratio(ch["cpu_time_s"], nv["cpu_time_s"]),
-            "max_rel_checksum_diff": max(diffs),
-        }
-        # None: the naive run's measurement was 0 (a problem below the probe's resolution), no ratio to judge
-        summary["memory_ok"] = None if summary["memory_ratio"] is None else summary["memory_ratio"] <= 0.25
-        summary["time_ok"] = None if summary["time_ratio"] is None else summary["time_ratio"] <= 1.5
+    summary = _summary(by["naive"], by["chunked"]) if "naive" in by and "chunked" in by else {}
     calibration = _run_variant("calibrate", args) if args.device == "cpu" else None
     report = {
         "config": {

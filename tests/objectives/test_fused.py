@@ -524,6 +524,47 @@ def test_benchmark_summary_has_no_ratio_where_the_naive_run_measured_zero():
     assert bench._ratio(3.0, 12.0) == 0.25 and bench._ratio(3.0, 0) is None and bench._ratio(0.0, 2.0) == 0.0
     assert bench._ratio(0.5, 0.25) == 2.0  # a denominator under 1 (seconds) is a measurement, not a zero
     assert bench._fmt_bound(None, None, None) == "n/a (the naive run measured 0)"
+
+
+def _variant(peak, time_s, cpu_s, logp_sum=2.0):
+    return {"peak_bytes": peak, "time_s": time_s, "cpu_time_s": cpu_s, "checksum": {"logp_sum": logp_sum, "g": -4.0}}
+
+
+@pytest.mark.parametrize(
+    ("chunked", "want"),
+    [
+        (_variant(25, 1.5, 3.0), dict(memory_ratio=0.25, memory_ok=True, time_ratio=1.5, time_ok=True, cpu=1.5)),
+        (_variant(26, 1.51, 1.0), dict(memory_ratio=0.26, memory_ok=False, time_ratio=1.51, time_ok=False, cpu=0.5)),
+    ],
+)
+def test_benchmark_summary_bounds_at_their_edges(chunked, want):
+    """The memory bound 0.25 and the wall-time bound 1.5 are inclusive; the checksum difference is the
+    largest relative one over the checksum fields (pinned against a naive computation)."""
+    bench = _load_bench()
+    naive = _variant(100, 1.0, 2.0, logp_sum=2.5)
+    s = bench._summary(naive, chunked)
+    assert s["memory_ratio"] == pytest.approx(want["memory_ratio"]) and s["memory_ok"] is want["memory_ok"]
+    assert s["time_ratio"] == pytest.approx(want["time_ratio"]) and s["time_ok"] is want["time_ok"]
+    assert s["cpu_time_ratio"] == pytest.approx(want["cpu"])
+    assert s["max_rel_checksum_diff"] == pytest.approx(max(abs(2.0 - 2.5) / 2.5, 0.0))
+    z = bench._summary(_variant(0, 0.0, 0.0), chunked)  # a naive run that measured nothing: no ratios
+    assert (z["memory_ratio"], z["memory_ok"], z["time_ratio"], z["time_ok"], z["cpu_time_ratio"]) == (None,) * 5
+    md = bench._markdown({"config": dict(n=1, vocab=2, hidden=3, dtype="float32", device="cpu", threads=1,
+                                         token_chunk=4, vocab_chunk=5, loadavg_start=None),
+                          "results": [dict(naive, variant="naive"), dict(chunked, variant="chunked")], "summary": s})  # fmt: skip
+    assert f"(bound <= 0.25: {'met' if want['memory_ok'] else 'NOT met'})" in md
+    assert f"(bound <= 1.5: {'met' if want['time_ok'] else 'NOT met'})" in md
+
+
+def _load_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_logprob.py"
+    spec = importlib.util.spec_from_file_location("bench_fused_logprob", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
     assert bench._fmt_bound(None, None, "<= 0.25") == "n/a (the naive run measured 0; bound <= 0.25 not judged)"
     assert bench._fmt_bound(0.3, False, "<= 0.25") == "0.300 (bound <= 0.25: NOT met)"
     assert bench._fmt_bound(0.25, True, "<= 0.25") == "0.250 (bound <= 0.25: met)"
