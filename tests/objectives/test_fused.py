@@ -467,14 +467,9 @@ def test_default_tiles_match_reference():
 
 def test_benchmark_script_smoke(tmp_path):
     """benchmarks/bench_fused_logprob.py runs end to end on a tiny problem and its two variants agree."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_logprob.py"
-    spec = importlib.util.spec_from_file_location("bench_fused_logprob", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     out = tmp_path / "bench.json"
     rc = bench.main(
         [
@@ -514,16 +509,14 @@ def test_benchmark_script_smoke(tmp_path):
 def test_benchmark_summary_has_no_ratio_where_the_naive_run_measured_zero():
     """A problem below the memory probe's resolution (the naive run's RSS grew by 0 bytes) gets no
     memory ratio and no verdict on its bound, not a ZeroDivisionError or an infinite ratio."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fused_logprob.py"
-    spec = importlib.util.spec_from_file_location("bench_fused_logprob", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     assert bench._ratio(3.0, 12.0) == 0.25 and bench._ratio(3.0, 0) is None and bench._ratio(0.0, 2.0) == 0.0
     assert bench._ratio(0.5, 0.25) == 2.0  # a denominator under 1 (seconds) is a measurement, not a zero
     assert bench._fmt_bound(None, None, None) == "n/a (the naive run measured 0)"
+    assert bench._fmt_bound(None, None, "<= 0.25") == "n/a (the naive run measured 0; bound <= 0.25 not judged)"
+    assert bench._fmt_bound(0.3, False, "<= 0.25") == "0.300 (bound <= 0.25: NOT met)"
+    assert bench._fmt_bound(0.25, True, "<= 0.25") == "0.250 (bound <= 0.25: met)"
+    assert bench._fmt_bound(1.7, None, None) == "1.700"
 
 
 def _variant(peak, time_s, cpu_s, logp_sum=2.0):
@@ -565,7 +558,3 @@ def _load_bench():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
-    assert bench._fmt_bound(None, None, "<= 0.25") == "n/a (the naive run measured 0; bound <= 0.25 not judged)"
-    assert bench._fmt_bound(0.3, False, "<= 0.25") == "0.300 (bound <= 0.25: NOT met)"
-    assert bench._fmt_bound(0.25, True, "<= 0.25") == "0.250 (bound <= 0.25: met)"
-    assert bench._fmt_bound(1.7, None, None) == "1.700"
