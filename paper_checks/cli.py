@@ -525,40 +525,12 @@ def _print_failures(outs, seed: int, stream=None, claim_dirs=(), modules=()) -> 
     bad = [o for o in outs if not o.ok]
     if not bad:
         return
-    print(f"\n{len(bad)} check(s) changed verdict or crashed:", file=stream)
+    from tiltlab.paper_checks.report import FAILED_TITLE
+
+    print(f"\n{FAILED_TITLE}: {len(bad)}", file=stream)
     for o in bad:
-        if o.result is None:
-            last = (o.error or "").strip().splitlines()[-1:] or ["?"]
-            print(f"  FAIL {o.check.key}: crashed: {last[0]}", file=stream)
-        elif o.result.verdict != o.check.expected:
-            print(
-                f"  FAIL {o.check.key}: returned {o.verdict}, expected {o.check.expected.value} — {o.result.summary}",
-                file=stream,
-            )
-        elif o.item_changes:
-            print(f"  FAIL {o.check.key}: verdict {o.verdict} as expected, but {_items_line(o)}", file=stream)
-        else:
-            print(f"  FAIL {o.check.key}: verdict {o.verdict} as expected, but {_numbers_line(o)}", file=stream)
+        print(f"  FAIL {o.check.key}: {o.failure}", file=stream)
         print(f"       reproduce: {reproducer(o.check, seed, claim_dirs, modules)}", file=stream)
-
-
-def _items_line(o) -> str:
-    """The per-item outcomes that changed: "items changed: a expected True got False, ..."."""
-    return "items changed: " + ", ".join(
-        f"{k} expected {exp} got {'missing' if got is None else got}" for k, (exp, got) in o.item_changes.items()
-    )
-
-
-def _numbers_line(o) -> str:
-    """The pinned numbers that moved: "pinned numbers moved: x 0.5 +- 1e-05 got 0.52, ..."."""
-    changes = list(o.number_changes.items())
-    return (
-        f"{len(changes)} pinned number(s) moved: "
-        + ", ".join(
-            f"{k} {v:.6g} +- {tol:.2g} got {'missing' if got is None else got}" for k, (v, tol, got) in changes[:4]
-        )
-        + (" ..." if len(changes) > 4 else "")
-    )
 
 
 def _short(text: str, width: int = 36) -> str:

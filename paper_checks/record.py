@@ -275,14 +275,16 @@ def write_pins(
     rtol: float = 1e-4,
     layers=PIN_LAYERS,
     llm_rec: Mapping[str, Any] | None = None,
-    floors: Mapping[str, float] | None = None,
+    checks: Mapping[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """Pin every finite number of the record's rows of ``layers`` run at seed 0 (not recorded rows):
-    ``{key: {name: [value, max(rtol |value|, PIN_ATOL, floor)]}}``, plus the judged items of the shipped
-    llm record ``llm_rec`` (:func:`llm_pins`), written atomically to ``dest``. ``floor`` is the check's
-    declared ``pin_atol`` (``floors``: check key -> floor; default: the registered checks'). Returns
-    ``(checks, numbers)`` pinned. Refuses a record with a failed or crashed row (a pin of a wrong run
-    would make the wrong numbers the expected ones)."""
+    """Pin every finite number of the record's rows of ``layers`` run at seed 0 (not recorded rows) by
+    its declared kind (:meth:`registry.Check.pin_spec`): ``exact`` as ``[value, max(rtol |value|,
+    PIN_ATOL), "exact"]``, ``stochastic`` with the check's floor as well, ``residual`` as ``[value,
+    bound, "residual"]`` (judged ``|got| <= bound``); plus the judged items of the shipped llm record
+    ``llm_rec`` (:func:`llm_pins`), written atomically to ``dest``. ``checks``: check key -> object
+    with ``pin_spec(name)`` (default: the registered checks). Returns ``(checks, numbers)`` pinned.
+    Refuses a record with a failed or crashed row, or a residual above its own bound (a pin of a
+    wrong run would make the wrong numbers the expected ones)."""
     if not (math.isfinite(rtol) and rtol > 0):
         raise ValueError(f"--pin-rtol must be a finite number > 0, got {rtol}")
     if rec.get("seed", 0) != 0:
@@ -297,28 +299,40 @@ def write_pins(
         )
     if not rows:
         raise ValueError(f"the record has no rows of layers {', '.join(layers)} to pin")
-    if floors is None:
+    if checks is None:
         registry.discover()
-        floors = {c.key: c.pin_atol for c in registry.checks()}
-    out: dict[str, dict[str, list[float]]] = {}
+        checks = {c.key: c for c in registry.checks()}
+    out: dict[str, dict[str, list[Any]]] = {}
     n = 0
+    over = []
     for r in sorted(rows, key=row_key):
-        floor = float(floors.get(row_key(r), 0.0))
-        nums = {
-            k: [float(v), max(rtol * abs(float(v)), PIN_ATOL, floor)]
-            for k, v in sorted(r.get("numbers", {}).items())
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
-        }
+        chk = checks.get(row_key(r))
+        nums: dict[str, list[Any]] = {}
+        for k, v in sorted(r.get("numbers", {}).items()):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
+                continue
+            spec = chk.pin_spec(k) if chk is not None else registry.EXACT
+            if spec.kind == "residual":
+                if abs(float(v)) > spec.bound:
+                    over.append(f"{row_key(r)} {k} {v:.3g} > {spec.bound:.3g}")
+                nums[k] = [float(v), spec.bound, "residual"]
+            else:
+                floor = spec.bound if spec.kind == "stochastic" else 0.0
+                nums[k] = [float(v), max(rtol * abs(float(v)), PIN_ATOL, floor), spec.kind]
         if nums:
             out[row_key(r)] = nums
             n += len(nums)
-    for key, nums in llm_pins(llm_rec).items():
-        out[key] = nums
-        n += len(nums)
+    if over:
+        raise ValueError(f"{len(over)} residual(s) above their check's own bound: {'; '.join(over[:3])}")
+    for key, pins in llm_pins(llm_rec).items():
+        out[key] = {k: [*v, "stochastic"] for k, v in pins.items()}  # seeded means: half their interval
+        n += len(pins)
     payload = {
-        "about": "pinned evidence numbers of the deterministic checks: a number outside its tolerance fails "
-        "`tiltlab check` even when the verdict stays; regenerate with `tiltlab check --out F && tiltlab report "
-        "--record F --pin` after a change that moves them on purpose",
+        "about": "pinned evidence numbers: [value, tolerance, kind]; exact and stochastic numbers fail "
+        "`tiltlab check` when |got - value| > tolerance, a residual when |got| > its bound (the check's own "
+        "tolerance; value is what the pinning run saw), even when the verdict stays; kinds are declared "
+        "with each check (register_check(pins=...)); regenerate with `tiltlab check --out F && tiltlab "
+        "report --record F --pin` after a change that moves them on purpose",
         "commit": rec.get("commit"),
         "rtol": rtol,
         "atol": PIN_ATOL,

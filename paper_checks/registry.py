@@ -25,8 +25,10 @@ and ``llm`` check modules can import it without a cycle.
 from __future__ import annotations
 
 import enum
+import fnmatch
 import importlib
 import math
+import re
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +46,8 @@ __all__ = [
     "Claim",
     "Outcome",
     "Paper",
+    "Pin",
+    "PinSpec",
     "Verdict",
     "checks",
     "cite",
@@ -57,7 +61,9 @@ __all__ = [
     "load_papers",
     "papers",
     "register_check",
+    "residual",
     "run_checks",
+    "stochastic",
     "validate",
 ]
 
@@ -115,6 +121,92 @@ class Verdict(str, enum.Enum):
 
 
 Number = float | int | bool | str
+
+
+# --------------------------------------------------------------------------- kinds of pinned numbers
+
+#: The kinds of pinned evidence number (:class:`PinSpec`).
+PIN_KINDS = ("exact", "residual", "stochastic")
+
+#: Names that read as an error or residual (``max_err``, ``max_hessian_err``, ``err_tree``,
+#: ``max_optimum_error``, ``*residual*``): such a number is never pinned by value
+#: (tests/paper_checks/test_pin_kinds.py), nor is a non-zero number smaller than :data:`TINY`.
+RESIDUAL_NAME = re.compile(r"(?:^|_)(?:err|error)$|^err_|residual")
+TINY = 1e-6
+
+
+@dataclass(frozen=True)
+class PinSpec:
+    """What one pinned evidence number is, declared with its check (``register_check(pins=...)``)
+    and judged accordingly by :attr:`Outcome.number_changes`:
+
+    - ``exact`` (the default: symbolic values, closed forms, counts, paper numbers, deterministic
+      simulator output): pinned by value within ``max(rtol |v|, 1e-9)`` (``tiltlab report --pin``);
+    - ``residual`` (an optimizer's or solver's error, a float-rounding gap, a quantity that is zero in
+      exact arithmetic): judged as an upper bound, ``|got| <= bound``, where ``bound`` is the check's
+      own tolerance for it; never pinned by value;
+    - ``stochastic`` (selection-driven or Monte-Carlo numbers that move across CPU kernel paths):
+      pinned by value within ``max(rtol |v|, floor)``, ``floor`` justified by ``why`` (the spread
+      measured across kernel paths and CPU vendors).
+    """
+
+    kind: str = "exact"
+    bound: float = 0.0
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PIN_KINDS:
+            raise ValueError(f"pin kind must be one of {', '.join(PIN_KINDS)}, got {self.kind!r}")
+        if not (math.isfinite(self.bound) and self.bound >= 0):
+            raise ValueError(f"a {self.kind} pin needs a finite bound / floor >= 0, got {self.bound!r}")
+        if self.kind == "residual" and self.bound <= 0:
+            raise ValueError("a residual pin needs a bound > 0 (the check's own tolerance)")
+        if self.kind == "stochastic" and not (self.bound > 0 and self.why.strip()):
+            raise ValueError("a stochastic pin needs a floor > 0 and a why (the spread it was measured from)")
+
+
+EXACT = PinSpec()
+
+
+def residual(bound: float, why: str = "") -> PinSpec:
+    """A residual judged as ``|number| <= bound`` (``bound``: the check's own tolerance)."""
+    return PinSpec("residual", float(bound), why)
+
+
+def stochastic(floor: float, why: str) -> PinSpec:
+    """A number pinned by value within ``max(rtol |v|, floor)``; ``why`` names the measured spread."""
+    return PinSpec("stochastic", float(floor), why)
+
+
+class Pin(tuple):
+    """One pinned number as stored in ``pins.json``: ``(value, tol, kind)``. ``exact`` /
+    ``stochastic``: ``|got - value| <= tol``; ``residual``: ``|got| <= tol`` (``value`` is what the
+    pinning run saw, for the reader)."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: float, tol: float, kind: str = "exact") -> Pin:
+        if kind not in PIN_KINDS:
+            raise ValueError(f"pin kind must be one of {', '.join(PIN_KINDS)}, got {kind!r}")
+        return super().__new__(cls, (float(value), float(tol), kind))
+
+    value = property(lambda self: self[0])
+    tol = property(lambda self: self[1])
+    kind = property(lambda self: self[2])
+
+    def holds(self, got: Any) -> bool:
+        if isinstance(got, bool) or not isinstance(got, int | float) or not math.isfinite(float(got)):
+            return False
+        if self.kind == "residual":
+            return abs(float(got)) <= self.tol
+        return abs(float(got) - self.value) <= self.tol
+
+    def describe(self, got: Any) -> str:
+        """The words the terminal and both reports use for a pin that did not hold."""
+        shown = "missing" if got is None else (f"{got:.6g}" if isinstance(got, float) else str(got))
+        if self.kind == "residual":
+            return f"{shown} above its bound {self.tol:.2g} (residual)"
+        return f"{self.value:.6g} +- {self.tol:.2g} got {shown}" + (" (stochastic)" if self.kind == "stochastic" else "")
 
 
 @dataclass(frozen=True)
@@ -227,11 +319,19 @@ class Check:
     fn: CheckFn
     slow: bool = False
     expected_items: tuple[tuple[str, bool], ...] = ()
-    pin_atol: float = 0.0
+    pin_specs: tuple[tuple[str, PinSpec], ...] = ()
 
     @property
     def key(self) -> str:
         return f"{self.claim_id}[{self.layer}:{self.name}]"
+
+    def pin_spec(self, number: str) -> PinSpec:
+        """The declared kind of evidence number ``number``: the first ``pins`` pattern
+        (:func:`fnmatch.fnmatchcase`) that matches it, else ``exact``."""
+        for pattern, spec in self.pin_specs:
+            if fnmatch.fnmatchcase(number, pattern):
+                return spec
+        return EXACT
 
     def reproducer(self, seed: int) -> str:
         return f"tiltlab check --only {self.claim_id} --layer {self.layer} --check {self.name} --seed {seed}"
@@ -257,18 +357,38 @@ class Outcome:
         return {k: (v, got.get(k)) for k, v in self.check.expected_items if got.get(k) is not v}
 
     @property
-    def number_changes(self) -> dict[str, tuple[float, float, Number | None]]:
-        """Pinned numbers (:func:`pins`) that this run moved beyond their tolerance, or did not
-        report: name -> (pinned value, tolerance, got; None = missing)."""
+    def number_changes(self) -> dict[str, tuple[Pin, Number | None]]:
+        """Pinned numbers (:func:`pins`) that did not hold (:meth:`Pin.holds`: moved beyond their
+        tolerance, a residual above its bound) or were not reported: name -> (pin, got; None = missing)."""
         if self.result is None:
             return {}
         got = self.result.numbers
-        out: dict[str, tuple[float, float, Number | None]] = {}
-        for k, (value, tol) in pins().get(self.check.key, {}).items():
-            v = got.get(k)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not abs(float(v) - value) <= tol:
-                out[k] = (value, tol, v)
-        return out
+        return {k: (pin, got.get(k)) for k, pin in pins().get(self.check.key, {}).items() if not pin.holds(got.get(k))}
+
+    @property
+    def failure(self) -> str | None:
+        """Why this outcome is not :attr:`ok`, in the words the terminal and both reports print; None when ok."""
+        if self.result is None:
+            last = (self.error or "").strip().splitlines()[-1:] or ["?"]
+            return f"crashed: {last[0]}"
+        if self.result.verdict != self.check.expected:
+            return f"returned {self.verdict}, expected {self.check.expected.value} — {self.result.summary}"
+        parts = []
+        if self.item_changes:
+            parts.append(
+                "items changed: "
+                + ", ".join(
+                    f"{k} expected {exp} got {'missing' if got is None else got}"
+                    for k, (exp, got) in self.item_changes.items()
+                )
+            )
+        changes = self.number_changes
+        if changes:
+            parts.append(
+                f"{len(changes)} pinned number(s) moved: "
+                + ", ".join(f"{k} {pin.describe(got)}" for k, (pin, got) in changes.items())
+            )
+        return f"verdict {self.verdict} as expected, but " + "; ".join(parts) if parts else None
 
     @property
     def ok(self) -> bool:
@@ -308,11 +428,12 @@ class Outcome:
 
 
 PINS_FILE = Path(__file__).resolve().parent / "pins.json"
-"""Pinned evidence numbers: ``{check key: {number: [value, tolerance]}}`` (``tiltlab report --pin``)."""
-_PINS: dict[str, dict[str, tuple[float, float]]] | None = None
+"""Pinned evidence numbers: ``{check key: {number: [value, tolerance, kind]}}`` (``tiltlab report --pin``;
+:class:`Pin`)."""
+_PINS: dict[str, dict[str, Pin]] | None = None
 
 
-def pins(path: Path | None = None) -> dict[str, dict[str, tuple[float, float]]]:
+def pins(path: Path | None = None) -> dict[str, dict[str, Pin]]:
     """The pinned numbers of every check, ``{key: {name: (value, absolute tolerance)}}``; read once
     from :data:`PINS_FILE` (empty when there is none). A pinned number outside its tolerance, or
     missing, fails the check (:attr:`Outcome.ok`) even when the verdict and items stay."""
@@ -324,26 +445,29 @@ def pins(path: Path | None = None) -> dict[str, dict[str, tuple[float, float]]]:
     return _PINS
 
 
-def _read_pins(path: Path) -> dict[str, dict[str, tuple[float, float]]]:
+def _read_pins(path: Path) -> dict[str, dict[str, Pin]]:
     import json
 
     raw = json.loads(path.read_text(encoding="utf-8"))
-    out: dict[str, dict[str, tuple[float, float]]] = {}
+    out: dict[str, dict[str, Pin]] = {}
     for key, nums in raw.get("pins", {}).items():
         row = {}
-        for name, pair in nums.items():
-            value, tol = float(pair[0]), float(pair[1])
+        for name, entry in nums.items():
+            if not (isinstance(entry, list) and len(entry) == 3 and entry[2] in PIN_KINDS):
+                raise ValueError(f"{path}: pin {key} {name} must be [value, tolerance, kind], got {entry}")
+            value, tol = float(entry[0]), float(entry[1])
             if not (math.isfinite(value) and math.isfinite(tol) and tol >= 0):
-                raise ValueError(f"{path}: pin {key} {name} needs a finite value and tolerance >= 0, got {pair}")
-            row[name] = (value, tol)
+                raise ValueError(f"{path}: pin {key} {name} needs a finite value and tolerance >= 0, got {entry}")
+            row[name] = Pin(value, tol, entry[2])
         out[key] = row
     return out
 
 
-def set_pins(value: dict[str, dict[str, tuple[float, float]]] | None) -> None:
-    """Replace the loaded pins (tests; ``None`` re-reads :data:`PINS_FILE` on next use)."""
+def set_pins(value: Mapping[str, Mapping[str, tuple]] | None) -> None:
+    """Replace the loaded pins (tests; ``None`` re-reads :data:`PINS_FILE` on next use); a
+    ``(value, tol)`` pair is an exact pin."""
     global _PINS
-    _PINS = value
+    _PINS = None if value is None else {k: {n: Pin(*p) for n, p in row.items()} for k, row in value.items()}
 
 
 PREREG_FILE = Path(__file__).resolve().parent / "preregistration.toml"
@@ -481,27 +605,31 @@ def register_check(
     name: str | None = None,
     slow: bool = False,
     expected_items: Mapping[str, bool] | None = None,
-    pin_atol: float = 0.0,
+    pins: Mapping[str, PinSpec] | None = None,
 ) -> Callable[[CheckFn], CheckFn]:
     """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
 
     ``expected`` is the verdict this check is known to return; ``tiltlab check``
     exits non-zero when it changes. ``expected_items`` (for a verdict that summarizes several
     statements) records the per-item outcomes (:attr:`CheckResult.items`) the check is known to
-    return; a changed item fails the check too. ``pin_atol`` (>= 0, in the numbers' own units) is the
-    absolute floor of this check's pinned-number tolerance (``tiltlab report --pin``), for a check whose
-    numbers are bit-reproducible on one CPU kernel path but not across them (a selection that amplifies
-    last-bit differences); it must stay below the smallest effect the check judges. The claim must be
-    declared (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
+    return; a changed item fails the check too. ``pins`` declares what its evidence numbers are
+    (:class:`PinSpec`; keys are number names or :mod:`fnmatch` patterns, the first match wins, the rest
+    are ``exact``): :func:`residual` for an error or rounding gap, judged against the check's own
+    tolerance as an upper bound; :func:`stochastic` for a number that moves across CPU kernel paths
+    (a selection that amplifies last-bit differences), with its floor and the measured spread behind
+    it, below the smallest effect the check judges. The claim must be declared (in
+    ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
     """
     if layer not in {"theory", "sim", "llm", "data"}:
         raise ValueError(f"unknown layer {layer!r}")
-    if not (math.isfinite(pin_atol) and pin_atol >= 0):
-        raise ValueError(f"pin_atol must be a finite number >= 0, got {pin_atol!r}")
+    specs = tuple((str(k), v) for k, v in (pins or {}).items())
+    bad = [k for k, v in specs if not isinstance(v, PinSpec)]
+    if bad:
+        raise ValueError(f"pins values must be PinSpec (residual(...), stochastic(...)): {bad}")
 
     def deco(fn: CheckFn) -> CheckFn:
         items = tuple((str(k), bool(v)) for k, v in (expected_items or {}).items())
-        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items, float(pin_atol))
+        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items, specs)
         if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
             raise ValueError(f"check {chk.key} registered twice")
         _CHECKS[chk.key] = chk

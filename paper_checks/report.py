@@ -284,6 +284,19 @@ def _layer_counts(outs: Sequence[Outcome]) -> dict[str, Counter]:
     return per
 
 
+#: The heading of the failed checks in the terminal, REPORT.md and report.html (the same words).
+FAILED_TITLE = "Checks that failed (a changed verdict, item or pinned number, or a crash)"
+
+
+def status_sentence(outcomes: Sequence[Any]) -> str:
+    """One line on whether every check came out as expected (what the exit status of
+    ``tiltlab check`` says): the terminal prints the same failures under :data:`FAILED_TITLE`."""
+    bad = sum(not o.ok for o in outcomes)
+    if not bad:
+        return f"Status: all {len(outcomes)} checks as expected (verdicts, items and pinned numbers)."
+    return f"Status: {bad} of {len(outcomes)} checks failed (a changed verdict, item or pinned number, or a crash; `tiltlab check` exits 1); each is listed under Findings."
+
+
 Finding = tuple[str, str, str]
 """``(head, text, code)``: rendered as **head** text `code` (code may be empty)."""
 
@@ -301,20 +314,7 @@ def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, 
                     )
                 )
             if not o.ok:
-                what = (
-                    "crashed"
-                    if o.result is None
-                    else (
-                        f"returned {o.verdict}, expected {o.check.expected.value}"
-                        if o.verdict != o.check.expected.value
-                        else (
-                            "items changed: " + ", ".join(f"{k} (expected {e})" for k, (e, _) in o.item_changes.items())
-                            if o.item_changes
-                            else "pinned numbers moved: "
-                            + ", ".join(f"{k} (pinned {v:.6g} +- {t:.2g})" for k, (v, t, _) in o.number_changes.items())
-                        )
-                    )
-                )
+                what = o.failure
                 out["changed"].append((o.check.key, f"{what}; reproduce:", o.check.reproducer(inp.seed)))
     for f in sorted(inp.figures, key=lambda f: f.id):
         for line in getattr(f, "findings", []) or []:
@@ -390,6 +390,8 @@ def render_markdown(inp: ReportInput) -> str:
     if _recorded_sentence(inp):
         L.append(_recorded_sentence(inp))
         L.append("")
+    L.append(f"**{status_sentence(inp.outcomes)}**")
+    L.append("")
     papers_in_order = [*dict.fromkeys(r["paper"] for r in rows)]
     claim_ids = {r["id"] for r in rows}
     L.append("Contents: [Summary](#summary) · [Findings](#findings) · ")
@@ -434,7 +436,7 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("## Findings")
     L.append("")
     if fd["changed"]:
-        L.append("### Checks whose verdict changed or that crashed")
+        L.append(f"### {FAILED_TITLE}")
         L.append("")
         L += [_md_finding(x, claim_ids) for x in fd["changed"]]
         L.append("")
@@ -562,7 +564,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 td.ids{text-align:left;font-size:.85em;line-height:1.9}td.ids a{text-decoration:none;margin-right:.25em;white-space:nowrap;font-weight:400;display:inline-block}
 code{background:#f4f4f4;padding:0 3px;border-radius:3px;font-size:.92em;word-break:break-word}
 .v{font-weight:600;padding:0 5px;border-radius:3px}
-.verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.inconclusive{background:#ece0f5}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}
+.verified{background:#d8f0d8}.partly{background:#fbecc4}.refuted{background:#f7d0d0}.inconclusive{background:#ece0f5}.out_of_reach{background:#dde6f5}.error{background:#f09090}.unchecked{background:#eee}.status.failed{background:#f7d0d0;padding:.4em}.status.passed{background:#d8f0d8;padding:.4em}
 .claim{margin:0 0 1.2em 0;padding:.3em .8em;border-left:4px solid #ddd;display:block}.stmt{color:#444}.nums{color:#555;font-size:.88em}
 details.claim>summary{cursor:pointer;padding:.2em 0}.src{font-size:.85em;color:#666}
 figure{margin:.8em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.9em;color:#444}
@@ -676,6 +678,11 @@ def render_html(inp: ReportInput) -> str:
     )
     if _recorded_sentence(inp):
         H.append(f"<p>{e(_recorded_sentence(inp))}</p>")
+    n_failed = sum(not o.ok for o in inp.outcomes)
+    H.append(
+        f'<p class="status {"failed" if n_failed else "passed"}"><b>{e(status_sentence(inp.outcomes))}</b>'
+        + (' <a href="#findings">Findings</a></p>' if n_failed else "</p>")
+    )
     math_href, _ = _repo_href(_REPO / "docs" / "math.md", inp.out_dir)
     papers_href, _ = _repo_href(_REPO / "docs" / "papers.md", inp.out_dir)
     H.append(
@@ -733,7 +740,7 @@ def render_html(inp: ReportInput) -> str:
     }
     H.append('<h2 id="findings">Findings</h2>')
     for key, title in (
-        ("changed", "Checks whose verdict changed or that crashed"),
+        ("changed", FAILED_TITLE),
         ("missing", "Figures missing or failed"),
         ("claims", "Claims refuted or only partly supported"),
         ("figures", "From the simulator figures"),

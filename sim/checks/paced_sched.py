@@ -15,7 +15,7 @@ A tabular toy: prompts do not share parameters, so this measures the optimizer e
 from __future__ import annotations
 
 from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, stochastic
 from tiltlab.sim.experiments import paced
 
 V = Verdict
@@ -49,6 +49,10 @@ REPLAY_ALPHA = 0.05
 #: on one machine, the path of the machine that made the pins) the numbers moved by at most 0.003 (measured
 #: 2026-11-27), under this floor, while a change of half the margin still fails.
 REPLAY_PIN_ATOL = REPLAY_MARGIN / 2
+REPLAY_PIN_WHY = (
+    "PACED's selection by |p_hat - tau| is bit-reproducible per CPU kernel path only; spread measured across "
+    "DEFAULT and AVX2 (AMD EPYC) and the earlier pinning machine: at most 0.0029 (docs/pins.md)"
+)
 
 
 def replay_verdict(numbers: dict, diffs: list[float]) -> tuple[V, stats.Decision | None]:
@@ -78,7 +82,7 @@ def replay_items(numbers: dict) -> dict[str, bool]:
     expected=V.INCONCLUSIVE,
     name="replay_effect_toy",
     expected_items={"equal_update_terms": True, "replay_used": True, "arms_differ": True},
-    pin_atol=REPLAY_PIN_ATOL,
+    pins={"*": stochastic(REPLAY_PIN_ATOL, REPLAY_PIN_WHY)},
 )
 def replay_effect(seed: int) -> CheckResult:
     """Replay replacing fresh samples vs no replay at equal rollouts, optimizer steps and sample terms per
