@@ -617,9 +617,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     }
     # the last full llm-layer run, shipped with the repository: merged as recorded (not re-run)
     # unless this run ran the llm layer or selected another layer
-    recorded = [] if layer else recorded_llm_rows(prefix, args.check)[0]
+    # unless this run ran the llm layer or selected another layer; a partial run also refreshes the
+    # recorded rows the old record held, so it never drops them
     ran = {o.check.key for o in outs}
-    recorded = [r for r in recorded if row_key(r) not in ran]
+    had = {row_key(r) for r in (old or {}).get("checks", []) if r.get("source") == "recorded"}
+    wanted = had | ({row_key(r) for r in recorded_llm_rows(prefix, args.check)[0]} if not layer else set())
+    recorded = [r for r in recorded_llm_rows()[0] if row_key(r) in wanted and row_key(r) not in ran]
     kept = [r for r in merge(old, [])[0] if row_key(r) not in ran]
     rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded)
     rec["runtime"] = _runtime(seconds)
@@ -951,7 +954,7 @@ def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> in
     rec["figures"] = figures_json(figs, tmp)
     rec["figures_missing"] = dict(sorted(problems.items()))
     runtime = time.perf_counter() - t0
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     env = environment()
     run_line = f"generated {now}; runtime {runtime:.1f} s (checks {t_checks:.1f} s, figures {t_figs:.1f} s" + (
         f", {args.jobs} processes)" if bg else ")"

@@ -171,8 +171,6 @@ def command_problems(command: str, config_dir: Path | None = None) -> tuple[int,
         if not path.is_file():
             continue  # reported by config_problems
         err = _schema_error(str(path), tuple(sets))
-        if err is _NO_SCHEMA:  # the [llm] extra is not installed: only file existence was checked
-            return 0, problems
         if err:
             problems.append(f"{cfg} {' '.join('--set ' + x for x in sets)}: {err}")
         else:
@@ -180,25 +178,22 @@ def command_problems(command: str, config_dir: Path | None = None) -> tuple[int,
     return n, problems
 
 
-_NO_SCHEMA = "no schema"
-
-
 @functools.cache
 def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
-    """Load one config with overrides through the llm layer's schema; the error text or None."""
+    """Load one config with overrides through the llm layer's schema; the error text or None. The
+    schema and its YAML reader are part of the base install (``pyyaml``; :mod:`tiltlab.llm.run_config`
+    imports nothing else): a schema that cannot be imported is an error of the check, never a count of 0."""
     try:
-        import yaml  # noqa: F401  (the schema reads YAML; both come with the [llm] extra)
-
         # by name, like the check and figure modules: the llm layer imports the registry (its checks),
         # so a static import here would make the packages paper_checks and llm import each other
         mod, _, fn = RUN_CONFIG_LOADER.rpartition(".")
         load_run_config = getattr(importlib.import_module(mod), fn)
-    except ImportError:
-        return _NO_SCHEMA
-    try:
         load_run_config(path, list(sets), validate=False)
-    except ImportError:
-        return _NO_SCHEMA
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the run-config schema ({RUN_CONFIG_LOADER}) cannot be imported: {exc}; "
+            "`pip install -e .` installs what it needs (pyyaml)"
+        ) from exc
     except Exception as exc:  # the schema's own message names the bad key / value
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import platform
+import sys
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -67,7 +68,7 @@ PROVENANCE_FIELDS = ("run_at", "run_id", "command", "mode", "slow", "commit", "s
 
 
 def now_utc() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def git_commit(root: Path = _REPO) -> str | None:
@@ -86,17 +87,36 @@ def git_commit(root: Path = _REPO) -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    """The machine a run used: platform, CPU count and the 1-minute load average (None where unknown)."""
+    """The machine a run used: platform, CPU model, CPU count, the 1-minute load average (None where
+    unknown), and torch's CPU kernel path (``get_cpu_capability``, where torch is loaded: the pins are
+    judged on whatever path a machine takes)."""
     try:
         load: float | None = round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):
         load = None
-    return {
+    out = {
         "platform": f"{platform.system()} {platform.machine()}",
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "load": load,
         "python": platform.python_version(),
     }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = torch.__version__
+        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return out
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere; None if unknown)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def row_key(row: Mapping[str, Any]) -> str:
@@ -304,7 +324,8 @@ def write_pins(
         checks = {c.key: c for c in registry.checks()}
     out: dict[str, dict[str, list[Any]]] = {}
     n = 0
-    over = []
+    over: list[str] = []
+    by_value: list[str] = []
     for r in sorted(rows, key=row_key):
         chk = checks.get(row_key(r))
         nums: dict[str, list[Any]] = {}
@@ -312,6 +333,8 @@ def write_pins(
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
                 continue
             spec = chk.pin_spec(k) if chk is not None else registry.EXACT
+            if spec.kind != "residual" and registry.looks_like_residual(k, float(v)):
+                by_value.append(f"{row_key(r)} {k} = {v:.3g}")
             if spec.kind == "residual":
                 if abs(float(v)) > spec.bound:
                     over.append(f"{row_key(r)} {k} {v:.3g} > {spec.bound:.3g}")
@@ -322,6 +345,12 @@ def write_pins(
         if nums:
             out[row_key(r)] = nums
             n += len(nums)
+    if by_value:
+        raise ValueError(
+            f"{len(by_value)} number(s) read as residuals (named like an error, or 0 < |v| < {registry.TINY:g}) but "
+            f"would be pinned by value: {'; '.join(by_value[:3])}; declare each with register_check(pins={{name: "
+            "residual(bound)}) (bound: the check's own tolerance)"
+        )
     if over:
         raise ValueError(f"{len(over)} residual(s) above their check's own bound: {'; '.join(over[:3])}")
     for key, pins in llm_pins(llm_rec).items():

@@ -30,13 +30,12 @@ import importlib
 import math
 import re
 import time
+import tomllib
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 __all__ = [
     "CHECK_MODULES",
@@ -98,7 +97,7 @@ OPT_IN_LAYERS: frozenset[str] = frozenset({"llm"})
 FIGURE_MODULE = "tiltlab.sim.figures"
 
 
-class Verdict(str, enum.Enum):
+class Verdict(str, enum.Enum):  # noqa: UP042  (StrEnum would change format() of records; kept as is)
     VERIFIED = "verified"
     REFUTED = "refuted"
     PARTLY = "partly"
@@ -133,6 +132,12 @@ PIN_KINDS = ("exact", "residual", "stochastic")
 #: (tests/paper_checks/test_pin_kinds.py), nor is a non-zero number smaller than :data:`TINY`.
 RESIDUAL_NAME = re.compile(r"(?:^|_)(?:err|error)$|^err_|residual")
 TINY = 1e-6
+
+
+def looks_like_residual(name: str, value: float) -> bool:
+    """Whether an evidence number reads as a residual: named like an error (:data:`RESIDUAL_NAME`) or
+    non-zero and smaller than :data:`TINY` in magnitude (an exact zero is a count or a closed form)."""
+    return bool(RESIDUAL_NAME.search(name)) or 0 < abs(value) < TINY
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,9 @@ class Pin(tuple):
         shown = "missing" if got is None else (f"{got:.6g}" if isinstance(got, float) else str(got))
         if self.kind == "residual":
             return f"{shown} above its bound {self.tol:.2g} (residual)"
-        return f"{self.value:.6g} +- {self.tol:.2g} got {shown}" + (" (stochastic)" if self.kind == "stochastic" else "")
+        return f"{self.value:.6g} +- {self.tol:.2g} got {shown}" + (
+            " (stochastic)" if self.kind == "stochastic" else ""
+        )
 
 
 @dataclass(frozen=True)

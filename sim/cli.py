@@ -151,7 +151,7 @@ def _cmd_figures(args: argparse.Namespace) -> int:
                     for src in (Path(rec.png), rec.pdf, Path(rec.data)):
                         os.replace(src, out / src.name)
                     rec.png, rec.data = out / Path(rec.png).name, out / Path(rec.data).name
-                    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+                    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
                     entries.append(
                         {
                             **rec.to_json(),

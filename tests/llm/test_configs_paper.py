@@ -4,10 +4,10 @@ and every value of every config carries a source comment (on its line or its blo
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 yaml = pytest.importorskip("yaml")
 

@@ -115,7 +115,7 @@ def _row(claim, layer, numbers, ok=True, source=None):
 
 def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
     rows = [
-        _row("a.x", "sim", {"v": 2.0, "small": 1e-17, "flag": True, "text": "t", "n": 3}),
+        _row("a.x", "sim", {"v": 2.0, "zero": 0.0, "flag": True, "text": "t", "n": 3}),
         _row("a.y", "llm", {"v": 1.0}),
         _row("a.z", "theory", {"v": -4.0}, source="recorded"),
     ]
@@ -123,8 +123,12 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
     n_checks, n_nums = record.write_pins(_rec(rows), dest, rtol=1e-3)
     pins = json.loads(dest.read_text())["pins"]
     assert (n_checks, n_nums) == (1, 3) and list(pins) == ["a.x[sim:c]"]
-    assert pins["a.x[sim:c]"] == {"v": [2.0, 2e-3], "small": [1e-17, record.PIN_ATOL], "n": [3.0, 3e-3]}
-    assert registry.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3)
+    assert pins["a.x[sim:c]"] == {
+        "v": [2.0, 2e-3, "exact"],
+        "zero": [0.0, record.PIN_ATOL, "exact"],
+        "n": [3.0, 3e-3, "exact"],
+    }
+    assert registry.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3, "exact")
 
 
 @pytest.mark.parametrize(
@@ -176,11 +180,15 @@ def test_llm_pins_are_the_judged_item_means_with_half_their_interval():
 
 def test_pin_file_validation_and_the_tolerance_boundary(tmp_path):
     f = tmp_path / "p.json"
-    f.write_text(json.dumps({"pins": {"k": {"a": [1.0, 0.0], "b": [2.0, 0.5]}}}))
-    assert registry.pins(f) == {"k": {"a": (1.0, 0.0), "b": (2.0, 0.5)}}  # a zero tolerance is allowed
+    f.write_text(json.dumps({"pins": {"k": {"a": [1.0, 0.0, "exact"], "b": [2.0, 0.5, "residual"]}}}))
+    assert registry.pins(f) == {"k": {"a": (1.0, 0.0, "exact"), "b": (2.0, 0.5, "residual")}}  # zero tol allowed
     for bad in ([1.0, -0.1], [float("nan"), 0.1], [1.0, float("inf")], [float("inf"), 0.1]):
-        f.write_text(json.dumps({"pins": {"k": {"a": bad}}}))
+        f.write_text(json.dumps({"pins": {"k": {"a": [*bad, "exact"]}}}))
         with pytest.raises(ValueError, match="finite value and tolerance"):
+            registry.pins(f)
+    for bad in ([1.0, 0.1], [1.0, 0.1, "approximate"], [1.0, 0.1, "exact", 3]):  # no kind, unknown kind, extra
+        f.write_text(json.dumps({"pins": {"k": {"a": bad}}}))
+        with pytest.raises(ValueError, match=r"must be \[value, tolerance, kind\]"):
             registry.pins(f)
     registry.set_pins({"zz.c[sim:x]": {"a": (1.0, 0.5)}})
     try:

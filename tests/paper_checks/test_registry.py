@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
-import tomllib
 
 from tiltlab.cli import main
 from tiltlab.paper_checks import registry
