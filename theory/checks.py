@@ -7,7 +7,7 @@ verdict it currently returns (a change makes ``tiltlab check`` fail loudly).
 
 from __future__ import annotations
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.theory import disa, fpa, lad, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY
@@ -65,7 +65,14 @@ def beyond_semigradient_invariance(seed: int) -> CheckResult:
     return disa.check_semigradient_invariance()
 
 
-@register_check("disa.beyond.global_threshold", layer="theory", expected=V)
+@register_check(
+    "disa.beyond.global_threshold",
+    layer="theory",
+    expected=V,
+    # lemma_grid_min: the grid holds F's zeros x = 0, x = a, so min F <= float64 rounding << tol, and |min| <= tol
+    # is the check's own min >= -tol
+    pins={"lemma_grid_min": residual(disa.GLOBAL_LEMMA_TOL), "max_err": residual(disa.GLOBAL_THRESHOLD_TOL)},
+)
 def beyond_global_threshold(seed: int) -> CheckResult:
     return disa.check_global_threshold(seed=seed)
 
@@ -184,7 +191,17 @@ def lad_lemma31_stated(seed: int) -> CheckResult:
     return lad.check_lemma31_stated("stated", seed=seed)
 
 
-@register_check("lad.lemma31", layer="theory", expected=V, name="proof_trust_region_numeric")
+@register_check(
+    "lad.lemma31",
+    layer="theory",
+    expected=V,
+    name="proof_trust_region_numeric",
+    pins={
+        "max_optimum_error": residual(lad.LEMMA31_OPTIMUM_TOL),
+        # reported, not judged: A . (pi_opt - pi_eta), 0 when the optimum criterion holds; that criterion's tolerance
+        "max_objective_gain": residual(lad.LEMMA31_OPTIMUM_TOL),
+    },
+)
 def lad_lemma31_proof_numeric(seed: int) -> CheckResult:
     return lad.check_lemma31_stated("proof", seed=seed)
 
@@ -194,12 +211,24 @@ def lad_grpo_optimum(seed: int) -> CheckResult:
     return lad.check_grpo_optimum()
 
 
-@register_check("lad.eq9.gradient", layer="theory", expected=V, name="symbolic_gradient")
+@register_check(
+    "lad.eq9.gradient",
+    layer="theory",
+    expected=V,
+    name="symbolic_gradient",
+    pins={"max_abs_diff": residual(lad.EQ9_GRAD_TOL)},
+)
 def lad_eq9(seed: int) -> CheckResult:
     return lad.check_eq9_gradients("eq9", seed=seed)
 
 
-@register_check("lad.b4.theoretical_gradient", layer="theory", expected=V, name="symbolic_gradient")
+@register_check(
+    "lad.b4.theoretical_gradient",
+    layer="theory",
+    expected=V,
+    name="symbolic_gradient",
+    pins={"max_abs_diff": residual(lad.EQ9_GRAD_TOL)},
+)
 def lad_b4(seed: int) -> CheckResult:
     return lad.check_eq9_gradients("B4", seed=seed)
 

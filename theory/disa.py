@@ -24,6 +24,8 @@ import sympy as sp
 from tiltlab.theory._common import CheckResult, Verdict, is_zero, result, simplex
 
 __all__ = [
+    "GLOBAL_LEMMA_TOL",
+    "GLOBAL_THRESHOLD_TOL",
     "biased_onpolicy_loss",
     "check_c5_counterexample",
     "check_c5_offpolicy_breaks",
@@ -709,6 +711,14 @@ def global_threshold_numeric(
     return best, arg
 
 
+#: ``disa.beyond.global_threshold``: the 2-outcome inequality min F >= -GLOBAL_LEMMA_TOL (its grid includes the
+#: two exact zeros x = 0, x = a, so the min is 0 up to float64 rounding); a random pi*'s numeric threshold agrees
+#: with the candidate when |b_num - b_claim| <= GLOBAL_THRESHOLD_TOL (optimizer precision on the bounded logit box,
+#: faces at e^-60).
+GLOBAL_LEMMA_TOL = 1e-12
+GLOBAL_THRESHOLD_TOL = 1e-6
+
+
 def two_outcome_lemma_min(n_a: int = 200, n_x: int = 2001) -> float:
     """min over a grid of a in (0, 1/2], x in [0, 1] of F_a(x) = E_pi[l^2] - c KL(pi||pi*),
     pi* = (a, 1-a), pi = (x, 1-x), c = -log(1-a). The conjecture for K outcomes reduces to F >= 0.
@@ -759,7 +769,7 @@ def check_global_threshold(
     reduction_ok = is_zero(stat - (ly**2 + 2 * (1 + b) * ly + 2 * b))
     # numerics
     lemma_min = two_outcome_lemma_min()
-    lemma_ok = lemma_min >= -1e-12  # grid includes the two exact zeros x=0, x=a; float64 rounding
+    lemma_ok = lemma_min >= -GLOBAL_LEMMA_TOL
     rng = np.random.default_rng(seed)
     worst = 0.0
     n_bad = 0
@@ -774,7 +784,7 @@ def check_global_threshold(
         b_claim = threshold(ps)
         err = abs(b_num - b_claim)
         worst = max(worst, err)
-        n_bad += err > 1e-6  # optimizer precision on the bounded logit box (faces at e^-60)
+        n_bad += err > GLOBAL_THRESHOLD_TOL
         n += 1
     ok = only_if_ok and reduction_ok and lemma_ok and n_bad == 0
     summ = (

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from tiltlab.objectives import estimators as est
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.api import run
 from tiltlab.sim.config import SimConfig
 from tiltlab.sim.envs import BanditEnv
@@ -87,6 +87,7 @@ def remark1_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     expected=V.VERIFIED,
     name="grpo_vs_tilt_bandit",
     expected_items={"reward_max_collapses": True, "tilt_keeps_mix": True},
+    pins={"tb_tv_to_ref": residual(REMARK1_KEEP_TV)},
 )
 def remark1_mode_collapse(seed: int) -> CheckResult:
     n = remark1_measure(seed)

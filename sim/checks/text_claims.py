@@ -29,7 +29,7 @@ from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives.offline import future_policy_logprobs, offrl_loss
 from tiltlab.objectives.tb import tb_residual
 from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.exact import log_partition, target_logprobs
 from tiltlab.sim.experiments import fpa_entanglement, lad, logz_training
 from tiltlab.sim.train import kl_divergence, tv_distance
@@ -39,6 +39,12 @@ F64 = torch.float64
 
 
 # ----------------------------------------------------------------------------- DISA Remark 2
+#: ``disa.remark2.calibration``: the on-policy expected update "changes" when its relative difference across b
+#: exceeds REMARK2_REL_TOL (float64 round-off ~1e-16); the off-policy gradient at pi* is "nonzero" above
+#: REMARK2_GRAD_TOL; a trained TV below REMARK2_TV_FLOOR counts as at pi* (the 10x comparison uses the floor).
+REMARK2_REL_TOL, REMARK2_GRAD_TOL, REMARK2_TV_FLOOR = 1e-10, 1e-3, 1e-4
+
+
 @register_check(
     "disa.remark2.calibration",
     layer="sim",
@@ -48,6 +54,12 @@ F64 = torch.float64
         "onpolicy_expected_update_changes": False,
         "onpolicy_variance_changes": True,
         "offpolicy_update_changes": True,
+    },
+    pins={
+        "max_rel_diff": residual(REMARK2_REL_TOL),
+        "tv_b0": residual(REMARK2_TV_FLOOR),
+        # reported, not judged: the b = 0 control of the "gradient at pi* nonzero" criterion (grad_b05)
+        "grad_b0": residual(REMARK2_GRAD_TOL),
     },
 )
 def remark2_calibration(seed: int) -> CheckResult:
@@ -60,9 +72,10 @@ def remark2_calibration(seed: int) -> CheckResult:
     off = logz_training.offpolicy_drift(seed)
     var = [v for k, v in inv.items() if k.startswith("grad_var_b")]
     items = {
-        "onpolicy_expected_update_changes": inv["max_rel_diff"] > 1e-10,
+        "onpolicy_expected_update_changes": inv["max_rel_diff"] > REMARK2_REL_TOL,
         "onpolicy_variance_changes": max(var) / min(var) > 1.5,
-        "offpolicy_update_changes": off["grad_b05"] > 1e-3 and off["tv_b05"] > 10 * max(off["tv_b0"], 1e-4),
+        "offpolicy_update_changes": off["grad_b05"] > REMARK2_GRAD_TOL
+        and off["tv_b05"] > 10 * max(off["tv_b0"], REMARK2_TV_FLOOR),
     }
     if items["onpolicy_expected_update_changes"] and items["offpolicy_update_changes"]:
         verdict = V.VERIFIED
@@ -166,21 +179,26 @@ def tb_kl_gradients(seed: int, K: int = 6, beta: float = 1.5, b: float = 0.7) ->
     return {f"rel_diff_{k}": v for k, v in rel.items()}
 
 
+#: ``paced.eq5.tb_kl_gradient``: "equal" = relative difference to 2 grad KL(pi||pi*) below this (float64 ~1e-16).
+TB_KL_EQUAL_REL = 1e-10
+
+
 @register_check(
     "paced.eq5.tb_kl_gradient",
     layer="sim",
     expected=V.PARTLY,
     name="exact_gradients",
     expected_items={"semi_onpolicy_equal": True, "full_gradient_equal": False, "offpolicy_equal": False},
+    pins={"rel_diff_semi": residual(TB_KL_EQUAL_REL)},  # rel_diff_full / rel_diff_off: large effects, exact
 )
 def tb_kl_gradient(seed: int) -> CheckResult:
     """Equal = relative difference to 2 grad KL(pi||pi*) below 1e-10 (float64 round-off ~1e-16). True for
     the on-policy semi-gradient only -> partly; refuted if even that differs."""
     n = tb_kl_gradients(seed)
     items = {
-        "semi_onpolicy_equal": n["rel_diff_semi"] < 1e-10,
-        "full_gradient_equal": n["rel_diff_full"] < 1e-10,
-        "offpolicy_equal": n["rel_diff_off"] < 1e-10,
+        "semi_onpolicy_equal": n["rel_diff_semi"] < TB_KL_EQUAL_REL,
+        "full_gradient_equal": n["rel_diff_full"] < TB_KL_EQUAL_REL,
+        "offpolicy_equal": n["rel_diff_off"] < TB_KL_EQUAL_REL,
     }
     verdict = V.REFUTED if not items["semi_onpolicy_equal"] else (V.VERIFIED if all(items.values()) else V.PARTLY)
     return CheckResult(
@@ -362,6 +380,8 @@ LAD_PAPER_STRICT = {"kl": False, "rkl": False, "jeffreys": False, "tv": True, "h
     expected=V.REFUTED,
     name="exact_gradient_runs",
     expected_items={"kl": True, "rkl": True, "jeffreys": True, "tv": False, "hellinger": True, "js": True},
+    # the f that match exactly (TV to the target -> 0); tv_tv (TV's f, ~1e-1: it does not) stays exact
+    pins={f"tv_{d}": residual(lad.EXACT_MATCH_TV) for d in ("kl", "rkl", "jeffreys", "hellinger", "js")},
 )
 def exact_matching(seed: int) -> CheckResult:
     """lad.practical's runs: does exact-gradient LAD reach TV(pi, target) < 1e-3 (exact matching) for
@@ -369,7 +389,7 @@ def exact_matching(seed: int) -> CheckResult:
     if the measured pattern equals the paper's; refuted when both sides of the split fail (a non-*
     f matches exactly and a * f does not); partly otherwise. Items: matched exactly, per f."""
     n = lad.practical(seed)
-    items = {d: n[f"tv_{d}"] < 1e-3 for d in LAD_PAPER_STRICT}
+    items = {d: n[f"tv_{d}"] < lad.EXACT_MATCH_TV for d in LAD_PAPER_STRICT}
     agree = {d: items[d] == want for d, want in LAD_PAPER_STRICT.items()}
     nonstrict_match = any(items[d] for d, s in LAD_PAPER_STRICT.items() if not s)
     strict_miss = any(not items[d] for d, s in LAD_PAPER_STRICT.items() if s)

@@ -19,6 +19,9 @@ from tiltlab.sim.experiments import cached
 F64 = torch.float64
 #: The biases b of ``disa.beyond.local_threshold`` (either side of the threshold b = -1).
 LOCAL_BS = (-1.3, -1.05, -1.01, -0.99, -0.95, -0.5, 0.0, 0.4)
+#: A policy "beats" pi* when the numeric minimum of L is below L(pi*) = b^2 by more than this (float64 Adam on
+#: O(1) losses): ``disa.beyond.global_threshold``'s tolerance for a gain over b^2 above the threshold.
+BEATS_TOL = 1e-9
 
 
 def two_outcome_loss(p: torch.Tensor, b: float, beta: float = 1.0) -> torch.Tensor:
@@ -134,7 +137,7 @@ def global_threshold(seed: int) -> dict:
         offs = torch.tensor([-0.05, -0.01, 0.01, 0.05], dtype=F64)
         b = torch.cat([bc[:, None] + offs, (bc / 2)[:, None], torch.full((n, 1), 0.3, dtype=F64)], 1)  # [n, 6]
         mins = simplex_min(log_star, b, generator=g)
-        below = mins < b**2 - 1e-9  # some pi beats pi* (L(pi*) = b^2)
+        below = mins < b**2 - BEATS_TOL  # some pi beats pi* (L(pi*) = b^2)
         predicted = b < bc[:, None]
         agree += int((below == predicted).sum())
         total += below.numel()
@@ -155,7 +158,7 @@ def numeric_thresholds(n: int, k: int, n_b: int, seed: int, steps: int = 250):
     grid = torch.linspace(-0.45, 0.05, n_b, dtype=F64)
     b = grid.expand(n, n_b).contiguous()
     mins = simplex_min(log_star, b, steps=steps, generator=g)
-    beaten = (mins < b**2 - 1e-9).numpy()  # [n, n_b]
+    beaten = (mins < b**2 - BEATS_TOL).numpy()  # [n, n_b]
     num = []
     for row in beaten:
         idx = np.nonzero(row)[0]

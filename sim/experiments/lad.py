@@ -19,6 +19,8 @@ from tiltlab.sim.experiments import cached
 from tiltlab.sim.train import train, tv_distance
 
 DIVS = ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")
+#: ``lad.c1.exact_matching``: a run "matches exactly" when TV(pi, target) after its exact-gradient steps is below this.
+EXACT_MATCH_TV = 1e-3
 #: gamma = delta grid of ``lad.thmB1`` (its check and fig10 use it).
 THM_B1_EPS = tuple(float(e) for e in np.logspace(-4, -1, 8))
 #: The three methods ``lad.fig1.bandit`` judges (labels of :func:`method_configs`).
@@ -212,7 +214,7 @@ def practical(seed: int) -> dict:
         )
         out = train(cfg, env)
         res[d] = float(tv_distance(out.logp, out.target_logp).max())
-        if res[d] >= 1e-3:
+        if res[d] >= EXACT_MATCH_TV:
             old, adv = out.logp_old[0, 0], env.reward[0]
             w = env.K * old.exp()
 
