@@ -28,8 +28,8 @@ import json
 import math
 import os
 import platform
-import sys
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any

@@ -14,8 +14,8 @@ import sys
 import pytest
 import torch
 
-from tiltlab.paper_checks import record, registry
 from tiltlab.cli import main
+from tiltlab.paper_checks import record, registry
 from tiltlab.paper_checks.registry import (
     Check,
     CheckResult,
@@ -249,7 +249,8 @@ def test_residual_bounds_are_the_checks_own_and_floors_stay_below_the_margins():
         spec = checks[key].pin_spec("anything")
         assert spec.kind == "stochastic" and spec.bound == margin / 2 and "measured" in spec.why
     residuals = [s for s in kinds.values() if s.kind == "residual"]
-    assert residuals and all(0 < s.bound <= 0.05 for s in residuals)  # a bound is a tolerance, not an effect
+    # a bound is a tolerance, not an effect: the largest is fpa.a4's "the loser keeps under a tenth" (A4_FINAL_FRACTION)
+    assert len(residuals) >= 30 and all(0 < s.bound <= 0.1 for s in residuals)
 
 
 # --------------------------------------------------------------------------- every CPU kernel path
@@ -323,7 +324,7 @@ def test_a_partial_run_keeps_the_recorded_llm_rows_it_did_not_rerun(tmp_path, se
     assert recorded == {"fpa.figs2_4.llm_dynamics[llm:tiny_qwen3_enum]"}
     after, rec2 = _cli(*second, out=out)
     assert recorded <= {k for k, src in after.items() if src == "recorded"}
-    assert set(first) <= set(after) and any(k.startswith("disa.prop1[") for k in after)
+    assert set(first) <= set(after) and any(k.startswith("disa.prop1.") for k in after)
     assert {c["claim"] for c in rec1["claims"]} <= {c["claim"] for c in rec2["claims"]}
 
 
