@@ -283,3 +283,39 @@ def test_markdown_links_every_claim_and_no_link_dangles(tmp_path):
         cid = f"claim-{row['id']}"
         assert cid in anchors and targets.count(cid) >= 1, row["id"]
     assert md.index("Contents:") < md.index("## Summary")
+
+
+def test_every_failed_pin_and_changed_item_reads_the_same_in_the_terminal_and_both_reports(tmp_path, capsys):
+    """The terminal's FAIL line, REPORT.md and report.html give the same words for every failure (a report that
+    says nothing while the terminal prints FAIL lines teaches users to ignore both), and the status line counts
+    them."""
+    import html as _html
+
+    from tiltlab.paper_checks import registry
+    from tiltlab.paper_checks.report import FAILED_TITLE
+
+    inp = _input(tmp_path)
+    chk = Check("a.verified", "sim", "pinned", Verdict.VERIFIED, lambda s: None, expected_items=(("flag", True),))
+    moved = Outcome(chk, CheckResult(Verdict.VERIFIED, "s", {"max_err": 3e-8, "v": 2.5, "w": 1.0}, None, {"flag": False}), 0.0)  # fmt: skip
+    inp.outcomes.append(moved)
+    registry.set_pins({chk.key: {"max_err": (5e-9, 1e-8, "residual"), "v": (2.0, 0.1), "w": (1.0, 0.0), "gone": (1.0, 0.5)}})  # fmt: skip
+    try:
+        text = moved.failure
+        assert text == (
+            "verdict verified as expected, but items changed: flag expected True got False; 3 pinned number(s) "
+            "moved: max_err 3e-08 above its bound 1e-08 (residual), v 2 +- 0.1 got 2.5, gone 1 +- 0.5 got missing"
+        )
+        md, page = render_markdown(inp), render_html(inp)
+        pcli._print_failures(inp.outcomes, inp.seed)
+        term = capsys.readouterr().out
+    finally:
+        registry.set_pins(None)
+    assert f"FAIL {chk.key}: {text}" in term and f"{FAILED_TITLE}: 3" in term
+    assert text in md
+    assert _html.escape(text) in page
+    for out in (md, page):
+        assert FAILED_TITLE in out and "Status: 3 of 6 checks failed" in out
+    ok_inp = _input(tmp_path)
+    ok_inp.outcomes[:] = [o for o in ok_inp.outcomes if o.ok]
+    assert "Status: all 3 checks as expected" in render_markdown(ok_inp)
+    assert "Status: all 3 checks as expected" in render_html(ok_inp)
