@@ -154,3 +154,34 @@ def test_partly_paper_internal_checks_record_which_statements_hold():
     assert registry.Outcome(chk, res, 0.0).ok
     moved = dict(zip(res.items, [not v for v in res.items.values()]))
     assert not Outcome(chk, CheckResult(res.verdict, res.summary, items=moved), 0.0).ok
+
+
+def test_the_config_schema_needs_no_extra_and_its_absence_is_an_error_not_a_zero(monkeypatch):
+    """The llm_scale checks validate the papers' run configs in the base install (the schema reads YAML with
+    pyyaml, a base dependency, and imports nothing of the [llm] extra); a schema that cannot be imported
+    crashes the check, where it used to count 0 configs silently."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'transformers', 'trl', 'accelerate', 'datasets', 'peft', 'vllm'}:\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from tiltlab.paper_checks import data_checks as dc\n"
+        "n, bad = dc.command_problems('tiltlab llm train --config configs/disa_qwen2.5_7b.yaml')\n"
+        "print(n, bad)\n"
+    )
+    cfgs = sorted(p.name for p in dc.CONFIG_DIR.glob("*.yaml"))
+    assert "disa_qwen2.5_7b.yaml" in cfgs, cfgs[:5]
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "1 []", p.stdout + p.stderr[-2000:]
+    dc._schema_error.cache_clear()
+    monkeypatch.setattr(dc, "RUN_CONFIG_LOADER", "tiltlab.llm.no_such_module.load_run_config")
+    try:
+        with pytest.raises(RuntimeError, match="run-config schema .* cannot be imported"):
+            dc.command_problems("tiltlab llm train --config configs/disa_qwen2.5_7b.yaml")
+    finally:
+        dc._schema_error.cache_clear()

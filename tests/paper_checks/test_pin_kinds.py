@@ -114,6 +114,8 @@ def test_what_reads_as_a_residual(name, value, reads):
         (Pin(0.0, 1e-6, "residual"), None, False),  # missing
         (Pin(0.0, 1e-6, "residual"), math.nan, False),
         (Pin(0.0, 1e-6, "residual"), True, False),  # a bool is not a number here
+        (Pin(1.0, 0.5, "exact"), True, False),  # not even where True == 1 would hold
+        (Pin(0.0, 0.5, "residual"), False, False),
         (Pin(0.0, 1e-6, "residual"), "0", False),
     ],
 )
