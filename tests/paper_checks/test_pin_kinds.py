@@ -356,3 +356,14 @@ def test_a_registered_declaration_reaches_the_check(isolated_registry):
     register_check("disa.prop1.unbiased", layer="sim", name="declared_probe", pins={"x": spec})(probe)  # same fn
     with pytest.raises(ValueError, match="registered twice"):
         register_check("disa.prop1.unbiased", layer="sim", name="declared_probe")(lambda seed: probe(seed))
+
+
+def test_write_pins_marks_the_llm_item_means_stochastic(tmp_path):
+    """The shipped llm record's item means move with the machine (seeded training): pinned within half their
+    interval, and labelled for what they are."""
+    llm = {"checks": [{"claim": "a.b", "layer": "llm", "check": "t", "ok": True,
+                       "numbers": {"item": 0.1, "item_lo": 0.04, "item_hi": 0.16, "item_margin": 0.02}}]}  # fmt: skip
+    record.write_pins(_rec({"v": 2.0}), tmp_path / "p.json", checks=_checks(), llm_rec=llm)
+    pins = json.loads((tmp_path / "p.json").read_text())["pins"]
+    assert pins["a.b[llm:t]"] == {"item": [0.1, pytest.approx(0.06), "stochastic"]}
+    assert pins["a.x[sim:c]"] == {"v": [2.0, 2e-4, "exact"]}

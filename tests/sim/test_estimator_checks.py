@@ -100,3 +100,16 @@ def test_entanglement_summary_can_refute():
     }
     parts = summarize(runs)["parts"]
     assert not any(parts.values())
+
+
+def test_sens_proposal_refutes_a_label_that_is_not_exact_at_alpha_one(monkeypatch):
+    """At alpha = 1 the proposal is the tilted target: every weight is Z and Var(log Z_8) is zero up to rounding.
+    A variance above SENS_VAR_ALPHA1_TOL there refutes, even with the mean unbiased and the variances monotone."""
+    from tiltlab.sim.experiments import proposal_strength
+
+    real = proposal_strength.proposal_claim(0)["numbers"]
+    assert abs(real["var_alpha1"]) < est.SENS_VAR_ALPHA1_TOL and est.sens_proposal(0).verdict.value == "verified"
+    for var1, verdict in ((est.SENS_VAR_ALPHA1_TOL * 0.5, "verified"), (est.SENS_VAR_ALPHA1_TOL * 2, "refuted")):
+        fake = {**real, "var_alpha1": var1}
+        monkeypatch.setattr(proposal_strength, "proposal_claim", lambda seed, fake=fake: {"numbers": fake})
+        assert est.sens_proposal(0).verdict.value == verdict, var1
