@@ -258,6 +258,21 @@ def test_residual_bounds_are_the_checks_own_and_floors_stay_below_the_margins():
 # --------------------------------------------------------------------------- every CPU kernel path
 
 
+def _cli(*args, out, **env):
+    """``tiltlab check ARGS --out OUT`` in a fresh process (with ``env`` added); must exit 0. Returns
+    ``({row key: source}, record)``."""
+    p = subprocess.run(
+        [sys.executable, "-m", "tiltlab.cli", "check", *args, "--out", str(out)],
+        env={**os.environ, "TILTLAB_PROGRESS": "off", **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    return {record.row_key(r): r.get("source") for r in rec["checks"]}, rec
+
+
 def _kernel_paths() -> list[str]:
     """torch's CPU capabilities this machine offers: DEFAULT always, AVX2 and AVX512 where the CPU has them."""
     native = torch.backends.cpu.get_cpu_capability().lower()
@@ -278,17 +293,7 @@ _VENDOR_CAPS = {
 def test_shipped_pins_hold_on_every_cpu_kernel_path(tmp_path, path):
     """Every fast check, run on each of torch's CPU kernel paths this machine offers (with MKL / oneDNN capped
     alike), keeps its verdict, items and pinned numbers: the pins are not a property of one machine's path."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": path, **_VENDOR_CAPS[path], "TILTLAB_PROGRESS": "off"}
-    out = tmp_path / "claims.json"
-    p = subprocess.run(
-        [sys.executable, "-m", "tiltlab.cli", "check", "--jobs", "2", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    rec = json.loads(out.read_text())
+    _, rec = _cli("--jobs", "2", out=tmp_path / "claims.json", ATEN_CPU_CAPABILITY=path, **_VENDOR_CAPS.get(path, {}))
     assert rec["machine"]["torch_cpu_capability"].lower() == path  # the run took the path its label says
     ran = [r for r in rec["checks"] if r.get("source") != "recorded"]
     assert len(ran) >= 150 and all(r["ok"] for r in ran)
@@ -300,20 +305,6 @@ def test_the_kernel_paths_include_the_machines_own():
 
 
 # --------------------------------------------------------------------------- a partial run
-
-
-def _cli(*args, out):
-    env = {**os.environ, "TILTLAB_PROGRESS": "off"}
-    p = subprocess.run(
-        [sys.executable, "-m", "tiltlab.cli", "check", *args, "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    rec = json.loads(out.read_text())
-    return {record.row_key(r): r.get("source") for r in rec["checks"]}, rec
 
 
 @pytest.mark.parametrize("second", [["--only", "disa.prop1"], ["--only", "disa.prop1", "--layer", "theory"]])
