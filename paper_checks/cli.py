@@ -616,7 +616,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "module": list(args.module),
     }
     # the last full llm-layer run, shipped with the repository: merged as recorded (not re-run)
-    # unless this run ran the llm layer or selected another layer
     # unless this run ran the llm layer or selected another layer; a partial run also refreshes the
     # recorded rows the old record held, so it never drops them
     ran = {o.check.key for o in outs}
