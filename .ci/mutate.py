@@ -1,0 +1,326 @@
+"""A small semantic mutation tester: which single-point changes to a module do its tests notice?
+
+Each mutant changes one thing a reviewer would break on purpose, found with :mod:`ast` and written back
+into the source at the node's exact span (everything else in the file stays byte-identical):
+
+* ``repeat``            ``x.repeat_interleave(g)`` <-> ``x.repeat(g)``; ``expand`` -> ``repeat`` is not
+                        tried (it is an equivalent rewrite)
+* ``any_all``           ``any(...)`` <-> ``all(...)``; ``min`` <-> ``max``
+* ``compare``           ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``,
+                        ``in`` <-> ``not in``
+* ``boolop``            ``and`` <-> ``or``
+* ``not``               ``not x`` -> ``x``
+* ``arith``             ``+`` <-> ``-``, ``*`` <-> ``/``
+* ``index``             ``[-1]`` -> ``[0]``, ``[0]`` -> ``[-1]``
+* ``dict_key``          a dict literal (two or more keys) loses one key
+* ``default``           a function's default: a bool flipped, a number changed (0 -> 1, n -> 2n),
+                        a string replaced by ``"<mutant>"``, ``None`` -> ``0``
+* ``kwarg``             a keyword argument dropped from a call
+* ``const``             a numeric literal in an expression: 0 -> 1, 1 -> 0, n -> 2n
+
+Use (from the repository root; it edits files in place and restores them, so run it in a worktree of
+its own, never in a checkout another process is testing)::
+
+    python .ci/mutate.py --module llm/stage2.py --tests tests/llm/test_stage2.py --per-module 12 \
+        --out build/mutation.jsonl
+
+Every mutant runs the named test files (``pytest -x -q``); a failing run or a run past the timeout kills
+it, a passing one is a survivor. ``--only`` re-runs the survivors of an earlier ``--out`` file (after
+tests were added: a killed mutant stays killed when tests are only added). The summary prints the kill
+rate per module. Judging a survivor (equivalent, or a missing test) is the reader's work: the tool
+records the exact line before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SWAP_ATTR = {"repeat_interleave": "repeat", "repeat": "repeat_interleave"}
+SWAP_NAME = {"any": "all", "all": "any", "min": "max", "max": "min"}
+SWAP_CMP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+#: calls and keywords whose arguments shape output or files, not results: no ``kwarg`` mutants there
+PRESENTATION = {"progress_bar", "mkdir", "print", "dumps", "dump", "write_text", "open", "add_argument", "tqdm"}
+PRESENTATION_KW = {"desc", "unit", "indent", "sort_keys", "exist_ok", "parents", "flush", "file", "help", "stacklevel"}
+SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
+
+
+@dataclass
+class Mutant:
+    module: str
+    op: str
+    line: int
+    start: tuple[int, int]
+    end: tuple[int, int]
+    before: str
+    after: str
+    status: str = "pending"
+    seconds: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.start[0]}:{self.start[1]}:{self.op}:{self.after}"
+
+
+def _number_mutant(value: object) -> object | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value == 0:
+        return 1
+    if value == 1:
+        return 0
+    return value * 2
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _replacements(node: ast.AST, parent: ast.AST | None) -> list[tuple[str, ast.AST, str]]:
+    """(operator class, node whose span is replaced, replacement source) for one node."""
+    out: list[tuple[str, ast.AST, str]] = []
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in SWAP_ATTR:
+            new = ast.Call(
+                func=ast.Attribute(value=func.value, attr=SWAP_ATTR[func.attr], ctx=ast.Load()),
+                args=node.args,
+                keywords=node.keywords,
+            )
+            out.append(("repeat", node, ast.unparse(new)))
+        if isinstance(func, ast.Name) and func.id in SWAP_NAME:
+            new = ast.Call(func=ast.Name(id=SWAP_NAME[func.id], ctx=ast.Load()), args=node.args, keywords=node.keywords)
+            out.append(("any_all", node, ast.unparse(new)))
+        fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        for i, kw in enumerate(node.keywords):
+            if kw.arg is None or fname in PRESENTATION or kw.arg in PRESENTATION_KW:
+                continue
+            new = ast.Call(func=node.func, args=node.args, keywords=node.keywords[:i] + node.keywords[i + 1 :])
+            out.append(("kwarg", node, ast.unparse(new)))
+    elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in SWAP_CMP:
+        new = ast.Compare(left=node.left, ops=[SWAP_CMP[type(node.ops[0])]()], comparators=node.comparators)
+        out.append(("compare", node, ast.unparse(new)))
+    elif isinstance(node, ast.BoolOp):
+        new = ast.BoolOp(op=ast.Or() if isinstance(node.op, ast.And) else ast.And(), values=node.values)
+        out.append(("boolop", node, ast.unparse(new)))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        out.append(("not", node, "(" + ast.unparse(node.operand) + ")"))
+    elif isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
+        left, right = node.left, node.right
+        # a string or path expression is no arithmetic
+        if not any(
+            isinstance(x, ast.JoinedStr) or (isinstance(x, ast.Constant) and isinstance(x.value, str))
+            for x in (left, right)
+        ):
+            new = ast.BinOp(left=left, op=SWAP_BIN[type(node.op)](), right=right)
+            out.append(("arith", node, "(" + ast.unparse(new) + ")"))
+    elif isinstance(node, ast.Subscript):
+        sl = node.slice
+        if isinstance(sl, ast.UnaryOp) and isinstance(sl.op, ast.USub) and getattr(sl.operand, "value", None) == 1:
+            out.append(("index", sl, "0"))
+        elif isinstance(sl, ast.Constant) and sl.value == 0 and not isinstance(sl.value, bool):
+            out.append(("index", sl, "-1"))
+    elif isinstance(node, ast.Dict) and len(node.keys) >= 2 and all(k is not None for k in node.keys):
+        for i in range(len(node.keys)):
+            new = ast.Dict(keys=node.keys[:i] + node.keys[i + 1 :], values=node.values[:i] + node.values[i + 1 :])
+            out.append(("dict_key", node, ast.unparse(new)))
+    elif isinstance(node, ast.Constant) and isinstance(parent, ast.BinOp | ast.Compare | ast.Call | ast.keyword):
+        new_value = _number_mutant(node.value)
+        if new_value is not None:
+            out.append(("const", node, repr(new_value)))
+    return out
+
+
+def _default_replacements(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, ast.AST, str]]:
+    out: list[tuple[str, ast.AST, str]] = []
+    for d in [*fn.args.defaults, *(d for d in fn.args.kw_defaults if d is not None)]:
+        if not isinstance(d, ast.Constant):
+            continue
+        v = d.value
+        if isinstance(v, bool):
+            out.append(("default", d, repr(not v)))
+        elif v is None:
+            out.append(("default", d, "0"))
+        elif isinstance(v, str):
+            out.append(("default", d, repr("<mutant>")))
+        else:
+            nv = _number_mutant(v)
+            if nv is not None:
+                out.append(("default", d, repr(nv)))
+    return out
+
+
+def find_mutants(path: Path, root: Path) -> list[Mutant]:
+    src = path.read_text()
+    tree = ast.parse(src)
+    docstrings = _docstring_nodes(tree)
+    lines = src.splitlines(keepends=True)
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    found: list[Mutant] = []
+    seen: set[tuple] = set()
+    for node in ast.walk(tree):
+        if id(node) in docstrings:
+            continue
+        reps = _replacements(node, parents.get(id(node)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            reps += _default_replacements(node)
+        for op, target, after in reps:
+            if not hasattr(target, "end_lineno") or target.end_lineno is None:
+                continue
+            start = (target.lineno, target.col_offset)
+            end = (target.end_lineno, target.end_col_offset)
+            before = _span(lines, start, end)
+            if before == after or (start, end, after) in seen:
+                continue
+            # logging, messages and type annotations are not behaviour worth a mutant
+            if _in_message_or_annotation(target, parents):
+                continue
+            seen.add((start, end, after))
+            found.append(Mutant(str(path.relative_to(root)), op, start[0], start, end, before, after))
+    return found
+
+
+def _in_message_or_annotation(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    cur: ast.AST | None = node
+    while cur is not None:
+        p = parents.get(id(cur))
+        if isinstance(p, ast.arg | ast.AnnAssign) and getattr(p, "annotation", None) is cur:
+            return True
+        if isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef) and p.returns is cur:
+            return True
+        if isinstance(p, ast.Raise | ast.JoinedStr | ast.Assert):
+            return True
+        if isinstance(p, ast.Call):
+            f = p.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in {"print", "warn", "info", "debug", "warning", "error", "write", "_say", "log", "echo"}:
+                return True
+        cur = p
+    return False
+
+
+def _span(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    (l0, c0), (l1, c1) = start, end
+    if l0 == l1:
+        return lines[l0 - 1][c0:c1]
+    return lines[l0 - 1][c0:] + "".join(lines[l0 : l1 - 1]) + lines[l1 - 1][:c1]
+
+
+def apply(src: str, m: Mutant) -> str:
+    lines = src.splitlines(keepends=True)
+    (l0, c0), (l1, c1) = m.start, m.end
+    head = "".join(lines[: l0 - 1]) + lines[l0 - 1][:c0]
+    tail = lines[l1 - 1][c1:] + "".join(lines[l1:])
+    after = m.after.replace("\n", " ")
+    return head + after + tail
+
+
+def run_tests(tests: list[str], timeout: float) -> tuple[str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "--no-header", *tests]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "CI": "true"})
+    except subprocess.TimeoutExpired:
+        return "killed (timeout)", time.monotonic() - t0
+    dt = time.monotonic() - t0
+    if r.returncode == 0:
+        return "survived", dt
+    if r.returncode in (2, 3, 4, 5):  # interrupted, internal error, usage, no tests: the mutant broke import
+        return "killed (error)", dt
+    return "killed", dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--module", action="append", required=True, help="a source file (repeatable)")
+    ap.add_argument("--tests", nargs="+", required=True, help="test files run against every mutant")
+    ap.add_argument("--per-module", type=int, default=0, help="sample this many mutants per module (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ops", default="", help="comma-separated operator classes to keep (default: all)")
+    ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per mutant (appended)")
+    ap.add_argument("--only", type=Path, help="re-run only the survivors recorded in this JSON-lines file")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+    root = Path.cwd()
+    rng = random.Random(args.seed)
+    keep = set(filter(None, args.ops.split(",")))
+    todo: list[Mutant] = []
+    if args.only:
+        rows = [json.loads(x) for x in args.only.read_text().splitlines() if x.strip()]
+        wanted = {r["module"] for r in rows}
+        todo = [
+            Mutant(**{**r, "start": tuple(r["start"]), "end": tuple(r["end"]), "status": "pending", "seconds": 0.0})
+            for r in rows
+            if r["status"] == "survived" and r["module"] in {str(Path(m)) for m in args.module} & wanted
+        ]
+    else:
+        for mod in args.module:
+            ms = find_mutants(root / mod, root)
+            if keep:
+                ms = [m for m in ms if m.op in keep]
+            if args.per_module and len(ms) > args.per_module:
+                ms = rng.sample(ms, args.per_module)
+                ms.sort(key=lambda m: m.start)
+            todo += ms
+    if args.list:
+        for m in todo:
+            print(f"{m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}")
+        return 0
+    base, base_s = run_tests(args.tests, timeout=3600)
+    if base != "survived":
+        print(f"the tests fail without any mutant ({base}); fix them first", file=sys.stderr)
+        return 2
+    timeout = max(60.0, 3 * base_s + 30)
+    print(f"baseline passes in {base_s:.1f} s; {len(todo)} mutants; timeout {timeout:.0f} s", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for i, m in enumerate(todo, 1):
+        path = root / m.module
+        original = path.read_text()
+        try:
+            path.write_text(apply(original, m))
+            m.status, m.seconds = run_tests(args.tests, timeout)
+        finally:
+            path.write_text(original)
+        print(f"[{i}/{len(todo)}] {m.status:16s} {m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}", flush=True)
+        with args.out.open("a") as f:
+            f.write(json.dumps(asdict(m)) + "\n")
+    by_mod: dict[str, list[int]] = {}
+    for m in todo:
+        k = by_mod.setdefault(m.module, [0, 0])
+        k[0] += m.status.startswith("killed")
+        k[1] += 1
+    for mod, (k, n) in sorted(by_mod.items()):
+        print(f"{mod}: {k}/{n} killed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
