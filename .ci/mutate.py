@@ -243,8 +243,8 @@ def apply(src: str, m: Mutant) -> str:
     return head + after + tail
 
 
-def run_tests(tests: list[str], timeout: float) -> tuple[str, float]:
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "--no-header", *tests]
+def run_tests(tests: list[str], timeout: float, extra: tuple[str, ...] = ()) -> tuple[str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "--no-header", *extra, *tests]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "CI": "true"})
@@ -258,6 +258,23 @@ def run_tests(tests: list[str], timeout: float) -> tuple[str, float]:
     return "killed", dt
 
 
+def covering_tests(cov_file: Path, module: Path) -> dict[int, set[str]]:
+    """line -> the test node ids that ran it (pytest-cov's per-test contexts), for one source file."""
+    from coverage import CoverageData
+
+    data = CoverageData(basename=str(cov_file))
+    data.read()
+    want = module.resolve()
+    out: dict[int, set[str]] = {}
+    for f in data.measured_files():
+        if Path(f).resolve() != want:
+            continue
+        for line, ctxs in data.contexts_by_lineno(f).items():
+            ids = {c.rsplit("|", 1)[0] for c in ctxs if c}
+            out.setdefault(line, set()).update(ids)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--module", action="append", required=True, help="a source file (repeatable)")
@@ -268,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per mutant (appended)")
     ap.add_argument("--only", type=Path, help="re-run only the survivors recorded in this JSON-lines file")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument(
+        "--cover",
+        action="store_true",
+        help="run each mutant against only the tests that executed its lines in the baseline (pytest-cov contexts)",
+    )
     args = ap.parse_args(argv)
     root = Path.cwd()
     rng = random.Random(args.seed)
@@ -294,11 +316,23 @@ def main(argv: list[str] | None = None) -> int:
         for m in todo:
             print(f"{m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}")
         return 0
-    base, base_s = run_tests(args.tests, timeout=3600)
+    cov_file = args.out.with_suffix(".coverage")
+    extra: tuple[str, ...] = ()
+    if args.cover:
+        cov_file.unlink(missing_ok=True)
+        os.environ["COVERAGE_FILE"] = str(cov_file)
+        covs = [f"--cov={Path(m).resolve().parent}" for m in args.module]
+        extra = (*covs, "--cov-context=test", "--cov-report=")
+    base, base_s = run_tests(args.tests, timeout=3600, extra=extra)
     if base != "survived":
         print(f"the tests fail without any mutant ({base}); fix them first", file=sys.stderr)
         return 2
-    timeout = max(60.0, 3 * base_s + 30)
+    timeout = max(60.0, 2 * base_s + 30)
+    lines_to_tests: dict[str, dict[int, set[str]]] = {}
+    if args.cover:
+        os.environ.pop("COVERAGE_FILE", None)
+        for mod in {m.module for m in todo}:
+            lines_to_tests[mod] = covering_tests(cov_file, root / mod)
     print(f"baseline passes in {base_s:.1f} s; {len(todo)} mutants; timeout {timeout:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for i, m in enumerate(todo, 1):
@@ -306,7 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         original = path.read_text()
         try:
             path.write_text(apply(original, m))
-            m.status, m.seconds = run_tests(args.tests, timeout)
+            if args.cover:
+                cov = lines_to_tests.get(m.module, {})
+                ids = sorted(set().union(*(cov.get(ln, set()) for ln in range(m.start[0], m.end[0] + 1))))
+                # a line no test ran in-process may still run in a test's subprocess: run the files then
+                m.status, m.seconds = run_tests(ids or args.tests, timeout)
+                if not ids:
+                    m.status += " [not covered in-process]"
+            else:
+                m.status, m.seconds = run_tests(args.tests, timeout)
         finally:
             path.write_text(original)
         print(f"[{i}/{len(todo)}] {m.status:16s} {m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}", flush=True)
