@@ -894,7 +894,9 @@ def _section(record: dict, name: str, fn, *a) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--tiny", action="store_true", help="toy sizes (a CPU dry run of the same code; < 1 min)")
+    p.add_argument(
+        "--tiny", action="store_true", help="toy sizes (a CPU dry run of the same code: ~100 CPU-s, mostly imports)"
+    )
     p.add_argument("--out", type=Path, default=REPO / "results" / "gpu", help=f"folder for {RECORD_NAME}")
     p.add_argument("--sections", default="pytest,fused,grpo", help="comma-separated subset of pytest,fused,grpo")
     p.add_argument("--objectives", default=",".join(GRPO_RUNS), help=f"grpo runs: subset of {list(GRPO_RUNS)}")
