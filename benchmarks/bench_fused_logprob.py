@@ -5,7 +5,14 @@ The naive path is what a trainer does by default: materialize the logits, log-so
     logits = hidden @ weight.T                       # [N, V] float32
     logp = log_softmax(logits, -1).gather(-1, ids)   # [N]
 
-The chunked path is ``objectives.fused.fused_linear_logprobs``. Each variant runs in its own
+The chunked path is ``objectives.fused.fused_linear_logprobs``. Two more variants, for GPUs
+(``--variants naive,chunked,liger,trl``; benchmarks/gpu/run.py runs all four):
+
+* ``liger``: Liger-Kernel's fused linear cross-entropy with ``reduction="none"``, log p = -CE;
+* ``trl``: the ``[N, V]`` logits in the input dtype, then TRL's ``selective_log_softmax``.
+
+A variant whose library is not installed reports ``status: unavailable``, one that runs out of
+memory ``status: oom`` (the worker exits 0 either way). Each variant runs in its own
 fresh subprocess (so one variant's allocator state cannot hide or inflate the other's):
 
 * CPU memory: the process's peak resident set size during forward+backward minus its resident
@@ -93,10 +100,13 @@ def _peak_rss_bytes(reset_ok: bool) -> int:
 
 
 def _make_inputs(torch, n, v, h, dtype, device, seed):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    hidden = (torch.randn(n, h, generator=g) / h**0.25).to(device=device, dtype=dtype)
-    weight = (torch.randn(v, h, generator=g) / h**0.25).to(device=device, dtype=dtype)
-    ids = torch.randint(0, v, (n,), generator=g).to(device)
+    # CUDA: drawn on the device (a 151,936 x 4,096 weight is 622M normals); the same seed gives every
+    # variant the same inputs on one device, and CPU runs keep their CPU generator
+    gen_device = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    g = torch.Generator(device=gen_device).manual_seed(seed)
+    hidden = (torch.randn(n, h, generator=g, device=gen_device) / h**0.25).to(device=device, dtype=dtype)
+    weight = (torch.randn(v, h, generator=g, device=gen_device) / h**0.25).to(device=device, dtype=dtype)
+    ids = torch.randint(0, v, (n,), generator=g, device=gen_device).to(device)
     return hidden.requires_grad_(), weight.requires_grad_(), ids
 
 
@@ -108,6 +118,21 @@ def _step(torch, variant, hidden, weight, ids, args):
         from tiltlab.objectives.fused import fused_linear_logprobs
 
         logp = fused_linear_logprobs(hidden, weight, ids, token_chunk=args.token_chunk, vocab_chunk=args.vocab_chunk)
+    elif variant == "liger":
+        # Liger-Kernel's fused linear cross-entropy, per token (reduction="none": its backward recomputes
+        # the chunks and folds in the per-token upstream gradient); log p = -CE; float32 accumulation
+        # of the weight gradient, as the chunked path does
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        logp = -liger_fused_linear_cross_entropy(hidden, weight, ids, reduction="none", accum_dtype=torch.float32)
+    elif variant == "trl":
+        # what TRL's trainers do: the lm-head matmul in the input dtype ([N, V] logits), then TRL's
+        # selective_log_softmax (a Triton kernel on CUDA) on [B, T, V] with T = 1024 tokens per row
+        from trl.trainer.utils import selective_log_softmax
+
+        t = 1024 if ids.numel() % 1024 == 0 else ids.numel()
+        logits = (hidden @ weight.T).view(-1, t, weight.shape[0])
+        logp = selective_log_softmax(logits, ids.view(-1, t)).reshape(-1)
     else:
         raise ValueError(f"unknown variant {variant!r}")
     logp.sum().backward()
@@ -132,6 +157,17 @@ def _worker(args) -> dict:
         del x
         return {"variant": "calibrate", "allocated_bytes": 256 * 2**20, "measured_bytes": peak}
 
+    try:
+        return _measure(torch, args, dtype, dev, cuda, sync)
+    except ImportError as e:  # an optional library (liger_kernel, trl) is not installed here
+        return {"variant": args.variant, "status": "unavailable", "error": f"{type(e).__name__}: {e}"[:500]}
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return {"variant": args.variant, "status": "oom", "error": f"{type(e).__name__}: {e}"[:500]}
+        raise
+
+
+def _measure(torch, args, dtype, dev, cuda, sync) -> dict:
     # warm-up on a small problem (library init, thread pools, kernel selection)
     hw, ww, iw = _make_inputs(torch, 64, 1024, args.hidden, dtype, dev, 1)
     _step(torch, args.variant, hw, ww, iw, args)
@@ -157,9 +193,16 @@ def _worker(args) -> dict:
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
         peaks.append(torch.cuda.max_memory_allocated() - base if cuda else _peak_rss_bytes(reset_ok) - base)
+    out = out.float()
+    if args.perturb_output:  # a self-test of the callers' comparisons: a deliberately wrong output
+        out = out + args.perturb_output
+    if args.save_logp:  # the per-token log-probs, for a caller that compares variants token by token
+        torch.save(out.cpu(), args.save_logp)
     return {
         "variant": args.variant,
+        "status": "ok",
         "time_s": min(times),
+        "tokens_per_s": args.n / min(times) if min(times) > 0 else None,
         "times_s": times,
         "cpu_time_s": cpu_times[times.index(min(times))],
         "cpu_times_s": cpu_times,
@@ -181,9 +224,14 @@ def _worker(args) -> dict:
 
 
 def _run_variant(variant: str, args) -> dict:
+    """One variant in a fresh subprocess: its result dict (``status`` ok, oom or unavailable);
+    RuntimeError when the worker crashed."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--variant", variant]
     for k in ("n", "vocab", "hidden", "dtype", "device", "token_chunk", "vocab_chunk", "repeats", "seed", "threads"):
         cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    for k in ("save_logp", "perturb_output"):
+        if getattr(args, k, None):
+            cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     print(f"[bench] running {variant} ...", file=sys.stderr, flush=True)
@@ -235,6 +283,9 @@ def _markdown(report: dict) -> str:
         "|---|---:|---:|---:|",
     ]
     for r in report["results"]:
+        if r.get("status", "ok") != "ok":
+            lines.append(f"| {r['variant']} | {r['status']} | – | – |")
+            continue
         lines.append(f"| {r['variant']} | {r['peak_bytes'] / 2**20:,.0f} | {r['time_s']:.2f} | {r['cpu_time_s']:.2f} |")
     s = report["summary"]
     lines += [
@@ -248,7 +299,7 @@ def _markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=4096, help="tokens")
     p.add_argument("--vocab", type=int, default=151936, help="vocabulary size (Qwen: 151,936)")
@@ -260,11 +311,17 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="timed repeats per variant (best is reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default / OMP_NUM_THREADS)")
-    p.add_argument("--variants", default="naive,chunked")
+    p.add_argument("--variants", default="naive,chunked", help="comma-separated: naive, chunked, liger, trl")
     p.add_argument("--out", default="results/bench_fused.json", help="JSON path; a .md table is written beside it")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    p.add_argument("--save-logp", default=None, help=argparse.SUPPRESS)  # worker: torch.save the [N] log-probs
+    p.add_argument("--perturb-output", type=float, default=0.0, help=argparse.SUPPRESS)  # worker: add to log-probs
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.token_chunk is None or args.vocab_chunk is None:
         sys.path.insert(0, str(REPO_ROOT))
@@ -282,7 +339,7 @@ def main(argv=None) -> int:
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()
     loadavg = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     results = [_run_variant(v, args) for v in args.variants.split(",")]
-    by = {r["variant"]: r for r in results}
+    by = {r["variant"]: r for r in results if r.get("status") == "ok"}
     summary = _summary(by["naive"], by["chunked"]) if "naive" in by and "chunked" in by else {}
     calibration = _run_variant("calibrate", args) if args.device == "cpu" else None
     report = {

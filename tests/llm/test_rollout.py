@@ -165,11 +165,10 @@ def test_vllm_missing_gives_clear_error():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")  # before the fixtures are built
 def test_vllm_engine_processed_logprobs(tiny_dir, tiny_model):
     """On a GPU with vLLM: sampled log-probs equal teacher-forced processed log-probs."""
     pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     eng = VLLMEngine(str(tiny_dir), dtype="float32", gpu_memory_utilization=0.3, enforce_eager=True)
     for s in (
         SamplingConfig(temperature=0.8, top_k=20, max_new_tokens=8, seed=1),

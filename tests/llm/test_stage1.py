@@ -66,11 +66,10 @@ def test_labels_converge_to_exact_log_z(peaked_dir, math_rows, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")  # before the fixtures are built
 def test_labels_converge_with_vllm_engine(peaked_dir, math_rows, tmp_path):
     """The same exact check with the proposal sampled by vLLM (processed log-probs) on a GPU."""
     pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     _check_convergence(peaked_dir, math_rows, tmp_path, engine="vllm", device="cuda")
 
 
