@@ -471,3 +471,36 @@ def test_rows_of_checks_not_loaded_keep_their_recorded_judgement(isolated_regist
         lambda s: CheckResult(Verdict.PARTLY, "x", items={"x": True})
     )
     assert record.outcomes_from_rows([row])[0].ok is True
+
+
+def test_the_machine_stamp_names_every_field_against_a_direct_reading(monkeypatch):
+    """Each field of a record's machine stamp equals what the system reports, read here directly: a
+    field dropped or read from the wrong source is a record that cannot say where its numbers came from."""
+    import os
+    import platform
+
+    import torch
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2345, 9.0, 9.0))
+    got = record.machine()
+    cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.lower().startswith("model name")]
+    assert got == {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu": names[0] if names else (platform.processor() or None),
+        "cpus": os.cpu_count(),
+        "load": 1.23,  # the 1-minute average, rounded to 2 places
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def test_the_machine_stamp_says_unknown_load_as_none(monkeypatch):
+    import os
+
+    def no_load():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", no_load)
+    assert record.machine()["load"] is None
