@@ -45,6 +45,7 @@ __all__ = [
     "load_tokenizer",
     "masked_mean_pool",
     "model_cache_dir",
+    "model_fingerprint",
     "resolve_dtype",
     "resolve_model",
     "tiny_config",
@@ -493,3 +494,21 @@ def masked_mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"hidden must be [B, L, H] and mask [B, L]; got {tuple(hidden.shape)}, {tuple(mask.shape)}")
     m = mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+def model_fingerprint(model, name: str) -> str:
+    """A cheap identity of a model's weights: name, config and slices of a few parameter tensors
+    (the first 8192 values of the first, middle and last parameter). The key of the embedding caches
+    of Stage 2 and PACED."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256(str(name).encode())
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        h.update(cfg.to_json_string(use_diff=False).encode())
+    params = list(model.parameters())
+    for p in (params[0], params[len(params) // 2], params[-1]):
+        h.update(p.detach().flatten()[:8192].to(torch.float32).cpu().numpy().tobytes())
+    return h.hexdigest()

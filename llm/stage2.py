@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tiltlab.llm.models import model_fingerprint  # the cache key (re-exported: stage2.model_fingerprint)
+
 __all__ = [
     "CONFIG_FILE",
     "REGRESSOR_FILE",
@@ -143,20 +145,6 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     if not out:
         return torch.zeros(0, 0)
     return torch.cat(out)
-
-
-def model_fingerprint(model, name: str) -> str:
-    """A cheap identity of a model's weights: name, config and slices of a few parameter tensors."""
-    import torch
-
-    h = hashlib.sha256(str(name).encode())
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        h.update(cfg.to_json_string(use_diff=False).encode())
-    params = list(model.parameters())
-    for p in (params[0], params[len(params) // 2], params[-1]):
-        h.update(p.detach().flatten()[:8192].to(torch.float32).cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 def cached_embeddings(

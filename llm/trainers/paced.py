@@ -44,15 +44,15 @@ def _prompt_key(prompt) -> str:
     return repr(prompt)
 
 
-def _zero3_gathered(model):
+def _zero3_gathered(model, only: list | None = None):
     """A context in which a model whose parameters DeepSpeed ZeRO-3 partitioned at load
     (``zero.Init``) has them whole on every rank (a no-op for any other model). The embedding pass
     runs when the trainer is built, before DeepSpeed's engine installs the hooks that gather each
     layer for its forward; it gathers all parameters at once, so each rank holds the full weights
-    (its dtype) for the duration of the pass."""
+    (its dtype) for the duration of the pass. ``only``: gather just these parameters of the model."""
     import contextlib
 
-    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    params = [p for p in (model.parameters() if only is None else only) if hasattr(p, "ds_id")]
     if not params:
         return contextlib.nullcontext()
     import deepspeed
@@ -98,14 +98,20 @@ class PacedMixin:
     def _paced_ref_embeddings(self, prompts: list) -> Tensor:
         """``[N, H]`` float32 masked-mean-pooled final hidden states of ``pi_ref`` (the initial
         policy); each process embeds every ``world``-th prompt, then all-gather. Cached in
-        ``output_dir/paced_ref_embeddings.pt`` (keyed by the prompts and the model)."""
-        from tiltlab.llm.models import masked_mean_pool
+        ``output_dir/paced_ref_embeddings.pt`` (keyed by the prompts in order and the model's
+        :func:`~tiltlab.llm.models.model_fingerprint`)."""
+        from tiltlab.llm.models import masked_mean_pool, model_fingerprint
         from tiltlab.llm.scoring import hidden_states
 
         acc = self.accelerator
         model = acc.unwrap_model(self.model)
         name = str(getattr(getattr(model, "config", None), "_name_or_path", ""))
-        key = hashlib.sha256(("\n".join(_prompt_key(p) for p in prompts) + "|" + name).encode()).hexdigest()
+        # the key holds the weights too (model_fingerprint: name, config, slices of the first, middle
+        # and last parameter): another model saved under the same name never reads these embeddings
+        params = list(model.parameters())
+        with _zero3_gathered(model, only=[params[0], params[len(params) // 2], params[-1]]):
+            fingerprint = model_fingerprint(model, name)
+        key = hashlib.sha256(("\n".join(_prompt_key(p) for p in prompts) + "|" + fingerprint).encode()).hexdigest()
         cache = Path(self.args.output_dir) / "paced_ref_embeddings.pt"
         if cache.is_file():
             d = torch.load(cache, map_location="cpu", weights_only=True)

@@ -5,6 +5,7 @@ model during training)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -104,3 +105,26 @@ def test_disa_label_config_key():
     assert SECTION_KEYS["disa"]["label"] == "disa_label"
     with pytest.raises(ValueError, match="disa_label"):
         TiltGRPOConfig(output_dir="x", use_cpu=True, disa_label="file")
+
+
+def test_frozen_log_z_cache_follows_each_rows_own_prompt():
+    """The DISA log Z cache (keyed by the prompt): rows in any order, repeated or new, get their own
+    prompt's value, and the predictor is asked only for prompts it has not seen."""
+    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+
+    value = {"a": 0.5, "b": -1.25, "c": 2.0, "d": 3.5}
+    asked: list[list[str]] = []
+
+    def log_z_fn(prompts):
+        asked.append([p[0]["content"] for p in prompts])
+        return torch.tensor([value[p[0]["content"]] for p in prompts])
+
+    st = SimpleNamespace(log_z_fn=log_z_fn, _log_z_cache={})
+
+    def rows(*names):
+        return [{"prompt": [{"role": "user", "content": n}]} for n in names]
+
+    for names in (("b", "b", "a", "a"), ("c", "a", "c", "b"), ("d", "c", "b", "a")):
+        got = TiltGRPOTrainer._frozen_log_z(st, rows(*names))
+        assert got.tolist() == [value[n] for n in names]
+    assert [sorted(a) for a in asked] == [["a", "b"], ["c"], ["d"]]
