@@ -75,6 +75,9 @@ class Mutant:
     after: str
     status: str = "pending"
     seconds: float = 0.0
+    killed_by: str = ""
+    #: with --ref: was it killed by a test that existed at the reference revision? (None: not known)
+    killed_before: bool | None = None
 
     @property
     def key(self) -> str:
@@ -243,19 +246,44 @@ def apply(src: str, m: Mutant) -> str:
     return head + after + tail
 
 
-def run_tests(tests: list[str], timeout: float, extra: tuple[str, ...] = ()) -> tuple[str, float]:
+def run_tests(tests: list[str], timeout: float, extra: tuple[str, ...] = ()) -> tuple[str, float, str]:
+    """(status, seconds, the first failing test's node id or "")."""
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "--no-header", *extra, *tests]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "CI": "true"})
     except subprocess.TimeoutExpired:
-        return "killed (timeout)", time.monotonic() - t0
+        return "killed (timeout)", time.monotonic() - t0, ""
     dt = time.monotonic() - t0
+    failed = next((ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))), "")
     if r.returncode == 0:
-        return "survived", dt
+        return "survived", dt, ""
     if r.returncode in (2, 3, 4, 5):  # interrupted, internal error, usage, no tests: the mutant broke import
-        return "killed (error)", dt
-    return "killed", dt
+        return "killed (error)", dt, failed
+    return "killed", dt, failed
+
+
+def test_names(path: Path, rev: str | None) -> set[str]:
+    """The test function names of one test file, now or at git revision ``rev`` (empty if absent)."""
+    if rev is None:
+        src = path.read_text() if path.exists() else ""
+    else:
+        r = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
+        src = r.stdout if r.returncode == 0 else ""
+    tree = ast.parse(src) if src else ast.Module(body=[], type_ignores=[])
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def is_new(node_id: str, old: dict[str, set[str]]) -> bool:
+    """A test added since the reference revision: its function did not exist in its file then."""
+    file, _, rest = node_id.partition("::")
+    name = rest.split("::")[-1].split("[")[0]
+    if file not in old:
+        old[file] = test_names(Path(file), REF[0])
+    return name not in old[file]
+
+
+REF: list[str | None] = [None]
 
 
 def covering_tests(cov_file: Path, module: Path) -> dict[int, set[str]]:
@@ -277,8 +305,17 @@ def covering_tests(cov_file: Path, module: Path) -> dict[int, set[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--module", action="append", required=True, help="a source file (repeatable)")
-    ap.add_argument("--tests", nargs="+", required=True, help="test files run against every mutant")
+    ap.add_argument("--module", action="append", default=[], help="a source file (repeatable)")
+    ap.add_argument("--tests", nargs="+", default=[], help="test files run against every mutant")
+    ap.add_argument(
+        "--map",
+        type=Path,
+        help="'module | test files' lines (.ci/mutation_map.txt): every module with its own tests, one baseline",
+    )
+    ap.add_argument(
+        "--ref",
+        help="a git revision: a mutant killed only by tests added since then counts as a survivor 'before'",
+    )
     ap.add_argument("--per-module", type=int, default=0, help="sample this many mutants per module (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ops", default="", help="comma-separated operator classes to keep (default: all)")
@@ -292,6 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     root = Path.cwd()
+    REF[0] = args.ref
+    tests_of: dict[str, list[str]] = {}
+    if args.map:
+        for ln in args.map.read_text().splitlines():
+            if ln.strip() and not ln.startswith("#"):
+                mod, _, tests = ln.partition("|")
+                tests_of[mod.strip()] = tests.split()
+        args.module = args.module or list(tests_of)
+        args.tests = sorted({t for m in args.module for t in tests_of[m]})
+    if not args.module or not args.tests:
+        ap.error("give --module and --tests, or --map")
     rng = random.Random(args.seed)
     keep = set(filter(None, args.ops.split(",")))
     todo: list[Mutant] = []
@@ -299,7 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = [json.loads(x) for x in args.only.read_text().splitlines() if x.strip()]
         wanted = {r["module"] for r in rows}
         todo = [
-            Mutant(**{**r, "start": tuple(r["start"]), "end": tuple(r["end"]), "status": "pending", "seconds": 0.0})
+            Mutant(
+                **{
+                    **r,
+                    "start": tuple(r["start"]),
+                    "end": tuple(r["end"]),
+                    "status": "pending",
+                    "seconds": 0.0,
+                    "killed_by": "",
+                    "killed_before": None,
+                }
+            )
             for r in rows
             if r["status"] == "survived" and r["module"] in {str(Path(m)) for m in args.module} & wanted
         ]
@@ -321,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cover:
         cov_file.unlink(missing_ok=True)
         os.environ["COVERAGE_FILE"] = str(cov_file)
-        covs = [f"--cov={Path(m).resolve().parent}" for m in args.module]
+        covs = [f"--cov={d}" for d in sorted({str(Path(m).resolve().parent) for m in args.module})]
         extra = (*covs, "--cov-context=test", "--cov-report=")
-    base, base_s = run_tests(args.tests, timeout=3600, extra=extra)
+    base, base_s, _ = run_tests(args.tests, timeout=3600, extra=extra)
     if base != "survived":
         print(f"the tests fail without any mutant ({base}); fix them first", file=sys.stderr)
         return 2
-    timeout = max(60.0, 2 * base_s + 30)
+    timeout = max(60.0, 2 * base_s + 30) if not args.map else 600.0
     lines_to_tests: dict[str, dict[int, set[str]]] = {}
     if args.cover:
         os.environ.pop("COVERAGE_FILE", None)
@@ -340,15 +398,27 @@ def main(argv: list[str] | None = None) -> int:
         original = path.read_text()
         try:
             path.write_text(apply(original, m))
+            own = tests_of.get(m.module, args.tests)
+            old: dict[str, set[str]] = {}
             if args.cover:
                 cov = lines_to_tests.get(m.module, {})
                 ids = sorted(set().union(*(cov.get(ln, set()) for ln in range(m.start[0], m.end[0] + 1))))
+                if args.ref:  # tests that existed at --ref first: with -x, a new test fails only if they all passed
+                    ids.sort(key=lambda i: is_new(i, old))
                 # a line no test ran in-process may still run in a test's subprocess: run the files then
-                m.status, m.seconds = run_tests(ids or args.tests, timeout)
+                m.status, m.seconds, m.killed_by = run_tests(ids or own, timeout)
                 if not ids:
                     m.status += " [not covered in-process]"
             else:
-                m.status, m.seconds = run_tests(args.tests, timeout)
+                ids = []
+                m.status, m.seconds, m.killed_by = run_tests(own, timeout)
+            if args.ref:
+                if not m.status.startswith("killed"):
+                    m.killed_before = False
+                elif m.killed_by and not is_new(m.killed_by, old):
+                    m.killed_before = True
+                elif m.killed_by and ids:  # every older selected test ran first and passed
+                    m.killed_before = False
         finally:
             path.write_text(original)
         print(f"[{i}/{len(todo)}] {m.status:16s} {m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}", flush=True)
@@ -356,13 +426,21 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(asdict(m)) + "\n")
     by_mod: dict[str, list[int]] = {}
     for m in todo:
-        k = by_mod.setdefault(m.module, [0, 0])
+        k = by_mod.setdefault(m.module, [0, 0, 0])
         k[0] += m.status.startswith("killed")
         k[1] += 1
-    for mod, (k, n) in sorted(by_mod.items()):
-        print(f"{mod}: {k}/{n} killed")
+        k[2] += bool(m.killed_before)
+    for mod, (k, n, kb) in sorted(by_mod.items()):
+        print(f"{mod}: {k}/{n} killed" + (f" ({kb} by tests older than {args.ref})" if args.ref else ""))
     return 0
 
 
+def _terminate(signum, frame):  # a SIGTERM unwinds through the ``finally`` that restores the file
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     raise SystemExit(main())
