@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run each mutant against only the tests that executed its lines in the baseline (pytest-cov contexts)",
     )
+    ap.add_argument("--reuse-coverage", action="store_true", help="skip the baseline: reuse --out's coverage file")
+    ap.add_argument("--last", default="", help="comma-separated modules whose mutants run last (slow tests)")
     args = ap.parse_args(argv)
     root = Path.cwd()
     REF[0] = args.ref
@@ -370,18 +372,23 @@ def main(argv: list[str] | None = None) -> int:
                 ms = rng.sample(ms, args.per_module)
                 ms.sort(key=lambda m: m.start)
             todo += ms
+    slow = set(filter(None, args.last.split(",")))
+    todo.sort(key=lambda m: m.module in slow)  # stable: the sampled order otherwise
     if args.list:
         for m in todo:
             print(f"{m.module}:{m.line} [{m.op}] {m.before!r} -> {m.after!r}")
         return 0
     cov_file = args.out.with_suffix(".coverage")
     extra: tuple[str, ...] = ()
-    if args.cover:
+    if args.cover and not args.reuse_coverage:
         cov_file.unlink(missing_ok=True)
         os.environ["COVERAGE_FILE"] = str(cov_file)
         covs = [f"--cov={d}" for d in sorted({str(Path(m).resolve().parent) for m in args.module})]
         extra = (*covs, "--cov-context=test", "--cov-report=")
-    base, base_s, _ = run_tests(args.tests, timeout=3600, extra=extra)
+    if args.reuse_coverage:  # the baseline of an earlier run of the same tests, its coverage file beside --out
+        base, base_s, extra = "survived", 0.0, ()
+    else:
+        base, base_s, _ = run_tests(args.tests, timeout=3600, extra=extra)
     if base != "survived":
         print(f"the tests fail without any mutant ({base}); fix them first", file=sys.stderr)
         return 2
