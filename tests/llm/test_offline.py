@@ -3,6 +3,9 @@ future-policy path correctly (at theta = ref, pi_hat = pi, so FPA's gradient equ
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 
@@ -110,3 +113,82 @@ def test_prepare_rows():
             model=torch.nn.Linear(1, 1),
             args=OfflineConfig(output_dir="x", objective="dpo", use_cpu=True, report_to="none"),
         )
+
+
+def _naive_fpa_loss(model, ref, batch, lam, apply_to):
+    """FPA eq. (3)'s loss by loops over rows and completion tokens, from the models' plain
+    ``model(...).logits`` (the head's bias included): ``pi_hat`` per token is
+    ``softmax((1 + lam) z_theta - lam z_ref)`` (eq. 4); rows ``apply_to`` leaves out weigh by ``pi``."""
+    ids, attn, tgt, r01 = batch["input_ids"], batch["attention_mask"], batch["target_mask"], batch["reward"]
+    with torch.no_grad():
+        z_t = model(input_ids=ids, attention_mask=attn).logits.double()
+        z_r = ref(input_ids=ids, attention_mask=attn).logits.double()
+    terms = []
+    for b in range(ids.shape[0]):
+        lp = fut = 0.0
+        n = 0
+        for t in range(1, ids.shape[1]):
+            if tgt[b, t] > 0:
+                tok = int(ids[b, t])
+                lp += float(torch.log_softmax(z_t[b, t - 1], -1)[tok])
+                fut += float(torch.log_softmax((1 + lam) * z_t[b, t - 1] - lam * z_r[b, t - 1], -1)[tok])
+                n += 1
+        correct = float(r01[b]) > 0
+        use = apply_to == "all" or (apply_to == "correct") == correct
+        weight = math.exp((fut if use else lp) / n)
+        terms.append((1.0 if correct else -1.0) * weight * lp / n)
+    return -sum(terms) / len(terms)
+
+
+def test_fpa_apply_to_weighs_exactly_the_chosen_rows_by_the_future_policy(tiny_dir, tmp_path, offline_rows):
+    # 0/1 rewards: "incorrect" rows are r = 0 (R = -1); a rule testing r < 0 would never apply pi_hat.
+    # The policy is moved off pi_ref, and both heads carry a (different) output bias, so pi_hat != pi
+    # on every row and the fused read-outs must add the biases to reproduce model(...).logits.
+    lam = 2.0
+    rows = offline_rows[:4]
+    assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0]
+    losses = {}
+    for apply_to in ("all", "correct", "incorrect"):
+        tr = _trainer(tiny_dir, tmp_path, rows, "fpa", fpa_lam=lam, fpa_apply_to=apply_to, seed=0)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in tr.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            for m in (tr.model, tr.ref_model):
+                head = m.get_output_embeddings()
+                head.bias = torch.nn.Parameter(0.5 * torch.randn(head.out_features, generator=gen))
+        batch = tr.data_collator(rows)
+        want = _naive_fpa_loss(tr.model, tr.ref_model, batch, lam, apply_to)
+        got = float(tr.compute_loss(tr.model, batch).detach())
+        # float32 fused read-out vs a float64 loop over the same float32 logits: ~1e-7 relative
+        assert abs(got - want) <= 1e-5 * abs(want), (apply_to, got, want)
+        losses[apply_to] = got
+    # the three options give three different losses (each differs from the others by >> the tolerance)
+    vals = sorted(losses.values())
+    assert min(b - a for a, b in itertools.pairwise(vals)) > 1e-3 * max(abs(v) for v in vals), losses
+
+
+def test_collator_truncates_an_over_long_prompt_from_its_start(tiny_dir):
+    # max_length caps prompt + completion: the prompt loses its FIRST tokens (the end of the prompt,
+    # next to the completion, is kept) and the completion is kept whole while it fits
+    from tiltlab.llm.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_dir, padding_side="right")
+    prompt = " ".join(str(i) for i in range(40))
+    completion = "7 + 8"
+    col = OfflineCollator(tok, chat_template=False, max_length=16)
+    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    c_ids = [*tok(completion, add_special_tokens=False)["input_ids"], tok.eos_token_id]
+    assert len(p_ids) > 16 > len(c_ids) + 1 and p_ids[:3] != p_ids[-3:]
+    out = col([{"prompt": prompt, "completion": completion, "reward": 1.0}])
+    keep = 16 - len(c_ids)
+    assert out["input_ids"][0].tolist() == p_ids[len(p_ids) - keep :] + c_ids
+    assert out["target_mask"][0].tolist() == [0] * keep + [1] * len(c_ids)
+    # a completion longer than max_length keeps one prompt token and the completion's first tokens
+    long_c = " ".join(str(i % 10) for i in range(30))
+    lc_ids = [*tok(long_c, add_special_tokens=False)["input_ids"], tok.eos_token_id]
+    out = col([{"prompt": prompt, "completion": long_c, "reward": 1.0}])
+    assert out["input_ids"][0].tolist() == [p_ids[-1], *lc_ids[:15]]
+    # rows within the limit are untouched
+    short = OfflineCollator(tok, chat_template=False, max_length=2048)([{"prompt": prompt, "completion": completion}])
+    assert short["input_ids"][0].tolist() == p_ids + c_ids
