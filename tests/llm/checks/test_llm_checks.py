@@ -83,6 +83,38 @@ def test_sample_answers_follow_the_distribution():
     assert (ans[0] != 3).all()
 
 
+def test_stage1_labels_with_a_proposal_other_than_pi_ref():
+    """DISA eq. (8) with q != pi_ref: log w = log pi_ref - log q + beta r. At q = pi_ref the log q term
+    cancels, so only a proposal that differs from pi_ref tests it (the weak/strong-proposal checks)."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(2)
+    p, k, beta = 3, 6, 1.5
+    log_ref = torch.log_softmax(torch.randn(p, k, generator=g, dtype=torch.float64), -1)
+    log_q = torch.log_softmax(2 * torch.randn(p, k, generator=g, dtype=torch.float64), -1)
+    reward = (torch.rand(p, k, generator=g) < 0.5).double()
+    reward[:, 0], reward[:, 1] = 1.0, 0.0  # both outcomes in every row
+    ref, task = SimpleNamespace(log_probs=log_ref), SimpleNamespace(reward=reward)
+    idx = [0, 1, 2]
+    # the same M draws from q as the function takes (the generator seeded alike): a loop over them
+    m = 5
+    got = stage3.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(7), proposal=log_q)
+    ans = torch.multinomial(log_q.exp().float(), m, replacement=True, generator=torch.Generator().manual_seed(7))
+    for i in range(p):
+        w = [math.exp(log_ref[i, a] - log_q[i, a] + beta * reward[i, a]) for a in ans[i].tolist()]
+        assert got[i].item() == pytest.approx(math.log(sum(w) / m), rel=1e-12)
+    # unbiased for Z = sum_k pi_ref e^(beta r) whatever q is: with M = 40000 draws the label is within 5
+    # standard errors of log Z (delta method, the exact variance of w under q), far from log E_q[pi_ref e^(beta r)]
+    m = 40_000
+    got = stage3.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(8), proposal=log_q)
+    f = log_ref.exp() * torch.exp(beta * reward)  # pi_ref e^(beta r), [P, K]
+    z = f.sum(-1)
+    se = ((f**2 / log_q.exp()).sum(-1) - z**2).sqrt() / math.sqrt(m) / z
+    wrong = torch.log((log_q.exp() * f).sum(-1))  # what the label would be without the log q term
+    assert ((got - z.log()).abs() < 5 * se).all(), (got, z.log(), se)
+    assert ((wrong - z.log()).abs() > 50 * se).all()
+
+
 def test_mean_ci():
     m, lo, hi = T.mean_ci([1.0, 2.0, 3.0])
     assert m - lo == pytest.approx(hi - m)
