@@ -43,10 +43,10 @@ def naive_entropy(hidden, weight, bias=None, temperature=1.0):
     return -(logp.exp() * logp).sum(-1)
 
 
-def naive_future_logprobs(h_theta, w_theta, h_ref, w_ref, ids, lam, temperature=1.0):
-    """FPA eq. (4): log softmax((1+lam) z_theta - lam z_ref)[ids], float64."""
-    z = (1 + lam) * naive_logits(h_theta, w_theta, None, temperature) - lam * naive_logits(
-        h_ref, w_ref, None, temperature
+def naive_future_logprobs(h_theta, w_theta, h_ref, w_ref, ids, lam, temperature=1.0, b_theta=None, b_ref=None):
+    """FPA eq. (4): log softmax((1+lam) z_theta - lam z_ref)[ids], float64; z = (h W^T + b) / T."""
+    z = (1 + lam) * naive_logits(h_theta, w_theta, b_theta, temperature) - lam * naive_logits(
+        h_ref, w_ref, b_ref, temperature
     )
     return torch.log_softmax(z, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
 
@@ -164,6 +164,34 @@ def test_future_logprobs_values_and_grads(dtype, lam):
     assert_close_grad(g_h, r_h, dtype, "h_theta")
     assert_close_grad(g_w, r_w, dtype, "w_theta")
     assert g_hr is None and g_wr is None, "the reference is frozen: no gradient may reach it"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lam", [0.0, 0.5, 2.0])
+def test_future_logprobs_with_output_biases(dtype, lam):
+    """Both read-outs carry an output bias (models with a biased lm_head): z = (h W^T + b) / T on each
+    side, so pi_hat's logits carry (1 + lam) b_theta - lam b_ref; the gradient reaches b_theta, never b_ref."""
+    n, h, h_ref_dim, v, temp = 23, 10, 7, 53, 0.8
+    hid, w, b, ids, up = make(n, h, v, dtype, seed=13)
+    href, wref, bref, _, _ = make(n, h_ref_dim, v, dtype, seed=14)
+    out = fused_linear_future_logprobs(
+        hid, w, href, wref, ids, lam, bias_theta=b, bias_ref=bref, temperature=temp, token_chunk=5, vocab_chunk=11
+    )
+    h64, w64, b64, hr64, wr64, br64 = leaf64(hid, w, b, href, wref, bref)
+    ref = naive_future_logprobs(h64, w64, hr64, wr64, ids, lam, temp, b_theta=b64, b_ref=br64)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=VALUE_TOL[dtype] * (1 + 2 * lam))
+    # the biases move the answer by far more than the tolerance (a read-out that drops either is caught)
+    for nb_t, nb_r in ((None, br64), (b64, None)):
+        if lam == 0 and nb_t is not None:
+            continue  # at lam = 0 the reference side (and its bias) has weight 0
+        without = naive_future_logprobs(h64, w64, hr64, wr64, ids, lam, temp, b_theta=nb_t, b_ref=nb_r).detach()
+        assert (without - ref.detach()).abs().max() > 1e-2
+    g_h, g_w, g_b, g_hr, g_wr, g_br = grads(out, up, [hid, w, b, href, wref, bref])
+    r_h, r_w, r_b = grads(ref, up, [h64, w64, b64])
+    assert_close_grad(g_h, r_h, dtype, "h_theta")
+    assert_close_grad(g_w, r_w, dtype, "w_theta")
+    assert_close_grad(g_b, r_b, dtype, "bias_theta")
+    assert g_hr is None and g_wr is None and g_br is None, "the reference is frozen: no gradient may reach it"
 
 
 def test_future_eq5_product_of_powers():
