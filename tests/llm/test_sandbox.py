@@ -390,6 +390,34 @@ def test_judged_stdio():
     assert not run_judged("print(7)", tests, FAST, stdio=True).passed
 
 
+_STDIO_SUM = "import os, sys\nprint(sum(map(int, sys.stdin.read().split())))\nsys.stdout.flush()\n"
+
+
+@pytest.mark.parametrize(
+    "ending,ok",
+    [
+        ("", True),
+        ("sys.exit()", True),
+        ("sys.exit(0)", True),
+        ("sys.exit(False)", True),  # SystemExit(False): status 0, as the interpreter exits
+        ("sys.exit(3)", False),
+        ("sys.exit(True)", False),
+        ("raise SystemExit('bye')", False),  # a message: status 1
+        ("os._exit(2)", False),
+        ("raise ValueError('late')", False),
+    ],
+)
+def test_judged_stdio_program_that_prints_the_answer_then_exits_nonzero_fails(ending, ok):
+    # the right output on stdout is not enough: a stdio program is judged, like a script, with its
+    # exit status, so printing the answer and then failing (or exiting non-zero) is a failure
+    tests = "assert __stdio__('1 2\\n3').split() == ['6']\n"
+    r = run_judged(_STDIO_SUM + ending + "\n", tests, FAST, stdio=True)
+    assert r.passed is ok, (ending, r.status, r.judge_stderr)
+    if not ok:  # the failure reaches the tests as an exception naming the exit status
+        caught = "try:\n    __stdio__('1')\nexcept RuntimeError as e:\n    assert 'exit status' in str(e), e\nelse:\n    raise AssertionError('no error')\n"
+        assert run_judged(_STDIO_SUM + ending + "\n", caught, FAST, stdio=True).passed
+
+
 def test_judged_timeout_and_many():
     r = run_judged("def f():\n    while True:\n        pass\n", "f()", FAST)
     assert r.status == "timeout" and not r.passed
