@@ -641,8 +641,9 @@ def _stdio(text):
             sys.stdout = open(1, "w", closefd=False)
             try:
                 exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-            except SystemExit as e:
-                rc = 0 if e.code is None or e.code == 0 else 1
+            except SystemExit as e:  # as the interpreter: None and the int 0 exit 0; 0.0, "" or "0" exit 1
+                c = e.code
+                rc = 0 if c is None or (isinstance(c, int) and int.__eq__(c, 0)) else 1
             _join_threads()  # as the interpreter does at exit: non-daemon threads finish first
         except BaseException as e:
             rc = 1

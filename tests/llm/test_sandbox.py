@@ -400,6 +400,10 @@ _STDIO_SUM = "import os, sys\nprint(sum(map(int, sys.stdin.read().split())))\nsy
         ("sys.exit()", True),
         ("sys.exit(0)", True),
         ("sys.exit(False)", True),  # SystemExit(False): status 0, as the interpreter exits
+        ("sys.exit(0.0)", False),  # the interpreter prints a non-int code and exits 1
+        ("sys.exit('')", False),
+        ("import decimal; sys.exit(decimal.Decimal(0))", False),
+        ("sys.exit(type('Z', (int,), {'__eq__': lambda s, o: True})(3))", False),  # status 3, whatever __eq__ says
         ("sys.exit(3)", False),
         ("sys.exit(True)", False),
         ("raise SystemExit('bye')", False),  # a message: status 1
