@@ -353,6 +353,83 @@ def test_judged_values_cross_as_exact_builtins(ret, test, ok):
     assert run_judged(f"def f():\n    return {ret}\n", test, FAST).passed is ok
 
 
+# a subclass of each builtin that crosses by value, holding a value EQUAL to the plain one: only the
+# exact-type rule keeps it in the sandbox (a rule by isinstance would send the plain value, and the
+# first test below would pass); the last column is a test that must pass either way (its content is
+# reachable through the handle: iteration / len / indexing run in the sandbox and return plain values)
+_SUB = "import collections, decimal, fractions\n"
+_EXACT_TYPE_CASES = [
+    ("type('L', (list,), {})([1, 2])", "[1, 2]", "assert list(f()) == [1, 2]"),
+    ("type('T', (tuple,), {})((1, 2))", "(1, 2)", "assert tuple(f()) == (1, 2)"),
+    ("type('D', (dict,), {})({'a': 1})", "{'a': 1}", "assert f()['a'] == 1"),
+    ("type('S', (set,), {})({1, 2})", "{1, 2}", "assert sorted(f()) == [1, 2]"),
+    ("type('FS', (frozenset,), {})({1, 2})", "frozenset({1, 2})", "assert len(f()) == 2"),
+    ("type('I', (int,), {})(3)", "3", "assert f() is not None"),
+    ("type('S', (str,), {})('ab')", "'ab'", "assert len(f()) == 2"),
+    ("type('F', (float,), {})(1.5)", "1.5", "assert f() is not None"),
+    ("type('B', (bytes,), {})(b'ab')", "b'ab'", "assert list(f()) == [97, 98]"),
+    ("type('BA', (bytearray,), {})(b'ab')", "bytearray(b'ab')", "assert len(f()) == 2"),
+    ("type('C', (complex,), {})(1j)", "1j", "assert f() is not None"),
+    ("type('Q', (collections.Counter,), {})('aab')", "collections.Counter('aab')", "assert f()['a'] == 2"),
+    (
+        "type('O', (collections.OrderedDict,), {})([('a', 1)])",
+        "collections.OrderedDict([('a', 1)])",
+        "assert list(f()) == ['a']",
+    ),
+    (
+        "type('DD', (collections.defaultdict,), {})(list, {'a': [1]})",
+        "collections.defaultdict(list, {'a': [1]})",
+        "assert f()['a'] == [1]",
+    ),
+    ("type('DQ', (collections.deque,), {})([1, 2])", "collections.deque([1, 2])", "assert list(f()) == [1, 2]"),
+    ("type('FR', (fractions.Fraction,), {})(1, 3)", "fractions.Fraction(1, 3)", "assert f() is not None"),
+    ("type('DE', (decimal.Decimal,), {})('1.5')", "decimal.Decimal('1.5')", "assert f() is not None"),
+    # a namedtuple's subclass (bases (P,), not (tuple,)) is no namedtuple on the wire
+    (
+        "type('Q2', (collections.namedtuple('P', 'x y'),), {})(1, 2)",
+        "(1, 2)",  # a namedtuple equals its plain tuple; two namedtuple() calls give two types
+        "assert tuple(f()) == (1, 2)",
+    ),
+    # nested: the plain list crosses, the subclass inside it stays a handle
+    ("[type('L', (list,), {})([1])]", "[[1]]", "assert len(f()) == 1 and list(f()[0]) == [1]", "[0]"),
+]
+
+
+@pytest.mark.parametrize("case", _EXACT_TYPE_CASES, ids=[c[0].split("'")[1] for c in _EXACT_TYPE_CASES])
+def test_judged_subclass_with_an_equal_value_does_not_cross_as_the_builtin(case):
+    ret, plain, usable, at = (*case, "")[:4]  # at: where the subclass sits in the value ("" = the value)
+    code = f"{_SUB}def f():\n    return {ret}\n"
+    tests = "import collections, decimal, fractions\n"
+    # the plain builtin of that value crosses, compares equal and keeps its type; the subclass does neither
+    same_type = f"assert type(f(){at}) is type(({plain}){at})"
+    plain_code = f"{_SUB}def f():\n    return {plain}\n"
+    assert run_judged(plain_code, tests + f"assert f() == {plain}\n" + same_type, FAST).passed
+    assert not run_judged(code, tests + f"assert f() == {plain}", FAST).passed
+    assert not run_judged(code, tests + same_type, FAST).passed
+    r = run_judged(code, tests + usable, FAST)
+    assert r.passed, r.judge_stderr
+
+
+@pytest.mark.parametrize(
+    "ret,test,ok",
+    [
+        ("True", "assert f() is True and type(f()) is bool", True),
+        ("1", "assert f() is True", False),  # 1 == True, but 1 is not True: an int stays an int
+        ("1", "assert type(f()) is int and f() == True", True),
+        ("False", "assert type(f()) is bool and f() is False", True),
+        ("0", "assert type(f()) is bool", False),
+        ("True", "assert type(f()) is int", False),
+        ("1.0", "assert type(f()) is float and f() == 1", True),
+        ("1", "assert type(f()) is float", False),
+        ("(1,)", "assert type(f()) is tuple and f() != [1]", True),
+        ("{1: 2}", "assert type(f()) is dict", True),
+        ("frozenset({1})", "assert type(f()) is frozenset and f() == {1}", True),
+    ],
+)
+def test_judged_bool_int_float_and_containers_keep_their_exact_type(ret, test, ok):
+    assert run_judged(f"def f():\n    return {ret}\n", test, FAST).passed is ok
+
+
 def test_judged_handles_classes_generators_and_modules():
     code = (
         "import math\n"
