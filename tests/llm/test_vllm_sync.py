@@ -40,6 +40,87 @@ def test_adapter_refuses_an_unknown_trl_layout():
     assert gen.sync_weights == "untouched"
 
 
+def _fake_colocated_gen(pairs, events, tied=True):
+    """TRL's ``VLLMGeneration`` in colocate mode over a fake in-process ``vllm.LLM`` whose engine calls
+    (the in-place reload, the tied head's repack, the prefix-cache reset) are recorded in ``events``."""
+    embed = torch.nn.Embedding(8, 4)
+    lm_head = torch.nn.Module()
+    lm_head.weight = torch.nn.Parameter(torch.zeros(8, 4))
+    lm_head.quant_method = SimpleNamespace(process_weights_after_loading=lambda layer: events.append(("repack", layer)))
+    model = torch.nn.Module()
+    model.model = SimpleNamespace(embed_tokens=embed)
+    model.lm_head = lm_head
+    model.config = SimpleNamespace(tie_word_embeddings=tied)
+
+    class Runner:
+        def reload_weights(self, weights_iterator=None, is_checkpoint_format=None, **kw):
+            events.append(("reload", list(weights_iterator), is_checkpoint_format, kw))
+
+        def get_model(self):
+            events.append(("get_model",))
+            return model
+
+        def load_weights(self, *a, **kw):  # TRL's per-parameter path, which must not run on CPU
+            events.append(("load_weights",))
+
+    runner = Runner()
+    runner.model = SimpleNamespace(load_weights=runner.load_weights)
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))),
+        reset_prefix_cache=lambda: events.append(("reset_prefix_cache",)),
+    )
+    gen = SimpleNamespace(mode="colocate", llm=llm, _iter_named_params=lambda: iter(pairs))
+    return gen, model
+
+
+def test_cpu_sync_reloads_in_place_then_reties_then_resets_the_prefix_cache(monkeypatch):
+    # the engine contract of the CPU colocate sync: one in-place reload of every (name, tensor) pair in
+    # checkpoint format, then the tied head re-pointed at the reloaded embedding and repacked, and only
+    # then the prefix cache reset (blocks computed with the old weights must not serve the next prompts)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pairs = [("model.embed_tokens.weight", torch.ones(8, 4)), ("model.norm.weight", torch.ones(4))]
+    events = []
+    gen, model = _fake_colocated_gen(pairs, events)
+    reload_on_cpu(gen)
+    assert events == []  # installing the sync calls nothing
+    gen.sync_weights()
+    assert [e[0] for e in events] == ["reload", "get_model", "repack", "reset_prefix_cache"]
+    _, sent, checkpoint_format, extra = events[0]
+    assert [n for n, _ in sent] == [n for n, _ in pairs] and all(a is b for (_, a), (_, b) in zip(sent, pairs))
+    assert checkpoint_format is True and extra == {}
+    assert events[2][1] is model.lm_head and model.lm_head.weight is model.model.embed_tokens.weight
+    gen.sync_weights()  # every sync does all of it again, with a fresh walk
+    assert [e[0] for e in events[4:]] == ["reload", "get_model", "repack", "reset_prefix_cache"]
+    assert [n for n, _ in events[4][1]] == [n for n, _ in pairs]
+    # untied output layer: nothing to repack, the cache is still reset after the reload
+    events.clear()
+    gen, _ = _fake_colocated_gen(pairs, events, tied=False)
+    reload_on_cpu(gen)
+    gen.sync_weights()
+    assert [e[0] for e in events] == ["reload", "get_model", "reset_prefix_cache"]
+
+
+def test_cpu_sync_reloads_the_walk_without_the_head(monkeypatch):
+    # in the trainer the head filter is installed first, so the in-place reload never sees the head
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pairs = [("model.norm.weight", torch.ones(4)), ("log_z_head.net.0.weight", torch.ones(2, 4))]
+    events = []
+    gen, _ = _fake_colocated_gen(pairs, events)
+    keep_log_z_head_out(gen)
+    reload_on_cpu(gen)
+    gen.sync_weights()
+    assert [n for n, _ in events[0][1]] == ["model.norm.weight"]
+
+
+def test_gpu_colocate_keeps_trls_own_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    events = []
+    gen, _ = _fake_colocated_gen([("model.norm.weight", torch.ones(4))], events)
+    trl_sync = gen.sync_weights = object()
+    reload_on_cpu(gen)
+    assert gen.sync_weights is trl_sync and events == []
+
+
 def test_head_saved_and_restored_with_the_checkpoint(tiny_dir, tmp_path, math_rows):
     from datasets import Dataset
     from safetensors.torch import load_file
