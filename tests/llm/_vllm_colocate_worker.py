@@ -5,6 +5,9 @@
 * after a final sync, vLLM's processed log-probs of its own samples equal the trained policy's
   (transformers, teacher forcing, and the trainer's own scoring path at its precision) and differ from
   the initial model's: the weights really moved;
+* the prefix cache does not outlive a sync: a prompt longer than one KV block, generated from twice
+  under the initial weights (the second run reads cached blocks), is generated from after the trained
+  weights are pushed with the trained policy's log-probs (no cached block of the old weights is read);
 * (flowrl) the head is in the saved checkpoint and a fresh policy + head restores it exactly.
 
 The engine is built as a user's ``tiltlab llm train`` builds it: TiltGRPOTrainer adapts TRL's colocated
@@ -84,7 +87,23 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     }
     sent = [name for name, _ in gen._iter_named_params()]
     policy = [name for name, _ in tr.model.named_parameters()]
+    # prefix cache across a sync: push the INITIAL weights, generate twice from a prompt longer than one
+    # KV block (the second run reads the first's cached blocks: caching is on), then push the trained
+    # weights and generate again: the log-probs must be the trained policy's, not ones computed on prompt
+    # blocks cached under the initial weights (the sync resets the prefix cache after the reload)
+    cache = engine.vllm_config.cache_config
+    block = int(cache.block_size)
+    digits = " ".join(str(i % 10) for i in range(4 * block))
+    long_prompt = tr.processing_class(digits, add_special_tokens=False)["input_ids"][: block + 16]
+    sp_long = SamplingParams(n=1, temperature=1.0, max_tokens=6, logprobs=0, seed=9)
+    walk = gen._iter_named_params
+    gen._iter_named_params = lambda: ((n, p.data) for n, p in initial.named_parameters())
+    gen.sync_weights()
+    gen._iter_named_params = walk
+    first = gen.llm.generate([{"prompt_token_ids": long_prompt}], sp_long, use_tqdm=False)[0]
+    repeat = gen.llm.generate([{"prompt_token_ids": long_prompt}], sp_long, use_tqdm=False)[0]
     gen.sync_weights()  # push the final weights (TRL syncs before each generation step, not after the last)
+    after = gen.llm.generate([{"prompt_token_ids": long_prompt}], sp_long, use_tqdm=False)[0]
     prompt = tr.processing_class("12 + 7 =", add_special_tokens=False)["input_ids"]
     sp = SamplingParams(n=4, temperature=1.0, max_tokens=8, logprobs=0, seed=5)
     comp = gen.llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)[0].outputs
@@ -100,8 +119,27 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
         with torch.no_grad():
             own = tr._get_per_token_logps_and_entropies(tr.model, seq, torch.ones_like(seq), len(ids))[0][0]
         d_trainer_path.append((got - own.double()).abs().max())
+
+    def long_diff(out, model):
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        got = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, ids)], dtype=torch.float64)
+        return float((got - teacher_forced(model, long_prompt, ids)).abs().max())
+
+    rep_cache = {
+        "prefix_caching": bool(cache.enable_prefix_caching),
+        "block_size": block,
+        "long_prompt_tokens": len(long_prompt),
+        "cached_tokens_repeat": int(repeat.num_cached_tokens or 0),
+        "cached_tokens_after_sync": int(after.num_cached_tokens or 0),
+        # same 1e-4 as below: vLLM scored with the weights last pushed, prompt blocks included
+        "long_before_sync_diff_initial": long_diff(first, initial),
+        "long_after_sync_diff_trained": long_diff(after, tr.model.eval()),
+        "long_after_sync_diff_initial": long_diff(after, initial),
+    }
     rep = {
         **rep_engine,
+        **rep_cache,
         "steps": tr.state.global_step,
         "losses": losses,
         "sent_names_ok": sent == [n for n in policy if not is_log_z_head_param(n)],

@@ -163,6 +163,13 @@ def _check_colocate(rep: dict, objective: str) -> None:
     assert rep["steps"] == 2 and all(math.isfinite(x) for x in rep["losses"]) and len(rep["losses"]) == 2
     # the weights vLLM generated the second step with are the trained policy's, not the initial ones
     assert rep["vllm_matches_policy"] and rep["policy_changed"]
+    # the sync resets vLLM's prefix cache: caching is on (a repeated long prompt reads its cached blocks),
+    # yet after pushing new weights the same prompt is scored with them, no stale block read
+    assert rep["prefix_caching"] and rep["long_prompt_tokens"] > rep["block_size"]
+    assert rep["cached_tokens_repeat"] >= rep["block_size"]
+    assert rep["long_before_sync_diff_initial"] < 1e-4 and rep["long_after_sync_diff_trained"] < 1e-4, rep
+    assert rep["long_after_sync_diff_initial"] > 1e-1  # the two weight sets really score differently
+    assert rep["cached_tokens_after_sync"] == 0
     if objective == "flowrl":
         assert rep["head_params"] > 0 and rep["head_in_checkpoint"] and rep["head_restored"]
 
