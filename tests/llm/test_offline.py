@@ -192,3 +192,108 @@ def test_collator_truncates_an_over_long_prompt_from_its_start(tiny_dir):
     # rows within the limit are untouched
     short = OfflineCollator(tok, chat_template=False, max_length=2048)([{"prompt": prompt, "completion": completion}])
     assert short["input_ids"][0].tolist() == p_ids + c_ids
+
+
+def _naive_seq(model, ids, attn, tgt):
+    """Per row: (sum of the completion tokens' log-probs, their count, [token log-probs]) by a loop over
+    the model's plain ``model(...).logits``."""
+    with torch.no_grad():
+        z = model(input_ids=ids, attention_mask=attn).logits.double()
+    out = []
+    for b in range(ids.shape[0]):
+        toks = [float(torch.log_softmax(z[b, t - 1], -1)[ids[b, t]]) for t in range(1, ids.shape[1]) if tgt[b, t] > 0]
+        out.append((sum(toks), len(toks), toks))
+    return out
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _naive_offline_loss(objective, model, ref, batch, kw):
+    """The offline objectives' losses (FPA App. B.2, docs/math.md §5) by loops over rows."""
+    pol = _naive_seq(model, batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+    rf = _naive_seq(ref, batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+    n = len(pol)
+    if objective in ("dpo", "rpo", "simper"):
+        pol_l = _naive_seq(model, batch["input_ids_l"], batch["attention_mask_l"], batch["target_mask_l"])
+        rf_l = _naive_seq(ref, batch["input_ids_l"], batch["attention_mask_l"], batch["target_mask_l"])
+        total = 0.0
+        for (lw, nw, _), (ll, nl, _), (rw, _, _), (rl, _, _) in zip(pol, pol_l, rf, rf_l):
+            if objective == "simper":
+                total += -(math.exp(lw / nw) - math.exp(ll / nl))
+                continue
+            beta = kw.get("dpo_beta", 0.1)
+            total += -math.log(_sigmoid(beta * ((lw - rw) - (ll - rl))))
+            if objective == "rpo":
+                total += -kw.get("rpo_alpha", 1.0) * lw / nw
+        return total / n
+    r01 = [float(x) for x in batch["reward"]]
+    if objective == "sft":
+        toks = [t for (_, _, ts) in pol for t in ts]
+        return -sum(toks) / len(toks)
+    if objective == "offrl":
+        tau = kw.get("offrl_kl_tau", 0.0)
+        return (
+            sum(-(2 * r - 1) * math.exp(lp / k) + tau * (rl - lp) for (lp, k, _), (rl, _, _), r in zip(pol, rf, r01))
+            / n
+        )
+    if objective == "kto":
+        beta, lw, ll = kw.get("kto_beta", 0.1), kw.get("kto_lambda_w", 1.0), kw.get("kto_lambda_l", 1.0)
+        rs = [lp - rl for (lp, _, _), (rl, _, _) in zip(pol, rf)]
+        z0 = sum(rs) / n
+        return (
+            sum(
+                lw - lw * _sigmoid(beta * (x - z0)) if r > 0 else ll - ll * _sigmoid(beta * (z0 - x))
+                for x, r in zip(rs, r01)
+            )
+            / n
+        )
+    if objective == "apo":
+        b1, b2 = kw.get("apo_beta1", 0.5), kw.get("apo_beta2", 1e-3)
+        v = [float(x) for x in batch["v_hat"]]
+        # v_hat of each row's prompt: beta1 log mean exp(r / beta1) over the prompt's rows (all in the batch)
+        return sum((b2 * (lp - rl) - (r - vh)) ** 2 for (lp, _, _), (rl, _, _), r, vh in zip(pol, rf, r01, v)) / n, b1
+    raise AssertionError(objective)
+
+
+OFFLINE_AWAY = [
+    ("offrl", {"offrl_kl_tau": 0.7}),
+    ("dpo", {"dpo_beta": 0.9}),
+    ("rpo", {"dpo_beta": 0.9, "rpo_alpha": 2.5}),
+    ("kto", {"kto_beta": 0.8, "kto_lambda_w": 1.7, "kto_lambda_l": 0.4}),
+    ("apo", {"apo_beta1": 0.2, "apo_beta2": 0.3}),
+    ("simper", {}),
+    ("sft", {}),
+]
+
+
+@pytest.mark.parametrize("objective,kw", OFFLINE_AWAY, ids=[o for o, _ in OFFLINE_AWAY])
+def test_offline_objective_options_away_from_defaults_match_loops(objective, kw, tiny_dir, tmp_path, offline_rows):
+    # every hyperparameter away from its default (the paper's values would hide one the trainer ignored),
+    # the policy moved off pi_ref: the trainer's loss on a fixed batch equals the formula by loops
+    rows = [dict(r) for r in offline_rows[:4]]
+    rows[2]["reward"] = 0.25  # a fractional reward: A*-PO's V_hat and Off-RL's R = 2r - 1 see it
+    if objective == "kto":  # 3 correct rows and 1 incorrect: lambda_w and lambda_l are not interchangeable
+        rows[3]["reward"] = 1.0
+    prepared = prepare_offline_rows(rows, objective, apo_beta1=kw.get("apo_beta1", 0.5))
+    tr = _trainer(tiny_dir, tmp_path, rows, objective, seed=0, **kw)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    batch = tr.data_collator(prepared)
+    got = float(tr.compute_loss(tr.model, batch).detach())
+    want = _naive_offline_loss(objective, tr.model, tr.ref_model, batch, kw)
+    if objective == "apo":
+        want, b1 = want
+        # V_hat from the rows' rewards by its formula, at the configured beta1
+        rs = [float(r["reward"]) for r in rows]
+        v = b1 * math.log(sum(math.exp(r / b1) for r in rs) / len(rs))
+        assert [float(x) for x in batch["v_hat"]] == pytest.approx([v] * 4, rel=1e-6)
+    # float32 log-prob sums (~1e-6 each) against float64 loops; Off-RL's loss is a small difference of terms
+    assert got == pytest.approx(want, rel=2e-5, abs=5e-6), (objective, got, want)
+    if kw:  # the options change the number: at the defaults the formula gives another one
+        base = _naive_offline_loss(objective, tr.model, tr.ref_model, batch, {})
+        base = base[0] if objective == "apo" else base
+        assert abs(base - want) > 1e-3 * abs(want), (objective, base, want)
