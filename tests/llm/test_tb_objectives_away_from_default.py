@@ -70,6 +70,8 @@ def _data():
 
 
 def _args(tmp_path, objective, **kw):
+    kw.setdefault("weight_clip", "max")
+    kw.setdefault("max_weight", MAX_W)
     return TiltGRPOConfig(
         output_dir=str(tmp_path),
         objective=objective,
@@ -79,8 +81,6 @@ def _args(tmp_path, objective, **kw):
         max_completion_length=T,
         use_cpu=True,
         report_to="none",
-        weight_clip="max",
-        max_weight=MAX_W,
         **kw,
     )
 
@@ -96,9 +96,10 @@ def _run(args):
     return loss.detach(), g_logp, g_lz, logp.detach(), log_z.detach(), inputs, logged
 
 
-def _naive(logp, inputs, anchor_key, reward_key, log_z, beta, normalize):
+def _naive(logp, inputs, anchor_key, reward_key, log_z, beta, normalize, clip=("max", MAX_W)):
     """Loss, d loss / d logp, d loss / d log Z and the logged metrics by a loop over rows:
-    ``delta_b = log_z_b + lp_b - lp_anchor_b - beta * r_b``, ``w_b = min(exp(sum_t (logp - old)), cap)``,
+    ``delta_b = log_z_b + lp_b - lp_anchor_b - beta * r_b``, ``w_b = min(exp(sum_t (logp - old)), cap)``
+    (``clip = ("max", cap)``) or ``w_b`` clamped to ``[1 - eps, 1 + eps_high]`` (``("eps", eps, eps_high)``),
     ``loss = (1/B) sum_b w_b delta_b^2`` (``lp`` the masked sum, or the masked mean with ``normalize``)."""
     loss, g_logp, g_lz = 0.0, torch.zeros(B, T, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
     res_abs, ws, clipped = [], [], 0
@@ -108,8 +109,12 @@ def _naive(logp, inputs, anchor_key, reward_key, log_z, beta, normalize):
         lp = sum(float(logp[b, t]) for t in range(n)) / div
         la = sum(float(inputs[anchor_key][b, t]) for t in range(n)) / div
         w_raw = math.exp(sum(float(logp[b, t] - inputs["old_per_token_logps"][b, t]) for t in range(n)))
-        w = min(w_raw, MAX_W)
-        clipped += w_raw > MAX_W
+        if clip[0] == "max":
+            w = min(w_raw, clip[1])
+            clipped += w_raw > clip[1]
+        else:
+            w = max(1 - clip[1], min(1 + clip[2], w_raw))
+            clipped += not 1 - clip[1] <= w_raw <= 1 + clip[2]
         delta = float(log_z[b]) + lp - la - beta * float(inputs[reward_key][b])
         res_abs.append(abs(delta))
         ws.append(w)
@@ -170,3 +175,45 @@ def test_disa_and_vargrad_are_anchored_on_pi_ref_with_beta_times_tb_reward(tmp_p
     # anchored on pi_old instead, the loss would be another number (pi_old != pi_ref here)
     wrong, *_ = _naive(logp, inputs, "old_per_token_logps", "tb_reward", inputs["log_z"], BETA, False)
     assert abs(wrong - want) > 0.1 * want
+
+
+def test_flowrl_is_anchored_on_pi_ref_with_beta_times_tb_reward_and_learns_log_z(tmp_path):
+    # FlowRL in the trainer: tb_reward (already group-normalized at generation) times tilt_beta, anchored
+    # on pi_ref, the head's log Z gets the gradient; length-normalized log-probs (FlowRL's code) here
+    args = _args(tmp_path, "flowrl", tilt_beta=BETA, length_normalize=True)
+    loss, g_logp, g_lz, logp, log_z, inputs, logged = _run(args)
+    want, w_logp, w_lz, w_metrics = _naive(logp, inputs, "ref_per_token_logps", "tb_reward", log_z, BETA, True)
+    torch.testing.assert_close(loss, torch.tensor(want, dtype=loss.dtype), **TOL)
+    torch.testing.assert_close(g_logp.double(), w_logp, **TOL)
+    torch.testing.assert_close(g_lz.double(), w_lz, **TOL)
+    _assert_metrics(logged, w_metrics, log_z)
+    other, *_ = _naive(logp, inputs, "ref_per_token_logps", "tb_reward", log_z, BETA, False)
+    assert abs(other - want) > 0.1 * want  # length_normalize binds
+
+
+EPS, EPS_HIGH = 0.15, 0.05
+
+
+@pytest.mark.parametrize("objective", ["disa", "vargrad", "paced", "flowrl"])
+def test_eps_weight_clip_uses_weight_eps_and_weight_eps_high(tmp_path, objective):
+    # weight_clip="eps" clamps the TB rollout weight to [1 - weight_eps, 1 + weight_eps_high]; with
+    # eps != eps_high (and neither at its default 0.2) a trainer that dropped or swapped them is caught
+    kw = dict(weight_clip="eps", weight_eps=EPS, weight_eps_high=EPS_HIGH, length_normalize=False)
+    if objective == "paced":
+        args = _args(tmp_path, objective, paced_kl_coef=KL_COEF, **kw)
+        anchor, reward, beta = "old_per_token_logps", "rewards", 1.0 / KL_COEF
+    else:
+        args = _args(tmp_path, objective, tilt_beta=BETA, **kw)
+        anchor, reward, beta = "ref_per_token_logps", "tb_reward", BETA
+    loss, g_logp, _, logp, log_z, inputs, logged = _run(args)
+    lz = inputs["log_z"] if objective in ("disa", "vargrad") else log_z
+    clip = ("eps", EPS, EPS_HIGH)
+    want, w_logp, _, w_metrics = _naive(logp, inputs, anchor, reward, lz, beta, False, clip)
+    torch.testing.assert_close(loss, torch.tensor(want, dtype=loss.dtype), **TOL)
+    torch.testing.assert_close(g_logp.double(), w_logp, **TOL)
+    for k in ("weight_mean", "weight_clip_frac"):
+        assert logged[k] == pytest.approx(w_metrics[k], rel=2e-5, abs=1e-6), k
+    assert 0 < w_metrics["weight_clip_frac"] < 1  # some weights clipped below, some above, some not
+    for other in (("eps", EPS_HIGH, EPS), ("eps", 0.2, 0.2), ("max", MAX_W)):
+        o, *_ = _naive(logp, inputs, anchor, reward, lz, beta, False, other)
+        assert abs(o - want) > 1e-3 * want, other
