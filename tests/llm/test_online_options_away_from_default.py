@@ -1,4 +1,4 @@
-"""The online trainer's grpo / gspo / lad options away from their defaults, against loops over tokens.
+"""The online trainer's grpo / gspo / lad options and the TB reward transform away from their defaults.
 
 A trainer that dropped ``kl_estimator``, ``dual_clip``, ``log_ratio_clip``, ``epsilon`` /
 ``epsilon_high``, ``lad_divergence``, ``lad_eta`` or ``lad_level`` on the way to the loss would pass
@@ -6,7 +6,8 @@ every test run at the defaults (and, for gspo, at the paper's clip values, which
 ``gspo_loss``'s defaults). Here each is set to a value at which it binds on the stub batch (ratios
 above the dual-clip constant and the log-ratio clip, advantages of both signs, ragged lengths); the
 trainer's ``_compute_loss`` is compared with the formula of ``docs/math.md`` written as a loop, and
-the option's default gives another number.
+the option's default gives another number. The TB objectives' reward ``r~`` (``reward_transform``,
+``reward_scale``, ``reward_shift``) is read off the batch the trainer's generation step returns.
 """
 
 from __future__ import annotations
@@ -219,3 +220,79 @@ def test_lad_divergence_eta_and_level(tmp_path, divergence, level):
         assert abs(_naive_lad(divergence, 0.7, other_level) - want) > 1e-3 * abs(want)
     if divergence != "js":
         assert abs(_naive_lad("js", 0.7, level) - want) > 1e-3 * abs(want)  # the default divergence
+
+
+# ------------------------------------------------------------------------------------------------
+# the TB reward r~ each objective regresses on: reward_transform / reward_scale / reward_shift
+
+REWARDS = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.5, 1.0]  # two groups of 4, different means and spreads
+
+
+def _tb_reward(tmp_path, monkeypatch, objective, **kw):
+    """``tb_reward`` of the batch ``TiltGRPOTrainer._generate_and_score`` returns, TRL's generation
+    replaced by a fixed batch (its rewards per function are what TRL's ``_calculate_rewards`` left)."""
+    from trl import GRPOTrainer
+
+    n, g = len(REWARDS), 4
+    args = TiltGRPOConfig(
+        output_dir=str(tmp_path),
+        objective=objective,
+        per_device_train_batch_size=n,
+        num_generations=g,
+        max_completion_length=T,
+        use_cpu=True,
+        report_to="none",
+        **kw,
+    )
+    out = {
+        "prompt_ids": torch.zeros(n, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(n, 2, dtype=torch.long),
+        "completion_mask": torch.ones(n, 2, dtype=torch.long),
+        "old_per_token_logps": -torch.ones(n, 2),
+        "ref_per_token_logps": -torch.ones(n, 2),
+    }
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(out))
+    tr = TiltGRPOTrainer.__new__(TiltGRPOTrainer)  # the method's state only, no model
+    tr.args, tr.model, tr.num_generations = args, SimpleNamespace(training=True), g
+    tr._last_rewards_per_func = torch.tensor(REWARDS)[:, None]
+    tr.reward_weights = torch.ones(1)
+    tr.accelerator = SimpleNamespace(process_index=0, gather=lambda x: x)
+    tr._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    tr._signal_rewards = lambda r: None
+    tr._paced_head, tr._replay = None, None
+    rows = [{"prompt": f"p{i // g}", "log_z": 0.0} for i in range(n)]
+    return tr._generate_and_score(rows)["tb_reward"].double().tolist()
+
+
+def _group_norm(rs, g=4):
+    out = []
+    for s in range(0, len(rs), g):
+        grp = rs[s : s + g]
+        mu = sum(grp) / g
+        sd = math.sqrt(sum((x - mu) ** 2 for x in grp) / (g - 1))  # unbiased, as GRPO / FlowRL
+        out += [(x - mu) / (sd + 1e-6) for x in grp]
+    return out
+
+
+@pytest.mark.parametrize(
+    "objective,kw,want",
+    [
+        ("disa", dict(reward_scale=2.0, reward_shift=-0.5), [2 * r - 0.5 for r in REWARDS]),
+        ("vargrad", dict(reward_scale=3.0, reward_shift=0.25), [3 * r + 0.25 for r in REWARDS]),
+        ("paced", dict(reward_scale=2.0, reward_shift=-0.5), [2 * r - 0.5 for r in REWARDS]),
+        ("disa", dict(reward_transform="group_norm"), _group_norm(REWARDS)),
+        ("flowrl", {}, _group_norm(REWARDS)),  # FlowRL's default: the per-group plug-in
+        ("flowrl", dict(reward_transform="affine", reward_scale=2.0, reward_shift=1.0), [2 * r + 1 for r in REWARDS]),
+        ("disa", dict(reward_transform="identity", reward_scale=5.0, reward_shift=3.0), REWARDS),  # identity wins
+    ],
+)
+def test_tb_reward_is_the_configured_transform_of_the_rewards(tmp_path, monkeypatch, objective, kw, want):
+    if objective == "paced":
+        kw = dict(kw, paced_pool_factor=0, paced_replay=False, paced_embeddings="live")
+    got = _tb_reward(tmp_path, monkeypatch, objective, **kw)
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+    # the transforms differ on these rewards: a trainer that used another one would be caught
+    for other in (REWARDS, _group_norm(REWARDS), [2 * r - 0.5 for r in REWARDS]):
+        if other != pytest.approx(want, abs=1e-9):
+            assert got != pytest.approx(other, abs=1e-3)
