@@ -130,6 +130,64 @@ def test_flowrl_log_z_head_gets_gradient_and_disa_log_z_does_not(tiny_dir, tmp_p
     assert (g1 - g0).norm() > 1e-3 * g0.norm()
 
 
+def test_log_z_head_options_reach_the_head_and_its_optimizer(tiny_dir, tmp_path, math_rows):
+    # log_z_hidden / log_z_layers / log_z_dropout size the head; log_z_lr gives its parameters their own
+    # group (lr, no weight decay); log_z_detach_input stops the log Z gradient at the pooled hidden state
+    from types import SimpleNamespace
+
+    from tiltlab.llm.trainers.logz_head import get_log_z_head
+
+    tr = _trainer(
+        tiny_dir,
+        tmp_path,
+        math_rows,
+        "flowrl",
+        learning_rate=1e-3,
+        weight_decay=0.1,
+        log_z_lr=0.05,
+        log_z_hidden=24,
+        log_z_layers=2,
+        log_z_dropout=0.3,
+    )
+    head = get_log_z_head(tr.model)
+    linears = [m for m in head.net if isinstance(m, torch.nn.Linear)]
+    drops = [m for m in head.net if isinstance(m, torch.nn.Dropout)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(tr.model.config.hidden_size, 24), (24, 1)]
+    assert [m.p for m in drops] == [0.3]
+    opt = tr.create_optimizer()
+    head_ids = {id(p) for p in head.parameters()}
+    seen = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in tr.model.parameters() if p.requires_grad)  # each param once
+    for g in opt.param_groups:
+        ids = {id(p) for p in g["params"]}
+        if ids & head_ids:
+            assert ids == head_ids and g["lr"] == 0.05 and g["weight_decay"] == 0.0
+        elif ids:
+            assert g["lr"] == 1e-3
+    # without log_z_lr the head trains at the policy's learning rate
+    tr0 = _trainer(tiny_dir, tmp_path, math_rows, "flowrl", learning_rate=1e-3)
+    head0 = {id(p) for p in get_log_z_head(tr0.model).parameters()}
+    assert all(g["lr"] == 1e-3 for g in tr0.create_optimizer().param_groups if {id(p) for p in g["params"]} & head0)
+    # detach_input: the same log Z values; the backbone gets a gradient from them only when attached
+    ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    batch = SimpleNamespace(prompt_ids=ids, prompt_mask=(ids > 0).long())
+    backbone = [p for n, p in tr.model.named_parameters() if not n.startswith("log_z_head.")]
+    with torch.no_grad():  # the head starts with a zero last layer (log Z = init): no gradient reaches its input
+        linears[-1].weight.normal_(generator=torch.Generator().manual_seed(0))
+    vals = {}
+    tr.model.eval()  # no dropout: the two passes compute the same values
+    for detach in (False, True):
+        tr.args.log_z_detach_input = detach
+        tr.model.zero_grad()
+        lz = tr._learned_log_z(tr.model, batch)
+        lz.sum().backward()
+        vals[detach] = lz.detach()
+        got = [p.grad for p in backbone if p.grad is not None and p.grad.abs().sum() > 0]
+        assert (len(got) == 0) is detach
+        assert all(p.grad is not None for p in head.parameters())
+    torch.testing.assert_close(vals[False], vals[True])
+
+
 def test_disa_label_compat():
     man = {"format": "tiltlab.stage1/1", "beta": 2.0, "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0}}
     assert check_label_compat(man, beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum") == []
