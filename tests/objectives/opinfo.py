@@ -417,11 +417,12 @@ def ref_flowrl(
     weight_clip="max",
     max_weight=10.0,
     eps=0.2,
+    eps_high=None,
 ):
     norm = "mean" if length_normalize else "sum"
     lp = ref_sequence_logprob(token_logp, mask, norm)
     lpr = ref_sequence_logprob(token_logp_ref, mask, norm)
-    w = ref_is_weight(token_logp, token_logp_old, mask, weight_clip, max_weight, eps)
+    w = ref_is_weight(token_logp, token_logp_old, mask, weight_clip, max_weight, eps, eps_high)
     p_, g_ = rewards.shape
     adv = ref_group_advantages(rewards) if group_normalize else rewards
     terms = []
@@ -834,6 +835,7 @@ def _grpo_entries() -> list[OpInfo]:
         )
     )
     options = {
+        "clip_eps": {"clip_eps": 0.1},  # away from the default 0.2 (clip_eps_high stays 0.28)
         "dual_clip": {"dual_clip": 1.5},
         "log_ratio_clip": {"log_ratio_clip": 0.5},
         "k1": {"kl_estimator": "k1"},
@@ -1043,6 +1045,18 @@ OPS: list[OpInfo] = [
         nan_input="token_logp",
     ),
     OpInfo(
+        "tb.tb_importance_weight[eps,away]",
+        tb.tb_importance_weight,
+        ref_is_weight,
+        mk_is_weight,
+        {"clip": "eps", "eps": 0.07, "eps_high": 0.03},  # neither at the default 0.2; low wider than high
+        frozen=TOK,
+        mask="mask",
+        tokens=TOK,
+        split=Split(_rows(*TOK, "mask"), "concat"),
+        nan_input="token_logp",
+    ),
+    OpInfo(
         "tb.flowrl_loss",
         loss_of(tb.flowrl_loss),
         ref_flowrl,
@@ -1061,6 +1075,19 @@ OPS: list[OpInfo] = [
         ref_flowrl,
         mk_flowrl,
         {"beta": 0.5, "length_normalize": False, "group_normalize": False, "weight_clip": "eps"},
+        grad=("token_logp", "log_z"),
+        frozen=("token_logp_ref", "token_logp_old", "rewards"),
+        mask="mask",
+        tokens=(*TOK, "token_logp_ref"),
+        split=Split({**_rows(*TOK, "token_logp_ref", "mask", n=G), "rewards": 1, "log_z": 1}, "mean"),
+        gradcheck=False,
+    ),
+    OpInfo(
+        "tb.flowrl_loss[eps,away]",
+        loss_of(tb.flowrl_loss),
+        ref_flowrl,
+        mk_flowrl,
+        {"beta": 0.5, "weight_clip": "eps", "eps": 0.07, "eps_high": 0.03},  # neither at its default
         grad=("token_logp", "log_z"),
         frozen=("token_logp_ref", "token_logp_old", "rewards"),
         mask="mask",

@@ -71,15 +71,20 @@ def test_future_policy_logprobs_match_loop_and_eq5():
             assert out[b, t].item() == pytest.approx(z5[ids[b, t]] - lse(z5), rel=1e-10)
 
 
-def test_dpo_rpo_match_loops():
+@pytest.mark.parametrize("beta,alpha", [(0.1, 1.0), (0.7, 2.5)])  # the paper's values, and away from them
+def test_dpo_rpo_match_loops(beta, alpha):
     g = torch.Generator().manual_seed(4)
     lw, ll, rw, rl = (torch.randn(4, generator=g, dtype=torch.float64) * 3 for _ in range(4))
     lenw = torch.tensor([3.0, 5.0, 1.0, 8.0], dtype=torch.float64)
-    d = O.dpo_loss(lw, ll, rw, rl, beta=0.1)
-    ref = -sum(math.log(ref_sigmoid(0.1 * ((lw[i] - rw[i]) - (ll[i] - rl[i])).item())) for i in range(4)) / 4
+    d = O.dpo_loss(lw, ll, rw, rl, beta=beta)
+    ref = -sum(math.log(ref_sigmoid(beta * ((lw[i] - rw[i]) - (ll[i] - rl[i])).item())) for i in range(4)) / 4
     assert d.item() == pytest.approx(ref, rel=1e-12)
-    r = O.rpo_loss(lw, ll, rw, rl, lenw, beta=0.1, alpha=1.0)
-    assert r.item() == pytest.approx(ref - sum(lw[i].item() / lenw[i].item() for i in range(4)) / 4, rel=1e-12)
+    r = O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta, alpha=alpha)
+    nll = sum(lw[i].item() / lenw[i].item() for i in range(4)) / 4
+    assert r.item() == pytest.approx(ref - alpha * nll, rel=1e-12)
+    if beta != 0.1:  # the options move the value: the defaults give other numbers
+        assert abs(O.dpo_loss(lw, ll, rw, rl).item() - ref) > 1e-3
+        assert abs(O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta).item() - (ref - alpha * nll)) > 1e-3
 
 
 def test_dpo_with_bandit_normalized_future_policy_equals_dpo_with_scaled_beta():
@@ -112,30 +117,40 @@ def test_simper_gradient_equals_offrl_gradient():
     torch.testing.assert_close(gs, 2 * go, rtol=1e-12, atol=1e-15)
 
 
-def test_kto_matches_paper_definition():
+@pytest.mark.parametrize(
+    "beta,lambda_w,lambda_l,z0",
+    [(0.1, 1.0, 1.0, None), (0.8, 1.7, 0.4, None), (0.8, 1.7, 0.4, 0.3)],  # paper values; away; a given z0
+)
+def test_kto_matches_paper_definition(beta, lambda_w, lambda_l, z0):
     g = torch.Generator().manual_seed(8)
     logp, logp_ref = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
     correct = torch.tensor([1, 0, 1, 1, 0])
-    beta = 0.1
     r = [(logp[i] - logp_ref[i]).item() for i in range(5)]
-    z0 = sum(r) / 5
+    zz = sum(r) / 5 if z0 is None else z0
     ref = 0.0
     for i in range(5):
-        v = ref_sigmoid(beta * (r[i] - z0)) if correct[i] else ref_sigmoid(beta * (z0 - r[i]))
-        ref += 1.0 - v
-    assert O.kto_loss(logp, logp_ref, correct, beta).item() == pytest.approx(ref / 5, rel=1e-12)
+        lam = lambda_w if correct[i] else lambda_l
+        v = ref_sigmoid(beta * (r[i] - zz)) if correct[i] else ref_sigmoid(beta * (zz - r[i]))
+        ref += lam - lam * v
+    got = O.kto_loss(logp, logp_ref, correct, beta, lambda_w, lambda_l, z0=z0).item()
+    assert got == pytest.approx(ref / 5, rel=1e-12)
+    if (lambda_w, lambda_l) != (1.0, 1.0):
+        assert abs(O.kto_loss(logp, logp_ref, correct, beta, lambda_l, lambda_w, z0=z0).item() - got) > 1e-3
 
 
 def test_apo_value_is_stage1_lse_with_q_ref_and_loss():
     g = torch.Generator().manual_seed(9)
     r = (torch.rand(3, 8, generator=g) > 0.5).to(torch.float64)
-    v = O.apo_value(r, beta1=0.5)
-    for i in range(3):
-        ref = 0.5 * math.log(sum(math.exp(x / 0.5) for x in r[i].tolist()) / 8)
-        assert v[i].item() == pytest.approx(ref, rel=1e-12, abs=1e-14)
+    for beta1 in (0.5, 0.2):  # the paper's value, and away from it (V_hat depends on beta1)
+        v = O.apo_value(r, beta1=beta1)
+        for i in range(3):
+            ref = beta1 * math.log(sum(math.exp(x / beta1) for x in r[i].tolist()) / 8)
+            assert v[i].item() == pytest.approx(ref, rel=1e-12, abs=1e-14)
+    assert (O.apo_value(r, beta1=0.2) - O.apo_value(r, beta1=0.5)).abs().max() > 1e-2
     logp, logp_ref, rew, vh = (torch.randn(4, generator=g, dtype=torch.float64) for _ in range(4))
-    ref = sum((1e-3 * (logp[i] - logp_ref[i]).item() - (rew[i] - vh[i]).item()) ** 2 for i in range(4)) / 4
-    assert O.apo_loss(logp, logp_ref, rew, vh, beta2=1e-3).item() == pytest.approx(ref, rel=1e-12)
+    for beta2 in (1e-3, 0.3):
+        ref = sum((beta2 * (logp[i] - logp_ref[i]).item() - (rew[i] - vh[i]).item()) ** 2 for i in range(4)) / 4
+        assert O.apo_loss(logp, logp_ref, rew, vh, beta2=beta2).item() == pytest.approx(ref, rel=1e-12)
 
 
 def test_sft_loss_is_token_mean_nll():

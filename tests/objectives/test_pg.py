@@ -169,6 +169,7 @@ def test_dr_grpo_normalizer_is_fixed_not_padded_width():
 @pytest.mark.parametrize(
     "opt",
     [
+        {"clip_eps": 0.1},
         {"dual_clip": 1.5},
         {"log_ratio_clip": 0.5},
         {"kl_estimator": "k1"},
@@ -184,7 +185,7 @@ def test_options_bind_on_their_opinfo_sample(opt):
 
     x = mk_grpo_far(torch.Generator().manual_seed(0))
     base = pg.grpo_loss(**x, **CLIP, kl_coef=0.1)[0]
-    assert abs(float(pg.grpo_loss(**x, **CLIP, kl_coef=0.1, **opt)[0] - base)) > 1e-7
+    assert abs(float(pg.grpo_loss(**x, **{**CLIP, **opt}, kl_coef=0.1)[0] - base)) > 1e-7
 
 
 def test_dual_clip_bounds_negative_advantage_loss():

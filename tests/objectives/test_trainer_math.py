@@ -161,6 +161,18 @@ def test_weight_clip_fraction(dtype):
     clipped = raw.clamp(1 - 0.2, 1 + 0.2)
     assert weight_clip_fraction(clipped, "eps", eps=0.2).item() == pytest.approx(outside_eps / n)
     assert weight_clip_fraction(clipped, "none").item() == 0.0
+    # away from the defaults: a cap of 3, and an asymmetric [1 - 0.2, 1 + 0.19] (1.19 is at the upper bound)
+    at_cap = sum(1 for v in raw.tolist() if v >= 3.0)
+    assert weight_clip_fraction(raw.clamp(max=3.0), "max", max_weight=3.0).item() == pytest.approx(at_cap / n)
+    assert at_cap != outside_max
+    asym = raw.clamp(1 - 0.2, 1 + 0.19)
+    outside_asym = sum(1 for v in raw.tolist() if not 0.8 < v < 1.19)
+    assert weight_clip_fraction(asym, "eps", eps=0.2, eps_high=0.19).item() == pytest.approx(outside_asym / n)
+    assert outside_asym != outside_eps
+    low = raw.clamp(1 - 0.3, 1 + 0.2)  # eps 0.3: 0.79 is inside [0.7, 1.2]
+    outside_low = sum(1 for v in raw.tolist() if not 0.7 < v < 1.2)
+    assert weight_clip_fraction(low, "eps", eps=0.3, eps_high=0.2).item() == pytest.approx(outside_low / n)
+    assert outside_low != outside_eps
     with pytest.raises(ValueError, match="clip must be"):
         weight_clip_fraction(raw, "low")
     with pytest.raises(ValueError, match=r"\[B\]"):
