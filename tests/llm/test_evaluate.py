@@ -155,6 +155,46 @@ def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
     assert json.loads((tmp_path / "out" / "results.json").read_text())["config"]["k"] == 4
 
 
+def test_run_eval_passes_every_sampling_option_to_the_engine(tmp_path):
+    # EvalConfig's sampling fields away from their defaults (0.6 / 0.95 / 0 / 1024 / 0) reach the engine's
+    # SamplingConfig, k reaches n, limit cuts each dataset, and distinct_ns / pass_ks pick the metrics
+    from tiltlab.llm.evaluate import run_eval
+    from tiltlab.llm.rollout import RolloutGroup, SamplingConfig
+
+    calls = []
+
+    class Spy:
+        tokenizer = None
+
+        def generate(self, prompts, n, sampling):
+            calls.append((list(prompts), n, sampling))
+            texts = ["a b a", "a b c", "\\boxed{0}"][:n]
+            return [RolloutGroup(p, [1], [[2, 3]] * n, texts, [[-0.1, -0.2]] * n, [True] * n) for p in prompts]
+
+    cfg = EvalConfig(
+        model="unused",
+        datasets=["synthetic:math:5"],
+        k=3,
+        pass_ks=[2],
+        distinct_ns=[3],
+        temperature=0.3,
+        top_p=0.8,
+        top_k=7,
+        max_new_tokens=5,
+        seed=11,
+        limit=2,
+        chat_template=False,
+    )
+    res = run_eval(cfg, engine=Spy())["synthetic:math:5"]
+    assert len(calls) == 1
+    prompts, n, sampling = calls[0]
+    assert n == 3 and len(prompts) == 2 and res.n_prompts == 2
+    assert sampling == SamplingConfig(temperature=0.3, top_p=0.8, top_k=7, max_new_tokens=5, seed=11)
+    assert sorted(res.pass_at) == [2] and sorted(res.distinct) == [3]
+    assert res.distinct[3] == pytest.approx(_naive_distinct(["a b a", "a b c", "\\boxed{0}"], 3))
+    assert res.distinct[3] != pytest.approx(_naive_distinct(["a b a", "a b c", "\\boxed{0}"], 2))
+
+
 # ------------------------------------------------------------------ the judge
 
 
