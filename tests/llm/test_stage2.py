@@ -132,6 +132,39 @@ def test_stage2_embedding_cache_and_bias_corrected_target(stage1_dir, tmp_path):
     assert abs(a["label_mean"] - sum(bc) / len(bc)) < 1e-5
 
 
+def test_stage2_hands_every_fit_option_to_the_regressor(stage1_dir, tmp_path, monkeypatch):
+    # the Stage2Config fit fields away from their defaults reach fit_regressor (whose options are
+    # checked against their formulas in tests/objectives/test_regressor_metrics.py)
+    import tiltlab.objectives.regressor as reg
+
+    seen = {}
+    real = reg.fit_regressor
+
+    def spy(feats, y, **kw):
+        seen.update(kw)
+        return real(feats, y, **kw)
+
+    monkeypatch.setattr(reg, "fit_regressor", spy)
+    s1, _ = stage1_dir
+    cfg = Stage2Config(
+        labels=str(s1),
+        out_dir=str(tmp_path),
+        device="cpu",
+        val_fraction=0.3,
+        epochs=3,
+        lr=0.01,
+        weight_decay=0.02,
+        hidden=12,
+        n_layers=3,
+        fit_batch_size=8,
+        seed=5,
+    )
+    out = run_stage2(cfg, progress=False)
+    want = dict(val_fraction=0.3, epochs=3, lr=0.01, weight_decay=0.02, hidden=12, n_layers=3, batch_size=8, seed=5)
+    assert {k: seen[k] for k in want} == want
+    assert out["n_val"] == round(0.3 * (out["n_train"] + out["n_val"]))
+
+
 def test_embeddings_are_mean_pooled_last_hidden(tiny_model, tiny_tokenizer):
     texts = [format_prompt(tiny_tokenizer, p, True) for p in ["1+1=", "Compute 12*7 - 3. Show work.", "9"]]
     e1 = embed_prompts(tiny_model, tiny_tokenizer, texts, batch_size=1)

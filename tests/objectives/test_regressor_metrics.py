@@ -74,3 +74,50 @@ def test_metrics_edge_cases():
     assert mean_at_k([1, 0, 1, 1]) == 0.75
     assert distinct_n(["a b a b", "a b c"], 2) == pytest.approx(3 / 5)  # {ab, ba, bc} of 5 bigrams
     assert distinct_n(["a"], 2) == 0.0
+
+
+def test_fit_regressor_options_away_from_defaults(monkeypatch):
+    """val_fraction / seed pick the split, hidden / n_layers the architecture, epochs the history; lr and
+    weight_decay against one full-batch AdamW step written out; batch_size the number of loss calls."""
+    import tiltlab.objectives.regressor as reg
+
+    g = torch.Generator().manual_seed(2)
+    n, d = 20, 3
+    x = torch.randn(n, d, generator=g)
+    y = x[:, 0] - 0.5 * x[:, 2] + 0.1 * torch.randn(n, generator=g)
+    lr, wd, seed = 0.05, 0.5, 4
+    res = fit_regressor(x, y, val_fraction=0.3, epochs=1, lr=lr, weight_decay=wd, hidden=7, n_layers=3, seed=seed)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    assert res.val_idx.tolist() == perm[:6].tolist() and res.train_idx.tolist() == perm[6:].tolist()
+    lin = [m for m in res.model.net if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in lin] == [(3, 7), (7, 7), (7, 7), (7, 1)]
+    assert len(res.history["train_mse"]) == 1
+    # AdamW's first step from the same initial weights: p <- p (1 - lr wd) - lr g / (|g| + 1e-8)
+    torch.manual_seed(seed)
+    m0 = PartitionRegressor(d, 7, 3)
+    xt, yt = x[perm[6:]], y[perm[6:]]
+    m0.set_normalization(xt, yt)
+    loss = ((m0(xt) - yt) ** 2).mean()
+    grads = torch.autograd.grad(loss, list(m0.parameters()))
+    for (name, p1), p0, gr in zip(res.model.named_parameters(), m0.parameters(), grads):
+        want = p0.detach() * (1 - lr * wd) - lr * gr / (gr.abs() + 1e-8)
+        torch.testing.assert_close(p1.detach(), want, rtol=1e-5, atol=1e-6, msg=name)
+    other = fit_regressor(x, y, val_fraction=0.3, epochs=1, hidden=7, n_layers=3, seed=seed)  # default lr, wd
+    assert any((a - b).abs().max() > 1e-3 for a, b in zip(res.model.parameters(), other.model.parameters()))
+    # batch_size: ceil(14 / 4) = 4 optimizer steps per epoch instead of 1
+    calls = []
+    real = reg.regressor_loss
+    monkeypatch.setattr(reg, "regressor_loss", lambda p, t: calls.append(len(t)) or real(p, t))
+    fit_regressor(x, y, val_fraction=0.3, epochs=2, batch_size=4, hidden=7, seed=seed)
+    assert calls == [4, 4, 4, 2] * 2
+    calls.clear()
+    fit_regressor(x, y, val_fraction=0.3, epochs=2, hidden=7, seed=seed)
+    assert calls == [14, 14]
+
+
+def test_distinct_n_for_other_n():
+    texts = ["a b a b a", "a b c"]
+    # unigrams: {a, b, c} of 8; trigrams: {aba, bab, abc} of 4
+    assert distinct_n(texts, 1) == pytest.approx(3 / 8)
+    assert distinct_n(texts, 3) == pytest.approx(3 / 4)
+    assert distinct_n(texts, 2) == pytest.approx(3 / 6)  # ab, ba, ab, ba, ab, bc
