@@ -254,6 +254,66 @@ def test_config_validates(path):
             OfflineConfig(**kw)
 
 
+#: a value other than the field's default, valid for it (string options: another allowed choice)
+_OTHER = {
+    "reward_transform": "affine",
+    "weight_clip": "eps",
+    "lad_divergence": "tv",
+    "lad_level": "sequence",
+    "paced_select_from": "disa",
+    "paced_embeddings": "live",
+    "fpa_apply_to": "incorrect",
+    "disa_label": "column",
+    "disa_mismatch_reason": "labels checked by hand",
+}
+
+
+def _away(field):
+    import dataclasses
+
+    d = field.default if field.default is not dataclasses.MISSING else None
+    if field.name in _OTHER:
+        return _OTHER[field.name]
+    if isinstance(d, bool):
+        return not d
+    if isinstance(d, int):
+        return d + 3
+    if isinstance(d, float):
+        return round(d * 0.5 + 0.37, 4)
+    return 0.123  # an unset (None) float option
+
+
+def test_every_section_key_lands_on_its_trainer_field_away_from_default(tmp_path):
+    # `fpa: {lam: 2}` must set OfflineConfig.fpa_lam, `lad: {eta: ...}` TiltGRPOConfig.lad_eta ...: each key of
+    # every objective section, at a non-default value, reaches the trainer config field named after it
+    import dataclasses
+
+    from tiltlab.llm.run_config import OFFLINE_OBJECTIVES, SECTION_KEYS, RunConfig
+    from tiltlab.llm.trainers.offline import OfflineConfig
+
+    for section, keys in SECTION_KEYS.items():
+        kind = "offline" if section in OFFLINE_OBJECTIVES else "online"
+        cls = OfflineConfig if kind == "offline" else TiltGRPOConfig
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, target in keys.items():
+            if not target:  # read by the CLI itself (stage dirs, lora, validation)
+                continue
+            assert target.endswith(key) and target in fields, (section, key, target)
+            value = _away(fields[target])
+            assert value != fields[target].default, (section, key)
+            sec = {key: value}
+            if key == "allow_label_mismatch":
+                sec["mismatch_reason"] = "labels checked by hand"
+            objective = "paced" if section == "paced" else section
+            rc = RunConfig(model="tiny", kind=kind, objective=objective, **{section: sec})
+            kw = rc.trainer_kwargs()
+            assert kw[target] == value, (section, key)
+            kw.update(output_dir=str(tmp_path / section), use_cpu=True, report_to="none")
+            if kind == "online" and objective == "disa":
+                kw.update(disa_kwargs())
+            assert getattr(cls(**kw), target) == value, (section, key)
+
+
 def test_every_config_named_by_a_claim_exists():
     import re
 
