@@ -66,8 +66,12 @@ def test_paced_frozen_ref_embeddings_are_pi_ref_mean_pooled_and_only_the_mlp_lea
 
 
 def test_paced_state_round_trip(tiny_dir, tmp_path, math_rows):
-    tr = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_pool_factor=2, paced_replay_add=4)
+    tr = _trainer(
+        tiny_dir, tmp_path, math_rows, "paced", paced_pool_factor=2, paced_replay_add=4, paced_replay_capacity=5
+    )
+    assert (tr._replay.capacity, tr._replay.n_add) == (5, 4)  # the buffer the config asks for (defaults 128 / 64)
     tr.train()
+    assert 0 < len(tr._replay) <= 5
     st = tr.paced_state_dict()
     assert st["replay"] is not None and len(st["replay"]["items"]) > 0 and "head" in st and "head_opt" in st
     other = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_pool_factor=2, paced_replay_add=4)
