@@ -136,8 +136,9 @@ def test_eval_cli_engine_vllm(engine, vllm_tiny_dir, tmp_path, monkeypatch, caps
     out = tmp_path / "eval"
     argv = ["llm", "eval", "--model", str(vllm_tiny_dir), "--engine", "vllm", "--datasets", "synthetic:math:4"]
     argv += ["--k", "3", "--pass-ks", "1", "3", "--max-new-tokens", "8", "--limit", "4", "--out-dir", str(out)]
+    argv += ["--dtype", "float32"]
     assert cli.main(argv) == 0
-    assert [m for m, _ in built] == [str(vllm_tiny_dir)]
+    assert built == [(str(vllm_tiny_dir), {"dtype": "float32"})]  # the engine gets the model and --dtype
     assert "engine vllm" in capsys.readouterr().err
     res = json.loads((out / "results.json").read_text())["results"]["synthetic:math:4"]
     assert res["n_prompts"] == 4 and res["k"] == 3
