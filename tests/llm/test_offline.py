@@ -297,3 +297,22 @@ def test_offline_objective_options_away_from_defaults_match_loops(objective, kw,
         base = _naive_offline_loss(objective, tr.model, tr.ref_model, batch, {})
         base = base[0] if objective == "apo" else base
         assert abs(base - want) > 1e-3 * abs(want), (objective, base, want)
+
+
+def test_log_logprob_dynamics_logs_the_length_normalized_means(tiny_dir, tmp_path, offline_rows):
+    # FPA Figs. 2-5: mean over correct (r > 0) and over incorrect rows of log pi(y|x) / |y|
+    rows = offline_rows[:4]
+    tr = _trainer(tiny_dir, tmp_path, rows, "offrl", log_logprob_dynamics=True, seed=0)
+    batch = tr.data_collator(rows)
+    tr.compute_loss(tr.model, batch)
+    seq = _naive_seq(tr.model, batch["input_ids"], batch["attention_mask"], batch["target_mask"])
+    norm = [lp / n for lp, n, _ in seq]
+    correct = [float(r) > 0 for r in batch["reward"]]
+    want_c = sum(v for v, c in zip(norm, correct) if c) / sum(correct)
+    want_i = sum(v for v, c in zip(norm, correct) if not c) / (len(norm) - sum(correct))
+    assert tr._dyn["logprob/correct_mean"] == [pytest.approx(want_c, rel=1e-5)]
+    assert tr._dyn["logprob/incorrect_mean"] == [pytest.approx(want_i, rel=1e-5)]
+    assert abs(want_c - want_i) > 1e-3  # the two groups' completions differ
+    off = _trainer(tiny_dir, tmp_path, rows, "offrl", seed=0)
+    off.compute_loss(off.model, batch)
+    assert not off._dyn  # off by default: nothing logged

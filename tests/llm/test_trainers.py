@@ -228,6 +228,17 @@ def test_disa_label_compat_checks_the_prompt_format():
 def test_disa_trainer_refuses_mismatched_labels(tiny_dir, tmp_path, math_rows):
     with pytest.raises(LabelMismatchError):
         _trainer(tiny_dir, tmp_path, math_rows, "disa", length_normalize=True)
+    # disa_allow_label_mismatch with a reason: the trainer is built and records what does not match
+    tr = _trainer(
+        tiny_dir,
+        tmp_path,
+        math_rows,
+        "disa",
+        length_normalize=True,
+        disa_allow_label_mismatch=True,
+        disa_mismatch_reason="labels re-derived for mean log-probs",
+    )
+    assert len(tr.label_mismatches) == 1 and "logprob_scale" in tr.label_mismatches[0]
 
 
 def test_bad_objective_rejected(tmp_path):
@@ -334,6 +345,14 @@ def test_overrides_and_beta_levels(tmp_path):
     assert cfg.trainer_kwargs()["paced_tau"] == 0.9
     with pytest.raises(ValueError, match="unknown keys"):
         load_run_config(CONFIGS / "paced_qwen2.5_math_1.5b.yaml", ["paced.taux=0.9"])
+
+
+def test_lr_scale_multiplies_the_learning_rate():
+    from tiltlab.llm.run_config import RunConfig
+
+    assert RunConfig(model="tiny", lr_scale=0.5, trl={"learning_rate": 4e-6}).trainer_kwargs()["learning_rate"] == 2e-6
+    assert RunConfig(model="tiny", lr_scale=3.0).trainer_kwargs()["learning_rate"] == pytest.approx(3e-6)  # TRL's 1e-6
+    assert "learning_rate" not in RunConfig(model="tiny").trainer_kwargs()  # scale 1: TRL's default stays
 
 
 def test_every_claim_train_command_parses():
