@@ -206,3 +206,20 @@ def test_check_assembles_numbers_items_and_summary_from_its_parts(monkeypatch, t
     assert res.numbers["disa_step_time_mean"] == pytest.approx(10.5)  # seeds 0 and 1: 10 and 11 s
     assert res.numbers["grpo_s1_max_abs_loss"] == 0.0 and res.numbers["disa_s0_steps"] == 3
     assert "grpo NO" in res.summary and "lower bound > 0" in res.summary
+
+
+def test_each_seed_labels_its_prompts_with_its_own_stage1_stream(tmp_path):
+    """The Stage-1 config of a seed's run carries that seed (and the check's constants): with one shared
+    seed every run would draw the same Stage-1 samples and the runs would not be independent units."""
+    rt = R
+    cfgs = {s: rt._stage1_config("m", "d.jsonl", tmp_path / str(s), s) for s in (0, 3)}
+    assert [cfgs[s].seed for s in (0, 3)] == [0, 3]
+    for s, c in cfgs.items():
+        assert (c.M, c.beta, c.max_new_tokens, c.max_model_len, c.prompts_per_shard) == (
+            rt.SELECT_M,
+            rt.BETA,
+            rt.NEW_TOKENS,
+            rt.MAX_MODEL_LEN,
+            rt.N_CANDIDATES,
+        )
+        assert (c.engine, c.dtype, c.device, c.out_dir) == ("vllm", "fp32", "cpu", str(tmp_path / str(s)))
