@@ -163,3 +163,49 @@ def test_dynamic_sampling_is_off_by_default_and_validated():
     assert TiltGRPOConfig(output_dir="x", use_cpu=True).dynamic_sampling is False
     with pytest.raises(ValueError, match="dynamic_sampling_max_refills"):
         TiltGRPOConfig(output_dir="x", use_cpu=True, dynamic_sampling_max_refills=-1)
+
+
+def test_merged_refill_rows_are_padded_per_key_and_picked_by_row():
+    """Dynamic sampling's refill merge (``_merge_rows``) against a hand-built merge: prompts padded on the
+    left and completions on the right with the pad id, masks with 0, the importance ratio with 1, row
+    entries picked in the order asked, non-row entries from the first output."""
+    from tiltlab.llm.trainers.online import _merge_rows
+
+    pad = 7
+
+    def out(p_len, c_len, base):
+        n = 2
+        ids = torch.arange(base, base + n * c_len).view(n, c_len)
+        return {
+            "prompt_ids": torch.arange(base, base + n * p_len).view(n, p_len) + 100,
+            "prompt_mask": torch.ones(n, p_len, dtype=torch.long),
+            "completion_ids": ids,
+            "completion_mask": torch.ones(n, c_len, dtype=torch.long),
+            "importance_sampling_ratio": torch.full((n, c_len), 0.5),
+            "advantages": torch.tensor([float(base), float(base) + 1]),
+            "num_items_in_batch": base,
+        }
+
+    a, b = out(2, 3, 10), out(4, 1, 20)
+    rows = torch.tensor([3, 0, 2])
+    got = _merge_rows([a, b], rows, pad)
+
+    def left(t, width, value):
+        return torch.cat([torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype), t], 1)
+
+    def right(t, width, value):
+        return torch.cat([t, torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)], 1)
+
+    want = {
+        "prompt_ids": torch.cat([left(a["prompt_ids"], 4, pad), b["prompt_ids"]]),
+        "prompt_mask": torch.cat([left(a["prompt_mask"], 4, 0), b["prompt_mask"]]),
+        "completion_ids": torch.cat([a["completion_ids"], right(b["completion_ids"], 3, pad)]),
+        "completion_mask": torch.cat([a["completion_mask"], right(b["completion_mask"], 3, 0)]),
+        "importance_sampling_ratio": torch.cat(
+            [a["importance_sampling_ratio"], right(b["importance_sampling_ratio"], 3, 1.0)]
+        ),
+        "advantages": torch.cat([a["advantages"], b["advantages"]]),
+    }
+    for key, full in want.items():
+        assert torch.equal(got[key], full[rows]), key
+    assert got["num_items_in_batch"] == 10
