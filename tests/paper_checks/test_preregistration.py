@@ -88,3 +88,14 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
     for row in judged:
         unit = "per-prompt" if row["check"] == "smollm2_135m_vllm" else "per-seed"
         assert rules.rule_text(unit) in row["summary"], row["claim"]
+
+
+def test_every_shipped_llm_row_is_a_registered_check(isolated_registry):
+    """Each row of the shipped llm record names a check the registry declares (claim, layer and check
+    name): a check renamed or registered under another name would leave its shipped row orphaned, and
+    the report would show the claim as never run."""
+    rec = record.load_llm_record(ROOT / "paper_checks" / "records" / "llm.json")
+    assert rec is not None and rec["checks"]
+    keys = {c.key for c in isolated_registry.checks()}
+    orphans = [record.row_key(r) for r in rec["checks"] if record.row_key(r) not in keys]
+    assert orphans == []
