@@ -201,3 +201,11 @@ def test_a_plain_argparse_subparser_keeps_the_one_line_error(capsys):
         top.parse_args(["x", "--onyl", "1"])
     assert exc.value.code == 2
     assert capsys.readouterr().err == "top: error: unrecognized arguments: --onyl 1\n"
+
+
+def test_tiltlab_llm_without_a_command_prints_its_help_and_exits_2(capsys):
+    from tiltlab.cli import main as cli_main
+
+    assert cli_main(["llm"]) == 2
+    out = capsys.readouterr().out
+    assert "usage:" in out and "COMMAND" in out

@@ -73,3 +73,19 @@ def test_eval_section_maps_benchmarks_and_trained_model():
         cls, _parse(cls, "eval", ["--config", str(path), "--set", "eval.k=4"]), section="eval", translate=translate
     )
     assert "math500" in cfg.datasets and cfg.k == 4 and cfg.model == "runs/disa_qwen3_4b"
+
+
+def test_a_yaml_syntax_error_is_one_phrase_with_its_place():
+    """The YAML parser's own problem phrase plus its line and column (1-based), nothing else: the whole
+    multi-line parser message in its place would bury the place of the mistake."""
+    import yaml
+
+    from tiltlab.llm.config_args import _yaml_problem
+
+    try:
+        yaml.safe_load("a: [1, 2\nb: 3\n")
+    except yaml.YAMLError as exc:
+        err = exc
+    mark = err.problem_mark
+    assert _yaml_problem(err) == f"{err.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    assert "\n" not in _yaml_problem(err) and str(err) != err.problem
