@@ -284,7 +284,7 @@ def test_judge_against_local_server(fake_openai, monkeypatch):
     assert req["body"]["model"] == "judge-x" and req["body"]["temperature"] == 0.0
     sys_msg, user_msg = req["body"]["messages"]
     assert sys_msg == {"role": "system", "content": JUDGE_SYSTEM_PROMPT}
-    assert user_msg["content"] == format_judge_messages("P1", ["a", "b"])[1]["content"]
+    assert user_msg == {"role": "user", "content": format_judge_messages("P1", ["a", "b"])[1]["content"]}
     assert "PROBLEM: P1" in user_msg["content"] and "Solution 2:\nb" in user_msg["content"]
 
 
