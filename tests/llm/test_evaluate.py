@@ -315,3 +315,26 @@ def test_judge_http_error_is_clear(fake_openai):
     fake_openai["replies"] += [(401, "")]
     with pytest.raises(RuntimeError, match="HTTP 401"):
         judge_diversity(["P"], [["a"]], JudgeConfig(base_url=fake_openai["base_url"], max_retries=0))
+
+
+def test_run_eval_sends_the_configured_judge_model_and_endpoint(fake_openai, tmp_path):
+    """EvalConfig's judge_base_url and judge_model (away from their defaults) are what the judge is asked
+    with, and judge_datasets limits which datasets are judged."""
+    from tiltlab.llm.evaluate import run_eval
+
+    for name, q in (("a.jsonl", "qa"), ("b.jsonl", "qb")):
+        (tmp_path / name).write_text(json.dumps({"id": name, "prompt": q, "answer": "1"}) + "\n")
+    cfg = EvalConfig(
+        model="unused",
+        datasets=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+        k=2,
+        chat_template=False,
+        judge=True,
+        judge_base_url=fake_openai["base_url"],
+        judge_model="judge-y",
+        judge_datasets=[str(tmp_path / "b.jsonl")],
+    )
+    fake_openai["replies"] += [(200, "3")]
+    run_eval(cfg, engine=ListEngine({"qa": ["x", "y"], "qb": ["z", "w"]}))
+    assert [r["body"]["model"] for r in fake_openai["requests"]] == ["judge-y"]
+    assert "qb" in fake_openai["requests"][0]["body"]["messages"][1]["content"]
