@@ -301,3 +301,13 @@ def test_lcb_refuses_malicious_pickle(tmp_path):
     )
     with pytest.raises(pickle.UnpicklingError, match="refusing"):
         load_benchmark("livecodebench", data_dir=tmp_path)
+
+
+def test_a_dataset_dict_with_one_split_loads_it_without_a_split_argument(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list([{"problem": "2+5?", "answer": "7"}, {"problem": "1+1?", "answer": "2"}])
+    datasets.DatasetDict({"validation": ds}).save_to_disk(str(tmp_path / "one"))
+    rows = load_prompts(tmp_path / "one")
+    assert [(r["prompt"], r["answer"]) for r in rows] == [("2+5?", "7"), ("1+1?", "2")]
+    with pytest.raises(ValueError, match="split 'train' not in"):
+        load_prompts(tmp_path / "one", split="train")
