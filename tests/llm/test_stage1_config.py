@@ -218,3 +218,28 @@ def test_tokenizer_choice_selects_whose_chat_template(tiny_model, tiny_tokenizer
     assert not any(t.endswith("8 8") for t in load_stage1(tmp_path / "r")[1].column("prompt_text").to_pylist())
     with pytest.raises(ValueError, match="different configuration"):
         _run(_cfg(tiny_dir, tmp_path / "p", proposal=str(q_dir)), rows)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_stage1_command_shows_progress_unless_quiet(tmp_path, monkeypatch, capsys, quiet):
+    """``tiltlab llm stage1`` hands ``progress=not --quiet`` to the run (the run itself is recorded, not
+    executed: its progress bars are tested in tests/llm/test_long_command_progress.py)."""
+    from tiltlab.cli import main as cli_main
+    from tiltlab.llm import stage1
+
+    seen = []
+    monkeypatch.setattr(stage1, "run_stage1", lambda cfg, progress=True: seen.append(progress) or {"ok": 1})
+    argv = [
+        "llm",
+        "stage1",
+        "--proposal",
+        "p",
+        "--reference",
+        "p",
+        "--dataset",
+        "synthetic:math:2",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    assert cli_main(argv + (["--quiet"] if quiet else [])) == 0
+    assert seen == [not quiet]
