@@ -1095,27 +1095,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gpu_section(root: Path) -> tuple[Path, str] | None:
-    """benchmarks/README.md with its GPU section rendered from benchmarks/records/gpu.json by
-    benchmarks/gpu/report.py (a checkout only: the installed package has no benchmarks/)."""
-    script = root / "benchmarks" / "gpu" / "report.py"
-    if not script.is_file():
-        return None
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tiltlab_benchmarks_gpu_report", script)
-    if spec is None or spec.loader is None:
-        return None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if not (mod.RECORD.is_file() and mod.README.is_file()):
-        return None
-    rec = json.loads(mod.RECORD.read_text(encoding="utf-8"))
-    return mod.README, mod.replace_section(mod.README.read_text(encoding="utf-8"), mod.render(rec))
-
-
 def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
-    """``tiltlab report --docs``: README's results and timings sections, docs/llm-checks.md's last run."""
+    """``tiltlab report --docs``: README's results and timings sections, docs/llm-checks.md's last run,
+    benchmarks/README.md's GPU section (in a checkout)."""
+    from tiltlab.paper_checks import gpu_record
     from tiltlab.paper_checks import record as R
     from tiltlab.paper_checks import report as P
 
@@ -1138,7 +1121,7 @@ def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
         new_llm = P.replace_section(
             llm_doc.read_text(encoding="utf-8"), "llm-run", P.llm_run_section(llm_rec), str(llm_doc)
         )
-    gpu = _gpu_section(root) if args.readme is None else None
+    gpu = gpu_record.rendered_readme(root) if args.readme is None else None
     R.write_text(readme, text)  # after every section rendered: nothing half-written on an error
     if new_llm is not None:
         R.write_text(llm_doc, new_llm)
