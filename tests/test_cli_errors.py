@@ -352,3 +352,67 @@ def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys)
     argv = ["llm", "eval", "--model", "tiny", "--datasets", "synthetic:math:2", "--k", "1"]
     assert main([*argv, "--out-dir", str(tmp_path / "ev")]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"results written to {tmp_path / 'ev'}")
+
+
+# --------------------------------------------------------------------------- tiltlab llm train --dry-run
+# The dry run checks what the run would before any model is loaded: the trainer config's own checks,
+# the reward, the LoRA section. A config the run would refuse is refused here with the same one line.
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """A dry run that loads a model (or a tokenizer) fails the test."""
+    import tiltlab.llm.models as models
+
+    def refuse(*a, **k):
+        raise AssertionError("a dry run loaded a model")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_tokenizer", refuse)
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("trl.loss_type=bogus", "implements loss_type in"),  # a TRL loss type the objective does not implement
+        ("trl.per_device_train_batch_size=3", "must be divisible"),  # TRL's batch divisibility
+        ("trl.kl_estimator=k9", "kl_estimator must be k1 | k2 | k3"),  # a tiltlab field's own check
+        ("reward=nosuch_reward", "reward"),  # a reward that does not resolve
+        ("lora.r=0", "lora.r must be a positive integer"),  # the LoRA section
+    ],
+    ids=["loss_type", "batch", "kl_estimator", "reward", "lora"],
+)
+def test_train_dry_run_refuses_what_the_run_would(capsys, tmp_path, no_model_loads, override, says):
+    _needs("trl")
+    cfg = _config(tmp_path, trl={"max_steps": 1, "use_cpu": True, "report_to": "none", "num_generations": 2})
+    assert main(["llm", "train", "--config", cfg, "--set", "trl.num_generations=2", "--dry-run"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "train", "--config", cfg, "--set", override, "--dry-run"]) == 2
+    line = _one_line_error(capsys, "tiltlab llm train: error: ")
+    assert says in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_dry_run_checks_the_offline_trainer_config(capsys, tmp_path, no_model_loads):
+    _needs("trl")
+    (tmp_path / "pairs.jsonl").write_text("")
+    cfg = _config(tmp_path, kind="offline", objective="dpo", dataset=str(tmp_path / "pairs.jsonl"))
+    assert main(["llm", "train", "--config", cfg, "--dry-run"]) == 0
+    capsys.readouterr()
+    assert main(["llm", "train", "--config", cfg, "--set", "trl.apo_beta1=0", "--dry-run"]) == 2
+    assert "apo_beta1 must be > 0" in _one_line_error(capsys, "tiltlab llm train: error: ")
+
+
+def test_train_dry_run_notes_what_it_cannot_check_here(capsys, tmp_path, no_model_loads):
+    """Machine switches (bf16) and absent local files are named on stderr; the run is still valid."""
+    _needs("trl")
+    here = tmp_path / "prompts.jsonl"
+    here.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    absent = tmp_path / "nosuch.jsonl"
+    for dataset, noted in ((str(absent), True), (str(here), False), ("synthetic:math:4:1", False)):
+        cfg = _config(tmp_path, dataset=dataset, trl={"max_steps": 1, "bf16": True, "report_to": "none"})
+        assert main(["llm", "train", "--config", cfg, "--dry-run"]) == 0
+        err = capsys.readouterr().err
+        assert "not checked on this machine: {'bf16': True}" in err, err
+        assert (f"dataset {str(absent)!r} is not on this machine" in err) is noted, err
+        assert err.rstrip().endswith("the trainer config, reward and LoRA section are valid")

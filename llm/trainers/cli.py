@@ -8,7 +8,17 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 
 from __future__ import annotations
 
-__all__ = ["add_cli", "build_trainer", "lora_config", "main", "online_dataset", "resolve_checkpoint"]
+__all__ = [
+    "DEVICE_SWITCHES",
+    "add_cli",
+    "build_trainer",
+    "dry_run",
+    "lora_config",
+    "main",
+    "online_dataset",
+    "resolve_checkpoint",
+    "trainer_args",
+]
 
 
 def add_cli(subparsers) -> None:
@@ -42,7 +52,11 @@ def add_cli(subparsers) -> None:
         help="resume from a checkpoint-N directory, or from the newest one in output_dir (`latest`, the "
         "default without a value); model, optimizer, scheduler, RNG, data order and the objective's state",
     )
-    p.add_argument("--dry-run", action="store_true", help="validate the config and print it; do not train")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config as a run would (the trainer config, reward, LoRA), print it; load no model, do not train",
+    )
     p.set_defaults(func=main)
 
 
@@ -232,6 +246,57 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
     return rows, held
 
 
+#: the trainer-config switches that depend on the machine (an accelerator, a logging service): a
+#: dry run on another machine (a login node, a laptop) sets them to these values and says so
+DEVICE_SWITCHES = {"bf16": False, "fp16": False, "use_cpu": True, "report_to": "none"}
+
+
+def trainer_args(cfg, kw: dict | None = None, device_checks: bool = True):
+    """The trainer config a run builds (``TiltGRPOConfig`` online, ``OfflineConfig`` offline) from the
+    run config's trainer kwargs: every cross-field check of TRL / transformers / tiltlab runs here
+    (loss types, clip ranges, batch divisibility). ``device_checks=False`` replaces the
+    machine-dependent switches (:data:`DEVICE_SWITCHES`) so that the rest can be checked anywhere."""
+    kw = dict(cfg.trainer_kwargs() if kw is None else kw)
+    if not device_checks:
+        kw.update(DEVICE_SWITCHES)
+    if cfg.kind == "online":
+        from tiltlab.llm.trainers.online import TiltGRPOConfig
+
+        kw.setdefault("remove_unused_columns", False)
+        return TiltGRPOConfig(**kw)
+    from tiltlab.llm.trainers.offline import OfflineConfig
+
+    return OfflineConfig(**kw)
+
+
+def dry_run(cfg) -> list[str]:
+    """What ``--dry-run`` checks without loading a model or a dataset: the trainer config
+    (:func:`trainer_args`, machine switches aside), the reward, the LoRA section. Returns the notes
+    for what it could not check here (local files that are absent, the machine switches)."""
+    import os
+
+    notes = []
+    if cfg.objective == "none":
+        return ["objective 'none': nothing to train; the eval section is checked by `tiltlab llm eval`"]
+    if not cfg.dataset:
+        raise ValueError("the config names no dataset")
+    trainer_args(cfg, device_checks=False)
+    if cfg.kind == "online":
+        from tiltlab.llm.rewards import resolve_reward
+
+        resolve_reward(cfg.reward)
+    lora_config(cfg)
+    kw = cfg.trainer_kwargs()
+    changed = {k: kw[k] for k in DEVICE_SWITCHES if k in kw and kw[k] != DEVICE_SWITCHES[k]}
+    if changed:
+        notes.append(f"not checked on this machine: {changed} (checked when the run starts)")
+    paths = {"dataset": cfg.dataset, **{f"disa.{k}": v for k, v in cfg.disa.items() if k.endswith("_dir") and v}}
+    for key, path in paths.items():  # a spec such as synthetic:math:4:1 is not a path
+        if ":" not in str(path) and not os.path.exists(str(path)):
+            notes.append(f"{key} {str(path)!r} is not on this machine (a hub name, or a file made later)")
+    return notes
+
+
 def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.trainers.config.RunConfig`."""
     from datasets import Dataset
@@ -246,12 +311,11 @@ def build_trainer(cfg):
         raise ValueError("the config names no dataset")
     kw = cfg.trainer_kwargs()
     if cfg.kind == "online":
-        from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+        from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
         rows, held = _validation(cfg, _nonempty(load_prompts(cfg.dataset), cfg.dataset), kw)
         ds = online_dataset(rows)
-        kw.setdefault("remove_unused_columns", False)
-        args = TiltGRPOConfig(**kw)
+        args = trainer_args(cfg, kw)
         log_z_fn = man = None
         needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
         # a dataset with a precomputed log_z column needs no Stage-2 predictor
@@ -271,10 +335,10 @@ def build_trainer(cfg):
             peft_config=lora_config(cfg),
         )
     from tiltlab.llm.data import read_table
-    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineTrainer, prepare_offline_rows
 
     _, held = _validation(cfg, [], kw)  # held-out rows (raw) and the eval / selection settings in kw
-    args = OfflineConfig(**kw)
+    args = trainer_args(cfg, kw)
     rows = _nonempty(prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1), cfg.dataset)
     if held is not None:
         held = _nonempty(prepare_offline_rows(held, args.objective, args.apo_beta1), cfg.validation["dataset"])
@@ -320,7 +384,13 @@ def main(args) -> int:
     overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
     cfg = read_config(args.config, overrides, loader=load_run_config)
     if args.dry_run:
+        import sys
+
+        notes = dry_run(cfg)  # a config the run would refuse raises here: exit 2 with its one line
         print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        for n in notes:
+            print(f"[dry-run] {n}", file=sys.stderr)
+        print("[dry-run] the trainer config, reward and LoRA section are valid", file=sys.stderr)
         return 0
     # transformers' Trainer never reads TrainingArguments.resume_from_checkpoint: honour it here
     resume = args.resume or cfg.trl.get("resume_from_checkpoint")
