@@ -32,6 +32,8 @@ TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BETA = 4.0
 """PACED's tilt (1 / its KL coefficient): the TB target is ``pi_old e^{BETA r}``."""
 LOGZ_LR = 0.05
+BATCH_PROMPTS = 8
+"""Prompts per step of every arm: PACED selects this many, the random arms draw this many."""
 EARLY = 25
 """Step after which the held-out accuracy is read for the "fast start" item."""
 
@@ -90,7 +92,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
 
             def select(step: int, tau=tau, table=table) -> torch.Tensor:
                 p_hat = accuracy_from_log_z(table.detach()[tr_t], kl_coef=1.0 / beta)
-                return tr_t[select_prompts(p_hat, tau, 8)]
+                return tr_t[select_prompts(p_hat, tau, BATCH_PROMPTS)]
 
             inner = _grpo if arm == "grpo" else paced_fn(table, beta)
 
@@ -116,6 +118,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
                 select=select if tau is not None else None,
                 extra_params=(table,) if arm != "grpo" else (),
                 extra_lr=LOGZ_LR,
+                batch_prompts=BATCH_PROMPTS,
                 on_step=on_step,
             )
             r = res[arm]

@@ -392,7 +392,7 @@ def train_online(
 ) -> Trace:
     """Online RL with exact rollouts. ``ref_tok``: ``[P_all, K, T]`` reference token log-probs.
 
-    Each step draws ``batch_prompts`` prompts (or ``select(step)``), samples ``g`` answers per
+    Each step draws ``batch_prompts`` prompts (or ``select(step)``, which must return that many), samples ``g`` answers per
     prompt from the behaviour policy ``pi_old`` (refreshed every ``old_every`` steps; 1 = on-policy),
     and takes one Adam step on ``loss_fn(batch)``; ``extra_params`` (e.g. a learned log Z table)
     use ``extra_lr`` (default ``lr``). Returns the run's :class:`Trace`; a non-finite loss raises
@@ -411,6 +411,8 @@ def train_online(
     for step in range(steps):
         if select is not None:
             idx = torch.as_tensor(list(select(step)), dtype=torch.long)
+            if len(idx) != batch_prompts:  # arms are compared at the same number of prompts per step
+                raise ValueError(f"select returned {len(idx)} prompts at step {step}, batch_prompts={batch_prompts}")
         else:
             idx = prompts_t[torch.randperm(len(prompts_t), generator=gen)[:batch_prompts]]
         all_lp, mask_all = token_logps(model, task, idx)

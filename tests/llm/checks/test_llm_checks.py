@@ -298,6 +298,30 @@ def test_train_online_extra_lr_applies_to_extra_params_only(tiny):
     assert (table.detach()[others] == 0).all()
 
 
+def test_train_online_select_must_return_batch_prompts_prompts(tiny):
+    """A selecting arm (PACED) trains exactly as many prompts per step as the random arms it is compared
+    with: a select that returns another count is refused at the first step, before any update."""
+    model, task = tiny
+    model = __import__("copy").deepcopy(model)
+    before = [q.detach().clone() for q in model.parameters()]
+    ref_tok = T.reference_tokens(model, task)
+    lz = torch.zeros(task.n_prompts, dtype=torch.float64)
+    tr = task.split(False)
+    for n in (4, 16):
+        with pytest.raises(ValueError, match=f"select returned {n} prompts at step 0, batch_prompts=8"):
+            T.train_online(
+                model, task, ref_tok, stage3.disa_fn(lz, 2.0), prompts=tr, steps=2, lr=1e-3,
+                select=lambda step, n=n: tr[:n],
+            )  # fmt: skip
+    assert all(torch.equal(a, q.detach()) for a, q in zip(before, model.parameters()))
+    trace = T.train_online(
+        model, task, ref_tok, stage3.disa_fn(lz, 2.0), prompts=tr, steps=1, lr=1e-3, batch_prompts=4,
+        select=lambda step: tr[:4],
+    )  # fmt: skip
+    assert len(trace.losses) == 1
+    assert paced.BATCH_PROMPTS == 8  # the PACED check's arms: 8 prompts a step (the paper's toy batch)
+
+
 def test_patched_steps_are_restored_for_later_tests(tiny):
     """After the no-op and NaN variants, Adam and AdamW step again (the variants must not leak)."""
     for cls in (torch.optim.Adam, torch.optim.AdamW):

@@ -223,3 +223,43 @@ def test_each_seed_labels_its_prompts_with_its_own_stage1_stream(tmp_path):
             rt.N_CANDIDATES,
         )
         assert (c.engine, c.dtype, c.device, c.out_dir) == ("vllm", "fp32", "cpu", str(tmp_path / str(s)))
+
+
+def test_heldout_accuracy_scores_each_prompts_own_samples(monkeypatch):
+    """``heldout_accuracy`` on a recording engine: one prompt text per row, EVAL_K samples at T = 1 with
+    the given seed, the engine closed, and each prompt's accuracy = the mean of the math reward of ITS
+    samples against ITS answer (a loop over (prompt, sample) with the real reward)."""
+    import transformers
+
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.rewards import math_reward
+
+    rows = load_prompts("synthetic:qa:3")
+    samples = [  # EVAL_K = 4 each: 3/4, 0/4 and 1/4 correct
+        [rows[0]["answer"], rows[0]["answer"], "7", rows[0]["answer"]],
+        ["no", rows[0]["answer"], "", "1"],
+        [rows[2]["answer"], "x", "y", "z"],
+    ]
+    seen: dict = {}
+
+    class Engine:
+        def generate(self, texts, k, sampling):
+            seen.update(texts=texts, k=k, temperature=sampling.temperature, seed=sampling.seed)
+            return [type("G", (), {"texts": s})() for s in samples]
+
+        def close(self):
+            seen["closed"] = True
+
+    monkeypatch.setattr(R, "EVAL_K", 4)
+    monkeypatch.setattr(R, "_engine", lambda model_dir, seed: Engine())
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda d: "TOK")
+    monkeypatch.setattr("tiltlab.llm.prompts.format_prompt", lambda tok, p, chat: f"<{tok}:{chat}>{p}")
+    acc = R.heldout_accuracy("model-dir", rows, seed=5)
+    assert seen == {
+        "texts": [f"<TOK:True>{r['prompt']}" for r in rows], "k": 4, "temperature": 1.0, "seed": 5, "closed": True,
+    }  # fmt: skip
+    naive = [
+        sum(math_reward([r["prompt"]], [t], answer=[r["answer"]], answer_format=[r["answer_format"]])[0] for t in s) / 4
+        for r, s in zip(rows, samples)
+    ]
+    assert acc.dtype == torch.float64 and acc.tolist() == naive == [0.75, 0.0, 0.25]
