@@ -233,6 +233,7 @@ def off_policy_sequence_mask(
 
     the token mean of the sampled tokens' log-ratio estimating ``KL(pi_sampler || pi_theta)`` of
     the sequence: a negative-advantage sequence the current policy has drifted far from is dropped.
+    A NaN log-prob or advantage at a real position is refused (ValueError).
     ``token_logp_sampler`` is the log-prob the sequence was sampled with (TRL: vLLM's
     ``sampling_per_token_logps`` when present, else ``pi_old``'s). A NaN sampler log-prob (a token
     vLLM could not score) counts as 0 (TRL's rule: no evidence of drift). No gradient.
@@ -242,6 +243,14 @@ def off_policy_sequence_mask(
     same_shape("token_logp", token_logp, "mask", mask)
     if adv.shape != token_logp.shape[:1]:
         raise ValueError(f"advantages must be [B]={tuple(token_logp.shape[:1])}, got {tuple(adv.shape)}")
+    no_nan_at(mask, token_logp=token_logp, adv=adv, threshold=threshold)  # host sync
+    return _off_policy_keep(token_logp, token_logp_sampler, adv, mask, threshold)
+
+
+def _off_policy_keep(
+    token_logp: Tensor, token_logp_sampler: Tensor, adv: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """:func:`off_policy_sequence_mask` without the input checks (the callers made them)."""
     if not math.isfinite(threshold):
         raise ValueError(f"off-policy mask threshold must be finite, got {threshold}")
     with torch.no_grad():
@@ -249,6 +258,25 @@ def off_policy_sequence_mask(
         d = torch.where(torch.isnan(token_logp_sampler), torch.zeros_like(d), d)
         kl_seq = masked_mean(d, mask, dim=1)
         return ((adv >= 0) | (kl_seq <= threshold)).to(token_logp.dtype)
+
+
+def _sequence_keep(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    token_logp_sampler: Tensor | None,
+    adv: Tensor,
+    mask: Tensor,
+    threshold: float | None,
+    metrics: dict[str, Tensor],
+) -> Tensor | None:
+    """The ``[B]`` off-policy keep mask of the GRPO family (None when off), from the sampler's
+    log-probs or, without them, ``pi_old``'s (TRL's fallback); logs ``off_policy_kept``."""
+    if threshold is None:
+        return None
+    sampler = token_logp_old if token_logp_sampler is None else token_logp_sampler
+    keep = _off_policy_keep(token_logp, sampler, adv, mask, threshold)
+    metrics["off_policy_kept"] = keep.mean()
+    return keep
 
 
 def _policy_total(
@@ -275,11 +303,9 @@ def _policy_total(
     KL term), plus ``kl_coef * k(logp, ref)`` (times ``ratio`` with ``kl_ratio_weighted``, TRL's
     ``use_bias_correction_kl``), reduced by :func:`aggregate`. Returns ``(loss, {kl[, kept]})``."""
     metrics: dict[str, Tensor] = {}
-    if off_policy_threshold is not None:
-        sampler = token_logp_old if token_logp_sampler is None else token_logp_sampler
-        keep = off_policy_sequence_mask(token_logp, sampler, adv, mask, off_policy_threshold)
+    keep = _sequence_keep(token_logp, token_logp_old, token_logp_sampler, adv, mask, off_policy_threshold, metrics)
+    if keep is not None:
         per_token = per_token * keep[:, None]
-        metrics["off_policy_kept"] = keep.mean()
     if weight is not None:
         w = weight.detach()
         per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
@@ -426,11 +452,9 @@ def gspo_loss(
     has_tokens = mask.sum(1) > 0
     per_seq = torch.where(has_tokens, per, torch.zeros_like(s))
     metrics: dict[str, Tensor] = {}
-    if off_policy_threshold is not None:
-        sampler = token_logp_old if token_logp_sampler is None else token_logp_sampler
-        keep = off_policy_sequence_mask(token_logp, sampler, adv, mask, off_policy_threshold)
+    keep = _sequence_keep(token_logp, token_logp_old, token_logp_sampler, adv, mask, off_policy_threshold, metrics)
+    if keep is not None:
         per_seq = per_seq * keep
-        metrics["off_policy_kept"] = keep.mean()
     if is_weight is not None:
         per_seq = per_seq * is_weight.detach()
     with torch.no_grad():

@@ -245,7 +245,9 @@ PEER_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("loss_type", "case", "accum"), PEER_CASES, ids=[f"{lt}-{c}-ga{a[0]}spg{a[1]}np{a[2]}-{a[3]}" for lt, c, a in PEER_CASES]
+    ("loss_type", "case", "accum"),
+    PEER_CASES,
+    ids=[f"{lt}-{c}-ga{a[0]}spg{a[1]}np{a[2]}-{a[3]}" for lt, c, a in PEER_CASES],
 )
 def test_matches_trl_compute_loss(loss_type, case, accum):
     want = _trl(loss_type, CASES[case], *accum)
