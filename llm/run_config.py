@@ -11,8 +11,8 @@ and the Stage-1/2 sections.
 Sections (all optional except ``model``):
 
 ``kind``        ``online`` (TRL GRPOTrainer subclass) or ``offline`` (FPA setting).
-``objective``   online: grpo|gspo|flowrl|disa|vargrad|lad|paced; offline: offrl|fpa|dpo|rpo|kto|
-                simper|apo|sft; ``none`` = evaluate the starting model only.
+``objective``   online: grpo|gspo|cispo|sapo|luspo|vespo|flowrl|disa|vargrad|lad|paced; offline:
+                offrl|fpa|dpo|rpo|kto|simper|apo|sft; ``none`` = evaluate the starting model only.
 ``beta``        the tilt beta (MULTIPLIES the reward, DISA convention) -- a number or a name in
                 ``beta_levels`` (``default``/``low``/``high`` for DISA's sensitivity runs).
 ``trl``         keyword arguments of the trainer's config (learning rate, batch sizes, vLLM ...).
@@ -46,7 +46,7 @@ __all__ = [
     "read_run_config",
 ]
 
-ONLINE_OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
+ONLINE_OBJECTIVES = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
 OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 
 #: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``)

@@ -12,6 +12,11 @@ Importing this module registers, in veRL's own registries (``verl.trainer.ppo.co
     tiltlab's modes (``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``)
     whatever ``loss_agg_mode`` says;
   - ``tiltlab_gspo``: :func:`tiltlab.objectives.pg.gspo_loss` (sequence ratio);
+  - ``tiltlab_cispo``: :func:`tiltlab.objectives.pg.cispo_loss` with veRL's CISPO clip of the
+    stop-gradient ratio to ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` and veRL's aggregation
+    (TRL's ``cispo`` caps at ``epsilon_high`` with no floor: see that function);
+  - ``tiltlab_sapo``: :func:`tiltlab.objectives.pg.sapo_loss` at veRL's ``tau_pos`` / ``tau_neg``,
+    a sequence mean of token means whatever ``loss_agg_mode`` says (as veRL's ``sapo``);
   - ``tiltlab_lad_<divergence>`` (token ratios, veRL's aggregation) and
     ``tiltlab_lad_<divergence>_seq`` (length-normalized sequence ratios):
     :func:`tiltlab.objectives.lad.lad_loss` at ``eta = 1`` for each of the six f-divergences;
@@ -264,6 +269,63 @@ def _gspo(
     return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
 
 
+def _cispo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`tiltlab.objectives.pg.cispo_loss`: the stop-gradient ratio clipped to
+    ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (veRL's CISPO), veRL's log-ratio clamp at 20."""
+    lo, hi = _clip(config)
+    mode = _agg(loss_agg_mode)
+    mask = response_mask.to(log_prob.dtype)
+    kw, factor = _aggregation_args(_global(config), mode, mask)
+    loss, m = pg.cispo_loss(
+        log_prob,
+        old_log_prob,
+        sequence_advantages(advantages, mask),
+        mask,
+        ratio_min=1.0 - lo,
+        ratio_max=1.0 + hi,
+        loss_agg=mode,
+        is_weight=rollout_is_weights,
+        log_ratio_clip=20.0,
+        **kw,
+    )
+    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+
+
+def _sapo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`tiltlab.objectives.pg.sapo_loss` at the actor's ``tau_pos`` / ``tau_neg`` (veRL's defaults
+    1.0 / 1.05), a sequence mean of token means whatever ``loss_agg_mode`` says (veRL's ``sapo``
+    ignores it too), veRL's log-ratio clamp at 20."""
+    mask = response_mask.to(log_prob.dtype)
+    _, factor = _aggregation_args(_global(config), "seq_mean_token_mean", mask)
+    loss, _ = pg.sapo_loss(
+        log_prob,
+        old_log_prob,
+        sequence_advantages(advantages, mask),
+        mask,
+        temp_pos=float(_cfg_get(config, "tau_pos", 1.0)),
+        temp_neg=float(_cfg_get(config, "tau_neg", 1.05)),
+        is_weight=rollout_is_weights,
+        log_ratio_clip=20.0,
+    )
+    return loss * factor, {}
+
+
 def _lad(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -370,6 +432,8 @@ def register() -> None:
     for mode in VERL_AGG.values():
         _register_loss(f"tiltlab_grpo_{mode}", partial(_grpo, agg=mode))
     _register_loss("tiltlab_gspo", _gspo)
+    _register_loss("tiltlab_cispo", _cispo)
+    _register_loss("tiltlab_sapo", _sapo)
     for div in sorted(lad.F_DIVERGENCES):
         register_lad(div, 1.0, "token", name=f"tiltlab_lad_{div}")
         register_lad(div, 1.0, "sequence", name=f"tiltlab_lad_{div}_seq")

@@ -1,4 +1,5 @@
-"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL (``docs/math.md`` §6).
+"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL, and TRL's other loss types
+CISPO, SAPO, LUSPO, VESPO with DeepSeek-V3.2's off-policy sequence mask (``docs/math.md`` §6).
 
 Shapes: tokens ``[B, T]`` with a float ``mask`` (1 = completion token), sequences ``[B]``,
 groups ``[P, G]`` (``B = P * G``, group-major: rows ``p*G .. p*G+G-1`` share prompt ``p``).
@@ -6,6 +7,7 @@ groups ``[P, G]`` (``B = P * G``, group-major: rows ``p*G .. p*G+G-1`` share pro
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -15,16 +17,21 @@ from tiltlab.objectives._checks import broadcastable, ndim, no_nan_at, nonempty,
 
 __all__ = [
     "aggregate",
+    "cispo_loss",
     "group_advantages",
     "grpo_loss",
     "gspo_loss",
     "kl_estimate",
     "kl_k3",
+    "luspo_loss",
     "masked_mean",
+    "off_policy_sequence_mask",
     "ppo_kl_loss",
+    "sapo_loss",
+    "vespo_loss",
 ]
 
-LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"]
 
 
 def group_advantages(rewards: Tensor, scale: Literal["std", "batch", "none"] = "std", eps: float = 1e-6) -> Tensor:
@@ -91,7 +98,9 @@ def aggregate(
     - ``seq_mean_token_sum_norm``: per-sequence token sum divided by the fixed ``max_len``
       (required: the maximum completion length, TRL's ``max_completion_length``; never the padded
       width ``T``, which would make the value depend on the batch's padding), mean over sequences
-      (Dr. GRPO).
+      (Dr. GRPO);
+    - ``seq_mean_token_sum``: per-sequence token sum, mean over sequences (TRL's ``"luspo"``: each
+      sequence weighs its length; veRL's ``seq-mean-token-sum``).
 
     The sequence means divide by ``B`` (TRL); an empty completion (all-zero mask row) contributes
     0. veRL divides by the number of non-empty sequences instead (the same value without empty rows).
@@ -103,10 +112,13 @@ def aggregate(
         return (zero_padding(per_token, mask) * mask).sum() / num_tokens
     if loss_agg == "seq_mean_token_mean":
         return masked_mean(per_token, mask, dim=1).mean()
-    if loss_agg == "seq_mean_token_sum_norm":
-        if max_len is None or not max_len > 0:
-            raise ValueError(f"loss_agg='seq_mean_token_sum_norm' needs a fixed max_len > 0, got {max_len!r}")
-        return ((zero_padding(per_token, mask) * mask).sum(dim=1) / max_len).mean()
+    if loss_agg in ("seq_mean_token_sum_norm", "seq_mean_token_sum"):
+        div: float = 1.0
+        if loss_agg == "seq_mean_token_sum_norm":
+            if max_len is None or not max_len > 0:
+                raise ValueError(f"loss_agg='seq_mean_token_sum_norm' needs a fixed max_len > 0, got {max_len!r}")
+            div = max_len
+        return ((zero_padding(per_token, mask) * mask).sum(dim=1) / div).mean()
     raise ValueError(f"unknown loss_agg {loss_agg!r}")
 
 
@@ -158,6 +170,156 @@ def _check_tokens(
         raise ValueError(f"is_weight must be [B] or [B, T]={tuple(token_logp.shape)}, got {tuple(is_weight.shape)}")
 
 
+def _check_family(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    is_weight: Tensor | None,
+    token_logp_ref: Tensor | None,
+    kl_coef: float,
+    token_logp_sampler: Tensor | None,
+    off_policy_threshold: float | None,
+    log_ratio_clip: float | None,
+) -> None:
+    """The GRPO family's input contract: shapes, one host sync refusing NaN at a real position
+    (padded slots are ignored; the sampler's log-probs may hold NaN, see :func:`off_policy_sequence_mask`)."""
+    _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
+    if token_logp_ref is not None:
+        same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
+    if token_logp_sampler is not None:
+        same_shape("token_logp", token_logp, "token_logp_sampler", token_logp_sampler)
+    no_nan_at(
+        mask,
+        token_logp=token_logp,
+        token_logp_old=token_logp_old,
+        adv=adv,
+        token_logp_ref=token_logp_ref if kl_coef != 0.0 else None,
+        is_weight=is_weight,
+        kl_coef=kl_coef,
+        off_policy_threshold=off_policy_threshold,
+    )
+    if kl_coef != 0.0 and token_logp_ref is None:
+        raise ValueError("kl_coef != 0 needs token_logp_ref")
+    if log_ratio_clip is not None and not log_ratio_clip > 0.0:
+        raise ValueError(f"log_ratio_clip must be > 0, got {log_ratio_clip}")
+
+
+def _log_ratio(token_logp: Tensor, token_logp_old: Tensor, mask: Tensor, clip: float | None = None) -> Tensor:
+    """``logp_t - logp_old_t`` (``pi_old`` detached), 0 at padded slots, clamped to ``[-clip, clip]``."""
+    log_ratio = zero_padding(token_logp, mask) - zero_padding(token_logp_old.detach(), mask)
+    return log_ratio if clip is None else log_ratio.clamp(-clip, clip)
+
+
+def _clipped_surrogate(ratio: Tensor, a: Tensor, lo: float, hi: float) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's ``(-min(rho A, clip(rho, 1 - lo, 1 + hi) A), clipped, unclipped)``, any broadcast shape."""
+    unclipped = ratio * a
+    clipped = ratio.clamp(1.0 - lo, 1.0 + hi) * a
+    return -torch.minimum(unclipped, clipped), clipped, unclipped
+
+
+def _sequence_log_ratio(token_logp: Tensor, token_logp_old: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's length-normalized sequence log-ratio ``mean_t (logp_t - logp_old_t)``, ``[B]`` (0 for an empty row)."""
+    return masked_mean(_log_ratio(token_logp, token_logp_old, mask), mask, dim=1)
+
+
+def off_policy_sequence_mask(
+    token_logp: Tensor, token_logp_sampler: Tensor, adv: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556, eq. 9; TRL's
+    ``off_policy_mask_threshold``): ``[B]`` float, 1 = keep, 0 = drop,
+
+    ``keep_i = 1[A_i >= 0  or  mean_t (logp_sampler_{i,t} - logp_{i,t}) <= delta]``,
+
+    the token mean of the sampled tokens' log-ratio estimating ``KL(pi_sampler || pi_theta)`` of
+    the sequence: a negative-advantage sequence the current policy has drifted far from is dropped.
+    A NaN log-prob or advantage at a real position is refused (ValueError).
+    ``token_logp_sampler`` is the log-prob the sequence was sampled with (TRL: vLLM's
+    ``sampling_per_token_logps`` when present, else ``pi_old``'s). A NaN sampler log-prob (a token
+    vLLM could not score) counts as 0 (TRL's rule: no evidence of drift). No gradient.
+    """
+    ndim("token_logp", token_logp, 2, "[B, T]")
+    same_shape("token_logp", token_logp, "token_logp_sampler", token_logp_sampler)
+    same_shape("token_logp", token_logp, "mask", mask)
+    if adv.shape != token_logp.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(token_logp.shape[:1])}, got {tuple(adv.shape)}")
+    no_nan_at(mask, token_logp=token_logp, adv=adv, threshold=threshold)  # host sync
+    return _off_policy_keep(token_logp, token_logp_sampler, adv, mask, threshold)
+
+
+def _off_policy_keep(
+    token_logp: Tensor, token_logp_sampler: Tensor, adv: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """:func:`off_policy_sequence_mask` without the input checks (the callers made them)."""
+    if not math.isfinite(threshold):
+        raise ValueError(f"off-policy mask threshold must be finite, got {threshold}")
+    with torch.no_grad():
+        d = token_logp_sampler.detach() - token_logp.detach()
+        d = torch.where(torch.isnan(token_logp_sampler), torch.zeros_like(d), d)
+        kl_seq = masked_mean(d, mask, dim=1)
+        return ((adv >= 0) | (kl_seq <= threshold)).to(token_logp.dtype)
+
+
+def _sequence_keep(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    token_logp_sampler: Tensor | None,
+    adv: Tensor,
+    mask: Tensor,
+    threshold: float | None,
+    metrics: dict[str, Tensor],
+) -> Tensor | None:
+    """The ``[B]`` off-policy keep mask of the GRPO family (None when off), from the sampler's
+    log-probs or, without them, ``pi_old``'s (TRL's fallback); logs ``off_policy_kept``."""
+    if threshold is None:
+        return None
+    sampler = token_logp_old if token_logp_sampler is None else token_logp_sampler
+    keep = _off_policy_keep(token_logp, sampler, adv, mask, threshold)
+    metrics["off_policy_kept"] = keep.mean()
+    return keep
+
+
+def _policy_total(
+    per_token: Tensor,
+    token_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    ratio: Tensor,
+    *,
+    weight: Tensor | None,
+    token_logp_ref: Tensor | None,
+    kl_coef: float,
+    kl_estimator: KlEstimator,
+    kl_ratio_weighted: bool,
+    token_logp_old: Tensor,
+    token_logp_sampler: Tensor | None,
+    off_policy_threshold: float | None,
+    loss_agg: LossAgg,
+    max_len: int | None,
+    num_tokens: Tensor | float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The GRPO family's common tail (TRL's order): the per-token policy term ``[B, T]`` times the
+    off-policy keep mask, times ``weight`` (the sampler IS weight, ``[B]`` or ``[B, T]``; never the
+    KL term), plus ``kl_coef * k(logp, ref)`` (times ``ratio`` with ``kl_ratio_weighted``, TRL's
+    ``use_bias_correction_kl``), reduced by :func:`aggregate`. Returns ``(loss, {kl[, kept]})``."""
+    metrics: dict[str, Tensor] = {}
+    keep = _sequence_keep(token_logp, token_logp_old, token_logp_sampler, adv, mask, off_policy_threshold, metrics)
+    if keep is not None:
+        per_token = per_token * keep[:, None]
+    if weight is not None:
+        w = weight.detach()
+        per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
+    kl = torch.zeros_like(per_token)
+    if kl_coef != 0.0:
+        assert token_logp_ref is not None  # _check_family
+        kl = kl_estimate(zero_padding(token_logp, mask), zero_padding(token_logp_ref.detach(), mask), kl_estimator)
+        per_token = per_token + kl_coef * (kl * ratio if kl_ratio_weighted else kl)
+    loss = aggregate(per_token, mask, loss_agg, max_len, num_tokens)
+    with torch.no_grad():
+        metrics["kl"] = masked_mean(kl, mask)
+    return loss, metrics
+
+
 def grpo_loss(
     token_logp: Tensor,
     token_logp_old: Tensor,
@@ -175,15 +337,17 @@ def grpo_loss(
     log_ratio_clip: float | None = None,
     kl_estimator: KlEstimator = "k3",
     kl_ratio_weighted: bool = False,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO / PPO token-level clipped surrogate (``docs/math.md`` §6).
 
     ``rho_t = exp(logp_t - logp_old_t)``; per token
-    ``l_t = -w_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
-    aggregated by ``loss_agg``, with ``w`` the optional ``is_weight``: it multiplies the
-    policy-gradient term only, never the KL term (TRL adds the KL after the vLLM IS ratio; veRL
-    weights only the policy loss). ``kl_coef`` with ``token_logp_ref = token_logp_old`` gives LAD's
-    bandit baseline "GRPO + KL to pi_old".
+    ``l_t = -m w_t min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A) + kl_coef * k3(logp_t, ref_t)``,
+    aggregated by ``loss_agg``, with ``w`` the optional ``is_weight`` and ``m`` the optional
+    off-policy keep mask of the sequence: both multiply the policy-gradient term only, never the KL
+    term (TRL adds the KL after the vLLM IS ratio; veRL weights only the policy loss). ``kl_coef``
+    with ``token_logp_ref = token_logp_old`` gives LAD's bandit baseline "GRPO + KL to pi_old".
 
     Args:
         token_logp: ``[B, T]`` current policy log-probs of the sampled tokens (with grad).
@@ -202,54 +366,35 @@ def grpo_loss(
         kl_estimator: ``k1`` | ``k2`` | ``k3`` (:func:`kl_estimate`; TRL: k3).
         kl_ratio_weighted: multiply the KL term by ``rho_t`` (differentiable), TRL's
             ``use_bias_correction_kl`` (DeepSeek-V3.2's unbiased reverse-KL gradient). Default off.
+        off_policy_threshold: DeepSeek-V3.2's ``delta``: drop the policy term of the sequences
+            :func:`off_policy_sequence_mask` drops (TRL's ``off_policy_mask_threshold``). Default off.
+        token_logp_sampler: ``[B, T]`` log-probs the tokens were sampled with, for that mask
+            (default ``token_logp_old``, TRL's fallback when vLLM's are absent).
 
     Returns:
-        ``(loss, metrics)`` with ``clip_frac`` and ``kl`` in metrics.
+        ``(loss, metrics)`` with ``clip_frac`` and ``kl`` (and ``off_policy_kept``) in metrics.
     """
-    _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
-    if token_logp_ref is not None:
-        same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
-    # one host sync: NaN at a real position is refused (padded slots are ignored below)
-    no_nan_at(
-        mask,
-        token_logp=token_logp,
-        token_logp_old=token_logp_old,
-        adv=adv,
-        token_logp_ref=token_logp_ref if kl_coef != 0.0 else None,
-        is_weight=is_weight,
-        kl_coef=kl_coef,
-    )
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
+        token_logp_sampler, off_policy_threshold, log_ratio_clip,
+    )  # fmt: skip
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    if log_ratio_clip is not None and not log_ratio_clip > 0.0:
-        raise ValueError(f"log_ratio_clip must be > 0, got {log_ratio_clip}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    token_logp = zero_padding(token_logp, mask)
-    log_ratio = token_logp - zero_padding(token_logp_old.detach(), mask)
-    if log_ratio_clip is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(_log_ratio(token_logp, token_logp_old, mask, log_ratio_clip))
     a = adv.detach()[:, None]
-    unclipped = ratio * a
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + hi) * a
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token, clipped, unclipped = _clipped_surrogate(ratio, a, clip_eps, hi)
     if dual_clip is not None:
         per_token = torch.where(a < 0, torch.minimum(per_token, -dual_clip * a), per_token)
-    if is_weight is not None:
-        w = is_weight.detach()
-        per_token = per_token * (w[:, None] if w.dim() == 1 else zero_padding(w, mask))
-    kl = torch.zeros_like(per_token)
-    if kl_coef != 0.0:
-        if token_logp_ref is None:
-            raise ValueError("kl_coef != 0 needs token_logp_ref")
-        same_shape("token_logp", token_logp, "token_logp_ref", token_logp_ref)
-        kl = kl_estimate(token_logp, zero_padding(token_logp_ref.detach(), mask), kl_estimator)
-        per_token = per_token + kl_coef * (kl * ratio if kl_ratio_weighted else kl)
-    loss = aggregate(per_token, mask, loss_agg, max_len, num_tokens)
+    loss, metrics = _policy_total(
+        per_token, token_logp, adv, mask, ratio, weight=is_weight, token_logp_ref=token_logp_ref,
+        kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
+        token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
+        off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
+    )  # fmt: skip
     with torch.no_grad():
-        clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), mask)
-        kl_mean = masked_mean(kl, mask)
-    return loss, {"clip_frac": clip_frac, "kl": kl_mean}
+        metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped), mask)
+    return loss, metrics
 
 
 def ppo_kl_loss(
@@ -284,31 +429,264 @@ def gspo_loss(
     clip_eps: float = 3e-4,
     clip_eps_high: float | None = 4e-4,
     is_weight: Tensor | None = None,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025; ``docs/math.md`` §6): sequence-level ratio, clipped.
 
     ``s = exp(mean_t (logp_t - logp_old_t))`` (length-normalized), and
-    ``loss = -mean_B min(s A, clip(s, 1 - eps, 1 + eps_high) A)``. The defaults are GSPO's
-    paper values (3e-4 / 4e-4). An empty completion (all-zero mask row) contributes 0 and counts
-    in the ``B`` of the mean (TRL's ``importance_sampling_level="sequence"``; veRL's
-    ``seq-mean-token-mean`` leaves it out of the count).
+    ``loss = -mean_B m w min(s A, clip(s, 1 - eps, 1 + eps_high) A)``, ``w`` the optional ``[B]``
+    ``is_weight`` and ``m`` the optional off-policy keep mask (:func:`off_policy_sequence_mask`,
+    see :func:`grpo_loss`). The defaults are GSPO's paper values (3e-4 / 4e-4). An empty
+    completion (all-zero mask row) contributes 0 and counts in the ``B`` of the mean (TRL's
+    ``importance_sampling_level="sequence"``; veRL's ``seq-mean-token-mean`` leaves it out of the count).
     """
-    _check_tokens(token_logp, token_logp_old, adv, mask, is_weight)
-    no_nan_at(mask, token_logp=token_logp, token_logp_old=token_logp_old, adv=adv, is_weight=is_weight)  # host sync
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, None, 0.0, token_logp_sampler, off_policy_threshold, None
+    )
     if is_weight is not None and is_weight.dim() != 1:
         raise ValueError(f"is_weight of gspo_loss must be [B], got {tuple(is_weight.shape)}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high
-    log_ratio = zero_padding(token_logp, mask) - zero_padding(token_logp_old.detach(), mask)
-    log_s = masked_mean(log_ratio, mask, dim=1)  # [B]
-    s = torch.exp(log_s)
-    a = adv.detach()
-    unclipped = s * a
-    clipped = s.clamp(1.0 - clip_eps, 1.0 + hi) * a
+    s = torch.exp(_sequence_log_ratio(token_logp, token_logp_old, mask))
+    per, clipped, unclipped = _clipped_surrogate(s, adv.detach(), clip_eps, hi)
     has_tokens = mask.sum(1) > 0
-    per_seq = torch.where(has_tokens, -torch.minimum(unclipped, clipped), torch.zeros_like(s))
+    per_seq = torch.where(has_tokens, per, torch.zeros_like(s))
+    metrics: dict[str, Tensor] = {}
+    keep = _sequence_keep(token_logp, token_logp_old, token_logp_sampler, adv, mask, off_policy_threshold, metrics)
+    if keep is not None:
+        per_seq = per_seq * keep
     if is_weight is not None:
         per_seq = per_seq * is_weight.detach()
     with torch.no_grad():
         seq_mask = has_tokens.to(s.dtype)
-        clip_frac = masked_mean(_clipped_indicator(clipped, unclipped), seq_mask)
-    return per_seq.mean(), {"clip_frac": clip_frac}
+        metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped), seq_mask)
+    return per_seq.mean(), metrics
+
+
+def cispo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    ratio_max: float = 5.0,
+    ratio_min: float | None = None,
+    loss_agg: LossAgg = "token_mean",
+    token_logp_ref: Tensor | None = None,
+    kl_coef: float = 0.0,
+    is_weight: Tensor | None = None,
+    max_len: int | None = None,
+    num_tokens: Tensor | float | None = None,
+    log_ratio_clip: float | None = None,
+    kl_estimator: KlEstimator = "k3",
+    kl_ratio_weighted: bool = False,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5; ScaleRL, arXiv 2510.13786): clip the
+    importance weight, not the update; the weight is a constant (stop-gradient) so every token
+    keeps its gradient.
+
+    Per token ``l_t = -sg(clip(rho_t, r_min, r_max)) A logp_t`` with ``rho_t = exp(logp_t - logp_old_t)``
+    (gradient ``-sg(clip(rho_t)) A grad logp_t``), then the off-policy mask, the sampler IS weight
+    and the KL term of :func:`grpo_loss`, aggregated by ``loss_agg`` (default ``token_mean``: TRL's
+    ``"cispo"`` passes the accumulation window's token count as ``num_tokens``, like ``"dapo"``).
+
+    ``ratio_max`` is the cap itself, ScaleRL's ``eps_max`` and TRL's ``epsilon_high`` for
+    ``loss_type="cispo"`` (recommended 5.0); ``ratio_min`` is an optional floor (TRL: none, as in
+    ScaleRL; MiniMax-M1 and veRL clip to ``[1 - eps_low, 1 + eps_high]``: pass
+    ``ratio_min = 1 - eps_low, ratio_max = 1 + eps_high``). Other arguments as :func:`grpo_loss`.
+
+    Returns:
+        ``(loss, metrics)``: ``clip_frac`` (tokens whose weight is clipped), ``kl`` (and ``off_policy_kept``).
+    """
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
+        token_logp_sampler, off_policy_threshold, log_ratio_clip,
+    )  # fmt: skip
+    if ratio_min is not None and not ratio_max > ratio_min:
+        raise ValueError(f"ratio_max must be > ratio_min, got {ratio_max} <= {ratio_min}")
+    ratio = torch.exp(_log_ratio(token_logp, token_logp_old, mask, log_ratio_clip))
+    weight = ratio.detach().clamp(min=ratio_min, max=ratio_max)
+    per_token = -weight * adv.detach()[:, None] * zero_padding(token_logp, mask)
+    loss, metrics = _policy_total(
+        per_token, token_logp, adv, mask, ratio, weight=is_weight, token_logp_ref=token_logp_ref,
+        kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
+        token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
+        off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
+    )  # fmt: skip
+    with torch.no_grad():
+        clipped = torch.where(torch.isnan(ratio), ratio, (weight != ratio).to(ratio.dtype))
+        metrics["clip_frac"] = masked_mean(clipped, mask)
+    return loss, metrics
+
+
+def sapo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    temp_pos: float = 1.0,
+    temp_neg: float = 1.05,
+    loss_agg: LossAgg = "seq_mean_token_mean",
+    token_logp_ref: Tensor | None = None,
+    kl_coef: float = 0.0,
+    is_weight: Tensor | None = None,
+    max_len: int | None = None,
+    num_tokens: Tensor | float | None = None,
+    log_ratio_clip: float | None = None,
+    kl_estimator: KlEstimator = "k3",
+    kl_ratio_weighted: bool = False,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, Qwen, arXiv 2511.20347): a smooth sigmoid gate
+    in place of the hard clip.
+
+    Per token ``l_t = -(4 / tau) sigmoid(tau (rho_t - 1)) A`` with ``rho_t = exp(logp_t - logp_old_t)``
+    and ``tau = temp_pos`` for ``A > 0``, ``temp_neg`` for ``A <= 0`` (its gradient
+    ``-4 sigmoid' (tau (rho - 1)) rho A grad logp`` equals the policy gradient at ``rho = 1`` and
+    fades away from it); then the off-policy mask, the sampler IS weight and the KL term of
+    :func:`grpo_loss`, aggregated by ``loss_agg`` (default ``seq_mean_token_mean``, TRL's and
+    veRL's ``"sapo"``). The default temperatures are TRL's (``sapo_temperature_pos/neg``) and
+    veRL's (``tau_pos/neg``): 1.0 / 1.05. Other arguments as :func:`grpo_loss`.
+
+    Returns:
+        ``(loss, metrics)``: ``kl`` (and ``off_policy_kept``).
+    """
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
+        token_logp_sampler, off_policy_threshold, log_ratio_clip,
+    )  # fmt: skip
+    if not (temp_pos > 0 and temp_neg > 0):
+        raise ValueError(f"SAPO temperatures must be > 0, got temp_pos={temp_pos}, temp_neg={temp_neg}")
+    ratio = torch.exp(_log_ratio(token_logp, token_logp_old, mask, log_ratio_clip))
+    a = adv.detach()[:, None]
+    tau = torch.where(a > 0, torch.full_like(a, temp_pos), torch.full_like(a, temp_neg))
+    per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * a
+    return _policy_total(
+        per_token, token_logp, adv, mask, ratio, weight=is_weight, token_logp_ref=token_logp_ref,
+        kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
+        token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
+        off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
+    )  # fmt: skip
+
+
+def luspo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float | None = 4e-4,
+    token_logp_ref: Tensor | None = None,
+    kl_coef: float = 0.0,
+    is_weight: Tensor | None = None,
+    kl_estimator: KlEstimator = "k3",
+    kl_ratio_weighted: bool = False,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261): GSPO with each
+    sequence's loss scaled by its length, removing GSPO's bias towards short sequences.
+
+    ``s = exp(mean_t (logp_t - logp_old_t))`` as :func:`gspo_loss`; per token (every real token of
+    sequence ``i`` carries the sequence term) ``l_t = -m w_t min(s A, clip(s, 1 - eps, 1 + eps_high) A)
+    + kl_coef * k3(logp_t, ref_t) (* s with kl_ratio_weighted)``, then ``loss = mean_B sum_t l_t``
+    (:func:`aggregate`'s ``seq_mean_token_sum``): TRL's ``loss_type="luspo"`` at
+    ``importance_sampling_level="sequence"`` (its recommended setting). ``w`` is the sampler IS
+    weight, ``[B]`` or ``[B, T]`` (a per-token weight multiplies each token's copy of the sequence
+    term, as TRL's token-level vLLM ratio does); ``m`` the off-policy keep mask. The clip defaults
+    are GSPO's paper values (LUSPO changes GSPO's normalization, not its clip).
+
+    Returns:
+        ``(loss, metrics)``: ``clip_frac`` (over non-empty sequences), ``kl`` (and ``off_policy_kept``).
+    """
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
+        token_logp_sampler, off_policy_threshold, None,
+    )  # fmt: skip
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+    s = torch.exp(_sequence_log_ratio(token_logp, token_logp_old, mask))[:, None]  # [B, 1]
+    per_seq, clipped, unclipped = _clipped_surrogate(s, adv.detach()[:, None], clip_eps, hi)
+    per_token = per_seq.expand_as(token_logp)
+    loss, metrics = _policy_total(
+        per_token, token_logp, adv, mask, s, weight=is_weight, token_logp_ref=token_logp_ref,
+        kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
+        token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
+        off_policy_threshold=off_policy_threshold, loss_agg="seq_mean_token_sum", max_len=None, num_tokens=None,
+    )  # fmt: skip
+    with torch.no_grad():
+        seq_mask = (mask.sum(1) > 0).to(s.dtype)
+        metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped)[:, 0], seq_mask)
+    return loss, metrics
+
+
+_LOG_W_MIN, _LOG_W_MAX = math.log(1e-8), 20.0  # VESPO's clamp of log w (TRL, after the paper's code)
+
+
+def vespo_loss(
+    token_logp: Tensor,
+    token_logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    loss_agg: LossAgg = "token_mean",
+    token_logp_ref: Tensor | None = None,
+    kl_coef: float = 0.0,
+    is_weight: Tensor | None = None,
+    max_len: int | None = None,
+    num_tokens: Tensor | float | None = None,
+    kl_estimator: KlEstimator = "k3",
+    kl_ratio_weighted: bool = False,
+    off_policy_threshold: float | None = None,
+    token_logp_sampler: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693): a smooth,
+    asymmetric Gamma-shaped weight of the SEQUENCE importance ratio in place of a clip.
+
+    ``log w = clamp(sum_t clamp(logp_t - logp_old_t, -20, 20) + sum_t log iw_t, log 1e-8, 20)``
+    (the product of the token ratios times the sampler IS weight ``iw``, each ``log iw_t``
+    clamped to ``[log 1e-8, 20]``); ``phi(w) = e^lambda w^k e^{-lambda w}`` (``phi(1) = 1``), with
+    ``(k, lambda) = (k_pos, lambda_pos)`` for ``A >= 0`` and ``(k_neg, lambda_neg)`` otherwise
+    (``lambda >= 1e-4``; an overflowing ``phi`` is 0). Per token ``l_t = -sg(phi(w)) A logp_t``
+    (gradient ``-phi(w) A grad logp_t``), then the off-policy mask and the KL term of
+    :func:`grpo_loss` (times the token ratio with ``kl_ratio_weighted``), aggregated by
+    ``loss_agg`` (default ``token_mean``: TRL's ``"vespo"`` passes the window's token count as
+    ``num_tokens``). The sampler IS weight ``is_weight`` (``[B, T]`` per token or ``[B]`` per
+    sequence) enters ``w`` only and does NOT multiply the loss (TRL skips its vLLM IS factor for
+    ``"vespo"``). Defaults: TRL's ``vespo_k_pos`` etc. (2, 3, 3, 2). The clamps are TRL's.
+
+    Returns:
+        ``(loss, metrics)``: ``phi_mean`` (mean over sequences), ``kl`` (and ``off_policy_kept``).
+    """
+    _check_family(
+        token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
+        token_logp_sampler, off_policy_threshold, None,
+    )  # fmt: skip
+    for name, v in (("k_pos", k_pos), ("k_neg", k_neg), ("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)):
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
+    log_ratio = _log_ratio(token_logp, token_logp_old, mask)
+    a = adv.detach()
+    with torch.no_grad():
+        log_w = (log_ratio.clamp(-20.0, 20.0) * mask).sum(1)
+        if is_weight is not None:
+            log_iw = torch.log(is_weight.detach()).clamp(_LOG_W_MIN, _LOG_W_MAX)
+            log_w = log_w + (log_iw if log_iw.dim() == 1 else zero_padding(log_iw, mask).sum(1))
+        log_w = log_w.clamp(_LOG_W_MIN, _LOG_W_MAX)
+        pos = a >= 0
+        k = torch.where(pos, torch.full_like(a, k_pos), torch.full_like(a, k_neg))
+        lam = torch.where(pos, torch.full_like(a, lambda_pos), torch.full_like(a, lambda_neg)).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    per_token = -phi[:, None] * a[:, None] * zero_padding(token_logp, mask)
+    loss, metrics = _policy_total(
+        per_token, token_logp, adv, mask, torch.exp(log_ratio), weight=None, token_logp_ref=token_logp_ref,
+        kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
+        token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
+        off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
+    )  # fmt: skip
+    metrics["phi_mean"] = phi.mean()
+    return loss, metrics

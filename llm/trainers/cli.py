@@ -40,8 +40,8 @@ def add_cli(subparsers) -> None:
         "--objective",
         default=None,
         metavar="NAME",
-        help="the objective, overriding the config's `objective:` (online: grpo, gspo, flowrl, disa, vargrad, "
-        "lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
+        help="the objective, overriding the config's `objective:` (online: grpo, gspo, cispo, sapo, luspo, vespo, "
+        "flowrl, disa, vargrad, lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
     )
     p.add_argument(
         "--resume",

@@ -1,4 +1,5 @@
-"""Online RL on TRL's ``GRPOTrainer``: GRPO, GSPO, FlowRL, DISA Stage 3, VarGrad, LAD, PACED.
+"""Online RL on TRL's ``GRPOTrainer``: GRPO, GSPO, CISPO, SAPO, LUSPO, VESPO, FlowRL, DISA Stage 3,
+VarGrad, LAD, PACED.
 
 One trainer, one ``objective`` option. TRL does the rollouts (transformers ``generate`` on CPU,
 vLLM colocate/server on GPUs), the reward calls, the reference forward, the optimizer and the
@@ -22,6 +23,10 @@ Objectives (``docs/math.md`` §1-§6):
 * ``grpo``  — :func:`objectives.pg.grpo_loss` (token ratio, clip ``epsilon``/``epsilon_high``,
   KL to ref with coefficient ``beta`` = TRL's KL coefficient).
 * ``gspo``  — :func:`objectives.pg.gspo_loss` (sequence ratio).
+* ``cispo`` / ``sapo`` / ``luspo`` / ``vespo`` — TRL's loss types of those names
+  (:func:`objectives.pg.cispo_loss` etc.) with TRL's options (``epsilon_high`` as CISPO's ratio
+  cap, ``sapo_temperature_pos/neg``, ``vespo_k_pos`` ..., ``epsilon``/``epsilon_high`` as LUSPO's
+  clip) and normalization.
 * ``flowrl`` — :func:`objectives.tb.flowrl_loss` with a learned ``log Z`` head
   (:mod:`llm.trainers.logz_head`); coded defaults: length-normalized log-probs, group-normalized
   reward, ``tilt_beta = 15``, weight ``clamp(exp(sum log-ratio), max=10)``; the paper's
@@ -40,9 +45,16 @@ Objectives (``docs/math.md`` §1-§6):
 Loss normalization: ``grpo`` implements TRL's ``loss_type`` values ``dapo`` (TRL's default: the
 token sum over the token count of the whole accumulation window, across processes), ``grpo``,
 ``bnpo`` and ``dr_grpo`` (divided by ``max_completion_length``) with TRL's normalization;
-``gspo`` is TRL's ``loss_type="grpo"`` at ``importance_sampling_level="sequence"``; the other
-objectives take no ``loss_type``. Any other value, and every TRL loss option the objectives do
-not implement, is refused by :class:`TiltGRPOConfig` (:data:`LOSS_TYPES`).
+``gspo`` is TRL's ``loss_type="grpo"`` at ``importance_sampling_level="sequence"``; ``cispo``,
+``sapo``, ``luspo`` and ``vespo`` are TRL's loss types of the same name (``loss_type`` defaults to
+it; ``cispo``/``vespo`` normalized like ``dapo``, ``sapo`` like ``grpo``, ``luspo`` by the
+sequence mean of token sums, at ``importance_sampling_level="sequence"``); the other objectives
+take no ``loss_type``. Any other value, and every TRL loss option the objectives do not
+implement, is refused by :class:`TiltGRPOConfig` (:data:`LOSS_TYPES`). TRL's
+``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask, from vLLM's
+``sampling_per_token_logps`` when present, else ``pi_old``'s) is honoured by the GRPO family
+(:data:`GRPO_FAMILY`) and refused for the others; ``use_bias_correction_kl`` is honoured where the
+KL term is TRL's per-token one (:data:`BIAS_CORRECTED_KL`).
 
 Groups and micro-batches: TRL shuffles a generation batch and splits it over gradient-
 accumulation micro-batches and processes, so a group's G completions are usually NOT together in
@@ -70,7 +82,16 @@ from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
 from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman, weight_clip_fraction
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
 from tiltlab.objectives.paced import ReplayBuffer
-from tiltlab.objectives.pg import group_advantages, grpo_loss, gspo_loss, masked_mean
+from tiltlab.objectives.pg import (
+    cispo_loss,
+    group_advantages,
+    grpo_loss,
+    gspo_loss,
+    luspo_loss,
+    masked_mean,
+    sapo_loss,
+    vespo_loss,
+)
 from tiltlab.objectives.tb import (
     disa_loss,
     flowrl_loss,
@@ -88,18 +109,40 @@ from .paced import PacedMixin
 from .signal_guard import SignalGuardMixin
 from .vllm_sync import cpu_colocate_llm, cpu_trainer_bf16, keep_log_z_head_out, reload_on_cpu
 
-__all__ = ["LOSSES", "OBJECTIVES", "LossBatch", "TiltGRPOConfig", "TiltGRPOTrainer", "informative_groups"]
+__all__ = [
+    "BIAS_CORRECTED_KL",
+    "GRPO_FAMILY",
+    "LOSSES",
+    "OBJECTIVES",
+    "LossBatch",
+    "TiltGRPOConfig",
+    "TiltGRPOTrainer",
+    "informative_groups",
+]
 
-OBJECTIVES = ("grpo", "gspo", "flowrl", "disa", "vargrad", "lad", "paced")
+OBJECTIVES = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
+_TRL_LOSS_OBJECTIVES = ("cispo", "sapo", "luspo", "vespo")
+GRPO_FAMILY = ("grpo", "gspo", *_TRL_LOSS_OBJECTIVES)
+"""The objectives that honour TRL's ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask)."""
+BIAS_CORRECTED_KL = ("grpo", *_TRL_LOSS_OBJECTIVES)
+"""The objectives whose KL term is TRL's per-token one and honours ``use_bias_correction_kl`` (the KL times
+the importance ratio); ``gspo`` and ``lad`` add a token-mean KL and refuse it when ``beta != 0``."""
 _TB = ("flowrl", "disa", "vargrad", "paced")
 _NEEDS_REF = ("flowrl", "disa", "vargrad")
 _LEARNED_Z = ("flowrl", "paced")
 REWARD_TRANSFORMS = ("affine", "identity", "group_norm")
-LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",)}
+LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",), **{o: (o,) for o in _TRL_LOSS_OBJECTIVES}}
 """TRL ``loss_type`` values each objective implements with TRL's normalization (the first is the
 default); the other objectives define their own per-sequence mean and take no ``loss_type``."""
-IS_LEVEL = {"grpo": "token", "gspo": "sequence"}
-"""TRL ``importance_sampling_level`` of the ratio each objective uses (GSPO: sequence)."""
+IS_LEVEL = {
+    "grpo": "token",
+    "gspo": "sequence",
+    "cispo": "token",
+    "sapo": "token",
+    "luspo": "sequence",
+    "vespo": "token",
+}
+"""TRL ``importance_sampling_level`` of the ratio each objective uses (GSPO and LUSPO: sequence)."""
 
 
 @dataclass
@@ -111,7 +154,10 @@ class TiltGRPOConfig(GRPOConfig):
     objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
     loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
         default=None,
-        metadata={"help": f"TRL's loss normalization: {LOSS_TYPES}; default dapo (grpo), grpo (gspo); unset otherwise"},
+        metadata={
+            "help": f"TRL's loss normalization: {LOSS_TYPES}; default dapo (grpo), grpo (gspo), the objective's "
+            "name (cispo/sapo/luspo/vespo); unset otherwise"
+        },
     )
     importance_sampling_level: str | None = field(  # type: ignore[assignment]
         default=None, metadata={"help": f"TRL's ratio level, fixed by the objective: {IS_LEVEL}; unset otherwise"}
@@ -262,21 +308,22 @@ class TiltGRPOConfig(GRPOConfig):
         if self.loss_type is None:
             self.loss_type = types[0] if types else None
         elif self.loss_type not in types:
+            hint = f"; for TRL's loss_type={self.loss_type!r} set objective={self.loss_type!r}"
             raise ValueError(
-                f"objective={obj!r} implements loss_type in {types or '(none: leave it unset)'}, got {self.loss_type!r}"
+                f"objective={obj!r} implements loss_type in {types or '(none: leave it unset)'}, got "
+                f"{self.loss_type!r}{hint if self.loss_type in _TRL_LOSS_OBJECTIVES else ''}"
             )
         level = IS_LEVEL.get(obj)
         if self.importance_sampling_level is None:
             self.importance_sampling_level = level or "token"
         elif self.importance_sampling_level != level:
             raise ValueError(
-                f"objective={obj!r} uses importance_sampling_level={level!r} (grpo: token, gspo: sequence), "
+                f"objective={obj!r} uses importance_sampling_level={level!r} ({IS_LEVEL}), "
                 f"got {self.importance_sampling_level!r}"
             )
         unsupported = {
             "delta": self.delta is not None,
             "top_entropy_quantile": self.top_entropy_quantile != 1.0,
-            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
             "entropy_coef": self.entropy_coef != 0.0 or self.use_adaptive_entropy,
         }
         bad = [k for k, v in unsupported.items() if v]
@@ -288,8 +335,20 @@ class TiltGRPOConfig(GRPOConfig):
             self.dual_clip is not None or self.log_ratio_clip is not None or self.kl_estimator != "k3"
         ):
             raise ValueError("dual_clip, log_ratio_clip and kl_estimator != 'k3' are options of objective='grpo'")
+        if obj == "cispo" and self.epsilon_high is None:
+            raise ValueError(
+                "objective='cispo' caps the importance ratio at epsilon_high (ScaleRL's eps_max; TRL recommends 5.0): "
+                "set it (TRL would fall back to epsilon)"
+            )
+        if self.off_policy_mask_threshold is not None and obj not in GRPO_FAMILY:
+            raise ValueError(
+                f"off_policy_mask_threshold is implemented by objective in {GRPO_FAMILY} only, got objective={obj!r}"
+            )
         if obj in ("gspo", "lad") and self.beta != 0.0 and self.use_bias_correction_kl:
-            raise ValueError(f"objective={obj!r} does not implement use_bias_correction_kl; set it False (or beta=0)")
+            raise ValueError(
+                f"objective={obj!r} does not implement use_bias_correction_kl (objectives that do: "
+                f"{BIAS_CORRECTED_KL}); set it False (or beta=0)"
+            )
 
     @property
     def reward_transform_spec(self) -> tuple:
@@ -794,7 +853,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
                 self._log(mode, "log_z/std", lz.std() if lz.numel() > 1 else torch.zeros(()))
             for k, v in metrics.items():
                 self._log(mode, k, v)
-        if args.loss_type == "dapo":  # normalized by the accumulation window's token count already
+        if args.loss_type in _WINDOW_TOKENS:  # normalized by the accumulation window's token count already
             return loss
         normalizer = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1.0
         return loss / normalizer
@@ -844,8 +903,14 @@ _LOSS_AGG = {
     "bnpo": "token_mean",
     "dapo": "token_mean",
     "dr_grpo": "seq_mean_token_sum_norm",
+    "cispo": "token_mean",
+    "sapo": "seq_mean_token_mean",
+    "vespo": "token_mean",
 }
-"""TRL ``loss_type`` -> :func:`~tiltlab.objectives.pg.aggregate` mode (``dapo`` with TRL's window token count)."""
+"""TRL ``loss_type`` -> :func:`~tiltlab.objectives.pg.aggregate` mode (``dapo``, ``cispo``, ``vespo`` with
+TRL's window token count; ``luspo``'s sequence mean of token sums is fixed by its function)."""
+_WINDOW_TOKENS = ("dapo", "cispo", "vespo")
+"""TRL's loss types normalized by the accumulation window's token count (no division by the accumulation steps)."""
 
 
 LossFn = Callable[[TiltGRPOTrainer, Any, LossBatch], tuple[Tensor, dict[str, Tensor]]]
@@ -858,6 +923,112 @@ def _with_kl(trainer: TiltGRPOTrainer, loss: Tensor, b: LossBatch) -> Tensor:
     if b.ref is not None and trainer.kl_coef:
         return loss + trainer.kl_coef * kl_penalty(b.logp, b.ref, b.mask)
     return loss
+
+
+def _off_policy(trainer: TiltGRPOTrainer, b: LossBatch) -> dict[str, Any]:
+    """TRL's ``off_policy_mask_threshold`` and the log-probs it compares with (vLLM's
+    ``sampling_per_token_logps`` when present, else ``pi_old``'s: the loss function's fallback)."""
+    threshold = trainer.args.off_policy_mask_threshold
+    if threshold is None:
+        return {}
+    sampler = b.inputs.get("sampling_per_token_logps")
+    return {"off_policy_threshold": threshold, "token_logp_sampler": None if sampler is None else sampler.float()}
+
+
+def _kept(out: dict[str, Tensor], m: dict[str, Tensor]) -> dict[str, Tensor]:
+    if "off_policy_kept" in m:
+        out["off_policy_kept"] = m["off_policy_kept"]
+    return out
+
+
+def _family(trainer: TiltGRPOTrainer, b: LossBatch) -> dict[str, Any]:
+    """The arguments the GRPO family shares in TRL: the KL to ref with ``beta`` (ratio-weighted with
+    ``use_bias_correction_kl``), the off-policy mask."""
+    args = trainer.args
+    return {
+        "token_logp_ref": b.ref,
+        "kl_coef": trainer.kl_coef if b.ref is not None else 0.0,
+        "kl_ratio_weighted": bool(args.use_bias_correction_kl),
+        **_off_policy(trainer, b),
+    }
+
+
+def _token_is_weight(b: LossBatch) -> Tensor | None:
+    """TRL's vLLM IS ratio as the loss functions take it: ``[B, T]`` per token or ``[B]`` per sequence."""
+    return None if b.isr is None else (b.isr[:, 0] if b.isr.shape[1] == 1 else b.isr)
+
+
+def cispo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (:func:`~tiltlab.objectives.pg.cispo_loss`), TRL's ``loss_type="cispo"``: the token ratio
+    capped at ``epsilon_high`` (stop-gradient), the window token count normalization."""
+    args = trainer.args
+    loss, m = cispo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        ratio_max=args.epsilon_high,
+        is_weight=_token_is_weight(b),
+        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode),
+        **_family(trainer, b),
+    )
+    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
+
+
+def sapo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (:func:`~tiltlab.objectives.pg.sapo_loss`), TRL's ``loss_type="sapo"``: the sigmoid gate at
+    ``sapo_temperature_pos/neg``, the sequence mean of token means."""
+    args = trainer.args
+    loss, m = sapo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        temp_pos=args.sapo_temperature_pos,
+        temp_neg=args.sapo_temperature_neg,
+        is_weight=_token_is_weight(b),
+        **_family(trainer, b),
+    )
+    return loss, _kept({}, m)
+
+
+def luspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """LUSPO (:func:`~tiltlab.objectives.pg.luspo_loss`), TRL's ``loss_type="luspo"`` at
+    ``importance_sampling_level="sequence"``: GSPO's clip (``epsilon``/``epsilon_high``), each
+    sequence weighted by its length."""
+    args = trainer.args
+    loss, m = luspo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        clip_eps=args.epsilon,
+        clip_eps_high=args.epsilon_high,
+        is_weight=_token_is_weight(b),
+        **_family(trainer, b),
+    )
+    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
+
+
+def vespo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    """VESPO (:func:`~tiltlab.objectives.pg.vespo_loss`), TRL's ``loss_type="vespo"``: the Gamma weight
+    (``vespo_k_pos`` ...) of the sequence ratio times vLLM's IS ratio (which does not multiply the
+    loss), the window token count normalization."""
+    args = trainer.args
+    loss, m = vespo_loss(
+        b.logp,
+        b.old,
+        b.inputs["advantages"],
+        b.mask,
+        k_pos=args.vespo_k_pos,
+        lambda_pos=args.vespo_lambda_pos,
+        k_neg=args.vespo_k_neg,
+        lambda_neg=args.vespo_lambda_neg,
+        is_weight=_token_is_weight(b),
+        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode),
+        **_family(trainer, b),
+    )
+    return loss, _kept({"vespo/phi_mean": m["phi_mean"]}, m)
 
 
 def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -883,8 +1054,9 @@ def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tenso
         log_ratio_clip=args.log_ratio_clip,
         kl_estimator=args.kl_estimator,
         kl_ratio_weighted=bool(args.use_bias_correction_kl),
+        **_off_policy(trainer, b),
     )
-    return loss, {"clip_frac": m["clip_frac"]}
+    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
 
 
 def gspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -898,8 +1070,9 @@ def gspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tenso
         clip_eps=args.epsilon,
         clip_eps_high=args.epsilon_high,
         is_weight=b.seq_w,
+        **_off_policy(trainer, b),
     )
-    return _with_kl(trainer, loss, b), {"clip_frac": m["clip_frac"]}
+    return _with_kl(trainer, loss, b), _kept({"clip_frac": m["clip_frac"]}, m)
 
 
 def lad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -1014,6 +1187,10 @@ def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tens
 LOSSES: dict[str, LossFn] = {
     "grpo": grpo_objective,
     "gspo": gspo_objective,
+    "cispo": cispo_objective,
+    "sapo": sapo_objective,
+    "luspo": luspo_objective,
+    "vespo": vespo_objective,
     "flowrl": flowrl_objective,
     "disa": disa_objective,
     "vargrad": vargrad_objective,

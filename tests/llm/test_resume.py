@@ -53,6 +53,8 @@ def _online_cfg(tiny_dir, tmp_path, objective, reward, **trl):
             **trl,
         },
     }
+    if objective == "cispo":  # CISPO's ratio cap has no usable default (TiltGRPOConfig refuses none)
+        cfg["trl"]["epsilon_high"] = 5.0
     if objective == "disa":  # the dataset's log_z column stands in for the Stage-2 predictor
         cfg["beta"] = 2.0
         cfg["disa"] = {"reward_scale": 1.0}

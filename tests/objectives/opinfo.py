@@ -188,6 +188,7 @@ def ref_grpo_terms(
     log_ratio_clip: float | None = None,
     kl_estimator: str = "k3",
     kl_ratio_weighted: bool = False,
+    keep: Tensor | None = None,
 ):
     """Per-sequence lists of per-token GRPO terms
     ``w * pg + kl * k(lp, lpr)``, ``pg = -min(rho A, clip(rho, 1-lo, 1+hi) A)``, for ``A < 0`` with
@@ -204,6 +205,8 @@ def ref_grpo_terms(
             v = -min(rho * adv[b], clipped * adv[b])
             if dual_clip is not None and adv[b] < 0:
                 v = min(v, -adv[b] * dual_clip)
+            if keep is not None:
+                v = v * float(keep[b])
             if is_weight is not None:
                 v = v * (is_weight[b] if is_weight.dim() == 1 else is_weight[b, t])
             if kl:
@@ -219,6 +222,8 @@ def ref_aggregate(rows: list[list[Any]], loss_agg: str, max_len: int | None) -> 
         return sum(flat) / len(flat)
     if loss_agg == "seq_mean_token_mean":
         return _mean([sum(row) / len(row) for row in rows])
+    if loss_agg == "seq_mean_token_sum":
+        return _mean([sum(row) for row in rows])
     return _mean([sum(row) / max_len for row in rows])
 
 
@@ -238,8 +243,14 @@ def ref_grpo(
     log_ratio_clip=None,
     kl_estimator="k3",
     kl_ratio_weighted=False,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
 ):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
+    keep = None
+    if off_policy_threshold is not None:
+        samp = token_logp_old if token_logp_sampler is None else token_logp_sampler
+        keep = ref_off_policy_mask(token_logp, samp, adv, mask, off_policy_threshold)
     rows = ref_grpo_terms(
         token_logp,
         token_logp_old,
@@ -254,6 +265,7 @@ def ref_grpo(
         log_ratio_clip,
         kl_estimator,
         kl_ratio_weighted,
+        keep,
     )
     return ref_aggregate(rows, loss_agg, max_len)
 
@@ -278,14 +290,281 @@ def ref_ppo_kl(
     return ref_aggregate(rows, loss_agg, None)
 
 
-def ref_gspo(token_logp, token_logp_old, adv, mask, clip_eps=3e-4, clip_eps_high=4e-4):
+def ref_gspo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    clip_eps=3e-4,
+    clip_eps_high=4e-4,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
+):
     hi = clip_eps if clip_eps_high is None else clip_eps_high
+    keep = None
+    if off_policy_threshold is not None:
+        samp = token_logp_old if token_logp_sampler is None else token_logp_sampler
+        keep = ref_off_policy_mask(token_logp, samp, adv, mask, off_policy_threshold)
     out = []
     for b in range(token_logp.shape[0]):
         ts = _real(mask, b)
         s = exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in ts) / len(ts))
-        out.append(-min(s * adv[b], min(max(s, 1 - clip_eps), 1 + hi) * adv[b]))
+        v = -min(s * adv[b], min(max(s, 1 - clip_eps), 1 + hi) * adv[b])
+        out.append(v if keep is None else v * float(keep[b]))
     return _mean(out)
+
+
+def ref_off_policy_mask(token_logp, token_logp_sampler, adv, mask, threshold):
+    """DeepSeek-V3.2 eq. 9: keep a sequence when ``A >= 0`` or the token mean of
+    ``logp_sampler - logp`` is ``<= threshold``; an unscored (NaN) sampler token counts 0."""
+    out = []
+    for b in range(token_logp.shape[0]):
+        ts = _real(mask, b)
+        ds = [
+            0.0 if math.isnan(float(token_logp_sampler[b, t])) else float(token_logp_sampler[b, t] - token_logp[b, t])
+            for t in ts
+        ]
+        kl = sum(ds) / max(len(ds), 1)
+        out.append(1.0 if float(adv[b]) >= 0 or kl <= threshold else 0.0)
+    return torch.tensor(out, dtype=F64)
+
+
+def _ref_family(
+    term,
+    lp,
+    lpo,
+    adv,
+    mask,
+    lpr,
+    kl_coef,
+    is_weight,
+    kl_estimator,
+    kl_ratio_weighted,
+    off_policy_threshold,
+    token_logp_sampler,
+    loss_agg,
+    max_len,
+    weight_pg=True,
+    ratio=None,
+):
+    """Per-token rows ``m_b w_bt term(b, t) + kl_coef k(lp, lpr) (* rho)`` of the GRPO family
+    (``m`` the off-policy keep mask, ``w`` the IS weight, ``rho`` the token ratio or ``ratio(b)``),
+    aggregated."""
+    keep = None
+    if off_policy_threshold is not None:
+        samp = lpo if token_logp_sampler is None else token_logp_sampler
+        keep = ref_off_policy_mask(lp, samp, adv, mask, off_policy_threshold)
+    rows = []
+    for b in range(lp.shape[0]):
+        row = []
+        for t in _real(mask, b):
+            v = term(b, t)
+            if keep is not None:
+                v = v * float(keep[b])
+            if weight_pg and is_weight is not None:
+                v = v * (is_weight[b] if is_weight.dim() == 1 else is_weight[b, t])
+            if kl_coef:
+                rho = exp(lp[b, t] - lpo[b, t]) if ratio is None else ratio(b)
+                v = v + kl_coef * ref_kl(lp[b, t], lpr[b, t], kl_estimator) * (rho if kl_ratio_weighted else 1.0)
+            row.append(v)
+        rows.append(row)
+    return ref_aggregate(rows, loss_agg, max_len)
+
+
+def _clamp(x, lo, hi):
+    if lo is not None:
+        x = max(x, lo)
+    return min(x, hi) if hi is not None else x
+
+
+def ref_cispo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    ratio_max=5.0,
+    ratio_min=None,
+    loss_agg="token_mean",
+    token_logp_ref=None,
+    kl_coef=0.0,
+    is_weight=None,
+    max_len=None,
+    log_ratio_clip=None,
+    kl_estimator="k3",
+    kl_ratio_weighted=False,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
+):
+    """MiniMax-M1 CISPO: ``-sg(clip(rho, r_min, r_max)) A logp``."""
+
+    def term(b, t):
+        lr = token_logp[b, t] - token_logp_old[b, t]
+        if log_ratio_clip is not None:
+            lr = _clamp(lr, -log_ratio_clip, log_ratio_clip)
+        w = _clamp(float(exp(lr)), ratio_min, ratio_max)  # a constant: sg(.)
+        return -w * adv[b] * token_logp[b, t]
+
+    return _ref_family(
+        term,
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        token_logp_ref,
+        kl_coef,
+        is_weight,
+        kl_estimator,
+        kl_ratio_weighted,
+        off_policy_threshold,
+        token_logp_sampler,
+        loss_agg,
+        max_len,
+    )
+
+
+def ref_sapo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    temp_pos=1.0,
+    temp_neg=1.05,
+    loss_agg="seq_mean_token_mean",
+    token_logp_ref=None,
+    kl_coef=0.0,
+    is_weight=None,
+    max_len=None,
+    log_ratio_clip=None,
+    kl_estimator="k3",
+    kl_ratio_weighted=False,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
+):
+    """SAPO: ``-(4 / tau) sigmoid(tau (rho - 1)) A``, ``tau = temp_pos`` if ``A > 0`` else ``temp_neg``."""
+
+    def term(b, t):
+        tau = temp_pos if float(adv[b]) > 0 else temp_neg
+        lr = token_logp[b, t] - token_logp_old[b, t]
+        if log_ratio_clip is not None:
+            lr = _clamp(lr, -log_ratio_clip, log_ratio_clip)
+        return -ref_sigmoid(tau * (exp(lr) - 1)) * (4 / tau) * adv[b]
+
+    return _ref_family(
+        term,
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        token_logp_ref,
+        kl_coef,
+        is_weight,
+        kl_estimator,
+        kl_ratio_weighted,
+        off_policy_threshold,
+        token_logp_sampler,
+        loss_agg,
+        max_len,
+    )
+
+
+def ref_luspo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    clip_eps=3e-4,
+    clip_eps_high=4e-4,
+    token_logp_ref=None,
+    kl_coef=0.0,
+    is_weight=None,
+    kl_estimator="k3",
+    kl_ratio_weighted=False,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
+):
+    """LUSPO: GSPO's clipped sequence term on every token of the sequence, token SUM per sequence, mean over B."""
+    hi = clip_eps if clip_eps_high is None else clip_eps_high
+
+    def s(b):
+        ts = _real(mask, b)
+        return exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in ts) / len(ts))
+
+    def term(b, t):
+        return -min(s(b) * adv[b], min(max(s(b), 1 - clip_eps), 1 + hi) * adv[b])
+
+    return _ref_family(
+        term,
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        token_logp_ref,
+        kl_coef,
+        is_weight,
+        kl_estimator,
+        kl_ratio_weighted,
+        off_policy_threshold,
+        token_logp_sampler,
+        "seq_mean_token_sum",
+        None,
+        ratio=s,
+    )
+
+
+def ref_vespo(
+    token_logp,
+    token_logp_old,
+    adv,
+    mask,
+    k_pos=2.0,
+    lambda_pos=3.0,
+    k_neg=3.0,
+    lambda_neg=2.0,
+    loss_agg="token_mean",
+    token_logp_ref=None,
+    kl_coef=0.0,
+    is_weight=None,
+    max_len=None,
+    kl_estimator="k3",
+    kl_ratio_weighted=False,
+    off_policy_threshold=None,
+    token_logp_sampler=None,
+):
+    """VESPO: ``-sg(phi(w)) A logp``, ``phi(w) = e^lam w^k e^{-lam w}``, ``w`` the sequence ratio
+    (product of token ratios, times the IS weight), log w clamped to ``[log 1e-8, 20]``."""
+    lo = math.log(1e-8)
+
+    def phi(b):
+        ts = _real(mask, b)
+        log_w = sum(_clamp(float(token_logp[b, t] - token_logp_old[b, t]), -20.0, 20.0) for t in ts)
+        if is_weight is not None:
+            iw = [float(is_weight[b])] if is_weight.dim() == 1 else [float(is_weight[b, t]) for t in ts]
+            log_w += sum(_clamp(math.log(v) if v > 0 else -math.inf, lo, 20.0) for v in iw)
+        log_w = _clamp(log_w, lo, 20.0)
+        k, lam = (k_pos, lambda_pos) if float(adv[b]) >= 0 else (k_neg, lambda_neg)
+        lam = max(lam, 1e-4)
+        return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+    def term(b, t):
+        return -phi(b) * adv[b] * token_logp[b, t]
+
+    return _ref_family(
+        term,
+        token_logp,
+        token_logp_old,
+        adv,
+        mask,
+        token_logp_ref,
+        kl_coef,
+        is_weight,
+        kl_estimator,
+        kl_ratio_weighted,
+        off_policy_threshold,
+        token_logp_sampler,
+        loss_agg,
+        max_len,
+        weight_pg=False,
+    )
 
 
 def ref_group_advantages(rewards, scale="std", eps=1e-6):
@@ -608,6 +887,52 @@ def mk_gspo(g: torch.Generator) -> dict[str, Tensor]:
     return d
 
 
+def _with_sampler(d: dict[str, Tensor], g: torch.Generator) -> dict[str, Tensor]:
+    """A sampler log-prob (vLLM's) per token, and advantages, such that the off-policy mask at
+    ``OPSM_THRESHOLD`` drops row 1 (A < 0, mean sampler-minus-current log-ratio 0.5) and keeps
+    row 2 (A < 0, 0.05) and rows 0 and 3 (A >= 0, however far); an unscored token (NaN) in row 2."""
+    d["adv"] = torch.tensor([0.9, -0.7, -1.1, 0.4], dtype=F64)
+    off = torch.tensor([0.6, 0.5, 0.05, 0.7], dtype=F64)[:, None]
+    d["token_logp_sampler"] = d["token_logp"] + off + _randn(g, B, T, scale=0.02)
+    d["token_logp_sampler"][2, 0] = math.nan
+    return d
+
+
+OPSM_THRESHOLD = 0.2
+
+
+def mk_opsm(g: torch.Generator) -> dict[str, Tensor]:
+    d = _tokens(g)
+    d.pop("token_logp_old")
+    return _with_sampler(d, g)
+
+
+def mk_grpo_opsm(g: torch.Generator) -> dict[str, Tensor]:
+    return _with_sampler(mk_grpo_isw(g), g)
+
+
+def mk_gspo_opsm(g: torch.Generator) -> dict[str, Tensor]:
+    return _with_sampler(mk_gspo(g), g)
+
+
+def mk_family(g: torch.Generator) -> dict[str, Tensor]:
+    """The GRPO family's inputs with ratios spread around the CISPO cap 1.3 / floor 0.8 and the
+    LUSPO clip range, a reference for the KL term and a per-token sampler IS weight."""
+    d = mk_grpo_isw(g)
+    d["token_logp_old"] = d["token_logp"] + _randn(g, B, T, scale=0.5)
+    return d
+
+
+def mk_family_seq_w(g: torch.Generator) -> dict[str, Tensor]:
+    d = mk_family(g)
+    d["is_weight"] = torch.rand(B, generator=g, dtype=F64) + 0.5
+    return d
+
+
+def mk_family_opsm(g: torch.Generator) -> dict[str, Tensor]:
+    return _with_sampler(mk_family(g), g)
+
+
 def mk_rewards(g: torch.Generator) -> dict[str, Tensor]:
     return {"rewards": _randn(g, P, G)}
 
@@ -795,11 +1120,127 @@ def mk_regressor(g: torch.Generator) -> dict[str, Tensor]:
 # ----------------------------------------------------------------------------------- registry
 TOK = ("token_logp", "token_logp_old")
 CLIP = {"clip_eps": 0.2, "clip_eps_high": 0.28}  # asymmetric (DAPO's clip-higher): swapping the bounds is visible
-ROWS = {"token_logp": 1, "token_logp_old": 1, "mask": 1, "adv": 1, "token_logp_ref": 1, "is_weight": 1}
+ROWS = {
+    "token_logp": 1,
+    "token_logp_old": 1,
+    "mask": 1,
+    "adv": 1,
+    "token_logp_ref": 1,
+    "is_weight": 1,
+    "token_logp_sampler": 1,
+}
 
 
 def _rows(*names: str, n: int = 1) -> dict[str, int]:
     return {k: n for k in names}
+
+
+FAMILY_FROZEN = ("token_logp_old", "adv", "token_logp_ref", "is_weight", "token_logp_sampler")
+FAMILY_TOK = (*TOK, "token_logp_ref", "is_weight", "token_logp_sampler")
+OPSM = {"off_policy_threshold": OPSM_THRESHOLD}
+KL = {"kl_coef": 0.1, "kl_ratio_weighted": True}
+# (function, reference, stop-gradient surrogate, {variant: (maker, kwargs, split weighting)}); every
+# variant's options away from the function's defaults
+FAMILY = {
+    "cispo_loss": (
+        pg.cispo_loss,
+        ref_cispo,
+        True,
+        {
+            "token_mean": (mk_family, {"ratio_max": 1.3, **KL}, "token"),
+            "ratio_min": (
+                mk_family,
+                {
+                    "ratio_min": 0.8,
+                    "ratio_max": 1.2,
+                    "loss_agg": "seq_mean_token_mean",
+                    "kl_coef": 0.1,
+                    "log_ratio_clip": 0.6,
+                },
+                "mean",
+            ),
+            "off_policy": (
+                mk_family_opsm,
+                {"ratio_max": 1.3, "loss_agg": "seq_mean_token_sum_norm", "max_len": 8, **OPSM},
+                "mean",
+            ),
+        },
+    ),
+    "sapo_loss": (
+        pg.sapo_loss,
+        ref_sapo,
+        False,
+        {
+            "seq_mean_token_mean": (mk_family, {"temp_pos": 0.7, "temp_neg": 1.6, **KL}, "mean"),
+            "seq_w": (
+                mk_family_seq_w,
+                {"temp_pos": 1.4, "temp_neg": 0.5, "loss_agg": "token_mean", "log_ratio_clip": 0.6, "kl_coef": 0.1},
+                "token",
+            ),
+            "off_policy": (mk_family_opsm, {"temp_pos": 0.7, "temp_neg": 1.6, **OPSM}, "mean"),
+        },
+    ),
+    "luspo_loss": (
+        pg.luspo_loss,
+        ref_luspo,
+        False,
+        {
+            "token_w": (mk_family, {"clip_eps": 0.1, "clip_eps_high": 0.15, **KL}, "mean"),
+            "seq_w": (mk_family_seq_w, {"clip_eps": 0.1, "clip_eps_high": 0.15, "kl_coef": 0.1}, "mean"),
+            "off_policy": (mk_family_opsm, {"clip_eps": 0.1, "clip_eps_high": 0.15, **OPSM}, "mean"),
+        },
+    ),
+    "vespo_loss": (
+        pg.vespo_loss,
+        ref_vespo,
+        True,
+        {
+            "token_mean": (
+                mk_family,
+                {"k_pos": 1.5, "lambda_pos": 2.5, "k_neg": 2.5, "lambda_neg": 1.2, **KL},
+                "token",
+            ),
+            "seq_w": (
+                mk_family_seq_w,
+                {
+                    "k_pos": 3.0,
+                    "lambda_pos": 1.0,
+                    "k_neg": 1.0,
+                    "lambda_neg": 4.0,
+                    "loss_agg": "seq_mean_token_mean",
+                    "kl_coef": 0.1,
+                },
+                "mean",
+            ),
+            "off_policy": (mk_family_opsm, {"k_pos": 1.5, "lambda_pos": 2.5, **OPSM}, "token"),
+        },
+    ),
+}
+
+
+def _family_entries() -> list[OpInfo]:
+    out = []
+    for fname, (fn, ref, surrogate, variants) in FAMILY.items():
+        for variant, (mk, kw, weighting) in variants.items():
+            seq_w = mk is mk_family_seq_w
+            names = set(mk(torch.Generator().manual_seed(0)))
+            out.append(
+                OpInfo(
+                    f"pg.{fname}[{variant}]",
+                    loss_of(fn),
+                    ref,
+                    mk,
+                    kw,
+                    grad=("token_logp",),
+                    frozen=tuple(n for n in FAMILY_FROZEN if n in names),
+                    mask="mask",
+                    tokens=tuple(n for n in FAMILY_TOK if n in names and not (seq_w and n == "is_weight")),
+                    split=Split(ROWS, weighting),
+                    # CISPO's sg(clip(rho)) and VESPO's sg(phi(w)) are stop-gradients of functions of logp
+                    gradcheck=not surrogate,
+                )
+            )
+    return out
 
 
 def _grpo_entries() -> list[OpInfo]:
@@ -900,6 +1341,51 @@ def _grpo_entries() -> list[OpInfo]:
             mask="mask",
             tokens=TOK,
             split=Split(ROWS, "mean"),
+        )
+    )
+    out.append(
+        OpInfo(
+            "pg.grpo_loss[off_policy]",
+            loss_of(pg.grpo_loss),
+            ref_grpo,
+            mk_grpo_opsm,
+            {**CLIP, "kl_coef": 0.1, "off_policy_threshold": OPSM_THRESHOLD},
+            grad=("token_logp",),
+            frozen=FAMILY_FROZEN,
+            mask="mask",
+            tokens=FAMILY_TOK,
+            split=Split(ROWS, "token"),
+        )
+    )
+    out.append(
+        OpInfo(
+            "pg.gspo_loss[off_policy]",
+            loss_of(pg.gspo_loss),
+            ref_gspo,
+            mk_gspo_opsm,
+            {"clip_eps": 0.1, "clip_eps_high": 0.15, "off_policy_threshold": OPSM_THRESHOLD},
+            grad=("token_logp",),
+            frozen=("token_logp_old", "adv", "token_logp_sampler"),
+            mask="mask",
+            tokens=(*TOK, "token_logp_sampler"),
+            split=Split(ROWS, "mean"),
+        )
+    )
+    out.extend(_family_entries())
+    out.append(
+        OpInfo(
+            "pg.off_policy_sequence_mask",
+            pg.off_policy_sequence_mask,
+            ref_off_policy_mask,
+            mk_opsm,
+            {"threshold": OPSM_THRESHOLD},
+            frozen=("token_logp", "token_logp_sampler", "adv"),
+            mask="mask",
+            tokens=("token_logp", "token_logp_sampler"),
+            split=Split(_rows("token_logp", "token_logp_sampler", "adv", "mask"), "concat"),
+            nan="raise",
+            nan_input="token_logp",
+            low=torch.float32,  # a threshold comparison: bf16 may move a sequence's KL across it
         )
     )
     return out
@@ -1458,6 +1944,11 @@ RAISE_ON_NAN = (
     "pg.grpo_loss",
     "pg.ppo_kl_loss",
     "pg.gspo_loss",
+    "pg.cispo_loss",
+    "pg.sapo_loss",
+    "pg.luspo_loss",
+    "pg.vespo_loss",
+    "pg.off_policy_sequence_mask",
     "correction.kl_penalty",
     "lad.lad_loss",
 )

@@ -111,7 +111,7 @@ def _close(a, b, tol=TOL):
 LAD_NAMES = {f"tiltlab_lad_{d}{s}" for d in lad.F_DIVERGENCES for s in ("", "_seq")}
 GRPO_NAMES = {"tiltlab_grpo", "tiltlab_grpo_token_mean", "tiltlab_grpo_seq_mean_token_mean"}
 GRPO_NAMES |= {"tiltlab_grpo_seq_mean_token_sum_norm"}
-LOSS_NAMES = GRPO_NAMES | {"tiltlab_gspo"} | LAD_NAMES
+LOSS_NAMES = GRPO_NAMES | {"tiltlab_gspo", "tiltlab_cispo", "tiltlab_sapo"} | LAD_NAMES
 ADV_NAMES = {"tiltlab_grpo": "std", "tiltlab_grpo_batch": "batch", "tiltlab_drgrpo": "none"}
 VERL_MODES = ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]  # literal: no empty parametrize in CI
 
@@ -239,6 +239,48 @@ def test_gspo_equals_tiltlab_and_verl():
     w_tok[0, 0] += 0.5
     with pytest.raises(ValueError, match="rollout_is_weights"):
         _call("tiltlab_gspo", lp, old, adv, mask, cfg, "seq-mean-token-mean", w_tok)
+
+
+# ----------------------------------------------------------------------------- CISPO and SAPO
+@pytest.mark.parametrize("agg", VERL_MODES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cispo_equals_verl_and_tiltlab(agg, weighted):
+    # scale 0.6: ratios on both sides of veRL's clip range [1 - 0.15, 1 + 0.35]
+    lp, old, adv, mask = _batch(11, scale=0.6)
+    w = torch.rand(B, T, generator=torch.Generator().manual_seed(12), dtype=F64) + 0.5 if weighted else None
+    cfg = _config(clip_ratio=0.2, clip_ratio_low=0.15, clip_ratio_high=0.35, loss_agg_mode=agg)
+    cfg.global_batch_info["loss_scale_factor"] = T + 3
+    got = _value_and_grad(lambda x: _call("tiltlab_cispo", x, old, adv, mask, cfg, agg, w), lp)
+    want = _value_and_grad(lambda x: _call("cispo", x, old, adv, mask, cfg, agg, w), lp)
+    _close(got, want, SEQ_TOL if agg == "seq-mean-token-mean" else TOL)
+    mode = plugin.VERL_AGG[agg]
+    ours = _value_and_grad(
+        lambda x: pg.cispo_loss(
+            x, old, adv, mask.to(F64), ratio_min=0.85, ratio_max=1.35, loss_agg=mode, is_weight=w, max_len=T + 3
+        ),
+        lp,
+    )
+    _close(got, ours)
+    # the clip binds on this sample: veRL's default clip (0.2 / 0.2) gives another value
+    plain = _call("cispo", lp, old, adv, mask, _config(clip_ratio=0.2, loss_agg_mode=agg), agg, w)[0]
+    assert abs(float(plain - got[0])) > 1e-3
+
+
+@pytest.mark.parametrize("agg", VERL_MODES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sapo_equals_verl_and_tiltlab(agg, weighted):
+    lp, old, adv, mask = _batch(13, scale=0.6)
+    w = torch.rand(B, T, generator=torch.Generator().manual_seed(14), dtype=F64) + 0.5 if weighted else None
+    cfg = _config(clip_ratio=0.2, tau_pos=0.6, tau_neg=1.7, loss_agg_mode=agg)  # away from 1.0 / 1.05
+    got = _value_and_grad(lambda x: _call("tiltlab_sapo", x, old, adv, mask, cfg, agg, w), lp)
+    want = _value_and_grad(lambda x: _call("sapo", x, old, adv, mask, cfg, agg, w), lp)
+    _close(got, want, SEQ_TOL)
+    ours = _value_and_grad(
+        lambda x: pg.sapo_loss(x, old, adv, mask.to(F64), temp_pos=0.6, temp_neg=1.7, is_weight=w), lp
+    )
+    _close(got, ours)
+    plain = _call("sapo", lp, old, adv, mask, _config(clip_ratio=0.2, loss_agg_mode=agg), agg, w)[0]
+    assert abs(float(plain - got[0])) > 1e-3
 
 
 # --------------------------------------------------------------------------------------- LAD
