@@ -330,3 +330,49 @@ def test_patched_steps_are_restored_for_later_tests(tiny):
         w.sum().backward()
         opt.step()
         assert torch.isfinite(w).all() and (w < 1).all(), cls
+
+
+def test_table6_items_are_the_mean_of_lambda_1_and_2_minus_each_other_lambda(monkeypatch):
+    """fpa.table6's three paired items, per seed: (acc(lam=1) + acc(lam=2)) / 2 - acc(lam), for lam in
+    0, 5, 20, against a loop over seeds on held-out accuracies where every arm differs."""
+    h = {lam: [0.1 * i + 0.01 * lam for i in range(1, 4)] for lam in stage3.FPA_LAMS}
+    h[2.0] = [0.9, 0.05, 0.4]  # lam=2 differs from lam=1 in both directions: (a - b) or a alone would show
+
+    class Log:
+        def numbers(self):
+            return {}
+
+        def items(self):
+            return {}
+
+    got: dict = {}
+    monkeypatch.setattr(stage3, "fpa_raw", lambda seed, n_seeds, steps, lams: {"log": Log()})
+    monkeypatch.setattr(stage3, "_fpa_heldout", lambda seed, n_seeds, steps: (h, {}, "txt"))
+    monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
+    stage3.fpa_lambda_best(0, n_seeds=3, steps=1)
+    items = {it.name: it for it in got["items"]}
+    assert set(items) == {"lam12_minus_lam0", "lam12_minus_lam5", "lam12_minus_lam20"}
+    for lam in stage3.TABLE6_OTHERS:
+        want = []
+        for s in range(3):
+            want.append((h[1.0][s] + h[2.0][s]) / 2 - h[lam][s])
+        it = items[f"lam12_minus_lam{lam:g}"]
+        assert it.diffs == pytest.approx(want, rel=0, abs=1e-15) and it.margin == stage3.ACC_MARGIN
+
+
+def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, monkeypatch):
+    """The warmed-model cache is saved to a temp file in the cache folder and renamed over the target: a
+    rename within one folder is atomic (a temp file elsewhere, e.g. /tmp on another filesystem, is not)."""
+    import os
+    from pathlib import Path
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(T, "_cache_dir", lambda: cache)
+    monkeypatch.setattr(T, "_sft", lambda *a, **k: None)
+    seen = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (seen.append((Path(src), Path(dst))), real(src, dst))[1])
+    T._warm_cached(0, 3)
+    ((src, dst),) = seen
+    assert src.parent == dst.parent == cache and src.suffix == ".tmp" and dst.exists()
+    assert [p.name for p in cache.iterdir()] == [dst.name]
