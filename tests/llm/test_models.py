@@ -105,3 +105,19 @@ def test_bpe_deterministic_across_processes():
     code = "from tiltlab.llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout == train_bpe(seed=0).to_str()
+
+
+def test_load_model_and_tokenizer_passes_dtype_and_device_through(tiny_dir, monkeypatch):
+    """A saved model's ``(model, tokenizer)`` loads on the device and in the dtype asked for: both reach
+    load_model (a device other than the default, so that dropping it would show), the tokenizer from the
+    same path."""
+    import tiltlab.llm.models as M
+
+    calls = []
+    monkeypatch.setattr(
+        M, "load_model", lambda name, dtype="auto", device=None: calls.append((name, dtype, device)) or "MODEL"
+    )
+    monkeypatch.setattr(M, "load_tokenizer", lambda name: calls.append(("tok", name)) or "TOK")
+    assert M.default_device() != "meta"
+    assert M.load_model_and_tokenizer(tiny_dir, dtype="bf16", device="meta") == ("MODEL", "TOK")
+    assert calls == [(tiny_dir, "bf16", "meta"), ("tok", tiny_dir)]
