@@ -49,16 +49,17 @@ def accuracy_from_log_z(
 
 def select_prompts(p_hat: Tensor, tau: float = 0.5, m: int = 1) -> Tensor:
     """PACED Sec. 4.2: indices of the ``m`` prompts with the smallest ``|p_hat - tau|``
-    (ties broken by lower index). ``p_hat``: ``[N]``. Returns ``[m]`` int64."""
-    if p_hat.dim() != 1:
-        raise ValueError(f"p_hat must be [N], got {tuple(p_hat.shape)}")
-    nonempty("p_hat", p_hat, 0)
+    (ties broken by lower index). ``p_hat``: ``[N]``, or ``[B, N]`` for ``B`` prompt sets at once
+    (row ``b`` of the result is ``select_prompts(p_hat[b], tau, m)``). Returns ``[m]`` (``[B, m]``) int64."""
+    if p_hat.dim() not in (1, 2):
+        raise ValueError(f"p_hat must be [N] or [B, N], got {tuple(p_hat.shape)}")
+    nonempty("p_hat", p_hat, p_hat.dim() - 1)
     no_nan_at(None, p_hat=p_hat, tau=tau)
-    if not 1 <= m <= p_hat.shape[0]:
-        raise ValueError(f"m must be in [1, {p_hat.shape[0]}], got {m}")
+    if not 1 <= m <= p_hat.shape[-1]:
+        raise ValueError(f"m must be in [1, {p_hat.shape[-1]}], got {m}")
     dist = (p_hat.detach().double() - tau).abs()
-    order = torch.argsort(dist, stable=True)
-    return order[:m]
+    order = torch.argsort(dist, dim=-1, stable=True)
+    return order[..., :m]
 
 
 def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor | float) -> Tensor:

@@ -26,6 +26,7 @@ import contextlib
 import datetime as _dt
 import importlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -205,6 +206,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1e-4,
         help="with --pin: relative tolerance of every pinned number (default 1e-4; absolute floor 1e-9)",
     )
+    t.add_argument(
+        "--costs",
+        action="store_true",
+        help="write the run times of the record's theory, sim and data checks (from a `tiltlab check --jobs 1` run) "
+        "as the costs by which `tiltlab check` starts the longest checks first (paper_checks/costs.json, or --out)",
+    )
     t.add_argument("--commit", help="with --ship-llm: the commit that ran it (default: the record's)")
     t.add_argument("--machine", help="with --ship-llm: the machine that ran it (default: the record's)")
     t.add_argument("--run-seconds", type=float, help="with --ship-llm: its wall time (default: the record's)")
@@ -306,8 +313,9 @@ def _run_key(key: str, seed: int):
 RUN_CACHE_ENV = "TILTLAB_RUN_CACHE"
 
 #: Imported once before the workers fork, instead of once in each of them: modules the checks import
-#: on first use (the first optimizer step imports torch._dynamo, ~1 CPU-s; the theory checks scipy.optimize).
-_PRELOAD = ("torch._dynamo", "scipy.optimize")
+#: on first use (the first optimizer step imports torch._dynamo, ~1 CPU-s; the theory checks scipy.optimize;
+#: the paired t intervals scipy.stats, ~0.6 CPU-s; sympy's simplify sympy.physics.units, ~0.4 CPU-s).
+_PRELOAD = ("torch._dynamo", "scipy.optimize", "scipy.stats", "sympy.physics.units")
 
 
 def _preload() -> None:
@@ -332,9 +340,33 @@ def _run_cache():
                 os.environ[RUN_CACHE_ENV] = old
 
 
+#: Seconds each fast check took in one ``tiltlab check --jobs 1`` run (``tiltlab report --costs``).
+COSTS_FILE = Path(__file__).resolve().parent / "costs.json"
+
+
+def check_costs(path: Path | None = None) -> dict[str, float]:
+    """``{check key: seconds}`` from :data:`COSTS_FILE` (empty when there is none or it cannot be
+    read: the costs only order the work, never change a result)."""
+    try:
+        raw = json.loads((path or COSTS_FILE).read_text(encoding="utf-8"))
+        return {str(k): float(v) for k, v in raw.get("seconds", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def longest_first(chks, costs: dict[str, float] | None = None) -> list:
+    """``chks`` in the order a pool should start them: by recorded cost, longest first (a long check
+    started last would make the run's wall time its length plus everything before it); a check
+    without a recorded cost (new, or another project's) is taken as the longest. Ties keep ``chks``
+    order."""
+    costs = check_costs() if costs is None else costs
+    return sorted(chks, key=lambda c: -costs.get(c.key, math.inf))
+
+
 def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
-    """Run the checks in order; with ``jobs > 1`` in a pool of forked processes (each check is
-    seeded on its own, so verdicts do not depend on where it runs). Outcomes keep ``chks`` order."""
+    """Run the checks; with ``jobs > 1`` in a pool of forked processes, started longest first
+    (:func:`longest_first`; each check is seeded on its own, so verdicts do not depend on where or
+    when it runs). Outcomes keep ``chks`` order."""
     import multiprocessing as mp
 
     from tiltlab.paper_checks import registry
@@ -350,7 +382,7 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
             ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"), initializer=_one_thread) as ex,
             _progress(len(chks), "checks", "check", progress) as bar,
         ):
-            futs = [ex.submit(_run_key, c.key, seed) for c in chks]
+            futs = [ex.submit(_run_key, c.key, seed) for c in longest_first(chks)]
             for fut in as_completed(futs):
                 key, res, sec, err = fut.result()
                 done[key] = registry.Outcome(by_key[key], res, sec, err)
@@ -1067,6 +1099,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         dest = args.out or registry.PINS_FILE
         n_checks, n_nums = R.write_pins(rec, dest, rtol=args.pin_rtol, llm_rec=R.load_llm_record())
         print(f"pinned {n_nums} numbers of {n_checks} checks (rtol {args.pin_rtol:g}) in {dest}")
+        return 0
+    if args.costs:
+        dest = args.out or COSTS_FILE
+        n = R.write_costs(rec, dest)
+        print(f"run times of {n} checks written to {dest}")
         return 0
     rec = _with_recorded_llm(rec)
     if args.format:

@@ -372,6 +372,25 @@ def write_pins(
     return len(out), n
 
 
+def write_costs(rec: Mapping[str, Any], dest: Path, layers=PIN_LAYERS) -> int:
+    """Write the seconds of the record's rows of ``layers`` (run, not recorded) as the check costs
+    that ``tiltlab check --jobs N`` starts longest first (``tiltlab.paper_checks.cli.longest_first``);
+    from a ``--jobs 1`` run, whose seconds are each check's own. Returns the number of checks."""
+    rows = [r for r in rec.get("checks", []) if r.get("layer") in layers and r.get("source") != "recorded"]
+    if not rows:
+        raise ValueError(f"the record has no rows of layers {', '.join(layers)} with run times")
+    out = {
+        "about": "seconds each fast check took in one `tiltlab check --jobs 1` run: `tiltlab check --jobs N` "
+        "starts the longest first (a scheduling hint; it changes no result); regenerate with "
+        "`tiltlab check --jobs 1 --out F && tiltlab report --record F --costs`",
+        "commit": rec.get("commit"),
+        "cpu": (rec.get("machine") or {}).get("cpu"),
+        "seconds": {row_key(r): round(float(r.get("seconds", 0.0)), 3) for r in sorted(rows, key=row_key)},
+    }
+    write_text(dest, json.dumps(out, indent=1) + "\n")
+    return len(out["seconds"])
+
+
 def load_llm_record(path: Path | None = None) -> dict[str, Any] | None:
     """The shipped llm-layer record (None when there is none)."""
     path = LLM_RECORD if path is None else Path(path)

@@ -439,8 +439,7 @@ class _Trainer:
             return torch.ones(self.S, self.P, dtype=torch.float64), None
         p_hat = self.p_hat()
         sel = torch.zeros(self.S, self.P, dtype=torch.float64)
-        for s in range(self.S):  # S is small; select_prompts is per prompt set
-            sel[s, paced_obj.select_prompts(p_hat[s], c.tau, c.select_m)] = 1.0
+        sel.scatter_(1, paced_obj.select_prompts(p_hat, c.tau, c.select_m), 1.0)  # every seed's prompt set at once
         return sel, p_hat
 
     def push_replay(self, b: _Batch, sel: torch.Tensor, p_hat: torch.Tensor | None) -> None:

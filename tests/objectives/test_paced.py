@@ -45,6 +45,25 @@ def test_select_prompts_by_distance_to_tau():
         paced.select_prompts(p, m=7)
 
 
+def test_select_prompts_batched_is_each_row_alone():
+    """``[B, N]``: row b is the selection of ``p_hat[b]`` (the simulator selects every seed's prompts in one call)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(7, 12, generator=g, dtype=torch.float64)
+    p[3, 5] = p[3, 2]  # a tie: broken by the lower index, as alone
+    for tau, m in ((0.5, 3), (0.1, 1), (0.9, 12)):
+        got = paced.select_prompts(p, tau=tau, m=m)
+        assert got.shape == (7, m)
+        assert torch.equal(got, torch.stack([paced.select_prompts(row, tau=tau, m=m) for row in p]))
+    bad = p.clone()
+    bad[4, 0] = float("nan")
+    with pytest.raises(ValueError, match="p_hat contains NaN"):
+        paced.select_prompts(bad, m=2)
+    with pytest.raises(ValueError, match="p_hat must be"):
+        paced.select_prompts(p[None], m=2)
+    with pytest.raises(ValueError, match="m must be in"):
+        paced.select_prompts(p, m=13)
+
+
 def test_replay_priority_and_buffer():
     pr = paced.replay_priority(torch.tensor([3.0, 0.0, 8.0]), 8, torch.tensor([0.5, 0.5, 0.2]))
     torch.testing.assert_close(pr, torch.tensor([0.125, 0.5, 0.8]))

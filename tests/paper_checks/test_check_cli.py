@@ -238,3 +238,43 @@ def test_reproduce_refuses_an_out_that_is_a_file(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["reproduce", "--quick", "--out", str(tmp_path / "f")]) == 2
     assert _stderr_line(capsys).startswith(f"tiltlab reproduce: error: --out {tmp_path / 'f'} is a file")
+
+
+def test_pool_starts_the_longest_checks_first_and_keeps_the_order_of_outcomes(isolated_registry, tmp_path):
+    """``--jobs N`` submits by recorded cost, longest first, an unknown check before every known one (ties
+    keep claim order); the outcomes come back in the selection's order whatever the start order."""
+    reg = isolated_registry
+    _claim(reg)
+    for name in ("a_short", "b_long", "c_new", "d_mid"):
+        _check(reg, name, Verdict.VERIFIED)
+    chks = pcli._select("zz_fake", None, None, False)
+    costs = {c.key: s for c, s in zip(chks, (0.1, 9.0, None, 2.0)) if s is not None}
+    assert [c.name for c in pcli.longest_first(chks, costs)] == ["c_new", "b_long", "d_mid", "a_short"]
+    assert [c.name for c in pcli.longest_first(chks, {})] == [c.name for c in chks]  # no costs: claim order
+    outs = pcli._run(chks, 0, progress=False, jobs=2)
+    assert [o.check.name for o in outs] == [c.name for c in chks] and all(o.ok for o in outs)
+
+
+def test_report_costs_writes_the_run_times_the_runner_reads(isolated_registry, tmp_path, capsys):
+    reg = isolated_registry
+    _claim(reg)
+    _check(reg, "one", Verdict.VERIFIED)
+    rec_path, costs_path = tmp_path / "c.json", tmp_path / "costs.json"
+    assert main(["check", "--only", "zz_fake", "--jobs", "1", "--out", str(rec_path)]) == 0
+    assert main(["report", "--record", str(rec_path), "--costs", "--out", str(costs_path)]) == 0
+    assert "run times of 1 checks written to" in capsys.readouterr().out
+    rec = json.loads(rec_path.read_text())
+    assert pcli.check_costs(costs_path) == {"zz_fake.claim[sim:one]": round(rec["checks"][0]["seconds"], 3)}
+    assert pcli.check_costs(tmp_path / "absent.json") == {}  # a hint only: no file, no costs
+
+
+def test_shipped_costs_name_registered_checks():
+    """``paper_checks/costs.json`` (``tiltlab report --costs``) covers the fast checks; a renamed check
+    leaves a stale name behind: regenerate it."""
+    from tiltlab.paper_checks import registry
+
+    registry.discover()
+    costs = pcli.check_costs()
+    keys = {c.key for c in registry.checks() if c.layer in ("theory", "sim", "data") and not c.slow}
+    assert costs and set(costs) <= {c.key for c in registry.checks()}, sorted(set(costs) - keys)[:5]
+    assert len(keys - set(costs)) <= 5, sorted(keys - set(costs))[:10]
