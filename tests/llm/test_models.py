@@ -121,3 +121,13 @@ def test_load_model_and_tokenizer_passes_dtype_and_device_through(tiny_dir, monk
     assert M.default_device() != "meta"
     assert M.load_model_and_tokenizer(tiny_dir, dtype="bf16", device="meta") == ("MODEL", "TOK")
     assert calls == [(tiny_dir, "bf16", "meta"), ("tok", tiny_dir)]
+
+
+def test_train_bpe_defaults_are_the_tiny_tokenizers():
+    """``train_bpe()`` is the raw tokenizer of ``build_tiny_tokenizer()`` (its docstring): the same default
+    vocabulary size and corpus seed, and a different seed gives another vocabulary (the seed is used)."""
+    from tiltlab.llm.models import train_bpe
+
+    raw = train_bpe().get_vocab()
+    assert raw == build_tiny_tokenizer().backend_tokenizer.get_vocab()
+    assert raw != train_bpe(seed=1).get_vocab()

@@ -279,3 +279,20 @@ def test_prepare_fpa_cli_refuses_a_dataset_with_nothing_to_keep(tmp_path, capsys
     assert main([*argv, "--engine", "hf", "--k", "2", "--max-new-tokens", "2"]) != 0
     assert "no prompt with both correct and wrong samples" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_build_fpa_offline_refuses_a_reward_with_one_none(tmp_path, monkeypatch):
+    """One ungraded sample (the reward returned None for it, e.g. a prompt without an answer) stops the
+    build before anything is written: a None among numbers is not a wrong answer."""
+    import tiltlab.llm.rewards as rewards
+
+    def one_none(prompts, completions, completion_ids=None, **kw):
+        return [None if i == 3 else float(i % 2) for i in range(len(completions))]
+
+    monkeypatch.setattr(rewards, "resolve_reward", lambda name: one_none)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"P{i}", "answer": "3"}) + "\n" for i in range(4)))
+    cfg = prepare.FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
+    with pytest.raises(ValueError, match="the reward returned None"):
+        prepare.build_fpa_offline(cfg, engine=_FakeEngine())
+    assert list(tmp_path.iterdir()) == [data]
