@@ -116,3 +116,20 @@ def test_bad_inputs(tiny_model, tiny_tokenizer):
     tgt[0, 0] = 1.0
     with pytest.raises(ValueError):
         token_logprobs_padded(tiny_model, ids, attn, tgt)
+
+
+def test_future_logprobs_in_float64_match_naive_to_rounding(tiny_model, tiny_tokenizer):
+    """Away from the float32 default: float64 models give float64 future log-probs, equal to the naive
+    float64 reference to rounding (a float32 buffer anywhere on the way would cost ~1e-7)."""
+    from tiltlab.llm.models import build_tiny
+
+    theta = copy.deepcopy(tiny_model).double()
+    ref_model = build_tiny(seed=1)[0].double()
+    pids, cids = _rows(tiny_tokenizer, n=4, seed=3)
+    out = score_future_completions(
+        theta, ref_model, pids, cids, 0.7, pad_token_id=tiny_tokenizer.pad_token_id, batch_size=3
+    )
+    ref_lp, _ = naive_scores(theta, pids, cids, future_of=ref_model, lam=0.7)
+    assert out.token_logprobs.dtype == torch.float64
+    for b, c in enumerate(cids):
+        assert torch.allclose(out.token_logprobs[b, : len(c)], ref_lp[b], atol=1e-10, rtol=0)
