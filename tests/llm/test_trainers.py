@@ -191,9 +191,10 @@ def test_log_z_head_options_reach_the_head_and_its_optimizer(tiny_dir, tmp_path,
 def test_disa_label_compat():
     man = {"format": "tiltlab.stage1/1", "beta": 2.0, "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0}}
     assert check_label_compat(man, beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum") == []
-    with pytest.raises(LabelMismatchError, match="logprob_scale"):  # trajectory labels, length-normalized residual
+    refused = "must use the reward transform, beta, log-prob scale"  # refused by default, not for want of a reason
+    with pytest.raises(LabelMismatchError, match=f"{refused}.*logprob_scale"):  # trajectory labels, mean residual
         check_label_compat(man, beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="mean")
-    with pytest.raises(LabelMismatchError, match="beta"):
+    with pytest.raises(LabelMismatchError, match=f"{refused}.*beta: Stage 1 used 2.0"):
         check_label_compat(man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
     with pytest.raises(LabelMismatchError, match="reason"):
         check_label_compat(
