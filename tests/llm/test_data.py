@@ -311,3 +311,27 @@ def test_a_dataset_dict_with_one_split_loads_it_without_a_split_argument(tmp_pat
     assert [(r["prompt"], r["answer"]) for r in rows] == [("2+5?", "7"), ("1+1?", "2")]
     with pytest.raises(ValueError, match="split 'train' not in"):
         load_prompts(tmp_path / "one", split="train")
+
+
+#: sha256 (first 16 hex digits) of each synthetic dataset's rows as sorted-key JSON: the synthetic tasks are
+#: pure Python ``random.Random`` with string seeds, the same on every machine and Python version, and the
+#: tiny-model caches, the recorded llm rows and Stage-1 labels depend on their exact content
+SYNTHETIC_SHA = {
+    "synthetic:math:64": "b16e0dbc457cb3f6",
+    "synthetic:qa:64": "f8bbcf02ad801818",
+    "synthetic:code:40": "c9b9d15c64794f50",
+    "synthetic:mixed:20": "f75e0b962f0dad61",
+}
+
+
+@pytest.mark.parametrize("spec", sorted(SYNTHETIC_SHA))
+def test_synthetic_datasets_are_pinned_to_their_content(spec):
+    """A change to a generator (a word of a function task's test cases, an operand range) changes the data
+    every recorded result was made on: it must show here, and the pin be renewed on purpose."""
+    import hashlib
+    import json
+
+    from tiltlab.llm.data import load_prompts
+
+    rows = load_prompts(spec)
+    assert hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16] == SYNTHETIC_SHA[spec]
