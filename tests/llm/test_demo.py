@@ -292,3 +292,37 @@ def test_demo_real_model(tmp_path):
     assert set(res["table"]) == {"warmup", "grpo", "flowrl", "disa"}
     assert not any(e.get("phase") == "sft" for e in res["log"])  # the pretrained model is pi_ref as is
     assert res["targets"]["disa"] == res["targets"]["flowrl"]
+
+
+@pytest.mark.parametrize("method", ["grpo", "disa", "flowrl"])
+def test_rl_run_config_takes_every_setting_from_the_demo_config(method, tmp_path, monkeypatch):
+    """Each RL arm's trainer config carries the demo's own settings, at values away from TRL's defaults (a
+    setting left out would fall back to TRL's, e.g. 256 completion tokens instead of the demo's 5)."""
+    import tiltlab.llm.models as models
+    import tiltlab.llm.trainers.online as online
+    from tiltlab.llm.demo import DemoConfig, _train_rl
+
+    class Built(Exception):
+        pass
+
+    got = {}
+
+    def trainer(**kw):
+        got.update(kw)
+        raise Built
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: "MODEL")
+    monkeypatch.setattr(models, "load_tokenizer", lambda *a, **k: "TOK")
+    monkeypatch.setattr(online, "TiltGRPOTrainer", trainer)
+    cfg = DemoConfig(
+        max_new_tokens=5, num_generations=3, prompts_per_step=2, rl_steps=7, seed=11, rl_lr=3e-3, tb_lr=6e-4
+    )
+    rows = [{"prompt": "1+1?", "answer": "2"}]
+    with pytest.raises(Built):
+        _train_rl(method, tmp_path, rows, rows, cfg, tmp_path, None, None, lambda *a: None)
+    a = got["args"]
+    assert (a.objective, a.max_completion_length, a.num_generations, a.per_device_train_batch_size) == (method, 5, 3, 6)
+    assert (a.max_steps, a.seed, a.temperature) == (7, 11, 1.0)
+    assert a.learning_rate == (3e-3 if method == "grpo" else 6e-4)
+    if method != "grpo":
+        assert (a.tilt_beta, a.reward_transform, a.length_normalize) == (cfg.beta, "affine", False)
