@@ -483,3 +483,29 @@ def test_learned_z_model_is_loaded_with_model_init_kwargs(tiny_dir, tmp_path):
 
     assert build().model.get_input_embeddings().weight.dtype == torch.float32  # TRL's default
     assert build(dtype="bfloat16").model.get_input_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_get_log_z_head_looks_through_nested_wrappers():
+    """The head is found on the model and through up to three wrappers (DDP's ``.module``, PEFT's
+    ``.base_model`` / ``.model``), each level a different attribute;
+    without a head it is None (or an error when required)."""
+    from torch import nn
+
+    from tiltlab.llm.trainers.logz_head import HEAD_NAME, LogZHead, get_log_z_head
+
+    inner = nn.Module()
+    head = LogZHead(4, hidden=3, n_layers=2)
+    setattr(inner, HEAD_NAME, head)
+
+    def wrap(m: nn.Module, attr: str) -> nn.Module:
+        w = nn.Module()
+        setattr(w, attr, m)
+        return w
+
+    chain = inner
+    for attr in ("model", "base_model", "module"):  # DDP(PEFT(base)) style, three levels deep
+        chain = wrap(chain, attr)
+        assert get_log_z_head(chain) is head
+    assert get_log_z_head(wrap(nn.Module(), "module"), required=False) is None
+    with pytest.raises(ValueError, match="has no log_z_head"):
+        get_log_z_head(wrap(nn.Module(), "model"))
