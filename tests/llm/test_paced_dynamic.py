@@ -209,3 +209,41 @@ def test_merged_refill_rows_are_padded_per_key_and_picked_by_row():
     for key, full in want.items():
         assert torch.equal(got[key], full[rows]), key
     assert got["num_items_in_batch"] == 10
+
+
+def test_paced_head_step_averages_each_parameters_gradient_over_processes():
+    """The replicated Z_phi MLP's step over 2 processes: the flat all-reduce is split back into each
+    parameter's own gradient (a loop over parameters with the averaged gradients, shapes differing), then
+    one SGD step at log_z_lr scaled by the policy's schedule; 1 process skips the reduce."""
+    import types
+
+    from torch import nn
+
+    from tiltlab.llm.trainers.paced import PacedMixin
+
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 1))
+    own = [torch.randn_like(p) for p in head.parameters()]
+    other = [torch.randn_like(p) for p in head.parameters()]  # the other process's gradients
+    start = [p.detach().clone() for p in head.parameters()]
+
+    class Acc:
+        num_processes = 2
+
+        def reduce(self, flat, reduction):
+            assert reduction == "mean"
+            return (flat + torch.cat([g.reshape(-1) for g in other])) / 2
+
+    for p, g in zip(head.parameters(), own):
+        p.grad = g.clone()
+    stub = types.SimpleNamespace(
+        accelerator=Acc(),
+        _paced_head=head,
+        _paced_opt=torch.optim.SGD(head.parameters(), lr=1.0),
+        args=types.SimpleNamespace(log_z_lr=0.1, learning_rate=2.0),
+        lr_scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.5]),
+    )
+    PacedMixin._paced_head_step(stub)
+    for p, p0, a, b in zip(head.parameters(), start, own, other):
+        want = p0 - 0.1 * (0.5 / 2.0) * (a + b) / 2  # lr = log_z_lr * (scheduled lr / base lr)
+        torch.testing.assert_close(p.detach(), want, rtol=0, atol=1e-7)
