@@ -222,3 +222,36 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_resumes_bit_identically(un
         for d in (straight, stopped)
     )
     assert sorted(la) == [1, 2, 3, 4] and la == lb
+
+
+def test_the_stop_flag_is_reduced_on_the_processs_device(monkeypatch):
+    """Under several processes the stop flag is all-reduced from the device accelerate gives this process (NCCL
+    reduces only accelerator tensors): a device other than the CPU default, so that dropping it would show;
+    one process (or no process group) reduces nothing."""
+    import types
+
+    import accelerate.state
+    import torch.distributed as dist
+
+    from tiltlab.llm.trainers import stop as stop_mod
+
+    class Reduced(Exception):
+        pass
+
+    seen = []
+
+    def all_reduce(t, op):
+        seen.append((t.device.type, t.shape, op))
+        raise Reduced
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(accelerate.state, "PartialState", lambda: types.SimpleNamespace(device=torch.device("meta")))
+    cb = stop_mod.GracefulStop(signals=())
+    with pytest.raises(Reduced):
+        cb._any_rank_signalled()
+    assert seen == [("meta", torch.Size([1]), dist.ReduceOp.MAX)]
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    assert cb._any_rank_signalled() is False and len(seen) == 1

@@ -830,3 +830,38 @@ def test_bwrap_mounts_tmp_before_the_interpreter_prefixes(tmp_path):
     binds = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == str(venv)]
     assert binds and min(binds) > tmpfs_at
     assert sandbox._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
+
+
+@pytest.mark.parametrize(
+    "plan, uid",
+    [
+        ({"level": "bwrap", "ids": "slot", "root_parent": True}, "uid_base + 256 * (pid % 4096) + slot"),
+        ({"level": "bwrap", "ids": None, "root_parent": False}, 65534),
+        ({"level": "namespaces", "ids": (61000, 61000), "root_parent": True}, 61000),
+        ({"level": "process", "ids": None, "root_parent": False}, "euid"),
+    ],
+    ids=["bwrap-slot", "bwrap-user", "namespaces-ids", "process"],
+)
+def test_isolation_report_states_each_plans_facts(plan, uid, monkeypatch):
+    """The report is the plan's facts, one key each, on four plans where they differ: the uid line names
+    the per-slot uid only for slot ids, bwrap's mount namespace and private /tmp only under bwrap."""
+    import tiltlab.llm.sandbox as sb
+
+    full = {"prefix": ["unshare", "-n"], "net_ns": True, "pid_ns": False, "python": "/usr/bin/python3", **plan}
+    monkeypatch.setattr(sb, "_plan", lambda cfg: full)
+    rep = sb.isolation_report(SandboxConfig(audit_hook=False))
+    bwrap = plan["level"] == "bwrap"
+    assert rep == {
+        "level": plan["level"],
+        "network_namespace": True,
+        "pid_namespace": False,
+        "mount_namespace": bwrap,
+        "private_tmp": bwrap,
+        "unshare_prefix": "unshare -n",
+        "parent_is_root": plan["root_parent"],
+        "runs_as_uid": os.geteuid() if uid == "euid" else uid,
+        "privileges_dropped": plan["ids"] is not None or (bwrap and not plan["root_parent"]),
+        "rlimit_nproc_effective": plan["ids"] is not None or not plan["root_parent"],
+        "python": "/usr/bin/python3",
+        "audit_hook": False,
+    }

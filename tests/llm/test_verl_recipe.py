@@ -255,6 +255,17 @@ def test_tb_loss_refuses_bad_settings_and_batches(model, monkeypatch):
         plugin.TBSettings(objective="grpo")
 
 
+@pytest.mark.parametrize("field", ["beta", "paced_kl_coef"])
+def test_tb_settings_take_any_positive_tilt_and_refuse_zero(field):
+    """beta and PACED's KL coefficient: any value > 0 is a tilt (0.25 and 0.5 as much as 15), 0 and below are
+    refused with their name."""
+    for ok in (0.25, 0.5, 1.0, 15.0):
+        assert getattr(plugin.TBSettings(objective="paced", **{field: ok}), field) == ok
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="beta and paced_kl_coef must be > 0"):
+            plugin.TBSettings(objective="paced", **{field: bad})
+
+
 def test_worker_and_task_runner_build():
     # the classes Ray instantiates on GPU nodes; built here, not started (veRL needs CUDA to run them)
     from verl.single_controller.base.decorator import MAGIC_ATTR
