@@ -265,3 +265,20 @@ def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
     assert set(load_file(str(nested / "model.safetensors"))) == set(kept)
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         policy_only_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "dtype, name", [(torch.float32, "float32"), (torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (None, None)]
+)
+def test_cpu_llm_kwargs_name_the_policys_dtype_as_vllm_spells_it(dtype, name):
+    """vLLM gets the policy's dtype as its own string for each of the three float types (a torch dtype
+    object is not one of vLLM's names), none without a policy dtype; the GPU memory fraction is dropped for a
+    KV-cache size, and the rest of TRL's arguments pass through."""
+    from tiltlab.llm.trainers.vllm_sync import cpu_llm_kwargs
+
+    out = cpu_llm_kwargs(
+        {"model": "m", "gpu_memory_utilization": 0.3, "seed": 4}, dtype=dtype, kv_cache_memory_bytes=2**20
+    )
+    assert out.get("dtype") == name and ("dtype" in out) is (dtype is not None)
+    assert "gpu_memory_utilization" not in out and out["kv_cache_memory_bytes"] == 2**20
+    assert (out["model"], out["seed"], out["enforce_eager"]) == ("m", 4, True)
