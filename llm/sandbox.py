@@ -16,8 +16,10 @@ Two entry points:
   judge's objects. The verdict is the judge's exit status plus one byte on a pipe only the judge
   holds. So exiting early, exit hooks, patching the server loop, objects whose ``__eq__`` always
   returns True and reading the tests from disk (they are never in the sandbox) cannot produce a
-  pass. Stdio programs run once per case in a child of the server (input on fd 0, fd 1 captured
-  after the child's non-daemon threads finish); the judge compares the captured text.
+  pass. Stdio programs run once per case in a child of the server, as ``python solution.py < input``
+  would (``sys.argv == [SCRIPT]``; at the end the non-daemon threads finish, the ``atexit`` hooks
+  run and the streams are flushed, as the interpreter does at exit); fd 1 is a pipe read up to
+  ``max_reply_mb``; the judge compares the captured text.
 
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
@@ -111,6 +113,8 @@ RC_MEMORY = 211
 """Exit status of the bootstrap when the program raised ``MemoryError`` (RLIMIT_AS)."""
 RC_BLOCKED = 212
 """Exit status of the bootstrap when an uncaught exception followed an audit-hook block."""
+SCRIPT = "solution.py"
+"""``sys.argv[0]`` of the candidate's program (``sys.argv == [SCRIPT]``, as ``python solution.py`` gives)."""
 
 
 class SandboxWarning(RuntimeWarning):
@@ -449,6 +453,7 @@ import json, os, resource, sys
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
+sys.argv = [@SCRIPT@]  # what a program run as ``python solution.py`` (no arguments) sees
 if cfg["site"] is not None:  # started with -S: the environment's packages without the .pth processing
     import site as _site
     sys.path.extend(cfg["site"])
@@ -563,10 +568,10 @@ if _MODE == "run":
     except BaseException as e:
         _died(e)
     sys.exit(0)
-""".replace("@RC_MEMORY@", str(RC_MEMORY)).replace("@RC_BLOCKED@", str(RC_BLOCKED))
+""".replace("@RC_MEMORY@", str(RC_MEMORY)).replace("@RC_BLOCKED@", str(RC_BLOCKED)).replace("@SCRIPT@", repr(SCRIPT))
     + _CODEC
     + r"""
-import io as _io, json as _json
+import atexit, io as _io, json as _json
 _rq = os.fdopen(cfg["rfd"], "rb")
 _rs = os.fdopen(cfg["wfd"], "wb")
 _cap = cfg["max_reply"]
@@ -619,55 +624,96 @@ def _join_threads():
             return
         for t in left:
             t.join()
-def _stdio(text):
-    "Run the program as __main__ in a child process with ``text`` on fd 0; its fd 1 output."
-    fin = os.memfd_create("stdin")
-    os.write(fin, text.encode())
-    os.lseek(fin, 0, 0)
-    fout = os.memfd_create("stdout")
-    _FORKING[0] = True
+def _exit_status(e):
+    "The interpreter's exit status for an uncaught SystemExit (a code that is not an int is printed, status 1)."
+    c = e.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return 0 if int.__eq__(c, 0) else 1
     try:
-        pid = os.fork()
-    finally:
-        _FORKING[0] = False
-    if pid == 0:
+        print(c, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+def _finalize(main, rc):
+    "What the interpreter does at exit, in its order: threads, exit hooks, the std streams, __main__'s objects."
+    import gc
+    _join_threads()  # non-daemon threads finish first
+    atexit._run_exitfuncs()  # the exit hooks; an exception in one is printed and ignored, as at exit
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            rc = rc or 120  # the interpreter's status when flushing stdout fails at exit
+    main.clear()  # the teardown of __main__: file objects left open are closed (and flushed)
+    gc.collect()
+    for s in (sys.__stdout__, sys.__stderr__):
+        try:
+            s.flush()
+        except BaseException:
+            pass
+    return rc
+def _case(fin, fout):
+    "The child of one stdio case: run the program as ``python solution.py < input`` would, then exit."
+    rc = 1
+    try:
+        os.dup2(fin, 0)
+        os.dup2(fout, 1)
+        for fd in (fin, fout, cfg["rfd"], cfg["wfd"]):
+            os.close(fd)
+        atexit._clear()  # only the program's own exit hooks run
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        main = {"__name__": "__main__", "__builtins__": __builtins__}
         rc = 0
         try:
-            os.dup2(fin, 0)
-            os.dup2(fout, 1)
-            for fd in (fin, fout, cfg["rfd"], cfg["wfd"]):
-                os.close(fd)
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            try:
-                exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-            except SystemExit as e:  # as the interpreter: None and the int 0 exit 0; 0.0, "" or "0" exit 1
-                c = e.code
-                rc = 0 if c is None or (isinstance(c, int) and int.__eq__(c, 0)) else 1
-            _join_threads()  # as the interpreter does at exit: non-daemon threads finish first
+            exec(code, main)
+        except SystemExit as e:  # as the interpreter: None and the int 0 exit 0; 0.0, "" or "0" exit 1
+            rc = _exit_status(e)
         except BaseException as e:
             rc = 1
             try:
                 _tb.print_exception(e)
             except BaseException:
                 pass
-        finally:
-            try:
-                sys.stdout.flush()
-            finally:
-                os._exit(rc)
-    os.close(fin)
-    try:
-        _, st = os.waitpid(pid, 0)
-        size = os.fstat(fout).st_size
-        data = os.pread(fout, min(size, _cap + 1), 0)
+        rc = _finalize(main, rc)
+    except BaseException:
+        rc = rc or 1
     finally:
-        os.close(fout)
+        os._exit(rc)
+def _stdio(text):
+    "Run the program as __main__ in a child process with ``text`` on fd 0; its fd 1 output (a pipe: no file limit)."
+    fin = os.memfd_create("stdin")
+    os.write(fin, text.encode())
+    os.lseek(fin, 0, 0)
+    rout, wout = os.pipe()
+    _FORKING[0] = True
+    try:
+        pid = os.fork()
+    finally:
+        _FORKING[0] = False
+    if pid == 0:
+        os.close(rout)
+        _case(fin, wout)
+    os.close(fin)
+    os.close(wout)
+    chunks, size = [], 0
+    try:
+        while size <= _cap:  # until the program and anything that inherited its stdout closed it
+            chunk = os.read(rout, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(rout)  # past the cap the program's next write fails (EPIPE) and it ends
+        _, st = os.waitpid(pid, 0)
+    if size > _cap:
+        raise OverflowError("output too large")
     if os.waitstatus_to_exitcode(st) != 0:
         raise RuntimeError(f"the program failed (exit status {os.waitstatus_to_exitcode(st)})")
-    if len(data) > _cap:
-        raise OverflowError("output too large")
-    return data.decode("utf-8", "replace")
+    return b"".join(chunks).decode("utf-8", "replace")
 def _remote(kind, v):
     return g[v] if kind == "n" else _table[v]
 def _mutable(a):
