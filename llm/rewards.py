@@ -206,15 +206,50 @@ def plain_number_correct(prompt: str, text: str, gold: str) -> bool:
     return all(v in allowed for v in nums)
 
 
-_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_FENCE_OPEN = re.compile(r"[ \t]*(`{3,})[ \t]*([^`\s]*)[^`]*")
+_PYTHON_LABELS = ("python", "py", "python3")
 
 
 def extract_code(text: str) -> str:
-    """The last fenced code block (```python ...```) of ``text``; the whole text if there is none."""
-    blocks = _FENCE_RE.findall(text)
-    if blocks:
-        return blocks[-1]
-    return text
+    """The code of a completion, by the rule of docs/code-reward.md.
+
+    Line endings ``\\r\\n`` and ``\\r`` are read as ``\\n``. A block opens at a line of three or more
+    backticks and an optional label (its first word), and closes at the next line of at least as many
+    backticks (alone, or ending a line of code: ``return x`````); a block still open at the end of the
+    text (cut off at the token limit) runs to the end. The code is the last
+    block labelled ``python``, ``py`` or ``python3`` (any case); if there is none, the last unlabeled
+    block; if there is neither (no fence, or only blocks of other labels such as ``text``), the whole text.
+    """
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    python: str | None = None
+    plain: str | None = None
+    i = 0
+    while i < len(lines):
+        m = _FENCE_OPEN.fullmatch(lines[i])
+        if m is None:
+            i += 1
+            continue
+        ticks, label = len(m.group(1)), m.group(2).lower()
+        close = re.compile(r"(.*?)`{%d,}[ \t]*" % ticks)
+        j, last = i + 1, None
+        while j < len(lines):
+            c = close.fullmatch(lines[j])
+            if c is not None:
+                last = c.group(1)  # the code before a closing fence at the end of a line ("return x```")
+                break
+            j += 1
+        if j == len(lines):  # never closed (cut off at the token limit): the rest of the text, as it is
+            body = "\n".join(lines[i + 1 :])
+        else:
+            body = "".join(ln + "\n" for ln in lines[i + 1 : j] + ([last] if last and last.strip() else []))
+        if label in _PYTHON_LABELS:
+            python = body
+        elif not label:
+            plain = body
+        i = j + 1
+    if python is not None:
+        return python
+    return plain if plain is not None else text
 
 
 _STDIO_JUDGE = """

@@ -77,6 +77,38 @@ def test_math_reward_off_main_thread():
     assert out["r"] == [1.0]
 
 
+_CODE = "def f(x):\n    return x\n"
+
+
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        # CRLF line endings (a completion decoded from a Windows-trained tokenizer): the block is recognised
+        ("Here:\r\n```python\r\ndef f(x):\r\n    return x\r\n```\r\n", _CODE),
+        # several python blocks: the last one
+        ("```python\nx = 1\n```\nbetter:\n```python\n" + _CODE + "```\n", _CODE),
+        # a python block, then an unlabeled block of its output: the python block is the code
+        ("```python\n" + _CODE + "```\nOutput:\n```\n5\n```\n", _CODE),
+        ("```python\n" + _CODE + "```\nRun it:\n```bash\npython f.py\n```\n", _CODE),
+        # the labels the rule reads as python, in any case
+        ("```py\n" + _CODE + "```", _CODE),
+        ("```python3\n" + _CODE + "```", _CODE),
+        ("```Python\n" + _CODE + "```", _CODE),
+        # unlabeled blocks only: the last one
+        ("```\nx = 1\n```\n```\n" + _CODE + "```\n", _CODE),
+        # a closing fence at the end of the last code line
+        ("```python\ndef f(x):\n    return x```\n", _CODE),
+        # a block cut off by the token limit runs to the end of the text
+        ("```python\n" + _CODE, _CODE),
+        # no fence at all: the whole text
+        (_CODE, _CODE),
+        ("def f(x): return 1", "def f(x): return 1"),
+    ],
+)
+def test_extract_code_follows_the_documented_rule(text, want):
+    assert extract_code(text) == want
+
+
 def test_extract_code_and_program():
     text = "first\n```python\nx = 1\n```\nthen\n```py\ndef f(x):\n    return x\n```\n"
     assert extract_code(text) == "def f(x):\n    return x\n"
