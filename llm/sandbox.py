@@ -62,8 +62,11 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
   it (else the system ``python3`` without the environment's packages).
 * ``process``: a separate process group with rlimits only.
 
-On every level: a seccomp filter (:func:`seccomp_program`) answering the kernel keyring system
-calls with ``EPERM`` (keys outlive a run, and the session keyring is the trainer's); rlimits
+On every level: a seccomp filter (:func:`seccomp_program`) answering with ``EPERM`` the system
+calls of the channels a run could leave for the next or share with a concurrent run
+(:data:`SECCOMP_DENIED`, :data:`SECCOMP_DENIED_ARGS`: the kernel keyrings, page-cache residency
+probes and resets, file locks and notification, ptrace and other processes' memory, nested user
+namespaces); rlimits
 (soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU`` comes first) for CPU,
 address space, file size (stdout/stderr are size-capped anonymous memory files), processes (not
 enforced by the kernel for uid 0), open files and core size; a time limit of wall time less the
@@ -97,6 +100,8 @@ from pathlib import Path
 __all__ = [
     "JUDGE_MODULES",
     "NO_CROSS",
+    "SECCOMP_DENIED",
+    "SECCOMP_DENIED_ARGS",
     "WIRE_DEPTH",
     "SandboxConfig",
     "SandboxResult",
@@ -1189,14 +1194,57 @@ def _uid_slot(uid_of=None):
             _slots_busy.discard(k)
 
 
-# the kernel keyring system calls (add_key, request_key, keyctl) per architecture: keys outlive a
-# run (the user and session keyrings), so they are the one channel a run could leave for the next
-_KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+# System calls per architecture (audit arch, numbers by name) that the seccomp filter refuses in part or whole.
+_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (0xC000003E, {
+        "add_key": 248, "request_key": 249, "keyctl": 250, "mincore": 27, "madvise": 28, "clone": 56,
+        "fcntl": 72, "flock": 73, "ptrace": 101, "readahead": 187, "io_setup": 206, "fadvise64": 221,
+        "inotify_init": 253, "inotify_add_watch": 254, "unshare": 272, "inotify_init1": 294, "setns": 308,
+        "process_vm_readv": 310, "process_vm_writev": 311, "preadv2": 327, "pwritev2": 328,
+        "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
+    }),
+    "aarch64": (0xC00000B7, {
+        "add_key": 217, "request_key": 218, "keyctl": 219, "mincore": 232, "madvise": 233, "clone": 220,
+        "fcntl": 25, "flock": 32, "ptrace": 117, "readahead": 213, "io_setup": 0, "fadvise64": 223,
+        "inotify_add_watch": 27, "unshare": 97, "inotify_init1": 26, "setns": 268,
+        "process_vm_readv": 270, "process_vm_writev": 271, "preadv2": 286, "pwritev2": 287,
+        "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
+    }),
+}  # fmt: skip
+
+SECCOMP_DENIED = (
+    # the kernel keyrings: keys outlive a run (user and session keyrings; the session keyring is the trainer's)
+    "add_key", "request_key", "keyctl",
+    # page-cache residency probes and resets (a channel between runs and between concurrent candidates
+    # through the page cache of shared files such as /usr's); io_setup / io_uring_setup would reach the
+    # same operations (RWF_NOWAIT reads, fadvise, madvise) past this filter
+    "mincore", "readahead", "fadvise64", "cachestat", "io_setup", "io_uring_setup",
+    # whole-file locks and file-access notification on shared files
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch",
+    # other processes' memory and files, other namespaces
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "setns",
+)  # fmt: skip
+"""System calls the seccomp filter answers with ``EPERM`` whatever their arguments."""
+
+SECCOMP_DENIED_ARGS = {
+    "preadv2": (5, "mask", 0x8),  # RWF_NOWAIT: a read that fails unless the data is cached (a residency probe)
+    "pwritev2": (5, "mask", 0x8),
+    "madvise": (2, "in", (20, 21)),  # MADV_COLD, MADV_PAGEOUT: evict (file) pages from the page cache
+    # F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
+    "fcntl": (1, "in", (5, 6, 7, 36, 37, 38, 1024, 1026)),
+    "unshare": (0, "mask", 0x10000000),  # CLONE_NEWUSER: no nested user namespaces
+    "clone": (0, "mask", 0x10000000),
+}  # fmt: skip
+"""System calls the filter answers with ``EPERM`` for some arguments: ``name: (argument index, "mask", bits)``
+(refused when the argument has any of ``bits``) or ``(index, "in", values)``; the low 32 bits of the argument
+are read, as the kernel reads these (``int`` / ``unsigned int``) arguments. ``clone3`` (whose flags are in
+memory the filter cannot read) is answered with ``ENOSYS``, so the C library falls back to ``clone``."""
 
 
 @functools.cache
 def seccomp_program(machine: str | None = None) -> bytes | None:
-    """Classic-BPF seccomp filter: EPERM for the keyring system calls (and every x32 / foreign-ABI call).
+    """Classic-BPF seccomp filter: ``EPERM`` for :data:`SECCOMP_DENIED`, for the arguments of
+    :data:`SECCOMP_DENIED_ARGS` and for every x32 / foreign-ABI call; ``ENOSYS`` for ``clone3``.
 
     ``None`` on an architecture this module has no system-call numbers for.
     """
@@ -1204,22 +1252,38 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     import platform
     import struct
 
-    spec = _KEYRING_SYSCALLS.get(machine or platform.machine())
+    spec = _SYSCALLS.get(machine or platform.machine())
     if spec is None:
         return None
     arch, nrs = spec
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    prog: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 0, 255, arch), (ld, 0, 0, 0)]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    # instructions (code, jt, jf, k); a jump target is an offset or a label ("deny", "enosys", "args:<name>")
+    prog: list[tuple[int, int | str, int | str, int]] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
     if arch == 0xC000003E:
-        prog.append((jge, 255, 0, 0x40000000))  # x32 system calls
-    prog += [(jeq, 255, 0, nr) for nr in nrs]
-    prog.append((ret, 0, 0, 0x7FFF0000))  # SECCOMP_RET_ALLOW
-    deny = len(prog)
+        prog.append((jge, "deny", 0, 0x40000000))  # x32 system calls
+    prog += [(jeq, "deny", 0, nrs[n]) for n in SECCOMP_DENIED if n in nrs]
+    prog.append((jeq, "enosys", 0, nrs["clone3"]))
+    prog += [(jeq, "args:" + n, 0, nrs[n]) for n in SECCOMP_DENIED_ARGS]
+    allow = (ret, 0, 0, 0x7FFF0000)  # SECCOMP_RET_ALLOW
+    prog.append(allow)
+    labels: dict[str, int] = {}
+    for n, (idx, kind, what) in SECCOMP_DENIED_ARGS.items():
+        labels["args:" + n] = len(prog)
+        prog.append((ld, 0, 0, 16 + 8 * idx))  # the low word of args[idx] (little-endian)
+        if kind == "mask":
+            prog.append((jset, "deny", 0, what))
+        else:
+            prog += [(jeq, "deny", 0, v) for v in what]
+        prog.append(allow)
+    labels["deny"] = len(prog)
     prog.append((ret, 0, 0, 0x00050000 | errno.EPERM))  # SECCOMP_RET_ERRNO
+    labels["enosys"] = len(prog)
+    prog.append((ret, 0, 0, 0x00050000 | errno.ENOSYS))
     out = b""
     for pc, (code, jt, jf, k) in enumerate(prog):
-        jt = deny - pc - 1 if jt == 255 else jt
-        jf = deny - pc - 1 if jf == 255 else jf
+        jt, jf = (labels[j] - pc - 1 if isinstance(j, str) else j for j in (jt, jf))
+        if not (0 <= jt <= 255 and 0 <= jf <= 255):
+            raise AssertionError("seccomp_program: a jump too far for classic BPF")
         out += struct.pack("=HBBI", code, jt, jf, k)
     return out
 
