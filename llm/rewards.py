@@ -280,11 +280,13 @@ _FUNCTIONAL_PRELUDE = (
 class CodeJob(NamedTuple):
     """What the sandbox runs for one completion: the candidate's ``code``, the judge's ``tests``
     (Python source run in a separate process, see :func:`llm.sandbox.run_judged`), and whether the
-    code is a stdio program."""
+    code is a stdio program; ``entry_point``, the name the tests must reach in the candidate's code even
+    when a builtin has that name (``def pow(...)``)."""
 
     code: str
     tests: str
     stdio: bool
+    entry_point: str | None = None
 
 
 _FUTURE_RE = re.compile(r"^from[ \t]+__future__[ \t]+import[ \t]+[^\n]*\n?", re.MULTILINE)
@@ -367,7 +369,7 @@ def code_job(
         judge = join_code(support, tests.rstrip() + "\n")
         if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
             judge += f"\ncheck({entry_point})\n"
-        return CodeJob(code, judge, False)
+        return CodeJob(code, judge, False, entry_point)
     if test_type == "stdio":
         return CodeJob(code, _STDIO_JUDGE.format(spec=tests), True)
     if test_type == "functional":

@@ -26,7 +26,7 @@ What the judge's tests can do with the candidate's objects, and the limits of th
 * call a top-level function or class, read attributes, call methods, iterate (the object is
   listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
-  proxied, ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
+  proxied (except the task's ``entry_point``, always the candidate's), ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
   whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
   without importing it); helpers a HumanEval prompt defines are defined by the judge
   (:func:`llm.rewards.code_job` puts them in the tests);
@@ -917,6 +917,9 @@ try:
     for _n in _module_names(_tree):
         if _n in _JUDGE_MODULES:
             g[_n] = __import__(_n)
+    _entry = cfg["entry"]
+    if type(_entry) is str and _entry.isidentifier() and not _entry.startswith("__"):
+        g[_entry] = _Remote("n", _entry)  # the task's function is the candidate's, even named like a builtin
     g["__stdio__"] = lambda text: _rpc({"op": "stdio", "input": str(text)})
     _OWN = g
     exec(compile(_tree, "<tests>", "exec"), g)
@@ -1622,17 +1625,28 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
             cand.close()
 
 
-def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio: bool = False, **overrides):
+def run_judged(
+    code: str,
+    tests: str,
+    config: SandboxConfig | None = None,
+    stdio: bool = False,
+    entry_point: str | None = None,
+    **overrides,
+):
     """Run ``code`` in the sandbox and ``tests`` in a separate judge process; ``passed`` is the judge's verdict.
 
     ``tests`` is Python source. It sees every top-level callable the candidate's code defines
     (functions, classes; names of builtins and dunder names excepted) as a proxy, and
     ``__stdio__(input) -> str``, which runs the candidate's code as ``__main__`` with ``input`` on
-    stdin (``stdio=True``: the code is not run at load time). The verdict is True iff the tests ran
-    to the end with no failed assertion, no error and no broken exchange with the candidate.
+    stdin (``stdio=True``: the code is not run at load time). ``entry_point`` names the candidate's
+    function the task asks for: the tests reach that name in the candidate's code even when a builtin
+    has it (``def pow(...)``), and a candidate that does not define it fails. The verdict is True iff
+    the tests ran to the end with no failed assertion, no error and no broken exchange with the candidate.
     """
     if not isinstance(code, str) or not isinstance(tests, str):
         raise ValueError("code and tests must be str")
+    if entry_point is not None and not (entry_point.isidentifier() and not entry_point.startswith("__")):
+        raise ValueError(f"entry_point must be an identifier that is not a dunder name, got {entry_point!r}")
     cfg = _config(config, overrides)
     req_r, req_w = os.pipe()  # judge -> candidate
     rep_r, rep_w = os.pipe()  # candidate -> judge
@@ -1666,6 +1680,7 @@ def run_judged(code: str, tests: str, config: SandboxConfig | None = None, stdio
                     "site": _site_dirs(sys.executable),
                     "modules": sorted(JUDGE_MODULES),
                     "no_cross": list(NO_CROSS),
+                    "entry": entry_point,
                     "wfd": req_w,
                     "rfd": rep_r,
                     "vfd": ver_w,
@@ -1733,13 +1748,19 @@ def run_many(
 
 
 def run_many_judged(
-    jobs: list[tuple[str, str, bool]],
+    jobs: list[tuple[str, str, bool]] | list[tuple[str, str, bool, str | None]],
     config: SandboxConfig | None = None,
     max_workers: int | None = None,
     progress: bool = False,
 ) -> list[SandboxResult]:
-    """:func:`run_judged` on ``(code, tests, stdio)`` jobs concurrently; results in input order.
+    """:func:`run_judged` on ``(code, tests, stdio)`` or ``(code, tests, stdio, entry_point)`` jobs
+    concurrently; results in input order.
 
     ``max_workers`` defaults to the number of CPUs.
     """
-    return _pool(lambda j: run_judged(j[0], j[1], config, stdio=j[2]), jobs, max_workers, progress)
+    return _pool(
+        lambda j: run_judged(j[0], j[1], config, stdio=j[2], entry_point=j[3] if len(j) > 3 else None),
+        jobs,
+        max_workers,
+        progress,
+    )

@@ -115,6 +115,7 @@ def test_extract_code_and_program():
     assert extract_code("def f(x): return 1") == "def f(x): return 1"
     job = code_job("def g(x): return x", "def check(candidate):\n    assert candidate(1) == 1\n", "g")
     assert job.tests.rstrip().endswith("check(g)") and job.code == "def g(x): return x" and not job.stdio
+    assert job.entry_point == "g"  # the judge binds the name to the candidate's g even if a builtin has it
     assert "check(" not in code_job("def g(x): return x", "assert g(1) == 1\n", "g").tests
     # the tests never reach the candidate's code
     assert "assert" not in code_job("def g(x): return x", "assert g(1) == 1\n", "g").code

@@ -460,6 +460,31 @@ def test_judged_candidate_cannot_shadow_builtins_or_forge_system_exit():
     ).passed
 
 
+@pytest.mark.parametrize(
+    "code,tests,ok",
+    [
+        # a correct answer to "pow(x, y): x times y" (HumanEval style): check(pow) must get the candidate's pow
+        ("def pow(x, y):\n    return x * y\n", "def check(candidate):\n    assert candidate(2, 3) == 6\ncheck(pow)\n", True),
+        # a wrong answer is not saved by the builtin of the same name
+        ("def pow(x, y):\n    return 0\n", "assert pow(2, 3) == 8\n", False),
+        # nor is a candidate that never defines the entry point
+        ("def other():\n    pass\n", "assert pow(2, 3) == 8\n", False),
+        ("def pow(x, y):\n    return x ** y\n", "assert pow(2, 3) == 8 and abs(-1) == 1\n", True),
+    ],
+)
+def test_judged_entry_point_named_like_a_builtin_is_the_candidates(code, tests, ok):
+    r = run_judged(code, tests, FAST, entry_point="pow")
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
+def test_judged_other_builtin_names_stay_the_judges():
+    # only the named entry point is the candidate's: its other functions named like builtins are not reached
+    code = "def pow(x, y):\n    return x ** y\ndef abs(x):\n    return 7\n"
+    assert run_judged(code, "assert pow(2, 3) == 8 and abs(-1) == 1\n", FAST, entry_point="pow").passed
+    with pytest.raises(ValueError, match="entry_point"):
+        run_judged("", "", FAST, entry_point="__import__")
+
+
 def test_judged_stdio():
     code = "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n"
     tests = "assert __stdio__('1 2\\n3').split() == ['6']\nassert __stdio__('5').strip() == '5'\n"
