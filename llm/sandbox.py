@@ -66,7 +66,8 @@ On every level: a seccomp filter (:func:`seccomp_program`) answering with ``EPER
 calls of the channels a run could leave for the next or share with a concurrent run
 (:data:`SECCOMP_DENIED`, :data:`SECCOMP_DENIED_ARGS`: the kernel keyrings, page-cache residency
 probes and resets, file locks and notification, ptrace and other processes' memory, nested user
-namespaces); rlimits
+namespaces), and a second one (:func:`seccomp_budget_program`) that keeps the candidate's code in one
+process with no memory outside its address space, so that ``memory_mb`` bounds the run; rlimits
 (soft = hard; ``RLIMIT_CPU`` hard one second above soft so ``SIGXCPU`` comes first) for CPU,
 address space, file size (stdout/stderr are size-capped anonymous memory files), processes (not
 enforced by the kernel for uid 0), open files and core size; a time limit of wall time less the
@@ -100,6 +101,8 @@ from pathlib import Path
 __all__ = [
     "JUDGE_MODULES",
     "NO_CROSS",
+    "SECCOMP_BUDGET_DENIED",
+    "SECCOMP_BUDGET_DENIED_ARGS",
     "SECCOMP_DENIED",
     "SECCOMP_DENIED_ARGS",
     "WIRE_DEPTH",
@@ -111,6 +114,7 @@ __all__ = [
     "run_many",
     "run_many_judged",
     "run_python",
+    "seccomp_budget_program",
     "seccomp_program",
 ]
 
@@ -139,7 +143,9 @@ class SandboxConfig:
     max_wall_s: float | None = None
     """Plain wall-clock limit whatever the load; ``None`` = 6 * timeout_s."""
     memory_mb: int = 1024
-    """RLIMIT_AS (virtual address space) in MiB, for the candidate and for the judge."""
+    """The memory of a run, MiB: the candidate's code runs in one process (new processes, memory files and
+    SysV shared memory are refused by :func:`seccomp_budget_program`; threads share the process's address
+    space) whose RLIMIT_AS (virtual address space) is ``memory_mb``. The judge has the same RLIMIT_AS."""
     max_file_mb: float = 16.0
     """Largest file the program may write (RLIMIT_FSIZE), MiB."""
     max_output_bytes: int = 1 << 20
@@ -488,6 +494,20 @@ if cfg["seccomp"]:  # below the bwrap level the bootstrap installs the filter it
     del ctypes, struct, _libc, _prog, _buf, _fprog
 _lim("RLIMIT_NPROC", cfg["nproc"])
 _lim("RLIMIT_AS", cfg["as_bytes"])
+def _budget():
+    "The second filter (one process, no memory files): before the candidate's code runs."
+if cfg["budget_seccomp"]:  # ctypes is set up here, before the audit hook that may block it
+    import ctypes as _ct, struct as _st
+    _bl = _ct.CDLL(None, use_errno=True)
+    _bprog = bytes.fromhex(cfg["budget_seccomp"])
+    _bbuf = _ct.create_string_buffer(_bprog, len(_bprog))
+    _bf = _ct.create_string_buffer(_st.pack("HxxxxxxQ", len(_bprog) // 8, _ct.addressof(_bbuf)), 16)
+    _bnnp, _bset = _bl.prctl, _bl.prctl
+    def _budget():
+        "The second filter (one process, no memory files): before the candidate's code runs."
+        if _bnnp(38, 1, 0, 0, 0) != 0 or _bset(22, 2, _bf, 0, 0) != 0:
+            os._exit(213)
+    del _st
 src = cfg.pop("program")
 _ROOT = os.path.realpath(cfg["cwd"])
 _PROC = frozenset(("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
@@ -566,6 +586,7 @@ del src
 if _MODE == "run":
     g = {"__name__": "__main__", "__builtins__": __builtins__}
     del cfg
+    _budget()
     try:
         exec(code, g)
     except SystemExit:
@@ -608,6 +629,7 @@ def _send(msg):
 g = {"__name__": "__main__" if _MODE == "stdio" else "solution", "__builtins__": __builtins__}
 _OWN = g
 if _MODE == "module":
+    _budget()
     try:
         exec(code, g)
         _send({
@@ -671,6 +693,7 @@ def _case(fin, fout):
         sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
         sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
         main = {"__name__": "__main__", "__builtins__": __builtins__}
+        _budget()
         rc = 0
         try:
             exec(code, main)
@@ -1205,6 +1228,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "inotify_init": 253, "inotify_add_watch": 254, "unshare": 272, "inotify_init1": 294, "setns": 308,
         "process_vm_readv": 310, "process_vm_writev": 311, "preadv2": 327, "pwritev2": 328,
         "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
+        "fork": 57, "vfork": 58, "memfd_create": 319, "shmget": 29,
     }),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "mincore": 232, "madvise": 233, "clone": 220,
@@ -1212,6 +1236,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "inotify_add_watch": 27, "unshare": 97, "inotify_init1": 26, "setns": 268,
         "process_vm_readv": 270, "process_vm_writev": 271, "preadv2": 286, "pwritev2": 287,
         "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
+        "memfd_create": 279, "shmget": 194,
     }),
 }  # fmt: skip
 
@@ -1244,13 +1269,42 @@ are read, as the kernel reads these (``int`` / ``unsigned int``) arguments. ``cl
 memory the filter cannot read) is answered with ``ENOSYS``, so the C library falls back to ``clone``."""
 
 
+SECCOMP_BUDGET_DENIED = ("fork", "vfork", "memfd_create", "shmget")
+"""System calls the second filter answers with ``EPERM`` once the candidate's code is about to run: with
+``clone`` without ``CLONE_THREAD`` (a new process; threads stay), they are the ways to hold memory outside
+the one process whose ``RLIMIT_AS`` is ``memory_mb`` (a child's address space, a memory file, a SysV
+shared-memory segment, which outlives its detach)."""
+
+SECCOMP_BUDGET_DENIED_ARGS = {"clone": (0, "unmasked", 0x10000)}  # no CLONE_THREAD: a new process
+"""``(index, "unmasked", bits)``: refused when the argument has none of ``bits``."""
+
+
 @functools.cache
-def seccomp_program(machine: str | None = None) -> bytes | None:
+def seccomp_program(machine: str | None = None, budget: bool = False) -> bytes | None:
     """Classic-BPF seccomp filter: ``EPERM`` for :data:`SECCOMP_DENIED`, for the arguments of
     :data:`SECCOMP_DENIED_ARGS` and for every x32 / foreign-ABI call; ``ENOSYS`` for ``clone3``.
+    With ``budget``, the rules of :func:`seccomp_budget_program` too (one filter where the process that
+    starts is the one that runs the candidate's code: every mode but stdio's server).
 
     ``None`` on an architecture this module has no system-call numbers for.
     """
+    rules = list(SECCOMP_DENIED_ARGS.items())
+    if budget:
+        return _filter(machine, SECCOMP_DENIED + SECCOMP_BUDGET_DENIED, rules + list(SECCOMP_BUDGET_DENIED_ARGS.items()))
+    return _filter(machine, SECCOMP_DENIED, rules)
+
+
+@functools.cache
+def seccomp_budget_program(machine: str | None = None) -> bytes | None:
+    """The filter that keeps the candidate's code in one process: ``EPERM`` for :data:`SECCOMP_BUDGET_DENIED`
+    and :data:`SECCOMP_BUDGET_DENIED_ARGS`, so that ``memory_mb`` (the process's ``RLIMIT_AS``) bounds the
+    memory of the run. The bootstrap installs it in a stdio case's child after the server's fork (in the
+    other modes :func:`seccomp_program` with ``budget`` holds its rules). ``None`` as for :func:`seccomp_program`."""
+    return _filter(machine, SECCOMP_BUDGET_DENIED, list(SECCOMP_BUDGET_DENIED_ARGS.items()), enosys=())
+
+
+def _filter(machine: str | None, denied, rules: list, enosys: tuple = ("clone3",)) -> bytes | None:
+    "The classic-BPF program: ``denied`` names, ``rules`` ``[(name, (index, kind, what)), ...]``, ``enosys`` names."
     import errno
     import platform
     import struct
@@ -1264,19 +1318,25 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     prog: list[tuple[int, int | str, int | str, int]] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
     if arch == 0xC000003E:
         prog.append((jge, "deny", 0, 0x40000000))  # x32 system calls
-    prog += [(jeq, "deny", 0, nrs[n]) for n in SECCOMP_DENIED if n in nrs]
-    prog.append((jeq, "enosys", 0, nrs["clone3"]))
-    prog += [(jeq, "args:" + n, 0, nrs[n]) for n in SECCOMP_DENIED_ARGS]
+    prog += [(jeq, "deny", 0, nrs[n]) for n in denied if n in nrs]
+    prog += [(jeq, "enosys", 0, nrs[n]) for n in enosys]
+    by_name: dict[str, list] = {}
+    for n, rule in rules:
+        by_name.setdefault(n, []).append(rule)
+    prog += [(jeq, "args:" + n, 0, nrs[n]) for n in by_name]
     allow = (ret, 0, 0, 0x7FFF0000)  # SECCOMP_RET_ALLOW
     prog.append(allow)
     labels: dict[str, int] = {}
-    for n, (idx, kind, what) in SECCOMP_DENIED_ARGS.items():
+    for n, rs in by_name.items():
         labels["args:" + n] = len(prog)
-        prog.append((ld, 0, 0, 16 + 8 * idx))  # the low word of args[idx] (little-endian)
-        if kind == "mask":
-            prog.append((jset, "deny", 0, what))
-        else:
-            prog += [(jeq, "deny", 0, v) for v in what]
+        for idx, kind, what in rs:  # each rule may refuse; past them all, the call is allowed
+            prog.append((ld, 0, 0, 16 + 8 * idx))  # the low word of args[idx] (little-endian)
+            if kind == "mask":
+                prog.append((jset, "deny", 0, what))
+            elif kind == "unmasked":
+                prog.append((jset, 0, "deny", what))
+            else:
+                prog += [(jeq, "deny", 0, v) for v in what]
         prog.append(allow)
     labels["deny"] = len(prog)
     prog.append((ret, 0, 0, 0x00050000 | errno.EPERM))  # SECCOMP_RET_ERRNO
@@ -1471,7 +1531,9 @@ class _Candidate:
             if plan["ids"]:
                 uid, gid = plan["ids"]
                 os.chown(self.work, uid, gid)
-        filt = seccomp_program()
+        # the process that starts runs the candidate's code, except stdio's server (it forks one child per case,
+        # which installs the budget filter itself)
+        filt = seccomp_program(budget=mode != "stdio")
         boot = {
             "cwd": cwd,
             "program": code,
@@ -1489,6 +1551,7 @@ class _Candidate:
             "block_ctypes": plan["level"] != "bwrap",
             # bwrap installs the filter itself (--seccomp); below it the bootstrap does
             "seccomp": filt.hex() if filt is not None and plan["level"] != "bwrap" else "",
+            "budget_seccomp": (seccomp_budget_program() or b"").hex() if mode == "stdio" else "",
             "max_reply": _reply_cap(cfg),
             "recursion": _RECURSION,
             **fds,

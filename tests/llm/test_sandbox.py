@@ -876,6 +876,29 @@ def test_seccomp_program_reads_the_arguments(call, args, want):
         assert _bpf(sandbox.seccomp_program(machine), arch, nrs[call], args) == want, machine
 
 
+def test_seccomp_budget_program_refuses_new_processes_and_memory_outside_the_address_space():
+    for machine in ("x86_64", "aarch64"):
+        arch, nrs = sandbox._SYSCALLS[machine]
+        prog = sandbox.seccomp_budget_program(machine)
+        denied = {nrs[n] for n in sandbox.SECCOMP_BUDGET_DENIED if n in nrs}
+        assert len(denied) == (4 if machine == "x86_64" else 2)  # aarch64 has no fork / vfork
+        for nr in range(0, 460):
+            if nr != nrs["clone"]:
+                assert _bpf(prog, arch, nr) == (EPERM if nr in denied else ALLOW), (machine, nr)
+        assert _bpf(prog, arch, nrs["clone"], (0x3D0F00,)) == ALLOW  # a thread (CLONE_THREAD)
+        assert _bpf(prog, arch, nrs["clone"], (17,)) == EPERM  # fork
+        assert _bpf(prog, arch, nrs["clone"], (0x4111,)) == EPERM  # vfork (CLONE_VM | CLONE_VFORK), posix_spawn
+        assert _bpf(prog, 0x40000003, 0) == EPERM
+        both = sandbox.seccomp_program(machine, budget=True)  # the two filters as one
+        for nr in range(0, 460):
+            if nr not in (nrs["clone"], *(nrs[n] for n in sandbox.SECCOMP_DENIED_ARGS)):
+                alone = sandbox.seccomp_program(machine)
+                want = EPERM if EPERM in (_bpf(alone, arch, nr), _bpf(prog, arch, nr)) else _bpf(alone, arch, nr)
+                assert _bpf(both, arch, nr) == want, (machine, nr)
+        for flags, want in ((0x3D0F00, ALLOW), (17, EPERM), (0x3D0F00 | 0x10000000, EPERM), (0x10000000 | 17, EPERM)):
+            assert _bpf(both, arch, nrs["clone"], (flags,)) == want, (machine, flags)
+
+
 def test_seccomp_program_layout():
     import struct
 
@@ -984,20 +1007,66 @@ def test_channel_system_calls_are_refused(channel):
     assert (r.passed, r.stdout.split()) == (False, ["EPERM"]), (r.stdout, r.stderr[-800:], r.judge_stderr[-800:])
 
 
-def test_refused_system_calls_leave_threads_forks_and_plain_reads_alone():
-    # clone3 is answered ENOSYS (the C library then uses clone for threads), clone without CLONE_NEWUSER
-    # forks, madvise(MADV_DONTNEED) and preadv2 without RWF_NOWAIT run, fcntl's other commands run
+def test_refused_system_calls_leave_threads_and_plain_reads_alone():
+    # clone3 is answered ENOSYS (the C library then uses clone for threads), madvise(MADV_DONTNEED) and
+    # preadv2 without RWF_NOWAIT run, fcntl's other commands run (new processes: the budget tests below)
     code = (
         "import ctypes, fcntl, os, sys, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "t = threading.Thread(target=print, args=('thread',))\nt.start()\nt.join()\n"
-        "pid = os.fork()\nif pid == 0:\n    os._exit(7)\nprint('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
         "f = os.open(sys.executable, os.O_RDONLY)\nprint('read', os.preadv(f, [bytearray(4)], 0, 0))\n"
         "print('flags', fcntl.fcntl(f, fcntl.F_GETFD) >= 0)\nimport mmap\n"
         "m = mmap.mmap(-1, 4096)\nm.madvise(mmap.MADV_DONTNEED)\nprint('madvise ok')\n"
     )
     r = run_python(code, FAST, audit_hook=False)
     assert r.passed, r.stderr[-800:]
-    assert r.stdout.split("\n")[:5] == ["thread", "child 7", "read 4", "flags True", "madvise ok"]
+    assert r.stdout.split("\n")[:4] == ["thread", "read 4", "flags True", "madvise ok"]
+
+
+# Three ways to hold memory outside the address space that RLIMIT_AS bounds: each program tries to hold
+# 3 x memory_mb (200 MiB at a time) and prints how much it held and the errno that stopped it.
+_BUDGET_PRELUDE = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+CHUNK = 200 << 20
+held, err = 0, 0
+def grab():
+{grab}
+try:
+    while held < 3 * {budget} << 20:
+        grab()
+        held += CHUNK
+except OSError as e:
+    err = e.errno
+print(held >> 20, errno.errorcode.get(err, err), flush=True)
+"""
+_BUDGET_GRABS = {
+    # a child allocates and tells the parent; it waits (blocked on a pipe) until the parent exits
+    "fork": "    r, w = os.pipe()\n    done, hold = os.pipe()\n    if os.fork() == 0:\n"
+    "        os.close(w)\n        x = bytearray(CHUNK)\n        os.write(hold, b'1')\n        os.read(r, 1)\n        os._exit(0)\n"
+    "    os.read(done, 1)",
+    "memfd": "    for _ in range(CHUNK >> 23):  # 8 MiB files, below RLIMIT_FSIZE\n"
+    "        os.write(os.memfd_create('m'), bytes(1 << 23))",
+    "SysV shm": "    i = libc.shmget(0, CHUNK, 0o1600)\n    if i < 0:\n        raise OSError(ctypes.get_errno(), 'shmget')\n"
+    "    a = ctypes.c_void_p(libc.shmat(i, None, 0))\n    ctypes.memset(a, 1, CHUNK)\n    libc.shmdt(a)",
+}
+
+
+@pytest.mark.parametrize("way", list(_BUDGET_GRABS))
+def test_memory_budget_bounds_the_whole_run(way):
+    if sandbox.seccomp_budget_program() is None:
+        pytest.skip("no system-call numbers for this architecture")
+    code = _BUDGET_PRELUDE.format(grab=_BUDGET_GRABS[way], budget=256)
+    r = run_python(code, FAST, audit_hook=False, nofile=256)
+    held, err = r.stdout.split()
+    assert (int(held), err) == (0, "EPERM"), (r.stdout, r.stderr[-500:])
+
+
+def test_memory_budget_in_a_stdio_case():
+    code = _BUDGET_PRELUDE.format(grab=_BUDGET_GRABS["fork"], budget=256)
+    tests = "assert __stdio__('').split() == ['0', 'EPERM']"
+    r = run_judged(code, tests, FAST, stdio=True, audit_hook=False)
+    assert r.passed, r.judge_stderr[-500:]
 
 
 @needs_bwrap
