@@ -230,7 +230,7 @@ def extract_code(text: str) -> str:
             i += 1
             continue
         ticks, label = len(m.group(1)), m.group(2).lower()
-        close = re.compile(r"(.*?)`{%d,}[ \t]*" % ticks)
+        close = re.compile(r"(.*?)`{" + str(ticks) + r",}[ \t]*")
         j, last = i + 1, None
         while j < len(lines):
             c = close.fullmatch(lines[j])

@@ -594,7 +594,9 @@ if _MODE == "run":
     except BaseException as e:
         _died(e)
     sys.exit(0)
-""".replace("@RC_MEMORY@", str(RC_MEMORY)).replace("@RC_BLOCKED@", str(RC_BLOCKED)).replace("@SCRIPT@", repr(SCRIPT))
+""".replace("@RC_MEMORY@", str(RC_MEMORY))
+    .replace("@RC_BLOCKED@", str(RC_BLOCKED))
+    .replace("@SCRIPT@", repr(SCRIPT))
     + _CODEC
     + r"""
 import atexit, io as _io, json as _json
@@ -1290,7 +1292,9 @@ def seccomp_program(machine: str | None = None, budget: bool = False) -> bytes |
     """
     rules = list(SECCOMP_DENIED_ARGS.items())
     if budget:
-        return _filter(machine, SECCOMP_DENIED + SECCOMP_BUDGET_DENIED, rules + list(SECCOMP_BUDGET_DENIED_ARGS.items()))
+        return _filter(
+            machine, SECCOMP_DENIED + SECCOMP_BUDGET_DENIED, rules + list(SECCOMP_BUDGET_DENIED_ARGS.items())
+        )
     return _filter(machine, SECCOMP_DENIED, rules)
 
 

@@ -464,7 +464,11 @@ def test_judged_candidate_cannot_shadow_builtins_or_forge_system_exit():
     "code,tests,ok",
     [
         # a correct answer to "pow(x, y): x times y" (HumanEval style): check(pow) must get the candidate's pow
-        ("def pow(x, y):\n    return x * y\n", "def check(candidate):\n    assert candidate(2, 3) == 6\ncheck(pow)\n", True),
+        (
+            "def pow(x, y):\n    return x * y\n",
+            "def check(candidate):\n    assert candidate(2, 3) == 6\ncheck(pow)\n",
+            True,
+        ),
         # a wrong answer is not saved by the builtin of the same name
         ("def pow(x, y):\n    return 0\n", "assert pow(2, 3) == 8\n", False),
         # nor is a candidate that never defines the entry point
@@ -912,7 +916,7 @@ def test_seccomp_program_layout():
         if code in (0x15, 0x35, 0x45):
             assert pc + 1 + max(jt, jf) < len(ins)
         if code == 0x20:  # loads: arch, nr, or the low word of an argument
-            assert k in (0, 4) or (k - 16) % 8 == 0 and 16 <= k < 64
+            assert k in (0, 4) or ((k - 16) % 8 == 0 and 16 <= k < 64)
     assert sandbox.seccomp_program("aarch64") != prog
 
 
