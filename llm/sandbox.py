@@ -24,7 +24,8 @@ Two entry points:
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
 * call a top-level function or class, read attributes, call methods, iterate (the object is
-  listed in the sandbox), ``len()`` and ``[]``; a handle's truth value is its ``len()``;
+  listed in the sandbox), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
+  sandbox); two handles are equal when they are handles of the same object (an enum member);
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
   proxied (except the task's ``entry_point``, always the candidate's), ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
   whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
@@ -788,6 +789,12 @@ while True:
                 res = list(obj)
             elif op == "len":
                 res = len(obj)
+            elif op == "str":
+                res = str(obj)
+            elif op == "bool":
+                res = bool(obj)
+            elif op == "contains":
+                res = _wire(_dec, req["key"], _remote) in obj
             elif op == "getitem":
                 res = obj[_wire(_dec, req["key"], _remote)]
             else:
@@ -900,8 +907,18 @@ def _dcref(v):
     r = getattr(v, "__dict__", {}).get("_tl_ref")
     return r._ref.get("h") if type(r) is _Remote else None
 class _Remote:
-    "An object that lives in the candidate's process; equal only to itself."
+    "An object that lives in the candidate's process; equal only to a handle of that same object (an enum member)."
     __slots__ = ("_ref",)
+    def __eq__(self, other):  # identity in the sandbox (the table keeps every handed-out object alive)
+        return self._ref == other._ref if type(other) is _Remote else NotImplemented
+    def __hash__(self):
+        return hash(tuple(self._ref.items()))
+    def __str__(self):  # the candidate's str(): a str value, as a method returning one
+        return _rpc({"op": "str", "obj": self._ref})
+    def __bool__(self):
+        return _rpc({"op": "bool", "obj": self._ref})
+    def __contains__(self, item):
+        return _rpc({"op": "contains", "obj": self._ref, "key": _enc(item, _arg)})
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
     def __call__(self, *args, **kwargs):

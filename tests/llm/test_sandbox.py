@@ -342,11 +342,12 @@ def test_judged_pass_and_fail():
         ("type('S', (str,), {})('4')", "assert f() == '4'", False),  # a str subclass stays in the sandbox
         ("type('A', (), {'__eq__': lambda s, o: True})()", "assert f() == 4", False),
         # residual, by design: comparisons are Python's own between plain values (1 == 1.0 == True),
-        # and the truth value of a non-plain result is its len() computed in the sandbox; neither
-        # gives more than `return 1` / `return True` would
+        # and the truth value of a non-plain result is its bool() computed in the sandbox, as in one
+        # process; neither gives more than `return 1` / `return True` would
         ("1.0", "assert f() == 1", True),
         ("type('L', (), {'__len__': lambda s: 1})()", "assert f()", True),
-        ("object()", "assert f()", False),
+        ("type('L', (), {'__len__': lambda s: 0})()", "assert f()", False),
+        ("object()", "assert f()", True),
     ],
 )
 def test_judged_values_cross_as_exact_builtins(ret, test, ok):
@@ -487,6 +488,40 @@ def test_judged_other_builtin_names_stay_the_judges():
     assert run_judged(code, "assert pow(2, 3) == 8 and abs(-1) == 1\n", FAST, entry_point="pow").passed
     with pytest.raises(ValueError, match="entry_point"):
         run_judged("", "", FAST, entry_point="__import__")
+
+
+@pytest.mark.parametrize(
+    "code,tests",
+    [
+        # an enum member: the same member compares equal on every call, another member does not
+        (
+            "import enum\nclass Color(enum.Enum):\n    RED = 1\n    GREEN = 2\ndef f():\n    return Color.GREEN\n",
+            "assert f() == Color.GREEN and f() != Color.RED and f() in {Color.GREEN} and f().name == 'GREEN'",
+        ),
+        # str() and f-strings of a returned object, as the candidate's __str__ gives them
+        (
+            "class P:\n    def __str__(self):\n        return 'p!'\ndef f():\n    return P()\n",
+            "assert f'{f()}' == str(f()) == 'p!'",
+        ),
+        # `in` on an object that is not iterable, and a truth value without __len__
+        (
+            "class Bag:\n    def __contains__(self, x):\n        return x == 3\ndef f():\n    return Bag()\n",
+            "assert 3 in f() and 4 not in f()",
+        ),
+        ("class E:\n    def __bool__(self):\n        return False\ndef f():\n    return E()\n", "assert not f()"),
+    ],
+)
+def test_judged_protocols_of_returned_objects(code, tests):
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+
+
+def test_judged_handles_of_different_objects_stay_unequal():
+    # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
+    code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
+    assert not run_judged(code, "assert f() == f()", FAST).passed
+    assert not run_judged(code, "assert f() == 1", FAST).passed
+    assert run_judged(code, "x = f()\nassert x == x and x != f() and str(x).startswith('<')", FAST).passed
 
 
 def test_judged_stdio():
