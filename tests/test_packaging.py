@@ -45,7 +45,7 @@ def test_ci_runs_both_readme_commands_verbatim():
     main_cmd, test_cmd = mod.command("main", readme), mod.command("tests", readme)
     assert main_cmd.startswith("python3 -m venv .venv") and main_cmd.endswith("tiltlab reproduce")
     assert "pip install -e ." in main_cmd and "[" not in main_cmd  # the main command installs no extras
-    assert test_cmd.endswith("python3 -m pytest -q")
+    assert test_cmd.endswith("python3 -m pytest -q -n 2 --dist loadfile")
     run = (root / ".ci" / "run").read_text()
     assert 'cmd=$(python3 .ci/readme_command.py tests)\necho "README test command: $cmd"\nbash -c "$cmd"\n' in run
     assert "bash .ci/readme-main" in run and "readme_command.py main" in (root / ".ci" / "readme-main").read_text()
