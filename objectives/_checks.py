@@ -31,6 +31,8 @@ def same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 
 
 def broadcastable(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    if a.shape == b.shape:
+        return
     try:
         torch.broadcast_shapes(a.shape, b.shape)  # type: ignore[no-untyped-call]  # untyped in torch
     except RuntimeError:
@@ -42,7 +44,7 @@ def fits(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 
     Stricter than :func:`broadcastable`: ``[8, 8]`` against ``[8]`` (either way round) is refused
     instead of silently producing an ``[8, 8]`` result or aligning ``[8]`` with the wrong axis."""
-    if b.dim() == 0:
+    if b.dim() == 0 or b.shape == a.shape:
         return
     try:
         out = torch.broadcast_shapes(a.shape, b.shape)  # type: ignore[no-untyped-call]  # untyped in torch
