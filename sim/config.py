@@ -209,7 +209,9 @@ class SimConfig:
         if not self.cispo_ratio_max > 0:
             raise ValueError(f"cispo_ratio_max must be > 0, got {self.cispo_ratio_max}")
         if not (self.sapo_temp_pos > 0 and self.sapo_temp_neg > 0):
-            raise ValueError(f"sapo_temp_pos and sapo_temp_neg must be > 0, got {self.sapo_temp_pos}, {self.sapo_temp_neg}")
+            raise ValueError(
+                f"sapo_temp_pos and sapo_temp_neg must be > 0, got {self.sapo_temp_pos}, {self.sapo_temp_neg}"
+            )
 
     def n_prompts(self) -> int:
         return self.P if self.env == "multiprompt" else 1

@@ -648,9 +648,10 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
         f"{k}: held-out {T.fmt_ci(h[k])}, Mean (train) {T.fmt_ci(res[k]['acc'])}, pass@8 {T.fmt_ci(res[k]['pass8'])}"
         for k in names
     )
-    ctx = "; ".join(f"{k} held-out {T.fmt_ci(h[k])}" for k in CONTEXT_METHODS) + "; " + ", ".join(
-        f"{LABELS[a]} - {LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}"
-        for a, b in context_pairs
+    ctx = (
+        "; ".join(f"{k} held-out {T.fmt_ci(h[k])}" for k in CONTEXT_METHODS)
+        + "; "
+        + ", ".join(f"{LABELS[a]} - {LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs)
     )
     return result(
         items,

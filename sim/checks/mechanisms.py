@@ -110,7 +110,12 @@ def remark1_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     layer="sim",
     expected=V.VERIFIED,
     name="grpo_vs_tilt_bandit",
-    expected_items={"reward_max_collapses": True, "tilt_keeps_mix": True, "cispo_collapses": True, "sapo_collapses": True},
+    expected_items={
+        "reward_max_collapses": True,
+        "tilt_keeps_mix": True,
+        "cispo_collapses": True,
+        "sapo_collapses": True,
+    },
     pins={"tb_tv_to_ref": residual(REMARK1_KEEP_TV)},
 )
 def remark1_mode_collapse(seed: int) -> CheckResult:

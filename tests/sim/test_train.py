@@ -218,7 +218,6 @@ def test_offline_fpa_lambda0_equals_offrl_and_methods_learn(env):
         assert res.history["reward"][-1] > res.history["reward"][0] + 0.1
 
 
-
 def _logits_and_old(shift: float):
     """Random logits ``[1, 8, 12]`` and a pi_old ``shift`` * N(0, 1) away from them in logit space (None: on-policy)."""
     logits = 0.7 * torch.randn(1, 8, 12, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -232,7 +231,10 @@ def _pg_gradients(env, shift: float, **kw):
     """Exact expected gradients of GRPO / CISPO / SAPO (raw advantages, clip off) at :func:`_logits_and_old`."""
     logits, old = _logits_and_old(shift)
     base = dict(env="multiprompt", P=8, K=12, seeds=1, exact=True, advantage="raw", clip_eps=1e6)
-    return {m: gradient_at(SimConfig(**base, method=m, **kw.get(m, {})), env, logits, old) for m in ("grpo", "cispo", "sapo")}
+    return {
+        m: gradient_at(SimConfig(**base, method=m, **kw.get(m, {})), env, logits, old)
+        for m in ("grpo", "cispo", "sapo")
+    }
 
 
 def test_cispo_and_sapo_equal_grpo_on_policy_and_differ_off_policy(env):
