@@ -537,8 +537,9 @@ def _memo(key: tuple, fn):
 
 METHODS = ("disa", "flowrl", "grpo", "gspo")
 CONTEXT_METHODS = ("cispo", "sapo")
-"""Current reward maximizers beside GRPO/GSPO (issue 37), run after the four judged arms (each arm seeds itself:
-the four arms' numbers are those of the run without them) and reported as context numbers, not judged items."""
+"""Current reward maximizers beside GRPO/GSPO (issue 37), trained by :func:`context_raw` apart from the four
+judged arms (each arm seeds itself: the four arms' numbers are those of the run without them) and reported as
+context numbers, not judged items."""
 CONTEXT_OLD_EVERY = 4
 """pi_old of the context arms is refreshed every this many steps (the LAD run's staleness): on an on-policy step
 CISPO's and SAPO's gradient is GRPO's, so three of their four steps per pi_old see ratios off 1."""
@@ -567,15 +568,14 @@ def methods_raw(
 ) -> dict[str, dict[str, list]]:
     """Per-seed Mean (train accuracy), held-out accuracy, pass@8 and coverage of DISA (Stage-1/2
     estimated frozen log Z), FlowRL (learned log Z table; same beta, raw reward, sequence sums),
-    GRPO and GSPO, and of the context arms CISPO and SAPO (TRL's defaults, pi_old every
-    :data:`CONTEXT_OLD_EVERY` steps); memoized per process (the Table-1 and PACED Table-1 checks read it)."""
+    GRPO and GSPO; memoized per process (the Table-1 and PACED Table-1 checks read it)."""
     return _memo(
         ("methods", seed, n_seeds, steps, beta, T.WARM_STEPS), lambda: _methods_raw(seed, n_seeds, steps, beta)
     )
 
 
 def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
-    names = (*METHODS, *CONTEXT_METHODS)
+    names = METHODS
     res = {k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in names}
     res["_ran"] = {"loss": [], "weights": [], "acc": []}
     res["_label_rmse"] = {"train": []}
@@ -599,7 +599,47 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
                 lr=LR,
                 seed=s,
                 extra_params=extra,
-                old_every=CONTEXT_OLD_EVERY if k in CONTEXT_METHODS else 1,
+            )
+            e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
+            for key in ("acc", "pass8", "coverage"):
+                res[k][key].append(e[key])
+            res[k]["heldout_acc"].append(eh["acc"])
+            res["_ran"]["loss"].append(trace.loss_moved)
+            res["_ran"]["weights"].append(trace.param_change > 0)
+            res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)
+    return res
+
+
+def context_raw(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+) -> dict[str, dict[str, list]]:
+    """The 4-method run's context arms (:data:`CONTEXT_METHODS`: CISPO and SAPO at TRL's defaults, pi_old
+    refreshed every :data:`CONTEXT_OLD_EVERY` steps) on its seeds, prompts, steps and learning rate, in the
+    layout of :func:`methods_raw`; memoized apart from it, so that only the Table-1 check, not the PACED
+    one that reads the 4-method run's FlowRL arm, trains them. ``beta`` only keys the run (no tilt here)."""
+    return _memo(
+        ("context", seed, n_seeds, steps, beta, T.WARM_STEPS), lambda: _context_raw(seed, n_seeds, steps, beta)
+    )
+
+
+def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
+    res = {k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in CONTEXT_METHODS}
+    res["_ran"] = {"loss": [], "weights": [], "acc": []}
+    for s in T.seeds_for(seed, n_seeds, "methods_compare context arms"):
+        _, task, ref_tok, ref, tr, ho, _ = setup(s, beta)
+        acc0 = float(T.pass_rate(T.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task).mean())
+        for k in CONTEXT_METHODS:
+            model, _ = T.warm_reference(s)
+            trace = T.train_online(
+                model,
+                task,
+                ref_tok,
+                method_fns(k, None, beta, None),
+                prompts=tr,
+                steps=steps,
+                lr=LR,
+                seed=s,
+                old_every=CONTEXT_OLD_EVERY,
             )
             e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
             for key in ("acc", "pass8", "coverage"):
@@ -633,6 +673,8 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
     second claim is a reuse of it, not independent evidence."""
     names = METHODS
     res = methods_raw(seed, n_seeds, steps, beta)
+    ctx_res = context_raw(seed, n_seeds, steps, beta)
+    res = {**res, **{k: ctx_res[k] for k in CONTEXT_METHODS}}
     nums: dict[str, float] = {}
     for k in (*names, *CONTEXT_METHODS):
         for key, xs in res[k].items():
@@ -653,9 +695,10 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
         + "; "
         + ", ".join(f"{LABELS[a]} - {LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs)
     )
+    ran = {k: v and ran_items(ctx_res)[k] for k, v in ran_items(res).items()}  # every arm trained
     return result(
         items,
-        ran_items(res),
+        ran,
         f"tiny Qwen3, {steps} steps, {n_seeds} seeds, beta={beta:g} for DISA and FlowRL (raw 0/1 reward, sequence sums); "
         f"DISA log Z from Stage 1 (M={STAGE1_M}, q=pi_ref) + Stage 2 (label RMSE "
         f"{nums['disa_label_rmse_train']:.3f}); FlowRL learned log Z: {txt}; context: DISA - FlowRL "
