@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only annotations: importing the config must not import torch
     import torch
 
-__all__ = ["LOG_Z_MODES", "METHODS", "RunResult", "SimConfig"]
+__all__ = ["LOG_Z_MODES", "METHODS", "PG_METHODS", "RunResult", "SimConfig"]
 
-METHODS = ("tb", "flowrl", "lad", "grpo", "gspo", "offrl", "fpa", "dpo", "sft")
+METHODS = ("tb", "flowrl", "lad", "grpo", "gspo", "cispo", "sapo", "offrl", "fpa", "dpo", "sft")
+#: The reward-maximising policy-gradient methods (advantage-weighted; their target is LAD's pi_old e^{A/eta}).
+PG_METHODS = ("grpo", "gspo", "cispo", "sapo")
 LOG_Z_MODES = ("exact", "frozen", "learned", "vargrad", "zero")
 
 
@@ -43,7 +45,8 @@ class SimConfig:
     # --- objective -----------------------------------------------------------------------------
     method: str = "tb"
     """``tb`` (trajectory balance, DISA eq. 5/10), ``flowrl`` (FlowRL's coded loss, docs/math.md §2),
-    ``lad`` (LAD eq. 8), ``grpo`` (clipped surrogate, optional KL), ``gspo`` (sequence ratio); offline on a
+    ``lad`` (LAD eq. 8), ``grpo`` (clipped surrogate, optional KL), ``gspo`` (sequence ratio), ``cispo`` (clipped
+    stop-gradient IS weight, MiniMax-M1), ``sapo`` (sigmoid-gated ratio, Qwen); offline on a
     fixed dataset drawn once from pi_ref (binary rewards): ``offrl`` (FPA eq. 1, R = 2r - 1), ``fpa`` (FPA eq. 3),
     ``dpo`` (pairs: a correct and an incorrect sample of pi_ref per slot), ``sft`` (correct samples)."""
     beta: float = 1.0
@@ -78,12 +81,19 @@ class SimConfig:
     divergence: str = "js"
     """LAD f-divergence: kl, rkl, jeffreys, tv, hellinger, js (LAD Table 5)."""
     advantage: str = "raw"
-    """Advantages for LAD/GRPO/GSPO: ``raw`` (the reward itself, e.g. LAD's bandit A), ``group``
+    """Advantages for LAD/GRPO/GSPO/CISPO/SAPO: ``raw`` (the reward itself, e.g. LAD's bandit A), ``group``
     (GRPO group normalization), ``center`` (group mean-centering)."""
     clip_eps: float = 0.2
     """GRPO/GSPO clip epsilon."""
     kl_coef: float = 0.0
-    """GRPO KL penalty weight (k3 estimator) toward ``kl_anchor``."""
+    """GRPO/CISPO/SAPO KL penalty weight (k3 estimator) toward ``kl_anchor``."""
+    cispo_ratio_max: float = 5.0
+    """CISPO's cap on the stop-gradient IS weight (``pg.cispo_loss``'s ``ratio_max``; TRL's ``epsilon_high`` for
+    ``loss_type="cispo"``: 5.0). CISPO differs from GRPO only off-policy (``inner_steps`` > 1 or ``refresh_every`` > 1)."""
+    sapo_temp_pos: float = 1.0
+    """SAPO's gate temperature for positive advantages (``pg.sapo_loss``'s ``temp_pos``; TRL: 1.0)."""
+    sapo_temp_neg: float = 1.05
+    """SAPO's gate temperature for non-positive advantages (``pg.sapo_loss``'s ``temp_neg``; TRL: 1.05)."""
     fpa_lambda: float = 1.0
     """FPA extrapolation lambda (pi_hat ∝ pi_theta^{1+lambda} pi_ref^{-lambda}, FPA eq. 5)."""
     dpo_beta: float = 0.1
@@ -91,7 +101,7 @@ class SimConfig:
     offline_kl_tau: float = 0.0
     """Off-RL forward-KL penalty tau on the offline data (FPA App. B.6 uses 0.04)."""
     kl_anchor: str = "old"
-    """GRPO KL anchor: ``old`` (LAD's bandit baseline) or ``ref``."""
+    """GRPO/CISPO/SAPO KL anchor: ``old`` (LAD's bandit baseline) or ``ref``."""
 
     # --- sampling / optimisation ---------------------------------------------------------------
     steps: int = 300
@@ -171,7 +181,7 @@ class SimConfig:
             raise ValueError("exact-gradient mode has no batch log Z (log_z='vargrad' needs samples)")
         if self.exact and self.method in ("flowrl", "gspo", "offrl", "fpa", "dpo", "sft"):
             raise ValueError(f"exact-gradient mode is not defined for method={self.method!r} (group statistics)")
-        if self.exact and self.advantage != "raw" and self.method in ("lad", "grpo"):
+        if self.exact and self.advantage != "raw" and self.method in ("lad", "grpo", "cispo", "sapo"):
             raise ValueError("exact-gradient mode needs advantage='raw' (group statistics need samples)")
         if self.advantage == "group" and self.G < 2 and not self.exact:
             raise ValueError("group-normalized advantages need G >= 2")
@@ -196,6 +206,12 @@ class SimConfig:
                 )
         if not self.temperature > 0 or not self.beta > 0 or not self.eta > 0:
             raise ValueError("temperature, beta and eta must be > 0")
+        if not self.cispo_ratio_max > 0:
+            raise ValueError(f"cispo_ratio_max must be > 0, got {self.cispo_ratio_max}")
+        if not (self.sapo_temp_pos > 0 and self.sapo_temp_neg > 0):
+            raise ValueError(
+                f"sapo_temp_pos and sapo_temp_neg must be > 0, got {self.sapo_temp_pos}, {self.sapo_temp_neg}"
+            )
 
     def n_prompts(self) -> int:
         return self.P if self.env == "multiprompt" else 1

@@ -16,6 +16,8 @@ objective, so the simulator's checks exercise the code that trains models:
 ``flowrl``                                   ``tb.flowrl_loss`` (``flowrl``)
 ``lad``                                      ``lad.lad_loss`` (``lad``, sequence level)
 ``grpo`` / ``gspo``                          ``pg.grpo_loss`` / ``pg.gspo_loss``, ``pg.group_advantages``
+``cispo`` / ``sapo``                         ``pg.cispo_loss`` / ``pg.sapo_loss`` (differ from ``grpo`` only off-policy:
+                                             ``inner_steps`` > 1 or ``refresh_every`` > 1)
 ``offrl`` / ``fpa``                          ``offline.offrl_loss`` / ``offline.fpa_loss`` with
                                              ``offline.future_policy_logprobs`` (the LLM uses its fused form)
 ``dpo`` / ``sft``                            ``offline.dpo_loss`` / ``offline.sft_loss``
@@ -51,7 +53,7 @@ from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.sim import proposals
-from tiltlab.sim.config import RunResult, SimConfig
+from tiltlab.sim.config import PG_METHODS, RunResult, SimConfig
 from tiltlab.sim.envs import BanditEnv, gather
 
 OFFLINE = ("offrl", "fpa", "dpo", "sft")
@@ -199,14 +201,14 @@ class _Trainer:
         return self.ref if self.cfg.anchor == "ref" else self.logp_old
 
     def tilt(self) -> torch.Tensor:
-        """The log-tilt of the target: ``beta r`` (TB family) or ``A / eta`` (LAD / GRPO / GSPO)."""
-        if self.cfg.method in ("lad", "grpo", "gspo"):
+        """The log-tilt of the target: ``beta r`` (TB family) or ``A / eta`` (LAD and the policy-gradient methods)."""
+        if self.cfg.method in ("lad", *PG_METHODS):
             return self.reward / self.cfg.eta
         return self.cfg.beta * self.reward
 
     def target(self) -> torch.Tensor:
         """``[S, P, K]``: pi* = anchor e^{tilt} normalized (LAD: ``lad_target_logprobs``)."""
-        if self.cfg.method in ("lad", "grpo", "gspo"):
+        if self.cfg.method in ("lad", *PG_METHODS):
             return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), self.cfg.eta)
         return torch.log_softmax(self.anchor() + self.tilt(), -1)
 
@@ -350,18 +352,22 @@ class _Trainer:
             return S * lad_obj.lad_loss(
                 lp.reshape(B), lp_old.reshape(B), adv.reshape(B), c.eta, c.divergence, weight=b.w.reshape(B)
             )
-        if c.method == "grpo":
-            ref = lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)
-            loss, _ = pg_obj.grpo_loss(
-                lp.reshape(B, 1),
-                lp_old.reshape(B, 1),
-                adv.reshape(B),
-                ones,
-                clip_eps=c.clip_eps,
-                token_logp_ref=ref.reshape(B, 1),
-                kl_coef=c.kl_coef,
-                is_weight=b.w.reshape(B),
-            )
+        if c.method in ("grpo", "cispo", "sapo"):
+            ref, w = (lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)).reshape(B, 1), b.w.reshape(B)
+            args = (lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones)
+            if c.method == "grpo":
+                loss, _ = pg_obj.grpo_loss(
+                    *args, clip_eps=c.clip_eps, token_logp_ref=ref, kl_coef=c.kl_coef, is_weight=w
+                )
+            elif c.method == "cispo":
+                loss, _ = pg_obj.cispo_loss(
+                    *args, ratio_max=c.cispo_ratio_max, token_logp_ref=ref, kl_coef=c.kl_coef, is_weight=w
+                )
+            else:
+                loss, _ = pg_obj.sapo_loss(
+                    *args, temp_pos=c.sapo_temp_pos, temp_neg=c.sapo_temp_neg, token_logp_ref=ref, kl_coef=c.kl_coef,
+                    is_weight=w,
+                )  # fmt: skip
             return S * loss
         if c.method == "gspo":
             loss, _ = pg_obj.gspo_loss(
@@ -491,7 +497,7 @@ class _Trainer:
                 "reward": float(self.env.expectation(logp, self.reward).mean()),
             }
             self.reward_per_seed.append(self.env.expectation(logp, self.reward).mean(-1))  # [S]
-            if c.anchor == "old" or c.method in ("lad", "grpo", "gspo"):
+            if c.anchor == "old" or c.method in ("lad", *PG_METHODS):
                 p_pi = torch.log_softmax(logp - self.logp_old, -1)
                 p_a = torch.log_softmax(self.tilt().expand_as(logp), -1)
                 row["tv_ratio"] = float(tv_distance(p_pi, p_a).mean())

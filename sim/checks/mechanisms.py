@@ -1,6 +1,6 @@
 """Toy mechanisms of claims the papers state in their text and figures (layer ``sim``).
 
-``disa.remark1.mode_collapse``        DISA §2.1 Remark 1: reward maximization collapses onto a mode, the tilt keeps pi_ref's mix.
+``disa.remark1.mode_collapse``        DISA §2.1 Remark 1: reward maximization (GRPO, CISPO, SAPO) collapses onto a mode, the tilt keeps pi_ref's mix.
 ``disa.d5.judge_comparability``       DISA App. D.5: judge scores with a rubric written for 16 rollouts stay comparable.
 ``disa.d6.label_variance_attribution`` DISA §3.3 / App. D.6: low Val MSE + weaker proposal -> the gap is label variance.
 ``fpa.s23.linear_logits``             FPA §2.3: logits move about linearly, so extrapolation predicts the future policy.
@@ -44,6 +44,15 @@ REMARK1_PREF = (0.25, 0.10, 0.05, 0.30, 0.20, 0.10)
 REMARK1_CORRECT = (1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
 REMARK1_COLLAPSE = 0.5  # share of the way from pi_ref's effective number of correct modes to 1
 REMARK1_KEEP_TV = 0.01
+#: Optimizer steps per rollout batch of the CISPO and SAPO arms (issue 37): on one on-policy step their gradient
+#: is GRPO's, so they take 4 Adam steps on each batch (ratios off 1 from the second); GRPO keeps 1 (its recorded run).
+REMARK1_OFF_POLICY_INNER = 4
+#: The reward-maximising arms, each judged by the same collapse rule (REMARK1_COLLAPSE), and their configs.
+REMARK1_REWARD_MAX = {
+    "grpo": {"method": "grpo", "advantage": "group"},
+    "cispo": {"method": "cispo", "advantage": "group", "inner_steps": REMARK1_OFF_POLICY_INNER},
+    "sapo": {"method": "sapo", "advantage": "group", "inner_steps": REMARK1_OFF_POLICY_INNER},
+}
 
 
 def _correct_restricted(logp: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
@@ -57,13 +66,19 @@ def _effective_modes(c: torch.Tensor) -> torch.Tensor:
 
 @cached
 def remark1_measure(seed: int) -> dict:
-    """GRPO (no KL) and TB with the exact log Z on the 6-answer bandit of the claim; the effective number
-    of correct modes and the TV of the correct-restricted policy to pi_ref's (means over 4 seeds)."""
+    """GRPO (no KL), CISPO and SAPO (TRL's defaults, no KL, 4 optimizer steps per batch) and TB with the exact
+    log Z on the 6-answer bandit of the claim; the effective number of correct modes and the TV of the
+    correct-restricted policy to pi_ref's (means over 4 seeds). Each arm seeds its own run."""
     r = torch.tensor([REMARK1_CORRECT], dtype=F64)
     env = BanditEnv(torch.tensor([REMARK1_PREF], dtype=F64).log(), r, torch.zeros(1, 1, dtype=F64), "remark1", True)
     c_ref = _correct_restricted(env.logp_ref, r)
     out = {"ref_modes": float(_effective_modes(c_ref).mean())}
-    arms = {"grpo": {"method": "grpo", "advantage": "group"}, "tb": {"method": "tb", "log_z": "exact", "beta": 2.0}}
+    arms = {
+        "grpo": REMARK1_REWARD_MAX["grpo"],
+        "tb": {"method": "tb", "log_z": "exact", "beta": 2.0},
+        "cispo": REMARK1_REWARD_MAX["cispo"],
+        "sapo": REMARK1_REWARD_MAX["sapo"],
+    }
     for name, kw in arms.items():
         res = run(SimConfig(env="bandit", seeds=4, steps=300, G=8, lr=0.05, seed=seed, **kw), env)
         c = _correct_restricted(res.logp, r)
@@ -73,10 +88,19 @@ def remark1_measure(seed: int) -> dict:
     return out
 
 
+def remark1_collapse_share(n: dict, arm: str) -> float:
+    """How far ``arm``'s effective number of correct modes fell from pi_ref's toward 1 (0: none, 1: one mode)."""
+    return (n["ref_modes"] - n[f"{arm}_modes"]) / (n["ref_modes"] - 1.0)
+
+
 def remark1_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     _finite("disa.remark1.mode_collapse", n)
-    drop = (n["ref_modes"] - n["grpo_modes"]) / (n["ref_modes"] - 1.0)
-    items = {"reward_max_collapses": drop > REMARK1_COLLAPSE, "tilt_keeps_mix": n["tb_tv_to_ref"] < REMARK1_KEEP_TV}
+    items = {
+        "reward_max_collapses": remark1_collapse_share(n, "grpo") > REMARK1_COLLAPSE,
+        "tilt_keeps_mix": n["tb_tv_to_ref"] < REMARK1_KEEP_TV,
+        "cispo_collapses": remark1_collapse_share(n, "cispo") > REMARK1_COLLAPSE,
+        "sapo_collapses": remark1_collapse_share(n, "sapo") > REMARK1_COLLAPSE,
+    }
     verdict = V.of_items(items.values())
     return verdict, items
 
@@ -86,7 +110,12 @@ def remark1_verdict(n: dict) -> tuple[Verdict, dict[str, bool]]:
     layer="sim",
     expected=V.VERIFIED,
     name="grpo_vs_tilt_bandit",
-    expected_items={"reward_max_collapses": True, "tilt_keeps_mix": True},
+    expected_items={
+        "reward_max_collapses": True,
+        "tilt_keeps_mix": True,
+        "cispo_collapses": True,
+        "sapo_collapses": True,
+    },
     pins={"tb_tv_to_ref": residual(REMARK1_KEEP_TV)},
 )
 def remark1_mode_collapse(seed: int) -> CheckResult:
@@ -96,7 +125,10 @@ def remark1_mode_collapse(seed: int) -> CheckResult:
         verdict,
         f"effective number of correct modes: pi_ref {n['ref_modes']:.2f}, GRPO {n['grpo_modes']:.2f} (reward "
         f"{n['grpo_reward']:.3f}), TB/exact log Z {n['tb_modes']:.2f} (reward {n['tb_reward']:.3f}); TV of the "
-        f"correct-restricted policy to pi_ref's: GRPO {n['grpo_tv_to_ref']:.3f}, TB {n['tb_tv_to_ref']:.1e}",
+        f"correct-restricted policy to pi_ref's: GRPO {n['grpo_tv_to_ref']:.3f}, TB {n['tb_tv_to_ref']:.1e}; "
+        f"CISPO and SAPO (TRL's defaults, {REMARK1_OFF_POLICY_INNER} optimizer steps per rollout batch so their "
+        f"ratios leave 1): modes {n['cispo_modes']:.2f} / {n['sapo_modes']:.2f}, reward {n['cispo_reward']:.3f} / "
+        f"{n['sapo_reward']:.3f}, TV {n['cispo_tv_to_ref']:.3f} / {n['sapo_tv_to_ref']:.3f}",
         numbers=n,
         items=items,
     )

@@ -436,6 +436,7 @@ def test_warm_cache_files_are_per_seed_and_steps(tmp_path, monkeypatch):
 
 MEMOIZED = [
     ("methods_raw", "_methods_raw", {"seed": 0, "n_seeds": 2, "steps": 3, "beta": 4.0}),
+    ("context_raw", "_context_raw", {"seed": 0, "n_seeds": 2, "steps": 3, "beta": 4.0}),
     ("lad_raw", "_lad_raw", {"seed": 0, "n_seeds": 2, "steps": 3, "eta": 1.0, "old_every": 4}),
     ("fpa_raw", "_fpa_raw", {"seed": 0, "n_seeds": 2, "steps": 3, "lams": (0.0, 1.0)}),
     ("paced", "_paced_raw", {"seed": 0, "n_seeds": 2, "steps": 3, "taus": (0.3, 0.5), "beta": 4.0}),

@@ -50,16 +50,21 @@ def _nan_copy(numbers: dict, key: str) -> dict:
 def test_remark1_noop_and_nan(monkeypatch):
     real = mech.remark1_measure(0)
     assert mech.remark1_verdict(real)[0] is Verdict.VERIFIED
-    # nothing trains: both arms stay at pi_ref (modes = pi_ref's, TV 0)
-    noop = dict(real, grpo_modes=real["ref_modes"], tb_modes=real["ref_modes"], grpo_tv_to_ref=0.0, tb_tv_to_ref=0.0)
+    # nothing trains: every arm stays at pi_ref (modes = pi_ref's, TV 0)
+    noop = dict(real, tb_tv_to_ref=0.0)
+    for arm in ("grpo", "tb", "cispo", "sapo"):
+        noop.update({f"{arm}_modes": real["ref_modes"], f"{arm}_tv_to_ref": 0.0})
     monkeypatch.setattr(mech, "remark1_measure", lambda seed: noop)
-    assert mech.remark1_mode_collapse(0).verdict is not Verdict.VERIFIED
+    res = mech.remark1_mode_collapse(0)
+    assert res.verdict is not Verdict.VERIFIED
+    assert not res.items["cispo_collapses"] and not res.items["sapo_collapses"]
     # the tilt arm drifting as far as GRPO: the "keeps the mix" half must fail too
     both = dict(real, tb_tv_to_ref=real["grpo_tv_to_ref"])
     assert mech.remark1_verdict(both)[1]["tilt_keeps_mix"] is False
-    monkeypatch.setattr(mech, "remark1_measure", lambda seed: _nan_copy(real, "grpo_modes"))
-    with pytest.raises(ValueError, match="non-finite"):
-        mech.remark1_mode_collapse(0)
+    for key in ("grpo_modes", "cispo_modes", "sapo_modes"):
+        monkeypatch.setattr(mech, "remark1_measure", lambda seed, key=key: _nan_copy(real, key))
+        with pytest.raises(ValueError, match="non-finite"):
+            mech.remark1_mode_collapse(0)
 
 
 def test_judge_noop_and_nan(monkeypatch):
@@ -213,7 +218,13 @@ def test_counts_are_the_compositions():
 #: Key numbers at seed 0. Everything is float64 and seeded; rel 1e-6 leaves room for BLAS / thread-count
 #: rounding only (a changed setting, formula or sample moves these by far more).
 PINNED = {
-    "remark1": {"ref_modes": 2.4602329762891006, "grpo_modes": 1.4110305594548123, "tb_tv_to_ref": 1.2052e-07},
+    "remark1": {
+        "ref_modes": 2.4602329762891006,
+        "grpo_modes": 1.4110305594548123,
+        "tb_tv_to_ref": 1.2052e-07,
+        "cispo_modes": 1.2181790584696843,
+        "sapo_modes": 1.2185939021309113,
+    },
     "d6": {
         "label_err_strong": 0.0005422174149551084,
         "label_err_weak": 0.08212595739406542,
@@ -267,10 +278,18 @@ def test_per_sequence_ratio_against_a_naive_loop():
 
 
 def test_rule_boundaries():
-    base = {"ref_modes": 3.0, "grpo_modes": 1.98, "tb_modes": 3.0, "grpo_tv_to_ref": 0.3, "tb_tv_to_ref": 0.0}
+    base = {
+        "ref_modes": 3.0, "grpo_modes": 1.98, "tb_modes": 3.0, "grpo_tv_to_ref": 0.3, "tb_tv_to_ref": 0.0,
+        "cispo_modes": 1.98, "sapo_modes": 1.98,
+    }  # fmt: skip
+    assert mech.remark1_verdict(base) == (Verdict.VERIFIED, dict.fromkeys(mech.remark1_verdict(base)[1], True))
     assert mech.remark1_verdict(base)[1]["reward_max_collapses"] is True  # 1.02 / 2 = 0.51 of the way to one mode
     assert mech.remark1_verdict(dict(base, grpo_modes=2.2))[1]["reward_max_collapses"] is False  # 0.8 / 2 = 0.4
     assert mech.remark1_verdict(dict(base, tb_tv_to_ref=0.011))[1]["tilt_keeps_mix"] is False
+    for arm in ("cispo", "sapo"):  # GRPO's rule, item by item: one arm short of it makes the claim partly
+        verdict, items = mech.remark1_verdict(dict(base, **{f"{arm}_modes": 2.02}))  # 0.98 / 2 = 0.49
+        assert items[f"{arm}_collapses"] is False and verdict is Verdict.PARTLY
+        assert sum(items.values()) == 3
     rec = {
         "fpa_start": 1.0,
         "fpa_min": 0.5,

@@ -26,6 +26,8 @@ CASES = [
     (dict(method="grpo", advantage="group"), "pg", "grpo_loss"),
     (dict(method="grpo", advantage="group"), "pg", "group_advantages"),
     (dict(method="gspo", advantage="group"), "pg", "gspo_loss"),
+    (dict(method="cispo", advantage="group", inner_steps=2), "pg", "cispo_loss"),
+    (dict(method="sapo", advantage="group", inner_steps=2), "pg", "sapo_loss"),
     (dict(method="offrl"), "offline", "offrl_loss"),
     (dict(method="fpa"), "offline", "fpa_loss"),
     (dict(method="fpa"), "offline", "future_policy_logprobs"),

@@ -184,6 +184,10 @@ def test_paced_with_replay_runs_and_estimates_accuracy():
         dict(method="flowrl", exact=True),
         dict(select_m=99),
         dict(weight_clip="x"),
+        dict(method="cispo", cispo_ratio_max=0.0),
+        dict(method="sapo", sapo_temp_pos=0.0),
+        dict(method="sapo", sapo_temp_neg=-1.0),
+        dict(method="cispo", exact=True, advantage="group"),
     ],
 )
 def test_bad_config_raises(kw):
@@ -212,3 +216,63 @@ def test_offline_fpa_lambda0_equals_offrl_and_methods_learn(env):
     for m in ("dpo", "sft", "offrl"):
         res = train(SimConfig(method=m, **kw), env)
         assert res.history["reward"][-1] > res.history["reward"][0] + 0.1
+
+
+def _logits_and_old(shift: float):
+    """Random logits ``[1, 8, 12]`` and a pi_old ``shift`` * N(0, 1) away from them in logit space (None: on-policy)."""
+    logits = 0.7 * torch.randn(1, 8, 12, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if not shift:
+        return logits, None
+    noise = torch.randn(1, 8, 12, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return logits, torch.log_softmax(logits + shift * noise, -1)
+
+
+def _pg_gradients(env, shift: float, **kw):
+    """Exact expected gradients of GRPO / CISPO / SAPO (raw advantages, clip off) at :func:`_logits_and_old`."""
+    logits, old = _logits_and_old(shift)
+    base = dict(env="multiprompt", P=8, K=12, seeds=1, exact=True, advantage="raw", clip_eps=1e6)
+    return {
+        m: gradient_at(SimConfig(**base, method=m, **kw.get(m, {})), env, logits, old)
+        for m in ("grpo", "cispo", "sapo")
+    }
+
+
+def test_cispo_and_sapo_equal_grpo_on_policy_and_differ_off_policy(env):
+    """One on-policy update (pi_old = pi_theta): CISPO's and SAPO's gradient is GRPO's, so an arm is CISPO
+    or SAPO only with off-policy ratios (``inner_steps`` > 1 or ``refresh_every`` > 1)."""
+    on = _pg_gradients(env, 0.0)
+    assert on["grpo"].abs().max() > 1e-3
+    for m in ("cispo", "sapo"):
+        assert torch.allclose(on[m], on["grpo"], rtol=1e-12, atol=1e-15), m
+    off = _pg_gradients(env, 1.5)
+    for m in ("cispo", "sapo"):
+        assert (off[m] - off["grpo"]).abs().max() > 1e-3, m
+
+
+def test_cispo_and_sapo_options_reach_the_loss(env):
+    """``cispo_ratio_max`` and ``sapo_temp_pos`` / ``sapo_temp_neg`` away from TRL's defaults change the
+    off-policy gradient; TRL's cap 5 binds here (some ratio is above it), so lifting it changes CISPO's too."""
+    logits, old = _logits_and_old(1.5)
+    assert float((torch.log_softmax(logits, -1) - old).exp().max()) > 5.0
+    default = _pg_gradients(env, 1.5)
+    moved = _pg_gradients(env, 1.5, cispo=dict(cispo_ratio_max=1.2), sapo=dict(sapo_temp_pos=3.0, sapo_temp_neg=3.0))
+    uncapped = _pg_gradients(env, 1.5, cispo=dict(cispo_ratio_max=1e9))
+    for m in ("cispo", "sapo"):
+        assert (moved[m] - default[m]).abs().max() > 1e-3, m
+    assert (default["cispo"] - uncapped["cispo"]).abs().max() > 1e-6
+
+
+def test_cispo_inner_steps_make_the_run_off_policy(env):
+    """With ``inner_steps`` = 1 a CISPO run is GRPO's (no clip reached: eps = 1e6) to round-off; with 4 inner
+    steps on each batch the ratios move off 1 and the runs part."""
+    kw = dict(env="multiprompt", P=8, K=12, steps=5, G=4, seeds=1, advantage="group", clip_eps=1e6, lr=0.3)
+    runs = {
+        (m, n): train(SimConfig(method=m, inner_steps=n, cispo_ratio_max=1.05, **kw), env).logp
+        for m in ("grpo", "cispo")
+        for n in (1, 4)
+    }
+    assert torch.allclose(runs["cispo", 1], runs["grpo", 1], atol=1e-12)
+    assert (runs["cispo", 4] - runs["grpo", 4]).abs().max() > 1e-3
+    # SAPO's temp_neg alone (raw 0/1 rewards have no negative advantage: group ones do), off-policy
+    sapo = [train(SimConfig(method="sapo", inner_steps=4, sapo_temp_neg=t, **kw), env).logp for t in (1.05, 3.0)]
+    assert (sapo[0] - sapo[1]).abs().max() > 1e-3

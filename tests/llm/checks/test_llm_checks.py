@@ -376,3 +376,35 @@ def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, m
     ((src, dst),) = seen
     assert src.parent == dst.parent == cache and src.suffix == ".tmp" and dst.exists()
     assert [p.name for p in cache.iterdir()] == [dst.name]
+
+
+def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch, fresh_memo):
+    """The 4-method run's context arms (``context_raw``, apart from the judged arms' ``methods_raw``: their
+    numbers are those of the run without them) train CISPO and SAPO through ``pg.cispo_loss`` / ``pg.sapo_loss``
+    with pi_old refreshed every ``CONTEXT_OLD_EVERY`` (> 1: on an on-policy step their gradient is GRPO's)."""
+    from types import SimpleNamespace
+
+    from tiltlab.objectives import pg
+
+    ref = SimpleNamespace(seq_logp=torch.zeros(4, 3), log_probs=torch.zeros(4, 3))
+    task = SimpleNamespace(n_prompts=4)
+    monkeypatch.setattr(stage3, "setup", lambda s, beta: (None, task, None, ref, [0, 1], [2, 3], torch.zeros(4)))
+    monkeypatch.setattr(stage3, "evaluate", lambda m, t, p: {"acc": 0.5, "pass8": 0.5, "coverage": 0.5})
+    monkeypatch.setattr(T, "pass_rate", lambda pol, t: torch.zeros(1))
+    monkeypatch.setattr(T, "warm_reference", lambda s: (None, None))
+    calls = []
+    monkeypatch.setattr(
+        T, "train_online", lambda m, t, r, fn, **kw: calls.append((fn, kw["old_every"])) or T.Trace([1.0, 0.0], 1.0)
+    )
+    res = stage3.context_raw(0, 2, 2, 4.0)
+    assert stage3.CONTEXT_METHODS == ("cispo", "sapo") and stage3.CONTEXT_OLD_EVERY > 1
+    assert [k for k in res if not k.startswith("_")] == ["cispo", "sapo"] and len(res["cispo"]["heldout_acc"]) == 2
+    assert [e for _, e in calls] == [stage3.CONTEXT_OLD_EVERY] * 4
+    # each arm's loss is the objectives function's value on the batch (group advantages, TRL's defaults)
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(8, 2, generator=g, dtype=torch.float64)
+    b = T.Batch(None, None, lp, lp - 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), None,
+                torch.ones(8, 2, dtype=torch.float64), (torch.rand(2, 4, generator=g) < 0.5).double(), None)  # fmt: skip
+    adv = pg.group_advantages(b.reward).reshape(-1)
+    assert calls[0][0](b) == pg.cispo_loss(b.logp, b.logp_old, adv, b.mask)[0]
+    assert calls[1][0](b) == pg.sapo_loss(b.logp, b.logp_old, adv, b.mask)[0]
