@@ -23,8 +23,8 @@ Two entry points:
 
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
-* call a top-level function or class, read attributes, call methods, iterate (the object is
-  listed in the sandbox), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
+* call a top-level function or class, read attributes, call methods, iterate (lazily: the
+  iterator stays in the sandbox and ``next()`` asks it for one item), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
   sandbox); two handles are equal when they are handles of the same object (an enum member);
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
   proxied (except the task's ``entry_point``, always the candidate's), ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
@@ -395,6 +395,10 @@ def _dec(x, remote):
         return obj
     if k in ("h", "n"):
         return remote(k, v)
+    if k == "it":  # an iterator the tests passed (a generator expression): its items, as an iterator again
+        if t is not dict or type(v) is not list:
+            raise ValueError("sandbox: malformed value")
+        return iter([_dec(i, remote) for i in v])
     raise ValueError("sandbox: malformed value")
 _CLASSES = {}
 def _dataclass(name, fields, flags):
@@ -785,8 +789,14 @@ while True:
                         out["mk"] = [[ksent[i][0], e] for i, e in mk]
             elif op == "getattr":
                 res = getattr(obj, req["name"])
-            elif op == "list":
-                res = list(obj)
+            elif op == "iter":  # the iterator stays here: the judge asks for one item at a time
+                res = iter(obj)
+            elif op == "next":
+                try:
+                    res = next(obj)
+                except StopIteration:  # the iterator ended (not a function's StopIteration: see NO_CROSS)
+                    out["stop"] = True
+                    res = None
             elif op == "len":
                 res = len(obj)
             elif op == "str":
@@ -799,7 +809,7 @@ while True:
                 res = obj[_wire(_dec, req["key"], _remote)]
             else:
                 raise ValueError("unknown op")
-        out["v"] = _wire(_enc, res, _handle)
+        out["v"] = _handle(res) if op == "iter" else _wire(_enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
@@ -893,6 +903,8 @@ def _rpc(req, args=(), kwargs=None):
         for k, v in msg.get("mk", ()):
             _sync(kwargs[k], _dec(v, _Remote))
         if "e" not in msg:
+            if msg.get("stop") is True and req["op"] == "next":
+                raise StopIteration
             return _dec(msg["v"], _Remote)
     except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError):
         _broken.append("bad reply")
@@ -902,10 +914,13 @@ def _rpc(req, args=(), kwargs=None):
 def _arg(v):
     if type(v) is _Remote:
         return v._ref
+    if isinstance(v, _Iterator):  # the tests' own generator or iterator (judge code): its items cross, in order
+        return {"it": [_enc(x, _arg) for x in v]}
     raise TypeError(f"a {type(v).__name__} cannot be passed to the candidate's code")
 def _dcref(v):
     r = getattr(v, "__dict__", {}).get("_tl_ref")
     return r._ref.get("h") if type(r) is _Remote else None
+from collections.abc import Iterator as _Iterator
 class _Remote:
     "An object that lives in the candidate's process; equal only to a handle of that same object (an enum member)."
     __slots__ = ("_ref",)
@@ -928,8 +943,10 @@ class _Remote:
         if name.startswith("__"):
             raise AttributeError(name)
         return _rpc({"op": "getattr", "obj": self._ref, "name": name})
-    def __iter__(self):
-        return iter(_rpc({"op": "list", "obj": self._ref}))
+    def __iter__(self):  # the candidate's iterator, left in the sandbox; each item is one exchange
+        return _rpc({"op": "iter", "obj": self._ref})
+    def __next__(self):
+        return _rpc({"op": "next", "obj": self._ref})
     def __len__(self):
         return _rpc({"op": "len", "obj": self._ref})
     def __getitem__(self, key):

@@ -522,6 +522,62 @@ def test_judged_protocols_of_returned_objects(code, tests):
     assert r.passed, r.judge_stderr[-500:]
 
 
+# generators, as the datasets use them: a returned generator is consumed lazily, one item per exchange
+_FIB = "def fib():\n    a, b = 0, 1\n    while True:\n        yield a\n        a, b = b, a + b\n"
+_FIB_WRONG = "def fib():\n    a, b = 1, 1\n    while True:\n        yield a\n        a, b = b, a + b\n"
+
+
+@pytest.mark.parametrize(
+    "tests",
+    [
+        # an infinite generator consumed by the tests' islice: never listed whole
+        "from itertools import islice\nassert list(islice(fib(), 6)) == [0, 1, 1, 2, 3, 5]\n",
+        # next() on a returned generator, and a generator that keeps its state between next() calls
+        "assert next(fib()) == 0\ng = fib()\nnext(g)\nnext(g)\nassert next(g) == 1 and next(g) == 2\n",
+        # a for loop that breaks out of an infinite generator
+        "out = []\nfor x in fib():\n    if x > 10:\n        break\n    out.append(x)\nassert out == [0, 1, 1, 2, 3, 5, 8]\n",
+        # zip with a finite range stops the infinite generator
+        "assert [x for _, x in zip(range(4), fib())] == [0, 1, 1, 2]\n",
+    ],
+)
+def test_judged_returned_generator_is_consumed_lazily(tests):
+    r = run_judged(_FIB, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+    assert not run_judged(_FIB_WRONG, tests, FAST).passed  # the wrong-answer twin earns nothing
+
+
+def test_judged_finite_generator_ends_with_stop_iteration_and_errors_cross():
+    code = "def gen(n):\n    yield from range(n)\n    if n == 9:\n        raise ValueError('nine')\n"
+    tests = (
+        "g = gen(1)\nassert next(g) == 0\ntry:\n    next(g)\n    raise AssertionError('no stop')\n"
+        "except StopIteration:\n    pass\n"
+        "assert next(gen(0), 'empty') == 'empty' and list(gen(3)) == [0, 1, 2] and sum(gen(4)) == 6\n"
+        "try:\n    list(gen(9))\n    raise AssertionError('no raise')\nexcept ValueError:\n    pass\n"
+    )
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+
+
+def test_judged_tests_that_list_an_infinite_generator_fail_within_the_time_limit():
+    r = run_judged(_FIB, "assert list(fib())[:3] == [0, 1, 1]\n", SandboxConfig(timeout_s=1.0, memory_mb=256))
+    assert not r.passed
+
+
+@pytest.mark.parametrize(
+    "code,ok",
+    [
+        ("def total(it):\n    return sum(it)\n", True),
+        ("def total(it):\n    return sum(x for x in it if x % 2)\n", False),
+        # the candidate may call next() on what it gets: it is an iterator, as the tests' generator was
+        ("def total(it):\n    first = next(it)\n    return first + sum(it)\n", True),
+    ],
+)
+def test_judged_generator_arguments_arrive_as_iterators(code, ok):
+    tests = "assert total(x for x in range(5)) == 10\nassert total(map(int, '1234')) == 10\nassert total(iter([4, 6])) == 10\n"
+    r = run_judged(code, tests, FAST)
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
