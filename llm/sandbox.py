@@ -26,6 +26,8 @@ What the judge's tests can do with the candidate's objects, and the limits of th
 * call a top-level function or class, read attributes, call methods, iterate (lazily: the
   iterator stays in the sandbox and ``next()`` asks it for one item), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
   sandbox); two handles are equal when they are handles of the same object (an enum member);
+  instances of a plain class the judge's own code defines (the prompt's ``TreeNode``) cross by value
+  and are rebuilt from the judge's class of that name (sharing and cycles kept);
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
   proxied (except the task's ``entry_point``, always the candidate's), ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
   whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
@@ -302,7 +304,44 @@ def _enc(v, handle):
         p = t.__dataclass_params__
         fs = [[f.name, bool(f.compare), _enc(getattr(v, f.name), handle)] for f in dc.fields(v)]
         return {"dc": [t.__name__, fs, [bool(p.eq), bool(p.order), bool(p.frozen)], _dcref(v)]}
+    if t.__name__ in _BYVAL and type(t) is type:  # a class the judge defines (the prompt's TreeNode): by value
+        return _enc_obj(v, handle)
     return handle(v)
+_BYVAL = frozenset()  # names of the classes whose instances cross by value (the judge's plain classes)
+_ESEEN = None  # one value's objects already encoded: id -> key (sharing and cycles are kept)
+_DSEEN = None  # one value's objects already rebuilt: key -> object
+def _enc_obj(v, handle):
+    "An instance of a plain class as its class name and attributes; an object met again is a reference."
+    global _ESEEN
+    own = _ESEEN is None
+    if own:
+        _ESEEN = {}
+    try:
+        k = _ESEEN.get(id(v))
+        if k is not None:
+            return {"or": k}
+        d = getattr(v, "__dict__", None) if type(v).__dictoffset__ != 0 else None
+        if type(d) is not dict:
+            return handle(v)
+        k = _ESEEN[id(v)] = len(_ESEEN)
+        attrs = [[n, _enc(x, handle)] for n, x in dict.items(d) if _ident(n)]
+        return {"o": [type(v).__name__, k, _objref(v), attrs]}
+    finally:
+        if own:
+            _ESEEN = None
+def _whole(fn, *a):
+    "Encode or decode one value: objects shared inside it (across a call's arguments too) stay shared."
+    global _ESEEN, _DSEEN
+    old = _ESEEN, _DSEEN
+    _ESEEN, _DSEEN = {}, {}
+    try:
+        return fn(*a)
+    finally:
+        _ESEEN, _DSEEN = old
+def _rebuildable(cls):
+    "A plain class defined by this side's own top-level code (the judge's tests and prompt)."
+    return (isinstance(cls, type) and type(cls) is type and cls.__module__ == _OWN.get("__name__")
+            and cls.__new__ is object.__new__ and cls.__dictoffset__ != 0 and "__dataclass_fields__" not in cls.__dict__)
 def _dec(x, remote):
     t = type(x)
     if x is None or t is bool or t is int or t is float or t is str:
@@ -395,11 +434,43 @@ def _dec(x, remote):
         return obj
     if k in ("h", "n"):
         return remote(k, v)
+    if k in ("o", "or"):
+        return _dec_obj(k, v, remote)
     if k == "it":  # an iterator the tests passed (a generator expression): its items, as an iterator again
         if t is not dict or type(v) is not list:
             raise ValueError("sandbox: malformed value")
         return iter([_dec(i, remote) for i in v])
     raise ValueError("sandbox: malformed value")
+def _dec_obj(k, v, remote):
+    "The same-named class of this side, with the attributes that crossed; a reference is an object met before."
+    global _DSEEN
+    if k == "or":
+        if _DSEEN is None or type(v) is not int or v not in _DSEEN:
+            raise ValueError("sandbox: malformed value")
+        return _DSEEN[v]
+    if type(v) is not list or len(v) != 4 or type(v[3]) is not list or type(v[1]) is not int:
+        raise ValueError("sandbox: malformed value")
+    name, key, ref, attrs = v
+    cls = _OWN.get(name) if _ident(name) else None
+    if not _rebuildable(cls):
+        if ref is not None:  # not a class this side defines: the object stays where it is
+            return remote("h", ref)
+        raise TypeError(f"no class {name!r} here to rebuild a {name} in")
+    own = _DSEEN is None
+    if own:
+        _DSEEN = {}
+    try:
+        obj = object.__new__(cls)
+        d = obj.__dict__
+        _DSEEN[key] = obj  # before the attributes: a cycle comes back to this object
+        for a in attrs:
+            if type(a) is not list or len(a) != 2 or not _ident(a[0]):
+                raise ValueError("sandbox: malformed value")
+            d[a[0]] = _dec(a[1], remote)
+        return obj
+    finally:
+        if own:
+            _DSEEN = None
 _CLASSES = {}
 def _dataclass(name, fields, flags):
     "A dataclass to hold a value that crossed: one of this side's own of that name and fields, else a new one."
@@ -616,6 +687,7 @@ def _handle(v):
     return {"h": id(v)}
 def _dcref(v):
     return _handle(v)["h"]
+_objref = _dcref
 def _wire(fn, *a):
     "The codec with room for deep values (the candidate's own recursion limit is restored after)."
     old = sys.getrecursionlimit()
@@ -758,7 +830,7 @@ def _changed(args, sent):
     out = []
     for i, a in enumerate(args):
         if _mutable(a):
-            e = _enc(a, _handle)
+            e = _whole(_enc, a, _handle)
             if e != sent[i]:
                 out.append([i, e])
     return out
@@ -770,14 +842,14 @@ while True:
     try:
         req = _wire(_json.loads, line)
         op = req["op"]
+        _BYVAL = frozenset(n for n in req.get("cls", ()) if type(n) is str)
         if op == "stdio":
             res = _stdio(req["input"])
         else:
             obj = _dec(req["obj"], _remote)
             if op == "call":
                 sent, ksent = req["args"], req["kwargs"]["d"]
-                args = _wire(_dec, sent, _remote)
-                kwargs = _wire(_dec, req["kwargs"], _remote)
+                args, kwargs = _wire(_whole, lambda: (_dec(sent, _remote), _dec(req["kwargs"], _remote)))
                 try:
                     res = obj(*args, **kwargs)
                 finally:
@@ -809,7 +881,7 @@ while True:
                 res = obj[_wire(_dec, req["key"], _remote)]
             else:
                 raise ValueError("unknown op")
-        out["v"] = _handle(res) if op == "iter" else _wire(_enc, res, _handle)
+        out["v"] = _handle(res) if op == "iter" else _wire(_whole, _enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
@@ -887,6 +959,8 @@ def _exc(name, msg):
 def _rpc(req, args=(), kwargs=None):
     if _broken:
         raise SandboxGone("candidate process gone")
+    req["cls"] = [n for n, c in _OWN.items() if type(n) is str and getattr(c, "__name__", None) == n
+                  and _rebuildable(c)]  # the classes whose instances the candidate sends by value
     try:
         _rq.write(json.dumps(req).encode() + b"\n")
         _rq.flush()
@@ -899,13 +973,13 @@ def _rpc(req, args=(), kwargs=None):
         raise SandboxGone("malformed reply")
     try:
         for i, v in msg.get("m", ()):  # arguments the call changed in place
-            _sync(args[i], _dec(v, _Remote))
+            _sync(args[i], _whole(_dec, v, _Remote))
         for k, v in msg.get("mk", ()):
-            _sync(kwargs[k], _dec(v, _Remote))
+            _sync(kwargs[k], _whole(_dec, v, _Remote))
         if "e" not in msg:
             if msg.get("stop") is True and req["op"] == "next":
                 raise StopIteration
-            return _dec(msg["v"], _Remote)
+            return _whole(_dec, msg["v"], _Remote)
     except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply") from None
@@ -914,12 +988,17 @@ def _rpc(req, args=(), kwargs=None):
 def _arg(v):
     if type(v) is _Remote:
         return v._ref
+    t = type(v)
+    if _rebuildable(t) and _OWN.get(t.__name__) is t:  # an instance of the prompt's or the tests' class: by value
+        return _enc_obj(v, _arg)
     if isinstance(v, _Iterator):  # the tests' own generator or iterator (judge code): its items cross, in order
         return {"it": [_enc(x, _arg) for x in v]}
     raise TypeError(f"a {type(v).__name__} cannot be passed to the candidate's code")
 def _dcref(v):
     r = getattr(v, "__dict__", {}).get("_tl_ref")
     return r._ref.get("h") if type(r) is _Remote else None
+def _objref(v):
+    return None
 from collections.abc import Iterator as _Iterator
 class _Remote:
     "An object that lives in the candidate's process; equal only to a handle of that same object (an enum member)."
@@ -937,7 +1016,8 @@ class _Remote:
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
     def __call__(self, *args, **kwargs):
-        req = {"op": "call", "obj": self._ref, "args": _enc(list(args), _arg), "kwargs": _enc(kwargs, _arg)}
+        a, k = _whole(lambda: (_enc(list(args), _arg), _enc(kwargs, _arg)))
+        req = {"op": "call", "obj": self._ref, "args": a, "kwargs": k}
         return _rpc(req, args, kwargs)
     def __getattr__(self, name):
         if name.startswith("__"):

@@ -578,6 +578,40 @@ def test_judged_generator_arguments_arrive_as_iterators(code, ok):
     assert r.passed is ok, r.judge_stderr[-500:]
 
 
+_NODE = "class Node:\n    def __init__(self, val, next=None):\n        self.val = val\n        self.next = next\n"
+
+
+def test_judged_instances_of_a_class_both_sides_define_cross_by_value_with_sharing_and_cycles():
+    code = _NODE + (
+        "def cycle(n):\n    head = Node(0)\n    p = head\n    for i in range(1, n):\n        p.next = Node(i)\n"
+        "        p = p.next\n    p.next = head\n    return head\n"
+        "def has_cycle(head):\n    seen = set()\n    while head is not None:\n        if id(head) in seen:\n"
+        "            return True\n        seen.add(id(head))\n        head = head.next\n    return False\n"
+        "def same(a, b):\n    return a is b\n"
+    )
+    tests = _NODE + (
+        "c = cycle(3)\nassert type(c) is Node and c.val == 0 and c.next.next.next is c\n"  # the judge's own Node
+        "n = Node(1)\nn.next = n\nassert has_cycle(n) and not has_cycle(Node(1, Node(2)))\n"
+        "t = Node(9)\nassert same(t, t) and not same(t, Node(9)) and same(a=t, b=t)\n"  # shared across arguments
+    )
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+
+
+def test_judged_by_value_objects_are_rebuilt_from_the_judges_class_never_the_candidates():
+    # the candidate's own Node says it equals anything; the judge rebuilds a Node of its own class
+    code = (
+        "class Node:\n    def __init__(self, val, next=None):\n        self.val = val\n        self.next = next\n"
+        "    def __eq__(self, o):\n        return True\n    def __bool__(self):\n        return True\n"
+        "def f():\n    return Node(5)\n"
+    )
+    tests = _NODE + "r = f()\nassert type(r) is Node and r.val == 5 and '__eq__' not in vars(r)\n"
+    assert run_judged(code, tests, FAST).passed
+    assert not run_judged(code, _NODE + "assert f() == Node(6)\n", FAST).passed
+    # a class the judge does not define stays a handle, as before
+    assert run_judged(code, "r = f()\nassert r.val == 5 and r == r\n", FAST).passed
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
