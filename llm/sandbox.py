@@ -24,8 +24,10 @@ Two entry points:
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
 * call a top-level function or class, read attributes, call methods, iterate (lazily: the
-  iterator stays in the sandbox and ``next()`` asks it for one item), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
-  sandbox); two handles are equal when they are handles of the same object (an enum member);
+  iterator stays in the sandbox and ``next()`` asks it for one item), ``len()``, ``[]``, ``in``,
+  ``str()`` and truth value (each computed in the sandbox), binary arithmetic and bitwise operators (the candidate's own, in the sandbox; comparisons
+  are not asked); two handles are equal when they are handles of the same object (an enum member);
+  an ``IntEnum`` member crosses as a member of an ``IntEnum`` of that name and members;
   instances of a plain class the judge's own code defines (the prompt's ``TreeNode``) cross by value
   and are rebuilt from the judge's class of that name (sharing and cycles kept);
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
@@ -266,6 +268,11 @@ def _enc(v, handle):
     if t is range:
         return {"r": [_enc(v.start, handle), _enc(v.stop, handle), _enc(v.step, handle)]}
     mods = _sys.modules
+    en = mods.get("enum")
+    if en is not None and isinstance(v, en.IntEnum) and t.__bases__ == (en.IntEnum,):
+        ms = [[m._name_, _enc(int.__int__(m), handle)] for m in t.__members__.values()]
+        if len(ms) <= 4096 and all(_ident(n) and not n.startswith("_") for n, _ in ms):  # an IntEnum: its class
+            return {"ie": [t.__name__, ms, v._name_]}
     col = mods.get("collections")
     if col is not None:
         if t is col.Counter:
@@ -436,6 +443,8 @@ def _dec(x, remote):
         return remote(k, v)
     if k in ("o", "or"):
         return _dec_obj(k, v, remote)
+    if k == "ie":
+        return _dec_intenum(v, remote)
     if k == "it":  # an iterator the tests passed (a generator expression): its items, as an iterator again
         if t is not dict or type(v) is not list:
             raise ValueError("sandbox: malformed value")
@@ -471,6 +480,28 @@ def _dec_obj(k, v, remote):
     finally:
         if own:
             _DSEEN = None
+def _dec_intenum(v, remote):
+    "An IntEnum member: of this side's own IntEnum of that name and member, else of an IntEnum with those members."
+    import enum
+    if type(v) is not list or len(v) != 3 or type(v[1]) is not list or len(v[1]) > 4096:
+        raise ValueError("sandbox: malformed value")
+    name, ms, member = v
+    ms = tuple((m[0], _dec(m[1], remote)) for m in ms if type(m) is list and len(m) == 2)
+    if not (_ident(name) and len(ms) == len(v[1]) and all(_ident(n) and not n.startswith("_") and type(x) is int
+                                                          for n, x in ms) and member in dict(ms)):
+        raise ValueError("sandbox: malformed value")
+    own = _OWN.get(name)
+    if isinstance(own, type) and issubclass(own, enum.IntEnum) and own.__module__ == _OWN.get("__name__"):
+        m = own.__members__.get(member)
+        if m is not None and int.__int__(m) == dict(ms)[member]:
+            return m
+    key = ("ie", name, ms)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        if len(_CLASSES) > 512:
+            raise ValueError("sandbox: too many distinct classes")
+        cls = _CLASSES[key] = enum.IntEnum(name, list(ms))
+    return cls[member]
 _CLASSES = {}
 def _dataclass(name, fields, flags):
     "A dataclass to hold a value that crossed: one of this side's own of that name and fields, else a new one."
@@ -488,9 +519,13 @@ def _dataclass(name, fields, flags):
             if ref is None or attr.startswith("__"):
                 raise AttributeError(attr)
             return getattr(ref, attr)
+        def __str__(self):  # the original object's str(), computed where it lives (a custom __str__)
+            ref = self.__dict__.get("_tl_ref")
+            return repr(self) if ref is None else str(ref)
         cls = _CLASSES[key] = dc.make_dataclass(
             name, [(n, object, dc.field(compare=c)) for n, c in fields],
-            eq=flags[0], order=flags[0] and flags[1], frozen=flags[2], namespace={"__getattr__": __getattr__})
+            eq=flags[0], order=flags[0] and flags[1], frozen=flags[2],
+            namespace={"__getattr__": __getattr__, "__str__": __str__})
     return cls
 _MUTABLE = (list, dict, set, bytearray)
 def _sync(old, new):
@@ -688,6 +723,9 @@ def _handle(v):
 def _dcref(v):
     return _handle(v)["h"]
 _objref = _dcref
+import operator as _operator
+_BINOPS = {n: n + "_" if n in ("and", "or") else n for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift")}
 def _wire(fn, *a):
     "The codec with room for deep values (the candidate's own recursion limit is restored after)."
     old = sys.getrecursionlimit()
@@ -879,6 +917,10 @@ while True:
                 res = _wire(_dec, req["key"], _remote) in obj
             elif op == "getitem":
                 res = obj[_wire(_dec, req["key"], _remote)]
+            elif op == "binop":
+                f = getattr(_operator, _BINOPS[req["name"]])
+                other = _wire(_dec, req["key"], _remote)
+                res = f(other, obj) if req["r"] is True else f(obj, other)
             else:
                 raise ValueError("unknown op")
         out["v"] = _handle(res) if op == "iter" else _wire(_whole, _enc, res, _handle)
@@ -1033,6 +1075,13 @@ class _Remote:
         return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
     def __repr__(self):
         return f"<candidate object {self._ref}>"
+def _binop(name, reflected):
+    def op(self, other):  # the candidate's own operator, computed in the sandbox; ==, < and friends are not asked
+        return _rpc({"op": "binop", "obj": self._ref, "name": name, "r": reflected, "key": _enc(other, _arg)})
+    return op
+for _n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
+    setattr(_Remote, f"__{_n}__", _binop(_n, False))
+    setattr(_Remote, f"__r{_n}__", _binop(_n, True))
 def _module_names(tree):
     "Names whose attributes the tests read (``math`` in ``math.isclose``); the tests' own bindings win at run time."
     return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}

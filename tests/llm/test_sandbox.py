@@ -612,6 +612,63 @@ def test_judged_by_value_objects_are_rebuilt_from_the_judges_class_never_the_can
     assert run_judged(code, "r = f()\nassert r.val == 5 and r == r\n", FAST).passed
 
 
+_INT_ENUM = "import enum\nclass P(enum.IntEnum):\n    LOW = 1\n    HIGH = 2\n"
+_VEC = "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n"
+_DC_STR = "from dataclasses import dataclass\n@dataclass\nclass Pt:\n    x: int\n    y: int\n"
+
+
+@pytest.mark.parametrize(
+    "code,tests,ok",
+    [
+        # an IntEnum result is an int of its class: == an int, arithmetic, order, .name, the same member again
+        (
+            _INT_ENUM + "def f():\n    return P.HIGH\n",
+            "assert f() == 2 and f() + 1 == 3 and f() > P.LOW and f().name == 'HIGH' and f() is P.HIGH\n",
+            True,
+        ),
+        (_INT_ENUM + "def f():\n    return P.LOW\n", "assert f() == 2\n", False),
+        # an IntEnum whose __eq__ says True arrives with int's ==
+        (
+            _INT_ENUM.replace(
+                "    HIGH = 2\n",
+                "    HIGH = 2\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n",
+            )
+            + "def f():\n    return P.LOW\n",
+            "assert f() == 2\n",
+            False,
+        ),
+        # + between returned objects (and sum), computed by the candidate's __add__
+        (_VEC + "def f(x):\n    return V(x)\n", "assert (f(1) + f(2)).x == 3 and sum([f(1), f(2)]).x == 3\n", True),
+        (
+            _VEC.replace("self.x + ", "self.x - ") + "def f(x):\n    return V(x)\n",
+            "assert (f(1) + f(2)).x == 3\n",
+            False,
+        ),
+        # str() of a returned dataclass with its own __str__
+        (
+            _DC_STR + "    def __str__(self):\n        return f'({self.x}, {self.y})'\ndef f():\n    return Pt(1, 2)\n",
+            "assert str(f()) == '(1, 2)' and f'{f()}' == '(1, 2)'\n",
+            True,
+        ),
+        (
+            _DC_STR + "    def __str__(self):\n        return f'({self.y}, {self.x})'\ndef f():\n    return Pt(1, 2)\n",
+            "assert str(f()) == '(1, 2)'\n",
+            False,
+        ),
+        # the truth value of a re.Match (and None for no match)
+        (
+            "import re\ndef f(s):\n    return re.match(r'a+', s)\n",
+            "assert f('aab') and not f('b') and f('aab').group() == 'aa'\n",
+            True,
+        ),
+        ("import re\ndef f(s):\n    return re.search(r'b', s)\n", "assert f('aab') and not f('b')\n", False),
+    ],
+)
+def test_judged_dataset_idioms_on_returned_objects(code, tests, ok):
+    r = run_judged(code, tests, FAST)
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
