@@ -922,6 +922,35 @@ def test_codec_refuses_malformed_values(bad):
         _codec()["_dec"](bad, lambda k, x: None)
 
 
+def test_codec_rebuilds_only_this_sides_own_plain_classes():
+    node = type("Node", (), {"__module__": "__main__"})
+    slotted = type("Slot", (), {"__module__": "__main__", "__slots__": ("val",)})
+    ns = _codec({"__name__": "__main__", "Node": node, "Slot": slotted, "f": len})
+    dec = ns["_dec"]
+    n = dec({"o": ["Node", 0, None, [["val", 1], ["next", {"or": 0}]]]}, lambda k, x: None)
+    assert type(n) is node and n.val == 1 and n.next is n  # a cycle stays a cycle
+    remote = lambda k, x: ("remote", k, x)
+    assert dec({"o": ["Other", 0, 7, []]}, remote) == ("remote", "h", 7)  # no class of its own: a handle
+    for name in ("Other", "f", "Slot"):
+        with pytest.raises(TypeError, match="no class"):
+            dec({"o": [name, 0, None, []]}, remote)
+    for bad in (
+        {"o": ["Node", 0, None, [["__class__", 1]]]},
+        {"o": ["Node", 0, None, [["_tl_ref", 1]]]},
+        {"o": ["Node", "0", None, []]},
+        {"or": 0},
+        {"ie": ["P", [["_missing_", 1]], "_missing_"]},
+        {"ie": ["P", [["A", 1.5]], "A"]},
+        {"ie": ["P", [["A", 1]], "B"]},
+        {"it": {"a": 1}},
+    ):
+        with pytest.raises(ValueError, match="malformed"):
+            dec(bad, remote)
+    m = dec({"ie": ["P", [["A", 1], ["B", 2]], "B"]}, remote)
+    assert m == 2 and m.name == "B" and type(m).__name__ == "P"
+    assert list(dec({"it": [1, {"t": [2]}]}, remote)) == [1, (2,)]
+
+
 def test_sync_applies_in_place_changes():
     import collections
 
