@@ -369,7 +369,10 @@ def code_job(
         judge = join_code(support, tests.rstrip() + "\n")
         if entry_point and re.search(r"^def check\(", tests, re.MULTILINE):
             judge += f"\ncheck({entry_point})\n"
-        return CodeJob(code, judge, False, entry_point)
+        # LeetCodeDataset's entry point is an expression (``Solution().maxDepth``): the tests call it, and
+        # only a bare name is bound to the candidate's in the judge
+        name = entry_point if entry_point and entry_point.isidentifier() and not entry_point.startswith("__") else None
+        return CodeJob(code, judge, False, name)
     if test_type == "stdio":
         return CodeJob(code, _STDIO_JUDGE.format(spec=tests), True)
     if test_type == "functional":

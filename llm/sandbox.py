@@ -23,9 +23,13 @@ Two entry points:
 
 What the judge's tests can do with the candidate's objects, and the limits of that:
 
-* call a top-level function or class, read attributes, call methods, iterate (the object is
-  listed in the sandbox), ``len()``, ``[]``, ``in``, ``str()`` and truth value (each computed in the
-  sandbox); two handles are equal when they are handles of the same object (an enum member);
+* call a top-level function or class, read attributes, call methods, iterate (lazily: the
+  iterator stays in the sandbox and ``next()`` asks it for one item), ``len()``, ``[]``, ``in``,
+  ``str()`` and truth value (each computed in the sandbox), binary arithmetic and bitwise operators (the candidate's own, in the sandbox; comparisons
+  are not asked); two handles are equal when they are handles of the same object (an enum member);
+  an ``IntEnum`` member crosses as a member of an ``IntEnum`` of that name and members;
+  instances of a plain class the judge's own code defines (the prompt's ``TreeNode``) cross by value
+  and are rebuilt from the judge's class of that name (sharing and cycles kept);
 * the candidate cannot write the judge's namespace: dunder names and names of builtins are never
   proxied (except the task's ``entry_point``, always the candidate's), ``__builtins__`` is the judge's; every allowlisted stdlib module (:data:`JUDGE_MODULES`)
   whose attributes the tests read is the judge's own module, imported or not (MBPP tests call ``math.isclose``
@@ -264,6 +268,11 @@ def _enc(v, handle):
     if t is range:
         return {"r": [_enc(v.start, handle), _enc(v.stop, handle), _enc(v.step, handle)]}
     mods = _sys.modules
+    en = mods.get("enum")
+    if en is not None and isinstance(v, en.IntEnum) and t.__bases__ == (en.IntEnum,):
+        ms = [[m._name_, _enc(int.__int__(m), handle)] for m in t.__members__.values()]
+        if len(ms) <= 4096 and all(_ident(n) and not n.startswith("_") for n, _ in ms):  # an IntEnum: its class
+            return {"ie": [t.__name__, ms, v._name_]}
     col = mods.get("collections")
     if col is not None:
         if t is col.Counter:
@@ -302,7 +311,44 @@ def _enc(v, handle):
         p = t.__dataclass_params__
         fs = [[f.name, bool(f.compare), _enc(getattr(v, f.name), handle)] for f in dc.fields(v)]
         return {"dc": [t.__name__, fs, [bool(p.eq), bool(p.order), bool(p.frozen)], _dcref(v)]}
+    if t.__name__ in _BYVAL and type(t) is type:  # a class the judge defines (the prompt's TreeNode): by value
+        return _enc_obj(v, handle)
     return handle(v)
+_BYVAL = frozenset()  # names of the classes whose instances cross by value (the judge's plain classes)
+_ESEEN = None  # one value's objects already encoded: id -> key (sharing and cycles are kept)
+_DSEEN = None  # one value's objects already rebuilt: key -> object
+def _enc_obj(v, handle):
+    "An instance of a plain class as its class name and attributes; an object met again is a reference."
+    global _ESEEN
+    own = _ESEEN is None
+    if own:
+        _ESEEN = {}
+    try:
+        k = _ESEEN.get(id(v))
+        if k is not None:
+            return {"or": k}
+        d = getattr(v, "__dict__", None) if type(v).__dictoffset__ != 0 else None
+        if type(d) is not dict:
+            return handle(v)
+        k = _ESEEN[id(v)] = len(_ESEEN)
+        attrs = [[n, _enc(x, handle)] for n, x in dict.items(d) if _ident(n)]
+        return {"o": [type(v).__name__, k, _objref(v), attrs]}
+    finally:
+        if own:
+            _ESEEN = None
+def _whole(fn, *a):
+    "Encode or decode one value: objects shared inside it (across a call's arguments too) stay shared."
+    global _ESEEN, _DSEEN
+    old = _ESEEN, _DSEEN
+    _ESEEN, _DSEEN = {}, {}
+    try:
+        return fn(*a)
+    finally:
+        _ESEEN, _DSEEN = old
+def _rebuildable(cls):
+    "A plain class defined by this side's own top-level code (the judge's tests and prompt)."
+    return (isinstance(cls, type) and type(cls) is type and cls.__module__ == _OWN.get("__name__")
+            and cls.__new__ is object.__new__ and cls.__dictoffset__ != 0 and "__dataclass_fields__" not in cls.__dict__)
 def _dec(x, remote):
     t = type(x)
     if x is None or t is bool or t is int or t is float or t is str:
@@ -395,7 +441,67 @@ def _dec(x, remote):
         return obj
     if k in ("h", "n"):
         return remote(k, v)
+    if k in ("o", "or"):
+        return _dec_obj(k, v, remote)
+    if k == "ie":
+        return _dec_intenum(v, remote)
+    if k == "it":  # an iterator the tests passed (a generator expression): its items, as an iterator again
+        if t is not dict or type(v) is not list:
+            raise ValueError("sandbox: malformed value")
+        return iter([_dec(i, remote) for i in v])
     raise ValueError("sandbox: malformed value")
+def _dec_obj(k, v, remote):
+    "The same-named class of this side, with the attributes that crossed; a reference is an object met before."
+    global _DSEEN
+    if k == "or":
+        if _DSEEN is None or type(v) is not int or v not in _DSEEN:
+            raise ValueError("sandbox: malformed value")
+        return _DSEEN[v]
+    if type(v) is not list or len(v) != 4 or type(v[3]) is not list or type(v[1]) is not int:
+        raise ValueError("sandbox: malformed value")
+    name, key, ref, attrs = v
+    cls = _OWN.get(name) if _ident(name) else None
+    if not _rebuildable(cls):
+        if ref is not None:  # not a class this side defines: the object stays where it is
+            return remote("h", ref)
+        raise TypeError(f"no class {name!r} here to rebuild a {name} in")
+    own = _DSEEN is None
+    if own:
+        _DSEEN = {}
+    try:
+        obj = object.__new__(cls)
+        d = obj.__dict__
+        _DSEEN[key] = obj  # before the attributes: a cycle comes back to this object
+        for a in attrs:
+            if type(a) is not list or len(a) != 2 or not _ident(a[0]):
+                raise ValueError("sandbox: malformed value")
+            d[a[0]] = _dec(a[1], remote)
+        return obj
+    finally:
+        if own:
+            _DSEEN = None
+def _dec_intenum(v, remote):
+    "An IntEnum member: of this side's own IntEnum of that name and member, else of an IntEnum with those members."
+    import enum
+    if type(v) is not list or len(v) != 3 or type(v[1]) is not list or len(v[1]) > 4096:
+        raise ValueError("sandbox: malformed value")
+    name, ms, member = v
+    ms = tuple((m[0], _dec(m[1], remote)) for m in ms if type(m) is list and len(m) == 2)
+    if not (_ident(name) and len(ms) == len(v[1]) and all(_ident(n) and not n.startswith("_") and type(x) is int
+                                                          for n, x in ms) and member in dict(ms)):
+        raise ValueError("sandbox: malformed value")
+    own = _OWN.get(name)
+    if isinstance(own, type) and issubclass(own, enum.IntEnum) and own.__module__ == _OWN.get("__name__"):
+        m = own.__members__.get(member)
+        if m is not None and int.__int__(m) == dict(ms)[member]:
+            return m
+    key = ("ie", name, ms)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        if len(_CLASSES) > 512:
+            raise ValueError("sandbox: too many distinct classes")
+        cls = _CLASSES[key] = enum.IntEnum(name, list(ms))
+    return cls[member]
 _CLASSES = {}
 def _dataclass(name, fields, flags):
     "A dataclass to hold a value that crossed: one of this side's own of that name and fields, else a new one."
@@ -413,9 +519,13 @@ def _dataclass(name, fields, flags):
             if ref is None or attr.startswith("__"):
                 raise AttributeError(attr)
             return getattr(ref, attr)
+        def __str__(self):  # the original object's str(), computed where it lives (a custom __str__)
+            ref = self.__dict__.get("_tl_ref")
+            return repr(self) if ref is None else str(ref)
         cls = _CLASSES[key] = dc.make_dataclass(
             name, [(n, object, dc.field(compare=c)) for n, c in fields],
-            eq=flags[0], order=flags[0] and flags[1], frozen=flags[2], namespace={"__getattr__": __getattr__})
+            eq=flags[0], order=flags[0] and flags[1], frozen=flags[2],
+            namespace={"__getattr__": __getattr__, "__str__": __str__})
     return cls
 _MUTABLE = (list, dict, set, bytearray)
 def _sync(old, new):
@@ -612,6 +722,10 @@ def _handle(v):
     return {"h": id(v)}
 def _dcref(v):
     return _handle(v)["h"]
+_objref = _dcref
+import operator as _operator
+_BINOPS = {n: n + "_" if n in ("and", "or") else n for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift")}
 def _wire(fn, *a):
     "The codec with room for deep values (the candidate's own recursion limit is restored after)."
     old = sys.getrecursionlimit()
@@ -754,7 +868,7 @@ def _changed(args, sent):
     out = []
     for i, a in enumerate(args):
         if _mutable(a):
-            e = _enc(a, _handle)
+            e = _whole(_enc, a, _handle)
             if e != sent[i]:
                 out.append([i, e])
     return out
@@ -766,14 +880,14 @@ while True:
     try:
         req = _wire(_json.loads, line)
         op = req["op"]
+        _BYVAL = frozenset(n for n in req.get("cls", ()) if type(n) is str)
         if op == "stdio":
             res = _stdio(req["input"])
         else:
             obj = _dec(req["obj"], _remote)
             if op == "call":
                 sent, ksent = req["args"], req["kwargs"]["d"]
-                args = _wire(_dec, sent, _remote)
-                kwargs = _wire(_dec, req["kwargs"], _remote)
+                args, kwargs = _wire(_whole, lambda: (_dec(sent, _remote), _dec(req["kwargs"], _remote)))
                 try:
                     res = obj(*args, **kwargs)
                 finally:
@@ -785,8 +899,14 @@ while True:
                         out["mk"] = [[ksent[i][0], e] for i, e in mk]
             elif op == "getattr":
                 res = getattr(obj, req["name"])
-            elif op == "list":
-                res = list(obj)
+            elif op == "iter":  # the iterator stays here: the judge asks for one item at a time
+                res = iter(obj)
+            elif op == "next":
+                try:
+                    res = next(obj)
+                except StopIteration:  # the iterator ended (not a function's StopIteration: see NO_CROSS)
+                    out["stop"] = True
+                    res = None
             elif op == "len":
                 res = len(obj)
             elif op == "str":
@@ -797,9 +917,13 @@ while True:
                 res = _wire(_dec, req["key"], _remote) in obj
             elif op == "getitem":
                 res = obj[_wire(_dec, req["key"], _remote)]
+            elif op == "binop":
+                f = getattr(_operator, _BINOPS[req["name"]])
+                other = _wire(_dec, req["key"], _remote)
+                res = f(other, obj) if req["r"] is True else f(obj, other)
             else:
                 raise ValueError("unknown op")
-        out["v"] = _wire(_enc, res, _handle)
+        out["v"] = _handle(res) if op == "iter" else _wire(_whole, _enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
@@ -877,6 +1001,8 @@ def _exc(name, msg):
 def _rpc(req, args=(), kwargs=None):
     if _broken:
         raise SandboxGone("candidate process gone")
+    req["cls"] = [n for n, c in _OWN.items() if type(n) is str and getattr(c, "__name__", None) == n
+                  and _rebuildable(c)]  # the classes whose instances the candidate sends by value
     try:
         _rq.write(json.dumps(req).encode() + b"\n")
         _rq.flush()
@@ -889,11 +1015,13 @@ def _rpc(req, args=(), kwargs=None):
         raise SandboxGone("malformed reply")
     try:
         for i, v in msg.get("m", ()):  # arguments the call changed in place
-            _sync(args[i], _dec(v, _Remote))
+            _sync(args[i], _whole(_dec, v, _Remote))
         for k, v in msg.get("mk", ()):
-            _sync(kwargs[k], _dec(v, _Remote))
+            _sync(kwargs[k], _whole(_dec, v, _Remote))
         if "e" not in msg:
-            return _dec(msg["v"], _Remote)
+            if msg.get("stop") is True and req["op"] == "next":
+                raise StopIteration
+            return _whole(_dec, msg["v"], _Remote)
     except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply") from None
@@ -902,10 +1030,18 @@ def _rpc(req, args=(), kwargs=None):
 def _arg(v):
     if type(v) is _Remote:
         return v._ref
+    t = type(v)
+    if _rebuildable(t) and _OWN.get(t.__name__) is t:  # an instance of the prompt's or the tests' class: by value
+        return _enc_obj(v, _arg)
+    if isinstance(v, _Iterator):  # the tests' own generator or iterator (judge code): its items cross, in order
+        return {"it": [_enc(x, _arg) for x in v]}
     raise TypeError(f"a {type(v).__name__} cannot be passed to the candidate's code")
 def _dcref(v):
     r = getattr(v, "__dict__", {}).get("_tl_ref")
     return r._ref.get("h") if type(r) is _Remote else None
+def _objref(v):
+    return None
+from collections.abc import Iterator as _Iterator
 class _Remote:
     "An object that lives in the candidate's process; equal only to a handle of that same object (an enum member)."
     __slots__ = ("_ref",)
@@ -922,20 +1058,30 @@ class _Remote:
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
     def __call__(self, *args, **kwargs):
-        req = {"op": "call", "obj": self._ref, "args": _enc(list(args), _arg), "kwargs": _enc(kwargs, _arg)}
+        a, k = _whole(lambda: (_enc(list(args), _arg), _enc(kwargs, _arg)))
+        req = {"op": "call", "obj": self._ref, "args": a, "kwargs": k}
         return _rpc(req, args, kwargs)
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         return _rpc({"op": "getattr", "obj": self._ref, "name": name})
-    def __iter__(self):
-        return iter(_rpc({"op": "list", "obj": self._ref}))
+    def __iter__(self):  # the candidate's iterator, left in the sandbox; each item is one exchange
+        return _rpc({"op": "iter", "obj": self._ref})
+    def __next__(self):
+        return _rpc({"op": "next", "obj": self._ref})
     def __len__(self):
         return _rpc({"op": "len", "obj": self._ref})
     def __getitem__(self, key):
         return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
     def __repr__(self):
         return f"<candidate object {self._ref}>"
+def _binop(name, reflected):
+    def op(self, other):  # the candidate's own operator, computed in the sandbox; ==, < and friends are not asked
+        return _rpc({"op": "binop", "obj": self._ref, "name": name, "r": reflected, "key": _enc(other, _arg)})
+    return op
+for _n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
+    setattr(_Remote, f"__{_n}__", _binop(_n, False))
+    setattr(_Remote, f"__r{_n}__", _binop(_n, True))
 def _module_names(tree):
     "Names whose attributes the tests read (``math`` in ``math.isclose``); the tests' own bindings win at run time."
     return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}

@@ -196,3 +196,131 @@ def test_functional_prelude_after_future_import():
     assert job.code.startswith("from __future__ import annotations\n" + _FUNCTIONAL_PRELUDE) and not job.stdio
     assert code_job("print(1)", '{"cases": []}', test_type="stdio").stdio
     compile(job.code, "<t>", "exec")
+
+
+# LeetCodeDataset rows: the prompt defines TreeNode / ListNode and the helpers the tests build inputs
+# and compare outputs with; entry_point is an expression (``Solution().maxDepth``)
+_LC_PROMPT = """from typing import *
+from collections import deque
+
+
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+
+
+def list_node(values: list):
+    if not values:
+        return None
+    head = ListNode(values[0])
+    p = head
+    for val in values[1:]:
+        node = ListNode(val)
+        p.next = node
+        p = node
+    return head
+
+
+def is_same_list(p1, p2):
+    if p1 is None and p2 is None:
+        return True
+    if not p1 or not p2:
+        return False
+    return p1.val == p2.val and is_same_list(p1.next, p2.next)
+
+
+class TreeNode:
+    def __init__(self, val=0, left=None, right=None):
+        self.val = val
+        self.left = left
+        self.right = right
+
+
+def tree_node(values: list):
+    if not values:
+        return None
+    root = TreeNode(values[0])
+    i = 1
+    queue = deque()
+    queue.append(root)
+    while queue:
+        node = queue.popleft()
+        if i < len(values) and values[i] is not None:
+            node.left = TreeNode(values[i])
+            queue.append(node.left)
+        i += 1
+        if i < len(values) and values[i] is not None:
+            node.right = TreeNode(values[i])
+            queue.append(node.right)
+        i += 1
+    return root
+
+
+def is_same_tree(p, q):
+    if not p and not q:
+        return True
+    elif not p or not q:
+        return False
+    elif p.val != q.val:
+        return False
+    else:
+        return is_same_tree(p.left, q.left) and is_same_tree(p.right, q.right)
+"""
+_LC_ROWS = {
+    "max_depth": (
+        "Solution().maxDepth",
+        "def check(candidate):\n    assert candidate(root = tree_node([3,9,20,None,None,15,7])) == 3\n"
+        "    assert candidate(root = tree_node([1,None,2])) == 2\n    assert candidate(root = tree_node([])) == 0\n",
+        "class Solution:\n    def maxDepth(self, root: Optional[TreeNode]) -> int:\n        if root is None:\n"
+        "            return 0\n        return 1 + max(self.maxDepth(root.left), self.maxDepth(root.right))\n",
+        "class Solution:\n    def maxDepth(self, root: Optional[TreeNode]) -> int:\n        if root is None:\n"
+        "            return 0\n        return 1 + self.maxDepth(root.left)\n",
+    ),
+    "invert_tree": (
+        "Solution().invertTree",
+        "def check(candidate):\n"
+        "    assert is_same_tree(candidate(root = tree_node([4,2,7,1,3,6,9])), tree_node([4,7,2,9,6,3,1]))\n"
+        "    assert is_same_tree(candidate(root = tree_node([2,1,3])), tree_node([2,3,1]))\n"
+        "    assert is_same_tree(candidate(root = tree_node([])), tree_node([]))\n",
+        "class Solution:\n    def invertTree(self, root: Optional[TreeNode]) -> Optional[TreeNode]:\n"
+        "        if root:\n            root.left, root.right = self.invertTree(root.right), self.invertTree(root.left)\n"
+        "        return root\n",
+        "class Solution:\n    def invertTree(self, root: Optional[TreeNode]) -> Optional[TreeNode]:\n"
+        "        return root\n",
+    ),
+    "reverse_list": (
+        "Solution().reverseList",
+        "def check(candidate):\n"
+        "    assert is_same_list(candidate(head = list_node([1, 2, 3, 4, 5])), list_node([5, 4, 3, 2, 1]))\n"
+        "    assert is_same_list(candidate(head = list_node([1, 2])), list_node([2, 1]))\n"
+        "    assert is_same_list(candidate(head = list_node([])), list_node([]))\n",
+        "class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+        "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
+        "        return prev\n",
+        "class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+        "        return head\n",
+    ),
+    # two arguments that share nodes (LeetCode 160): the shared tail stays shared in the sandbox
+    "intersection": (
+        "Solution().getIntersectionNode",
+        "def check(candidate):\n    tail = list_node([8, 4, 5])\n    a = ListNode(4, ListNode(1, tail))\n"
+        "    b = ListNode(5, ListNode(6, ListNode(1, tail)))\n    assert is_same_list(candidate(headA = a, headB = b), tail)\n"
+        "    assert candidate(headA = list_node([2, 6, 4]), headB = list_node([1, 5])) is None\n",
+        "class Solution:\n    def getIntersectionNode(self, headA: ListNode, headB: ListNode) -> Optional[ListNode]:\n"
+        "        seen = set()\n        while headA:\n            seen.add(id(headA))\n            headA = headA.next\n"
+        "        while headB:\n            if id(headB) in seen:\n                return headB\n            headB = headB.next\n"
+        "        return None\n",
+        "class Solution:\n    def getIntersectionNode(self, headA: ListNode, headB: ListNode) -> Optional[ListNode]:\n"
+        "        while headA and headB:\n            if headA.val == headB.val:\n                return headA\n"
+        "            headA, headB = headA.next, headB.next\n        return None\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("task", sorted(_LC_ROWS))
+def test_code_reward_leetcode_rows_with_prompt_defined_classes(task):
+    entry, tests, right, wrong = _LC_ROWS[task]
+    fn = make_code_reward()
+    r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT] * 2)
+    assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]

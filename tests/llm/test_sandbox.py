@@ -522,6 +522,153 @@ def test_judged_protocols_of_returned_objects(code, tests):
     assert r.passed, r.judge_stderr[-500:]
 
 
+# generators, as the datasets use them: a returned generator is consumed lazily, one item per exchange
+_FIB = "def fib():\n    a, b = 0, 1\n    while True:\n        yield a\n        a, b = b, a + b\n"
+_FIB_WRONG = "def fib():\n    a, b = 1, 1\n    while True:\n        yield a\n        a, b = b, a + b\n"
+
+
+@pytest.mark.parametrize(
+    "tests",
+    [
+        # an infinite generator consumed by the tests' islice: never listed whole
+        "from itertools import islice\nassert list(islice(fib(), 6)) == [0, 1, 1, 2, 3, 5]\n",
+        # next() on a returned generator, and a generator that keeps its state between next() calls
+        "assert next(fib()) == 0\ng = fib()\nnext(g)\nnext(g)\nassert next(g) == 1 and next(g) == 2\n",
+        # a for loop that breaks out of an infinite generator
+        "out = []\nfor x in fib():\n    if x > 10:\n        break\n    out.append(x)\nassert out == [0, 1, 1, 2, 3, 5, 8]\n",
+        # zip with a finite range stops the infinite generator
+        "assert [x for _, x in zip(range(4), fib())] == [0, 1, 1, 2]\n",
+    ],
+)
+def test_judged_returned_generator_is_consumed_lazily(tests):
+    r = run_judged(_FIB, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+    assert not run_judged(_FIB_WRONG, tests, FAST).passed  # the wrong-answer twin earns nothing
+
+
+def test_judged_finite_generator_ends_with_stop_iteration_and_errors_cross():
+    code = "def gen(n):\n    yield from range(n)\n    if n == 9:\n        raise ValueError('nine')\n"
+    tests = (
+        "g = gen(1)\nassert next(g) == 0\ntry:\n    next(g)\n    raise AssertionError('no stop')\n"
+        "except StopIteration:\n    pass\n"
+        "assert next(gen(0), 'empty') == 'empty' and list(gen(3)) == [0, 1, 2] and sum(gen(4)) == 6\n"
+        "try:\n    list(gen(9))\n    raise AssertionError('no raise')\nexcept ValueError:\n    pass\n"
+    )
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+
+
+def test_judged_tests_that_list_an_infinite_generator_fail_within_the_time_limit():
+    r = run_judged(_FIB, "assert list(fib())[:3] == [0, 1, 1]\n", SandboxConfig(timeout_s=1.0, memory_mb=256))
+    assert not r.passed
+
+
+@pytest.mark.parametrize(
+    "code,ok",
+    [
+        ("def total(it):\n    return sum(it)\n", True),
+        ("def total(it):\n    return sum(x for x in it if x % 2)\n", False),
+        # the candidate may call next() on what it gets: it is an iterator, as the tests' generator was
+        ("def total(it):\n    first = next(it)\n    return first + sum(it)\n", True),
+    ],
+)
+def test_judged_generator_arguments_arrive_as_iterators(code, ok):
+    tests = "assert total(x for x in range(5)) == 10\nassert total(map(int, '1234')) == 10\nassert total(iter([4, 6])) == 10\n"
+    r = run_judged(code, tests, FAST)
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
+_NODE = "class Node:\n    def __init__(self, val, next=None):\n        self.val = val\n        self.next = next\n"
+
+
+def test_judged_instances_of_a_class_both_sides_define_cross_by_value_with_sharing_and_cycles():
+    code = _NODE + (
+        "def cycle(n):\n    head = Node(0)\n    p = head\n    for i in range(1, n):\n        p.next = Node(i)\n"
+        "        p = p.next\n    p.next = head\n    return head\n"
+        "def has_cycle(head):\n    seen = set()\n    while head is not None:\n        if id(head) in seen:\n"
+        "            return True\n        seen.add(id(head))\n        head = head.next\n    return False\n"
+        "def same(a, b):\n    return a is b\n"
+    )
+    tests = _NODE + (
+        "c = cycle(3)\nassert type(c) is Node and c.val == 0 and c.next.next.next is c\n"  # the judge's own Node
+        "n = Node(1)\nn.next = n\nassert has_cycle(n) and not has_cycle(Node(1, Node(2)))\n"
+        "t = Node(9)\nassert same(t, t) and not same(t, Node(9)) and same(a=t, b=t)\n"  # shared across arguments
+    )
+    r = run_judged(code, tests, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+
+
+def test_judged_by_value_objects_are_rebuilt_from_the_judges_class_never_the_candidates():
+    # the candidate's own Node says it equals anything; the judge rebuilds a Node of its own class
+    code = (
+        "class Node:\n    def __init__(self, val, next=None):\n        self.val = val\n        self.next = next\n"
+        "    def __eq__(self, o):\n        return True\n    def __bool__(self):\n        return True\n"
+        "def f():\n    return Node(5)\n"
+    )
+    tests = _NODE + "r = f()\nassert type(r) is Node and r.val == 5 and '__eq__' not in vars(r)\n"
+    assert run_judged(code, tests, FAST).passed
+    assert not run_judged(code, _NODE + "assert f() == Node(6)\n", FAST).passed
+    # a class the judge does not define stays a handle, as before
+    assert run_judged(code, "r = f()\nassert r.val == 5 and r == r\n", FAST).passed
+
+
+_INT_ENUM = "import enum\nclass P(enum.IntEnum):\n    LOW = 1\n    HIGH = 2\n"
+_VEC = "class V:\n    def __init__(self, x):\n        self.x = x\n    def __add__(self, o):\n        return V(self.x + (o.x if isinstance(o, V) else o))\n    __radd__ = __add__\n"
+_DC_STR = "from dataclasses import dataclass\n@dataclass\nclass Pt:\n    x: int\n    y: int\n"
+
+
+@pytest.mark.parametrize(
+    "code,tests,ok",
+    [
+        # an IntEnum result is an int of its class: == an int, arithmetic, order, .name, the same member again
+        (
+            _INT_ENUM + "def f():\n    return P.HIGH\n",
+            "assert f() == 2 and f() + 1 == 3 and f() > P.LOW and f().name == 'HIGH' and f() is P.HIGH\n",
+            True,
+        ),
+        (_INT_ENUM + "def f():\n    return P.LOW\n", "assert f() == 2\n", False),
+        # an IntEnum whose __eq__ says True arrives with int's ==
+        (
+            _INT_ENUM.replace(
+                "    HIGH = 2\n",
+                "    HIGH = 2\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n",
+            )
+            + "def f():\n    return P.LOW\n",
+            "assert f() == 2\n",
+            False,
+        ),
+        # + between returned objects (and sum), computed by the candidate's __add__
+        (_VEC + "def f(x):\n    return V(x)\n", "assert (f(1) + f(2)).x == 3 and sum([f(1), f(2)]).x == 3\n", True),
+        (
+            _VEC.replace("self.x + ", "self.x - ") + "def f(x):\n    return V(x)\n",
+            "assert (f(1) + f(2)).x == 3\n",
+            False,
+        ),
+        # str() of a returned dataclass with its own __str__
+        (
+            _DC_STR + "    def __str__(self):\n        return f'({self.x}, {self.y})'\ndef f():\n    return Pt(1, 2)\n",
+            "assert str(f()) == '(1, 2)' and f'{f()}' == '(1, 2)'\n",
+            True,
+        ),
+        (
+            _DC_STR + "    def __str__(self):\n        return f'({self.y}, {self.x})'\ndef f():\n    return Pt(1, 2)\n",
+            "assert str(f()) == '(1, 2)'\n",
+            False,
+        ),
+        # the truth value of a re.Match (and None for no match)
+        (
+            "import re\ndef f(s):\n    return re.match(r'a+', s)\n",
+            "assert f('aab') and not f('b') and f('aab').group() == 'aa'\n",
+            True,
+        ),
+        ("import re\ndef f(s):\n    return re.search(r'b', s)\n", "assert f('aab') and not f('b')\n", False),
+    ],
+)
+def test_judged_dataset_idioms_on_returned_objects(code, tests, ok):
+    r = run_judged(code, tests, FAST)
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
@@ -773,6 +920,35 @@ def test_codec_dataclass_by_reference_on_the_candidate_side():
 def test_codec_refuses_malformed_values(bad):
     with pytest.raises(ValueError, match="malformed"):
         _codec()["_dec"](bad, lambda k, x: None)
+
+
+def test_codec_rebuilds_only_this_sides_own_plain_classes():
+    node = type("Node", (), {"__module__": "__main__"})
+    slotted = type("Slot", (), {"__module__": "__main__", "__slots__": ("val",)})
+    ns = _codec({"__name__": "__main__", "Node": node, "Slot": slotted, "f": len})
+    dec = ns["_dec"]
+    n = dec({"o": ["Node", 0, None, [["val", 1], ["next", {"or": 0}]]]}, lambda k, x: None)
+    assert type(n) is node and n.val == 1 and n.next is n  # a cycle stays a cycle
+    remote = lambda k, x: ("remote", k, x)
+    assert dec({"o": ["Other", 0, 7, []]}, remote) == ("remote", "h", 7)  # no class of its own: a handle
+    for name in ("Other", "f", "Slot"):
+        with pytest.raises(TypeError, match="no class"):
+            dec({"o": [name, 0, None, []]}, remote)
+    for bad in (
+        {"o": ["Node", 0, None, [["__class__", 1]]]},
+        {"o": ["Node", 0, None, [["_tl_ref", 1]]]},
+        {"o": ["Node", "0", None, []]},
+        {"or": 0},
+        {"ie": ["P", [["_missing_", 1]], "_missing_"]},
+        {"ie": ["P", [["A", 1.5]], "A"]},
+        {"ie": ["P", [["A", 1]], "B"]},
+        {"it": {"a": 1}},
+    ):
+        with pytest.raises(ValueError, match="malformed"):
+            dec(bad, remote)
+    m = dec({"ie": ["P", [["A", 1], ["B", 2]], "B"]}, remote)
+    assert m == 2 and m.name == "B" and type(m).__name__ == "P"
+    assert list(dec({"it": [1, {"t": [2]}]}, remote)) == [1, (2,)]
 
 
 def test_sync_applies_in_place_changes():
