@@ -600,13 +600,7 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
                 seed=s,
                 extra_params=extra,
             )
-            e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
-            for key in ("acc", "pass8", "coverage"):
-                res[k][key].append(e[key])
-            res[k]["heldout_acc"].append(eh["acc"])
-            res["_ran"]["loss"].append(trace.loss_moved)
-            res["_ran"]["weights"].append(trace.param_change > 0)
-            res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)
+            _record_arm(res, k, model, task, tr, ho, trace, acc0)
     return res
 
 
@@ -641,14 +635,20 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
                 seed=s,
                 old_every=CONTEXT_OLD_EVERY,
             )
-            e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
-            for key in ("acc", "pass8", "coverage"):
-                res[k][key].append(e[key])
-            res[k]["heldout_acc"].append(eh["acc"])
-            res["_ran"]["loss"].append(trace.loss_moved)
-            res["_ran"]["weights"].append(trace.param_change > 0)
-            res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)
+            _record_arm(res, k, model, task, tr, ho, trace, acc0)
     return res
+
+
+def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
+    """Append arm ``k``'s train accuracy / pass@8 / coverage, held-out accuracy and "it ran" flags (loss
+    moved, weights moved, held-out accuracy moved from the warm start ``acc0``) to the run's lists."""
+    e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
+    for key in ("acc", "pass8", "coverage"):
+        res[k][key].append(e[key])
+    res[k]["heldout_acc"].append(eh["acc"])
+    res["_ran"]["loss"].append(trace.loss_moved)
+    res["_ran"]["weights"].append(trace.param_change > 0)
+    res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)
 
 
 def ran_items(res) -> dict[str, bool]:
