@@ -408,3 +408,28 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
     adv = pg.group_advantages(b.reward).reshape(-1)
     assert calls[0][0](b) == pg.cispo_loss(b.logp, b.logp_old, adv, b.mask)[0]
     assert calls[1][0](b) == pg.sapo_loss(b.logp, b.logp_old, adv, b.mask)[0]
+
+
+def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch):
+    """The bookkeeping shared by the judged and the context arms: train numbers from the train prompts,
+    held-out accuracy from the held-out ones, and the three "it ran" flags each from its own source (a
+    run whose loss moved but whose weights did not must say so)."""
+    from types import SimpleNamespace
+
+    # evaluate(model, task, prompts) stubbed: its numbers name the prompt set they were computed on
+    monkeypatch.setattr(
+        stage3, "evaluate", lambda model, task, idx: {"acc": idx, "pass8": idx + 1, "coverage": idx + 2}
+    )
+    res = {
+        "disa": {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []},
+        "_ran": {"loss": [], "weights": [], "acc": []},
+    }
+    stage3._record_arm(res, "disa", None, None, 0.25, 0.5, SimpleNamespace(loss_moved=True, param_change=0.0), 0.5)
+    stage3._record_arm(res, "disa", None, None, 0.25, 0.75, SimpleNamespace(loss_moved=False, param_change=1e-3), 0.5)
+    assert res["disa"] == {
+        "acc": [0.25, 0.25],
+        "heldout_acc": [0.5, 0.75],
+        "pass8": [1.25, 1.25],
+        "coverage": [2.25, 2.25],
+    }
+    assert res["_ran"] == {"loss": [True, False], "weights": [False, True], "acc": [False, True]}
