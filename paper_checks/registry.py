@@ -237,6 +237,38 @@ class Paper:
     cites: tuple[tuple[str, str], ...] = ()
 
 
+ITEM_KINDS = ("direction", "effect", "equivalence", "context")
+"""Item kinds of the decision rule (:mod:`tiltlab.paper_checks.stats`)."""
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """The declaration of one judged item of a claim (``[[claim.item]]``): which layer's check judges
+    it, its name, its kind (:data:`ITEM_KINDS`: ``direction`` threshold 0, ``effect`` threshold
+    +-margin, ``equivalence`` inside +-margin, ``context`` reported and never judged: it holds by
+    construction) and its margin (smallest effect of interest, in the item's units), and why."""
+
+    layer: str
+    name: str
+    kind: str
+    margin: float
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layer not in {"theory", "sim", "llm", "data"}:
+            raise ValueError(f"item {self.name!r}: unknown layer {self.layer!r}")
+        if not self.name:
+            raise ValueError("an item needs a name")
+        if self.kind not in ITEM_KINDS:
+            raise ValueError(f"item {self.name!r}: kind must be one of {', '.join(ITEM_KINDS)}, got {self.kind!r}")
+        m = self.margin
+        if isinstance(m, bool) or not (isinstance(m, (int, float)) and math.isfinite(m) and m >= 0):
+            raise ValueError(f"item {self.name!r}: margin must be a finite number >= 0, got {m!r}")
+        if self.kind == "context" and not self.why:
+            raise ValueError(f"item {self.name!r}: a context item says why it holds by construction (why = ...)")
+        object.__setattr__(self, "margin", float(m))
+
+
 @dataclass(frozen=True)
 class Claim:
     """One statement of one paper.
@@ -254,6 +286,8 @@ class Claim:
         paper_numbers: the paper's own numbers, as data, to compare re-measured numbers with.
         llm_command: for LLM-scale claims, the ``tiltlab llm ...`` command and config
             that would test it.
+        items: the items its statistical checks judge (:class:`ItemSpec`, ``[[claim.item]]``):
+            a check's recorded evidence must name exactly these, with these kinds and margins.
     """
 
     id: str
@@ -264,6 +298,26 @@ class Claim:
     paper_numbers: Mapping[str, Any] = field(default_factory=dict)
     llm_command: str | None = None
     notes: str = ""
+    items: tuple[ItemSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        specs = []
+        for it in self.items:
+            if isinstance(it, ItemSpec):
+                specs.append(it)
+                continue
+            try:
+                specs.append(ItemSpec(**it))
+            except TypeError as exc:
+                raise ValueError(f"claim {self.id}: bad item {it!r}: {exc}") from None
+        keys = [(i.layer, i.name) for i in specs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"claim {self.id}: an item is declared twice: {keys}")
+        object.__setattr__(self, "items", tuple(specs))
+
+    def items_for(self, layer: str) -> dict[str, ItemSpec]:
+        """The declared items a ``layer`` check of this claim judges, by name."""
+        return {i.name: i for i in self.items if i.layer == layer}
 
 
 @dataclass
@@ -278,6 +332,9 @@ class CheckResult:
         items: per-item outcomes of a verdict that summarizes several statements (name -> holds);
             compared with the check's ``expected_items``, so a changed item is loud even when the
             verdict category stays the same.
+        evidence: the raw record of a statistical verdict (:meth:`stats.Judgement.evidence`: every
+            item's kind, margin and per-unit values, the "it ran" flags): ``tiltlab report --rejudge``
+            re-derives the verdict from it; its items must be those the claim declares for the layer.
         nonfinite: the keys of ``numbers`` that may be NaN or infinite because that value means
             something (e.g. "never reached" as ``inf``); they are stored as the strings ``'nan'`` /
             ``'inf'`` / ``'-inf'``. Any other non-finite number raises ``ValueError``: a run that
@@ -290,6 +347,7 @@ class CheckResult:
     figure: str | None = None
     items: dict[str, bool] = field(default_factory=dict)
     nonfinite: tuple[str, ...] = ()
+    evidence: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.verdict = Verdict(self.verdict)
@@ -427,6 +485,7 @@ class Outcome:
             "numbers": {} if self.result is None else self.result.numbers,
             "figure": None if self.result is None else self.result.figure,
             "items": {} if self.result is None else dict(self.result.items),
+            "evidence": None if self.result is None else self.result.evidence,
             "expected_items": dict(self.check.expected_items),
             "seconds": round(self.seconds, 4),
             "error": self.error,
@@ -665,6 +724,9 @@ def load_claims(directory: Path = CLAIMS_DIR) -> None:
         _declare_paper_rows(path, data.get("paper", []))
     for path, data in files:
         for row in data.get("claim", []):
+            row = dict(row)
+            if "item" in row:  # [[claim.item]] tables
+                row["items"] = tuple(row.pop("item"))
             try:
                 declare_claim(**row)
             except TypeError as exc:
@@ -745,12 +807,40 @@ def select(
     return sorted(out, key=lambda c: (c.claim_id, c.layer, c.name))
 
 
+def check_evidence(check: Check, res: CheckResult) -> None:
+    """A statistical verdict's items are the ones its claim declares for the check's layer, with the
+    declared kinds and margins, and its recorded verdict is the one its raw values re-derive; a claim
+    that declares items for the layer needs the evidence. Raises ``ValueError`` naming the difference."""
+    declared = get_claim(check.claim_id).items_for(check.layer)
+    ev = res.evidence
+    if ev is None:
+        if declared:
+            raise ValueError(
+                f"{check.key}: the claim declares items {sorted(declared)} but the check recorded no evidence"
+            )
+        return
+    got = {r["name"]: (r["kind"], float(r["margin"])) for r in ev.get("items", [])}
+    want = {n: (i.kind, i.margin) for n, i in declared.items()}
+    if got != want:
+        diff = sorted(set(got.items()) ^ set(want.items()))
+        raise ValueError(f"{check.key}: recorded items differ from the registry's [[claim.item]] declarations: {diff}")
+    from tiltlab.paper_checks import stats
+
+    again = stats.rejudge(ev)
+    if not (ev.get("verdict") == again.verdict == res.verdict.value):
+        raise ValueError(
+            f"{check.key}: verdict {res.verdict.value}, evidence verdict {ev.get('verdict')}, its values give "
+            f"{again.verdict}: a verdict must be the one its recorded values re-derive"
+        )
+
+
 def run_one(check: Check, seed: int = 0) -> Outcome:
     t0 = time.perf_counter()
     try:
         res = check.fn(seed)
         if not isinstance(res, CheckResult):
             raise TypeError(f"check {check.key} returned {type(res).__name__}, not CheckResult")
+        check_evidence(check, res)
         return Outcome(check, res, time.perf_counter() - t0)
     except Exception:  # a crashing check is reported, never hidden
         return Outcome(check, None, time.perf_counter() - t0, traceback.format_exc())

@@ -1,21 +1,35 @@
-"""Paired-difference statistics for check verdicts: Student-t intervals, one-sided tests against a
-margin, Holm's step-down correction and the one decision rule built from them.
+"""Paired-difference statistics for check verdicts and the one decision rule every layer uses.
 
-A check that compares two arms over seeds measures *paired* differences ``d_s = arm_A(s) - arm_B(s)``
-(same seed, same start, both arms) and judges the claim "the mean difference has the paper's sign"
-with a *margin* ``m >= 0``, the smallest effect of interest, stated in the claim before the run:
+A check that compares two arms over units (seeds, prompts) measures *paired* differences
+``d_u = arm_A(u) - arm_B(u)`` (same unit, same start, both arms), oriented so that positive is the
+paper's direction. Each judged statement is an :class:`Item` of one of four *kinds*, declared per
+item in the claim registry (``[[claim.item]]`` in ``paper_checks/claims/*.toml``) before the run:
 
-* **supports** the claim when the data show the effect beyond the margin in the paper's direction
-  (the one-sided test of ``H0: mu <= m`` rejects; for one item: the two-sided ``level`` interval lies
-  above ``+m``);
-* **against** it when they show it beyond the margin in the opposite direction (``H0: mu >= -m``
-  rejects; the interval lies below ``-m``);
-* **undecided** otherwise: not significant is neither support nor a refutation.
+* ``direction`` -- threshold 0 on both sides: *supports* when the one-sided t-test rejects
+  ``mu <= 0``, *against* when it rejects ``mu >= 0``;
+* ``effect`` (practical effect) -- threshold ``m`` (the item's margin, its smallest effect of
+  interest) on both sides: supports when ``mu <= +m`` is rejected, against when ``mu >= -m`` is;
+* ``equivalence`` ("matches", "within m") -- supports when both one-sided tests of the two
+  one-sided tests procedure reject (``mu <= -m`` and ``mu >= +m``: the interval lies inside
+  ``(-m, +m)``), against when the effect lies outside on one side (``mu <= +m`` or ``mu >= -m``
+  rejected);
+* ``context`` -- a number that holds by construction (or that the paper's sentence cannot make
+  testable): reported with its interval, never in a family, never deciding anything.
 
-Each item's two one-sided tests run at ``alpha / 2``, so that with one item the rule is exactly "the
-two-sided ``1 - alpha`` interval excludes ``[-m, m]`` on one side". Several items deciding one
-verdict form a family: their p-values (``2 * min`` of the two one-sided ones) go through Holm's
-step-down procedure at ``alpha``, which bounds the probability of any false decision in the family.
+The rule is symmetric by design: for ``direction`` and ``effect`` items, differences ``-d`` give
+exactly the support p-value of ``d`` as their against p-value and vice versa (same level, same
+threshold on both sides). An item's p-value is ``2 * min(p_supports, p_against)``; the judged items
+of one verdict form a family whose p-values go through Holm's step-down procedure at :data:`ALPHA`
+(0.05: with one item the rule is "the two-sided 95% interval excludes the threshold on one side");
+a rejected item takes the side of its smaller one-sided p-value. An *exact* item (a deterministic
+number, one value, no sampling error) supports / goes against when it lies beyond the threshold and
+is not in the family. Items' outcomes combine by :func:`aggregate`; a check whose runs did not run
+("it ran" flags false) gets its ``not_ran`` verdict whatever the items say.
+
+Beside its verdict every :class:`Judgement` carries the verdict under the other threshold choice
+(``direction`` <-> ``effect``, :attr:`Judgement.alt_verdict`), so a reader sees how much rides on it,
+and :meth:`Judgement.evidence` is the raw per-unit record from which :func:`rejudge` re-derives the
+verdict.
 
 Everything here is pure Python plus ``scipy.stats.t`` (exact quantiles for every df). Inputs must be
 finite: a NaN difference raises ``ValueError`` instead of silently becoming "inconclusive".
@@ -30,21 +44,38 @@ from dataclasses import dataclass
 
 __all__ = [
     "AGAINST",
+    "ALPHA",
+    "CONTEXT",
+    "DIRECTION",
+    "EFFECT",
+    "EQUIVALENCE",
+    "KINDS",
     "SUPPORTS",
     "UNDECIDED",
     "Decision",
+    "Item",
     "ItemTest",
+    "Judgement",
     "aggregate",
     "decide",
     "holm",
+    "judge",
     "mean_sd",
     "paired_t_ci",
+    "rejudge",
     "t_pvalue",
     "t_quantile",
 ]
 
-#: item outcomes of :func:`decide`
+#: item outcomes of :func:`judge` (``context`` items have the outcome :data:`CONTEXT`)
 SUPPORTS, AGAINST, UNDECIDED = "supports", "against", "undecided"
+#: item kinds (see the module docstring)
+DIRECTION, EFFECT, EQUIVALENCE, CONTEXT = "direction", "effect", "equivalence", "context"
+KINDS = (DIRECTION, EFFECT, EQUIVALENCE, CONTEXT)
+#: family-wise level of every family of item tests (two-sided; one-sided 0.025 per side)
+ALPHA = 0.05
+#: what a check whose runs did not run returns (``Judgement.not_ran``)
+_NOT_RAN = ("inconclusive", "refuted")
 _DIRECTIONS = {"greater": 1.0, "less": -1.0}
 
 
@@ -148,23 +179,6 @@ def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:
     return reject
 
 
-@dataclass(frozen=True)
-class ItemTest:
-    """One item of :func:`decide`: the raw interval and the Holm-corrected outcome.
-
-    ``mean``, ``lo``, ``hi`` are in the claim's orientation (positive = the paper's direction);
-    ``p`` is the item's p-value (``2 * min`` of its two one-sided tests against the margin) before
-    correction; ``outcome`` is :data:`SUPPORTS`, :data:`AGAINST` or :data:`UNDECIDED`.
-    """
-
-    mean: float
-    lo: float
-    hi: float
-    p: float
-    n: int
-    outcome: str
-
-
 def aggregate(outcomes: Sequence[str]) -> str:
     """Default verdict of several items' outcomes (registry verdict values):
 
@@ -185,6 +199,265 @@ def aggregate(outcomes: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
+class Item:
+    """One statement of a claim as the rule judges it.
+
+    ``values``: per-unit paired differences (positive = the paper's direction), at least two, or one
+    with ``exact=True`` (a deterministic number: no sampling error). ``kind``: one of :data:`KINDS`.
+    ``margin``: the smallest effect of interest (>= 0; > 0 for ``equivalence``); the threshold of an
+    ``effect`` / ``equivalence`` item and the *other* threshold (:attr:`Judgement.alt_verdict`) of a
+    ``direction`` item.
+    """
+
+    name: str
+    values: tuple[float, ...]
+    kind: str = EFFECT
+    margin: float = 0.0
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"an item needs a name, got {self.name!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"item {self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        m = self.margin
+        if isinstance(m, bool) or not (isinstance(m, (int, float)) and math.isfinite(m) and m >= 0):
+            raise ValueError(f"item {self.name}: margin must be a finite number >= 0, got {m!r}")
+        if self.kind == EQUIVALENCE and m <= 0:
+            raise ValueError(f"item {self.name}: an equivalence item needs a margin > 0")
+        vals = tuple(_finite(self.values, f"values of item {self.name!r}", min_n=1 if self.exact else 2))
+        if self.exact and len(vals) != 1:
+            raise ValueError(f"item {self.name}: an exact item holds one value, got {len(vals)}")
+        object.__setattr__(self, "values", vals)
+        object.__setattr__(self, "margin", float(m))
+
+    def threshold(self, swap: bool = False) -> float:
+        """The item's threshold: 0 for ``direction``, the margin otherwise (``swap``: the other choice)."""
+        if self.kind == DIRECTION:
+            return self.margin if swap else 0.0
+        if self.kind == EFFECT:
+            return 0.0 if swap else self.margin
+        return self.margin
+
+    def pvalues(self, swap: bool = False) -> tuple[float, float]:
+        """``(p_supports, p_against)``: the one-sided p-values of the item's two hypotheses."""
+        d, t = self.values, self.threshold(swap)
+        if self.kind in (DIRECTION, EFFECT, CONTEXT):
+            return t_pvalue(d, t, "greater"), t_pvalue(d, -t, "less")
+        # equivalence: TOST for support; outside (-m, m) on either side (Bonferroni x2) for against
+        p_sup = max(t_pvalue(d, -t, "greater"), t_pvalue(d, t, "less"))
+        p_ag = min(1.0, 2.0 * min(t_pvalue(d, t, "greater"), t_pvalue(d, -t, "less")))
+        return p_sup, p_ag
+
+    def exact_outcome(self, swap: bool = False) -> str:
+        """Outcome of an exact item: beyond the threshold in the paper's direction / the other / neither."""
+        v, t = self.values[0], self.threshold(swap)
+        if self.kind == EQUIVALENCE:
+            return SUPPORTS if abs(v) < t else (AGAINST if abs(v) > t else UNDECIDED)
+        return SUPPORTS if v > t else (AGAINST if v < -t else UNDECIDED)
+
+
+@dataclass(frozen=True)
+class ItemTest:
+    """One item's test as :func:`judge` ran it.
+
+    ``mean``, ``lo``, ``hi`` are in the claim's orientation (positive = the paper's direction; the
+    interval at the family's two-sided level ``1 - alpha``); ``p`` is the item's p-value
+    (``2 * min(p_supports, p_against)``) before Holm; ``outcome`` is :data:`SUPPORTS`,
+    :data:`AGAINST`, :data:`UNDECIDED` or, for a ``context`` item, :data:`CONTEXT`.
+    """
+
+    mean: float
+    lo: float
+    hi: float
+    p: float
+    n: int
+    outcome: str
+    kind: str = EFFECT
+    threshold: float = 0.0
+    p_supports: float = 1.0
+    p_against: float = 1.0
+
+
+def _tests(items: Sequence[Item], alpha: float, swap: bool) -> dict[str, ItemTest]:
+    out: dict[str, ItemTest] = {}
+    family: list[tuple[str, float, str]] = []
+    for it in items:
+        if it.exact:
+            v = it.values[0]
+            o = CONTEXT if it.kind == CONTEXT else it.exact_outcome(swap)
+            out[it.name] = ItemTest(
+                v, v, v, 0.0 if o in (SUPPORTS, AGAINST) else 1.0, 1, o, it.kind, it.threshold(swap)
+            )
+            continue
+        p_sup, p_ag = it.pvalues(swap)
+        m, lo, hi = paired_t_ci(it.values, 1.0 - alpha)
+        p = min(1.0, 2.0 * min(p_sup, p_ag))
+        side = SUPPORTS if p_sup <= p_ag else AGAINST
+        out[it.name] = ItemTest(m, lo, hi, p, len(it.values), CONTEXT, it.kind, it.threshold(swap), p_sup, p_ag)
+        if it.kind != CONTEXT:
+            family.append((it.name, p, side))
+    rejected = holm([p for _, p, _ in family], alpha) if family else []
+    for (name, _, side), rej in zip(family, rejected):
+        t = out[name]
+        out[name] = ItemTest(
+            t.mean, t.lo, t.hi, t.p, t.n, side if rej else UNDECIDED, t.kind, t.threshold, t.p_supports, t.p_against
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What :func:`judge` returns: the verdict (a registry verdict value), each item's test, the
+    verdict under the other threshold choice, and everything needed to re-derive both."""
+
+    verdict: str
+    alt_verdict: str
+    tests: dict[str, ItemTest]
+    items: tuple[Item, ...]
+    ran: dict[str, bool]
+    not_ran: str
+    cap: str | None
+    alpha: float
+    unit: str
+
+    @property
+    def family(self) -> list[str]:
+        """Names of the items in the Holm family (judged, not exact, not context)."""
+        return [it.name for it in self.items if it.kind != CONTEXT and not it.exact]
+
+    def flags(self) -> dict[str, bool]:
+        """``<item>_supports`` / ``<item>_against`` for every judged item, plus the "it ran" flags."""
+        out: dict[str, bool] = {}
+        for it in self.items:
+            if it.kind == CONTEXT:
+                continue
+            o = self.tests[it.name].outcome
+            out[f"{it.name}_supports"], out[f"{it.name}_against"] = o == SUPPORTS, o == AGAINST
+        out.update(self.ran)
+        return out
+
+    def numbers(self, prefix: str = "") -> dict[str, float]:
+        """Finite evidence numbers per item: ``<prefix><item>_mean/_lo/_hi/_p/_margin`` (claim orientation)."""
+        out: dict[str, float] = {}
+        for it in self.items:
+            t = self.tests[it.name]
+            out.update({f"{prefix}{it.name}_{k}": float(getattr(t, k)) for k in ("mean", "lo", "hi", "p")})
+            out[f"{prefix}{it.name}_margin"] = it.margin
+        return out
+
+    def evidence(self) -> dict:
+        """The raw record :func:`rejudge` re-derives this judgement from (JSON-ready)."""
+        return {
+            "rule": "tiltlab.paper_checks.stats.judge",
+            "alpha": self.alpha,
+            "unit": self.unit,
+            "not_ran": self.not_ran,
+            "cap": self.cap,
+            "ran": dict(self.ran),
+            "items": [
+                {"name": it.name, "kind": it.kind, "margin": it.margin, "exact": it.exact, "values": list(it.values)}
+                for it in self.items
+            ],
+            "verdict": self.verdict,
+            "alt_verdict": self.alt_verdict,
+        }
+
+    def describe(self, digits: int = 3) -> str:
+        """One clause per item: ``name +0.012 [-0.003, +0.027] (effect, margin 0.02): supports``."""
+        parts = []
+        for it in self.items:
+            t = self.tests[it.name]
+            iv = "exact" if it.exact else f"[{t.lo:+.{digits}f}, {t.hi:+.{digits}f}]"
+            state = (
+                "context, not judged"
+                if t.outcome == CONTEXT
+                else ("not significant" if t.outcome == UNDECIDED else t.outcome)
+            )
+            parts.append(f"{it.name} {t.mean:+.{digits}f} {iv} ({it.kind}, margin {it.margin:g}): {state}")
+        return "; ".join(parts)
+
+
+def _verdict(
+    tests: Mapping[str, ItemTest],
+    items: Sequence[Item],
+    ran: Mapping[str, bool],
+    not_ran: str,
+    cap: str | None,
+    combine: Callable[[Sequence[str]], str],
+) -> str:
+    if not all(ran.values()):
+        return not_ran
+    v = combine([tests[it.name].outcome for it in items if it.kind != CONTEXT])
+    if cap == "partly" and v == "verified":
+        v = "partly"
+    return v
+
+
+def judge(
+    items: Sequence[Item],
+    ran: Mapping[str, bool] | None = None,
+    *,
+    alpha: float = ALPHA,
+    not_ran: str = "inconclusive",
+    cap: str | None = None,
+    unit: str = "seed",
+    combine: Callable[[Sequence[str]], str] = aggregate,
+) -> Judgement:
+    """The one decision rule (module docstring): test every judged item at its kind's threshold,
+    Holm over the family at ``alpha``, combine the outcomes (:func:`aggregate`), then the "it ran"
+    flags (any false -> ``not_ran``, ``inconclusive`` or ``refuted``) and the ``cap`` (``partly``:
+    a claim with parts no run tests is at most partly). ``unit`` names the paired unit (``seed``,
+    ``prompt``). The same is done with the other threshold choice for :attr:`Judgement.alt_verdict`."""
+    alpha = _level(alpha)
+    items = tuple(items)
+    if not items or not all(isinstance(it, Item) for it in items):
+        raise ValueError("judge needs at least one Item")
+    names = [it.name for it in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"item names repeat: {names}")
+    if all(it.kind == CONTEXT for it in items):
+        raise ValueError(f"judge needs at least one judged (not context) item, got {names}")
+    if not_ran not in _NOT_RAN:
+        raise ValueError(f"not_ran must be one of {_NOT_RAN}, got {not_ran!r}")
+    if cap not in (None, "partly"):
+        raise ValueError(f"cap must be None or 'partly', got {cap!r}")
+    ran = {str(k): bool(v) for k, v in (ran or {}).items()}
+    tests = _tests(items, alpha, swap=False)
+    alt = _tests(items, alpha, swap=True)
+    return Judgement(
+        _verdict(tests, items, ran, not_ran, cap, combine),
+        _verdict(alt, items, ran, not_ran, cap, combine),
+        tests,
+        items,
+        ran,
+        not_ran,
+        cap,
+        alpha,
+        unit,
+    )
+
+
+def rejudge(evidence: Mapping) -> Judgement:
+    """Re-derive a :class:`Judgement` from its :meth:`Judgement.evidence` (a record's raw values)."""
+    try:
+        items = [
+            Item(str(r["name"]), tuple(r["values"]), str(r["kind"]), float(r["margin"]), bool(r.get("exact", False)))
+            for r in evidence["items"]
+        ]
+        return judge(
+            items,
+            evidence.get("ran") or {},
+            alpha=float(evidence["alpha"]),
+            not_ran=str(evidence.get("not_ran", "inconclusive")),
+            cap=evidence.get("cap"),
+            unit=str(evidence.get("unit", "seed")),
+        )
+    except KeyError as exc:
+        raise ValueError(f"evidence lacks field {exc.args[0]!r}: not a record of stats.judge") from None
+
+
+@dataclass(frozen=True)
 class Decision:
     """What :func:`decide` returns: ``verdict`` (a registry verdict value) and each item's test."""
 
@@ -192,6 +465,7 @@ class Decision:
     items: dict[str, ItemTest]
     margin: dict[str, float]  # per item
     alpha: float
+    judgement: Judgement | None = None
 
     def numbers(self, prefix: str = "") -> dict[str, float]:
         """Finite evidence numbers per item: ``<prefix><item>_mean/_lo/_hi/_p`` (claim orientation)."""
@@ -208,6 +482,10 @@ def decide(
     direction: str = "greater",
     alpha: float = 0.05,
     combine: Callable[[Sequence[str]], str] = aggregate,
+    *,
+    exact: Mapping[str, float] | None = None,
+    ran: Mapping[str, bool] | None = None,
+    not_ran: str = "inconclusive",
 ) -> Decision:
     """Judge one claim from paired differences per item, with a margin and Holm's correction.
 
@@ -221,6 +499,10 @@ def decide(
         direction: the paper's claimed sign of the mean difference: ``"greater"`` (> 0) or ``"less"`` (< 0).
         alpha: family-wise error rate of the item decisions (Holm over the items).
         combine: maps the item outcomes (in ``diffs_by_item`` order) to a verdict (default :func:`aggregate`).
+        exact: deterministic items (name -> one value, same orientation and margin rule; ``margin`` must
+            name them too): beyond the threshold supports / goes against, not in the Holm family;
+            they follow the sampled items in the outcomes ``combine`` sees.
+        ran: "it ran" flags; any false gives ``not_ran`` (``inconclusive`` or ``refuted``) whatever the items.
 
     Each item is oriented so that positive = the paper's direction; it *supports* when the one-sided
     test of ``mu <= margin`` rejects, is *against* when that of ``mu >= -margin`` rejects (each at half
@@ -232,26 +514,29 @@ def decide(
     alpha = _level(alpha)
     if not diffs_by_item:
         raise ValueError("diffs_by_item must name at least one item")
-    margins = dict(margin) if isinstance(margin, Mapping) else dict.fromkeys(diffs_by_item, margin)
-    if set(margins) != set(diffs_by_item):
-        raise ValueError(f"margin must name exactly the items {sorted(diffs_by_item)}, got {sorted(margins)}")
+    exact = dict(exact or {})
+    names = [*diffs_by_item, *exact]
+    if len(set(names)) != len(names):
+        raise ValueError(f"an item is both sampled and exact: {names}")
+    margins = dict(margin) if isinstance(margin, Mapping) else dict.fromkeys(names, margin)
+    if set(margins) != set(names):
+        raise ValueError(f"margin must name exactly the items {sorted(names)}, got {sorted(margins)}")
     for name, m in margins.items():
         if isinstance(m, bool) or not (isinstance(m, (int, float)) and math.isfinite(m) and m >= 0):
             raise ValueError(f"margin must be a finite number >= 0, got {m!r} for item {name!r}")
     sign = _DIRECTIONS[direction]
-    oriented = {name: [sign * v for v in _finite(d, f"diffs of item {name!r}")] for name, d in diffs_by_item.items()}
-    sides, pvals, cis = {}, [], {}
-    for name, d in oriented.items():
-        p_sup = t_pvalue(d, null=margins[name], alternative="greater")
-        p_ag = t_pvalue(d, null=-margins[name], alternative="less")
-        sides[name] = SUPPORTS if p_sup <= p_ag else AGAINST
-        pvals.append(min(1.0, 2.0 * min(p_sup, p_ag)))
-        cis[name] = paired_t_ci(d, 1.0 - alpha)
-    rejected = holm(pvals, alpha)
-    items = {
-        name: ItemTest(*cis[name], p=p, n=len(oriented[name]), outcome=sides[name] if rej else UNDECIDED)
-        for (name, p, rej) in zip(oriented, pvals, rejected)
-    }
-    return Decision(
-        combine([it.outcome for it in items.values()]), items, {k: float(v) for k, v in margins.items()}, alpha
-    )
+    items = [
+        Item(
+            name,
+            tuple(sign * v for v in _finite(d, f"diffs of item {name!r}")),
+            EFFECT if margins[name] > 0 else DIRECTION,
+            margins[name],
+        )
+        for name, d in diffs_by_item.items()
+    ]
+    items += [
+        Item(name, (sign * float(v),), EFFECT if margins[name] > 0 else DIRECTION, margins[name], exact=True)
+        for name, v in exact.items()
+    ]
+    j = judge(items, ran, alpha=alpha, combine=combine, not_ran=not_ran)
+    return Decision(j.verdict, dict(j.tests), {k: float(v) for k, v in margins.items()}, alpha, j)

@@ -1,28 +1,23 @@
-"""The one decision rule of the llm checks: paired per-seed differences, a stated margin, Holm.
+"""The llm checks' use of the one decision rule (:func:`tiltlab.paper_checks.stats.judge`).
 
 Every llm check reduces its evidence to *items*: one per statement of the claim, each a list of
-per-seed paired differences (both arms trained from the same warm-up model with the same seed),
-oriented so that the paper's statement predicts a positive difference, with a *margin* (the
-smallest effect of interest, in the item's own units). For ``k`` items:
+per-unit paired differences (per seed: every arm trained from the same warm-up model with the same
+seed; per prompt for the real-model Stage-1 check), oriented so that the paper's statement predicts
+a positive difference, with a *margin* (the smallest effect of interest, in the item's own units)
+and a *kind* declared in the claim registry (``[[claim.item]]``, ``layer = "llm"``):
+``direction`` (threshold 0 on both sides), ``effect`` (threshold +-margin on both sides),
+``equivalence`` (inside +-margin) or ``context`` (holds by construction: reported, never judged).
 
-* an item **supports** the claim when a one-sided t-test rejects ``mean <= 0``;
-* an item goes **against** the claim when a one-sided t-test rejects ``mean >= -margin`` (the
-  effect lies in the opposite direction, beyond the margin);
-* each family (the ``k`` support tests, the ``k`` against tests) is controlled at level
-  :data:`ALPHA` (one-sided 0.025, the 95% two-sided interval for one item) by Holm's step-down
-  procedure.
-
-Verdict: every item supports -> verified; some support -> partly; none supports and one goes
-against -> refuted; otherwise inconclusive (not significant is never refuted). A check whose runs
-did not train (the "it ran" items: losses moved, weights moved, accuracy left its warm-up value)
-is inconclusive whatever its items say, and its expected "ran" items fail ``tiltlab check``.
-
-Items that hold by construction are never in the family; checks report them as context only.
-
-The statistics (t p-values, intervals, Holm) are :mod:`tiltlab.paper_checks.stats`'s, shared with the
-simulator's checks. The sim rule (``stats.decide``) asks more for support: the interval above
-``+margin``; this rule asks for a positive effect (at this scale a smaller effect in the paper's
-direction is still support) and keeps the margin for refutation, as pre-registered at 3dfabd9.
+The rule is the one of every layer: an item supports when its one-sided test of the paper's side
+rejects at its threshold and goes against when the mirror test rejects at the mirror threshold
+(the same level and threshold on both sides); the judged items of a check form one family, Holm at
+:data:`ALPHA` (two-sided 0.05, one-sided 0.025 per side). Verdict: every judged item supports ->
+verified; some support -> partly; none supports and one goes against -> refuted; otherwise
+inconclusive (not significant is never refuted). A check whose runs did not train (the "it ran"
+items: losses moved, weights moved, accuracy left its warm-up value) is inconclusive whatever its
+items say, and its expected "ran" items fail ``tiltlab check``. Beside the verdict the result
+records the verdict under the other threshold choice (``verdict_other_threshold``) and the raw
+per-unit values (:attr:`CheckResult.evidence`), from which ``tiltlab report --rejudge`` re-derives it.
 """
 
 from __future__ import annotations
@@ -36,18 +31,20 @@ from tiltlab.paper_checks.registry import Verdict
 
 __all__ = ["ALPHA", "Item", "RunLog", "holm", "judge", "one_sided_p", "prefix_verdicts"]
 
-ALPHA = 0.025
-"""One-sided family-wise level of each family of item tests (= a 95% two-sided interval for one item)."""
+ALPHA = stats.ALPHA
+"""Family-wise level of the item tests: two-sided 0.05 (one-sided 0.025 per side; a 95% interval for one item)."""
 
 
 @dataclass(frozen=True)
 class Item:
-    """One statement of a claim: per-seed paired differences (positive = the paper's direction)
-    and its margin (smallest effect of interest, >= 0)."""
+    """One statement of a claim: per-unit paired differences (positive = the paper's direction),
+    its margin (smallest effect of interest, >= 0) and its kind (:data:`stats.KINDS`, declared in
+    the registry)."""
 
     name: str
     diffs: tuple[float, ...]
     margin: float
+    kind: str = stats.EFFECT
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -57,6 +54,11 @@ class Item:
         bad = [d for d in self.diffs if not math.isfinite(d)]
         if bad:
             raise ValueError(f"item {self.name}: non-finite paired difference(s) {bad[:3]}: a NaN run has no verdict")
+        if self.kind not in stats.KINDS:
+            raise ValueError(f"item {self.name}: kind must be one of {', '.join(stats.KINDS)}, got {self.kind!r}")
+
+    def stat_item(self) -> stats.Item:
+        return stats.Item(self.name, tuple(self.diffs), self.kind, self.margin)
 
 
 def one_sided_p(xs: Sequence[float], null: float, greater: bool) -> float:
@@ -77,10 +79,13 @@ def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, 
     return stats.paired_t_ci(xs, level)
 
 
-def judge(items: Sequence[Item], ran: Mapping[str, bool] | None = None) -> tuple[Verdict, dict, dict]:
-    """``(verdict, numbers, items)`` of the rule above. ``numbers`` per item: mean, 95% interval,
-    margin, the two p-values; ``items`` per item: ``<name>_supports`` / ``<name>_against`` (after
-    Holm), plus the ``ran`` items as given."""
+def judge(
+    items: Sequence[Item], ran: Mapping[str, bool] | None = None, *, cap: Verdict | None = None, unit: str = "seed"
+) -> tuple[Verdict, dict, dict, stats.Judgement]:
+    """``(verdict, numbers, items, judgement)`` of :func:`stats.judge` over ``items``. ``numbers``
+    per item: mean, 95% interval, margin, the two one-sided p-values at the item's threshold, plus
+    ``seeds`` (units) and ``verdict_other_threshold``; ``items`` per judged item:
+    ``<name>_supports`` / ``<name>_against`` (after Holm), plus the ``ran`` items as given."""
     if not items:
         raise ValueError("judge needs at least one item")
     names = [i.name for i in items]
@@ -89,27 +94,23 @@ def judge(items: Sequence[Item], ran: Mapping[str, bool] | None = None) -> tuple
     n = {len(i.diffs) for i in items}
     if len(n) != 1:
         raise ValueError(f"items are paired per seed and need the same number of seeds, got {sorted(n)}")
-    p_sup = [one_sided_p(i.diffs, 0.0, greater=True) for i in items]
-    p_ag = [one_sided_p(i.diffs, -i.margin, greater=False) for i in items]
-    sup, ag = holm(p_sup), holm(p_ag)
-    nums: dict[str, float] = {}
-    out: dict[str, bool] = {}
-    for it, ps, pa, s, a in zip(items, p_sup, p_ag, sup, ag):
-        m, lo, hi = t_interval(it.diffs)
-        nums.update({it.name: m, f"{it.name}_lo": lo, f"{it.name}_hi": hi, f"{it.name}_margin": it.margin})
-        nums.update({f"{it.name}_p_supports": ps, f"{it.name}_p_against": pa})
-        out[f"{it.name}_supports"] = s
-        out[f"{it.name}_against"] = a
+    if min(n) < 2:
+        raise ValueError(f"a paired t-test needs at least 2 seeds, got {min(n)}")
+    j = stats.judge(
+        [i.stat_item() for i in items],
+        dict(ran or {}),
+        alpha=ALPHA,
+        cap=None if cap is None else Verdict(cap).value,
+        unit=unit,
+    )
+    nums: dict[str, float | str] = {}
+    for it in items:
+        t = j.tests[it.name]
+        nums.update({it.name: t.mean, f"{it.name}_lo": t.lo, f"{it.name}_hi": t.hi, f"{it.name}_margin": it.margin})
+        nums.update({f"{it.name}_p_supports": t.p_supports, f"{it.name}_p_against": t.p_against})
     nums["seeds"] = len(items[0].diffs)
-    ran = dict(ran or {})
-    out.update(ran)
-    if not all(ran.values()):
-        return Verdict.INCONCLUSIVE, nums, out
-    if all(sup):
-        return Verdict.VERIFIED, nums, out
-    if any(sup):
-        return Verdict.PARTLY, nums, out
-    return (Verdict.REFUTED if any(ag) else Verdict.INCONCLUSIVE), nums, out
+    nums["verdict_other_threshold"] = j.alt_verdict
+    return Verdict(j.verdict), nums, j.flags(), j
 
 
 def prefix_verdicts(items: Sequence[Item], ns: Sequence[int] = (3, 5)) -> dict[str, str]:
@@ -119,35 +120,25 @@ def prefix_verdicts(items: Sequence[Item], ns: Sequence[int] = (3, 5)) -> dict[s
     total = len(items[0].diffs) if items else 0
     for k in ns:
         if 2 <= k < total:
-            v, _, _ = judge([Item(i.name, i.diffs[:k], i.margin) for i in items])
+            v, _, _, _ = judge([Item(i.name, i.diffs[:k], i.margin, i.kind) for i in items])
             out[f"verdict_at_{k}_seeds"] = v.value
     return out
 
 
-def describe(items: Sequence[Item], nums: Mapping[str, float], flags: Mapping[str, bool], digits: int = 3) -> str:
-    """One line per item: ``name +0.012 [-0.003, +0.027] (margin 0.02): supports|against|neither``."""
-    parts = []
-    for it in items:
-        state = (
-            "supports"
-            if flags[f"{it.name}_supports"]
-            else ("against" if flags[f"{it.name}_against"] else "not significant")
-        )
-        parts.append(
-            f"{it.name} {nums[it.name]:+.{digits}f} [{nums[f'{it.name}_lo']:+.{digits}f}, "
-            f"{nums[f'{it.name}_hi']:+.{digits}f}] (margin {it.margin:g}): {state}"
-        )
-    return "; ".join(parts)
+def describe(judgement: stats.Judgement, digits: int = 3) -> str:
+    """One clause per item: ``name +0.012 [-0.003, +0.027] (effect, margin 0.02): supports``."""
+    return judgement.describe(digits)
 
 
 def rule_text(unit: str = "per-seed") -> str:
     """The rule of :func:`judge` in words, for a check's summary; ``unit`` names the paired unit
     (``per-seed``; the real-model Stage-1 check pairs ``per-prompt`` means)."""
     return (
-        f"rule: {unit} paired differences (positive = the paper's direction); an item supports if a one-sided "
-        f"t-test rejects mean <= 0, goes against if it rejects mean >= -margin, each family Holm-corrected at {ALPHA:g}; "
-        "all support verified, some partly, none and one against refuted, else inconclusive; inconclusive if a run "
-        "did not train"
+        f"rule: {unit} paired differences (positive = the paper's direction), each item of a kind declared in the "
+        "registry: direction (threshold 0) or effect (threshold +-margin) supports if a one-sided t-test rejects "
+        "mean <= +threshold and goes against if the mirror test rejects mean >= -threshold, equivalence supports "
+        f"inside +-margin, context items are not judged; one Holm family at {ALPHA:g} (two-sided); all support "
+        "verified, some partly, none and one against refuted, else inconclusive; inconclusive if a run did not train"
     )
 
 

@@ -194,13 +194,15 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
     items = [
         R.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), SPREAD_MARGIN),
         R.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), ESS_MARGIN),
-        R.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN),
-        R.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN),
+        # both hold in expectation by construction (more samples cannot raise an estimator's MSE; a
+        # top-p proposal drops the tail mass from every label): reported, never judged
+        R.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN, "context"),
+        R.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN, "context"),
     ]
     ran = {"ran_weights_vary": max(units["sd_log_w"]) > 0, "ran_labels_differ": max(map(abs, units["mse_gain"])) > 0}
-    verdict, rnums, flags = R.judge(items, ran)
+    verdict, rnums, flags, j = R.judge(items, ran, unit="prompt")
     nums.update(rnums)
-    return verdict, nums, flags, clustered, items, rnums
+    return verdict, nums, flags, clustered, j
 
 
 @register_check(
@@ -210,8 +212,8 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
     slow=True,
     name="smollm2_135m_vllm",
     expected_items={
-        **{f"{k}_supports": True for k in ("log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low")},
-        **{f"{k}_against": False for k in ("log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low")},
+        **{f"{k}_supports": True for k in ("log_w_spread", "ess_below_half")},
+        **{f"{k}_against": False for k in ("log_w_spread", "ess_below_half")},
         "ran_weights_vary": True,
         "ran_labels_differ": True,
     },
@@ -253,7 +255,7 @@ def stage1_real_model(
                     passes[k].extend(v.tolist())
         finally:
             engine.close()
-    verdict, nums, flags, clustered, items, rnums = decide(units, passes, len(rows), n_seeds)
+    verdict, nums, flags, clustered, j = decide(units, passes, len(rows), n_seeds)
     return CheckResult(
         verdict,
         f"SmolLM2-135M-Instruct on vLLM, {len(rows)} arithmetic prompts x {n_seeds} seeds, beta={BETA:g}, "
@@ -263,7 +265,8 @@ def stage1_real_model(
         f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(clustered['sq_err_small'])}, "
         f"M={m} {T.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
         f"{T.fmt_ci(clustered['bias_small'])}, M={m} {T.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
-        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(items, rnums, flags)}; {R.rule_text('per-prompt')}",
+        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(j)}; {R.rule_text('per-prompt')}",
         nums,
         items=flags,
+        evidence=j.evidence(),
     )

@@ -48,15 +48,14 @@ def _items(names, **flags) -> dict[str, bool]:
 
 def result(items: list[R.Item], ran: dict[str, bool], summary: str, nums: dict, cap: Verdict | None = None, **kw):
     """The :class:`CheckResult` of :func:`rules.judge` over ``items`` (with the verdicts at the
-    first 3 and 5 seeds); ``cap`` bounds the verdict (``PARTLY`` where the claim has parts no run tests)."""
-    verdict, rnums, flags = R.judge(items, ran)
-    if cap is V.PARTLY and verdict is V.VERIFIED:
-        verdict = V.PARTLY
+    first 3 and 5 seeds and its raw per-seed values as evidence); ``cap`` bounds the verdict
+    (``PARTLY`` where the claim has parts no run tests)."""
+    verdict, rnums, flags, j = R.judge(items, ran, cap=cap)
     nums = {**nums, **rnums, **R.prefix_verdicts(items)}
-    txt = f"{summary}; items: {R.describe(items, rnums, flags)}; {R.RULE_TEXT}"
+    txt = f"{summary}; items: {R.describe(j)}; {R.RULE_TEXT}"
     if cap is V.PARTLY:
         txt += " (at most partly: part of the claim is not run)"
-    return CheckResult(verdict, txt, nums, items=flags, **kw)
+    return CheckResult(verdict, txt, nums, items=flags, evidence=j.evidence(), **kw)
 
 
 def tiny_check(claim_id: str, expected: Verdict, expected_items: dict[str, bool] | None = None):
@@ -287,15 +286,9 @@ def logz_variants(
 
 
 # ------------------------------------------------------------------ 3. M study
-M_STUDY_ITEMS = {
-    **_items(
-        ("variance_falls", "bias_shrinks", "knee_at_8"),
-        variance_falls=(True, False),
-        bias_shrinks=(True, False),
-        knee_at_8=(False, True),
-    ),
-    **RAN,
-}
+M_STUDY_ITEMS = {**_items(("m8_matches_m128",)), **RAN}
+"""Only ``m8_matches_m128`` is judged: the label variance and bias of an M-sample estimator fall in M
+by construction, and a 1/M law has no knee in log-log (its slope tends to -1): those are context."""
 SLOPE_MARGIN = 0.1
 """Smallest effect of interest of a log-log slope difference (and of a log-variance drop)."""
 
@@ -313,16 +306,18 @@ def knee_stat(var: dict[int, float], ms) -> tuple[float, float]:
     return slope([m for m in ms if m <= 8]), slope([m for m in ms if m >= 8])
 
 
-@tiny_check("disa.d3.teacher_m_study", V.PARTLY, M_STUDY_ITEMS)
+@tiny_check("disa.d3.teacher_m_study", INCONCLUSIVE, M_STUDY_ITEMS)
 def m_study(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 4, 8, 16, 32, 128)
 ) -> CheckResult:
     """App. D.3 with a teacher proposal (q = pi_ref on the hinted prompt, pass rate 0.9, which is not
-    pi_ref): label variance and median relative bias against M, and whether they flatten *at* M = 8
-    (the simulator's knee criterion: log-log slope after 8 less than half the slope before)."""
+    pi_ref): label variance and median relative bias against M (context: they fall in M by
+    construction; the log-log knee statistic too: a 1/M law has none), and the testable consequence
+    of "flatten around M = 8": Stage 3 trained on M = 8 labels matches Stage 3 on M = 128 labels
+    (final TV to pi*, an equivalence item within :data:`TV_MARGIN`)."""
     var = {m: [] for m in ms}
     bias = {m: [] for m in ms}
-    tv3 = {m: [] for m in (1, 128)}
+    tv3 = {m: [] for m in (1, 128, 8)}  # 8 last: the M = 1 and 128 labels draw as before it
     slopes: list[tuple[float, float]] = []
     log = R.RunLog()
     for s in T.seeds_for(seed, n_seeds, "m_study"):
@@ -355,9 +350,10 @@ def m_study(
     nums.update(T.ci_numbers("slope_after_8", [b for _, b in slopes]))
     lo_m, hi_m = ms[0], ms[-1]
     items = [
-        R.Item("variance_falls", tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])), SLOPE_MARGIN),
-        R.Item("bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), 0.01),
-        R.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), SLOPE_MARGIN),
+        R.Item("variance_falls", tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])), SLOPE_MARGIN, "context"),
+        R.Item("bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), 0.01, "context"),
+        R.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), SLOPE_MARGIN, "context"),
+        R.Item("m8_matches_m128", tuple(a - b for a, b in zip(tv3[8], tv3[128])), TV_MARGIN, "equivalence"),
     ]
     return result(
         items,
@@ -368,9 +364,9 @@ def m_study(
         + "; median relative bias "
         + ", ".join(f"M={m} {nums[f'relbias_m{m}']:+.3f}" for m in ms)
         + f"; log-log variance slope up to M=8 {T.fmt_ci([a for a, _ in slopes])}, from M=8 "
-        f"{T.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {T.fmt_ci(tv3[1])} vs M=128 {T.fmt_ci(tv3[128])}; "
-        f"items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})| (margin 0.01), "
-        "knee = 0.5 |slope before 8| - |slope after 8|",
+        f"{T.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {T.fmt_ci(tv3[1])}, M=8 {T.fmt_ci(tv3[8])}, M=128 "
+        f"{T.fmt_ci(tv3[128])}; items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})|, "
+        "knee = 0.5 |slope before 8| - |slope after 8| (context: by construction), Stage-3 TV M=8 - M=128 (equivalence)",
         nums,
     )
 
@@ -909,7 +905,7 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
 
 DLOGP_MARGIN = 0.1
 """Smallest effect of interest of a mean change of log pi - log pi_ref (nats)."""
-FPA_JUDGED = ("offrl_lowers_correct", "offrl_lowers_incorrect", "fpa_keeps_correct", "fpa_raises_accuracy")
+FPA_JUDGED = ("offrl_lowers_correct", "offrl_lowers_incorrect", "fpa_keeps_correct")
 FPA_ITEMS = {**_items(FPA_JUDGED, **{k: (True, False) for k in FPA_JUDGED}), **RAN}
 
 
@@ -932,7 +928,8 @@ def fpa_entanglement(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams
         R.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), DLOGP_MARGIN),
         R.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), DLOGP_MARGIN),
         R.Item("fpa_keeps_correct", tuple(a - b for a, b in zip(dcorr[1.0], dcorr[0.0])), DLOGP_MARGIN),
-        R.Item("fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), ACC_MARGIN),
+        # trained minus untrained: lambda = 0 raises it too (context; lambda against lambda is fpa.table6.*)
+        R.Item("fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), ACC_MARGIN, "context"),
     ]
     return result(
         items,

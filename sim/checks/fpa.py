@@ -160,15 +160,16 @@ ENTANGLEMENT_ITEMS = {
 }
 
 
-def entanglement_decision(diffs: dict[str, list[float]]) -> stats.Decision:
+def entanglement_decision(diffs: dict[str, list[float]], ran: dict[str, bool] | None = None) -> stats.Decision:
     """Holm over the seven items of :data:`ENTANGLEMENT_MARGINS` (paired 95% t intervals, paper's direction
-    positive); a non-inferiority item ``d`` enters as ``d + margin`` with margin 0."""
+    positive); a non-inferiority item ``d`` enters as ``d + margin`` with margin 0. ``ran``: FPA's "it
+    ran" flags; any false refutes (:func:`entanglement_verdict`)."""
     items = {
         k: [v + ENTANGLEMENT_MARGINS[k] for v in diffs[k]] if k in NON_INFERIORITY else diffs[k]
         for k in ENTANGLEMENT_MARGINS
     }
     margins = {k: 0.0 if k in NON_INFERIORITY else m for k, m in ENTANGLEMENT_MARGINS.items()}
-    return stats.decide(items, margins, "greater")
+    return stats.decide(items, margins, "greater", ran=ran, not_ran="refuted")
 
 
 def entanglement_verdict(decision: stats.Decision, fpa_learns: bool) -> Verdict:
@@ -188,8 +189,9 @@ def entanglement(seed: int) -> CheckResult:
     claim = fpa_entanglement.entanglement_claim(seed)
     n, summ = claim["numbers"], claim["summary"]
     fin = summ["final"]
-    dec = entanglement_decision(claim["diffs"])
-    learns = bool(n["fpa_moves"] and n["fpa_raises_acc"])
+    ran = {"fpa_moves": bool(n["fpa_moves"]), "fpa_raises_acc": bool(n["fpa_raises_acc"])}
+    dec = entanglement_decision(claim["diffs"], ran)
+    learns = all(ran.values())
     items = {f"{k}_supports": it.outcome == stats.SUPPORTS for k, it in dec.items.items()}
     items |= {f"{k}_against": it.outcome == stats.AGAINST for k, it in dec.items.items()}
     items |= {"fpa_moves": bool(n["fpa_moves"]), "fpa_raises_acc": bool(n["fpa_raises_acc"])}
@@ -210,6 +212,7 @@ def entanglement(seed: int) -> CheckResult:
         numbers=n,
         figure="fig09_fpa_entanglement",
         items=items,
+        evidence=dec.judgement.evidence(),
     )
 
 

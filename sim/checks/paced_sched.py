@@ -60,9 +60,8 @@ def replay_verdict(numbers: dict, diffs: list[float]) -> tuple[V, stats.Decision
     inconclusive: the comparison would credit replay with extra updates), the paired differences
     (replace - none) decide by :func:`tiltlab.paper_checks.stats.decide` at :data:`REPLAY_MARGIN`:
     interval above +margin -> verified, below -margin -> refuted, otherwise inconclusive."""
-    if not numbers["equal_terms_replace"]:
-        return V.INCONCLUSIVE, None
-    d = stats.decide({"final_pass_rate": diffs}, REPLAY_MARGIN, "greater", REPLAY_ALPHA)
+    ran = {"equal_update_terms": bool(numbers["equal_terms_replace"])}
+    d = stats.decide({"final_pass_rate": diffs}, REPLAY_MARGIN, "greater", REPLAY_ALPHA, ran=ran)
     return V(d.verdict), d
 
 
@@ -89,7 +88,7 @@ def replay_effect(seed: int) -> CheckResult:
     step; paired over :data:`paced.REPLAY_SEEDS` seeds; verdict by :func:`replay_verdict`."""
     r = paced.replay(seed)
     n = r["numbers"]
-    verdict, _ = replay_verdict(n, r["diffs"])
+    verdict, dec = replay_verdict(n, r["diffs"])
     return CheckResult(
         verdict,
         f"TOY PROXY (tabular prompts, {n['pairs']} paired seeds, {n['steps']} optimizer steps per arm): final mean pass "
@@ -103,4 +102,5 @@ def replay_effect(seed: int) -> CheckResult:
         numbers=n,
         figure="fig08_paced",
         items=replay_items(n),
+        evidence=dec.judgement.evidence(),
     )

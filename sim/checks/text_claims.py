@@ -367,6 +367,7 @@ def offrl_collapse(seed: int) -> CheckResult:
         f"{cor[0]:+.3f} [{cor[1]:+.3f}, {cor[2]:+.3f}] (recorded); direction only, step counts LLM-scale",
         numbers={k: n[k] for k in keys},
         items=items,
+        evidence=dec.judgement.evidence(),
     )
 
 

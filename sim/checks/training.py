@@ -368,13 +368,8 @@ def strict_better_verdict(diffs: list[float], exact_gap: float) -> tuple[V, stat
     :func:`stats.aggregate` over the two. Returns the verdict, the sampled decision and the exact outcome."""
     if not math.isfinite(exact_gap):
         raise ValueError(f"exact_gap must be finite, got {exact_gap}")
-    dec = stats.decide({"sampled": diffs}, PROXY_MARGIN, "greater", PROXY_ALPHA)
-    exact = (
-        stats.SUPPORTS
-        if exact_gap > PROXY_MARGIN
-        else (stats.AGAINST if exact_gap < -PROXY_MARGIN else stats.UNDECIDED)
-    )
-    return V(stats.aggregate([dec.items["sampled"].outcome, exact])), dec, exact
+    dec = stats.decide({"sampled": diffs}, PROXY_MARGIN, "greater", PROXY_ALPHA, exact={"exact": exact_gap})
+    return V(dec.verdict), dec, dec.items["exact"].outcome
 
 
 @register_check(
@@ -416,6 +411,7 @@ def lad_strict_better(seed: int) -> CheckResult:
             "exact_against": exact == stats.AGAINST,
             "divergences_differ": all(n[f"sampled_tv_{d}"] != n[f"sampled_tv_{lad.DIVS[0]}"] for d in lad.DIVS[1:]),
         },
+        evidence=dec.judgement.evidence(),
     )
 
 
@@ -491,4 +487,5 @@ def paced_tau_sweep(seed: int) -> CheckResult:
         numbers=nums,
         figure="fig08_paced",
         items=proxy_items(dec) | tau_ran_items(sweep),
+        evidence=dec.judgement.evidence(),
     )

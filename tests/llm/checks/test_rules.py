@@ -94,7 +94,7 @@ FLAT = (0.02, -0.03, 0.01, -0.02, 0.02)  # not significant either way
     ],
 )
 def test_verdict_mapping(items, verdict):
-    got, nums, _ = R.judge([_it(f"i{k}", d) for k, d in enumerate(items)])
+    got, nums, _, _ = R.judge([_it(f"i{k}", d) for k, d in enumerate(items)])
     assert got is verdict
     assert nums["seeds"] == 5
 
@@ -108,7 +108,7 @@ def test_refuted_needs_the_interval_beyond_the_margin_not_just_below_zero():
 
 def test_supports_needs_significance_not_a_positive_mean():
     noisy = (0.3, -0.25, 0.2, -0.1, 0.05)  # mean +0.04, not significant
-    v, nums, flags = R.judge([_it("a", noisy)])
+    v, nums, flags, _ = R.judge([_it("a", noisy)])
     assert nums["a"] > 0 and v is Verdict.INCONCLUSIVE and not flags["a_supports"]
 
 
@@ -117,24 +117,25 @@ def test_holm_is_applied_across_items():
     a = (0.04, 0.0, 0.07, 0.01, 0.05, -0.01, 0.06)
     p = R.one_sided_p(a, 0.0, True)
     assert 0.0125 < p <= 0.025
-    assert R.judge([_it("a", a)])[0] is Verdict.VERIFIED
-    v, _, flags = R.judge([_it("a", a), _it("b", a)])
+    assert R.judge([_it("a", a, margin=0.0)])[0] is Verdict.VERIFIED
+    v, _, flags, _ = R.judge([_it("a", a, margin=0.0), _it("b", a, margin=0.0)])
     assert v is Verdict.INCONCLUSIVE and not flags["a_supports"] and not flags["b_supports"]
 
 
 def test_numbers_are_the_naive_statistics():
     d = (0.1, 0.3, 0.2, 0.25)
-    _, nums, flags = R.judge([_it("x", d, margin=0.05)])
+    _, nums, flags, _ = R.judge([_it("x", d, margin=0.05)])
     m, lo, hi = R.t_interval(d)
     assert (nums["x"], nums["x_lo"], nums["x_hi"], nums["x_margin"]) == pytest.approx((m, lo, hi, 0.05))
-    assert nums["x_p_supports"] == pytest.approx(scipy_stats.ttest_1samp(d, 0.0, alternative="greater").pvalue)
+    # an effect item (the default kind): threshold +-margin on both sides
+    assert nums["x_p_supports"] == pytest.approx(scipy_stats.ttest_1samp(d, 0.05, alternative="greater").pvalue)
     assert nums["x_p_against"] == pytest.approx(scipy_stats.ttest_1samp(d, -0.05, alternative="less").pvalue)
     assert set(flags) == {"x_supports", "x_against"}
 
 
 def test_a_run_that_did_not_train_is_inconclusive_whatever_the_items():
     for ran in ({"ran_loss_moved": False}, {"ran_loss_moved": True, "ran_weights_moved": False}):
-        v, _, flags = R.judge([_it("a", UP)], ran)
+        v, _, flags, _ = R.judge([_it("a", UP)], ran)
         assert v is Verdict.INCONCLUSIVE and flags["a_supports"]
         assert all(flags[k] is v_ for k, v_ in ran.items())
     assert R.judge([_it("a", UP)], {"ran_loss_moved": True})[0] is Verdict.VERIFIED
@@ -185,8 +186,8 @@ def test_runlog_items_and_counts():
 
 def test_describe_names_the_state_of_every_item():
     items = [_it("u", UP), _it("d", DOWN), _it("f", FLAT)]
-    _, nums, flags = R.judge(items)
-    text = R.describe(items, nums, flags)
+    _, nums, flags, j = R.judge(items)
+    text = R.describe(j)
     assert "u +0.104" in text and "u +0.104 [" in text
     assert [s.split(": ")[-1] for s in text.split("; ")] == ["supports", "against", "not significant"]
 
@@ -194,16 +195,16 @@ def test_describe_names_the_state_of_every_item():
 def test_rule_text_names_the_unit_and_the_level_judge_uses(monkeypatch):
     assert R.rule_text() == R.RULE_TEXT and R.RULE_TEXT.startswith("rule: per-seed paired differences")
     assert R.rule_text("per-prompt").startswith("rule: per-prompt paired differences")
-    assert "Holm-corrected at 0.025;" in R.RULE_TEXT
+    assert "one Holm family at 0.05 (two-sided)" in R.RULE_TEXT
     monkeypatch.setattr(R, "ALPHA", 0.01)  # the text states the level the rule runs at, not a copy of it
-    assert "Holm-corrected at 0.01;" in R.rule_text()
+    assert "one Holm family at 0.01 (two-sided)" in R.rule_text()
 
 
 def test_every_verdict_is_reachable_and_only_from_its_pattern():
     # exhaustive over 3 items of the three kinds: the verdict is a function of (supports, against) only
     kinds = {"u": UP, "d": DOWN, "f": FLAT}
     for combo in itertools.product("udf", repeat=3):
-        v, _, _ = R.judge([_it(f"i{k}", kinds[c]) for k, c in enumerate(combo)])
+        v, _, _, _ = R.judge([_it(f"i{k}", kinds[c]) for k, c in enumerate(combo)])
         if all(c == "u" for c in combo):
             assert v is Verdict.VERIFIED
         elif "u" in combo:

@@ -1,0 +1,211 @@
+"""The one decision rule (``stats.judge``): symmetric by design, item kinds, context items outside every
+family, exact items, the other-threshold verdict and re-derivation from the recorded raw values."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import scipy.stats as scipy_stats
+
+from tiltlab.paper_checks import registry, stats
+from tiltlab.paper_checks.registry import CheckResult, Verdict
+
+
+def _draws(seed: int, n: int, mu: float, sd: float) -> tuple[float, ...]:
+    rng = random.Random(seed)
+    return tuple(rng.gauss(mu, sd) for _ in range(n))
+
+
+@pytest.mark.parametrize("kind", [stats.DIRECTION, stats.EFFECT])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_rule_is_symmetric_in_the_sign_of_the_differences(kind, seed):
+    rng = random.Random(1000 + seed)
+    d = _draws(seed, rng.choice((3, 5, 20)), rng.uniform(-0.1, 0.1), rng.uniform(0.005, 0.08))
+    neg = tuple(-x for x in d)
+    a = stats.judge([stats.Item("x", d, kind, 0.02)])
+    b = stats.judge([stats.Item("x", neg, kind, 0.02)])
+    ta, tb = a.tests["x"], b.tests["x"]
+    assert ta.p_supports == pytest.approx(tb.p_against, rel=1e-12, abs=1e-300)
+    assert ta.p_against == pytest.approx(tb.p_supports, rel=1e-12, abs=1e-300)
+    swap = {stats.SUPPORTS: stats.AGAINST, stats.AGAINST: stats.SUPPORTS, stats.UNDECIDED: stats.UNDECIDED}
+    assert tb.outcome == swap[ta.outcome]
+    flip = {"verified": "refuted", "refuted": "verified", "inconclusive": "inconclusive"}
+    assert b.verdict == flip[a.verdict] and b.alt_verdict == flip[a.alt_verdict]
+
+
+def test_direction_and_effect_differ_only_in_the_threshold_and_show_each_other():
+    small = (0.010, 0.011, 0.009, 0.010, 0.012, 0.010)  # clearly > 0, clearly < 0.02
+    d = stats.judge([stats.Item("x", small, stats.DIRECTION, 0.02)])
+    e = stats.judge([stats.Item("x", small, stats.EFFECT, 0.02)])
+    assert (d.verdict, d.alt_verdict) == ("verified", "inconclusive")  # above 0, not beyond +-0.02
+    assert (e.verdict, e.alt_verdict) == ("inconclusive", "verified")
+    assert e.tests["x"].threshold == 0.02 and d.tests["x"].threshold == 0.0
+    assert e.verdict == d.alt_verdict and d.verdict == e.alt_verdict
+
+
+def test_effect_threshold_on_both_sides_against_scipy():
+    d = (0.01, 0.05, 0.03, 0.02, 0.04)
+    t = stats.judge([stats.Item("x", d, stats.EFFECT, 0.02)]).tests["x"]
+    assert t.p_supports == pytest.approx(scipy_stats.ttest_1samp(d, 0.02, alternative="greater").pvalue, rel=1e-10)
+    assert t.p_against == pytest.approx(scipy_stats.ttest_1samp(d, -0.02, alternative="less").pvalue, rel=1e-10)
+    assert t.p == pytest.approx(min(1.0, 2 * min(t.p_supports, t.p_against)))
+
+
+@pytest.mark.parametrize(
+    "values,outcome",
+    [
+        ((0.001, -0.002, 0.0015, -0.001, 0.0005, 0.0), stats.SUPPORTS),  # tight inside +-0.02
+        ((0.30, 0.31, 0.29, 0.305, 0.295, 0.30), stats.AGAINST),  # far above +0.02
+        ((-0.30, -0.31, -0.29, -0.305, -0.295, -0.30), stats.AGAINST),  # far below -0.02
+        ((0.2, -0.2, 0.15, -0.1, 0.05, -0.05), stats.UNDECIDED),  # too wide to tell
+    ],
+)
+def test_equivalence_items_are_two_one_sided_tests(values, outcome):
+    t = stats.judge([stats.Item("x", values, stats.EQUIVALENCE, 0.02)]).tests["x"]
+    assert t.outcome == outcome
+    tost = max(
+        scipy_stats.ttest_1samp(values, -0.02, alternative="greater").pvalue,
+        scipy_stats.ttest_1samp(values, 0.02, alternative="less").pvalue,
+    )
+    assert t.p_supports == pytest.approx(tost, rel=1e-10)
+    with pytest.raises(ValueError, match="margin > 0"):
+        stats.Item("x", values, stats.EQUIVALENCE, 0.0)
+
+
+def test_context_items_never_enter_the_family_nor_the_verdict():
+    a = (0.04, 0.0, 0.07, 0.01, 0.05, -0.01, 0.06)  # alone supports at 0.05; not with a second family member
+    huge = (5.0, 5.1, 4.9, 5.0, 5.05, 4.95, 5.0)
+    assert stats.judge([stats.Item("a", a, stats.DIRECTION)]).verdict == "verified"
+    with_ctx = stats.judge([stats.Item("a", a, stats.DIRECTION), stats.Item("c", huge, stats.CONTEXT, 0.1)])
+    assert with_ctx.verdict == "verified" and with_ctx.family == ["a"]
+    assert with_ctx.tests["c"].outcome == stats.CONTEXT and "c_supports" not in with_ctx.flags()
+    # the same number as a judged item is in the family and changes a's Holm level
+    judged = stats.judge([stats.Item("a", a, stats.DIRECTION), stats.Item("c", huge, stats.DIRECTION, 0.1)])
+    assert judged.family == ["a", "c"]
+    against = stats.judge(
+        [stats.Item("a", a, stats.DIRECTION), stats.Item("c", tuple(-x for x in huge), stats.CONTEXT, 0.1)]
+    )
+    assert against.verdict == "verified"  # a context item against the paper refutes nothing either
+    with pytest.raises(ValueError, match="at least one judged"):
+        stats.judge([stats.Item("c", huge, stats.CONTEXT, 0.1)])
+
+
+def test_exact_items_judge_by_value_outside_the_family():
+    j = stats.judge(
+        [
+            stats.Item("s", (0.1, 0.12, 0.11), stats.EFFECT, 0.01),
+            stats.Item("e", (-0.5,), stats.EFFECT, 0.01, exact=True),
+        ]
+    )
+    assert j.tests["e"].outcome == stats.AGAINST and j.family == ["s"] and j.verdict == "partly"
+    assert (
+        stats.judge([stats.Item("e", (0.005,), stats.EFFECT, 0.01, exact=True), stats.Item("s", (0.1, 0.12, 0.11))])
+        .tests["e"]
+        .outcome
+        == stats.UNDECIDED
+    )
+    with pytest.raises(ValueError, match="one value"):
+        stats.Item("e", (0.1, 0.2), exact=True)
+
+
+def test_ran_flags_cap_and_not_ran():
+    up = (0.1, 0.12, 0.09, 0.11, 0.1)
+    it = stats.Item("x", up, stats.DIRECTION)
+    assert stats.judge([it], {"ran": False}).verdict == "inconclusive"
+    assert stats.judge([it], {"ran": False}, not_ran="refuted").verdict == "refuted"
+    assert stats.judge([it], {"ran": True}, cap="partly").verdict == "partly"
+    assert stats.judge([it], {"ran": True}).verdict == "verified"
+    with pytest.raises(ValueError, match="not_ran"):
+        stats.judge([it], not_ran="verified")
+
+
+def test_a_no_op_and_a_nan_variant_fail():
+    zeros = (0.0,) * 6
+    j = stats.judge([stats.Item("x", zeros, stats.DIRECTION)])
+    assert j.verdict == "inconclusive" and j.tests["x"].p == 1.0  # no effect supports nothing
+    with pytest.raises(ValueError, match="finite"):
+        stats.Item("x", (0.1, math.nan, 0.2))
+    with pytest.raises(ValueError, match="kind"):
+        stats.Item("x", (0.1, 0.2), "strong")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rejudge_re_derives_every_number_from_the_evidence(seed):
+    rng = random.Random(seed)
+    items = [
+        stats.Item("a", _draws(seed, 8, 0.03, 0.02), stats.DIRECTION, 0.02),
+        stats.Item("b", _draws(seed + 50, 8, -0.04, 0.02), stats.EFFECT, 0.02),
+        stats.Item("c", _draws(seed + 90, 8, 0.0, 0.005), stats.EQUIVALENCE, 0.02),
+        stats.Item("k", _draws(seed + 7, 8, 1.0, 0.1), stats.CONTEXT, 0.1),
+        stats.Item("e", (rng.uniform(-0.05, 0.05),), stats.EFFECT, 0.01, exact=True),
+    ]
+    j = stats.judge(items, {"ran": True}, cap=rng.choice((None, "partly")))
+    ev = j.evidence()
+    again = stats.rejudge(ev)
+    assert (again.verdict, again.alt_verdict, again.tests) == (j.verdict, j.alt_verdict, j.tests)
+    ev["items"][0]["values"] = [-v for v in ev["items"][0]["values"]]  # a tampered record re-derives differently
+    assert stats.rejudge(ev).tests["a"] != j.tests["a"]
+    with pytest.raises(ValueError, match="lacks field"):
+        stats.rejudge({"items": []})
+
+
+def test_decide_is_the_effect_rule_with_its_margin():
+    d = {"x": (0.05, 0.04, 0.06, 0.05), "y": (0.001, 0.002, 0.0, 0.001)}
+    dec = stats.decide(d, {"x": 0.01, "y": 0.0})
+    j = dec.judgement
+    assert [it.kind for it in j.items] == [stats.EFFECT, stats.DIRECTION]
+    assert dec.verdict == j.verdict and dec.items == j.tests
+
+
+# ----------------------------------------------------------------------- the registry's item declarations
+def _context_items() -> set[tuple[str, str, str]]:
+    registry.discover()
+    return {(c.id, i.layer, i.name) for c in registry.claims().values() for i in c.items if i.kind == "context"}
+
+
+CONTEXT_ITEMS = {
+    ("disa.d3.teacher_m_study", "llm", "variance_falls"),
+    ("disa.d3.teacher_m_study", "llm", "bias_shrinks"),
+    ("disa.d3.teacher_m_study", "llm", "knee_at_8"),
+    ("fpa.figs2_4.llm_dynamics", "llm", "fpa_raises_accuracy"),
+    ("disa.llm.stage1_real_model", "llm", "m16_beats_m4"),
+    ("disa.llm.stage1_real_model", "llm", "top_p_biases_low"),
+}
+
+
+def test_the_by_construction_items_are_these_and_each_says_why():
+    assert _context_items() == CONTEXT_ITEMS
+    for c in registry.claims().values():
+        for i in c.items:
+            assert i.why, (c.id, i.name)
+
+
+def test_a_check_whose_items_differ_from_the_registry_is_an_error():
+    registry.discover()
+    chk = next(c for c in registry.checks() if c.claim_id == "paced.replay" and c.layer == "sim")
+    up = (0.1, 0.12, 0.09, 0.11, 0.1)
+
+    def res(kind, margin, name="final_pass_rate", ctx=False):
+        items = [stats.Item(name, up, kind, margin)]
+        if ctx:
+            items.append(stats.Item("extra", up, stats.CONTEXT, 0.01))
+        j = stats.judge(items)
+        return CheckResult(Verdict(j.verdict), "s", {}, evidence=j.evidence())
+
+    registry.check_evidence(chk, res(stats.EFFECT, 0.01))  # as declared
+    for bad in (
+        res(stats.DIRECTION, 0.01),
+        res(stats.EFFECT, 0.02),
+        res(stats.EFFECT, 0.01, "other"),
+        res(stats.EFFECT, 0.01, ctx=True),
+    ):
+        with pytest.raises(ValueError, match="registry"):
+            registry.check_evidence(chk, bad)
+    with pytest.raises(ValueError, match="no evidence"):
+        registry.check_evidence(chk, CheckResult(Verdict.VERIFIED, "s", {}))
+    j = stats.judge([stats.Item("final_pass_rate", up, stats.EFFECT, 0.01)])
+    lying = CheckResult(Verdict.REFUTED, "s", {}, evidence=j.evidence())  # a verdict its values do not give
+    with pytest.raises(ValueError, match="re-derive"):
+        registry.check_evidence(chk, lying)
