@@ -36,7 +36,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +75,16 @@ _REPORT_HELP = """Work from a record instead of re-running checks.
   tiltlab report --format csv|latex|md  the per-claim table (claim, paper, section, verdict, deciding
                                       layers, key numbers with CIs, commit, source) on stdout or --out
   tiltlab report --docs               rewrite the generated sections of README.md and docs/llm-checks.md
-  tiltlab report --ship-llm FILE      stamp a full llm-layer run as the shipped llm record
+  tiltlab report --ship-llm FILE      ship a full llm-layer run as the shipped llm record (refused
+                                      unless every row is strictly pre-registered, see --preregister)
+  tiltlab report --preregister [CHECK]  write the sha256 of CHECK's (default: all llm checks') rule
+                                      files into paper_checks/preregistration.toml
 
 The llm-layer checks of the shipped record are merged (marked recorded) into a record that lacks them."""
+
+
+#: ``tiltlab report --preregister`` without a check name: every ``[[rule]]`` of the file.
+_ALL_LLM = "*all*"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -195,6 +202,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(paper_checks/records/llm.json, or --out)",
     )
     t.add_argument(
+        "--preregister",
+        nargs="?",
+        const=_ALL_LLM,
+        metavar="CHECK",
+        help="write the sha256 of the rule files of CHECK (default: every registered llm check) into "
+        "paper_checks/preregistration.toml; commit it before the run that decides the rule",
+    )
+    t.add_argument(
         "--pin",
         action="store_true",
         help="write the numbers of the record's theory, sim and data checks as the pinned numbers "
@@ -212,7 +227,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write the run times of the record's theory, sim and data checks (from a `tiltlab check --jobs 1` run) "
         "as the costs by which `tiltlab check` starts the longest checks first (paper_checks/costs.json, or --out)",
     )
-    t.add_argument("--commit", help="with --ship-llm: the commit that ran it (default: the record's)")
     t.add_argument("--machine", help="with --ship-llm: the machine that ran it (default: the record's)")
     t.add_argument("--run-seconds", type=float, help="with --ship-llm: its wall time (default: the record's)")
     t.set_defaults(func=_cmd_report)
@@ -432,10 +446,13 @@ def _record(
     prov: dict[str, Any] | None = None,
     kept_rows: Sequence[dict[str, Any]] = (),
     recorded_rows: Sequence[dict[str, Any]] = (),
+    rule_hashes: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record: this run's rows (stamped with ``prov``), then ``kept_rows`` (earlier runs'
-    rows this run did not re-run) and ``recorded_rows`` (the shipped llm record); the summary and the
-    claim verdicts cover all of them, ``summary.failures`` only this run's checks."""
+    """The JSON record: this run's rows (stamped with ``prov``, and each llm row with ``rule_hashes``:
+    the sha256 of its check's registered rule files when the run started, :func:`_rule_hashes`), then
+    ``kept_rows`` (earlier runs' rows this run did not re-run) and ``recorded_rows`` (the shipped llm
+    record); the summary and the claim verdicts cover all of them, ``summary.failures`` only this run's
+    checks."""
     from tiltlab import __version__
     from tiltlab.paper_checks import registry
     from tiltlab.paper_checks.record import outcomes_from_rows
@@ -445,6 +462,8 @@ def _record(
     for o in outs:
         row = o.to_json(seed)
         row["reproducer"] = reproducer(o.check, seed, claim_dirs, modules)
+        if o.check.layer == "llm" and o.check.name in (rule_hashes or {}):
+            row["rule_hashes"] = dict(rule_hashes[o.check.name])  # type: ignore[index]
         checks.append({**row, **prov})
     rows = [*checks, *kept_rows, *recorded_rows]
     all_outs = [*outs, *outcomes_from_rows([*kept_rows, *recorded_rows])]
@@ -455,6 +474,7 @@ def _record(
         "skipped_modules": dict(sorted(registry.SKIPPED_MODULES.items())),
         "generated_at": prov.get("run_at") or _now(),
         "commit": prov.get("commit"),
+        "commit_sha": prov.get("commit_sha"),
         "machine": _machine(),
         "seed": seed,
         "selection": selection,
@@ -488,7 +508,7 @@ def _machine() -> dict[str, Any]:
 def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | None = None) -> dict[str, Any]:
     import uuid
 
-    from tiltlab.paper_checks.record import git_commit
+    from tiltlab.paper_checks.record import git_commit, git_sha
 
     return {
         "run_at": run_at or _now(),
@@ -497,9 +517,21 @@ def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | No
         "mode": mode,
         "slow": slow,
         "commit": git_commit(),
+        "commit_sha": git_sha(),
         "seed": seed,
         "source": "run",
     }
+
+
+def _rule_hashes(chks) -> dict[str, dict[str, str | None]]:
+    """``{check name: {path: sha256}}`` of the registered rule files of the selected llm checks, read
+    now, before they run (:func:`tiltlab.paper_checks.prereg.current_hashes`)."""
+    names = {c.name for c in chks if c.layer == "llm"}
+    if not names:
+        return {}
+    from tiltlab.paper_checks.prereg import current_hashes
+
+    return current_hashes(names)
 
 
 def _write_json(path: Path, rec: dict[str, Any]) -> None:
@@ -637,6 +669,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
     prov = _provenance(_check_command(args), "check", bool(args.slow), args.seed)
+    hashes = _rule_hashes(chks)  # the rule files as this run finds them, with the commit it runs at
     outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     seconds = time.perf_counter() - t0
     sel = {
@@ -655,7 +688,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     wanted = had | ({row_key(r) for r in recorded_llm_rows(prefix, args.check)[0]} if not layer else set())
     recorded = [r for r in recorded_llm_rows()[0] if row_key(r) in wanted and row_key(r) not in ran]
     kept = [r for r in merge(old, [])[0] if row_key(r) not in ran]
-    rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded)
+    rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded, hashes)
     rec["runtime"] = _runtime(seconds)
     if old:
         rec["history"] = [*old.get("history", [_history_entry(old)]), _history_entry(rec)]
@@ -960,6 +993,7 @@ def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> in
     command = "tiltlab reproduce" + (" --quick" if args.quick else "") + (" --llm" if args.llm else "")
     command += f" --seed {args.seed}" if args.seed else ""
     prov = _provenance(command, mode, not args.quick, args.seed)
+    hashes = _rule_hashes(chks)
     # figures in worker processes while the checks run here (each figure is seeded on its own,
     # so the results do not depend on where it runs); --jobs 1 runs everything in this process
     bg = _start_figures_in_background(tmp / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
@@ -981,6 +1015,7 @@ def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> in
         time.perf_counter() - t0,
         prov=prov,
         recorded_rows=recorded,
+        rule_hashes=hashes,
     )
     rec["figures"] = figures_json(figs, tmp)
     rec["figures_missing"] = dict(sorted(problems.items()))
@@ -1080,14 +1115,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if args.ship_llm is not None:
         dest = args.out or R.LLM_RECORD
-        shipped = R.ship_llm_record(
-            args.ship_llm, dest, commit=args.commit, machine_desc=args.machine, run_seconds=args.run_seconds
-        )
+        shipped = R.ship_llm_record(args.ship_llm, dest, machine_desc=args.machine, run_seconds=args.run_seconds)
+        commits = sorted({str(r["commit"]) for r in shipped["checks"]})
         print(
-            f"shipped llm record written to {dest}: {len(shipped['checks'])} checks, commit {shipped['commit']}, "
-            f"registry hash {shipped['registry_hash']}"
+            f"shipped llm record written to {dest}: {len(shipped['checks'])} checks, run at commit(s) "
+            f"{', '.join(commits)}, each strictly pre-registered; registry hash {shipped['registry_hash']}"
         )
         return 0
+    if args.preregister is not None:
+        return _preregister(args.preregister)
     rec = R.read_record(args.record, "--record")
     if rec is None:
         raise FileNotFoundError(
@@ -1129,6 +1165,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
         )
     md, ht = P.write_report(P.report_input_from_record(rec, args.record.parent))
     print(f"report rewritten from {args.record}: {md}, {ht}")
+    return 0
+
+
+def _preregister(check: str) -> int:
+    """``tiltlab report --preregister [CHECK]``: the registered rule files' hashes of CHECK (or every
+    ``[[rule]]``) rewritten in paper_checks/preregistration.toml, atomically, other lines kept."""
+    from tiltlab.paper_checks import prereg, registry
+    from tiltlab.paper_checks.record import write_text
+
+    path = registry.PREREG_FILE
+    text, changed = prereg.preregister_text(
+        path.read_text(encoding="utf-8"), None if check == _ALL_LLM else [check], path.parents[1]
+    )
+    write_text(path, text)
+    by_check = Counter(c for c, _ in changed)
+    what = ", ".join(f"{c}: {n} file(s) changed" for c, n in sorted(by_check.items())) or "no hash changed"
+    print(
+        f"rule-file hashes written to {path} ({what}); commit it, then run: the registration commit "
+        "must be a strict ancestor of the run's commit"
+    )
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Every check row of a record carries its *provenance*: when it ran (``run_at``), the command and its
 mode (``mode``: ``full`` / ``quick`` for ``tiltlab reproduce``, ``check`` for ``tiltlab check``;
-``slow``: whether slow checks were part of that run), the git ``commit`` and the ``seed``, and
+``slow``: whether slow checks were part of that run), the git ``commit`` (``git describe``) and
+``commit_sha`` (the full hash), the ``seed``, and
 ``source``: ``run`` (measured by that command) or ``recorded`` (taken from the shipped llm record,
 not re-run).
 
@@ -12,9 +13,11 @@ provenance, so a record never shrinks silently (:func:`merge`).
 
 The llm layer trains small models for tens of minutes, so ``tiltlab reproduce`` and ``tiltlab
 check`` do not re-run it: they merge the last full llm-layer run shipped in the repository
-(``paper_checks/records/llm.json``, :data:`LLM_RECORD`), stamped with the commit, date, machine and
-run time of that run and a hash of the llm part of the registry (:func:`llm_registry_hash`: the
-claims the llm checks decide, the checks, their expected verdicts and items). A test fails when
+(``paper_checks/records/llm.json``, :data:`LLM_RECORD`), stamped with the date, machine and run time
+of that run and a hash of the llm part of the registry (:func:`llm_registry_hash`: the claims the
+llm checks decide, the checks, their expected verdicts and items); each row keeps the commit of the
+run that produced it (:func:`git_commit` and :func:`git_sha`, taken by ``tiltlab check``, never
+passed by hand) and its registration commit (:mod:`tiltlab.paper_checks.prereg`). A test fails when
 that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 1 --out FILE && tiltlab
 report --ship-llm FILE`` regenerates it.
 """
@@ -42,6 +45,7 @@ __all__ = [
     "LLM_RECORD_COMMAND",
     "RecordedOutcome",
     "git_commit",
+    "git_sha",
     "llm_registry_hash",
     "load_llm_record",
     "machine",
@@ -64,15 +68,16 @@ LLM_RECORD_COMMAND = (
 )
 
 #: Provenance fields copied onto every check row.
-PROVENANCE_FIELDS = ("run_at", "run_id", "command", "mode", "slow", "commit", "seed", "source")
+PROVENANCE_FIELDS = ("run_at", "run_id", "command", "mode", "slow", "commit", "commit_sha", "seed", "source")
 
 
 def now_utc() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def git_commit(root: Path = _REPO) -> str | None:
+def git_commit(root: Path | None = None) -> str | None:
     """``git describe --always --dirty --abbrev=12`` of the checkout holding the code (None outside git)."""
+    root = _REPO if root is None else root
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
@@ -84,6 +89,20 @@ def git_commit(root: Path = _REPO) -> str | None:
         return None
     text = out.stdout.strip()
     return text if out.returncode == 0 and text else None
+
+
+def git_sha(root: Path | None = None) -> str | None:
+    """``git rev-parse HEAD``: the full hash of the checked-out commit (None outside git), recorded
+    beside :func:`git_commit` so that ancestry can be tested (``git merge-base --is-ancestor``)."""
+    root = _REPO if root is None else root
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--verify", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = out.stdout.strip()
+    return text if out.returncode == 0 and len(text) >= 40 else None
 
 
 def machine() -> dict[str, Any]:
@@ -422,15 +441,26 @@ def ship_llm_record(
     src: Path,
     dest: Path | None = None,
     *,
-    commit: str | None = None,
     machine_desc: str | None = None,
     run_seconds: float | None = None,
     date: str | None = None,
+    root: Path | None = None,
 ) -> dict[str, Any]:
     """Stamp the record of a full llm-layer run (``tiltlab check --layer llm --slow --out src``) and
     write it to ``dest`` (default :data:`LLM_RECORD`) atomically. The run must hold a row for every
-    registered llm check and nothing else. Values not given are taken from the record (``commit``,
-    ``machine``, ``summary.seconds``, ``generated_at``)."""
+    registered llm check and nothing else.
+
+    Provenance comes from the run, never from the caller: each row keeps its own ``commit``,
+    ``commit_sha``, ``run_at`` (and command, seed, run id) where it has them, the record's otherwise.
+    Refused, one line naming the check: a commit that is unknown or ``-dirty``, a row listed as
+    ``[[legacy]]``, and a row that is not strictly pre-registered in the clone at ``root``
+    (:func:`tiltlab.paper_checks.prereg.verify_row`: no registration, registered in the run's own
+    commit, or a rule file whose run-time hash differs from the registered one; ``root``: the clone,
+    default the checkout holding the code). Each shipped row gets
+    ``rule_commit``: its registration commit. ``machine``, ``summary.seconds`` and ``generated_at``
+    default to the record's."""
+    from tiltlab.paper_checks import prereg
+
     rec = read_record(Path(src), "--ship-llm")
     if rec is None:
         raise FileNotFoundError(f"--ship-llm {src}: no such file")
@@ -448,9 +478,11 @@ def ship_llm_record(
             + f"; {len(extra) + sum(r.get('layer') != 'llm' for r in rows if row_key(r) in want)} other row(s)); "
             "run `tiltlab check --layer llm --slow --jobs 1 --out FILE` first"
         )
-    commit = commit or rec.get("commit")
-    if not commit:
-        raise ValueError(f"--ship-llm {src}: the record names no commit; pass --commit with the commit that ran it")
+    commit = rec.get("commit")
+    if not commit or str(commit).endswith("-dirty"):
+        raise ValueError(
+            f"--ship-llm {src}: the run's commit is {commit or 'unknown'}; ship only a run of a clean, committed checkout"
+        )
     mach: Any = machine_desc or rec.get("machine")
     if not mach:
         raise ValueError(f"--ship-llm {src}: the record names no machine; pass --machine 'what ran it'")
@@ -459,20 +491,41 @@ def ship_llm_record(
     command = "tiltlab check --layer llm --slow" + (
         f" --seed {rec['seed']}" if rec.get("seed") not in (None, 0) else ""
     )
-    prov = {
+    stamp = {
         "run_at": date,
         "command": command,
         "mode": "check",
         "slow": True,
         "commit": commit,
+        "commit_sha": rec.get("commit_sha"),
         "seed": rec.get("seed"),
         "run_id": "llm-record",
-        "source": "run",  # measured by that run; merged elsewhere as "recorded" (recorded_llm_rows)
     }
+    legacy = registry.legacy_runs(prereg.repo_root(root) / prereg.PREREG_PATH)
+    shipped_rows = []
+    for r in sorted(rows, key=row_key):
+        if r.get("source") == "recorded":
+            raise ValueError(f"--ship-llm {src}: check {r['check']} ({r['claim']}) is a recorded row, not a run")
+        own = {k: r[k] for k in stamp if r.get(k) not in (None, "")}
+        if "commit" in own:  # a row's own commit goes with its own full hash, never the record's
+            own["commit_sha"] = r.get("commit_sha")
+        row = {**{k: v for k, v in r.items() if k not in PROVENANCE_FIELDS}, **stamp, **own, "source": "run"}
+        leg = prereg.legacy_for(row, legacy)
+        if leg is not None:
+            raise ValueError(
+                f"--ship-llm {src}: check {row['check']} ({row['claim']}) ran at {row['commit']}, listed as a "
+                f"[[legacy]] registration in {prereg.PREREG_PATH}; legacy runs are never shipped again"
+            )
+        try:
+            row["rule_commit"] = prereg.verify_row(row, root)
+        except ValueError as exc:
+            raise ValueError(f"--ship-llm {src}: {exc}") from None
+        shipped_rows.append(row)
     shipped = {
         "record": "tiltlab llm-layer record",
         "regenerate": LLM_RECORD_COMMAND,
         "commit": commit,
+        "commit_sha": rec.get("commit_sha"),
         "date": date,
         "machine": mach,
         "run_seconds": seconds,
@@ -481,9 +534,7 @@ def ship_llm_record(
         "seed": rec.get("seed"),
         "summary": rec.get("summary"),
         "claims": rec.get("claims", []),
-        "checks": sorted(
-            ({**{k: v for k, v in r.items() if k not in PROVENANCE_FIELDS}, **prov} for r in rows), key=row_key
-        ),
+        "checks": shipped_rows,  # "source": "run" (measured); merged elsewhere as "recorded" (recorded_llm_rows)
     }
     dest = LLM_RECORD if dest is None else Path(dest)
     write_json(dest, shipped)

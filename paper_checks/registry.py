@@ -56,12 +56,16 @@ __all__ = [
     "discover",
     "get_claim",
     "get_paper",
+    "legacy_runs",
     "load_claims",
     "load_papers",
     "papers",
+    "parse_preregistration",
+    "preregistration",
     "register_check",
     "residual",
     "run_checks",
+    "shared_runs",
     "stochastic",
     "validate",
 ]
@@ -537,26 +541,69 @@ def set_pins(value: Mapping[str, Mapping[str, tuple]] | None) -> None:
 
 
 PREREG_FILE = Path(__file__).resolve().parent / "preregistration.toml"
-"""When each llm rule was fixed: ``[[rule]]`` tables with ``check`` (a check name), ``rule_commit``,
-``seeds`` and ``history``."""
+"""How each llm rule is registered: ``[[rule]]`` tables with ``check`` (a check name), ``seeds``,
+``history`` and a ``[rule.files]`` sub-table ``{path: sha256 of its content}`` of the files that define
+the rule (no self-declared commit: the registration commit is found with git,
+:mod:`tiltlab.paper_checks.prereg`); ``[[legacy]]`` tables mark shipped runs that predate that rule."""
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+def parse_preregistration(data: Mapping[str, Any], where: str = "preregistration.toml") -> dict[str, dict[str, Any]]:
+    """``{check name: {"seeds", "history", "files"}}`` of parsed TOML ``data``: ``files`` maps a path
+    (relative to the repository root) to the sha256 (64 hex digits) of its content. An entry without a
+    positive seed count or files, or one that declares its own ``rule_commit``, is an error."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in data.get("rule", []):
+        name, seeds, files = row.get("check"), row.get("seeds"), row.get("files")
+        if "rule_commit" in row:
+            raise ValueError(
+                f"{where}: [[rule]] {name!r} declares rule_commit; the registration commit is not declared, it is "
+                "the commit that last changed the entry (found with git); move a past run to [[legacy]]"
+            )
+        if not name or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"{where}: a [[rule]] needs check and seeds >= 1, got {row}")
+        if not isinstance(files, dict) or not files:
+            raise ValueError(f"{where}: [[rule]] {name!r} needs a [rule.files] table {{path = sha256}}, got {files!r}")
+        bad = [p for p, h in files.items() if not (isinstance(h, str) and _SHA256.fullmatch(h))]
+        if bad:
+            raise ValueError(
+                f"{where}: [[rule]] {name!r}: {bad[0]} needs a sha256 (64 hex digits), got {files[bad[0]]!r}"
+            )
+        if name in out:
+            raise ValueError(f"{where}: check {name!r} pre-registered twice")
+        out[name] = {"seeds": seeds, "history": row.get("history", ""), "files": dict(files)}
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
 
 
 def preregistration(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """``{check name: {"rule_commit", "seeds", "history"}}`` from :data:`PREREG_FILE`; an entry
-    without a rule commit or a positive seed count is an error."""
+    """The registered llm rules of :data:`PREREG_FILE` (:func:`parse_preregistration`; ``{}`` without
+    the file)."""
+    path = PREREG_FILE if path is None else Path(path)
+    return parse_preregistration(_read_toml(path), str(path)) if path.is_file() else {}
+
+
+def legacy_runs(path: Path | None = None) -> list[dict[str, str]]:
+    """``[{"check", "run_commit", "rule_commit", "reason"}]``: :data:`PREREG_FILE`'s ``[[legacy]]``
+    tables, shipped runs that are not strictly pre-registered (kept, marked, never shipped again)."""
     path = PREREG_FILE if path is None else Path(path)
     if not path.is_file():
-        return {}
-    with open(path, "rb") as fh:
-        rows = tomllib.load(fh).get("rule", [])
-    out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name, commit, seeds = row.get("check"), row.get("rule_commit"), row.get("seeds")
-        if not name or not isinstance(commit, str) or len(commit) < 7 or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"{path}: a [[rule]] needs check, rule_commit (>= 7 hex digits) and seeds >= 1, got {row}")
-        if name in out:
-            raise ValueError(f"{path}: check {name!r} pre-registered twice")
-        out[name] = {"rule_commit": commit, "seeds": seeds, "history": row.get("history", "")}
+        return []
+    out = []
+    for row in _read_toml(path).get("legacy", []):
+        run, rule = row.get("run_commit"), row.get("rule_commit")
+        ok = all(isinstance(c, str) and _COMMIT.fullmatch(c) for c in (run, rule))
+        if not (row.get("check") and ok and str(row.get("reason", "")).strip()):
+            raise ValueError(
+                f"{path}: a [[legacy]] needs check, run_commit and rule_commit (7-40 hex digits) and a reason, got {row}"
+            )
+        out.append({k: str(row[k]) for k in ("check", "run_commit", "rule_commit", "reason")})
     return out
 
 

@@ -162,9 +162,14 @@ def _provenance_note(o: Outcome, inp: ReportInput) -> str:
         return ""
     if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
         return ""
+    from tiltlab.paper_checks.prereg import legacy_for
     from tiltlab.paper_checks.record import provenance_line
+    from tiltlab.paper_checks.registry import legacy_runs
 
-    return provenance_line(prov)
+    line = provenance_line(prov)
+    if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):
+        line += ", legacy pre-registration (not strictly pre-registered: paper_checks/preregistration.toml)"
+    return line
 
 
 def _recorded_sentence(inp: ReportInput) -> str:
@@ -1140,6 +1145,11 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
     # summary, which describes only the last invocation that wrote the record
     bad = sorted(str(r.get("claim")) for r in llm_rec.get("checks", []) if not r.get("ok", True))
+    from tiltlab.paper_checks.record import row_key
+    from tiltlab.paper_checks.registry import legacy_runs
+
+    by_key = {row_key(r): r for r in llm_rec.get("checks", [])}
+    legacy, used = legacy_runs(), []  # used: the legacy entries of this record's rows, in row order
     changed = f"{len(bad)} changed or crashed" + (f" ({', '.join(bad)})" if bad else "")
     L = [
         f"`tiltlab check --layer llm --slow --jobs 1` (seed {llm_rec.get('seed', 0)}), run {_when(llm_rec.get('date'))} "
@@ -1147,21 +1157,14 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
         f"{changed}, {llm_rec.get('run_seconds', '?')} s wall. "
         f"Registry hash of the llm part: `{llm_rec.get('registry_hash')}`.",
         "",
-        "| claim | check | verdict (first 3 / 5 seeds) | rule commit -> run commit | key numbers (95% t-intervals) |",
+        "| claim | check | verdict (first 3 / 5 seeds) | pre-registration: rule commit -> run commit "
+        "| key numbers (95% t-intervals) |",
         "| --- | --- | --- | --- | --- |",
     ]
-    from tiltlab.paper_checks.registry import preregistration
-
-    prereg = preregistration()
-    commits = {(r.get("claim"), r.get("check")): r.get("commit") for r in llm_rec.get("checks", [])}
-    for o in outs:
-        nums = key_numbers(o.result.numbers, limit=3) if o.result is not None else (o.error or "").strip()[-80:]
-        got = o.result.numbers if o.result is not None else {}
-        early = [str(got[k]) for k in ("verdict_at_3_seeds", "verdict_at_5_seeds") if k in got]
-        verdict = o.verdict + (f" ({' / '.join(early)})" if early else "")
-        rule = prereg.get(o.check.name, {}).get("rule_commit", "not registered")
-        run = commits.get((o.check.claim_id, o.check.name)) or llm_rec.get("commit")
-        L.append(f"| `{o.check.claim_id}` | `{o.check.name}` | {verdict} | {rule} -> {run} | {_md_escape(nums)} |")
+    L += [_prereg_row(o, by_key.get(o.check.key, {}), llm_rec, legacy, used) for o in outs]
+    if used:
+        L += ["", "Legacy registrations (`[[legacy]]` in paper_checks/preregistration.toml; never shipped again):"]
+        L += [f"- `{leg['check']}` run at {leg['run_commit']}: {leg['reason']}" for leg in used]
     from tiltlab.paper_checks.registry import shared_runs
 
     shared = shared_runs()
@@ -1169,6 +1172,30 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
         L += ["", "Experiments read by more than one claim (one run each: a reuse, not independent evidence):"]
         L += [f"- {run}: {', '.join(f'`{c}`' for c in claims)}" for run, claims in shared]
     return "\n".join(L)
+
+
+def _prereg_row(o: Outcome, row: Mapping[str, Any], llm_rec: Mapping[str, Any], legacy, used: list) -> str:
+    """One row of :func:`llm_run_section`: a strictly pre-registered row shows ``reg -> run
+    (registered)`` (``rule_commit``, stamped by ``--ship-llm`` after :func:`prereg.verify_row`), a
+    legacy one ``**legacy** rule -> run`` (its reason listed under the table, collected in ``used``),
+    any other ``not registered -> run``."""
+    from tiltlab.paper_checks.prereg import legacy_for
+
+    nums = key_numbers(o.result.numbers, limit=3) if o.result is not None else (o.error or "").strip()[-80:]
+    got = o.result.numbers if o.result is not None else {}
+    early = [str(got[k]) for k in ("verdict_at_3_seeds", "verdict_at_5_seeds") if k in got]
+    verdict = o.verdict + (f" ({' / '.join(early)})" if early else "")
+    run = row.get("commit") or llm_rec.get("commit")
+    leg = legacy_for({**row, "commit": run}, legacy)
+    if row.get("rule_commit"):
+        reg = f"{str(row['rule_commit'])[:12]} -> {run} (registered)"
+    elif leg is not None:
+        reg = f"**legacy** {leg['rule_commit']} -> {run}"
+        if leg not in used:
+            used.append(leg)
+    else:
+        reg = f"not registered -> {run}"
+    return f"| `{o.check.claim_id}` | `{o.check.name}` | {verdict} | {reg} | {_md_escape(nums)} |"
 
 
 def replace_section(text: str, name: str, body: str, where: str = "README.md") -> str:

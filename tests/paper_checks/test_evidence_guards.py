@@ -200,9 +200,10 @@ def test_pin_file_validation_and_the_tolerance_boundary(tmp_path):
 
 def test_preregistration_boundaries(tmp_path):
     f = tmp_path / "p.toml"
-    f.write_text('[[rule]]\ncheck = "x"\nrule_commit = "abcdef0"\nseeds = 1\n', encoding="utf-8")
+    files = '[rule.files]\n"a.py" = "' + "0" * 64 + '"\n'
+    f.write_text('[[rule]]\ncheck = "x"\nseeds = 1\n' + files, encoding="utf-8")
     assert registry.preregistration(f)["x"]["seeds"] == 1
-    f.write_text('[[rule]]\ncheck = ""\nrule_commit = "abcdef0"\nseeds = 2\n', encoding="utf-8")
+    f.write_text('[[rule]]\ncheck = ""\nseeds = 2\n' + files, encoding="utf-8")
     with pytest.raises(ValueError, match="needs check"):
         registry.preregistration(f)
 

@@ -79,7 +79,7 @@ def _rows(path):
 
 
 def test_repeated_checks_into_one_record_hold_each_recorded_row_once_with_the_shipped_provenance(
-    isolated_registry, tmp_path, monkeypatch
+    isolated_registry, prereg_repo, tmp_path, monkeypatch
 ):
     """``tiltlab check`` three times into the same ``--out`` (full, then a partial run of another
     layer, then after the shipped record was replaced): the recorded llm row is there once each
@@ -96,7 +96,7 @@ def test_repeated_checks_into_one_record_hold_each_recorded_row_once_with_the_sh
         keys = [record.row_key(r) for r in rows]
         assert sorted(keys) == sorted(set(keys)), keys
         (llm,) = [r for r in rows if record.row_key(r) == key]
-        assert llm["source"] == "recorded" and llm["commit"] == "abc123"
+        assert llm["source"] == "recorded" and llm["commit"] == prereg_repo.run[:12]
         assert all(r["source"] == "run" for r in rows if record.row_key(r) != key)
         assert json.loads(out.read_text())["summary"]["recorded"] == 1
     # the shipped record is regenerated at another commit: the next run carries the new provenance
@@ -109,7 +109,9 @@ def test_repeated_checks_into_one_record_hold_each_recorded_row_once_with_the_sh
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
-def test_ship_llm_refuses_a_run_with_one_row_of_another_layer(isolated_registry, tmp_path, monkeypatch, where):
+def test_ship_llm_refuses_a_run_with_one_row_of_another_layer(
+    isolated_registry, prereg_repo, tmp_path, monkeypatch, where
+):
     """One non-llm row, first or last, and the run is not shipped. (Its key is never an llm check's,
     so the key comparison alone refuses it: the separate ``any(layer != "llm")`` test is redundant, and
     a mutant that makes it ``all`` cannot fail this test.)"""
@@ -124,11 +126,12 @@ def test_ship_llm_refuses_a_run_with_one_row_of_another_layer(isolated_registry,
     rec["checks"] = [other, llm_row] if where == "first" else [llm_row, other]
     run.write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="not a full llm-layer run"):
-        record.ship_llm_record(run, tmp_path / "shipped.json", commit="c", machine_desc="m")
+        record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
     assert not (tmp_path / "shipped.json").exists()
     rec["checks"] = [llm_row]
     run.write_text(json.dumps(rec))
-    assert record.ship_llm_record(run, tmp_path / "shipped.json", commit="c", machine_desc="m")["commit"] == "c"
+    shipped = record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
+    assert shipped["commit"] == prereg_repo.run[:12]
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])

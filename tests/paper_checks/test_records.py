@@ -304,32 +304,39 @@ def _only_fake(monkeypatch, reg):
 
 
 def _ship(tmp_path, monkeypatch, reg) -> Path:
-    """Run the fake llm layer, ship it as the llm record (to a test path) and return that path."""
+    """Run the fake llm layer, ship it as the llm record (to a test path) and return that path. Needs
+    the ``prereg_repo`` fixture: the run's commit and rule hashes come from that repository."""
     run = tmp_path / "llm_run.json"
     assert _check("--layer", "llm", "--slow", "--out", str(run)) == 0
     shipped = tmp_path / "records" / "llm.json"
     monkeypatch.setattr(record, "LLM_RECORD", shipped)
-    assert main(["report", "--ship-llm", str(run), "--commit", "abc123", "--machine", "test box"]) == 0
+    assert main(["report", "--ship-llm", str(run), "--machine", "test box"]) == 0
     return shipped
 
 
-def test_ship_llm_stamps_the_record(isolated_registry, tmp_path, monkeypatch, capsys):
+def test_ship_llm_stamps_the_record(isolated_registry, prereg_repo, tmp_path, monkeypatch, capsys):
     reg = isolated_registry
     _setup_llm(reg)
     _only_fake(monkeypatch, reg)
     shipped = json.loads(_ship(tmp_path, monkeypatch, reg).read_text())
-    assert shipped["commit"] == "abc123" and shipped["machine"] == "test box"
+    commit = prereg_repo.run[:12]  # `git describe --always --dirty --abbrev=12` of the clean run commit
+    assert shipped["commit"] == commit and shipped["commit_sha"] == prereg_repo.run and shipped["machine"] == "test box"
     assert shipped["registry_hash"] == record.llm_registry_hash() and shipped["run_seconds"] >= 0
     assert shipped["date"] and shipped["regenerate"] == record.LLM_RECORD_COMMAND
     (row,) = shipped["checks"]
-    assert row["commit"] == "abc123" and row["command"] == "tiltlab check --layer llm --slow" and row["slow"]
+    assert row["commit"] == commit and row["command"] == "tiltlab check --layer llm --slow" and row["slow"]
+    assert row["rule_commit"] == prereg_repo.reg and set(row["rule_hashes"]) == {"rules/tiny.py", "claims.toml"}
+    assert "shipped llm record written to" in capsys.readouterr().out
     # docs/llm-checks.md's generated "last full run" section, from the shipped record
     from tiltlab.paper_checks.report import llm_run_section
 
     text = llm_run_section(shipped)
-    assert "at commit abc123 on test box: 1 checks, 0 changed or crashed" in text
-    # the fake check has no pre-registered rule; the run commit is the row's
-    assert f"| `{LLM_CID}` | `tiny` | verified | not registered -> abc123 | gap 0.2 [0.1, 0.3] |" in text
+    assert f"at commit {commit} on test box: 1 checks, 0 changed or crashed" in text
+    # the registration commit found by git, then the run commit of the row
+    reg_to_run = f"{prereg_repo.reg[:12]} -> {commit} (registered)"
+    assert f"| `{LLM_CID}` | `tiny` | verified | {reg_to_run} | gap 0.2 [0.1, 0.3] |" in text
+    unregistered = {**shipped, "checks": [{k: v for k, v in row.items() if k != "rule_commit"}]}
+    assert f"| not registered -> {commit} |" in llm_run_section(unregistered)
     # a row whose verdict or items differed from the expected ones is counted and named, whatever the
     # record's summary (it describes only the last invocation that wrote the record) says
     bad = {**shipped, "checks": [{**row, "ok": False}], "summary": {"failures": 0}}
@@ -347,7 +354,7 @@ def test_ship_llm_refuses_a_partial_run(isolated_registry, tmp_path, monkeypatch
     assert _check("--layer", "llm", "--check", "tiny", "--slow", "--out", str(run)) == 0
     dest = tmp_path / "shipped.json"
     capsys.readouterr()
-    assert main(["report", "--ship-llm", str(run), "--commit", "c", "--machine", "m", "--out", str(dest)]) == 2
+    assert main(["report", "--ship-llm", str(run), "--machine", "m", "--out", str(dest)]) == 2
     assert "is not a full llm-layer run (missing 1 llm check(s)" in capsys.readouterr().err
     assert not dest.exists()
 
@@ -369,7 +376,9 @@ def test_the_registry_hash_follows_the_llm_part_only(isolated_registry):
     assert record.llm_registry_hash() != h0  # a claim the llm layer decides changed
 
 
-def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(isolated_registry, tmp_path, monkeypatch, capsys):
+def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(
+    isolated_registry, prereg_repo, tmp_path, monkeypatch, capsys
+):
     reg = isolated_registry
     calls: list[int] = []
     _setup_llm(reg, calls=calls)
@@ -382,7 +391,8 @@ def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(isolated_r
     printed = capsys.readouterr().out
     assert calls == []  # not re-run
     rows = _rows(out)
-    assert rows[f"{LLM_CID}[llm:tiny]"]["source"] == "recorded" and rows[f"{LLM_CID}[llm:tiny]"]["commit"] == "abc123"
+    llm_row = rows[f"{LLM_CID}[llm:tiny]"]
+    assert llm_row["source"] == "recorded" and llm_row["commit"] == prereg_repo.run[:12]
     assert rows[f"{LLM_CID}[data:llm_scale]"]["source"] == "run"
     rec = json.loads(out.read_text())
     assert {r["claim"]: r["decided_by"] for r in rec["claims"]}[LLM_CID] == ["llm"]
@@ -404,7 +414,7 @@ def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(isolated_r
     assert _reproduce(res, "--quick") == 0
     md = (res / "REPORT.md").read_text()
     assert "| llm (recorded) | 1 |" in md and f"### `{LLM_CID}` — verified (decided by llm)" in md
-    assert "recorded (not re-run)" in md and "commit abc123" in md
+    assert "recorded (not re-run)" in md and f"commit {prereg_repo.run[:12]}" in md
     assert "llm (recorded)" in (res / "report.html").read_text()
     assert calls == [0]
     assert _reproduce(tmp_path / "with_llm", "--quick", "--llm") == 0  # --llm runs the layer instead

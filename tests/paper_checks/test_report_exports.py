@@ -102,7 +102,9 @@ def test_each_format_parses_back_to_the_per_claim_table(isolated_registry, tmp_p
     assert parse(dest.read_text()) == rows
 
 
-def test_export_merges_the_shipped_llm_record_and_names_its_commit(isolated_registry, tmp_path, monkeypatch, capsys):
+def test_export_merges_the_shipped_llm_record_and_names_its_commit(
+    isolated_registry, prereg_repo, tmp_path, monkeypatch, capsys
+):
     reg = isolated_registry
     rec_path = _record(tmp_path, reg)
     reg.declare_claim("zz_fake.llm", "DISA", "§9", "an llm-decided claim", kind="empirical")
@@ -115,14 +117,14 @@ def test_export_merges_the_shipped_llm_record_and_names_its_commit(isolated_regi
         del reg._CHECKS[k]
     assert main(["check", "--layer", "llm", "--slow", "--jobs", "1", "--out", str(run)]) == 0
     shipped = tmp_path / "shipped.json"
-    record.ship_llm_record(run, shipped, commit="feed123", machine_desc="box")
+    record.ship_llm_record(run, shipped, machine_desc="box")  # the commit is the run's: prereg_repo's HEAD
     monkeypatch.setattr(record, "LLM_RECORD", shipped)
     capsys.readouterr()
     assert main(["report", "--record", str(rec_path), "--format", "csv"]) == 0
     row = {r["claim"]: r for r in _parse_csv(capsys.readouterr().out)}["zz_fake.llm"]
     assert (row["verdict"], row["commit"], row["source"], row["key_numbers"]) == (
         "verified",
-        "feed123",
+        prereg_repo.run[:12],
         "recorded",
         "tiny: d 0.3 [0.1, 0.5]",
     )

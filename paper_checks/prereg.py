@@ -1,0 +1,222 @@
+"""Pre-registration of the llm rules, proven by git and by file hashes (not declared).
+
+A check's rule (items, margins, units, seeds, verdict mapping) is defined by files: its code, the
+shared rule, the claim statements. ``paper_checks/preregistration.toml`` registers, per check, each
+file's ``sha256(content)``. For a row of the check run at commit ``r`` with run-time hashes ``h``
+(``tiltlab check`` stamps ``rule_hashes`` from the checkout it runs in, :func:`current_hashes`)::
+
+    entry(c) = the check's [[rule]] table (seeds, files) in preregistration.toml as committed at c
+    reg      = the oldest commit c of the newest run of commits touching that file, back from r,
+               with entry(c) == entry(r)             (the commit that last changed the entry)
+    pre-registered  <=>  entry(r) exists  and  merge-base --is-ancestor reg r  and  reg != r
+                         and  h == entry(r).files     (same paths, same hashes)
+
+so a rule registered in the run's own commit, a rule file edited after its registration, and a
+check with no registration are refused (:func:`verify_row`, one line naming the check and the file).
+The entry is read at the run commit, so registering the next rule later does not unmake a shipped
+row. Shipped runs older than this rule are ``[[legacy]]`` entries (:func:`legacy_for`): shown as
+such, never shipped again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tiltlab.paper_checks import registry
+
+__all__ = [
+    "PREREG_PATH",
+    "current_hashes",
+    "file_sha256",
+    "legacy_for",
+    "preregister_text",
+    "registration_commit",
+    "repo_root",
+    "resolve",
+    "verify_row",
+]
+
+#: The registration file, relative to the repository root.
+PREREG_PATH = "paper_checks/preregistration.toml"
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_root(root: Path | None = None) -> Path:
+    """``root``, or the checkout holding the code (read at call time, so tests can point it elsewhere)."""
+    return Path(_REPO if root is None else root)
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 (hex) of the file's bytes; None when it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def current_hashes(names: Iterable[str], root: Path | None = None) -> dict[str, dict[str, str | None]]:
+    """``{check: {path: sha256 now}}`` of the rule files registered for each named check in the
+    checkout at ``root`` (a check without a registration gets none; an unreadable file None)."""
+    root = repo_root(root)
+    entries = registry.preregistration(root / PREREG_PATH)
+    return {n: {p: file_sha256(root / p) for p in entries[n]["files"]} for n in names if n in entries}
+
+
+def _git(root: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(repo_root(root)), *args], capture_output=True, text=True, check=False, timeout=30
+    )
+
+
+def resolve(commit: str, root: Path | None = None) -> str | None:
+    """The full hash of ``commit`` (an abbreviation or ``git describe`` output) in ``root``'s clone."""
+    try:
+        out = _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _entry_at(commit: str, check: str, root: Path | None) -> dict[str, Any] | None:
+    """The check's ``[[rule]]`` table, without its ``history`` prose, as committed at ``commit``
+    (None where the file, the entry or valid TOML is missing)."""
+    out = _git(root, "show", f"{commit}:{PREREG_PATH}")
+    if out.returncode != 0:
+        return None
+    try:
+        rules = tomllib.loads(out.stdout).get("rule", [])
+    except tomllib.TOMLDecodeError:
+        return None
+    for row in rules:
+        if isinstance(row, dict) and row.get("check") == check:
+            return {k: v for k, v in row.items() if k != "history"}
+    return None
+
+
+def registration_commit(check: str, run: str, root: Path | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    """``(reg, entry)``: the check's registration as committed at the full commit ``run`` and the
+    commit that last changed it (walking the commits that touch :data:`PREREG_PATH` back from ``run``;
+    ``(None, None)`` without an entry)."""
+    entry = _entry_at(run, check, root)
+    if entry is None:
+        return None, None
+    log = _git(root, "log", "--format=%H", run, "--", PREREG_PATH)
+    reg = None
+    for c in log.stdout.split():
+        if _entry_at(c, check, root) != entry:
+            break
+        reg = c
+    return reg, entry
+
+
+def legacy_for(row: Mapping[str, Any], legacy: Iterable[Mapping[str, str]]) -> Mapping[str, str] | None:
+    """The ``[[legacy]]`` entry of a shipped row (same check, run commit equal up to abbreviation)."""
+    commit = str(row.get("commit_sha") or row.get("commit") or "")
+    for leg in legacy:
+        run = leg["run_commit"]
+        if leg["check"] == row.get("check") and commit and (commit.startswith(run) or run.startswith(commit)):
+            return leg
+    return None
+
+
+def verify_row(row: Mapping[str, Any], root: Path | None = None) -> str:
+    """The registration commit (full hash) of a check row that is strictly pre-registered (module
+    docstring); else ``ValueError``, one line naming the check and, for a hash, the file."""
+    check, claim = row.get("check"), row.get("claim")
+    who = f"check {check} ({claim})"
+    commit = row.get("commit")
+    if not commit:
+        raise ValueError(f"{who}: the run's commit is unknown (run it from a git checkout)")
+    if str(commit).endswith("-dirty"):
+        raise ValueError(f"{who}: ran on a modified checkout ({commit}); commit the changes and run it again")
+    run = resolve(str(row.get("commit_sha") or commit), root)
+    if run is None:
+        raise ValueError(f"{who}: its run commit {commit} is not in this clone")
+    reg, entry = registration_commit(str(check), run, root)
+    if reg is None or entry is None:
+        raise ValueError(f"{who}: no [[rule]] registration in {PREREG_PATH} at its run commit {run[:12]}")
+    if reg == run:
+        raise ValueError(
+            f"{who}: registered in its run commit {run[:12]}, not strictly before it; commit the registration, then run"
+        )
+    if _git(root, "merge-base", "--is-ancestor", reg, run).returncode != 0:
+        raise ValueError(f"{who}: its registration commit {reg[:12]} is not an ancestor of its run commit {run[:12]}")
+    have = row.get("rule_hashes")
+    if not isinstance(have, Mapping):
+        raise ValueError(
+            f"{who}: the row carries no run-time rule hashes (run it with `tiltlab check` of this version)"
+        )
+    files = entry.get("files") or {}
+    for path in sorted(set(files) | set(have)):
+        if path not in have:
+            raise ValueError(f"{who}: {path} is registered at {reg[:12]} but was not hashed at run time")
+        if path not in files:
+            raise ValueError(f"{who}: {path} was hashed at run time but is not registered at {reg[:12]}")
+        if have[path] != files[path]:
+            raise ValueError(
+                f"{who}: {path} changed after its registration at {reg[:12]} "
+                f"(sha256 {str(have[path])[:12]} at run time, {str(files[path])[:12]} registered)"
+            )
+    return reg
+
+
+_HEADER = re.compile(r"^\s*\[")
+_FILE_LINE = re.compile(r'^(\s*"((?:[^"\\]|\\.)*)"\s*=\s*")([0-9a-fA-F]*)(".*)$')
+_CHECK_LINE = re.compile(r'^\s*check\s*=\s*"([^"]*)"')
+
+
+def preregister_text(
+    text: str, checks: Iterable[str] | None = None, root: Path | None = None
+) -> tuple[str, list[tuple[str, str]]]:
+    """``(new text, [(check, path) whose hash changed])``: ``text`` (a preregistration.toml) with the
+    sha256 of every ``[rule.files]`` path of the named checks (None: every ``[[rule]]``) set to the
+    file's content under ``root`` now (a new path may start as ``"path" = ""``). Every other line is
+    kept as it is (comments, history, order); the result must parse as a valid registration."""
+    root = repo_root(root)
+    names = {r.get("check") for r in tomllib.loads(text).get("rule", []) if isinstance(r, dict)}
+    want = {str(n) for n in names if n} if checks is None else set(checks)
+    missing = sorted(want - names)
+    if missing:
+        raise ValueError(
+            f"--preregister: check {missing[0]} has no [[rule]] in {PREREG_PATH}; "
+            "add one (check, seeds, history, [rule.files] paths) first"
+        )
+    lines = text.splitlines(keepends=True)
+    check, in_files, changed = None, False, []
+    for i, line in enumerate(lines):
+        if _HEADER.match(line):
+            head = line.strip()
+            if head == "[[rule]]":
+                check, in_files = None, False
+            elif head == "[rule.files]":
+                in_files = True
+            else:
+                check, in_files = None, False
+            continue
+        m = _CHECK_LINE.match(line)
+        if m and not in_files:
+            check = m.group(1)
+            continue
+        m = _FILE_LINE.match(line)
+        if in_files and check in want and m:
+            path = m.group(2)
+            sha = file_sha256(root / path)
+            if sha is None:
+                raise ValueError(f"--preregister: {path} (a rule file of check {check}) cannot be read under {root}")
+            if sha != m.group(3):
+                changed.append((check, path))
+            lines[i] = f"{m.group(1)}{sha}{m.group(4)}" + ("\n" if line.endswith("\n") else "")
+    new = "".join(lines)
+    after = registry.parse_preregistration(tomllib.loads(new), PREREG_PATH)
+    for name in want:  # every registered path was rewritten: nothing left to a layout the scan missed
+        stale = [p for p, h in after[name]["files"].items() if h != file_sha256(root / p)]
+        if stale:
+            raise ValueError(f"--preregister: {stale[0]} of check {name} was not rewritten (keep one path per line)")
+    return new, changed
