@@ -163,3 +163,43 @@ def test_sharded_plain_check_equals_sequential(tiny_task, monkeypatch):
     seq, par = _both(lambda: stage3.target_tracking(0, n_seeds=3, steps=2, betas=(1.0, 4.0)), monkeypatch)
     assert seq.numbers["runs"] == 6
     assert dataclasses.asdict(par) == dataclasses.asdict(seq)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
+    """``tiltlab check --jobs 2``: llm-layer checks run here, one after another, at 2 seed jobs (one memo
+    for all of them); the other layers keep their pool of one process per check."""
+    from types import SimpleNamespace
+
+    from tiltlab.paper_checks import cli, registry
+
+    assert T.__name__ == cli.SEED_SHARDS_MODULE
+    pid = os.getpid()
+
+    def check(key, layer):
+        return SimpleNamespace(key=key, layer=layer)
+
+    seen = []
+    monkeypatch.setattr(
+        registry, "run_one", lambda c, seed: seen.append((c.key, T._JOBS, os.getpid())) or registry.Outcome(c, None, 0)
+    )
+    pooled = []
+
+    def fake_checks(chks, seed, progress, jobs):
+        if jobs > 1:  # the per-check pool, stubbed: record what it was given
+            pooled.append([c.key for c in chks])
+            return [registry.Outcome(c, None, 0.0) for c in chks]
+        return real(chks, seed, progress, jobs)
+
+    real = cli._run_checks
+    monkeypatch.setattr(cli, "_run_checks", fake_checks)
+    chks = [check("a", "llm"), check("b", "sim"), check("c", "llm"), check("d", "theory")]
+    outs = cli._run(chks, 0, progress=False, jobs=2)
+    assert [o.check.key for o in outs] == ["a", "b", "c", "d"]
+    assert pooled == [["b", "d"]] and seen == [("a", 2, pid), ("c", 2, pid)]
+    assert T._JOBS == 1
+    seen.clear()
+    cli._run(chks, 0, progress=False, jobs=1)  # --jobs 1: everything here, seeds in this process
+    assert seen == [(k, 1, pid) for k in "abcd"]
