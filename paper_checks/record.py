@@ -15,8 +15,8 @@ check`` do not re-run it: they merge the last full llm-layer run shipped in the 
 (``paper_checks/records/llm.json``, :data:`LLM_RECORD`), stamped with the commit, date, machine and
 run time of that run and a hash of the llm part of the registry (:func:`llm_registry_hash`: the
 claims the llm checks decide, the checks, their expected verdicts and items). A test fails when
-that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 1 --out FILE && tiltlab
-report --ship-llm FILE`` regenerates it.
+that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 2 --out FILE && tiltlab
+report --ship-llm FILE`` regenerates it (:data:`LLM_RECORD_COMMAND`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ LLM_RECORD = Path(__file__).with_name("records") / "llm.json"
 
 #: The one command that regenerates :data:`LLM_RECORD` (documented in docs/llm-checks.md).
 LLM_RECORD_COMMAND = (
-    "tiltlab check --layer llm --slow --jobs 1 --out results/llm.json && tiltlab report --ship-llm results/llm.json"
+    "tiltlab check --layer llm --slow --jobs 2 --out results/llm.json && tiltlab report --ship-llm results/llm.json"
 )
 
 #: Provenance fields copied onto every check row.
@@ -446,7 +446,7 @@ def ship_llm_record(
             f"--ship-llm {src} is not a full llm-layer run (missing {len(missing)} llm check(s)"
             + (f": {', '.join(missing[:3])}" if missing else "")
             + f"; {len(extra) + sum(r.get('layer') != 'llm' for r in rows if row_key(r) in want)} other row(s)); "
-            "run `tiltlab check --layer llm --slow --jobs 1 --out FILE` first"
+            "run `tiltlab check --layer llm --slow --jobs 2 --out FILE` first"
         )
     commit = commit or rec.get("commit")
     if not commit:
