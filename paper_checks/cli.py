@@ -109,7 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--jobs",
         type=_positive_int,
         default=min(2, os.cpu_count() or 1),
-        help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process)",
+        help="run checks in this many forked processes (default: min(2, CPUs); 1 = in this process); llm-layer "
+        "checks run one at a time, each with its seeds in this many processes",
     )
     p.add_argument(
         "--out",
@@ -377,10 +378,32 @@ def longest_first(chks, costs: dict[str, float] | None = None) -> list:
     return sorted(chks, key=lambda c: -costs.get(c.key, math.inf))
 
 
+#: The module whose ``seed_jobs(n)`` shards the seeds of an llm-layer check over ``n`` forked processes
+#: (``map_seeds``), imported by name: ``paper_checks`` holds no import of a check layer.
+SEED_SHARDS_MODULE = "tiltlab.llm.checks.task"
+
+#: Layers whose checks ``--jobs N`` runs in this process one after another, each sharding its seeds over N
+#: processes: their memoized runs are shared by several checks, so one process per check would train them anew.
+SEED_SHARDED_LAYERS = ("llm",)
+
+
 def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
-    """Run the checks; with ``jobs > 1`` in a pool of forked processes, started longest first
-    (:func:`longest_first`; each check is seeded on its own, so verdicts do not depend on where or
-    when it runs). Outcomes keep ``chks`` order."""
+    """Run the checks; with ``jobs > 1`` the llm-layer checks (:data:`SEED_SHARDED_LAYERS`) run in this
+    process one after another with their seeds in ``jobs`` forked processes (:data:`SEED_SHARDS_MODULE`),
+    the others in a pool of forked processes, started longest first (:func:`longest_first`; each check
+    is seeded on its own, so verdicts do not depend on where or when it runs). Outcomes keep ``chks`` order."""
+    sharded = [c for c in chks if c.layer in SEED_SHARDED_LAYERS] if jobs > 1 else []
+    if not sharded:
+        return _run_checks(chks, seed, progress, jobs)
+    keys = {c.key for c in sharded}
+    done = {o.check.key: o for o in _run_checks([c for c in chks if c.key not in keys], seed, progress, jobs)}
+    with importlib.import_module(SEED_SHARDS_MODULE).seed_jobs(jobs):
+        done.update((o.check.key, o) for o in _run_checks(sharded, seed, progress, 1))
+    return [done[c.key] for c in chks]
+
+
+def _run_checks(chks, seed: int, progress: bool, jobs: int):
+    """:func:`_run` with one process per check (``jobs > 1``: a pool of forked processes)."""
     import multiprocessing as mp
 
     from tiltlab.paper_checks import registry

@@ -18,7 +18,7 @@ of that run and a hash of the llm part of the registry (:func:`llm_registry_hash
 llm checks decide, the checks, their expected verdicts and items); each row keeps the commit of the
 run that produced it (:func:`git_commit` and :func:`git_sha`, taken by ``tiltlab check``, never
 passed by hand) and its registration commit (:mod:`tiltlab.paper_checks.prereg`). A test fails when
-that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 1 --out FILE && tiltlab
+that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 2 --out FILE && tiltlab
 report --ship-llm FILE`` regenerates it.
 """
 
@@ -64,7 +64,7 @@ LLM_RECORD = Path(__file__).with_name("records") / "llm.json"
 
 #: The one command that regenerates :data:`LLM_RECORD` (documented in docs/llm-checks.md).
 LLM_RECORD_COMMAND = (
-    "tiltlab check --layer llm --slow --jobs 1 --out results/llm.json && tiltlab report --ship-llm results/llm.json"
+    "tiltlab check --layer llm --slow --jobs 2 --out results/llm.json && tiltlab report --ship-llm results/llm.json"
 )
 
 #: Provenance fields copied onto every check row.
@@ -476,7 +476,7 @@ def ship_llm_record(
             f"--ship-llm {src} is not a full llm-layer run (missing {len(missing)} llm check(s)"
             + (f": {', '.join(missing[:3])}" if missing else "")
             + f"; {len(extra) + sum(r.get('layer') != 'llm' for r in rows if row_key(r) in want)} other row(s)); "
-            "run `tiltlab check --layer llm --slow --jobs 1 --out FILE` first"
+            "run `tiltlab check --layer llm --slow --jobs 2 --out FILE` first"
         )
     commit = rec.get("commit")
     if not commit or str(commit).endswith("-dirty"):

@@ -71,11 +71,12 @@ def paced_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS, taus=TA
 def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[str, dict[str, list[float]]]:
     arms = (*(f"tau{t:g}" for t in taus), "no_selection", "grpo")
     keys = ("acc", "heldout_acc", "heldout_early", "batch_reward", "ref_pass_early", "ref_pass_late")
-    res = {a: {k: [] for k in keys} for a in arms}
     fifth = max(1, steps // 5)
     early_step = min(EARLY, steps)
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "paced_tau_sweep"):
+
+    def one(s: int) -> dict:
+        res: dict = {a: {k: [] for k in keys} for a in arms}
+        log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, ho, _ = S.setup(s)
         tr_t = torch.tensor(tr)
@@ -129,8 +130,10 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
             r["batch_reward"].append(sum(rewards) / len(rewards))
             r["ref_pass_early"].append(float(ref_pass[torch.cat(trained[:fifth])].mean()))
             r["ref_pass_late"].append(float(ref_pass[torch.cat(trained[-fifth:])].mean()))
-    res["_log"] = log  # type: ignore[assignment]
-    return res
+        res["_log"] = log
+        return res
+
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "paced_tau_sweep"))
 
 
 def _paired(res, a: str, others: tuple[str, ...], key: str = "heldout_acc") -> list[float]:

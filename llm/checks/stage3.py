@@ -121,10 +121,11 @@ TARGET_TRACKING_ITEMS = {
 
 @tiny_check("disa.llm.target_tracking", V.PARTLY, TARGET_TRACKING_ITEMS)
 def target_tracking(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, betas=BETAS) -> CheckResult:
-    mae: dict[float, list[float]] = {b: [] for b in betas}
-    mae0: dict[float, list[float]] = {b: [] for b in betas}
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "target_tracking"):
+
+    def one(s: int):
+        mae: dict[float, list[float]] = {b: [] for b in betas}
+        mae0: dict[float, list[float]] = {b: [] for b in betas}
+        log = R.RunLog()
         for beta in betas:
             model, task, ref_tok, ref, tr, _, lz = setup(s, beta)
             p0 = T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task)
@@ -134,6 +135,9 @@ def target_tracking(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
             acc = T.pass_rate(T.policy(model, task, tr), task)
             log.add(trace, float(p0.mean()), float(acc.mean()))
             mae[beta].append(float((acc - target).abs().mean()))
+        return mae, mae0, log
+
+    mae, mae0, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "target_tracking"))
     items = [R.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), TRACK_MARGIN) for b in betas]
     items += [
         R.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), TRACK_MARGIN)
@@ -237,11 +241,13 @@ def logz_variants(
     errors; judged by final TV(pi, pi*) against the run with the exact log Z, paired per seed.
     ``exact_plus_noise`` (exact + N(0, 1)) and ``vargrad`` are reported, not judged."""
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
-    tv = {k: [] for k in names}
-    gv = {k: [] for k in names}
-    lab_err, head_err = [], []
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "logz_variants"):
+
+    def one(s: int):
+        tv: dict[str, list[float]] = {k: [] for k in names}
+        gv: dict[str, list[float]] = {k: [] for k in names}
+        lab_err: list[float] = []
+        head_err: list[float] = []
+        log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         lab = lz.clone()
@@ -261,6 +267,9 @@ def logz_variants(
             tv[k].append(ev["tv"])
             if k == "learned_head":
                 head_err.append(float((table.detach()[tr].double() - lz[tr]).abs().mean()))
+        return tv, gv, lab_err, head_err, log
+
+    tv, gv, lab_err, head_err, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "logz_variants"))
     nums: dict[str, float] = {**log.numbers()}
     for k in names:
         nums.update(T.ci_numbers(f"tv_{k}", tv[k]))
@@ -315,12 +324,13 @@ def m_study(
     construction; the log-log knee statistic too: a 1/M law has none), and the testable consequence
     of "flatten around M = 8": Stage 3 trained on M = 8 labels matches Stage 3 on M = 128 labels
     (final TV to pi*, an equivalence item within :data:`TV_MARGIN`)."""
-    var = {m: [] for m in ms}
-    bias = {m: [] for m in ms}
-    tv3 = {m: [] for m in (1, 128, 8)}  # 8 last: the M = 1 and 128 labels draw as before it
-    slopes: list[tuple[float, float]] = []
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "m_study"):
+
+    def one(s: int):
+        var: dict[int, list[float]] = {m: [] for m in ms}
+        bias: dict[int, list[float]] = {m: [] for m in ms}
+        tv3: dict[int, list[float]] = {m: [] for m in (1, 128, 8)}  # 8 last: M = 1, 128 draw as before
+        slopes: list[tuple[float, float]] = []
+        log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         q = proposal_logprobs(ref, task, tr, "hint")
@@ -340,6 +350,9 @@ def m_study(
             ev = evaluate(model, task, tr, ref, beta)
             log.add(trace, acc0, ev["acc"])
             tv3[m].append(ev["tv"])
+        return var, bias, tv3, slopes, log
+
+    var, bias, tv3, slopes, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "m_study"))
     nums: dict[str, float] = {**log.numbers()}
     for m in ms:
         nums.update(T.ci_numbers(f"var_m{m}", var[m]))
@@ -395,12 +408,13 @@ def proposal_strength(
     per seed. "Stays above the backbone" holds by construction (any DISA run trains towards pi*,
     whose accuracy exceeds pi_ref's) and is reported, not judged."""
     kinds = ("level0", "level2", "hint")
-    err = {k: [] for k in kinds}
-    qpass = {k: [] for k in kinds}
-    acc = {k: [] for k in kinds}
-    base = []
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "proposal_strength"):
+
+    def one(s: int):
+        err: dict[str, list[float]] = {k: [] for k in kinds}
+        qpass: dict[str, list[float]] = {k: [] for k in kinds}
+        acc: dict[str, list[float]] = {k: [] for k in kinds}
+        base: list[float] = []
+        log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         base.append(float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean()))
@@ -414,6 +428,9 @@ def proposal_strength(
             trace = T.train_online(model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s)
             acc[k].append(evaluate(model, task, tr)["acc"])
             log.add(trace, base[-1], acc[k][-1])
+        return err, qpass, acc, base, log
+
+    err, qpass, acc, base, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "proposal_strength"))
     nums: dict[str, float] = {**T.ci_numbers("acc_backbone", base), **log.numbers()}
     for k in kinds:
         nums.update(T.ci_numbers(f"label_rmse_{k}", err[k]))
@@ -466,9 +483,11 @@ def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: 
     first epoch's and its held-out predictions are not constant."""
     from tiltlab.objectives.regressor import fit_regressor
 
-    raw, pred = [], []
-    improved, varies = [], []
-    for s in T.seeds_for(seed, n_seeds, "stage2_denoising"):
+    def one(s: int):
+        raw: list[float] = []
+        pred: list[float] = []
+        improved: list[bool] = []
+        varies: list[bool] = []
         gen = torch.Generator().manual_seed(s)
         model, task, _, ref, _, _, lz = setup(s, beta)
         # train on the plain and hinted prompts of the train split; judge on the held-out t's
@@ -485,6 +504,9 @@ def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: 
         varies.append(float(p.std()) > 0)
         pred.append(float((p - lz[ho]).pow(2).mean().sqrt()))
         raw.append(float((lab[ho] - lz[ho]).pow(2).mean().sqrt()))
+        return raw, pred, improved, varies
+
+    raw, pred, improved, varies = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "stage2_denoising"))
     nums = {**T.ci_numbers("rmse_raw_label", raw), **T.ci_numbers("rmse_regressor", pred)}
     items = [R.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), LOGZ_MARGIN)]
     return result(
@@ -572,10 +594,13 @@ def methods_raw(
 
 def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
     names = METHODS
-    res = {k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in names}
-    res["_ran"] = {"loss": [], "weights": [], "acc": []}
-    res["_label_rmse"] = {"train": []}
-    for s in T.seeds_for(seed, n_seeds, "methods_compare"):
+
+    def one(s: int) -> dict[str, dict[str, list]]:
+        res: dict[str, dict[str, list]] = {
+            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in names
+        }
+        res["_ran"] = {"loss": [], "weights": [], "acc": []}
+        res["_label_rmse"] = {"train": []}
         gen = torch.Generator().manual_seed(s)
         warm, task, ref_tok, ref, tr, ho, lz = setup(s, beta)
         lab = disa_pipeline_labels(warm, task, ref, tr, beta, gen, s)
@@ -597,7 +622,9 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
                 extra_params=extra,
             )
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
-    return res
+        return res
+
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "methods_compare"))
 
 
 def context_raw(
@@ -613,9 +640,12 @@ def context_raw(
 
 
 def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
-    res = {k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in CONTEXT_METHODS}
-    res["_ran"] = {"loss": [], "weights": [], "acc": []}
-    for s in T.seeds_for(seed, n_seeds, "methods_compare context arms"):
+
+    def one(s: int) -> dict[str, dict[str, list]]:
+        res: dict[str, dict[str, list]] = {
+            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in CONTEXT_METHODS
+        }
+        res["_ran"] = {"loss": [], "weights": [], "acc": []}
         _, task, ref_tok, ref, tr, ho, _ = setup(s, beta)
         acc0 = float(T.pass_rate(T.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task).mean())
         for k in CONTEXT_METHODS:
@@ -632,7 +662,9 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
                 old_every=CONTEXT_OLD_EVERY,
             )
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
-    return res
+        return res
+
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "methods_compare context arms"))
 
 
 def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
@@ -744,10 +776,11 @@ def lad_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float 
 
 def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
     divs = tuple(F_DIVERGENCES)
-    acc = {k: [] for k in LAD_NAMES}
-    hacc = {k: [] for k in LAD_NAMES}
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "lad_divergences"):
+
+    def one(s: int):
+        acc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
+        hacc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
+        log = R.RunLog()
         _, task, ref_tok, ref, tr, ho, _ = setup(s)
         acc0 = float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean())
         for k in LAD_NAMES:
@@ -759,7 +792,9 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
             acc[k].append(evaluate(model, task, tr)["acc"])
             hacc[k].append(evaluate(model, task, ho)["acc"])
             log.add(trace, acc0, acc[k][-1])
-    return acc, hacc, log
+        return acc, hacc, log
+
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "lad_divergences"))
 
 
 def strict_minus_nonstrict(acc: dict[str, list[float]]) -> list[float]:
@@ -864,14 +899,16 @@ def fpa_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS
 
 
 def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
-    acc = {lam: [] for lam in lams}
-    hacc = {lam: [] for lam in lams}
-    dcorr = {lam: [] for lam in lams}
-    dinc = {lam: [] for lam in lams}
-    base, hbase = [], []
-    parts: dict[str, list[float]] = {"correct_only": [], "incorrect_only": []}
-    log = R.RunLog()
-    for s in T.seeds_for(seed, n_seeds, "fpa_entanglement"):
+
+    def one(s: int) -> dict:
+        acc: dict[float, list[float]] = {lam: [] for lam in lams}
+        hacc: dict[float, list[float]] = {lam: [] for lam in lams}
+        dcorr: dict[float, list[float]] = {lam: [] for lam in lams}
+        dinc: dict[float, list[float]] = {lam: [] for lam in lams}
+        base: list[float] = []
+        hbase: list[float] = []
+        parts: dict[str, list[float]] = {"correct_only": [], "incorrect_only": []}
+        log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         ref_model, task, _, ref, tr, ho, _ = setup(s)
         tr_t = torch.tensor(tr)
@@ -897,10 +934,12 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
             trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, 1.0, steps, LR, s, keep=keep)
             parts[part].append(float(T.pass_rate(T.policy(model, task, tr), task).mean()))
             log.add(trace, base[-1], parts[part][-1])
-    return {
-        "acc": acc, "heldout_acc": hacc, "dcorr": dcorr, "dinc": dinc, "base": base, "heldout_base": hbase,
-        "parts": parts, "log": log,
-    }  # fmt: skip
+        return {
+            "acc": acc, "heldout_acc": hacc, "dcorr": dcorr, "dinc": dinc, "base": base, "heldout_base": hbase,
+            "parts": parts, "log": log,
+        }  # fmt: skip
+
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "fpa_entanglement"))
 
 
 DLOGP_MARGIN = 0.1
