@@ -186,7 +186,7 @@ def test_runlog_items_and_counts():
 
 def test_describe_names_the_state_of_every_item():
     items = [_it("u", UP), _it("d", DOWN), _it("f", FLAT)]
-    _, nums, flags, j = R.judge(items)
+    j = R.judge(items)[3]
     text = R.describe(j)
     assert "u +0.104" in text and "u +0.104 [" in text
     assert [s.split(": ")[-1] for s in text.split("; ")] == ["supports", "against", "not significant"]
