@@ -79,6 +79,8 @@ _REPORT_HELP = """Work from a record instead of re-running checks.
                                       unless every row is strictly pre-registered, see --preregister)
   tiltlab report --preregister [CHECK]  write the sha256 of CHECK's (default: all llm checks') rule
                                       files into paper_checks/preregistration.toml
+  tiltlab report --rejudge FILE       re-derive every verdict of a record from its raw per-unit
+                                      values; exit 1 when one differs from the recorded verdict
 
 The llm-layer checks of the shipped record are merged (marked recorded) into a record that lacks them."""
 
@@ -201,6 +203,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="RECORD",
         help="stamp the record of a full llm-layer run and write it as the shipped llm record "
         "(paper_checks/records/llm.json, or --out)",
+    )
+    t.add_argument(
+        "--rejudge",
+        type=Path,
+        metavar="RECORD",
+        help="re-derive every verdict of RECORD (a claims.json or the shipped llm record) from its raw per-unit "
+        "values with the one decision rule; exit 1 when a recorded verdict is not what its values give",
     )
     t.add_argument(
         "--preregister",
@@ -1132,6 +1141,29 @@ def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
     return {**rec, "checks": [*rec.get("checks", []), *rows]} if rows else rec
 
 
+def _rejudge(path: Path) -> int:
+    """``tiltlab report --rejudge FILE``: a table of recorded against re-derived verdicts; 1 on a difference."""
+    from tiltlab.paper_checks import record as R
+
+    rec = R.read_record(path, "--rejudge")
+    if rec is None:
+        raise FileNotFoundError(f"--rejudge {path}: no such file")
+    rows = R.rejudge_rows(rec.get("checks", []))
+    w = max([len(str(r["claim"])) for r in rows] + [5])
+    print(f"{'claim':<{w}}  {'layer':<6} {'recorded':<13} {'re-derived':<13} {'other threshold':<16} status")
+    for r in rows:
+        print(
+            f"{r['claim']:<{w}}  {r['layer']:<6} {r['recorded']:<13} {r['rejudged'] or '-':<13} "
+            f"{r['other_threshold'] or '-':<16} {r['status']}"
+        )
+    n = {k: sum(r["status"] == k for r in rows) for k in ("same", "differs", "no raw values")}
+    print(
+        f"\n{len(rows)} rows: {n['same']} re-derived as recorded, {n['differs']} differ, "
+        f"{n['no raw values']} without raw values (deterministic checks or rows recorded before raw values were kept)"
+    )
+    return 1 if n["differs"] else 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from tiltlab.paper_checks import record as R
     from tiltlab.paper_checks import report as P
@@ -1147,6 +1179,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return 0
     if args.preregister is not None:
         return _preregister(args.preregister)
+    if args.rejudge is not None:
+        return _rejudge(args.rejudge)
     rec = R.read_record(args.record, "--record")
     if rec is None:
         raise FileNotFoundError(

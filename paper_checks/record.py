@@ -53,6 +53,7 @@ __all__ = [
     "outcomes_from_rows",
     "provenance_line",
     "read_record",
+    "rejudge_rows",
     "row_key",
     "ship_llm_record",
 ]
@@ -539,6 +540,29 @@ def ship_llm_record(
     dest = LLM_RECORD if dest is None else Path(dest)
     write_json(dest, shipped)
     return shipped
+
+
+def rejudge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Re-derive every row's verdict from its recorded raw values (``evidence``,
+    :func:`tiltlab.paper_checks.stats.rejudge`): one entry per row with ``claim``, ``layer``, ``check``,
+    the recorded and the re-derived verdict (and the verdict under the other threshold choice), and
+    ``status``: ``same``, ``differs`` (the record does not follow from its values), or ``no raw values``
+    (a deterministic check, or a row recorded before raw values were kept)."""
+    from tiltlab.paper_checks import stats
+
+    out = []
+    for r in rows:
+        ev = r.get("evidence")
+        row = {"claim": r.get("claim"), "layer": r.get("layer"), "check": r.get("check"), "recorded": r.get("verdict")}
+        if not ev:
+            out.append({**row, "rejudged": None, "other_threshold": None, "status": "no raw values"})
+            continue
+        j = stats.rejudge(ev)
+        same = j.verdict == r.get("verdict") == ev.get("verdict") and j.alt_verdict == ev.get("alt_verdict")
+        out.append(
+            {**row, "rejudged": j.verdict, "other_threshold": j.alt_verdict, "status": "same" if same else "differs"}
+        )
+    return out
 
 
 def write_json(path: Path, rec: Mapping[str, Any]) -> None:

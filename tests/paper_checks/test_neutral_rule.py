@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import scipy.stats as scipy_stats
 
 from tiltlab.paper_checks import registry, stats
 from tiltlab.paper_checks.registry import CheckResult, Verdict
+
+SHIPPED = Path(__file__).resolve().parents[2] / "paper_checks" / "records" / "llm.json"
 
 
 def _draws(seed: int, n: int, mu: float, sd: float) -> tuple[float, ...]:
@@ -209,3 +212,48 @@ def test_a_check_whose_items_differ_from_the_registry_is_an_error():
     lying = CheckResult(Verdict.REFUTED, "s", {}, evidence=j.evidence())  # a verdict its values do not give
     with pytest.raises(ValueError, match="re-derive"):
         registry.check_evidence(chk, lying)
+
+
+# ----------------------------------------------------------------------- re-deriving records
+def _row(claim, verdict, ev):
+    return {"claim": claim, "layer": "sim", "check": "c", "verdict": verdict, "evidence": ev}
+
+
+def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
+    import json
+
+    from tiltlab import cli
+    from tiltlab.paper_checks import record
+
+    j = stats.judge([stats.Item("x", (0.1, 0.12, 0.09, 0.11, 0.1), stats.DIRECTION)])
+    good = [
+        _row("a.b", j.verdict, j.evidence()),
+        {"claim": "a.c", "layer": "theory", "check": "t", "verdict": "verified"},
+    ]
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({"checks": good}), encoding="utf-8")
+    assert [r["status"] for r in record.rejudge_rows(good)] == ["same", "no raw values"]
+    assert cli.main(["report", "--rejudge", str(path)]) == 0
+    assert "1 re-derived as recorded, 0 differ, 1 without raw values" in capsys.readouterr().out
+    tampered = [_row("a.b", "refuted", j.evidence())]  # the verdict edited by hand
+    path.write_text(json.dumps({"checks": tampered}), encoding="utf-8")
+    assert cli.main(["report", "--rejudge", str(path)]) == 1
+    ev = j.evidence()
+    ev["items"][0]["values"] = [-v for v in ev["items"][0]["values"]]  # the values edited by hand
+    assert record.rejudge_rows([_row("a.b", j.verdict, ev)])[0]["status"] == "differs"
+
+
+def test_the_shipped_llm_record_re_derives_or_is_legacy():
+    """Every row of the shipped llm record either re-derives its verdict from its raw values, or is a
+    legacy row (recorded before raw values and strict pre-registration; see preregistration.toml)."""
+    from tiltlab.paper_checks import record
+
+    rec = record.load_llm_record(SHIPPED)
+    assert rec is not None
+    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
+    for r, out in zip(rec["checks"], record.rejudge_rows(rec["checks"])):
+        if out["status"] == "no raw values":
+            key = (r["check"], str(r.get("commit") or rec["commit"])[:7])
+            assert key in legacy, f"{r['claim']}: no raw values and not a legacy row"
+        else:
+            assert out["status"] == "same", out

@@ -70,7 +70,7 @@ def test_check_runs_end_to_end_at_a_tiny_budget():
     assert 1 / 4 <= n["ess_fraction"] <= 1.0 + 1e-12
     for k in ("ref", "q", "q_trunc"):
         assert 0.0 <= n[f"pass_rate_{k}"] <= 1.0
-    names = ("log_w_spread", "ess_below_half", "m16_beats_m4", "top_p_biases_low")
+    names = ("log_w_spread", "ess_below_half")  # m16_beats_m4 and top_p_biases_low are context: not judged
     assert set(res.items) == {f"{k}_{s}" for k in names for s in ("supports", "against")} | {
         "ran_weights_vary",
         "ran_labels_differ",
@@ -90,6 +90,7 @@ def test_check_runs_end_to_end_at_a_tiny_budget():
         else Verdict.INCONCLUSIVE
     )
     assert res.verdict == want
+    assert [i["kind"] for i in res.evidence["items"]] == ["effect", "effect", "context", "context"]
 
 
 def _units(n_p, n_s, gen, spread=1.0):
@@ -111,13 +112,15 @@ def test_decide_uses_prompt_clustered_intervals():
     n_p, n_s = 6, 3
     units = _units(n_p, n_s, gen)
     passes = {"ref": [0.5] * n_p * n_s, "q": [0.4] * n_p * n_s, "q_trunc": [0.3] * n_p * n_s}
-    verdict, nums, flags, clustered, items, _ = S.decide(units, passes, n_p, n_s)
+    verdict, nums, flags, clustered, j = S.decide(units, passes, n_p, n_s)
+    items = j.items
     naive = [sum(units["ess_fraction"][s * n_p + i] for s in range(n_s)) / n_s for i in range(n_p)]
     assert clustered["ess_fraction"] == pytest.approx(naive)
     m, lo, hi = T.mean_ci(naive)
     assert (nums["ess_fraction"], nums["ess_fraction_lo"], nums["ess_fraction_hi"]) == pytest.approx((m, lo, hi))
     assert nums["seeds"] == n_p  # the paired units are prompts, df = n_p - 1
-    assert items[1].diffs == pytest.approx(tuple(S.ESS_FRACTION - x for x in naive))
+    assert items[1].values == pytest.approx(tuple(S.ESS_FRACTION - x for x in naive))
+    assert j.unit == "prompt" and j.family == ["log_w_spread", "ess_below_half"]
     assert flags["ran_weights_vary"] and verdict in set(Verdict)
 
 
