@@ -153,11 +153,13 @@ class RecordedOutcome(Outcome):
 
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     ok_recorded: bool | None = None
+    legacy: bool = False
 
     @property
     def ok(self) -> bool:  # type: ignore[override]
-        # a row whose check is no longer loaded keeps the judgement made when it ran
-        if self.check.fn is _not_loaded and self.ok_recorded is not None:
+        # a row whose check is no longer loaded, or a legacy row (run under an earlier rule, see
+        # preregistration.toml [[legacy]]), keeps the judgement made when it ran
+        if (self.check.fn is _not_loaded or self.legacy) and self.ok_recorded is not None:
             return self.ok_recorded
         return super().ok
 
@@ -181,6 +183,7 @@ def _check_for(row: Mapping[str, Any]) -> Check:
 def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcome]:
     """Outcomes of the check rows of a record (rows of claims no longer declared are dropped)."""
     known = registry.claims()
+    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
     outs = []
     for row in rows:
         if row["claim"] not in known:
@@ -198,7 +201,13 @@ def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcom
         prov = {k: row[k] for k in PROVENANCE_FIELDS if k in row}
         outs.append(
             RecordedOutcome(
-                _check_for(row), result, float(row.get("seconds") or 0.0), row.get("error"), prov, row.get("ok")
+                _check_for(row),
+                result,
+                float(row.get("seconds") or 0.0),
+                row.get("error"),
+                prov,
+                row.get("ok"),
+                (row.get("check"), str(row.get("commit") or "")[:7]) in legacy,
             )
         )
     return outs

@@ -257,3 +257,17 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
             assert key in legacy, f"{r['claim']}: no raw values and not a legacy row"
         else:
             assert out["status"] == "same", out
+
+
+def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations():
+    from tiltlab.paper_checks import record
+
+    registry.discover()
+    rec = record.load_llm_record(SHIPPED)
+    row = next(r for r in rec["checks"] if r["claim"] == "disa.d3.teacher_m_study")
+    assert row["verdict"] == "partly" and row["ok"] is True  # run under the rule of 3dfabd9
+    (legacy,) = record.outcomes_from_rows([row])
+    assert legacy.legacy and legacy.ok  # today's expectation (inconclusive, context items) is not applied
+    moved = {**row, "commit": "0123456789ab"}  # the same row from a non-legacy run
+    (fresh,) = record.outcomes_from_rows([moved])
+    assert not fresh.legacy and not fresh.ok and fresh.failure
