@@ -1271,6 +1271,8 @@ def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
         new_llm = P.replace_section(
             llm_doc.read_text(encoding="utf-8"), "llm-run", P.llm_run_section(llm_rec), str(llm_doc)
         )
+        new_llm = P.replace_section(new_llm, "llm-items", P.item_rules_section("llm"), str(llm_doc))
+        new_llm = P.replace_section(new_llm, "llm-posthoc", P.posthoc_section(llm_rec), str(llm_doc))
     gpu = gpu_record.rendered_readme(root) if args.readme is None else None
     R.write_text(readme, text)  # after every section rendered: nothing half-written on an error
     if new_llm is not None:

@@ -551,6 +551,54 @@ def ship_llm_record(
     return shipped
 
 
+def pseudo_sample(mean: float, lo: float, hi: float, n: int, level: float = 0.95) -> tuple[float, ...]:
+    """``n`` values whose mean is ``mean`` and whose two-sided ``level`` Student-t interval is
+    ``[lo, hi]``: the t-tests of :mod:`tiltlab.paper_checks.stats` depend on a sample only through
+    (mean, sd, n), so a record that kept those re-derives every p-value through them. (Not the
+    measured values: used only for rows recorded before raw values were kept.)"""
+    from tiltlab.paper_checks import stats
+
+    if n < 2 or not (lo <= mean <= hi):
+        raise ValueError(f"a pseudo-sample needs n >= 2 and lo <= mean <= hi, got n={n}, [{lo}, {mean}, {hi}]")
+    sd = (hi - lo) / 2 * math.sqrt(n) / stats.t_quantile(0.5 + level / 2, n - 1)
+    base = [i - (n - 1) / 2 for i in range(n)]
+    b_sd = math.sqrt(sum(x * x for x in base) / (n - 1))
+    return tuple(mean + sd * x / b_sd for x in base)
+
+
+def posthoc_neutral(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The one decision rule applied *post hoc* to a legacy llm row that kept only each item's mean,
+    95% interval and seed count: the items the registry declares now for the row's claim (their
+    kinds and margins), pseudo-samples with the recorded statistics (:func:`pseudo_sample`), the
+    row's "it ran" flags. ``{"verdict", "alt_verdict", "items": {name: outcome}, "missing": [...]}``,
+    or None when none of the declared judged items is in the row. Not pre-registered: context for a
+    reader until the re-run, never a shipped verdict."""
+    from tiltlab.paper_checks import stats
+
+    claim = registry.claims().get(row.get("claim", ""))
+    nums = row.get("numbers") or {}
+    n = nums.get("seeds")
+    if claim is None or not isinstance(n, int):
+        return None
+    items, missing = [], []
+    for spec in claim.items_for(row.get("layer", "llm")).values():
+        if not all(k in nums for k in (spec.name, f"{spec.name}_lo", f"{spec.name}_hi")):
+            missing.append(spec.name)
+            continue
+        vals = pseudo_sample(float(nums[spec.name]), float(nums[f"{spec.name}_lo"]), float(nums[f"{spec.name}_hi"]), n)
+        items.append(stats.Item(spec.name, vals, spec.kind, spec.margin))
+    if not any(i.kind != stats.CONTEXT for i in items):
+        return None
+    ran = {k: bool(v) for k, v in (row.get("items") or {}).items() if k.startswith("ran_")}
+    j = stats.judge(items, ran)
+    return {
+        "verdict": j.verdict,
+        "alt_verdict": j.alt_verdict,
+        "items": {k: t.outcome for k, t in j.tests.items()},
+        "missing": missing,
+    }
+
+
 def rejudge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Re-derive every row's verdict from its recorded raw values (``evidence``,
     :func:`tiltlab.paper_checks.stats.rejudge`): one entry per row with ``claim``, ``layer``, ``check``,

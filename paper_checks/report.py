@@ -1137,6 +1137,58 @@ def timings_section(records: Sequence[Mapping[str, Any]], llm_rec: Mapping[str, 
     return "\n".join(L)
 
 
+def item_rules_section(layer: str = "llm") -> str:
+    """The judged items of every claim a ``layer`` check decides, as the registry declares them
+    (``[[claim.item]]``: name, kind, margin, why), one table per claim: docs/llm-checks.md states the
+    rules from this, so no rule text in the docs can drift from what the checks run."""
+    registry.discover()
+    lines = [
+        f"Generated from the registry's `[[claim.item]]` declarations ({layer} layer). Kinds: direction (threshold "
+        "0 on both sides), effect (±margin on both sides), equivalence (inside ±margin), context (holds by "
+        "construction: reported, never in a family).",
+        "",
+    ]
+    for cid, claim in sorted(registry.claims().items()):
+        items = [i for i in claim.items if i.layer == layer]
+        if not items:
+            continue
+        lines += [f"**{cid}**", "", "| item | kind | margin | why |", "|---|---|---|---|"]
+        lines += [f"| `{i.name}` | {i.kind} | {i.margin:g} | {i.why.replace('|', '/')} |" for i in items]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
+    """The shipped legacy record under the one decision rule, *post hoc*: each row's recorded verdict
+    beside what :func:`tiltlab.paper_checks.record.posthoc_neutral` gives from its means, intervals and
+    seed counts under today's item declarations, and the verdict under the other threshold choice."""
+    from tiltlab.paper_checks.record import posthoc_neutral
+
+    registry.discover()
+    lines = [
+        "Post hoc, not pre-registered: the legacy rows re-judged by today's rule and item declarations from their "
+        "recorded means, 95% intervals and seed counts (a t-test needs nothing else). Context for a reader until "
+        "the re-run decides them; the shipped verdicts stay those of the rule they ran under.",
+        "",
+        "| claim | recorded (asymmetric rule) | neutral rule | other threshold | items |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(llm_rec.get("checks", []), key=lambda r: r["claim"]):
+        ph = posthoc_neutral(r)
+        if ph is None:
+            why = "own registered rule" if r["check"] == "smollm2_135m_colocate" else "no judged item recorded"
+            lines.append(f"| `{r['claim']}` | {r['verdict']} | – | – | {why} |")
+            continue
+        its = ", ".join(f"{k}: {v}" for k, v in ph["items"].items())
+        if ph["missing"]:
+            its += "; not in the record: " + ", ".join(ph["missing"])
+        moved = "**" if ph["verdict"] != r["verdict"] else ""
+        lines.append(
+            f"| `{r['claim']}` | {r['verdict']} | {moved}{ph['verdict']}{moved} | {ph['alt_verdict']} | {its} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
     from tiltlab.paper_checks.record import outcomes_from_rows

@@ -271,3 +271,48 @@ def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectatio
     moved = {**row, "commit": "0123456789ab"}  # the same row from a non-legacy run
     (fresh,) = record.outcomes_from_rows([moved])
     assert not fresh.legacy and not fresh.ok and fresh.failure
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 20])
+def test_a_pseudo_sample_has_the_recorded_mean_and_interval(n):
+    from tiltlab.paper_checks import record
+
+    xs = record.pseudo_sample(0.03, -0.01, 0.07, n)
+    assert len(xs) == n
+    m, lo, hi = stats.paired_t_ci(xs)
+    assert (m, lo, hi) == pytest.approx((0.03, -0.01, 0.07), rel=1e-12, abs=1e-15)
+    with pytest.raises(ValueError, match="pseudo-sample"):
+        record.pseudo_sample(0.2, -0.01, 0.07, n)
+
+
+def test_the_neutral_rule_on_the_legacy_record_post_hoc():
+    """The shipped (legacy) record re-judged post hoc from its (mean, interval, seeds) under today's
+    declarations: the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
+    from tiltlab.paper_checks import record
+
+    registry.discover()
+    rec = record.load_llm_record(SHIPPED)
+    got = {r["claim"]: record.posthoc_neutral(r) for r in rec["checks"]}
+    assert got["disa.remark2.calibration"]["verdict"] == "partly"  # is_label_m4 +0.0299 < margin 0.03
+    assert got["disa.remark2.calibration"]["items"]["is_label_m4_distorts"] == stats.UNDECIDED
+    assert got["paced.fig5.difficulty_rises"]["verdict"] == "inconclusive"
+    assert got["paced.fig5.difficulty_rises"]["alt_verdict"] == "verified"
+    assert got["paced.table1.math_qwen2.5_math_7b"]["alt_verdict"] == "refuted"  # threshold 0: refuted
+    assert got["disa.llm.stage1_real_model"]["items"]["m16_beats_m4"] == stats.CONTEXT
+    assert got["disa.d3.teacher_m_study"] is None  # all of its recorded items are context now
+
+
+def test_docs_state_the_rules_as_the_registry_declares_them():
+    """docs/llm-checks.md's item tables and the post-hoc table are the generated ones (`tiltlab report
+    --docs`), and no superseded rule text remains in its rule section."""
+    from tiltlab.paper_checks import record, report
+
+    doc = (SHIPPED.parents[2] / "docs" / "llm-checks.md").read_text(encoding="utf-8")
+    assert report.section_text(doc, "llm-items") == report.item_rules_section("llm").strip("\n")
+    assert report.section_text(doc, "llm-posthoc") == report.posthoc_section(record.load_llm_record(SHIPPED)).strip(
+        "\n"
+    )
+    rule = doc[doc.index("## How a verdict is decided") : doc.index("## The shared enumerable task")]
+    for old in ("var(M = 8) < 0.25 var(M = 1)", "min(DISA, FlowRL) − max(GRPO, GSPO)", "Holm-corrected at 0.025"):
+        assert old not in doc, old
+    assert "symmetric by design" in rule

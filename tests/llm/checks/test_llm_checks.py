@@ -10,6 +10,7 @@ import torch
 
 from tiltlab.llm.checks import paced, stage3
 from tiltlab.llm.checks import task as T
+from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 
@@ -143,8 +144,6 @@ IDS = [c[0].__name__ for c in CASES]
 
 def _registered(fn):
     """The registered checks whose function is ``fn`` (a check may decide several claims)."""
-    from tiltlab.paper_checks import registry
-
     registry.discover()
     return [c for c in registry.checks() if c.layer == "llm" and c.fn is fn]
 
@@ -175,6 +174,8 @@ def test_check_machinery_tiny_budget(tiny, fn, kw, fresh_memo):
         assert set(dict(chk.expected_items)) == set(res.items), chk.key
         assert all(v for k, v in chk.expected_items if k.startswith("ran_")), chk.key
         assert res.numbers["seeds"] == 2
+        registry.check_evidence(chk, res)  # items as the registry declares them; verdict re-derives
+        assert [len(i["values"]) for i in res.evidence["items"]] == [2] * len(res.evidence["items"])
 
 
 def _optimizer_classes():
