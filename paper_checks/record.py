@@ -197,6 +197,7 @@ def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcom
                 dict(row.get("numbers") or {}),
                 row.get("figure"),
                 dict(row.get("items") or {}),
+                evidence=row.get("evidence"),
             )
         prov = {k: row[k] for k in PROVENANCE_FIELDS if k in row}
         outs.append(

@@ -370,6 +370,15 @@ def _md_escape(s: str) -> str:
     return s
 
 
+def other_threshold(o: Outcome) -> str:
+    """`` (other threshold: refuted)``: the verdict a statistical check's raw values give under the other
+    threshold choice (direction <-> effect; ``stats.Judgement.alt_verdict``), when it differs ('' otherwise,
+    and for checks without recorded raw values)."""
+    ev = None if o.result is None else o.result.evidence
+    alt = (ev or {}).get("alt_verdict")
+    return f" (other threshold: {alt})" if alt and alt != o.verdict else ""
+
+
 def render_markdown(inp: ReportInput) -> str:
     rows = claim_rows(inp)
     counts = _counts(rows)
@@ -497,7 +506,8 @@ def render_markdown(inp: ReportInput) -> str:
                 L.append(f"- **{o.check.layer}** `{o.check.name}`: **error**{exp} — {_md_escape(last[0])}")
             else:
                 L.append(
-                    f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp} — {_md_escape(o.result.summary)}"
+                    f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp}{other_threshold(o)} — "
+                    f"{_md_escape(o.result.summary)}"
                 )
                 note = _provenance_note(o, inp)
                 if note:
@@ -623,7 +633,7 @@ def _html_check(o: Outcome, out_dir: Path, note: str = "") -> str:
     if o.result is None:
         last = (o.error or "").strip().splitlines()[-1:] or [""]
         return f"{head}{_v('error')}{exp} — {e(last[0])}{src}</li>"
-    out = f"{head}{_v(o.verdict)}{exp} — {e(o.result.summary)}{src}"
+    out = f"{head}{_v(o.verdict)}{exp}{e(other_threshold(o))} — {e(o.result.summary)}{src}"
     if note:
         out += f'<div class="nums">{e(note)}</div>'
     if o.check.name != "llm_scale":

@@ -316,3 +316,29 @@ def test_docs_state_the_rules_as_the_registry_declares_them():
     for old in ("var(M = 8) < 0.25 var(M = 1)", "min(DISA, FlowRL) − max(GRPO, GSPO)", "Holm-corrected at 0.025"):
         assert old not in doc, old
     assert "symmetric by design" in rule
+
+
+def test_the_report_shows_the_verdict_under_the_other_threshold():
+    from tiltlab.paper_checks import record, report
+
+    registry.discover()
+    small = (0.010, 0.011, 0.009, 0.010, 0.012, 0.010)  # above 0, inside +-0.01 ... +-0.02
+    j = stats.judge([stats.Item("final_pass_rate", small, stats.EFFECT, 0.01)])
+    assert (j.verdict, j.alt_verdict) == ("inconclusive", "verified")
+    row = {
+        "claim": "paced.replay",
+        "layer": "sim",
+        "check": "replay_effect_toy",
+        "expected": "inconclusive",
+        "verdict": j.verdict,
+        "summary": "s",
+        "numbers": {},
+        "items": {},
+        "evidence": j.evidence(),
+    }
+    (o,) = record.outcomes_from_rows([row])
+    assert o.result.evidence == j.evidence()  # the raw values survive the record
+    assert report.other_threshold(o) == " (other threshold: verified)"
+    same = stats.judge([stats.Item("final_pass_rate", tuple(10 * x for x in small), stats.EFFECT, 0.01)])
+    (o2,) = record.outcomes_from_rows([{**row, "verdict": same.verdict, "evidence": same.evidence()}])
+    assert same.verdict == same.alt_verdict == "verified" and report.other_threshold(o2) == ""
