@@ -1214,7 +1214,8 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     legacy, used = legacy_runs(), []  # used: the legacy entries of this record's rows, in row order
     changed = f"{len(bad)} changed or crashed" + (f" ({', '.join(bad)})" if bad else "")
     L = [
-        f"`tiltlab check --layer llm --slow --jobs 1` (seed {llm_rec.get('seed', 0)}), run {_when(llm_rec.get('date'))} "
+        f"`{llm_rec.get('regenerate', 'tiltlab check --layer llm --slow').split(' --out')[0]}` "
+        f"(seed {llm_rec.get('seed', 0)}), run {_when(llm_rec.get('date'))} "
         f"at commit {llm_rec.get('commit')} on {_machine_text(llm_rec.get('machine'))}: {len(outs)} checks, "
         f"{changed}, {llm_rec.get('run_seconds', '?')} s wall. "
         f"Registry hash of the llm part: `{llm_rec.get('registry_hash')}`.",
@@ -1246,7 +1247,7 @@ def _prereg_row(o: Outcome, row: Mapping[str, Any], llm_rec: Mapping[str, Any], 
     nums = key_numbers(o.result.numbers, limit=3) if o.result is not None else (o.error or "").strip()[-80:]
     got = o.result.numbers if o.result is not None else {}
     early = [str(got[k]) for k in ("verdict_at_3_seeds", "verdict_at_5_seeds") if k in got]
-    verdict = o.verdict + (f" ({' / '.join(early)})" if early else "")
+    verdict = o.verdict + (f" ({' / '.join(early)})" if early else "") + other_threshold(o)
     run = row.get("commit") or llm_rec.get("commit")
     leg = legacy_for({**row, "commit": run}, legacy)
     if row.get("rule_commit"):
