@@ -413,8 +413,8 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
 
 def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch):
     """The bookkeeping shared by the judged and the context arms: train numbers from the train prompts,
-    held-out accuracy from the held-out ones, and the three "it ran" flags each from its own source (a
-    run whose loss moved but whose weights did not must say so)."""
+    held-out accuracy, pass@8 and coverage from the held-out ones, and the three "it ran" flags each from
+    its own source (a run whose loss moved but whose weights did not must say so)."""
     from types import SimpleNamespace
 
     # evaluate(model, task, prompts) stubbed: its numbers name the prompt set they were computed on
@@ -422,7 +422,14 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
         stage3, "evaluate", lambda model, task, idx: {"acc": idx, "pass8": idx + 1, "coverage": idx + 2}
     )
     res = {
-        "disa": {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []},
+        "disa": {
+            "acc": [],
+            "heldout_acc": [],
+            "pass8": [],
+            "coverage": [],
+            "heldout_pass8": [],
+            "heldout_coverage": [],
+        },
         "_ran": {"loss": [], "weights": [], "acc": []},
     }
     stage3._record_arm(res, "disa", None, None, 0.25, 0.5, SimpleNamespace(loss_moved=True, param_change=0.0), 0.5)
@@ -432,5 +439,7 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
         "heldout_acc": [0.5, 0.75],
         "pass8": [1.25, 1.25],
         "coverage": [2.25, 2.25],
+        "heldout_pass8": [1.5, 1.75],
+        "heldout_coverage": [2.5, 2.75],
     }
     assert res["_ran"] == {"loss": [True, False], "weights": [False, True], "acc": [False, True]}
