@@ -225,22 +225,21 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12, table=None) -> floa
     return float(((g - g.mean(0)) ** 2).sum(1).mean())
 
 
-REMARK2_JUDGED = ("learned_head", "is_label_m4")
-REMARK2_ITEMS = {
-    **_items([f"{k}_distorts" for k in REMARK2_JUDGED], **{f"{k}_distorts": (True, False) for k in REMARK2_JUDGED}),
-    **RAN,
-}
+LOGZ_NAMES = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
 
 
-@tiny_check("disa.remark2.calibration", V.VERIFIED, REMARK2_ITEMS)
-def logz_variants(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
-) -> CheckResult:
-    """Remark 2's mechanism: a log Z that is learned jointly with the policy (FlowRL's head, the
-    co-trained ``learned_head`` arm) or estimated (the Stage-1 IS label, M = 4) carries calibration
-    errors; judged by final TV(pi, pi*) against the run with the exact log Z, paired per seed.
-    ``exact_plus_noise`` (exact + N(0, 1)) and ``vargrad`` are reported, not judged."""
-    names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
+def logz_variants_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12):
+    """Per-seed ``(tv, gradvar, label_err, head_err, log)`` of the remark2 run (each arm of
+    :data:`LOGZ_NAMES` trained from the same warm-up with the same seed; final TV(pi, pi*) on the train
+    prompts); memoized per process (``disa.remark2.calibration`` and the VarGrad checks read it)."""
+    return _memo(
+        ("logz", seed, n_seeds, steps, beta, grad_draws, T.WARM_STEPS),
+        lambda: _logz_variants_raw(seed, n_seeds, steps, beta, grad_draws),
+    )
+
+
+def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_draws: int):
+    names = LOGZ_NAMES
 
     def one(s: int):
         tv: dict[str, list[float]] = {k: [] for k in names}
@@ -269,7 +268,26 @@ def logz_variants(
                 head_err.append(float((table.detach()[tr].double() - lz[tr]).abs().mean()))
         return tv, gv, lab_err, head_err, log
 
-    tv, gv, lab_err, head_err, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "logz_variants"))
+    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "logz_variants"))
+
+
+REMARK2_JUDGED = ("learned_head", "is_label_m4")
+REMARK2_ITEMS = {
+    **_items([f"{k}_distorts" for k in REMARK2_JUDGED], **{f"{k}_distorts": (True, False) for k in REMARK2_JUDGED}),
+    **RAN,
+}
+
+
+@tiny_check("disa.remark2.calibration", V.VERIFIED, REMARK2_ITEMS)
+def logz_variants(
+    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+) -> CheckResult:
+    """Remark 2's mechanism: a log Z that is learned jointly with the policy (FlowRL's head, the
+    co-trained ``learned_head`` arm) or estimated (the Stage-1 IS label, M = 4) carries calibration
+    errors; judged by final TV(pi, pi*) against the run with the exact log Z, paired per seed.
+    ``exact_plus_noise`` (exact + N(0, 1)) and ``vargrad`` are reported, not judged."""
+    names = LOGZ_NAMES
+    tv, gv, lab_err, head_err, log = logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     nums: dict[str, float] = {**log.numbers()}
     for k in names:
         nums.update(T.ci_numbers(f"tv_{k}", tv[k]))
@@ -597,7 +615,8 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
 
     def one(s: int) -> dict[str, dict[str, list]]:
         res: dict[str, dict[str, list]] = {
-            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in names
+            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": [], "heldout_pass8": [], "heldout_coverage": []}
+            for k in names
         }
         res["_ran"] = {"loss": [], "weights": [], "acc": []}
         res["_label_rmse"] = {"train": []}
@@ -643,7 +662,8 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
 
     def one(s: int) -> dict[str, dict[str, list]]:
         res: dict[str, dict[str, list]] = {
-            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []} for k in CONTEXT_METHODS
+            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": [], "heldout_pass8": [], "heldout_coverage": []}
+            for k in CONTEXT_METHODS
         }
         res["_ran"] = {"loss": [], "weights": [], "acc": []}
         _, task, ref_tok, ref, tr, ho, _ = setup(s, beta)
@@ -668,12 +688,13 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
 
 
 def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
-    """Append arm ``k``'s train accuracy / pass@8 / coverage, held-out accuracy and "it ran" flags (loss
+    """Append arm ``k``'s train and held-out accuracy / pass@8 / coverage and "it ran" flags (loss
     moved, weights moved, held-out accuracy moved from the warm start ``acc0``) to the run's lists."""
     e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
     for key in ("acc", "pass8", "coverage"):
         res[k][key].append(e[key])
-    res[k]["heldout_acc"].append(eh["acc"])
+    for key in ("acc", "pass8", "coverage"):
+        res[k][f"heldout_{key}"].append(eh[key])
     res["_ran"]["loss"].append(trace.loss_moved)
     res["_ran"]["weights"].append(trace.param_change > 0)
     res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)

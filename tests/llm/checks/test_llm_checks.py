@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tiltlab.llm.checks import paced, stage3
+from tiltlab.llm.checks import computed, paced, stage3
 from tiltlab.llm.checks import task as T
 from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import CheckResult, Verdict
@@ -138,6 +138,9 @@ CASES = [
     (paced.tau_sweep_fig4, dict(n_seeds=2, steps=3)),
     (paced.paced_vs_baselines, dict(n_seeds=2, steps=3)),
     (paced.difficulty_rises, dict(n_seeds=2, steps=3)),
+    (computed.diversity_coverage, dict(n_seeds=2, steps=2)),
+    (computed.code_pass_at_k, dict(n_seeds=2, steps=2)),
+    (computed.vargrad_vs_learned, dict(n_seeds=2, steps=2, grad_draws=2)),
 ]
 IDS = [c[0].__name__ for c in CASES]
 
@@ -413,8 +416,8 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
 
 def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch):
     """The bookkeeping shared by the judged and the context arms: train numbers from the train prompts,
-    held-out accuracy from the held-out ones, and the three "it ran" flags each from its own source (a
-    run whose loss moved but whose weights did not must say so)."""
+    held-out accuracy, pass@8 and coverage from the held-out ones, and the three "it ran" flags each from
+    its own source (a run whose loss moved but whose weights did not must say so)."""
     from types import SimpleNamespace
 
     # evaluate(model, task, prompts) stubbed: its numbers name the prompt set they were computed on
@@ -422,7 +425,14 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
         stage3, "evaluate", lambda model, task, idx: {"acc": idx, "pass8": idx + 1, "coverage": idx + 2}
     )
     res = {
-        "disa": {"acc": [], "heldout_acc": [], "pass8": [], "coverage": []},
+        "disa": {
+            "acc": [],
+            "heldout_acc": [],
+            "pass8": [],
+            "coverage": [],
+            "heldout_pass8": [],
+            "heldout_coverage": [],
+        },
         "_ran": {"loss": [], "weights": [], "acc": []},
     }
     stage3._record_arm(res, "disa", None, None, 0.25, 0.5, SimpleNamespace(loss_moved=True, param_change=0.0), 0.5)
@@ -432,5 +442,79 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
         "heldout_acc": [0.5, 0.75],
         "pass8": [1.25, 1.25],
         "coverage": [2.25, 2.25],
+        "heldout_pass8": [1.5, 1.75],
+        "heldout_coverage": [2.5, 2.75],
     }
     assert res["_ran"] == {"loss": [True, False], "weights": [False, True], "acc": [False, True]}
+
+
+# the computed checks' items: which arm minus which, of which number, per seed (written out, not derived
+# from the module's pair tables)
+COMPUTED_ITEMS = {
+    computed.diversity_coverage: ("heldout_coverage", {
+        "coverage_disa_minus_grpo": ("disa", "grpo"), "coverage_disa_minus_gspo": ("disa", "gspo"),
+        "coverage_flowrl_minus_grpo": ("flowrl", "grpo"), "coverage_flowrl_minus_gspo": ("flowrl", "gspo"),
+        "coverage_disa_minus_flowrl": ("disa", "flowrl"),
+    }),
+    computed.code_pass_at_k: ("heldout_pass8", {
+        "pass8_disa_minus_grpo": ("disa", "grpo"), "pass8_disa_minus_gspo": ("disa", "gspo"),
+    }),
+    computed.vargrad_vs_learned: ("tv", {"vargrad_beats_learned_logz": ("learned_head", "vargrad")}),
+}  # fmt: skip
+
+
+def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
+    """Each computed check's items against a loop over seeds on a stubbed memoized run where every arm,
+    number and seed differs (a swapped pair, another number or a train-split number would show), with
+    its margin (ACC_MARGIN for coverage and pass@8, TV_MARGIN for TV) and at most partly."""
+    import random
+
+    rnd = random.Random(0)
+    n = 3
+    keys = ("acc", "heldout_acc", "pass8", "coverage", "heldout_pass8", "heldout_coverage")
+    res = {k: {key: [rnd.random() for _ in range(n)] for key in keys} for k in stage3.METHODS}
+    res["_ran"] = {"loss": [True] * 4 * n, "weights": [True] * 4 * n, "acc": [True] * 4 * n}
+    tv = {k: [rnd.random() for _ in range(n)] for k in stage3.LOGZ_NAMES}
+
+    class Log:
+        def numbers(self):
+            return {}
+
+        def items(self):
+            return {"ran_loss_moved": True}
+
+    got: dict = {}
+    monkeypatch.setattr(stage3, "methods_raw", lambda seed, n_seeds, steps, beta: res)
+    monkeypatch.setattr(stage3, "logz_variants_raw", lambda *a: (tv, None, None, None, Log()))
+    monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.update(items=items, kw=kw))
+    for fn, (key, want) in COMPUTED_ITEMS.items():
+        fn(0, n_seeds=n, steps=1)
+        items = {it.name: it for it in got["items"]}
+        assert list(items) == list(want), fn.__name__
+        src = tv if key == "tv" else {k: res[k][key] for k in stage3.METHODS}
+        for name, (a, b) in want.items():
+            loop = []
+            for s in range(n):
+                loop.append(src[a][s] - src[b][s])
+            it = items[name]
+            assert it.diffs == pytest.approx(loop, rel=0, abs=1e-15), name
+            assert it.kind == "effect" and it.margin == (stage3.TV_MARGIN if key == "tv" else stage3.ACC_MARGIN)
+        assert got["kw"] == {"cap": Verdict.PARTLY}, fn.__name__
+
+
+def test_computed_checks_judge_the_memoized_runs_values(tiny, fresh_memo):
+    """On real (tiny) runs: each computed check's recorded values are its arms' differences in the memoized
+    run it reads (the run is trained once: the check and the raw function share it)."""
+    for fn, (key, want) in COMPUTED_ITEMS.items():
+        kw = dict(n_seeds=2, steps=2, grad_draws=2) if key == "tv" else dict(n_seeds=2, steps=2)
+        res = fn(0, **kw)
+        if key == "tv":
+            src = stage3.logz_variants_raw(0, 2, 2, 2.0, 2)[0]
+        else:
+            raw = stage3.methods_raw(0, 2, 2, 4.0)
+            src = {k: raw[k][key] for k in stage3.METHODS}
+        values = {i["name"]: i["values"] for i in res.evidence["items"]}
+        assert set(values) == set(want)
+        for name, (a, b) in want.items():
+            assert values[name] == pytest.approx([src[a][s] - src[b][s] for s in range(2)], rel=0, abs=1e-12), name
+    assert len(stage3._MEMO) == 2  # the 4-method run and the remark2 run, each trained once
