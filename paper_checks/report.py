@@ -1203,6 +1203,7 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
     from tiltlab.paper_checks.record import outcomes_from_rows
 
+    registry.discover()  # rows of undeclared claims are dropped: the claims must be loaded
     outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
     # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
     # summary, which describes only the last invocation that wrote the record

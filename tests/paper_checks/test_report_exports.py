@@ -256,7 +256,11 @@ def test_the_shipped_llm_record_matches_the_registry():
     # of preregistration.toml, marked legacy in the report) lags the registry by definition until its re-run;
     # no new record can be shipped that way (ship_llm_record refuses legacy rows)
     want = {c.key for c in registry.checks() if c.layer == "llm"}
-    assert {record.row_key(r) for r in shipped["checks"]} == want
+    got = {record.row_key(r) for r in shipped["checks"]}
+    if all_legacy:  # checks registered after the legacy run have no row until the re-run; no row is orphaned
+        assert got <= want, sorted(got - want)
+    else:
+        assert got == want
     for key in ("commit", "date", "machine", "run_seconds"):
         assert shipped[key], key
     # a row run at another commit (a check kept from its own earlier run) is named in the machine text
