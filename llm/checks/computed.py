@@ -120,7 +120,7 @@ def vargrad_vs_learned(
     """Fig. 6's "VarGrad ends higher than a learned log Z", read as final TV(pi, pi*) in the remark2 run:
     one paired item, TV(learned_head) - TV(vargrad) (lower TV is better). At most partly: "faster" (the
     curve) is not recorded, and PACED-RL above VarGrad (``paced.fig6.vargrad``) is not run."""
-    tv, _, _, _, log = S.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
+    tv, _, _, _, _, log = S.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     d = [a - b for a, b in zip(tv["learned_head"], tv["vargrad"])]
     nums: dict[str, float] = {**log.numbers()}
     for k in ("learned_head", "vargrad"):
@@ -130,7 +130,7 @@ def vargrad_vs_learned(
         log.items(),
         f"the remark2 run of disa.remark2.calibration (tiny Qwen3, beta={beta:g}, on-policy, {steps} steps, "
         f"{n_seeds} seeds; a reuse of that one experiment): final TV(pi, pi*) on the train prompts, FlowRL's loss "
-        f"with a learned per-prompt log Z {T.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
+        f"with FlowRL's learned log Z head {T.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
         f"{T.fmt_ci(tv['vargrad'])}; item: TV(learned) - TV(VarGrad); not run: convergence speed, PACED-RL; "
         "shared run: decides disa.remark2.calibration, flowrl.vargrad_beats_learned_logz, paced.fig6.vargrad",
         nums,

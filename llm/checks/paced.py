@@ -4,9 +4,14 @@ difficulty of the selected prompts over training (:mod:`tiltlab.llm.checks.task`
 PACED's math lives in ``tiltlab.objectives``: the TB residual anchored on the rollout policy
 (``tb.tb_residual(logp, logp_old, r, log Z, beta)``, ``tb.tb_loss``), the accuracy estimate
 ``paced.accuracy_from_log_z`` (``p_hat = clip(log Z_phi / beta, 0, 1)``) and the selection
-``paced.select_prompts`` (the ``m`` prompts with ``p_hat`` closest to ``tau``). ``log Z_phi`` is a
-learned per-prompt table initialized, as the simulator's PACED runs, from a Stage-1 estimate
-(``beta * pass_rate_from_log_z(label)``, ``M = 8`` samples of ``pi_ref``).
+``paced.select_prompts`` (the ``m`` prompts with ``p_hat`` closest to ``tau``). ``log Z_phi`` here is a
+per-prompt table, not PACED's network (PACED §4.3: an MLP on frozen ``pi_ref`` prompt embeddings;
+``llm.trainers`` runs that): one free entry per train prompt, its own Adam learning rate
+:data:`LOGZ_LR`, initialized, as the simulator's PACED runs, from a Stage-1 estimate
+(``beta * pass_rate_from_log_z(label)``, ``M = 8`` samples of ``pi_ref``). Its target is not DISA's
+``log Z``: anchored on ``pi_old``, on-policy, the minimizer of the TB loss is ``beta * p_old(x)``
+(Prop. 4.1), so each run reports ``mean |table - beta * p_theta(x)|`` over the train prompts at the
+start and at the end (:func:`table_abs_err`, ``p_theta`` the exact pass rate of the policy then).
 
 The pass rules are written in the claim statements (``paced.tau_sweep`` in ``core.toml``, the
 others in ``paced_empirical.toml``) and in ``docs/llm-checks.md``, fixed before the runs.
@@ -32,6 +37,7 @@ TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BETA = 4.0
 """PACED's tilt (1 / its KL coefficient): the TB target is ``pi_old e^{BETA r}``."""
 LOGZ_LR = 0.05
+"""Adam learning rate of the per-prompt ``log Z_phi`` table (the policy's is ``stage3.LR``)."""
 BATCH_PROMPTS = 8
 """Prompts per step of every arm: PACED selects this many, the random arms draw this many."""
 EARLY = 25
@@ -39,7 +45,7 @@ EARLY = 25
 
 
 def paced_fn(table: torch.Tensor, beta: float):
-    """PACED's TB (anchored on the rollout policy) with a learned per-prompt ``log Z_phi`` table."""
+    """PACED's TB (anchored on the rollout policy) with a per-prompt ``log Z_phi`` table ``[P_all]``."""
 
     def fn(b: T.Batch) -> torch.Tensor:
         lp, lo = sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_old, b.mask)
@@ -47,6 +53,14 @@ def paced_fn(table: torch.Tensor, beta: float):
         return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta))
 
     return fn
+
+
+@torch.no_grad()
+def table_abs_err(model, task: T.EnumTask, idx: torch.Tensor, table: torch.Tensor, beta: float) -> float:
+    """``mean_x |log Z_phi(x) - beta * p_theta(x)|`` over prompts ``idx``: the table against its on-policy
+    fixed point (Prop. 4.1), ``p_theta`` the model's exact pass rate."""
+    p = T.pass_rate(T.policy(model, task, idx), task)
+    return float((table.detach()[idx].double() - beta * p).abs().mean())
 
 
 def _grpo(b: T.Batch) -> torch.Tensor:
@@ -76,6 +90,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
 
     def one(s: int) -> dict:
         res: dict = {a: {k: [] for k in keys} for a in arms}
+        res["_logz"] = {a: {"abs_err_start": [], "abs_err_end": []} for a in arms if a != "grpo"}
         log = R.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, ho, _ = S.setup(s)
@@ -87,6 +102,8 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
             with torch.no_grad():
                 table[tr_t] = init.float()
+            if arm != "grpo":
+                res["_logz"][arm]["abs_err_start"].append(table_abs_err(model, task, tr_t, table, beta))
             trained: list[torch.Tensor] = []
             rewards: list[float] = []
             early: list[float] = []
@@ -122,6 +139,8 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
                 batch_prompts=BATCH_PROMPTS,
                 on_step=on_step,
             )
+            if arm != "grpo":
+                res["_logz"][arm]["abs_err_end"].append(table_abs_err(model, task, tr_t, table, beta))
             r = res[arm]
             r["acc"].append(S.evaluate(model, task, tr)["acc"])
             r["heldout_acc"].append(S.evaluate(model, task, ho)["acc"])
@@ -169,10 +188,17 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     for arm, r in arms.items():
         for k, xs in r.items():
             nums.update(T.ci_numbers(f"{arm}_{k}", xs))
+    for arm, errs in res["_logz"].items():
+        for k, xs in errs.items():
+            nums.update(T.ci_numbers(f"{arm}_logz_table_{k}", xs))
     tracks = [a - b for a, b in zip(res["tau0.9"]["batch_reward"], res["tau0.1"]["batch_reward"])]
     nums.update(T.ci_numbers("context_train_reward_tracks_tau", tracks))
+    err = res["_logz"]["tau0.5"]
     txt = (
-        f"PACED (TB anchored on pi_old, beta={BETA:g}, learned log Z table, 8 of the train prompts per step), "
+        f"PACED (TB anchored on pi_old, beta={BETA:g}, log Z_phi a per-prompt table (not PACED's MLP on pi_ref "
+        f"embeddings), Adam lr {LOGZ_LR:g}, started at beta x the Stage-1 M=8 pass-rate estimate; tau=0.5's mean "
+        f"|table - beta p_theta| start {T.fmt_ci(err['abs_err_start'])}, end {T.fmt_ci(err['abs_err_end'])}; "
+        f"8 of the train prompts per step), "
         f"{steps} steps, {n_seeds} seeds; held-out accuracy: "
         + ", ".join(f"{a} {T.fmt_ci(arms[a]['heldout_acc'])}" for a in arms)
         + f"; at step {min(EARLY, steps)}: "
@@ -227,7 +253,8 @@ def paced_vs_baselines(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS
         items,
         ran,
         f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {T.fmt_ci(p)}, GRPO "
-        f"{T.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (learned log Z, beta={BETA:g}, raw reward) "
+        f"{T.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (its log Z head trained with the policy, beta={BETA:g}, raw "
+        "reward) "
         f"{T.fmt_ci(m['flowrl']['heldout_acc'])}; DS/LILO/MoPPS not run; shared run: decides both paced.table1 claims",
         nums,
         cap=V.PARTLY,

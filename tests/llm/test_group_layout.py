@@ -80,11 +80,12 @@ def test_disa_arm_reads_each_prompts_frozen_log_z_on_its_own_completions():
 
 
 def test_learned_table_arm_reads_and_trains_each_prompts_own_entry():
-    """FlowRL's arm (``flowrl_shared_fn``): the loss, and the table's gradient entry by entry (only
-    the batch's prompts get one, each from its own completions)."""
+    """FlowRL's loss (``flowrl_fn``, the arm's loss with the head's ``[P]`` log Z swapped for a table
+    read): the loss, and the log Z gradient entry by entry (only the batch's prompts get one, each from
+    its own completions)."""
     b = _batch(1)
     table = torch.nn.Parameter(TABLE.clone())
-    loss, (g_logp, g_table) = _loss_and_logp_grad(stage3.flowrl_shared_fn(table, BETA), b, table)
+    loss, (g_logp, g_table) = _loss_and_logp_grad(stage3.flowrl_fn(lambda idx: table[idx], BETA), b, table)
 
     def w(row):  # the arm's weight: exp(sum_t mask (logp - logp_old)), unclipped
         return math.exp(_seq(b.logp.detach() - b.logp_old, b.mask, row))
@@ -102,7 +103,7 @@ def test_learned_table_arm_reads_and_trains_each_prompts_own_entry():
 
 def test_vargrad_arm_estimates_log_z_from_each_prompts_own_group():
     b = _batch(2)
-    fn = stage3._variants(TABLE.double(), TABLE.double(), TABLE.double(), BETA, torch.nn.Parameter(TABLE))["vargrad"]
+    fn = stage3._variants(TABLE.double(), TABLE.double(), TABLE.double(), BETA, lambda idx: TABLE[idx])["vargrad"]
     loss, (g_logp,) = _loss_and_logp_grad(fn, b)
 
     def log_z_hat(p):  # the group's minimizer: mean_j (beta r - lp + lp_ref)
@@ -142,8 +143,8 @@ def _group_adv(p: int, j: int) -> float:
 @pytest.mark.parametrize(
     "arm",
     [
-        pytest.param(lambda: stage3.method_fns("grpo", None, BETA, None), id="stage3-grpo"),
-        pytest.param(lambda: stage3.method_fns("gspo", None, BETA, None), id="stage3-gspo"),
+        pytest.param(lambda: stage3.method_fns("grpo", None, BETA), id="stage3-grpo"),
+        pytest.param(lambda: stage3.method_fns("gspo", None, BETA), id="stage3-gspo"),
         pytest.param(lambda: checks_paced._grpo, id="paced-grpo"),
     ],
 )

@@ -485,7 +485,7 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
 
     got: dict = {}
     monkeypatch.setattr(stage3, "methods_raw", lambda seed, n_seeds, steps, beta: res)
-    monkeypatch.setattr(stage3, "logz_variants_raw", lambda *a: (tv, None, None, None, Log()))
+    monkeypatch.setattr(stage3, "logz_variants_raw", lambda *a: (tv, None, None, None, None, Log()))
     monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.update(items=items, kw=kw))
     for fn, (key, want) in COMPUTED_ITEMS.items():
         fn(0, n_seeds=n, steps=1)
