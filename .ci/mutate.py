@@ -329,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--reuse-coverage", action="store_true", help="skip the baseline: reuse --out's coverage file")
     ap.add_argument("--last", default="", help="comma-separated modules whose mutants run last (slow tests)")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per mutant's test run (default: max(60, 2 x baseline + 30); 600 with --map). A run past it "
+        "counts as killed, so raise it on a loaded machine",
+    )
     args = ap.parse_args(argv)
     root = Path.cwd()
     REF[0] = args.ref
@@ -392,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if base != "survived":
         print(f"the tests fail without any mutant ({base}); fix them first", file=sys.stderr)
         return 2
-    timeout = max(60.0, 2 * base_s + 30) if not args.map else 600.0
+    timeout = args.timeout or (max(60.0, 2 * base_s + 30) if not args.map else 600.0)
     lines_to_tests: dict[str, dict[int, set[str]]] = {}
     if args.cover:
         os.environ.pop("COVERAGE_FILE", None)
