@@ -600,12 +600,15 @@ def map_seeds(fn: Callable[[int], object], seeds: Sequence[int], desc: str | Non
             todo = set(futs)
             while todo:
                 done, todo = wait(todo, return_when=FIRST_EXCEPTION)
+                failed = [futs[f] for f in done if f.exception() is not None]
+                if failed:
+                    # as jobs = 1 would: the first failing seed in seed order, whichever worker failed first
+                    earlier = [f for f in futs if futs[f] < min(failed)]
+                    wait(earlier)
+                    first = min(futs[f] for f in (*done, *earlier) if f.exception() is not None)
+                    raise next(f for f in futs if futs[f] == first).exception()  # its seed named by _run_seed
                 for fut in sorted(done, key=futs.__getitem__):
-                    i = futs[fut]
-                    exc = fut.exception()
-                    if exc is not None:
-                        raise exc  # the seed named by _run_seed; the worker's traceback is its cause
-                    results[i] = fut.result()
+                    results[futs[fut]] = fut.result()
                     if bar is not None:
                         bar.update(1)
             return results

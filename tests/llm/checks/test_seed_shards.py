@@ -203,3 +203,21 @@ def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
     seen.clear()
     cli._run(chks, 0, progress=False, jobs=1)  # --jobs 1: everything here, seeds in this process
     assert seen == [(k, 1, pid) for k in "abcd"]
+
+
+def test_the_first_failing_seed_in_seed_order_is_reported_whatever_finishes_first():
+    """As with jobs = 1: when several seeds fail, the error names the first of them in seed order, even
+    when a later seed's worker fails first (seed 10 fails at once, seed 9 only after a pause)."""
+    import time
+
+    def fn(s):
+        if s == 9:
+            time.sleep(0.5)  # an ordering device, not a timing assertion: the result must not depend on it
+            raise ValueError("late")
+        if s == 10:
+            raise ValueError("early")
+        return s
+
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"^seed 9: late$"):
+            T.map_seeds(fn, [8, 9, 10, 11], jobs=2)
