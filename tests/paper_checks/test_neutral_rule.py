@@ -342,3 +342,35 @@ def test_the_report_shows_the_verdict_under_the_other_threshold():
     same = stats.judge([stats.Item("final_pass_rate", tuple(10 * x for x in small), stats.EFFECT, 0.01)])
     (o2,) = record.outcomes_from_rows([{**row, "verdict": same.verdict, "evidence": same.evidence()}])
     assert same.verdict == same.alt_verdict == "verified" and report.other_threshold(o2) == ""
+
+
+# ----------------------------------------------------------------------- bookkeeping pinned (mutation survivors)
+def test_defaults_and_bookkeeping_of_a_judgement():
+    import dataclasses
+
+    up = (0.10, 0.12, 0.09, 0.11, 0.10)
+    d, e = stats.Item("d", up, stats.DIRECTION, 0.02), stats.Item("e", up, stats.EFFECT, 0.02)
+    assert (d.threshold(), e.threshold()) == (0.0, 0.02)  # the declared threshold unless swapped
+    assert d.pvalues() == d.pvalues(swap=False) != d.pvalues(swap=True)
+    j = stats.judge([d, stats.Item("f", tuple(-x for x in up), stats.EFFECT, 0.02)])
+    assert j.unit == "seed" and j.not_ran == "inconclusive" and j.cap is None
+    assert j.flags() == {"d_supports": True, "d_against": False, "f_supports": False, "f_against": True}
+    assert set(j.numbers()) == {f"{n}_{k}" for n in ("d", "f") for k in ("mean", "lo", "hi", "p", "margin")}
+    assert set(j.numbers("x.")) == {f"x.{k}" for k in j.numbers()}
+    assert j.describe().startswith("d +0.104 [+0.") and "(direction, margin 0.02): supports" in j.describe()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        j.tests["d"].outcome = stats.AGAINST  # type: ignore[misc]
+    with pytest.raises(ValueError, match="df"):
+        stats.t_quantile(0.9, 0)
+
+
+def test_an_exact_item_on_its_threshold_is_undecided():
+    on = stats.judge([stats.Item("e", (0.01,), stats.EFFECT, 0.01, exact=True), stats.Item("s", (0.1, 0.12, 0.11))])
+    assert on.tests["e"].outcome == stats.UNDECIDED
+    below = stats.judge([stats.Item("e", (-0.01,), stats.EFFECT, 0.01, exact=True), stats.Item("s", (0.1, 0.12, 0.11))])
+    assert below.tests["e"].outcome == stats.UNDECIDED
+
+
+def test_rejudge_keeps_what_happens_when_a_run_did_not_run():
+    j = stats.judge([stats.Item("x", (0.1, 0.12, 0.09), stats.DIRECTION)], {"ran": False}, not_ran="refuted")
+    assert j.verdict == "refuted" and stats.rejudge(j.evidence()).verdict == "refuted"
