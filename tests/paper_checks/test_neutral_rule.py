@@ -360,6 +360,8 @@ def test_defaults_and_bookkeeping_of_a_judgement():
     assert j.describe().startswith("d +0.104 [+0.") and "(direction, margin 0.02): supports" in j.describe()
     with pytest.raises(dataclasses.FrozenInstanceError):
         j.tests["d"].outcome = stats.AGAINST  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        j.verdict = "verified"  # type: ignore[misc]  # a judgement is not edited after the fact
     with pytest.raises(ValueError, match="df"):
         stats.t_quantile(0.9, 0)
 
