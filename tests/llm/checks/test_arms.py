@@ -21,16 +21,6 @@ from tiltlab.objectives.offline import offrl_loss
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TILTLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    mp.setattr(T, "WARM_STEPS", 3)
-    model, task = T.warm_reference(0)
-    yield model, task
-    mp.undo()
-
-
 def _claim(path: str, cid: str) -> dict:
     claims = tomllib.loads((ROOT / "paper_checks" / "claims" / path).read_text(encoding="utf-8"))["claim"]
     (c,) = [c for c in claims if c["id"] == cid]

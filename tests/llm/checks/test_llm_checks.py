@@ -14,16 +14,6 @@ from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TILTLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    mp.setattr(T, "WARM_STEPS", 3)
-    model, task = T.warm_reference(0)
-    yield model, task
-    mp.undo()
-
-
 def test_tilted_log_z_tv_match_brute_force():
     gen = torch.Generator().manual_seed(1)
     log_ref = torch.log_softmax(torch.randn(5, 7, generator=gen, dtype=torch.float64), -1)
