@@ -1186,7 +1186,7 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     for r in sorted(llm_rec.get("checks", []), key=lambda r: r["claim"]):
         ph = posthoc_neutral(r)
         if ph is None:
-            why = "own registered rule" if r["check"] == "smollm2_135m_colocate" else "no judged item recorded"
+            why = "own rule (withdrawn)" if r["check"] == "smollm2_135m_colocate" else "no judged item recorded"
             lines.append(f"| `{r['claim']}` | {r['verdict']} | – | – | {why} |")
             continue
         its = ", ".join(f"{k}: {v}" for k, v in ph["items"].items())

@@ -5,7 +5,8 @@ Importing this package registers its checks with ``paper_checks.registry``; the 
 its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltlab.llm.checks.stage3` and :mod:`tiltlab.llm.checks.paced`
 (:mod:`tiltlab.llm.checks.computed` judges numbers their memoized runs already compute);
 :mod:`tiltlab.llm.checks.stage1_real` runs Stage 1 on a real pretrained model (SmolLM2-135M-Instruct, vLLM);
-:mod:`tiltlab.llm.checks.real_training` trains it with DISA, FlowRL and GRPO (TRL + colocated vLLM).
+:mod:`tiltlab.llm.checks.real_training` holds what training it with ``tiltlab llm train`` (TRL + colocated
+vLLM) needs.
 See ``docs/llm-checks.md``.
 """
 

@@ -17,7 +17,6 @@ import torch
 
 from tiltlab.llm.checks import real_training as R
 from tiltlab.llm.checks import rules
-from tiltlab.llm.checks import task as T
 from tiltlab.paper_checks.registry import Verdict
 
 N = 3  # seeds / runs / steps
@@ -29,105 +28,7 @@ def _odd(position: int | None, odd, usual) -> list:
     return [odd if i == position else usual for i in range(N)]
 
 
-# ------------------------------------------------------------------ real-model check (real_training.py)
-def _fake_check(monkeypatch, tmp_path, frozen: tuple[str, int] | None):
-    """Run the real-model check with its engine-bound parts replaced: 3 seeds, each (objective, seed)
-    with its own held-out accuracy, and the one run ``frozen = (objective, seed index)`` that did not
-    train (loss and gradient 0, weights unchanged)."""
-    from tiltlab.llm.data import save_prompts
-
-    held = [{"id": f"h{i}", "prompt": f"q{i}", "answer": "1", "answer_format": "plain"} for i in range(P)]
-    save_prompts(held, tmp_path / "held.jsonl")
-    task = {
-        "n_labelled": 96, "n_kept": 2 * P, "n_train": P, "n_heldout": P, "mean_pass_all": 0.2,
-        "mean_pass_train": 0.3, "mean_pass_heldout": 0.31, "stage1_dir": "s1", "train": "t",
-        "heldout": str(tmp_path / "held.jsonl"),
-    }  # fmt: skip
-    seeds = T.seeds_for(0, N)
-    base = torch.linspace(0.1, 0.5, P, dtype=torch.float64)
-    lift = {"disa": 0.2, "flowrl": 0.05, "grpo": 0.1}
-    bump = {s: 0.03 * i for i, s in enumerate(seeds)}  # every seed its own accuracy
-
-    def acc_of(m: str, s: int) -> torch.Tensor:
-        return base + lift[m] + bump[s] + 0.001 * torch.arange(P)
-
-    def fake_eval(model_dir, rows, seed):
-        if model_dir == "BASE":
-            return base.clone()
-        m, s = model_dir.split("-")
-        return acc_of(m, int(s))
-
-    def is_frozen(m, s):
-        return frozen is not None and (m, s) == (frozen[0], seeds[frozen[1]])
-
-    def fake_train(m, task_, root, s, steps):
-        z = is_frozen(m, s)
-        hist = [
-            {"loss": 0.0 if z else 0.5, "grad_norm": 0.0 if z else 3.0, "step_time": 10.0 + bump[s] * 100,
-             "time/generate_and_score": 4.0, "time/vLLM.generate": 2.0, "reward": 0.25, "step": i + 1}
-            for i in range(steps)
-        ]  # fmt: skip
-        return f"{m}-{s}", hist
-
-    monkeypatch.setattr("tiltlab.llm.models.resolve_model", lambda name, progress=True: "BASE")
-    monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": torch.zeros(2)})
-    monkeypatch.setattr(R, "make_task", lambda root, model_dir, seed: task)
-    monkeypatch.setattr(R, "heldout_accuracy", fake_eval)
-    monkeypatch.setattr(R, "run_training", fake_train)
-    monkeypatch.setattr(
-        R, "weights_moved", lambda start, out: 0.0 if is_frozen(out.split("-")[0], int(out.split("-")[1])) else 1e-3
-    )
-    monkeypatch.setattr("tiltlab.llm.trainers.logz_head.policy_only_dir", lambda d: d)
-    res = R.real_model_training.__wrapped__(0, n_seeds=N, steps=2)
-    return res, seeds, base, acc_of
-
-
-@pytest.mark.parametrize("position", POSITIONS, ids=["first", "middle", "last"])
-@pytest.mark.parametrize("objective", R.OBJECTIVES)
-def test_real_check_trained_item_needs_every_seed(objective, position, monkeypatch, tmp_path):
-    res, *_ = _fake_check(monkeypatch, tmp_path, (objective, position))
-    for m in R.OBJECTIVES:
-        assert res.items[f"{m}_trained"] is (m != objective), (m, res.items)
-    assert res.verdict is Verdict.INCONCLUSIVE  # one objective did not train on one seed: no verdict
-    assert f"{objective} NO" in res.summary
-
-
-def test_real_check_means_and_differences_are_over_every_seed(monkeypatch, tmp_path):
-    res, seeds, base, acc_of = _fake_check(monkeypatch, tmp_path, None)
-    assert all(res.items[f"{m}_trained"] for m in R.OBJECTIVES)
-    for m in R.OBJECTIVES:
-        accs = [float(acc_of(m, s).mean()) for s in seeds]
-        assert res.numbers[f"acc_{m}"] == pytest.approx(sum(accs) / N)
-        # per prompt: the mean over seeds of (model - base); then the mean over prompts
-        d = [sum(float(acc_of(m, s)[p] - base[p]) for s in seeds) / N for p in range(P)]
-        assert res.numbers[f"{m}_minus_base"] == pytest.approx(sum(d) / P)
-        assert res.numbers[f"{m}_step_time_mean"] == pytest.approx(sum(10.0 + 3.0 * i for i in range(N)) / N)
-    want = [sum(float(acc_of("disa", s)[p] - acc_of("grpo", s)[p]) for s in seeds) / N for p in range(P)]
-    assert res.numbers["disa_minus_grpo"] == pytest.approx(sum(want) / P)
-
-
-@pytest.mark.parametrize("position", [*POSITIONS, None], ids=["first", "middle", "last", "none"])
-def test_real_check_accuracy_moved_when_any_seed_moved(position):
-    moved = torch.zeros(P, dtype=torch.float64)
-    moved[4] = 1 / 16
-    zero = torch.zeros(P, dtype=torch.float64)
-    diffs = {m: [zero.clone() for _ in range(N)] for m in R.OBJECTIVES}
-    diffs["flowrl"] = _odd(position, moved, zero)
-    _, _, items = R.decide(dict.fromkeys(R.OBJECTIVES, True), diffs)
-    assert items["flowrl_accuracy_moved"] is (position is not None)
-    assert not items["disa_accuracy_moved"] and not items["grpo_accuracy_moved"]
-
-
-@pytest.mark.parametrize("position", POSITIONS, ids=["first", "middle", "last"])
-def test_real_check_verdict_needs_every_objective_trained(position):
-    up = [torch.full((P,), v, dtype=torch.float64) + 0.01 * torch.arange(P) for v in (0.2, 0.21, 0.19)]
-    flat = [torch.full((P,), v, dtype=torch.float64) + 0.01 * torch.arange(P) * 0.5 for v in (0.0, 0.01, -0.01)]
-    diffs = {"disa": up, "flowrl": flat, "grpo": flat}
-    assert R.decide(dict.fromkeys(R.OBJECTIVES, True), diffs)[0] is Verdict.VERIFIED
-    trained = dict(zip(R.OBJECTIVES, _odd(position, False, True)))
-    assert R.decide(trained, diffs)[0] is Verdict.INCONCLUSIVE
-
-
+# ------------------------------------------------------------------ real-model runs (real_training.py)
 def _hist(losses, grads):
     return [{"loss": x, "grad_norm": g, "step": i + 1} for i, (x, g) in enumerate(zip(losses, grads))]
 

@@ -47,7 +47,6 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
     tiny = reg["tiny_qwen3_enum"]["files"]
     assert {"llm/checks/stage3.py", "llm/checks/paced.py", "llm/checks/rules.py"} <= set(tiny)
     assert "llm/checks/stage1_real.py" in reg["smollm2_135m_vllm"]["files"]
-    assert "llm/checks/real_training.py" in reg["smollm2_135m_colocate"]["files"]
 
 
 def test_shared_runs_name_registered_llm_claims():
@@ -376,9 +375,8 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
 
     rec = record.load_llm_record(SHIPPED)
     assert rec is not None
-    own_rule = {"smollm2_135m_colocate"}  # registered with its own mapping at d67392c (preregistration.toml)
+    own_rule = {"smollm2_135m_colocate"}  # its own mapping (withdrawn 2026-11-28); only its legacy row can carry it
     judged = [r for r in rec["checks"] if r["check"] not in own_rule]
-    assert len(judged) == len(rec["checks"]) - 1
     legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
     for row in judged:
         if (row["check"], str(row["commit"])[:7]) in legacy:
