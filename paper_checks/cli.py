@@ -103,6 +103,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--check", metavar="NAME", help="only the check with this name (as printed in reproducer lines)")
     p.add_argument("--seed", type=int, default=0, help="seed passed to every check (default 0)")
     p.add_argument("--slow", action="store_true", help="include checks marked slow")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="include checks marked long (hours; never part of a layer's run; implies --slow)",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
     p.add_argument(
         "--list", action="store_true", help="print the selected checks (claim, check, layer, slow) and run none"
@@ -300,13 +305,18 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
 
 
 def _select(
-    args_only: str | None, layer: str | None, name: str | None, include_slow: bool, include_llm: bool | None = None
+    args_only: str | None,
+    layer: str | None,
+    name: str | None,
+    include_slow: bool,
+    include_llm: bool | None = None,
+    include_long: bool = False,
 ):
     from tiltlab.paper_checks import registry
 
     registry.discover()
     registry.validate()
-    chks = registry.select(args_only, layer, include_slow, include_llm)
+    chks = registry.select(args_only, layer, include_slow, include_llm, include_long)
     if name:
         chks = [c for c in chks if c.name == name]
     return chks
@@ -594,7 +604,9 @@ def reproducer(check, seed: int, claim_dirs: Sequence[Path] = (), modules: Seque
     """The command that re-runs exactly ``check``: the registry's line plus ``--slow`` for a slow
     check and the ``--claims`` / ``--module`` of another project's claims and checks."""
     line = check.reproducer(seed)
-    if check.slow and "--slow" not in line.split():
+    if check.long and "--long" not in line.split():
+        line += " --long"
+    elif check.slow and "--slow" not in line.split():
         line += " --slow"
     line += "".join(f" --claims {shlex.quote(str(d))}" for d in claim_dirs)
     line += "".join(f" --module {shlex.quote(m)}" for m in modules)
@@ -689,10 +701,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _load_extra(args.claims, args.module)
     except ImportError as exc:
         raise ValueError(f"--module: {exc} (the module must be importable from the current directory)") from None
-    chks = _select(prefix, layer, args.check, args.slow)
+    long_ = bool(getattr(args, "long", False))
+    chks = _select(prefix, layer, args.check, args.slow, include_long=long_)
     unchecked = [] if (layer or args.check) else _unchecked(prefix)
     if not chks and not unchecked:
-        raise ValueError(_empty_selection(prefix, layer, args.check, args.slow))
+        raise ValueError(_empty_selection(prefix, layer, args.check, args.slow or long_))
     if args.list:
         _list(chks, unchecked)
         return 0
@@ -700,7 +713,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from tiltlab.paper_checks.record import merge, read_record, recorded_llm_rows, row_key
 
     old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
-    prov = _provenance(_check_command(args), "check", bool(args.slow), args.seed)
+    prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)
     hashes = _rule_hashes(chks)  # the rule files as this run finds them, with the commit it runs at
     outs = _run(chks, args.seed, progress=True, jobs=args.jobs)
     seconds = time.perf_counter() - t0
@@ -709,6 +722,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "layer": layer,
         "check": args.check,
         "slow": bool(args.slow),
+        "long": long_,
         "claims": [str(d) for d in args.claims],
         "module": list(args.module),
     }
@@ -749,6 +763,8 @@ def _check_command(args: argparse.Namespace) -> str:
             parts.append(f"{flag} {shlex.quote(value)}")
     if args.slow:
         parts.append("--slow")
+    if getattr(args, "long", False):
+        parts.append("--long")
     if args.seed:
         parts.append(f"--seed {args.seed}")
     return " ".join(parts)
@@ -808,6 +824,9 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
         and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
     ):
         return "the selected checks are all slow: add --slow"
+    longs = [c for c in registry.select(prefix, layer, True, include_long=True) if not name or c.name == name]
+    if longs and all(c.long for c in longs):
+        return "the selected checks are all long (hours): add --long"
     opt_in = [
         c
         for c in registry.select(prefix, None, True, include_llm=True)
@@ -827,7 +846,7 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
 def _list(chks, unchecked=()) -> None:
     """``tiltlab check --list``: one row per selected check (and per selected claim without a
     check), nothing run."""
-    rows = [(c.claim_id, c.name, c.layer, "slow" if c.slow else "") for c in chks]
+    rows = [(c.claim_id, c.name, c.layer, "long" if c.long else "slow" if c.slow else "") for c in chks]
     rows += [(u["claim"], "(no check yet)", "-", "") for u in unchecked]
     head = ("claim", "check", "layer", "slow")
     w = [max(len(r[i]) for r in [*rows, head]) for i in range(3)]

@@ -459,7 +459,10 @@ def ship_llm_record(
 ) -> dict[str, Any]:
     """Stamp the record of a full llm-layer run (``tiltlab check --layer llm --slow --out src``) and
     write it to ``dest`` (default :data:`LLM_RECORD`) atomically. The run must hold a row for every
-    registered llm check and nothing else.
+    registered llm check that is not long, and nothing else but long llm checks
+    (:attr:`~tiltlab.paper_checks.registry.Check.long`, ``tiltlab check --layer llm --long --check NAME``).
+    A run of long checks only ships those rows into the existing record, keeping its layer rows and
+    its top-level provenance; a layer run keeps the existing record's long rows it did not re-run.
 
     Provenance comes from the run, never from the caller: each row keeps its own ``commit``,
     ``commit_sha``, ``run_at`` (and command, seed, run id) where it has them, the record's otherwise.
@@ -476,13 +479,19 @@ def ship_llm_record(
     if rec is None:
         raise FileNotFoundError(f"--ship-llm {src}: no such file")
     registry.discover()
-    want = {c.key for c in registry.checks() if c.layer == "llm"}
+    want = {c.key for c in registry.checks() if c.layer == "llm" and not c.long}
+    longs = {c.key for c in registry.checks() if c.layer == "llm" and c.long}
     if not want:
         raise ValueError("--ship-llm: no llm checks are registered (is the [llm] extra installed?)")
     rows = rec["checks"]
     got = {row_key(r) for r in rows}
-    if any(r.get("layer") != "llm" for r in rows) or got != want:
-        missing, extra = sorted(want - got), sorted(got - want)
+    dest = LLM_RECORD if dest is None else Path(dest)
+    long_only = bool(got) and got <= longs and all(r.get("layer") == "llm" for r in rows)
+    old = _read_shipped(dest) if (long_only or longs) else None
+    if long_only and old is None:
+        raise ValueError(f"--ship-llm {src}: a run of long checks only ships into an existing llm record; {dest} has none")
+    if not long_only and (any(r.get("layer") != "llm" for r in rows) or (got - longs) != want):
+        missing, extra = sorted(want - got), sorted(got - want - longs)
         raise ValueError(
             f"--ship-llm {src} is not a full llm-layer run (missing {len(missing)} llm check(s)"
             + (f": {', '.join(missing[:3])}" if missing else "")
@@ -502,6 +511,7 @@ def ship_llm_record(
     command = "tiltlab check --layer llm --slow" + (
         f" --seed {rec['seed']}" if rec.get("seed") not in (None, 0) else ""
     )
+    long_names = {c.key: c.name for c in registry.checks() if c.long}
     stamp = {
         "run_at": date,
         "command": command,
@@ -518,6 +528,10 @@ def ship_llm_record(
         if r.get("source") == "recorded":
             raise ValueError(f"--ship-llm {src}: check {r['check']} ({r['claim']}) is a recorded row, not a run")
         own = {k: r[k] for k in stamp if r.get(k) not in (None, "")}
+        if row_key(r) in long_names and "command" not in own:
+            own["command"] = f"tiltlab check --layer llm --long --check {long_names[row_key(r)]}" + (
+                f" --seed {rec['seed']}" if rec.get("seed") not in (None, 0) else ""
+            )
         if "commit" in own:  # a row's own commit goes with its own full hash, never the record's
             own["commit_sha"] = r.get("commit_sha")
         row = {**{k: v for k, v in r.items() if k not in PROVENANCE_FIELDS}, **stamp, **own, "source": "run"}
@@ -532,6 +546,15 @@ def ship_llm_record(
         except ValueError as exc:
             raise ValueError(f"--ship-llm {src}: {exc}") from None
         shipped_rows.append(row)
+    if old is not None:  # rows of the existing record this run does not replace
+        mine = {row_key(r) for r in shipped_rows}
+        keep = [r for r in old.get("checks", []) if row_key(r) not in mine and (long_only or row_key(r) in longs)]
+        shipped_rows = sorted([*shipped_rows, *keep], key=row_key)
+    if long_only:
+        assert old is not None
+        shipped = {**old, "checks": shipped_rows, "registry_hash": llm_registry_hash()}
+        write_json(dest, shipped)
+        return shipped
     shipped = {
         "record": "tiltlab llm-layer record",
         "regenerate": LLM_RECORD_COMMAND,
@@ -547,9 +570,16 @@ def ship_llm_record(
         "claims": rec.get("claims", []),
         "checks": shipped_rows,  # "source": "run" (measured); merged elsewhere as "recorded" (recorded_llm_rows)
     }
-    dest = LLM_RECORD if dest is None else Path(dest)
     write_json(dest, shipped)
     return shipped
+
+
+def _read_shipped(path: Path) -> dict[str, Any] | None:
+    """The shipped llm record at ``path`` (None when there is none)."""
+    if not Path(path).is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def pseudo_sample(mean: float, lo: float, hi: float, n: int, level: float = 0.95) -> tuple[float, ...]:

@@ -389,6 +389,8 @@ class Check:
     slow: bool = False
     expected_items: tuple[tuple[str, bool], ...] = ()
     pin_specs: tuple[tuple[str, PinSpec], ...] = ()
+    long: bool = False
+    """A check of hours (slow too): run only with ``--long``, never by a layer's run; shipped with its own record row."""
 
     @property
     def key(self) -> str:
@@ -719,6 +721,7 @@ def register_check(
     slow: bool = False,
     expected_items: Mapping[str, bool] | None = None,
     pins: Mapping[str, PinSpec] | None = None,
+    long: bool = False,
 ) -> Callable[[CheckFn], CheckFn]:
     """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
 
@@ -730,8 +733,9 @@ def register_check(
     are ``exact``): :func:`residual` for an error or rounding gap, judged against the check's own
     tolerance as an upper bound; :func:`stochastic` for a number that moves across CPU kernel paths
     (a selection that amplifies last-bit differences), with its floor and the measured spread behind
-    it, below the smallest effect the check judges. The claim must be declared (in
-    ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
+    it, below the smallest effect the check judges. ``long``: a check of hours, outside its layer's
+    run (:func:`select` takes it only with ``include_long``); a long check is slow too. The claim must be
+    declared (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
     """
     if layer not in {"theory", "sim", "llm", "data"}:
         raise ValueError(f"unknown layer {layer!r}")
@@ -742,7 +746,7 @@ def register_check(
 
     def deco(fn: CheckFn) -> CheckFn:
         items = tuple((str(k), bool(v)) for k, v in (expected_items or {}).items())
-        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow, items, specs)
+        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow or long, items, specs, long)
         if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
             raise ValueError(f"check {chk.key} registered twice")
         _CHECKS[chk.key] = chk
@@ -831,9 +835,14 @@ def validate() -> None:
 
 
 def select(
-    prefix: str | None = None, layer: str | None = None, include_slow: bool = False, include_llm: bool | None = None
+    prefix: str | None = None,
+    layer: str | None = None,
+    include_slow: bool = False,
+    include_llm: bool | None = None,
+    include_long: bool = False,
 ) -> list[Check]:
-    """Checks matching ``prefix`` and ``layer``; slow ones only with ``include_slow``. Checks of an
+    """Checks matching ``prefix`` and ``layer``; slow ones only with ``include_slow``, long ones
+    (:attr:`Check.long`) only with ``include_long`` (which implies ``include_slow``). Checks of an
     opt-in layer (:data:`OPT_IN_LAYERS`: ``llm``) are selected only when ``layer`` names it or
     ``include_llm`` is true (the default, ``None``, means "only when named")."""
     if include_llm is None:
@@ -848,7 +857,9 @@ def select(
             continue
         if c.layer in OPT_IN_LAYERS and not include_llm:
             continue
-        if c.slow and not include_slow:
+        if c.long and not include_long:
+            continue
+        if c.slow and not (include_slow or include_long):
             continue
         out.append(c)
     return sorted(out, key=lambda c: (c.claim_id, c.layer, c.name))

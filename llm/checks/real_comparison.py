@@ -1,0 +1,487 @@
+"""DISA against FlowRL and a same-optimum GRPO on a real pretrained model; the training run is the unit.
+
+SmolLM2-135M-Instruct, ``tiltlab llm train`` with colocated vLLM on CPU, as users run it. A *long*
+check (:attr:`~tiltlab.paper_checks.registry.Check.long`): about two hours on 2 cores, outside the
+llm layer's run (``tiltlab check --layer llm --long --check smollm2_135m_comparison``).
+
+1. **Task.** :data:`N_QA` plain-answer questions (``synthetic:qa``) and :data:`N_MULTI` questions
+   with several correct answers (``synthetic:multi``: "Name a number between 10 and 30 that is
+   divisible by 7", answers 14, 21, 28), where matching ``pi_ref e^{beta r} / Z`` keeps ``pi_ref``'s
+   spread over the correct answers and maximising reward need not. Stage 1 with ``q = pi_ref``
+   (:data:`SELECT_M` samples, vLLM) labels each prompt (``log Z_hat``) and gives its pass rate; the
+   prompts with pass rate in ``[MIN_PASS, MAX_PASS]`` are kept and split, per task kind, into
+   :data:`N_HELDOUT` held-out prompts (half of each kind) and the training prompts (seeded by the check seed).
+2. **Arms** (:data:`ARMS`), each trained :data:`N_SEEDS` times (training seed ``s``; every arm sees the
+   same prompt order at the same ``s``), :data:`STEPS` steps of :data:`PROMPTS_PER_STEP` prompts x
+   :data:`G` completions, learning rate :data:`LR`, ``beta`` = :data:`BETA` for all three tilted arms:
+
+   * ``disa``: trajectory balance with the frozen Stage-1 label (the ``log_z`` column);
+   * ``flowrl``: the same residual with FlowRL's learned log-Z head;
+   * ``grpo_kl``: GRPO with the sequence-level KL penalty ``(1 / beta) log(pi / pi_ref)`` in the
+     reward (``kl_in_reward``), unscaled group advantages and a constant normaliser (``dr_grpo``):
+     its expected gradient is that of ``E[r] - KL(pi || pi_ref) / beta``, whose optimum is the same
+     ``pi_ref e^{beta r} / Z`` the other two fit (tested exactly on a bandit and a token tree);
+   * ``grpo``: TRL's GRPO defaults, no KL (context: the reward maximiser).
+3. **Evaluation.** The untrained model and every trained one sample :data:`EVAL_K` completions per
+   held-out prompt at T = 1 on a fresh vLLM engine; within a training seed every model uses the same
+   sampling seed (common random numbers). Per run: Mean@8 (mean accuracy), pass@8 (share of prompts
+   with a correct sample) and coverage (over the multi-answer prompts: ``exp`` of the entropy of the
+   correct answers drawn, 0 when none is correct).
+
+Statistics: the unit is the training run; the items are per-seed paired differences of run means
+under the one rule (:func:`tiltlab.llm.checks.rules.judge`), each declared in the claim registry.
+The primary claim (``disa.llm.real_model_training``, the decoupling claim) is DISA minus FlowRL on
+Mean@8; the secondary claim (``disa.llm.real_model_vs_kl_grpo``) is DISA minus GRPO+KL on Mean@8,
+coverage and pass@8 (one Holm family). Both checks read one memoized experiment. Every per-run and
+per-prompt value is kept in the evidence. All of it is fixed here and in the claim files before the
+run that decides it (``paper_checks/preregistration.toml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import functools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+
+from . import rules as R
+from . import task as T
+from .real_training import step_times, trained_items, weights_moved
+
+V = Verdict
+ALIAS = "smollm2-135m"
+ARMS = ("disa", "flowrl", "grpo_kl", "grpo")
+N_SEEDS = 5
+BETA = 2.0
+KL_COEF = 1.0 / BETA
+N_QA = 160
+QA_LEVELS = (1, 2, 3)
+N_MULTI = 160
+SELECT_M = 8
+MIN_PASS, MAX_PASS = 0.125, 0.875
+N_HELDOUT = 48
+NEW_TOKENS = 16
+PROMPTS_PER_STEP = 4
+G = 4
+STEPS = 24
+LR = 5e-5
+EVAL_K = 8
+MAX_MODEL_LEN = 512
+KV_CACHE_BYTES = 64 << 20
+EVAL_KV_CACHE_BYTES = 256 << 20
+MARGIN_ACC = 0.02
+"""Smallest Mean@8 / pass@8 difference of interest (accuracy units)."""
+MARGIN_COVERAGE = 0.1
+"""Smallest coverage difference of interest (effective number of correct answers)."""
+PRIMARY = ("disa_minus_flowrl_mean8",)
+SECONDARY = ("disa_minus_grpo_kl_mean8", "disa_minus_grpo_kl_coverage", "disa_minus_grpo_kl_pass8")
+CHECK_NAME = "smollm2_135m_comparison"
+
+
+# ---------------------------------------------------------------- task
+def candidate_rows(seed: int) -> list[dict]:
+    """The candidate prompts: :data:`N_QA` ``synthetic:qa`` rows at :data:`QA_LEVELS` and
+    :data:`N_MULTI` ``synthetic:multi`` rows, both seeded by ``seed``."""
+    from tiltlab.llm.tasks import multi_answer_tasks, qa_tasks
+
+    return [*qa_tasks(N_QA, list(QA_LEVELS), seed=seed), *multi_answer_tasks(N_MULTI, seed=seed)]
+
+
+def split_heldout(rows: Sequence[dict], n_heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(train, heldout)``: ``n_heldout / 2`` held-out rows of each task kind (``task`` column),
+    drawn with ``random.Random(seed)``; the rest, in their input order, train. Raises when a kind has
+    fewer than ``n_heldout / 2 + 1`` rows (a held-out set of another size is not the registered one)."""
+    if n_heldout <= 0 or n_heldout % 2:
+        raise ValueError(f"n_heldout must be a positive even number, got {n_heldout}")
+    kinds = sorted({str(r["task"]) for r in rows})
+    if len(kinds) != 2:
+        raise ValueError(f"expected two task kinds (qa and multi-answer), got {kinds}")
+    rng = random.Random(f"heldout-{seed}")
+    held_ids: set[str] = set()
+    for k in kinds:
+        ids = [str(r["id"]) for r in rows if str(r["task"]) == k]
+        if len(ids) < n_heldout // 2 + 1:
+            raise ValueError(
+                f"only {len(ids)} selected {k} prompts: {n_heldout // 2} held out and at least one to train "
+                "needed (raise N_QA / N_MULTI)"
+            )
+        held_ids.update(rng.sample(ids, n_heldout // 2))
+    held = [r for r in rows if str(r["id"]) in held_ids]
+    train = [r for r in rows if str(r["id"]) not in held_ids]
+    return train, held
+
+
+def make_task(root: Path, model_dir: str, seed: int) -> dict:
+    """Stage 1 (``q = pi_ref``) on the candidates, the pass-rate selection and the held-out split:
+    ``train.jsonl`` / ``heldout.jsonl`` under ``root`` and the selection summary."""
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.prepare import SelectConfig, select_by_pass_rate, write_rows
+    from tiltlab.llm.rollout import VLLMEngine
+    from tiltlab.llm.stage1 import Stage1Config, run_stage1
+
+    rows = candidate_rows(seed)
+    cand = root / "candidates.jsonl"
+    write_rows(rows, cand)
+    cfg = Stage1Config(
+        proposal=model_dir,
+        reference=model_dir,
+        dataset=str(cand),
+        out_dir=str(root / "stage1"),
+        M=SELECT_M,
+        beta=BETA,
+        reward="math",
+        max_new_tokens=NEW_TOKENS,
+        seed=seed,
+        engine="vllm",
+        dtype="fp32",
+        device="cpu",
+        max_model_len=MAX_MODEL_LEN,
+        prompts_per_shard=len(rows),
+    )
+    engine = VLLMEngine(
+        model_dir, dtype="fp32", seed=seed, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=EVAL_KV_CACHE_BYTES
+    )
+    try:
+        run_stage1(cfg, progress=False, engine=engine)
+    finally:
+        engine.close()
+    sel = SelectConfig(stage1=cfg.out_dir, out=str(root / "selected.jsonl"), min_pass=MIN_PASS, max_pass=MAX_PASS)
+    summary = select_by_pass_rate(sel)
+    train, held = split_heldout(load_prompts(sel.out), N_HELDOUT, seed)
+    write_rows(train, root / "train.jsonl")
+    write_rows(held, root / "heldout.jsonl")
+    return {
+        **summary,
+        "stage1_dir": cfg.out_dir,
+        "train": str(root / "train.jsonl"),
+        "heldout": str(root / "heldout.jsonl"),
+        "n_train": len(train),
+        "n_heldout": len(held),
+    }
+
+
+# ---------------------------------------------------------------- one run
+def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict:
+    """The ``tiltlab llm train`` config of one run of ``arm``."""
+    from .real_training import train_config as base_config
+
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {', '.join(ARMS)}, got {arm!r}")
+    cfg = base_config("grpo" if arm == "grpo_kl" else arm, task, out, seed, steps)
+    trl = cfg["trl"]
+    trl.update(
+        learning_rate=LR,
+        per_device_train_batch_size=PROMPTS_PER_STEP * G,
+        num_generations=G,
+        max_completion_length=NEW_TOKENS,
+        vllm_kv_cache_memory_bytes=KV_CACHE_BYTES,
+        vllm_max_model_length=MAX_MODEL_LEN,
+    )
+    if arm in ("disa", "flowrl"):
+        cfg["beta"] = BETA
+    if arm == "grpo_kl":  # E[r] - KL(pi || pi_ref) / beta: the tilted target is its optimum
+        trl.update(beta=KL_COEF, kl_in_reward=True, scale_rewards="none", loss_type="dr_grpo")
+    return cfg
+
+
+def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -> dict[str, list]:
+    """Per held-out prompt: the number of correct samples of ``k`` (T = 1, sampling seed ``seed``)
+    and the correct answers drawn (the parsed numbers, in sample order). ``{"correct": [P],
+    "answers": [P lists]}``."""
+    from transformers import AutoTokenizer
+
+    from tiltlab.llm.prompts import format_prompt
+    from tiltlab.llm.rewards import graded_answers
+    from tiltlab.llm.rollout import SamplingConfig, VLLMEngine
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    texts = [format_prompt(tok, r["prompt"], True) for r in rows]
+    engine = VLLMEngine(
+        model_dir, dtype="fp32", seed=seed, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=EVAL_KV_CACHE_BYTES
+    )
+    try:
+        groups = engine.generate(texts, k, SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS, seed=seed))
+    finally:
+        engine.close()
+    correct, answers = [], []
+    for r, g in zip(rows, groups):
+        got = graded_answers(r, g.texts)  # the paid answer of each sample, None where not paid
+        correct.append(sum(a is not None for a in got))
+        answers.append([a for a in got if a is not None])
+    return {"correct": correct, "answers": answers}
+
+
+def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> dict[str, float]:
+    """A run's Mean@k, pass@k (all held-out prompts) and coverage (the multi-answer prompts: mean
+    ``exp`` entropy of the correct answers drawn) from :func:`evaluate`'s per-prompt values."""
+    from tiltlab.llm.coverage import correct_entropy_exp
+
+    n = len(rows)
+    if len(ev["correct"]) != n or len(ev["answers"]) != n:
+        raise ValueError(f"{len(ev['correct'])} evaluated prompts for {n} held-out rows")
+    multi = [i for i, r in enumerate(rows) if r.get("answer_format") == "set"]
+    if not multi:
+        raise ValueError("no multi-answer prompt among the held-out rows: coverage is undefined")
+    return {
+        "mean8": sum(c / k for c in ev["correct"]) / n,
+        "pass8": sum(c > 0 for c in ev["correct"]) / n,
+        "coverage": sum(correct_entropy_exp(ev["answers"][i]) for i in multi) / len(multi),
+    }
+
+
+def _python(args: list[str], core: int | None) -> subprocess.CompletedProcess:
+    """``python -m ...`` with one torch thread, vLLM bound to ``core`` (None: vLLM's own binding)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(T.CHECK_THREADS)}
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True)
+
+
+def train_in_process(name: str, cfg: dict, root: Path, core: int | None) -> tuple[str, list[dict]]:
+    """One ``tiltlab llm train`` process (vLLM colocated, bound to ``core``); ``(model dir, log history)``."""
+    import yaml
+
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = _python(["tiltlab.cli", "llm", "train", "--config", str(path)], core)
+    if res.returncode != 0:
+        raise RuntimeError(f"`tiltlab llm train` ({name}) failed:\n{res.stderr[-3000:]}")
+    out = Path(cfg["output_dir"])
+    return str(out), json.loads((out / "trainer_state.json").read_text())["log_history"]
+
+
+def eval_in_process(model_dir: str, heldout: str, seed: int, out: Path, core: int | None) -> dict[str, list]:
+    """:func:`evaluate` in its own process (a fresh vLLM engine bound to ``core``); the result is
+    read back from ``out``."""
+    res = _python(
+        ["tiltlab.llm.checks.real_comparison", "eval", model_dir, heldout, str(seed), str(out)], core
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"evaluation of {model_dir} (seed {seed}) failed:\n{res.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def one_run(
+    arm: str, task: dict, root: Path, seed: int, steps: int, core: int | None, start: dict | None = None
+) -> dict[str, Any]:
+    """Train ``arm`` at training seed ``seed`` (``arm == "base"``: no training) and evaluate it on the
+    held-out prompts with the seed's evaluation seed. Returns the raw per-prompt values and the
+    run's training log numbers. ``start``: the untrained weights (for "the weights moved")."""
+    from tiltlab.llm.trainers.logz_head import policy_only_dir
+
+    eval_seed = seed * 100 + 99
+    out: dict[str, Any] = {"arm": arm, "seed": seed}
+    model = task["model_dir"]
+    if arm != "base":
+        t0 = time.perf_counter()
+        cfg = train_config(arm, task, root / f"{arm}-{seed}", seed, steps)
+        model, history = train_in_process(f"{arm}-{seed}", cfg, root, core)
+        if start is None:
+            raise ValueError("one_run needs the untrained weights (start) to tell whether a run trained")
+        ok, tn = trained_items(history, weights_moved(start, model))
+        out.update(trained=ok, train_numbers={**tn, **step_times(history)}, train_s=time.perf_counter() - t0)
+        model = str(policy_only_dir(model))  # FlowRL's saved policy carries its head, which vLLM cannot load
+    out["eval"] = eval_in_process(model, task["heldout"], eval_seed, root / f"eval-{arm}-{seed}.json", core)
+    return out
+
+
+# ---------------------------------------------------------------- the experiment
+@functools.cache
+def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: int | None = None) -> dict[str, Any]:
+    """Run the whole experiment once per (seed, size): the task, then the untrained model and every
+    arm at every training seed, ``jobs`` runs at a time (default: the check runner's seed jobs), each
+    on its own core. Returns the held-out rows, the task summary and every run's raw values."""
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.models import resolve_model
+
+    from safetensors.torch import load_file
+
+    jobs = T._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
+    model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
+    start = load_file(str(Path(model_dir) / "model.safetensors"))
+    with tempfile.TemporaryDirectory(prefix="tiltlab-real-comparison-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        task = {**make_task(root, model_dir, seed), "model_dir": model_dir}
+        task_s = time.perf_counter() - t0
+        held = load_prompts(task["heldout"])
+        seeds = T.seeds_for(seed, n_seeds)
+        todo = [("base", s) for s in seeds] + [(a, s) for s in seeds for a in ARMS]
+        runs: dict[tuple[str, int], dict] = {}
+        cores = list(range(jobs)) if jobs > 1 else [None]
+        free = list(cores)
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        bar = tqdm(total=len(todo), desc="llm check real comparison", unit="run", leave=False)
+        with cf.ThreadPoolExecutor(max_workers=len(cores)) as pool:
+            pending: dict[cf.Future, tuple[tuple[str, int], int | None]] = {}
+            queue = list(todo)
+            while queue or pending:
+                while queue and free:
+                    key, core = queue.pop(0), free.pop(0)
+                    fut = pool.submit(one_run, key[0], task, root, key[1], steps, core, start)
+                    pending[fut] = (key, core)
+                done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    key, core = pending.pop(fut)
+                    free.append(core)
+                    runs[key] = fut.result()  # a failed run raises here, naming its arm and seed
+                    bar.update(1)
+        bar.close()
+    summary = {k: task[k] for k in ("n_labelled", "n_kept", "n_train", "n_heldout", "mean_pass_all", "mean_pass_train")}
+    return {"held": held, "task": summary, "task_s": task_s, "seeds": list(seeds), "runs": runs, "steps": steps}
+
+
+def per_run_metrics(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
+    """``{arm: {seed: {"mean8", "pass8", "coverage"}}}`` for the base model and every arm."""
+    return {
+        arm: {s: run_metrics(raw["runs"][(arm, s)]["eval"], raw["held"]) for s in raw["seeds"]}
+        for arm in ("base", *ARMS)
+    }
+
+
+def paired(m: dict[str, dict[int, dict[str, float]]], a: str, b: str, metric: str, seeds: Sequence[int]) -> tuple[float, ...]:
+    """Per training seed, ``metric`` of arm ``a`` minus that of arm ``b`` (the paired unit)."""
+    return tuple(m[a][s][metric] - m[b][s][metric] for s in seeds)
+
+
+def items_for(m: dict[str, dict[int, dict[str, float]]], seeds: Sequence[int], names: Sequence[str]) -> list[R.Item]:
+    """The registered items ``names`` (``disa_minus_<arm>_<metric>``) as paired per-seed differences."""
+    margins = {"mean8": MARGIN_ACC, "pass8": MARGIN_ACC, "coverage": MARGIN_COVERAGE}
+    out = []
+    for name in names:
+        rest = name.removeprefix("disa_minus_")
+        arm, metric = rest.rsplit("_", 1)
+        out.append(R.Item(name, paired(m, "disa", arm, metric, seeds), margins[metric]))
+    return out
+
+
+def ran_flags(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> dict[str, bool]:
+    """"It ran": every training run trained (:func:`trained_items`), and every arm's held-out
+    Mean@8 left the untrained model's at some seed."""
+    runs = raw["runs"]
+    trained = all(runs[(a, s)]["trained"] for a in ARMS for s in raw["seeds"])
+    moved = all(any(m[a][s]["mean8"] != m["base"][s]["mean8"] for s in raw["seeds"]) for a in ARMS)
+    return {"ran_all_trained": trained, "ran_accuracy_moved": moved}
+
+
+def numbers(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> dict[str, float]:
+    """Every arm's per-seed metrics and their 95% intervals over runs, the arms against the base
+    model and plain GRPO (reported, not judged), the task summary and the step profile."""
+    seeds = raw["seeds"]
+    nums: dict[str, float] = {f"task_{k}": float(v) for k, v in raw["task"].items()}
+    nums.update(task_s=raw["task_s"], steps=float(raw["steps"]), n_heldout_prompts=float(len(raw["held"])))
+    for arm in ("base", *ARMS):
+        for metric in ("mean8", "pass8", "coverage"):
+            vals = [m[arm][s][metric] for s in seeds]
+            nums.update({f"{arm}_s{s}_{metric}": v for s, v in zip(seeds, vals)})
+            nums.update(T.ci_numbers(f"{arm}_{metric}", vals))
+    for a, b in [(x, "base") for x in ARMS] + [("disa", "grpo"), ("flowrl", "grpo_kl")]:
+        for metric in ("mean8", "pass8", "coverage"):
+            nums.update(T.ci_numbers(f"{a}_minus_{b}_{metric}", paired(m, a, b, metric, seeds)))
+    for arm in ARMS:
+        for s in seeds:
+            run = raw["runs"][(arm, s)]
+            nums[f"{arm}_s{s}_train_s"] = run["train_s"]
+            nums.update({f"{arm}_s{s}_{k}": v for k, v in run["train_numbers"].items()})
+    return nums
+
+
+def raw_values(raw: dict[str, Any]) -> dict[str, Any]:
+    """The per-prompt values of every run (the held-out prompt ids in order), for the record."""
+    return {
+        "heldout_ids": [str(r["id"]) for r in raw["held"]],
+        "runs": [
+            {"arm": a, "seed": s, "correct": r["eval"]["correct"], "answers": r["eval"]["answers"]}
+            for (a, s), r in sorted(raw["runs"].items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        ],
+    }
+
+
+def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult:
+    m = per_run_metrics(raw)
+    seeds = raw["seeds"]
+    items = items_for(m, seeds, names)
+    verdict, rnums, flags, j = R.judge(items, ran_flags(raw, m), unit="training run")
+    nums = {**numbers(raw, m), **rnums}
+    evidence = {**j.evidence(), "raw": raw_values(raw)}
+    arms = ", ".join(
+        f"{a} Mean@8 {T.fmt_ci([m[a][s]['mean8'] for s in seeds])} pass@8 "
+        f"{T.fmt_ci([m[a][s]['pass8'] for s in seeds])} coverage {T.fmt_ci([m[a][s]['coverage'] for s in seeds])}"
+        for a in ("base", *ARMS)
+    )
+    return CheckResult(
+        verdict,
+        f"{what}: SmolLM2-135M-Instruct, TRL + colocated vLLM on CPU; {int(nums['task_n_train'])} train / "
+        f"{len(raw['held'])} held-out prompts (qa and multi-answer, pi_ref pass rate in [{MIN_PASS:g}, {MAX_PASS:g}]); "
+        f"beta={BETA:g}, GRPO+KL: KL(pi||pi_ref)/beta in the reward; {raw['steps']} steps x {PROMPTS_PER_STEP}x{G}, "
+        f"lr {LR:g}, {len(seeds)} training runs per arm; per arm (95% t-CIs over runs): {arms}; items: "
+        f"{R.describe(j)}; {R.rule_text('per-training-run')}",
+        nums,
+        items=flags,
+        evidence=evidence,
+    )
+
+
+EXPECTED_ITEMS: dict[str, bool] | None = None
+"""Set from the first full run (the regression guard); the rule is fixed before it."""
+
+
+@register_check(
+    "disa.llm.real_model_training",
+    layer="llm",
+    expected=V.INCONCLUSIVE,
+    long=True,
+    name=CHECK_NAME,
+    expected_items=EXPECTED_ITEMS,
+)
+@T.fixed_threads
+def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
+    return _result(comparison_raw(seed, n_seeds, steps), PRIMARY, "DISA minus FlowRL (primary)")
+
+
+@register_check(
+    "disa.llm.real_model_vs_kl_grpo",
+    layer="llm",
+    expected=V.INCONCLUSIVE,
+    long=True,
+    name=CHECK_NAME,
+    expected_items=EXPECTED_ITEMS,
+)
+@T.fixed_threads
+def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
+    return _result(comparison_raw(seed, n_seeds, steps), SECONDARY, "DISA minus GRPO+KL (secondary)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tiltlab.llm.checks.real_comparison eval MODEL HELDOUT SEED OUT``: one evaluation
+    in its own process (used by :func:`eval_in_process`)."""
+    p = argparse.ArgumentParser(prog="python -m tiltlab.llm.checks.real_comparison")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("eval", help="evaluate one model on the held-out prompts")
+    e.add_argument("model")
+    e.add_argument("heldout")
+    e.add_argument("seed", type=int)
+    e.add_argument("out")
+    a = p.parse_args(argv)
+    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.stage1 import atomic_write_json
+
+    atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
