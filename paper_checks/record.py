@@ -489,7 +489,9 @@ def ship_llm_record(
     long_only = bool(got) and got <= longs and all(r.get("layer") == "llm" for r in rows)
     old = _read_shipped(dest) if (long_only or longs) else None
     if long_only and old is None:
-        raise ValueError(f"--ship-llm {src}: a run of long checks only ships into an existing llm record; {dest} has none")
+        raise ValueError(
+            f"--ship-llm {src}: a run of long checks only ships into an existing llm record; {dest} has none"
+        )
     if not long_only and (any(r.get("layer") != "llm" for r in rows) or (got - longs) != want):
         missing, extra = sorted(want - got), sorted(got - want - longs)
         raise ValueError(

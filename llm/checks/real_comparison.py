@@ -43,7 +43,6 @@ import argparse
 import concurrent.futures as cf
 import functools
 import json
-import math
 import os
 import random
 import subprocess
@@ -265,9 +264,7 @@ def train_in_process(name: str, cfg: dict, root: Path, core: int | None) -> tupl
 def eval_in_process(model_dir: str, heldout: str, seed: int, out: Path, core: int | None) -> dict[str, list]:
     """:func:`evaluate` in its own process (a fresh vLLM engine bound to ``core``); the result is
     read back from ``out``."""
-    res = _python(
-        ["tiltlab.llm.checks.real_comparison", "eval", model_dir, heldout, str(seed), str(out)], core
-    )
+    res = _python(["tiltlab.llm.checks.real_comparison", "eval", model_dir, heldout, str(seed), str(out)], core)
     if res.returncode != 0:
         raise RuntimeError(f"evaluation of {model_dir} (seed {seed}) failed:\n{res.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -303,10 +300,10 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
     """Run the whole experiment once per (seed, size): the task, then the untrained model and every
     arm at every training seed, ``jobs`` runs at a time (default: the check runner's seed jobs), each
     on its own core. Returns the held-out rows, the task summary and every run's raw values."""
+    from safetensors.torch import load_file
+
     from tiltlab.llm.data import load_prompts
     from tiltlab.llm.models import resolve_model
-
-    from safetensors.torch import load_file
 
     jobs = T._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
@@ -352,7 +349,9 @@ def per_run_metrics(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]
     }
 
 
-def paired(m: dict[str, dict[int, dict[str, float]]], a: str, b: str, metric: str, seeds: Sequence[int]) -> tuple[float, ...]:
+def paired(
+    m: dict[str, dict[int, dict[str, float]]], a: str, b: str, metric: str, seeds: Sequence[int]
+) -> tuple[float, ...]:
     """Per training seed, ``metric`` of arm ``a`` minus that of arm ``b`` (the paired unit)."""
     return tuple(m[a][s][metric] - m[b][s][metric] for s in seeds)
 
@@ -369,7 +368,7 @@ def items_for(m: dict[str, dict[int, dict[str, float]]], seeds: Sequence[int], n
 
 
 def ran_flags(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> dict[str, bool]:
-    """"It ran": every training run trained (:func:`trained_items`), and every arm's held-out
+    """ "It ran": every training run trained (:func:`trained_items`), and every arm's held-out
     Mean@8 left the untrained model's at some seed."""
     runs = raw["runs"]
     trained = all(runs[(a, s)]["trained"] for a in ARMS for s in raw["seeds"])

@@ -167,7 +167,9 @@ def test_rows_of_claims_no_longer_declared_are_dropped_on_merge(isolated_registr
 
 def _fake_reproduce(monkeypatch, reg, fail_in_figures: BaseException | None = None):
     monkeypatch.setattr(
-        pcli, "_select", lambda only, layer, name, include_slow: reg.select("zz_fake", layer, include_slow)
+        pcli,
+        "_select",
+        lambda only, layer, name, include_slow, include_long=False: reg.select("zz_fake", layer, include_slow),
     )
 
     def figs(out_dir, quick, seed, progress=True):
