@@ -6,12 +6,13 @@ its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltla
 (:mod:`tiltlab.llm.checks.computed` judges numbers their memoized runs already compute);
 :mod:`tiltlab.llm.checks.stage1_real` runs Stage 1 on a real pretrained model (SmolLM2-135M-Instruct, vLLM);
 :mod:`tiltlab.llm.checks.real_training` holds what training it with ``tiltlab llm train`` (TRL + colocated
-vLLM) needs.
+vLLM) needs; :mod:`tiltlab.llm.checks.real_comparison` is the long check that trains it with DISA, FlowRL
+and a same-optimum GRPO, training runs as units.
 See ``docs/llm-checks.md``.
 """
 
 from __future__ import annotations
 
-from tiltlab.llm.checks import computed, paced, real_training, stage1_real, stage3, task
+from tiltlab.llm.checks import computed, paced, real_comparison, real_training, stage1_real, stage3, task
 
-__all__ = ["computed", "paced", "real_training", "stage1_real", "stage3", "task"]
+__all__ = ["computed", "paced", "real_comparison", "real_training", "stage1_real", "stage3", "task"]
