@@ -195,6 +195,19 @@ def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict
     return cfg
 
 
+def graded_answers(row: dict, texts: Sequence[str]) -> list[float | None]:
+    """Per completion, the answer the training reward pays (``math_reward`` on the row's ``answer`` and
+    ``answer_format``): the number it gives (:func:`tiltlab.llm.rewards.plain_answer`) where it is paid,
+    None where it is not."""
+    from tiltlab.llm.rewards import math_reward, plain_answer
+
+    n = len(texts)
+    paid = math_reward(
+        [row["prompt"]] * n, list(texts), answer=[row["answer"]] * n, answer_format=[row.get("answer_format")] * n
+    )
+    return [plain_answer(row["prompt"], t) if p == 1.0 else None for p, t in zip(paid, texts)]
+
+
 def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -> dict[str, list]:
     """Per held-out prompt: the number of correct samples of ``k`` (T = 1, sampling seed ``seed``)
     and the correct answers drawn (the parsed numbers, in sample order). ``{"correct": [P],
@@ -202,7 +215,6 @@ def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -
     from transformers import AutoTokenizer
 
     from tiltlab.llm.prompts import format_prompt
-    from tiltlab.llm.rewards import graded_answers
     from tiltlab.llm.rollout import SamplingConfig, VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(model_dir)

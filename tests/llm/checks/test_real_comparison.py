@@ -68,6 +68,15 @@ def test_run_metrics_against_a_naive_computation():
         C.run_metrics({"correct": [1, 2], "answers": [[3.0], [4.0, 4.0]]}, rows[:2])
 
 
+def test_graded_answers_are_what_the_reward_pays():
+    qa = {"prompt": "What is 23 + 14? Answer with just the number.", "answer": "37", "answer_format": "plain"}
+    got = C.graded_answers(qa, ["37", "23 + 14 = 37", "36", "35, 36, 37", "The answer is 37."])
+    assert got == [37.0, 37.0, None, None, 37.0]
+    multi = {"prompt": "Name a number between 10 and 30 that is divisible by 7. Answer with just the number.",
+             "answer": "14 21 28", "answer_format": "set"}  # fmt: skip
+    assert C.graded_answers(multi, ["14", "21", "15", "14, 21, 28", "28", "It is 21."]) == [14.0, 21.0, None, None, 28.0, 21.0]
+
+
 # ------------------------------------------------------------------ pairing, items, "it ran"
 SEEDS = [0, 1, 2, 3, 4]
 
