@@ -1,4 +1,4 @@
-"""Policy-gradient baselines: group advantages, GRPO, GSPO, PPO with KL, and TRL's other loss types
+"""Policy-gradient baselines: group advantages, the KL penalty in the reward, GRPO, GSPO, PPO with KL, and TRL's other loss types
 CISPO, SAPO, LUSPO, VESPO with DeepSeek-V3.2's off-policy sequence mask (``docs/math.md`` §6).
 
 Shapes: tokens ``[B, T]`` with a float ``mask`` (1 = completion token), sequences ``[B]``,
@@ -22,6 +22,7 @@ __all__ = [
     "grpo_loss",
     "gspo_loss",
     "kl_estimate",
+    "kl_in_reward",
     "kl_k3",
     "luspo_loss",
     "masked_mean",
@@ -68,6 +69,41 @@ def group_advantages(rewards: Tensor, scale: Literal["std", "batch", "none"] = "
     if rewards.shape[1] < 2:
         raise ValueError("group normalization by std needs G >= 2 samples per prompt")
     return centered / (rewards.std(dim=1, keepdim=True) + eps)
+
+
+def kl_in_reward(rewards: Tensor, logp_old_seq: Tensor, logp_ref_seq: Tensor, coef: float) -> Tensor:
+    """The KL-regularised reward ``r' = r - coef * sg(log pi_old(y|x) - log pi_ref(y|x))``.
+
+    Classic KL-regularised RLHF (Ziegler et al. 2019, "Fine-Tuning Language Models from Human
+    Preferences", §2; InstructGPT, Ouyang et al. 2022, §3.5 eq. (2)) and veRL's
+    ``algorithm.use_kl_in_reward=True`` with ``kl_penalty="kl"`` (``apply_kl_penalty``: the per-token
+    k1 ``logp_old_t - logp_ref_t`` subtracted from the token-level reward, which GRPO's outcome
+    advantage sums over the response). The sequence log-probs are sums over the completion tokens;
+    the penalty is a detached constant of the reward, never differentiated.
+
+    Its expected policy gradient is ``E_pi[(r - coef log(pi/pi_ref)) grad log pi] =
+    grad (E_pi[r] - coef KL(pi || pi_ref))``, whose maximiser is the tilted target
+    ``pi*(y|x) = pi_ref(y|x) exp(r(x, y) / coef) / Z(x)``; at ``pi*`` the penalised reward equals
+    ``coef log Z(x)`` for every completion, so every group advantage (:func:`group_advantages`,
+    any ``scale``) is 0 sample by sample (``docs/math.md`` §6).
+
+    Args:
+        rewards: ``[B]`` or ``[P, G]`` rewards.
+        logp_old_seq: behaviour (sampling-time) sequence log-probs ``sum_t log pi_old,t``, ``rewards``' shape.
+        logp_ref_seq: reference sequence log-probs ``sum_t log pi_ref,t``, ``rewards``' shape.
+        coef: the KL coefficient ``c >= 0`` (``1 / beta`` for the target ``pi_ref e^{beta r} / Z``;
+            TRL's ``beta``, veRL's ``kl_ctrl.kl_coef``).
+
+    Returns:
+        ``r'``, ``rewards``' shape.
+    """
+    nonempty("rewards", rewards, 0)
+    same_shape("rewards", rewards, "logp_old_seq", logp_old_seq)
+    same_shape("rewards", rewards, "logp_ref_seq", logp_ref_seq)
+    if not (math.isfinite(coef) and coef >= 0.0):
+        raise ValueError(f"coef must be finite and >= 0, got {coef}")
+    no_nan_at(None, rewards=rewards, logp_old_seq=logp_old_seq, logp_ref_seq=logp_ref_seq)
+    return rewards - coef * (logp_old_seq.detach() - logp_ref_seq.detach())
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

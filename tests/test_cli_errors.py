@@ -377,10 +377,11 @@ def no_model_loads(monkeypatch):
         ("trl.loss_type=bogus", "implements loss_type in"),  # a TRL loss type the objective does not implement
         ("trl.per_device_train_batch_size=3", "must be divisible"),  # TRL's batch divisibility
         ("trl.kl_estimator=k9", "kl_estimator must be k1 | k2 | k3"),  # a tiltlab field's own check
+        ("trl.kl_in_reward=true", "kl_in_reward applies beta"),  # a cross-field check (TRL's beta is 0)
         ("reward=nosuch_reward", "reward"),  # a reward that does not resolve
         ("lora.r=0", "lora.r must be a positive integer"),  # the LoRA section
     ],
-    ids=["loss_type", "batch", "kl_estimator", "reward", "lora"],
+    ids=["loss_type", "batch", "kl_estimator", "kl_in_reward", "reward", "lora"],
 )
 def test_train_dry_run_refuses_what_the_run_would(capsys, tmp_path, no_model_loads, override, says):
     _needs("trl")

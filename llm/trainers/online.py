@@ -21,7 +21,11 @@ distributed plumbing (accelerate: DDP, DeepSpeed, FSDP). This module only
 Objectives (``docs/math.md`` §1-§6):
 
 * ``grpo``  — :func:`objectives.pg.grpo_loss` (token ratio, clip ``epsilon``/``epsilon_high``,
-  KL to ref with coefficient ``beta`` = TRL's KL coefficient).
+  KL to ref with coefficient ``beta`` = TRL's KL coefficient). With ``kl_in_reward=True`` the KL
+  goes into the reward instead: ``r - beta * (log pi_old(y|x) - log pi_ref(y|x))``
+  (:func:`objectives.pg.kl_in_reward`) before the advantages, recomputed here with TRL's
+  ``scale_rewards`` rule, and no KL term in the loss; of the KL placements it is the one whose
+  fixed point is the tilted target ``pi_ref e^{r / beta} / Z`` (``docs/math.md`` §6).
 * ``gspo``  — :func:`objectives.pg.gspo_loss` (sequence ratio).
 * ``cispo`` / ``sapo`` / ``luspo`` / ``vespo`` — TRL's loss types of those names
   (:func:`objectives.pg.cispo_loss` etc.) with TRL's options (``epsilon_high`` as CISPO's ratio
@@ -87,6 +91,7 @@ from tiltlab.objectives.pg import (
     group_advantages,
     grpo_loss,
     gspo_loss,
+    kl_in_reward,
     luspo_loss,
     masked_mean,
     sapo_loss,
@@ -112,6 +117,7 @@ from .vllm_sync import cpu_colocate_llm, cpu_trainer_bf16, keep_log_z_head_out, 
 __all__ = [
     "BIAS_CORRECTED_KL",
     "GRPO_FAMILY",
+    "KL_IN_REWARD",
     "LOSSES",
     "OBJECTIVES",
     "LossBatch",
@@ -127,6 +133,12 @@ GRPO_FAMILY = ("grpo", "gspo", *_TRL_LOSS_OBJECTIVES)
 BIAS_CORRECTED_KL = ("grpo", *_TRL_LOSS_OBJECTIVES)
 """The objectives whose KL term is TRL's per-token one and honours ``use_bias_correction_kl`` (the KL times
 the importance ratio); ``gspo`` and ``lad`` add a token-mean KL and refuse it when ``beta != 0``."""
+KL_IN_REWARD = ("grpo",)
+"""The objectives that implement ``kl_in_reward`` (TRL's ``beta`` as the sequence-level k1 penalty in the reward)."""
+TRL_ADVANTAGE_EPS = 1e-4
+"""TRL's ``eps`` in ``(r - mean) / (std + eps)`` (``GRPOTrainer._generate_and_score_completions``)."""
+ADV_SCALE = {"group": "std", "batch": "batch", "none": "none"}
+"""TRL ``scale_rewards`` -> :func:`~tiltlab.objectives.pg.group_advantages` ``scale``."""
 _TB = ("flowrl", "disa", "vargrad", "paced")
 _NEEDS_REF = ("flowrl", "disa", "vargrad")
 _LEARNED_Z = ("flowrl", "paced")
@@ -148,8 +160,10 @@ IS_LEVEL = {
 @dataclass
 class TiltGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus the objective. TRL's ``beta`` stays TRL's KL-to-reference coefficient
-    (used by ``grpo``/``gspo``/``lad``); the tilt of the TB objectives is ``tilt_beta`` and
-    MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is ``paced_kl_coef``."""
+    (used by ``grpo``/``gspo``/``lad``: a per-token loss term, or with ``kl_in_reward`` the
+    sequence-level penalty in the reward of ``grpo``); the tilt of the TB objectives is
+    ``tilt_beta`` and MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is
+    ``paced_kl_coef``."""
 
     objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
     loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
@@ -163,6 +177,14 @@ class TiltGRPOConfig(GRPOConfig):
         default=None, metadata={"help": f"TRL's ratio level, fixed by the objective: {IS_LEVEL}; unset otherwise"}
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL-to-reference estimator of grpo: k1 | k2 | k3 (TRL)"})
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "grpo: apply beta as the sequence-level k1 penalty in the reward, r - beta * sum_t (logp_old - "
+            "logp_ref), before the advantages (KL-regularised RLHF; veRL's use_kl_in_reward), instead of TRL's "
+            "per-token KL loss term: its optimum is pi_ref e^{r / beta} / Z"
+        },
+    )
     dual_clip: float | None = field(default=None, metadata={"help": "grpo: veRL's dual-clip constant c > 1 (A < 0)"})
     log_ratio_clip: float | None = field(
         default=None, metadata={"help": "grpo: clamp logp - logp_old to [-c, c] before exp (veRL: 20)"}
@@ -335,6 +357,8 @@ class TiltGRPOConfig(GRPOConfig):
             self.dual_clip is not None or self.log_ratio_clip is not None or self.kl_estimator != "k3"
         ):
             raise ValueError("dual_clip, log_ratio_clip and kl_estimator != 'k3' are options of objective='grpo'")
+        if self.kl_in_reward:
+            self._check_kl_in_reward()
         if obj == "cispo" and self.epsilon_high is None:
             raise ValueError(
                 "objective='cispo' caps the importance ratio at epsilon_high (ScaleRL's eps_max; TRL recommends 5.0): "
@@ -348,6 +372,26 @@ class TiltGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"objective={obj!r} does not implement use_bias_correction_kl (objectives that do: "
                 f"{BIAS_CORRECTED_KL}); set it False (or beta=0)"
+            )
+
+    def _check_kl_in_reward(self) -> None:
+        if self.objective not in KL_IN_REWARD:
+            raise ValueError(
+                f"kl_in_reward is implemented by objective in {KL_IN_REWARD} only, got objective={self.objective!r}"
+            )
+        if not self.beta > 0.0:
+            raise ValueError(
+                f"kl_in_reward applies beta as the KL coefficient in the reward: set beta > 0, got {self.beta}"
+            )
+        if self.kl_estimator != "k3":
+            raise ValueError(
+                "kl_in_reward replaces the per-token KL loss term that kl_estimator chooses (the reward takes the "
+                f"sequence-level k1): leave kl_estimator at 'k3', got {self.kl_estimator!r}"
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "kl_in_reward penalises the weighted sum of the rewards: it needs multi_objective_aggregation="
+                f"'sum_then_normalize', got {self.multi_objective_aggregation!r}"
             )
 
     @property
@@ -474,7 +518,9 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
 
             model = resolve_model(model)
         obj = args.objective
-        self.kl_coef = float(args.beta)  # TRL's KL-to-ref coefficient, used by grpo/gspo/lad
+        # TRL's KL-to-ref coefficient, used by grpo/gspo/lad in the loss; with kl_in_reward it goes into the
+        # reward instead (TRL's own beta stays, so that TRL builds the reference model and its log-probs)
+        self.kl_coef = 0.0 if args.kl_in_reward else float(args.beta)
         if obj in _NEEDS_REF and args.beta == 0.0:
             # TRL builds the reference model and its log-probs only when beta != 0; the TB losses
             # need them and ignore TRL's beta (their KL to ref is only logged).
@@ -699,18 +745,13 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             self._signal_rewards(r_global)  # vacuous-run guard: all rewards of the batch equal
         if mode == "eval":  # validation accuracy: the fraction of completions with reward > 0.5
             self._metrics["eval"]["accuracy"].append(float((r_global > 0.5).float().mean()))
+        if args.kl_in_reward:
+            self._apply_kl_in_reward(out, r_global, g, mode)
         if obj not in _TB and obj != "lad":
             return out
         mask = out["completion_mask"].float()
         if "old_per_token_logps" not in out:
-            # behaviour log-probs at generation time (TRL skips them when perfectly on-policy)
-            with torch.no_grad():
-                pc = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
-                am = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-                bs = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-                out["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, pc, am, out["completion_ids"].shape[1], batch_size=bs
-                )
+            out["old_per_token_logps"] = self._behaviour_logps(out, mode)
         if obj in _TB:
             if args.reward_transform == "group_norm":
                 r_tilde = group_advantages(r_global.view(-1, g), scale="std").reshape(-1)
@@ -738,6 +779,55 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         if obj == "paced" and mode == "train" and self._replay is not None:
             out = self._paced_replay(out, inputs, r_global, g)
         return out
+
+    def _behaviour_logps(self, out: dict, mode: str) -> Tensor:
+        """``[B, T]`` behaviour log-probs of the generated completions, computed now: what TRL's
+        ``old_per_token_logps`` would hold (TRL skips them when perfectly on-policy)."""
+        args = self.args
+        with torch.no_grad():
+            pc = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+            am = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+            bs = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, pc, am, out["completion_ids"].shape[1], batch_size=bs
+            )
+        return logps
+
+    def _apply_kl_in_reward(self, out: dict, r_global: Tensor, g: int, mode: str) -> None:
+        """``kl_in_reward``: TRL's advantages recomputed from the penalised rewards
+        ``r - beta * (log pi_old(y|x) - log pi_ref(y|x))`` (:func:`~tiltlab.objectives.pg.kl_in_reward`, the
+        sequence log-probs summed over the completion tokens the loss trains on) with TRL's rule:
+        :func:`~tiltlab.objectives.pg.group_advantages` with ``scale_rewards`` and TRL's eps, on the
+        gathered batch (a group may span processes), then sliced to this process. ``pi_old`` is TRL's
+        ``old_per_token_logps``, or computed here when TRL skipped it (on-policy; the loss then keeps
+        TRL's ``pi_old = pi_theta.detach()``)."""
+        args = self.args
+        rpf = self._last_rewards_per_func
+        if bool(torch.isnan(rpf).all(1).any()):
+            raise ValueError(
+                "kl_in_reward: a completion that no reward function scored (every one returned None); TRL leaves "
+                "such rows out of the group mean, which kl_in_reward does not implement: score every completion"
+            )
+        n = out["completion_ids"].shape[0]
+        mask = out["completion_mask"].float()
+        if "tool_mask" in out:
+            mask = mask * out["tool_mask"].float()
+        old = out["old_per_token_logps"] if "old_per_token_logps" in out else self._behaviour_logps(out, mode)
+        seq_old = self._gathered(sequence_logprob(old.float(), mask, "sum")).to(r_global.device)
+        seq_ref = self._gathered(sequence_logprob(out["ref_per_token_logps"].float(), mask, "sum")).to(r_global.device)
+        penalised = kl_in_reward(r_global.float(), seq_old, seq_ref, float(args.beta))
+        if g > 1:  # one completion per prompt (eval): every advantage is 0 already, as in TRL
+            scale = ADV_SCALE[str(args.scale_rewards)]
+            adv = group_advantages(penalised.view(-1, g), scale=scale, eps=TRL_ADVANTAGE_EPS).reshape(-1)  # type: ignore[arg-type]
+            out["advantages"] = self._local(adv, n).to(out["advantages"].device, out["advantages"].dtype)
+            logged = self._logs["advantages"]  # TRL's completions table: the advantages trained on
+            if not args.dynamic_sampling and len(logged) >= adv.numel():  # (dynamic sampling logs per round)
+                for _ in range(adv.numel()):
+                    logged.pop()
+                logged.extend(adv.tolist())
+        kl = seq_old - seq_ref
+        self._metrics[mode]["kl_in_reward/kl"].append(float(kl.mean()))
+        self._metrics[mode]["kl_in_reward/penalty"].append(float(args.beta) * float(kl.mean()))
 
     def _dynamic_sampling(self, inputs: list[dict]) -> tuple[dict, list[dict]]:
         """DAPO dynamic sampling: generate, drop the groups whose rewards are all equal, and refill

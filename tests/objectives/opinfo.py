@@ -585,6 +585,13 @@ def ref_group_advantages(rewards, scale="std", eps=1e-6):
     return torch.stack(rows)
 
 
+def ref_kl_in_reward(rewards, logp_old_seq, logp_ref_seq, coef):
+    flat = rewards.reshape(-1)
+    old, lref = logp_old_seq.reshape(-1), logp_ref_seq.reshape(-1)
+    out = [flat[i] - coef * (old[i] - lref[i]).detach() for i in range(flat.shape[0])]  # the penalty is sg(.)
+    return _stack(out).reshape(rewards.shape)
+
+
 def ref_masked_mean(x, mask):
     flat = [x[b, t] for b in range(x.shape[0]) for t in _real(mask, b)]
     return sum(flat) / len(flat)
@@ -935,6 +942,16 @@ def mk_family_opsm(g: torch.Generator) -> dict[str, Tensor]:
 
 def mk_rewards(g: torch.Generator) -> dict[str, Tensor]:
     return {"rewards": _randn(g, P, G)}
+
+
+def mk_kl_in_reward(g: torch.Generator, shape: tuple[int, ...] = (B,)) -> dict[str, Tensor]:
+    # 0/1 rewards and sequence log-probs (sums over a few tokens) of a policy near the reference
+    old = -torch.rand(shape, generator=g, dtype=F64) * 6
+    return {
+        "rewards": torch.randint(0, 2, shape, generator=g).to(F64),
+        "logp_old_seq": old,
+        "logp_ref_seq": old + _randn(g, *shape, scale=1.5),
+    }
 
 
 def mk_masked(g: torch.Generator) -> dict[str, Tensor]:
@@ -1610,6 +1627,26 @@ OPS: list[OpInfo] = [
         split=None,  # the batch std couples all groups
     ),
     OpInfo(
+        "pg.kl_in_reward",
+        pg.kl_in_reward,
+        ref_kl_in_reward,
+        mk_kl_in_reward,
+        {"coef": 0.7},
+        grad=("rewards",),
+        frozen=("logp_old_seq", "logp_ref_seq"),  # the penalty is a constant of the reward
+        split=Split(_rows("rewards", "logp_old_seq", "logp_ref_seq"), "concat"),
+    ),
+    OpInfo(
+        "pg.kl_in_reward[groups]",
+        pg.kl_in_reward,
+        ref_kl_in_reward,
+        lambda g: mk_kl_in_reward(g, (P, G)),
+        {"coef": 2.5},
+        grad=("rewards",),
+        frozen=("logp_old_seq", "logp_ref_seq"),
+        split=Split(_rows("rewards", "logp_old_seq", "logp_ref_seq"), "concat"),
+    ),
+    OpInfo(
         "pg.masked_mean",
         pg.masked_mean,
         ref_masked_mean,
@@ -1941,6 +1978,7 @@ RAISE_ON_NAN = (
     "tb.vargrad_loss",
     "tb.flowrl_loss",
     "pg.group_advantages",
+    "pg.kl_in_reward",
     "pg.grpo_loss",
     "pg.ppo_kl_loss",
     "pg.gspo_loss",

@@ -6,6 +6,8 @@ Mutant -> the generic check that kills it:
 
 - group advantages with the population std (``unbiased=False``) instead of the sample std that
   the code, TRL and veRL use -> ``check_value`` (the loop reference pins ``n - 1``);
+- the KL-in-reward penalty left attached -> ``check_detach``; with the log-ratio the other way
+  round (``ref - old``) -> ``check_value``;
 - GRPO / PPO+KL / GSPO with swapped low/high clip bounds -> ``check_value`` (the entries use an
   asymmetric clip 0.2 / 0.28 and advantages of both signs, so both bounds bind);
 - GRPO ignoring ``clip_eps_high`` (a symmetric clip) -> ``check_value`` on the asymmetric entry;
@@ -63,6 +65,23 @@ def group_advantages_population_std(rewards, scale="std", eps=1e-6):
 
 def test_population_std_in_group_advantages_is_killed_by_value():
     kills(check_value, BY_NAME["pg.group_advantages[std]"], group_advantages_population_std)
+
+
+# ------------------------------------------------------------------------ KL in the reward
+def kl_in_reward_attached(rewards, logp_old_seq, logp_ref_seq, coef):
+    return rewards - coef * (logp_old_seq - logp_ref_seq)
+
+
+def kl_in_reward_reversed(rewards, logp_old_seq, logp_ref_seq, coef):
+    return rewards - coef * (logp_ref_seq - logp_old_seq).detach()
+
+
+def test_attached_kl_in_reward_penalty_is_killed_by_detach():
+    kills(check_detach, BY_NAME["pg.kl_in_reward"], kl_in_reward_attached)
+
+
+def test_reversed_kl_in_reward_log_ratio_is_killed_by_value():
+    kills(check_value, BY_NAME["pg.kl_in_reward[groups]"], kl_in_reward_reversed)
 
 
 # ------------------------------------------------------------------------ clip bounds

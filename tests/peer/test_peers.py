@@ -4,7 +4,9 @@
   trainer (the per-token log-probs are given), for every TRL loss type tiltlab implements, with a
   KL term and the vLLM importance-sampling ratio on.
 * veRL 0.9.1 ``verl.trainer.ppo.core_algos``: GRPO advantages, the PPO clip (clip-higher, dual
-  clip, ``log_ratio`` clamp at 20) under its three aggregations, GSPO, and the k1/k2/k3 KL.
+  clip, ``log_ratio`` clamp at 20) under its three aggregations, GSPO, and the k1/k2/k3 KL; and
+  the KL penalty in the reward through veRL's own ``ray_trainer.apply_kl_penalty`` and
+  ``compute_advantage`` (the v0 trainer's functions; its imports are in the ``verl`` extra).
   veRL is not a dependency of tiltlab; install it as CI does (``.ci/run``):
   ``pip install --no-deps verl==0.9.1 tensordict==0.15.3`` and ``pip install omegaconf ray codetiming
   pyvers orjson``. Without it these tests are skipped (with that reason), except with ``CI`` set
@@ -240,3 +242,47 @@ def test_verl_seq_mean_counts_only_nonempty_sequences():
     want, _ = _core().compute_policy_loss_vanilla(old, lp, adv[:, None].expand(B, T), mask, "seq-mean-token-mean", cfg)
     got, _ = pg.grpo_loss(lp, old, adv, mask, loss_agg="seq_mean_token_mean", dual_clip=3.0, log_ratio_clip=20.0)
     torch.testing.assert_close(got * B / (B - 1), want, **SEQ_MEAN_TOL)
+
+
+@needs_verl
+@pytest.mark.parametrize("std", [True, False])
+def test_verl_kl_in_reward_advantage(std):
+    """veRL's ``algorithm.use_kl_in_reward=True, kl_penalty="kl"`` path itself: ``apply_kl_penalty``
+    (``ray_trainer``, the token-level reward ``score - coef * (old - ref)`` per token) then
+    ``compute_advantage`` with the GRPO estimator (the outcome advantage sums the token-level
+    rewards), against ``group_advantages(kl_in_reward(r, sum old, sum ref, coef))``. Rows of a group
+    are not contiguous (veRL groups by ``uid``), lengths are ragged, the score sits on the last token."""
+    _core()
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import AdvantageEstimator, FixedKLController
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
+
+    coef = 0.37
+    _, old, ref, _, mask = _batch(11, scale=0.8)
+    old = old.clone()
+    old[mask == 0] = -5.0  # garbage beyond the response: veRL masks it, tiltlab's sums never see it
+    g = torch.Generator().manual_seed(12)
+    rewards = torch.randint(0, 2, (B // G, G), generator=g).to(F64)
+    perm = torch.randperm(B, generator=g)
+    uid = np.array([f"prompt-{i // G}" for i in range(B)], dtype=object)[perm.numpy()]
+    lengths = mask.sum(1).long()
+    scores = torch.zeros(B, T, dtype=F64)
+    scores[torch.arange(B), lengths - 1] = rewards.reshape(-1)[perm]
+    data = DataProto.from_dict(
+        tensors={"token_level_scores": scores, "old_log_probs": old, "ref_log_prob": ref, "response_mask": mask},
+        non_tensors={"uid": uid},
+    )
+    data, metrics = apply_kl_penalty(data, FixedKLController(coef), kl_penalty="kl")
+    data = compute_advantage(data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=std)
+    want = data.batch["advantages"]
+
+    inv = torch.argsort(perm)  # back to group-major order: row p * G + j of prompt p
+    seq_old = (old * mask).sum(1)[inv].view(B // G, G)
+    seq_ref = (ref * mask).sum(1)[inv].view(B // G, G)
+    penalised = pg.kl_in_reward(rewards, seq_old, seq_ref, coef)
+    got = pg.group_advantages(penalised, scale="std" if std else "none", eps=1e-6).reshape(-1)[perm]
+    torch.testing.assert_close(want, got[:, None] * mask, **TOL)
+    assert metrics["actor/reward_kl_penalty_coeff"] == coef
+    # the penalty moves the advantages here: without it they differ
+    plain = pg.group_advantages(rewards, scale="std" if std else "none", eps=1e-6).reshape(-1)[perm]
+    assert _max_diff(plain[:, None] * mask, want) > 1e-2
