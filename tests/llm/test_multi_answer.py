@@ -1,4 +1,5 @@
-"""Questions with several right answers: the ``set`` grading rule of the math reward."""
+"""Questions with several right answers (``synthetic:multi``): the ``set`` grading rule of the math
+reward and the generator."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 
 import pytest
 
+from tiltlab.llm.data import load_prompts
 from tiltlab.llm.rewards import (
     gold_numbers,
     math_reward,
@@ -13,6 +15,13 @@ from tiltlab.llm.rewards import (
     plain_number_correct,
     set_number_correct,
     verifiable_reward,
+)
+from tiltlab.llm.tasks import (
+    MULTI_DEFAULT_TEMPLATES,
+    MULTI_MAX_VALUE,
+    MULTI_TEMPLATES,
+    multi_answer_tasks,
+    multi_questions,
 )
 
 # ------------------------------------------------------------------ the set rule
@@ -87,3 +96,116 @@ def test_gold_numbers_reads_any_whitespace_and_decimals():
     assert gold_numbers(" 3\t-2\n0.5 3 ") == {3.0, -2.0, 0.5}
     assert set_number_correct("Name a number.", "It is -2", "3 -2 0.5")
     assert set_number_correct("Name a number.", "0.50", "3 -2 0.5")
+
+
+# ------------------------------------------------------------------ the generator
+
+
+def _is_prime(x: int) -> bool:
+    return x >= 2 and all(x % d for d in range(2, x))
+
+
+_RULES = {
+    "divisible": (
+        r"Name a number between (-?\d+) and (-?\d+) that is divisible by (-?\d+)\.",
+        lambda x, a, b, m: a < x < b and x % m == 0,
+    ),
+    "even": (r"Name an even number between (-?\d+) and (-?\d+)\.", lambda x, a, b: a < x < b and x % 2 == 0),
+    "odd": (r"Name an odd number between (-?\d+) and (-?\d+)\.", lambda x, a, b: a < x < b and x % 2 == 1),
+    "prime": (r"Name a prime number between (-?\d+) and (-?\d+)\.", lambda x, a, b: a < x < b and _is_prime(x)),
+    "between": (r"Name a whole number greater than (-?\d+) and less than (-?\d+)\.", lambda x, a, b: a < x < b),
+}
+
+
+def _brute_force(template: str, question: str) -> tuple[list[int], list[int]]:
+    """``(correct answers, numbers of the question)``, recomputed from the question's text alone by
+    trying every integer from -500 to 500 (an answer outside the stated range would show as missing)."""
+    pattern, ok = _RULES[template]
+    m = re.fullmatch(pattern, question)
+    assert m, f"{question!r} is not a {template!r} question"
+    args = [int(g) for g in m.groups()]
+    return [x for x in range(-500, 501) if ok(x, *args)], args
+
+
+@pytest.mark.parametrize("max_value", [10, 20, 60])
+@pytest.mark.parametrize("template", MULTI_TEMPLATES)
+def test_every_question_has_exactly_its_answers_by_brute_force(template, max_value):
+    questions = multi_questions(template, max_value)
+    assert len({q for q, _ in questions}) == len(questions) > 0  # no question twice
+    for question, answers in questions:
+        want, numbers = _brute_force(template, question)
+        assert answers == want  # the whole correct set, ascending
+        assert 2 <= len(want) <= 6 and all(1 <= x <= max_value for x in want)
+        assert not set(want) & set(numbers)  # echoing the question is never right
+        if template != "between":  # "between" reads the same with its ends: the ends are not answers
+            lo, hi = numbers[:2]
+            assert want == _brute_force(template, question.replace(f"{lo} and {hi}", f"{lo - 1} and {hi + 1}"))[0]
+    if max_value == 60:  # every set size occurs
+        assert {len(a) for _, a in questions} == {2, 3, 4, 5, 6}
+
+
+def test_multi_rows_are_seeded_distinct_and_cycle_the_templates():
+    rows = multi_answer_tasks(60, seed=3)
+    assert rows == multi_answer_tasks(60, seed=3) and rows != multi_answer_tasks(60, seed=4)
+    assert multi_answer_tasks(60) == multi_answer_tasks(60, seed=0) != rows
+    assert (
+        [r["template"] for r in rows[:8]]
+        == ["even", "odd", "prime", "between"] * 2
+        == list(MULTI_DEFAULT_TEMPLATES) * 2
+    )
+    assert len({r["prompt"] for r in rows}) == 60 and len({r["id"] for r in rows}) == 60
+    by_question = {q: a for t in MULTI_DEFAULT_TEMPLATES for q, a in multi_questions(t)}
+    for i, r in enumerate(rows):
+        question = r["prompt"].removesuffix(" Answer with just the number.")
+        assert r["answer"] == " ".join(str(a) for a in by_question[question])  # ascending, one space apart
+        assert r["n_answers"] == len(by_question[question])
+        assert r["id"] == f"multi-{r['template']}-{i}" and r["answer_format"] == "set" and r["task"] == "multi_answer"
+    # every question of a template, once each: the whole pool in a seeded order
+    evens = multi_answer_tasks(len(multi_questions("even")), seed=1, templates="even")
+    assert sorted(r["prompt"] for r in evens) == sorted(
+        f"{q} Answer with just the number." for q, _ in multi_questions("even")
+    )
+    assert [r["template"] for r in multi_answer_tasks(4, templates=["divisible", "prime"])] == [
+        "divisible",
+        "prime",
+    ] * 2
+    assert set(MULTI_TEMPLATES) - set(MULTI_DEFAULT_TEMPLATES) == {"divisible"}
+    assert multi_answer_tasks(0) == []
+    # max_value away from its default: larger answers appear, none above it
+    wide = multi_answer_tasks(50, seed=2, max_value=60)
+    top = max(int(x) for r in wide for x in r["answer"].split())
+    assert MULTI_MAX_VALUE < top <= 60
+    assert max(int(x) for r in rows for x in r["answer"].split()) <= MULTI_MAX_VALUE == 20
+    assert load_prompts("synthetic:multi:7", seed=5) == multi_answer_tasks(7, seed=5)
+    assert load_prompts("synthetic:multi:6:prime,even", seed=2) == multi_answer_tasks(
+        6, seed=2, templates=["prime", "even"]
+    )
+
+
+def test_multi_tasks_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+        multi_answer_tasks(-1)
+    with pytest.raises(ValueError, match="template must be one of even, odd, prime, between, divisible, got 'square'"):
+        multi_answer_tasks(2, templates=["even", "square"])
+    with pytest.raises(ValueError, match="templates list is empty"):
+        multi_answer_tasks(2, templates=[])
+    with pytest.raises(ValueError, match="max_value must be an int >= 10 .*, got 9"):
+        multi_answer_tasks(2, max_value=9)
+    with pytest.raises(ValueError, match="max_value must be an int >= 10 .*, got 20.0"):
+        multi_questions("even", 20.0)
+    assert len(multi_questions("even", 10)) == 10  # 2 4 6 8 10 in windows of 2..5 with odd bounds
+    assert len(multi_answer_tasks(10, templates="even", max_value=10)) == 10
+    with pytest.raises(ValueError, match="n = 21 needs 11 'even' questions; max_value = 10 gives 10"):
+        multi_answer_tasks(21, templates=["even", "odd"], max_value=10)
+    # at the default max_value: the question counts the docstring states, so at most 140 default rows
+    sizes = {t: len(multi_questions(t)) for t in MULTI_TEMPLATES}
+    assert sizes == {"even": 35, "odd": 35, "prime": 62, "between": 85, "divisible": 167}
+    assert len(multi_answer_tasks(140)) == 140
+    with pytest.raises(ValueError, match="n = 141 needs 36 'even' questions; max_value = 20 gives 35"):
+        multi_answer_tasks(141)
+    with pytest.raises(ValueError, match="unknown synthetic task 'multiple'; use math, qa, multi, code or mixed"):
+        load_prompts("synthetic:multiple:3")
+    with pytest.raises(ValueError, match=r"synthetic:multi:N\[:templates\]"):
+        load_prompts("synthetic:multi:x")
+    with pytest.raises(FileNotFoundError, match="synthetic:multi:N"):
+        load_prompts("no-such-dataset")
