@@ -1,12 +1,14 @@
 """Questions with several right answers (``synthetic:multi``): the ``set`` grading rule of the math
-reward and the generator."""
+reward, the generator, and the coverage statistics of one prompt's samples."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 
+from tiltlab.llm.coverage import Coverage, correct_answers, correct_entropy_exp, coverage, distinct_correct
 from tiltlab.llm.data import load_prompts
 from tiltlab.llm.rewards import (
     gold_numbers,
@@ -209,3 +211,94 @@ def test_multi_tasks_refuse_bad_arguments():
         load_prompts("synthetic:multi:x")
     with pytest.raises(FileNotFoundError, match="synthetic:multi:N"):
         load_prompts("no-such-dataset")
+
+
+# ------------------------------------------------------------------ coverage statistics
+
+
+def _naive(answers: list[float | None]) -> tuple[int, float]:
+    """``(distinct, exp(entropy))`` by hand: the counts of each correct answer, then the formula."""
+    correct = [a for a in answers if a is not None]
+    if not correct:
+        return 0, 0.0
+    values = sorted(set(correct))
+    shares = [correct.count(v) / len(correct) for v in values]
+    return len(values), math.exp(-sum(p * math.log(p) for p in shares))
+
+
+@pytest.mark.parametrize(
+    ("answers", "distinct", "exp_h"),
+    [
+        ([None, None, None, None], 0, 0.0),  # nothing correct: nothing covered
+        ([14.0, 14.0, 14.0, 14.0], 1, 1.0),  # all one answer
+        ([14.0, None, 14.0, None], 1, 1.0),  # incorrect samples do not count
+        ([14.0, 21.0, 28.0], 3, 3.0),  # all distinct, evenly
+        ([14.0, 21.0, None, None], 2, 2.0),
+        ([14.0, 14.0, 21.0, 21.0], 2, 2.0),  # a tie
+        ([14.0, 14.0, 14.0, 21.0], 2, math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))),  # 1.7548...
+        ([14.0, 14.0, 21.0, 28.0], 3, 2**1.5),  # shares 1/2, 1/4, 1/4: H = 1.5 ln 2
+    ],
+)
+def test_distinct_and_entropy_on_hand_cases(answers, distinct, exp_h):
+    assert distinct_correct(answers) == distinct
+    # the formula's exact value; 1e-12 is float rounding of a sum of three logs
+    assert correct_entropy_exp(answers) == pytest.approx(exp_h, abs=1e-12)
+    assert (distinct, correct_entropy_exp(answers)) == pytest.approx(_naive(answers), abs=1e-12)
+    assert correct_entropy_exp(answers) <= distinct + 1e-12  # never more than the answers given
+
+
+def test_coverage_of_one_prompt_against_a_hand_count():
+    samples = [
+        "14",  # right
+        "The answer is 21.",  # right
+        "14, 21, 28",  # a list: wrong
+        "21",  # right
+        "15",  # wrong
+        [{"role": "assistant", "content": "21"}],  # right, as a chat message
+        "",  # wrong
+        "Between 10 and 30: 28",  # right
+    ]
+    assert correct_answers(Q, samples, GOLD) == [14.0, 21.0, None, 21.0, None, 21.0, None, 28.0]
+    cov = coverage(Q, samples, GOLD)
+    # 5 of 8 right; answers 14, 21, 21, 21, 28: shares 1/5, 3/5, 1/5
+    h = -(2 * 0.2 * math.log(0.2) + 0.6 * math.log(0.6))
+    assert cov == Coverage(
+        k=8,
+        mean_at_k=5 / 8,
+        pass_at_k=1.0,
+        distinct_correct=3,
+        correct_entropy_exp=pytest.approx(math.exp(h), abs=1e-12),  # float rounding of three logs
+        n_answers=3,
+    )
+    # the rows agree with what the reward pays
+    assert [a is not None for a in correct_answers(Q, samples, GOLD)] == [
+        bool(x) for x in math_reward([Q] * 8, samples, answer=[GOLD] * 8, answer_format=["set"] * 8)
+    ]
+    none = coverage(Q, ["15", "14 or 21", "7"], GOLD)
+    assert none == Coverage(k=3, mean_at_k=0.0, pass_at_k=0.0, distinct_correct=0, correct_entropy_exp=0.0, n_answers=3)
+    one = coverage(Q, ["28", "28"], GOLD)
+    assert one == Coverage(k=2, mean_at_k=1.0, pass_at_k=1.0, distinct_correct=1, correct_entropy_exp=1.0, n_answers=3)
+    # another set: four answers, two of them given (once and twice), one sample wrong
+    even = "Name an even number between 1 and 9. Answer with just the number."
+    h = -(1 / 3 * math.log(1 / 3) + 2 / 3 * math.log(2 / 3))
+    assert coverage(even, ["2", "4", "Between 1 and 9: 4", "9"], "2 4 6 8") == Coverage(
+        k=4,
+        mean_at_k=0.75,
+        pass_at_k=1.0,
+        distinct_correct=2,
+        correct_entropy_exp=pytest.approx(math.exp(h), abs=1e-12),
+        n_answers=4,
+    )
+    with pytest.raises(ValueError, match="coverage needs at least one completion, got 0"):
+        coverage(Q, [], GOLD)
+    with pytest.raises(ValueError, match="answer_format 'set'"):
+        coverage(Q, ["14"], "14,21")
+
+
+def test_coverage_separates_collapse_from_spread():
+    """Same accuracy, different coverage: what tells distribution matching from reward maximisation."""
+    collapsed = coverage(Q, ["14"] * 6 + ["15"] * 2, GOLD)
+    spread = coverage(Q, ["14", "21", "28", "14", "21", "28", "15", "15"], GOLD)
+    assert collapsed.mean_at_k == spread.mean_at_k == 0.75 and collapsed.pass_at_k == spread.pass_at_k == 1.0
+    assert (collapsed.distinct_correct, collapsed.correct_entropy_exp) == (1, 1.0)
+    assert spread.distinct_correct == 3 and spread.correct_entropy_exp == pytest.approx(3.0, abs=1e-12)
