@@ -5,8 +5,8 @@ check (:attr:`~tiltlab.paper_checks.registry.Check.long`): about two hours on 2 
 llm layer's run (``tiltlab check --layer llm --long --check smollm2_135m_comparison``).
 
 1. **Task.** :data:`N_QA` plain-answer questions (``synthetic:qa``) and :data:`N_MULTI` questions
-   with several correct answers (``synthetic:multi``: "Name a number between 10 and 30 that is
-   divisible by 7", answers 14, 21, 28), where matching ``pi_ref e^{beta r} / Z`` keeps ``pi_ref``'s
+   with several correct answers (``synthetic:multi``: "Name a prime number between 10 and 18",
+   answers 11, 13, 17), where matching ``pi_ref e^{beta r} / Z`` keeps ``pi_ref``'s
    spread over the correct answers and maximising reward need not. Stage 1 with ``q = pi_ref``
    (:data:`SELECT_M` samples, vLLM) labels each prompt (``log Z_hat``) and gives its pass rate; the
    prompts with pass rate in ``[MIN_PASS, MAX_PASS]`` are kept and split, per task kind, into
@@ -67,7 +67,7 @@ BETA = 2.0
 KL_COEF = 1.0 / BETA
 N_QA = 160
 QA_LEVELS = (1, 2, 3)
-N_MULTI = 160
+N_MULTI = 140
 SELECT_M = 8
 MIN_PASS, MAX_PASS = 0.125, 0.875
 N_HELDOUT = 48

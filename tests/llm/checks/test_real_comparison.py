@@ -32,7 +32,9 @@ def test_split_heldout_takes_half_of_each_kind_and_keeps_the_rest_in_order():
     train, held = C.split_heldout(rows, 20, seed=3)
     assert len(held) == 20 and sum(r["task"] == "multi_answer" for r in held) == 10
     ids = [r["id"] for r in rows]
-    assert sorted(r["id"] for r in train + held) == sorted(ids) and not {r["id"] for r in train} & {r["id"] for r in held}
+    assert sorted(r["id"] for r in train + held) == sorted(ids) and not {r["id"] for r in train} & {
+        r["id"] for r in held
+    }
     assert [r["id"] for r in train] == [i for i in ids if i in {r["id"] for r in train}]  # input order kept
     assert C.split_heldout(rows, 20, seed=3) == (train, held)  # seeded
     assert C.split_heldout(rows, 20, seed=4)[1] != held  # another seed, another split
@@ -74,7 +76,14 @@ def test_graded_answers_are_what_the_reward_pays():
     assert got == [37.0, 37.0, None, None, 37.0]
     multi = {"prompt": "Name a number between 10 and 30 that is divisible by 7. Answer with just the number.",
              "answer": "14 21 28", "answer_format": "set"}  # fmt: skip
-    assert C.graded_answers(multi, ["14", "21", "15", "14, 21, 28", "28", "It is 21."]) == [14.0, 21.0, None, None, 28.0, 21.0]
+    assert C.graded_answers(multi, ["14", "21", "15", "14, 21, 28", "28", "It is 21."]) == [
+        14.0,
+        21.0,
+        None,
+        None,
+        28.0,
+        21.0,
+    ]
 
 
 # ------------------------------------------------------------------ pairing, items, "it ran"
@@ -206,7 +215,9 @@ def test_both_checks_read_one_experiment_and_record_every_run(monkeypatch, tmp_p
         assert set(items) == set(names)
         assert res.evidence["unit"] == "training run"
         raw = res.evidence["raw"]
-        assert len(raw["runs"]) == 25 and raw["heldout_ids"] == [f"q{i}" for i in range(4)] + [f"m{i}" for i in range(4)]
+        assert len(raw["runs"]) == 25 and raw["heldout_ids"] == [f"q{i}" for i in range(4)] + [
+            f"m{i}" for i in range(4)
+        ]
         assert all(len(r["correct"]) == 8 and len(r["answers"]) == 8 for r in raw["runs"])
     # per-seed numbers equal run_metrics on that run's raw values
     raw = {(r["arm"], r["seed"]): r for r in p.evidence["raw"]["runs"]}
@@ -239,7 +250,9 @@ def test_two_jobs_give_the_same_result_on_two_cores(monkeypatch, tmp_path):
     p1, s1, c1, _ = _fake_experiment(monkeypatch, tmp_path, lift, jobs=1)
     p2, s2, c2, _ = _fake_experiment(monkeypatch, tmp_path, lift, jobs=2)
     assert c1["cores"] == {None} and c2["cores"] == {0, 1}
-    assert p1.numbers == p2.numbers and p1.evidence == p2.evidence and s1.evidence == s2.evidence
+    timed = {"task_s"}  # wall time, the one number that may differ
+    drop = lambda d: {k: v for k, v in d.items() if k not in timed}  # noqa: E731
+    assert drop(p1.numbers) == drop(p2.numbers) and p1.evidence == p2.evidence and s1.evidence == s2.evidence
 
 
 # ------------------------------------------------------------------ configs
@@ -281,3 +294,33 @@ def test_whole_check_at_a_tiny_budget(monkeypatch):
         C.comparison_raw.cache_clear()
     assert res.verdict in set(Verdict) and res.items["ran_all_trained"], res.summary
     assert res.numbers["n_heldout_prompts"] == 4 and len(res.evidence["raw"]["runs"]) == 2 * 5
+
+
+@pytest.mark.parametrize("arm", C.ARMS)
+def test_each_arm_config_passes_the_trainers_own_validation(arm, tmp_path, capsys):
+    """What the long run would launch: each arm's config through ``tiltlab llm train --dry-run`` and the
+    trainer's config class (its cross-field checks: kl_in_reward with grpo and beta > 0, batch sizes)."""
+    yaml = pytest.importorskip("yaml")
+    import json
+
+    from tiltlab.cli import main
+    from tiltlab.llm.prepare import write_rows
+    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.trainers.online import TiltGRPOConfig
+
+    rows = [{**r, "log_z": -1.0, "ref_pass_rate": 0.5} for r in _rows(3, 3)]
+    write_rows(rows, tmp_path / "train.jsonl")
+    s1 = tmp_path / "s1"
+    task = {"train": str(tmp_path / "train.jsonl"), "stage1_dir": str(s1)}
+    cfg = C.train_config(arm, task, tmp_path / "out", seed=0, steps=2)
+    if arm == "disa":  # the Stage-1 manifest is checked by the run, not here: read the labels from the column
+        cfg.pop("disa")
+    path = tmp_path / f"{arm}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["llm", "train", "--config", str(path), "--dry-run"]) == 0, capsys.readouterr().err
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["objective"] == cfg["objective"]
+    kw = load_run_config(path).trainer_kwargs()
+    kw.update(use_cpu=True, report_to="none", output_dir=str(tmp_path / "o"), use_vllm=False)
+    args = TiltGRPOConfig(**kw)
+    assert args.kl_in_reward is (arm == "grpo_kl") and args.beta == (C.KL_COEF if arm == "grpo_kl" else 0.0)
