@@ -251,7 +251,7 @@ def test_two_jobs_give_the_same_result_on_two_cores(monkeypatch, tmp_path):
     p2, s2, c2, _ = _fake_experiment(monkeypatch, tmp_path, lift, jobs=2)
     assert c1["cores"] == {None} and c2["cores"] == {0, 1}
     timed = {"task_s"}  # wall time, the one number that may differ
-    drop = lambda d: {k: v for k, v in d.items() if k not in timed}  # noqa: E731
+    drop = lambda d: {k: v for k, v in d.items() if k not in timed}
     assert drop(p1.numbers) == drop(p2.numbers) and p1.evidence == p2.evidence and s1.evidence == s2.evidence
 
 
