@@ -253,11 +253,11 @@ def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> d
 
 
 def _python(args: list[str], core: int | None) -> subprocess.CompletedProcess:
-    """``python -m ...`` with one torch thread, vLLM bound to ``core`` (None: vLLM's own binding)."""
+    """``python ARGS`` with one torch thread, vLLM bound to ``core`` (None: vLLM's own binding)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(T.CHECK_THREADS)}
     if core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-    return subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
 
 
 def train_in_process(name: str, cfg: dict, root: Path, core: int | None) -> tuple[str, list[dict]]:
@@ -266,17 +266,22 @@ def train_in_process(name: str, cfg: dict, root: Path, core: int | None) -> tupl
 
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = _python(["tiltlab.cli", "llm", "train", "--config", str(path)], core)
+    res = _python(["-m", "tiltlab.cli", "llm", "train", "--config", str(path)], core)
     if res.returncode != 0:
         raise RuntimeError(f"`tiltlab llm train` ({name}) failed:\n{res.stderr[-3000:]}")
     out = Path(cfg["output_dir"])
     return str(out), json.loads((out / "trainer_state.json").read_text())["log_history"]
 
 
+_EVAL_MAIN = "import sys; from tiltlab.llm.checks.real_comparison import main; sys.exit(main(sys.argv[1:]))"
+"""The evaluation worker's entry (``-c``, not ``-m``: run as ``__main__`` the module would register its
+checks a second time beside the package's import of it)."""
+
+
 def eval_in_process(model_dir: str, heldout: str, seed: int, out: Path, core: int | None) -> dict[str, list]:
     """:func:`evaluate` in its own process (a fresh vLLM engine bound to ``core``); the result is
     read back from ``out``."""
-    res = _python(["tiltlab.llm.checks.real_comparison", "eval", model_dir, heldout, str(seed), str(out)], core)
+    res = _python(["-c", _EVAL_MAIN, "eval", model_dir, heldout, str(seed), str(out)], core)
     if res.returncode != 0:
         raise RuntimeError(f"evaluation of {model_dir} (seed {seed}) failed:\n{res.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -477,9 +482,9 @@ def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tiltlab.llm.checks.real_comparison eval MODEL HELDOUT SEED OUT``: one evaluation
-    in its own process (used by :func:`eval_in_process`)."""
-    p = argparse.ArgumentParser(prog="python -m tiltlab.llm.checks.real_comparison")
+    """``eval MODEL HELDOUT SEED OUT``: one evaluation in its own process (:func:`eval_in_process`
+    runs it through :data:`_EVAL_MAIN`)."""
+    p = argparse.ArgumentParser(prog="real_comparison")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("eval", help="evaluate one model on the held-out prompts")
     e.add_argument("model")
@@ -492,7 +497,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

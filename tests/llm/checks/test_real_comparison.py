@@ -324,3 +324,33 @@ def test_each_arm_config_passes_the_trainers_own_validation(arm, tmp_path, capsy
     kw.update(use_cpu=True, report_to="none", output_dir=str(tmp_path / "o"), use_vllm=False)
     args = TiltGRPOConfig(**kw)
     assert args.kl_in_reward is (arm == "grpo_kl") and args.beta == (C.KL_COEF if arm == "grpo_kl" else 0.0)
+
+
+def test_the_evaluation_worker_starts_in_its_own_process(monkeypatch, tmp_path):
+    """The command :func:`eval_in_process` builds reaches ``main`` (the module run with ``-m`` would
+    register its checks twice and die before evaluating anything): run for real with ``--help``."""
+    real, seen = C._python, {}
+
+    def probe(args, core):
+        seen["args"], seen["core"] = args, core
+        res = real([*args[:2], "eval", "--help"], core)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "heldout" in res.stdout and "seed" in res.stdout
+        (tmp_path / "out.json").write_text('{"correct": [1], "answers": [[3.0]]}')
+        return res
+
+    monkeypatch.setattr(C, "_python", probe)
+    got = C.eval_in_process("MODEL", "held.jsonl", 7, tmp_path / "out.json", core=1)
+    assert got == {"correct": [1], "answers": [[3.0]]}
+    assert seen["args"][2:] == ["eval", "MODEL", "held.jsonl", "7", str(tmp_path / "out.json")] and seen["core"] == 1
+
+
+def test_python_binds_vllm_to_the_runs_core(monkeypatch):
+    import subprocess
+
+    seen = {}
+    monkeypatch.setattr(subprocess, "run", lambda argv, env, capture_output, text: seen.update(argv=argv, env=env))
+    C._python(["-c", "pass"], core=1)
+    assert seen["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "1" and seen["env"]["OMP_NUM_THREADS"] == str(T.CHECK_THREADS)
+    C._python(["-c", "pass"], core=None)
+    assert seen["env"].get("VLLM_CPU_OMP_THREADS_BIND") == __import__("os").environ.get("VLLM_CPU_OMP_THREADS_BIND")
