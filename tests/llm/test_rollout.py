@@ -180,3 +180,16 @@ def test_vllm_engine_processed_logprobs(tiny_dir, tiny_model):
             for comp, lps in zip(g.completion_ids, g.token_logprobs):
                 ref = _teacher_forced_processed(tiny_model.cpu(), g.prompt_ids, comp, s)
                 assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-3  # fp32 GPU kernels vs CPU
+
+
+@pytest.mark.parametrize(
+    ("dtype", "on_gpu", "want"),
+    [("auto", False, "float32"), ("auto", True, "auto"), ("bf16", False, "bfloat16"), ("fp32", True, "float32"),
+     ("float16", False, "float16")],
+)  # fmt: skip
+def test_vllm_dtype_auto_is_float32_on_cpu(dtype, on_gpu, want):
+    """``auto`` on CPU would take the checkpoint's bfloat16, 5-10x slower than float32 on AVX2 (the
+    Stage-1 real-model check ran over 40 minutes for one batch it ran in minutes in float32)."""
+    from tiltlab.llm.rollout import vllm_dtype
+
+    assert vllm_dtype(dtype, on_gpu) == want
