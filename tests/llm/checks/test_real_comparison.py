@@ -56,12 +56,12 @@ def test_split_heldout_refuses_what_is_not_the_registered_split(n_qa, n_multi, n
 def test_run_metrics_against_a_naive_computation():
     rows = _rows(2, 3)
     ev = {
-        "correct": [8, 0, 3, 0, 8],
-        "answers": [[3.0] * 8, [], [2.0, 2.0, 4.0], [], [2.0, 4.0, 6.0, 8.0, 2.0, 4.0, 6.0, 8.0]],
+        "correct": [8, 1, 3, 0, 8],
+        "answers": [[3.0] * 8, [2.0], [2.0, 2.0, 4.0], [], [2.0, 4.0, 6.0, 8.0, 2.0, 4.0, 6.0, 8.0]],
     }
     m = C.run_metrics(ev, rows)
-    assert m["mean8"] == pytest.approx((8 + 0 + 3 + 0 + 8) / 8 / 5, rel=1e-15)
-    assert m["pass8"] == pytest.approx(3 / 5, rel=1e-15)
+    assert m["mean8"] == pytest.approx((8 + 1 + 3 + 0 + 8) / 8 / 5, rel=1e-15)
+    assert m["pass8"] == pytest.approx(4 / 5, rel=1e-15)  # one correct sample of 8 passes
     h = -(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3)  # answers 2, 2, 4
     assert m["coverage"] == pytest.approx((math.exp(h) + 0.0 + 4.0) / 3, rel=1e-12)  # qa rows never count
     with pytest.raises(ValueError, match="4 evaluated prompts for 5"):
@@ -84,6 +84,32 @@ def test_graded_answers_are_what_the_reward_pays():
         28.0,
         21.0,
     ]
+
+
+def test_one_run_evaluates_every_model_of_a_seed_with_one_sampling_seed(monkeypatch, tmp_path):
+    """Common random numbers: the base model and every arm at training seed ``s`` sample with the same
+    evaluation seed; two training seeds sample with different ones. FlowRL's policy is evaluated without
+    its head."""
+    seen = []
+    monkeypatch.setattr(
+        C, "train_in_process", lambda name, cfg, root, core: (f"/m/{name}", [{"loss": 1.0, "grad_norm": 1.0}])
+    )
+    monkeypatch.setattr(C, "weights_moved", lambda start, model: 1e-3)
+    monkeypatch.setattr("tiltlab.llm.trainers.logz_head.policy_only_dir", lambda d: d + "/policy")
+    monkeypatch.setattr(
+        C,
+        "eval_in_process",
+        lambda model, held, seed, out, core: seen.append((model, seed)) or {"correct": [], "answers": []},
+    )
+    task = {"model_dir": "/base", "heldout": "h", "train": "t", "stage1_dir": "s1"}
+    for s in (3, 4):
+        for arm in ("base", *C.ARMS):
+            C.one_run(arm, task, tmp_path, s, 1, None, start={"w": 0})
+    seeds = {}
+    for model, seed in seen:
+        seeds.setdefault(seed, []).append(model)
+    assert len(seeds) == 2 and all(len(v) == 5 for v in seeds.values())
+    assert seen[0][0] == "/base" and seen[1] == ("/m/disa-3/policy", seen[0][1])
 
 
 # ------------------------------------------------------------------ pairing, items, "it ran"
