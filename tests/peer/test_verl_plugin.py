@@ -387,7 +387,7 @@ def test_missing_orjson_fails_under_ci_and_skips_otherwise(tmp_path, ci):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "CI": ci}
     env["OMP_NUM_THREADS"] = "1"
     test = root / "tests" / "peer" / "test_peers.py"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "verl_kl", str(test)]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "test_verl_kl_estimators", str(test)]
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr
     if ci:
