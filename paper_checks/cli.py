@@ -210,6 +210,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(paper_checks/records/llm.json, or --out)",
     )
     t.add_argument(
+        "--set-llm-expectations",
+        action="store_true",
+        help="after an llm-layer run under a new rule, once its expectations are set from it in the checks' code: "
+        "give the shipped llm record (or --out) today's expected verdicts and items, ok flags and registry hash "
+        "(the run's verdicts, items and numbers are not touched)",
+    )
+    t.add_argument(
         "--rejudge",
         type=Path,
         metavar="RECORD",
@@ -1196,6 +1203,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"{', '.join(commits)}, each strictly pre-registered; registry hash {shipped['registry_hash']}"
         )
         return 0
+    if args.set_llm_expectations:
+        dest = args.out or R.LLM_RECORD
+        rec = R.set_llm_expectations(dest)
+        bad = [R.row_key(r) for r in rec["checks"] if not r["ok"]]
+        print(
+            f"{dest}: expectations of {len(rec['checks'])} rows set from the registry (registry hash "
+            f"{rec['registry_hash']}); {len(bad)} row(s) do not meet them" + (f": {', '.join(bad)}" if bad else "")
+        )
+        return 1 if bad else 0
     if args.preregister is not None:
         return _preregister(args.preregister)
     if args.rejudge is not None:

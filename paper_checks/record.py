@@ -655,6 +655,39 @@ def rejudge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def set_llm_expectations(path: Path | None = None, root: Path | None = None) -> dict[str, Any]:
+    """Give the shipped llm record at ``path`` (default :data:`LLM_RECORD`) today's expected verdicts
+    and items: after a run under a new rule, the expectations (regression markers, not the rule) are set
+    from that run in the checks' code, and the record's rows, its ``ok`` flags and its registry hash
+    follow them. Verdicts, items, numbers and evidence are the run's and are not touched. The commit at
+    which this was done is written as ``expectations_set_at``; a check whose row is missing, or a row
+    whose check is not registered, is refused. Written atomically; returns the record."""
+    path = LLM_RECORD if path is None else Path(path)
+    rec = load_llm_record(path)
+    if rec is None:
+        raise FileNotFoundError(f"no llm record at {path}")
+    registry.discover()
+    chks = {c.key: c for c in registry.checks() if c.layer == "llm"}
+    rows = rec["checks"]
+    orphans = [row_key(r) for r in rows if row_key(r) not in chks]
+    if orphans:
+        raise ValueError(f"rows of checks that are not registered: {', '.join(orphans[:3])}")
+    for r in rows:
+        c = chks[row_key(r)]
+        want = dict(c.expected_items)
+        r["expected"] = c.expected.value
+        r["expected_items"] = want
+        items = r.get("items") or {}
+        r["ok"] = bool(r.get("verdict") == c.expected.value and all(items.get(k) == v for k, v in want.items()))
+    rec["registry_hash"] = llm_registry_hash()
+    rec["expectations_set_at"] = git_commit(root)
+    summ = rec.get("summary")
+    if isinstance(summ, dict):
+        summ["failures"] = sum(not r["ok"] for r in rows)
+    write_json(path, rec)
+    return rec
+
+
 def write_json(path: Path, rec: Mapping[str, Any]) -> None:
     """Write ``rec`` atomically (:func:`write_text`)."""
     write_text(path, json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n")

@@ -116,7 +116,7 @@ TRACK_MARGIN = 0.02
 BETAS = (1.0, 2.0, 4.0)
 TARGET_TRACKING_ITEMS = {
     **_items([f"within_0.05_beta{b:g}" for b in BETAS]),
-    **_items([f"halves_gap_beta{b:g}" for b in BETAS], **{f"halves_gap_beta{b:g}": (True, False) for b in BETAS}),
+    **_items([f"halves_gap_beta{b:g}" for b in BETAS], **{f"halves_gap_beta{b:g}": (b > 1, False) for b in BETAS}),
     **RAN,
 }
 
@@ -391,7 +391,7 @@ def logz_variants(
 
 
 # ------------------------------------------------------------------ 3. M study
-M_STUDY_ITEMS = {**_items(("m8_matches_m128",)), **RAN}
+M_STUDY_ITEMS = {**_items(("m8_matches_m128",), m8_matches_m128=(True, False)), **RAN}
 """Only ``m8_matches_m128`` is judged: the label variance and bias of an M-sample estimator fall in M
 by construction, and a 1/M law has no knee in log-log (its slope tends to -1): those are context."""
 SLOPE_MARGIN = 0.1
@@ -411,7 +411,7 @@ def knee_stat(var: dict[int, float], ms) -> tuple[float, float]:
     return slope([m for m in ms if m <= 8]), slope([m for m in ms if m >= 8])
 
 
-@tiny_check("disa.d3.teacher_m_study", INCONCLUSIVE, M_STUDY_ITEMS)
+@tiny_check("disa.d3.teacher_m_study", V.VERIFIED, M_STUDY_ITEMS)
 def m_study(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 4, 8, 16, 32, 128)
 ) -> CheckResult:
@@ -792,10 +792,10 @@ def ran_items(res) -> dict[str, bool]:
 
 
 TABLE1_PAIRS = (("disa", "grpo"), ("disa", "gspo"), ("flowrl", "grpo"), ("flowrl", "gspo"))
-TABLE1_ITEMS = {**_items([f"{a}_minus_{b}" for a, b in TABLE1_PAIRS]), **RAN}
+TABLE1_ITEMS = {**_items([f"{a}_minus_{b}" for a, b in TABLE1_PAIRS], flowrl_minus_gspo=(True, False)), **RAN}
 
 
-@tiny_check("disa.table1.math_qwen2.5_7b", INCONCLUSIVE, TABLE1_ITEMS)
+@tiny_check("disa.table1.math_qwen2.5_7b", V.PARTLY, TABLE1_ITEMS)
 def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
     """Table 1's ordering, held-out accuracy: DISA and FlowRL (one beta, one reward transform; DISA
     with Stage-1/2 estimated labels, FlowRL with its learned log Z) each above GRPO and GSPO: four
@@ -844,7 +844,7 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
     )
 
 
-tiny_check("disa.table1.math_qwen3_4b", INCONCLUSIVE, TABLE1_ITEMS)(methods_compare)
+tiny_check("disa.table1.math_qwen3_4b", V.PARTLY, TABLE1_ITEMS)(methods_compare)
 
 
 # ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
@@ -921,10 +921,16 @@ def pair_diffs(acc: dict[str, list[float]], a: str, b: str) -> tuple[float, ...]
     return tuple(x - y for x, y in zip(acc[a], acc[b], strict=True))
 
 
-LAD_ITEMS = {**_items([f"{a}_minus_{b}" for a, b in STRICT_PAIRS]), **RAN}
+LAD_ITEMS = {
+    **_items(
+        [f"{a}_minus_{b}" for a, b in STRICT_PAIRS],
+        **{f"{a}_minus_kl": (True, False) for a in ("tv", "hellinger", "js")},
+    ),
+    **RAN,
+}
 
 
-@tiny_check("lad.strict_better", INCONCLUSIVE, LAD_ITEMS)
+@tiny_check("lad.strict_better", V.PARTLY, LAD_ITEMS)
 def lad_divergences(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
@@ -945,10 +951,17 @@ def lad_divergences(
     )
 
 
-LAD8_ITEMS = {**_items([f"heldout_{a}_minus_{b}" for a, b in TABLE8_PAIRS]), **RAN}
+LAD8_ITEMS = {
+    **_items(
+        [f"heldout_{a}_minus_{b}" for a, b in TABLE8_PAIRS],
+        heldout_tv_minus_kl=(True, False),
+        heldout_kl_minus_jeffreys=(False, True),
+    ),
+    **RAN,
+}
 
 
-@tiny_check("lad.table8.divergences", INCONCLUSIVE, LAD8_ITEMS)
+@tiny_check("lad.table8.divergences", V.PARTLY, LAD8_ITEMS)
 def lad_table8(
     seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
@@ -1144,10 +1157,10 @@ def _fpa_heldout(seed: int, n_seeds: int, steps: int):
 
 
 TABLE6_OTHERS = (0.0, 5.0, 20.0)
-TABLE6_ITEMS = {**_items([f"lam12_minus_lam{lam:g}" for lam in TABLE6_OTHERS]), **RAN}
+TABLE6_ITEMS = {**_items([f"lam12_minus_lam{lam:g}" for lam in TABLE6_OTHERS], lam12_minus_lam20=(True, False)), **RAN}
 
 
-@tiny_check("fpa.table6.lambda_qwen3_4b", INCONCLUSIVE, TABLE6_ITEMS)
+@tiny_check("fpa.table6.lambda_qwen3_4b", V.PARTLY, TABLE6_ITEMS)
 def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> CheckResult:
     """Table 6's direction ("lambda in {1, 2} best"), held-out accuracy: the mean of lambda = 1 and 2
     minus each other lambda of the sweep (0, 5, 20; no lambda = 10), three paired items (no
@@ -1170,4 +1183,4 @@ def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> Ch
 
 
 for _cid in ("fpa.table6.lambda_qwen2.5_math_7b", "fpa.table6.lambda_llama3.2_3b"):
-    tiny_check(_cid, INCONCLUSIVE, TABLE6_ITEMS)(fpa_lambda_best)
+    tiny_check(_cid, V.PARTLY, TABLE6_ITEMS)(fpa_lambda_best)

@@ -14,6 +14,16 @@ from tiltlab.paper_checks import registry, stats
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 SHIPPED = Path(__file__).resolve().parents[2] / "paper_checks" / "records" / "llm.json"
+#: The llm record as shipped before the neutral rule's re-run (2026-11-28), with the preregistration file of
+#: that day (its [[legacy]] entries): the legacy machinery is tested on it.
+LEGACY = Path(__file__).with_name("data") / "llm_legacy.json"
+LEGACY_PREREG = Path(__file__).with_name("data") / "preregistration_legacy.toml"
+
+
+@pytest.fixture
+def legacy_registration(monkeypatch):
+    monkeypatch.setattr(registry, "PREREG_FILE", LEGACY_PREREG)
+    assert registry.legacy_runs()
 
 
 def _draws(seed: int, n: int, mu: float, sd: float) -> tuple[float, ...]:
@@ -259,11 +269,11 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
             assert out["status"] == "same", out
 
 
-def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations():
+def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations(legacy_registration):
     from tiltlab.paper_checks import record
 
     registry.discover()
-    rec = record.load_llm_record(SHIPPED)
+    rec = record.load_llm_record(LEGACY)
     row = next(r for r in rec["checks"] if r["claim"] == "disa.d3.teacher_m_study")
     assert row["verdict"] == "partly" and row["ok"] is True  # run under the rule of 3dfabd9
     (legacy,) = record.outcomes_from_rows([row])
@@ -286,12 +296,12 @@ def test_a_pseudo_sample_has_the_recorded_mean_and_interval(n):
 
 
 def test_the_neutral_rule_on_the_legacy_record_post_hoc():
-    """The shipped (legacy) record re-judged post hoc from its (mean, interval, seeds) under today's
-    declarations: the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
+    """The legacy record re-judged post hoc from its (mean, interval, seeds) under today's declarations:
+    the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
     from tiltlab.paper_checks import record
 
     registry.discover()
-    rec = record.load_llm_record(SHIPPED)
+    rec = record.load_llm_record(LEGACY)
     got = {r["claim"]: record.posthoc_neutral(r) for r in rec["checks"]}
     assert got["disa.remark2.calibration"]["verdict"] == "partly"  # is_label_m4 +0.0299 < margin 0.03
     assert got["disa.remark2.calibration"]["items"]["is_label_m4_distorts"] == stats.UNDECIDED

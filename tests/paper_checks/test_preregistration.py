@@ -348,10 +348,13 @@ def test_every_shipped_row_is_strictly_pre_registered_or_legacy():
     assert all(any(prereg.legacy_for(r, [leg]) for r in rec["checks"]) for leg in legacy)
 
 
-def test_the_report_shows_legacy_beside_its_rows():
+def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
     from tiltlab.paper_checks.report import llm_run_section
 
-    rec = record.load_llm_record(SHIPPED)
+    # the llm record shipped before the neutral rule's re-run, with that day's [[legacy]] entries
+    legacy_rec = Path(__file__).with_name("data") / "llm_legacy.json"
+    monkeypatch.setattr(registry, "PREREG_FILE", Path(__file__).with_name("data") / "preregistration_legacy.toml")
+    rec = record.load_llm_record(legacy_rec)
     assert rec is not None
     text = llm_run_section(rec)
     assert "| **legacy** 3dfabd9 -> 3dfabd9 |" in text
@@ -360,9 +363,16 @@ def test_the_report_shows_legacy_beside_its_rows():
     from tiltlab.paper_checks.report import ReportInput, _provenance_note
 
     registry.discover()
-    outs = record.outcomes_from_rows(record.recorded_llm_rows(path=SHIPPED)[0])
+    outs = record.outcomes_from_rows(record.recorded_llm_rows(path=legacy_rec)[0])
     notes = [_provenance_note(o, ReportInput(claims=registry.claims(), outcomes=outs, figures=[])) for o in outs]
-    assert notes and all("legacy pre-registration (not strictly pre-registered" in n for n in notes)
+    legacy_notes = [n for n in notes if "legacy pre-registration (not strictly pre-registered" in n]
+    assert legacy_notes and len(legacy_notes) == sum(o.legacy for o in outs)
+
+
+def test_docs_show_the_llm_run_section_as_generated_now():
+    from tiltlab.paper_checks.report import llm_run_section
+
+    text = llm_run_section(record.load_llm_record(SHIPPED))
     doc = (ROOT / "docs" / "llm-checks.md").read_text(encoding="utf-8")
     assert text.strip() in doc  # docs/llm-checks.md shows the section as generated now
 
@@ -397,3 +407,37 @@ def test_every_shipped_llm_row_is_a_registered_check(isolated_registry):
     keys = {c.key for c in isolated_registry.checks()}
     orphans = [record.row_key(r) for r in rec["checks"] if record.row_key(r) not in keys]
     assert orphans == []
+
+
+def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_path):
+    """`tiltlab report --set-llm-expectations`: rows get today's expected verdicts and items, ok flags and
+    the registry hash; the run's verdicts, items, numbers and evidence are untouched."""
+    import copy
+
+    rec = record.load_llm_record(SHIPPED)
+    assert rec is not None
+    tampered = copy.deepcopy(rec)
+    row = tampered["checks"][0]
+    row["expected"], row["expected_items"], row["ok"] = "refuted", {}, False
+    tampered["registry_hash"] = "0" * 16
+    other = tampered["checks"][1]
+    other["verdict"] = "refuted" if other["verdict"] != "refuted" else "verified"  # a row that misses today's
+    path = tmp_path / "llm.json"
+    record.write_json(path, tampered)
+    out = record.set_llm_expectations(path)
+    assert out["registry_hash"] == record.llm_registry_hash()
+    registry.discover()
+    chk = {c.key: c for c in registry.checks()}[record.row_key(row)]
+    got = out["checks"][0]
+    assert got["expected"] == chk.expected.value and got["expected_items"] == dict(chk.expected_items)
+    assert got["ok"] is True and out["checks"][1]["ok"] is False and out["summary"]["failures"] == 1
+    for a, b in zip(out["checks"], tampered["checks"]):
+        assert {k: a[k] for k in ("verdict", "items", "numbers", "evidence")} == {
+            k: b[k] for k in ("verdict", "items", "numbers", "evidence")
+        }
+    assert record.load_llm_record(path) == out  # written
+    assert main(["report", "--set-llm-expectations", "--out", str(path)]) == 1  # one row misses them
+    tampered["checks"].append({**row, "claim": "no.such.claim"})
+    record.write_json(path, tampered)
+    with pytest.raises(ValueError, match="not registered"):
+        record.set_llm_expectations(path)
