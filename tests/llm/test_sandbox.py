@@ -994,6 +994,7 @@ def test_codec_rebuilds_only_this_sides_own_plain_classes():
         {"en": ["IntEnum", "P", [["A", 1.5]], 1.5]},
         {"en": ["IntEnum", "P", [["A", 1]], 2]},
         {"en": ["IntEnum", "P", [["A", True]], True]},
+        {"en": ["IntEnum", "P", [["A", 1]], True]},  # a bool value that IntEnum would take for 1
         {"en": ["StrEnum", "P", [["A", 1]], 1]},
         {"en": ["IntEnum", "P", [["A", 1]], "1"]},
         {"en": ["EnumMeta", "P", [["A", 1]], 1]},
