@@ -720,6 +720,13 @@ def test_judged_enum_members_cross(code, tests, ok):
     assert r.passed is ok, r.judge_stderr[-500:]
 
 
+def test_judged_generators_nested_in_arguments_arrive_as_iterators():
+    code = "def f(xs):\n    return [sum(g) for g in xs]\n"
+    assert run_judged(code, "assert f([(x for x in range(3)), iter([5, 6])]) == [3, 11]\n", FAST).passed
+    assert run_judged("def f(t):\n    return sum(t[0])\n", "assert f(((x for x in range(4)),)) == 6\n", FAST).passed
+    assert not run_judged(code, "assert f([(x for x in range(3))]) == [4]\n", FAST).passed
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
