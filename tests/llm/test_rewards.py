@@ -401,3 +401,34 @@ def test_code_reward_in_place_changes_to_prompt_defined_objects(task):
     fn = make_code_reward()
     r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT_BAG] * 2)
     assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]
+
+
+# --------------------------------------------------------------------------- benchmarks/bench_sandbox.py --mixed
+def _bench_sandbox():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sandbox.py"
+    spec = importlib.util.spec_from_file_location("bench_sandbox", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_sandbox_mixed_rows_are_judged_as_their_kind_says():
+    # the benchmark's own guard: every kind's known reward, checked against a real judging of one cycle
+    from tiltlab.llm.rewards import make_code_reward
+    from tiltlab.llm.tasks import function_tasks
+
+    bench = _bench_sandbox()
+    kinds = list(bench.MIXED_KINDS)
+    rows = function_tasks(len(kinds) + 3, seed=0)
+    comps, cols, want = bench.mixed_rows(rows)
+    assert want == [bench.MIXED_KINDS[kinds[i % len(kinds)]] for i in range(len(rows))]
+    assert cols["test_type"][: len(kinds)] == [
+        "stdio" if k.startswith("stdio") else "functional" if k.startswith("functional") else "assert" for k in kinds
+    ]
+    assert all(len(v) == len(rows) for v in cols.values()) and len(comps) == len(rows)
+    n = len(kinds)
+    got = make_code_reward(max_workers=2)(None, comps[:n], **{k: v[:n] for k, v in cols.items()})
+    assert got == want[:n]
