@@ -1048,6 +1048,17 @@ def test_sync_applies_in_place_changes():
     assert t == [1]
 
 
+def test_walk_gives_the_nodes_ast_walk_gives():
+    import ast
+    import inspect
+
+    walk = _codec()["_walk"]
+    for src in (inspect.getsource(sandbox), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
+        tree = ast.parse(src)
+        got, want = list(walk(tree)), list(ast.walk(tree))
+        assert len(got) == len(want) and {id(n) for n in got} == {id(n) for n in want}
+
+
 def test_restore_gives_an_object_its_new_attributes_in_place():
     restore = _codec()["_restore"]
     node = type("Node", (), {})()
