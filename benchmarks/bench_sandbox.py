@@ -6,6 +6,13 @@ otherwise, so a fast-but-wrong sandbox cannot report a number). ``--numpy`` make
 import numpy first (the slower case the issue names). ``--backend legacy`` measures the fallback
 without bubblewrap.
 
+``--mixed`` measures the mix a training batch meets instead, cycled over the rows in a fixed order
+(:data:`MIXED_KINDS`): correct, wrong, raising and unparsable function programs, a correct one that
+imports numpy, correct and wrong stdio programs (two cases each, a process per case), and a correct
+LiveCodeBench-style functional row (``Solution().add``). Each kind has its known reward, and the
+script exits 1 when any row's reward differs. Programs that run into the time limit are left out:
+they measure the limit, not the sandbox.
+
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
 load average before and after, the CPU count and the isolation level that ran. On a machine that
 other work shares, the rate is what this run's share of the CPUs gave, a lower bound for the same
@@ -28,12 +35,63 @@ import sys
 import time
 import warnings
 
+#: ``--mixed``: kind -> expected reward; row i is of kind ``i % len(MIXED_KINDS)`` (in this order).
+MIXED_KINDS = {
+    "correct": 1.0,
+    "wrong": 0.0,
+    "raises": 0.0,
+    "syntax_error": 0.0,
+    "numpy_correct": 1.0,
+    "stdio_correct": 1.0,
+    "stdio_wrong": 0.0,
+    "functional_correct": 1.0,
+}
+_STDIO_TESTS = json.dumps({"cases": [{"input": "1 2\n", "output": "3"}, {"input": "40 2\n", "output": "42"}]})
+_FUNCTIONAL_TESTS = json.dumps(
+    {"cases": [{"input": "1\n2", "output": "3"}, {"input": "[1]\n[2]", "output": "[1, 2]"}], "func_name": "add"}
+)
+
+
+def mixed_rows(rows: list[dict]) -> tuple[list[str], dict[str, list], list[float]]:
+    """Completions, reward columns and expected rewards of the ``--mixed`` batch built on ``rows``
+    (``function_tasks``): row i is of kind ``list(MIXED_KINDS)[i % 8]``."""
+    kinds = list(MIXED_KINDS)
+    comps, cols, want = [], {"tests": [], "entry_point": [], "test_type": []}, []
+    for i, r in enumerate(rows):
+        kind = kinds[i % len(kinds)]
+        tests, entry, ttype = r["tests"], "f", "assert"
+        code = {
+            "correct": r["solution"],
+            "wrong": "def f(x):\n    return None\n",
+            "raises": "def f(x):\n    raise ValueError('no')\n",
+            "syntax_error": "def f(x) return x\n",
+            "numpy_correct": "import numpy as np\n" + r["solution"],
+        }.get(kind)
+        if kind.startswith("stdio"):
+            op = "+" if kind == "stdio_correct" else "-"
+            code, tests, entry, ttype = (
+                f"a, b = map(int, input().split())\nprint(a {op} b)\n",
+                _STDIO_TESTS,
+                None,
+                "stdio",
+            )
+        elif kind == "functional_correct":
+            code = "class Solution:\n    def add(self, a, b):\n        return a + b\n"
+            tests, entry, ttype = _FUNCTIONAL_TESTS, "add", "functional"
+        comps.append(f"```python\n{code}```")
+        cols["tests"].append(tests)
+        cols["entry_point"].append(entry)
+        cols["test_type"].append(ttype)
+        want.append(MIXED_KINDS[kind])
+    return comps, cols, want
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=64, help="programs per batch")
     ap.add_argument("--repeats", type=int, default=3, help="batches timed")
     ap.add_argument("--numpy", action="store_true", help="every solution imports numpy")
+    ap.add_argument("--mixed", action="store_true", help="the mix of MIXED_KINDS, each with its known reward")
     ap.add_argument("--backend", default="auto", choices=["auto", "bwrap", "legacy"])
     ap.add_argument("--workers", type=int, default=None, help="concurrent sandboxes (default: the CPU count)")
     args = ap.parse_args(argv)
@@ -43,29 +101,42 @@ def main(argv=None) -> int:
     from tiltlab.llm.tasks import function_tasks
 
     warnings.simplefilter("ignore", SandboxWarning)
+    if args.mixed and args.numpy:
+        ap.error("--mixed already has its numpy rows; give one of --mixed and --numpy")
     rows = function_tasks(args.n, seed=0)
-    pre = "import numpy as np\n" if args.numpy else ""
-    comps = [f"```python\n{pre}{r['solution']}```" for r in rows]
-    tests = [r["tests"] for r in rows]
+    if args.mixed:
+        comps, cols, want = mixed_rows(rows)
+    else:
+        pre = "import numpy as np\n" if args.numpy else ""
+        comps = [f"```python\n{pre}{r['solution']}```" for r in rows]
+        cols = {"tests": [r["tests"] for r in rows], "entry_point": ["f"] * len(rows)}
+        want = [1.0] * len(rows)
     if args.backend == "auto" and args.workers is None:
         reward, cfg = code_reward, SandboxConfig()
     else:
         cfg = SandboxConfig(backend=args.backend)
         reward = make_code_reward(cfg, max_workers=args.workers)
-    reward(None, comps[:2], tests=tests[:2])  # warm the probes (bwrap / unshare checks are cached)
+    reward(
+        None, comps[:2], **{k: v[:2] for k, v in cols.items()}
+    )  # warm the probes (bwrap / unshare checks are cached)
     load0 = os.getloadavg()
     rates = []
     for _ in range(args.repeats):
         t = time.monotonic()
-        out = reward(None, comps, tests=tests, entry_point=["f"] * len(rows))
+        out = reward(None, comps, **cols)
         dt = time.monotonic() - t
-        if out != [1.0] * len(rows):
-            print(f"FAIL: {out.count(1.0)}/{len(rows)} correct programs paid", file=sys.stderr)
+        if out != want:
+            bad = [i for i, (a, b) in enumerate(zip(out, want)) if a != b]
+            print(
+                f"FAIL: {len(bad)}/{len(rows)} rewards differ from the expected ones (rows {bad[:10]})", file=sys.stderr
+            )
             return 1
         rates.append(len(rows) / dt)
     rep = {
         "n": args.n,
         "numpy": args.numpy,
+        "mixed": args.mixed,
+        "paid": int(sum(want)),
         "workers": args.workers or os.cpu_count(),
         "repeats": args.repeats,
         "rewards_per_s_median": round(statistics.median(rates), 1),

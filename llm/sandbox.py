@@ -269,10 +269,10 @@ def _enc(v, handle):
         return {"r": [_enc(v.start, handle), _enc(v.stop, handle), _enc(v.step, handle)]}
     mods = _sys.modules
     en = mods.get("enum")
-    if en is not None and isinstance(v, en.IntEnum) and t.__bases__ == (en.IntEnum,):
-        ms = [[m._name_, _enc(int.__int__(m), handle)] for m in t.__members__.values()]
-        if len(ms) <= 4096 and all(_ident(n) and not n.startswith("_") for n, _ in ms):  # an IntEnum: its class
-            return {"ie": [t.__name__, ms, v._name_]}
+    if en is not None and isinstance(v, en.Enum):
+        e = _enc_enum(v, t, en, handle)
+        if e is not None:
+            return e
     col = mods.get("collections")
     if col is not None:
         if t is col.Counter:
@@ -317,9 +317,16 @@ def _enc(v, handle):
 _BYVAL = frozenset()  # names of the classes whose instances cross by value (the judge's plain classes)
 _ESEEN = None  # one value's objects already encoded: id -> key (sharing and cycles are kept)
 _DSEEN = None  # one value's objects already rebuilt: key -> object
+_EKEEP = None  # the judge, encoding a call's arguments: its objects in key order (key -> object)
+_ORIG = None  # the sandbox, after a call: id -> key of the objects its arguments brought, sent as {"ok": key}
+_DORIG = None  # the judge, reading what a call left: key -> its own object of that key (_EKEEP)
 def _enc_obj(v, handle):
     "An instance of a plain class as its class name and attributes; an object met again is a reference."
     global _ESEEN
+    if _ORIG is not None:
+        k = _ORIG.get(id(v))
+        if k is not None:  # an object the call's arguments brought: the caller's own object
+            return {"ok": k}
     own = _ESEEN is None
     if own:
         _ESEEN = {}
@@ -331,6 +338,8 @@ def _enc_obj(v, handle):
         if type(d) is not dict:
             return handle(v)
         k = _ESEEN[id(v)] = len(_ESEEN)
+        if _EKEEP is not None:
+            _EKEEP.append(v)
         attrs = [[n, _enc(x, handle)] for n, x in dict.items(d) if _ident(n)]
         return {"o": [type(v).__name__, k, _objref(v), attrs]}
     finally:
@@ -443,8 +452,12 @@ def _dec(x, remote):
         return remote(k, v)
     if k in ("o", "or"):
         return _dec_obj(k, v, remote)
-    if k == "ie":
-        return _dec_intenum(v, remote)
+    if k == "ok":  # the judge's own object that the call's arguments brought (never valid in the sandbox)
+        if _DORIG is None or type(v) is not int or not 0 <= v < len(_DORIG):
+            raise ValueError("sandbox: malformed value")
+        return _DORIG[v]
+    if k == "en":
+        return _dec_enum(v, remote)
     if k == "it":  # an iterator the tests passed (a generator expression): its items, as an iterator again
         if t is not dict or type(v) is not list:
             raise ValueError("sandbox: malformed value")
@@ -480,28 +493,62 @@ def _dec_obj(k, v, remote):
     finally:
         if own:
             _DSEEN = None
-def _dec_intenum(v, remote):
-    "An IntEnum member: of this side's own IntEnum of that name and member, else of an IntEnum with those members."
+_ENUM_KINDS = {"IntEnum": (int,), "StrEnum": (str,), "IntFlag": (int,), "Flag": (int,), "Enum": (int, str)}
+_ENUM_BY_VALUE = ("IntEnum", "StrEnum", "IntFlag")  # kinds that compare as their int or str: always by value
+_ALL_ENUMS = True  # the judge: every member it passes crosses by value (the sandbox: see _enc_enum)
+def _enc_enum(v, t, en, handle):
+    "A member of a direct subclass of IntEnum, StrEnum, IntFlag, Flag or Enum with int or str values, as its\n"
+    "class (kind, name, members) and value; None (a handle) for any other enum, and in the sandbox for a Flag or\n"
+    "Enum whose class the judge does not define (its methods are then the candidate's, called in the sandbox)."
+    if len(t.__bases__) != 1:
+        return None
+    kind = t.__bases__[0].__name__
+    if kind not in _ENUM_KINDS or getattr(en, kind, None) is not t.__bases__[0]:
+        return None
+    if not (_ALL_ENUMS or kind in _ENUM_BY_VALUE or t.__name__ in _BYVAL):
+        return None
+    types = _ENUM_KINDS[kind]
+    ms = [[n, m._value_] for n, m in t.__members__.items()]
+    if len(ms) > 4096 or not all(_ident(n) and not n.startswith("_") and type(x) in types for n, x in ms):
+        return None
+    if type(v._value_) not in types:
+        return None
+    return {"en": [kind, t.__name__, [[n, _enc(x, handle)] for n, x in ms], _enc(v._value_, handle)]}
+def _dec_enum(v, remote):
+    "An enum member: of this side's own enum of that name, kind and value, else of one built from the members that crossed."
     import enum
-    if type(v) is not list or len(v) != 3 or type(v[1]) is not list or len(v[1]) > 4096:
+    if type(v) is not list or len(v) != 4 or type(v[2]) is not list or len(v[2]) > 4096 or v[0] not in _ENUM_KINDS:
         raise ValueError("sandbox: malformed value")
-    name, ms, member = v
+    kind, name, ms, value = v
+    types = _ENUM_KINDS[kind]
     ms = tuple((m[0], _dec(m[1], remote)) for m in ms if type(m) is list and len(m) == 2)
-    if not (_ident(name) and len(ms) == len(v[1]) and all(_ident(n) and not n.startswith("_") and type(x) is int
-                                                          for n, x in ms) and member in dict(ms)):
+    value = _dec(value, remote)
+    if not (_ident(name) and len(ms) == len(v[2]) and type(value) in types
+            and all(_ident(n) and not n.startswith("_") and type(x) in types for n, x in ms)):
         raise ValueError("sandbox: malformed value")
+    base = getattr(enum, kind)
     own = _OWN.get(name)
-    if isinstance(own, type) and issubclass(own, enum.IntEnum) and own.__module__ == _OWN.get("__name__"):
-        m = own.__members__.get(member)
-        if m is not None and int.__int__(m) == dict(ms)[member]:
+    if isinstance(own, type) and own.__bases__ == (base,) and own.__module__ == _OWN.get("__name__"):
+        try:
+            m = own(value)
+        except ValueError:
+            m = None
+        if m is not None and type(m._value_) is type(value) and m._value_ == value:
             return m
-    key = ("ie", name, ms)
+    key = ("en", kind, name, ms)
     cls = _CLASSES.get(key)
     if cls is None:
         if len(_CLASSES) > 512:
             raise ValueError("sandbox: too many distinct classes")
-        cls = _CLASSES[key] = enum.IntEnum(name, list(ms))
-    return cls[member]
+        try:
+            cls = base(name, list(ms))
+        except (TypeError, ValueError):
+            raise ValueError("sandbox: malformed value") from None
+        _CLASSES[key] = cls
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError("sandbox: malformed value") from None
 _CLASSES = {}
 def _dataclass(name, fields, flags):
     "A dataclass to hold a value that crossed: one of this side's own of that name and fields, else a new one."
@@ -527,6 +574,19 @@ def _dataclass(name, fields, flags):
             eq=flags[0], order=flags[0] and flags[1], frozen=flags[2],
             namespace={"__getattr__": __getattr__, "__str__": __str__})
     return cls
+def _walk(tree):
+    "Every node of ``tree``, as ``ast.walk`` gives them (in another order), without importing ``ast``."
+    import _ast
+    todo = [tree]
+    while todo:
+        n = todo.pop()
+        yield n
+        for f in n._fields:
+            v = getattr(n, f, None)
+            if isinstance(v, _ast.AST):
+                todo.append(v)
+            elif isinstance(v, list):
+                todo.extend(x for x in v if isinstance(x, _ast.AST))
 _MUTABLE = (list, dict, set, bytearray)
 def _sync(old, new):
     "Make the caller's argument ``old`` hold ``new`` (the state the callee left it in), in place."
@@ -563,6 +623,29 @@ def _sync(old, new):
     elif t.__module__ == "collections" and t.__name__ == "deque":
         old.clear()
         old.extend(new)
+_SCALAR = (int, float, complex, str, bytes, bool, type(None))
+def _moved(o, was, orig):
+    "Whether a call may have changed the object ``o`` (its attributes were ``was`` before it; ``orig``: the ids\n"
+    "of the objects its arguments brought, whose own changes are judged on their own)."
+    d = o.__dict__
+    if dict.keys(d) != dict.keys(was):
+        return True
+    for n, x in dict.items(d):
+        if x is not was[n] or not (type(x) in _SCALAR or id(x) in orig):
+            return True  # rebound, or a value that may have changed inside (a list attribute)
+    return False
+def _restore(obj, items):
+    "Give the caller's object ``obj`` the attributes ``(name, value, kept)`` the callee left its twin with, in\n"
+    "place; ``kept``: the attribute still holds the object it held before the call (changed in place, not rebound)."
+    d = obj.__dict__
+    was = dict(d)
+    d.clear()
+    for n, x, kept in items:
+        o = was.get(n)
+        if kept and o is not None and o is not x and type(o) is type(x) and isinstance(o, _MUTABLE):
+            _sync(o, x)  # a list attribute changed in place stays the caller's list
+            x = o
+        d[n] = x
 """
 
 # ---------------------------------------------------------------------------------------------
@@ -717,6 +800,7 @@ _cap = cfg["max_reply"]
 _RLIM = cfg["recursion"]
 _table = {}
 _DC_BY_REF = True
+_ALL_ENUMS = False
 def _handle(v):
     _table[id(v)] = v
     return {"h": id(v)}
@@ -868,10 +952,32 @@ def _changed(args, sent):
     out = []
     for i, a in enumerate(args):
         if _mutable(a):
-            e = _whole(_enc, a, _handle)
+            e = _enc(a, _handle)
             if e != sent[i]:
                 out.append([i, e])
     return out
+def _after(args, sent, kwargs, ksent, crossed, was, res, done):
+    "What a call left, in one encoding (an object in two of its parts arrives as one): the objects of its\n"
+    "arguments whose attributes may have changed, the arguments changed in place, and the result."
+    global _ORIG
+    _ORIG = {id(o): k for k, o in crossed.items()}
+    try:
+        out = {}
+        w = [[k, [[n, _enc(x, _handle), x is was[k].get(n)] for n, x in dict.items(o.__dict__) if _ident(n)]]
+             for k, o in crossed.items() if _moved(o, was[k], _ORIG)]
+        m = _changed(args, sent)
+        mk = _changed([kwargs[k] for k, _ in ksent], [v for _, v in ksent])
+        if w:
+            out["w"] = w
+        if m:
+            out["m"] = m
+        if mk:
+            out["mk"] = [[ksent[i][0], e] for i, e in mk]
+        if done:
+            out["v"] = _enc(res, _handle)
+        return out
+    finally:
+        _ORIG = None
 while True:
     line = _rq.readline()
     if not line:
@@ -887,16 +993,17 @@ while True:
             obj = _dec(req["obj"], _remote)
             if op == "call":
                 sent, ksent = req["args"], req["kwargs"]["d"]
-                args, kwargs = _wire(_whole, lambda: (_dec(sent, _remote), _dec(req["kwargs"], _remote)))
+                # crossed: key -> the objects the arguments brought (the judge's plain classes), kept to send
+                # back in place what the call changed in them
+                args, kwargs, crossed = _wire(
+                    _whole, lambda: (_dec(sent, _remote), _dec(req["kwargs"], _remote), _DSEEN))
+                was = {k: dict(o.__dict__) for k, o in crossed.items()}
+                res, done = None, False
                 try:
                     res = obj(*args, **kwargs)
+                    done = True
                 finally:
-                    m = _wire(_changed, args, sent)
-                    mk = _wire(_changed, [kwargs[k] for k, _ in ksent], [v for _, v in ksent])
-                    if m:
-                        out["m"] = m
-                    if mk:
-                        out["mk"] = [[ksent[i][0], e] for i, e in mk]
+                    out.update(_wire(_whole, _after, args, sent, kwargs, ksent, crossed, was, res, done))
             elif op == "getattr":
                 res = getattr(obj, req["name"])
             elif op == "iter":  # the iterator stays here: the judge asks for one item at a time
@@ -923,7 +1030,10 @@ while True:
                 res = f(other, obj) if req["r"] is True else f(obj, other)
             else:
                 raise ValueError("unknown op")
-        out["v"] = _handle(res) if op == "iter" else _wire(_whole, _enc, res, _handle)
+        if op == "iter":
+            out["v"] = _handle(res)
+        elif op != "call":
+            out["v"] = _wire(_whole, _enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
@@ -953,7 +1063,7 @@ NO_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInt
 
 _JUDGE = (
     r"""
-import ast, builtins, json, os, resource, sys
+import _ast, builtins, json, os, resource, sys  # _ast, not ast: the judge starts once per reward (ast costs ~10 ms)
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
@@ -998,11 +1108,36 @@ def _exc(name, msg):
         except Exception:
             pass
     return RuntimeError(f"{name}: {msg}")
-def _rpc(req, args=(), kwargs=None):
+def _landed(msg, args, kwargs, keep):
+    "Apply what a call left to the judge's objects (one decoding: an object in two parts arrives as one); its result."
+    global _DORIG
+    _DORIG = keep
+    try:
+        w = []
+        for k, attrs in msg.get("w", ()):  # objects of the arguments whose attributes the call changed
+            if type(k) is not int or not 0 <= k < len(keep) or type(attrs) is not list:
+                raise ValueError("sandbox: malformed value")
+            items = []
+            for a in attrs:
+                if type(a) is not list or len(a) != 3 or not _ident(a[0]) or type(a[2]) is not bool:
+                    raise ValueError("sandbox: malformed value")
+                items.append((a[0], _dec(a[1], _Remote), a[2]))
+            w.append((keep[k], items))
+        m = [(args[i], _dec(v, _Remote)) for i, v in msg.get("m", ())]  # arguments changed in place
+        m += [(kwargs[k], _dec(v, _Remote)) for k, v in msg.get("mk", ())]
+        res = _dec(msg["v"], _Remote) if "e" not in msg else None
+    finally:
+        _DORIG = None
+    for obj, items in w:
+        _restore(obj, items)
+    for old, new in m:
+        _sync(old, new)
+    return res
+def _rpc(req, args=(), kwargs=None, keep=()):
     if _broken:
         raise SandboxGone("candidate process gone")
     req["cls"] = [n for n, c in _OWN.items() if type(n) is str and getattr(c, "__name__", None) == n
-                  and _rebuildable(c)]  # the classes whose instances the candidate sends by value
+                  and (_rebuildable(c) or _own_enum(c))]  # the classes whose instances the candidate sends by value
     try:
         _rq.write(json.dumps(req).encode() + b"\n")
         _rq.flush()
@@ -1014,11 +1149,11 @@ def _rpc(req, args=(), kwargs=None):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply")
     try:
-        for i, v in msg.get("m", ()):  # arguments the call changed in place
-            _sync(args[i], _whole(_dec, v, _Remote))
-        for k, v in msg.get("mk", ()):
-            _sync(kwargs[k], _whole(_dec, v, _Remote))
-        if "e" not in msg:
+        if req["op"] == "call":
+            res = _whole(_landed, msg, args, kwargs, keep)
+            if "e" not in msg:
+                return res
+        elif "e" not in msg:
             if msg.get("stop") is True and req["op"] == "next":
                 raise StopIteration
             return _whole(_dec, msg["v"], _Remote)
@@ -1027,6 +1162,18 @@ def _rpc(req, args=(), kwargs=None):
         raise SandboxGone("malformed reply") from None
     e = msg["e"]
     raise _exc(e[0], e[1]) if type(e) is list and len(e) == 2 else _exc("?", "?")
+def _own_enum(c):
+    "An enum class of a kind that crosses (a Flag or an Enum among them) defined by the judge's own code."
+    return (isinstance(c, type) and c.__module__ == _OWN.get("__name__") and len(c.__bases__) == 1
+            and c.__bases__[0].__module__ == "enum" and c.__bases__[0].__name__ in _ENUM_KINDS)
+def _call_args(args, kwargs):
+    "A call's arguments in one encoding, and its objects that cross by value in key order (what comes back)."
+    global _EKEEP
+    _EKEEP = keep = []
+    try:
+        return _enc(list(args), _arg), _enc(kwargs, _arg), keep
+    finally:
+        _EKEEP = None
 def _arg(v):
     if type(v) is _Remote:
         return v._ref
@@ -1058,9 +1205,9 @@ class _Remote:
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
     def __call__(self, *args, **kwargs):
-        a, k = _whole(lambda: (_enc(list(args), _arg), _enc(kwargs, _arg)))
+        a, k, keep = _whole(_call_args, args, kwargs)
         req = {"op": "call", "obj": self._ref, "args": a, "kwargs": k}
-        return _rpc(req, args, kwargs)
+        return _rpc(req, args, kwargs, keep)
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -1084,10 +1231,10 @@ for _n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "
     setattr(_Remote, f"__r{_n}__", _binop(_n, True))
 def _module_names(tree):
     "Names whose attributes the tests read (``math`` in ``math.isclose``); the tests' own bindings win at run time."
-    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    return {n.value.id for n in _walk(tree) if isinstance(n, _ast.Attribute) and isinstance(n.value, _ast.Name)}
 _ok = False
 try:
-    _tree = ast.parse(cfg["tests"], "<tests>")
+    _tree = compile(cfg["tests"], "<tests>", "exec", _ast.PyCF_ONLY_AST)  # ast.parse
     _hello = _read()
     if type(_hello) is not dict or type(_hello.get("names")) is not list:
         raise SandboxGone("the candidate's code did not load")

@@ -324,3 +324,111 @@ def test_code_reward_leetcode_rows_with_prompt_defined_classes(task):
     fn = make_code_reward()
     r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT] * 2)
     assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]
+
+
+# tasks that change their arguments in place and return nothing or one of the nodes they were given: judged on
+# the judge's own objects, as one process would judge them (LeetCode 143, 114, 237, 876; a list attribute; a
+# new node both linked in place and returned; a call that changes a node, then raises)
+_LC_PROMPT_BAG = _LC_PROMPT + "\n\nclass Bag:\n    def __init__(self):\n        self.items = []\n"
+_LC_IN_PLACE = {
+    "reorder_list": (
+        "Solution().reorderList",
+        "def check(candidate):\n    head = list_node([1, 2, 3, 4])\n    assert candidate(head = head) is None\n"
+        "    assert is_same_list(head, list_node([1, 4, 2, 3]))\n    head = list_node([1, 2, 3, 4, 5])\n"
+        "    candidate(head = head)\n    assert is_same_list(head, list_node([1, 5, 2, 4, 3]))\n",
+        "class Solution:\n    def reorderList(self, head: Optional[ListNode]) -> None:\n        nodes = []\n"
+        "        while head:\n            nodes.append(head)\n            head = head.next\n        i, j = 0, len(nodes) - 1\n"
+        "        while i < j:\n            nodes[i].next = nodes[j]\n            i += 1\n            if i == j:\n"
+        "                break\n            nodes[j].next = nodes[i]\n            j -= 1\n        nodes[i].next = None\n",
+        "class Solution:\n    def reorderList(self, head: Optional[ListNode]) -> None:\n        head = list_node([1, 4, 2, 3])\n",
+    ),
+    "flatten_tree": (
+        "Solution().flatten",
+        "def check(candidate):\n    root = tree_node([1, 2, 5, 3, 4, None, 6])\n    candidate(root = root)\n"
+        "    assert is_same_tree(root, tree_node([1, None, 2, None, 3, None, 4, None, 5, None, 6]))\n",
+        "class Solution:\n    def flatten(self, root: Optional[TreeNode]) -> None:\n        order = []\n"
+        "        def walk(n):\n            if n:\n                order.append(n)\n                walk(n.left)\n"
+        "                walk(n.right)\n        walk(root)\n        for a, b in zip(order, order[1:] + [None]):\n"
+        "            a.left, a.right = None, b\n",
+        "class Solution:\n    def flatten(self, root: Optional[TreeNode]) -> None:\n        root.left = None\n",
+    ),
+    # the argument is a node in the middle of the judge's list: the change shows through the head
+    "delete_node": (
+        "Solution().deleteNode",
+        "def check(candidate):\n    head = list_node([4, 5, 1, 9])\n    candidate(node = head.next)\n"
+        "    assert is_same_list(head, list_node([4, 1, 9]))\n",
+        "class Solution:\n    def deleteNode(self, node):\n        node.val = node.next.val\n"
+        "        node.next = node.next.next\n",
+        "class Solution:\n    def deleteNode(self, node):\n        node = node.next\n",
+    ),
+    # the result is one of the nodes that crossed: the judge gets its own node back, so `is` holds
+    "middle_node": (
+        "Solution().middleNode",
+        "def check(candidate):\n    head = list_node([1, 2, 3, 4, 5])\n    assert candidate(head = head) is head.next.next\n",
+        "class Solution:\n    def middleNode(self, head):\n        slow = fast = head\n        while fast and fast.next:\n"
+        "            slow, fast = slow.next, fast.next.next\n        return slow\n",
+        "class Solution:\n    def middleNode(self, head):\n        slow = fast = head\n        while fast and fast.next:\n"
+        "            slow, fast = slow.next, fast.next.next\n        return ListNode(slow.val, slow.next)\n",
+    ),
+    "list_attribute": (
+        "add",
+        "def check(candidate):\n    bag = Bag()\n    items = bag.items\n    candidate(bag, 3)\n"
+        "    assert bag.items is items and items == [3]\n",
+        "def add(bag, x):\n    bag.items.append(x)\n",
+        "def add(bag, x):\n    bag.items = bag.items + [x]\n",
+    ),
+    "linked_and_returned": (
+        "insert_after",
+        "def check(candidate):\n    head = list_node([1, 3])\n    new = candidate(head, 2)\n"
+        "    assert new is head.next and is_same_list(head, list_node([1, 2, 3]))\n",
+        "def insert_after(head, v):\n    head.next = ListNode(v, head.next)\n    return head.next\n",
+        "def insert_after(head, v):\n    node = ListNode(v, head.next)\n    head.next = ListNode(v, node.next)\n"
+        "    return node\n",
+    ),
+    "changed_then_raised": (
+        "touch",
+        "def check(candidate):\n    node = ListNode(1)\n    try:\n        candidate(node)\n    except ValueError:\n"
+        "        pass\n    assert node.val == 9\n",
+        "def touch(node):\n    node.val = 9\n    raise ValueError('done')\n",
+        "def touch(node):\n    raise ValueError('done')\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("task", sorted(_LC_IN_PLACE))
+def test_code_reward_in_place_changes_to_prompt_defined_objects(task):
+    entry, tests, right, wrong = _LC_IN_PLACE[task]
+    fn = make_code_reward()
+    r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT_BAG] * 2)
+    assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]
+
+
+# --------------------------------------------------------------------------- benchmarks/bench_sandbox.py --mixed
+def _bench_sandbox():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sandbox.py"
+    spec = importlib.util.spec_from_file_location("bench_sandbox", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_sandbox_mixed_rows_are_judged_as_their_kind_says():
+    # the benchmark's own guard: every kind's known reward, checked against a real judging of one cycle
+    from tiltlab.llm.rewards import make_code_reward
+    from tiltlab.llm.tasks import function_tasks
+
+    bench = _bench_sandbox()
+    kinds = list(bench.MIXED_KINDS)
+    rows = function_tasks(len(kinds) + 3, seed=0)
+    comps, cols, want = bench.mixed_rows(rows)
+    assert want == [bench.MIXED_KINDS[kinds[i % len(kinds)]] for i in range(len(rows))]
+    assert cols["test_type"][: len(kinds)] == [
+        "stdio" if k.startswith("stdio") else "functional" if k.startswith("functional") else "assert" for k in kinds
+    ]
+    assert all(len(v) == len(rows) for v in cols.values()) and len(comps) == len(rows)
+    n = len(kinds)
+    got = make_code_reward(max_workers=2)(None, comps[:n], **{k: v[:n] for k, v in cols.items()})
+    assert got == want[:n]

@@ -669,6 +669,64 @@ def test_judged_dataset_idioms_on_returned_objects(code, tests, ok):
     assert r.passed is ok, r.judge_stderr[-500:]
 
 
+_STR_ENUM = "import enum\nclass C(enum.StrEnum):\n    RED = 'red'\n    BLUE = 'blue'\n"
+_INT_FLAG = "import enum\nclass P(enum.IntFlag):\n    R = 4\n    W = 2\n    X = 1\n"
+_FLAG = "import enum\nclass Perm(enum.Flag):\n    R = 4\n    W = 2\n    X = 1\n"
+_COLOR = "import enum\nclass Color(enum.Enum):\n    RED = 1\n    GREEN = 2\n"
+
+
+@pytest.mark.parametrize(
+    "code,tests,ok",
+    [
+        # a StrEnum result equals its str, keeps .name, and is the same member again (no class in the tests)
+        (
+            _STR_ENUM + "def f():\n    return C.RED\n",
+            "assert f() == 'red' and f().name == 'RED' and f() is f()\n",
+            True,
+        ),
+        (_STR_ENUM + "def f():\n    return C.BLUE\n", "assert f() == 'red'\n", False),
+        # an IntFlag combination equals its int
+        (_INT_FLAG + "def f():\n    return P.R | P.W\n", "assert f() == 6 and f() & 4\n", True),
+        (_INT_FLAG + "def f():\n    return P.R\n", "assert f() == 6\n", False),
+        # a Flag combination of a class the prompt defines on both sides: the tests' own member
+        (
+            _FLAG + "def f():\n    return Perm.R | Perm.W\n",
+            _FLAG + "assert f() == Perm.R | Perm.W and type(f()) is Perm\n",
+            True,
+        ),
+        (_FLAG + "def f():\n    return Perm.R\n", _FLAG + "assert f() == Perm.R | Perm.W\n", False),
+        # an Enum member the tests pass arrives as the candidate's own member of that class
+        (
+            _COLOR + "def f(c):\n    return {Color.RED: 'stop', Color.GREEN: 'go'}[c]\n",
+            _COLOR + "assert f(Color.GREEN) == 'go'\n",
+            True,
+        ),
+        (
+            _COLOR + "def f(c):\n    return {Color.RED: 'go', Color.GREEN: 'stop'}[c]\n",
+            _COLOR + "assert f(Color.GREEN) == 'go'\n",
+            False,
+        ),
+        (_COLOR + "def f():\n    return Color.GREEN\n", _COLOR + "assert f() is Color.GREEN\n", True),
+        # an Enum the tests do not define stays a handle: its own methods, run in the sandbox
+        (
+            _COLOR + "    def go(self):\n        return self is Color.GREEN\ndef f():\n    return Color.GREEN\n",
+            "assert f().go() and f() == Color.GREEN and f() != Color.RED\n",
+            True,
+        ),
+    ],
+)
+def test_judged_enum_members_cross(code, tests, ok):
+    r = run_judged(code, tests, FAST)
+    assert r.passed is ok, r.judge_stderr[-500:]
+
+
+def test_judged_generators_nested_in_arguments_arrive_as_iterators():
+    code = "def f(xs):\n    return [sum(g) for g in xs]\n"
+    assert run_judged(code, "assert f([(x for x in range(3)), iter([5, 6])]) == [3, 11]\n", FAST).passed
+    assert run_judged("def f(t):\n    return sum(t[0])\n", "assert f(((x for x in range(4)),)) == 6\n", FAST).passed
+    assert not run_judged(code, "assert f([(x for x in range(3))]) == [4]\n", FAST).passed
+
+
 def test_judged_handles_of_different_objects_stay_unequal():
     # an object whose __eq__ says True is still not equal to a handle of another object, nor to a value
     code = "class T:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\ndef f():\n    return T()\n"
@@ -939,15 +997,26 @@ def test_codec_rebuilds_only_this_sides_own_plain_classes():
         {"o": ["Node", 0, None, [["_tl_ref", 1]]]},
         {"o": ["Node", "0", None, []]},
         {"or": 0},
-        {"ie": ["P", [["_missing_", 1]], "_missing_"]},
-        {"ie": ["P", [["A", 1.5]], "A"]},
-        {"ie": ["P", [["A", 1]], "B"]},
+        {"en": ["IntEnum", "P", [["_missing_", 1]], 1]},
+        {"en": ["IntEnum", "P", [["A", 1.5]], 1.5]},
+        {"en": ["IntEnum", "P", [["A", 1]], 2]},
+        {"en": ["IntEnum", "P", [["A", True]], True]},
+        {"en": ["IntEnum", "P", [["A", 1]], True]},  # a bool value that IntEnum would take for 1
+        {"en": ["StrEnum", "P", [["A", 1]], 1]},
+        {"en": ["IntEnum", "P", [["A", 1]], "1"]},
+        {"en": ["EnumMeta", "P", [["A", 1]], 1]},
+        {"en": ["Flag", "class", [["A", 1]], 1]},
         {"it": {"a": 1}},
     ):
         with pytest.raises(ValueError, match="malformed"):
             dec(bad, remote)
-    m = dec({"ie": ["P", [["A", 1], ["B", 2]], "B"]}, remote)
+    m = dec({"en": ["IntEnum", "P", [["A", 1], ["B", 2]], 2]}, remote)
     assert m == 2 and m.name == "B" and type(m).__name__ == "P"
+    m = dec({"en": ["StrEnum", "C", [["RED", "red"]], "red"]}, remote)
+    assert m == "red" and m.name == "RED" and type(m).__name__ == "C"
+    f = dec({"en": ["Flag", "F", [["R", 1], ["W", 2]], 3]}, remote)  # a combination of members, by value
+    assert type(f).__name__ == "F" and f == type(f).R | type(f).W
+    assert dec({"en": ["Flag", "F", [["R", 1], ["W", 2]], 1]}, remote) is type(f).R  # one class per members
     assert list(dec({"it": [1, {"t": [2]}]}, remote)) == [1, (2,)]
 
 
@@ -977,6 +1046,94 @@ def test_sync_applies_in_place_changes():
     t = [1]
     sync(t, (2,))  # a different type: left alone
     assert t == [1]
+
+
+def test_walk_gives_the_nodes_ast_walk_gives():
+    import ast
+    import inspect
+
+    walk = _codec()["_walk"]
+    for src in (inspect.getsource(sandbox), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
+        tree = ast.parse(src)
+        got, want = list(walk(tree)), list(ast.walk(tree))
+        assert len(got) == len(want) and {id(n) for n in got} == {id(n) for n in want}
+
+
+def test_restore_gives_an_object_its_new_attributes_in_place():
+    restore = _codec()["_restore"]
+    node = type("Node", (), {})()
+    items, other = [1], object()
+    node.__dict__.update(val=1, items=items, gone=2)
+    restore(node, [("val", 5, False), ("items", [1, 2], True), ("next", other, False)])
+    assert node.__dict__ == {"val": 5, "items": [1, 2], "next": other}
+    assert node.items is items and items == [1, 2]  # a list attribute changed in place stays the caller's list
+    restore(node, [("items", [4], False)])  # rebound in the callee: a new list, the old one untouched
+    assert node.__dict__ == {"items": [4]} and node.items is not items and items == [1, 2]
+    restore(node, [("items", (3,), True)])  # a different type replaces it
+    assert node.__dict__ == {"items": (3,)}
+
+
+def test_only_objects_a_call_may_have_changed_are_sent_back():
+    moved = _codec()["_moved"]
+    node = type("Node", (), {})
+    a, b = node(), node()
+    items = [1]
+    a.__dict__.update(val=1, name="x", next=b, f=1.5)
+    was = dict(a.__dict__)
+    assert not moved(a, was, {id(b)})  # same scalars, same crossed neighbour
+    assert moved(a, was, set())  # a neighbour that did not cross may have changed inside
+    a.val = 2
+    assert moved(a, was, {id(b)})  # rebound
+    a.val = 1
+    a.items = items
+    assert moved(a, was, {id(b)})  # a new attribute
+    was = dict(a.__dict__)
+    assert moved(a, was, {id(b)})  # a list attribute may have changed in place
+    del a.items
+    assert moved(a, was, {id(b)})  # an attribute removed
+
+
+def test_objects_of_a_calls_arguments_come_back_as_the_callers_own():
+    node = type("Node", (), {"__module__": "__main__"})
+    judge = _codec({"__name__": "__main__", "Node": node})
+    judge["_objref"] = lambda v: None  # as in the judge: its objects carry no sandbox reference
+    a, b = node(), node()
+    a.__dict__.update(val=1, next=b)
+    b.__dict__.update(val=2, next=None)
+    keep = []
+    judge["_EKEEP"] = keep
+    by_value = lambda v: judge["_enc_obj"](v, by_value)  # the judge's _arg for its own plain classes
+    sent = judge["_whole"](judge["_enc"], [a, b], by_value)
+    judge["_EKEEP"] = None
+    assert keep == [a, b] and sent == [
+        {"o": ["Node", 0, None, [["val", 1], ["next", {"o": ["Node", 1, None, [["val", 2], ["next", None]]]}]]]},
+        {"or": 1},
+    ]
+    # the sandbox's side: the call's objects are sent back by their key, new objects by value
+    twin_cls = type("Node", (), {"__module__": "solution"})  # the same definition, run in the sandbox
+    cand = _codec({"__name__": "solution", "Node": twin_cls})
+    cand["_BYVAL"], cand["_objref"] = frozenset({"Node"}), lambda v: None
+    twin = cand["_whole"](cand["_dec"], sent, None)
+    x, y = twin
+    assert type(x) is twin_cls and x.next is y
+    fresh = twin_cls()
+    fresh.__dict__.update(val=7, next=x)
+    cand["_ORIG"] = {id(x): 0, id(y): 1}
+    assert cand["_whole"](cand["_enc"], [y, fresh], _handle) == [
+        {"ok": 1},
+        {"o": ["Node", 0, None, [["val", 7], ["next", {"ok": 0}]]]},
+    ]
+    cand["_ORIG"] = None
+    # the judge maps the keys to its own objects; without a call's objects, or out of range, a key is malformed
+    judge["_DORIG"] = keep
+    got = judge["_whole"](judge["_dec"], [{"ok": 1}, {"o": ["Node", 0, None, [["val", 7], ["next", {"ok": 0}]]]}], None)
+    assert got[0] is b and type(got[1]) is node and got[1].next is a and got[1] is not fresh
+    for bad in ({"ok": 2}, {"ok": -1}, {"ok": "0"}, {"ok": True}):
+        with pytest.raises(ValueError, match="malformed"):
+            judge["_dec"](bad, None)
+    judge["_DORIG"] = None
+    with pytest.raises(ValueError, match="malformed"):
+        judge["_dec"]({"ok": 0}, None)
 
 
 # ---------------------------------------------------------------------------------------------

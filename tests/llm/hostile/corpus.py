@@ -539,6 +539,35 @@ def idioms() -> list[dict]:
         "def f(s):\n    return s.encode(), bytearray(s, 'ascii'), range(len(s))\n",
         "b, ba, r = f('ab')\nassert b == b'ab' and ba == b'ab' and r == range(2) and list(r) == [0, 1]\n",
     )
+    node = "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val = val\n        self.next = next\n\n\n"
+    walk = "def vals(h):\n    out = []\n    while h:\n        out.append(h.val)\n        h = h.next\n    return out\n"
+    add(
+        "a list the prompt's class builds, reordered in place, nothing returned (LeetCode 143)",
+        "class Solution:\n    def reorderList(self, head):\n        nodes = []\n        while head:\n"
+        "            nodes.append(head)\n            head = head.next\n        i, j = 0, len(nodes) - 1\n"
+        "        while i < j:\n            nodes[i].next = nodes[j]\n            i += 1\n            if i == j:\n"
+        "                break\n            nodes[j].next = nodes[i]\n            j -= 1\n        nodes[i].next = None\n",
+        "def check(candidate):\n    head = ListNode(1, ListNode(2, ListNode(3, ListNode(4))))\n"
+        "    assert candidate(head) is None and vals(head) == [1, 4, 2, 3]\n",
+        entry_point="Solution().reorderList",
+        code_prefix=node + walk,
+    )
+    add(
+        "a node of the tests' list returned: the tests' own node (LeetCode 876)",
+        "class Solution:\n    def middleNode(self, head):\n        slow = fast = head\n        while fast and fast.next:\n"
+        "            slow, fast = slow.next, fast.next.next\n        return slow\n",
+        "def check(candidate):\n    head = ListNode(1, ListNode(2, ListNode(3)))\n    assert candidate(head) is head.next\n",
+        entry_point="Solution().middleNode",
+        code_prefix=node,
+    )
+    add(
+        "StrEnum result vs a str, Flag combination of the prompt's class",
+        "def f(s):\n    return Mode(s), Perm.R | Perm.W\n",
+        "def check(candidate):\n    m, p = candidate('fast')\n    assert m == 'fast' and m is Mode.FAST and p == Perm.R | Perm.W\n",
+        entry_point="f",
+        code_prefix="import enum\n\n\nclass Mode(enum.StrEnum):\n    FAST = 'fast'\n    SLOW = 'slow'\n\n\n"
+        "class Perm(enum.Flag):\n    R = 4\n    W = 2\n    X = 1\n\n\n",
+    )
     add(
         "deep recursion with a raised recursion limit",
         "import sys\nsys.setrecursionlimit(20000)\ndef f(n):\n    return 0 if n == 0 else 2 + f(n - 1)\n",
