@@ -10,6 +10,7 @@ machine that has vLLM, or a GPU-only path on a CPU machine).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -55,6 +56,38 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_if_skipped_in_ci(outcome.get_result())
+
+
+# --------------------------------------------------------------------------------------------------
+# the longest files first
+# --------------------------------------------------------------------------------------------------
+#: Seconds per test file in one recorded run (``.ci/durations.py`` writes it from a JUnit report).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def file_order(nodeids: list[str], seconds: dict[str, float]) -> list[int]:
+    """Positions of ``nodeids`` with the files of the largest recorded time first, ties and unrecorded
+    files in collection order, each file's tests in their own order (a stable sort on the file)."""
+    first: dict[str, int] = {}
+    for i, nid in enumerate(nodeids):
+        first.setdefault(nid.split("::", 1)[0], i)
+
+    def key(i: int) -> tuple[float, int]:
+        f = nodeids[i].split("::", 1)[0]
+        return (-seconds.get(f, 0.0), first[f])
+
+    return sorted(range(len(nodeids)), key=key)
+
+
+def pytest_collection_modifyitems(config, items):
+    # pytest-xdist's --dist loadfile hands files to the workers in collection order: a long file collected
+    # last would run alone at the end while the other worker idles. A scheduling hint only: no test is
+    # added, dropped or changed, and each file keeps its own order.
+    try:
+        seconds = json.loads(DURATIONS.read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return
+    items[:] = [items[i] for i in file_order([it.nodeid for it in items], seconds)]
 
 
 # --------------------------------------------------------------------------------------------------
