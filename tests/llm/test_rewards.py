@@ -320,9 +320,13 @@ _LC_ROWS = {
 
 @pytest.mark.parametrize("task", sorted(_LC_ROWS))
 def test_code_reward_leetcode_rows_with_prompt_defined_classes(task):
-    entry, tests, right, wrong = _LC_ROWS[task]
+    _right_paid_wrong_not(_LC_ROWS[task], _LC_PROMPT)
+
+
+def _right_paid_wrong_not(row, prompt):
+    entry, tests, right, wrong = row
     fn = make_code_reward()
-    r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT] * 2)
+    r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[prompt] * 2)
     assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]
 
 
@@ -397,10 +401,7 @@ _LC_IN_PLACE = {
 
 @pytest.mark.parametrize("task", sorted(_LC_IN_PLACE))
 def test_code_reward_in_place_changes_to_prompt_defined_objects(task):
-    entry, tests, right, wrong = _LC_IN_PLACE[task]
-    fn = make_code_reward()
-    r = fn(None, [right, wrong], tests=[tests] * 2, entry_point=[entry] * 2, code_prefix=[_LC_PROMPT_BAG] * 2)
-    assert r == [1.0, 0.0], [res.judge_stderr[-400:] for res in fn.last_results]
+    _right_paid_wrong_not(_LC_IN_PLACE[task], _LC_PROMPT_BAG)
 
 
 # --------------------------------------------------------------------------- benchmarks/bench_sandbox.py --mixed
