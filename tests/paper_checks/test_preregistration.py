@@ -380,7 +380,7 @@ def test_docs_show_the_llm_run_section_as_generated_now():
 def test_shipped_summaries_state_the_rule_the_code_runs():
     """Each shipped row decided by the general llm rule states that rule in the words
     ``rules.rule_text`` gives now (per-seed for the tiny model, per-prompt for the Stage-1 real-model
-    check): a rule edited after its run shows here, not silently in the report."""
+    check, per-training-run for the real-model comparison): a rule edited after its run shows here, not silently in the report."""
     from tiltlab.llm.checks import rules
 
     rec = record.load_llm_record(SHIPPED)
@@ -394,7 +394,7 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
             # state that rule, not the one the code runs now
             assert "rule: per-" in row["summary"] and rules.rule_text("per-seed") not in row["summary"], row["claim"]
             continue
-        unit = "per-prompt" if row["check"] == "smollm2_135m_vllm" else "per-seed"
+        unit = {"smollm2_135m_vllm": "per-prompt", "smollm2_135m_comparison": "per-training-run"}.get(row["check"], "per-seed")
         assert rules.rule_text(unit) in row["summary"], row["claim"]
 
 
