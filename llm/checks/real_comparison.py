@@ -455,8 +455,22 @@ def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult
     )
 
 
-EXPECTED_PRIMARY_ITEMS: dict[str, bool] = {"disa_minus_flowrl_mean8_against": False, "disa_minus_flowrl_mean8_supports": False, "ran_accuracy_moved": True, "ran_all_trained": True}
-EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {"disa_minus_grpo_kl_coverage_against": False, "disa_minus_grpo_kl_coverage_supports": False, "disa_minus_grpo_kl_mean8_against": False, "disa_minus_grpo_kl_mean8_supports": False, "disa_minus_grpo_kl_pass8_against": False, "disa_minus_grpo_kl_pass8_supports": False, "ran_accuracy_moved": True, "ran_all_trained": True}
+EXPECTED_PRIMARY_ITEMS: dict[str, bool] = {
+    "disa_minus_flowrl_mean8_against": False,
+    "disa_minus_flowrl_mean8_supports": False,
+    "ran_accuracy_moved": True,
+    "ran_all_trained": True,
+}
+EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {
+    "disa_minus_grpo_kl_coverage_against": False,
+    "disa_minus_grpo_kl_coverage_supports": False,
+    "disa_minus_grpo_kl_mean8_against": False,
+    "disa_minus_grpo_kl_mean8_supports": False,
+    "disa_minus_grpo_kl_pass8_against": False,
+    "disa_minus_grpo_kl_pass8_supports": False,
+    "ran_accuracy_moved": True,
+    "ran_all_trained": True,
+}
 """Set from the first full run at 50cb439c1348 (regression markers, not the rule: the rule was registered before it)."""
 
 

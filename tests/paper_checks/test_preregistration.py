@@ -394,7 +394,9 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
             # state that rule, not the one the code runs now
             assert "rule: per-" in row["summary"] and rules.rule_text("per-seed") not in row["summary"], row["claim"]
             continue
-        unit = {"smollm2_135m_vllm": "per-prompt", "smollm2_135m_comparison": "per-training-run"}.get(row["check"], "per-seed")
+        unit = {"smollm2_135m_vllm": "per-prompt", "smollm2_135m_comparison": "per-training-run"}.get(
+            row["check"], "per-seed"
+        )
         assert rules.rule_text(unit) in row["summary"], row["claim"]
 
 
