@@ -48,6 +48,16 @@ CASES = {
     "tests_memory": (ADD, "x = bytearray(1 << 30)\n", False, "f", ("failed", False)),
     "module_binding": ("import math\ndef f(x):\n    return math.sqrt(x)\n", "assert math.isclose(f(4), 2)\n", False, "f",
                        ("ok", True)),
+    # the judge's process as Popen(start_new_session=True, cwd=its folder, env=_env(its folder)) made it
+    "own_process": (ADD, textwrap.dedent("""
+        import os
+        assert os.getsid(0) == os.getpid()
+        assert os.path.basename(os.getcwd()).startswith("tiltlab-judge-")
+        assert sorted(os.environ) == sorted(["PATH", "HOME", "LANG", "TMPDIR", "OMP_NUM_THREADS",
+                                             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"]), sorted(os.environ)
+        assert os.environ["HOME"] == os.environ["TMPDIR"] == os.getcwd()
+        assert f(1) == 2
+        """), False, "f", ("ok", True)),
     "stdio_right": ("a, b = map(int, input().split())\nprint(a + b)\n", "assert __stdio__('1 2\\n').split() == ['3']\n",
                     True, None, ("ok", True)),
     "stdio_wrong": ("a, b = map(int, input().split())\nprint(a - b)\n", "assert __stdio__('1 2\\n').split() == ['3']\n",
