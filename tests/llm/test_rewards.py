@@ -433,3 +433,16 @@ def test_bench_sandbox_mixed_rows_are_judged_as_their_kind_says():
     n = len(kinds)
     got = make_code_reward(max_workers=2)(None, comps[:n], **{k: v[:n] for k, v in cols.items()})
     assert got == want[:n]
+
+
+def test_bench_sandbox_times_both_judge_paths_interleaved(capsys):
+    import json
+
+    bench = _bench_sandbox()
+    assert bench.main(["--mixed", "--n", "8", "--repeats", "1", "--judge-server", "both", "--workers", "2"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rep["judge_server"] == "both" and rep["n"] == 8 and rep["paid"] == 4
+    on, off = rep["rewards_per_s_median"], rep["rewards_per_s_median_off"]
+    assert on > 0 and off > 0
+    # the ratio of the unrounded medians, rounded: within rounding of the ratio of the rounded ones
+    assert abs(rep["ratio_on_off_median"] - on / off) <= 0.005 + 0.05 * (on + off) / off**2

@@ -651,9 +651,28 @@ def leftovers(uid_lo: int = 0x70000000, uid_hi: int = 0x70000000 + (1 << 20)) ->
             continue
         if state in ("Z", "X"):
             continue
-        if uid_lo <= uid < uid_hi or b"sleep\x004242." in cmd or b"_BLOCK_FFI" in cmd or b"_JUDGE_MODULES" in cmd:
+        if (
+            uid_lo <= uid < uid_hi
+            or b"sleep\x004242." in cmd
+            or b"_BLOCK_FFI" in cmd
+            or b"_JUDGE_MODULES" in cmd
+            or (_ZYGOTE_MARK in cmd and _parent_is_server(p))  # a judge the server forked (the server stays)
+        ):
             found.append(f"process {p} uid={uid} {cmd[:60]!r}")
     return found
+
+
+_ZYGOTE_MARK = b"# tiltlab judge server"
+
+
+def _parent_is_server(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ppid = fh.read().rsplit(")", 1)[1].split()[1]
+        with open(f"/proc/{ppid}/cmdline", "rb") as fh:
+            return _ZYGOTE_MARK in fh.read()
+    except (OSError, IndexError):
+        return False
 
 
 def _key_users() -> dict[int, str]:

@@ -1,0 +1,196 @@
+"""llm.sandbox's judge server: a judge forked from one pre-started interpreter is judged exactly as a
+judge started as its own interpreter (``SandboxConfig(judge_server=False)``, the reference path).
+
+Each case runs through both paths and must give the same (status, verdict) as written in the case;
+the arm is checked to be what its label says (the judge's parent is the server, or is not).
+"""
+
+import multiprocessing
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+if not sys.platform.startswith("linux"):
+    pytest.skip("the sandbox targets Linux", allow_module_level=True)
+
+from tiltlab.llm import sandbox
+from tiltlab.llm.sandbox import SandboxConfig, run_judged, run_many_judged
+
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+SERVED = SandboxConfig(timeout_s=3.0, memory_mb=256, judge_server=True)
+OWN = SandboxConfig(timeout_s=3.0, memory_mb=256, judge_server=False)
+ARMS = pytest.mark.parametrize("cfg", [SERVED, OWN], ids=["served", "own"])
+
+ADD = "def f(x):\n    return x + 1\n"
+#: (name, code, tests, stdio, entry_point) -> (status, verdict): one per way a judged run can end
+CASES = {
+    "passes": (ADD, "assert f(1) == 2\nassert f(-1) == 0\n", False, "f", ("ok", True)),
+    "assertion_fails": (ADD, "assert f(1) == 3\n", False, "f", ("failed", False)),
+    "candidate_raises": ("def f(x):\n    raise ValueError(x)\n", "assert f(1) == 2\n", False, "f", ("failed", False)),
+    "expected_raise": ("def f(x):\n    raise ValueError(x)\n", textwrap.dedent("""
+        try:
+            f(1)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError
+        """), False, "f", ("ok", True)),
+    "syntax_error": ("def f(x)\n    return x\n", "assert f(1) == 1\n", False, "f", ("error", False)),
+    "missing_entry": ("def g(x):\n    return x + 1\n", "assert f(1) == 2\n", False, "f", ("failed", False)),
+    "tests_loop": (ADD, "while True:\n    pass\n", False, "f", ("timeout", False)),
+    "tests_exit_0": (ADD, "import sys\nsys.exit(0)\n", False, "f", ("failed", False)),
+    "tests_memory": (ADD, "x = bytearray(1 << 30)\n", False, "f", ("failed", False)),
+    "module_binding": ("import math\ndef f(x):\n    return math.sqrt(x)\n", "assert math.isclose(f(4), 2)\n", False, "f",
+                       ("ok", True)),
+    # the judge's process as Popen(start_new_session=True, cwd=its folder, env=_env(its folder)) made it
+    "own_process": (ADD, textwrap.dedent("""
+        import os
+        assert os.getsid(0) == os.getpid()
+        assert os.path.basename(os.getcwd()).startswith("tiltlab-judge-")
+        assert sorted(os.environ) == sorted(["PATH", "HOME", "LANG", "TMPDIR", "OMP_NUM_THREADS",
+                                             "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"]), sorted(os.environ)
+        assert os.environ["HOME"] == os.environ["TMPDIR"] == os.getcwd()
+        assert f(1) == 2
+        """), False, "f", ("ok", True)),
+    "stdio_right": ("a, b = map(int, input().split())\nprint(a + b)\n", "assert __stdio__('1 2\\n').split() == ['3']\n",
+                    True, None, ("ok", True)),
+    "stdio_wrong": ("a, b = map(int, input().split())\nprint(a - b)\n", "assert __stdio__('1 2\\n').split() == ['3']\n",
+                    True, None, ("failed", False)),
+}  # fmt: skip
+
+
+@ARMS
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_ending_is_judged_the_same_by_both_paths(cfg, name):
+    code, tests, stdio, entry, want = CASES[name]
+    r = run_judged(code, tests, cfg, stdio=stdio, entry_point=entry)
+    assert (r.status, r.passed) == want, (name, r.status, r.judge_stderr[-400:])
+
+
+def _server_pid() -> int:
+    sandbox._JudgeServer.get()
+    cur = sandbox._JudgeServer._current
+    assert cur is not None
+    return cur.proc.pid
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_the_arm_is_what_its_label_says(served):
+    """The judge's parent is the server exactly when ``judge_server=True``."""
+    zpid = _server_pid()
+    tests = f"import os\nassert os.getppid() == {zpid}\n"
+    r = run_judged(ADD, tests, SERVED if served else OWN, entry_point="f")
+    assert r.passed is served, r.judge_stderr[-400:]
+
+
+@ARMS
+def test_the_judge_holds_only_its_own_descriptors(cfg):
+    """0-2 and the three pipes to the candidate and the parent: no server socket, no other run's pipes
+    (four runs at once, so other runs' descriptors exist while each judge looks)."""
+    tests = textwrap.dedent("""
+        import os, time
+        fds = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+        fds = [fd for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")]  # the listing's own descriptor is gone
+        assert len(fds) == 6, fds
+        assert f(1) == 2
+        """)
+    res = run_many_judged([(ADD, tests, False, "f")] * 4, cfg, max_workers=4)
+    assert [r.passed for r in res] == [True] * 4, [r.judge_stderr[-300:] for r in res]
+
+
+def test_a_judge_killed_at_the_time_limit_is_gone_when_the_run_returns(monkeypatch):
+    codes = []
+    wait = sandbox._ServedJudge.wait
+
+    def spy(self, timeout=None):
+        codes.append(wait(self, timeout))
+        return codes[-1]
+
+    monkeypatch.setattr(sandbox._ServedJudge, "wait", spy)
+    tests = "import os, sys\nprint('pid', os.getpid(), file=sys.stderr, flush=True)\nwhile True:\n    pass\n"
+    r = run_judged(ADD, tests, SandboxConfig(timeout_s=1.0, memory_mb=256, judge_server=True), entry_point="f")
+    assert r.status == "timeout" and not r.passed, (r.status, r.judge_stderr[-300:])
+    assert codes == [-signal.SIGKILL]  # killed through its pidfd at the limit, not by its own CPU limit later
+    pid = int(r.judge_stderr.split("pid ", 1)[1].split()[0])
+    # killed and reaped before run_judged returned (a process that took the pid since is not the server's)
+    assert not os.path.exists(f"/proc/{pid}") or _ppid(pid) != _server_pid()
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_dead_server_is_replaced():
+    first = _server_pid()
+    os.kill(first, signal.SIGKILL)
+    sandbox._JudgeServer._current.proc.wait()
+    r = run_judged(ADD, "assert f(1) == 2\n", SERVED, entry_point="f")
+    assert r.passed, r.judge_stderr[-400:]
+    assert _server_pid() != first
+
+
+def test_a_judge_whose_server_died_is_judged_failed_and_the_next_run_gets_a_new_server():
+    """Its exit status is lost with the server: the run is not paid on the verdict byte alone."""
+    first = _server_pid()
+    tests = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nassert f(1) == 2\n"
+    r = run_judged(ADD, tests, SERVED, entry_point="f")
+    assert not r.passed and r.status == "failed", (r.status, r.judge_stderr[-300:])
+    again = run_judged(ADD, "assert f(1) == 2\n", SERVED, entry_point="f")
+    assert again.passed and _server_pid() != first
+
+
+def test_a_server_that_cannot_start_judges_falls_back_with_a_warning(monkeypatch):
+    def broken(self, fds):
+        raise OSError("no judge")
+
+    monkeypatch.setattr(sandbox._JudgeServer, "spawn", broken)
+    monkeypatch.setattr(sandbox, "_warned", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = run_judged(ADD, "import os\nassert f(1) == 2\n", SERVED, entry_point="f")
+        bad = run_judged(ADD, "assert f(1) == 3\n", SERVED, entry_point="f")
+    assert r.passed and not bad.passed
+    assert [str(w.message) for w in seen if "judge server failed" in str(w.message)] == [
+        "sandbox: the judge server failed (no judge); starting each judge as its own interpreter"
+    ]
+
+
+def _child_server(q):
+    cur = sandbox._JudgeServer.get()
+    q.put((cur.owner == os.getpid(), cur.proc.pid))
+
+
+def test_a_forked_process_starts_its_own_server():
+    parent = _server_pid()
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_server, args=(q,))
+    p.start()
+    owned, child_server = q.get(timeout=120)
+    p.join(timeout=120)
+    assert owned and child_server != parent and p.exitcode == 0
+
+
+def test_the_server_exits_when_its_process_does():
+    code = "from tiltlab.llm import sandbox; print(sandbox._JudgeServer.get().proc.pid, flush=True)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    zpid = int(out.stdout.split()[-1])
+    try:
+        fd = os.pidfd_open(zpid)
+    except ProcessLookupError:
+        return  # already gone
+    try:
+        ready, _, _ = select.select([fd], [], [], 60)
+        assert ready, f"the judge server {zpid} outlived its process"
+    finally:
+        os.close(fd)
