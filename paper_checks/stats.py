@@ -31,7 +31,8 @@ Beside its verdict every :class:`Judgement` carries the verdict under the other 
 and :meth:`Judgement.evidence` is the raw per-unit record from which :func:`rejudge` re-derives the
 verdict.
 
-Everything here is pure Python plus ``scipy.stats.t`` (exact quantiles for every df). Inputs must be
+Everything here is pure Python plus Student's t from ``scipy.special`` (``stdtr``/``stdtrit``: exact for every
+df, and the functions ``scipy.stats.t`` itself evaluates, without the ~1 s import of ``scipy.stats``). Inputs must be
 finite: a NaN difference raises ``ValueError`` instead of silently becoming "inconclusive".
 This module imports nothing of the project; check layers (``sim``, ``llm``) share it.
 """
@@ -99,12 +100,15 @@ def _level(level: float) -> float:
 
 
 def t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile of Student's t with ``df >= 1`` degrees of freedom (exact, ``scipy.stats.t``)."""
-    from scipy.stats import t
+    """The ``q`` quantile of Student's t with ``df >= 1`` degrees of freedom (exact: ``scipy.special.stdtrit``,
+    which ``scipy.stats.t.ppf`` calls; a test pins the two equal)."""
+    from scipy.special import stdtrit
 
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df!r}")
-    return float(t.ppf(q, df))
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    return float(stdtrit(df, q))
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -137,7 +141,7 @@ def t_pvalue(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-
     With zero spread the statistic is +-inf (p = 0 on the side the mean lies strictly beyond ``null``)
     or undefined when the mean equals ``null`` (p = 1).
     """
-    from scipy.stats import t
+    from scipy.special import stdtr  # Student's t cdf: t.cdf(x, df) = stdtr(df, x), t.sf(x, df) = stdtr(df, -x)
 
     if alternative not in ("two-sided", "greater", "less"):
         raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}")
@@ -153,10 +157,10 @@ def t_pvalue(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-
     else:
         stat = (m - null) / se
     if alternative == "greater":
-        return float(t.sf(stat, n - 1))
+        return float(stdtr(n - 1, -stat))
     if alternative == "less":
-        return float(t.cdf(stat, n - 1))
-    return float(min(1.0, 2.0 * t.sf(abs(stat), n - 1)))
+        return float(stdtr(n - 1, stat))
+    return float(min(1.0, 2.0 * stdtr(n - 1, -abs(stat))))
 
 
 def holm(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:

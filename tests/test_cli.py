@@ -209,3 +209,42 @@ def test_tiltlab_llm_without_a_command_prints_its_help_and_exits_2(capsys):
     assert cli_main(["llm"]) == 2
     out = capsys.readouterr().out
     assert "usage:" in out and "COMMAND" in out
+
+
+def _sympy_cache_size_seen(env_value: str | None) -> str:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SYMPY_CACHE_SIZE"}
+    if env_value is not None:
+        env["SYMPY_CACHE_SIZE"] = env_value
+    code = (
+        "import os, contextlib, io\nfrom tiltlab.cli import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n    main(['--help'])\n"
+        "print(os.environ['SYMPY_CACHE_SIZE'])\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_the_cli_enlarges_sympys_cache_unless_the_user_set_it():
+    assert _sympy_cache_size_seen(None).strip() == cli.SYMPY_CACHE_SIZE != "1000"
+    assert _sympy_cache_size_seen("777").strip() == "777"
+
+
+def test_sympys_cache_size_changes_no_theory_number(tmp_path):
+    """The check whose derivatives gain from the larger cache (LAD eq. 9), at sympy's default size and at
+    the CLI's: the same verdicts and bit-identical numbers."""
+    import json
+    import os
+
+    recs = {}
+    for size in ("1000", cli.SYMPY_CACHE_SIZE):
+        out = tmp_path / f"{size}.json"
+        env = {**os.environ, "SYMPY_CACHE_SIZE": size}
+        cmd = [sys.executable, "-m", "tiltlab.cli", "check", "--only", "lad.eq9", "--jobs", "1", "--out", str(out)]
+        subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        recs[size] = {
+            (r["claim"], r["check"]): (r["verdict"], r["numbers"])
+            for r in json.loads(out.read_text())["checks"]
+            if r["layer"] == "theory"
+        }
+    assert recs["1000"] and recs["1000"] == recs[cli.SYMPY_CACHE_SIZE]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives.offline import sft_loss
+from tiltlab.paper_checks import stats
 
 __all__ = [
     "LEVEL_PASS",
@@ -464,11 +465,9 @@ def reference_tokens(model, task: EnumTask) -> Tensor:
 # ---------------------------------------------------------------- statistics
 def t975(df: int) -> float:
     """The 0.975 quantile of Student's t with ``df`` degrees of freedom (two-sided 95%), exact for every df."""
-    from scipy.stats import t
-
     if df < 1:
         raise ValueError(f"a t interval needs df >= 1, got {df}")
-    return float(t.ppf(0.975, df))
+    return stats.t_quantile(0.975, df)
 
 
 def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:

@@ -253,3 +253,31 @@ def test_a_decision_and_its_items_cannot_be_edited_after_the_fact():
         d.verdict = "verified"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         item.outcome = stats.AGAINST  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 11, 29, 30, 120, 10_000])
+def test_t_functions_equal_scipy_stats_t_bit_for_bit(df):
+    """``t_quantile`` / ``t_pvalue`` evaluate Student's t through ``scipy.special`` (no ``scipy.stats`` import);
+    they must return exactly what ``scipy.stats.t`` returns, so no interval or p-value moves."""
+    qs = [1e-12, 0.01, 0.025, 0.05, 0.3, 0.5, 0.8, 0.95, 0.975, 0.995, 1 - 1e-12]
+    assert [stats.t_quantile(q, df) for q in qs] == [float(sps.t.ppf(q, df)) for q in qs]
+    rng = random.Random(df)
+    for _ in range(20):
+        d = [rng.gauss(0.1, 1.0) for _ in range(df + 1)] if df < 200 else [rng.gauss(0.1, 1.0) for _ in range(3)]
+        n = len(d)
+        got = {alt: stats.t_pvalue(d, 0.05, alt) for alt in ("two-sided", "greater", "less")}
+        # the same statistic through scipy.stats.t: only the t functions differ between the two sides
+        m2, sd2 = stats.mean_sd(d)
+        stat = (m2 - 0.05) / (sd2 / math.sqrt(n))
+        want = {
+            "greater": float(sps.t.sf(stat, n - 1)),
+            "less": float(sps.t.cdf(stat, n - 1)),
+            "two-sided": float(min(1.0, 2.0 * sps.t.sf(abs(stat), n - 1))),
+        }
+        assert got == want
+
+
+@pytest.mark.parametrize("q", [0.0, 1.0, -0.1, 1.5, float("nan")])
+def test_t_quantile_refuses_a_probability_outside_0_1(q):
+    with pytest.raises(ValueError, match="q must be in"):
+        stats.t_quantile(q, 5)
