@@ -14,14 +14,14 @@ The record only orders files; a file it does not list runs after the listed ones
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
+
+from tiltlab.files import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "durations.json"
@@ -59,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": seconds,
     }
     out = Path(args.out)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, out)
+    write_json(out, rec, indent=1)
     print(f"{len(seconds)} files, {sum(seconds.values()):.0f} s in all -> {out}")
     return 0
 

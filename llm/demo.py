@@ -33,13 +33,14 @@ longer completions (:data:`REAL_MODEL_OVERRIDES`); slow on CPU.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from tiltlab.files import atomic_path, write_json
 
 __all__ = ["REAL_MODEL_OVERRIDES", "DemoConfig", "add_cli", "run_demo", "run_demo_seeds"]
 
@@ -500,9 +501,7 @@ def _say_fn(enabled: bool):
 
 
 def _write_json(res: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(res, indent=2, default=str))
-    tmp.replace(path)
+    write_json(path, res, indent=2, default=str, newline=False)
 
 
 def _run_demo(cfg: DemoConfig, progress: bool, bar) -> dict[str, Any]:
@@ -643,11 +642,8 @@ def _save_figure(fig, path: Path) -> Path:
 
     try:
         for suffix, kw in ((".png", {"dpi": 110}), (".pdf", {"metadata": {"CreationDate": None}})):
-            final = path.with_suffix(suffix)
-            tmp = final.with_name(f".{final.stem}.tmp{suffix}")
-            with plt.rc_context({"pdf.fonttype": 42}):
+            with atomic_path(path.with_suffix(suffix)) as tmp, plt.rc_context({"pdf.fonttype": 42}):
                 fig.savefig(tmp, bbox_inches="tight", **kw)
-            tmp.replace(final)
     finally:
         plt.close(fig)
     return path

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tiltlab.files import atomic_path, write_json, write_text
+
 __all__ = [
     "DISA_D5_JUDGE_TEXT",
     "JUDGE_SYSTEM_PROMPT",
@@ -474,15 +476,14 @@ def results_table(results: dict[str, DatasetResult]) -> str:
 
 
 def save_results(results: dict[str, DatasetResult], out_dir: str | Path, config: dict | None = None) -> Path:
-    """Write ``results.json`` (summaries + config), ``results.md`` (table) and ``samples.jsonl`` (per prompt)."""
+    """Write ``results.json`` (summaries + config), ``results.md`` (table) and ``samples.jsonl`` (per prompt),
+    each atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"config": config or {}, "results": {n: r.summary() for n, r in results.items()}}
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(tmp, out / "results.json")
-    (out / "results.md").write_text(results_table(results) + "\n")
-    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+    write_json(out / "results.json", payload, indent=2, default=str, newline=False)
+    write_text(out / "results.md", results_table(results) + "\n")
+    with atomic_path(out / "samples.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         for n, r in results.items():
             for pp in r.per_prompt:
                 f.write(json.dumps({"dataset": n, **pp}, ensure_ascii=False) + "\n")

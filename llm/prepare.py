@@ -35,14 +35,14 @@ of :mod:`tiltlab.llm.data` (``id``, ``prompt``, ``answer`` | ``tests`` ...), ato
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tiltlab.files import atomic_path
 
 __all__ = [
     "FPA_PROMPT",
@@ -81,15 +81,8 @@ def write_rows(rows: Sequence[dict], path: str | Path) -> Path:
     p = Path(path)
     if p.suffix not in (".jsonl", ".json", ".parquet"):
         raise ValueError(f"output must end in .jsonl or .parquet, got {str(p)!r}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=p.suffix)
-    os.close(fd)
-    try:
+    with atomic_path(p) as tmp:  # keeps the suffix, which save_prompts reads the format from
         save_prompts(rows, tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return p
 
 

@@ -2021,7 +2021,7 @@ def _run_delays(pids: list[int]) -> dict[int, tuple[int, int]]:
     return out
 
 
-class _Clock:
+class _RunDeadline:
     """The limit of one run: ``timeout_s`` of wall time, not counting the time its processes sat
     runnable without a CPU (a loaded machine), and never more than ``max_wall_s`` of plain wall time.
 
@@ -2051,7 +2051,7 @@ class _Clock:
 
 
 def _wait(
-    proc: subprocess.Popen | _ServedJudge, clock: _Clock, roots: list[int], drain: int | None = None, sink=None
+    proc: subprocess.Popen | _ServedJudge, clock: _RunDeadline, roots: list[int], drain: int | None = None, sink=None
 ) -> bool:
     """Wait for ``proc`` to exit within ``clock``; True if the clock ran out first (``proc`` is still running).
 
@@ -2259,7 +2259,7 @@ def run_python(code: str, config: SandboxConfig | None = None, **overrides) -> S
     with _slot_for(cfg) as slot:
         cand = _Candidate(code, cfg, "run", {}, slot)
         try:
-            timed_out = _wait(cand.proc, _Clock(cfg.timeout_s, _max_wall(cfg)), [cand.proc.pid])
+            timed_out = _wait(cand.proc, _RunDeadline(cfg.timeout_s, _max_wall(cfg)), [cand.proc.pid])
             if timed_out:
                 _kill_group(cand.proc)
             rc = cand.proc.wait()
@@ -2336,7 +2336,7 @@ def run_judged(
                 jb_r = req_w = rep_r = ver_w = err_w = -1
                 _write_all(jb_w, json.dumps(payload).encode())
                 jb_w = -1
-                clock = _Clock(cfg.timeout_s, _max_wall(cfg))
+                clock = _RunDeadline(cfg.timeout_s, _max_wall(cfg))
                 clock.t0 = clock.last = cand.t0
                 jerr = bytearray()
                 timed_out = _wait(judge, clock, [judge.pid, cand.proc.pid], drain=err_r, sink=jerr)

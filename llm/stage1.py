@@ -74,6 +74,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from tiltlab.files import write_json, write_parquet
 from tiltlab.llm.prompts import check_chat_template_kwargs, format_prompt
 from tiltlab.llm.rewards import resolve_reward
 
@@ -83,7 +84,6 @@ __all__ = [
     "SCORING_MODES",
     "TOKENIZER_MODES",
     "Stage1Config",
-    "atomic_write_bytes",
     "atomic_write_json",
     "load_stage1",
     "run_stage1",
@@ -283,29 +283,10 @@ class Stage1Config:
 # ---------------------------------------------------------------------------------------------
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (same-directory temporary file, fsync, ``os.replace``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _atomic_write_parquet(path: Path, table) -> None:
-    import pyarrow.parquet as pq
-
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Stage 1's JSON files (manifest, config): sorted keys, indent 2, written atomically and fsynced
+    (:func:`tiltlab.files.write_json`)."""
+    write_json(path, obj, indent=2, sort_keys=True, fsync=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -678,7 +659,7 @@ def run_stage1(
 
     todo = [k for k in range(n_shards) if str(k) not in manifest["shards"]]
     # every refusal (tokenizers, context lengths) happens here, before the first write
-    clock = _Clock()
+    clock = _PhaseTimer()
     with clock("setup"):
         models = (
             _Models(cfg, rows, engine=engine, show_progress=progress, reference_engine=reference_engine)
@@ -711,8 +692,8 @@ def run_stage1(
         samples, labels = _run_shard(cfg, models, rows[sl], sl, k, reward, est, torch, clock, shard, scored)
         s_name, l_name = f"samples-{k:05d}.parquet", f"labels-{k:05d}.parquet"
         with clock("io"):
-            _atomic_write_parquet(out / s_name, samples)
-            _atomic_write_parquet(out / l_name, labels)
+            write_parquet(out / s_name, samples, fsync=True)
+            write_parquet(out / l_name, labels, fsync=True)
         _crash_hook(k + 1, "before_manifest")
         manifest["shards"][str(k)] = {
             "samples": s_name,
@@ -760,7 +741,7 @@ def run_stage1(
     summary["signal_warnings"] = [f["kind"] for f in manifest["signal"]]
     manifest["complete"] = True
     manifest["summary"] = summary
-    manifest["seconds"] = clock.seconds  # this invocation's wall time per phase (see _Clock)
+    manifest["seconds"] = clock.seconds  # this invocation's wall time per phase (see _PhaseTimer)
     atomic_write_json(man_path, manifest)
     return summary
 
@@ -849,7 +830,7 @@ def _vllm_reference_logprobs(engine, flat_p, flat_c, torch):
     return torch.tensor(seq, dtype=torch.float64), len(redo), n_cached
 
 
-class _Clock:
+class _PhaseTimer:
     """Wall seconds per phase of one invocation: setup (tokenizers, models, engines), sample (the
     proposal engine), score (pi_ref's scoring pass; with a reference engine it runs in a worker thread
     beside the next shard's sampling, and score_wait is the time the main thread waited for it),
@@ -874,7 +855,9 @@ class _Clock:
         return sum(self.seconds.get(p, 0.0) for p in phases)
 
 
-def _sample_shard(cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, clock: _Clock) -> dict:
+def _sample_shard(
+    cfg: Stage1Config, models: _Models, shard_rows: list[dict], sl: slice, k: int, clock: _PhaseTimer
+) -> dict:
     """Sample shard ``k`` and lay its completions out flat (prompt-major): ``groups``, ``flat_p`` (pi_ref's
     prompt ids), ``flat_c`` (the completion ids pi_ref scores), ``flat_q`` (the proposal's), ``flat_fin``, ``texts``."""
     with clock("sample"):
@@ -936,7 +919,7 @@ def _run_shard(
     reward,
     est,
     torch,
-    clock: _Clock,
+    clock: _PhaseTimer,
     shard: dict,
     scored: tuple,
 ):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tiltlab.files import atomic_path
 from tiltlab.llm.models import model_fingerprint  # the cache key (re-exported: stage2.model_fingerprint)
 
 __all__ = [
@@ -168,14 +168,12 @@ def cached_embeddings(
     if path.exists():
         return load_file(str(path))["embeddings"], True
     emb = embed_prompts(model, tokenizer, texts, batch_size, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(
-        {"embeddings": emb.contiguous()},
-        str(tmp),
-        metadata={"model": str(model_name), "pooling": POOLING, "n": str(len(texts))},
-    )
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(
+            {"embeddings": emb.contiguous()},
+            str(tmp),
+            metadata={"model": str(model_name), "pooling": POOLING, "n": str(len(texts))},
+        )
     return emb, False
 
 
@@ -276,9 +274,8 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         "label_std": float(y.std()) if len(y) > 1 else 0.0,
         "embedding_cache_hit": hit,
     }
-    tmp = out / f".{REGRESSOR_FILE}.tmp-{os.getpid()}"
-    save_file({k: v.contiguous() for k, v in fit.model.state_dict().items()}, str(tmp))
-    os.replace(tmp, out / REGRESSOR_FILE)
+    with atomic_path(out / REGRESSOR_FILE) as tmp:
+        save_file({k: v.contiguous() for k, v in fit.model.state_dict().items()}, str(tmp))
     config = {
         "format": "tiltlab.stage2/1",
         "regressor": fit.model.config(),
@@ -332,10 +329,11 @@ def plot_loss_curve(history: dict[str, list[float]], baseline: float, path: Path
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:  # keeps the .png suffix savefig reads the format from
+            fig.savefig(tmp)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -445,7 +443,6 @@ def annotate_log_z(
     (``.jsonl`` / ``.parquet``) with a ``column`` of Stage-2 predictions ``log Z_psi(x)``, so that
     DISA Stage 3 (``disa.label: column``) reads the frozen partition function from the data and
     loads no second model. The file is written atomically; an existing ``column`` is refused."""
-    import os
 
     import torch
 
@@ -468,9 +465,8 @@ def annotate_log_z(
     if log_z.numel() != len(rows) or not torch.isfinite(log_z).all():
         raise ValueError("annotate_log_z: the predictor returned a non-finite or wrong number of log Z values")
     out = Path(out)
-    tmp = out.with_name(f".{out.stem}.tmp{os.getpid()}{out.suffix}")
-    save_prompts([{**r, column: float(v)} for r, v in zip(rows, log_z.tolist())], tmp)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:  # keeps the suffix save_prompts reads the format from
+        save_prompts([{**r, column: float(v)} for r, v in zip(rows, log_z.tolist())], tmp)
     return out
 
 

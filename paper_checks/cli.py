@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.files import write_text
 from tiltlab.paper_checks.registry import FIGURE_MODULE
 
 LAYERS = ("theory", "sim", "data", "llm")
@@ -1243,7 +1244,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         )
         if args.out:
             _check_writable_file(args.out)
-            R.write_text(args.out, text)
+            write_text(args.out, text)
             print(f"per-claim table ({args.format}) written to {args.out}")
         else:
             sys.stdout.write(text)
@@ -1264,7 +1265,6 @@ def _preregister(check: str) -> int:
     """``tiltlab report --preregister [CHECK]``: the registered rule files' hashes of CHECK (or every
     ``[[rule]]``) rewritten in paper_checks/preregistration.toml, atomically, other lines kept."""
     from tiltlab.paper_checks import prereg, registry
-    from tiltlab.paper_checks.record import write_text
 
     path = registry.PREREG_FILE
     text, changed = prereg.preregister_text(
@@ -1309,12 +1309,12 @@ def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
         new_llm = P.replace_section(new_llm, "llm-items", P.item_rules_section("llm"), str(llm_doc))
         new_llm = P.replace_section(new_llm, "llm-posthoc", P.posthoc_section(llm_rec), str(llm_doc))
     gpu = gpu_record.rendered_readme(root) if args.readme is None else None
-    R.write_text(readme, text)  # after every section rendered: nothing half-written on an error
+    write_text(readme, text)  # after every section rendered: nothing half-written on an error
     if new_llm is not None:
-        R.write_text(llm_doc, new_llm)
+        write_text(llm_doc, new_llm)
         written.append(llm_doc)
     if gpu is not None:
-        R.write_text(*gpu)
+        write_text(*gpu)
         written.append(gpu[0])
     print("generated sections rewritten in " + ", ".join(str(w) for w in written))
     return 0

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab import files
+from tiltlab.files import write_text
 from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
 
@@ -689,23 +691,6 @@ def set_llm_expectations(path: Path | None = None, root: Path | None = None) -> 
 
 
 def write_json(path: Path, rec: Mapping[str, Any]) -> None:
-    """Write ``rec`` atomically (:func:`write_text`)."""
-    write_text(path, json.dumps(rec, indent=1, sort_keys=False, default=str) + "\n")
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` atomically: a temporary file in the same folder, then ``os.replace`` (a reader,
-    or a run that dies while writing, sees the old file or the new one, never half of one)."""
-    import tempfile
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write a record atomically: indent 1, keys in their order, anything else as ``str``
+    (:func:`tiltlab.files.write_json`)."""
+    files.write_json(path, rec, indent=1, default=str)

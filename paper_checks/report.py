@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiltlab.files import write_text
 from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.registry import Claim, Outcome, Paper, cite
 
@@ -866,8 +867,8 @@ def write_report(inp: ReportInput) -> tuple[Path, Path]:
     out = Path(inp.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, ht = out / "REPORT.md", out / "report.html"
-    md.write_text(render_markdown(inp), encoding="utf-8")
-    ht.write_text(render_html(inp), encoding="utf-8")
+    write_text(md, render_markdown(inp))
+    write_text(ht, render_html(inp))
     return md, ht
 
 
@@ -1169,32 +1170,43 @@ def item_rules_section(layer: str = "llm") -> str:
 
 
 def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
-    """The shipped legacy record under the one decision rule, *post hoc*: each row's recorded verdict
-    beside what :func:`tiltlab.paper_checks.record.posthoc_neutral` gives from its means, intervals and
-    seed counts under today's item declarations, and the verdict under the other threshold choice."""
-    from tiltlab.paper_checks.record import posthoc_neutral
+    """docs/llm-checks.md's re-derivation of the shipped llm record: each row's recorded verdict beside the
+    verdict :func:`tiltlab.paper_checks.record.rejudge_rows` re-derives from the row's raw per-seed values (what
+    ``tiltlab report --rejudge`` prints) and the verdict under the other threshold choice. A row without raw
+    values (a legacy row of an older run) is re-judged *post hoc* instead, from its means, 95% intervals and
+    seed counts (:func:`tiltlab.paper_checks.record.posthoc_neutral`; not pre-registered, marked as such)."""
+    from tiltlab.paper_checks.record import posthoc_neutral, rejudge_rows
 
     registry.discover()
+    rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
+    rejudged = rejudge_rows(rows)
+    n_raw = sum(1 for j in rejudged if j["status"] != "no raw values")
+    n_same = sum(1 for j in rejudged if j["status"] == "same")
     lines = [
-        "Post hoc, not pre-registered: the legacy rows re-judged by today's rule and item declarations from their "
-        "recorded means, 95% intervals and seed counts (a t-test needs nothing else). Context for a reader until "
-        "the re-run decides them; the shipped verdicts stay those of the rule they ran under.",
+        f"{n_raw} of {len(rows)} rows carry their raw per-seed values; re-deriving their verdicts from those values "
+        f"(`tiltlab report --rejudge paper_checks/records/llm.json`) gives the recorded verdict for {n_same} of "
+        f"them. A row without raw values, if any, is re-judged post hoc from its recorded means, 95% intervals and "
+        "seed counts under today's item declarations (not pre-registered: context only).",
         "",
-        "| claim | recorded (asymmetric rule) | neutral rule | other threshold | items |",
-        "|---|---|---|---|---|",
+        "| claim | check | recorded | re-derived | other threshold | from |",
+        "|---|---|---|---|---|---|",
     ]
-    for r in sorted(llm_rec.get("checks", []), key=lambda r: r["claim"]):
+    for r, j in zip(rows, rejudged):
+        if j["status"] != "no raw values":
+            moved = "**" if j["status"] != "same" else ""
+            lines.append(
+                f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {moved}{j['rejudged']}{moved} "
+                f"| {j['other_threshold']} | raw values |"
+            )
+            continue
         ph = posthoc_neutral(r)
         if ph is None:
-            why = "own rule (withdrawn)" if r["check"] == "smollm2_135m_colocate" else "no judged item recorded"
-            lines.append(f"| `{r['claim']}` | {r['verdict']} | – | – | {why} |")
+            lines.append(f"| `{r['claim']}` | {r['check']} | {r['verdict']} | – | – | no raw values, no judged item |")
             continue
-        its = ", ".join(f"{k}: {v}" for k, v in ph["items"].items())
-        if ph["missing"]:
-            its += "; not in the record: " + ", ".join(ph["missing"])
         moved = "**" if ph["verdict"] != r["verdict"] else ""
         lines.append(
-            f"| `{r['claim']}` | {r['verdict']} | {moved}{ph['verdict']}{moved} | {ph['alt_verdict']} | {its} |"
+            f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {moved}{ph['verdict']}{moved} | {ph['alt_verdict']} "
+            "| summary statistics (post hoc) |"
         )
     return "\n".join(lines) + "\n"
 

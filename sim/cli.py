@@ -12,6 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.files import write_json
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -172,9 +173,7 @@ def _cmd_figures(args: argparse.Namespace) -> int:
         for line in r.findings:
             print(f"      - {line}")
     index = _merge_index(old, entries, known)
-    index_tmp = out / ".index.json.tmp"
-    index_tmp.write_text(json.dumps(index, indent=1))
-    os.replace(index_tmp, out / "index.json")
+    write_json(out / "index.json", index, indent=1, newline=False)
     kept = len(index["figures"]) - len(entries)
     print(
         f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'}"

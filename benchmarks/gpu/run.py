@@ -878,9 +878,9 @@ def worker_cpu_ref(work: Path) -> int:
 
 
 def _write(record: dict, out: Path) -> None:
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    tmp.replace(out)
+    from tiltlab.files import write_json
+
+    write_json(out, record, indent=2, default=str)
 
 
 def _section(record: dict, name: str, fn, *a) -> None:

@@ -27,7 +27,6 @@ import copy
 import dataclasses
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tiltlab.files import atomic_path
 from tiltlab.objectives.offline import sft_loss
 from tiltlab.paper_checks import stats
 
@@ -301,11 +301,8 @@ def _warm_cached(seed: int, steps: int) -> tuple[object, object, EnumTask]:
         return model, tok, task
     torch.manual_seed(seed)
     _sft(model, task, steps, seed, progress=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    torch.save(model.state_dict(), tmp)
-    os.replace(tmp, path)  # atomic: a half-written cache is never read
+    with atomic_path(path) as tmp:  # a half-written cache is never read
+        torch.save(model.state_dict(), tmp)
     return model, tok, task
 
 

@@ -8,6 +8,8 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 
 from __future__ import annotations
 
+from tiltlab.files import write_json
+
 __all__ = [
     "DEVICE_SWITCHES",
     "add_cli",
@@ -428,14 +430,11 @@ def main(args) -> int:
 
 def _write_best(trainer, out_dir: str) -> None:
     """``best_checkpoint.json`` in the run directory: the checkpoint with the best validation metric."""
-    import json
     import os
 
     st, name = trainer.state, trainer.args.metric_for_best_model
     evals = [(h["step"], h[name]) for h in st.log_history if name in h]
     rec = {"best_checkpoint": st.best_model_checkpoint, "metric": name, "best_metric": st.best_metric, "evals": evals}
     path = os.path.join(out_dir, "best_checkpoint.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(rec, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(path, rec, indent=2, newline=False)
     print(f"[train] best {name} = {st.best_metric} at {st.best_model_checkpoint} ({path})")

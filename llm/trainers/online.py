@@ -82,6 +82,7 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
+from tiltlab.files import atomic_path
 from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
 from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman, weight_clip_fraction
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
@@ -647,8 +648,8 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         out = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         os.makedirs(out, exist_ok=True)
         path = os.path.join(out, TILT_STATE.format(self.accelerator.process_index))
-        torch.save(self._tilt_state(), path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a killed save leaves no half-written state
+        with atomic_path(path) as tmp:  # a killed save leaves no half-written state
+            torch.save(self._tilt_state(), tmp)
 
     def evaluate(self, *args, **kwargs):
         """transformers' ``evaluate`` plus the generation metrics TRL logs in eval mode

@@ -25,13 +25,13 @@ It reads the trainer's state (``args``, ``model``, ``train_dataset``, ``accelera
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from tiltlab.files import atomic_path
 from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, replay_priority, select_prompts
 
@@ -141,10 +141,8 @@ class PacedMixin:
         gathered = acc.gather(local.to(acc.device)).cpu().view(world, m, h_dim) if world > 1 else local[None]
         emb = torch.stack([gathered[i % world, i // world] for i in range(len(prompts))])
         if acc.is_main_process:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".tmp{os.getpid()}")
-            torch.save({"key": key, "emb": emb}, tmp)
-            os.replace(tmp, cache)
+            with atomic_path(cache) as tmp:
+                torch.save({"key": key, "emb": emb}, tmp)
         return emb
 
     def _paced_rows_emb(self, rows: list[dict]) -> Tensor:

@@ -26,6 +26,7 @@ import os
 import warnings
 from typing import Any
 
+from tiltlab.files import write_json
 from tiltlab.llm import learning_signal as ls
 
 __all__ = ["SIGNAL_FILE", "SignalGuardMixin", "read_signal_record"]
@@ -130,8 +131,4 @@ class SignalGuardMixin:
             "step_zero_update": {str(k): v for k, v in steps.items()},
             "step_equal_rewards": {str(k): v for k, v in rsteps.items()},
         }
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        path = os.path.join(self.args.output_dir, SIGNAL_FILE)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(path + ".tmp", path)
+        write_json(os.path.join(self.args.output_dir, SIGNAL_FILE), record, indent=1, newline=False)

@@ -23,10 +23,11 @@ import functools
 import hashlib
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tiltlab.files import write_bytes
 
 try:
     import fcntl
@@ -53,15 +54,7 @@ def _key(fn: Callable, args: tuple, kwargs: dict) -> str:
 
 def _store(path: Path, value: Any) -> None:
     """Write atomically: a reader sees the whole result or none."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _shared(fn: Callable, args: tuple, kwargs: dict) -> Any:

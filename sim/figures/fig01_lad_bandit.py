@@ -14,7 +14,7 @@ import numpy as np
 
 from tiltlab.sim.experiments import lad
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import mathtext, plt, save
+from tiltlab.sim.figures._figure_io import mathtext, plt, save
 
 FIG_ID = "fig01_lad_bandit"
 

@@ -27,7 +27,7 @@ FIG_ID = "fig02_m_study"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._figure_io import plt, save
 
     # the M study is the claim's experiment (same settings in quick and full mode)
     claim = labels.m_study_claim(seed)

@@ -22,7 +22,7 @@ FIG_ID = "fig03_beta_sensitivity"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save, steps_label
+    from tiltlab.sim.figures._figure_io import plt, save, steps_label
 
     # the wider beta sweeps below are illustrations; the claim's numbers come from beta_cliff_claim
     n = bs.beta_cliff_claim(seed)["numbers"]

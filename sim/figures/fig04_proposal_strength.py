@@ -27,7 +27,7 @@ ALPHAS = ps.ALPHAS
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import mathtext, plt, save
+    from tiltlab.sim.figures._figure_io import mathtext, plt, save
 
     # (a) pure tilt and (c) truncation are the claims' experiments (same settings in quick and full mode);
     # the noisy teacher (b) and the training runs (d) are illustrations reduced in quick mode

@@ -25,7 +25,7 @@ F64 = torch.float64
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._figure_io import plt, save
 
     numbers = {
         "disa.c5.counterexample": bias.counterexample(),

@@ -19,7 +19,7 @@ FIG_ID = "fig06_envelope"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._figure_io import plt, save
 
     # the claim's instances (same in quick and full mode): the check of disa.prop4.envelope reads these numbers
     env = bias.envelope(seed)

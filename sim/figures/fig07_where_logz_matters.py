@@ -17,7 +17,7 @@ import numpy as np
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import logz_training
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import mathtext, plt, save
+from tiltlab.sim.figures._figure_io import mathtext, plt, save
 from tiltlab.sim.train import train, tv_distance
 
 FIG_ID = "fig07_where_logz_matters"

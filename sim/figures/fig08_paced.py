@@ -23,7 +23,7 @@ from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import paced
 from tiltlab.sim.experiments.paced import SCHEDULERS, TAUS, base_config, steps_to
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import mathtext, plt, save
+from tiltlab.sim.figures._figure_io import mathtext, plt, save
 from tiltlab.sim.train import train
 
 FIG_ID = "fig08_paced"

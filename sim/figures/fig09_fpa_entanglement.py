@@ -28,7 +28,7 @@ FIG_ID = "fig09_fpa_entanglement"
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
-    from tiltlab.sim.figures._common_a import plt, save
+    from tiltlab.sim.figures._figure_io import plt, save
 
     # the SGD runs are the claim's experiment (same settings in quick and full mode); the Adam runs and the
     # separable contrast are illustrations at the same size

@@ -18,7 +18,7 @@ from tiltlab.objectives.lad import F_DIVERGENCES
 from tiltlab.sim.experiments import lad
 from tiltlab.sim.experiments.lad import DIVS, divergence_sweep
 from tiltlab.sim.figures import FigureRecord
-from tiltlab.sim.figures._common_a import plt, save
+from tiltlab.sim.figures._figure_io import plt, save
 
 FIG_ID = "fig10_lad_divergences"
 LABELS = {"kl": "KL", "rkl": "rKL", "jeffreys": "Jeffreys", "tv": "TV*", "hellinger": "Hellinger*", "js": "JS*"}

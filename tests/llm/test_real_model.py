@@ -111,21 +111,30 @@ def test_failed_conversion_leaves_nothing_half_written(fake_source, tmp_path):
     assert (tmp_path / "cache" / ALIAS / "config.json").is_file()
 
 
-def test_concurrent_build_waits_for_the_lock(fake_source, tmp_path, capsys):
+def test_concurrent_build_waits_for_the_lock(fake_source, tmp_path, capsys, monkeypatch):
     """While another process holds the build lock, resolve_model says so and waits; it then finds
-    the cache complete (the holder's conversion) or builds it itself, exactly once."""
+    the cache complete (the holder's conversion) or builds it itself, exactly once. The test waits on
+    the event "the builder called the blocking flock", not on a sleep."""
     import fcntl
     import threading
-    import time
 
     root = tmp_path / "cache"
     root.mkdir()
     holder = open(root / f".{ALIAS}.lock", "a+")  # noqa: SIM115
     fcntl.flock(holder, fcntl.LOCK_EX)
+    blocking = threading.Event()
+    real_flock = fcntl.flock
+
+    def flock(fh, op):
+        if threading.current_thread() is not threading.main_thread() and not op & fcntl.LOCK_NB:
+            blocking.set()  # the builder is about to wait for the holder
+        return real_flock(fh, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("dir", resolve_model(ALIAS, progress=False)))
     t.start()
-    time.sleep(0.5)
+    assert blocking.wait(timeout=120), "the builder never waited for the lock"
     assert t.is_alive() and fake_source["calls"] == 0  # blocked on the lock, nothing converted
     holder.close()  # releases the lock
     t.join(timeout=60)

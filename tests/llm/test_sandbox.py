@@ -1147,7 +1147,7 @@ def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
     monkeypatch.setattr(sandbox.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(sandbox, "_tree", lambda roots: list(roots))
     monkeypatch.setattr(sandbox, "_run_delays", lambda pids: dict(stats))
-    c = sandbox._Clock(timeout_s=2.0, max_wall_s=10.0)
+    c = sandbox._RunDeadline(timeout_s=2.0, max_wall_s=10.0)
     now[0], stats[7] = 101.0, (int(0.1e9), int(0.75e9))  # 1 s of wall, 0.75 s of it waiting for a CPU
     c.sample([1])
     assert c.left() == pytest.approx(2.0 - 0.25)

@@ -386,3 +386,28 @@ def test_an_exact_item_on_its_threshold_is_undecided():
 def test_rejudge_keeps_what_happens_when_a_run_did_not_run():
     j = stats.judge([stats.Item("x", (0.1, 0.12, 0.09), stats.DIRECTION)], {"ran": False}, not_ran="refuted")
     assert j.verdict == "refuted" and stats.rejudge(j.evidence()).verdict == "refuted"
+
+
+def test_the_rederivation_section_rejudges_raw_rows_and_marks_summary_rows_post_hoc():
+    """docs/llm-checks.md's re-derivation table: a row with raw values is re-derived from them (a row whose
+    recorded verdict was altered shows the re-derived one in bold); a legacy row without raw values is
+    re-judged from its summary statistics and says so."""
+    import copy
+    import json
+
+    from tiltlab.paper_checks import record, report
+
+    shipped = record.load_llm_record(SHIPPED)
+    text = report.posthoc_section(shipped)
+    n = len(shipped["checks"])
+    assert f"{n} of {n} rows carry their raw per-seed values" in text and f"verdict for {n} of them" in text
+    assert text.count("| raw values |") == n and "(post hoc)" not in text
+    tampered = copy.deepcopy(shipped)
+    row = next(r for r in tampered["checks"] if r["verdict"] == "verified")
+    row["verdict"] = "refuted"
+    text = report.posthoc_section(tampered)
+    assert f"verdict for {n - 1} of them" in text
+    assert f"| `{row['claim']}` | {row['check']} | refuted | **verified** |" in text
+    legacy = json.loads(LEGACY.read_text(encoding="utf-8"))
+    text = report.posthoc_section(legacy)
+    assert "| summary statistics (post hoc) |" in text and f"0 of {len(legacy['checks'])} rows" in text

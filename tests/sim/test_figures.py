@@ -28,10 +28,10 @@ def test_all_ten_figures_are_registered():
 @pytest.fixture(scope="module")
 def quick_figures(tmp_path_factory):
     """Each quick figure made once: ``fig_id -> (record, matplotlib Figure)``. The Figure is caught on its
-    way into ``_common_a.save``."""
+    way into ``_figure_io.save``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    import tiltlab.sim.figures._common_a as common
+    import tiltlab.sim.figures._figure_io as common
 
     out = tmp_path_factory.mktemp("quick_figures")
     made: dict[str, tuple] = {}

@@ -1,8 +1,8 @@
-"""Small helpers shared by the figure modules: JSON-safe copies and writing the PNG + PDF + JSON files."""
+"""The figure modules' shared input/output: JSON-safe copies, writing each figure's PNG + PDF + JSON files
+(atomically), and the plain-text-to-mathtext labels."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from tiltlab.files import atomic_path, write_json
 
 __all__ = ["clean", "mathtext", "plt", "save", "steps_label"]
 
@@ -39,12 +41,13 @@ def save(fig, out_dir: Path, fig_id: str, data: dict, caption: str, numbers: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     png, pdf, js = out_dir / f"{fig_id}.png", out_dir / f"{fig_id}.pdf", out_dir / f"{fig_id}.json"
     try:
-        fig.savefig(png, dpi=110, bbox_inches="tight")
-        with plt.rc_context({"pdf.fonttype": 42}):
-            fig.savefig(pdf, bbox_inches="tight", metadata={"CreationDate": None})
+        with atomic_path(png) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        with atomic_path(pdf) as tmp, plt.rc_context({"pdf.fonttype": 42}):
+            fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None})
     finally:
         plt.close(fig)
-    js.write_text(json.dumps(clean({"caption": caption, "claim_numbers": numbers or {}, **data}), indent=1))
+    write_json(js, clean({"caption": caption, "claim_numbers": numbers or {}, **data}), indent=1, newline=False)
     return png, js
 
 
