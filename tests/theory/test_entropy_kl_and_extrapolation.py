@@ -1,5 +1,6 @@
-"""Theory checks of the claims registered for issue 22: the recorded verdict, a no-op candidate that must be
-rejected (the verdict moves) and a non-finite one (rejected or ``ValueError``)."""
+"""Theory checks of the tilt-entropy slope (DISA), the second-order KL expansion (PACED), and FPA's linear
+extrapolation and optimistic mirror descent: the recorded verdict, a no-op candidate that must be rejected
+(the verdict moves) and a non-finite one (rejected or ``ValueError``)."""
 
 from __future__ import annotations
 
