@@ -122,3 +122,15 @@ def _host_scan_runs_alone(request):
             fcntl.flock(lock, fcntl.LOCK_UN)
             if exclusive:
                 fcntl.flock(turn, fcntl.LOCK_UN)
+
+
+def pytest_configure(config):
+    """An xdist worker computes with one torch thread: the README's test command runs one worker per core, and
+    a worker's default of one thread per core would oversubscribe the machine; on tiny tensors an intra-op
+    thread that waits for a busy core costs more than it computes (``fpa.a4.loser_vanishes`` in a worker:
+    57 s with two threads beside the other worker, 4 s with one). A child process (a subprocess, vLLM,
+    accelerate) chooses its own count; no test may depend on the count (tests that set one restore it)."""
+    if hasattr(config, "workerinput"):
+        import torch
+
+        torch.set_num_threads(1)

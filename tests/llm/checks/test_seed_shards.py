@@ -63,11 +63,15 @@ def test_order_is_seed_order_when_workers_finish_out_of_order(tmp_path):
 
 
 def test_workers_use_one_torch_thread_and_do_not_shard_again():
-    before = torch.get_num_threads()
-    with T.seed_jobs(2):
-        out = T.map_seeds(lambda s: (torch.get_num_threads(), T._JOBS), [0, 1, 2])
-    assert out == [(1, 1)] * 3
-    assert T._JOBS == 1 and torch.get_num_threads() == before  # restored here, untouched by the workers
+    outer = torch.get_num_threads()
+    torch.set_num_threads(3)  # not 1 (the workers' count), so "untouched here" can fail
+    try:
+        with T.seed_jobs(2):
+            out = T.map_seeds(lambda s: (torch.get_num_threads(), T._JOBS), [0, 1, 2])
+        assert out == [(1, 1)] * 3
+        assert T._JOBS == 1 and torch.get_num_threads() == 3  # restored here, untouched by the workers
+    finally:
+        torch.set_num_threads(outer)
 
 
 def test_a_failing_worker_names_its_seed():
