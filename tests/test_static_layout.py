@@ -207,3 +207,24 @@ def test_wheel_holds_plain_files_and_works_alone(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     path, n_claims = out.stdout.split()
     assert path == str(tmp_path / "site" / "tiltlab" / "objectives" / "tb.py") and int(n_claims) > 0
+
+
+def _architecture_layers() -> list[list[str]]:
+    """The layer block of docs/architecture.md ("## Layers"): one layer per line, top first, modules split
+    on ``|``; a line's parenthesised comment and comment-only lines are not part of it."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Layers", 1)[1].split("```", 2)[1]
+    layers = []
+    for line in block.splitlines():
+        line = re.sub(r"\(.*?\)", "", line).strip()
+        if line:
+            layers.append(sorted(m.strip() for m in line.split("|")))
+    return layers
+
+
+def test_docs_architecture_states_the_import_linter_layers():
+    main = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"] == "tiltlab layers")
+    want = [sorted(m.strip() for m in layer.split("|")) for layer in main["layers"]]
+    assert _architecture_layers() == want
