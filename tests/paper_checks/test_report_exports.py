@@ -185,7 +185,7 @@ def test_llm_scale_commands_render_as_lists(isolated_registry, tmp_path):
 
 # --------------------------------------------------------------------------- generated docs
 
-_README = Path(P.__file__).resolve().parents[1] / "README.md"
+_README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_counts_agree_with_the_registry():

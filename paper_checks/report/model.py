@@ -1,0 +1,346 @@
+"""The report's model: what a report says, independent of its format (claim rows, a claim's decision
+from its checks' verdicts, findings, provenance notes, number formatting)."""
+
+from __future__ import annotations
+
+import html
+import inspect
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tiltlab.paper_checks import registry
+from tiltlab.paper_checks.registry import Claim, Outcome, Paper, cite
+
+#: The documents, in the repository, that a report sends its reader to.
+SPEC_DOCS = (
+    "`docs/math.md` (the objectives, estimators and claim ids in one notation) and `docs/papers.md` (the paper index)"
+)
+
+#: Column order of the summary tables.
+VERDICT_ORDER = ("verified", "partly", "refuted", "inconclusive", "out_of_reach", "error", "unchecked")
+
+#: Which verdict decides a claim with several checks, most decisive first.
+DECISION_ORDER = ("error", "refuted", "partly", "verified", "inconclusive", "out_of_reach")
+
+_LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
+
+
+#: The repository root (the folder holding ``paper_checks/``); source and doc links are relative to it.
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _paper(short: str) -> Paper | None:
+    return registry.papers().get(short)
+
+
+def _slug(text: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces -> ``-``."""
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _html_id(prefix: str, text: str) -> str:
+    return f"{prefix}-" + re.sub(r"[^A-Za-z0-9_.\-]", "-", text)
+
+
+def _repo_href(target: Path, out_dir: Path, fragment: str = "") -> tuple[str | None, str | None]:
+    """``(href, label)`` for a file of the repository seen from a report written into ``out_dir``.
+
+    ``label`` is the path relative to the repository (``None`` when ``target`` is outside it);
+    ``href`` is a relative link, given only when ``out_dir`` is inside the repository too (a report
+    copied elsewhere would otherwise carry dead links)."""
+    try:
+        label = Path(target).resolve().relative_to(_REPO).as_posix()
+    except ValueError:
+        return None, None
+    try:
+        Path(out_dir).resolve().relative_to(_REPO)
+    except ValueError:
+        return None, label
+    href = os.path.relpath(Path(target).resolve(), Path(out_dir).resolve()).replace(os.sep, "/")
+    return href + fragment, label
+
+
+def _check_source(check: Any) -> tuple[Path, int] | None:
+    """File and first line of a registered check function (``None`` for a builtin or lost source)."""
+    fn = inspect.unwrap(check.fn)
+    if getattr(fn, "__name__", "") == "_not_loaded":  # a recorded row whose check module is not loaded
+        return None
+    try:
+        path = inspect.getsourcefile(fn)
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return None
+    return (Path(path), line) if path else None
+
+
+def _source_ref(check: Any, out_dir: Path) -> tuple[str | None, str]:
+    """``(href, text)`` naming where a check is defined: ``sim/checks/estimators.py:120``."""
+    src = _check_source(check)
+    if src is None:
+        return None, "source unavailable"
+    path, line = src
+    href, label = _repo_href(path, out_dir, f"#L{line}")
+    return href, f"{label or path}:{line}"
+
+
+def _papers_href(paper: str, out_dir: Path) -> str | None:
+    """Link to the paper's section of ``docs/papers.md`` (``None`` when that file is not reachable)."""
+    doc = _REPO / "docs" / "papers.md"
+    if not doc.is_file() or f"## {paper}\n" not in doc.read_text(encoding="utf-8"):
+        return None
+    return _repo_href(doc, out_dir, f"#{_slug(paper)}")[0]
+
+
+@dataclass
+class ReportInput:
+    """Everything a report is rendered from.
+
+    Attributes:
+        claims: every declared claim (id -> Claim); claims without a check are "unchecked".
+        outcomes: the check outcomes of this run.
+        figures: figure records (``id``, ``title``, ``caption``, ``png``, ``claims``, ``findings``).
+        missing_figures: ``figure id -> reason`` for figure modules missing or crashed.
+        env: environment lines (name -> value), rendered in sorted order.
+        seed: the seed of the run.
+        quick: whether ``--quick`` was used.
+        run_line: the one run-dependent line (generation time, runtime).
+        out_dir: where the report is written (figure paths are made relative to it).
+    """
+
+    claims: Mapping[str, Claim]
+    outcomes: Sequence[Outcome]
+    figures: Sequence[Any] = ()
+    missing_figures: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    seed: int = 0
+    quick: bool = False
+    run_line: str = ""
+    out_dir: Path = Path(".")
+    run_id: str = ""
+
+
+def _provenance_note(o: Outcome, inp: ReportInput) -> str:
+    """Where a number came from, when not from the run this report describes: the shipped llm
+    record (``recorded``) or an earlier run merged into the record (time, mode, commit, command)."""
+    prov = getattr(o, "provenance", None) or {}
+    if not prov:
+        return ""
+    if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
+        return ""
+    from tiltlab.paper_checks.prereg import legacy_for
+    from tiltlab.paper_checks.record import provenance_line
+    from tiltlab.paper_checks.registry import legacy_runs
+
+    line = provenance_line(prov)
+    if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):
+        line += ", legacy pre-registration (not strictly pre-registered: paper_checks/preregistration.toml)"
+    return line
+
+
+def _recorded_sentence(inp: ReportInput) -> str:
+    """One sentence on the outcomes not measured by this run (shipped llm record, earlier runs)."""
+    notes = [(o, _provenance_note(o, inp)) for o in inp.outcomes]
+    rec = [o for o, n in notes if n and (o.provenance or {}).get("source") == "recorded"]  # type: ignore[attr-defined]
+    old = [o for o, n in notes if n and (o.provenance or {}).get("source") != "recorded"]  # type: ignore[attr-defined]
+    parts = []
+    if rec:
+        p = rec[0].provenance  # type: ignore[attr-defined]
+        parts.append(
+            f"{len(rec)} {'llm ' if all(o.check.layer == 'llm' for o in rec) else ''}checks are recorded, not re-run: "
+            f"they come from the last full llm-layer run shipped with the repository (commit {p.get('commit')}, "
+            f"{p.get('run_at')}); `tiltlab reproduce --llm` re-runs them."
+        )
+    if old:
+        parts.append(
+            f"{len(old)} checks come from earlier runs merged into this record; each names its time, mode and commit."
+        )
+    return " ".join(parts)
+
+
+def _layer_label(layer: str, outs: Sequence[Outcome]) -> str:
+    """``llm (recorded)`` when every outcome of the layer comes from the shipped record."""
+    mine = [o for o in outs if o.check.layer == layer]
+    rec = [o for o in mine if (getattr(o, "provenance", None) or {}).get("source") == "recorded"]
+    return f"{layer} (recorded)" if mine and len(rec) == len(mine) else layer
+
+
+def command_list(command: str) -> list[str]:
+    """A chained LLM-scale command (``a && b && c``) as the list of its commands, in order."""
+    return [part.strip() for part in command.split(" && ") if part.strip()]
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _sorted_outcomes(outs: Iterable[Outcome]) -> list[Outcome]:
+    return sorted(outs, key=lambda o: (o.check.claim_id, _LAYER_ORDER.get(o.check.layer, 9), o.check.name))
+
+
+def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
+    """One row per declared claim (and per undeclared claim that has an outcome), sorted
+    by paper then id, with its outcomes and the figure ids that show it."""
+    by_claim: dict[str, list[Outcome]] = defaultdict(list)
+    for o in _sorted_outcomes(inp.outcomes):
+        by_claim[o.check.claim_id].append(o)
+    fig_for: dict[str, list[str]] = defaultdict(list)
+    for f in inp.figures:
+        for cid in getattr(f, "claims", []) or []:
+            fig_for[cid].append(f.id)
+    for o in inp.outcomes:
+        if o.result is not None and o.result.figure:
+            fig_for[o.check.claim_id].append(o.result.figure)
+    rows = []
+    for cid in sorted(set(inp.claims) | set(by_claim)):
+        c = inp.claims.get(cid)
+        outs = by_claim.get(cid, [])
+        rows.append(
+            {
+                "id": cid,
+                "claim": c,
+                "paper": c.paper if c else "(undeclared)",
+                "outcomes": outs,
+                "figures": sorted(set(fig_for.get(cid, []))),
+                "status": claim_status(outs),
+                "decided_by": claim_decision(outs)[1],
+            }
+        )
+    order = {p: i for i, p in enumerate(registry.papers())}
+    rows.sort(key=lambda r: (order.get(r["paper"], len(order)), r["paper"], r["id"]))
+    return rows
+
+
+def _no_outcome_note(claim_id: str) -> str:
+    """Why a claim has no outcome in this run: no check at all, or only slow checks (skipped)."""
+    if any(c.claim_id == claim_id for c in registry.checks()):
+        return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."
+    return "no check registered yet."
+
+
+def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
+    """One verdict per claim and the layers whose checks decided it.
+
+    An error wins, then the most informative decided verdict (refuted > partly > verified), then
+    ``inconclusive`` (a toy proxy that cannot decide), then ``out_of_reach``. So a claim whose data
+    check is out of reach, or whose sim proxy is inconclusive, takes the verdict of the layer that
+    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks."""
+    if not outs:
+        return "unchecked", []
+    vs = {o.verdict for o in outs}
+    for v in DECISION_ORDER:
+        if v in vs:
+            layers = sorted({o.check.layer for o in outs if o.verdict == v}, key=lambda x: _LAYER_ORDER.get(x, 9))
+            return v, layers
+    v = sorted(vs)[0]
+    return v, sorted({o.check.layer for o in outs if o.verdict == v})
+
+
+def claim_status(outs: Sequence[Outcome]) -> str:
+    """The verdict of :func:`claim_decision` (``unchecked`` without checks)."""
+    return claim_decision(outs)[0]
+
+
+def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter]:
+    per: dict[str, Counter] = defaultdict(Counter)
+    for r in rows:
+        per[r["paper"]][r["status"]] += 1
+        per["all"][r["status"]] += 1
+    return per
+
+
+def _layer_counts(outs: Sequence[Outcome]) -> dict[str, Counter]:
+    per: dict[str, Counter] = defaultdict(Counter)
+    for o in outs:
+        per[o.check.layer][o.verdict] += 1
+    return per
+
+
+#: The heading of the failed checks in the terminal, REPORT.md and report.html (the same words).
+FAILED_TITLE = "Checks that failed (a changed verdict, item or pinned number, or a crash)"
+
+
+def status_sentence(outcomes: Sequence[Any]) -> str:
+    """One line on whether every check came out as expected (what the exit status of
+    ``tiltlab check`` says): the terminal prints the same failures under :data:`FAILED_TITLE`."""
+    bad = sum(not o.ok for o in outcomes)
+    if not bad:
+        return f"Status: all {len(outcomes)} checks as expected (verdicts, items and pinned numbers)."
+    return f"Status: {bad} of {len(outcomes)} checks failed (a changed verdict, item or pinned number, or a crash; `tiltlab check` exits 1); each is listed under Findings."
+
+
+Finding = tuple[str, str, str]
+"""``(head, text, code)``: rendered as **head** text `code` (code may be empty)."""
+
+
+def _findings(inp: ReportInput, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Finding]]:
+    out: dict[str, list[Finding]] = {"claims": [], "figures": [], "changed": [], "missing": []}
+    for r in rows:
+        for o in r["outcomes"]:
+            if o.result is not None and o.result.verdict.value in ("refuted", "partly", "inconclusive"):
+                out["claims"].append(
+                    (
+                        r["id"],
+                        f"({cite(r['claim']) if r['claim'] else r['paper']}, {o.check.layer}) — {o.verdict}: {o.result.summary}",
+                        "",
+                    )
+                )
+            if not o.ok:
+                what = o.failure
+                out["changed"].append((o.check.key, f"{what}; reproduce:", o.check.reproducer(inp.seed)))
+    for f in sorted(inp.figures, key=lambda f: f.id):
+        for line in getattr(f, "findings", []) or []:
+            out["figures"].append((f.id, f"— {line}", ""))
+    for fid, why in sorted(inp.missing_figures.items()):
+        out["missing"].append((fid, f"— {why}", ""))
+    return out
+
+
+def _md_finding(f: Finding, claim_ids: frozenset[str] | set[str] = frozenset()) -> str:
+    head, text, code = f
+    label = f"[{head}](#{_html_id('claim', head)})" if head in claim_ids else head
+    return f"- **{label}** {_md_escape(text)}" + (f" `{code}`" if code else "")
+
+
+def _html_finding(f: Finding) -> str:
+    head, text, code = f
+    return (
+        f"<li><b>{html.escape(head)}</b> {html.escape(text)}"
+        + (f" <code>{html.escape(code)}</code>" if code else "")
+        + "</li>"
+    )
+
+
+def _short_numbers(numbers: Mapping[str, Any], limit: int = 8) -> str:
+    if not numbers:
+        return ""
+    items = sorted(numbers.items())
+    shown = ", ".join(f"{k}={_fmt(v)}" for k, v in items[:limit])
+    more = f", … (+{len(items) - limit} in claims.json)" if len(items) > limit else ""
+    return shown + more
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _md_escape(s: str) -> str:
+    """Plain text inside Markdown: no table breaks, no accidental emphasis or raw HTML."""
+    # (underscores are left alone: GitHub Markdown does not emphasize inside words)
+    for a, b in (("|", "\\|"), ("*", "\\*"), ("`", "\\`"), ("<", "&lt;"), ("\n", " ")):
+        s = s.replace(a, b)
+    return s
+
+
+def other_threshold(o: Outcome) -> str:
+    """`` (other threshold: refuted)``: the verdict a statistical check's raw values give under the other
+    threshold choice (direction <-> effect; ``stats.Judgement.alt_verdict``), when it differs ('' otherwise,
+    and for checks without recorded raw values)."""
+    ev = None if o.result is None else o.result.evidence
+    alt = (ev or {}).get("alt_verdict")
+    return f" (other threshold: {alt})" if alt and alt != o.verdict else ""

@@ -1,0 +1,60 @@
+"""Writing a report: both documents from a :class:`ReportInput`, or from a ``claims.json`` record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tiltlab.files import write_text
+from tiltlab.paper_checks import registry
+from tiltlab.paper_checks.report.html import render_html
+from tiltlab.paper_checks.report.markdown import render_markdown
+from tiltlab.paper_checks.report.model import ReportInput
+
+
+def write_report(inp: ReportInput) -> tuple[Path, Path]:
+    """Write ``REPORT.md`` and ``report.html`` into ``inp.out_dir``; return their paths."""
+    out = Path(inp.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md, ht = out / "REPORT.md", out / "report.html"
+    write_text(md, render_markdown(inp))
+    write_text(ht, render_html(inp))
+    return md, ht
+
+
+# --------------------------------------------------------------------------- reports from a record
+
+
+def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInput:
+    """A :class:`ReportInput` rebuilt from a ``tiltlab reproduce`` record (``claims.json`` in
+    ``out_dir``), e.g. after ``tiltlab check`` merged a partial run into it. Outcomes keep their
+    provenance, so the report says which run, mode and commit each number came from."""
+    from types import SimpleNamespace
+
+    from tiltlab.paper_checks.record import outcomes_from_rows
+
+    registry.discover()
+    figs = []
+    for f in rec.get("figures", []):
+        d = dict(f)
+        for k in ("png", "data"):
+            if d.get(k):
+                d[k] = Path(out_dir) / d[k]
+        d.setdefault("claims", [])
+        d.setdefault("findings", [])
+        figs.append(SimpleNamespace(**d))
+    rep = rec.get("report") or {}
+    sel = rec.get("selection") or {}
+    return ReportInput(
+        claims=registry.claims(),
+        outcomes=outcomes_from_rows(rec.get("checks", [])),
+        figures=figs,
+        missing_figures=dict(rec.get("figures_missing") or {}),
+        env=dict(rec.get("environment") or {}),
+        seed=int(rec.get("seed") or 0),
+        quick=bool(rep.get("quick", sel.get("quick", False))),
+        out_dir=Path(out_dir),
+        run_line=str(rep.get("run_line", "")),
+        run_id=str(rep.get("run_id", "")),
+    )
