@@ -24,7 +24,7 @@ overhead = (stage-1 wall - sampling wall) / sampling wall, from walls a minute a
 with other jobs the load drifts between the two, so the report also gives overhead_within_run =
 (stage-1 wall - stage-1's own sample phase) / that phase, both from one invocation (the same sampling
 calls, timed inside Stage 1). Stage 1's manifest gives its phases (setup, sample, score, score_wait,
-reward, weights, io; see ``llm.stage1._PhaseTimer``) and the scoring facts of each shard.
+reward, weights, io; see ``llm.stage1.pipeline._PhaseTimer``) and the scoring facts of each shard.
 
 Usage::
 

@@ -342,7 +342,7 @@ def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys)
     assert main(["llm", "demo", "--quick", "--out-dir", str(out)]) == 0
     assert f"outputs in {out}/" in capsys.readouterr().out.splitlines()[-1]
 
-    monkeypatch.setattr(stage1, "run_stage1", lambda cfg, progress=True: {"prompts": 0})
+    monkeypatch.setattr(stage1.cli, "run_stage1", lambda cfg, progress=True: {"prompts": 0})
     argv = ["llm", "stage1", "--proposal", "tiny", "--reference", "tiny", "--dataset", "synthetic:math:2"]
     assert main([*argv, "--out-dir", str(tmp_path / "s1")]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"labels and samples written to {tmp_path / 's1'}"

@@ -87,7 +87,7 @@ def run_copy(stage1_run, tmp_path, monkeypatch):
     def no_models(*a, **k):
         raise AssertionError("the resume built models")
 
-    monkeypatch.setattr(stage1, "_Models", no_models)
+    monkeypatch.setattr(stage1.pipeline, "_Models", no_models)  # where run_stage1 looks it up
     return out
 
 

@@ -228,7 +228,7 @@ def test_the_stage1_command_shows_progress_unless_quiet(tmp_path, monkeypatch, c
     from tiltlab.llm import stage1
 
     seen = []
-    monkeypatch.setattr(stage1, "run_stage1", lambda cfg, progress=True: seen.append(progress) or {"ok": 1})
+    monkeypatch.setattr(stage1.cli, "run_stage1", lambda cfg, progress=True: seen.append(progress) or {"ok": 1})
     argv = [
         "llm",
         "stage1",

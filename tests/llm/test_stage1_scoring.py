@@ -119,7 +119,7 @@ def test_sampler_path_equals_teacher_forcing_on_tiny(tiny_dir, math_rows, tmp_pa
 def test_sampler_path_loads_no_reference_model(tiny_dir, math_rows, tmp_path, monkeypatch):
     """The one-pass path does no teacher forcing at all (with the hf engine the proposal's model is the
     only one loaded); the two-pass path does."""
-    import tiltlab.llm.stage1 as s1
+    import tiltlab.llm.stage1.pipeline as s1  # the module whose run looks the scorer up
 
     calls = []
     real = s1._hf_reference_logprobs

@@ -212,6 +212,7 @@ def test_reference_engine_overlapped_labels_equal_transformers_and_resume(
     import threading
 
     import tiltlab.llm.stage1 as s1
+    import tiltlab.llm.stage1.pipeline as s1_pipeline  # where run_stage1 looks its steps up
 
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:3]]
     kw = dict(reference=str(other_dir), M=4, max_new_tokens=8, prompts_per_shard=1)
@@ -220,13 +221,13 @@ def test_reference_engine_overlapped_labels_equal_transformers_and_resume(
 
     events = []
     for name in ("_sample_shard", "_run_shard", "_score_reference"):
-        real = getattr(s1, name)
+        real = getattr(s1_pipeline, name)
 
         def wrapped(*a, _real=real, _name=name, **k):
             events.append((_name, threading.current_thread().name))
             return _real(*a, **k)
 
-        monkeypatch.setattr(s1, name, wrapped)
+        monkeypatch.setattr(s1_pipeline, name, wrapped)
     calls = {"n": 0}
 
     def failing_reward(*a, **k):
