@@ -223,8 +223,12 @@ def test_reproduce_stores_paths_relative_to_the_output_dir(isolated_registry, tm
     _claim(reg, "zz_fake.repro")
     _check(reg, "fake", Verdict.VERIFIED, cid="zz_fake.repro")
     out = tmp_path / "out"
-    monkeypatch.setattr(pcli, "_select", lambda *a, **k: [c for c in reg.checks() if c.claim_id == "zz_fake.repro"])
-    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([_fake_png(out_dir)], {}))
+    monkeypatch.setattr(
+        pcli.runner, "_select", lambda *a, **k: [c for c in reg.checks() if c.claim_id == "zz_fake.repro"]
+    )
+    monkeypatch.setattr(
+        pcli.reproduce, "make_figures", lambda out_dir, quick, seed, progress=True: ([_fake_png(out_dir)], {})
+    )
     assert main(["reproduce", "--quick", "--jobs", "1", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     rec = json.loads((out / "claims.json").read_text())

@@ -63,7 +63,7 @@ def test_reproduce_llm_adds_the_llm_checks(isolated_registry, tmp_path, monkeypa
     calls: list[int] = []
     _setup(reg, calls=calls)
     monkeypatch.setattr(reg, "_CHECKS", {k: c for k, c in reg._CHECKS.items() if c.claim_id == CID})
-    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([], {}))
+    monkeypatch.setattr(pcli.reproduce, "make_figures", lambda out_dir, quick, seed, progress=True: ([], {}))
     out = tmp_path / "plain"
     assert main(["reproduce", "--quick", "--jobs", "1", "--out", str(out)]) == 0
     assert calls == [] and [c["layer"] for c in json.loads((out / "claims.json").read_text())["checks"]] == ["data"]

@@ -167,7 +167,7 @@ def test_rows_of_claims_no_longer_declared_are_dropped_on_merge(isolated_registr
 
 def _fake_reproduce(monkeypatch, reg, fail_in_figures: BaseException | None = None):
     monkeypatch.setattr(
-        pcli,
+        pcli.runner,
         "_select",
         lambda only, layer, name, include_slow, include_long=False: reg.select("zz_fake", layer, include_slow),
     )
@@ -178,7 +178,7 @@ def _fake_reproduce(monkeypatch, reg, fail_in_figures: BaseException | None = No
             raise fail_in_figures
         return [fig], {}
 
-    monkeypatch.setattr(pcli, "make_figures", figs)
+    monkeypatch.setattr(pcli.reproduce, "make_figures", figs)
 
 
 def _reproduce(out: Path, *extra: str) -> int:
@@ -254,7 +254,7 @@ def test_a_check_into_a_reproduce_folder_rewrites_its_report(isolated_registry, 
     assert _reproduce(out) == 0
     md0 = (out / "REPORT.md").read_text()
     assert "from an earlier run" not in md0
-    monkeypatch.setattr(pcli, "_select", _REAL_SELECT)
+    monkeypatch.setattr(pcli.runner, "_select", _REAL_SELECT)
     verdicts["b_sim"] = Verdict.PARTLY
     capsys.readouterr()
     assert _check("--only", CID_B, "--out", str(out / "claims.json")) == 1
@@ -411,7 +411,7 @@ def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(
     assert _check("--only", "zz_fake", "--check", "tiny", "--slow", "--replace", "--out", str(out)) == 2  # llm: --layer
     assert calls == [0]
     # reproduce: the report has the llm layer, marked recorded, and names the commit
-    monkeypatch.setattr(pcli, "make_figures", lambda out_dir, quick, seed, progress=True: ([], {}))
+    monkeypatch.setattr(pcli.reproduce, "make_figures", lambda out_dir, quick, seed, progress=True: ([], {}))
     res = tmp_path / "results"
     assert _reproduce(res, "--quick") == 0
     md = (res / "REPORT.md").read_text()
@@ -436,9 +436,9 @@ def test_check_and_reproduce_report_progress_per_check_and_figure(isolated_regis
     assert [ln.split(" ", 2)[1] for ln in err if ln.startswith("checks:")] == ["1/3", "2/3", "3/3"]
     _fake_reproduce(monkeypatch, isolated_registry)
     # the real figure runner over two fake figure modules: one progress step per figure
-    monkeypatch.setattr(pcli, "make_figures", _REAL_MAKE_FIGURES)
-    monkeypatch.setattr(pcli, "_figure_list", lambda: ([("fig98_a", "a"), ("fig99_b", "b")], {}))
-    monkeypatch.setattr(pcli, "_make_one", _fake_make_one)
+    monkeypatch.setattr(pcli.reproduce, "make_figures", _REAL_MAKE_FIGURES)
+    monkeypatch.setattr(pcli.reproduce, "_figure_list", lambda: ([("fig98_a", "a"), ("fig99_b", "b")], {}))
+    monkeypatch.setattr(pcli.reproduce, "_make_one", _fake_make_one)
     for jobs in ("1", "2"):  # in this process, and in a worker process while the checks run
         assert main(["reproduce", "--quick", "--jobs", jobs, "--out", str(tmp_path / f"r{jobs}")]) == 0
         err = capsys.readouterr().err.splitlines()

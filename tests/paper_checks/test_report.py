@@ -173,8 +173,8 @@ def test_reproduce_writes_everything_and_fails_on_missing_figure(isolated_regist
         fig = FakeFigure("fig99_demo", "Demo", "caption", _png(Path(out_dir) / "fig99_demo.png"), tmp_path / "x.json")
         return [fig], {"fig98_gone": "module tiltlab.sim.figures.fig98_gone is missing"}
 
-    monkeypatch.setattr(pcli, "_select", fake_select)
-    monkeypatch.setattr(pcli, "make_figures", fake_figs)
+    monkeypatch.setattr(pcli.runner, "_select", fake_select)
+    monkeypatch.setattr(pcli.reproduce, "make_figures", fake_figs)
     out = tmp_path / "out"
     assert main(["reproduce", "--quick", "--seed", "4", "--jobs", "1", "--out", str(out)]) == 1  # a figure is missing
     # the figures go to a temporary folder next to --out (moved into place at the end)

@@ -198,7 +198,7 @@ def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
         return real(chks, seed, progress, jobs)
 
     real = cli._run_checks
-    monkeypatch.setattr(cli, "_run_checks", fake_checks)
+    monkeypatch.setattr(cli.runner, "_run_checks", fake_checks)
     chks = [check("a", "llm"), check("b", "sim"), check("c", "llm"), check("d", "theory")]
     outs = cli._run(chks, 0, progress=False, jobs=2)
     assert [o.check.key for o in outs] == ["a", "b", "c", "d"]

@@ -1,0 +1,185 @@
+"""What ``tiltlab check`` prints: the table, the counts, the failures with their one-line reproducers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tiltlab.paper_checks.cli.runner import LAYERS
+
+
+def reproducer(check, seed: int, claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) -> str:
+    """The command that re-runs exactly ``check``: the registry's line plus ``--slow`` for a slow
+    check and the ``--claims`` / ``--module`` of another project's claims and checks."""
+    line = check.reproducer(seed)
+    if check.long and "--long" not in line.split():
+        line += " --long"
+    elif check.slow and "--slow" not in line.split():
+        line += " --slow"
+    line += "".join(f" --claims {shlex.quote(str(d))}" for d in claim_dirs)
+    line += "".join(f" --module {shlex.quote(m)}" for m in modules)
+    return line
+
+
+def _counts_line(rec: dict[str, Any]) -> str:
+    """Check counts and claim counts, each labelled: "137 checks (verified 80, ...) of 70 claims
+    (claim verdicts: verified 46, ...)"."""
+    checks = ", ".join(f"{k} {v}" for k, v in rec["summary"]["verdicts"].items() if k != "unchecked")
+    claims = Counter(row["verdict"] for row in rec["claims"])
+    n_unchecked = len(rec.get("unchecked", []))
+    if n_unchecked:
+        claims["unchecked"] = n_unchecked
+    per_claim = ", ".join(f"{k} {v}" for k, v in sorted(claims.items()))
+    return (
+        f"{rec['summary']['checks']} checks ({checks}) of {sum(claims.values())} claims "
+        f"(per claim, its most informative check's verdict: {per_claim})"
+    )
+
+
+def _print_failures(outs, seed: int, stream=None, claim_dirs=(), modules=()) -> None:
+    stream = stream or sys.stdout
+    bad = [o for o in outs if not o.ok]
+    if not bad:
+        return
+    from tiltlab.paper_checks.report import FAILED_TITLE
+
+    print(f"\n{FAILED_TITLE}: {len(bad)}", file=stream)
+    for o in bad:
+        print(f"  FAIL {o.check.key}: {o.failure}", file=stream)
+        print(f"       reproduce: {reproducer(o.check, seed, claim_dirs, modules)}", file=stream)
+
+
+def _short(text: str, width: int = 36) -> str:
+    """A citation cut to one table column (the full citation is in the JSON record)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(outs, unchecked, stream=None) -> None:
+    stream = stream or sys.stdout
+    from tiltlab.paper_checks.registry import cite, get_claim
+
+    rows = []
+    for o in outs:
+        ev = (
+            o.result.summary
+            if o.result is not None
+            else "CRASHED: " + ((o.error or "").strip().splitlines()[-1:] or ["?"])[0]
+        )
+        verdict = (
+            o.verdict
+            if o.ok
+            else (
+                f"{o.verdict}!={o.check.expected.value}"
+                if o.verdict != o.check.expected.value
+                else f"{o.verdict}(items!)"
+            )
+        )
+        if (getattr(o, "provenance", None) or {}).get("source") == "recorded":
+            verdict += " (recorded)"
+        rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
+    for u in unchecked:
+        rows.append((u["claim"], _short(u["cite"]), "-", "unchecked", "no check registered"))
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    rows.sort(key=lambda r: (r[0], order.get(r[2], len(order))))  # per claim: theory, sim, data, llm
+    if not rows:
+        print("no checks selected", file=stream)
+        return
+    w = [max(len(r[i]) for r in [*rows, ("claim", "source", "layer", "verdict", "")]) for i in range(4)]
+    width = shutil.get_terminal_size((200, 24)).columns if stream.isatty() else 200
+    ev_w = max(40, width - sum(w) - 8)
+    head = ("claim", "source", "layer", "verdict", "evidence")
+    print("  ".join(h.ljust(w[i]) if i < 4 else h for i, h in enumerate(head)), file=stream)
+    print("  ".join("-" * (w[i] if i < 4 else 8) for i in range(5)), file=stream)
+    for r in rows:
+        ev = r[4] if len(r[4]) <= ev_w else r[4][: ev_w - 1] + "…"
+        print("  ".join(x.ljust(w[i]) for i, x in enumerate(r[:4])) + "  " + ev, file=stream)
+
+
+def _empty_selection(prefix: str | None, layer: str | None, name: str | None, slow: bool) -> str:
+    """Why nothing was selected, and what to pass instead (one line)."""
+    from tiltlab.paper_checks import registry
+
+    all_checks = registry.checks()
+    layers_with_checks = [x for x in LAYERS if any(c.layer == x for c in all_checks)]
+    if layer and layer not in layers_with_checks:
+        skipped = "".join(
+            f"; check module {m} was skipped ({why})" for m, why in sorted(registry.SKIPPED_MODULES.items())
+        )
+        return (
+            f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "
+            f"the LLM-scale claims are recorded as data: use --layer data{skipped}"
+        )
+    if (
+        not slow
+        and registry.select(prefix, layer, True)
+        and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
+    ):
+        return "the selected checks are all slow: add --slow"
+    longs = [c for c in registry.select(prefix, layer, True, include_long=True) if not name or c.name == name]
+    if longs and all(c.long for c in longs):
+        return "the selected checks are all long (hours): add --long"
+    opt_in = [
+        c
+        for c in registry.select(prefix, None, True, include_llm=True)
+        if c.layer in registry.OPT_IN_LAYERS and (not name or c.name == name) and not layer
+    ]
+    if opt_in:
+        return (
+            f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: "
+            f"add --layer {opt_in[0].layer} --slow"
+        )
+    what = " ".join(
+        f"{flag} {value}" for flag, value in (("--only", prefix), ("--layer", layer), ("--check", name)) if value
+    )
+    return f"no check matches {what}; `tiltlab check --list` prints every check (claim, check name, layer)"
+
+
+def _list(chks, unchecked=()) -> None:
+    """``tiltlab check --list``: one row per selected check (and per selected claim without a
+    check), nothing run."""
+    rows = [(c.claim_id, c.name, c.layer, "long" if c.long else "slow" if c.slow else "") for c in chks]
+    rows += [(u["claim"], "(no check yet)", "-", "") for u in unchecked]
+    head = ("claim", "check", "layer", "slow")
+    w = [max(len(r[i]) for r in [*rows, head]) for i in range(3)]
+    print("  ".join(h.ljust(w[i]) if i < 3 else h for i, h in enumerate(head)).rstrip())
+    for r in rows:
+        print("  ".join(x.ljust(w[i]) if i < 3 else x for i, x in enumerate(r)).rstrip())
+    print(f"{len(rows)} check(s) selected ({sum(c.slow for c in chks)} slow); none run")
+
+
+def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, rerendered=None) -> None:
+    if args.json:
+        json.dump(rec, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
+    else:
+        from tiltlab.paper_checks.record import outcomes_from_rows
+
+        _table([*outs, *outcomes_from_rows(recorded)], unchecked)
+        print(
+            f"\n{_counts_line(rec)}; ran {len(outs)} in {seconds:.1f} s; {rec['summary']['failures']} changed/crashed."
+        )
+        print(f"record written to {args.out}")
+        if recorded:
+            r0 = recorded[0]
+            print(
+                f"note: {len(recorded)} llm check(s) shown as 'recorded' come from the shipped record of the last full "
+                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; "
+                "`tiltlab check --layer llm --slow` runs them"
+            )
+        if n_kept:
+            print(
+                f"note: merged into the existing record: {n_kept} check(s) kept from earlier runs with their own "
+                "time, mode and commit (--replace writes this run only)"
+            )
+        if rerendered is not None:
+            print(f"report rewritten from the merged record: {rerendered}")
+        for m, why in rec["skipped_modules"].items():
+            print(f"note: check module {m} was skipped ({why})")
+        _print_failures(outs, args.seed, None, args.claims, args.module)
