@@ -306,7 +306,7 @@ def test_preregister_rewrites_only_the_hashes(prereg_repo, monkeypatch, capsys):
         )
         and "\n" not in err
     )
-    assert not list(path.parent.glob(".*.tmp"))  # written atomically, no temporary left
+    assert not list(path.parent.glob(".*.tmp*"))  # written atomically, no temporary left
 
 
 # --------------------------------------------------------------------------- the shipped record

@@ -368,7 +368,8 @@ def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, m
     monkeypatch.setattr(os, "replace", lambda src, dst: (seen.append((Path(src), Path(dst))), real(src, dst))[1])
     T._warm_cached.__wrapped__(0, 3)  # past the process's lru_cache, which earlier tests may have filled
     ((src, dst),) = seen
-    assert src.parent == dst.parent == cache and src.suffix == ".tmp" and dst.exists()
+    assert src.parent == dst.parent == cache and src != dst and dst.exists()
+    assert src.name.startswith(f".{dst.stem}.tmp-") and src.suffix == dst.suffix  # tiltlab.files' temporary name
     assert [p.name for p in cache.iterdir()] == [dst.name]
 
 
