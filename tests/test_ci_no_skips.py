@@ -79,3 +79,25 @@ def test_outside_ci_skips_stay_skips(tmp_path):
         assert r.returncode == 0, r.stdout
         assert "skipped under CI" not in r.stdout
         assert "3 skipped" in r.stdout and "1 passed" in r.stdout and "1 xfailed" in r.stdout
+
+
+def test_an_xdist_worker_computes_with_one_torch_thread():
+    """tests/conftest.py's ``pytest_configure``: one torch thread in an xdist worker (one worker per core), the
+    count left alone in a plain run."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("suite_conftest", CONFTEST)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        mod.pytest_configure(SimpleNamespace())  # not a worker
+        assert torch.get_num_threads() == 3
+        mod.pytest_configure(SimpleNamespace(workerinput={"workerid": "gw0"}))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -93,3 +93,15 @@ def test_write_parquet_round_trips(tmp_path):
     files.write_parquet(tmp_path / "t.parquet", table, fsync=True)
     assert pq.read_table(tmp_path / "t.parquet").equals(table)
     assert _leftovers(tmp_path) == []
+
+
+def test_atomic_path_never_reuses_an_existing_file_as_its_temporary(tmp_path, monkeypatch):
+    """The temporary name is reserved with an exclusive create: a file already there (another writer's
+    temporary) is refused, not truncated."""
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "fixed")
+    target = tmp_path / "t.txt"
+    other = files._temporary_name(target)
+    other.write_text("someone else's half-written file")
+    with pytest.raises(FileExistsError), files.atomic_path(target):
+        pass
+    assert other.read_text() == "someone else's half-written file" and not target.exists()
