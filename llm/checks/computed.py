@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
-from . import rules as R
-from . import stage3 as S
-from . import task as T
+from . import rules, stage3
+from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
-V = Verdict
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 
 
@@ -34,9 +32,9 @@ def paired(res, key: str, pairs) -> dict[str, list[float]]:
 
 def _numbers(res, keys) -> dict[str, float]:
     nums: dict[str, float] = {}
-    for k in S.METHODS:
+    for k in stage3.METHODS:
         for key in keys:
-            nums.update(T.ci_numbers(f"{k}_{key}", res[k][key]))
+            nums.update(shared_task.ci_numbers(f"{k}_{key}", res[k][key]))
     return nums
 
 
@@ -51,103 +49,107 @@ def _four_method_text(steps: int, n_seeds: int, beta: float) -> str:
 # ------------------------------------------------------------------ Table 3: diversity -> coverage
 DIVERSITY_PAIRS = (("disa", "grpo"), ("disa", "gspo"), ("flowrl", "grpo"), ("flowrl", "gspo"), ("disa", "flowrl"))
 DIVERSITY_ITEMS = {
-    **S._items(
+    **stage3._items(
         [f"coverage_{a}_minus_{b}" for a, b in DIVERSITY_PAIRS],
         **{f"coverage_{a}_minus_{b}": (True, False) for a in ("disa", "flowrl") for b in ("grpo", "gspo")},
     ),
-    **S.RAN,
+    **stage3.RAN,
 }
 
 
-@S.tiny_check("disa.table3.diversity", V.PARTLY, DIVERSITY_ITEMS)
-def diversity_coverage(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS, beta: float = 4.0) -> CheckResult:
+@stage3.tiny_check("disa.table3.diversity", Verdict.PARTLY, DIVERSITY_ITEMS)
+def diversity_coverage(
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 4.0
+) -> CheckResult:
     """Table 3's ordering DISA > FlowRL > GRPO, GSPO read on the held-out coverage of the correct set
     (``exp(H(pi restricted to C)) / |C|``, :func:`stage3.evaluate`): five paired items, DISA and FlowRL
     each minus GRPO and GSPO, and DISA minus FlowRL. At most partly: the judge's strategy scores and
     "the backbone highest" are not run."""
-    res = S.methods_raw(seed, n_seeds, steps, beta)
+    res = stage3.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_coverage", DIVERSITY_PAIRS)
-    items = [R.Item(f"coverage_{n}", tuple(xs), S.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"coverage_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_coverage", "heldout_acc"))
-    txt = ", ".join(f"{S.LABELS[k]} {T.fmt_ci(res[k]['heldout_coverage'])}" for k in S.METHODS)
-    return S.result(
+    txt = ", ".join(f"{stage3.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_coverage'])}" for k in stage3.METHODS)
+    return stage3.result(
         items,
-        S.ran_items(res),
+        stage3.ran_items(res),
         f"{_four_method_text(steps, n_seeds, beta)}: held-out coverage of the correct set (exp entropy of pi on the "
         f"correct answers / |C|, the small-scale counterpart of the diversity judge) {txt}; items: coverage DISA, "
         "FlowRL each minus GRPO, GSPO, and DISA - FlowRL; not run: the GPT-4o-mini judge, the backbone's score, "
         "GRPO vs GSPO",
         nums,
-        cap=V.PARTLY,
+        cap=Verdict.PARTLY,
     )
 
 
 # ------------------------------------------------------------------ Table 2: pass@k between methods
 CODE_PAIRS = (("disa", "grpo"), ("disa", "gspo"))
 CODE_ITEMS = {
-    **S._items(
+    **stage3._items(
         [f"pass8_{a}_minus_{b}" for a, b in CODE_PAIRS],
         **{f"pass8_{a}_minus_{b}": (True, False) for a, b in CODE_PAIRS},
     ),
-    **S.RAN,
+    **stage3.RAN,
 }
 
 
-@S.tiny_check("disa.table2.code_qwen2.5_7b", V.PARTLY, CODE_ITEMS)
-def code_pass_at_k(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS, beta: float = 4.0) -> CheckResult:
+@stage3.tiny_check("disa.table2.code_qwen2.5_7b", Verdict.PARTLY, CODE_ITEMS)
+def code_pass_at_k(
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 4.0
+) -> CheckResult:
     """Table 2's pass@16 direction, DISA above GRPO and GSPO (true of the paper's Avg pass@16 on both
     backbones), read as held-out pass@8 (``1 - (1 - p)^8`` per prompt, exact): two paired items. The
     tiny task is not code: it decides only the direction of pass@k between methods; "competitive on
     pass@1" is not judged (at most partly). One run for both backbones' claims."""
-    res = S.methods_raw(seed, n_seeds, steps, beta)
+    res = stage3.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_pass8", CODE_PAIRS)
-    items = [R.Item(f"pass8_{n}", tuple(xs), S.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"pass8_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_pass8", "heldout_acc"))
     txt = ", ".join(
-        f"{S.LABELS[k]} {T.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {T.fmt_ci(res[k]['heldout_acc'])})"
-        for k in S.METHODS
+        f"{stage3.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {shared_task.fmt_ci(res[k]['heldout_acc'])})"
+        for k in stage3.METHODS
     )
-    return S.result(
+    return stage3.result(
         items,
-        S.ran_items(res),
+        stage3.ran_items(res),
         f"{_four_method_text(steps, n_seeds, beta)}: held-out pass@8 {txt}; items: pass@8 DISA - GRPO, DISA - GSPO; "
         "the enumerable task is not a code benchmark: it decides only the direction of pass@k between methods; "
         "pass@1 'competitive' not judged; shared run: decides disa.table2.code_qwen2.5_7b and _qwen3_4b",
         nums,
-        cap=V.PARTLY,
+        cap=Verdict.PARTLY,
     )
 
 
-S.tiny_check("disa.table2.code_qwen3_4b", V.PARTLY, CODE_ITEMS)(code_pass_at_k)
+stage3.tiny_check("disa.table2.code_qwen3_4b", Verdict.PARTLY, CODE_ITEMS)(code_pass_at_k)
 
 
 # ------------------------------------------------------------------ PACED Fig. 6: VarGrad vs learned log Z
-VARGRAD_ITEMS = {**S._items(("vargrad_beats_learned_logz",)), **S.RAN}
+VARGRAD_ITEMS = {**stage3._items(("vargrad_beats_learned_logz",)), **stage3.RAN}
 
 
-@S.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
+@stage3.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
 def vargrad_vs_learned(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Fig. 6's "VarGrad ends higher than a learned log Z", read as final TV(pi, pi*) in the remark2 run:
     one paired item, TV(learned_head) - TV(vargrad) (lower TV is better). At most partly: "faster" (the
     curve) is not recorded, and PACED-RL above VarGrad (``paced.fig6.vargrad``) is not run."""
-    tv, _, _, _, _, log = S.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
+    tv, _, _, _, _, log = stage3.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     d = [a - b for a, b in zip(tv["learned_head"], tv["vargrad"])]
     nums: dict[str, float] = {**log.numbers()}
     for k in ("learned_head", "vargrad"):
-        nums.update(T.ci_numbers(f"tv_{k}", tv[k]))
-    return S.result(
-        [R.Item("vargrad_beats_learned_logz", tuple(d), S.TV_MARGIN)],
+        nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
+    return stage3.result(
+        [rules.Item("vargrad_beats_learned_logz", tuple(d), stage3.TV_MARGIN)],
         log.items(),
         f"the remark2 run of disa.remark2.calibration (tiny Qwen3, beta={beta:g}, on-policy, {steps} steps, "
         f"{n_seeds} seeds; a reuse of that one experiment): final TV(pi, pi*) on the train prompts, FlowRL's loss "
-        f"with FlowRL's learned log Z head {T.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
-        f"{T.fmt_ci(tv['vargrad'])}; item: TV(learned) - TV(VarGrad); not run: convergence speed, PACED-RL; "
+        f"with FlowRL's learned log Z head {shared_task.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
+        f"{shared_task.fmt_ci(tv['vargrad'])}; item: TV(learned) - TV(VarGrad); not run: convergence speed, PACED-RL; "
         "shared run: decides disa.remark2.calibration, flowrl.vargrad_beats_learned_logz, paced.fig6.vargrad",
         nums,
-        cap=V.PARTLY,
+        cap=Verdict.PARTLY,
     )
 
 
-S.tiny_check("paced.fig6.vargrad", INCONCLUSIVE, VARGRAD_ITEMS)(vargrad_vs_learned)
+stage3.tiny_check("paced.fig6.vargrad", INCONCLUSIVE, VARGRAD_ITEMS)(vargrad_vs_learned)

@@ -27,11 +27,9 @@ from tiltlab.objectives.pg import group_advantages, grpo_loss
 from tiltlab.objectives.tb import sequence_logprob, tb_loss, tb_residual
 from tiltlab.paper_checks.registry import CheckResult, Verdict
 
-from . import rules as R
-from . import stage3 as S
-from . import task as T
+from . import rules, stage3
+from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
-V = Verdict
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BETA = 4.0
@@ -47,7 +45,7 @@ EARLY = 25
 def paced_fn(table: torch.Tensor, beta: float):
     """PACED's TB (anchored on the rollout policy) with a per-prompt ``log Z_phi`` table ``[P_all]``."""
 
-    def fn(b: T.Batch) -> torch.Tensor:
+    def fn(b: shared_task.Batch) -> torch.Tensor:
         lp, lo = sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_old, b.mask)
         lz = table[b.prompt_idx].repeat_interleave(b.ans.shape[1])
         return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta))
@@ -56,14 +54,14 @@ def paced_fn(table: torch.Tensor, beta: float):
 
 
 @torch.no_grad()
-def table_abs_err(model, task: T.EnumTask, idx: torch.Tensor, table: torch.Tensor, beta: float) -> float:
+def table_abs_err(model, task: shared_task.EnumTask, idx: torch.Tensor, table: torch.Tensor, beta: float) -> float:
     """``mean_x |log Z_phi(x) - beta * p_theta(x)|`` over prompts ``idx``: the table against its on-policy
     fixed point (Prop. 4.1), ``p_theta`` the model's exact pass rate."""
-    p = T.pass_rate(T.policy(model, task, idx), task)
+    p = shared_task.pass_rate(shared_task.policy(model, task, idx), task)
     return float((table.detach()[idx].double() - beta * p).abs().mean())
 
 
-def _grpo(b: T.Batch) -> torch.Tensor:
+def _grpo(b: shared_task.Batch) -> torch.Tensor:
     loss, _ = grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
     return loss
 
@@ -71,13 +69,13 @@ def _grpo(b: T.Batch) -> torch.Tensor:
 ARMS = (*(f"tau{t:g}" for t in TAUS), "no_selection", "grpo")
 
 
-def paced_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS, taus=TAUS, beta: float = BETA):
+def paced_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, taus=TAUS, beta: float = BETA):
     """Per seed and arm: final train / held-out accuracy, held-out accuracy at step ``EARLY``, mean
     reward of the trained batches, and the mean ``pi_ref`` pass rate of the prompts trained in the
     first and the last fifth of the run. Arms: PACED at each tau, the same objective on random
     prompts (``no_selection``), GRPO on random prompts. Memoized per process."""
-    return S._memo(
-        ("paced", seed, n_seeds, steps, tuple(taus), beta, T.WARM_STEPS),
+    return stage3._memo(
+        ("paced", seed, n_seeds, steps, tuple(taus), beta, shared_task.WARM_STEPS),
         lambda: _paced_raw(seed, n_seeds, steps, taus, beta),
     )
 
@@ -91,14 +89,16 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
     def one(s: int) -> dict:
         res: dict = {a: {k: [] for k in keys} for a in arms}
         res["_logz"] = {a: {"abs_err_start": [], "abs_err_end": []} for a in arms if a != "grpo"}
-        log = R.RunLog()
+        log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
-        _, task, ref_tok, ref, tr, ho, _ = S.setup(s)
+        _, task, ref_tok, ref, tr, ho, _ = stage3.setup(s)
         tr_t = torch.tensor(tr)
-        ref_pass = T.pass_rate(T.Policy(torch.arange(task.n_prompts), ref.seq_logp, ref.log_probs), task)
-        init = beta * pass_rate_from_log_z(S.stage1_labels(ref, task, tr, beta, 8, gen), beta)
+        ref_pass = shared_task.pass_rate(
+            shared_task.Policy(torch.arange(task.n_prompts), ref.seq_logp, ref.log_probs), task
+        )
+        init = beta * pass_rate_from_log_z(stage3.stage1_labels(ref, task, tr, beta, 8, gen), beta)
         for arm, tau in zip(arms, (*taus, None, None)):
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
             with torch.no_grad():
                 table[tr_t] = init.float()
@@ -114,24 +114,24 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
 
             inner = _grpo if arm == "grpo" else paced_fn(table, beta)
 
-            def fn(b: T.Batch, inner=inner, trained=trained, rewards=rewards) -> torch.Tensor:
+            def fn(b: shared_task.Batch, inner=inner, trained=trained, rewards=rewards) -> torch.Tensor:
                 trained.append(b.prompt_idx.clone())
                 rewards.append(float(b.reward.mean()))
                 return inner(b)
 
             def on_step(step: int, model=model, early=early) -> None:
                 if step + 1 == early_step:
-                    early.append(float(T.pass_rate(T.policy(model, task, ho), task).mean()))
+                    early.append(float(shared_task.pass_rate(shared_task.policy(model, task, ho), task).mean()))
                     model.train()
 
-            trace = T.train_online(
+            trace = shared_task.train_online(
                 model,
                 task,
                 ref_tok,
                 fn,
                 prompts=tr,
                 steps=steps,
-                lr=S.LR,
+                lr=stage3.LR,
                 seed=s,
                 select=select if tau is not None else None,
                 extra_params=(table,) if arm != "grpo" else (),
@@ -142,8 +142,8 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
             if arm != "grpo":
                 res["_logz"][arm]["abs_err_end"].append(table_abs_err(model, task, tr_t, table, beta))
             r = res[arm]
-            r["acc"].append(S.evaluate(model, task, tr)["acc"])
-            r["heldout_acc"].append(S.evaluate(model, task, ho)["acc"])
+            r["acc"].append(stage3.evaluate(model, task, tr)["acc"])
+            r["heldout_acc"].append(stage3.evaluate(model, task, ho)["acc"])
             r["heldout_early"].append(early[0])
             log.add(trace, float(ref_pass[ho].mean()), r["heldout_acc"][-1])
             r["batch_reward"].append(sum(rewards) / len(rewards))
@@ -152,7 +152,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
         res["_log"] = log
         return res
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "paced_tau_sweep"))
+    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "paced_tau_sweep"))
 
 
 def _paired(res, a: str, others: tuple[str, ...], key: str = "heldout_acc") -> list[float]:
@@ -162,23 +162,23 @@ def _paired(res, a: str, others: tuple[str, ...], key: str = "heldout_acc") -> l
 
 
 SWEEP_KEYS = ("best_0.5_minus_edges", "others_minus_0.1", "fast_start_0.9")
-TAU_SWEEP_ITEMS = {**S._items(SWEEP_KEYS), **S.RAN}
+TAU_SWEEP_ITEMS = {**stage3._items(SWEEP_KEYS), **stage3.RAN}
 FIG4_ITEMS = dict(TAU_SWEEP_ITEMS)
-TABLE1_ITEMS = {**S._items(("paced_minus_grpo", "paced_minus_flowrl")), **S.RAN}
+TABLE1_ITEMS = {**stage3._items(("paced_minus_grpo", "paced_minus_flowrl")), **stage3.RAN}
 
 
 def _arms(res) -> dict:
     return {a: r for a, r in res.items() if not a.startswith("_")}
 
 
-def _sweep_items(res) -> list[R.Item]:
+def _sweep_items(res) -> list[rules.Item]:
     mid_vs_edges = _paired(res, "tau0.5", ("tau0.1", "tau0.9"))
     worst = _paired(res, "tau0.1", ("tau0.3", "tau0.5", "tau0.7", "tau0.9"))
     fast = _paired(res, "tau0.9", ("tau0.1", "tau0.3", "tau0.5", "tau0.7"), key="heldout_early")
     return [
-        R.Item("best_0.5_minus_edges", tuple(mid_vs_edges), S.ACC_MARGIN),
-        R.Item("others_minus_0.1", tuple(-x for x in worst), S.ACC_MARGIN),
-        R.Item("fast_start_0.9", tuple(fast), S.ACC_MARGIN),
+        rules.Item("best_0.5_minus_edges", tuple(mid_vs_edges), stage3.ACC_MARGIN),
+        rules.Item("others_minus_0.1", tuple(-x for x in worst), stage3.ACC_MARGIN),
+        rules.Item("fast_start_0.9", tuple(fast), stage3.ACC_MARGIN),
     ]
 
 
@@ -187,24 +187,24 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     nums: dict[str, float] = {**res["_log"].numbers()}
     for arm, r in arms.items():
         for k, xs in r.items():
-            nums.update(T.ci_numbers(f"{arm}_{k}", xs))
+            nums.update(shared_task.ci_numbers(f"{arm}_{k}", xs))
     for arm, errs in res["_logz"].items():
         for k, xs in errs.items():
-            nums.update(T.ci_numbers(f"{arm}_logz_table_{k}", xs))
+            nums.update(shared_task.ci_numbers(f"{arm}_logz_table_{k}", xs))
     tracks = [a - b for a, b in zip(res["tau0.9"]["batch_reward"], res["tau0.1"]["batch_reward"])]
-    nums.update(T.ci_numbers("context_train_reward_tracks_tau", tracks))
+    nums.update(shared_task.ci_numbers("context_train_reward_tracks_tau", tracks))
     err = res["_logz"]["tau0.5"]
     txt = (
         f"PACED (TB anchored on pi_old, beta={BETA:g}, log Z_phi a per-prompt table (not PACED's MLP on pi_ref "
         f"embeddings), Adam lr {LOGZ_LR:g}, started at beta x the Stage-1 M=8 pass-rate estimate; tau=0.5's mean "
-        f"|table - beta p_theta| start {T.fmt_ci(err['abs_err_start'])}, end {T.fmt_ci(err['abs_err_end'])}; "
+        f"|table - beta p_theta| start {shared_task.fmt_ci(err['abs_err_start'])}, end {shared_task.fmt_ci(err['abs_err_end'])}; "
         f"8 of the train prompts per step), "
         f"{steps} steps, {n_seeds} seeds; held-out accuracy: "
-        + ", ".join(f"{a} {T.fmt_ci(arms[a]['heldout_acc'])}" for a in arms)
+        + ", ".join(f"{a} {shared_task.fmt_ci(arms[a]['heldout_acc'])}" for a in arms)
         + f"; at step {min(EARLY, steps)}: "
-        + ", ".join(f"{a} {T.fmt_ci(arms[a]['heldout_early'])}" for a in arms if a.startswith("tau"))
+        + ", ".join(f"{a} {shared_task.fmt_ci(arms[a]['heldout_early'])}" for a in arms if a.startswith("tau"))
         + "; items: held-out tau=0.5 - mean(0.1, 0.9), mean(others) - tau=0.1, tau=0.9 - mean(others) at the early "
-        f"step; context (holds by selection, not judged): batch reward tau=0.9 - tau=0.1 {T.fmt_ci(tracks)}"
+        f"step; context (holds by selection, not judged): batch reward tau=0.9 - tau=0.1 {shared_task.fmt_ci(tracks)}"
     )
     return nums, txt
 
@@ -212,64 +212,66 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
 def _sweep_result(seed: int, n_seeds: int, steps: int, shared: str) -> CheckResult:
     res = paced_raw(seed, n_seeds, steps)
     nums, txt = _sweep_numbers(res, steps, n_seeds)
-    return S.result(_sweep_items(res), res["_log"].items(), f"{txt}; {shared}", nums)
+    return stage3.result(_sweep_items(res), res["_log"].items(), f"{txt}; {shared}", nums)
 
 
-@S.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
-def tau_sweep(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
+@stage3.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
+def tau_sweep(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy;
     three paired items (:func:`_sweep_items`) under :func:`rules.judge`."""
     return _sweep_result(seed, n_seeds, steps, "shared run with paced.fig4.tau_llm, paced.fig5, paced.table1.*")
 
 
-@S.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
-def tau_sweep_fig4(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
+@stage3.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
+def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
     """Fig. 4: the items of :func:`tau_sweep` (one experiment for both claims). "Train accuracy
     tracks tau" (batch reward at tau = 0.9 above tau = 0.1) holds from the selection itself and is
     reported as context, not judged."""
     return _sweep_result(seed, n_seeds, steps, "the paced.tau_sweep run (one experiment, not independent evidence)")
 
 
-@S.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
-def paced_vs_baselines(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
+@stage3.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
+def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (the memoized 4-method run: same seeds, steps, learning
     rate, prompts and beta), held-out accuracy, two paired items; at most partly (DS, LILO and
     MoPPS are not run). One run for both backbones' claims."""
     res = paced_raw(seed, n_seeds, steps)
-    m = S.methods_raw(seed, n_seeds, steps)
+    m = stage3.methods_raw(seed, n_seeds, steps)
     p = res["tau0.5"]["heldout_acc"]
     nums = {
-        **T.ci_numbers("paced_heldout_acc", p),
-        **T.ci_numbers("grpo_heldout_acc", res["grpo"]["heldout_acc"]),
-        **T.ci_numbers("flowrl_heldout_acc", m["flowrl"]["heldout_acc"]),
+        **shared_task.ci_numbers("paced_heldout_acc", p),
+        **shared_task.ci_numbers("grpo_heldout_acc", res["grpo"]["heldout_acc"]),
+        **shared_task.ci_numbers("flowrl_heldout_acc", m["flowrl"]["heldout_acc"]),
     }
     items = [
-        R.Item("paced_minus_grpo", tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])), S.ACC_MARGIN),
-        R.Item("paced_minus_flowrl", tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])), S.ACC_MARGIN),
+        rules.Item("paced_minus_grpo", tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])), stage3.ACC_MARGIN),
+        rules.Item(
+            "paced_minus_flowrl", tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])), stage3.ACC_MARGIN
+        ),
     ]
     ran = res["_log"].items()
-    ran = {k: v and S.ran_items(m)[k] for k, v in ran.items()}
-    return S.result(
+    ran = {k: v and stage3.ran_items(m)[k] for k, v in ran.items()}
+    return stage3.result(
         items,
         ran,
-        f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {T.fmt_ci(p)}, GRPO "
-        f"{T.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (its log Z head trained with the policy, beta={BETA:g}, raw "
+        f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {shared_task.fmt_ci(p)}, GRPO "
+        f"{shared_task.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (its log Z head trained with the policy, beta={BETA:g}, raw "
         "reward) "
-        f"{T.fmt_ci(m['flowrl']['heldout_acc'])}; DS/LILO/MoPPS not run; shared run: decides both paced.table1 claims",
+        f"{shared_task.fmt_ci(m['flowrl']['heldout_acc'])}; DS/LILO/MoPPS not run; shared run: decides both paced.table1 claims",
         nums,
-        cap=V.PARTLY,
+        cap=Verdict.PARTLY,
     )
 
 
 for _cid in ("paced.table1.math_qwen2.5_math_7b",):
-    S.tiny_check(_cid, INCONCLUSIVE, TABLE1_ITEMS)(paced_vs_baselines)
+    stage3.tiny_check(_cid, INCONCLUSIVE, TABLE1_ITEMS)(paced_vs_baselines)
 
 
-FIG5_ITEMS = {**S._items(("difficulty_rise",)), **S.RAN}
+FIG5_ITEMS = {**stage3._items(("difficulty_rise",)), **stage3.RAN}
 
 
-@S.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
-def difficulty_rises(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) -> CheckResult:
+@stage3.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
+def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
     """Difficulty (1 - pi_ref's pass rate) of the trained prompts, last fifth minus first fifth of
     the run, PACED at tau = 0.5 (the no-selection arm reported: constant by construction)."""
     res = paced_raw(seed, n_seeds, steps)
@@ -277,12 +279,12 @@ def difficulty_rises(seed: int, n_seeds: int = T.N_SEEDS, steps: int = S.STEPS) 
         a: [e - l for e, l in zip(res[a]["ref_pass_early"], res[a]["ref_pass_late"])]
         for a in ("tau0.5", "no_selection")
     }
-    nums = {**T.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
-    return S.result(
-        [R.Item("difficulty_rise", tuple(rise["tau0.5"]), S.ACC_MARGIN)],
+    nums = {**shared_task.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
+    return stage3.result(
+        [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), stage3.ACC_MARGIN)],
         res["_log"].items(),
         f"{steps} steps, {n_seeds} seeds: rise of the trained prompts' difficulty (1 - pi_ref pass rate), last fifth "
-        f"minus first fifth: PACED tau=0.5 {T.fmt_ci(rise['tau0.5'])}, no selection (context) "
-        f"{T.fmt_ci(rise['no_selection'])}; the paced.tau_sweep run",
+        f"minus first fifth: PACED tau=0.5 {shared_task.fmt_ci(rise['tau0.5'])}, no selection (context) "
+        f"{shared_task.fmt_ci(rise['no_selection'])}; the paced.tau_sweep run",
         nums,
     )

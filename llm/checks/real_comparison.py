@@ -55,11 +55,10 @@ from typing import Any
 
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
-from . import rules as R
-from . import task as T
+from . import rules
+from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 from .real_training import step_times, trained_items, weights_moved
 
-V = Verdict
 ALIAS = "smollm2-135m"
 ARMS = ("disa", "flowrl", "grpo_kl", "grpo")
 N_SEEDS = 5
@@ -258,7 +257,7 @@ def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> d
 
 def _python(args: list[str], core: int | None) -> subprocess.CompletedProcess:
     """``python ARGS`` with one torch thread, vLLM bound to ``core`` (None: vLLM's own binding)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(T.CHECK_THREADS)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(shared_task.CHECK_THREADS)}
     if core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
@@ -326,7 +325,7 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
     from tiltlab.llm.data import load_prompts
     from tiltlab.llm.models import resolve_model
 
-    jobs = T._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
+    jobs = shared_task._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     start = load_file(str(Path(model_dir) / "model.safetensors"))
     with tempfile.TemporaryDirectory(prefix="tiltlab-real-comparison-") as tmp:
@@ -335,7 +334,7 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
         task = {**make_task(root, model_dir, seed), "model_dir": model_dir}
         task_s = time.perf_counter() - t0
         held = load_prompts(task["heldout"])
-        seeds = T.seeds_for(seed, n_seeds)
+        seeds = shared_task.seeds_for(seed, n_seeds)
         todo = [("base", s) for s in seeds] + [(a, s) for s in seeds for a in ARMS]
         runs: dict[tuple[str, int], dict] = {}
         cores = list(range(jobs)) if jobs > 1 else [None]
@@ -377,14 +376,16 @@ def paired(
     return tuple(m[a][s][metric] - m[b][s][metric] for s in seeds)
 
 
-def items_for(m: dict[str, dict[int, dict[str, float]]], seeds: Sequence[int], names: Sequence[str]) -> list[R.Item]:
+def items_for(
+    m: dict[str, dict[int, dict[str, float]]], seeds: Sequence[int], names: Sequence[str]
+) -> list[rules.Item]:
     """The registered items ``names`` (``disa_minus_<arm>_<metric>``) as paired per-seed differences."""
     margins = {"mean8": MARGIN_ACC, "pass8": MARGIN_ACC, "coverage": MARGIN_COVERAGE}
     out = []
     for name in names:
         rest = name.removeprefix("disa_minus_")
         arm, metric = rest.rsplit("_", 1)
-        out.append(R.Item(name, paired(m, "disa", arm, metric, seeds), margins[metric]))
+        out.append(rules.Item(name, paired(m, "disa", arm, metric, seeds), margins[metric]))
     return out
 
 
@@ -407,10 +408,10 @@ def numbers(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> d
         for metric in ("mean8", "pass8", "coverage"):
             vals = [m[arm][s][metric] for s in seeds]
             nums.update({f"{arm}_s{s}_{metric}": v for s, v in zip(seeds, vals)})
-            nums.update(T.ci_numbers(f"{arm}_{metric}", vals))
+            nums.update(shared_task.ci_numbers(f"{arm}_{metric}", vals))
     for a, b in [(x, "base") for x in ARMS] + [("disa", "grpo"), ("flowrl", "grpo_kl")]:
         for metric in ("mean8", "pass8", "coverage"):
-            nums.update(T.ci_numbers(f"{a}_minus_{b}_{metric}", paired(m, a, b, metric, seeds)))
+            nums.update(shared_task.ci_numbers(f"{a}_minus_{b}_{metric}", paired(m, a, b, metric, seeds)))
     for arm in ARMS:
         for s in seeds:
             run = raw["runs"][(arm, s)]
@@ -434,12 +435,12 @@ def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult
     m = per_run_metrics(raw)
     seeds = raw["seeds"]
     items = items_for(m, seeds, names)
-    verdict, rnums, flags, j = R.judge(items, ran_flags(raw, m), unit="training run")
+    verdict, rnums, flags, j = rules.judge(items, ran_flags(raw, m), unit="training run")
     nums = {**numbers(raw, m), **rnums}
     evidence = {**j.evidence(), "raw": raw_values(raw)}
     arms = ", ".join(
-        f"{a} Mean@8 {T.fmt_ci([m[a][s]['mean8'] for s in seeds])} pass@8 "
-        f"{T.fmt_ci([m[a][s]['pass8'] for s in seeds])} coverage {T.fmt_ci([m[a][s]['coverage'] for s in seeds])}"
+        f"{a} Mean@8 {shared_task.fmt_ci([m[a][s]['mean8'] for s in seeds])} pass@8 "
+        f"{shared_task.fmt_ci([m[a][s]['pass8'] for s in seeds])} coverage {shared_task.fmt_ci([m[a][s]['coverage'] for s in seeds])}"
         for a in ("base", *ARMS)
     )
     return CheckResult(
@@ -448,7 +449,7 @@ def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult
         f"{len(raw['held'])} held-out prompts (qa and multi-answer, pi_ref pass rate in [{MIN_PASS:g}, {MAX_PASS:g}]); "
         f"beta={BETA:g}, GRPO+KL: KL(pi||pi_ref)/beta in the reward; {raw['steps']} steps x {PROMPTS_PER_STEP}x{G}, "
         f"lr {LR:g}, {len(seeds)} training runs per arm; per arm (95% t-CIs over runs): {arms}; items: "
-        f"{R.describe(j)}; {R.rule_text('per-training-run')}",
+        f"{rules.describe(j)}; {rules.rule_text('per-training-run')}",
         nums,
         items=flags,
         evidence=evidence,
@@ -477,12 +478,12 @@ EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {
 @register_check(
     "disa.llm.real_model_training",
     layer="llm",
-    expected=V.INCONCLUSIVE,
+    expected=Verdict.INCONCLUSIVE,
     long=True,
     name=CHECK_NAME,
     expected_items=EXPECTED_PRIMARY_ITEMS,
 )
-@T.fixed_threads
+@shared_task.fixed_threads
 def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), PRIMARY, "DISA minus FlowRL (primary)")
 
@@ -490,12 +491,12 @@ def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS)
 @register_check(
     "disa.llm.real_model_vs_kl_grpo",
     layer="llm",
-    expected=V.INCONCLUSIVE,
+    expected=Verdict.INCONCLUSIVE,
     long=True,
     name=CHECK_NAME,
     expected_items=EXPECTED_SECONDARY_ITEMS,
 )
-@T.fixed_threads
+@shared_task.fixed_threads
 def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), SECONDARY, "DISA minus GRPO+KL (secondary)")
 

@@ -34,10 +34,9 @@ import torch
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
-from . import rules as R
-from . import task as T
+from . import rules
+from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
-V = Verdict
 ALIAS = "smollm2-135m"
 QUESTIONS: tuple[tuple[str, str], ...] = (
     ("2 + 3", "5"),
@@ -186,21 +185,21 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
     clustered = cluster_by_prompt(units, n_p, n_seeds)
     nums: dict[str, float] = {}
     for k, xs in clustered.items():
-        nums.update(T.ci_numbers(k, xs))
+        nums.update(shared_task.ci_numbers(k, xs))
     for k, xs in passes.items():
         nums[f"pass_rate_{k}"] = sum(xs) / len(xs)
     nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
     nums["n_prompts"] = n_p
     items = [
-        R.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), SPREAD_MARGIN),
-        R.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), ESS_MARGIN),
+        rules.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), SPREAD_MARGIN),
+        rules.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), ESS_MARGIN),
         # both hold in expectation by construction (more samples cannot raise an estimator's MSE; a
         # top-p proposal drops the tail mass from every label): reported, never judged
-        R.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN, "context"),
-        R.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN, "context"),
+        rules.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN, "context"),
+        rules.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN, "context"),
     ]
     ran = {"ran_weights_vary": max(units["sd_log_w"]) > 0, "ran_labels_differ": max(map(abs, units["mse_gain"])) > 0}
-    verdict, rnums, flags, j = R.judge(items, ran, unit="prompt")
+    verdict, rnums, flags, j = rules.judge(items, ran, unit="prompt")
     nums.update(rnums)
     return verdict, nums, flags, clustered, j
 
@@ -208,7 +207,7 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
 @register_check(
     "disa.llm.stage1_real_model",
     layer="llm",
-    expected=V.VERIFIED,
+    expected=Verdict.VERIFIED,
     slow=True,
     name="smollm2_135m_vllm",
     expected_items={
@@ -218,7 +217,7 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
         "ran_labels_differ": True,
     },
 )
-@T.fixed_threads
+@shared_task.fixed_threads
 def stage1_real_model(
     seed: int,
     n_seeds: int = N_SEEDS,
@@ -239,7 +238,7 @@ def stage1_real_model(
         root = Path(tmp)
         engine = vllm_proposal_engine(_config(model_dir, root / "engine", seed, m, 1.0, 1.0, max_new_tokens))
         try:
-            for s in T.seeds_for(seed, n_seeds, "stage1_real_model"):
+            for s in shared_task.seeds_for(seed, n_seeds, "stage1_real_model"):
 
                 def labels(name: str, mm: int, temperature: float, top_p: float, s: int = s):
                     cfg = _config(model_dir, root / f"{name}-{s}", s, mm, temperature, top_p, max_new_tokens)
@@ -261,11 +260,11 @@ def stage1_real_model(
         f"SmolLM2-135M-Instruct on vLLM, {len(rows)} arithmetic prompts x {n_seeds} seeds, beta={BETA:g}, "
         f"pi_ref = the model at T=1, q = the model at T={Q_TEMPERATURE:g}, M={m}; pass rates pi_ref {nums['pass_rate_ref']:.3f}, q "
         f"{nums['pass_rate_q']:.3f}, q top-p {TRUNC_TOP_P:g} {nums['pass_rate_q_trunc']:.3f}; sd(log w) median "
-        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {T.fmt_ci(clustered['ess_fraction'])}; squared label error vs "
-        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {T.fmt_ci(clustered['sq_err_small'])}, "
-        f"M={m} {T.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
-        f"{T.fmt_ci(clustered['bias_small'])}, M={m} {T.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
-        f"prompt's seeds averaged: prompt-clustered); items: {R.describe(j)}; {R.rule_text('per-prompt')}",
+        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {shared_task.fmt_ci(clustered['ess_fraction'])}; squared label error vs "
+        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {shared_task.fmt_ci(clustered['sq_err_small'])}, "
+        f"M={m} {shared_task.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
+        f"{shared_task.fmt_ci(clustered['bias_small'])}, M={m} {shared_task.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
+        f"prompt's seeds averaged: prompt-clustered); items: {rules.describe(j)}; {rules.rule_text('per-prompt')}",
         nums,
         items=flags,
         evidence=j.evidence(),

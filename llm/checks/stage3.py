@@ -20,10 +20,9 @@ from tiltlab.objectives.pg import cispo_loss, group_advantages, grpo_loss, gspo_
 from tiltlab.objectives.tb import disa_loss, flowrl_loss, sequence_logprob, vargrad_loss
 from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
-from . import rules as R
-from . import task as T
+from . import rules
+from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
-V = Verdict
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 STEPS = 100
 LR = 2e-3
@@ -48,14 +47,14 @@ def _items(names, **flags) -> dict[str, bool]:
     return out
 
 
-def result(items: list[R.Item], ran: dict[str, bool], summary: str, nums: dict, cap: Verdict | None = None, **kw):
+def result(items: list[rules.Item], ran: dict[str, bool], summary: str, nums: dict, cap: Verdict | None = None, **kw):
     """The :class:`CheckResult` of :func:`rules.judge` over ``items`` (with the verdicts at the
     first 3 and 5 seeds and its raw per-seed values as evidence); ``cap`` bounds the verdict
     (``PARTLY`` where the claim has parts no run tests)."""
-    verdict, rnums, flags, j = R.judge(items, ran, cap=cap)
-    nums = {**nums, **rnums, **R.prefix_verdicts(items)}
-    txt = f"{summary}; items: {R.describe(j)}; {R.RULE_TEXT}"
-    if cap is V.PARTLY:
+    verdict, rnums, flags, j = rules.judge(items, ran, cap=cap)
+    nums = {**nums, **rnums, **rules.prefix_verdicts(items)}
+    txt = f"{summary}; items: {rules.describe(j)}; {rules.RULE_TEXT}"
+    if cap is Verdict.PARTLY:
         txt += " (at most partly: part of the claim is not run)"
     return CheckResult(verdict, txt, nums, items=flags, evidence=j.evidence(), **kw)
 
@@ -67,36 +66,36 @@ def tiny_check(claim_id: str, expected: Verdict, expected_items: dict[str, bool]
     )
 
 
-def _seq(b: T.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def _seq(b: shared_task.Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_ref, b.mask)
 
 
 def disa_fn(log_z_all: torch.Tensor, beta: float):
     """Stage 3 (DISA eq. 10) with a frozen per-prompt ``log Z`` table ``[P_all]``."""
 
-    def fn(b: T.Batch) -> torch.Tensor:
-        lp, lr_ = _seq(b)
+    def fn(b: shared_task.Batch) -> torch.Tensor:
+        lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
         lz = log_z_all[b.prompt_idx].float().repeat_interleave(g)
-        return disa_loss(lp, lr_, b.reward.reshape(-1), lz, beta)
+        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta)
 
     return fn
 
 
 def setup(seed: int, beta: float | None = None):
     """``(model, task, ref_tok, ref_policy_all, train_idx, heldout_idx, log_z_exact_all)``."""
-    model, task = T.warm_reference(seed)
-    ref_tok = T.reference_tokens(model, task)
-    ref = T.Policy(
+    model, task = shared_task.warm_reference(seed)
+    ref_tok = shared_task.reference_tokens(model, task)
+    ref = shared_task.Policy(
         torch.arange(task.n_prompts), ref_tok.sum(-1).double(), torch.log_softmax(ref_tok.sum(-1).double(), -1)
     )
-    lz = T.exact_log_z(ref.log_probs, task.reward, beta) if beta is not None else None
+    lz = shared_task.exact_log_z(ref.log_probs, task.reward, beta) if beta is not None else None
     return model, task, ref_tok, ref, task.split(False), task.split(True), lz
 
 
 def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
-    pol = T.policy(model, task, idx)
-    pr = T.pass_rate(pol, task)
+    pol = shared_task.policy(model, task, idx)
+    pr = shared_task.pass_rate(pol, task)
     out = {"acc": float(pr.mean()), "pass8": float((1 - (1 - pr) ** 8).mean()), "leak": float(pol.leak.mean())}
     # coverage: exp(entropy of pi restricted to the correct answers) / |C|, in [1/|C|, 1]
     r = task.reward[pol.idx].double()
@@ -105,8 +104,8 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
     ent = -(pc * pc.clamp_min(1e-300).log()).sum(-1)
     out["coverage"] = float((ent.exp() / r.sum(-1)).mean())
     if ref is not None:
-        log_star, _ = T.tilted(ref.log_probs[pol.idx], task.reward[pol.idx], beta)
-        out["tv"] = float(T.tv_distance(pol.log_probs, log_star).mean())
+        log_star, _ = shared_task.tilted(ref.log_probs[pol.idx], task.reward[pol.idx], beta)
+        out["tv"] = float(shared_task.tv_distance(pol.log_probs, log_star).mean())
     return out
 
 
@@ -121,35 +120,41 @@ TARGET_TRACKING_ITEMS = {
 }
 
 
-@tiny_check("disa.llm.target_tracking", V.PARTLY, TARGET_TRACKING_ITEMS)
-def target_tracking(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, betas=BETAS) -> CheckResult:
+@tiny_check("disa.llm.target_tracking", Verdict.PARTLY, TARGET_TRACKING_ITEMS)
+def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, betas=BETAS) -> CheckResult:
 
     def one(s: int):
         mae: dict[float, list[float]] = {b: [] for b in betas}
         mae0: dict[float, list[float]] = {b: [] for b in betas}
-        log = R.RunLog()
+        log = rules.RunLog()
         for beta in betas:
             model, task, ref_tok, ref, tr, _, lz = setup(s, beta)
-            p0 = T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task)
+            p0 = shared_task.pass_rate(shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task)
             target = p0 * math.exp(beta) / (p0 * math.exp(beta) + 1 - p0)
             mae0[beta].append(float((p0 - target).abs().mean()))
-            trace = T.train_online(model, task, ref_tok, disa_fn(lz, beta), prompts=tr, steps=steps, lr=LR, seed=s)
-            acc = T.pass_rate(T.policy(model, task, tr), task)
+            trace = shared_task.train_online(
+                model, task, ref_tok, disa_fn(lz, beta), prompts=tr, steps=steps, lr=LR, seed=s
+            )
+            acc = shared_task.pass_rate(shared_task.policy(model, task, tr), task)
             log.add(trace, float(p0.mean()), float(acc.mean()))
             mae[beta].append(float((acc - target).abs().mean()))
         return mae, mae0, log
 
-    mae, mae0, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "target_tracking"))
-    items = [R.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), TRACK_MARGIN) for b in betas]
+    mae, mae0, log = shared_task.gather(
+        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "target_tracking")
+    )
+    items = [rules.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), TRACK_MARGIN) for b in betas]
     items += [
-        R.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), TRACK_MARGIN)
+        rules.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), TRACK_MARGIN)
         for b in betas
     ]
     nums: dict[str, float] = {**log.numbers()}
     for b in betas:
-        nums.update(T.ci_numbers(f"mae_beta{b:g}", mae[b]))
+        nums.update(shared_task.ci_numbers(f"mae_beta{b:g}", mae[b]))
         nums[f"mae_start_beta{b:g}"] = sum(mae0[b]) / len(mae0[b])
-    txt = "; ".join(f"beta={b:g}: MAE {T.fmt_ci(mae[b])} (start {nums[f'mae_start_beta{b:g}']:.3f})" for b in betas)
+    txt = "; ".join(
+        f"beta={b:g}: MAE {shared_task.fmt_ci(mae[b])} (start {nums[f'mae_start_beta{b:g}']:.3f})" for b in betas
+    )
     return result(
         items,
         log.items(),
@@ -176,7 +181,7 @@ def seeded_rng(seed: int):
         yield
 
 
-def prompt_inputs(task: T.EnumTask, idx) -> tuple[torch.Tensor, torch.Tensor]:
+def prompt_inputs(task: shared_task.EnumTask, idx) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [P, L], prompt mask [P, L])``: the teacher-forcing row of answer 0 with only the prompt's
     tokens unmasked (left-padded prompt; the answer's positions masked out)."""
     idx = torch.as_tensor(idx)
@@ -197,7 +202,7 @@ def attach_flowrl_head(model, seed: int):
     return head
 
 
-def head_log_z(model, task: T.EnumTask, idx) -> torch.Tensor:
+def head_log_z(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
     """``[P]`` ``log Z_phi(x) = head(masked mean of the final hidden states over the prompt's tokens)``
     (:func:`~tiltlab.llm.trainers.logz_head.prompt_log_z`); gradient reaches head and backbone when enabled."""
     from tiltlab.llm.trainers.logz_head import prompt_log_z
@@ -206,7 +211,7 @@ def head_log_z(model, task: T.EnumTask, idx) -> torch.Tensor:
 
 
 @torch.no_grad()
-def head_abs_err(model, task: T.EnumTask, idx, log_z_exact: torch.Tensor) -> float:
+def head_abs_err(model, task: shared_task.EnumTask, idx, log_z_exact: torch.Tensor) -> float:
     """``mean_x |log Z_phi(x) - log Z(x)|`` over prompts ``idx``, the head in eval mode (no dropout)."""
     was = model.training
     model.eval()
@@ -225,7 +230,7 @@ def flowrl_fn(log_z_of, beta: float):
     steps at the policy's learning rate, as in FlowRL's code (``proj_z`` inside the actor module, one
     optimiser over all of it)."""
 
-    def fn(b: T.Batch) -> torch.Tensor:
+    def fn(b: shared_task.Batch) -> torch.Tensor:
         g = b.ans.shape[1]
         loss, _ = flowrl_loss(
             b.logp, b.logp_ref, b.logp_old, b.mask, b.reward, log_z_of(b.prompt_idx).repeat_interleave(g),
@@ -236,7 +241,7 @@ def flowrl_fn(log_z_of, beta: float):
     return fn
 
 
-def flowrl_head_fn(model, task: T.EnumTask, beta: float):
+def flowrl_head_fn(model, task: shared_task.EnumTask, beta: float):
     """:func:`flowrl_fn` with FlowRL's head on ``model`` (attach it first: :func:`attach_flowrl_head`)."""
     return flowrl_fn(lambda idx: head_log_z(model, task, idx), beta)
 
@@ -244,10 +249,10 @@ def flowrl_head_fn(model, task: T.EnumTask, beta: float):
 def _variants(lz_exact, lz_label, lz_noisy, beta, log_z_of):
     learned = flowrl_fn(log_z_of, beta)
 
-    def vargrad(b: T.Batch) -> torch.Tensor:
-        lp, lr_ = _seq(b)
+    def vargrad(b: shared_task.Batch) -> torch.Tensor:
+        lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
-        return vargrad_loss(lp.view(-1, g), lr_.view(-1, g), b.reward.float(), beta)
+        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta)
 
     return {
         "exact": disa_fn(lz_exact, beta),
@@ -262,7 +267,7 @@ def stage1_labels(ref, task, idx, beta, m, gen, proposal=None) -> torch.Tensor:
     """``[len(idx)]`` DISA eq. (8) labels from ``m`` exact samples of the proposal (default ``pi_ref``)."""
     idx = torch.as_tensor(idx)
     q = ref.log_probs[idx] if proposal is None else proposal
-    ans = T.sample_answers(q, m, gen)
+    ans = shared_task.sample_answers(q, m, gen)
     log_w = log_importance_weights(
         ref.log_probs[idx].gather(1, ans), q.gather(1, ans), beta * task.reward[idx].gather(1, ans)
     )
@@ -279,15 +284,15 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
     grads = []
     for _ in range(n):
         idx = torch.as_tensor(prompts)[torch.randperm(len(prompts), generator=gen)[:8]]
-        all_lp, mask_all = T.token_logps(model, task, idx)
-        ans = T.sample_answers(torch.log_softmax(all_lp.detach().sum(-1).double(), -1), 8, gen)
-        b = T.Batch(
+        all_lp, mask_all = shared_task.token_logps(model, task, idx)
+        ans = shared_task.sample_answers(torch.log_softmax(all_lp.detach().sum(-1).double(), -1), 8, gen)
+        b = shared_task.Batch(
             idx,
             ans,
-            T.gather_tokens(all_lp, ans),
-            T.gather_tokens(all_lp, ans).detach(),
-            T.gather_tokens(ref_tok[idx], ans),
-            T.gather_tokens(mask_all, ans),
+            shared_task.gather_tokens(all_lp, ans),
+            shared_task.gather_tokens(all_lp, ans).detach(),
+            shared_task.gather_tokens(ref_tok[idx], ans),
+            shared_task.gather_tokens(mask_all, ans),
             task.reward[idx].gather(1, ans),
             all_lp,
         )
@@ -300,12 +305,14 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
 LOGZ_NAMES = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
 
 
-def logz_variants_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12):
+def logz_variants_raw(
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+):
     """Per-seed ``(tv, gradvar, label_err, head_err_start, head_err, log)`` of the remark2 run (each arm of
     :data:`LOGZ_NAMES` trained from the same warm-up with the same seed; final TV(pi, pi*) on the train
     prompts); memoized per process (``disa.remark2.calibration`` and the VarGrad checks read it)."""
     return _memo(
-        ("logz", seed, n_seeds, steps, beta, grad_draws, T.WARM_STEPS),
+        ("logz", seed, n_seeds, steps, beta, grad_draws, shared_task.WARM_STEPS),
         lambda: _logz_variants_raw(seed, n_seeds, steps, beta, grad_draws),
     )
 
@@ -319,23 +326,27 @@ def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_dr
         lab_err: list[float] = []
         head_err: list[float] = []
         head_err0: list[float] = []
-        log = R.RunLog()
+        log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         lab = lz.clone()
         lab[tr] = stage1_labels(ref, task, tr, beta, 4, gen)
         noisy = lz + torch.randn(lz.shape, generator=gen, dtype=lz.dtype)
         lab_err.append(float((lab[tr] - lz[tr]).abs().mean()))
-        acc0 = float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean())
+        acc0 = float(
+            shared_task.pass_rate(
+                shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
+            ).mean()
+        )
         for k in names:
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             if k == "learned_head":
                 attach_flowrl_head(model, s)
                 head_err0.append(head_abs_err(model, task, tr, lz))
             fn = _variants(lz, lab, noisy, beta, lambda idx, model=model: head_log_z(model, task, idx))[k]
             with seeded_rng(s):  # the head's dropout
                 gv[k].append(_grad_var(model, task, ref_tok, fn, tr, s, n=grad_draws))
-                trace = T.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s)
+                trace = shared_task.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s)
             ev = evaluate(model, task, tr, ref, beta)
             log.add(trace, acc0, ev["acc"])
             tv[k].append(ev["tv"])
@@ -343,7 +354,7 @@ def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_dr
                 head_err.append(head_abs_err(model, task, tr, lz))
         return tv, gv, lab_err, head_err0, head_err, log
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "logz_variants"))
+    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "logz_variants"))
 
 
 REMARK2_JUDGED = ("learned_head", "is_label_m4")
@@ -354,7 +365,7 @@ per-prompt table at the policy's learning rate), and Holm ties the two items tog
 
 @tiny_check("disa.remark2.calibration", INCONCLUSIVE, REMARK2_ITEMS)
 def logz_variants(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Remark 2's mechanism: a log Z that is learned jointly with the policy (FlowRL's head,
     :data:`FLOWRL_HEAD`, a submodule of the policy trained by the policy's optimiser at its learning
@@ -366,24 +377,24 @@ def logz_variants(
     tv, gv, lab_err, head_err0, head_err, log = logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     nums: dict[str, float] = {**log.numbers()}
     for k in names:
-        nums.update(T.ci_numbers(f"tv_{k}", tv[k]))
-        nums.update(T.ci_numbers(f"gradvar_{k}", gv[k]))
+        nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
+        nums.update(shared_task.ci_numbers(f"gradvar_{k}", gv[k]))
     nums["label_abs_err_m4"] = sum(lab_err) / len(lab_err)
-    nums.update(T.ci_numbers("learned_head_abs_err_start", head_err0))
-    nums.update(T.ci_numbers("learned_head_abs_err_end", head_err))
+    nums.update(shared_task.ci_numbers("learned_head_abs_err_start", head_err0))
+    nums.update(shared_task.ci_numbers("learned_head_abs_err_end", head_err))
     for k in ("exact_plus_noise", "vargrad"):
-        nums.update(T.ci_numbers(f"tv_diff_{k}", [a - b for a, b in zip(tv[k], tv["exact"])]))
+        nums.update(shared_task.ci_numbers(f"tv_diff_{k}", [a - b for a, b in zip(tv[k], tv["exact"])]))
     items = [
-        R.Item(f"{k}_distorts", tuple(a - b for a, b in zip(tv[k], tv["exact"])), TV_MARGIN) for k in REMARK2_JUDGED
+        rules.Item(f"{k}_distorts", tuple(a - b for a, b in zip(tv[k], tv["exact"])), TV_MARGIN) for k in REMARK2_JUDGED
     ]
-    txt = ", ".join(f"{k} {T.fmt_ci(tv[k])}" for k in names)
+    txt = ", ".join(f"{k} {shared_task.fmt_ci(tv[k])}" for k in names)
     gtxt = ", ".join(f"{k} {sum(gv[k]) / len(gv[k]):.3g}" for k in names)
     return result(
         items,
         log.items(),
         f"beta={beta:g}, on-policy, {steps} steps, {n_seeds} seeds: final TV(pi, pi*) {txt}; mean |log Z error|: IS "
         f"label M=4 {nums['label_abs_err_m4']:.3f}, FlowRL's head (MLP on the prompt's hidden states, policy's "
-        f"optimiser and lr) at the start {T.fmt_ci(head_err0)}, at the end {T.fmt_ci(head_err)}; "
+        f"optimiser and lr) at the start {shared_task.fmt_ci(head_err0)}, at the end {shared_task.fmt_ci(head_err)}; "
         f"not judged: exact+N(0,1) minus exact {nums['tv_diff_exact_plus_noise']:+.3f}, VarGrad minus exact "
         f"{nums['tv_diff_vargrad']:+.3f}; grad variance at pi_ref {gtxt}; items are TV(variant) - TV(exact)",
         nums,
@@ -411,9 +422,9 @@ def knee_stat(var: dict[int, float], ms) -> tuple[float, float]:
     return slope([m for m in ms if m <= 8]), slope([m for m in ms if m >= 8])
 
 
-@tiny_check("disa.d3.teacher_m_study", V.VERIFIED, M_STUDY_ITEMS)
+@tiny_check("disa.d3.teacher_m_study", Verdict.VERIFIED, M_STUDY_ITEMS)
 def m_study(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 4, 8, 16, 32, 128)
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 4, 8, 16, 32, 128)
 ) -> CheckResult:
     """App. D.3 with a teacher proposal (q = pi_ref on the hinted prompt, pass rate 0.9, which is not
     pi_ref): label variance and median relative bias against M (context: they fall in M by
@@ -426,7 +437,7 @@ def m_study(
         bias: dict[int, list[float]] = {m: [] for m in ms}
         tv3: dict[int, list[float]] = {m: [] for m in (1, 128, 8)}  # 8 last: M = 1, 128 draw as before
         slopes: list[tuple[float, float]] = []
-        log = R.RunLog()
+        log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         q = proposal_logprobs(ref, task, tr, "hint")
@@ -437,32 +448,42 @@ def m_study(
             var[m].append(vs[m])
             bias[m].append(float(((draws.mean(0) - lz[tr]) / lz[tr].abs()).median()))
         slopes.append(knee_stat(vs, ms))
-        acc0 = float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean())
+        acc0 = float(
+            shared_task.pass_rate(
+                shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
+            ).mean()
+        )
         for m in tv3:
             lab = lz.clone()
             lab[tr] = stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
-            model, _ = T.warm_reference(s)
-            trace = T.train_online(model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s)
+            model, _ = shared_task.warm_reference(s)
+            trace = shared_task.train_online(
+                model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s
+            )
             ev = evaluate(model, task, tr, ref, beta)
             log.add(trace, acc0, ev["acc"])
             tv3[m].append(ev["tv"])
         return var, bias, tv3, slopes, log
 
-    var, bias, tv3, slopes, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "m_study"))
+    var, bias, tv3, slopes, log = shared_task.gather(
+        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "m_study")
+    )
     nums: dict[str, float] = {**log.numbers()}
     for m in ms:
-        nums.update(T.ci_numbers(f"var_m{m}", var[m]))
-        nums.update(T.ci_numbers(f"relbias_m{m}", bias[m]))
+        nums.update(shared_task.ci_numbers(f"var_m{m}", var[m]))
+        nums.update(shared_task.ci_numbers(f"relbias_m{m}", bias[m]))
     for m in tv3:
-        nums.update(T.ci_numbers(f"stage3_tv_m{m}", tv3[m]))
-    nums.update(T.ci_numbers("slope_before_8", [a for a, _ in slopes]))
-    nums.update(T.ci_numbers("slope_after_8", [b for _, b in slopes]))
+        nums.update(shared_task.ci_numbers(f"stage3_tv_m{m}", tv3[m]))
+    nums.update(shared_task.ci_numbers("slope_before_8", [a for a, _ in slopes]))
+    nums.update(shared_task.ci_numbers("slope_after_8", [b for _, b in slopes]))
     lo_m, hi_m = ms[0], ms[-1]
     items = [
-        R.Item("variance_falls", tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])), SLOPE_MARGIN, "context"),
-        R.Item("bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), 0.01, "context"),
-        R.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), SLOPE_MARGIN, "context"),
-        R.Item("m8_matches_m128", tuple(a - b for a, b in zip(tv3[8], tv3[128])), TV_MARGIN, "equivalence"),
+        rules.Item(
+            "variance_falls", tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])), SLOPE_MARGIN, "context"
+        ),
+        rules.Item("bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), 0.01, "context"),
+        rules.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), SLOPE_MARGIN, "context"),
+        rules.Item("m8_matches_m128", tuple(a - b for a, b in zip(tv3[8], tv3[128])), TV_MARGIN, "equivalence"),
     ]
     return result(
         items,
@@ -472,16 +493,16 @@ def m_study(
         + ", ".join(f"M={m} {nums[f'var_m{m}']:.3g}" for m in ms)
         + "; median relative bias "
         + ", ".join(f"M={m} {nums[f'relbias_m{m}']:+.3f}" for m in ms)
-        + f"; log-log variance slope up to M=8 {T.fmt_ci([a for a, _ in slopes])}, from M=8 "
-        f"{T.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {T.fmt_ci(tv3[1])}, M=8 {T.fmt_ci(tv3[8])}, M=128 "
-        f"{T.fmt_ci(tv3[128])}; items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})|, "
+        + f"; log-log variance slope up to M=8 {shared_task.fmt_ci([a for a, _ in slopes])}, from M=8 "
+        f"{shared_task.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {shared_task.fmt_ci(tv3[1])}, M=8 {shared_task.fmt_ci(tv3[8])}, M=128 "
+        f"{shared_task.fmt_ci(tv3[128])}; items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})|, "
         "knee = 0.5 |slope before 8| - |slope after 8| (context: by construction), Stage-3 TV M=8 - M=128 (equivalence)",
         nums,
     )
 
 
 # ------------------------------------------------------------------ 4. proposal strength
-def proposal_logprobs(ref: T.Policy, task: T.EnumTask, idx, kind: str) -> torch.Tensor:
+def proposal_logprobs(ref: shared_task.Policy, task: shared_task.EnumTask, idx, kind: str) -> torch.Tensor:
     """``[len(idx), K]`` log q(y|x) of a proposal: ``pi_ref`` on a re-worded prompt of the same ``t``
     (``level0``: level 0, ``level2``: level 2, ``hint``: the hinted prompt) — same tokenizer, full support."""
     rows = []
@@ -497,7 +518,7 @@ PROPOSAL_ITEMS = {**_items(("strong_beats_weak",)), **RAN}
 
 @tiny_check("disa.fig3.proposal_strength", INCONCLUSIVE, PROPOSAL_ITEMS)
 def proposal_strength(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 2.0, m: int = 8
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, m: int = 8
 ) -> CheckResult:
     """Fig. 3: a weaker proposal lowers Stage-3 accuracy. One judged item: accuracy with the strong
     proposal (the hinted prompt, pass rate 0.9) minus with the weak one (the level-0 prompt), paired
@@ -510,41 +531,51 @@ def proposal_strength(
         qpass: dict[str, list[float]] = {k: [] for k in kinds}
         acc: dict[str, list[float]] = {k: [] for k in kinds}
         base: list[float] = []
-        log = R.RunLog()
+        log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
-        base.append(float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean()))
+        base.append(
+            float(
+                shared_task.pass_rate(
+                    shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
+                ).mean()
+            )
+        )
         for k in kinds:
             q = proposal_logprobs(ref, task, tr, k)
             qpass[k].append(float((q.exp() * task.reward[tr]).sum(-1).mean()))
             lab = lz.clone()
             lab[tr] = stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
             err[k].append(float((lab[tr] - lz[tr]).pow(2).mean().sqrt()))
-            model, _ = T.warm_reference(s)
-            trace = T.train_online(model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s)
+            model, _ = shared_task.warm_reference(s)
+            trace = shared_task.train_online(
+                model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s
+            )
             acc[k].append(evaluate(model, task, tr)["acc"])
             log.add(trace, base[-1], acc[k][-1])
         return err, qpass, acc, base, log
 
-    err, qpass, acc, base, log = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "proposal_strength"))
-    nums: dict[str, float] = {**T.ci_numbers("acc_backbone", base), **log.numbers()}
+    err, qpass, acc, base, log = shared_task.gather(
+        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "proposal_strength")
+    )
+    nums: dict[str, float] = {**shared_task.ci_numbers("acc_backbone", base), **log.numbers()}
     for k in kinds:
-        nums.update(T.ci_numbers(f"label_rmse_{k}", err[k]))
-        nums.update(T.ci_numbers(f"acc_{k}", acc[k]))
+        nums.update(shared_task.ci_numbers(f"label_rmse_{k}", err[k]))
+        nums.update(shared_task.ci_numbers(f"acc_{k}", acc[k]))
         nums[f"proposal_pass_{k}"] = sum(qpass[k]) / len(qpass[k])
     above = [a - b for a, b in zip(acc["level0"], base)]
-    nums.update(T.ci_numbers("context_weak_minus_backbone", above))
-    items = [R.Item("strong_beats_weak", tuple(a - b for a, b in zip(acc["hint"], acc["level0"])), ACC_MARGIN)]
+    nums.update(shared_task.ci_numbers("context_weak_minus_backbone", above))
+    items = [rules.Item("strong_beats_weak", tuple(a - b for a, b in zip(acc["hint"], acc["level0"])), ACC_MARGIN)]
     return result(
         items,
         log.items(),
         f"beta={beta:g}, M={m}, {n_seeds} seeds; proposal pass rates "
         + ", ".join(f"{k} {nums[f'proposal_pass_{k}']:.3f}" for k in kinds)
         + "; label RMSE "
-        + ", ".join(f"{k} {T.fmt_ci(err[k])}" for k in kinds)
+        + ", ".join(f"{k} {shared_task.fmt_ci(err[k])}" for k in kinds)
         + "; Stage-3 accuracy "
-        + ", ".join(f"{k} {T.fmt_ci(acc[k])}" for k in kinds)
-        + f", backbone {T.fmt_ci(base)}; context (by construction, not judged): weak - backbone {T.fmt_ci(above)}; "
+        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in kinds)
+        + f", backbone {shared_task.fmt_ci(base)}; context (by construction, not judged): weak - backbone {shared_task.fmt_ci(above)}; "
         "item: accuracy with the strong (hint) minus the weak (level-0) proposal",
         nums,
     )
@@ -552,7 +583,7 @@ def proposal_strength(
 
 # ------------------------------------------------------------------ 5. Stage-2 amortized denoising
 @torch.no_grad()
-def prompt_features(model, task: T.EnumTask, idx) -> torch.Tensor:
+def prompt_features(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
     from tiltlab.llm.models import masked_mean_pool
 
     idx = torch.as_tensor(idx)
@@ -572,8 +603,8 @@ LOGZ_MARGIN = 0.02
 """Smallest effect of interest of an RMSE difference in log Z units (nats)."""
 
 
-@tiny_check("disa.stage2.denoising", V.VERIFIED, STAGE2_ITEMS)
-def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
+@tiny_check("disa.stage2.denoising", Verdict.VERIFIED, STAGE2_ITEMS)
+def stage2_denoising(seed: int, n_seeds: int = shared_task.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
     """Stage 2 on held-out prompts: RMSE to the exact log Z of the raw M = 2 labels minus that of
     the regressor's predictions, paired per seed. "It ran": the fit's training MSE fell below its
     first epoch's and its held-out predictions are not constant."""
@@ -587,8 +618,8 @@ def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: 
         gen = torch.Generator().manual_seed(s)
         model, task, _, ref, _, _, lz = setup(s, beta)
         # train on the plain and hinted prompts of the train split; judge on the held-out t's
-        fit_idx = [i for i, (t, _, _) in enumerate(task.prompts) if t not in T.HELD_OUT_T]
-        ho = [i for i, (t, _, _) in enumerate(task.prompts) if t in T.HELD_OUT_T]
+        fit_idx = [i for i, (t, _, _) in enumerate(task.prompts) if t not in shared_task.HELD_OUT_T]
+        ho = [i for i, (t, _, _) in enumerate(task.prompts) if t in shared_task.HELD_OUT_T]
         feats = prompt_features(model, task, list(range(task.n_prompts)))
         lab = stage1_labels(ref, task, list(range(task.n_prompts)), beta, m, gen)
         fit = fit_regressor(feats[fit_idx], lab[fit_idx].float(), epochs=200, hidden=64, seed=s)
@@ -602,36 +633,38 @@ def stage2_denoising(seed: int, n_seeds: int = T.N_SEEDS, beta: float = 2.0, m: 
         raw.append(float((lab[ho] - lz[ho]).pow(2).mean().sqrt()))
         return raw, pred, improved, varies
 
-    raw, pred, improved, varies = T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "stage2_denoising"))
-    nums = {**T.ci_numbers("rmse_raw_label", raw), **T.ci_numbers("rmse_regressor", pred)}
-    items = [R.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), LOGZ_MARGIN)]
+    raw, pred, improved, varies = shared_task.gather(
+        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "stage2_denoising")
+    )
+    nums = {**shared_task.ci_numbers("rmse_raw_label", raw), **shared_task.ci_numbers("rmse_regressor", pred)}
+    items = [rules.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), LOGZ_MARGIN)]
     return result(
         items,
         {"ran_fit_improved": all(improved), "ran_predictions_vary": all(varies)},
-        f"beta={beta:g}, M={m} labels, {n_seeds} seeds, held-out t in {T.HELD_OUT_T}: RMSE to exact log Z raw labels "
-        f"{T.fmt_ci(raw)}, Stage-2 regressor {T.fmt_ci(pred)}; item: raw RMSE - regressor RMSE",
+        f"beta={beta:g}, M={m} labels, {n_seeds} seeds, held-out t in {shared_task.HELD_OUT_T}: RMSE to exact log Z raw labels "
+        f"{shared_task.fmt_ci(raw)}, Stage-2 regressor {shared_task.fmt_ci(pred)}; item: raw RMSE - regressor RMSE",
         nums,
     )
 
 
 # ------------------------------------------------------------------ 6. DISA vs FlowRL vs GRPO vs GSPO
-def method_fns(name: str, lz, beta: float, model=None, task: T.EnumTask | None = None):
+def method_fns(name: str, lz, beta: float, model=None, task: shared_task.EnumTask | None = None):
     """Arm ``name``'s loss: DISA with the frozen ``lz``, FlowRL with the head on ``model`` (attached by
     :func:`attach_flowrl_head`; ``task`` gives its prompts), or a policy-gradient baseline."""
 
-    def grpo(b: T.Batch) -> torch.Tensor:
+    def grpo(b: shared_task.Batch) -> torch.Tensor:
         loss, _ = grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
         return loss
 
-    def gspo(b: T.Batch) -> torch.Tensor:
+    def gspo(b: shared_task.Batch) -> torch.Tensor:
         loss, _ = gspo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
         return loss
 
-    def cispo(b: T.Batch) -> torch.Tensor:
+    def cispo(b: shared_task.Batch) -> torch.Tensor:
         loss, _ = cispo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
         return loss
 
-    def sapo(b: T.Batch) -> torch.Tensor:
+    def sapo(b: shared_task.Batch) -> torch.Tensor:
         loss, _ = sapo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
         return loss
 
@@ -683,14 +716,15 @@ def disa_pipeline_labels(model, task, ref, tr, beta: float, gen, seed: int) -> t
 
 
 def methods_raw(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
 ) -> dict[str, dict[str, list]]:
     """Per-seed Mean (train accuracy), held-out accuracy, pass@8 and coverage of DISA (Stage-1/2
     estimated frozen log Z), FlowRL (its log Z head, :data:`FLOWRL_HEAD`, trained with the policy; same beta,
     raw reward, sequence sums),
     GRPO and GSPO; memoized per process (the Table-1 and PACED Table-1 checks read it)."""
     return _memo(
-        ("methods", seed, n_seeds, steps, beta, T.WARM_STEPS), lambda: _methods_raw(seed, n_seeds, steps, beta)
+        ("methods", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
+        lambda: _methods_raw(seed, n_seeds, steps, beta),
     )
 
 
@@ -709,14 +743,18 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
         warm, task, ref_tok, ref, tr, ho, lz = setup(s, beta)
         lab = disa_pipeline_labels(warm, task, ref, tr, beta, gen, s)
         res["_label_rmse"]["train"].append(float((lab[tr] - lz[tr]).pow(2).mean().sqrt()))
-        acc0 = float(T.pass_rate(T.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task).mean())
+        acc0 = float(
+            shared_task.pass_rate(
+                shared_task.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task
+            ).mean()
+        )
         for k in names:
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             if k == "flowrl":
                 attach_flowrl_head(model, s)
                 res["_flowrl_head"]["abs_err_start"].append(head_abs_err(model, task, tr, lz))
             with seeded_rng(s):  # the head's dropout
-                trace = T.train_online(
+                trace = shared_task.train_online(
                     model, task, ref_tok, method_fns(k, lab, beta, model, task), prompts=tr, steps=steps, lr=LR, seed=s
                 )
             if k == "flowrl":
@@ -724,18 +762,19 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
         return res
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "methods_compare"))
+    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare"))
 
 
 def context_raw(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
 ) -> dict[str, dict[str, list]]:
     """The 4-method run's context arms (:data:`CONTEXT_METHODS`: CISPO and SAPO at TRL's defaults, pi_old
     refreshed every :data:`CONTEXT_OLD_EVERY` steps) on its seeds, prompts, steps and learning rate, in the
     layout of :func:`methods_raw`; memoized apart from it, so that only the Table-1 check, not the PACED
     one that reads the 4-method run's FlowRL arm, trains them. ``beta`` only keys the run (no tilt here)."""
     return _memo(
-        ("context", seed, n_seeds, steps, beta, T.WARM_STEPS), lambda: _context_raw(seed, n_seeds, steps, beta)
+        ("context", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
+        lambda: _context_raw(seed, n_seeds, steps, beta),
     )
 
 
@@ -748,10 +787,14 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
         }
         res["_ran"] = {"loss": [], "weights": [], "acc": []}
         _, task, ref_tok, ref, tr, ho, _ = setup(s, beta)
-        acc0 = float(T.pass_rate(T.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task).mean())
+        acc0 = float(
+            shared_task.pass_rate(
+                shared_task.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task
+            ).mean()
+        )
         for k in CONTEXT_METHODS:
-            model, _ = T.warm_reference(s)
-            trace = T.train_online(
+            model, _ = shared_task.warm_reference(s)
+            trace = shared_task.train_online(
                 model,
                 task,
                 ref_tok,
@@ -765,7 +808,9 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
         return res
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "methods_compare context arms"))
+    return shared_task.gather(
+        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare context arms")
+    )
 
 
 def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
@@ -795,8 +840,10 @@ TABLE1_PAIRS = (("disa", "grpo"), ("disa", "gspo"), ("flowrl", "grpo"), ("flowrl
 TABLE1_ITEMS = {**_items([f"{a}_minus_{b}" for a, b in TABLE1_PAIRS], flowrl_minus_gspo=(True, False)), **RAN}
 
 
-@tiny_check("disa.table1.math_qwen2.5_7b", V.PARTLY, TABLE1_ITEMS)
-def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, beta: float = 4.0) -> CheckResult:
+@tiny_check("disa.table1.math_qwen2.5_7b", Verdict.PARTLY, TABLE1_ITEMS)
+def methods_compare(
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+) -> CheckResult:
     """Table 1's ordering, held-out accuracy: DISA and FlowRL (one beta, one reward transform; DISA
     with Stage-1/2 estimated labels, FlowRL with its learned log Z) each above GRPO and GSPO: four
     paired items. One run decides both Table-1 claims (two backbones): the run is memoized and the
@@ -808,23 +855,25 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
     nums: dict[str, float] = {}
     for k in (*names, *CONTEXT_METHODS):
         for key, xs in res[k].items():
-            nums.update(T.ci_numbers(f"{k}_{key}", xs))
-    nums.update(T.ci_numbers("disa_label_rmse_train", res["_label_rmse"]["train"]))
+            nums.update(shared_task.ci_numbers(f"{k}_{key}", xs))
+    nums.update(shared_task.ci_numbers("disa_label_rmse_train", res["_label_rmse"]["train"]))
     head = res["_flowrl_head"]
-    nums.update(T.ci_numbers("flowrl_logz_abs_err_start", head["abs_err_start"]))
-    nums.update(T.ci_numbers("flowrl_logz_abs_err_end", head["abs_err_end"]))
+    nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_start", head["abs_err_start"]))
+    nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_end", head["abs_err_end"]))
     h = {k: res[k]["heldout_acc"] for k in (*names, *CONTEXT_METHODS)}
-    nums.update(T.ci_numbers("context_disa_minus_flowrl", [a - b for a, b in zip(h["disa"], h["flowrl"])]))
+    nums.update(shared_task.ci_numbers("context_disa_minus_flowrl", [a - b for a, b in zip(h["disa"], h["flowrl"])]))
     context_pairs = [(a, b) for a in ("disa", "flowrl") for b in CONTEXT_METHODS]
     for a, b in context_pairs:
-        nums.update(T.ci_numbers(f"context_{a}_minus_{b}", [x - y for x, y in zip(h[a], h[b])]))
-    items = [R.Item(f"{a}_minus_{b}", tuple(x - y for x, y in zip(h[a], h[b])), ACC_MARGIN) for a, b in TABLE1_PAIRS]
+        nums.update(shared_task.ci_numbers(f"context_{a}_minus_{b}", [x - y for x, y in zip(h[a], h[b])]))
+    items = [
+        rules.Item(f"{a}_minus_{b}", tuple(x - y for x, y in zip(h[a], h[b])), ACC_MARGIN) for a, b in TABLE1_PAIRS
+    ]
     txt = "; ".join(
-        f"{k}: held-out {T.fmt_ci(h[k])}, Mean (train) {T.fmt_ci(res[k]['acc'])}, pass@8 {T.fmt_ci(res[k]['pass8'])}"
+        f"{k}: held-out {shared_task.fmt_ci(h[k])}, Mean (train) {shared_task.fmt_ci(res[k]['acc'])}, pass@8 {shared_task.fmt_ci(res[k]['pass8'])}"
         for k in names
     )
     ctx = (
-        "; ".join(f"{k} held-out {T.fmt_ci(h[k])}" for k in CONTEXT_METHODS)
+        "; ".join(f"{k} held-out {shared_task.fmt_ci(h[k])}" for k in CONTEXT_METHODS)
         + "; "
         + ", ".join(f"{LABELS[a]} - {LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs)
     )
@@ -835,7 +884,7 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
         f"tiny Qwen3, {steps} steps, {n_seeds} seeds, beta={beta:g} for DISA and FlowRL (raw 0/1 reward, sequence sums); "
         f"DISA log Z from Stage 1 (M={STAGE1_M}, q=pi_ref) + Stage 2 (label RMSE "
         f"{nums['disa_label_rmse_train']:.3f}); FlowRL's log Z head trained with the policy (mean |log Z_phi - log Z| "
-        f"on the train prompts: start {T.fmt_ci(head['abs_err_start'])}, end {T.fmt_ci(head['abs_err_end'])}): {txt}; "
+        f"on the train prompts: start {shared_task.fmt_ci(head['abs_err_start'])}, end {shared_task.fmt_ci(head['abs_err_end'])}): {txt}; "
         f"context: DISA - FlowRL "
         f"{nums['context_disa_minus_flowrl']:+.3f}; context arms, not judged (TRL's defaults, pi_old every "
         f"{CONTEXT_OLD_EVERY} steps so their ratios leave 1): {ctx}; shared run: decides disa.table1.math_qwen2.5_7b "
@@ -844,12 +893,12 @@ def methods_compare(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, bet
     )
 
 
-tiny_check("disa.table1.math_qwen3_4b", V.PARTLY, TABLE1_ITEMS)(methods_compare)
+tiny_check("disa.table1.math_qwen3_4b", Verdict.PARTLY, TABLE1_ITEMS)(methods_compare)
 
 
 # ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
 def lad_fn(div: str, eta: float):
-    def fn(b: T.Batch) -> torch.Tensor:
+    def fn(b: shared_task.Batch) -> torch.Tensor:
         lp = sequence_logprob(b.logp, b.mask)
         lo = sequence_logprob(b.logp_old, b.mask)
         return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div)
@@ -858,7 +907,7 @@ def lad_fn(div: str, eta: float):
 
 
 def grpo_kl_fn(clip: bool):
-    def fn(b: T.Batch) -> torch.Tensor:
+    def fn(b: shared_task.Batch) -> torch.Tensor:
         loss, _ = grpo_loss(
             b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask,
             clip_eps=0.2 if clip else 1e6, token_logp_ref=b.logp_old, kl_coef=1.0,
@@ -871,12 +920,12 @@ def grpo_kl_fn(clip: bool):
 LAD_NAMES = (*F_DIVERGENCES, "grpo_kl_clip", "grpo_kl_noclip")
 
 
-def lad_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
+def lad_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
     """Per-seed final train and held-out accuracy of LAD with each divergence and of GRPO + KL to
     pi_old with / without the clip; memoized per process (``lad.strict_better`` and
     ``lad.table8.divergences`` read it)."""
     return _memo(
-        ("lad", seed, n_seeds, steps, eta, old_every, T.WARM_STEPS),
+        ("lad", seed, n_seeds, steps, eta, old_every, shared_task.WARM_STEPS),
         lambda: _lad_raw(seed, n_seeds, steps, eta, old_every),
     )
 
@@ -887,13 +936,17 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
     def one(s: int):
         acc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
         hacc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
-        log = R.RunLog()
+        log = rules.RunLog()
         _, task, ref_tok, ref, tr, ho, _ = setup(s)
-        acc0 = float(T.pass_rate(T.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task).mean())
+        acc0 = float(
+            shared_task.pass_rate(
+                shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
+            ).mean()
+        )
         for k in LAD_NAMES:
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             fn = lad_fn(k, eta) if k in divs else grpo_kl_fn(k.endswith("_clip"))
-            trace = T.train_online(
+            trace = shared_task.train_online(
                 model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s, old_every=old_every
             )
             acc[k].append(evaluate(model, task, tr)["acc"])
@@ -901,7 +954,7 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
             log.add(trace, acc0, acc[k][-1])
         return acc, hacc, log
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "lad_divergences"))
+    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "lad_divergences"))
 
 
 STRICT = tuple(d for d in F_DIVERGENCES if F_DIVERGENCES[d].strict)
@@ -930,9 +983,9 @@ LAD_ITEMS = {
 }
 
 
-@tiny_check("lad.strict_better", V.PARTLY, LAD_ITEMS)
+@tiny_check("lad.strict_better", Verdict.PARTLY, LAD_ITEMS)
 def lad_divergences(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Strict divergences (TV, Hellinger, JS) beat the others (KL, rKL, Jeffreys) on train accuracy,
     judged per divergence: nine paired items, each strict one minus each non-strict one (Holm over the
@@ -940,12 +993,12 @@ def lad_divergences(
     acc, _, log = lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
     for k in LAD_NAMES:
-        nums.update(T.ci_numbers(f"acc_{k}", acc[k]))
+        nums.update(shared_task.ci_numbers(f"acc_{k}", acc[k]))
     return result(
-        [R.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), ACC_MARGIN) for a, b in STRICT_PAIRS],
+        [rules.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), ACC_MARGIN) for a, b in STRICT_PAIRS],
         log.items(),
         f"eta={eta:g}, pi_old refreshed every {old_every} steps, {steps} steps, {n_seeds} seeds, final train accuracy: "
-        + ", ".join(f"{k} {T.fmt_ci(acc[k])}" for k in LAD_NAMES)
+        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in LAD_NAMES)
         + "; items: each of TV/Hellinger/JS minus each of KL/rKL/Jeffreys (9); shared run with lad.table8.divergences",
         nums,
     )
@@ -961,9 +1014,9 @@ LAD8_ITEMS = {
 }
 
 
-@tiny_check("lad.table8.divergences", V.PARTLY, LAD8_ITEMS)
+@tiny_check("lad.table8.divergences", Verdict.PARTLY, LAD8_ITEMS)
 def lad_table8(
-    seed: int, n_seeds: int = T.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Table 8's ranking on the held-out split (the paper's metric is test accuracy): five paired items,
     adjacent divergences in the paper's order (:data:`TABLE8_ORDER`), each the better-ranked minus the
@@ -972,13 +1025,13 @@ def lad_table8(
     _, hacc, log = lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
     for k in LAD_NAMES:
-        nums.update(T.ci_numbers(f"heldout_acc_{k}", hacc[k]))
+        nums.update(shared_task.ci_numbers(f"heldout_acc_{k}", hacc[k]))
     return result(
-        [R.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), ACC_MARGIN) for a, b in TABLE8_PAIRS],
+        [rules.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), ACC_MARGIN) for a, b in TABLE8_PAIRS],
         log.items(),
         f"the lad.strict_better run (eta={eta:g}, pi_old every {old_every} steps, {steps} steps, {n_seeds} seeds; "
         "shared run), held-out accuracy: "
-        + ", ".join(f"{k} {T.fmt_ci(hacc[k])}" for k in TABLE8_ORDER)
+        + ", ".join(f"{k} {shared_task.fmt_ci(hacc[k])}" for k in TABLE8_ORDER)
         + "; items: adjacent pairs in Table 8's order (avg@32 Average) "
         + " > ".join(TABLE8_ORDER)
         + ", each the better-ranked minus the next",
@@ -1017,7 +1070,7 @@ def fpa_train(
     gen = torch.Generator().manual_seed(seed)
     n = len(data_idx)
     params = list(model.parameters())
-    before = T._snapshot(params)
+    before = shared_task._snapshot(params)
     losses: list[float] = []
     opt = torch.optim.Adam(params, lr=lr)
     model.train()
@@ -1034,23 +1087,25 @@ def fpa_train(
         fut = future_policy_logprobs(lt.detach(), lref, tgt, lam)
         lp, lf = sequence_logprob(tok, mask), sequence_logprob(fut, mask)
         loss = fpa_targeted_loss(lp, lf, mask.sum(-1), reward[j], apply_to)
-        losses.append(T.step_loss(loss, step))
+        losses.append(shared_task.step_loss(loss, step))
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
-    return T.Trace(losses, T._change(params, before))
+    return shared_task.Trace(losses, shared_task._change(params, before))
 
 
 FPA_LAMS = (0.0, 1.0, 2.0, 5.0, 20.0)
 
 
-def fpa_raw(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
+def fpa_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
     """Per-seed results of the offline FPA lambda sweep (train and held-out accuracy, log-prob
     shifts of correct / incorrect answers, and at lambda = 1 FPA's weight on the correct rows only /
     the incorrect rows only, Off-RL's on the others, all data kept: :func:`fpa_targeted_loss`);
     memoized per process (the Figs. 2-4 and the Table-6 / lambda checks read it)."""
-    return _memo(("fpa", seed, n_seeds, steps, tuple(lams), T.WARM_STEPS), lambda: _fpa_raw(seed, n_seeds, steps, lams))
+    return _memo(
+        ("fpa", seed, n_seeds, steps, tuple(lams), shared_task.WARM_STEPS), lambda: _fpa_raw(seed, n_seeds, steps, lams)
+    )
 
 
 def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
@@ -1063,38 +1118,42 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
         base: list[float] = []
         hbase: list[float] = []
         parts: dict[str, list[float]] = {"correct_only": [], "incorrect_only": []}
-        log = R.RunLog()
+        log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
         ref_model, task, _, ref, tr, ho, _ = setup(s)
         tr_t = torch.tensor(tr)
-        ans = T.sample_answers(ref.log_probs[tr_t], 8, gen)  # offline data: 8 samples per prompt from pi_ref
+        ans = shared_task.sample_answers(ref.log_probs[tr_t], 8, gen)  # offline data: 8 samples per prompt from pi_ref
         data_idx, data_ans = tr_t.repeat_interleave(8), ans.reshape(-1)
         reward = 2.0 * task.reward[data_idx, data_ans] - 1.0  # signed reward, as the simulator's FPA runs
         r_all = task.reward[tr_t].bool()
-        base.append(float(T.pass_rate(T.Policy(tr_t, ref.seq_logp[tr_t], ref.log_probs[tr_t]), task).mean()))
+        base.append(
+            float(shared_task.pass_rate(shared_task.Policy(tr_t, ref.seq_logp[tr_t], ref.log_probs[tr_t]), task).mean())
+        )
         ho_t = torch.tensor(ho)
-        hbase.append(float(T.pass_rate(T.Policy(ho_t, ref.seq_logp[ho_t], ref.log_probs[ho_t]), task).mean()))
+        hbase.append(
+            float(shared_task.pass_rate(shared_task.Policy(ho_t, ref.seq_logp[ho_t], ref.log_probs[ho_t]), task).mean())
+        )
         for lam in lams:
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, lam, steps, LR, s)
-            pol = T.policy(model, task, tr)
-            acc[lam].append(float(T.pass_rate(pol, task).mean()))
+            pol = shared_task.policy(model, task, tr)
+            acc[lam].append(float(shared_task.pass_rate(pol, task).mean()))
             log.add(trace, base[-1], acc[lam][-1])
-            hacc[lam].append(float(T.pass_rate(T.policy(model, task, ho), task).mean()))
+            hacc[lam].append(float(shared_task.pass_rate(shared_task.policy(model, task, ho), task).mean()))
             d = pol.seq_logp - ref.seq_logp[tr_t]  # log pi - log pi_ref, unnormalized sequence log-probs
             dcorr[lam].append(float(d[r_all].mean()))
             dinc[lam].append(float(d[~r_all].mean()))
         for part, apply_to in (("correct_only", "correct"), ("incorrect_only", "incorrect")):
-            model, _ = T.warm_reference(s)
+            model, _ = shared_task.warm_reference(s)
             trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, 1.0, steps, LR, s, apply_to=apply_to)
-            parts[part].append(float(T.pass_rate(T.policy(model, task, tr), task).mean()))
+            parts[part].append(float(shared_task.pass_rate(shared_task.policy(model, task, tr), task).mean()))
             log.add(trace, base[-1], parts[part][-1])
         return {
             "acc": acc, "heldout_acc": hacc, "dcorr": dcorr, "dinc": dinc, "base": base, "heldout_base": hbase,
             "parts": parts, "log": log,
         }  # fmt: skip
 
-    return T.gather(T.map_seeds(one, T.seeds_for(seed, n_seeds), "fpa_entanglement"))
+    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "fpa_entanglement"))
 
 
 DLOGP_MARGIN = 0.1
@@ -1103,40 +1162,40 @@ FPA_JUDGED = ("offrl_lowers_correct", "offrl_lowers_incorrect", "fpa_keeps_corre
 FPA_ITEMS = {**_items(FPA_JUDGED, **{k: (True, False) for k in FPA_JUDGED}), **RAN}
 
 
-@tiny_check("fpa.figs2_4.llm_dynamics", V.VERIFIED, FPA_ITEMS)
-def fpa_entanglement(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
+@tiny_check("fpa.figs2_4.llm_dynamics", Verdict.VERIFIED, FPA_ITEMS)
+def fpa_entanglement(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
     """Figs. 2-4 at small scale, every item a per-seed paired difference (same seed, same warm-up,
     same offline data for every lambda): Off-RL (lambda = 0) lowers log pi - log pi_ref of correct
     and of incorrect answers; FPA (lambda = 1) keeps correct ones above Off-RL's; FPA raises
     accuracy above pi_ref."""
     r = fpa_raw(seed, n_seeds, steps, lams)
     acc, dcorr, dinc, base, parts, log = r["acc"], r["dcorr"], r["dinc"], r["base"], r["parts"], r["log"]
-    nums: dict[str, float] = {**T.ci_numbers("acc_ref", base), **log.numbers()}
+    nums: dict[str, float] = {**shared_task.ci_numbers("acc_ref", base), **log.numbers()}
     for lam in lams:
-        nums.update(T.ci_numbers(f"acc_lam{lam:g}", acc[lam]))
-        nums.update(T.ci_numbers(f"dlogp_correct_lam{lam:g}", dcorr[lam]))
-        nums.update(T.ci_numbers(f"dlogp_incorrect_lam{lam:g}", dinc[lam]))
+        nums.update(shared_task.ci_numbers(f"acc_lam{lam:g}", acc[lam]))
+        nums.update(shared_task.ci_numbers(f"dlogp_correct_lam{lam:g}", dcorr[lam]))
+        nums.update(shared_task.ci_numbers(f"dlogp_incorrect_lam{lam:g}", dinc[lam]))
     for part, xs in parts.items():
-        nums.update(T.ci_numbers(f"acc_lam1_{part}", xs))
+        nums.update(shared_task.ci_numbers(f"acc_lam1_{part}", xs))
     items = [
-        R.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), DLOGP_MARGIN),
-        R.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), DLOGP_MARGIN),
-        R.Item("fpa_keeps_correct", tuple(a - b for a, b in zip(dcorr[1.0], dcorr[0.0])), DLOGP_MARGIN),
+        rules.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), DLOGP_MARGIN),
+        rules.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), DLOGP_MARGIN),
+        rules.Item("fpa_keeps_correct", tuple(a - b for a, b in zip(dcorr[1.0], dcorr[0.0])), DLOGP_MARGIN),
         # trained minus untrained: lambda = 0 raises it too (context; lambda against lambda is fpa.table6.*)
-        R.Item("fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), ACC_MARGIN, "context"),
+        rules.Item("fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), ACC_MARGIN, "context"),
     ]
     return result(
         items,
         log.items(),
-        f"offline data 8/prompt from pi_ref, {steps} steps, {n_seeds} seeds: accuracy ref {T.fmt_ci(base)}, "
-        + ", ".join(f"lam={lam:g} {T.fmt_ci(acc[lam])}" for lam in lams)
+        f"offline data 8/prompt from pi_ref, {steps} steps, {n_seeds} seeds: accuracy ref {shared_task.fmt_ci(base)}, "
+        + ", ".join(f"lam={lam:g} {shared_task.fmt_ci(acc[lam])}" for lam in lams)
         + "; mean log pi - log pi_ref correct/incorrect "
         + ", ".join(
             f"lam={lam:g} {nums[f'dlogp_correct_lam{lam:g}']:+.2f}/{nums[f'dlogp_incorrect_lam{lam:g}']:+.2f}"
             for lam in lams
         )
-        + f"; lam=1 FPA on the correct rows only {T.fmt_ci(parts['correct_only'])}, on the incorrect rows only "
-        f"{T.fmt_ci(parts['incorrect_only'])} (Off-RL's weight on the other rows, all data kept)"
+        + f"; lam=1 FPA on the correct rows only {shared_task.fmt_ci(parts['correct_only'])}, on the incorrect rows only "
+        f"{shared_task.fmt_ci(parts['incorrect_only'])} (Off-RL's weight on the other rows, all data kept)"
         + "; items: -dlogp correct (lam 0), -dlogp incorrect (lam 0), dlogp correct lam 1 - lam 0, accuracy lam 1 - "
         "pi_ref; shared run with fpa.table6.* (one experiment)",
         nums,
@@ -1146,12 +1205,12 @@ def fpa_entanglement(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150, lams
 def _fpa_heldout(seed: int, n_seeds: int, steps: int):
     r = fpa_raw(seed, n_seeds, steps, FPA_LAMS)
     h = r["heldout_acc"]
-    nums: dict[str, float] = T.ci_numbers("heldout_acc_ref", r["heldout_base"])
+    nums: dict[str, float] = shared_task.ci_numbers("heldout_acc_ref", r["heldout_base"])
     for lam in FPA_LAMS:
-        nums.update(T.ci_numbers(f"heldout_acc_lam{lam:g}", h[lam]))
+        nums.update(shared_task.ci_numbers(f"heldout_acc_lam{lam:g}", h[lam]))
     txt = (
-        f"offline FPA sweep ({steps} steps, {n_seeds} seeds), held-out accuracy: ref {T.fmt_ci(r['heldout_base'])}, "
-        + ", ".join(f"lam={lam:g} {T.fmt_ci(h[lam])}" for lam in FPA_LAMS)
+        f"offline FPA sweep ({steps} steps, {n_seeds} seeds), held-out accuracy: ref {shared_task.fmt_ci(r['heldout_base'])}, "
+        + ", ".join(f"lam={lam:g} {shared_task.fmt_ci(h[lam])}" for lam in FPA_LAMS)
     )
     return h, nums, txt
 
@@ -1160,8 +1219,8 @@ TABLE6_OTHERS = (0.0, 5.0, 20.0)
 TABLE6_ITEMS = {**_items([f"lam12_minus_lam{lam:g}" for lam in TABLE6_OTHERS], lam12_minus_lam20=(True, False)), **RAN}
 
 
-@tiny_check("fpa.table6.lambda_qwen3_4b", V.PARTLY, TABLE6_ITEMS)
-def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> CheckResult:
+@tiny_check("fpa.table6.lambda_qwen3_4b", Verdict.PARTLY, TABLE6_ITEMS)
+def fpa_lambda_best(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150) -> CheckResult:
     """Table 6's direction ("lambda in {1, 2} best"), held-out accuracy: the mean of lambda = 1 and 2
     minus each other lambda of the sweep (0, 5, 20; no lambda = 10), three paired items (no
     max over noisy arms). One run serves the three backbones' claims and the Figs. 2-4 claim: a
@@ -1170,7 +1229,9 @@ def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> Ch
     h, nums, txt = _fpa_heldout(seed, n_seeds, steps)
     nums.update(r["log"].numbers())
     items = [
-        R.Item(f"lam12_minus_lam{lam:g}", tuple((a + b) / 2 - c for a, b, c in zip(h[1.0], h[2.0], h[lam])), ACC_MARGIN)
+        rules.Item(
+            f"lam12_minus_lam{lam:g}", tuple((a + b) / 2 - c for a, b, c in zip(h[1.0], h[2.0], h[lam])), ACC_MARGIN
+        )
         for lam in TABLE6_OTHERS
     ]
     return result(
@@ -1183,4 +1244,4 @@ def fpa_lambda_best(seed: int, n_seeds: int = T.N_SEEDS, steps: int = 150) -> Ch
 
 
 for _cid in ("fpa.table6.lambda_qwen2.5_math_7b", "fpa.table6.lambda_llama3.2_3b"):
-    tiny_check(_cid, V.PARTLY, TABLE6_ITEMS)(fpa_lambda_best)
+    tiny_check(_cid, Verdict.PARTLY, TABLE6_ITEMS)(fpa_lambda_best)
