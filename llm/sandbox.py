@@ -1958,6 +1958,11 @@ def _write_all(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
+#: Seconds a candidate whose judge gave up may take to exit on its own before it is killed (bounded by the run's
+#: own time limit): long enough for bwrap to reap a process that already ended, short for one that did not.
+_EXIT_GRACE_S = 1.0
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -2350,6 +2355,13 @@ def run_judged(
                 verdict = False
                 if not timed_out and judge.returncode == 0:
                     verdict = os.read(ver_r, 1) == b"1"
+                if not timed_out and judge.returncode != 0:
+                    # The judge gave up, typically because the candidate's process is going away (its pipes
+                    # closed: a syntax error, an exit). Let it finish exiting, so its own exit status is
+                    # recorded (a syntax error is "error") rather than the SIGKILL below; a served judge
+                    # answers fast enough to get here while bwrap is still reaping the candidate.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        cand.proc.wait(timeout=min(_EXIT_GRACE_S, max(0.0, clock.left())))
                 _kill_group(cand.proc)
                 rc = cand.proc.wait()
                 res = cand.finish(rc if rc is not None else None, timed_out)
