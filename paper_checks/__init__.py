@@ -3,7 +3,7 @@
 if __name__ != "tiltlab.paper_checks":  # imported by its bare folder name (the repo root is on sys.path)
     raise ImportError(f"import this package as tiltlab.paper_checks, not as {__name__!r}")
 
-from tiltlab.paper_checks.registry import (
+from tiltlab.claims.registry import (
     Check,
     CheckResult,
     Claim,

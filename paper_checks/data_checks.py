@@ -34,7 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks.registry import (
+from tiltlab.claims.registry import (
     RUN_CONFIG_LOADER,
     CheckResult,
     Verdict,

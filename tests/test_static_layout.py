@@ -193,7 +193,7 @@ def test_wheel_holds_plain_files_and_works_alone(tmp_path):
     expected |= {f"tiltlab/paper_checks/claims/{p.name}" for p in (ROOT / "paper_checks" / "claims").glob("*.toml")}
     assert expected - names == set()
     code = (
-        "import tiltlab.objectives.tb, tiltlab.sim.api, tiltlab.paper_checks.registry as r\n"
+        "import tiltlab.objectives.tb, tiltlab.sim.api, tiltlab.claims.registry as r\n"
         "print(tiltlab.objectives.tb.__file__); r.load_claims(); print(len(r.claims()))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("prefix", nargs="?", default=None, help="only claims whose id starts with this")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from tiltlab.paper_checks.registry import run_checks
+    from tiltlab.claims.registry import run_checks
 
     t0 = time.perf_counter()
     progress = None

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import sympy as sp
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict
+from tiltlab.claims.registry import CheckResult, Verdict
 
 __all__ = [
     "CheckResult",

@@ -1,13 +1,13 @@
 """Register every theory check with the claims registry (``layer="theory"``).
 
-Imported by :func:`tiltlab.paper_checks.registry.discover`. Each registered function calls the
+Imported by :func:`tiltlab.claims.registry.discover`. Each registered function calls the
 ``check_*`` of its paper module with the paper's (correct) candidate; ``expected`` is the
 verdict it currently returns (a change makes ``tiltlab check`` fail loudly).
 """
 
 from __future__ import annotations
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.theory import disa, fpa, lad, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY

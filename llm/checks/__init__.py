@@ -1,7 +1,7 @@
 """Checks of the ``llm`` layer (``layer="llm"``, all ``slow``): claims decided by training a small
 real transformer on an enumerable task with exact ``pi``, ``pi*``, ``log Z`` and TV.
 
-Importing this package registers its checks with ``paper_checks.registry``; the shared task and
+Importing this package registers its checks with ``tiltlab.claims.registry``; the shared task and
 its exact quantities are :mod:`tiltlab.llm.checks.task`, the checks :mod:`tiltlab.llm.checks.stage3` and :mod:`tiltlab.llm.checks.paced`
 (:mod:`tiltlab.llm.checks.computed` judges numbers their memoized runs already compute);
 :mod:`tiltlab.llm.checks.stage1_real` runs Stage 1 on a real pretrained model (SmolLM2-135M-Instruct, vLLM);

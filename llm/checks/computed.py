@@ -1,7 +1,7 @@
 """``llm`` checks that judge numbers the tiny-model runs already compute (issue 34 item 7).
 
 No new training: each check reads a memoized run of :mod:`tiltlab.llm.checks.stage3` and judges it
-by :func:`tiltlab.llm.checks.stage3.result` (the one rule, :func:`tiltlab.paper_checks.stats.judge`):
+by :func:`tiltlab.llm.checks.stage3.result` (the one rule, :func:`tiltlab.claims.stats.judge`):
 
 * the 4-method run (:func:`stage3.methods_raw`: DISA, FlowRL, GRPO, GSPO) on the held-out prompts:
   ``coverage = exp(H(pi | C)) / |C|`` for ``disa.table3.diversity``, ``pass@8 = 1 - (1 - p)^8`` for
@@ -17,7 +17,7 @@ each verdict is at most partly (``cap``).
 
 from __future__ import annotations
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict
+from tiltlab.claims.registry import CheckResult, Verdict
 
 from . import rules, stage3
 from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)

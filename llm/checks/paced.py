@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, select_prompts
 from tiltlab.objectives.pg import group_advantages, grpo_loss
 from tiltlab.objectives.tb import sequence_logprob, tb_loss, tb_residual
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 from . import rules, stage3
 from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)

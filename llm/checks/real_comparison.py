@@ -1,7 +1,7 @@
 """DISA against FlowRL and a same-optimum GRPO on a real pretrained model; the training run is the unit.
 
 SmolLM2-135M-Instruct, ``tiltlab llm train`` with colocated vLLM on CPU, as users run it. A *long*
-check (:attr:`~tiltlab.paper_checks.registry.Check.long`): about two hours on 2 cores, outside the
+check (:attr:`~tiltlab.claims.registry.Check.long`): about two hours on 2 cores, outside the
 llm layer's run (``tiltlab check --layer llm --long --check smollm2_135m_comparison``).
 
 1. **Task.** :data:`N_QA` plain-answer questions (``synthetic:qa``) and :data:`N_MULTI` questions
@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 
 from . import rules
 from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)

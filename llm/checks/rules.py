@@ -1,4 +1,4 @@
-"""The llm checks' use of the one decision rule (:func:`tiltlab.paper_checks.stats.judge`).
+"""The llm checks' use of the one decision rule (:func:`tiltlab.claims.stats.judge`).
 
 Every llm check reduces its evidence to *items*: one per statement of the claim, each a list of
 per-unit paired differences (per seed: every arm trained from the same warm-up model with the same
@@ -26,8 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import Verdict
+from tiltlab.claims import stats
+from tiltlab.claims.registry import Verdict
 
 __all__ = ["ALPHA", "Item", "RunLog", "holm", "judge", "one_sided_p", "prefix_verdicts"]
 
@@ -63,19 +63,19 @@ class Item:
 
 def one_sided_p(xs: Sequence[float], null: float, greater: bool) -> float:
     """p-value of the one-sided t-test of ``mean > null`` (``greater``) or ``mean < null``
-    (:func:`tiltlab.paper_checks.stats.t_pvalue`: exact with zero spread). Needs two values."""
+    (:func:`tiltlab.claims.stats.t_pvalue`: exact with zero spread). Needs two values."""
     if len(xs) < 2:
         raise ValueError(f"a paired t-test needs at least 2 seeds, got {len(xs)}")
     return stats.t_pvalue(xs, null, "greater" if greater else "less")
 
 
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
-    """Holm's step-down procedure at ``alpha`` (:func:`tiltlab.paper_checks.stats.holm`)."""
+    """Holm's step-down procedure at ``alpha`` (:func:`tiltlab.claims.stats.holm`)."""
     return stats.holm(pvalues, alpha)
 
 
 def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """``(mean, lo, hi)`` of the two-sided Student-t interval (:func:`tiltlab.paper_checks.stats.paired_t_ci`)."""
+    """``(mean, lo, hi)`` of the two-sided Student-t interval (:func:`tiltlab.claims.stats.paired_t_ci`)."""
     return stats.paired_t_ci(xs, level)
 
 

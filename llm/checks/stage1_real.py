@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
 from . import rules
 from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)

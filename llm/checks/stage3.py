@@ -13,12 +13,12 @@ import math
 
 import torch
 
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
 from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs
 from tiltlab.objectives.pg import cispo_loss, group_advantages, grpo_loss, gspo_loss, sapo_loss
 from tiltlab.objectives.tb import disa_loss, flowrl_loss, sequence_logprob, vargrad_loss
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check
 
 from . import rules
 from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)

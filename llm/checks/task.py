@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tiltlab.claims import stats
 from tiltlab.files import atomic_path
 from tiltlab.objectives.offline import sft_loss
-from tiltlab.paper_checks import stats
 
 __all__ = [
     "LEVEL_PASS",
@@ -469,7 +469,7 @@ def t975(df: int) -> float:
 
 def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: two-sided 95% Student-t interval over seeds (``lo = hi = mean`` for one value)."""
-    from tiltlab.paper_checks.stats import paired_t_ci
+    from tiltlab.claims.stats import paired_t_ci
 
     x = [float(v) for v in xs]
     if len(x) < 2:

@@ -49,7 +49,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _list(chks, unchecked)
         return 0
     _check_writable_file(args.out)  # before any check runs
-    from tiltlab.paper_checks.record import merge, read_record, recorded_llm_rows, row_key
+    from tiltlab.claims.record import merge, read_record, recorded_llm_rows, row_key
 
     old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
     prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)

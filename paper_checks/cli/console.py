@@ -62,7 +62,7 @@ def _short(text: str, width: int = 36) -> str:
 
 def _table(outs, unchecked, stream=None) -> None:
     stream = stream or sys.stdout
-    from tiltlab.paper_checks.registry import cite, get_claim
+    from tiltlab.claims.registry import cite, get_claim
 
     rows = []
     for o in outs:
@@ -103,7 +103,7 @@ def _table(outs, unchecked, stream=None) -> None:
 
 def _empty_selection(prefix: str | None, layer: str | None, name: str | None, slow: bool) -> str:
     """Why nothing was selected, and what to pass instead (one line)."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     all_checks = registry.checks()
     layers_with_checks = [x for x in LAYERS if any(c.layer == x for c in all_checks)]
@@ -159,7 +159,7 @@ def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, re
         sys.stdout.write("\n")
         _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
     else:
-        from tiltlab.paper_checks.record import outcomes_from_rows
+        from tiltlab.claims.record import outcomes_from_rows
 
         _table([*outs, *outcomes_from_rows(recorded)], unchecked)
         print(

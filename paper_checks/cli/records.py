@@ -33,7 +33,7 @@ def _check_writable_dir(path: Path, flag: str = "--out", shown: Path | None = No
 
 
 def _unchecked(prefix: str | None) -> list[dict[str, Any]]:
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     have = {c.claim_id for c in registry.checks()}
     rows = []
@@ -76,8 +76,8 @@ def _record(
     record); the summary and the claim verdicts cover all of them, ``summary.failures`` only this run's
     checks."""
     from tiltlab import __version__
-    from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.claims import registry
+    from tiltlab.claims.record import outcomes_from_rows
 
     prov = prov or {}
     checks = []
@@ -116,13 +116,13 @@ def _record(
 
 
 def _now() -> str:
-    from tiltlab.paper_checks.record import now_utc
+    from tiltlab.claims.record import now_utc
 
     return now_utc()
 
 
 def _machine() -> dict[str, Any]:
-    from tiltlab.paper_checks.record import machine
+    from tiltlab.claims.record import machine
 
     return machine()
 
@@ -130,7 +130,7 @@ def _machine() -> dict[str, Any]:
 def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | None = None) -> dict[str, Any]:
     import uuid
 
-    from tiltlab.paper_checks.record import git_commit, git_sha
+    from tiltlab.claims.record import git_commit, git_sha
 
     return {
         "run_at": run_at or _now(),
@@ -147,28 +147,28 @@ def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | No
 
 def _rule_hashes(chks) -> dict[str, dict[str, str | None]]:
     """``{check name: {path: sha256}}`` of the registered rule files of the selected llm checks, read
-    now, before they run (:func:`tiltlab.paper_checks.prereg.current_hashes`)."""
+    now, before they run (:func:`tiltlab.claims.prereg.current_hashes`)."""
     names = {c.name for c in chks if c.layer == "llm"}
     if not names:
         return {}
-    from tiltlab.paper_checks.prereg import current_hashes
+    from tiltlab.claims.prereg import current_hashes
 
     return current_hashes(names)
 
 
 def _write_json(path: Path, rec: dict[str, Any]) -> None:
-    """Write ``rec`` atomically (:func:`tiltlab.paper_checks.record.write_json`)."""
-    from tiltlab.paper_checks.record import write_json
+    """Write ``rec`` atomically (:func:`tiltlab.claims.record.write_json`)."""
+    from tiltlab.claims.record import write_json
 
     write_json(path, rec)
 
 
 def _claim_verdicts(outs) -> list[dict[str, Any]]:
     """One row per claim with checks in ``outs``: the claim's verdict is its most informative
-    check's (the report's rule, :func:`tiltlab.paper_checks.report.claim_status`)."""
+    check's (the report's rule, :func:`tiltlab.claims.decision.claim_status`)."""
     from collections import defaultdict
 
-    from tiltlab.paper_checks.report import claim_decision
+    from tiltlab.claims.decision import claim_decision
 
     by_claim: dict[str, list] = defaultdict(list)
     for o in outs:
@@ -195,7 +195,7 @@ def _history_entry(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _merge_unchecked(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Claims without a check, from both runs, minus those that have a check now."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     have = {c.claim_id for c in registry.checks()}
     by_id = {u["claim"]: u for u in [*old, *new] if u["claim"] not in have and u["claim"] in registry.claims()}

@@ -17,7 +17,7 @@ from tiltlab.paper_checks.cli.runner import _ALL_LLM, COSTS_FILE
 
 def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
     """``rec`` plus the shipped llm record's rows (as ``recorded``) when it has no llm rows."""
-    from tiltlab.paper_checks.record import recorded_llm_rows
+    from tiltlab.claims.record import recorded_llm_rows
 
     if any(r.get("layer") == "llm" for r in rec.get("checks", [])):
         return rec
@@ -27,7 +27,7 @@ def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _rejudge(path: Path) -> int:
     """``tiltlab report --rejudge FILE``: a table of recorded against re-derived verdicts; 1 on a difference."""
-    from tiltlab.paper_checks import record as R
+    from tiltlab.claims import record as R
 
     rec = R.read_record(path, "--rejudge")
     if rec is None:
@@ -49,7 +49,7 @@ def _rejudge(path: Path) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tiltlab.paper_checks import record as R
+    from tiltlab.claims import record as R
     from tiltlab.paper_checks import report as P
 
     if args.ship_llm is not None:
@@ -80,7 +80,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"--record {args.record}: no such file; run `tiltlab reproduce` (or `tiltlab check`) first"
         )
     if args.pin:
-        from tiltlab.paper_checks import registry
+        from tiltlab.claims import registry
 
         dest = args.out or registry.PINS_FILE
         n_checks, n_nums = R.write_pins(rec, dest, rtol=args.pin_rtol, llm_rec=R.load_llm_record())
@@ -93,7 +93,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return 0
     rec = _with_recorded_llm(rec)
     if args.format:
-        from tiltlab.paper_checks import registry
+        from tiltlab.claims import registry
 
         registry.discover()
         text = P.render_table(
@@ -121,7 +121,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _preregister(check: str) -> int:
     """``tiltlab report --preregister [CHECK]``: the registered rule files' hashes of CHECK (or every
     ``[[rule]]``) rewritten in paper_checks/preregistration.toml, atomically, other lines kept."""
-    from tiltlab.paper_checks import prereg, registry
+    from tiltlab.claims import prereg, registry
 
     path = registry.PREREG_FILE
     text, changed = prereg.preregister_text(
@@ -140,8 +140,8 @@ def _preregister(check: str) -> int:
 def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
     """``tiltlab report --docs``: README's results and timings sections, docs/llm-checks.md's last run,
     benchmarks/README.md's GPU section (in a checkout)."""
+    from tiltlab.claims import record as R
     from tiltlab.paper_checks import gpu_record
-    from tiltlab.paper_checks import record as R
     from tiltlab.paper_checks import report as P
 
     root = Path(__file__).resolve().parents[2]

@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tiltlab.claims.registry import FIGURE_MODULE
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _counts_line, _empty_selection, _print_failures
 from tiltlab.paper_checks.cli.records import (
@@ -26,7 +27,6 @@ from tiltlab.paper_checks.cli.records import (
     _write_json,
 )
 from tiltlab.paper_checks.cli.runner import _one_thread, _progress
-from tiltlab.paper_checks.registry import FIGURE_MODULE
 
 # --------------------------------------------------------------------------- tiltlab reproduce
 
@@ -113,13 +113,13 @@ def environment() -> dict[str, str]:
     from tiltlab import __version__
 
     env["tiltlab"] = __version__
-    from tiltlab.paper_checks.record import git_commit
+    from tiltlab.claims.record import git_commit
 
     commit = git_commit()
     if commit:
         env["git commit"] = commit
     env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     env["check modules"] = ", ".join(
         f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m
@@ -134,7 +134,7 @@ def _stage(msg: str) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from tiltlab.paper_checks.record import read_record, recorded_llm_rows
+    from tiltlab.claims.record import read_record, recorded_llm_rows
 
     t0 = time.perf_counter()
     out: Path = args.out if args.out is not None else Path("results/quick" if args.quick else "results")
@@ -176,8 +176,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> int:
     """The body of ``tiltlab reproduce``, writing into ``tmp`` (the report names ``out``)."""
-    from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.claims import registry
+    from tiltlab.claims.record import outcomes_from_rows
     from tiltlab.paper_checks.report import ReportInput, figures_json, write_report
 
     mode = "quick" if args.quick else "full"

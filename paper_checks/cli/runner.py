@@ -30,7 +30,7 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
     """Claims and check modules of another project (``tiltlab check --claims DIR --module NAME``)."""
     import importlib
 
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     registry.discover()
     for d in claim_dirs:
@@ -49,7 +49,7 @@ def _select(
     include_llm: bool | None = None,
     include_long: bool = False,
 ):
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     registry.discover()
     registry.validate()
@@ -73,7 +73,7 @@ def _one_thread() -> None:
 
 def _run_key(key: str, seed: int):
     """Worker side of :func:`_run`: run one check of the (forked) registry; picklable result."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     out = registry.run_one(registry._CHECKS[key], seed)
     return key, out.result, out.seconds, out.error
@@ -162,7 +162,7 @@ def _run_checks(chks, seed: int, progress: bool, jobs: int):
     """:func:`_run` with one process per check (``jobs > 1``: a pool of forked processes)."""
     import multiprocessing as mp
 
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     if jobs > 1 and len(chks) > 1 and "fork" in mp.get_all_start_methods():
         from concurrent.futures import ProcessPoolExecutor, as_completed

@@ -1,6 +1,6 @@
 """The report of a ``tiltlab reproduce`` run: ``REPORT.md`` and a self-contained ``report.html``.
 
-Input: the check outcomes (:class:`tiltlab.paper_checks.registry.Outcome`), the simulator figure
+Input: the check outcomes (:class:`tiltlab.claims.registry.Outcome`), the simulator figure
 records (:class:`tiltlab.sim.figures.FigureRecord`, or any object with the same attributes), the
 figure modules that were missing or crashed, and an environment mapping. Output: one
 Markdown and one HTML document that read top to bottom — summary counts, findings, then
@@ -24,6 +24,7 @@ This module re-exports what the rest of the project uses.
 
 from __future__ import annotations
 
+from tiltlab.claims.decision import DECISION_ORDER, claim_decision, claim_status
 from tiltlab.paper_checks.report.docs import (
     DOCS_BEGIN,
     DOCS_END,
@@ -41,16 +42,13 @@ from tiltlab.paper_checks.report.html import figures_json, render_html
 from tiltlab.paper_checks.report.markdown import render_markdown
 from tiltlab.paper_checks.report.model import (
     _REPO,
-    DECISION_ORDER,
     FAILED_TITLE,
     SPEC_DOCS,
     VERDICT_ORDER,
     ReportInput,
     _counts,
     _provenance_note,
-    claim_decision,
     claim_rows,
-    claim_status,
     command_list,
     other_threshold,
     status_sentence,

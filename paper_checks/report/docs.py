@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Outcome
+from tiltlab.claims import registry
+from tiltlab.claims.registry import Outcome
 from tiltlab.paper_checks.report.model import (
     VERDICT_ORDER,
     ReportInput,
@@ -62,7 +62,7 @@ def _machine_text(m: Any) -> str:
 def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -> str:
     """The README's results section: registry counts, the run's claim / check counts and the
     verdict table per paper, stamped with the run's date, commit, machine and load."""
-    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.claims.record import outcomes_from_rows
 
     registry.discover()
     outs = outcomes_from_rows(rec.get("checks", []))
@@ -169,11 +169,11 @@ def item_rules_section(layer: str = "llm") -> str:
 
 def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's re-derivation of the shipped llm record: each row's recorded verdict beside the
-    verdict :func:`tiltlab.paper_checks.record.rejudge_rows` re-derives from the row's raw per-seed values (what
+    verdict :func:`tiltlab.claims.record.rejudge_rows` re-derives from the row's raw per-seed values (what
     ``tiltlab report --rejudge`` prints) and the verdict under the other threshold choice. A row without raw
     values (a legacy row of an older run) is re-judged *post hoc* instead, from its means, 95% intervals and
-    seed counts (:func:`tiltlab.paper_checks.record.posthoc_neutral`; not pre-registered, marked as such)."""
-    from tiltlab.paper_checks.record import posthoc_neutral, rejudge_rows
+    seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered, marked as such)."""
+    from tiltlab.claims.record import posthoc_neutral, rejudge_rows
 
     registry.discover()
     rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
@@ -211,15 +211,15 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
 
 def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
-    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.claims.record import outcomes_from_rows
 
     registry.discover()  # rows of undeclared claims are dropped: the claims must be loaded
     outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
     # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
     # summary, which describes only the last invocation that wrote the record
     bad = sorted(str(r.get("claim")) for r in llm_rec.get("checks", []) if not r.get("ok", True))
-    from tiltlab.paper_checks.record import row_key
-    from tiltlab.paper_checks.registry import legacy_runs
+    from tiltlab.claims.record import row_key
+    from tiltlab.claims.registry import legacy_runs
 
     by_key = {row_key(r): r for r in llm_rec.get("checks", [])}
     legacy, used = legacy_runs(), []  # used: the legacy entries of this record's rows, in row order
@@ -239,7 +239,7 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     if used:
         L += ["", "Legacy registrations (`[[legacy]]` in paper_checks/preregistration.toml; never shipped again):"]
         L += [f"- `{leg['check']}` run at {leg['run_commit']}: {leg['reason']}" for leg in used]
-    from tiltlab.paper_checks.registry import shared_runs
+    from tiltlab.claims.registry import shared_runs
 
     shared = shared_runs()
     if shared:
@@ -253,7 +253,7 @@ def _prereg_row(o: Outcome, row: Mapping[str, Any], llm_rec: Mapping[str, Any], 
     (registered)`` (``rule_commit``, stamped by ``--ship-llm`` after :func:`prereg.verify_row`), a
     legacy one ``**legacy** rule -> run`` (its reason listed under the table, collected in ``used``),
     any other ``not registered -> run``."""
-    from tiltlab.paper_checks.prereg import legacy_for
+    from tiltlab.claims.prereg import legacy_for
 
     nums = key_numbers(o.result.numbers, limit=3) if o.result is not None else (o.error or "").strip()[-80:]
     got = o.result.numbers if o.result is not None else {}

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks.registry import Claim, Outcome, cite
+from tiltlab.claims.registry import Claim, Outcome, cite
 from tiltlab.paper_checks.report.model import (
     _LAYER_ORDER,
     _REPO,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tiltlab.paper_checks.registry import cite
+from tiltlab.claims.registry import cite
 from tiltlab.paper_checks.report.model import (
     _LAYER_ORDER,
     FAILED_TITLE,

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Claim, Outcome, Paper, cite
+from tiltlab.claims import registry
+from tiltlab.claims.decision import _LAYER_ORDER, claim_decision, claim_status
+from tiltlab.claims.registry import Claim, Outcome, Paper, cite
 
 #: The documents, in the repository, that a report sends its reader to.
 SPEC_DOCS = (
@@ -23,11 +24,6 @@ SPEC_DOCS = (
 
 #: Column order of the summary tables.
 VERDICT_ORDER = ("verified", "partly", "refuted", "inconclusive", "out_of_reach", "error", "unchecked")
-
-#: Which verdict decides a claim with several checks, most decisive first.
-DECISION_ORDER = ("error", "refuted", "partly", "verified", "inconclusive", "out_of_reach")
-
-_LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
 
 
 #: The repository root (the folder holding ``paper_checks/``); source and doc links are relative to it.
@@ -132,9 +128,9 @@ def _provenance_note(o: Outcome, inp: ReportInput) -> str:
         return ""
     if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
         return ""
-    from tiltlab.paper_checks.prereg import legacy_for
-    from tiltlab.paper_checks.record import provenance_line
-    from tiltlab.paper_checks.registry import legacy_runs
+    from tiltlab.claims.prereg import legacy_for
+    from tiltlab.claims.record import provenance_line
+    from tiltlab.claims.registry import legacy_runs
 
     line = provenance_line(prov)
     if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):
@@ -219,29 +215,6 @@ def _no_outcome_note(claim_id: str) -> str:
     if any(c.claim_id == claim_id for c in registry.checks()):
         return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."
     return "no check registered yet."
-
-
-def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
-    """One verdict per claim and the layers whose checks decided it.
-
-    An error wins, then the most informative decided verdict (refuted > partly > verified), then
-    ``inconclusive`` (a toy proxy that cannot decide), then ``out_of_reach``. So a claim whose data
-    check is out of reach, or whose sim proxy is inconclusive, takes the verdict of the layer that
-    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks."""
-    if not outs:
-        return "unchecked", []
-    vs = {o.verdict for o in outs}
-    for v in DECISION_ORDER:
-        if v in vs:
-            layers = sorted({o.check.layer for o in outs if o.verdict == v}, key=lambda x: _LAYER_ORDER.get(x, 9))
-            return v, layers
-    v = sorted(vs)[0]
-    return v, sorted({o.check.layer for o in outs if o.verdict == v})
-
-
-def claim_status(outs: Sequence[Outcome]) -> str:
-    """The verdict of :func:`claim_decision` (``unchecked`` without checks)."""
-    return claim_decision(outs)[0]
 
 
 def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Counter]:

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tiltlab.claims import registry
 from tiltlab.files import write_text
-from tiltlab.paper_checks import registry
 from tiltlab.paper_checks.report.html import render_html
 from tiltlab.paper_checks.report.markdown import render_markdown
 from tiltlab.paper_checks.report.model import ReportInput
@@ -32,7 +32,7 @@ def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInp
     provenance, so the report says which run, mode and commit each number came from."""
     from types import SimpleNamespace
 
-    from tiltlab.paper_checks.record import outcomes_from_rows
+    from tiltlab.claims.record import outcomes_from_rows
 
     registry.discover()
     figs = []

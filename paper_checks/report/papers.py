@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Paper
+from tiltlab.claims import registry
+from tiltlab.claims.registry import Paper
 from tiltlab.paper_checks.report.model import _md_escape
 
 # --------------------------------------------------------------------------- paper index

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tiltlab.paper_checks.registry import Claim, Outcome
+from tiltlab.claims.registry import Claim, Outcome
 from tiltlab.paper_checks.report.model import ReportInput, _fmt, claim_rows
 
 # --------------------------------------------------------------------------- the per-claim table

@@ -12,14 +12,14 @@ import math
 
 import torch
 
+from tiltlab.claims import stats
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.objectives.estimators import (
     delta_method_bias,
     log_importance_weights,
     log_partition_lse,
 )
 from tiltlab.objectives.tb import tb_residual
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.exact import (
     label_samples_exact,
     log_partition,

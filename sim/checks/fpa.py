@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from tiltlab.claims import stats
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.objectives.offline import dpo_loss, future_policy_logprobs, offrl_loss, simper_loss
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.experiments import fpa_entanglement
 from tiltlab.sim.token_tree import TokenTree, ragged_mask
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.objectives import estimators as est
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.api import run
 from tiltlab.sim.config import SimConfig
 from tiltlab.sim.envs import BanditEnv

@@ -14,8 +14,8 @@ A tabular toy: prompts do not share parameters, so this measures the optimizer e
 
 from __future__ import annotations
 
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, stochastic
+from tiltlab.claims import stats
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, stochastic
 from tiltlab.sim.experiments import paced
 
 V = Verdict
@@ -58,7 +58,7 @@ REPLAY_PIN_WHY = (
 def replay_verdict(numbers: dict, diffs: list[float]) -> tuple[V, stats.Decision | None]:
     """The ``paced.replay`` rule: with equal sample terms per optimizer step in both arms (else
     inconclusive: the comparison would credit replay with extra updates), the paired differences
-    (replace - none) decide by :func:`tiltlab.paper_checks.stats.decide` at :data:`REPLAY_MARGIN`:
+    (replace - none) decide by :func:`tiltlab.claims.stats.decide` at :data:`REPLAY_MARGIN`:
     interval above +margin -> verified, below -margin -> refuted, otherwise inconclusive."""
     ran = {"equal_update_terms": bool(numbers["equal_terms_replace"])}
     d = stats.decide({"final_pass_rate": diffs}, REPLAY_MARGIN, "greater", REPLAY_ALPHA, ran=ran)

@@ -22,14 +22,14 @@ import warnings
 import numpy as np
 import torch
 
+from tiltlab.claims import stats
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.objectives import estimators as est
 from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives.offline import future_policy_logprobs, offrl_loss
 from tiltlab.objectives.tb import tb_residual
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual
 from tiltlab.sim.exact import log_partition, target_logprobs
 from tiltlab.sim.experiments import fpa_entanglement, lad, logz_training
 from tiltlab.sim.train import kl_divergence, tv_distance

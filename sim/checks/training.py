@@ -11,10 +11,10 @@ import math
 
 import torch
 
+from tiltlab.claims import stats
+from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual, stochastic
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import tb as tb_obj
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict, register_check, residual, stochastic
 from tiltlab.sim import envs
 from tiltlab.sim.config import SimConfig
 from tiltlab.sim.experiments import lad, logz_training, paced

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs, offrl_loss
-from tiltlab.paper_checks import stats
 from tiltlab.sim.experiments import cached
 from tiltlab.sim.token_tree import TokenTree, offline_dataset
 

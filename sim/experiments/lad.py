@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss, lad_theoretical_loss
-from tiltlab.paper_checks import stats
 from tiltlab.sim import envs
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import cached

@@ -12,9 +12,9 @@ import math
 
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.objectives import estimators as est
 from tiltlab.objectives import paced as paced_obj
-from tiltlab.paper_checks import stats
 from tiltlab.sim import envs
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import cached

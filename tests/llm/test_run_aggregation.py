@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import real_training as R
 from tiltlab.llm.checks import rules
-from tiltlab.paper_checks.registry import Verdict
 
 N = 3  # seeds / runs / steps
 POSITIONS = [0, 1, 2]  # where the odd one out sits: first, middle, last

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiltlab.paper_checks import registry
+from tiltlab.claims import registry
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def no_shipped_llm_record(tmp_path_factory):
     """Tests see no shipped llm record unless they set one (``record.LLM_RECORD``); the test of the
     real shipped record reads it by its path. (Restored by hand, not with ``monkeypatch``, so the
     tests' own ``monkeypatch`` is still undone before :func:`isolated_registry` restores the registry.)"""
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     real = record.LLM_RECORD
     record.LLM_RECORD = tmp_path_factory.mktemp("no_llm_record") / "llm.json"
@@ -85,7 +85,7 @@ class PreregRepo:
         return git(self.root, "rev-parse", "HEAD")
 
     def register(self, *checks: str) -> None:
-        from tiltlab.paper_checks import prereg
+        from tiltlab.claims import prereg
 
         blocks = []
         for name, paths in self.files.items():
@@ -104,7 +104,7 @@ def prereg_repo(tmp_path, monkeypatch):
     tests) are registered at one commit (``repo.reg``) and left unchanged by a later commit
     (``repo.run``, HEAD): the code's checkout for ``record.git_commit`` / ``git_sha`` and for
     ``prereg`` while the test runs, so ``tiltlab check`` stamps and ``--ship-llm`` verifies in it."""
-    from tiltlab.paper_checks import prereg, record
+    from tiltlab.claims import prereg, record
 
     need_git()
     repo = PreregRepo(tmp_path / "repo", {"tiny": ["rules/tiny.py", "claims.toml"], "tiny2": ["rules/tiny.py"]})

@@ -1,6 +1,6 @@
 """A claim's status from several checks that disagree, against a plain statement of the rule.
 
-The rule (:func:`tiltlab.paper_checks.report.claim_decision`): a crash (``error``) wins, then the most
+The rule (:func:`tiltlab.claims.decision.claim_decision`): a crash (``error``) wins, then the most
 informative decided verdict ``refuted > partly > verified``, then ``inconclusive`` (a proxy that cannot
 decide), then ``out_of_reach``; the deciding layers are every layer holding that verdict, in the order
 theory, sim, data, llm. Checked over every assignment of verdicts to the four layers, with several
@@ -13,9 +13,9 @@ import itertools
 
 import pytest
 
+from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.paper_checks import cli as pcli
 from tiltlab.paper_checks import report
-from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
 
 LAYERS = ("theory", "sim", "data", "llm")
 RANK = ["error", "refuted", "partly", "verified", "inconclusive", "out_of_reach"]  # most decisive first

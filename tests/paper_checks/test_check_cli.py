@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 from tiltlab.paper_checks.report import claim_status
 
 
@@ -79,7 +79,7 @@ def test_empty_selection_is_an_error_and_leaves_the_record(isolated_registry, tm
 def test_only_an_llm_claim_says_to_name_the_layer(isolated_registry, tmp_path, capsys):
     """An llm-layer check selected by --only alone (the opt-in layer is not named): the error says how
     to run it, with or without --slow."""
-    from tiltlab.paper_checks.registry import CheckResult, Verdict
+    from tiltlab.claims.registry import CheckResult, Verdict
 
     cid = next(c for c in isolated_registry._CLAIMS)
     isolated_registry.register_check(cid, layer="llm", expected=Verdict.VERIFIED, name="opt_in_probe", slow=True)(
@@ -275,7 +275,7 @@ def test_report_costs_writes_the_run_times_the_runner_reads(isolated_registry, t
 def test_shipped_costs_name_registered_checks():
     """``paper_checks/costs.json`` (``tiltlab report --costs``) covers the fast checks; a renamed check
     leaves a stale name behind: regenerate it."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     registry.discover()
     costs = pcli.check_costs()

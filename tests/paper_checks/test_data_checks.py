@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims.registry import CheckResult, Verdict, run_one
 from tiltlab.paper_checks import data_checks as dc
-from tiltlab.paper_checks.registry import CheckResult, Verdict, run_one
 
 
 def test_halfwidth_reads_printed_precision():
@@ -143,8 +143,8 @@ def test_command_problems_uses_the_llm_config_schema(tmp_path: Path):
 def test_partly_paper_internal_checks_record_which_statements_hold():
     """A 'partly' over several statements is compared statement by statement: a check whose failing
     statement moves (same count, same verdict) fails."""
-    from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.registry import CheckResult, Outcome
+    from tiltlab.claims import registry
+    from tiltlab.claims.registry import CheckResult, Outcome
 
     registry.discover()
     partly = [c for c in registry.checks() if c.name == "paper_internal" and c.expected.value == "partly"]

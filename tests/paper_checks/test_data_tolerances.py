@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 
+from tiltlab.claims.registry import Verdict
 from tiltlab.paper_checks import data_checks as dc
-from tiltlab.paper_checks.registry import Verdict
 
 
 def _edit(reg, cid: str, fn) -> None:

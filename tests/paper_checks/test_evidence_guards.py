@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from tiltlab.claims import record, registry
+from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.cli import main
-from tiltlab.paper_checks import record, registry
-from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -225,7 +225,7 @@ def test_llm_pins_skip_items_whose_interval_is_not_numeric():
 
 
 def test_verdict_of_items_all_some_none_and_empty():
-    from tiltlab.paper_checks.registry import Verdict
+    from tiltlab.claims.registry import Verdict
 
     assert Verdict.of_items([True, True]) is Verdict.VERIFIED
     assert Verdict.of_items([True, False]) is Verdict.PARTLY and Verdict.of_items([False, True]) is Verdict.PARTLY

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
-from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.paper_checks.report import claim_decision
 
 CID = "zz_fake.llm_claim"

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from tiltlab.claims import record
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
-from tiltlab.paper_checks import record
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 from .test_records import LLM_CID, _check, _only_fake, _setup_llm
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import scipy.stats as scipy_stats
 
-from tiltlab.paper_checks import registry, stats
-from tiltlab.paper_checks.registry import CheckResult, Verdict
+from tiltlab.claims import registry, stats
+from tiltlab.claims.registry import CheckResult, Verdict
 
 SHIPPED = Path(__file__).resolve().parents[2] / "paper_checks" / "records" / "llm.json"
 #: The llm record as shipped before the neutral rule's re-run (2026-11-28), with the preregistration file of
@@ -233,7 +233,7 @@ def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
     import json
 
     from tiltlab import cli
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     j = stats.judge([stats.Item("x", (0.1, 0.12, 0.09, 0.11, 0.1), stats.DIRECTION)])
     good = [
@@ -256,7 +256,7 @@ def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
 def test_the_shipped_llm_record_re_derives_or_is_legacy():
     """Every row of the shipped llm record either re-derives its verdict from its raw values, or is a
     legacy row (recorded before raw values and strict pre-registration; see preregistration.toml)."""
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     rec = record.load_llm_record(SHIPPED)
     assert rec is not None
@@ -270,7 +270,7 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
 
 
 def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations(legacy_registration):
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     registry.discover()
     rec = record.load_llm_record(LEGACY)
@@ -285,7 +285,7 @@ def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectatio
 
 @pytest.mark.parametrize("n", [2, 3, 5, 20])
 def test_a_pseudo_sample_has_the_recorded_mean_and_interval(n):
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     xs = record.pseudo_sample(0.03, -0.01, 0.07, n)
     assert len(xs) == n
@@ -298,7 +298,7 @@ def test_a_pseudo_sample_has_the_recorded_mean_and_interval(n):
 def test_the_neutral_rule_on_the_legacy_record_post_hoc():
     """The legacy record re-judged post hoc from its (mean, interval, seeds) under today's declarations:
     the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
-    from tiltlab.paper_checks import record
+    from tiltlab.claims import record
 
     registry.discover()
     rec = record.load_llm_record(LEGACY)
@@ -315,7 +315,8 @@ def test_the_neutral_rule_on_the_legacy_record_post_hoc():
 def test_docs_state_the_rules_as_the_registry_declares_them():
     """docs/llm-checks.md's item tables and the post-hoc table are the generated ones (`tiltlab report
     --docs`), and no superseded rule text remains in its rule section."""
-    from tiltlab.paper_checks import record, report
+    from tiltlab.claims import record
+    from tiltlab.paper_checks import report
 
     doc = (SHIPPED.parents[2] / "docs" / "llm-checks.md").read_text(encoding="utf-8")
     assert report.section_text(doc, "llm-items") == report.item_rules_section("llm").strip("\n")
@@ -329,7 +330,8 @@ def test_docs_state_the_rules_as_the_registry_declares_them():
 
 
 def test_the_report_shows_the_verdict_under_the_other_threshold():
-    from tiltlab.paper_checks import record, report
+    from tiltlab.claims import record
+    from tiltlab.paper_checks import report
 
     registry.discover()
     small = (0.010, 0.011, 0.009, 0.010, 0.012, 0.010)  # above 0, inside +-0.01 ... +-0.02
@@ -395,7 +397,8 @@ def test_the_rederivation_section_rejudges_raw_rows_and_marks_summary_rows_post_
     import copy
     import json
 
-    from tiltlab.paper_checks import record, report
+    from tiltlab.claims import record
+    from tiltlab.paper_checks import report
 
     shipped = record.load_llm_record(SHIPPED)
     text = report.posthoc_section(shipped)

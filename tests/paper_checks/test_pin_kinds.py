@@ -14,9 +14,8 @@ import sys
 import pytest
 import torch
 
-from tiltlab.cli import main
-from tiltlab.paper_checks import record, registry
-from tiltlab.paper_checks.registry import (
+from tiltlab.claims import record, registry
+from tiltlab.claims.registry import (
     Check,
     CheckResult,
     Outcome,
@@ -27,6 +26,7 @@ from tiltlab.paper_checks.registry import (
     residual,
     stochastic,
 )
+from tiltlab.cli import main
 from tiltlab.sim.checks import paced_sched, training
 
 #: the checks whose numbers are bit-reproducible per CPU kernel path only, with their margins

@@ -1,4 +1,4 @@
-"""Pre-registration proven by git and file hashes (``paper_checks/prereg.py``).
+"""Pre-registration proven by git and file hashes (``tiltlab/claims/prereg.py``).
 
 A row is strictly pre-registered when its check's entry in preregistration.toml (the sha256 of the
 files that define its rule) was last changed at a commit that is a strict ancestor of the row's run
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims import prereg, record, registry
 from tiltlab.cli import main
-from tiltlab.paper_checks import prereg, record, registry
 
 from .conftest import git, need_git
 from .test_records import LLM_CID, _check, _only_fake, _setup_llm
@@ -43,7 +43,7 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
         for path in entry["files"]:
             assert (ROOT / path).is_file(), f"{name}: registered rule file {path} does not exist"
     # the shared decision rule is part of every rule; each check's claim statements are registered
-    assert all("paper_checks/stats.py" in e["files"] for e in reg.values())
+    assert all("tiltlab/claims/stats.py" in e["files"] for e in reg.values())
     tiny = reg["tiny_qwen3_enum"]["files"]
     assert {"llm/checks/stage3.py", "llm/checks/paced.py", "llm/checks/rules.py"} <= set(tiny)
     assert "llm/checks/stage1_real.py" in reg["smollm2_135m_vllm"]["files"]

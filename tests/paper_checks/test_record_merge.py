@@ -16,8 +16,8 @@ from collections import Counter
 
 import pytest
 
-from tiltlab.paper_checks import record
-from tiltlab.paper_checks.registry import Verdict
+from tiltlab.claims import record
+from tiltlab.claims.registry import Verdict
 
 from .test_records import LLM_CID, _check, _only_fake, _setup_llm, _ship
 

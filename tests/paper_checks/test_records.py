@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims import record
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
-from tiltlab.paper_checks import record
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 from .test_check_cli import _fake_png
 

@@ -7,9 +7,9 @@ import tomllib
 
 import pytest
 
+from tiltlab.claims import registry
+from tiltlab.claims.registry import CLAIMS_DIR, CheckResult, Verdict
 from tiltlab.cli import main
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import CLAIMS_DIR, CheckResult, Verdict
 
 KINDS = {"proposition", "empirical", "beyond", "open", "typo"}
 

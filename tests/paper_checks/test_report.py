@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims.registry import Check, CheckResult, Claim, Outcome, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
-from tiltlab.paper_checks.registry import Check, CheckResult, Claim, Outcome, Verdict
 from tiltlab.paper_checks.report import ReportInput, claim_rows, render_html, render_markdown, write_report
 
 P0, P2 = "DISA", "PACED-RL"
@@ -291,7 +291,7 @@ def test_every_failed_pin_and_changed_item_reads_the_same_in_the_terminal_and_bo
     them."""
     import html as _html
 
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
     from tiltlab.paper_checks.report import FAILED_TITLE
 
     inp = _input(tmp_path)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import CheckResult, Outcome
+from tiltlab.claims import registry
+from tiltlab.claims.registry import CheckResult, Outcome
 from tiltlab.paper_checks.report import ReportInput, render_html
 
 from .test_report import FakeFigure, _png

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims import record
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
-from tiltlab.paper_checks import record
 from tiltlab.paper_checks import report as P
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 CID = "zz_fake.export"
 NASTY = r"§3 & Tab. 2 | 50% $x_1$ {a}~^\ end"  # every character LaTeX, Markdown or CSV must escape
@@ -191,7 +191,7 @@ _README = Path(__file__).resolve().parents[2] / "README.md"
 def test_readme_counts_agree_with_the_registry():
     """README's generated results section must be regenerated (`tiltlab report --docs`) whenever the
     registry's claims or checks change."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     text = _README.read_text(encoding="utf-8")
     body = P.section_text(text, "results")
@@ -232,13 +232,13 @@ def test_docs_sections_are_replaced_between_their_markers(isolated_registry, tmp
 
 # --------------------------------------------------------------------------- the shipped llm record
 
-_SHIPPED = Path(record.__file__).with_name("records") / "llm.json"
+_SHIPPED = record.LLM_RECORD
 
 
 def test_the_shipped_llm_record_matches_the_registry():
     """Fails when the llm part of the registry (claims, checks, expected verdicts and items) changed
     after the shipped record was made: regenerate it with record.LLM_RECORD_COMMAND."""
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     registry.discover()
     if "tiltlab.llm.checks" in registry.SKIPPED_MODULES:

@@ -1,4 +1,4 @@
-"""paper_checks.stats: intervals and p-values against scipy, Holm against a naive implementation, and
+"""tiltlab.claims.stats: intervals and p-values against scipy, Holm against a naive implementation, and
 the decision rule at its boundaries."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 import pytest
 from scipy import stats as sps
 
-from tiltlab.paper_checks import stats
+from tiltlab.claims import stats
 
 DIFFS = [0.31, -0.12, 0.48, 0.22, 0.05, 0.37, 0.11, 0.6, -0.2, 0.29, 0.24, 0.16]
 

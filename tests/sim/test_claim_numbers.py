@@ -14,8 +14,8 @@ import json
 import pytest
 
 import tiltlab.sim.checks  # noqa: F401  (registers the sim checks)
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import CheckResult, Verdict
+from tiltlab.claims import registry
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.sim.figures import FIGURES
 
 

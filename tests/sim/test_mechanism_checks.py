@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Verdict
+from tiltlab.claims import registry
+from tiltlab.claims.registry import Verdict
 from tiltlab.sim.checks import mechanisms as mech
 
 CLAIMS = (

@@ -1,4 +1,4 @@
-"""Sim checks whose verdicts rest on statistics over seeds (``paper_checks.stats``): each rule at its
+"""Sim checks whose verdicts rest on statistics over seeds (``tiltlab.claims.stats``): each rule at its
 margin's boundaries, and a no-op and a NaN variant of each check failing."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import tiltlab.sim.checks.estimators as est_checks
 import tiltlab.sim.checks.paced_sched as paced_checks
 import tiltlab.sim.checks.text_claims as text_checks
 import tiltlab.sim.checks.training as training_checks
-from tiltlab.paper_checks import stats
-from tiltlab.paper_checks.registry import Verdict, checks, discover, run_one
+from tiltlab.claims import stats
+from tiltlab.claims.registry import Verdict, checks, discover, run_one
 from tiltlab.sim import envs
 from tiltlab.sim import train as train_mod
 from tiltlab.sim.config import SimConfig

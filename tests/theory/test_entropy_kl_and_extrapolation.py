@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import sympy as sp
 
-from tiltlab.paper_checks.registry import Verdict
+from tiltlab.claims.registry import Verdict
 from tiltlab.theory import disa, fpa, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY

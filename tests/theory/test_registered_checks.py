@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sympy as sp
 
-from tiltlab.paper_checks import registry
+from tiltlab.claims import registry
 from tiltlab.theory._common import _numerically_nonzero, is_zero
 
 registry.discover()

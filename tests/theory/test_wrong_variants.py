@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sympy as sp
 
-from tiltlab.paper_checks.registry import Verdict
+from tiltlab.claims.registry import Verdict
 from tiltlab.theory import disa, fpa, lad, paced
 
 REF, VER = Verdict.REFUTED, Verdict.VERIFIED

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from tiltlab.claims import registry
+from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.llm.checks import computed, paced, stage3
 from tiltlab.llm.checks import task as T
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import CheckResult, Verdict
 
 
 def test_tilted_log_z_tv_match_brute_force():
@@ -142,7 +142,7 @@ def _registered(fn):
 
 
 def test_every_tiny_check_is_in_the_cases():
-    from tiltlab.paper_checks import registry
+    from tiltlab.claims import registry
 
     registry.discover()
     tiny = {c.fn for c in registry.checks() if c.layer == "llm" and c.name == "tiny_qwen3_enum"}
@@ -208,7 +208,7 @@ def _noop_step(self, closure=None):  # an optimizer that never moves a weight: a
 
 @pytest.mark.parametrize("fn,kw", CASES, ids=IDS)
 def test_a_run_that_does_not_train_fails_its_check(tiny, fn, kw, fresh_memo, patch_step):
-    from tiltlab.paper_checks.registry import Outcome
+    from tiltlab.claims.registry import Outcome
 
     patch_step(_noop_step)
     res = fn(0, **kw)

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
+from tiltlab.claims import registry
+from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import real_comparison as C
 from tiltlab.llm.checks import task as T
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Verdict
 
 
 def _rows(n_qa: int, n_multi: int) -> list[dict]:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import scipy.stats as scipy_stats
 
+from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import rules as R
-from tiltlab.paper_checks.registry import Verdict
 
 
 @pytest.mark.parametrize("xs", [(0.1, 0.3, -0.05, 0.2), (1.0, 2.0), (-0.3, -0.1, -0.2, -0.25, -0.4)])

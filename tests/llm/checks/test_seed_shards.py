@@ -177,7 +177,8 @@ def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
     for all of them); the other layers keep their pool of one process per check."""
     from types import SimpleNamespace
 
-    from tiltlab.paper_checks import cli, registry
+    from tiltlab.claims import registry
+    from tiltlab.paper_checks import cli
 
     assert T.__name__ == cli.SEED_SHARDS_MODULE
     pid = os.getpid()

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
+from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import stage1_real as S
 from tiltlab.llm.checks import task as T
-from tiltlab.paper_checks.registry import Verdict
 
 
 def _lse_label(ws: list[float]) -> float:
@@ -126,8 +126,8 @@ def test_decide_uses_prompt_clustered_intervals():
 
 def test_decide_no_op_run_is_inconclusive_and_fails_its_items():
     """A proposal equal to pi_ref with no spread (every log-weight 0): nothing was measured."""
-    from tiltlab.paper_checks import registry
-    from tiltlab.paper_checks.registry import CheckResult, Outcome
+    from tiltlab.claims import registry
+    from tiltlab.claims.registry import CheckResult, Outcome
 
     n_p, n_s = 4, 2
     zeros = torch.zeros(n_p * n_s, 8, dtype=torch.float64)

@@ -17,7 +17,7 @@ check`` do not re-run it: they merge the last full llm-layer run shipped in the 
 of that run and a hash of the llm part of the registry (:func:`llm_registry_hash`: the claims the
 llm checks decide, the checks, their expected verdicts and items); each row keeps the commit of the
 run that produced it (:func:`git_commit` and :func:`git_sha`, taken by ``tiltlab check``, never
-passed by hand) and its registration commit (:mod:`tiltlab.paper_checks.prereg`). A test fails when
+passed by hand) and its registration commit (:mod:`tiltlab.claims.prereg`). A test fails when
 that hash lags the registry; ``tiltlab check --layer llm --slow --jobs 2 --out FILE && tiltlab
 report --ship-llm FILE`` regenerates it.
 """
@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab import files
+from tiltlab.claims import registry
+from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.files import write_text
-from tiltlab.paper_checks import registry
-from tiltlab.paper_checks.registry import Check, CheckResult, Outcome, Verdict
 
 __all__ = [
     "LLM_RECORD",
@@ -60,10 +60,10 @@ __all__ = [
     "ship_llm_record",
 ]
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 
 #: The shipped record of the last full llm-layer run.
-LLM_RECORD = Path(__file__).with_name("records") / "llm.json"
+LLM_RECORD = registry.DATA_DIR / "records" / "llm.json"
 
 #: The one command that regenerates :data:`LLM_RECORD` (documented in docs/llm-checks.md).
 LLM_RECORD_COMMAND = (
@@ -462,7 +462,7 @@ def ship_llm_record(
     """Stamp the record of a full llm-layer run (``tiltlab check --layer llm --slow --out src``) and
     write it to ``dest`` (default :data:`LLM_RECORD`) atomically. The run must hold a row for every
     registered llm check that is not long, and nothing else but long llm checks
-    (:attr:`~tiltlab.paper_checks.registry.Check.long`, ``tiltlab check --layer llm --long --check NAME``).
+    (:attr:`~tiltlab.claims.registry.Check.long`, ``tiltlab check --layer llm --long --check NAME``).
     A run of long checks only ships those rows into the existing record, keeping its layer rows and
     its top-level provenance; a layer run keeps the existing record's long rows it did not re-run.
 
@@ -470,12 +470,12 @@ def ship_llm_record(
     ``commit_sha``, ``run_at`` (and command, seed, run id) where it has them, the record's otherwise.
     Refused, one line naming the check: a commit that is unknown or ``-dirty``, a row listed as
     ``[[legacy]]``, and a row that is not strictly pre-registered in the clone at ``root``
-    (:func:`tiltlab.paper_checks.prereg.verify_row`: no registration, registered in the run's own
+    (:func:`tiltlab.claims.prereg.verify_row`: no registration, registered in the run's own
     commit, or a rule file whose run-time hash differs from the registered one; ``root``: the clone,
     default the checkout holding the code). Each shipped row gets
     ``rule_commit``: its registration commit. ``machine``, ``summary.seconds`` and ``generated_at``
     default to the record's."""
-    from tiltlab.paper_checks import prereg
+    from tiltlab.claims import prereg
 
     rec = read_record(Path(src), "--ship-llm")
     if rec is None:
@@ -588,10 +588,10 @@ def _read_shipped(path: Path) -> dict[str, Any] | None:
 
 def pseudo_sample(mean: float, lo: float, hi: float, n: int, level: float = 0.95) -> tuple[float, ...]:
     """``n`` values whose mean is ``mean`` and whose two-sided ``level`` Student-t interval is
-    ``[lo, hi]``: the t-tests of :mod:`tiltlab.paper_checks.stats` depend on a sample only through
+    ``[lo, hi]``: the t-tests of :mod:`tiltlab.claims.stats` depend on a sample only through
     (mean, sd, n), so a record that kept those re-derives every p-value through them. (Not the
     measured values: used only for rows recorded before raw values were kept.)"""
-    from tiltlab.paper_checks import stats
+    from tiltlab.claims import stats
 
     if n < 2 or not (lo <= mean <= hi):
         raise ValueError(f"a pseudo-sample needs n >= 2 and lo <= mean <= hi, got n={n}, [{lo}, {mean}, {hi}]")
@@ -608,7 +608,7 @@ def posthoc_neutral(row: Mapping[str, Any]) -> dict[str, Any] | None:
     row's "it ran" flags. ``{"verdict", "alt_verdict", "items": {name: outcome}, "missing": [...]}``,
     or None when none of the declared judged items is in the row. Not pre-registered: context for a
     reader until the re-run, never a shipped verdict."""
-    from tiltlab.paper_checks import stats
+    from tiltlab.claims import stats
 
     claim = registry.claims().get(row.get("claim", ""))
     nums = row.get("numbers") or {}
@@ -636,11 +636,11 @@ def posthoc_neutral(row: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def rejudge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Re-derive every row's verdict from its recorded raw values (``evidence``,
-    :func:`tiltlab.paper_checks.stats.rejudge`): one entry per row with ``claim``, ``layer``, ``check``,
+    :func:`tiltlab.claims.stats.rejudge`): one entry per row with ``claim``, ``layer``, ``check``,
     the recorded and the re-derived verdict (and the verdict under the other threshold choice), and
     ``status``: ``same``, ``differs`` (the record does not follow from its values), or ``no raw values``
     (a deterministic check, or a row recorded before raw values were kept)."""
-    from tiltlab.paper_checks import stats
+    from tiltlab.claims import stats
 
     out = []
     for r in rows:

@@ -353,7 +353,7 @@ class Judgement:
     def evidence(self) -> dict:
         """The raw record :func:`rejudge` re-derives this judgement from (JSON-ready)."""
         return {
-            "rule": "tiltlab.paper_checks.stats.judge",
+            "rule": "tiltlab.claims.stats.judge",
             "alpha": self.alpha,
             "unit": self.unit,
             "not_ran": self.not_ran,

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tiltlab.paper_checks import registry
+from tiltlab.claims import registry
 
 __all__ = [
     "PREREG_PATH",
@@ -45,7 +45,7 @@ __all__ = [
 #: The registration file, relative to the repository root.
 PREREG_PATH = "paper_checks/preregistration.toml"
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 
 
 def repo_root(root: Path | None = None) -> Path:

@@ -70,8 +70,11 @@ __all__ = [
     "validate",
 ]
 
-CLAIMS_DIR = Path(__file__).with_name("claims")
-PAPERS_FILE = Path(__file__).with_name("papers.toml")
+#: The claims' data (claim and paper TOML files, pins, pre-registration, shipped records) live with the
+#: top-layer package that presents them, ``paper_checks/``; this package reads them and imports no code there.
+DATA_DIR = (Path(__file__).resolve().parents[1] / "paper_checks").resolve()
+CLAIMS_DIR = DATA_DIR / "claims"
+PAPERS_FILE = DATA_DIR / "papers.toml"
 
 #: Modules imported by :func:`discover`, by name; each registers its checks at import time.
 #: A listed module that cannot be imported is recorded in :data:`SKIPPED_MODULES`.
@@ -116,7 +119,7 @@ class Verdict(str, enum.Enum):  # noqa: UP042  (StrEnum would change format() of
     @classmethod
     def of_items(cls, holds: Iterable[bool]) -> Verdict:
         """The deterministic checks' mapping of sub-statements: all hold -> VERIFIED, none -> REFUTED,
-        some -> PARTLY (the statistical rules live in :mod:`tiltlab.paper_checks.stats`)."""
+        some -> PARTLY (the statistical rules live in :mod:`tiltlab.claims.stats`)."""
         hs = [bool(h) for h in holds]
         if not hs:
             raise ValueError("Verdict.of_items needs at least one item")
@@ -242,7 +245,7 @@ class Paper:
 
 
 ITEM_KINDS = ("direction", "effect", "equivalence", "context")
-"""Item kinds of the decision rule (:mod:`tiltlab.paper_checks.stats`)."""
+"""Item kinds of the decision rule (:mod:`tiltlab.claims.stats`)."""
 
 
 @dataclass(frozen=True)
@@ -499,7 +502,7 @@ class Outcome:
         }
 
 
-PINS_FILE = Path(__file__).resolve().parent / "pins.json"
+PINS_FILE = DATA_DIR / "pins.json"
 """Pinned evidence numbers: ``{check key: {number: [value, tolerance, kind]}}`` (``tiltlab report --pin``;
 :class:`Pin`)."""
 _PINS: dict[str, dict[str, Pin]] | None = None
@@ -542,11 +545,11 @@ def set_pins(value: Mapping[str, Mapping[str, tuple]] | None) -> None:
     _PINS = None if value is None else {k: {n: Pin(*p) for n, p in row.items()} for k, row in value.items()}
 
 
-PREREG_FILE = Path(__file__).resolve().parent / "preregistration.toml"
+PREREG_FILE = DATA_DIR / "preregistration.toml"
 """How each llm rule is registered: ``[[rule]]`` tables with ``check`` (a check name), ``seeds``,
 ``history`` and a ``[rule.files]`` sub-table ``{path: sha256 of its content}`` of the files that define
 the rule (no self-declared commit: the registration commit is found with git,
-:mod:`tiltlab.paper_checks.prereg`); ``[[legacy]]`` tables mark shipped runs that predate that rule."""
+:mod:`tiltlab.claims.prereg`); ``[[legacy]]`` tables mark shipped runs that predate that rule."""
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
@@ -882,7 +885,7 @@ def check_evidence(check: Check, res: CheckResult) -> None:
     if got != want:
         diff = sorted(set(got.items()) ^ set(want.items()))
         raise ValueError(f"{check.key}: recorded items differ from the registry's [[claim.item]] declarations: {diff}")
-    from tiltlab.paper_checks import stats
+    from tiltlab.claims import stats
 
     again = stats.rejudge(ev)
     if not (ev.get("verdict") == again.verdict == res.verdict.value):

@@ -1,0 +1,8 @@
+"""The claims core: the registry of papers, claims and checks, the statistical rule that turns a check's
+values into a verdict, the record of a run, the pre-registration of the llm rules, and the aggregation of a
+claim's checks into one decision.
+
+The bottom of the stack: it imports nothing of the project above ``tiltlab.files`` and
+``tiltlab.progress``, so the check layers (``theory``, ``sim``, ``llm``) and the top layer
+(``paper_checks``: the data checks, the report, the CLI) all build on it.
+"""

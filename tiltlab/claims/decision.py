@@ -1,0 +1,38 @@
+"""A claim's one verdict from its checks' verdicts (the rule the report shows and ``tiltlab check``
+prints per claim)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tiltlab.claims.registry import Outcome
+
+__all__ = ["DECISION_ORDER", "claim_decision", "claim_status"]
+
+#: Which verdict decides a claim with several checks, most decisive first.
+DECISION_ORDER = ("error", "refuted", "partly", "verified", "inconclusive", "out_of_reach")
+
+_LAYER_ORDER = {"theory": 0, "sim": 1, "data": 2, "llm": 3}
+
+
+def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
+    """One verdict per claim and the layers whose checks decided it.
+
+    An error wins, then the most informative decided verdict (refuted > partly > verified), then
+    ``inconclusive`` (a toy proxy that cannot decide), then ``out_of_reach``. So a claim whose data
+    check is out of reach, or whose sim proxy is inconclusive, takes the verdict of the layer that
+    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks."""
+    if not outs:
+        return "unchecked", []
+    vs = {o.verdict for o in outs}
+    for v in DECISION_ORDER:
+        if v in vs:
+            layers = sorted({o.check.layer for o in outs if o.verdict == v}, key=lambda x: _LAYER_ORDER.get(x, 9))
+            return v, layers
+    v = sorted(vs)[0]
+    return v, sorted({o.check.layer for o in outs if o.verdict == v})
+
+
+def claim_status(outs: Sequence[Outcome]) -> str:
+    """The verdict of :func:`claim_decision` (``unchecked`` without checks)."""
+    return claim_decision(outs)[0]
