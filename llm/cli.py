@@ -1,8 +1,8 @@
 """``tiltlab llm ...``: the LLM layer's commands.
 
 Each subcommand lives in its own module that exposes ``add_cli(subparsers)``; this file only
-lists them in :data:`SUBCOMMANDS` (order = order in ``tiltlab llm --help``): a new command is a
-module with an ``add_cli`` and one entry here. Modules listed here must be import-light (no
+lists them in :func:`subcommand_modules` (order = order in ``tiltlab llm --help``): a new command is a
+module with an ``add_cli`` and one import and entry there. Modules listed here must be import-light (no
 torch/transformers at import time): their handlers import the heavy stack lazily. Flags come
 from the command's config dataclass (:mod:`tiltlab.dataclass_cli`, :mod:`tiltlab.llm.config_args`).
 
@@ -20,17 +20,16 @@ rerun with the same flags.
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 
-SUBCOMMANDS: tuple[str, ...] = (
-    "tiltlab.llm.stage1",
-    "tiltlab.llm.stage2",
-    "tiltlab.llm.evaluate",
-    "tiltlab.llm.trainers.cli",
-    "tiltlab.llm.demo",
-    "tiltlab.llm.prepare",
-)
-"""Modules whose ``add_cli(subparsers)`` adds one ``tiltlab llm`` command each."""
+
+def subcommand_modules() -> tuple[ModuleType, ...]:
+    """The modules whose ``add_cli(subparsers)`` adds one ``tiltlab llm`` command each (imported when
+    ``tiltlab llm`` is parsed, not when ``tiltlab --help`` is)."""
+    from tiltlab.llm import demo, evaluate, prepare, stage1, stage2
+    from tiltlab.llm.trainers import cli as trainers_cli
+
+    return (stage1, stage2, evaluate, trainers_cli, demo, prepare)
 
 
 def register(subparsers) -> None:
@@ -42,5 +41,5 @@ def register(subparsers) -> None:
     )
     sub = p.add_subparsers(dest="llm_command", metavar="COMMAND")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-    for name in SUBCOMMANDS:
-        importlib.import_module(name).add_cli(sub)
+    for module in subcommand_modules():
+        module.add_cli(sub)

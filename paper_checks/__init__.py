@@ -12,11 +12,10 @@ from tiltlab.claims.registry import (
     checks,
     claims,
     declare_claim,
-    discover,
     get_claim,
     register_check,
-    run_checks,
 )
+from tiltlab.paper_checks.catalog import discover, run_checks
 
 __all__ = [
     "Check",

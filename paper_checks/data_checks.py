@@ -25,7 +25,6 @@ Rounding: a printed value with ``d`` decimals stands for an interval of half-wid
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import re
 import shlex
@@ -35,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.claims.registry import (
-    RUN_CONFIG_LOADER,
     CheckResult,
     Verdict,
     claims,
@@ -184,14 +182,13 @@ def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     schema and its YAML reader are part of the base install (``pyyaml``; :mod:`tiltlab.llm.run_config`
     imports nothing else): a schema that cannot be imported is an error of the check, never a count of 0."""
     try:
-        # by name, like the check and figure modules: the llm layer imports the registry (its checks),
-        # so a static import here would make the packages paper_checks and llm import each other
-        mod, _, fn = RUN_CONFIG_LOADER.rpartition(".")
-        load_run_config = getattr(importlib.import_module(mod), fn)
+        # imported here, not at the top: only the checks of claims with a `tiltlab llm ...` command need it
+        from tiltlab.llm.trainers.config import load_run_config
+
         load_run_config(path, list(sets), validate=False)
     except ImportError as exc:
         raise RuntimeError(
-            f"the run-config schema ({RUN_CONFIG_LOADER}) cannot be imported: {exc}; "
+            f"the run-config schema (tiltlab.llm.trainers.config) cannot be imported: {exc}; "
             "`pip install -e .` installs what it needs (pyyaml)"
         ) from exc
     except Exception as exc:  # the schema's own message names the bad key / value

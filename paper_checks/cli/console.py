@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.runner import LAYERS
 
 
@@ -109,7 +110,7 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
     layers_with_checks = [x for x in LAYERS if any(c.layer == x for c in all_checks)]
     if layer and layer not in layers_with_checks:
         skipped = "".join(
-            f"; check module {m} was skipped ({why})" for m, why in sorted(registry.SKIPPED_MODULES.items())
+            f"; check module {m} was skipped ({why})" for m, why in sorted(catalog.SKIPPED_MODULES.items())
         )
         return (
             f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "

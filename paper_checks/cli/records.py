@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.console import reproducer
 
 
@@ -76,7 +77,6 @@ def _record(
     record); the summary and the claim verdicts cover all of them, ``summary.failures`` only this run's
     checks."""
     from tiltlab import __version__
-    from tiltlab.claims import registry
     from tiltlab.claims.record import outcomes_from_rows
 
     prov = prov or {}
@@ -93,7 +93,7 @@ def _record(
     counts.update({"unchecked": len(unchecked)} if unchecked else {})
     return {
         "tiltlab": __version__,
-        "skipped_modules": dict(sorted(registry.SKIPPED_MODULES.items())),
+        "skipped_modules": dict(sorted(catalog.SKIPPED_MODULES.items())),
         "generated_at": prov.get("run_at") or _now(),
         "commit": prov.get("commit"),
         "commit_sha": prov.get("commit_sha"),

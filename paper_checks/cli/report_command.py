@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.files import write_text
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.records import _check_writable_file
 from tiltlab.paper_checks.cli.runner import _ALL_LLM, COSTS_FILE
 
@@ -95,7 +96,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.format:
         from tiltlab.claims import registry
 
-        registry.discover()
+        catalog.discover()
         text = P.render_table(
             P.claim_table(registry.claims(), R.outcomes_from_rows(rec["checks"]), rec.get("commit")), args.format
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
 import os
 import platform
 import shutil
@@ -14,7 +13,6 @@ import time
 import traceback
 from pathlib import Path
 
-from tiltlab.claims.registry import FIGURE_MODULE
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _counts_line, _empty_selection, _print_failures
 from tiltlab.paper_checks.cli.records import (
@@ -30,15 +28,20 @@ from tiltlab.paper_checks.cli.runner import _one_thread, _progress
 
 # --------------------------------------------------------------------------- tiltlab reproduce
 
+#: The simulator's figure package (``FIGURES``: ``(figure id, module name)`` pairs, ``make_all``), as
+#: named in the problems a run reports.
+_FIGURES = "tiltlab.sim.figures"
+
 
 def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int):
     """One figure module -> ``(records, problems)``; never raises (runs in worker processes too)."""
     try:
-        simfig = importlib.import_module(FIGURE_MODULE)
+        from tiltlab.sim import figures as simfig
+
         return simfig.make_all(out_dir, quick=quick, seed=seed, only=[fig_id]), {}
     except ModuleNotFoundError as exc:
-        if exc.name == f"{FIGURE_MODULE}.{mod_name}":
-            return [], {fig_id: f"module {FIGURE_MODULE}.{mod_name} is missing"}
+        if exc.name == f"{_FIGURES}.{mod_name}":
+            return [], {fig_id: f"module {_FIGURES}.{mod_name} is missing"}
         return [], {fig_id: f"crashed: ModuleNotFoundError: {exc}"}
     except Exception as exc:
         tb = traceback.format_exc().strip().splitlines()
@@ -47,9 +50,9 @@ def _make_one(fig_id: str, mod_name: str, out_dir: Path, quick: bool, seed: int)
 
 def _figure_list():
     try:
-        simfig = importlib.import_module(FIGURE_MODULE)
+        from tiltlab.sim import figures as simfig
     except Exception as exc:  # the sim layer is absent or broken: report, do not hide
-        return None, {FIGURE_MODULE: f"could not import {FIGURE_MODULE}: {type(exc).__name__}: {exc}"}
+        return None, {_FIGURES: f"could not import {_FIGURES}: {type(exc).__name__}: {exc}"}
     return list(simfig.FIGURES), {}
 
 
@@ -119,11 +122,11 @@ def environment() -> dict[str, str]:
     if commit:
         env["git commit"] = commit
     env["threads"] = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    from tiltlab.claims import registry
+    from tiltlab.paper_checks import catalog
 
     env["check modules"] = ", ".join(
-        f"{m} (skipped: {registry.SKIPPED_MODULES[m]})" if m in registry.SKIPPED_MODULES else m
-        for m in registry.CHECK_MODULES
+        f"{m} (skipped: {catalog.SKIPPED_MODULES[m]})" if m in catalog.SKIPPED_MODULES else m
+        for m in catalog.check_modules()
     )
     return env
 

@@ -13,6 +13,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from tiltlab.paper_checks import catalog
+
 LAYERS = ("theory", "sim", "data", "llm")
 
 _ALL_LLM = "*all*"
@@ -32,7 +34,7 @@ def _load_extra(claim_dirs: Sequence[Path] = (), modules: Sequence[str] = ()) ->
 
     from tiltlab.claims import registry
 
-    registry.discover()
+    catalog.discover()
     for d in claim_dirs:
         registry.load_claims(d)
     if modules and os.getcwd() not in sys.path:
@@ -51,7 +53,7 @@ def _select(
 ):
     from tiltlab.claims import registry
 
-    registry.discover()
+    catalog.discover()
     registry.validate()
     chks = registry.select(args_only, layer, include_slow, include_llm, include_long)
     if name:
@@ -134,10 +136,6 @@ def longest_first(chks, costs: dict[str, float] | None = None) -> list:
     return sorted(chks, key=lambda c: -costs.get(c.key, math.inf))
 
 
-#: The module whose ``seed_jobs(n)`` shards the seeds of an llm-layer check over ``n`` forked processes
-#: (``map_seeds``), imported by name: ``paper_checks`` holds no import of a check layer.
-SEED_SHARDS_MODULE = "tiltlab.llm.checks.task"
-
 #: Layers whose checks ``--jobs N`` runs in this process one after another, each sharding its seeds over N
 #: processes: their memoized runs are shared by several checks, so one process per check would train them anew.
 SEED_SHARDED_LAYERS = ("llm",)
@@ -145,7 +143,7 @@ SEED_SHARDED_LAYERS = ("llm",)
 
 def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
     """Run the checks; with ``jobs > 1`` the llm-layer checks (:data:`SEED_SHARDED_LAYERS`) run in this
-    process one after another with their seeds in ``jobs`` forked processes (:data:`SEED_SHARDS_MODULE`),
+    process one after another with their seeds in ``jobs`` forked processes (``tiltlab.llm.checks.task.seed_jobs``),
     the others in a pool of forked processes, started longest first (:func:`longest_first`; each check
     is seeded on its own, so verdicts do not depend on where or when it runs). Outcomes keep ``chks`` order."""
     sharded = [c for c in chks if c.layer in SEED_SHARDED_LAYERS] if jobs > 1 else []
@@ -153,7 +151,9 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
         return _run_checks(chks, seed, progress, jobs)
     keys = {c.key for c in sharded}
     done = {o.check.key: o for o in _run_checks([c for c in chks if c.key not in keys], seed, progress, jobs)}
-    with importlib.import_module(SEED_SHARDS_MODULE).seed_jobs(jobs):
+    from tiltlab.llm.checks import task  # imported only when llm checks run (they imported it already)
+
+    with task.seed_jobs(jobs):
         done.update((o.check.key, o) for o in _run_checks(sharded, seed, progress, 1))
     return [done[c.key] for c in chks]
 

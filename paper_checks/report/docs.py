@@ -8,6 +8,7 @@ from typing import Any
 
 from tiltlab.claims import registry
 from tiltlab.claims.registry import Outcome
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.report.model import (
     VERDICT_ORDER,
     ReportInput,
@@ -27,7 +28,7 @@ DOCS_END = "<!-- end of generated section: {name} -->"
 
 def registry_counts() -> dict[str, int]:
     """Claims and checks the registry declares now (llm checks counted when their module loads)."""
-    registry.discover()
+    catalog.discover()
     chks = registry.checks()
     fast_layers = [c for c in chks if c.layer not in registry.OPT_IN_LAYERS]
     return {
@@ -64,7 +65,7 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
     verdict table per paper, stamped with the run's date, commit, machine and load."""
     from tiltlab.claims.record import outcomes_from_rows
 
-    registry.discover()
+    catalog.discover()
     outs = outcomes_from_rows(rec.get("checks", []))
     inp = ReportInput(claims=registry.claims(), outcomes=outs)
     rows = claim_rows(inp)
@@ -150,7 +151,7 @@ def item_rules_section(layer: str = "llm") -> str:
     """The judged items of every claim a ``layer`` check decides, as the registry declares them
     (``[[claim.item]]``: name, kind, margin, why), one table per claim: docs/llm-checks.md states the
     rules from this, so no rule text in the docs can drift from what the checks run."""
-    registry.discover()
+    catalog.discover()
     lines = [
         f"Generated from the registry's `[[claim.item]]` declarations ({layer} layer). Kinds: direction (threshold "
         "0 on both sides), effect (±margin on both sides), equivalence (inside ±margin), context (holds by "
@@ -175,7 +176,7 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered, marked as such)."""
     from tiltlab.claims.record import posthoc_neutral, rejudge_rows
 
-    registry.discover()
+    catalog.discover()
     rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
     rejudged = rejudge_rows(rows)
     n_raw = sum(1 for j in rejudged if j["status"] != "no raw values")
@@ -213,7 +214,7 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
     from tiltlab.claims.record import outcomes_from_rows
 
-    registry.discover()  # rows of undeclared claims are dropped: the claims must be loaded
+    catalog.discover()  # rows of undeclared claims are dropped: the claims must be loaded
     outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
     # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
     # summary, which describes only the last invocation that wrote the record

@@ -8,6 +8,7 @@ from typing import Any
 
 from tiltlab.claims import registry
 from tiltlab.files import write_text
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.report.html import render_html
 from tiltlab.paper_checks.report.markdown import render_markdown
 from tiltlab.paper_checks.report.model import ReportInput
@@ -34,7 +35,7 @@ def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInp
 
     from tiltlab.claims.record import outcomes_from_rows
 
-    registry.discover()
+    catalog.discover()
     figs = []
     for f in rec.get("figures", []):
         d = dict(f)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tiltlab.claims import registry
+from tiltlab.paper_checks import catalog
 
 
 @pytest.fixture
 def isolated_registry():
     """Load the real papers, claims and checks, then restore the registry exactly after the test
     (fake papers, claims and checks registered by the test disappear)."""
-    registry.discover()
+    catalog.discover()
     papers, claims, checks = dict(registry._PAPERS), dict(registry._CLAIMS), dict(registry._CHECKS)
     loaded = set(registry._LOADED)
     try:

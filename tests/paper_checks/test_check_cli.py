@@ -14,6 +14,7 @@ import pytest
 
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks import cli as pcli
 from tiltlab.paper_checks.report import claim_status
 
@@ -277,7 +278,7 @@ def test_shipped_costs_name_registered_checks():
     leaves a stale name behind: regenerate it."""
     from tiltlab.claims import registry
 
-    registry.discover()
+    catalog.discover()
     costs = pcli.check_costs()
     keys = {c.key for c in registry.checks() if c.layer in ("theory", "sim", "data") and not c.slow}
     assert costs and set(costs) <= {c.key for c in registry.checks()}, sorted(set(costs) - keys)[:5]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tiltlab.claims.registry import CheckResult, Verdict, run_one
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks import data_checks as dc
 
 
@@ -146,7 +147,7 @@ def test_partly_paper_internal_checks_record_which_statements_hold():
     from tiltlab.claims import registry
     from tiltlab.claims.registry import CheckResult, Outcome
 
-    registry.discover()
+    catalog.discover()
     partly = [c for c in registry.checks() if c.name == "paper_internal" and c.expected.value == "partly"]
     assert partly and all(c.expected_items for c in partly)
     chk = partly[0]
@@ -179,7 +180,10 @@ def test_the_config_schema_needs_no_extra_and_its_absence_is_an_error_not_a_zero
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "1 []", p.stdout + p.stderr[-2000:]
     dc._schema_error.cache_clear()
-    monkeypatch.setattr(dc, "RUN_CONFIG_LOADER", "tiltlab.llm.no_such_module.load_run_config")
+    import tiltlab.llm.trainers
+
+    monkeypatch.setitem(sys.modules, "tiltlab.llm.trainers.config", None)  # its import raises ImportError
+    monkeypatch.delattr(tiltlab.llm.trainers, "config", raising=False)
     try:
         with pytest.raises(RuntimeError, match="run-config schema .* cannot be imported"):
             dc.command_problems("tiltlab llm train --config configs/disa_qwen2.5_7b.yaml")

@@ -10,6 +10,7 @@ import pytest
 from tiltlab.claims import record, registry
 from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.cli import main
+from tiltlab.paper_checks import catalog
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -146,7 +147,7 @@ def test_write_pins_refuses_a_wrong_record(tmp_path, rec, msg):
 
 
 def test_shipped_pins_are_well_formed_and_name_registered_checks():
-    registry.discover()
+    catalog.discover()
     keys = {c.key for c in registry.checks()}
     shipped = registry.pins(registry.PINS_FILE)
     assert shipped, "paper_checks/pins.json is empty"

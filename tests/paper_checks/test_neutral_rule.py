@@ -12,6 +12,7 @@ import scipy.stats as scipy_stats
 
 from tiltlab.claims import registry, stats
 from tiltlab.claims.registry import CheckResult, Verdict
+from tiltlab.paper_checks import catalog
 
 SHIPPED = Path(__file__).resolve().parents[2] / "paper_checks" / "records" / "llm.json"
 #: The llm record as shipped before the neutral rule's re-run (2026-11-28), with the preregistration file of
@@ -174,7 +175,7 @@ def test_decide_is_the_effect_rule_with_its_margin():
 
 # ----------------------------------------------------------------------- the registry's item declarations
 def _context_items() -> set[tuple[str, str, str]]:
-    registry.discover()
+    catalog.discover()
     return {(c.id, i.layer, i.name) for c in registry.claims().values() for i in c.items if i.kind == "context"}
 
 
@@ -196,7 +197,7 @@ def test_the_by_construction_items_are_these_and_each_says_why():
 
 
 def test_a_check_whose_items_differ_from_the_registry_is_an_error():
-    registry.discover()
+    catalog.discover()
     chk = next(c for c in registry.checks() if c.claim_id == "paced.replay" and c.layer == "sim")
     up = (0.1, 0.12, 0.09, 0.11, 0.1)
 
@@ -272,7 +273,7 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
 def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations(legacy_registration):
     from tiltlab.claims import record
 
-    registry.discover()
+    catalog.discover()
     rec = record.load_llm_record(LEGACY)
     row = next(r for r in rec["checks"] if r["claim"] == "disa.d3.teacher_m_study")
     assert row["verdict"] == "partly" and row["ok"] is True  # run under the rule of 3dfabd9
@@ -300,7 +301,7 @@ def test_the_neutral_rule_on_the_legacy_record_post_hoc():
     the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
     from tiltlab.claims import record
 
-    registry.discover()
+    catalog.discover()
     rec = record.load_llm_record(LEGACY)
     got = {r["claim"]: record.posthoc_neutral(r) for r in rec["checks"]}
     assert got["disa.remark2.calibration"]["verdict"] == "partly"  # is_label_m4 +0.0299 < margin 0.03
@@ -333,7 +334,7 @@ def test_the_report_shows_the_verdict_under_the_other_threshold():
     from tiltlab.claims import record
     from tiltlab.paper_checks import report
 
-    registry.discover()
+    catalog.discover()
     small = (0.010, 0.011, 0.009, 0.010, 0.012, 0.010)  # above 0, inside +-0.01 ... +-0.02
     j = stats.judge([stats.Item("final_pass_rate", small, stats.EFFECT, 0.01)])
     assert (j.verdict, j.alt_verdict) == ("inconclusive", "verified")

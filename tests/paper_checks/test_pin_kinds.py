@@ -27,6 +27,7 @@ from tiltlab.claims.registry import (
     stochastic,
 )
 from tiltlab.cli import main
+from tiltlab.paper_checks import catalog
 from tiltlab.sim.checks import paced_sched, training
 
 #: the checks whose numbers are bit-reproducible per CPU kernel path only, with their margins
@@ -188,7 +189,7 @@ def test_write_pins_refuses_a_residual_pinned_by_value_or_over_its_bound(tmp_pat
 
 
 def test_write_pins_reads_the_kinds_of_the_registered_checks_by_default(tmp_path):
-    registry.discover()
+    catalog.discover()
     rec = _rec({"v": 0.5}, key=("paced.replay", "sim", "replay_effect_toy"))
     record.write_pins(rec, tmp_path / "p.json")
     pin = json.loads((tmp_path / "p.json").read_text())["pins"]["paced.replay[sim:replay_effect_toy]"]["v"]
@@ -199,7 +200,7 @@ def test_write_pins_reads_the_kinds_of_the_registered_checks_by_default(tmp_path
 
 
 def _registered():
-    registry.discover()
+    catalog.discover()
     return {c.key: c for c in registry.checks()}
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from tiltlab.claims import prereg, record, registry
 from tiltlab.cli import main
+from tiltlab.paper_checks import catalog
 
 from .conftest import git, need_git
 from .test_records import LLM_CID, _check, _only_fake, _setup_llm
@@ -34,7 +35,7 @@ def _entry(name="x", extra="", files=f'"a.py" = "{SHA0}"\n'):
 
 
 def test_every_llm_check_is_pre_registered_with_its_rule_files():
-    registry.discover()
+    catalog.discover()
     reg = registry.preregistration()
     names = {c.name for c in registry.checks() if c.layer == "llm"}
     assert names <= set(reg), f"llm checks without a pre-registered rule: {sorted(names - set(reg))}"
@@ -50,7 +51,7 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
 
 
 def test_shared_runs_name_registered_llm_claims():
-    registry.discover()
+    catalog.discover()
     llm_claims = {c.claim_id for c in registry.checks() if c.layer == "llm"}
     runs = registry.shared_runs()
     assert runs
@@ -362,7 +363,7 @@ def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
     # REPORT.md / report.html: the provenance note of a recorded legacy row says so
     from tiltlab.paper_checks.report import ReportInput, _provenance_note
 
-    registry.discover()
+    catalog.discover()
     outs = record.outcomes_from_rows(record.recorded_llm_rows(path=legacy_rec)[0])
     notes = [_provenance_note(o, ReportInput(claims=registry.claims(), outcomes=outs, figures=[])) for o in outs]
     legacy_notes = [n for n in notes if "legacy pre-registration (not strictly pre-registered" in n]
@@ -428,7 +429,7 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
     record.write_json(path, tampered)
     out = record.set_llm_expectations(path)
     assert out["registry_hash"] == record.llm_registry_hash()
-    registry.discover()
+    catalog.discover()
     chk = {c.key: c for c in registry.checks()}[record.row_key(row)]
     got = out["checks"][0]
     assert got["expected"] == chk.expected.value and got["expected_items"] == dict(chk.expected_items)

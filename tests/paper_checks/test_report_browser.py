@@ -22,6 +22,7 @@ import pytest
 
 from tiltlab.claims import registry
 from tiltlab.claims.registry import CheckResult, Outcome
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.report import ReportInput, render_html
 
 from .test_report import FakeFigure, _png
@@ -79,7 +80,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _full_report(tmp_path: Path) -> Path:
-    registry.discover()
+    catalog.discover()
     claims = registry.claims()
     outs = [
         Outcome(c, CheckResult(c.expected, f"made-up evidence for {c.key}", {"x": 1.0}, None), 0.0)

@@ -15,6 +15,7 @@ import pytest
 from tiltlab.claims import record
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
+from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks import report as P
 
 CID = "zz_fake.export"
@@ -191,14 +192,13 @@ _README = Path(__file__).resolve().parents[2] / "README.md"
 def test_readme_counts_agree_with_the_registry():
     """README's generated results section must be regenerated (`tiltlab report --docs`) whenever the
     registry's claims or checks change."""
-    from tiltlab.claims import registry
 
     text = _README.read_text(encoding="utf-8")
     body = P.section_text(text, "results")
     assert body is not None, "README.md lost its generated results section"
     sentence = P.registry_sentence()
-    if registry.SKIPPED_MODULES:
-        pytest.fail(f"check modules skipped, cannot compare the llm count: {registry.SKIPPED_MODULES}")
+    if catalog.SKIPPED_MODULES:
+        pytest.fail(f"check modules skipped, cannot compare the llm count: {catalog.SKIPPED_MODULES}")
     assert sentence in body, f"README.md is stale: regenerate with `tiltlab report --docs` ({sentence})"
     # the verdict table covers every declared claim
     (all_row,) = [ln for ln in body.splitlines() if ln.startswith("| **all** |")]
@@ -240,9 +240,9 @@ def test_the_shipped_llm_record_matches_the_registry():
     after the shipped record was made: regenerate it with record.LLM_RECORD_COMMAND."""
     from tiltlab.claims import registry
 
-    registry.discover()
-    if "tiltlab.llm.checks" in registry.SKIPPED_MODULES:
-        pytest.fail(f"the llm check module did not load: {registry.SKIPPED_MODULES['tiltlab.llm.checks']}")
+    catalog.discover()
+    if "tiltlab.llm.checks" in catalog.SKIPPED_MODULES:
+        pytest.fail(f"the llm check module did not load: {catalog.SKIPPED_MODULES['tiltlab.llm.checks']}")
     assert _SHIPPED.is_file(), f"no shipped llm record at {_SHIPPED}; make it with `{record.LLM_RECORD_COMMAND}`"
     shipped = record.load_llm_record(_SHIPPED)
     assert shipped is not None

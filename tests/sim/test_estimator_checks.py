@@ -11,7 +11,8 @@ import torch
 import tiltlab.sim.checks.estimators as est
 import tiltlab.sim.checks.fpa as fpa
 import tiltlab.sim.experiments.bias as bias
-from tiltlab.claims.registry import checks, discover
+from tiltlab.claims.registry import checks
+from tiltlab.paper_checks.catalog import discover
 
 discover()
 MINE = sorted(

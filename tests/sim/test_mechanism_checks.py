@@ -12,6 +12,7 @@ import pytest
 
 from tiltlab.claims import registry
 from tiltlab.claims.registry import Verdict
+from tiltlab.paper_checks import catalog
 from tiltlab.sim.checks import mechanisms as mech
 
 CLAIMS = (
@@ -26,7 +27,7 @@ CLAIMS = (
 
 
 def _check(claim_id: str):
-    registry.discover()
+    catalog.discover()
     (chk,) = [c for c in registry.select(claim_id, layer="sim") if c.fn.__module__ == mech.__name__]
     return chk
 

@@ -11,8 +11,9 @@ import tiltlab.sim.checks.estimators as est_checks
 import tiltlab.sim.checks.fpa as fpa_checks
 import tiltlab.sim.checks.text_claims as text_checks
 import tiltlab.sim.checks.training as training_checks
-from tiltlab.claims.registry import Verdict, checks, discover, run_one
+from tiltlab.claims.registry import Verdict, checks, run_one
 from tiltlab.objectives.offline import dpo_loss, fpa_loss
+from tiltlab.paper_checks.catalog import discover
 from tiltlab.sim.experiments import fpa_entanglement, lad
 from tiltlab.sim.token_tree import ragged_mask
 

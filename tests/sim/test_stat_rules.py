@@ -13,7 +13,8 @@ import tiltlab.sim.checks.paced_sched as paced_checks
 import tiltlab.sim.checks.text_claims as text_checks
 import tiltlab.sim.checks.training as training_checks
 from tiltlab.claims import stats
-from tiltlab.claims.registry import Verdict, checks, discover, run_one
+from tiltlab.claims.registry import Verdict, checks, run_one
+from tiltlab.paper_checks.catalog import discover
 from tiltlab.sim import envs
 from tiltlab.sim import train as train_mod
 from tiltlab.sim.config import SimConfig

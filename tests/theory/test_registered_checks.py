@@ -6,9 +6,10 @@ import pytest
 import sympy as sp
 
 from tiltlab.claims import registry
+from tiltlab.paper_checks import catalog
 from tiltlab.theory._common import _numerically_nonzero, is_zero
 
-registry.discover()
+catalog.discover()
 registry.validate()
 THEORY = registry.select(layer="theory", include_slow=True)
 

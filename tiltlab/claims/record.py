@@ -281,7 +281,7 @@ def merge(old: Mapping[str, Any] | None, new_rows: Sequence[dict[str, Any]]) -> 
 def llm_registry_hash() -> str:
     """sha256 (16 hex digits) of the llm part of the registry: every llm check (key, expected
     verdict, expected items, slow) and the claims they decide (every declared field)."""
-    registry.discover()
+    registry.require_catalogued("record.llm_registry_hash")
     chks = sorted((c for c in registry.checks() if c.layer == "llm"), key=lambda c: c.key)
     claims = registry.claims()
     payload = {
@@ -352,7 +352,7 @@ def write_pins(
     if not rows:
         raise ValueError(f"the record has no rows of layers {', '.join(layers)} to pin")
     if checks is None:
-        registry.discover()
+        registry.require_catalogued("record.write_pins")
         checks = {c.key: c for c in registry.checks()}
     out: dict[str, dict[str, list[Any]]] = {}
     n = 0
@@ -475,12 +475,12 @@ def ship_llm_record(
     default the checkout holding the code). Each shipped row gets
     ``rule_commit``: its registration commit. ``machine``, ``summary.seconds`` and ``generated_at``
     default to the record's."""
+    registry.require_catalogued("record.ship_llm_record")
     from tiltlab.claims import prereg
 
     rec = read_record(Path(src), "--ship-llm")
     if rec is None:
         raise FileNotFoundError(f"--ship-llm {src}: no such file")
-    registry.discover()
     want = {c.key for c in registry.checks() if c.layer == "llm" and not c.long}
     longs = {c.key for c in registry.checks() if c.layer == "llm" and c.long}
     if not want:
@@ -664,11 +664,11 @@ def set_llm_expectations(path: Path | None = None, root: Path | None = None) -> 
     follow them. Verdicts, items, numbers and evidence are the run's and are not touched. The commit at
     which this was done is written as ``expectations_set_at``; a check whose row is missing, or a row
     whose check is not registered, is refused. Written atomically; returns the record."""
+    registry.require_catalogued("record.set_llm_expectations")
     path = LLM_RECORD if path is None else Path(path)
     rec = load_llm_record(path)
     if rec is None:
         raise FileNotFoundError(f"no llm record at {path}")
-    registry.discover()
     chks = {c.key: c for c in registry.checks() if c.layer == "llm"}
     rows = rec["checks"]
     orphans = [row_key(r) for r in rows if row_key(r) not in chks]

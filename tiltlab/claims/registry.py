@@ -17,16 +17,17 @@ records the verdict it is *expected* to return; ``tiltlab check`` fails only whe
 verdict changes, so a claim that is refuted and stays refuted is green, and a change
 is loud.
 
-Layers register their checks on import; :func:`discover` imports them by name. This module is
-the base of the check layers: it imports nothing else of the project, so ``theory``, ``sim``
-and ``llm`` check modules can import it without a cycle.
+Layers register their checks on import. Which modules hold checks is not this module's business: the
+top layer's catalog (:mod:`tiltlab.paper_checks.catalog`) imports them, statically, and then calls
+:func:`mark_catalogued`; what needs every check (the shipped record's registry hash, the pins) asks
+:func:`require_catalogued` first. This module is the base of the check layers: it imports nothing else
+of the project, so ``theory``, ``sim`` and ``llm`` check modules can import it without a cycle.
 """
 
 from __future__ import annotations
 
 import enum
 import fnmatch
-import importlib
 import math
 import re
 import time
@@ -38,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CHECK_MODULES",
-    "FIGURE_MODULE",
     "Check",
     "CheckResult",
     "Claim",
@@ -53,18 +52,18 @@ __all__ = [
     "claims",
     "declare_claim",
     "declare_paper",
-    "discover",
     "get_claim",
     "get_paper",
     "legacy_runs",
     "load_claims",
     "load_papers",
+    "mark_catalogued",
     "papers",
     "parse_preregistration",
     "preregistration",
     "register_check",
+    "require_catalogued",
     "residual",
-    "run_checks",
     "shared_runs",
     "stochastic",
     "validate",
@@ -76,32 +75,9 @@ DATA_DIR = (Path(__file__).resolve().parents[1] / "paper_checks").resolve()
 CLAIMS_DIR = DATA_DIR / "claims"
 PAPERS_FILE = DATA_DIR / "papers.toml"
 
-#: Modules imported by :func:`discover`, by name; each registers its checks at import time.
-#: A listed module that cannot be imported is recorded in :data:`SKIPPED_MODULES`.
-CHECK_MODULES: tuple[str, ...] = (
-    "tiltlab.theory.checks",
-    "tiltlab.sim.checks",
-    "tiltlab.paper_checks.data_checks",
-    "tiltlab.llm.checks",
-)
-
-#: The llm layer's run-config loader (``path, overrides, validate=False``), imported by name by the
-#: data check that parses every claim's ``tiltlab llm ...`` command: the llm layer imports this
-#: registry, so the data checks cannot import it statically without a package cycle.
-RUN_CONFIG_LOADER = "tiltlab.llm.trainers.config.load_run_config"
-
-#: Check modules that need optional dependencies (the ``[llm]`` extra): any ImportError while
-#: importing one records it in :data:`SKIPPED_MODULES` instead of failing discovery.
-OPTIONAL_MODULES: frozenset[str] = frozenset({"tiltlab.llm.checks"})
-
 #: Layers whose checks run only when asked for by name (``--layer llm``, ``reproduce --llm``):
 #: they train models for minutes each.
 OPT_IN_LAYERS: frozenset[str] = frozenset({"llm"})
-
-#: The figure module ``tiltlab reproduce`` imports by name, like the check modules: it provides
-#: ``FIGURES`` (``(figure id, module name)`` pairs) and ``make_all(out_dir, quick, seed, only)``.
-#: Naming it here keeps the registry and its runner below the simulator in the layer order.
-FIGURE_MODULE = "tiltlab.sim.figures"
 
 
 class Verdict(str, enum.Enum):  # noqa: UP042  (StrEnum would change format() of records; kept as is)
@@ -790,29 +766,19 @@ def load_claims(directory: Path = CLAIMS_DIR) -> None:
     _LOADED.add(directory)
 
 
-#: Check modules :func:`discover` could not import (module -> reason); reported by the CLI.
-SKIPPED_MODULES: dict[str, str] = {}
+_CATALOGUED: list[bool] = [False]
 
 
-def discover(modules: Iterable[str] = CHECK_MODULES) -> None:
-    """Load claims and import every check module that exists (missing ones are recorded in
-    :data:`SKIPPED_MODULES`, so a report can say which layers did not run)."""
-    load_claims()
-    for name in modules:
-        try:
-            importlib.import_module(name)
-            SKIPPED_MODULES.pop(name, None)
-        except ModuleNotFoundError as exc:
-            top = name.split(".")[0]
-            if exc.name in (name, top) or name in OPTIONAL_MODULES:
-                SKIPPED_MODULES[name] = f"not importable: {exc}"
-                continue
-            raise
-        except ImportError as exc:
-            if name in OPTIONAL_MODULES:
-                SKIPPED_MODULES[name] = f"not importable: {exc}"
-                continue
-            raise
+def mark_catalogued() -> None:
+    """Called by the catalog once every check module it knows is imported (its checks registered)."""
+    _CATALOGUED[0] = True
+
+
+def require_catalogued(what: str) -> None:
+    """Raise unless the catalog has registered every check: ``what`` needs all of them, and a partial
+    registry would give a wrong answer without an error."""
+    if not _CATALOGUED[0]:
+        raise RuntimeError(f"{what} needs every registered check: call tiltlab.paper_checks.catalog.discover() first")
 
 
 def claims() -> dict[str, Claim]:
@@ -905,22 +871,3 @@ def run_one(check: Check, seed: int = 0) -> Outcome:
         return Outcome(check, res, time.perf_counter() - t0)
     except Exception:  # a crashing check is reported, never hidden
         return Outcome(check, None, time.perf_counter() - t0, traceback.format_exc())
-
-
-def run_checks(
-    prefix: str | None = None,
-    *,
-    layer: str | None = None,
-    seed: int = 0,
-    include_slow: bool = False,
-    include_llm: bool | None = None,
-    progress: Callable[[Check], None] | None = None,
-) -> list[Outcome]:
-    discover()
-    validate()
-    outs = []
-    for chk in select(prefix, layer, include_slow, include_llm):
-        if progress is not None:
-            progress(chk)
-        outs.append(run_one(chk, seed))
-    return outs

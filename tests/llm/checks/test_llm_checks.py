@@ -12,6 +12,7 @@ from tiltlab.claims import registry
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.llm.checks import computed, paced, stage3
 from tiltlab.llm.checks import task as T
+from tiltlab.paper_checks import catalog
 
 
 def test_tilted_log_z_tv_match_brute_force():
@@ -137,14 +138,14 @@ IDS = [c[0].__name__ for c in CASES]
 
 def _registered(fn):
     """The registered checks whose function is ``fn`` (a check may decide several claims)."""
-    registry.discover()
+    catalog.discover()
     return [c for c in registry.checks() if c.layer == "llm" and c.fn is fn]
 
 
 def test_every_tiny_check_is_in_the_cases():
     from tiltlab.claims import registry
 
-    registry.discover()
+    catalog.discover()
     tiny = {c.fn for c in registry.checks() if c.layer == "llm" and c.name == "tiny_qwen3_enum"}
     assert tiny == {fn for fn, _ in CASES}
 

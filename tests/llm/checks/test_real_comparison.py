@@ -16,6 +16,7 @@ from tiltlab.claims import registry
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import real_comparison as C
 from tiltlab.llm.checks import task as T
+from tiltlab.paper_checks import catalog
 
 
 def _rows(n_qa: int, n_multi: int) -> list[dict]:
@@ -139,7 +140,7 @@ def test_items_pair_disa_with_the_named_arm_at_each_seed():
 
 
 def test_the_items_are_the_ones_the_registry_declares():
-    registry.discover()
+    catalog.discover()
     for cid, names in (("disa.llm.real_model_training", C.PRIMARY), ("disa.llm.real_model_vs_kl_grpo", C.SECONDARY)):
         declared = registry.get_claim(cid).items_for("llm")
         m = _metrics({})

@@ -13,6 +13,7 @@ import torch
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import stage1_real as S
 from tiltlab.llm.checks import task as T
+from tiltlab.paper_checks import catalog
 
 
 def _lse_label(ws: list[float]) -> float:
@@ -135,7 +136,7 @@ def test_decide_no_op_run_is_inconclusive_and_fails_its_items():
     passes = {"ref": [0.5] * 8, "q": [0.5] * 8, "q_trunc": [0.5] * 8}
     verdict, nums, flags, *_ = S.decide(units, passes, n_p, n_s)
     assert verdict is Verdict.INCONCLUSIVE and not flags["ran_weights_vary"] and not flags["ran_labels_differ"]
-    registry.discover()
+    catalog.discover()
     (chk,) = [c for c in registry.checks() if c.claim_id == "disa.llm.stage1_real_model"]
     out = Outcome(chk, CheckResult(verdict, "no-op", nums, items=flags), 0.0)
     assert not out.ok and "ran_weights_vary" in out.item_changes

@@ -1,0 +1,74 @@
+"""The catalog of check layers (tiltlab.paper_checks.catalog): which layers load, which may be skipped,
+and that what needs every check refuses to run on a registry the catalog has not completed."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import tiltlab.llm
+import tiltlab.theory
+from tiltlab.claims import record, registry
+from tiltlab.paper_checks import catalog
+
+
+def _block(monkeypatch, package, name: str) -> None:
+    """Make ``from package import name`` raise ImportError (as an absent or broken module would)."""
+    monkeypatch.setitem(sys.modules, f"{package.__name__}.{name}", None)
+    monkeypatch.delattr(package, name, raising=False)
+
+
+def test_discover_loads_every_layer_and_completes_the_registry(isolated_registry):
+    catalog.discover()
+    assert catalog.check_modules() == [
+        "tiltlab.theory.checks",
+        "tiltlab.sim.checks",
+        "tiltlab.paper_checks.data_checks",
+        "tiltlab.llm.checks",
+    ]
+    assert catalog.SKIPPED_MODULES == {}
+    assert {c.layer for c in registry.checks()} == {"theory", "sim", "data", "llm"}
+    registry.require_catalogued("this test")  # does not raise
+
+
+def test_an_unimportable_llm_layer_is_skipped_and_said(isolated_registry, monkeypatch):
+    _block(monkeypatch, tiltlab.llm, "checks")
+    monkeypatch.setattr(catalog, "SKIPPED_MODULES", {})
+    catalog.discover()
+    assert list(catalog.SKIPPED_MODULES) == [catalog.LLM_CHECKS]
+    assert catalog.SKIPPED_MODULES[catalog.LLM_CHECKS].startswith("not importable: ")
+    assert catalog.check_modules()[-1] == catalog.LLM_CHECKS
+    assert catalog.check_modules()[:3] == [
+        "tiltlab.theory.checks",
+        "tiltlab.sim.checks",
+        "tiltlab.paper_checks.data_checks",
+    ]
+
+
+def test_an_unimportable_core_layer_is_an_error_not_a_skip(isolated_registry, monkeypatch):
+    _block(monkeypatch, tiltlab.theory, "checks")
+    monkeypatch.setattr(catalog, "SKIPPED_MODULES", {})
+    with pytest.raises(ImportError):
+        catalog.discover()
+    assert catalog.SKIPPED_MODULES == {}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda tmp: record.llm_registry_hash(),
+        lambda tmp: record.set_llm_expectations(tmp / "none.json"),
+        lambda tmp: record.ship_llm_record(tmp / "none.json", tmp / "out.json", machine_desc="m"),
+        lambda tmp: record.write_pins(
+            {"checks": [{"layer": "sim", "ok": True, "claim": "c", "check": "x"}]}, tmp / "p.json"
+        ),
+    ],
+    ids=["llm_registry_hash", "set_llm_expectations", "ship_llm_record", "write_pins"],
+)
+def test_what_needs_every_check_refuses_an_uncatalogued_registry(monkeypatch, tmp_path, call):
+    monkeypatch.setattr(registry, "_CATALOGUED", [False])
+    with pytest.raises(
+        RuntimeError, match=r"needs every registered check: call tiltlab\.paper_checks\.catalog\.discover"
+    ):
+        call(tmp_path)
