@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -82,15 +83,31 @@ def disa_fn(log_z_all: torch.Tensor, beta: float):
     return fn
 
 
-def setup(seed: int, beta: float | None = None):
-    """``(model, task, ref_tok, ref_policy_all, train_idx, heldout_idx, log_z_exact_all)``."""
+class Setup(NamedTuple):
+    """What a check of the tiny-model task starts from for one seed (:func:`setup`); unpacks in this order."""
+
+    model: object
+    """a fresh copy of the seed's warmed reference model (the run trains it)"""
+    task: shared_task.EnumTask
+    ref_tokens: torch.Tensor
+    """``[P_all, K, T]`` token log-probs of every answer of every prompt under the reference"""
+    ref: shared_task.Policy
+    """the reference's exact answer distribution on every prompt"""
+    train_idx: list[int]
+    heldout_idx: list[int]
+    log_z: torch.Tensor | None
+    """exact ``log Z(x)`` of every prompt at ``beta`` (None without a ``beta``)"""
+
+
+def setup(seed: int, beta: float | None = None) -> Setup:
+    """The reference, the task, its splits and (with ``beta``) the exact ``log Z`` table, for ``seed``."""
     model, task = shared_task.warm_reference(seed)
     ref_tok = shared_task.reference_tokens(model, task)
     ref = shared_task.Policy(
         torch.arange(task.n_prompts), ref_tok.sum(-1).double(), torch.log_softmax(ref_tok.sum(-1).double(), -1)
     )
     lz = shared_task.exact_log_z(ref.log_probs, task.reward, beta) if beta is not None else None
-    return model, task, ref_tok, ref, task.split(False), task.split(True), lz
+    return Setup(model, task, ref_tok, ref, task.split(False), task.split(True), lz)
 
 
 def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:

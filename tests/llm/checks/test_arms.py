@@ -275,3 +275,17 @@ def test_fpa_train_keeps_every_row_of_each_batch(tiny, monkeypatch, apply_to):
     trace = stage3.fpa_train(m, model, task, data_idx, data_ans, reward, 1.0, 3, 1e-3, 0, apply_to=apply_to)
     assert len(trace.losses) == 3 and [c[:2] for c in calls] == [(64, apply_to)] * 3
     assert all(pos > 0 and neg > 0 for _, _, pos, neg in calls)  # both parts in every batch
+
+
+def test_setup_names_what_each_check_starts_from(tiny):
+    """``stage3.setup`` returns a :class:`stage3.Setup`: the reference's tokens and exact policy, the
+    two disjoint splits and, with a beta, the exact log Z of every prompt (None without one)."""
+    st = stage3.setup(0, beta=2.0)
+    assert isinstance(st, stage3.Setup) and len(st) == 7
+    assert st.ref_tokens.shape[:2] == st.task.reward.shape
+    torch.testing.assert_close(st.ref.log_probs, torch.log_softmax(st.ref_tokens.sum(-1).double(), -1))
+    assert st.train_idx == st.task.split(False) and st.heldout_idx == st.task.split(True)
+    assert st.train_idx and st.heldout_idx and not set(st.train_idx) & set(st.heldout_idx)
+    want = torch.logsumexp(st.ref.log_probs + 2.0 * st.task.reward.double(), -1)  # log sum_y pi_ref e^{beta r}
+    torch.testing.assert_close(st.log_z, want)
+    assert stage3.setup(0).log_z is None
