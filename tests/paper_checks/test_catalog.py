@@ -72,3 +72,10 @@ def test_what_needs_every_check_refuses_an_uncatalogued_registry(monkeypatch, tm
         RuntimeError, match=r"needs every registered check: call tiltlab\.paper_checks\.catalog\.discover"
     ):
         call(tmp_path)
+
+
+def test_a_layer_that_loads_again_is_no_longer_reported_skipped(isolated_registry, monkeypatch):
+    monkeypatch.setattr(catalog, "SKIPPED_MODULES", {catalog.LLM_CHECKS: "not importable: an earlier failure"})
+    catalog.discover()
+    assert catalog.SKIPPED_MODULES == {}
+    assert catalog.check_modules().count(catalog.LLM_CHECKS) == 1
