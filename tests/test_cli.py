@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +251,18 @@ def test_sympys_cache_size_changes_no_theory_number(tmp_path):
             if r["layer"] == "theory"
         }
     assert recs["1000"] and recs["1000"] == recs[cli.SYMPY_CACHE_SIZE]
+
+
+def test_llm_subcommands_are_the_documented_ones():
+    """``tiltlab llm`` registers one command per module of ``subcommand_modules()``, each documented in
+    docs/llm.md (a module dropped from the table would silently remove its command)."""
+    from tiltlab.llm import cli as llm_cli
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    llm_cli.register(sub)
+    (llm_sub,) = [a for a in sub.choices["llm"]._actions if isinstance(a, argparse._SubParsersAction)]
+    names = set(llm_sub.choices)
+    assert names == {"stage1", "stage2", "stage2-annotate", "eval", "train", "demo", "prepare"}
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "llm.md").read_text(encoding="utf-8")
+    assert all(f"tiltlab llm {n}" in doc for n in names), sorted(n for n in names if f"tiltlab llm {n}" not in doc)
