@@ -19,11 +19,18 @@ from tiltlab.llm import sandbox
 from tiltlab.llm.sandbox import (
     SandboxConfig,
     SandboxWarning,
+    clock,
+    config,
     isolation_report,
+    probe,
+    programs,
     run_judged,
     run_many,
     run_many_judged,
     run_python,
+    runner,
+    seccomp,
+    slots,
 )
 
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
@@ -65,14 +72,14 @@ def _interpreter_dirs_in_tmp() -> list[str]:
     return sorted(
         {
             Path(r).parts[2]
-            for r in sandbox._bind_roots(sys.executable)
+            for r in probe._bind_roots(sys.executable)
             if len(Path(r).parts) > 2 and Path(r).parts[1] == "tmp"
         }
     )
 
 
 def test_interpreter_dirs_in_tmp_against_hand_values(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bind_roots", lambda python: ["/opt/py", "/tmp/ci/venv", "/tmp/x", "/tmpfoo/y"])
+    monkeypatch.setattr(probe, "_bind_roots", lambda python: ["/opt/py", "/tmp/ci/venv", "/tmp/x", "/tmpfoo/y"])
     assert _interpreter_dirs_in_tmp() == ["ci", "x"]
 
 
@@ -233,9 +240,9 @@ def test_config_validation():
 
 
 def test_fallback_without_bwrap_warns_reports_and_still_blocks(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
-    monkeypatch.setattr(sandbox, "_unshare_prefix", lambda net, pids: None)
-    monkeypatch.setattr(sandbox, "_warned", set())
+    monkeypatch.setattr(probe, "_bwrap_works", lambda python, root: False)
+    monkeypatch.setattr(probe, "_unshare_prefix", lambda net, pids: None)
+    monkeypatch.setattr(probe, "_warned", set())
     with pytest.warns(SandboxWarning) as rec:
         r = run_python("import socket\nsocket.socket()", FAST)
     msgs = " ".join(str(w.message) for w in rec)
@@ -246,7 +253,7 @@ def test_fallback_without_bwrap_warns_reports_and_still_blocks(monkeypatch):
 
 
 def test_backend_bwrap_required(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
+    monkeypatch.setattr(probe, "_bwrap_works", lambda python, root: False)
     with pytest.raises(RuntimeError, match="bubblewrap"):
         run_python("pass", FAST, backend="bwrap")
 
@@ -839,7 +846,7 @@ def test_judged_timeout_and_many():
 
 def _codec(own=None, by_ref=False):
     ns = {"_dcref": lambda v: None, "_DC_BY_REF": by_ref, "_OWN": own or {}}
-    exec(sandbox._CODEC, ns)
+    exec(programs._CODEC, ns)
     return ns
 
 
@@ -931,7 +938,7 @@ def test_codec_deep_values_and_unknown_objects():
     for _ in range(sandbox.WIRE_DEPTH):
         deep = [deep]
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(sandbox._RECURSION)
+    sys.setrecursionlimit(config._RECURSION)
     try:
         assert _roundtrip(deep, ns) == deep
     finally:
@@ -1053,7 +1060,7 @@ def test_walk_gives_the_nodes_ast_walk_gives():
     import inspect
 
     walk = _codec()["_walk"]
-    for src in (inspect.getsource(sandbox), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
+    for src in (inspect.getsource(runner), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
         tree = ast.parse(src)
         got, want = list(walk(tree)), list(ast.walk(tree))
         assert len(got) == len(want) and {id(n) for n in got} == {id(n) for n in want}
@@ -1144,10 +1151,10 @@ def test_objects_of_a_calls_arguments_come_back_as_the_callers_own():
 def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
     now = [100.0]
     stats = {}
-    monkeypatch.setattr(sandbox.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(sandbox, "_tree", lambda roots: list(roots))
-    monkeypatch.setattr(sandbox, "_run_delays", lambda pids: dict(stats))
-    c = sandbox._RunDeadline(timeout_s=2.0, max_wall_s=10.0)
+    monkeypatch.setattr(clock.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clock, "_tree", lambda roots: list(roots))
+    monkeypatch.setattr(clock, "_run_delays", lambda pids: dict(stats))
+    c = clock._RunDeadline(timeout_s=2.0, max_wall_s=10.0)
     now[0], stats[7] = 101.0, (int(0.1e9), int(0.75e9))  # 1 s of wall, 0.75 s of it waiting for a CPU
     c.sample([1])
     assert c.left() == pytest.approx(2.0 - 0.25)
@@ -1168,15 +1175,15 @@ def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
 
 def test_uid_slots_rotate_and_skip_uids_still_in_use(monkeypatch):
     alive = {3}
-    monkeypatch.setattr(sandbox, "_slot_next", [2])
-    with sandbox._uid_slot(lambda k: k) as a, sandbox._uid_slot(lambda k: k) as b:
+    monkeypatch.setattr(slots, "_slot_next", [2])
+    with slots._uid_slot(lambda k: k) as a, slots._uid_slot(lambda k: k) as b:
         pass
-    with sandbox._uid_slot(lambda k: k) as c:
+    with slots._uid_slot(lambda k: k) as c:
         pass
     assert (a, b, c) == (2, 3, 4)  # rotating, not reusing the slot just released
-    monkeypatch.setattr(sandbox, "_uid_alive", lambda uid: uid in alive)
-    monkeypatch.setattr(sandbox, "_slot_next", [3])
-    with sandbox._uid_slot(lambda k: k) as d:
+    monkeypatch.setattr(slots, "_uid_alive", lambda uid: uid in alive)
+    monkeypatch.setattr(slots, "_slot_next", [3])
+    with slots._uid_slot(lambda k: k) as d:
         pass
     assert d == 4  # slot 3's uid still has a process
 
@@ -1208,7 +1215,7 @@ ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 
 def test_seccomp_program_denies_the_listed_calls_only():
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         prog = sandbox.seccomp_program(machine)
         whole = {nrs[n] for n in sandbox.SECCOMP_DENIED if n in nrs}
         some = {nrs[n] for n in sandbox.SECCOMP_DENIED_ARGS}
@@ -1250,13 +1257,13 @@ def test_seccomp_program_denies_the_listed_calls_only():
 )
 def test_seccomp_program_reads_the_arguments(call, args, want):
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         assert _bpf(sandbox.seccomp_program(machine), arch, nrs[call], args) == want, machine
 
 
 def test_seccomp_budget_program_refuses_new_processes_and_memory_outside_the_address_space():
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         prog = sandbox.seccomp_budget_program(machine)
         denied = {nrs[n] for n in sandbox.SECCOMP_BUDGET_DENIED if n in nrs}
         assert len(denied) == (4 if machine == "x86_64" else 2)  # aarch64 has no fork / vfork
@@ -1379,7 +1386,7 @@ def test_channel_system_calls_are_refused(channel):
 
     if sandbox.seccomp_program() is None:
         pytest.skip("no system-call numbers for this architecture")
-    nr = sandbox._SYSCALLS[platform.machine()][1]
+    nr = seccomp._SYSCALLS[platform.machine()][1]
     code = _CHANNEL_PRELUDE.format(nr=nr, call=_CHANNELS[channel])
     r = run_judged(code, "assert probe()", FAST, audit_hook=False, memory_mb=512)
     assert (r.passed, r.stdout.split()) == (False, ["EPERM"]), (r.stdout, r.stderr[-800:], r.judge_stderr[-800:])
@@ -1481,11 +1488,11 @@ def test_bwrap_mounts_tmp_before_the_interpreter_prefixes(tmp_path):
     venv = tmp_path / "venv"  # pytest's tmp_path lies under /tmp
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    args = sandbox._bwrap_args(py, os.geteuid() == 0, 1)
+    args = probe._bwrap_args(py, os.geteuid() == 0, 1)
     tmpfs_at = max(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
     binds = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == str(venv)]
     assert binds and min(binds) > tmpfs_at
-    assert sandbox._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
+    assert probe._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
 
 
 @pytest.mark.parametrize(
@@ -1504,7 +1511,7 @@ def test_isolation_report_states_each_plans_facts(plan, uid, monkeypatch):
     import tiltlab.llm.sandbox as sb
 
     full = {"prefix": ["unshare", "-n"], "net_ns": True, "pid_ns": False, "python": "/usr/bin/python3", **plan}
-    monkeypatch.setattr(sb, "_plan", lambda cfg: full)
+    monkeypatch.setattr(probe, "_plan", lambda cfg: full)
     rep = sb.isolation_report(SandboxConfig(audit_hook=False))
     bwrap = plan["level"] == "bwrap"
     assert rep == {
