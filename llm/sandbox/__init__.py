@@ -9,7 +9,7 @@ Two entry points:
   *server*; the tests run in a separate *judge* process that the candidate's code does not share.
   The judge reaches the candidate's top-level functions and classes through proxies: each call is
   one request over a pipe, its arguments and result cross as tagged JSON, by value for the
-  builtin and stdlib types that compare by value (exact types, never subclasses: see ``_CODEC``
+  builtin and stdlib types that compare by value (exact types, never subclasses: see ``programs/codec.py``
   and docs/code-reward.md), so they compare in the judge as in one process; any other object
   stays in the sandbox and the judge holds an opaque handle that compares equal only to itself.
   In-place changes a call makes to its mutable arguments are sent back and applied to the
