@@ -3,10 +3,12 @@
 The hostile-candidate corpus through the reward API lives in ``tests/llm/hostile/``.
 """
 
+import contextlib
 import os
+import select
+import signal
 import socket
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -121,7 +123,8 @@ def test_sleep_times_out():
 def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
     r = run_python("while True:\n    pass", FAST, cpu_s=1, timeout_s=20)
     assert r.status == "timeout" and not r.passed
-    assert r.wall_s < 10  # 1 CPU-second (+1 s to the hard limit); far below the 20 s wall clock
+    # SIGXCPU from RLIMIT_CPU (1 CPU-second) ended it, not the clock's SIGKILL at 20 s (nor the hard limit's)
+    assert r.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU), r.returncode
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 * 1024 ** 3)", "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)"])
@@ -152,11 +155,32 @@ def test_fork_bomb_without_audit_hook_is_contained():
     before = set(_sandbox_uid_processes())
     r = run_python("import os\nwhile True:\n    os.fork()", FAST, audit_hook=False, nproc=16)
     assert not r.passed
-    # the kernel tears the PID namespace down asynchronously after its init is killed: wait for it (bounded)
-    deadline = time.monotonic() + 30.0
-    while set(_sandbox_uid_processes()) - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert set(_sandbox_uid_processes()) - before == set()
+    # the kernel tears the PID namespace down asynchronously after its init is killed: wait for each process
+    # left to exit (its pidfd turns readable), then look again; 30 s without an exit fails the test
+    left = set(_sandbox_uid_processes()) - before
+    while left and _exited(left, bound_s=30.0):
+        left = set(_sandbox_uid_processes()) - before
+    assert left == set()
+
+
+def _exited(pids: set[int], bound_s: float) -> bool:
+    """Wait on the pidfds of ``pids`` until each process has exited (True), or until ``bound_s`` passes with no
+    exit (False); a pid already gone counts as exited."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    try:
+        pending = set(fds)
+        while pending:
+            ready, _, _ = select.select(list(pending), [], [], bound_s)
+            if not ready:
+                return False
+            pending -= set(ready)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_write_outside_workdir_fails(tmp_path):
@@ -320,10 +344,19 @@ def test_bwrap_tmpfs_is_size_capped():
 
 
 @needs_bwrap
-def test_bwrap_numpy_and_distinct_uids():
-    code = "import os, time, numpy\ntime.sleep(0.5)\nprint(os.getuid(), int(numpy.arange(4).sum()))"
-    res = run_many([code] * 2, FAST, max_workers=2)
-    assert all(r.passed for r in res), [r.stderr[-300:] for r in res]
+def test_bwrap_numpy_and_distinct_uids(tmp_path):
+    """Two runs alive at once get two uids. They overlap for sure: each judge calls its candidate (alive, under
+    its uid), then waits at a barrier of two named pipes for the other judge; a run that is not concurrent
+    with the other waits until its time limit and fails."""
+    a2b, b2a = str(tmp_path / "a2b"), str(tmp_path / "b2a")
+    os.mkfifo(a2b)
+    os.mkfifo(b2a)
+    code = "import os, numpy\nprint(os.getuid(), int(numpy.arange(4).sum()), flush=True)\ndef uid():\n    return os.getuid()\n"
+    first = f"assert uid() > 0\nw = open({a2b!r}, 'wb', 0)\nr = open({b2a!r}, 'rb', 0)\n"
+    second = f"assert uid() > 0\nr = open({a2b!r}, 'rb', 0)\nw = open({b2a!r}, 'wb', 0)\n"
+    cfg = SandboxConfig(timeout_s=20.0, memory_mb=256)  # the bound on a barrier that never opens
+    res = run_many_judged([(code, first, False), (code, second, False)], cfg, max_workers=2)
+    assert all(r.passed for r in res), [(r.status, r.stderr[-300:], r.judge_stderr[-300:]) for r in res]
     uids = [int(r.stdout.split()[0]) for r in res]
     assert all(r.stdout.split()[1] == "6" for r in res)
     if REPORT["parent_is_root"]:
