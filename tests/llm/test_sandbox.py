@@ -246,6 +246,9 @@ def test_config_validation():
         SandboxConfig(timeout_s=0)
     with pytest.raises(ValueError, match="memory_mb"):
         SandboxConfig(memory_mb=1)
+    with pytest.raises(ValueError, match="memory_mb must be >= 64"):
+        SandboxConfig(memory_mb=63)
+    assert SandboxConfig(memory_mb=64).memory_mb == 64  # the floor itself is allowed
     with pytest.raises(ValueError, match="backend"):
         SandboxConfig(backend="docker")
     with pytest.raises(ValueError, match="disk_mb"):
@@ -1204,6 +1207,24 @@ def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
     now[0], stats[7] = 111.0, (int(0.45e9), int(100e9))  # starved throughout, but the wall-clock cap holds
     c.sample([1])
     assert c.left() == pytest.approx(10.0 - 11.0)
+
+
+def test_slot_uid_is_the_documented_formula():
+    cfg = SandboxConfig(uid_base=0x60000000)
+    base = 0x60000000 + 256 * (os.getpid() % 4096)
+    assert [slots._slot_uid(cfg, k) for k in (None, 0, 1, 255)] == [base, base, base + 1, base + 255]
+    for bad in (256, -1):
+        with pytest.raises(RuntimeError, match="at most 256"):
+            slots._slot_uid(cfg, bad)
+
+
+@needs_bwrap
+@pytest.mark.skipif(not REPORT["parent_is_root"], reason="as an ordinary user the candidate is uid 65534")
+def test_a_run_as_root_gets_a_uid_of_this_process_slots():
+    lo = SandboxConfig().uid_base + 256 * (os.getpid() % 4096)
+    r = run_python("import os\nprint(os.getuid(), os.getgid())", FAST)
+    uid, gid = map(int, r.stdout.split())
+    assert r.passed and lo <= uid < lo + 256 and gid == uid
 
 
 def test_uid_slots_rotate_and_skip_uids_still_in_use(monkeypatch):
