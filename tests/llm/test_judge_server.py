@@ -19,8 +19,7 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
-from tiltlab.llm import sandbox
-from tiltlab.llm.sandbox import SandboxConfig, run_judged, run_many_judged
+from tiltlab.llm.sandbox import SandboxConfig, probe, run_judged, run_many_judged, server
 
 pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 SERVED = SandboxConfig(timeout_s=3.0, memory_mb=256, judge_server=True)
@@ -74,8 +73,8 @@ def test_every_ending_is_judged_the_same_by_both_paths(cfg, name):
 
 
 def _server_pid() -> int:
-    sandbox._JudgeServer.get()
-    cur = sandbox._JudgeServer._current
+    server._JudgeServer.get()
+    cur = server._JudgeServer._current
     assert cur is not None
     return cur.proc.pid
 
@@ -106,13 +105,13 @@ def test_the_judge_holds_only_its_own_descriptors(cfg):
 
 def test_a_judge_killed_at_the_time_limit_is_gone_when_the_run_returns(monkeypatch):
     codes = []
-    wait = sandbox._ServedJudge.wait
+    wait = server._ServedJudge.wait
 
     def spy(self, timeout=None):
         codes.append(wait(self, timeout))
         return codes[-1]
 
-    monkeypatch.setattr(sandbox._ServedJudge, "wait", spy)
+    monkeypatch.setattr(server._ServedJudge, "wait", spy)
     tests = "import os, sys\nprint('pid', os.getpid(), file=sys.stderr, flush=True)\nwhile True:\n    pass\n"
     r = run_judged(ADD, tests, SandboxConfig(timeout_s=1.0, memory_mb=256, judge_server=True), entry_point="f")
     assert r.status == "timeout" and not r.passed, (r.status, r.judge_stderr[-300:])
@@ -133,7 +132,7 @@ def _ppid(pid: int) -> int | None:
 def test_a_dead_server_is_replaced():
     first = _server_pid()
     os.kill(first, signal.SIGKILL)
-    sandbox._JudgeServer._current.proc.wait()
+    server._JudgeServer._current.proc.wait()
     r = run_judged(ADD, "assert f(1) == 2\n", SERVED, entry_point="f")
     assert r.passed, r.judge_stderr[-400:]
     assert _server_pid() != first
@@ -153,8 +152,8 @@ def test_a_server_that_cannot_start_judges_falls_back_with_a_warning(monkeypatch
     def broken(self, fds):
         raise OSError("no judge")
 
-    monkeypatch.setattr(sandbox._JudgeServer, "spawn", broken)
-    monkeypatch.setattr(sandbox, "_warned", set())
+    monkeypatch.setattr(server._JudgeServer, "spawn", broken)
+    monkeypatch.setattr(probe, "_warned", set())
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         r = run_judged(ADD, "import os\nassert f(1) == 2\n", SERVED, entry_point="f")
@@ -166,7 +165,7 @@ def test_a_server_that_cannot_start_judges_falls_back_with_a_warning(monkeypatch
 
 
 def _child_server(q):
-    cur = sandbox._JudgeServer.get()
+    cur = server._JudgeServer.get()
     q.put((cur.owner == os.getpid(), cur.proc.pid))
 
 
@@ -182,7 +181,7 @@ def test_a_forked_process_starts_its_own_server():
 
 
 def test_the_server_exits_when_its_process_does():
-    code = "from tiltlab.llm import sandbox; print(sandbox._JudgeServer.get().proc.pid, flush=True)"
+    code = "from tiltlab.llm.sandbox import server; print(server._JudgeServer.get().proc.pid, flush=True)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     zpid = int(out.stdout.split()[-1])
     try:

@@ -3,10 +3,12 @@
 The hostile-candidate corpus through the reward API lives in ``tests/llm/hostile/``.
 """
 
+import contextlib
 import os
+import select
+import signal
 import socket
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -19,11 +21,18 @@ from tiltlab.llm import sandbox
 from tiltlab.llm.sandbox import (
     SandboxConfig,
     SandboxWarning,
+    clock,
+    config,
     isolation_report,
+    probe,
+    programs,
     run_judged,
     run_many,
     run_many_judged,
     run_python,
+    runner,
+    seccomp,
+    slots,
 )
 
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
@@ -65,14 +74,14 @@ def _interpreter_dirs_in_tmp() -> list[str]:
     return sorted(
         {
             Path(r).parts[2]
-            for r in sandbox._bind_roots(sys.executable)
+            for r in probe._bind_roots(sys.executable)
             if len(Path(r).parts) > 2 and Path(r).parts[1] == "tmp"
         }
     )
 
 
 def test_interpreter_dirs_in_tmp_against_hand_values(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bind_roots", lambda python: ["/opt/py", "/tmp/ci/venv", "/tmp/x", "/tmpfoo/y"])
+    monkeypatch.setattr(probe, "_bind_roots", lambda python: ["/opt/py", "/tmp/ci/venv", "/tmp/x", "/tmpfoo/y"])
     assert _interpreter_dirs_in_tmp() == ["ci", "x"]
 
 
@@ -114,7 +123,8 @@ def test_sleep_times_out():
 def test_cpu_rlimit_stops_busy_loop_before_wall_clock():
     r = run_python("while True:\n    pass", FAST, cpu_s=1, timeout_s=20)
     assert r.status == "timeout" and not r.passed
-    assert r.wall_s < 10  # 1 CPU-second (+1 s to the hard limit); far below the 20 s wall clock
+    # SIGXCPU from RLIMIT_CPU (1 CPU-second) ended it, not the clock's SIGKILL at 20 s (nor the hard limit's)
+    assert r.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU), r.returncode
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 * 1024 ** 3)", "a = []\nwhile True:\n    a.append(' ' * 10 ** 6)"])
@@ -145,11 +155,32 @@ def test_fork_bomb_without_audit_hook_is_contained():
     before = set(_sandbox_uid_processes())
     r = run_python("import os\nwhile True:\n    os.fork()", FAST, audit_hook=False, nproc=16)
     assert not r.passed
-    # the kernel tears the PID namespace down asynchronously after its init is killed: wait for it (bounded)
-    deadline = time.monotonic() + 30.0
-    while set(_sandbox_uid_processes()) - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert set(_sandbox_uid_processes()) - before == set()
+    # the kernel tears the PID namespace down asynchronously after its init is killed: wait for each process
+    # left to exit (its pidfd turns readable), then look again; 30 s without an exit fails the test
+    left = set(_sandbox_uid_processes()) - before
+    while left and _exited(left, bound_s=30.0):
+        left = set(_sandbox_uid_processes()) - before
+    assert left == set()
+
+
+def _exited(pids: set[int], bound_s: float) -> bool:
+    """Wait on the pidfds of ``pids`` until each process has exited (True), or until ``bound_s`` passes with no
+    exit (False); a pid already gone counts as exited."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    try:
+        pending = set(fds)
+        while pending:
+            ready, _, _ = select.select(list(pending), [], [], bound_s)
+            if not ready:
+                return False
+            pending -= set(ready)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_write_outside_workdir_fails(tmp_path):
@@ -215,6 +246,9 @@ def test_config_validation():
         SandboxConfig(timeout_s=0)
     with pytest.raises(ValueError, match="memory_mb"):
         SandboxConfig(memory_mb=1)
+    with pytest.raises(ValueError, match="memory_mb must be >= 64"):
+        SandboxConfig(memory_mb=63)
+    assert SandboxConfig(memory_mb=64).memory_mb == 64  # the floor itself is allowed
     with pytest.raises(ValueError, match="backend"):
         SandboxConfig(backend="docker")
     with pytest.raises(ValueError, match="disk_mb"):
@@ -233,9 +267,9 @@ def test_config_validation():
 
 
 def test_fallback_without_bwrap_warns_reports_and_still_blocks(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
-    monkeypatch.setattr(sandbox, "_unshare_prefix", lambda net, pids: None)
-    monkeypatch.setattr(sandbox, "_warned", set())
+    monkeypatch.setattr(probe, "_bwrap_works", lambda python, root: False)
+    monkeypatch.setattr(probe, "_unshare_prefix", lambda net, pids: None)
+    monkeypatch.setattr(probe, "_warned", set())
     with pytest.warns(SandboxWarning) as rec:
         r = run_python("import socket\nsocket.socket()", FAST)
     msgs = " ".join(str(w.message) for w in rec)
@@ -246,7 +280,7 @@ def test_fallback_without_bwrap_warns_reports_and_still_blocks(monkeypatch):
 
 
 def test_backend_bwrap_required(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_works", lambda python, root: False)
+    monkeypatch.setattr(probe, "_bwrap_works", lambda python, root: False)
     with pytest.raises(RuntimeError, match="bubblewrap"):
         run_python("pass", FAST, backend="bwrap")
 
@@ -313,10 +347,19 @@ def test_bwrap_tmpfs_is_size_capped():
 
 
 @needs_bwrap
-def test_bwrap_numpy_and_distinct_uids():
-    code = "import os, time, numpy\ntime.sleep(0.5)\nprint(os.getuid(), int(numpy.arange(4).sum()))"
-    res = run_many([code] * 2, FAST, max_workers=2)
-    assert all(r.passed for r in res), [r.stderr[-300:] for r in res]
+def test_bwrap_numpy_and_distinct_uids(tmp_path):
+    """Two runs alive at once get two uids. They overlap for sure: each judge calls its candidate (alive, under
+    its uid), then waits at a barrier of two named pipes for the other judge; a run that is not concurrent
+    with the other waits until its time limit and fails."""
+    a2b, b2a = str(tmp_path / "a2b"), str(tmp_path / "b2a")
+    os.mkfifo(a2b)
+    os.mkfifo(b2a)
+    code = "import os, numpy\nprint(os.getuid(), int(numpy.arange(4).sum()), flush=True)\ndef uid():\n    return os.getuid()\n"
+    first = f"assert uid() > 0\nw = open({a2b!r}, 'wb', 0)\nr = open({b2a!r}, 'rb', 0)\n"
+    second = f"assert uid() > 0\nr = open({a2b!r}, 'rb', 0)\nw = open({b2a!r}, 'wb', 0)\n"
+    cfg = SandboxConfig(timeout_s=20.0, memory_mb=256)  # the bound on a barrier that never opens
+    res = run_many_judged([(code, first, False), (code, second, False)], cfg, max_workers=2)
+    assert all(r.passed for r in res), [(r.status, r.stderr[-300:], r.judge_stderr[-300:]) for r in res]
     uids = [int(r.stdout.split()[0]) for r in res]
     assert all(r.stdout.split()[1] == "6" for r in res)
     if REPORT["parent_is_root"]:
@@ -839,7 +882,7 @@ def test_judged_timeout_and_many():
 
 def _codec(own=None, by_ref=False):
     ns = {"_dcref": lambda v: None, "_DC_BY_REF": by_ref, "_OWN": own or {}}
-    exec(sandbox._CODEC, ns)
+    exec(programs._CODEC, ns)
     return ns
 
 
@@ -931,7 +974,7 @@ def test_codec_deep_values_and_unknown_objects():
     for _ in range(sandbox.WIRE_DEPTH):
         deep = [deep]
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(sandbox._RECURSION)
+    sys.setrecursionlimit(config._RECURSION)
     try:
         assert _roundtrip(deep, ns) == deep
     finally:
@@ -1053,7 +1096,7 @@ def test_walk_gives_the_nodes_ast_walk_gives():
     import inspect
 
     walk = _codec()["_walk"]
-    for src in (inspect.getsource(sandbox), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
+    for src in (inspect.getsource(runner), "import math\nassert math.isclose(f(2), 4.0)\nx = [a.b for a in y if a]\n"):
         tree = ast.parse(src)
         got, want = list(walk(tree)), list(ast.walk(tree))
         assert len(got) == len(want) and {id(n) for n in got} == {id(n) for n in want}
@@ -1144,10 +1187,10 @@ def test_objects_of_a_calls_arguments_come_back_as_the_callers_own():
 def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
     now = [100.0]
     stats = {}
-    monkeypatch.setattr(sandbox.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(sandbox, "_tree", lambda roots: list(roots))
-    monkeypatch.setattr(sandbox, "_run_delays", lambda pids: dict(stats))
-    c = sandbox._RunDeadline(timeout_s=2.0, max_wall_s=10.0)
+    monkeypatch.setattr(clock.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clock, "_tree", lambda roots: list(roots))
+    monkeypatch.setattr(clock, "_run_delays", lambda pids: dict(stats))
+    c = clock._RunDeadline(timeout_s=2.0, max_wall_s=10.0)
     now[0], stats[7] = 101.0, (int(0.1e9), int(0.75e9))  # 1 s of wall, 0.75 s of it waiting for a CPU
     c.sample([1])
     assert c.left() == pytest.approx(2.0 - 0.25)
@@ -1166,17 +1209,35 @@ def test_clock_discounts_cpu_starvation_and_caps_wall_time(monkeypatch):
     assert c.left() == pytest.approx(10.0 - 11.0)
 
 
+def test_slot_uid_is_the_documented_formula():
+    cfg = SandboxConfig(uid_base=0x60000000)
+    base = 0x60000000 + 256 * (os.getpid() % 4096)
+    assert [slots._slot_uid(cfg, k) for k in (None, 0, 1, 255)] == [base, base, base + 1, base + 255]
+    for bad in (256, -1):
+        with pytest.raises(RuntimeError, match="at most 256"):
+            slots._slot_uid(cfg, bad)
+
+
+@needs_bwrap
+@pytest.mark.skipif(not REPORT["parent_is_root"], reason="as an ordinary user the candidate is uid 65534")
+def test_a_run_as_root_gets_a_uid_of_this_process_slots():
+    lo = SandboxConfig().uid_base + 256 * (os.getpid() % 4096)
+    r = run_python("import os\nprint(os.getuid(), os.getgid())", FAST)
+    uid, gid = map(int, r.stdout.split())
+    assert r.passed and lo <= uid < lo + 256 and gid == uid
+
+
 def test_uid_slots_rotate_and_skip_uids_still_in_use(monkeypatch):
     alive = {3}
-    monkeypatch.setattr(sandbox, "_slot_next", [2])
-    with sandbox._uid_slot(lambda k: k) as a, sandbox._uid_slot(lambda k: k) as b:
+    monkeypatch.setattr(slots, "_slot_next", [2])
+    with slots._uid_slot(lambda k: k) as a, slots._uid_slot(lambda k: k) as b:
         pass
-    with sandbox._uid_slot(lambda k: k) as c:
+    with slots._uid_slot(lambda k: k) as c:
         pass
     assert (a, b, c) == (2, 3, 4)  # rotating, not reusing the slot just released
-    monkeypatch.setattr(sandbox, "_uid_alive", lambda uid: uid in alive)
-    monkeypatch.setattr(sandbox, "_slot_next", [3])
-    with sandbox._uid_slot(lambda k: k) as d:
+    monkeypatch.setattr(slots, "_uid_alive", lambda uid: uid in alive)
+    monkeypatch.setattr(slots, "_slot_next", [3])
+    with slots._uid_slot(lambda k: k) as d:
         pass
     assert d == 4  # slot 3's uid still has a process
 
@@ -1208,7 +1269,7 @@ ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 
 def test_seccomp_program_denies_the_listed_calls_only():
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         prog = sandbox.seccomp_program(machine)
         whole = {nrs[n] for n in sandbox.SECCOMP_DENIED if n in nrs}
         some = {nrs[n] for n in sandbox.SECCOMP_DENIED_ARGS}
@@ -1250,13 +1311,13 @@ def test_seccomp_program_denies_the_listed_calls_only():
 )
 def test_seccomp_program_reads_the_arguments(call, args, want):
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         assert _bpf(sandbox.seccomp_program(machine), arch, nrs[call], args) == want, machine
 
 
 def test_seccomp_budget_program_refuses_new_processes_and_memory_outside_the_address_space():
     for machine in ("x86_64", "aarch64"):
-        arch, nrs = sandbox._SYSCALLS[machine]
+        arch, nrs = seccomp._SYSCALLS[machine]
         prog = sandbox.seccomp_budget_program(machine)
         denied = {nrs[n] for n in sandbox.SECCOMP_BUDGET_DENIED if n in nrs}
         assert len(denied) == (4 if machine == "x86_64" else 2)  # aarch64 has no fork / vfork
@@ -1379,7 +1440,7 @@ def test_channel_system_calls_are_refused(channel):
 
     if sandbox.seccomp_program() is None:
         pytest.skip("no system-call numbers for this architecture")
-    nr = sandbox._SYSCALLS[platform.machine()][1]
+    nr = seccomp._SYSCALLS[platform.machine()][1]
     code = _CHANNEL_PRELUDE.format(nr=nr, call=_CHANNELS[channel])
     r = run_judged(code, "assert probe()", FAST, audit_hook=False, memory_mb=512)
     assert (r.passed, r.stdout.split()) == (False, ["EPERM"]), (r.stdout, r.stderr[-800:], r.judge_stderr[-800:])
@@ -1481,11 +1542,11 @@ def test_bwrap_mounts_tmp_before_the_interpreter_prefixes(tmp_path):
     venv = tmp_path / "venv"  # pytest's tmp_path lies under /tmp
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     py = str(venv / "bin" / "python")
-    args = sandbox._bwrap_args(py, os.geteuid() == 0, 1)
+    args = probe._bwrap_args(py, os.geteuid() == 0, 1)
     tmpfs_at = max(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/tmp")
     binds = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == str(venv)]
     assert binds and min(binds) > tmpfs_at
-    assert sandbox._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
+    assert probe._bwrap_works(py, os.geteuid() == 0)  # the interpreter starts inside the sandbox
 
 
 @pytest.mark.parametrize(
@@ -1504,7 +1565,7 @@ def test_isolation_report_states_each_plans_facts(plan, uid, monkeypatch):
     import tiltlab.llm.sandbox as sb
 
     full = {"prefix": ["unshare", "-n"], "net_ns": True, "pid_ns": False, "python": "/usr/bin/python3", **plan}
-    monkeypatch.setattr(sb, "_plan", lambda cfg: full)
+    monkeypatch.setattr(probe, "_plan", lambda cfg: full)
     rep = sb.isolation_report(SandboxConfig(audit_hook=False))
     bwrap = plan["level"] == "bwrap"
     assert rep == {
