@@ -3,10 +3,10 @@
 No new training: each check reads a memoized run of :mod:`tiltlab.llm.checks.stage3` and judges it
 by :func:`tiltlab.llm.checks.stage3.result` (the one rule, :func:`tiltlab.claims.stats.judge`):
 
-* the 4-method run (:func:`stage3.methods_raw`: DISA, FlowRL, GRPO, GSPO) on the held-out prompts:
+* the 4-method run (:func:`tiny.methods_raw`: DISA, FlowRL, GRPO, GSPO) on the held-out prompts:
   ``coverage = exp(H(pi | C)) / |C|`` for ``disa.table3.diversity``, ``pass@8 = 1 - (1 - p)^8`` for
   ``disa.table2.code_*``;
-* the remark2 run (:func:`stage3.logz_variants_raw`): ``TV(learned log Z) - TV(VarGrad)`` to ``pi*``
+* the remark2 run (:func:`tiny.logz_variants_raw`): ``TV(learned log Z) - TV(VarGrad)`` to ``pi*``
   for ``flowrl.vargrad_beats_learned_logz`` and ``paced.fig6.vargrad``.
 
 Every item is a per-seed paired difference ``x[a][s] - x[b][s]`` (every arm trained from the same
@@ -18,9 +18,10 @@ each verdict is at most partly (``cap``).
 from __future__ import annotations
 
 from tiltlab.claims.registry import CheckResult, Verdict
+from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
+from tiltlab.llm.experiments import tiny
 
 from . import rules, stage3
-from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 
@@ -32,7 +33,7 @@ def paired(res, key: str, pairs) -> dict[str, list[float]]:
 
 def _numbers(res, keys) -> dict[str, float]:
     nums: dict[str, float] = {}
-    for k in stage3.METHODS:
+    for k in tiny.METHODS:
         for key in keys:
             nums.update(shared_task.ci_numbers(f"{k}_{key}", res[k][key]))
     return nums
@@ -59,17 +60,17 @@ DIVERSITY_ITEMS = {
 
 @stage3.tiny_check("disa.table3.diversity", Verdict.PARTLY, DIVERSITY_ITEMS)
 def diversity_coverage(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
     """Table 3's ordering DISA > FlowRL > GRPO, GSPO read on the held-out coverage of the correct set
-    (``exp(H(pi restricted to C)) / |C|``, :func:`stage3.evaluate`): five paired items, DISA and FlowRL
+    (``exp(H(pi restricted to C)) / |C|``, :func:`tiny.evaluate`): five paired items, DISA and FlowRL
     each minus GRPO and GSPO, and DISA minus FlowRL. At most partly: the judge's strategy scores and
     "the backbone highest" are not run."""
-    res = stage3.methods_raw(seed, n_seeds, steps, beta)
+    res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_coverage", DIVERSITY_PAIRS)
     items = [rules.Item(f"coverage_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_coverage", "heldout_acc"))
-    txt = ", ".join(f"{stage3.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_coverage'])}" for k in stage3.METHODS)
+    txt = ", ".join(f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_coverage'])}" for k in tiny.METHODS)
     return stage3.result(
         items,
         stage3.ran_items(res),
@@ -95,19 +96,19 @@ CODE_ITEMS = {
 
 @stage3.tiny_check("disa.table2.code_qwen2.5_7b", Verdict.PARTLY, CODE_ITEMS)
 def code_pass_at_k(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
     """Table 2's pass@16 direction, DISA above GRPO and GSPO (true of the paper's Avg pass@16 on both
     backbones), read as held-out pass@8 (``1 - (1 - p)^8`` per prompt, exact): two paired items. The
     tiny task is not code: it decides only the direction of pass@k between methods; "competitive on
     pass@1" is not judged (at most partly). One run for both backbones' claims."""
-    res = stage3.methods_raw(seed, n_seeds, steps, beta)
+    res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_pass8", CODE_PAIRS)
     items = [rules.Item(f"pass8_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_pass8", "heldout_acc"))
     txt = ", ".join(
-        f"{stage3.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {shared_task.fmt_ci(res[k]['heldout_acc'])})"
-        for k in stage3.METHODS
+        f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {shared_task.fmt_ci(res[k]['heldout_acc'])})"
+        for k in tiny.METHODS
     )
     return stage3.result(
         items,
@@ -129,12 +130,12 @@ VARGRAD_ITEMS = {**stage3._items(("vargrad_beats_learned_logz",)), **stage3.RAN}
 
 @stage3.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
 def vargrad_vs_learned(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Fig. 6's "VarGrad ends higher than a learned log Z", read as final TV(pi, pi*) in the remark2 run:
     one paired item, TV(learned_head) - TV(vargrad) (lower TV is better). At most partly: "faster" (the
     curve) is not recorded, and PACED-RL above VarGrad (``paced.fig6.vargrad``) is not run."""
-    tv, _, _, _, _, log = stage3.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
+    tv, _, _, _, _, log = tiny.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     d = [a - b for a, b in zip(tv["learned_head"], tv["vargrad"])]
     nums: dict[str, float] = {**log.numbers()}
     for k in ("learned_head", "vargrad"):

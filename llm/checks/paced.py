@@ -1,5 +1,5 @@
 """PACED-RL at small scale: the tau sweep on the held-out split, PACED vs GRPO / FlowRL, and the
-difficulty of the selected prompts over training (:mod:`tiltlab.llm.checks.task`'s shared task).
+difficulty of the selected prompts over training (:mod:`tiltlab.llm.experiments.task`'s shared task).
 
 PACED's math lives in ``tiltlab.objectives``: the TB residual anchored on the rollout policy
 (``tb.tb_residual(logp, logp_old, r, log Z, beta)``, ``tb.tb_loss``), the accuracy estimate
@@ -22,20 +22,21 @@ from __future__ import annotations
 import torch
 
 from tiltlab.claims.registry import CheckResult, Verdict
+from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
+from tiltlab.llm.experiments import tiny
 from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, select_prompts
 from tiltlab.objectives.pg import group_advantages, grpo_loss
 from tiltlab.objectives.tb import sequence_logprob, tb_loss, tb_residual
 
 from . import rules, stage3
-from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 BETA = 4.0
 """PACED's tilt (1 / its KL coefficient): the TB target is ``pi_old e^{BETA r}``."""
 LOGZ_LR = 0.05
-"""Adam learning rate of the per-prompt ``log Z_phi`` table (the policy's is ``stage3.LR``)."""
+"""Adam learning rate of the per-prompt ``log Z_phi`` table (the policy's is ``tiny.LR``)."""
 BATCH_PROMPTS = 8
 """Prompts per step of every arm: PACED selects this many, the random arms draw this many."""
 EARLY = 25
@@ -69,12 +70,12 @@ def _grpo(b: shared_task.Batch) -> torch.Tensor:
 ARMS = (*(f"tau{t:g}" for t in TAUS), "no_selection", "grpo")
 
 
-def paced_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS, taus=TAUS, beta: float = BETA):
+def paced_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, taus=TAUS, beta: float = BETA):
     """Per seed and arm: final train / held-out accuracy, held-out accuracy at step ``EARLY``, mean
     reward of the trained batches, and the mean ``pi_ref`` pass rate of the prompts trained in the
     first and the last fifth of the run. Arms: PACED at each tau, the same objective on random
     prompts (``no_selection``), GRPO on random prompts. Memoized per process."""
-    return stage3._memo(
+    return tiny._memo(
         ("paced", seed, n_seeds, steps, tuple(taus), beta, shared_task.WARM_STEPS),
         lambda: _paced_raw(seed, n_seeds, steps, taus, beta),
     )
@@ -91,12 +92,12 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
         res["_logz"] = {a: {"abs_err_start": [], "abs_err_end": []} for a in arms if a != "grpo"}
         log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
-        _, task, ref_tok, ref, tr, ho, _ = stage3.setup(s)
+        _, task, ref_tok, ref, tr, ho, _ = tiny.setup(s)
         tr_t = torch.tensor(tr)
         ref_pass = shared_task.pass_rate(
             shared_task.Policy(torch.arange(task.n_prompts), ref.seq_logp, ref.log_probs), task
         )
-        init = beta * pass_rate_from_log_z(stage3.stage1_labels(ref, task, tr, beta, 8, gen), beta)
+        init = beta * pass_rate_from_log_z(tiny.stage1_labels(ref, task, tr, beta, 8, gen), beta)
         for arm, tau in zip(arms, (*taus, None, None)):
             model, _ = shared_task.warm_reference(s)
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
@@ -131,7 +132,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
                 fn,
                 prompts=tr,
                 steps=steps,
-                lr=stage3.LR,
+                lr=tiny.LR,
                 seed=s,
                 select=select if tau is not None else None,
                 extra_params=(table,) if arm != "grpo" else (),
@@ -142,8 +143,8 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
             if arm != "grpo":
                 res["_logz"][arm]["abs_err_end"].append(table_abs_err(model, task, tr_t, table, beta))
             r = res[arm]
-            r["acc"].append(stage3.evaluate(model, task, tr)["acc"])
-            r["heldout_acc"].append(stage3.evaluate(model, task, ho)["acc"])
+            r["acc"].append(tiny.evaluate(model, task, tr)["acc"])
+            r["heldout_acc"].append(tiny.evaluate(model, task, ho)["acc"])
             r["heldout_early"].append(early[0])
             log.add(trace, float(ref_pass[ho].mean()), r["heldout_acc"][-1])
             r["batch_reward"].append(sum(rewards) / len(rewards))
@@ -216,14 +217,14 @@ def _sweep_result(seed: int, n_seeds: int, steps: int, shared: str) -> CheckResu
 
 
 @stage3.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
-def tau_sweep(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
+def tau_sweep(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy;
     three paired items (:func:`_sweep_items`) under :func:`rules.judge`."""
     return _sweep_result(seed, n_seeds, steps, "shared run with paced.fig4.tau_llm, paced.fig5, paced.table1.*")
 
 
 @stage3.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
-def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
+def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Fig. 4: the items of :func:`tau_sweep` (one experiment for both claims). "Train accuracy
     tracks tau" (batch reward at tau = 0.9 above tau = 0.1) holds from the selection itself and is
     reported as context, not judged."""
@@ -231,12 +232,12 @@ def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = s
 
 
 @stage3.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
-def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
+def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (the memoized 4-method run: same seeds, steps, learning
     rate, prompts and beta), held-out accuracy, two paired items; at most partly (DS, LILO and
     MoPPS are not run). One run for both backbones' claims."""
     res = paced_raw(seed, n_seeds, steps)
-    m = stage3.methods_raw(seed, n_seeds, steps)
+    m = tiny.methods_raw(seed, n_seeds, steps)
     p = res["tau0.5"]["heldout_acc"]
     nums = {
         **shared_task.ci_numbers("paced_heldout_acc", p),
@@ -271,7 +272,7 @@ FIG5_ITEMS = {**stage3._items(("difficulty_rise",)), **stage3.RAN}
 
 
 @stage3.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
-def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = stage3.STEPS) -> CheckResult:
+def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Difficulty (1 - pi_ref's pass rate) of the trained prompts, last fifth minus first fifth of
     the run, PACED at tau = 0.5 (the no-selection arm reported: constant by construction)."""
     res = paced_raw(seed, n_seeds, steps)

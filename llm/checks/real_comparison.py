@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 
 from . import rules
-from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 from .real_training import step_times, trained_items, weights_moved
 
 ALIAS = "smollm2-135m"

@@ -1,6 +1,6 @@
 """Stage-1 labels on a real pretrained model: SmolLM2-135M-Instruct (``--model smollm2-135m``).
 
-The enumerable task (:mod:`tiltlab.llm.checks.task`) has exact ``log Z``; a real instruct model
+The enumerable task (:mod:`tiltlab.llm.experiments.task`) has exact ``log Z``; a real instruct model
 answering free text does not. What a real model adds is the thing the tiny task cannot show: how
 spread the *sequence* log-weights ``log w = log pi_ref(y|x) + beta r - log q(y|x)`` of a proposal
 are once completions are tens of tokens long, and what that does to the labels. So this check
@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
 
 from . import rules
-from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
 ALIAS = "smollm2-135m"
 QUESTIONS: tuple[tuple[str, str], ...] = (

@@ -1,4 +1,4 @@
-"""``llm`` checks that train the tiny model on the enumerable task (:mod:`tiltlab.llm.checks.task`).
+"""``llm`` checks that train the tiny model on the enumerable task (:mod:`tiltlab.llm.experiments.task`).
 
 Every loss is a function of ``tiltlab.objectives`` applied to per-token log-probs of sampled
 answers; the checks only choose the task, the budgets and the pass rules (written in the claim
@@ -7,26 +7,19 @@ statements of ``paper_checks/claims/llm_scale.toml`` before the runs).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-from typing import NamedTuple
 
 import torch
 
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
-from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
-from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
-from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs
-from tiltlab.objectives.pg import cispo_loss, group_advantages, grpo_loss, gspo_loss, sapo_loss
-from tiltlab.objectives.tb import disa_loss, flowrl_loss, sequence_logprob, vargrad_loss
+from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
+from tiltlab.llm.experiments import tiny
+from tiltlab.objectives.lad import F_DIVERGENCES
 
 from . import rules
-from . import task as shared_task  # the shared enumerable task (a local name "task" is common here)
 
 INCONCLUSIVE = Verdict.INCONCLUSIVE
-STEPS = 100
-LR = 2e-3
 
 # Expected per-item outcomes (a changed item fails `tiltlab check` even when the verdict category
 # stays). Every check also expects its "it ran" items True (RAN): a run that does not train fails.
@@ -67,65 +60,6 @@ def tiny_check(claim_id: str, expected: Verdict, expected_items: dict[str, bool]
     )
 
 
-def _seq(b: shared_task.Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    return sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_ref, b.mask)
-
-
-def disa_fn(log_z_all: torch.Tensor, beta: float):
-    """Stage 3 (DISA eq. 10) with a frozen per-prompt ``log Z`` table ``[P_all]``."""
-
-    def fn(b: shared_task.Batch) -> torch.Tensor:
-        lp, logp_ref = _seq(b)
-        g = b.ans.shape[1]
-        lz = log_z_all[b.prompt_idx].float().repeat_interleave(g)
-        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta)
-
-    return fn
-
-
-class Setup(NamedTuple):
-    """What a check of the tiny-model task starts from for one seed (:func:`setup`); unpacks in this order."""
-
-    model: object
-    """a fresh copy of the seed's warmed reference model (the run trains it)"""
-    task: shared_task.EnumTask
-    ref_tokens: torch.Tensor
-    """``[P_all, K, T]`` token log-probs of every answer of every prompt under the reference"""
-    ref: shared_task.Policy
-    """the reference's exact answer distribution on every prompt"""
-    train_idx: list[int]
-    heldout_idx: list[int]
-    log_z: torch.Tensor | None
-    """exact ``log Z(x)`` of every prompt at ``beta`` (None without a ``beta``)"""
-
-
-def setup(seed: int, beta: float | None = None) -> Setup:
-    """The reference, the task, its splits and (with ``beta``) the exact ``log Z`` table, for ``seed``."""
-    model, task = shared_task.warm_reference(seed)
-    ref_tok = shared_task.reference_tokens(model, task)
-    ref = shared_task.Policy(
-        torch.arange(task.n_prompts), ref_tok.sum(-1).double(), torch.log_softmax(ref_tok.sum(-1).double(), -1)
-    )
-    lz = shared_task.exact_log_z(ref.log_probs, task.reward, beta) if beta is not None else None
-    return Setup(model, task, ref_tok, ref, task.split(False), task.split(True), lz)
-
-
-def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
-    pol = shared_task.policy(model, task, idx)
-    pr = shared_task.pass_rate(pol, task)
-    out = {"acc": float(pr.mean()), "pass8": float((1 - (1 - pr) ** 8).mean()), "leak": float(pol.leak.mean())}
-    # coverage: exp(entropy of pi restricted to the correct answers) / |C|, in [1/|C|, 1]
-    r = task.reward[pol.idx].double()
-    pc = pol.probs * r
-    pc = pc / pc.sum(-1, keepdim=True).clamp_min(1e-300)
-    ent = -(pc * pc.clamp_min(1e-300).log()).sum(-1)
-    out["coverage"] = float((ent.exp() / r.sum(-1)).mean())
-    if ref is not None:
-        log_star, _ = shared_task.tilted(ref.log_probs[pol.idx], task.reward[pol.idx], beta)
-        out["tv"] = float(shared_task.tv_distance(pol.log_probs, log_star).mean())
-    return out
-
-
 # ------------------------------------------------------------------ 1. DISA target tracking
 TRACK_MARGIN = 0.02
 """Smallest effect of interest of a per-prompt mean |accuracy - target| (pass-rate units)."""
@@ -138,19 +72,19 @@ TARGET_TRACKING_ITEMS = {
 
 
 @tiny_check("disa.llm.target_tracking", Verdict.PARTLY, TARGET_TRACKING_ITEMS)
-def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, betas=BETAS) -> CheckResult:
+def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, betas=BETAS) -> CheckResult:
 
     def one(s: int):
         mae: dict[float, list[float]] = {b: [] for b in betas}
         mae0: dict[float, list[float]] = {b: [] for b in betas}
         log = rules.RunLog()
         for beta in betas:
-            model, task, ref_tok, ref, tr, _, lz = setup(s, beta)
+            model, task, ref_tok, ref, tr, _, lz = tiny.setup(s, beta)
             p0 = shared_task.pass_rate(shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task)
             target = p0 * math.exp(beta) / (p0 * math.exp(beta) + 1 - p0)
             mae0[beta].append(float((p0 - target).abs().mean()))
             trace = shared_task.train_online(
-                model, task, ref_tok, disa_fn(lz, beta), prompts=tr, steps=steps, lr=LR, seed=s
+                model, task, ref_tok, tiny.disa_fn(lz, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
             acc = shared_task.pass_rate(shared_task.policy(model, task, tr), task)
             log.add(trace, float(p0.mean()), float(acc.mean()))
@@ -180,200 +114,6 @@ def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 
     )
 
 
-# ------------------------------------------------------------------ 2. log Z variants
-FLOWRL_HEAD = {"hidden": 256, "n_layers": 3, "dropout": 0.1}
-"""FlowRL's log Z head (:class:`tiltlab.llm.trainers.logz_head.LogZHead`) at the TRL trainer's defaults
-(``log_z_hidden``, ``log_z_layers``, ``log_z_dropout``): 3 Linear layers, GELU, LayerNorm, dropout 0.1,
-last layer zero-initialised (``log Z = 0`` at the start), on the masked mean of the prompt's last-layer
-hidden states, input not detached (FlowRL's code)."""
-
-
-@contextlib.contextmanager
-def seeded_rng(seed: int):
-    """The global torch RNG seeded with ``seed`` inside the block and restored after it: the head's
-    initialisation and its dropout draw from it, so a seed's run does not depend on what ran before it
-    in the same process (:func:`task.map_seeds`)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-def prompt_inputs(task: shared_task.EnumTask, idx) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids [P, L], prompt mask [P, L])``: the teacher-forcing row of answer 0 with only the prompt's
-    tokens unmasked (left-padded prompt; the answer's positions masked out)."""
-    idx = torch.as_tensor(idx)
-    ids, attn = task.ids[idx, 0], task.attn[idx, 0]
-    comp = torch.nn.functional.pad(task.comp_mask[idx, 0], (1, 0)).long()  # answer positions of answer 0
-    return ids, attn * (1 - comp)
-
-
-def attach_flowrl_head(model, seed: int):
-    """FlowRL's head (:data:`FLOWRL_HEAD`) attached to ``model`` as ``model.log_z_head``
-    (:func:`~tiltlab.llm.trainers.logz_head.attach_log_z_head`), initialised from ``seed``; the model is
-    left in eval mode (:func:`task.train_online` switches it, the head included, to train mode)."""
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head
-
-    with seeded_rng(seed):
-        head = attach_log_z_head(model, **FLOWRL_HEAD)
-    model.eval()
-    return head
-
-
-def head_log_z(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
-    """``[P]`` ``log Z_phi(x) = head(masked mean of the final hidden states over the prompt's tokens)``
-    (:func:`~tiltlab.llm.trainers.logz_head.prompt_log_z`); gradient reaches head and backbone when enabled."""
-    from tiltlab.llm.trainers.logz_head import prompt_log_z
-
-    return prompt_log_z(model, *prompt_inputs(task, idx))
-
-
-@torch.no_grad()
-def head_abs_err(model, task: shared_task.EnumTask, idx, log_z_exact: torch.Tensor) -> float:
-    """``mean_x |log Z_phi(x) - log Z(x)|`` over prompts ``idx``, the head in eval mode (no dropout)."""
-    was = model.training
-    model.eval()
-    try:
-        got = head_log_z(model, task, idx).double()
-    finally:
-        model.train(was)
-    return float((got - log_z_exact[torch.as_tensor(idx)].double()).abs().mean())
-
-
-def flowrl_fn(log_z_of, beta: float):
-    """FlowRL's loss with ``log Z = log_z_of(prompt_idx)`` (``[P]``, attached: FlowRL's head,
-    :func:`head_log_z`), at DISA's settings: the same beta, the raw 0/1 reward (no group normalisation),
-    sequence sums (no length normalisation), unclipped weight; the only difference from :func:`disa_fn`
-    is where log Z comes from. The head is a submodule of the policy, so it takes the policy's optimiser
-    steps at the policy's learning rate, as in FlowRL's code (``proj_z`` inside the actor module, one
-    optimiser over all of it)."""
-
-    def fn(b: shared_task.Batch) -> torch.Tensor:
-        g = b.ans.shape[1]
-        loss, _ = flowrl_loss(
-            b.logp, b.logp_ref, b.logp_old, b.mask, b.reward, log_z_of(b.prompt_idx).repeat_interleave(g),
-            beta=beta, length_normalize=False, group_normalize=False, weight_clip="none",
-        )  # fmt: skip
-        return loss
-
-    return fn
-
-
-def flowrl_head_fn(model, task: shared_task.EnumTask, beta: float):
-    """:func:`flowrl_fn` with FlowRL's head on ``model`` (attach it first: :func:`attach_flowrl_head`)."""
-    return flowrl_fn(lambda idx: head_log_z(model, task, idx), beta)
-
-
-def _variants(lz_exact, lz_label, lz_noisy, beta, log_z_of):
-    learned = flowrl_fn(log_z_of, beta)
-
-    def vargrad(b: shared_task.Batch) -> torch.Tensor:
-        lp, logp_ref = _seq(b)
-        g = b.ans.shape[1]
-        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta)
-
-    return {
-        "exact": disa_fn(lz_exact, beta),
-        "is_label_m4": disa_fn(lz_label, beta),
-        "exact_plus_noise": disa_fn(lz_noisy, beta),
-        "learned_head": learned,
-        "vargrad": vargrad,
-    }
-
-
-def stage1_labels(ref, task, idx, beta, m, gen, proposal=None) -> torch.Tensor:
-    """``[len(idx)]`` DISA eq. (8) labels from ``m`` exact samples of the proposal (default ``pi_ref``)."""
-    idx = torch.as_tensor(idx)
-    q = ref.log_probs[idx] if proposal is None else proposal
-    ans = shared_task.sample_answers(q, m, gen)
-    log_w = log_importance_weights(
-        ref.log_probs[idx].gather(1, ans), q.gather(1, ans), beta * task.reward[idx].gather(1, ans)
-    )
-    return log_partition_lse(log_w, dim=-1)
-
-
-def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
-    """Total variance of the policy's gradient over ``n`` batches at the model's current weights (the
-    log Z head's parameters left out, so every arm's number is over the same parameters)."""
-    from tiltlab.llm.trainers.logz_head import is_log_z_head_param
-
-    gen = torch.Generator().manual_seed(seed)
-    params = [p for name, p in model.named_parameters() if p.requires_grad and not is_log_z_head_param(name)]
-    grads = []
-    for _ in range(n):
-        idx = torch.as_tensor(prompts)[torch.randperm(len(prompts), generator=gen)[:8]]
-        all_lp, mask_all = shared_task.token_logps(model, task, idx)
-        ans = shared_task.sample_answers(torch.log_softmax(all_lp.detach().sum(-1).double(), -1), 8, gen)
-        b = shared_task.Batch(
-            idx,
-            ans,
-            shared_task.gather_tokens(all_lp, ans),
-            shared_task.gather_tokens(all_lp, ans).detach(),
-            shared_task.gather_tokens(ref_tok[idx], ans),
-            shared_task.gather_tokens(mask_all, ans),
-            task.reward[idx].gather(1, ans),
-            all_lp,
-        )
-        gs = torch.autograd.grad(fn(b), params, allow_unused=True)
-        grads.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(gs, params)]))
-    g = torch.stack(grads)
-    return float(((g - g.mean(0)) ** 2).sum(1).mean())
-
-
-LOGZ_NAMES = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
-
-
-def logz_variants_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
-):
-    """Per-seed ``(tv, gradvar, label_err, head_err_start, head_err, log)`` of the remark2 run (each arm of
-    :data:`LOGZ_NAMES` trained from the same warm-up with the same seed; final TV(pi, pi*) on the train
-    prompts); memoized per process (``disa.remark2.calibration`` and the VarGrad checks read it)."""
-    return _memo(
-        ("logz", seed, n_seeds, steps, beta, grad_draws, shared_task.WARM_STEPS),
-        lambda: _logz_variants_raw(seed, n_seeds, steps, beta, grad_draws),
-    )
-
-
-def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_draws: int):
-    names = LOGZ_NAMES
-
-    def one(s: int):
-        tv: dict[str, list[float]] = {k: [] for k in names}
-        gv: dict[str, list[float]] = {k: [] for k in names}
-        lab_err: list[float] = []
-        head_err: list[float] = []
-        head_err0: list[float] = []
-        log = rules.RunLog()
-        gen = torch.Generator().manual_seed(s)
-        _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
-        lab = lz.clone()
-        lab[tr] = stage1_labels(ref, task, tr, beta, 4, gen)
-        noisy = lz + torch.randn(lz.shape, generator=gen, dtype=lz.dtype)
-        lab_err.append(float((lab[tr] - lz[tr]).abs().mean()))
-        acc0 = float(
-            shared_task.pass_rate(
-                shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
-            ).mean()
-        )
-        for k in names:
-            model, _ = shared_task.warm_reference(s)
-            if k == "learned_head":
-                attach_flowrl_head(model, s)
-                head_err0.append(head_abs_err(model, task, tr, lz))
-            fn = _variants(lz, lab, noisy, beta, lambda idx, model=model: head_log_z(model, task, idx))[k]
-            with seeded_rng(s):  # the head's dropout
-                gv[k].append(_grad_var(model, task, ref_tok, fn, tr, s, n=grad_draws))
-                trace = shared_task.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s)
-            ev = evaluate(model, task, tr, ref, beta)
-            log.add(trace, acc0, ev["acc"])
-            tv[k].append(ev["tv"])
-            if k == "learned_head":
-                head_err.append(head_abs_err(model, task, tr, lz))
-        return tv, gv, lab_err, head_err0, head_err, log
-
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "logz_variants"))
-
-
 REMARK2_JUDGED = ("learned_head", "is_label_m4")
 REMARK2_ITEMS = {**_items([f"{k}_distorts" for k in REMARK2_JUDGED]), **RAN}
 """Expected outcomes unknown until the re-run: the learned arm is FlowRL's head now (it was a zero-initialised
@@ -382,7 +122,7 @@ per-prompt table at the policy's learning rate), and Holm ties the two items tog
 
 @tiny_check("disa.remark2.calibration", INCONCLUSIVE, REMARK2_ITEMS)
 def logz_variants(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Remark 2's mechanism: a log Z that is learned jointly with the policy (FlowRL's head,
     :data:`FLOWRL_HEAD`, a submodule of the policy trained by the policy's optimiser at its learning
@@ -390,8 +130,8 @@ def logz_variants(
     errors; judged by final TV(pi, pi*) against the run with the exact log Z, paired per seed.
     ``exact_plus_noise`` (exact + N(0, 1)) and ``vargrad`` are reported, not judged; so is the head's
     mean |log Z_phi - log Z| over the train prompts at the start and the end of its run."""
-    names = LOGZ_NAMES
-    tv, gv, lab_err, head_err0, head_err, log = logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
+    names = tiny.LOGZ_NAMES
+    tv, gv, lab_err, head_err0, head_err, log = tiny.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     nums: dict[str, float] = {**log.numbers()}
     for k in names:
         nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
@@ -441,7 +181,11 @@ def knee_stat(var: dict[int, float], ms) -> tuple[float, float]:
 
 @tiny_check("disa.d3.teacher_m_study", Verdict.VERIFIED, M_STUDY_ITEMS)
 def m_study(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, ms=(1, 2, 4, 8, 16, 32, 128)
+    seed: int,
+    n_seeds: int = shared_task.N_SEEDS,
+    steps: int = tiny.STEPS,
+    beta: float = 2.0,
+    ms=(1, 2, 4, 8, 16, 32, 128),
 ) -> CheckResult:
     """App. D.3 with a teacher proposal (q = pi_ref on the hinted prompt, pass rate 0.9, which is not
     pi_ref): label variance and median relative bias against M (context: they fall in M by
@@ -456,11 +200,13 @@ def m_study(
         slopes: list[tuple[float, float]] = []
         log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
-        _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
-        q = proposal_logprobs(ref, task, tr, "hint")
+        _, task, ref_tok, ref, tr, _, lz = tiny.setup(s, beta)
+        q = tiny.proposal_logprobs(ref, task, tr, "hint")
         vs = {}
         for m in ms:
-            draws = torch.stack([stage1_labels(ref, task, tr, beta, m, gen, proposal=q) for _ in range(50)])  # [50, P]
+            draws = torch.stack(
+                [tiny.stage1_labels(ref, task, tr, beta, m, gen, proposal=q) for _ in range(50)]
+            )  # [50, P]
             vs[m] = float(draws.var(0).mean())
             var[m].append(vs[m])
             bias[m].append(float(((draws.mean(0) - lz[tr]) / lz[tr].abs()).median()))
@@ -472,12 +218,12 @@ def m_study(
         )
         for m in tv3:
             lab = lz.clone()
-            lab[tr] = stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
+            lab[tr] = tiny.stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
             model, _ = shared_task.warm_reference(s)
             trace = shared_task.train_online(
-                model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s
+                model, task, ref_tok, tiny.disa_fn(lab, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
-            ev = evaluate(model, task, tr, ref, beta)
+            ev = tiny.evaluate(model, task, tr, ref, beta)
             log.add(trace, acc0, ev["acc"])
             tv3[m].append(ev["tv"])
         return var, bias, tv3, slopes, log
@@ -518,24 +264,12 @@ def m_study(
     )
 
 
-# ------------------------------------------------------------------ 4. proposal strength
-def proposal_logprobs(ref: shared_task.Policy, task: shared_task.EnumTask, idx, kind: str) -> torch.Tensor:
-    """``[len(idx), K]`` log q(y|x) of a proposal: ``pi_ref`` on a re-worded prompt of the same ``t``
-    (``level0``: level 0, ``level2``: level 2, ``hint``: the hinted prompt) — same tokenizer, full support."""
-    rows = []
-    for i in idx:
-        t, d, _ = task.prompts[i]
-        j = {"level0": task.index(t, 0), "level2": task.index(t, 2), "hint": task.index(t, d, True), "self": i}[kind]
-        rows.append(ref.log_probs[j])
-    return torch.stack(rows)
-
-
 PROPOSAL_ITEMS = {**_items(("strong_beats_weak",)), **RAN}
 
 
 @tiny_check("disa.fig3.proposal_strength", INCONCLUSIVE, PROPOSAL_ITEMS)
 def proposal_strength(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, m: int = 8
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, m: int = 8
 ) -> CheckResult:
     """Fig. 3: a weaker proposal lowers Stage-3 accuracy. One judged item: accuracy with the strong
     proposal (the hinted prompt, pass rate 0.9) minus with the weak one (the level-0 prompt), paired
@@ -550,7 +284,7 @@ def proposal_strength(
         base: list[float] = []
         log = rules.RunLog()
         gen = torch.Generator().manual_seed(s)
-        _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
+        _, task, ref_tok, ref, tr, _, lz = tiny.setup(s, beta)
         base.append(
             float(
                 shared_task.pass_rate(
@@ -559,16 +293,16 @@ def proposal_strength(
             )
         )
         for k in kinds:
-            q = proposal_logprobs(ref, task, tr, k)
+            q = tiny.proposal_logprobs(ref, task, tr, k)
             qpass[k].append(float((q.exp() * task.reward[tr]).sum(-1).mean()))
             lab = lz.clone()
-            lab[tr] = stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
+            lab[tr] = tiny.stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
             err[k].append(float((lab[tr] - lz[tr]).pow(2).mean().sqrt()))
             model, _ = shared_task.warm_reference(s)
             trace = shared_task.train_online(
-                model, task, ref_tok, disa_fn(lab, beta), prompts=tr, steps=steps, lr=LR, seed=s
+                model, task, ref_tok, tiny.disa_fn(lab, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
-            acc[k].append(evaluate(model, task, tr)["acc"])
+            acc[k].append(tiny.evaluate(model, task, tr)["acc"])
             log.add(trace, base[-1], acc[k][-1])
         return err, qpass, acc, base, log
 
@@ -598,19 +332,6 @@ def proposal_strength(
     )
 
 
-# ------------------------------------------------------------------ 5. Stage-2 amortized denoising
-@torch.no_grad()
-def prompt_features(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
-    from tiltlab.llm.models import masked_mean_pool
-
-    idx = torch.as_tensor(idx)
-    ids, attn, pos = task.ids[idx, 0], task.attn[idx, 0], task.pos[idx, 0]
-    comp = torch.nn.functional.pad(task.comp_mask[idx, 0], (1, 0)).long()  # answer positions of answer 0
-    pmask = attn * (1 - comp)  # the prompt's tokens only
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=True)
-    return masked_mean_pool(out.hidden_states[-1].float(), pmask)
-
-
 STAGE2_ITEMS = {
     **_items(("regressor_beats_raw",), regressor_beats_raw=(True, False)),
     "ran_fit_improved": True,
@@ -633,12 +354,12 @@ def stage2_denoising(seed: int, n_seeds: int = shared_task.N_SEEDS, beta: float 
         improved: list[bool] = []
         varies: list[bool] = []
         gen = torch.Generator().manual_seed(s)
-        model, task, _, ref, _, _, lz = setup(s, beta)
+        model, task, _, ref, _, _, lz = tiny.setup(s, beta)
         # train on the plain and hinted prompts of the train split; judge on the held-out t's
         fit_idx = [i for i, (t, _, _) in enumerate(task.prompts) if t not in shared_task.HELD_OUT_T]
         ho = [i for i, (t, _, _) in enumerate(task.prompts) if t in shared_task.HELD_OUT_T]
-        feats = prompt_features(model, task, list(range(task.n_prompts)))
-        lab = stage1_labels(ref, task, list(range(task.n_prompts)), beta, m, gen)
+        feats = tiny.prompt_features(model, task, list(range(task.n_prompts)))
+        lab = tiny.stage1_labels(ref, task, list(range(task.n_prompts)), beta, m, gen)
         fit = fit_regressor(feats[fit_idx], lab[fit_idx].float(), epochs=200, hidden=64, seed=s)
         with torch.no_grad():
             p = fit.model(feats[ho]).double()
@@ -664,185 +385,6 @@ def stage2_denoising(seed: int, n_seeds: int = shared_task.N_SEEDS, beta: float 
     )
 
 
-# ------------------------------------------------------------------ 6. DISA vs FlowRL vs GRPO vs GSPO
-def method_fns(name: str, lz, beta: float, model=None, task: shared_task.EnumTask | None = None):
-    """Arm ``name``'s loss: DISA with the frozen ``lz``, FlowRL with the head on ``model`` (attached by
-    :func:`attach_flowrl_head`; ``task`` gives its prompts), or a policy-gradient baseline."""
-
-    def grpo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
-
-    def gspo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = gspo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
-
-    def cispo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = cispo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
-
-    def sapo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = sapo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
-
-    if name == "disa":
-        return disa_fn(lz, beta)
-    if name == "flowrl":
-        if model is None or task is None:
-            raise ValueError("the flowrl arm needs the model carrying its log Z head and the task")
-        return flowrl_head_fn(model, task, beta)
-    return {"grpo": grpo, "gspo": gspo, "cispo": cispo, "sapo": sapo}[name]
-
-
-_MEMO: dict[tuple, object] = {}
-
-
-def _memo(key: tuple, fn):
-    """Per-process memo of a run's raw per-seed results: several claims read one run."""
-    if key not in _MEMO:
-        _MEMO[key] = fn()
-    return _MEMO[key]
-
-
-METHODS = ("disa", "flowrl", "grpo", "gspo")
-CONTEXT_METHODS = ("cispo", "sapo")
-"""Current reward maximizers beside GRPO/GSPO (issue 37), trained by :func:`context_raw` apart from the four
-judged arms (each arm seeds itself: the four arms' numbers are those of the run without them) and reported as
-context numbers, not judged items."""
-CONTEXT_OLD_EVERY = 4
-"""pi_old of the context arms is refreshed every this many steps (the LAD run's staleness): on an on-policy step
-CISPO's and SAPO's gradient is GRPO's, so three of their four steps per pi_old see ratios off 1."""
-LABELS = {"disa": "DISA", "flowrl": "FlowRL", "grpo": "GRPO", "gspo": "GSPO", "cispo": "CISPO", "sapo": "SAPO"}
-STAGE1_M = 8
-
-
-def disa_pipeline_labels(model, task, ref, tr, beta: float, gen, seed: int) -> torch.Tensor:
-    """DISA Stages 1-2 on the train prompts: ``M = 8`` IS labels from ``pi_ref``, a regressor on the
-    prompt features, and its predictions as the frozen log Z (``[P_all]``; other prompts 0, unused)."""
-    from tiltlab.objectives.regressor import fit_regressor
-
-    lab = stage1_labels(ref, task, tr, beta, STAGE1_M, gen)
-    feats = prompt_features(model, task, tr)
-    fit = fit_regressor(feats, lab.float(), epochs=200, hidden=64, seed=seed)
-    out = torch.zeros(task.n_prompts, dtype=torch.float64)
-    with torch.no_grad():
-        out[torch.as_tensor(tr)] = fit.model(feats).double()
-    if not torch.isfinite(out).all():
-        raise FloatingPointError("non-finite Stage-2 prediction")
-    return out
-
-
-def methods_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
-) -> dict[str, dict[str, list]]:
-    """Per-seed Mean (train accuracy), held-out accuracy, pass@8 and coverage of DISA (Stage-1/2
-    estimated frozen log Z), FlowRL (its log Z head, :data:`FLOWRL_HEAD`, trained with the policy; same beta,
-    raw reward, sequence sums),
-    GRPO and GSPO; memoized per process (the Table-1 and PACED Table-1 checks read it)."""
-    return _memo(
-        ("methods", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
-        lambda: _methods_raw(seed, n_seeds, steps, beta),
-    )
-
-
-def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
-    names = METHODS
-
-    def one(s: int) -> dict[str, dict[str, list]]:
-        res: dict[str, dict[str, list]] = {
-            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": [], "heldout_pass8": [], "heldout_coverage": []}
-            for k in names
-        }
-        res["_ran"] = {"loss": [], "weights": [], "acc": []}
-        res["_label_rmse"] = {"train": []}
-        res["_flowrl_head"] = {"abs_err_start": [], "abs_err_end": []}
-        gen = torch.Generator().manual_seed(s)
-        warm, task, ref_tok, ref, tr, ho, lz = setup(s, beta)
-        lab = disa_pipeline_labels(warm, task, ref, tr, beta, gen, s)
-        res["_label_rmse"]["train"].append(float((lab[tr] - lz[tr]).pow(2).mean().sqrt()))
-        acc0 = float(
-            shared_task.pass_rate(
-                shared_task.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task
-            ).mean()
-        )
-        for k in names:
-            model, _ = shared_task.warm_reference(s)
-            if k == "flowrl":
-                attach_flowrl_head(model, s)
-                res["_flowrl_head"]["abs_err_start"].append(head_abs_err(model, task, tr, lz))
-            with seeded_rng(s):  # the head's dropout
-                trace = shared_task.train_online(
-                    model, task, ref_tok, method_fns(k, lab, beta, model, task), prompts=tr, steps=steps, lr=LR, seed=s
-                )
-            if k == "flowrl":
-                res["_flowrl_head"]["abs_err_end"].append(head_abs_err(model, task, tr, lz))
-            _record_arm(res, k, model, task, tr, ho, trace, acc0)
-        return res
-
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare"))
-
-
-def context_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
-) -> dict[str, dict[str, list]]:
-    """The 4-method run's context arms (:data:`CONTEXT_METHODS`: CISPO and SAPO at TRL's defaults, pi_old
-    refreshed every :data:`CONTEXT_OLD_EVERY` steps) on its seeds, prompts, steps and learning rate, in the
-    layout of :func:`methods_raw`; memoized apart from it, so that only the Table-1 check, not the PACED
-    one that reads the 4-method run's FlowRL arm, trains them. ``beta`` only keys the run (no tilt here)."""
-    return _memo(
-        ("context", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
-        lambda: _context_raw(seed, n_seeds, steps, beta),
-    )
-
-
-def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, dict[str, list]]:
-
-    def one(s: int) -> dict[str, dict[str, list]]:
-        res: dict[str, dict[str, list]] = {
-            k: {"acc": [], "heldout_acc": [], "pass8": [], "coverage": [], "heldout_pass8": [], "heldout_coverage": []}
-            for k in CONTEXT_METHODS
-        }
-        res["_ran"] = {"loss": [], "weights": [], "acc": []}
-        _, task, ref_tok, ref, tr, ho, _ = setup(s, beta)
-        acc0 = float(
-            shared_task.pass_rate(
-                shared_task.Policy(torch.tensor(ho), ref.seq_logp[ho], ref.log_probs[ho]), task
-            ).mean()
-        )
-        for k in CONTEXT_METHODS:
-            model, _ = shared_task.warm_reference(s)
-            trace = shared_task.train_online(
-                model,
-                task,
-                ref_tok,
-                method_fns(k, None, beta),
-                prompts=tr,
-                steps=steps,
-                lr=LR,
-                seed=s,
-                old_every=CONTEXT_OLD_EVERY,
-            )
-            _record_arm(res, k, model, task, tr, ho, trace, acc0)
-        return res
-
-    return shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare context arms")
-    )
-
-
-def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
-    """Append arm ``k``'s train and held-out accuracy / pass@8 / coverage and "it ran" flags (loss
-    moved, weights moved, held-out accuracy moved from the warm start ``acc0``) to the run's lists."""
-    e, eh = evaluate(model, task, tr), evaluate(model, task, ho)
-    for key in ("acc", "pass8", "coverage"):
-        res[k][key].append(e[key])
-    for key in ("acc", "pass8", "coverage"):
-        res[k][f"heldout_{key}"].append(eh[key])
-    res["_ran"]["loss"].append(trace.loss_moved)
-    res["_ran"]["weights"].append(trace.param_change > 0)
-    res["_ran"]["acc"].append(abs(eh["acc"] - acc0) > 1e-9)
-
-
 def ran_items(res) -> dict[str, bool]:
     """The "it ran" items of a memoized multi-arm run (:func:`methods_raw`)."""
     r = res["_ran"]
@@ -859,27 +401,27 @@ TABLE1_ITEMS = {**_items([f"{a}_minus_{b}" for a, b in TABLE1_PAIRS], flowrl_min
 
 @tiny_check("disa.table1.math_qwen2.5_7b", Verdict.PARTLY, TABLE1_ITEMS)
 def methods_compare(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
     """Table 1's ordering, held-out accuracy: DISA and FlowRL (one beta, one reward transform; DISA
     with Stage-1/2 estimated labels, FlowRL with its learned log Z) each above GRPO and GSPO: four
     paired items. One run decides both Table-1 claims (two backbones): the run is memoized and the
     second claim is a reuse of it, not independent evidence."""
-    names = METHODS
-    res = methods_raw(seed, n_seeds, steps, beta)
-    ctx_res = context_raw(seed, n_seeds, steps, beta)
-    res = {**res, **{k: ctx_res[k] for k in CONTEXT_METHODS}}
+    names = tiny.METHODS
+    res = tiny.methods_raw(seed, n_seeds, steps, beta)
+    ctx_res = tiny.context_raw(seed, n_seeds, steps, beta)
+    res = {**res, **{k: ctx_res[k] for k in tiny.CONTEXT_METHODS}}
     nums: dict[str, float] = {}
-    for k in (*names, *CONTEXT_METHODS):
+    for k in (*names, *tiny.CONTEXT_METHODS):
         for key, xs in res[k].items():
             nums.update(shared_task.ci_numbers(f"{k}_{key}", xs))
     nums.update(shared_task.ci_numbers("disa_label_rmse_train", res["_label_rmse"]["train"]))
     head = res["_flowrl_head"]
     nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_start", head["abs_err_start"]))
     nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_end", head["abs_err_end"]))
-    h = {k: res[k]["heldout_acc"] for k in (*names, *CONTEXT_METHODS)}
+    h = {k: res[k]["heldout_acc"] for k in (*names, *tiny.CONTEXT_METHODS)}
     nums.update(shared_task.ci_numbers("context_disa_minus_flowrl", [a - b for a, b in zip(h["disa"], h["flowrl"])]))
-    context_pairs = [(a, b) for a in ("disa", "flowrl") for b in CONTEXT_METHODS]
+    context_pairs = [(a, b) for a in ("disa", "flowrl") for b in tiny.CONTEXT_METHODS]
     for a, b in context_pairs:
         nums.update(shared_task.ci_numbers(f"context_{a}_minus_{b}", [x - y for x, y in zip(h[a], h[b])]))
     items = [
@@ -890,88 +432,29 @@ def methods_compare(
         for k in names
     )
     ctx = (
-        "; ".join(f"{k} held-out {shared_task.fmt_ci(h[k])}" for k in CONTEXT_METHODS)
+        "; ".join(f"{k} held-out {shared_task.fmt_ci(h[k])}" for k in tiny.CONTEXT_METHODS)
         + "; "
-        + ", ".join(f"{LABELS[a]} - {LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs)
+        + ", ".join(
+            f"{tiny.LABELS[a]} - {tiny.LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs
+        )
     )
     ran = {k: v and ran_items(ctx_res)[k] for k, v in ran_items(res).items()}  # every arm trained
     return result(
         items,
         ran,
         f"tiny Qwen3, {steps} steps, {n_seeds} seeds, beta={beta:g} for DISA and FlowRL (raw 0/1 reward, sequence sums); "
-        f"DISA log Z from Stage 1 (M={STAGE1_M}, q=pi_ref) + Stage 2 (label RMSE "
+        f"DISA log Z from Stage 1 (M={tiny.STAGE1_M}, q=pi_ref) + Stage 2 (label RMSE "
         f"{nums['disa_label_rmse_train']:.3f}); FlowRL's log Z head trained with the policy (mean |log Z_phi - log Z| "
         f"on the train prompts: start {shared_task.fmt_ci(head['abs_err_start'])}, end {shared_task.fmt_ci(head['abs_err_end'])}): {txt}; "
         f"context: DISA - FlowRL "
         f"{nums['context_disa_minus_flowrl']:+.3f}; context arms, not judged (TRL's defaults, pi_old every "
-        f"{CONTEXT_OLD_EVERY} steps so their ratios leave 1): {ctx}; shared run: decides disa.table1.math_qwen2.5_7b "
+        f"{tiny.CONTEXT_OLD_EVERY} steps so their ratios leave 1): {ctx}; shared run: decides disa.table1.math_qwen2.5_7b "
         "and disa.table1.math_qwen3_4b (one experiment)",
         nums,
     )
 
 
 tiny_check("disa.table1.math_qwen3_4b", Verdict.PARTLY, TABLE1_ITEMS)(methods_compare)
-
-
-# ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
-def lad_fn(div: str, eta: float):
-    def fn(b: shared_task.Batch) -> torch.Tensor:
-        lp = sequence_logprob(b.logp, b.mask)
-        lo = sequence_logprob(b.logp_old, b.mask)
-        return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div)
-
-    return fn
-
-
-def grpo_kl_fn(clip: bool):
-    def fn(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = grpo_loss(
-            b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask,
-            clip_eps=0.2 if clip else 1e6, token_logp_ref=b.logp_old, kl_coef=1.0,
-        )  # fmt: skip
-        return loss
-
-    return fn
-
-
-LAD_NAMES = (*F_DIVERGENCES, "grpo_kl_clip", "grpo_kl_noclip")
-
-
-def lad_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
-    """Per-seed final train and held-out accuracy of LAD with each divergence and of GRPO + KL to
-    pi_old with / without the clip; memoized per process (``lad.strict_better`` and
-    ``lad.table8.divergences`` read it)."""
-    return _memo(
-        ("lad", seed, n_seeds, steps, eta, old_every, shared_task.WARM_STEPS),
-        lambda: _lad_raw(seed, n_seeds, steps, eta, old_every),
-    )
-
-
-def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
-    divs = tuple(F_DIVERGENCES)
-
-    def one(s: int):
-        acc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
-        hacc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
-        log = rules.RunLog()
-        _, task, ref_tok, ref, tr, ho, _ = setup(s)
-        acc0 = float(
-            shared_task.pass_rate(
-                shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task
-            ).mean()
-        )
-        for k in LAD_NAMES:
-            model, _ = shared_task.warm_reference(s)
-            fn = lad_fn(k, eta) if k in divs else grpo_kl_fn(k.endswith("_clip"))
-            trace = shared_task.train_online(
-                model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s, old_every=old_every
-            )
-            acc[k].append(evaluate(model, task, tr)["acc"])
-            hacc[k].append(evaluate(model, task, ho)["acc"])
-            log.add(trace, acc0, acc[k][-1])
-        return acc, hacc, log
-
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "lad_divergences"))
 
 
 STRICT = tuple(d for d in F_DIVERGENCES if F_DIVERGENCES[d].strict)
@@ -1002,20 +485,20 @@ LAD_ITEMS = {
 
 @tiny_check("lad.strict_better", Verdict.PARTLY, LAD_ITEMS)
 def lad_divergences(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Strict divergences (TV, Hellinger, JS) beat the others (KL, rKL, Jeffreys) on train accuracy,
     judged per divergence: nine paired items, each strict one minus each non-strict one (Holm over the
     nine). The run ``lad.table8.divergences`` reads on the held-out split: one experiment, two claims."""
-    acc, _, log = lad_raw(seed, n_seeds, steps, eta, old_every)
+    acc, _, log = tiny.lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
-    for k in LAD_NAMES:
+    for k in tiny.LAD_NAMES:
         nums.update(shared_task.ci_numbers(f"acc_{k}", acc[k]))
     return result(
         [rules.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), ACC_MARGIN) for a, b in STRICT_PAIRS],
         log.items(),
         f"eta={eta:g}, pi_old refreshed every {old_every} steps, {steps} steps, {n_seeds} seeds, final train accuracy: "
-        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in LAD_NAMES)
+        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in tiny.LAD_NAMES)
         + "; items: each of TV/Hellinger/JS minus each of KL/rKL/Jeffreys (9); shared run with lad.table8.divergences",
         nums,
     )
@@ -1033,15 +516,15 @@ LAD8_ITEMS = {
 
 @tiny_check("lad.table8.divergences", Verdict.PARTLY, LAD8_ITEMS)
 def lad_table8(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Table 8's ranking on the held-out split (the paper's metric is test accuracy): five paired items,
     adjacent divergences in the paper's order (:data:`TABLE8_ORDER`), each the better-ranked minus the
     next. Read from the memoized LAD run (a reuse of the ``lad.strict_better`` run, not independent
     evidence)."""
-    _, hacc, log = lad_raw(seed, n_seeds, steps, eta, old_every)
+    _, hacc, log = tiny.lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
-    for k in LAD_NAMES:
+    for k in tiny.LAD_NAMES:
         nums.update(shared_task.ci_numbers(f"heldout_acc_{k}", hacc[k]))
     return result(
         [rules.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), ACC_MARGIN) for a, b in TABLE8_PAIRS],
@@ -1056,123 +539,6 @@ def lad_table8(
     )
 
 
-# ------------------------------------------------------------------ 8. FPA entanglement
-FPA_APPLY_TO = ("all", "correct", "incorrect")
-
-
-def fpa_targeted_loss(logp, logp_future, lengths, reward, apply_to: str = "all") -> torch.Tensor:
-    """FPA applied to part of the data (FPA §3.3 Table 2's ablation; ``fpa_apply_to`` of the offline
-    trainer), every row kept:
-
-        w_i  = sg(pi_hat(y_i|x_i))^{1/|y_i|}   if row i is targeted (``all``; ``correct``: R_i > 0;
-                                                ``incorrect``: R_i < 0)
-             = sg(pi_theta(y_i|x_i))^{1/|y_i|} otherwise (Off-RL's weight)
-        loss = -mean_i( R_i * w_i * logp_i / |y_i| )
-
-    so a targeted row's gradient is FPA's and every other row's is Off-RL's (eq. 2). ``[B]`` tensors."""
-    if apply_to not in FPA_APPLY_TO:
-        raise ValueError(f"apply_to must be one of {FPA_APPLY_TO}, got {apply_to!r}")
-    if apply_to != "all":
-        use = reward > 0 if apply_to == "correct" else reward < 0
-        logp_future = torch.where(use, logp_future.detach(), logp.detach())
-    return fpa_loss(logp, logp_future, lengths, reward)
-
-
-def fpa_train(
-    model, ref_model, task, data_idx, data_ans, reward, lam: float, steps: int, lr: float, seed: int, apply_to="all"
-):
-    """Offline FPA at ``lam`` on the fixed data ``(data_idx, data_ans, reward)``: ``steps`` Adam steps on
-    batches of 64 rows drawn from all of it, the extrapolated weight on the rows ``apply_to`` names
-    (:func:`fpa_targeted_loss`)."""
-    gen = torch.Generator().manual_seed(seed)
-    n = len(data_idx)
-    params = list(model.parameters())
-    before = shared_task._snapshot(params)
-    losses: list[float] = []
-    opt = torch.optim.Adam(params, lr=lr)
-    model.train()
-    for step in range(steps):
-        j = torch.randperm(n, generator=gen)[:64]
-        pi, ai = data_idx[j], data_ans[j]
-        ids, attn, pos = task.ids[pi, ai], task.attn[pi, ai], task.pos[pi, ai]
-        mask = task.comp_mask[pi, ai]
-        lt = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1].float()
-        with torch.no_grad():
-            lref = ref_model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1].float()
-        tgt = ids[:, 1:]
-        tok = torch.log_softmax(lt, -1).gather(-1, tgt[..., None]).squeeze(-1)
-        fut = future_policy_logprobs(lt.detach(), lref, tgt, lam)
-        lp, lf = sequence_logprob(tok, mask), sequence_logprob(fut, mask)
-        loss = fpa_targeted_loss(lp, lf, mask.sum(-1), reward[j], apply_to)
-        losses.append(shared_task.step_loss(loss, step))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    return shared_task.Trace(losses, shared_task._change(params, before))
-
-
-FPA_LAMS = (0.0, 1.0, 2.0, 5.0, 20.0)
-
-
-def fpa_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
-    """Per-seed results of the offline FPA lambda sweep (train and held-out accuracy, log-prob
-    shifts of correct / incorrect answers, and at lambda = 1 FPA's weight on the correct rows only /
-    the incorrect rows only, Off-RL's on the others, all data kept: :func:`fpa_targeted_loss`);
-    memoized per process (the Figs. 2-4 and the Table-6 / lambda checks read it)."""
-    return _memo(
-        ("fpa", seed, n_seeds, steps, tuple(lams), shared_task.WARM_STEPS), lambda: _fpa_raw(seed, n_seeds, steps, lams)
-    )
-
-
-def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
-
-    def one(s: int) -> dict:
-        acc: dict[float, list[float]] = {lam: [] for lam in lams}
-        hacc: dict[float, list[float]] = {lam: [] for lam in lams}
-        dcorr: dict[float, list[float]] = {lam: [] for lam in lams}
-        dinc: dict[float, list[float]] = {lam: [] for lam in lams}
-        base: list[float] = []
-        hbase: list[float] = []
-        parts: dict[str, list[float]] = {"correct_only": [], "incorrect_only": []}
-        log = rules.RunLog()
-        gen = torch.Generator().manual_seed(s)
-        ref_model, task, _, ref, tr, ho, _ = setup(s)
-        tr_t = torch.tensor(tr)
-        ans = shared_task.sample_answers(ref.log_probs[tr_t], 8, gen)  # offline data: 8 samples per prompt from pi_ref
-        data_idx, data_ans = tr_t.repeat_interleave(8), ans.reshape(-1)
-        reward = 2.0 * task.reward[data_idx, data_ans] - 1.0  # signed reward, as the simulator's FPA runs
-        r_all = task.reward[tr_t].bool()
-        base.append(
-            float(shared_task.pass_rate(shared_task.Policy(tr_t, ref.seq_logp[tr_t], ref.log_probs[tr_t]), task).mean())
-        )
-        ho_t = torch.tensor(ho)
-        hbase.append(
-            float(shared_task.pass_rate(shared_task.Policy(ho_t, ref.seq_logp[ho_t], ref.log_probs[ho_t]), task).mean())
-        )
-        for lam in lams:
-            model, _ = shared_task.warm_reference(s)
-            trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, lam, steps, LR, s)
-            pol = shared_task.policy(model, task, tr)
-            acc[lam].append(float(shared_task.pass_rate(pol, task).mean()))
-            log.add(trace, base[-1], acc[lam][-1])
-            hacc[lam].append(float(shared_task.pass_rate(shared_task.policy(model, task, ho), task).mean()))
-            d = pol.seq_logp - ref.seq_logp[tr_t]  # log pi - log pi_ref, unnormalized sequence log-probs
-            dcorr[lam].append(float(d[r_all].mean()))
-            dinc[lam].append(float(d[~r_all].mean()))
-        for part, apply_to in (("correct_only", "correct"), ("incorrect_only", "incorrect")):
-            model, _ = shared_task.warm_reference(s)
-            trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, 1.0, steps, LR, s, apply_to=apply_to)
-            parts[part].append(float(shared_task.pass_rate(shared_task.policy(model, task, tr), task).mean()))
-            log.add(trace, base[-1], parts[part][-1])
-        return {
-            "acc": acc, "heldout_acc": hacc, "dcorr": dcorr, "dinc": dinc, "base": base, "heldout_base": hbase,
-            "parts": parts, "log": log,
-        }  # fmt: skip
-
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "fpa_entanglement"))
-
-
 DLOGP_MARGIN = 0.1
 """Smallest effect of interest of a mean change of log pi - log pi_ref (nats)."""
 FPA_JUDGED = ("offrl_lowers_correct", "offrl_lowers_incorrect", "fpa_keeps_correct")
@@ -1180,12 +546,14 @@ FPA_ITEMS = {**_items(FPA_JUDGED, **{k: (True, False) for k in FPA_JUDGED}), **R
 
 
 @tiny_check("fpa.figs2_4.llm_dynamics", Verdict.VERIFIED, FPA_ITEMS)
-def fpa_entanglement(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=FPA_LAMS) -> CheckResult:
+def fpa_entanglement(
+    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=tiny.FPA_LAMS
+) -> CheckResult:
     """Figs. 2-4 at small scale, every item a per-seed paired difference (same seed, same warm-up,
     same offline data for every lambda): Off-RL (lambda = 0) lowers log pi - log pi_ref of correct
     and of incorrect answers; FPA (lambda = 1) keeps correct ones above Off-RL's; FPA raises
     accuracy above pi_ref."""
-    r = fpa_raw(seed, n_seeds, steps, lams)
+    r = tiny.fpa_raw(seed, n_seeds, steps, lams)
     acc, dcorr, dinc, base, parts, log = r["acc"], r["dcorr"], r["dinc"], r["base"], r["parts"], r["log"]
     nums: dict[str, float] = {**shared_task.ci_numbers("acc_ref", base), **log.numbers()}
     for lam in lams:
@@ -1219,19 +587,6 @@ def fpa_entanglement(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int =
     )
 
 
-def _fpa_heldout(seed: int, n_seeds: int, steps: int):
-    r = fpa_raw(seed, n_seeds, steps, FPA_LAMS)
-    h = r["heldout_acc"]
-    nums: dict[str, float] = shared_task.ci_numbers("heldout_acc_ref", r["heldout_base"])
-    for lam in FPA_LAMS:
-        nums.update(shared_task.ci_numbers(f"heldout_acc_lam{lam:g}", h[lam]))
-    txt = (
-        f"offline FPA sweep ({steps} steps, {n_seeds} seeds), held-out accuracy: ref {shared_task.fmt_ci(r['heldout_base'])}, "
-        + ", ".join(f"lam={lam:g} {shared_task.fmt_ci(h[lam])}" for lam in FPA_LAMS)
-    )
-    return h, nums, txt
-
-
 TABLE6_OTHERS = (0.0, 5.0, 20.0)
 TABLE6_ITEMS = {**_items([f"lam12_minus_lam{lam:g}" for lam in TABLE6_OTHERS], lam12_minus_lam20=(True, False)), **RAN}
 
@@ -1242,8 +597,8 @@ def fpa_lambda_best(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 
     minus each other lambda of the sweep (0, 5, 20; no lambda = 10), three paired items (no
     max over noisy arms). One run serves the three backbones' claims and the Figs. 2-4 claim: a
     reuse, not independent evidence."""
-    r = fpa_raw(seed, n_seeds, steps, FPA_LAMS)
-    h, nums, txt = _fpa_heldout(seed, n_seeds, steps)
+    r = tiny.fpa_raw(seed, n_seeds, steps, tiny.FPA_LAMS)
+    h, nums, txt = tiny._fpa_heldout(seed, n_seeds, steps)
     nums.update(r["log"].numbers())
     items = [
         rules.Item(

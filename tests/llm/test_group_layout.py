@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tiltlab.llm.checks import paced as checks_paced
-from tiltlab.llm.checks import stage3
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import tiny as tiny_runs
 
 IDX = torch.tensor([5, 0, 3])  # the batch's prompts in the log Z table: distinct, not in order
 P, G, L = 3, 4, 5  # prompts, completions per prompt (P != G), tokens
@@ -73,7 +73,7 @@ def _loss_and_logp_grad(fn, b: T.Batch, *extra):
 # ------------------------------------------------------------------ llm/checks/stage3.py and paced.py
 def test_disa_arm_reads_each_prompts_frozen_log_z_on_its_own_completions():
     b = _batch()
-    loss, (g_logp,) = _loss_and_logp_grad(stage3.disa_fn(TABLE.double(), BETA), b)
+    loss, (g_logp,) = _loss_and_logp_grad(tiny_runs.disa_fn(TABLE.double(), BETA), b)
     want, w_grad = _tb_loss_and_grad(b, lambda p: float(TABLE[IDX[p]]), b.logp_ref)
     torch.testing.assert_close(loss, torch.tensor(want, dtype=loss.dtype), **TOL)
     torch.testing.assert_close(g_logp, w_grad, **TOL)
@@ -85,7 +85,7 @@ def test_learned_table_arm_reads_and_trains_each_prompts_own_entry():
     its own completions)."""
     b = _batch(1)
     table = torch.nn.Parameter(TABLE.clone())
-    loss, (g_logp, g_table) = _loss_and_logp_grad(stage3.flowrl_fn(lambda idx: table[idx], BETA), b, table)
+    loss, (g_logp, g_table) = _loss_and_logp_grad(tiny_runs.flowrl_fn(lambda idx: table[idx], BETA), b, table)
 
     def w(row):  # the arm's weight: exp(sum_t mask (logp - logp_old)), unclipped
         return math.exp(_seq(b.logp.detach() - b.logp_old, b.mask, row))
@@ -103,7 +103,7 @@ def test_learned_table_arm_reads_and_trains_each_prompts_own_entry():
 
 def test_vargrad_arm_estimates_log_z_from_each_prompts_own_group():
     b = _batch(2)
-    fn = stage3._variants(TABLE.double(), TABLE.double(), TABLE.double(), BETA, lambda idx: TABLE[idx])["vargrad"]
+    fn = tiny_runs._variants(TABLE.double(), TABLE.double(), TABLE.double(), BETA, lambda idx: TABLE[idx])["vargrad"]
     loss, (g_logp,) = _loss_and_logp_grad(fn, b)
 
     def log_z_hat(p):  # the group's minimizer: mean_j (beta r - lp + lp_ref)
@@ -143,8 +143,8 @@ def _group_adv(p: int, j: int) -> float:
 @pytest.mark.parametrize(
     "arm",
     [
-        pytest.param(lambda: stage3.method_fns("grpo", None, BETA), id="stage3-grpo"),
-        pytest.param(lambda: stage3.method_fns("gspo", None, BETA), id="stage3-gspo"),
+        pytest.param(lambda: tiny_runs.method_fns("grpo", None, BETA), id="stage3-grpo"),
+        pytest.param(lambda: tiny_runs.method_fns("gspo", None, BETA), id="stage3-gspo"),
         pytest.param(lambda: checks_paced._grpo, id="paced-grpo"),
     ],
 )
@@ -190,10 +190,10 @@ def test_offline_fpa_data_pairs_each_answer_with_its_own_prompt(tmp_path, monkey
         raise Seen(task, data_idx.clone(), data_ans.clone(), reward.clone())
 
     monkeypatch.setattr(T, "sample_answers", spy)
-    monkeypatch.setattr(stage3, "fpa_train", stop)
-    stage3._MEMO.clear()
+    monkeypatch.setattr(tiny_runs, "fpa_train", stop)
+    tiny_runs._MEMO.clear()
     with pytest.raises(Seen) as e:
-        stage3._fpa_raw(0, 1, 1, (1.0,))
+        tiny_runs._fpa_raw(0, 1, 1, (1.0,))
     task, data_idx, data_ans, reward = e.value.args
     (ans,) = sampled
     tr = task.split(False)

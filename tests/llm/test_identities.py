@@ -11,7 +11,7 @@ Covered: Stage 1's resume identity (``llm.stage1``), the Stage 1 -> Stage 3 labe
 (``trainers.disa_labels``), Stage 2's embedding cache (``llm.stage2.cached_embeddings`` and
 ``llm.models.model_fingerprint``), PACED's pi_ref embedding cache (``trainers.paced``), the warm-up weight
 cache of the tiny-model checks (``checks.task``) and the per-process memo of their multi-arm runs
-(``checks.stage3._memo``). The online trainer's frozen log Z cache (keyed by the prompt) is tested
+(``checks.tiny_runs._memo``). The online trainer's frozen log Z cache (keyed by the prompt) is tested
 in ``test_log_z_column.py``."""
 
 from __future__ import annotations
@@ -412,7 +412,7 @@ WARM_KEY_FIELDS = {
 @pytest.mark.parametrize("name", sorted(WARM_KEY_FIELDS))
 def test_warm_cache_key_changes_with_each_constant(name, monkeypatch):
     """Every module constant that enters the warmed weights (the task and the SFT) is in ``_task_key``."""
-    from tiltlab.llm.checks import task as T
+    from tiltlab.llm.experiments import task as T
 
     assert hasattr(T, name)
 
@@ -422,7 +422,7 @@ def test_warm_cache_key_changes_with_each_constant(name, monkeypatch):
 
 
 def test_warm_cache_files_are_per_seed_and_steps(tmp_path, monkeypatch):
-    from tiltlab.llm.checks import task as T
+    from tiltlab.llm.experiments import task as T
 
     monkeypatch.setenv("TILTLAB_CACHE", str(tmp_path))
     trained = []
@@ -445,17 +445,18 @@ CHANGED = {"seed": 1, "n_seeds": 3, "steps": 4, "beta": 2.0, "eta": 0.5, "old_ev
 
 
 def _memo_target(public: str):
-    from tiltlab.llm.checks import paced, stage3
+    from tiltlab.llm.checks import paced
+    from tiltlab.llm.experiments import tiny as tiny_runs
 
-    return (paced, "paced_raw") if public == "paced" else (stage3, public)
+    return (paced, "paced_raw") if public == "paced" else (tiny_runs, public)
 
 
 @pytest.mark.parametrize(("public", "inner", "base"), MEMOIZED, ids=[m[0] for m in MEMOIZED])
 def test_check_memo_is_keyed_by_every_argument_and_the_warm_up(public, inner, base, monkeypatch):
     """A memoized multi-arm run (several claims read one run) is recomputed when any one argument, or
     the warm-up length, changes, and read back when none does."""
-    from tiltlab.llm.checks import stage3
-    from tiltlab.llm.checks import task as T
+    from tiltlab.llm.experiments import task as T
+    from tiltlab.llm.experiments import tiny as tiny_runs
 
     mod, fn_name = _memo_target(public)
     calls = []
@@ -465,7 +466,7 @@ def test_check_memo_is_keyed_by_every_argument_and_the_warm_up(public, inner, ba
         return ("result", args, T.WARM_STEPS)
 
     monkeypatch.setattr(mod, inner, fake)
-    monkeypatch.setattr(stage3, "_MEMO", {})
+    monkeypatch.setattr(tiny_runs, "_MEMO", {})
     fn = getattr(mod, fn_name)
     first = fn(**base)
     assert fn(**base) is first and len(calls) == 1  # unchanged: read back

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
 
 
 @pytest.fixture(scope="module")

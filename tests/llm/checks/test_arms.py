@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tiltlab.llm.checks import paced, stage3
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import tiny as tiny_runs
 from tiltlab.llm.trainers.logz_head import get_log_z_head
 from tiltlab.objectives.offline import offrl_loss
 
@@ -40,34 +41,34 @@ def _naive_head_log_z(model, task, i: int) -> torch.Tensor:
 def test_flowrl_head_reads_each_prompts_own_tokens(tiny):
     model, task = tiny
     model = copy.deepcopy(model)
-    head = stage3.attach_flowrl_head(model, 3)
+    head = tiny_runs.attach_flowrl_head(model, 3)
     assert not model.training and not head.training
     assert [m.p for m in head.net if isinstance(m, torch.nn.Dropout)] == [0.1, 0.1]
     assert (head.net[0].in_features, head.net[0].out_features) == (model.config.hidden_size, 256)
     with torch.no_grad():
         head.net[-1].weight.normal_(generator=torch.Generator().manual_seed(0))  # past the zero init
     idx = torch.tensor([5, 0, 17, 60])  # plain and hinted prompts of different lengths
-    got = stage3.head_log_z(model, task, idx)
+    got = tiny_runs.head_log_z(model, task, idx)
     want = torch.stack([_naive_head_log_z(model, task, int(i)) for i in idx])
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-5)
     assert got.std() > 0  # a per-prompt value
     # the mean |log Z_phi - log Z| the checks report, against a loop
     lz = torch.linspace(-1.0, 2.0, task.n_prompts, dtype=torch.float64)
     naive = sum(abs(float(want.detach()[j]) - float(lz[i])) for j, i in enumerate(idx)) / len(idx)
-    assert stage3.head_abs_err(model, task, idx, lz) == pytest.approx(naive, rel=1e-5)
+    assert tiny_runs.head_abs_err(model, task, idx, lz) == pytest.approx(naive, rel=1e-5)
 
 
 def test_flowrl_head_is_seeded_and_starts_at_zero(tiny):
     model, task = tiny
     a, b, c = (copy.deepcopy(model) for _ in range(3))
-    stage3.attach_flowrl_head(a, 1)
+    tiny_runs.attach_flowrl_head(a, 1)
     torch.manual_seed(123)  # the global RNG's state before does not matter
-    stage3.attach_flowrl_head(b, 1)
-    stage3.attach_flowrl_head(c, 2)
+    tiny_runs.attach_flowrl_head(b, 1)
+    tiny_runs.attach_flowrl_head(c, 2)
     sa, sb, sc = (m.log_z_head.state_dict() for m in (a, b, c))
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not torch.equal(sa["net.0.weight"], sc["net.0.weight"])
-    assert (stage3.head_log_z(a, task, torch.arange(5)) == 0).all()  # zero-initialised last layer: log Z = 0
+    assert (tiny_runs.head_log_z(a, task, torch.arange(5)) == 0).all()  # zero-initialised last layer: log Z = 0
 
 
 def test_flowrl_arm_trains_the_head_with_the_policys_optimizer(tiny):
@@ -76,15 +77,15 @@ def test_flowrl_arm_trains_the_head_with_the_policys_optimizer(tiny):
     parameters receive gradients and move, and the log Z loss reaches the backbone (input not detached)."""
     model, task = tiny
     model = copy.deepcopy(model)
-    head = stage3.attach_flowrl_head(model, 0)
+    head = tiny_runs.attach_flowrl_head(model, 0)
     ids = {id(p) for p in model.parameters()}
     assert all(id(p) in ids for p in head.parameters())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     ref_tok = T.reference_tokens(model, task)
     prompts = task.split(False)
-    with stage3.seeded_rng(0):
+    with tiny_runs.seeded_rng(0):
         trace = T.train_online(
-            model, task, ref_tok, stage3.flowrl_head_fn(model, task, 2.0), prompts=prompts, steps=3, lr=1e-3, seed=0
+            model, task, ref_tok, tiny_runs.flowrl_head_fn(model, task, 2.0), prompts=prompts, steps=3, lr=1e-3, seed=0
         )
     moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
     head_names = {n for n in before if n.startswith("log_z_head.")}
@@ -93,15 +94,15 @@ def test_flowrl_arm_trains_the_head_with_the_policys_optimizer(tiny):
     assert trace.loss_moved and trace.param_change > 0
     # each parameter's first Adam step is lr in size (sign of the gradient): the head's lr is the policy's
     m2 = copy.deepcopy(tiny[0])
-    h2 = stage3.attach_flowrl_head(m2, 0)
+    h2 = tiny_runs.attach_flowrl_head(m2, 0)
     b0 = h2.net[-1].bias.detach().clone()
-    with stage3.seeded_rng(0):
-        T.train_online(m2, task, ref_tok, stage3.flowrl_head_fn(m2, task, 2.0), prompts=prompts, steps=1, lr=1e-3)
+    with tiny_runs.seeded_rng(0):
+        T.train_online(m2, task, ref_tok, tiny_runs.flowrl_head_fn(m2, task, 2.0), prompts=prompts, steps=1, lr=1e-3)
     assert float((h2.net[-1].bias.detach() - b0).abs()) == pytest.approx(1e-3, rel=1e-3)
     # the loss's gradient reaches the backbone through log Z (FlowRL's code leaves the input attached)
     with torch.no_grad():
         head.net[-1].weight.fill_(0.1)
-    lz = stage3.head_log_z(model, task, torch.tensor(prompts[:3])).sum()
+    lz = tiny_runs.head_log_z(model, task, torch.tensor(prompts[:3])).sum()
     g = torch.autograd.grad(lz, model.model.norm.weight)[0]
     assert g.abs().sum() > 0
 
@@ -117,7 +118,7 @@ def test_flowrl_arms_use_the_head_not_a_table(monkeypatch, tiny):
         return real(model, task, ref_tok, fn, **kw)
 
     monkeypatch.setattr(T, "train_online", spy)
-    monkeypatch.setattr(stage3, "_MEMO", {})
+    monkeypatch.setattr(tiny_runs, "_MEMO", {})
     res = stage3.logz_variants(0, n_seeds=2, steps=2, grad_draws=2)
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
     assert [h for h, _ in seen] == [k == "learned_head" for k in names] * 2 and all(e == () for _, e in seen)
@@ -125,8 +126,8 @@ def test_flowrl_arms_use_the_head_not_a_table(monkeypatch, tiny):
         assert math.isfinite(res.numbers[key]) and res.numbers[key] > 0
     assert "FlowRL's head" in res.summary and "at the end" in res.summary
     seen.clear()
-    raw = stage3.methods_raw(0, 2, 2)
-    assert [h for h, _ in seen] == [k == "flowrl" for k in stage3.METHODS] * 2 and all(e == () for _, e in seen)
+    raw = tiny_runs.methods_raw(0, 2, 2)
+    assert [h for h, _ in seen] == [k == "flowrl" for k in tiny_runs.METHODS] * 2 and all(e == () for _, e in seen)
     assert len(raw["_flowrl_head"]["abs_err_end"]) == 2
 
 
@@ -160,12 +161,12 @@ class _Log:
 
 def _lad_accs(n: int = 3) -> dict[str, list[float]]:
     # every arm differs per seed, so a swapped pair or a seed-misaligned difference gives another number
-    return {k: [0.1 * j + 0.013 * i * (j + 1) for i in range(n)] for j, k in enumerate(stage3.LAD_NAMES)}
+    return {k: [0.1 * j + 0.013 * i * (j + 1) for i in range(n)] for j, k in enumerate(tiny_runs.LAD_NAMES)}
 
 
 def test_lad_strict_better_items_are_each_strict_minus_each_nonstrict(monkeypatch):
     acc = _lad_accs()
-    monkeypatch.setattr(stage3, "lad_raw", lambda *a, **k: (acc, None, _Log()))
+    monkeypatch.setattr(tiny_runs, "lad_raw", lambda *a, **k: (acc, None, _Log()))
     got = _capture(monkeypatch)
     stage3.lad_divergences(0, n_seeds=3, steps=1)
     items = {it.name: it for it in got["items"]}
@@ -189,8 +190,8 @@ def test_lad_table8_items_are_adjacent_pairs_in_the_papers_order(monkeypatch):
     assert list(stage3.TABLE8_ORDER) == sorted(avg, key=avg.get, reverse=True)
     # held-out accuracies in the paper's order: every item positive; reversed: every item negative
     rank = {d: r for r, d in enumerate(stage3.TABLE8_ORDER)}
-    hacc = {k: [1.0 - 0.1 * rank.get(k, 0) + 0.001 * s for s in range(3)] for k in stage3.LAD_NAMES}
-    monkeypatch.setattr(stage3, "lad_raw", lambda *a, **k: (None, hacc, _Log()))
+    hacc = {k: [1.0 - 0.1 * rank.get(k, 0) + 0.001 * s for s in range(3)] for k in tiny_runs.LAD_NAMES}
+    monkeypatch.setattr(tiny_runs, "lad_raw", lambda *a, **k: (None, hacc, _Log()))
     got = _capture(monkeypatch)
     stage3.lad_table8(0, n_seeds=3, steps=1)
     names = [it.name for it in got["items"]]
@@ -231,7 +232,7 @@ def test_fpa_targeted_loss_equals_a_per_row_loop(apply_to):
     """Value and gradient: a targeted row's weight is sg(pi_hat)^{1/|y|}, every other row's
     sg(pi)^{1/|y|} (Off-RL's), and every row counts in the mean."""
     logp, future, lengths, reward = _fpa_batch()
-    loss = stage3.fpa_targeted_loss(logp, future, lengths, reward, apply_to)
+    loss = tiny_runs.fpa_targeted_loss(logp, future, lengths, reward, apply_to)
     (grad,) = torch.autograd.grad(loss, logp)
     n = len(logp)
     want, want_grad = 0.0, []
@@ -253,39 +254,39 @@ def test_fpa_targeted_loss_equals_a_per_row_loop(apply_to):
 def test_fpa_targeted_loss_refuses_an_unknown_part():
     logp, future, lengths, reward = _fpa_batch()
     with pytest.raises(ValueError, match="apply_to must be one of"):
-        stage3.fpa_targeted_loss(logp, future, lengths, reward, "correct_only")
+        tiny_runs.fpa_targeted_loss(logp, future, lengths, reward, "correct_only")
 
 
 @pytest.mark.parametrize("apply_to", ["all", "correct", "incorrect"])
 def test_fpa_train_keeps_every_row_of_each_batch(tiny, monkeypatch, apply_to):
     model, task = tiny
     calls = []
-    real = stage3.fpa_targeted_loss
+    real = tiny_runs.fpa_targeted_loss
 
     def spy(logp, logp_future, lengths, reward, part="all"):
         calls.append((len(reward), part, int((reward > 0).sum()), int((reward < 0).sum())))
         return real(logp, logp_future, lengths, reward, part)
 
-    monkeypatch.setattr(stage3, "fpa_targeted_loss", spy)
+    monkeypatch.setattr(tiny_runs, "fpa_targeted_loss", spy)
     gen = torch.Generator().manual_seed(0)
     data_idx = torch.tensor(task.split(False)).repeat_interleave(4)
     data_ans = torch.randint(0, T.K, (len(data_idx),), generator=gen)
     reward = 2.0 * task.reward[data_idx, data_ans] - 1.0
     m = copy.deepcopy(model)
-    trace = stage3.fpa_train(m, model, task, data_idx, data_ans, reward, 1.0, 3, 1e-3, 0, apply_to=apply_to)
+    trace = tiny_runs.fpa_train(m, model, task, data_idx, data_ans, reward, 1.0, 3, 1e-3, 0, apply_to=apply_to)
     assert len(trace.losses) == 3 and [c[:2] for c in calls] == [(64, apply_to)] * 3
     assert all(pos > 0 and neg > 0 for _, _, pos, neg in calls)  # both parts in every batch
 
 
 def test_setup_names_what_each_check_starts_from(tiny):
-    """``stage3.setup`` returns a :class:`stage3.Setup`: the reference's tokens and exact policy, the
+    """``tiny_runs.setup`` returns a :class:`tiny_runs.Setup`: the reference's tokens and exact policy, the
     two disjoint splits and, with a beta, the exact log Z of every prompt (None without one)."""
-    st = stage3.setup(0, beta=2.0)
-    assert isinstance(st, stage3.Setup) and len(st) == 7
+    st = tiny_runs.setup(0, beta=2.0)
+    assert isinstance(st, tiny_runs.Setup) and len(st) == 7
     assert st.ref_tokens.shape[:2] == st.task.reward.shape
     torch.testing.assert_close(st.ref.log_probs, torch.log_softmax(st.ref_tokens.sum(-1).double(), -1))
     assert st.train_idx == st.task.split(False) and st.heldout_idx == st.task.split(True)
     assert st.train_idx and st.heldout_idx and not set(st.train_idx) & set(st.heldout_idx)
     want = torch.logsumexp(st.ref.log_probs + 2.0 * st.task.reward.double(), -1)  # log sum_y pi_ref e^{beta r}
     torch.testing.assert_close(st.log_z, want)
-    assert stage3.setup(0).log_z is None
+    assert tiny_runs.setup(0).log_z is None

@@ -11,7 +11,8 @@ import torch
 from tiltlab.claims import registry
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.llm.checks import computed, paced, stage3
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import tiny as tiny_runs
 from tiltlab.paper_checks import catalog
 
 
@@ -90,7 +91,7 @@ def test_stage1_labels_with_a_proposal_other_than_pi_ref():
     idx = [0, 1, 2]
     # the same M draws from q as the function takes (the generator seeded alike): a loop over them
     m = 5
-    got = stage3.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(7), proposal=log_q)
+    got = tiny_runs.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(7), proposal=log_q)
     ans = torch.multinomial(log_q.exp().float(), m, replacement=True, generator=torch.Generator().manual_seed(7))
     for i in range(p):
         w = [math.exp(log_ref[i, a] - log_q[i, a] + beta * reward[i, a]) for a in ans[i].tolist()]
@@ -98,7 +99,7 @@ def test_stage1_labels_with_a_proposal_other_than_pi_ref():
     # unbiased for Z = sum_k pi_ref e^(beta r) whatever q is: with M = 40000 draws the label is within 5
     # standard errors of log Z (delta method, the exact variance of w under q), far from log E_q[pi_ref e^(beta r)]
     m = 40_000
-    got = stage3.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(8), proposal=log_q)
+    got = tiny_runs.stage1_labels(ref, task, idx, beta, m, torch.Generator().manual_seed(8), proposal=log_q)
     f = log_ref.exp() * torch.exp(beta * reward)  # pi_ref e^(beta r), [P, K]
     z = f.sum(-1)
     se = ((f**2 / log_q.exp()).sum(-1) - z**2).sqrt() / math.sqrt(m) / z
@@ -153,7 +154,7 @@ def test_every_tiny_check_is_in_the_cases():
 @pytest.fixture
 def fresh_memo(monkeypatch):
     """Each variant trains anew (the memoized multi-claim runs would otherwise be shared)."""
-    monkeypatch.setattr(stage3, "_MEMO", {})
+    monkeypatch.setattr(tiny_runs, "_MEMO", {})
 
 
 @pytest.mark.parametrize("fn,kw", CASES, ids=IDS)
@@ -261,7 +262,7 @@ def test_train_online_reports_what_the_run_did(tiny, monkeypatch):
     lz = torch.zeros(task.n_prompts, dtype=torch.float64)
     m = __import__("copy").deepcopy(model)
     before = [q.detach().clone() for q in m.parameters()]
-    trace = T.train_online(m, task, ref_tok, stage3.disa_fn(lz, 2.0), prompts=task.split(False), steps=3, lr=1e-3)
+    trace = T.train_online(m, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=task.split(False), steps=3, lr=1e-3)
     naive = sum(float((q.detach() - b).double().pow(2).sum()) for q, b in zip(m.parameters(), before)) ** 0.5
     assert len(trace.losses) == 3 and trace.loss_moved
     assert trace.param_change == pytest.approx(naive, rel=1e-9) and naive > 0
@@ -305,12 +306,12 @@ def test_train_online_select_must_return_batch_prompts_prompts(tiny):
     for n in (4, 16):
         with pytest.raises(ValueError, match=f"select returned {n} prompts at step 0, batch_prompts=8"):
             T.train_online(
-                model, task, ref_tok, stage3.disa_fn(lz, 2.0), prompts=tr, steps=2, lr=1e-3,
+                model, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=tr, steps=2, lr=1e-3,
                 select=lambda step, n=n: tr[:n],
             )  # fmt: skip
     assert all(torch.equal(a, q.detach()) for a, q in zip(before, model.parameters()))
     trace = T.train_online(
-        model, task, ref_tok, stage3.disa_fn(lz, 2.0), prompts=tr, steps=1, lr=1e-3, batch_prompts=4,
+        model, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=tr, steps=1, lr=1e-3, batch_prompts=4,
         select=lambda step: tr[:4],
     )  # fmt: skip
     assert len(trace.losses) == 1
@@ -330,7 +331,7 @@ def test_patched_steps_are_restored_for_later_tests(tiny):
 def test_table6_items_are_the_mean_of_lambda_1_and_2_minus_each_other_lambda(monkeypatch):
     """fpa.table6's three paired items, per seed: (acc(lam=1) + acc(lam=2)) / 2 - acc(lam), for lam in
     0, 5, 20, against a loop over seeds on held-out accuracies where every arm differs."""
-    h = {lam: [0.1 * i + 0.01 * lam for i in range(1, 4)] for lam in stage3.FPA_LAMS}
+    h = {lam: [0.1 * i + 0.01 * lam for i in range(1, 4)] for lam in tiny_runs.FPA_LAMS}
     h[2.0] = [0.9, 0.05, 0.4]  # lam=2 differs from lam=1 in both directions: (a - b) or a alone would show
 
     class Log:
@@ -341,8 +342,8 @@ def test_table6_items_are_the_mean_of_lambda_1_and_2_minus_each_other_lambda(mon
             return {}
 
     got: dict = {}
-    monkeypatch.setattr(stage3, "fpa_raw", lambda seed, n_seeds, steps, lams: {"log": Log()})
-    monkeypatch.setattr(stage3, "_fpa_heldout", lambda seed, n_seeds, steps: (h, {}, "txt"))
+    monkeypatch.setattr(tiny_runs, "fpa_raw", lambda seed, n_seeds, steps, lams: {"log": Log()})
+    monkeypatch.setattr(tiny_runs, "_fpa_heldout", lambda seed, n_seeds, steps: (h, {}, "txt"))
     monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
     stage3.fpa_lambda_best(0, n_seeds=3, steps=1)
     items = {it.name: it for it in got["items"]}
@@ -384,18 +385,18 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
 
     ref = SimpleNamespace(seq_logp=torch.zeros(4, 3), log_probs=torch.zeros(4, 3))
     task = SimpleNamespace(n_prompts=4)
-    monkeypatch.setattr(stage3, "setup", lambda s, beta: (None, task, None, ref, [0, 1], [2, 3], torch.zeros(4)))
-    monkeypatch.setattr(stage3, "evaluate", lambda m, t, p: {"acc": 0.5, "pass8": 0.5, "coverage": 0.5})
+    monkeypatch.setattr(tiny_runs, "setup", lambda s, beta: (None, task, None, ref, [0, 1], [2, 3], torch.zeros(4)))
+    monkeypatch.setattr(tiny_runs, "evaluate", lambda m, t, p: {"acc": 0.5, "pass8": 0.5, "coverage": 0.5})
     monkeypatch.setattr(T, "pass_rate", lambda pol, t: torch.zeros(1))
     monkeypatch.setattr(T, "warm_reference", lambda s: (None, None))
     calls = []
     monkeypatch.setattr(
         T, "train_online", lambda m, t, r, fn, **kw: calls.append((fn, kw["old_every"])) or T.Trace([1.0, 0.0], 1.0)
     )
-    res = stage3.context_raw(0, 2, 2, 4.0)
-    assert stage3.CONTEXT_METHODS == ("cispo", "sapo") and stage3.CONTEXT_OLD_EVERY > 1
+    res = tiny_runs.context_raw(0, 2, 2, 4.0)
+    assert tiny_runs.CONTEXT_METHODS == ("cispo", "sapo") and tiny_runs.CONTEXT_OLD_EVERY > 1
     assert [k for k in res if not k.startswith("_")] == ["cispo", "sapo"] and len(res["cispo"]["heldout_acc"]) == 2
-    assert [e for _, e in calls] == [stage3.CONTEXT_OLD_EVERY] * 4
+    assert [e for _, e in calls] == [tiny_runs.CONTEXT_OLD_EVERY] * 4
     # each arm's loss is the objectives function's value on the batch (group advantages, TRL's defaults)
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(8, 2, generator=g, dtype=torch.float64)
@@ -414,7 +415,7 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
 
     # evaluate(model, task, prompts) stubbed: its numbers name the prompt set they were computed on
     monkeypatch.setattr(
-        stage3, "evaluate", lambda model, task, idx: {"acc": idx, "pass8": idx + 1, "coverage": idx + 2}
+        tiny_runs, "evaluate", lambda model, task, idx: {"acc": idx, "pass8": idx + 1, "coverage": idx + 2}
     )
     res = {
         "disa": {
@@ -427,8 +428,10 @@ def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch
         },
         "_ran": {"loss": [], "weights": [], "acc": []},
     }
-    stage3._record_arm(res, "disa", None, None, 0.25, 0.5, SimpleNamespace(loss_moved=True, param_change=0.0), 0.5)
-    stage3._record_arm(res, "disa", None, None, 0.25, 0.75, SimpleNamespace(loss_moved=False, param_change=1e-3), 0.5)
+    tiny_runs._record_arm(res, "disa", None, None, 0.25, 0.5, SimpleNamespace(loss_moved=True, param_change=0.0), 0.5)
+    tiny_runs._record_arm(
+        res, "disa", None, None, 0.25, 0.75, SimpleNamespace(loss_moved=False, param_change=1e-3), 0.5
+    )
     assert res["disa"] == {
         "acc": [0.25, 0.25],
         "heldout_acc": [0.5, 0.75],
@@ -464,9 +467,9 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
     rnd = random.Random(0)
     n = 3
     keys = ("acc", "heldout_acc", "pass8", "coverage", "heldout_pass8", "heldout_coverage")
-    res = {k: {key: [rnd.random() for _ in range(n)] for key in keys} for k in stage3.METHODS}
+    res = {k: {key: [rnd.random() for _ in range(n)] for key in keys} for k in tiny_runs.METHODS}
     res["_ran"] = {"loss": [True] * 4 * n, "weights": [True] * 4 * n, "acc": [True] * 4 * n}
-    tv = {k: [rnd.random() for _ in range(n)] for k in stage3.LOGZ_NAMES}
+    tv = {k: [rnd.random() for _ in range(n)] for k in tiny_runs.LOGZ_NAMES}
 
     class Log:
         def numbers(self):
@@ -476,14 +479,14 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
             return {"ran_loss_moved": True}
 
     got: dict = {}
-    monkeypatch.setattr(stage3, "methods_raw", lambda seed, n_seeds, steps, beta: res)
-    monkeypatch.setattr(stage3, "logz_variants_raw", lambda *a: (tv, None, None, None, None, Log()))
+    monkeypatch.setattr(tiny_runs, "methods_raw", lambda seed, n_seeds, steps, beta: res)
+    monkeypatch.setattr(tiny_runs, "logz_variants_raw", lambda *a: (tv, None, None, None, None, Log()))
     monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.update(items=items, kw=kw))
     for fn, (key, want) in COMPUTED_ITEMS.items():
         fn(0, n_seeds=n, steps=1)
         items = {it.name: it for it in got["items"]}
         assert list(items) == list(want), fn.__name__
-        src = tv if key == "tv" else {k: res[k][key] for k in stage3.METHODS}
+        src = tv if key == "tv" else {k: res[k][key] for k in tiny_runs.METHODS}
         for name, (a, b) in want.items():
             loop = []
             for s in range(n):
@@ -501,12 +504,12 @@ def test_computed_checks_judge_the_memoized_runs_values(tiny, fresh_memo):
         kw = dict(n_seeds=2, steps=2, grad_draws=2) if key == "tv" else dict(n_seeds=2, steps=2)
         res = fn(0, **kw)
         if key == "tv":
-            src = stage3.logz_variants_raw(0, 2, 2, 2.0, 2)[0]
+            src = tiny_runs.logz_variants_raw(0, 2, 2, 2.0, 2)[0]
         else:
-            raw = stage3.methods_raw(0, 2, 2, 4.0)
-            src = {k: raw[k][key] for k in stage3.METHODS}
+            raw = tiny_runs.methods_raw(0, 2, 2, 4.0)
+            src = {k: raw[k][key] for k in tiny_runs.METHODS}
         values = {i["name"]: i["values"] for i in res.evidence["items"]}
         assert set(values) == set(want)
         for name, (a, b) in want.items():
             assert values[name] == pytest.approx([src[a][s] - src[b][s] for s in range(2)], rel=0, abs=1e-12), name
-    assert len(stage3._MEMO) == 2  # the 4-method run and the remark2 run, each trained once
+    assert len(tiny_runs._MEMO) == 2  # the 4-method run and the remark2 run, each trained once

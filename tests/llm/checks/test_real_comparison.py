@@ -15,7 +15,7 @@ import pytest
 from tiltlab.claims import registry
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import real_comparison as C
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
 from tiltlab.paper_checks import catalog
 
 

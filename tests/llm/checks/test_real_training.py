@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from tiltlab.llm.checks import real_training as R
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
 
 P = 12
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tiltlab.llm.checks import stage3
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import tiny as tiny_runs
 
 # ------------------------------------------------------------------ map_seeds itself (torch only)
 
@@ -141,7 +142,7 @@ def _both(fn, monkeypatch):
     run the global torch generator is set to a different state: a seed that read it would differ."""
     out = []
     for jobs, rng in ((1, 11), (2, 22)):
-        monkeypatch.setattr(stage3, "_MEMO", {})
+        monkeypatch.setattr(tiny_runs, "_MEMO", {})
         torch.manual_seed(rng)
         with T.seed_jobs(jobs):
             out.append(fn())
@@ -153,10 +154,10 @@ def test_sharded_memoized_run_equals_sequential(tiny_task, monkeypatch):
     """The LAD run (eight arms per seed, memoized for two claims): raw lists and both checks' results."""
     kw = dict(n_seeds=3, steps=2)
     seq, par = _both(
-        lambda: (stage3.lad_raw(0, **kw), stage3.lad_divergences(0, **kw), stage3.lad_table8(0, **kw)), monkeypatch
+        lambda: (tiny_runs.lad_raw(0, **kw), stage3.lad_divergences(0, **kw), stage3.lad_table8(0, **kw)), monkeypatch
     )
     (acc, hacc, log), *checks = seq
-    assert len(acc["kl"]) == len(hacc["kl"]) == 3 and len(log.loss_moved) == 3 * len(stage3.LAD_NAMES)
+    assert len(acc["kl"]) == len(hacc["kl"]) == 3 and len(log.loss_moved) == 3 * len(tiny_runs.LAD_NAMES)
     assert par[0] == seq[0]
     for a, b in zip(par[1:], checks):
         assert dataclasses.asdict(a) == dataclasses.asdict(b)  # verdict, summary, every number and item

@@ -12,7 +12,7 @@ import torch
 
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import stage1_real as S
-from tiltlab.llm.checks import task as T
+from tiltlab.llm.experiments import task as T
 from tiltlab.paper_checks import catalog
 
 

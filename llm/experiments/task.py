@@ -358,6 +358,42 @@ class Trace:
         return len(self.losses) > 1 and max(self.losses) > min(self.losses)
 
 
+@dataclass
+class RunLog:
+    """The "it ran" evidence of a check: for every training run, whether its loss moved, its weights
+    moved and its accuracy left the warm-up value (exact accuracies: any real update moves them)."""
+
+    loss_moved: list[bool] = field(default_factory=list)
+    params_moved: list[bool] = field(default_factory=list)
+    acc_moved: list[bool] = field(default_factory=list)
+
+    def add(self, trace, acc_before: float | None = None, acc_after: float | None = None) -> None:
+        """Record one run: ``trace`` from :func:`tiltlab.llm.experiments.task.train_online` (or the offline
+        trainer); the accuracies before and after (None: the run has no accuracy to move)."""
+        self.loss_moved.append(trace.loss_moved)
+        self.params_moved.append(trace.param_change > 0.0)
+        if acc_before is not None and acc_after is not None:
+            if not (math.isfinite(acc_before) and math.isfinite(acc_after)):
+                raise ValueError(f"non-finite accuracy {acc_before} -> {acc_after}: a NaN run has no verdict")
+            self.acc_moved.append(abs(acc_after - acc_before) > 1e-9)
+
+    def items(self) -> dict[str, bool]:
+        if not self.loss_moved:
+            raise ValueError("no training run was recorded")
+        out = {"ran_loss_moved": all(self.loss_moved), "ran_weights_moved": all(self.params_moved)}
+        if self.acc_moved:
+            out["ran_accuracy_moved"] = all(self.acc_moved)
+        return out
+
+    def numbers(self) -> dict[str, float]:
+        return {
+            "runs": len(self.loss_moved),
+            "runs_loss_moved": sum(self.loss_moved),
+            "runs_weights_moved": sum(self.params_moved),
+            "runs_accuracy_moved": sum(self.acc_moved),
+        }
+
+
 def _snapshot(params: Sequence[torch.nn.Parameter]) -> list[Tensor]:
     return [p.detach().clone() for p in params]
 
