@@ -133,7 +133,7 @@ def _assert_resume_identical(tmp_path, cfg, resume_at: int, *resume_args):
 
 #: TRL's other loss types hold no state of their own (no log Z head, no replay buffer): they resume through
 #: the same path as grpo; cispo stands for the four (each one's loss is tested against TRL's trainer loss in
-#: tests/llm/test_trainer_loss_types.py), which keeps four more real training runs out of the default test run
+#: tests/llm/trainers/test_trainer_loss_types.py), which keeps four more real training runs out of the default test run
 RESUMED = [o for o in ONLINE_OBJECTIVES if o not in ("sapo", "luspo", "vespo")]
 
 

@@ -43,8 +43,8 @@ import torch
 pytest.importorskip("accelerate")
 pytest.importorskip("trl")
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "llm" / "_accelerate_worker.py"
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = ROOT / "tests" / "llm" / "trainers" / "_accelerate_worker.py"
 ATOL = 1e-6
 
 

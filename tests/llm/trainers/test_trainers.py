@@ -16,7 +16,7 @@ from _tiny_trainer import disa_kwargs, online_args, parity_reward
 from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def _dataset(math_rows, with_log_z=False):
@@ -329,7 +329,7 @@ def test_every_section_key_lands_on_its_trainer_field_away_from_default(tmp_path
 def test_every_config_named_by_a_claim_exists():
     import re
 
-    claims = Path(__file__).resolve().parents[2] / "paper_checks" / "claims"
+    claims = Path(__file__).resolve().parents[3] / "paper_checks" / "claims"
     names = set()
     for f in claims.glob("*.toml"):
         names |= set(re.findall(r"configs/([A-Za-z0-9_.\-]+\.yaml)", f.read_text()))
@@ -363,7 +363,7 @@ def test_every_claim_train_command_parses():
 
     from tiltlab.llm.trainers.config import load_run_config
 
-    claims = Path(__file__).resolve().parents[2] / "paper_checks" / "claims"
+    claims = Path(__file__).resolve().parents[3] / "paper_checks" / "claims"
     cmds = set()
     for f in claims.glob("*.toml"):
         for m in re.finditer(r"tiltlab llm train ([^&\"]+)", f.read_text()):
@@ -371,7 +371,7 @@ def test_every_claim_train_command_parses():
     assert cmds
     for c in sorted(cmds):
         toks = shlex.split(c)
-        path = Path(__file__).resolve().parents[2] / toks[toks.index("--config") + 1]
+        path = Path(__file__).resolve().parents[3] / toks[toks.index("--config") + 1]
         sets = [toks[i + 1] for i, t in enumerate(toks) if t == "--set"]
         load_run_config(path, sets)
 

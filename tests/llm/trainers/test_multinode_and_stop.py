@@ -35,8 +35,8 @@ import torch
 pytest.importorskip("accelerate")
 pytest.importorskip("trl")
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "llm" / "_accelerate_worker.py"
+ROOT = Path(__file__).resolve().parents[3]
+WORKER = ROOT / "tests" / "llm" / "trainers" / "_accelerate_worker.py"
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
 CPU_CONFIG = str(ROOT / "configs" / "accelerate" / "cpu_gloo_2proc.yaml")
 ATOL = 1e-6  # see the module docstring

@@ -1,4 +1,4 @@
-"""Run by tests/llm/test_accelerate.py and test_multinode_and_stop.py, alone or under `accelerate launch`
+"""Run by tests/llm/trainers/test_accelerate.py and test_multinode_and_stop.py, alone or under `accelerate launch`
 (CPU, gloo).
 
 ``python _accelerate_worker.py TINY_DIR OUT_DIR TRAINER MODE [STEPS]``: ``TRAINER`` is an online

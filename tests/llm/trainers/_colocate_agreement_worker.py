@@ -1,4 +1,4 @@
-"""Run by tests/llm/test_colocate_agreement.py in a subprocess (TRL's colocated engine sets the process's
+"""Run by tests/llm/trainers/test_colocate_agreement.py in a subprocess (TRL's colocated engine sets the process's
 distributed environment): two steps of ``TiltGRPOTrainer`` (GRPO) on ``smollm2-135m`` with TRL's colocated
 vLLM on CPU, built as ``tiltlab llm train`` builds it. Every generation batch is recorded as TRL hands it
 to the loss: the tokens vLLM sampled, vLLM's log-probs of them (``sampling_per_token_logps``, processed:
