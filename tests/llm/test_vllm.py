@@ -150,7 +150,13 @@ def test_eval_cli_engine_vllm(engine, vllm_tiny_dir, tmp_path, monkeypatch, caps
 def _colocate(objective: str, tiny: Path, tmp_path: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     out = tmp_path / objective
-    cmd = [sys.executable, str(ROOT / "tests" / "llm" / "trainers" / "_vllm_colocate_worker.py"), str(tiny), str(out), objective]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "llm" / "trainers" / "_vllm_colocate_worker.py"),
+        str(tiny),
+        str(out),
+        objective,
+    ]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     return json.loads((out / "report.json").read_text())
