@@ -7,7 +7,8 @@ verdict it currently returns (a change makes ``tiltlab check`` fail loudly).
 
 from __future__ import annotations
 
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.pinned import residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.theory import disa, fpa, lad, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tiltlab.claims import pinned
 from tiltlab.files import write_text
 from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.records import _check_writable_file
@@ -83,7 +84,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.pin:
         from tiltlab.claims import registry
 
-        dest = args.out or registry.PINS_FILE
+        dest = args.out or pinned.PINS_FILE
         n_checks, n_nums = R.write_pins(rec, dest, rtol=args.pin_rtol, llm_rec=R.load_llm_record())
         print(f"pinned {n_nums} numbers of {n_checks} checks (rtol {args.pin_rtol:g}) in {dest}")
         return 0
@@ -122,9 +123,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _preregister(check: str) -> int:
     """``tiltlab report --preregister [CHECK]``: the registered rule files' hashes of CHECK (or every
     ``[[rule]]``) rewritten in paper_checks/preregistration.toml, atomically, other lines kept."""
-    from tiltlab.claims import prereg, registry
+    from tiltlab.claims import prereg
 
-    path = registry.PREREG_FILE
+    path = prereg.PREREG_FILE
     text, changed = prereg.preregister_text(
         path.read_text(encoding="utf-8"), None if check == _ALL_LLM else [check], path.parents[1]
     )

@@ -219,8 +219,8 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     # counted from the rows (each carries ``ok``: verdict and items as expected), not from the record's
     # summary, which describes only the last invocation that wrote the record
     bad = sorted(str(r.get("claim")) for r in llm_rec.get("checks", []) if not r.get("ok", True))
+    from tiltlab.claims.prereg import legacy_runs
     from tiltlab.claims.record import row_key
-    from tiltlab.claims.registry import legacy_runs
 
     by_key = {row_key(r): r for r in llm_rec.get("checks", [])}
     legacy, used = legacy_runs(), []  # used: the legacy entries of this record's rows, in row order
@@ -240,7 +240,7 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     if used:
         L += ["", "Legacy registrations (`[[legacy]]` in paper_checks/preregistration.toml; never shipped again):"]
         L += [f"- `{leg['check']}` run at {leg['run_commit']}: {leg['reason']}" for leg in used]
-    from tiltlab.claims.registry import shared_runs
+    from tiltlab.claims.prereg import shared_runs
 
     shared = shared_runs()
     if shared:

@@ -128,9 +128,8 @@ def _provenance_note(o: Outcome, inp: ReportInput) -> str:
         return ""
     if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
         return ""
-    from tiltlab.claims.prereg import legacy_for
+    from tiltlab.claims.prereg import legacy_for, legacy_runs
     from tiltlab.claims.record import provenance_line
-    from tiltlab.claims.registry import legacy_runs
 
     line = provenance_line(prov)
     if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):

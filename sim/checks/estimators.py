@@ -13,7 +13,8 @@ import math
 import torch
 
 from tiltlab.claims import stats
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.pinned import residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives.estimators import (
     delta_method_bias,
     log_importance_weights,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from tiltlab.claims import stats
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.pinned import residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.objectives.offline import dpo_loss, future_policy_logprobs, offrl_loss, simper_loss
 from tiltlab.sim.experiments import fpa_entanglement

@@ -21,7 +21,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.pinned import residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives import estimators as est
 from tiltlab.sim.api import run
 from tiltlab.sim.config import SimConfig

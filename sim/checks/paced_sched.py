@@ -15,7 +15,8 @@ A tabular toy: prompts do not share parameters, so this measures the optimizer e
 from __future__ import annotations
 
 from tiltlab.claims import stats
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, stochastic
+from tiltlab.claims.pinned import stochastic
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.sim.experiments import paced
 
 V = Verdict

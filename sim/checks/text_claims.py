@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from tiltlab.claims import stats
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual
+from tiltlab.claims.pinned import residual
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives import estimators as est
 from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives import paced as paced_obj

@@ -12,7 +12,8 @@ import math
 import torch
 
 from tiltlab.claims import stats
-from tiltlab.claims.registry import CheckResult, Verdict, register_check, residual, stochastic
+from tiltlab.claims.pinned import residual, stochastic
+from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.sim import envs

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tiltlab.claims import record, registry
+from tiltlab.claims import pinned, prereg, record, registry
 from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
@@ -57,11 +57,11 @@ def _outcome(numbers, key="zz.c[sim:x]"):
 
 @pytest.fixture
 def pins():
-    registry.set_pins({"zz.c[sim:x]": {"a": (1.0, 1e-4), "b": (-2.0, 0.5)}})
+    pinned.set_pins({"zz.c[sim:x]": {"a": (1.0, 1e-4), "b": (-2.0, 0.5)}})
     try:
         yield
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
 
 
 def test_pinned_numbers_inside_tolerance_pass(pins):
@@ -92,7 +92,7 @@ def test_pins_cli_fails_with_the_moved_number(isolated_registry, tmp_path, capsy
     reg.register_check("zz_fake.claim", layer="sim", name="p")(
         lambda seed: CheckResult(Verdict.VERIFIED, "s", {"x": 0.25})
     )
-    registry.set_pins({"zz_fake.claim[sim:p]": {"x": (0.5, 0.01)}})
+    pinned.set_pins({"zz_fake.claim[sim:p]": {"x": (0.5, 0.01)}})
     try:
         assert main(["check", "--only", "zz_fake", "--out", str(tmp_path / "c.json")]) == 1
         assert (
@@ -100,7 +100,7 @@ def test_pins_cli_fails_with_the_moved_number(isolated_registry, tmp_path, capsy
             in capsys.readouterr().out
         )
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
 
 
 def _rec(rows, seed=0):
@@ -129,7 +129,7 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
         "zero": [0.0, record.PIN_ATOL, "exact"],
         "n": [3.0, 3e-3, "exact"],
     }
-    assert registry.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3, "exact")
+    assert pinned.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3, "exact")
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_write_pins_refuses_a_wrong_record(tmp_path, rec, msg):
 def test_shipped_pins_are_well_formed_and_name_registered_checks():
     catalog.discover()
     keys = {c.key for c in registry.checks()}
-    shipped = registry.pins(registry.PINS_FILE)
+    shipped = pinned.pins(pinned.PINS_FILE)
     assert shipped, "paper_checks/pins.json is empty"
     unknown = sorted(set(shipped) - keys)
     assert not unknown, f"pins of checks that are not registered: {unknown[:5]}"
@@ -182,31 +182,31 @@ def test_llm_pins_are_the_judged_item_means_with_half_their_interval():
 def test_pin_file_validation_and_the_tolerance_boundary(tmp_path):
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"pins": {"k": {"a": [1.0, 0.0, "exact"], "b": [2.0, 0.5, "residual"]}}}))
-    assert registry.pins(f) == {"k": {"a": (1.0, 0.0, "exact"), "b": (2.0, 0.5, "residual")}}  # zero tol allowed
+    assert pinned.pins(f) == {"k": {"a": (1.0, 0.0, "exact"), "b": (2.0, 0.5, "residual")}}  # zero tol allowed
     for bad in ([1.0, -0.1], [float("nan"), 0.1], [1.0, float("inf")], [float("inf"), 0.1]):
         f.write_text(json.dumps({"pins": {"k": {"a": [*bad, "exact"]}}}))
         with pytest.raises(ValueError, match="finite value and tolerance"):
-            registry.pins(f)
+            pinned.pins(f)
     for bad in ([1.0, 0.1], [1.0, 0.1, "approximate"], [1.0, 0.1, "exact", 3]):  # no kind, unknown kind, extra
         f.write_text(json.dumps({"pins": {"k": {"a": bad}}}))
         with pytest.raises(ValueError, match=r"must be \[value, tolerance, kind\]"):
-            registry.pins(f)
-    registry.set_pins({"zz.c[sim:x]": {"a": (1.0, 0.5)}})
+            pinned.pins(f)
+    pinned.set_pins({"zz.c[sim:x]": {"a": (1.0, 0.5)}})
     try:
         assert _outcome({"a": 1.5}).ok and _outcome({"a": 0.5}).ok  # exactly at the tolerance: inside
         assert not _outcome({"a": 1.5000001}).ok
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
 
 
 def test_preregistration_boundaries(tmp_path):
     f = tmp_path / "p.toml"
     files = '[rule.files]\n"a.py" = "' + "0" * 64 + '"\n'
     f.write_text('[[rule]]\ncheck = "x"\nseeds = 1\n' + files, encoding="utf-8")
-    assert registry.preregistration(f)["x"]["seeds"] == 1
+    assert prereg.preregistration(f)["x"]["seeds"] == 1
     f.write_text('[[rule]]\ncheck = ""\nseeds = 2\n' + files, encoding="utf-8")
     with pytest.raises(ValueError, match="needs check"):
-        registry.preregistration(f)
+        prereg.preregistration(f)
 
 
 def test_write_pins_refuses_a_zero_or_nan_rtol_and_takes_a_record_without_seed(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import scipy.stats as scipy_stats
 
-from tiltlab.claims import registry, stats
+from tiltlab.claims import prereg, registry, stats
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.paper_checks import catalog
 
@@ -23,8 +23,8 @@ LEGACY_PREREG = Path(__file__).with_name("data") / "preregistration_legacy.toml"
 
 @pytest.fixture
 def legacy_registration(monkeypatch):
-    monkeypatch.setattr(registry, "PREREG_FILE", LEGACY_PREREG)
-    assert registry.legacy_runs()
+    monkeypatch.setattr(prereg, "PREREG_FILE", LEGACY_PREREG)
+    assert prereg.legacy_runs()
 
 
 def _draws(seed: int, n: int, mu: float, sd: float) -> tuple[float, ...]:
@@ -261,7 +261,7 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
 
     rec = record.load_llm_record(SHIPPED)
     assert rec is not None
-    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
+    legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
     for r, out in zip(rec["checks"], record.rejudge_rows(rec["checks"])):
         if out["status"] == "no raw values":
             key = (r["check"], str(r.get("commit") or rec["commit"])[:7])

@@ -14,18 +14,9 @@ import sys
 import pytest
 import torch
 
-from tiltlab.claims import record, registry
-from tiltlab.claims.registry import (
-    Check,
-    CheckResult,
-    Outcome,
-    Pin,
-    PinSpec,
-    Verdict,
-    register_check,
-    residual,
-    stochastic,
-)
+from tiltlab.claims import pinned, record, registry
+from tiltlab.claims.pinned import Pin, PinSpec, residual, stochastic
+from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict, register_check
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
 from tiltlab.sim.checks import paced_sched, training
@@ -91,7 +82,7 @@ def test_the_first_matching_pattern_declares_the_kind_and_the_rest_are_exact():
     ],
 )
 def test_what_reads_as_a_residual(name, value, reads):
-    assert registry.looks_like_residual(name, value) is reads
+    assert pinned.looks_like_residual(name, value) is reads
 
 
 # --------------------------------------------------------------------------- judging by kind
@@ -130,7 +121,7 @@ def _outcome(numbers, specs=()):
 
 
 def test_a_residual_above_its_bound_fails_with_the_words_of_every_output():
-    registry.set_pins({"zz.c[sim:x]": {"max_err": (4.9e-9, 1e-8, "residual"), "v": (2.0, 0.1)}})
+    pinned.set_pins({"zz.c[sim:x]": {"max_err": (4.9e-9, 1e-8, "residual"), "v": (2.0, 0.1)}})
     try:
         assert _outcome({"max_err": 9e-9, "v": 2.05}).ok
         o = _outcome({"max_err": 2e-8, "v": 2.5})
@@ -140,7 +131,7 @@ def test_a_residual_above_its_bound_fails_with_the_words_of_every_output():
             "max_err 2e-08 above its bound 1e-08 (residual), v 2 +- 0.1 got 2.5"
         )
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
 
 
 # --------------------------------------------------------------------------- writing pins by kind
@@ -209,9 +200,9 @@ def test_no_shipped_number_that_reads_as_a_residual_is_pinned_by_value():
     CPU: the issue's `max_err 4.87e-09 +- 1e-09 got 7.03e-09`."""
     bad = [
         f"{key} {name} = {pin.value:.3g} ({pin.kind})"
-        for key, nums in registry.pins(registry.PINS_FILE).items()
+        for key, nums in pinned.pins(pinned.PINS_FILE).items()
         for name, pin in nums.items()
-        if pin.kind != "residual" and registry.looks_like_residual(name, pin.value)
+        if pin.kind != "residual" and pinned.looks_like_residual(name, pin.value)
     ]
     assert not bad, f"{len(bad)} residual(s) pinned by value: {bad[:5]}"
 
@@ -220,7 +211,7 @@ def test_the_shipped_kinds_are_the_registered_ones():
     """pins.json says what the registry declares (a declaration edited without re-pinning fails here), and every
     declared pattern names at least one pinned number of its check (a typo in a name fails here)."""
     checks = _registered()
-    shipped = registry.pins(registry.PINS_FILE)
+    shipped = pinned.pins(pinned.PINS_FILE)
     wrong = []
     for key, nums in shipped.items():
         if "[llm:" in key:
@@ -328,12 +319,12 @@ def test_pins_cli_names_a_residual_over_its_bound(isolated_registry, tmp_path, c
     reg.register_check("zz_fake.claim", layer="sim", name="p", pins={"max_err": residual(1e-8)})(
         lambda seed: CheckResult(Verdict.VERIFIED, "s", {"max_err": 3e-8})
     )
-    registry.set_pins({"zz_fake.claim[sim:p]": {"max_err": (5e-9, 1e-8, "residual")}})
+    pinned.set_pins({"zz_fake.claim[sim:p]": {"max_err": (5e-9, 1e-8, "residual")}})
     try:
         assert main(["check", "--only", "zz_fake", "--out", str(tmp_path / "c.json")]) == 1
         assert "1 pinned number(s) moved: max_err 3e-08 above its bound 1e-08 (residual)" in capsys.readouterr().out
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
 
 
 def test_a_registered_declaration_reaches_the_check(isolated_registry):

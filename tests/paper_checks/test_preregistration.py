@@ -36,7 +36,7 @@ def _entry(name="x", extra="", files=f'"a.py" = "{SHA0}"\n'):
 
 def test_every_llm_check_is_pre_registered_with_its_rule_files():
     catalog.discover()
-    reg = registry.preregistration()
+    reg = prereg.preregistration()
     names = {c.name for c in registry.checks() if c.layer == "llm"}
     assert names <= set(reg), f"llm checks without a pre-registered rule: {sorted(names - set(reg))}"
     for name, entry in reg.items():
@@ -53,7 +53,7 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
 def test_shared_runs_name_registered_llm_claims():
     catalog.discover()
     llm_claims = {c.claim_id for c in registry.checks() if c.layer == "llm"}
-    runs = registry.shared_runs()
+    runs = prereg.shared_runs()
     assert runs
     for run, claims in runs:
         assert set(claims) <= llm_claims, (run, sorted(set(claims) - llm_claims))
@@ -73,12 +73,12 @@ def test_a_malformed_entry_is_refused(tmp_path):
     for text, msg in cases:
         bad.write_text(text, encoding="utf-8")
         with pytest.raises(ValueError, match=msg):
-            registry.preregistration(bad)
-            registry.legacy_runs(bad)
+            prereg.preregistration(bad)
+            prereg.legacy_runs(bad)
     bad.write_text('[[shared_run]]\nrun = "r"\nclaims = ["a"]\n', encoding="utf-8")
     with pytest.raises(ValueError, match="two claims"):
-        registry.shared_runs(bad)
-    assert registry.preregistration(tmp_path / "none.toml") == {} and registry.legacy_runs(tmp_path / "n") == []
+        prereg.shared_runs(bad)
+    assert prereg.preregistration(tmp_path / "none.toml") == {} and prereg.legacy_runs(tmp_path / "n") == []
 
 
 # --------------------------------------------------------------------------- in a real git repository
@@ -98,7 +98,7 @@ def test_registered_then_run_passes_and_hashes_are_compared(prereg_repo):
     row = _row(repo)
     assert prereg.verify_row(row, repo.root) == repo.reg  # found with git, not declared
     assert prereg.registration_commit("tiny", repo.run, repo.root)[0] == repo.reg
-    reg = registry.preregistration(repo.root / prereg.PREREG_PATH)["tiny"]["files"]
+    reg = prereg.preregistration(repo.root / prereg.PREREG_PATH)["tiny"]["files"]
     assert row["rule_hashes"] == reg  # the run-time hashes equal the registered ones, path for path
     assert reg["rules/tiny.py"] == prereg.file_sha256(repo.root / "rules/tiny.py")
     # describe output (no full hash) resolves too; an abbreviation of the run commit is enough
@@ -284,19 +284,18 @@ def test_preregister_rewrites_only_the_hashes(prereg_repo, monkeypatch, capsys):
     path = repo.root / prereg.PREREG_PATH
     before = path.read_text()
     repo.write("rules/tiny.py", "MARGIN = 0.03\n")
-    monkeypatch.setattr(registry, "PREREG_FILE", path)
+    monkeypatch.setattr(prereg, "PREREG_FILE", path)
     assert main(["report", "--preregister", "tiny2"]) == 0
     assert "tiny2: 1 file(s) changed" in capsys.readouterr().out
     after = path.read_text()
     new = prereg.file_sha256(repo.root / "rules/tiny.py")
-    entries = registry.preregistration(path)
+    entries = prereg.preregistration(path)
     assert entries["tiny2"]["files"]["rules/tiny.py"] == new != entries["tiny"]["files"]["rules/tiny.py"]
     assert [a for a, b in zip(after.splitlines(), before.splitlines(), strict=True) if a != b] == [
         f'"rules/tiny.py" = "{new}"'
     ]  # one line changed; comments, history and order kept
     assert (
-        main(["report", "--preregister"]) == 0
-        and registry.preregistration(path)["tiny"]["files"]["rules/tiny.py"] == new
+        main(["report", "--preregister"]) == 0 and prereg.preregistration(path)["tiny"]["files"]["rules/tiny.py"] == new
     )
     assert main(["report", "--preregister", "nope"]) == 2
     err = capsys.readouterr().err.strip()
@@ -332,7 +331,7 @@ def test_every_shipped_row_is_strictly_pre_registered_or_legacy():
     _in_git_checkout()
     rec = record.load_llm_record(SHIPPED)
     assert rec is not None
-    legacy, reg = registry.legacy_runs(), registry.preregistration()
+    legacy, reg = prereg.legacy_runs(), prereg.preregistration()
     kinds = []
     for row in rec["checks"]:
         leg = prereg.legacy_for(row, legacy)
@@ -354,7 +353,7 @@ def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
 
     # the llm record shipped before the neutral rule's re-run, with that day's [[legacy]] entries
     legacy_rec = Path(__file__).with_name("data") / "llm_legacy.json"
-    monkeypatch.setattr(registry, "PREREG_FILE", Path(__file__).with_name("data") / "preregistration_legacy.toml")
+    monkeypatch.setattr(prereg, "PREREG_FILE", Path(__file__).with_name("data") / "preregistration_legacy.toml")
     rec = record.load_llm_record(legacy_rec)
     assert rec is not None
     text = llm_run_section(rec)
@@ -388,7 +387,7 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
     assert rec is not None
     own_rule = {"smollm2_135m_colocate"}  # its own mapping (withdrawn 2026-11-28); only its legacy row can carry it
     judged = [r for r in rec["checks"] if r["check"] not in own_rule]
-    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
+    legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
     for row in judged:
         if (row["check"], str(row["commit"])[:7]) in legacy:
             # run under the rule of its day (asymmetric; see preregistration.toml [[legacy]]): it must

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tiltlab.claims import pinned
 from tiltlab.claims.registry import Check, CheckResult, Claim, Outcome, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
@@ -291,14 +292,13 @@ def test_every_failed_pin_and_changed_item_reads_the_same_in_the_terminal_and_bo
     them."""
     import html as _html
 
-    from tiltlab.claims import registry
     from tiltlab.paper_checks.report import FAILED_TITLE
 
     inp = _input(tmp_path)
     chk = Check("a.verified", "sim", "pinned", Verdict.VERIFIED, lambda s: None, expected_items=(("flag", True),))
     moved = Outcome(chk, CheckResult(Verdict.VERIFIED, "s", {"max_err": 3e-8, "v": 2.5, "w": 1.0}, None, {"flag": False}), 0.0)  # fmt: skip
     inp.outcomes.append(moved)
-    registry.set_pins({chk.key: {"max_err": (5e-9, 1e-8, "residual"), "v": (2.0, 0.1), "w": (1.0, 0.0), "gone": (1.0, 0.5)}})  # fmt: skip
+    pinned.set_pins({chk.key: {"max_err": (5e-9, 1e-8, "residual"), "v": (2.0, 0.1), "w": (1.0, 0.0), "gone": (1.0, 0.5)}})  # fmt: skip
     try:
         text = moved.failure
         assert text == (
@@ -309,7 +309,7 @@ def test_every_failed_pin_and_changed_item_reads_the_same_in_the_terminal_and_bo
         pcli._print_failures(inp.outcomes, inp.seed)
         term = capsys.readouterr().out
     finally:
-        registry.set_pins(None)
+        pinned.set_pins(None)
     assert f"FAIL {chk.key}: {text}" in term and f"{FAILED_TITLE}: 3" in term
     assert text in md
     assert _html.escape(text) in page

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.claims import record
+from tiltlab.claims import prereg, record
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
@@ -246,7 +246,7 @@ def test_the_shipped_llm_record_matches_the_registry():
     assert _SHIPPED.is_file(), f"no shipped llm record at {_SHIPPED}; make it with `{record.LLM_RECORD_COMMAND}`"
     shipped = record.load_llm_record(_SHIPPED)
     assert shipped is not None
-    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
+    legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
     all_legacy = all((r["check"], str(r["commit"])[:7]) in legacy for r in shipped["checks"])
     if not all_legacy:
         assert shipped["registry_hash"] == record.llm_registry_hash(), (

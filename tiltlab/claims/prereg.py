@@ -28,17 +28,22 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tiltlab.claims import registry
+from tiltlab.claims.paths import DATA_DIR
 
 __all__ = [
+    "PREREG_FILE",
     "PREREG_PATH",
     "current_hashes",
     "file_sha256",
     "legacy_for",
+    "legacy_runs",
+    "parse_preregistration",
     "preregister_text",
+    "preregistration",
     "registration_commit",
     "repo_root",
     "resolve",
+    "shared_runs",
     "verify_row",
 ]
 
@@ -46,6 +51,100 @@ __all__ = [
 PREREG_PATH = "paper_checks/preregistration.toml"
 
 _REPO = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- the registration file
+
+PREREG_FILE = DATA_DIR / "preregistration.toml"
+
+
+"""How each llm rule is registered: ``[[rule]]`` tables with ``check`` (a check name), ``seeds``,
+``history`` and a ``[rule.files]`` sub-table ``{path: sha256 of its content}`` of the files that define
+the rule (no self-declared commit: the registration commit is found with git,
+:mod:`tiltlab.claims.prereg`); ``[[legacy]]`` tables mark shipped runs that predate that rule."""
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+
+
+def parse_preregistration(data: Mapping[str, Any], where: str = "preregistration.toml") -> dict[str, dict[str, Any]]:
+    """``{check name: {"seeds", "history", "files"}}`` of parsed TOML ``data``: ``files`` maps a path
+    (relative to the repository root) to the sha256 (64 hex digits) of its content. An entry without a
+    positive seed count or files, or one that declares its own ``rule_commit``, is an error."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in data.get("rule", []):
+        name, seeds, files = row.get("check"), row.get("seeds"), row.get("files")
+        if "rule_commit" in row:
+            raise ValueError(
+                f"{where}: [[rule]] {name!r} declares rule_commit; the registration commit is not declared, it is "
+                "the commit that last changed the entry (found with git); move a past run to [[legacy]]"
+            )
+        if not name or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"{where}: a [[rule]] needs check and seeds >= 1, got {row}")
+        if not isinstance(files, dict) or not files:
+            raise ValueError(f"{where}: [[rule]] {name!r} needs a [rule.files] table {{path = sha256}}, got {files!r}")
+        bad = [p for p, h in files.items() if not (isinstance(h, str) and _SHA256.fullmatch(h))]
+        if bad:
+            raise ValueError(
+                f"{where}: [[rule]] {name!r}: {bad[0]} needs a sha256 (64 hex digits), got {files[bad[0]]!r}"
+            )
+        if name in out:
+            raise ValueError(f"{where}: check {name!r} pre-registered twice")
+        out[name] = {"seeds": seeds, "history": row.get("history", ""), "files": dict(files)}
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def preregistration(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The registered llm rules of :data:`PREREG_FILE` (:func:`parse_preregistration`; ``{}`` without
+    the file)."""
+    path = PREREG_FILE if path is None else Path(path)
+    return parse_preregistration(_read_toml(path), str(path)) if path.is_file() else {}
+
+
+def legacy_runs(path: Path | None = None) -> list[dict[str, str]]:
+    """``[{"check", "run_commit", "rule_commit", "reason"}]``: :data:`PREREG_FILE`'s ``[[legacy]]``
+    tables, shipped runs that are not strictly pre-registered (kept, marked, never shipped again)."""
+    path = PREREG_FILE if path is None else Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for row in _read_toml(path).get("legacy", []):
+        run, rule = row.get("run_commit"), row.get("rule_commit")
+        ok = all(isinstance(c, str) and _COMMIT.fullmatch(c) for c in (run, rule))
+        if not (row.get("check") and ok and str(row.get("reason", "")).strip()):
+            raise ValueError(
+                f"{path}: a [[legacy]] needs check, run_commit and rule_commit (7-40 hex digits) and a reason, got {row}"
+            )
+        out.append({k: str(row[k]) for k in ("check", "run_commit", "rule_commit", "reason")})
+    return out
+
+
+def shared_runs(path: Path | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    """``[(run, claims)]``: the experiments that decide more than one claim (:data:`PREREG_FILE`'s
+    ``[[shared_run]]`` tables)."""
+    path = PREREG_FILE if path is None else Path(path)
+    if not path.is_file():
+        return []
+    with open(path, "rb") as fh:
+        rows = tomllib.load(fh).get("shared_run", [])
+    out = []
+    for row in rows:
+        claims = tuple(row.get("claims", ()))
+        if not row.get("run") or len(claims) < 2:
+            raise ValueError(f"{path}: a [[shared_run]] needs a run name and at least two claims, got {row}")
+        out.append((str(row["run"]), claims))
+    return out
+
+
+# --------------------------------------------------------------------------- registration commits and rows
 
 
 def repo_root(root: Path | None = None) -> Path:
@@ -65,7 +164,7 @@ def current_hashes(names: Iterable[str], root: Path | None = None) -> dict[str, 
     """``{check: {path: sha256 now}}`` of the rule files registered for each named check in the
     checkout at ``root`` (a check without a registration gets none; an unreadable file None)."""
     root = repo_root(root)
-    entries = registry.preregistration(root / PREREG_PATH)
+    entries = preregistration(root / PREREG_PATH)
     return {n: {p: file_sha256(root / p) for p in entries[n]["files"]} for n in names if n in entries}
 
 
@@ -214,7 +313,7 @@ def preregister_text(
                 changed.append((check, path))
             lines[i] = f"{m.group(1)}{sha}{m.group(4)}" + ("\n" if line.endswith("\n") else "")
     new = "".join(lines)
-    after = registry.parse_preregistration(tomllib.loads(new), PREREG_PATH)
+    after = parse_preregistration(tomllib.loads(new), PREREG_PATH)
     for name in want:  # every registered path was rewritten: nothing left to a layout the scan missed
         stale = [p for p, h in after[name]["files"].items() if h != file_sha256(root / p)]
         if stale:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab import files
-from tiltlab.claims import registry
+from tiltlab.claims import paths, pinned, prereg, registry
 from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.files import write_text
 
@@ -63,7 +63,7 @@ __all__ = [
 _REPO = Path(__file__).resolve().parents[2]
 
 #: The shipped record of the last full llm-layer run.
-LLM_RECORD = registry.DATA_DIR / "records" / "llm.json"
+LLM_RECORD = paths.DATA_DIR / "records" / "llm.json"
 
 #: The one command that regenerates :data:`LLM_RECORD` (documented in docs/llm-checks.md).
 LLM_RECORD_COMMAND = (
@@ -185,7 +185,7 @@ def _check_for(row: Mapping[str, Any]) -> Check:
 def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcome]:
     """Outcomes of the check rows of a record (rows of claims no longer declared are dropped)."""
     known = registry.claims()
-    legacy = {(e["check"], e["run_commit"][:7]) for e in registry.legacy_runs()}
+    legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
     outs = []
     for row in rows:
         if row["claim"] not in known:
@@ -364,8 +364,8 @@ def write_pins(
         for k, v in sorted(r.get("numbers", {}).items()):
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(float(v)):
                 continue
-            spec = chk.pin_spec(k) if chk is not None else registry.EXACT
-            if spec.kind != "residual" and registry.looks_like_residual(k, float(v)):
+            spec = chk.pin_spec(k) if chk is not None else pinned.EXACT
+            if spec.kind != "residual" and pinned.looks_like_residual(k, float(v)):
                 by_value.append(f"{row_key(r)} {k} = {v:.3g}")
             if spec.kind == "residual":
                 if abs(float(v)) > spec.bound:
@@ -379,7 +379,7 @@ def write_pins(
             n += len(nums)
     if by_value:
         raise ValueError(
-            f"{len(by_value)} number(s) read as residuals (named like an error, or 0 < |v| < {registry.TINY:g}) but "
+            f"{len(by_value)} number(s) read as residuals (named like an error, or 0 < |v| < {pinned.TINY:g}) but "
             f"would be pinned by value: {'; '.join(by_value[:3])}; declare each with register_check(pins={{name: "
             "residual(bound)}) (bound: the check's own tolerance)"
         )
@@ -400,7 +400,7 @@ def write_pins(
         "pins": out,
     }
     write_text(Path(dest), json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    registry.set_pins(None)
+    pinned.set_pins(None)
     return len(out), n
 
 
@@ -526,7 +526,7 @@ def ship_llm_record(
         "seed": rec.get("seed"),
         "run_id": "llm-record",
     }
-    legacy = registry.legacy_runs(prereg.repo_root(root) / prereg.PREREG_PATH)
+    legacy = prereg.legacy_runs(prereg.repo_root(root) / prereg.PREREG_PATH)
     shipped_rows = []
     for r in sorted(rows, key=row_key):
         if r.get("source") == "recorded":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import enum
 import fnmatch
 import math
-import re
 import time
 import tomllib
 import traceback
@@ -38,13 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tiltlab.claims.paths import DATA_DIR
+from tiltlab.claims.pinned import EXACT, Pin, PinSpec, pins
+
 __all__ = [
     "Check",
     "CheckResult",
     "Claim",
     "Outcome",
     "Paper",
-    "Pin",
     "PinSpec",
     "Verdict",
     "checks",
@@ -54,24 +55,15 @@ __all__ = [
     "declare_paper",
     "get_claim",
     "get_paper",
-    "legacy_runs",
     "load_claims",
     "load_papers",
     "mark_catalogued",
     "papers",
-    "parse_preregistration",
-    "preregistration",
     "register_check",
     "require_catalogued",
-    "residual",
-    "shared_runs",
-    "stochastic",
     "validate",
 ]
 
-#: The claims' data (claim and paper TOML files, pins, pre-registration, shipped records) live with the
-#: top-layer package that presents them, ``paper_checks/``; this package reads them and imports no code there.
-DATA_DIR = (Path(__file__).resolve().parents[1] / "paper_checks").resolve()
 CLAIMS_DIR = DATA_DIR / "claims"
 PAPERS_FILE = DATA_DIR / "papers.toml"
 
@@ -106,97 +98,6 @@ Number = float | int | bool | str
 
 
 # --------------------------------------------------------------------------- kinds of pinned numbers
-
-#: The kinds of pinned evidence number (:class:`PinSpec`).
-PIN_KINDS = ("exact", "residual", "stochastic")
-
-#: Names that read as an error or residual (``max_err``, ``max_hessian_err``, ``err_tree``,
-#: ``max_optimum_error``, ``*residual*``): such a number is never pinned by value
-#: (tests/paper_checks/test_pin_kinds.py), nor is a non-zero number smaller than :data:`TINY`.
-RESIDUAL_NAME = re.compile(r"(?:^|_)(?:err|error)$|^err_|residual")
-TINY = 1e-6
-
-
-def looks_like_residual(name: str, value: float) -> bool:
-    """Whether an evidence number reads as a residual: named like an error (:data:`RESIDUAL_NAME`) or
-    non-zero and smaller than :data:`TINY` in magnitude (an exact zero is a count or a closed form)."""
-    return bool(RESIDUAL_NAME.search(name)) or 0 < abs(value) < TINY
-
-
-@dataclass(frozen=True)
-class PinSpec:
-    """What one pinned evidence number is, declared with its check (``register_check(pins=...)``)
-    and judged accordingly by :attr:`Outcome.number_changes`:
-
-    - ``exact`` (the default: symbolic values, closed forms, counts, paper numbers, deterministic
-      simulator output): pinned by value within ``max(rtol |v|, 1e-9)`` (``tiltlab report --pin``);
-    - ``residual`` (an optimizer's or solver's error, a float-rounding gap, a quantity that is zero in
-      exact arithmetic): judged as an upper bound, ``|got| <= bound``, where ``bound`` is the check's
-      own tolerance for it; never pinned by value;
-    - ``stochastic`` (selection-driven or Monte-Carlo numbers that move across CPU kernel paths):
-      pinned by value within ``max(rtol |v|, floor)``, ``floor`` justified by ``why`` (the spread
-      measured across kernel paths and CPU vendors).
-    """
-
-    kind: str = "exact"
-    bound: float = 0.0
-    why: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in PIN_KINDS:
-            raise ValueError(f"pin kind must be one of {', '.join(PIN_KINDS)}, got {self.kind!r}")
-        if not (math.isfinite(self.bound) and self.bound >= 0):
-            raise ValueError(f"a {self.kind} pin needs a finite bound / floor >= 0, got {self.bound!r}")
-        if self.kind == "residual" and self.bound <= 0:
-            raise ValueError("a residual pin needs a bound > 0 (the check's own tolerance)")
-        if self.kind == "stochastic" and not (self.bound > 0 and self.why.strip()):
-            raise ValueError("a stochastic pin needs a floor > 0 and a why (the spread it was measured from)")
-
-
-EXACT = PinSpec()
-
-
-def residual(bound: float, why: str = "") -> PinSpec:
-    """A residual judged as ``|number| <= bound`` (``bound``: the check's own tolerance)."""
-    return PinSpec("residual", float(bound), why)
-
-
-def stochastic(floor: float, why: str) -> PinSpec:
-    """A number pinned by value within ``max(rtol |v|, floor)``; ``why`` names the measured spread."""
-    return PinSpec("stochastic", float(floor), why)
-
-
-class Pin(tuple):
-    """One pinned number as stored in ``pins.json``: ``(value, tol, kind)``. ``exact`` /
-    ``stochastic``: ``|got - value| <= tol``; ``residual``: ``|got| <= tol`` (``value`` is what the
-    pinning run saw, for the reader)."""
-
-    __slots__ = ()
-
-    def __new__(cls, value: float, tol: float, kind: str = "exact") -> Pin:
-        if kind not in PIN_KINDS:
-            raise ValueError(f"pin kind must be one of {', '.join(PIN_KINDS)}, got {kind!r}")
-        return super().__new__(cls, (float(value), float(tol), kind))
-
-    value = property(lambda self: self[0])
-    tol = property(lambda self: self[1])
-    kind = property(lambda self: self[2])
-
-    def holds(self, got: Any) -> bool:
-        if isinstance(got, bool) or not isinstance(got, int | float) or not math.isfinite(float(got)):
-            return False
-        if self.kind == "residual":
-            return abs(float(got)) <= self.tol
-        return abs(float(got) - self.value) <= self.tol
-
-    def describe(self, got: Any) -> str:
-        """The words the terminal and both reports use for a pin that did not hold."""
-        shown = "missing" if got is None else (f"{got:.6g}" if isinstance(got, float) else str(got))
-        if self.kind == "residual":
-            return f"{shown} above its bound {self.tol:.2g} (residual)"
-        return f"{self.value:.6g} +- {self.tol:.2g} got {shown}" + (
-            " (stochastic)" if self.kind == "stochastic" else ""
-        )
 
 
 @dataclass(frozen=True)
@@ -476,133 +377,6 @@ class Outcome:
             "error": self.error,
             "reproducer": self.check.reproducer(seed),
         }
-
-
-PINS_FILE = DATA_DIR / "pins.json"
-"""Pinned evidence numbers: ``{check key: {number: [value, tolerance, kind]}}`` (``tiltlab report --pin``;
-:class:`Pin`)."""
-_PINS: dict[str, dict[str, Pin]] | None = None
-
-
-def pins(path: Path | None = None) -> dict[str, dict[str, Pin]]:
-    """The pinned numbers of every check, ``{key: {name: (value, absolute tolerance)}}``; read once
-    from :data:`PINS_FILE` (empty when there is none). A pinned number outside its tolerance, or
-    missing, fails the check (:attr:`Outcome.ok`) even when the verdict and items stay."""
-    global _PINS
-    if path is not None:
-        return _read_pins(Path(path))
-    if _PINS is None:
-        _PINS = _read_pins(PINS_FILE) if PINS_FILE.is_file() else {}
-    return _PINS
-
-
-def _read_pins(path: Path) -> dict[str, dict[str, Pin]]:
-    import json
-
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    out: dict[str, dict[str, Pin]] = {}
-    for key, nums in raw.get("pins", {}).items():
-        row = {}
-        for name, entry in nums.items():
-            if not (isinstance(entry, list) and len(entry) == 3 and entry[2] in PIN_KINDS):
-                raise ValueError(f"{path}: pin {key} {name} must be [value, tolerance, kind], got {entry}")
-            value, tol = float(entry[0]), float(entry[1])
-            if not (math.isfinite(value) and math.isfinite(tol) and tol >= 0):
-                raise ValueError(f"{path}: pin {key} {name} needs a finite value and tolerance >= 0, got {entry}")
-            row[name] = Pin(value, tol, entry[2])
-        out[key] = row
-    return out
-
-
-def set_pins(value: Mapping[str, Mapping[str, tuple]] | None) -> None:
-    """Replace the loaded pins (tests; ``None`` re-reads :data:`PINS_FILE` on next use); a
-    ``(value, tol)`` pair is an exact pin."""
-    global _PINS
-    _PINS = None if value is None else {k: {n: Pin(*p) for n, p in row.items()} for k, row in value.items()}
-
-
-PREREG_FILE = DATA_DIR / "preregistration.toml"
-"""How each llm rule is registered: ``[[rule]]`` tables with ``check`` (a check name), ``seeds``,
-``history`` and a ``[rule.files]`` sub-table ``{path: sha256 of its content}`` of the files that define
-the rule (no self-declared commit: the registration commit is found with git,
-:mod:`tiltlab.claims.prereg`); ``[[legacy]]`` tables mark shipped runs that predate that rule."""
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_COMMIT = re.compile(r"[0-9a-f]{7,40}")
-
-
-def parse_preregistration(data: Mapping[str, Any], where: str = "preregistration.toml") -> dict[str, dict[str, Any]]:
-    """``{check name: {"seeds", "history", "files"}}`` of parsed TOML ``data``: ``files`` maps a path
-    (relative to the repository root) to the sha256 (64 hex digits) of its content. An entry without a
-    positive seed count or files, or one that declares its own ``rule_commit``, is an error."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in data.get("rule", []):
-        name, seeds, files = row.get("check"), row.get("seeds"), row.get("files")
-        if "rule_commit" in row:
-            raise ValueError(
-                f"{where}: [[rule]] {name!r} declares rule_commit; the registration commit is not declared, it is "
-                "the commit that last changed the entry (found with git); move a past run to [[legacy]]"
-            )
-        if not name or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"{where}: a [[rule]] needs check and seeds >= 1, got {row}")
-        if not isinstance(files, dict) or not files:
-            raise ValueError(f"{where}: [[rule]] {name!r} needs a [rule.files] table {{path = sha256}}, got {files!r}")
-        bad = [p for p, h in files.items() if not (isinstance(h, str) and _SHA256.fullmatch(h))]
-        if bad:
-            raise ValueError(
-                f"{where}: [[rule]] {name!r}: {bad[0]} needs a sha256 (64 hex digits), got {files[bad[0]]!r}"
-            )
-        if name in out:
-            raise ValueError(f"{where}: check {name!r} pre-registered twice")
-        out[name] = {"seeds": seeds, "history": row.get("history", ""), "files": dict(files)}
-    return out
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
-
-
-def preregistration(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The registered llm rules of :data:`PREREG_FILE` (:func:`parse_preregistration`; ``{}`` without
-    the file)."""
-    path = PREREG_FILE if path is None else Path(path)
-    return parse_preregistration(_read_toml(path), str(path)) if path.is_file() else {}
-
-
-def legacy_runs(path: Path | None = None) -> list[dict[str, str]]:
-    """``[{"check", "run_commit", "rule_commit", "reason"}]``: :data:`PREREG_FILE`'s ``[[legacy]]``
-    tables, shipped runs that are not strictly pre-registered (kept, marked, never shipped again)."""
-    path = PREREG_FILE if path is None else Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for row in _read_toml(path).get("legacy", []):
-        run, rule = row.get("run_commit"), row.get("rule_commit")
-        ok = all(isinstance(c, str) and _COMMIT.fullmatch(c) for c in (run, rule))
-        if not (row.get("check") and ok and str(row.get("reason", "")).strip()):
-            raise ValueError(
-                f"{path}: a [[legacy]] needs check, run_commit and rule_commit (7-40 hex digits) and a reason, got {row}"
-            )
-        out.append({k: str(row[k]) for k in ("check", "run_commit", "rule_commit", "reason")})
-    return out
-
-
-def shared_runs(path: Path | None = None) -> list[tuple[str, tuple[str, ...]]]:
-    """``[(run, claims)]``: the experiments that decide more than one claim (:data:`PREREG_FILE`'s
-    ``[[shared_run]]`` tables)."""
-    path = PREREG_FILE if path is None else Path(path)
-    if not path.is_file():
-        return []
-    with open(path, "rb") as fh:
-        rows = tomllib.load(fh).get("shared_run", [])
-    out = []
-    for row in rows:
-        claims = tuple(row.get("claims", ()))
-        if not row.get("run") or len(claims) < 2:
-            raise ValueError(f"{path}: a [[shared_run]] needs a run name and at least two claims, got {row}")
-        out.append((str(row["run"]), claims))
-    return out
 
 
 _PAPERS: dict[str, Paper] = {}
