@@ -79,3 +79,26 @@ def test_a_layer_that_loads_again_is_no_longer_reported_skipped(isolated_registr
     catalog.discover()
     assert catalog.SKIPPED_MODULES == {}
     assert catalog.check_modules().count(catalog.LLM_CHECKS) == 1
+
+
+def test_the_data_folder_is_the_checkouts_and_holds_every_registered_rule_file():
+    """``paths.DATA_DIR`` is the real ``paper_checks/`` folder (not the ``tiltlab/paper_checks`` link), so
+    the root that ``tiltlab report --preregister`` reads rule files from (the registration file's
+    grandparent) holds every file the registration names."""
+    from tiltlab.claims import paths, prereg
+
+    assert paths.DATA_DIR.resolve() == paths.DATA_DIR and paths.DATA_DIR.name == "paper_checks"
+    root = prereg.PREREG_FILE.parents[1]
+    files = {p for entry in prereg.preregistration().values() for p in entry["files"]}
+    assert files and all((root / p).is_file() for p in files), sorted(p for p in files if not (root / p).is_file())
+
+
+def test_the_shipped_pins_are_what_a_check_is_judged_against_by_default():
+    from tiltlab.claims import pinned
+
+    pinned.set_pins(None)  # re-read on next use
+    try:
+        loaded = pinned.pins()
+        assert loaded and loaded == pinned.pins(pinned.PINS_FILE)
+    finally:
+        pinned.set_pins(None)
