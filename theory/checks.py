@@ -1,6 +1,6 @@
 """Register every theory check with the claims registry (``layer="theory"``).
 
-Imported by :func:`tiltlab.claims.registry.discover`. Each registered function calls the
+Imported by :func:`tiltlab.paper_checks.catalog.discover`. Each registered function calls the
 ``check_*`` of its paper module with the paper's (correct) candidate; ``expected`` is the
 verdict it currently returns (a change makes ``tiltlab check`` fail loudly).
 """

@@ -476,8 +476,6 @@ def ship_llm_record(
     ``rule_commit``: its registration commit. ``machine``, ``summary.seconds`` and ``generated_at``
     default to the record's."""
     registry.require_catalogued("record.ship_llm_record")
-    from tiltlab.claims import prereg
-
     rec = read_record(Path(src), "--ship-llm")
     if rec is None:
         raise FileNotFoundError(f"--ship-llm {src}: no such file")
