@@ -201,9 +201,9 @@ def _ours(loss_type, case, x, micro, ga, spg, procs, mode):
     elif loss_type in ("grpo", "sapo"):
         kw["loss_agg"] = "seq_mean_token_mean"
     rows = micro["prompt_ids"][:, 0]
-    loss, _ = FN[loss_type](
+    loss = FN[loss_type](
         x[rows], micro["old_per_token_logps"], micro["advantages"], micro["completion_mask"].to(F64), **kw
-    )
+    ).loss
     assert loss.shape == () and n_rows > 0
     return loss if loss_type in WINDOW_TOKENS else loss / accum
 
