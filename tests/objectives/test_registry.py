@@ -338,3 +338,24 @@ def test_verl_plugin_dispatches_through_the_registry(monkeypatch):
         )  # fmt: skip
         assert torch.isfinite(loss)
         assert calls == [name], (loss_name, calls)
+
+
+@pytest.mark.parametrize("method", ["grpo", "cispo", "sapo"])
+def test_sim_options_reach_the_adapter(method):
+    """The simulator's KL coefficient reaches the adapter: off-policy (pi_old != pi_theta) the exact
+    gradient moves with it."""
+    from tiltlab.sim.api import make_env
+    from tiltlab.sim.config import SimConfig
+    from tiltlab.sim.train import gradient_at
+
+    grads = {}
+    for kl in (0.0, 0.5):
+        cfg = SimConfig(
+            env="multiprompt", P=3, K=5, G=3, seeds=1, method=method, advantage="raw", exact=True, kl_coef=kl
+        )
+        env = make_env(cfg)
+        logits = env.logp_ref[None] + 0.3 * torch.randn(
+            1, env.P, env.K, generator=torch.Generator().manual_seed(1), dtype=F64
+        )
+        grads[kl] = gradient_at(cfg, env, logits, logp_old=env.logp_ref[None])
+    assert (grads[0.5] - grads[0.0]).abs().max() > 1e-6
