@@ -170,7 +170,7 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list, bar=Non
         sc = score_completions(
             model, [p_ids[i] for i in idx], comps, pad_token_id=tok.pad_token_id, batch_size=32, grad=True
         )
-        loss = sft_loss(sc.token_logprobs, sc.mask)
+        loss = sft_loss(sc.token_logprobs, sc.mask).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -42,7 +42,7 @@ and global-batch normalization onto it. veRL conventions that differ are stated 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tiltlab.objectives import lad, pg, tb
+from tiltlab.objectives import lad, pg
+from tiltlab.objectives.output import LossOutput
+from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.transforms import affine_reward
 
 try:  # veRL's core_algos imports ray, tensordict, omegaconf, codetiming, pyvers and orjson
@@ -212,6 +214,24 @@ def _metrics(m: dict[str, Tensor], prefix: str = "actor/") -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------- policy losses
+def _policy(
+    name: str,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    is_weight: Tensor | None,
+    **options: Any,
+) -> LossOutput:
+    """The registry's ``name`` on veRL's response tensors (sequence advantages, no reference: veRL adds
+    its KL loss itself)."""
+    batch = ObjectiveBatch(
+        log_prob, mask, token_logp_old=old_log_prob, advantages=sequence_advantages(advantages, mask),
+        is_weight=is_weight,
+    )  # fmt: skip
+    return get_objective(name)(batch, **options)
+
+
 def _grpo(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -229,19 +249,11 @@ def _grpo(
     mask = response_mask.to(log_prob.dtype)
     kw, factor = _aggregation_args(_global(config), mode, mask)
     dual = _cfg_get(config, "clip_ratio_c", None)
-    loss, m = pg.grpo_loss(
-        log_prob,
-        old_log_prob,
-        sequence_advantages(advantages, mask),
-        mask,
-        clip_eps=lo,
-        clip_eps_high=hi,
-        loss_agg=mode,
-        is_weight=rollout_is_weights,
-        dual_clip=None if dual is None else float(dual),
-        **kw,
-    )
-    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+    out = _policy(
+        "grpo", old_log_prob, log_prob, advantages, mask, rollout_is_weights, clip_eps=lo, clip_eps_high=hi,
+        loss_agg=mode, dual_clip=None if dual is None else float(dual), **kw,
+    )  # fmt: skip
+    return out.loss * factor, _metrics({"pg_clipfrac": out.metrics["clip_frac"]})
 
 
 def _gspo(
@@ -257,16 +269,9 @@ def _gspo(
     lo, hi = _clip(config)
     mask = response_mask.to(log_prob.dtype)
     _, factor = _aggregation_args(_global(config), "seq_mean_token_mean", mask)
-    loss, m = pg.gspo_loss(
-        log_prob,
-        old_log_prob,
-        sequence_advantages(advantages, mask),
-        mask,
-        clip_eps=lo,
-        clip_eps_high=hi,
-        is_weight=_sequence_weight(rollout_is_weights, mask, "tiltlab_gspo"),
-    )
-    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+    w = _sequence_weight(rollout_is_weights, mask, "tiltlab_gspo")
+    out = _policy("gspo", old_log_prob, log_prob, advantages, mask, w, clip_eps=lo, clip_eps_high=hi)
+    return out.loss * factor, _metrics({"pg_clipfrac": out.metrics["clip_frac"]})
 
 
 def _cispo(
@@ -284,19 +289,11 @@ def _cispo(
     mode = _agg(loss_agg_mode)
     mask = response_mask.to(log_prob.dtype)
     kw, factor = _aggregation_args(_global(config), mode, mask)
-    loss, m = pg.cispo_loss(
-        log_prob,
-        old_log_prob,
-        sequence_advantages(advantages, mask),
-        mask,
-        ratio_min=1.0 - lo,
-        ratio_max=1.0 + hi,
-        loss_agg=mode,
-        is_weight=rollout_is_weights,
-        log_ratio_clip=20.0,
-        **kw,
-    )
-    return loss * factor, _metrics({"pg_clipfrac": m["clip_frac"]})
+    out = _policy(
+        "cispo", old_log_prob, log_prob, advantages, mask, rollout_is_weights, ratio_min=1.0 - lo,
+        ratio_max=1.0 + hi, loss_agg=mode, log_ratio_clip=20.0, **kw,
+    )  # fmt: skip
+    return out.loss * factor, _metrics({"pg_clipfrac": out.metrics["clip_frac"]})
 
 
 def _sapo(
@@ -313,17 +310,12 @@ def _sapo(
     ignores it too), veRL's log-ratio clamp at 20."""
     mask = response_mask.to(log_prob.dtype)
     _, factor = _aggregation_args(_global(config), "seq_mean_token_mean", mask)
-    loss, _ = pg.sapo_loss(
-        log_prob,
-        old_log_prob,
-        sequence_advantages(advantages, mask),
-        mask,
-        temp_pos=float(_cfg_get(config, "tau_pos", 1.0)),
-        temp_neg=float(_cfg_get(config, "tau_neg", 1.05)),
-        is_weight=rollout_is_weights,
+    out = _policy(
+        "sapo", old_log_prob, log_prob, advantages, mask, rollout_is_weights,
+        temp_pos=float(_cfg_get(config, "tau_pos", 1.0)), temp_neg=float(_cfg_get(config, "tau_neg", 1.05)),
         log_ratio_clip=20.0,
-    )
-    return loss * factor, {}
+    )  # fmt: skip
+    return out.loss * factor, {}
 
 
 def _lad(
@@ -342,20 +334,18 @@ def _lad(
     """:func:`tiltlab.objectives.lad.lad_loss`: per token then veRL's aggregation (``level="token"``), or on
     length-normalized sequence log-probs, mean over sequences (``level="sequence"``)."""
     mask = response_mask.to(log_prob.dtype)
-    adv = sequence_advantages(advantages, mask)
     info = _global(config)
     if level == "token":
         mode = _agg(loss_agg_mode)
         kw, factor = _aggregation_args(info, mode, mask)
-        per = lad.lad_loss(log_prob, old_log_prob, adv[:, None].expand_as(log_prob), eta, divergence, reduction="none")
-        if rollout_is_weights is not None:
-            per = per * rollout_is_weights.detach()
-        return pg.aggregate(per, mask, mode, **kw) * factor, {}
-    _, factor = _aggregation_args(info, "seq_mean_token_mean", mask)
-    lp = tb.sequence_logprob(log_prob, mask, "mean")
-    lo = tb.sequence_logprob(old_log_prob, mask, "mean")
-    w = _sequence_weight(rollout_is_weights, mask, "tiltlab_lad_*_seq")
-    return lad.lad_loss(lp, lo, adv, eta, divergence, weight=w) * factor, {}
+        opts: dict[str, Any] = {"level": "token", "loss_agg": mode, **kw}
+        w = rollout_is_weights
+    else:
+        _, factor = _aggregation_args(info, "seq_mean_token_mean", mask)
+        opts = {"level": "sequence", "logprob_scale": "mean"}
+        w = _sequence_weight(rollout_is_weights, mask, "tiltlab_lad_*_seq")
+    out = _policy("lad", old_log_prob, log_prob, advantages, mask, w, eta=eta, divergence=divergence, **opts)
+    return out.loss * factor, {}
 
 
 def _register_loss(name: str, fn: Callable[..., tuple[Tensor, dict[str, Any]]]) -> None:
@@ -567,16 +557,9 @@ def tb_loss_fn(
     reward = affine_reward(
         d["token_level_scores"].sum(-1).to(log_prob.dtype), settings.reward_scale, settings.reward_shift
     )
-    norm = "mean" if settings.length_normalize else "sum"
-    lp = tb.sequence_logprob(log_prob, mask, norm)  # type: ignore[arg-type]
-    w = tb.tb_importance_weight(
-        log_prob, old, mask, settings.weight_clip, settings.max_weight, settings.weight_eps, settings.weight_eps_high
-    )  # type: ignore[arg-type]
+    ref = d["ref_log_prob"].to(log_prob.dtype) if settings.objective != "paced" else None
     if settings.objective == "disa":
-        log_z = _label_column(data, settings.log_z_key, b).to(lp.device)
-        lp_ref = tb.sequence_logprob(d["ref_log_prob"].to(log_prob.dtype), mask, norm)  # type: ignore[arg-type]
-        loss = tb.disa_loss(lp, lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta, weight=w)
-        residual = tb.tb_residual(lp.detach(), lp_ref, reward.to(lp.dtype), log_z.to(lp.dtype), settings.beta)
+        log_z = _label_column(data, settings.log_z_key, b).to(log_prob.device)
     else:
         if settings.log_z_key not in model_output:
             raise ValueError(
@@ -584,22 +567,30 @@ def tb_loss_fn(
                 "model (a log Z head on the actor); the model output has none"
             )
         log_z = model_output[settings.log_z_key].reshape(-1)
-        if settings.objective == "flowrl":
-            anchor = tb.sequence_logprob(d["ref_log_prob"].to(log_prob.dtype), mask, norm)  # type: ignore[arg-type]
-            beta = settings.beta
-        else:  # paced: TB anchored on pi_old with the tilt r / kl_coef
-            anchor = tb.sequence_logprob(old, mask, norm)  # type: ignore[arg-type]
-            beta = 1.0 / settings.paced_kl_coef
-        residual = tb.tb_residual(lp, anchor.detach(), reward.to(lp.dtype).detach(), log_z.to(lp.dtype), beta)
-        loss = tb.tb_loss(residual, w)
+    log_z = log_z.to(log_prob.dtype)
+    batch = ObjectiveBatch(log_prob, mask, token_logp_old=old, token_logp_ref=ref, rewards=reward, log_z=log_z)
+    weight = {
+        "weight_clip": settings.weight_clip, "max_weight": settings.max_weight, "eps": settings.weight_eps,
+        "eps_high": settings.weight_eps_high,
+    }  # fmt: skip
+    norm = "mean" if settings.length_normalize else "sum"
+    if settings.objective == "flowrl":  # FlowRL's loss with its code choices off: TB on r~ at beta, learned log Z
+        batch = replace(batch, rewards=reward[:, None])
+        options = {"beta": settings.beta, "length_normalize": settings.length_normalize, "group_normalize": False}
+    elif settings.objective == "disa":
+        options = {"beta": settings.beta, "logprob_scale": norm}
+    else:  # paced: TB anchored on pi_old with the tilt r / kl_coef
+        options = {"kl_coef": settings.paced_kl_coef, "logprob_scale": norm}
+    out = get_objective(settings.objective)(batch, **weight, **options)
+    loss = out.loss
     dp = int(_get_non_tensor(data, "dp_size", 1) or 1)
     gbs = _get_non_tensor(data, "global_batch_size", None)
     factor = 1.0 if gbs is None else b * dp / float(gbs)
     metrics = {
         "actor/tb_loss": float(loss.detach()),
         "actor/log_z_mean": float(log_z.detach().float().mean()),
-        "actor/residual_abs_mean": float(residual.detach().abs().float().mean()),
-        "actor/weight_mean": float(w.float().mean()),
+        "actor/residual_abs_mean": float(out.metrics["residual_abs_mean"]),
+        "actor/weight_mean": float(out.metrics["weight_mean"]),
     }
     return loss * factor, metrics
 

@@ -14,7 +14,8 @@ Modules: :mod:`~objectives.estimators` (Stage-1 log Z), :mod:`~objectives.tb` (T
 FlowRL / VarGrad), :mod:`~objectives.lad`, :mod:`~objectives.pg` (GRPO, GSPO, PPO+KL),
 :mod:`~objectives.offline` (Off-RL, FPA, DPO, RPO, KTO, SimPER, A*-PO, SFT),
 :mod:`~objectives.paced`, :mod:`~objectives.regressor` (Stage 2), :mod:`~objectives.metrics`,
-:mod:`~objectives.fused` (memory-lean chunked log-probs).
+:mod:`~objectives.fused` (memory-lean chunked log-probs), :mod:`~objectives.output` (:class:`LossOutput`,
+what every ``*_loss`` returns).
 
 Only torch is imported: no LLM library is loaded by ``import objectives``.
 """
@@ -22,6 +23,7 @@ Only torch is imported: no LLM library is loaded by ``import objectives``.
 if __name__ != "tiltlab.objectives":  # imported by its bare folder name (the repo root is on sys.path)
     raise ImportError(f"import this package as tiltlab.objectives, not as {__name__!r}")
 
-from tiltlab.objectives import estimators, lad, metrics, offline, paced, pg, regressor, tb
+from tiltlab.objectives import estimators, lad, metrics, offline, output, paced, pg, regressor, tb
+from tiltlab.objectives.output import LossOutput
 
-__all__ = ["estimators", "lad", "metrics", "offline", "paced", "pg", "regressor", "tb"]
+__all__ = ["LossOutput", "estimators", "lad", "metrics", "offline", "output", "paced", "pg", "regressor", "tb"]

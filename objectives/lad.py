@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import broadcastable, fits, no_nan_at, nonempty, same_shape
+from tiltlab.objectives.output import LossOutput
 
 __all__ = ["F_DIVERGENCES", "Divergence", "get_divergence", "lad_loss", "lad_target_logprobs", "lad_theoretical_loss"]
 
@@ -82,7 +83,7 @@ def lad_loss(
     divergence: str | Divergence,
     weight: Tensor | None = None,
     reduction: str = "mean",
-) -> Tensor:
+) -> LossOutput:
     """LAD eq. (8), practical loss on samples from ``pi_old``:
     ``e^{A/eta} f( exp(logp - logp_old - A/eta) )``.
 
@@ -94,6 +95,10 @@ def lad_loss(
         divergence: a name in :data:`F_DIVERGENCES` or a :class:`Divergence`.
         weight: optional per-sample weight (e.g. a sampler-mismatch correction), detached.
         reduction: ``"mean"`` or ``"none"``.
+
+    Returns:
+        :class:`~tiltlab.objectives.output.LossOutput`: the scalar mean, or with ``reduction="none"``
+        the per-sample terms (``logp``'s shape); no metrics.
     """
     if eta <= 0:
         raise ValueError("eta must be > 0")
@@ -110,15 +115,15 @@ def lad_loss(
     if weight is not None:
         per = per * weight.detach()
     if reduction == "none":
-        return per
+        return LossOutput(per)
     if reduction == "mean":
-        return per.mean()
+        return LossOutput(per.mean())
     raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
 
 
 def lad_theoretical_loss(
     logp: Tensor, logp_old: Tensor, adv: Tensor, eta: float, divergence: str | Divergence, dim: int = -1
-) -> Tensor:
+) -> LossOutput:
     """LAD eq. (7) on an enumerable action space: ``D_f(P_pi || P_A) = sum_y P_A f(P_pi / P_A)``.
 
     ``P_pi = (pi/pi_old) / Z_pi`` and ``P_A = e^{A/eta} / Z_A`` are normalized over ``dim``.
@@ -126,7 +131,7 @@ def lad_theoretical_loss(
     Args:
         logp, logp_old, adv: ``[..., K]`` over all K actions along ``dim``.
     Returns:
-        ``[...]``.
+        :class:`~tiltlab.objectives.output.LossOutput` whose loss is the divergence per row, ``[...]``; no metrics.
     """
     if eta <= 0:
         raise ValueError("eta must be > 0")
@@ -135,7 +140,7 @@ def lad_theoretical_loss(
     div = get_divergence(divergence)
     log_p_pi = torch.log_softmax(logp - logp_old.detach(), dim=dim)
     log_p_a = torch.log_softmax(adv.detach() / eta, dim=dim)
-    return (torch.exp(log_p_a) * div.f(torch.exp(log_p_pi - log_p_a))).sum(dim=dim)
+    return LossOutput((torch.exp(log_p_a) * div.f(torch.exp(log_p_pi - log_p_a))).sum(dim=dim))
 
 
 def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1) -> Tensor:

@@ -3,6 +3,12 @@
 Sequence quantities are ``[B]``: ``logp`` = masked token sum of ``log pi_theta(y|x)``,
 ``lengths`` = ``|y|`` (token count, > 0), ``reward`` ``R in {+1, -1}`` (Off-RL / FPA) or ``{0, 1}``
 (A*-PO). Pairs for DPO-style losses are ``(y_w, y_l)`` with ``[B]`` tensors each.
+
+One argument order for all of them: log-probs first (the policy's, then the reference's or the
+future policy's), then lengths, then rewards / labels; a paired loss gives each quantity winner
+first, then loser (``logp_w, logp_l, ref_w, ref_l, len_w, len_l``: the order of TRL's and the DPO
+paper's ``dpo_loss``). Options (``beta``, ``kl_tau`` ...) are keyword-only. Every loss returns a
+:class:`~tiltlab.objectives.output.LossOutput` (no metrics).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from torch import Tensor
 
 from tiltlab.objectives._checks import as_tensor, broadcastable, ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.estimators import log_partition_lse
+from tiltlab.objectives.output import LossOutput
 
 __all__ = [
     "apo_loss",
@@ -40,9 +47,10 @@ def offrl_loss(
     logp: Tensor,
     lengths: Tensor,
     reward: Tensor,
+    *,
     logp_ref: Tensor | None = None,
     kl_tau: float = 0.0,
-) -> Tensor:
+) -> LossOutput:
     """Off-RL, FPA eq. (1), as a loss to minimize: ``-E[R * pi_theta(y|x)^{1/|y|}]``.
 
     Gradient (eq. 2): ``-E[(1/|y|) R pi^{1/|y|} grad log pi]``. With ``kl_tau > 0`` adds the
@@ -60,10 +68,10 @@ def offrl_loss(
         if logp_ref is None:
             raise ValueError("kl_tau > 0 needs logp_ref")
         loss = loss + kl_tau * (logp_ref.detach() - logp).mean()
-    return loss
+    return LossOutput(loss)
 
 
-def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor) -> Tensor:
+def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor) -> LossOutput:
     """FPA, eq. (3): a surrogate whose gradient is ``-E[(1/|y|) R sg(pi_hat(y|x))^{1/|y|} grad log pi]``.
 
     ``loss = -mean( R * exp(sg(logp_future) / |y|) * logp / |y| )``; ``logp_future`` is the
@@ -77,7 +85,7 @@ def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor)
     same_shape("logp", logp, "logp_future", logp_future)
     no_nan_at(None, logp=logp, logp_future=logp_future, reward=reward)
     weight = torch.exp(logp_future.detach() / lengths)
-    return -(reward.detach() * weight * logp / lengths).mean()
+    return LossOutput(-(reward.detach() * weight * logp / lengths).mean())
 
 
 def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor, lam: float) -> Tensor:
@@ -101,33 +109,41 @@ def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor
     return torch.log_softmax(z, dim=-1).gather(-1, ids.long().unsqueeze(-1)).squeeze(-1).to(logits_theta.dtype)
 
 
-def dpo_loss(logp_w: Tensor, logp_l: Tensor, ref_w: Tensor, ref_l: Tensor, beta: float = 0.1) -> Tensor:
+def dpo_loss(logp_w: Tensor, logp_l: Tensor, ref_w: Tensor, ref_l: Tensor, *, beta: float = 0.1) -> LossOutput:
     """DPO (FPA App. B.2): ``-E log sigmoid(beta[(logp_w - ref_w) - (logp_l - ref_l)])``, beta = 0.1."""
     nonempty("logp_w", logp_w, 0)
     for n, t in (("logp_l", logp_l), ("ref_w", ref_w), ("ref_l", ref_l)):
         same_shape("logp_w", logp_w, n, t)
     no_nan_at(None, logp_w=logp_w, logp_l=logp_l, ref_w=ref_w, ref_l=ref_l, beta=beta)
     margin = (logp_w - ref_w.detach()) - (logp_l - ref_l.detach())
-    return -F.logsigmoid(beta * margin).mean()
+    return LossOutput(-F.logsigmoid(beta * margin).mean())
 
 
 def rpo_loss(
-    logp_w: Tensor, logp_l: Tensor, ref_w: Tensor, ref_l: Tensor, len_w: Tensor, beta: float = 0.1, alpha: float = 1.0
-) -> Tensor:
+    logp_w: Tensor,
+    logp_l: Tensor,
+    ref_w: Tensor,
+    ref_l: Tensor,
+    len_w: Tensor,
+    *,
+    beta: float = 0.1,
+    alpha: float = 1.0,
+) -> LossOutput:
     """RPO (FPA App. B.2): DPO ``- alpha * E[(1/|y_w|) log pi_theta(y_w|x)]``, alpha = 1."""
     len_w = _check_lengths(logp_w, len_w)
-    return dpo_loss(logp_w, logp_l, ref_w, ref_l, beta) - alpha * (logp_w / len_w).mean()
+    return LossOutput(dpo_loss(logp_w, logp_l, ref_w, ref_l, beta=beta).loss - alpha * (logp_w / len_w).mean())
 
 
 def kto_loss(
     logp: Tensor,
     logp_ref: Tensor,
     correct: Tensor,
+    *,
     beta: float = 0.1,
     lambda_w: float = 1.0,
     lambda_l: float = 1.0,
     z0: Tensor | float | None = None,
-) -> Tensor:
+) -> LossOutput:
     """KTO as the FPA paper defines it (App. B.2):
 
     r = logp - logp_ref,   z0 = mean r over the data (batch mean when not given; detached either way)
@@ -144,10 +160,10 @@ def kto_loss(
     c = correct.bool()
     v = torch.where(c, lambda_w * torch.sigmoid(beta * (r - z0_t)), lambda_l * torch.sigmoid(beta * (z0_t - r)))
     lam = torch.where(c, torch.full_like(r, lambda_w), torch.full_like(r, lambda_l))
-    return (lam - v).mean()
+    return LossOutput((lam - v).mean())
 
 
-def simper_loss(logp_w: Tensor, len_w: Tensor, logp_l: Tensor, len_l: Tensor) -> Tensor:
+def simper_loss(logp_w: Tensor, logp_l: Tensor, len_w: Tensor, len_l: Tensor) -> LossOutput:
     """SimPER (FPA App. A.1, eq. 9): ``-E[exp(logp_w/|y_w|) - exp(logp_l/|y_l|)]``.
 
     Prop. A.1: its gradient equals Off-RL's on the same pairs (``R = +1`` for y_w, ``-1`` for y_l).
@@ -156,7 +172,7 @@ def simper_loss(logp_w: Tensor, len_w: Tensor, logp_l: Tensor, len_l: Tensor) ->
     len_w = _check_lengths(logp_w, len_w)
     len_l = _check_lengths(logp_l, len_l)
     no_nan_at(None, logp_w=logp_w, logp_l=logp_l)
-    return -(torch.exp(logp_w / len_w) - torch.exp(logp_l / len_l)).mean()
+    return LossOutput(-(torch.exp(logp_w / len_w) - torch.exp(logp_l / len_l)).mean())
 
 
 def apo_value(rewards: Tensor, beta1: float = 0.5, dim: int = -1) -> Tensor:
@@ -170,20 +186,20 @@ def apo_value(rewards: Tensor, beta1: float = 0.5, dim: int = -1) -> Tensor:
     return beta1 * log_partition_lse(rewards / beta1, dim=dim)
 
 
-def apo_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, v_hat: Tensor, beta2: float = 1e-3) -> Tensor:
+def apo_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, v_hat: Tensor, *, beta2: float = 1e-3) -> LossOutput:
     """Offline A*-PO stage 2: ``E[(beta2 log(pi/pi_ref) - (r - V_hat(x)))^2]`` (beta2 = 1e-3)."""
     nonempty("logp", logp, 0)
     same_shape("logp", logp, "logp_ref", logp_ref)
     same_shape("logp", logp, "reward", reward)
     broadcastable("logp", logp, "v_hat", v_hat)
     no_nan_at(None, logp=logp, logp_ref=logp_ref, reward=reward, v_hat=v_hat)
-    return ((beta2 * (logp - logp_ref.detach()) - (reward.detach() - v_hat.detach())) ** 2).mean()
+    return LossOutput(((beta2 * (logp - logp_ref.detach()) - (reward.detach() - v_hat.detach())) ** 2).mean())
 
 
-def sft_loss(token_logp: Tensor, mask: Tensor) -> Tensor:
+def sft_loss(token_logp: Tensor, mask: Tensor) -> LossOutput:
     """SFT on correct trajectories: token-mean negative log-likelihood ``-sum(mask logp) / sum(mask)``."""
     ndim("token_logp", token_logp, 2, "[B, T]")
     nonempty("token_logp", token_logp, 0)
     same_shape("token_logp", token_logp, "mask", mask)
     no_nan_at(mask, token_logp=token_logp)
-    return -(zero_padding(token_logp, mask) * mask).sum() / mask.sum().clamp_min(1.0)
+    return LossOutput(-(zero_padding(token_logp, mask) * mask).sum() / mask.sum().clamp_min(1.0))

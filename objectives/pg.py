@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import broadcastable, ndim, no_nan_at, nonempty, same_shape, zero_padding
+from tiltlab.objectives.output import LossOutput
 
 __all__ = [
     "aggregate",
@@ -375,7 +376,7 @@ def grpo_loss(
     kl_ratio_weighted: bool = False,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """GRPO / PPO token-level clipped surrogate (``docs/math.md`` §6).
 
     ``rho_t = exp(logp_t - logp_old_t)``; per token
@@ -408,7 +409,7 @@ def grpo_loss(
             (default ``token_logp_old``, TRL's fallback when vLLM's are absent).
 
     Returns:
-        ``(loss, metrics)`` with ``clip_frac`` and ``kl`` (and ``off_policy_kept``) in metrics.
+        :class:`~tiltlab.objectives.output.LossOutput` with ``clip_frac`` and ``kl`` (and ``off_policy_kept``) in metrics.
     """
     _check_family(
         token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
@@ -430,7 +431,7 @@ def grpo_loss(
     )  # fmt: skip
     with torch.no_grad():
         metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped), mask)
-    return loss, metrics
+    return LossOutput(loss, metrics)
 
 
 def ppo_kl_loss(
@@ -442,7 +443,7 @@ def ppo_kl_loss(
     clip_eps: float = 0.2,
     loss_agg: LossAgg = "token_mean",
     clip_eps_high: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """PPO/GRPO with a KL penalty to ``pi_old`` (LAD Sec. 4 bandit baseline, KL weight 1)."""
     return grpo_loss(
         token_logp,
@@ -467,7 +468,7 @@ def gspo_loss(
     is_weight: Tensor | None = None,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """GSPO (Zheng et al. 2025; ``docs/math.md`` §6): sequence-level ratio, clipped.
 
     ``s = exp(mean_t (logp_t - logp_old_t))`` (length-normalized), and
@@ -496,7 +497,7 @@ def gspo_loss(
     with torch.no_grad():
         seq_mask = has_tokens.to(s.dtype)
         metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped), seq_mask)
-    return per_seq.mean(), metrics
+    return LossOutput(per_seq.mean(), metrics)
 
 
 def cispo_loss(
@@ -517,7 +518,7 @@ def cispo_loss(
     kl_ratio_weighted: bool = False,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5; ScaleRL, arXiv 2510.13786): clip the
     importance weight, not the update; the weight is a constant (stop-gradient) so every token
     keeps its gradient.
@@ -533,7 +534,7 @@ def cispo_loss(
     ``ratio_min = 1 - eps_low, ratio_max = 1 + eps_high``). Other arguments as :func:`grpo_loss`.
 
     Returns:
-        ``(loss, metrics)``: ``clip_frac`` (tokens whose weight is clipped), ``kl`` (and ``off_policy_kept``).
+        :class:`~tiltlab.objectives.output.LossOutput`: ``clip_frac`` (tokens whose weight is clipped), ``kl`` (and ``off_policy_kept``).
     """
     _check_family(
         token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
@@ -553,7 +554,7 @@ def cispo_loss(
     with torch.no_grad():
         clipped = torch.where(torch.isnan(ratio), ratio, (weight != ratio).to(ratio.dtype))
         metrics["clip_frac"] = masked_mean(clipped, mask)
-    return loss, metrics
+    return LossOutput(loss, metrics)
 
 
 def sapo_loss(
@@ -574,7 +575,7 @@ def sapo_loss(
     kl_ratio_weighted: bool = False,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """SAPO (Soft Adaptive Policy Optimization, Qwen, arXiv 2511.20347): a smooth sigmoid gate
     in place of the hard clip.
 
@@ -587,7 +588,7 @@ def sapo_loss(
     veRL's (``tau_pos/neg``): 1.0 / 1.05. Other arguments as :func:`grpo_loss`.
 
     Returns:
-        ``(loss, metrics)``: ``kl`` (and ``off_policy_kept``).
+        :class:`~tiltlab.objectives.output.LossOutput`: ``kl`` (and ``off_policy_kept``).
     """
     _check_family(
         token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
@@ -599,12 +600,13 @@ def sapo_loss(
     a = adv.detach()[:, None]
     tau = torch.where(a > 0, torch.full_like(a, temp_pos), torch.full_like(a, temp_neg))
     per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * a
-    return _policy_total(
+    loss, metrics = _policy_total(
         per_token, token_logp, adv, mask, ratio, weight=is_weight, token_logp_ref=token_logp_ref,
         kl_coef=kl_coef, kl_estimator=kl_estimator, kl_ratio_weighted=kl_ratio_weighted,
         token_logp_old=token_logp_old, token_logp_sampler=token_logp_sampler,
         off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
     )  # fmt: skip
+    return LossOutput(loss, metrics)
 
 
 def luspo_loss(
@@ -621,7 +623,7 @@ def luspo_loss(
     kl_ratio_weighted: bool = False,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261): GSPO with each
     sequence's loss scaled by its length, removing GSPO's bias towards short sequences.
 
@@ -635,7 +637,7 @@ def luspo_loss(
     are GSPO's paper values (LUSPO changes GSPO's normalization, not its clip).
 
     Returns:
-        ``(loss, metrics)``: ``clip_frac`` (over non-empty sequences), ``kl`` (and ``off_policy_kept``).
+        :class:`~tiltlab.objectives.output.LossOutput`: ``clip_frac`` (over non-empty sequences), ``kl`` (and ``off_policy_kept``).
     """
     _check_family(
         token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
@@ -654,7 +656,7 @@ def luspo_loss(
     with torch.no_grad():
         seq_mask = (mask.sum(1) > 0).to(s.dtype)
         metrics["clip_frac"] = masked_mean(_clipped_indicator(clipped, unclipped)[:, 0], seq_mask)
-    return loss, metrics
+    return LossOutput(loss, metrics)
 
 
 _LOG_W_MIN, _LOG_W_MAX = math.log(1e-8), 20.0  # VESPO's clamp of log w (TRL, after the paper's code)
@@ -679,7 +681,7 @@ def vespo_loss(
     kl_ratio_weighted: bool = False,
     off_policy_threshold: float | None = None,
     token_logp_sampler: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693): a smooth,
     asymmetric Gamma-shaped weight of the SEQUENCE importance ratio in place of a clip.
 
@@ -696,7 +698,7 @@ def vespo_loss(
     ``"vespo"``). Defaults: TRL's ``vespo_k_pos`` etc. (2, 3, 3, 2). The clamps are TRL's.
 
     Returns:
-        ``(loss, metrics)``: ``phi_mean`` (mean over sequences), ``kl`` (and ``off_policy_kept``).
+        :class:`~tiltlab.objectives.output.LossOutput`: ``phi_mean`` (mean over sequences), ``kl`` (and ``off_policy_kept``).
     """
     _check_family(
         token_logp, token_logp_old, adv, mask, is_weight, token_logp_ref, kl_coef,
@@ -725,4 +727,4 @@ def vespo_loss(
         off_policy_threshold=off_policy_threshold, loss_agg=loss_agg, max_len=max_len, num_tokens=num_tokens,
     )  # fmt: skip
     metrics["phi_mean"] = phi.mean()
-    return loss, metrics
+    return LossOutput(loss, metrics)

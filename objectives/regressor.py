@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tiltlab.objectives._checks import ndim, no_nan_at, nonempty, same_shape
+from tiltlab.objectives.output import LossOutput
 
 __all__ = ["FitResult", "PartitionRegressor", "fit_regressor", "r2_score", "regressor_loss"]
 
@@ -72,12 +73,12 @@ class PartitionRegressor(nn.Module):
         return out.squeeze(-1) * self.y_std + self.y_mean
 
 
-def regressor_loss(pred: Tensor, target: Tensor) -> Tensor:
-    """DISA eq. (9) per batch: ``mean_x (log Z_psi(x) - log Z_hat_M(x))^2``; the label is detached."""
+def regressor_loss(pred: Tensor, target: Tensor) -> LossOutput:
+    """DISA eq. (9) per batch: ``mean_x (log Z_psi(x) - log Z_hat_M(x))^2``; the label is detached. No metrics."""
     nonempty("pred", pred, 0)
     same_shape("pred", pred, "target", target)
     no_nan_at(None, pred=pred, target=target)
-    return ((pred - target.detach()) ** 2).mean()
+    return LossOutput(((pred - target.detach()) ** 2).mean())
 
 
 def r2_score(pred: Tensor, target: Tensor) -> float:
@@ -170,7 +171,7 @@ def fit_regressor(
         order = torch.randperm(xt.shape[0], generator=gen)
         for s in range(0, xt.shape[0], bs):
             idx = order[s : s + bs]
-            loss = regressor_loss(model(xt[idx]), yt[idx])
+            loss = regressor_loss(model(xt[idx]), yt[idx]).loss
             opt.zero_grad()
             torch.autograd.backward(loss)
             opt.step()

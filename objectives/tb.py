@@ -22,6 +22,7 @@ from torch import Tensor
 
 from tiltlab.objectives._checks import as_tensor, fits, ndim, no_nan_at, nonempty, same_shape, zero_padding
 from tiltlab.objectives.diagnostics import weight_clip_fraction
+from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.pg import group_advantages
 
 __all__ = [
@@ -81,23 +82,24 @@ def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | 
     return log_z + logp - logp_ref - beta * reward
 
 
-def tb_loss(residual: Tensor, weight: Tensor | None = None) -> Tensor:
-    """DISA eq. (6): ``mean(w * delta^2)`` (``w = 1`` on-policy; ``weight`` is detached)."""
+def tb_loss(residual: Tensor, weight: Tensor | None = None) -> LossOutput:
+    """DISA eq. (6): ``mean(w * delta^2)`` (``w = 1`` on-policy; ``weight`` is detached). No metrics."""
     if residual.numel() == 0:
         raise ValueError("tb_loss of an empty batch")
     sq = residual * residual
     if weight is None:
-        return sq.mean()
+        return LossOutput(sq.mean())
     same_shape("residual", residual, "weight", weight)
-    return (weight.detach() * sq).mean()
+    return LossOutput((weight.detach() * sq).mean())
 
 
 def disa_loss(
     logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z_frozen: Tensor, beta: float, weight: Tensor | None = None
-) -> Tensor:
+) -> LossOutput:
     """DISA Stage 3, eq. (10): TB with ``sg(log Z_psi(x))`` (the frozen Stage-2 prediction).
 
     Only ``logp`` receives gradient: ``logp_ref``, ``reward``, ``log_z_frozen`` and ``weight`` are detached.
+    No metrics.
     """
     return tb_loss(tb_residual(logp, logp_ref.detach(), reward.detach(), log_z_frozen.detach(), beta), weight)
 
@@ -122,10 +124,10 @@ def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, d
     return est.detach() if detach else est
 
 
-def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float) -> Tensor:
+def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float) -> LossOutput:
     """TB at the batch-optimal ``log Z`` (= the within-group variance of ``logp - logp_ref - beta r``,
     population form). Built from :func:`tb_residual` and :func:`tb_loss`; ``logp_ref`` and ``reward``
-    are detached."""
+    are detached. No metrics."""
     logp_ref, reward = logp_ref.detach(), reward.detach()
     log_z = vargrad_log_z(logp, logp_ref, reward, beta)
     return tb_loss(tb_residual(logp, logp_ref, reward, log_z[:, None], beta))
@@ -187,7 +189,7 @@ def flowrl_loss(
     eps: float = 0.2,
     is_weight: Tensor | None = None,
     eps_high: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossOutput:
     """FlowRL's loss as coded (``docs/math.md`` §2), each code choice an option:
 
         A   = (r - mean_G r)/(std_G r + 1e-6)          if group_normalize else r
@@ -203,7 +205,8 @@ def flowrl_loss(
         is_weight: optional ``[B]`` sampler-mismatch importance weight (vLLM), multiplied in.
         weight_clip, max_weight, eps, eps_high: the weight's clip (:func:`tb_importance_weight`).
     Returns:
-        ``(loss, metrics)``.
+        :class:`~tiltlab.objectives.output.LossOutput`; metrics ``log_z_mean``, ``log_z_std``,
+        ``residual_abs_mean``, ``weight_mean`` (after ``is_weight``), ``weight_clip_frac`` (before it).
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
     nonempty("token_logp", token_logp, 0)
@@ -238,7 +241,7 @@ def flowrl_loss(
         )  # of the TB weight, before is_weight
     if is_weight is not None:
         w = w * is_weight.detach()
-    loss = tb_loss(delta, w)
+    loss = tb_loss(delta, w).loss
     with torch.no_grad():
         metrics = {
             "log_z_mean": log_z.float().mean(),
@@ -247,4 +250,4 @@ def flowrl_loss(
             "weight_mean": w.float().mean(),
             "weight_clip_frac": clip_frac,
         }
-    return loss, metrics
+    return LossOutput(loss, metrics)

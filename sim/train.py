@@ -2,9 +2,10 @@
 
 The policy is a tabular softmax: logits ``theta [S, P, K]`` (S seeds, P prompts, K outputs), float64.
 This module only gathers log-probabilities of sampled (or, in exact-gradient mode, all) outputs,
-rewards and reference log-probs, and hands them to the public loss functions of ``tiltlab.objectives``
-that the LLM trainers (``llm/trainers/online.py``, ``llm/trainers/offline.py``) call for the same
-objective, so the simulator's checks exercise the code that trains models:
+rewards and reference log-probs, and hands them, as an ``ObjectiveBatch``, to the registry of objective
+adapters (``tiltlab.objectives.registry``) that the TRL trainer (``llm/trainers/online.py``) and the veRL
+plug-in dispatch through too; each entry calls the public loss function below, so the simulator's checks
+exercise the code that trains models:
 
 ===========================================  ===============================================================
 ``method`` / ``log_z``                       ``tiltlab.objectives`` function (the LLM trainer's objective)
@@ -52,13 +53,48 @@ from tiltlab.objectives import offline as off_obj
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives import tb as tb_obj
+from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.sim import proposals
 from tiltlab.sim.config import PG_METHODS, RunResult, SimConfig
 from tiltlab.sim.envs import BanditEnv, gather
 
 OFFLINE = ("offrl", "fpa", "dpo", "sft")
 
-__all__ = ["gradient_at", "kl_divergence", "stage1_log_z", "train", "tv_distance"]
+SIM_OBJECTIVES: dict[str, str] = {
+    "flowrl": "flowrl",
+    "lad": "lad",
+    "grpo": "grpo",
+    "gspo": "gspo",
+    "cispo": "cispo",
+    "sapo": "sapo",
+    "offrl": "offrl",
+    "fpa": "fpa",
+    "dpo": "dpo",
+    "sft": "sft",
+}
+"""``cfg.method`` -> the :data:`tiltlab.objectives.registry.OBJECTIVES` entry the trainer dispatches to
+(``tb``: :func:`tb_objective_name` of ``cfg.log_z``)."""
+
+
+def tb_objective_name(log_z: str) -> str:
+    """The registry entry of ``method="tb"`` with ``cfg.log_z``: a fixed label (``frozen``, ``exact``,
+    ``zero``) -> ``disa``; ``vargrad`` -> ``vargrad``; ``learned`` -> ``tb`` (the log Z attached)."""
+    if log_z in ("frozen", "exact", "zero"):
+        return "disa"
+    if log_z in ("vargrad", "learned"):
+        return {"vargrad": "vargrad", "learned": "tb"}[log_z]
+    raise ValueError(f"unknown log_z {log_z!r}")
+
+
+__all__ = [
+    "SIM_OBJECTIVES",
+    "gradient_at",
+    "kl_divergence",
+    "stage1_log_z",
+    "tb_objective_name",
+    "train",
+    "tv_distance",
+]
 
 
 def tv_distance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -125,6 +161,25 @@ class _Batch:
 
 
 class _Trainer:
+    """One simulator run: ``cfg.seeds`` tabular softmax policies trained on ``env`` at once.
+
+    State: the logits ``theta [S, P, K]`` (and, for FlowRL / a learned TB log Z, a ``[S, P]`` log Z
+    parameter) with their optimizer, ``pi_old`` (refreshed every ``cfg.refresh_every`` steps), DISA's
+    frozen Stage-1 labels, PACED's replay buffer and the fixed offline data of the offline methods.
+
+    Each step (:meth:`run`): select prompts (:meth:`select`, PACED), draw a batch from ``pi_old``
+    (:meth:`make_batch`; exact-gradient mode passes every output weighted by ``K q(y)``), take
+    ``cfg.inner_steps`` optimizer steps on :meth:`loss` (or :meth:`offline_loss`), push correct
+    samples to the replay buffer, and log TV / KL to the target, reward and log Z errors (:meth:`record`).
+
+    The loss is never written here: :meth:`loss` and :meth:`offline_loss` build an
+    :class:`~tiltlab.objectives.registry.ObjectiveBatch` of one-token sequences (``[B, 1]``, mask 1)
+    and call the registry entry that :data:`SIM_OBJECTIVES` / :func:`tb_objective_name` name for
+    ``cfg.method`` -- the same adapter the TRL trainer and the veRL plug-in call -- with the options
+    of :meth:`options`. Each seed's loss is its batch mean; seeds are summed (``S *`` the mean over
+    all rows) so that they do not interact through the optimizer.
+    """
+
     def __init__(self, cfg: SimConfig, env: BanditEnv):
         self.cfg, self.env = cfg, env
         S, P, K = cfg.seeds, env.P, env.K
@@ -280,11 +335,13 @@ class _Trainer:
     def tb_family_loss(self, b: _Batch, logp, lp, lp_old, lp_anchor, r) -> torch.Tensor:
         """Mean over seeds of the TB objective of ``cfg.log_z`` on the batch (plus replayed samples).
 
-        The objective function is the one the LLM trainer calls for the same log Z:
-        a fixed label (``frozen``: DISA; ``exact`` / ``zero``: the same loss with another label) ->
-        ``objectives.tb.disa_loss``; ``vargrad`` -> ``objectives.tb.vargrad_log_z`` (detached) with
-        ``tb_residual`` / ``tb_loss``; ``learned`` (PACED with ``anchor=old``) -> ``tb_residual`` /
-        ``tb_loss`` with the log Z parameter attached.
+        The registry entry is the one the LLM trainer dispatches to for the same log Z
+        (:func:`tb_objective_name`): a fixed label (``frozen``: DISA; ``exact`` / ``zero``: the same
+        loss with another label) -> ``disa`` (``objectives.tb.disa_loss``); ``vargrad`` -> ``vargrad``
+        with the detached ``objectives.tb.vargrad_log_z`` of the fresh groups; ``learned`` (PACED with
+        ``anchor=old``) -> ``tb`` (``tb_residual`` / ``tb_loss`` with the log Z parameter attached).
+        The rollout weight is computed here (fresh samples only; replayed ones weigh 1), so the
+        adapter gets it as ``is_weight`` with ``weight_clip=None``.
         """
         c = self.cfg
         S, P, G = lp.shape
@@ -312,15 +369,18 @@ class _Trainer:
                 return torch.gather(t.gather(1, pr[..., None].expand(-1, -1, self.K)), -1, yr[..., None])[..., 0]
 
             rows.append((at(logp), at(b.anchor), self.reward[pr, yr], torch.gather(log_z, 1, pr), valid.to(lp.dtype)))
-        lp_all, an_all, r_all, lz_all, w_all = (torch.cat([x.reshape(S, -1) for x in col], 1) for col in zip(*rows))
-        if c.log_z == "learned":
-            return tb_obj.tb_loss(tb_obj.tb_residual(lp_all, an_all, r_all, lz_all, c.beta), w_all)
-        if c.log_z == "vargrad":
-            return tb_obj.tb_loss(tb_obj.tb_residual(lp_all, an_all, r_all, lz_all.detach(), c.beta), w_all)
-        return tb_obj.disa_loss(lp_all, an_all, r_all, lz_all, c.beta, weight=w_all)
+        # one-token sequences [S * N, 1] (mask 1: the adapter's sequence log-prob is the value itself)
+        lp_all, an_all, r_all, lz_all, w_all = (
+            torch.cat([x.reshape(S, -1) for x in col], 1).reshape(-1) for col in zip(*rows)
+        )
+        tok = lp_all[:, None]
+        anchor = {"token_logp_ref": an_all[:, None]} if c.anchor == "ref" else {"token_logp_old": an_all[:, None]}
+        batch = ObjectiveBatch(tok, torch.ones_like(tok), rewards=r_all, log_z=lz_all, is_weight=w_all, **anchor)
+        return get_objective(tb_objective_name(c.log_z))(batch, beta=c.beta, anchor=c.anchor).loss
 
     def loss(self, b: _Batch) -> torch.Tensor:
-        """Scalar loss = sum over seeds of each seed's batch-mean loss."""
+        """Scalar loss = sum over seeds of each seed's batch-mean loss, from the registry entry
+        :data:`SIM_OBJECTIVES` names for ``cfg.method`` (``tb``: :meth:`tb_family_loss`)."""
         c = self.cfg
         logp = torch.log_softmax(self.theta, -1)  # [S, P, K]
         lp = gather(logp, b.idx)  # [S, P, G]
@@ -329,84 +389,66 @@ class _Trainer:
         r = gather(self.reward, b.idx)
         S, P, G = lp.shape
         B = S * P * G
-        ones = torch.ones(B, 1, dtype=lp.dtype)
         if c.method == "tb":
             return S * self.tb_family_loss(b, logp, lp, lp_old, lp_anchor, r)
+        ones = torch.ones(B, 1, dtype=lp.dtype)
+        tok, old, w = lp.reshape(B, 1), lp_old.reshape(B, 1), b.w.reshape(B)
         if c.method == "flowrl":
-            loss, _ = tb_obj.flowrl_loss(
-                lp.reshape(B, 1),
-                lp_anchor.reshape(B, 1),
-                lp_old.reshape(B, 1),
-                ones,
-                r.reshape(S * P, G),
-                self.logz_param.reshape(S * P),
-                beta=c.beta,
-                length_normalize=True,
-                group_normalize=c.flowrl_group_normalize,
-                weight_clip=self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
-                is_weight=b.w.reshape(B),
-            )
-            return S * loss
-        adv = self.advantages(r)
-        if c.method == "lad":
-            return S * lad_obj.lad_loss(
-                lp.reshape(B), lp_old.reshape(B), adv.reshape(B), c.eta, c.divergence, weight=b.w.reshape(B)
-            )
-        if c.method in ("grpo", "cispo", "sapo"):
-            ref, w = (lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)).reshape(B, 1), b.w.reshape(B)
-            args = (lp.reshape(B, 1), lp_old.reshape(B, 1), adv.reshape(B), ones)
-            if c.method == "grpo":
-                loss, _ = pg_obj.grpo_loss(
-                    *args, clip_eps=c.clip_eps, token_logp_ref=ref, kl_coef=c.kl_coef, is_weight=w
-                )
-            elif c.method == "cispo":
-                loss, _ = pg_obj.cispo_loss(
-                    *args, ratio_max=c.cispo_ratio_max, token_logp_ref=ref, kl_coef=c.kl_coef, is_weight=w
-                )
-            else:
-                loss, _ = pg_obj.sapo_loss(
-                    *args, temp_pos=c.sapo_temp_pos, temp_neg=c.sapo_temp_neg, token_logp_ref=ref, kl_coef=c.kl_coef,
-                    is_weight=w,
-                )  # fmt: skip
-            return S * loss
-        if c.method == "gspo":
-            loss, _ = pg_obj.gspo_loss(
-                lp.reshape(B, 1),
-                lp_old.reshape(B, 1),
-                adv.reshape(B),
-                ones,
-                clip_eps=c.clip_eps,
-                clip_eps_high=c.clip_eps,
-                is_weight=b.w.reshape(B),
-            )
-            return S * loss
-        raise ValueError(f"unknown method {c.method!r}")
+            batch = ObjectiveBatch(
+                tok, ones, token_logp_old=old, token_logp_ref=lp_anchor.reshape(B, 1), rewards=r.reshape(S * P, G),
+                log_z=self.logz_param.reshape(S * P), is_weight=w,
+            )  # fmt: skip
+        else:
+            adv = self.advantages(r).reshape(B)
+            ref = None
+            if c.method in ("grpo", "cispo", "sapo"):
+                ref = (lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)).reshape(B, 1)
+            batch = ObjectiveBatch(tok, ones, token_logp_old=old, token_logp_ref=ref, advantages=adv, is_weight=w)
+        return S * get_objective(SIM_OBJECTIVES[c.method])(batch, **self.options()).loss
+
+    def options(self) -> dict:
+        """The registry options of ``cfg.method`` (not ``tb``: :meth:`tb_family_loss`)."""
+        c = self.cfg
+        kl = {"kl_coef": c.kl_coef}
+        return {
+            "flowrl": lambda: {
+                "beta": c.beta, "length_normalize": True, "group_normalize": c.flowrl_group_normalize,
+                "weight_clip": self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
+            },
+            "lad": lambda: {"eta": c.eta, "divergence": c.divergence, "level": "sequence", "logprob_scale": "sum"},
+            "grpo": lambda: {"clip_eps": c.clip_eps, **kl},
+            "cispo": lambda: {"ratio_max": c.cispo_ratio_max, **kl},
+            "sapo": lambda: {"temp_pos": c.sapo_temp_pos, "temp_neg": c.sapo_temp_neg, **kl},
+            "gspo": lambda: {"clip_eps": c.clip_eps, "clip_eps_high": c.clip_eps},
+            "offrl": lambda: {"kl_tau": c.offline_kl_tau},
+            "fpa": dict,
+            "dpo": lambda: {"beta": c.dpo_beta},
+            "sft": dict,
+        }[c.method]()  # fmt: skip
 
     def offline_loss(self) -> torch.Tensor:
-        """Off-RL / FPA / DPO / SFT on the fixed offline data (one-token sequences: |y| = 1)."""
+        """Off-RL / FPA / DPO / SFT on the fixed offline data (one-token sequences: |y| = 1), through
+        the registry entry of ``cfg.method``."""
         c, d = self.cfg, self.offline
         logp = torch.log_softmax(self.theta, -1)
         S = self.S
         if c.method in ("offrl", "fpa"):
             idx = d["idx"]
-            lp = gather(logp, idx).reshape(-1)
+            lp = gather(logp, idx).reshape(-1, 1)
             R = 2.0 * gather(self.reward, idx).reshape(-1) - 1.0  # {0,1} -> {-1,+1} (FPA eq. 1)
-            ones = torch.ones_like(lp)
-            lp_ref = gather(self.ref, idx).reshape(-1)
-            if c.method == "offrl":
-                return S * off_obj.offrl_loss(lp, ones, R, logp_ref=lp_ref, kl_tau=c.offline_kl_tau)
-            B = lp.shape[0]
-            lt = self.theta.detach().unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
-            lr = self.ref.unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
-            lp_future = off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), c.fpa_lambda)[:, 0]
-            return S * off_obj.fpa_loss(lp, lp_future, ones, R)
-        lw, ll = gather(logp, d["w"]).reshape(-1), gather(logp, d["l"]).reshape(-1)
-        if c.method == "dpo":
-            rw, rl = gather(self.ref, d["w"]).reshape(-1), gather(self.ref, d["l"]).reshape(-1)
-            return S * off_obj.dpo_loss(lw, ll, rw, rl, beta=c.dpo_beta)
-        if c.method == "sft":
-            return S * off_obj.sft_loss(lw[:, None], torch.ones_like(lw)[:, None])
-        raise ValueError(c.method)
+            extra = {"token_logp_ref": gather(self.ref, idx).reshape(-1, 1)}
+            if c.method == "fpa":
+                B = lp.shape[0]
+                lt = self.theta.detach().unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
+                lr = self.ref.unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
+                extra = {"token_logp_future": off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), c.fpa_lambda)}
+            batch = ObjectiveBatch(lp, torch.ones_like(lp), rewards=R, **extra)
+        else:
+            lw, ll = gather(logp, d["w"]).reshape(-1, 1), gather(logp, d["l"]).reshape(-1, 1)
+            rw, rl = gather(self.ref, d["w"]).reshape(-1, 1), gather(self.ref, d["l"]).reshape(-1, 1)
+            rejected = ObjectiveBatch(ll, torch.ones_like(ll), token_logp_ref=rl)
+            batch = ObjectiveBatch(lw, torch.ones_like(lw), token_logp_ref=rw, rejected=rejected)
+        return S * get_objective(SIM_OBJECTIVES[c.method])(batch, **self.options()).loss
 
     # -- batches --------------------------------------------------------------------------------
     def make_batch(self, sel: torch.Tensor) -> _Batch:

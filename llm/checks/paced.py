@@ -49,7 +49,7 @@ def paced_fn(table: torch.Tensor, beta: float):
     def fn(b: shared_task.Batch) -> torch.Tensor:
         lp, lo = sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_old, b.mask)
         lz = table[b.prompt_idx].repeat_interleave(b.ans.shape[1])
-        return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta))
+        return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta)).loss
 
     return fn
 
@@ -63,8 +63,7 @@ def table_abs_err(model, task: shared_task.EnumTask, idx: torch.Tensor, table: t
 
 
 def _grpo(b: shared_task.Batch) -> torch.Tensor:
-    loss, _ = grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-    return loss
+    return grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
 
 ARMS = (*(f"tau{t:g}" for t in TAUS), "no_selection", "grpo")

@@ -258,7 +258,7 @@ def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
         lp, mask = token_logps(model, task, b)
         # exact expected SFT loss under the target q: the token NLL of every answer weighted by q(y|x)
         t = lp.shape[-1]
-        loss = sft_loss(lp.reshape(-1, t), mask.reshape(-1, t) * q[b].reshape(-1, 1))
+        loss = sft_loss(lp.reshape(-1, t), mask.reshape(-1, t) * q[b].reshape(-1, 1)).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

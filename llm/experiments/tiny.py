@@ -33,7 +33,7 @@ def disa_fn(log_z_all: torch.Tensor, beta: float):
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
         lz = log_z_all[b.prompt_idx].float().repeat_interleave(g)
-        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta)
+        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta).loss
 
     return fn
 
@@ -150,11 +150,10 @@ def flowrl_fn(log_z_of, beta: float):
 
     def fn(b: shared_task.Batch) -> torch.Tensor:
         g = b.ans.shape[1]
-        loss, _ = flowrl_loss(
+        return flowrl_loss(
             b.logp, b.logp_ref, b.logp_old, b.mask, b.reward, log_z_of(b.prompt_idx).repeat_interleave(g),
             beta=beta, length_normalize=False, group_normalize=False, weight_clip="none",
-        )  # fmt: skip
-        return loss
+        ).loss  # fmt: skip
 
     return fn
 
@@ -170,7 +169,7 @@ def _variants(lz_exact, lz_label, lz_noisy, beta, log_z_of):
     def vargrad(b: shared_task.Batch) -> torch.Tensor:
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
-        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta)
+        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta).loss
 
     return {
         "exact": disa_fn(lz_exact, beta),
@@ -306,20 +305,16 @@ def method_fns(name: str, lz, beta: float, model=None, task: shared_task.EnumTas
     :func:`attach_flowrl_head`; ``task`` gives its prompts), or a policy-gradient baseline."""
 
     def grpo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
+        return grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
     def gspo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = gspo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
+        return gspo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
     def cispo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = cispo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
+        return cispo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
     def sapo(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = sapo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask)
-        return loss
+        return sapo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
     if name == "disa":
         return disa_fn(lz, beta)
@@ -484,18 +479,17 @@ def lad_fn(div: str, eta: float):
     def fn(b: shared_task.Batch) -> torch.Tensor:
         lp = sequence_logprob(b.logp, b.mask)
         lo = sequence_logprob(b.logp_old, b.mask)
-        return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div)
+        return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div).loss
 
     return fn
 
 
 def grpo_kl_fn(clip: bool):
     def fn(b: shared_task.Batch) -> torch.Tensor:
-        loss, _ = grpo_loss(
+        return grpo_loss(
             b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask,
             clip_eps=0.2 if clip else 1e6, token_logp_ref=b.logp_old, kl_coef=1.0,
-        )  # fmt: skip
-        return loss
+        ).loss  # fmt: skip
 
     return fn
 
@@ -559,7 +553,7 @@ def fpa_targeted_loss(logp, logp_future, lengths, reward, apply_to: str = "all")
     if apply_to != "all":
         use = reward > 0 if apply_to == "correct" else reward < 0
         logp_future = torch.where(use, logp_future.detach(), logp.detach())
-    return fpa_loss(logp, logp_future, lengths, reward)
+    return fpa_loss(logp, logp_future, lengths, reward).loss
 
 
 def fpa_train(

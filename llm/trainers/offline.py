@@ -328,28 +328,35 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
             lw, len_w, *_ = self._seq(model, inputs)
             ll, len_l, *_ = self._seq(model, inputs, "_l")
             if obj == "simper":
-                loss = simper_loss(lw, len_w, ll, len_l)
+                loss = simper_loss(lw, ll, len_w, len_l).loss
             else:
                 rw, _ = self._ref_seq(inputs)
                 rl, _ = self._ref_seq(inputs, "_l")
                 loss = (
-                    dpo_loss(lw, ll, rw, rl, a.dpo_beta)
+                    dpo_loss(lw, ll, rw, rl, beta=a.dpo_beta)
                     if obj == "dpo"
-                    else rpo_loss(lw, ll, rw, rl, len_w, a.dpo_beta, a.rpo_alpha)
-                )
+                    else rpo_loss(lw, ll, rw, rl, len_w, beta=a.dpo_beta, alpha=a.rpo_alpha)
+                ).loss
         else:
             future = {"lam": a.fpa_lam} if obj == "fpa" else None
             lp_seq, lengths, tok_lp, _, sel = self._seq(model, inputs, future=future)
             r01 = inputs["reward"].float()
             if obj == "sft":
-                loss = sft_loss(tok_lp, inputs["target_mask"])
+                loss = sft_loss(tok_lp, inputs["target_mask"]).loss
             elif obj == "offrl":
                 ref = self._ref_seq(inputs)[0] if a.offrl_kl_tau > 0 else None
-                loss = offrl_loss(lp_seq, lengths, 2.0 * r01 - 1.0, logp_ref=ref, kl_tau=a.offrl_kl_tau)
+                loss = offrl_loss(lp_seq, lengths, 2.0 * r01 - 1.0, logp_ref=ref, kl_tau=a.offrl_kl_tau).loss
             elif obj == "kto":
-                loss = kto_loss(lp_seq, self._ref_seq(inputs)[0], r01 > 0, a.kto_beta, a.kto_lambda_w, a.kto_lambda_l)
+                loss = kto_loss(
+                    lp_seq,
+                    self._ref_seq(inputs)[0],
+                    r01 > 0,
+                    beta=a.kto_beta,
+                    lambda_w=a.kto_lambda_w,
+                    lambda_l=a.kto_lambda_l,
+                ).loss
             elif obj == "apo":
-                loss = apo_loss(lp_seq, self._ref_seq(inputs)[0], r01, inputs["v_hat"].float(), a.apo_beta2)
+                loss = apo_loss(lp_seq, self._ref_seq(inputs)[0], r01, inputs["v_hat"].float(), beta2=a.apo_beta2).loss
             else:  # fpa: log pi_hat of the scored tokens, computed in _score
                 with torch.no_grad():
                     fut_sel = future["logp"]
@@ -359,7 +366,7 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
                     if a.fpa_apply_to != "all":
                         use = (r01 > 0) if a.fpa_apply_to == "correct" else (r01 <= 0)
                         fut_seq = torch.where(use, fut_seq, lp_seq.detach())
-                loss = fpa_loss(lp_seq, fut_seq, lengths, 2.0 * r01 - 1.0)
+                loss = fpa_loss(lp_seq, fut_seq, lengths, 2.0 * r01 - 1.0).loss
             if a.log_logprob_dynamics:
                 with torch.no_grad():
                     c = r01 > 0

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,27 +84,18 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tiltlab.files import atomic_path
 from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
-from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman, weight_clip_fraction
-from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
+from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman
+from tiltlab.objectives.lad import F_DIVERGENCES
+from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.paced import ReplayBuffer
 from tiltlab.objectives.pg import (
-    cispo_loss,
     group_advantages,
-    grpo_loss,
-    gspo_loss,
     kl_in_reward,
-    luspo_loss,
     masked_mean,
-    sapo_loss,
-    vespo_loss,
 )
+from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.tb import (
-    disa_loss,
-    flowrl_loss,
     sequence_logprob,
-    tb_importance_weight,
-    tb_loss,
-    tb_residual,
     vargrad_log_z,
 )
 from tiltlab.objectives.transforms import affine_reward
@@ -174,7 +165,7 @@ class TiltGRPOConfig(GRPOConfig):
             "name (cispo/sapo/luspo/vespo); unset otherwise"
         },
     )
-    importance_sampling_level: str | None = field(  # type: ignore[assignment]
+    importance_sampling_level: str | None = field(
         default=None, metadata={"help": f"TRL's ratio level, fixed by the objective: {IS_LEVEL}; unset otherwise"}
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL-to-reference estimator of grpo: k1 | k2 | k3 (TRL)"})
@@ -924,7 +915,8 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         isr = inputs.get("importance_sampling_ratio")
         seq_w = None if isr is None else sequence_is_weight(isr, mask, self.vllm_importance_sampling_clip_max)
         batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask, mode)
-        loss, metrics = LOSSES[obj](self, model, batch)
+        out = LOSSES[obj](self, model, batch)
+        loss, metrics = out.loss, dict(out.metrics)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
         if args.log_kl_old:
@@ -1004,44 +996,34 @@ _WINDOW_TOKENS = ("dapo", "cispo", "vespo")
 """TRL's loss types normalized by the accumulation window's token count (no division by the accumulation steps)."""
 
 
-LossFn = Callable[[TiltGRPOTrainer, Any, LossBatch], tuple[Tensor, dict[str, Tensor]]]
-"""``loss_fn(trainer, model, batch) -> (loss, metrics)``; a ``log_z`` metric is logged as mean/std."""
+LossFn = Callable[[TiltGRPOTrainer, Any, LossBatch], LossOutput]
+"""``loss_fn(trainer, model, batch) -> LossOutput``; a ``log_z`` metric is logged as mean/std."""
 
 
-def _with_kl(trainer: TiltGRPOTrainer, loss: Tensor, b: LossBatch) -> Tensor:
+def _with_kl(trainer: TiltGRPOTrainer, out: LossOutput, b: LossBatch, metrics: dict[str, Tensor]) -> LossOutput:
     """``loss + kl_coef * kl_penalty`` when TRL computed reference log-probs and ``beta != 0``
-    (the KL term is not importance-weighted, as in TRL)."""
+    (the KL term is not importance-weighted, as in TRL), with ``metrics``."""
+    loss = out.loss
     if b.ref is not None and trainer.kl_coef:
-        return loss + trainer.kl_coef * kl_penalty(b.logp, b.ref, b.mask)
-    return loss
+        loss = loss + trainer.kl_coef * kl_penalty(b.logp, b.ref, b.mask)
+    return LossOutput(loss, metrics)
 
 
-def _off_policy(trainer: TiltGRPOTrainer, b: LossBatch) -> dict[str, Any]:
-    """TRL's ``off_policy_mask_threshold`` and the log-probs it compares with (vLLM's
-    ``sampling_per_token_logps`` when present, else ``pi_old``'s: the loss function's fallback)."""
+def _off_policy(trainer: TiltGRPOTrainer, b: LossBatch) -> tuple[dict[str, Any], Tensor | None]:
+    """``(options, sampler log-probs)``: TRL's ``off_policy_mask_threshold`` and the log-probs it
+    compares with (vLLM's ``sampling_per_token_logps`` when present, else None: the loss function
+    falls back to ``pi_old``'s)."""
     threshold = trainer.args.off_policy_mask_threshold
     if threshold is None:
-        return {}
+        return {}, None
     sampler = b.inputs.get("sampling_per_token_logps")
-    return {"off_policy_threshold": threshold, "token_logp_sampler": None if sampler is None else sampler.float()}
+    return {"off_policy_threshold": threshold}, None if sampler is None else sampler.float()
 
 
-def _kept(out: dict[str, Tensor], m: dict[str, Tensor]) -> dict[str, Tensor]:
+def _kept(out: dict[str, Tensor], m: Mapping[str, Tensor | float]) -> dict[str, Tensor]:
     if "off_policy_kept" in m:
         out["off_policy_kept"] = m["off_policy_kept"]
     return out
-
-
-def _family(trainer: TiltGRPOTrainer, b: LossBatch) -> dict[str, Any]:
-    """The arguments the GRPO family shares in TRL: the KL to ref with ``beta`` (ratio-weighted with
-    ``use_bias_correction_kl``), the off-policy mask."""
-    args = trainer.args
-    return {
-        "token_logp_ref": b.ref,
-        "kl_coef": trainer.kl_coef if b.ref is not None else 0.0,
-        "kl_ratio_weighted": bool(args.use_bias_correction_kl),
-        **_off_policy(trainer, b),
-    }
 
 
 def _token_is_weight(b: LossBatch) -> Tensor | None:
@@ -1049,230 +1031,186 @@ def _token_is_weight(b: LossBatch) -> Tensor | None:
     return None if b.isr is None else (b.isr[:, 0] if b.isr.shape[1] == 1 else b.isr)
 
 
-def cispo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def _policy(
+    trainer: TiltGRPOTrainer, name: str, b: LossBatch, is_weight: Tensor | None, ref: bool = True, **options: Any
+) -> LossOutput:
+    """The registry's ``name`` (a GRPO-family loss) on TRL's batch: advantages, ``pi_old``, the
+    reference log-probs (with ``ref``), the IS weight, the off-policy mask."""
+    opsm, sampler = _off_policy(trainer, b)
+    batch = ObjectiveBatch(
+        b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref if ref else None, token_logp_sampler=sampler,
+        advantages=b.inputs["advantages"], is_weight=is_weight,
+    )  # fmt: skip
+    return get_objective(name)(batch, **options, **opsm)
+
+
+def _family(trainer: TiltGRPOTrainer, b: LossBatch) -> dict[str, Any]:
+    """The options the GRPO family shares in TRL: the KL to ref with ``beta`` (ratio-weighted with
+    ``use_bias_correction_kl``)."""
+    return {
+        "kl_coef": trainer.kl_coef if b.ref is not None else 0.0,
+        "kl_ratio_weighted": bool(trainer.args.use_bias_correction_kl),
+    }
+
+
+def cispo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """CISPO (:func:`~tiltlab.objectives.pg.cispo_loss`), TRL's ``loss_type="cispo"``: the token ratio
     capped at ``epsilon_high`` (stop-gradient), the window token count normalization."""
     args = trainer.args
-    loss, m = cispo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        ratio_max=args.epsilon_high,
-        is_weight=_token_is_weight(b),
-        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode),
-        **_family(trainer, b),
-    )
-    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
+    out = _policy(
+        trainer, "cispo", b, _token_is_weight(b), ratio_max=args.epsilon_high,
+        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode), **_family(trainer, b),
+    )  # fmt: skip
+    return LossOutput(out.loss, _kept({"clip_frac": out.metrics["clip_frac"]}, out.metrics))
 
 
-def sapo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def sapo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """SAPO (:func:`~tiltlab.objectives.pg.sapo_loss`), TRL's ``loss_type="sapo"``: the sigmoid gate at
     ``sapo_temperature_pos/neg``, the sequence mean of token means."""
     args = trainer.args
-    loss, m = sapo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        temp_pos=args.sapo_temperature_pos,
-        temp_neg=args.sapo_temperature_neg,
-        is_weight=_token_is_weight(b),
-        **_family(trainer, b),
-    )
-    return loss, _kept({}, m)
+    out = _policy(
+        trainer, "sapo", b, _token_is_weight(b), temp_pos=args.sapo_temperature_pos,
+        temp_neg=args.sapo_temperature_neg, **_family(trainer, b),
+    )  # fmt: skip
+    return LossOutput(out.loss, _kept({}, out.metrics))
 
 
-def luspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def luspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """LUSPO (:func:`~tiltlab.objectives.pg.luspo_loss`), TRL's ``loss_type="luspo"`` at
     ``importance_sampling_level="sequence"``: GSPO's clip (``epsilon``/``epsilon_high``), each
     sequence weighted by its length."""
     args = trainer.args
-    loss, m = luspo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        clip_eps=args.epsilon,
-        clip_eps_high=args.epsilon_high,
-        is_weight=_token_is_weight(b),
+    out = _policy(
+        trainer, "luspo", b, _token_is_weight(b), clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
         **_family(trainer, b),
-    )
-    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
+    )  # fmt: skip
+    return LossOutput(out.loss, _kept({"clip_frac": out.metrics["clip_frac"]}, out.metrics))
 
 
-def vespo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def vespo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """VESPO (:func:`~tiltlab.objectives.pg.vespo_loss`), TRL's ``loss_type="vespo"``: the Gamma weight
     (``vespo_k_pos`` ...) of the sequence ratio times vLLM's IS ratio (which does not multiply the
     loss), the window token count normalization."""
     args = trainer.args
-    loss, m = vespo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        k_pos=args.vespo_k_pos,
-        lambda_pos=args.vespo_lambda_pos,
-        k_neg=args.vespo_k_neg,
-        lambda_neg=args.vespo_lambda_neg,
-        is_weight=_token_is_weight(b),
-        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode),
-        **_family(trainer, b),
-    )
-    return loss, _kept({"vespo/phi_mean": m["phi_mean"]}, m)
+    out = _policy(
+        trainer, "vespo", b, _token_is_weight(b), k_pos=args.vespo_k_pos, lambda_pos=args.vespo_lambda_pos,
+        k_neg=args.vespo_k_neg, lambda_neg=args.vespo_lambda_neg,
+        num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode), **_family(trainer, b),
+    )  # fmt: skip
+    return LossOutput(out.loss, _kept({"vespo/phi_mean": out.metrics["phi_mean"]}, out.metrics))
 
 
-def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def grpo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """GRPO (:func:`~tiltlab.objectives.pg.grpo_loss`): token ratio, clip ``epsilon``/``epsilon_high``,
     KL to ref with TRL's ``beta`` (ratio-weighted with ``use_bias_correction_kl``); TRL's IS ratio
     per token or per sequence; TRL's ``loss_type`` normalization."""
     args = trainer.args
     loss_type = str(args.loss_type)
-    loss, m = grpo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        clip_eps=args.epsilon,
-        clip_eps_high=args.epsilon_high,
-        loss_agg=_LOSS_AGG[loss_type],  # type: ignore[arg-type]
-        token_logp_ref=b.ref,
-        kl_coef=trainer.kl_coef if b.ref is not None else 0.0,
-        is_weight=None if b.isr is None else (b.isr[:, 0] if b.isr.shape[1] == 1 else b.isr),
-        max_len=args.max_completion_length,
+    out = _policy(
+        trainer, "grpo", b, _token_is_weight(b), clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
+        loss_agg=_LOSS_AGG[loss_type], max_len=args.max_completion_length,
         num_tokens=trainer._dapo_num_tokens(b.inputs, b.mode) if loss_type == "dapo" else None,
-        dual_clip=args.dual_clip,
-        log_ratio_clip=args.log_ratio_clip,
-        kl_estimator=args.kl_estimator,
-        kl_ratio_weighted=bool(args.use_bias_correction_kl),
-        **_off_policy(trainer, b),
-    )
-    return loss, _kept({"clip_frac": m["clip_frac"]}, m)
+        dual_clip=args.dual_clip, log_ratio_clip=args.log_ratio_clip, kl_estimator=args.kl_estimator,
+        **_family(trainer, b),
+    )  # fmt: skip
+    return LossOutput(out.loss, _kept({"clip_frac": out.metrics["clip_frac"]}, out.metrics))
 
 
-def gspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """GSPO (:func:`~tiltlab.objectives.pg.gspo_loss`): sequence ratio, sequence IS weight, KL to ref."""
     args = trainer.args
-    loss, m = gspo_loss(
-        b.logp,
-        b.old,
-        b.inputs["advantages"],
-        b.mask,
-        clip_eps=args.epsilon,
-        clip_eps_high=args.epsilon_high,
-        is_weight=b.seq_w,
-        **_off_policy(trainer, b),
-    )
-    return _with_kl(trainer, loss, b), _kept({"clip_frac": m["clip_frac"]}, m)
+    out = _policy(trainer, "gspo", b, b.seq_w, ref=False, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high)
+    return _with_kl(trainer, out, b, _kept({"clip_frac": out.metrics["clip_frac"]}, out.metrics))
 
 
-def lad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def lad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """LAD (:func:`~tiltlab.objectives.lad.lad_loss`) at token level (per-token IS ratio, mean over
     tokens then sequences) or sequence level (length-normalized log-probs, sequence IS weight)."""
     args = trainer.args
-    adv = b.inputs["advantages"]
-    if args.lad_level == "token":
-        per = lad_loss(
-            b.logp, b.old, adv[:, None].expand_as(b.logp), args.lad_eta, args.lad_divergence, reduction="none"
-        )  # [B, T]
-        if b.isr is not None:
-            per = per * b.isr
-        loss = masked_mean(per, b.mask, dim=1).mean()
-    else:
-        lp = sequence_logprob(b.logp, b.mask, "mean")
-        lo = sequence_logprob(b.old, b.mask, "mean")
-        loss = lad_loss(lp, lo, adv, args.lad_eta, args.lad_divergence, weight=b.seq_w)
-    return _with_kl(trainer, loss, b), {}
+    token = args.lad_level == "token"
+    batch = ObjectiveBatch(
+        b.logp, b.mask, token_logp_old=b.old, advantages=b.inputs["advantages"],
+        is_weight=_token_is_weight(b) if token else b.seq_w,
+    )  # fmt: skip
+    level = (
+        {"level": "token", "loss_agg": "seq_mean_token_mean"}
+        if token
+        else {"level": "sequence", "logprob_scale": "mean"}
+    )
+    out = get_objective("lad")(batch, eta=args.lad_eta, divergence=args.lad_divergence, **level)
+    return _with_kl(trainer, out, b, {})
 
 
-def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def flowrl_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """FlowRL (:func:`~tiltlab.objectives.tb.flowrl_loss`) with the learned log Z head."""
     args = trainer.args
     log_z = trainer._learned_log_z(model, b)
-    loss, m = flowrl_loss(
-        b.logp,
-        b.ref,
-        b.old,
-        b.mask,
-        b.inputs["tb_reward"][:, None],
-        log_z,
-        beta=args.tilt_beta,
-        length_normalize=args.length_normalize,
-        group_normalize=False,
-        weight_clip=args.weight_clip,
-        max_weight=args.max_weight,
-        eps=args.weight_eps,
-        is_weight=b.seq_w,
-        eps_high=args.weight_eps_high,
+    batch = ObjectiveBatch(
+        b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=b.inputs["tb_reward"][:, None],
+        log_z=log_z, is_weight=b.seq_w,
+    )  # fmt: skip
+    out = get_objective("flowrl")(
+        batch, beta=args.tilt_beta, length_normalize=args.length_normalize, group_normalize=False,
+        weight_clip=args.weight_clip, max_weight=args.max_weight, eps=args.weight_eps, eps_high=args.weight_eps_high,
+    )  # fmt: skip
+    m = out.metrics
+    return LossOutput(
+        out.loss,
+        {
+            "log_z": log_z.detach(),
+            "residual": m["residual_abs_mean"],
+            "weight_clip_frac": m["weight_clip_frac"],
+            "weight_mean": m["weight_mean"],
+        },
     )
-    return loss, {
-        "log_z": log_z.detach(),
-        "residual": m["residual_abs_mean"],
-        "weight_clip_frac": m["weight_clip_frac"],
-        "weight_mean": m["weight_mean"],
-    }
 
 
-def _tb_weight(trainer: TiltGRPOTrainer, b: LossBatch) -> tuple[Tensor, Tensor]:
-    """``([B] TB rollout weight, [B] loss weight)``: the clipped weight of
-    :func:`~tiltlab.objectives.tb.tb_importance_weight`, and that weight times the sampler's sequence
-    IS weight (what the loss uses)."""
+def _tb_family(
+    trainer: TiltGRPOTrainer, name: str, b: LossBatch, log_z: Tensor, reward: Tensor, **options: Any
+) -> LossOutput:
+    """The registry's TB entry ``name`` on TRL's batch at ``logprob_scale``, with the TB rollout weight
+    (:func:`~tiltlab.objectives.tb.tb_importance_weight` at TRL's clip options) times the sampler's
+    sequence IS weight; its clip fraction is of the TB weight at its own clip bounds, before the
+    sampler IS weight multiplies it (as in :func:`~tiltlab.objectives.tb.flowrl_loss`)."""
     args = trainer.args
-    w_tb = tb_importance_weight(
-        b.logp, b.old, b.mask, args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
+    batch = ObjectiveBatch(
+        b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=reward, log_z=log_z, is_weight=b.seq_w
     )
-    return w_tb, (w_tb if b.seq_w is None else w_tb * b.seq_w)
+    out = get_objective(name)(
+        batch, logprob_scale=args.logprob_scale, weight_clip=args.weight_clip, max_weight=args.max_weight,
+        eps=args.weight_eps, eps_high=args.weight_eps_high, **options,
+    )  # fmt: skip
+    m = out.metrics
+    return LossOutput(
+        out.loss,
+        {
+            "log_z": log_z.detach(),
+            "residual": m["residual_abs_mean"],
+            "weight_clip_frac": m["weight_clip_frac"],
+            "weight_mean": m["weight_mean"],
+        },
+    )
 
 
-def _tb_metrics(
-    trainer: TiltGRPOTrainer, log_z: Tensor, residual: Tensor, w_tb: Tensor, w: Tensor
-) -> dict[str, Tensor]:
-    """The clip fraction is of the TB weight at its own clip bounds, before the sampler IS weight
-    multiplies it (as in :func:`~tiltlab.objectives.tb.flowrl_loss`)."""
-    args = trainer.args
-    return {
-        "log_z": log_z.detach(),
-        "residual": residual.detach().abs().mean(),
-        "weight_clip_frac": weight_clip_fraction(
-            w_tb.detach(), args.weight_clip, args.max_weight, args.weight_eps, args.weight_eps_high
-        ),
-        "weight_mean": w.detach().mean(),
-    }
-
-
-def disa_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def disa_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """DISA Stage 3 (:func:`~tiltlab.objectives.tb.disa_loss`): TB with the frozen Stage-2 log Z."""
-    args = trainer.args
-    scale = args.logprob_scale
-    lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
-    log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
-    w_tb, w = _tb_weight(trainer, b)
-    loss = disa_loss(lp, lp_ref, r, log_z, args.tilt_beta, weight=w)
-    residual = tb_residual(lp.detach(), lp_ref, r, log_z.detach(), args.tilt_beta)
-    return loss, _tb_metrics(trainer, log_z, residual, w_tb, w)
+    return _tb_family(
+        trainer, "disa", b, b.inputs["log_z"].float(), b.inputs["tb_reward"].float(), beta=trainer.args.tilt_beta
+    )
 
 
-def vargrad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def vargrad_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """VarGrad: TB (:func:`~tiltlab.objectives.tb.tb_loss`) at the per-group batch-optimal log Z
     computed at generation time (:func:`~tiltlab.objectives.tb.vargrad_log_z`), held fixed."""
-    args = trainer.args
-    scale = args.logprob_scale
-    lp, lp_ref = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.ref, b.mask, scale)
-    log_z, r = b.inputs["log_z"].float(), b.inputs["tb_reward"].float()
-    w_tb, w = _tb_weight(trainer, b)
-    residual = tb_residual(lp, lp_ref, r, log_z.detach(), args.tilt_beta)
-    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w_tb, w)
+    return _tb_family(
+        trainer, "vargrad", b, b.inputs["log_z"].float(), b.inputs["tb_reward"].float(), beta=trainer.args.tilt_beta
+    )
 
 
-def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> tuple[Tensor, dict[str, Tensor]]:
+def paced_objective(trainer: TiltGRPOTrainer, model, b: LossBatch) -> LossOutput:
     """PACED-RL: TB anchored on ``pi_old`` with tilt ``r / paced_kl_coef`` and the learned log Z head."""
-    args = trainer.args
-    scale = args.logprob_scale
-    lp, anchor = sequence_logprob(b.logp, b.mask, scale), sequence_logprob(b.old, b.mask, scale)
     log_z = trainer._paced_log_z(model, b)
-    w_tb, w = _tb_weight(trainer, b)
-    residual = tb_residual(lp, anchor, b.inputs["rewards"].float(), log_z, 1.0 / args.paced_kl_coef)
-    return tb_loss(residual, w), _tb_metrics(trainer, log_z, residual, w_tb, w)
+    return _tb_family(trainer, "paced", b, log_z, b.inputs["rewards"].float(), kl_coef=trainer.args.paced_kl_coef)
 
 
 LOSSES: dict[str, LossFn] = {

@@ -31,8 +31,8 @@ def _dpo_pair_losses(logits_theta, logits_ref, ids_w, ids_l, lam, beta):
     rw, rl = tok(lr[0], ids_w), tok(lr[1], ids_l)
     fw = future_policy_logprobs(logits_theta[0], logits_ref[0], ids_w, lam).sum(-1)
     fl = future_policy_logprobs(logits_theta[1], logits_ref[1], ids_l, lam).sum(-1)
-    loss_fpa = dpo_loss(fw, fl, rw, rl, beta)
-    loss_eff = dpo_loss(lw, ll, rw, rl, (1 + lam) * beta)
+    loss_fpa = dpo_loss(fw, fl, rw, rl, beta=beta).loss
+    loss_eff = dpo_loss(lw, ll, rw, rl, beta=(1 + lam) * beta).loss
     return loss_fpa, loss_eff, beta * ((fw - rw) - (fl - rl)), (1 + lam) * beta * ((lw - rw) - (ll - rl))
 
 
@@ -256,7 +256,7 @@ def dpo_bandit_sweep(
             lw, ll = lw.sum(-1).view(R, B), ll.sum(-1).view(R, B)
         else:
             lw, ll = logp(th, yw_r), logp(th, yl_r)
-        loss = sum(dpo_loss(lw[r], ll[r], rw, rl, beta) for r, beta in enumerate(betas))
+        loss = sum(dpo_loss(lw[r], ll[r], rw, rl, beta=beta).loss for r, beta in enumerate(betas))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -356,10 +356,10 @@ def ragged_simper(seed: int, n_pairs: int = 64, eos: int = 1) -> dict:
     lw, ll = tb_obj.sequence_logprob(tok_w, m_w, "sum"), tb_obj.sequence_logprob(tok_l, m_l, "sum")
     nw, nl = m_w.sum(-1), m_l.sum(-1)
     mean_w = tb_obj.sequence_logprob(tok_w, m_w, "mean")
-    (g_simper,) = torch.autograd.grad(simper_loss(lw, nw, ll, nl), params, retain_graph=True)
+    (g_simper,) = torch.autograd.grad(simper_loss(lw, ll, nw, nl).loss, params, retain_graph=True)
     both = torch.cat([lw, ll])
     reward = torch.cat([torch.ones(n_pairs, dtype=F64), -torch.ones(n_pairs, dtype=F64)])
-    (g_offrl,) = torch.autograd.grad(2 * offrl_loss(both, torch.cat([nw, nl]), reward), params, retain_graph=True)
+    (g_offrl,) = torch.autograd.grad(2 * offrl_loss(both, torch.cat([nw, nl]), reward).loss, params, retain_graph=True)
     # reference: FPA eq. (2) per sequence, -(1/B) sum_i (1/|y_i|) R_i pi_i^{1/|y_i|} grad log pi_i, with
     # log pi_i and |y_i| read from the sequence's own tokens (no mask, no padding)
     ref = torch.zeros_like(params)

@@ -277,7 +277,7 @@ def future_policy_mass(seed: int, P: int = 64, K: int = 16, N: int = 8, steps: i
     th = h_ref.clone().requires_grad_(True)
     for _ in range(steps):
         lp = torch.log_softmax(th, -1).gather(-1, idx)
-        loss = offrl_loss(lp.reshape(-1), torch.ones(P * N, dtype=F64), R.reshape(-1))
+        loss = offrl_loss(lp.reshape(-1), torch.ones(P * N, dtype=F64), R.reshape(-1)).loss
         (gr,) = torch.autograd.grad(loss, th)
         th = (th - lr * P * gr).detach().requires_grad_(True)  # lr per prompt (the loss averages over P*N)
 
@@ -445,13 +445,13 @@ def practical_theory_paths(seed: int, K: int = 10, steps: int = 300, lr: float =
             token_logp_ref=logp_old[:, None],
             kl_coef=1.0,
             is_weight=w,
-        )[0]
+        ).loss
 
     p_grpo = path(grpo)
     out = {}
     for d in FIG2_DIVS:
-        p_thm = path(lambda lp, d=d: lad_obj.lad_theoretical_loss(lp, logp_old, adv, 1.0, d))
-        p_prac = path(lambda lp, d=d: lad_obj.lad_loss(lp, logp_old, adv, 1.0, d, weight=w))
+        p_thm = path(lambda lp, d=d: lad_obj.lad_theoretical_loss(lp, logp_old, adv, 1.0, d).loss)
+        p_prac = path(lambda lp, d=d: lad_obj.lad_loss(lp, logp_old, adv, 1.0, d, weight=w).loss)
         out[f"{d}_practical_vs_theory"] = float(tv_distance(p_prac, p_thm).mean())
         out[f"{d}_grpo_vs_theory"] = float(tv_distance(p_grpo, p_thm).mean())
         out[f"{d}_start_to_end"] = float(tv_distance(p_thm[-1], logp_old))

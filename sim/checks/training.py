@@ -162,7 +162,7 @@ def paced_prop41(seed: int) -> CheckResult:
             w = K * logp_old.exp()
 
             def loss(lz: float) -> float:
-                return float(tb_obj.tb_loss(tb_obj.tb_residual(logp, logp_old, r, lz, 1.0 / kl_coef), w))
+                return float(tb_obj.tb_loss(tb_obj.tb_residual(logp, logp_old, r, lz, 1.0 / kl_coef), w).loss)
 
             lz_star = minimize_scalar(loss, bracket=(-5.0, 5.0), tol=1e-12).x
             kl = float(kl_divergence(logp_old, logp))
@@ -201,11 +201,11 @@ def paced_vargrad(seed: int) -> CheckResult:
     idx = env.sample(logp_all, 8, g)
     lp, lr, r = envs.gather(logp_all, idx), env.ref_logp_of(idx), env.rewards_of(idx)
     lz = tb_obj.vargrad_log_z(lp, lr, r, 2.0).detach().requires_grad_(True)
-    loss = tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, lz[:, None], 2.0))
+    loss = tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, lz[:, None], 2.0)).loss
     (dz,) = torch.autograd.grad(loss, [lz])
     base = float(loss.detach())
     worse = min(
-        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), 2.0))) - base
+        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), 2.0)).loss) - base
         for e in (-1e-3, 1e-3)
     )
     ok = float(dz.abs().max()) < VARGRAD_GRAD_TOL and worse > 0

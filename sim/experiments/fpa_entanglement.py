@@ -115,12 +115,12 @@ def train(cfg: EntanglementConfig, method: str, lam: float = 0.0, target: str = 
         logp = tok.sum(-1)  # [B] (every position is a real token)
         if method == "offrl":
             weight_logp = logp.detach()
-            loss = offrl_loss(logp, lens, d["signed"].reshape(-1))
+            loss = offrl_loss(logp, lens, d["signed"].reshape(-1)).loss
         else:
             lf = future_policy_logprobs(logits.detach(), ref_logits, flat_ids, lam).sum(-1)  # [B]
             sel = {"all": torch.ones_like(correct), "correct": correct, "incorrect": ~correct}[target].reshape(-1)
             weight_logp = torch.where(sel, lf, logp.detach())
-            loss = fpa_loss(logp, weight_logp, lens, d["signed"].reshape(-1))
+            loss = fpa_loss(logp, weight_logp, lens, d["signed"].reshape(-1)).loss
         if step % cfg.eval_every == 0 or step == cfg.steps:
             # the correct and the incorrect sequences' parts of the loss (rewards of the other part zeroed:
             # the two parts sum to the loss) and the norm of each part's gradient, per seed
@@ -128,7 +128,7 @@ def train(cfg: EntanglementConfig, method: str, lam: float = 0.0, target: str = 
                 r_part = signed * part
                 part_loss = (
                     offrl_loss(logp, lens, r_part) if method == "offrl" else fpa_loss(logp, weight_logp, lens, r_part)
-                )
+                ).loss
                 (g_part,) = torch.autograd.grad(part_loss * S, theta, retain_graph=True)
                 hist[key].append(g_part.flatten(1).norm(dim=1).numpy())
             with torch.no_grad():

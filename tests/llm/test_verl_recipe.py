@@ -182,7 +182,7 @@ def test_disa_loss_step_equals_tiltlab(model, monkeypatch, length_normalize, n_m
     want = tb.disa_loss(
         tb.sequence_logprob(logp, m, norm), tb.sequence_logprob(ref, m, norm), 2.0 * r["reward"] - 0.5,
         torch.tensor(r["log_z"], dtype=F64), 4.0, weight=w,
-    )  # fmt: skip
+    ).loss  # fmt: skip
     want.backward()
     assert got == pytest.approx(float(want), rel=1e-9)
     for a, b in zip(got_g, _grads(model)):
@@ -219,14 +219,14 @@ def test_learned_log_z_loss_step_equals_tiltlab(model, monkeypatch, objective):
     logp = _reference_token_logp(model, r)
     reward = 2.0 * r["reward"] - 0.5
     if objective == "flowrl":  # FlowRL's loss as coded, without its group normalization (reward given)
-        want, _ = tb.flowrl_loss(
+        want = tb.flowrl_loss(
             logp, ref, old, m, reward[:, None], log_z, beta=4.0, length_normalize=False, group_normalize=False,
             weight_clip="eps", eps=0.1, eps_high=0.3,
-        )  # fmt: skip
+        ).loss  # fmt: skip
     else:  # PACED: anchored on pi_old, tilt r / kl_coef
         w = tb.tb_importance_weight(logp, old, m, "eps", eps=0.1, eps_high=0.3)
         res = tb.tb_residual(tb.sequence_logprob(logp, m), tb.sequence_logprob(old, m), reward, log_z, 1.0 / 0.5)
-        want = tb.tb_loss(res, w)
+        want = tb.tb_loss(res, w).loss
     want.backward()
     assert got == pytest.approx(float(want), rel=1e-9)
     torch.testing.assert_close(got_z, log_z.grad, **TOL)
@@ -425,10 +425,10 @@ def test_log_z_engine_forward_supplies_the_heads_log_z(model, monkeypatch):
     torch.testing.assert_close(seen["log_z"], log_z.detach(), rtol=1e-6, atol=1e-6)
     mask = r["response_mask"].to(F64)
     logp = _reference_token_logp(m, r)
-    want, _ = tb.flowrl_loss(
+    want = tb.flowrl_loss(
         logp, ref, old, mask, (2.0 * r["reward"] - 0.5)[:, None], log_z, beta=4.0, length_normalize=False,
         group_normalize=False, weight_clip="eps", eps=0.1, eps_high=0.3,
-    )  # fmt: skip
+    ).loss  # fmt: skip
     want.backward()
     assert got == pytest.approx(float(want), rel=1e-6)
     names = [n for n, _ in m.named_parameters()]

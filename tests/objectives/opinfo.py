@@ -35,6 +35,7 @@ from tests.objectives._ref import (
     ref_tb_residual,
 )
 from tiltlab.objectives import correction, estimators, lad, offline, paced, pg, regressor, tb, transforms
+from tiltlab.objectives.output import LossOutput
 
 F64 = torch.float64
 
@@ -85,11 +86,15 @@ class OpInfo:
         return self.ref(**inputs, **self.kwargs)
 
 
-def loss_of(f: Callable[..., tuple[Tensor, dict[str, Tensor]]]) -> Callable[..., Tensor]:
-    """The loss of a function returning ``(loss, metrics)``."""
+def loss_of(f: Callable[..., LossOutput]) -> Callable[..., Tensor]:
+    """The loss tensor of a function returning a :class:`LossOutput` (every ``*_loss``); the
+    wrapper refuses any other return type, so a loss that stops returning one fails every check."""
 
     def g(**kw: Any) -> Tensor:
-        return f(**kw)[0]
+        out = f(**kw)
+        if not isinstance(out, LossOutput):
+            raise TypeError(f"{f.__name__} returned {type(out).__name__}, not LossOutput")
+        return out.loss
 
     g.__name__ = f.__name__
     return g
@@ -1318,7 +1323,7 @@ def _grpo_entries() -> list[OpInfo]:
     out.append(
         OpInfo(
             "pg.grpo_loss.clip_frac",
-            lambda **kw: pg.grpo_loss(**kw)[1]["clip_frac"],
+            lambda **kw: pg.grpo_loss(**kw).metrics["clip_frac"],
             ref_grpo_clip_frac,
             mk_ppo,
             CLIP,
@@ -1414,7 +1419,7 @@ def _lad_entries() -> list[OpInfo]:
         out.append(
             OpInfo(
                 f"lad.lad_loss[{name}]",
-                lad.lad_loss,
+                loss_of(lad.lad_loss),
                 ref_lad,
                 mk_lad,
                 {"eta": 0.7, "divergence": name},
@@ -1426,7 +1431,7 @@ def _lad_entries() -> list[OpInfo]:
         out.append(
             OpInfo(
                 f"lad.lad_theoretical_loss[{name}]",
-                lad.lad_theoretical_loss,
+                loss_of(lad.lad_theoretical_loss),
                 ref_lad_theoretical,
                 mk_lad_thm,
                 {"eta": 0.7, "divergence": name},
@@ -1475,7 +1480,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "tb.tb_loss",
-        tb.tb_loss,
+        loss_of(tb.tb_loss),
         ref_tb_loss,
         mk_tb_loss,
         grad=("residual",),
@@ -1484,7 +1489,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "tb.disa_loss",
-        tb.disa_loss,
+        loss_of(tb.disa_loss),
         ref_disa,
         mk_disa,
         {"beta": 2.0},
@@ -1503,7 +1508,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "tb.vargrad_loss",
-        tb.vargrad_loss,
+        loss_of(tb.vargrad_loss),
         ref_vargrad,
         mk_vargrad,
         {"beta": 2.0},
@@ -1727,7 +1732,7 @@ OPS: list[OpInfo] = [
     # --- offline
     OpInfo(
         "offline.offrl_loss",
-        offline.offrl_loss,
+        loss_of(offline.offrl_loss),
         ref_offrl,
         mk_offrl,
         {"kl_tau": 0.04},
@@ -1738,7 +1743,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.fpa_loss",
-        offline.fpa_loss,
+        loss_of(offline.fpa_loss),
         ref_fpa,
         mk_fpa,
         grad=("logp",),
@@ -1748,7 +1753,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.dpo_loss",
-        offline.dpo_loss,
+        loss_of(offline.dpo_loss),
         ref_dpo,
         mk_dpo,
         {"beta": 0.1},
@@ -1759,7 +1764,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.rpo_loss",
-        offline.rpo_loss,
+        loss_of(offline.rpo_loss),
         ref_rpo,
         mk_pairs,
         {"beta": 0.1, "alpha": 1.0},
@@ -1771,7 +1776,7 @@ OPS: list[OpInfo] = [
     # KTO with z0 = the batch mean of r: the reference point couples the batch (no split invariance).
     OpInfo(
         "offline.kto_loss[batch z0]",
-        offline.kto_loss,
+        loss_of(offline.kto_loss),
         ref_kto,
         mk_kto,
         {"beta": 0.5, "lambda_l": 1.33},
@@ -1782,7 +1787,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.kto_loss[given z0]",
-        offline.kto_loss,
+        loss_of(offline.kto_loss),
         ref_kto,
         mk_kto_z0,
         {"beta": 0.5, "lambda_l": 1.33},
@@ -1794,7 +1799,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.simper_loss",
-        offline.simper_loss,
+        loss_of(offline.simper_loss),
         ref_simper,
         mk_simper,
         grad=("logp_w", "logp_l"),
@@ -1813,7 +1818,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.apo_loss",
-        offline.apo_loss,
+        loss_of(offline.apo_loss),
         ref_apo_loss,
         mk_apo_loss,
         {"beta2": 0.1},
@@ -1824,7 +1829,7 @@ OPS: list[OpInfo] = [
     ),
     OpInfo(
         "offline.sft_loss",
-        offline.sft_loss,
+        loss_of(offline.sft_loss),
         ref_sft,
         mk_seq_tokens,
         grad=("token_logp",),
@@ -1961,7 +1966,7 @@ OPS: list[OpInfo] = [
     # --- Stage 2
     OpInfo(
         "regressor.regressor_loss",
-        regressor.regressor_loss,
+        loss_of(regressor.regressor_loss),
         ref_regressor_loss,
         mk_regressor,
         grad=("pred",),

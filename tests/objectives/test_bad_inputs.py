@@ -40,14 +40,14 @@ def test_grpo_nan_in_real_position_names_the_argument(arg):
 
 def test_nan_and_inf_at_padded_positions_are_ignored():
     lp, old, adv, mask = _tokens()
-    want = pg.grpo_loss(lp, old, adv, mask, token_logp_ref=old, kl_coef=0.1)[0]
+    want = pg.grpo_loss(lp, old, adv, mask, token_logp_ref=old, kl_coef=0.1).loss
     for v in (math.nan, math.inf, -math.inf):
         bad = lp.clone()
         bad[1, 2] = v  # mask[1, 2] == 0
-        got = pg.grpo_loss(bad, old, adv, mask, token_logp_ref=old, kl_coef=0.1)[0]
+        got = pg.grpo_loss(bad, old, adv, mask, token_logp_ref=old, kl_coef=0.1).loss
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert torch.isfinite(correction.kl_penalty(bad, old, mask))
-        assert torch.isfinite(pg.gspo_loss(bad, old, adv, mask)[0])
+        assert torch.isfinite(pg.gspo_loss(bad, old, adv, mask).loss)
 
 
 @pytest.mark.parametrize("arg", ["logp", "logp_ref", "reward", "log_z", "beta"])

@@ -103,12 +103,12 @@ def test_swapped_clip_bounds_are_killed_by_value(name, f):
 
 def test_swapped_clip_bounds_in_clip_fraction_are_killed_by_value():
     op = BY_NAME["pg.grpo_loss.clip_frac"]
-    kills(check_value, op, _swap_bounds(lambda **kw: pg.grpo_loss(**kw)[1]["clip_frac"]))
+    kills(check_value, op, _swap_bounds(lambda **kw: pg.grpo_loss(**kw).metrics["clip_frac"]))
 
 
 def grpo_symmetric_only(**kw):
     kw.pop("clip_eps_high")
-    return pg.grpo_loss(**kw)[0]
+    return pg.grpo_loss(**kw).loss
 
 
 def test_ignored_high_clip_is_killed_only_by_an_asymmetric_sample():
@@ -140,7 +140,7 @@ def test_attached_given_z0_is_killed_by_detach():
 
 def kto_wrong_gradient(logp, logp_ref, correct, **kw):
     doubled = logp + (logp - logp.detach())  # the value of logp, twice its gradient
-    return offline.kto_loss(doubled, logp_ref, correct, **kw)
+    return offline.kto_loss(doubled, logp_ref, correct, **kw).loss
 
 
 def test_kto_wrong_gradient_is_killed_by_grad_and_gradcheck():
@@ -165,7 +165,7 @@ def test_wrong_constant_in_a_theory_generator_is_killed_by_the_cross_check():
 def test_wrong_constant_in_an_objectives_generator_is_killed_by_value():
     op = BY_NAME["lad.lad_loss[jeffreys]"]
     wrong = lad.Divergence("jeffreys", lambda x: 0.5 * (x - 1.0) * torch.log(x), False, "(x - 1) log x / 2")
-    kills(check_value, op, lambda **kw: lad.lad_loss(**{**kw, "divergence": wrong}))
+    kills(check_value, op, lambda **kw: lad.lad_loss(**{**kw, "divergence": wrong}).loss)
     with pytest.raises(AssertionError):
         check_generators_match(theory_lad.F_DIVERGENCES, {**lad.F_DIVERGENCES, "jeffreys": wrong})
 
@@ -192,7 +192,7 @@ def test_mask_by_multiplication_is_killed_by_padding_only():
 
 # ---------------------------------------------------------------------- detach / NaN / shapes
 def disa_attached_log_z(logp, logp_ref, reward, log_z_frozen, beta, weight=None):
-    return tb.tb_loss(tb.tb_residual(logp, logp_ref.detach(), reward, log_z_frozen, beta), weight)
+    return tb.tb_loss(tb.tb_residual(logp, logp_ref.detach(), reward, log_z_frozen, beta), weight).loss
 
 
 def test_attached_frozen_log_z_is_killed_by_detach():
@@ -200,14 +200,14 @@ def test_attached_frozen_log_z_is_killed_by_detach():
 
 
 def sft_nan_to_num(token_logp, mask):
-    return offline.sft_loss(torch.nan_to_num(token_logp, nan=0.0), mask)
+    return offline.sft_loss(torch.nan_to_num(token_logp, nan=0.0), mask).loss
 
 
 def test_silent_nan_masking_is_killed_by_nan():
     kills(check_nan, BY_NAME["offline.sft_loss"], sft_nan_to_num)
 
 
-def dpo_without_shape_checks(logp_w, logp_l, ref_w, ref_l, beta=0.1):
+def dpo_without_shape_checks(logp_w, logp_l, ref_w, ref_l, *, beta=0.1):
     return -F.logsigmoid(beta * ((logp_w - ref_w.detach()) - (logp_l - ref_l.detach()))).mean()
 
 

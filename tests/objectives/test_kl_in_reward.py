@@ -178,12 +178,12 @@ def expected_grad(prob: Problem, params, kl: str, coef: float, scale: str = "non
         old = tok.detach()
         if kl == "reward":
             r = pg.kl_in_reward(prob.r[ys][None], old.sum(1)[None], ref.sum(1)[None], coef)
-            loss, _ = pg.grpo_loss(tok, old, pg.group_advantages(r, scale, EPS)[0], torch.ones_like(tok))
+            loss = pg.grpo_loss(tok, old, pg.group_advantages(r, scale, EPS)[0], torch.ones_like(tok)).loss
         else:
             adv = pg.group_advantages(prob.r[ys][None], scale, EPS)[0]
-            loss, _ = pg.grpo_loss(
+            loss = pg.grpo_loss(
                 tok, old, adv, torch.ones_like(tok), token_logp_ref=ref, kl_coef=coef, kl_estimator=kl
-            )
+            ).loss
         total = total + prob_y[ys].prod() * loss
     (grad,) = torch.autograd.grad(total, p)
     return grad
@@ -201,7 +201,7 @@ def expected_grad_kl_in_reward(prob: Problem, params, coef: float = C, scale: st
     r = pg.kl_in_reward(prob.r[prob.groups], old.sum(1).view(n, G), ref.sum(1).view(n, G), coef)
     adv = pg.group_advantages(r, scale, EPS).reshape(-1)
     weight = (lt.detach().sum(1).exp()[prob.groups].prod(1) * n).repeat_interleave(G)
-    loss, _ = pg.grpo_loss(tok, old, adv, torch.ones_like(tok), is_weight=weight)
+    loss = pg.grpo_loss(tok, old, adv, torch.ones_like(tok), is_weight=weight).loss
     (grad,) = torch.autograd.grad(loss, p)
     return grad
 

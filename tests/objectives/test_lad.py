@@ -45,7 +45,7 @@ def test_lad_loss_value_and_gradient_match_loop(name):
     logp = (torch.randn(B, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
     logp_old = torch.randn(B, generator=g, dtype=torch.float64) * 0.5
     adv = torch.randn(B, generator=g, dtype=torch.float64)
-    loss = lad.lad_loss(logp, logp_old, adv, eta, name)
+    loss = lad.lad_loss(logp, logp_old, adv, eta, name).loss
     ref = 0.0
     for i in range(B):
         c = math.exp(logp[i].item() - logp_old[i].item()) * math.exp(-adv[i].item() / eta)
@@ -81,7 +81,9 @@ def test_theoretical_loss_matches_loop(name):
         pa = math.exp(adv[k].item() / eta) / za
         pp = math.exp(logp[k].item() - logp_old[k].item()) / zp
         ref += pa * ref_divergence(name, pp / pa)
-    assert lad.lad_theoretical_loss(logp, logp_old, adv, eta, name).item() == pytest.approx(ref, rel=1e-11, abs=1e-14)
+    assert lad.lad_theoretical_loss(logp, logp_old, adv, eta, name).loss.item() == pytest.approx(
+        ref, rel=1e-11, abs=1e-14
+    )
 
 
 @pytest.mark.parametrize("name", ["kl", "jeffreys", "hellinger", "js", "rkl"])
@@ -102,7 +104,7 @@ def test_practical_optimum_is_pi_old_exp_a_over_eta(name):
     def closure():
         opt.zero_grad()
         logp = torch.log_softmax(theta, 0)
-        per = lad.lad_loss(logp, logp_old, adv, eta, name, reduction="none")
+        per = lad.lad_loss(logp, logp_old, adv, eta, name, reduction="none").loss
         loss = (logp_old.exp() * per).sum()
         loss.backward()
         return loss

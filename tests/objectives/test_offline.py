@@ -20,7 +20,7 @@ def _seq(seed=0, B=5):
 
 def test_offrl_value_and_gradient_eq2():
     logp, lengths, reward = _seq()
-    loss = O.offrl_loss(logp, lengths, reward)
+    loss = O.offrl_loss(logp, lengths, reward).loss
     B = logp.shape[0]
     ref = -sum(reward[i].item() * math.exp(logp[i].item() / lengths[i].item()) for i in range(B)) / B
     assert loss.item() == pytest.approx(ref, rel=1e-12)
@@ -35,21 +35,21 @@ def test_offrl_forward_kl_penalty():
     logp, lengths, reward = _seq(1)
     logp = logp.detach()
     logp_ref = logp.detach() - 0.3
-    a = O.offrl_loss(logp, lengths, reward, logp_ref=logp_ref, kl_tau=0.04)
-    b = O.offrl_loss(logp, lengths, reward)
+    a = O.offrl_loss(logp, lengths, reward, logp_ref=logp_ref, kl_tau=0.04).loss
+    b = O.offrl_loss(logp, lengths, reward).loss
     assert (a - b).item() == pytest.approx(0.04 * float((logp_ref - logp.detach()).mean()), rel=1e-12)
 
 
 def test_fpa_gradient_eq3_and_lambda0_equals_offrl():
     logp, lengths, reward = _seq(2)
     fut = logp.detach() + torch.linspace(-1, 1, logp.shape[0], dtype=torch.float64)
-    (g,) = torch.autograd.grad(O.fpa_loss(logp, fut, lengths, reward), logp)
+    (g,) = torch.autograd.grad(O.fpa_loss(logp, fut, lengths, reward).loss, logp)
     B = logp.shape[0]
     for i in range(B):
         expect = -(1 / lengths[i].item()) * reward[i].item() * math.exp(fut[i].item() / lengths[i].item()) / B
         assert g[i].item() == pytest.approx(expect, rel=1e-12)
-    (g0,) = torch.autograd.grad(O.fpa_loss(logp, logp.detach(), lengths, reward), logp)
-    (g1,) = torch.autograd.grad(O.offrl_loss(logp, lengths, reward), logp)
+    (g0,) = torch.autograd.grad(O.fpa_loss(logp, logp.detach(), lengths, reward).loss, logp)
+    (g1,) = torch.autograd.grad(O.offrl_loss(logp, lengths, reward).loss, logp)
     torch.testing.assert_close(g0, g1, rtol=1e-12, atol=1e-15)
 
 
@@ -76,15 +76,15 @@ def test_dpo_rpo_match_loops(beta, alpha):
     g = torch.Generator().manual_seed(4)
     lw, ll, rw, rl = (torch.randn(4, generator=g, dtype=torch.float64) * 3 for _ in range(4))
     lenw = torch.tensor([3.0, 5.0, 1.0, 8.0], dtype=torch.float64)
-    d = O.dpo_loss(lw, ll, rw, rl, beta=beta)
+    d = O.dpo_loss(lw, ll, rw, rl, beta=beta).loss
     ref = -sum(math.log(ref_sigmoid(beta * ((lw[i] - rw[i]) - (ll[i] - rl[i])).item())) for i in range(4)) / 4
     assert d.item() == pytest.approx(ref, rel=1e-12)
-    r = O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta, alpha=alpha)
+    r = O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta, alpha=alpha).loss
     nll = sum(lw[i].item() / lenw[i].item() for i in range(4)) / 4
     assert r.item() == pytest.approx(ref - alpha * nll, rel=1e-12)
     if beta != 0.1:  # the options move the value: the defaults give other numbers
-        assert abs(O.dpo_loss(lw, ll, rw, rl).item() - ref) > 1e-3
-        assert abs(O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta).item() - (ref - alpha * nll)) > 1e-3
+        assert abs(O.dpo_loss(lw, ll, rw, rl).loss.item() - ref) > 1e-3
+        assert abs(O.rpo_loss(lw, ll, rw, rl, lenw, beta=beta).loss.item() - (ref - alpha * nll)) > 1e-3
 
 
 def test_dpo_with_bandit_normalized_future_policy_equals_dpo_with_scaled_beta():
@@ -97,8 +97,8 @@ def test_dpo_with_bandit_normalized_future_policy_equals_dpo_with_scaled_beta():
     w, l = 1, 4
     logp = torch.log_softmax(logits, 0)
     log_hat = torch.log_softmax((1 + lam) * logp - lam * log_ref, 0)
-    a = O.dpo_loss(log_hat[w : w + 1], log_hat[l : l + 1], log_ref[w : w + 1], log_ref[l : l + 1], beta)
-    b = O.dpo_loss(logp[w : w + 1], logp[l : l + 1], log_ref[w : w + 1], log_ref[l : l + 1], (1 + lam) * beta)
+    a = O.dpo_loss(log_hat[w : w + 1], log_hat[l : l + 1], log_ref[w : w + 1], log_ref[l : l + 1], beta=beta).loss
+    b = O.dpo_loss(logp[w : w + 1], logp[l : l + 1], log_ref[w : w + 1], log_ref[l : l + 1], beta=(1 + lam) * beta).loss
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
     (ga,) = torch.autograd.grad(a, logits, retain_graph=True)
     (gb,) = torch.autograd.grad(b, logits)
@@ -111,9 +111,9 @@ def test_simper_gradient_equals_offrl_gradient():
     logp, lengths, _ = _seq(6, B=4)
     lw, ll = logp[:2], logp[2:]
     nw, nl = lengths[:2], lengths[2:]
-    (gs,) = torch.autograd.grad(O.simper_loss(lw, nw, ll, nl), logp)
+    (gs,) = torch.autograd.grad(O.simper_loss(lw, ll, nw, nl).loss, logp)
     reward = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
-    (go,) = torch.autograd.grad(O.offrl_loss(logp, lengths, reward), logp)
+    (go,) = torch.autograd.grad(O.offrl_loss(logp, lengths, reward).loss, logp)
     torch.testing.assert_close(gs, 2 * go, rtol=1e-12, atol=1e-15)
 
 
@@ -132,10 +132,16 @@ def test_kto_matches_paper_definition(beta, lambda_w, lambda_l, z0):
         lam = lambda_w if correct[i] else lambda_l
         v = ref_sigmoid(beta * (r[i] - zz)) if correct[i] else ref_sigmoid(beta * (zz - r[i]))
         ref += lam - lam * v
-    got = O.kto_loss(logp, logp_ref, correct, beta, lambda_w, lambda_l, z0=z0).item()
+    got = O.kto_loss(logp, logp_ref, correct, beta=beta, lambda_w=lambda_w, lambda_l=lambda_l, z0=z0).loss.item()
     assert got == pytest.approx(ref / 5, rel=1e-12)
     if (lambda_w, lambda_l) != (1.0, 1.0):
-        assert abs(O.kto_loss(logp, logp_ref, correct, beta, lambda_l, lambda_w, z0=z0).item() - got) > 1e-3
+        assert (
+            abs(
+                O.kto_loss(logp, logp_ref, correct, beta=beta, lambda_w=lambda_l, lambda_l=lambda_w, z0=z0).loss.item()
+                - got
+            )
+            > 1e-3
+        )
 
 
 def test_apo_value_is_stage1_lse_with_q_ref_and_loss():
@@ -150,14 +156,14 @@ def test_apo_value_is_stage1_lse_with_q_ref_and_loss():
     logp, logp_ref, rew, vh = (torch.randn(4, generator=g, dtype=torch.float64) for _ in range(4))
     for beta2 in (1e-3, 0.3):
         ref = sum((beta2 * (logp[i] - logp_ref[i]).item() - (rew[i] - vh[i]).item()) ** 2 for i in range(4)) / 4
-        assert O.apo_loss(logp, logp_ref, rew, vh, beta2=beta2).item() == pytest.approx(ref, rel=1e-12)
+        assert O.apo_loss(logp, logp_ref, rew, vh, beta2=beta2).loss.item() == pytest.approx(ref, rel=1e-12)
 
 
 def test_sft_loss_is_token_mean_nll():
     lp = -torch.rand(2, 4, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
     ref = -(lp[0, :2].sum() + lp[1].sum()).item() / 6
-    assert O.sft_loss(lp, mask).item() == pytest.approx(ref, rel=1e-12)
+    assert O.sft_loss(lp, mask).loss.item() == pytest.approx(ref, rel=1e-12)
 
 
 def test_bad_lengths():

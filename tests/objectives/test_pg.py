@@ -43,7 +43,8 @@ def _ref_grpo_terms(lp, lpo, lpr, adv, mask, eps, kl_coef):
 def test_grpo_loss_matches_loop(agg, kl_coef):
     lp, lpo, lpr, adv, mask = _batch()
     kw = {"max_len": lp.shape[1]} if agg == "seq_mean_token_sum_norm" else {}
-    loss, m = pg.grpo_loss(lp, lpo, adv, mask, clip_eps=0.2, loss_agg=agg, token_logp_ref=lpr, kl_coef=kl_coef, **kw)
+    _out = pg.grpo_loss(lp, lpo, adv, mask, clip_eps=0.2, loss_agg=agg, token_logp_ref=lpr, kl_coef=kl_coef, **kw)
+    loss, m = _out.loss, _out.metrics
     terms = _ref_grpo_terms(lp, lpo, lpr, adv, mask, 0.2, kl_coef)
     flat = [v for row in terms for v in row if v is not None]
     if agg == "token_mean":
@@ -58,7 +59,7 @@ def test_grpo_loss_matches_loop(agg, kl_coef):
 
 def test_grpo_gradient_matches_finite_differences():
     lp, lpo, lpr, adv, mask = _batch(seed=3)
-    loss, _ = pg.grpo_loss(lp, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1)
+    loss = pg.grpo_loss(lp, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1).loss
     (g,) = torch.autograd.grad(loss, lp)
     h = 1e-6
     for b, t in [(0, 0), (1, 4), (3, 2)]:
@@ -66,8 +67,8 @@ def test_grpo_gradient_matches_finite_differences():
         e[b, t] = h
         lpl = lp.detach() + e
         lmi = lp.detach() - e
-        fp = pg.grpo_loss(lpl, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1)[0].item()
-        fm = pg.grpo_loss(lmi, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1)[0].item()
+        fp = pg.grpo_loss(lpl, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1).loss.item()
+        fm = pg.grpo_loss(lmi, lpo, adv, mask, token_logp_ref=lpr, kl_coef=0.1).loss.item()
         # central differences in float64, h = 1e-6: truncation ~1e-12, rounding ~1e-10
         assert g[b, t].item() == pytest.approx((fp - fm) / (2 * h), rel=1e-5, abs=1e-9)
     # masked positions get no gradient
@@ -77,14 +78,14 @@ def test_grpo_gradient_matches_finite_differences():
 def test_grpo_on_policy_gradient_is_reinforce():
     # At logp = logp_old the clipped surrogate's gradient is -A * mask / n_tokens per token.
     lp, _, _, adv, mask = _batch(seed=4)
-    loss, _ = pg.grpo_loss(lp, lp.detach(), adv, mask)
+    loss = pg.grpo_loss(lp, lp.detach(), adv, mask).loss
     (g,) = torch.autograd.grad(loss, lp)
     torch.testing.assert_close(g, -adv[:, None] * mask / mask.sum(), rtol=1e-12, atol=1e-15)
 
 
 def test_gspo_matches_loop():
     lp, lpo, _, adv, mask = _batch(seed=5)
-    loss, _ = pg.gspo_loss(lp, lpo, adv, mask, clip_eps=0.05, clip_eps_high=0.08)
+    loss = pg.gspo_loss(lp, lpo, adv, mask, clip_eps=0.05, clip_eps_high=0.08).loss
     ref = 0.0
     for b in range(lp.shape[0]):
         toks = [t for t in range(lp.shape[1]) if mask[b, t] > 0]
@@ -96,8 +97,8 @@ def test_gspo_matches_loop():
 
 def test_ppo_kl_is_grpo_with_kl_to_old():
     lp, lpo, _, adv, mask = _batch(seed=6)
-    a, _ = pg.ppo_kl_loss(lp, lpo, adv, mask, kl_coef=1.0)
-    b, _ = pg.grpo_loss(lp, lpo, adv, mask, token_logp_ref=lpo, kl_coef=1.0)
+    a = pg.ppo_kl_loss(lp, lpo, adv, mask, kl_coef=1.0).loss
+    b = pg.grpo_loss(lp, lpo, adv, mask, token_logp_ref=lpo, kl_coef=1.0).loss
     torch.testing.assert_close(a, b)
 
 
@@ -116,8 +117,8 @@ def test_padding_invariance(fn):
     lp, lpo, _lpr, adv, mask = _batch(seed=7)
     pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 3), v, dtype=x.dtype)], 1)
     f = pg.grpo_loss if fn == "grpo" else pg.gspo_loss
-    l0 = f(lp, lpo, adv, mask)[0]
-    l1 = f(pad(lp, -9.0), pad(lpo, 4.0), adv, pad(mask, 0.0))[0]
+    l0 = f(lp, lpo, adv, mask).loss
+    l1 = f(pad(lp, -9.0), pad(lpo, 4.0), adv, pad(mask, 0.0)).loss
     torch.testing.assert_close(l0, l1, rtol=1e-12, atol=1e-15)
 
 
@@ -137,7 +138,7 @@ def test_is_weight_does_not_scale_the_kl_term():
     ref = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.float64)
     adv = torch.zeros(1, dtype=torch.float64)
-    loss, _ = pg.grpo_loss(lp, lp, adv, mask, token_logp_ref=ref, kl_coef=1.0, is_weight=torch.tensor([0.5]).double())
+    loss = pg.grpo_loss(lp, lp, adv, mask, token_logp_ref=ref, kl_coef=1.0, is_weight=torch.tensor([0.5]).double()).loss
     torch.testing.assert_close(loss, pg.kl_k3(lp, ref).mean(), rtol=1e-14, atol=0)
 
 
@@ -145,10 +146,10 @@ def test_gspo_empty_completion_contributes_zero():
     lp = torch.zeros(2, 2, dtype=torch.float64)
     mask = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
     adv = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    loss, _ = pg.gspo_loss(lp, lp, adv, mask)
+    loss = pg.gspo_loss(lp, lp, adv, mask).loss
     assert loss.item() == 0.0  # the empty row's ratio is 1, its A = 1: it must not give -A / B = -0.5
     # the same with a non-zero second row: the empty row still adds 0 and counts in B (TRL)
-    loss, _ = pg.gspo_loss(lp, lp, torch.tensor([1.0, 2.0], dtype=torch.float64), mask)
+    loss = pg.gspo_loss(lp, lp, torch.tensor([1.0, 2.0], dtype=torch.float64), mask).loss
     assert loss.item() == pytest.approx(-2.0 / 2, rel=1e-15)
 
 
@@ -158,7 +159,7 @@ def test_dr_grpo_normalizer_is_fixed_not_padded_width():
     kw = {"loss_agg": "seq_mean_token_sum_norm", "max_len": 8}
     padded = lambda x, t: torch.cat([x, torch.zeros(1, t - 2, dtype=x.dtype)], 1)
     values = [
-        pg.grpo_loss(padded(lp, t), padded(lp, t), adv, padded(torch.ones(1, 2).double(), t), **kw)[0].item()
+        pg.grpo_loss(padded(lp, t), padded(lp, t), adv, padded(torch.ones(1, 2).double(), t), **kw).loss.item()
         for t in (4, 8)
     ]
     assert values == [-2.0 / 8, -2.0 / 8]  # TRL: sum of the 2 tokens' -A over max_completion_length
@@ -184,13 +185,13 @@ def test_options_bind_on_their_opinfo_sample(opt):
     from tests.objectives.opinfo import CLIP, mk_grpo_far
 
     x = mk_grpo_far(torch.Generator().manual_seed(0))
-    base = pg.grpo_loss(**x, **CLIP, kl_coef=0.1)[0]
-    assert abs(float(pg.grpo_loss(**x, **{**CLIP, **opt}, kl_coef=0.1)[0] - base)) > 1e-7
+    base = pg.grpo_loss(**x, **CLIP, kl_coef=0.1).loss
+    assert abs(float(pg.grpo_loss(**x, **{**CLIP, **opt}, kl_coef=0.1).loss - base)) > 1e-7
 
 
 def test_dual_clip_bounds_negative_advantage_loss():
     lp = torch.zeros(1, 1, dtype=torch.float64)
-    loss, _ = pg.grpo_loss(lp, lp - 5.0, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), dual_clip=3.0)
+    loss = pg.grpo_loss(lp, lp - 5.0, torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1), dual_clip=3.0).loss
     assert loss.item() == pytest.approx(3.0, rel=1e-15)  # rho = e^5 ~ 148, bounded at c |A| = 3
     with pytest.raises(ValueError, match="dual_clip"):
         pg.grpo_loss(lp, lp, torch.ones(1, dtype=torch.float64), torch.ones(1, 1), dual_clip=1.0)

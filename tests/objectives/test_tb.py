@@ -46,7 +46,9 @@ def test_tb_residual_and_loss_match_reference(b, beta, seed):
     ref = ref_tb_residual(logp.tolist(), logp_ref.tolist(), r.tolist(), lz.tolist(), beta)
     for i in range(b):
         assert d[i].item() == pytest.approx(ref[i], rel=1e-12, abs=1e-12)
-    assert tb.tb_loss(d, w).item() == pytest.approx(sum(w[i].item() * ref[i] ** 2 for i in range(b)) / b, rel=1e-12)
+    assert tb.tb_loss(d, w).loss.item() == pytest.approx(
+        sum(w[i].item() * ref[i] ** 2 for i in range(b)) / b, rel=1e-12
+    )
 
 
 def test_tb_gradients_match_analytic():
@@ -54,7 +56,7 @@ def test_tb_gradients_match_analytic():
     lz = rnd(5, grad=True)
     logp_ref, r, w = rnd(5), rnd(5), rnd(5).abs()
     beta = 2.5
-    tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz, beta), w).backward()
+    tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz, beta), w).loss.backward()
     d = (lz + logp - logp_ref - beta * r).detach()
     torch.testing.assert_close(logp.grad, 2 * w * d / 5, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(lz.grad, 2 * w * d / 5, rtol=1e-12, atol=1e-14)
@@ -63,7 +65,7 @@ def test_tb_gradients_match_analytic():
 def test_disa_loss_blocks_log_z_gradient_and_flowrl_style_learns_it():
     logp = rnd(4, grad=True)
     lz = rnd(4, grad=True)
-    tb.disa_loss(logp, rnd(4), rnd(4), lz, 1.0).backward()
+    tb.disa_loss(logp, rnd(4), rnd(4), lz, 1.0).loss.backward()
     assert lz.grad is None and logp.grad is not None
 
 
@@ -85,8 +87,8 @@ def test_vargrad_log_z_matches_loop_and_is_batch_argmin():
         assert est[i].item() == pytest.approx(ref, rel=1e-12)
         # argmin: perturbing log Z either way raises the batch TB loss
         for eps in (1e-3, -1e-3):
-            l0 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i], beta))
-            l1 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i] + eps, beta))
+            l0 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i], beta)).loss
+            l1 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i] + eps, beta)).loss
             assert l1 > l0
 
 
@@ -94,11 +96,11 @@ def test_vargrad_equals_tb_at_batch_optimal_log_z_values_and_gradients():
     p, g, beta = 4, 6, 3.0
     logp = rnd(p, g, grad=True)
     logp_ref, r = rnd(p, g), rnd(p, g)
-    lv = tb.vargrad_loss(logp, logp_ref, r, beta)
+    lv = tb.vargrad_loss(logp, logp_ref, r, beta).loss
     (gv,) = torch.autograd.grad(lv, logp)
     # TB with the batch-optimal log Z plugged in as a constant
     lz = torch.stack([(beta * r[i] - logp[i] + logp_ref[i]).mean() for i in range(p)]).detach()
-    lt = tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz[:, None], beta))
+    lt = tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz[:, None], beta)).loss
     (gt,) = torch.autograd.grad(lt, logp)
     torch.testing.assert_close(lv, lt, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(gv, gt, rtol=1e-10, atol=1e-13)
@@ -123,7 +125,7 @@ def test_tb_optimum_with_exact_log_z_is_pi_star_on_simplex():
     def closure():
         opt.zero_grad()
         logp = torch.log_softmax(theta, 0)
-        loss = tb.tb_loss(tb.tb_residual(logp, pi_ref.log(), r, log_z, beta), weight=pi_b * K)
+        loss = tb.tb_loss(tb.tb_residual(logp, pi_ref.log(), r, log_z, beta), weight=pi_b * K).loss
         loss.backward()
         return loss
 
@@ -179,7 +181,8 @@ def test_flowrl_loss_matches_hand_computation_and_log_z_gets_gradient():
     mask[1, 3] = 0
     rewards = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
     lz = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
-    loss, metrics = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz, beta=15.0)
+    _out = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz, beta=15.0)
+    loss, metrics = _out.loss, _out.metrics
     # loop reference of docs/math.md §2
     tot = 0.0
     for b in range(P * G):
@@ -205,8 +208,8 @@ def test_token_losses_padding_invariance():
     rewards = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
     lz = torch.zeros(P, dtype=torch.float64)
     pad = lambda x, v: torch.cat([x, torch.full((P * G, 2), v, dtype=torch.float64)], 1)
-    l0, _ = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz)
-    l1, _ = tb.flowrl_loss(pad(lp, -50.0), pad(lref, 3.0), pad(lold, 7.0), pad(mask, 0.0), rewards, lz)
+    l0 = tb.flowrl_loss(lp, lref, lold, mask, rewards, lz).loss
+    l1 = tb.flowrl_loss(pad(lp, -50.0), pad(lref, 3.0), pad(lold, 7.0), pad(mask, 0.0), rewards, lz).loss
     torch.testing.assert_close(l0, l1, rtol=1e-12, atol=1e-14)
 
 
@@ -220,7 +223,7 @@ def test_flowrl_logs_the_clip_fraction_of_its_own_clip(clip):
     shift = torch.tensor([3.0, -3.0, 0.01, 0.0, 3.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # log-ratio per sequence / T
     lold = lp - shift[:, None] / T
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
-    _, metrics = tb.flowrl_loss(
+    _out = tb.flowrl_loss(
         lp,
         lp,
         lold,
@@ -230,6 +233,7 @@ def test_flowrl_logs_the_clip_fraction_of_its_own_clip(clip):
         weight_clip=clip,
         is_weight=torch.full((P * G,), 100.0, dtype=torch.float64),
     )
+    _, metrics = _out.loss, _out.metrics
     # ratios e^3 (x2), e^-3, e^0.01, 1 (x4): "max" (at 10) clips the two e^3; "eps" (outside
     # [0.8, 1.2]) clips e^3 twice and e^-3 once
     expected = {"max": 2 / 8, "eps": 3 / 8}[clip]

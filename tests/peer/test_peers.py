@@ -128,10 +128,10 @@ def test_trl_compute_loss(loss_type, isr_level):
     g = torch.Generator().manual_seed(2)
     isr = torch.rand(B, T if isr_level == "token" else 1, generator=g, dtype=F64) + 0.5
     want = _trl_loss(loss_type, lp, old, ref, adv, mask, isr, beta=0.3, max_len=9)
-    got, _ = pg.grpo_loss(
+    got = pg.grpo_loss(
         lp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, loss_agg=TRL_AGG[loss_type],  # type: ignore[arg-type]
         token_logp_ref=ref, kl_coef=0.3, is_weight=isr[:, 0] if isr_level == "sequence" else isr, max_len=9,
-    )  # fmt: skip
+    ).loss  # fmt: skip
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -197,16 +197,16 @@ def test_verl_ppo_clip_dual_clip(agg, weighted):
     want, _ = _core().compute_policy_loss_vanilla(old, lpg, adv[:, None].expand(B, T), mask, agg, cfg, w)
     (gw,) = torch.autograd.grad(want, lpg)
     lpg = lp.clone().requires_grad_(True)
-    got, _ = pg.grpo_loss(
+    got = pg.grpo_loss(
         lpg, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, loss_agg=VERL_AGG[agg],  # type: ignore[arg-type]
         max_len=T + 3, dual_clip=3.0, log_ratio_clip=20.0, is_weight=w,
-    )  # fmt: skip
+    ).loss  # fmt: skip
     (gg,) = torch.autograd.grad(got, lpg)
     tol = SEQ_MEAN_TOL if agg == "seq-mean-token-mean" else TOL
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(gg, gw, **tol)
     if not weighted and agg == "token-mean":  # the dual clip binds on this sample: without it the value differs
-        plain = pg.grpo_loss(lp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28)[0]
+        plain = pg.grpo_loss(lp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28).loss
         assert abs(float(plain - want.detach())) > 1e-3
 
 
@@ -218,7 +218,7 @@ def test_verl_gspo():
     want, _ = _core().compute_policy_loss_gspo(old, lpg, adv[:, None].expand(B, T), mask, "seq-mean-token-mean", cfg)
     (gw,) = torch.autograd.grad(want, lpg)
     lpg = lp.clone().requires_grad_(True)
-    got, _ = pg.gspo_loss(lpg, old, adv, mask, clip_eps=0.1, clip_eps_high=0.15)
+    got = pg.gspo_loss(lpg, old, adv, mask, clip_eps=0.1, clip_eps_high=0.15).loss
     (gg,) = torch.autograd.grad(got, lpg)
     torch.testing.assert_close(got, want, **SEQ_MEAN_TOL)
     torch.testing.assert_close(gg, gw, **SEQ_MEAN_TOL)
@@ -240,7 +240,7 @@ def test_verl_seq_mean_counts_only_nonempty_sequences():
     mask[1] = 0.0
     cfg = _actor(clip_ratio=0.2, loss_agg_mode="seq-mean-token-mean")
     want, _ = _core().compute_policy_loss_vanilla(old, lp, adv[:, None].expand(B, T), mask, "seq-mean-token-mean", cfg)
-    got, _ = pg.grpo_loss(lp, old, adv, mask, loss_agg="seq_mean_token_mean", dual_clip=3.0, log_ratio_clip=20.0)
+    got = pg.grpo_loss(lp, old, adv, mask, loss_agg="seq_mean_token_mean", dual_clip=3.0, log_ratio_clip=20.0).loss
     torch.testing.assert_close(got * B / (B - 1), want, **SEQ_MEAN_TOL)
 
 

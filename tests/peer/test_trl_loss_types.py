@@ -201,9 +201,9 @@ def _ours(loss_type, case, x, micro, ga, spg, procs, mode):
     elif loss_type in ("grpo", "sapo"):
         kw["loss_agg"] = "seq_mean_token_mean"
     rows = micro["prompt_ids"][:, 0]
-    loss, _ = FN[loss_type](
+    loss = FN[loss_type](
         x[rows], micro["old_per_token_logps"], micro["advantages"], micro["completion_mask"].to(F64), **kw
-    )
+    ).loss
     assert loss.shape == () and n_rows > 0
     return loss if loss_type in WINDOW_TOKENS else loss / accum
 
@@ -295,6 +295,6 @@ def test_vespo_gamma_weight_matches_trl():
         adv[:, None], log_ratio, d["mask"], d["isr_tok"], k_pos=k["k_pos"], lambda_pos=k["lambda_pos"],
         k_neg=k["k_neg"], lambda_neg=k["lambda_neg"],
     )[:, 0]  # fmt: skip
-    _, m = pg.vespo_loss(d["logp"], d["old"], adv, d["mask"], is_weight=d["isr_tok"], **k)
+    m = pg.vespo_loss(d["logp"], d["old"], adv, d["mask"], is_weight=d["isr_tok"], **k).metrics
     torch.testing.assert_close(m["phi_mean"], want.mean(), **TOL)
     assert float(want.std()) > 1e-2  # the weights differ between sequences here

@@ -171,12 +171,12 @@ def test_grpo_equals_tiltlab(name, agg, mode, weighted):
         lambda x: pg.grpo_loss(
             x, old, adv, mask.to(F64), clip_eps=0.15, clip_eps_high=0.3, loss_agg=mode, is_weight=w, dual_clip=2.5,
             max_len=T + 3,
-        ),
+        ).loss,
         lp,
     )  # fmt: skip
     _close(got, want)
     # the options are live on this sample: veRL's default clip (0.2 / 0.2, c = 3) gives another value
-    plain = pg.grpo_loss(lp, old, adv, mask.to(F64), loss_agg=mode, is_weight=w, dual_clip=3.0, max_len=T + 3)[0]
+    plain = pg.grpo_loss(lp, old, adv, mask.to(F64), loss_agg=mode, is_weight=w, dual_clip=3.0, max_len=T + 3).loss
     assert abs(float(plain - got[0])) > 1e-3
 
 
@@ -228,7 +228,7 @@ def test_gspo_equals_tiltlab_and_verl():
     cfg = _config(clip_ratio=0.1, clip_ratio_low=0.02, clip_ratio_high=0.03, loss_agg_mode="seq-mean-token-mean")
     got = _value_and_grad(lambda x: _call("tiltlab_gspo", x, old, adv, mask, cfg, "seq-mean-token-mean", w), lp)
     want = _value_and_grad(
-        lambda x: pg.gspo_loss(x, old, adv, mask.to(F64), clip_eps=0.02, clip_eps_high=0.03, is_weight=w_seq), lp
+        lambda x: pg.gspo_loss(x, old, adv, mask.to(F64), clip_eps=0.02, clip_eps_high=0.03, is_weight=w_seq).loss, lp
     )
     _close(got, want)
     unweighted = _value_and_grad(lambda x: _call("tiltlab_gspo", x, old, adv, mask, cfg, "seq-mean-token-mean"), lp)
@@ -255,8 +255,10 @@ def test_cispo_equals_verl_and_tiltlab(agg, weighted):
     _close(got, want, SEQ_TOL if agg == "seq-mean-token-mean" else TOL)
     mode = plugin.VERL_AGG[agg]
     ours = _value_and_grad(
-        lambda x: pg.cispo_loss(
-            x, old, adv, mask.to(F64), ratio_min=0.85, ratio_max=1.35, loss_agg=mode, is_weight=w, max_len=T + 3
+        lambda x: (
+            pg.cispo_loss(
+                x, old, adv, mask.to(F64), ratio_min=0.85, ratio_max=1.35, loss_agg=mode, is_weight=w, max_len=T + 3
+            ).loss
         ),
         lp,
     )
@@ -276,7 +278,7 @@ def test_sapo_equals_verl_and_tiltlab(agg, weighted):
     want = _value_and_grad(lambda x: _call("sapo", x, old, adv, mask, cfg, agg, w), lp)
     _close(got, want, SEQ_TOL)
     ours = _value_and_grad(
-        lambda x: pg.sapo_loss(x, old, adv, mask.to(F64), temp_pos=0.6, temp_neg=1.7, is_weight=w), lp
+        lambda x: pg.sapo_loss(x, old, adv, mask.to(F64), temp_pos=0.6, temp_neg=1.7, is_weight=w).loss, lp
     )
     _close(got, ours)
     plain = _call("sapo", lp, old, adv, mask, _config(clip_ratio=0.2, loss_agg_mode=agg), agg, w)[0]
@@ -301,7 +303,7 @@ def test_lad_equals_tiltlab(div, level):
         got = _value_and_grad(lambda x: _call(name, x, old, adv, mask, cfg, agg, w), lp)
         want = _value_and_grad(
             lambda x: pg.aggregate(
-                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta, div, reduction="none") * w,
+                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta, div, reduction="none").loss * w,
                 m,
                 "seq_mean_token_mean",
             ),
@@ -310,8 +312,15 @@ def test_lad_equals_tiltlab(div, level):
     else:
         got = _value_and_grad(lambda x: _call(name, x, old, adv, mask, cfg, agg, w_seq), lp)
         want = _value_and_grad(
-            lambda x: lad.lad_loss(
-                tb.sequence_logprob(x, m, "mean"), tb.sequence_logprob(old, m, "mean"), adv, eta, div, weight=w[:, 0]
+            lambda x: (
+                lad.lad_loss(
+                    tb.sequence_logprob(x, m, "mean"),
+                    tb.sequence_logprob(old, m, "mean"),
+                    adv,
+                    eta,
+                    div,
+                    weight=w[:, 0],
+                ).loss
             ),
             lp,
         )

@@ -189,7 +189,7 @@ def _naive_dpo_run(seed, beta, steps, prompts, lam, lr=0.05):
             ll = future_policy_logprobs(th, ref, yl, lam).sum(-1)
         else:
             lw, ll = logp(th, yw), logp(th, yl)
-        loss = dpo_loss(lw, ll, rw, rl, beta)
+        loss = dpo_loss(lw, ll, rw, rl, beta=beta).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -193,9 +193,9 @@ def test_gradient_parts_sum_to_the_loss_gradient():
     logp = torch.log_softmax(logits, -1).gather(-1, ids.reshape(S * N, L).unsqueeze(-1)).squeeze(-1).sum(-1)
     lens = torch.full((S * N,), float(L), dtype=torch.float64)
     signed, cf = d["signed"].reshape(-1), (d["reward"] > 0.5).reshape(-1).to(torch.float64)
-    (gc,) = torch.autograd.grad(offrl_loss(logp, lens, signed * cf) * S, theta, retain_graph=True)
-    (gi,) = torch.autograd.grad(offrl_loss(logp, lens, signed * (1 - cf)) * S, theta, retain_graph=True)
-    (gt,) = torch.autograd.grad(offrl_loss(logp, lens, signed) * S, theta)
+    (gc,) = torch.autograd.grad(offrl_loss(logp, lens, signed * cf).loss * S, theta, retain_graph=True)
+    (gi,) = torch.autograd.grad(offrl_loss(logp, lens, signed * (1 - cf)).loss * S, theta, retain_graph=True)
+    (gt,) = torch.autograd.grad(offrl_loss(logp, lens, signed).loss * S, theta)
     torch.testing.assert_close(gc + gi, gt, rtol=1e-12, atol=1e-15)  # float64: exact up to rounding
     off, _ = mech.fig_runs(0)
     np.testing.assert_allclose(off["gn_corr"][0], gc.flatten(1).norm(dim=1).numpy(), rtol=1e-12)

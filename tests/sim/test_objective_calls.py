@@ -11,6 +11,7 @@ import importlib
 
 import pytest
 
+from tiltlab.objectives.output import LossOutput
 from tiltlab.sim.config import SimConfig
 from tiltlab.sim.train import train
 
@@ -77,7 +78,7 @@ def test_disa_path_uses_disa_loss_value(monkeypatch):
     cfg = SimConfig(env="multiprompt", P=4, K=6, steps=1, G=4, seeds=1, log_z="frozen", optimizer="sgd", lr=0.1)
     step = {}
     for scale in (1.0, 3.0):
-        monkeypatch.setattr(tb, "disa_loss", lambda *a, s=scale, **k: s * original(*a, **k))
+        monkeypatch.setattr(tb, "disa_loss", lambda *a, s=scale, **k: LossOutput(s * original(*a, **k).loss))
         res = train(cfg, _env(cfg))
         step[scale] = res.logp  # one SGD step from pi_ref
     env = _env(cfg)

@@ -13,6 +13,7 @@ import tiltlab.sim.checks.text_claims as text_checks
 import tiltlab.sim.checks.training as training_checks
 from tiltlab.claims.registry import Verdict, checks, run_one
 from tiltlab.objectives.offline import dpo_loss, fpa_loss
+from tiltlab.objectives.output import LossOutput
 from tiltlab.paper_checks.catalog import discover
 from tiltlab.sim.experiments import fpa_entanglement, lad
 from tiltlab.sim.token_tree import ragged_mask
@@ -64,7 +65,7 @@ def test_lad_practical_check_fails_when_one_divergence_breaks(monkeypatch):
 def test_entanglement_refutes_an_fpa_that_stopped_learning(monkeypatch):
     """Broken math: FPA's loss has no gradient (it 'keeps' every log-prob by standing still). The old
     rule counted 3 of 4 parts and said partly (= expected, green); the new rule refutes."""
-    monkeypatch.setattr(fpa_entanglement, "fpa_loss", lambda *a: 0.0 * fpa_loss(*a))
+    monkeypatch.setattr(fpa_entanglement, "fpa_loss", lambda *a: LossOutput(0.0 * fpa_loss(*a).loss))
     fpa_entanglement.train.cache_clear()
     fpa_entanglement.entanglement_claim.cache_clear()
     try:
@@ -94,8 +95,8 @@ def test_entanglement_verdict_rule():
 
 
 # ----------------------------------------------------------------------------- DPO
-def _flipped_dpo(logp_w, logp_l, ref_w, ref_l, beta=0.1):
-    return dpo_loss(logp_l, logp_w, ref_l, ref_w, beta)  # y_w and y_l swapped
+def _flipped_dpo(logp_w, logp_l, ref_w, ref_l, *, beta=0.1):
+    return dpo_loss(logp_l, logp_w, ref_l, ref_w, beta=beta)  # y_w and y_l swapped
 
 
 def test_flipped_dpo_passes_the_equivalence_but_fails_the_training_check(monkeypatch):

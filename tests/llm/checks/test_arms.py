@@ -245,7 +245,7 @@ def test_fpa_targeted_loss_equals_a_per_row_loop(apply_to):
     assert float(loss.detach()) == pytest.approx(want, rel=1e-12)
     torch.testing.assert_close(grad, torch.tensor(want_grad, dtype=grad.dtype), rtol=1e-12, atol=0)
     if apply_to != "all":  # an untargeted row's gradient is Off-RL's
-        (g_off,) = torch.autograd.grad(offrl_loss(logp, lengths, reward), logp)
+        (g_off,) = torch.autograd.grad(offrl_loss(logp, lengths, reward).loss, logp)
         off = (reward > 0) if apply_to == "incorrect" else (reward < 0)
         torch.testing.assert_close(grad[off], g_off[off], rtol=1e-12, atol=0)
         assert not torch.allclose(grad[~off], g_off[~off])

@@ -403,8 +403,8 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
     b = T.Batch(None, None, lp, lp - 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), None,
                 torch.ones(8, 2, dtype=torch.float64), (torch.rand(2, 4, generator=g) < 0.5).double(), None)  # fmt: skip
     adv = pg.group_advantages(b.reward).reshape(-1)
-    assert calls[0][0](b) == pg.cispo_loss(b.logp, b.logp_old, adv, b.mask)[0]
-    assert calls[1][0](b) == pg.sapo_loss(b.logp, b.logp_old, adv, b.mask)[0]
+    assert calls[0][0](b) == pg.cispo_loss(b.logp, b.logp_old, adv, b.mask).loss
+    assert calls[1][0](b) == pg.sapo_loss(b.logp, b.logp_old, adv, b.mask).loss
 
 
 def test_record_arm_appends_each_number_and_each_ran_flag_on_its_own(monkeypatch):

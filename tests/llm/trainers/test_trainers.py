@@ -438,19 +438,21 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
 
     import torch
 
-    from tiltlab.llm.trainers.online import LossBatch, _tb_metrics, _tb_weight
+    from tiltlab.llm.trainers.online import LossBatch, _tb_family
+    from tiltlab.objectives.tb import tb_importance_weight
 
-    args = SimpleNamespace(weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None)
+    args = SimpleNamespace(weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None, logprob_scale="sum")
     trainer = SimpleNamespace(args=args)
     logp = torch.zeros(4, 2)
     old = logp - torch.tensor([3.0, 0.0, 0.0, 0.0])[:, None]  # sequence ratios e^6 (clipped at 10), 1, 1, 1
-    b = LossBatch(
-        logp, old, None, torch.ones(4, 2), None, torch.full((4,), 50.0), {}, torch.zeros(4, 1), torch.ones(4, 1)
-    )
-    w_tb, w = _tb_weight(trainer, b)
-    torch.testing.assert_close(w, w_tb * 50.0)  # the loss weight carries the IS weight
-    m = _tb_metrics(trainer, torch.zeros(4), torch.zeros(4), w_tb, w)
-    assert m["weight_clip_frac"].item() == 0.25  # one of four TB weights at max_weight, not all four
+    mask = torch.ones(4, 2)
+    b = LossBatch(logp, old, torch.zeros(4, 2), mask, None, torch.full((4,), 50.0), {}, torch.zeros(4, 1), mask[:, :1])
+    w_tb = tb_importance_weight(logp, old, mask, "max", 10.0, 0.2, None)
+    torch.testing.assert_close(w_tb, torch.tensor([10.0, 1.0, 1.0, 1.0]))
+    for name, opts in (("disa", {"beta": 1.0}), ("vargrad", {"beta": 1.0})):
+        m = _tb_family(trainer, name, b, torch.zeros(4), torch.zeros(4), **opts).metrics
+        torch.testing.assert_close(m["weight_mean"], (w_tb * 50.0).mean())  # the loss weight carries the IS weight
+        assert m["weight_clip_frac"].item() == 0.25  # one of four TB weights at max_weight, not all four
 
 
 def test_learned_z_model_is_loaded_with_model_init_kwargs(tiny_dir, tmp_path):

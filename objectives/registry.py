@@ -1,0 +1,358 @@
+"""One registry of objective adapters: objective name -> the loss call on a common batch.
+
+Every trainer of the project builds an :class:`ObjectiveBatch` from its own data and calls
+``OBJECTIVES[name](batch, **options)``; the adapter maps the batch's fields onto the arguments of
+the loss function in this package and returns its :class:`~tiltlab.objectives.output.LossOutput`.
+The simulator's trainer (``sim/train.py``), the TRL trainer (``llm/trainers/online.py``) and the
+veRL plug-in (``llm/verl.py``) all dispatch through it, so the three of them call each objective's
+loss the same way; what stays in a trainer is its framework's own convention (the scale that turns
+a micro-batch loss into veRL's global-batch one, TRL's KL term on GSPO / LAD, metric names).
+
+The batch is token-level: ``[B, T]`` log-probs with a float ``mask``, ``[B]`` sequence quantities.
+A sequence-level objective reduces the token log-probs itself (:func:`tb.sequence_logprob`, option
+``logprob_scale``); a bandit (the simulator) passes ``T = 1`` with mask 1, where the reduction is
+the identity. Fields an objective does not read are ignored; a field it needs and is missing is a
+``ValueError`` naming it. Options are the loss function's own keyword arguments (``clip_eps``,
+``beta``, ``loss_agg`` ...) plus the adapter's few (``level``, ``logprob_scale``, ``anchor``,
+``weight_clip`` ...), documented on each entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tiltlab.objectives import lad, offline, pg, tb
+from tiltlab.objectives.diagnostics import weight_clip_fraction
+from tiltlab.objectives.output import LossOutput
+
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveBatch", "get_objective"]
+
+
+@dataclass(frozen=True)
+class ObjectiveBatch:
+    """The common input of every objective adapter.
+
+    Attributes:
+        token_logp: ``[B, T]`` log-probs of the sampled tokens under the trained policy (with grad).
+        mask: ``[B, T]`` float, 1 on completion tokens.
+        token_logp_old: ``[B, T]`` behaviour policy ``pi_old`` (ratios, TB rollout weight, PACED's anchor).
+        token_logp_ref: ``[B, T]`` reference policy ``pi_ref`` (KL term, TB anchor, DPO's reference).
+        token_logp_sampler: ``[B, T]`` the sampler's log-probs (the off-policy sequence mask).
+        token_logp_future: ``[B, T]`` FPA's extrapolated policy (detached by the loss).
+        advantages: ``[B]`` sequence advantages (policy-gradient family, LAD).
+        rewards: ``[B]`` rewards (the TB family's transformed reward, Off-RL's ``R``); FlowRL also takes ``[P, G]``.
+        log_z: ``[B]`` log partition per sequence (FlowRL also ``[P]``).
+        is_weight: ``[B]`` or ``[B, T]`` importance weight (sampler mismatch, exact-expectation weights).
+        lengths: ``[B]`` sequence lengths ``|y|`` (default: ``mask.sum(1)``).
+        rejected: the losers of a paired objective (DPO): this batch holds the winners.
+    """
+
+    token_logp: Tensor
+    mask: Tensor
+    token_logp_old: Tensor | None = None
+    token_logp_ref: Tensor | None = None
+    token_logp_sampler: Tensor | None = None
+    token_logp_future: Tensor | None = None
+    advantages: Tensor | None = None
+    rewards: Tensor | None = None
+    log_z: Tensor | None = None
+    is_weight: Tensor | None = None
+    lengths: Tensor | None = None
+    rejected: ObjectiveBatch | None = None
+
+    def get(self, name: str) -> Tensor:
+        """The tensor field ``name``, or a ValueError naming it when it is missing."""
+        x = getattr(self, name)
+        if x is None:
+            raise ValueError(f"this objective needs batch.{name}, got None")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"batch.{name} is not a tensor")
+        return x
+
+    def seq(self, name: str = "token_logp", scale: str = "sum") -> Tensor:
+        """``[B]`` sequence log-prob of the token field ``name``: masked sum or mean (``scale``)."""
+        if scale == "sum":
+            return tb.sequence_logprob(self.get(name), self.mask, "sum")
+        if scale == "mean":
+            return tb.sequence_logprob(self.get(name), self.mask, "mean")
+        raise ValueError(f"logprob_scale must be 'sum' or 'mean', got {scale!r}")
+
+    def seq_lengths(self) -> Tensor:
+        """``[B]`` ``|y|``: ``lengths``, or the mask's row sums."""
+        return self.lengths if self.lengths is not None else self.mask.sum(1)
+
+    def pair(self) -> ObjectiveBatch:
+        """The losers of a paired objective."""
+        if self.rejected is None:
+            raise ValueError("this paired objective needs batch.rejected (the losers), got None")
+        return self.rejected
+
+
+Adapter = Callable[[ObjectiveBatch, dict[str, Any]], LossOutput]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One registered objective.
+
+    Attributes:
+        name: the registry key (the trainers' ``objective`` / ``method`` names).
+        loss: the function of this package the adapter calls (``"pg.grpo_loss"``: module.function;
+            the OpInfo registry of the tests names it the same way).
+        needs: the batch fields the adapter reads (checked before the call).
+        adapter: ``(batch, options) -> LossOutput``.
+        options: the adapter's own options (beyond the loss function's keyword arguments), in words.
+    """
+
+    name: str
+    loss: str
+    needs: tuple[str, ...]
+    adapter: Adapter
+    options: str = ""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, batch: ObjectiveBatch, **options: Any) -> LossOutput:
+        missing = [n for n in self.needs if getattr(batch, n) is None]
+        if missing:
+            raise ValueError(f"objective {self.name!r} needs batch fields {missing}, got None")
+        out = self.adapter(batch, {**self.defaults, **options})
+        if not isinstance(out, LossOutput):  # a loss function that broke the convention
+            raise TypeError(f"objective {self.name!r} returned {type(out).__name__}, not LossOutput")
+        return out
+
+
+# ----------------------------------------------------------------------------- policy gradient
+def _policy(fn: str, takes_ref: bool) -> Adapter:
+    """``pg.<fn>(token_logp, token_logp_old, advantages, mask, **options)`` with the optional
+    ``is_weight``, ``token_logp_sampler`` (and ``token_logp_ref`` where the loss has a KL term) from the batch."""
+
+    def adapt(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+        kw = dict(opts)
+        if b.is_weight is not None:
+            kw["is_weight"] = b.is_weight
+        if b.token_logp_sampler is not None:
+            kw["token_logp_sampler"] = b.token_logp_sampler
+        if takes_ref and b.token_logp_ref is not None:
+            kw["token_logp_ref"] = b.token_logp_ref
+        out: LossOutput = getattr(pg, fn)(
+            b.get("token_logp"), b.get("token_logp_old"), b.get("advantages"), b.mask, **kw
+        )
+        return out
+
+    return adapt
+
+
+# ------------------------------------------------------------------------------------------ LAD
+def _lad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """LAD at ``level="sequence"`` (sequence log-probs by ``logprob_scale``, ``is_weight`` ``[B]`` the
+    per-sample weight) or ``level="token"`` (per-token terms times ``is_weight``, reduced by
+    :func:`pg.aggregate` with ``loss_agg`` / ``max_len`` / ``num_tokens``)."""
+    o = dict(opts)
+    level, eta, div = o.pop("level", "sequence"), o.pop("eta"), o.pop("divergence")
+    adv = b.get("advantages")
+    if level == "sequence":
+        scale = o.pop("logprob_scale", "mean")
+        if o:
+            raise TypeError(f"unknown LAD options {sorted(o)}")
+        lp, lo = b.seq("token_logp", scale), b.seq("token_logp_old", scale)
+        return lad.lad_loss(lp, lo, adv, eta, div, weight=b.is_weight)
+    if level != "token":
+        raise ValueError(f"LAD level must be 'sequence' or 'token', got {level!r}")
+    lp = b.get("token_logp")
+    per = lad.lad_loss(lp, b.get("token_logp_old"), adv[:, None].expand_as(lp), eta, div, reduction="none").loss
+    if b.is_weight is not None:
+        w = b.is_weight.detach()
+        per = per * (w[:, None] if w.dim() == 1 else w)
+    agg = o.pop("loss_agg", "seq_mean_token_mean")
+    return LossOutput(pg.aggregate(per, b.mask, agg, **o))
+
+
+# ---------------------------------------------------------------------------- trajectory balance
+@dataclass
+class _TB:
+    """The TB family's inputs at ``logprob_scale``, anchored on ``anchor`` (``ref`` | ``old``), and its
+    weights: with ``weight_clip`` (``max`` | ``eps`` | ``none``) the rollout weight of
+    :func:`tb.tb_importance_weight` on ``pi_old`` times ``is_weight``; with ``weight_clip=None`` only
+    ``is_weight`` (a trainer that weighs its samples itself)."""
+
+    lp: Tensor
+    anchor: Tensor
+    reward: Tensor
+    w_tb: Tensor | None
+    w: Tensor | None
+    clip: tuple[str, float, float, float | None] | None
+
+    @classmethod
+    def of(cls, b: ObjectiveBatch, o: dict[str, Any]) -> _TB:
+        scale, anchor = o.pop("logprob_scale", "sum"), o.pop("anchor", "ref")
+        if anchor not in ("ref", "old"):
+            raise ValueError(f"anchor must be 'ref' or 'old', got {anchor!r}")
+        clip = o.pop("weight_clip", None)
+        max_weight, eps, eps_high = o.pop("max_weight", 10.0), o.pop("eps", 0.2), o.pop("eps_high", None)
+        if o:
+            raise TypeError(f"unknown options {sorted(o)}")
+        lp = b.seq("token_logp", scale)
+        an = b.seq("token_logp_ref" if anchor == "ref" else "token_logp_old", scale)
+        if clip is None:
+            return cls(lp, an, b.get("rewards"), None, b.is_weight, None)
+        w_tb = tb.tb_importance_weight(
+            b.get("token_logp"), b.get("token_logp_old"), b.mask, clip, max_weight, eps, eps_high
+        )
+        w = w_tb if b.is_weight is None else w_tb * b.is_weight
+        return cls(lp, an, b.get("rewards"), w_tb, w, (clip, max_weight, eps, eps_high))
+
+    def output(self, loss: LossOutput, residual: Tensor) -> LossOutput:
+        """``loss`` with the metrics ``residual_abs_mean``, ``weight_mean`` and ``weight_clip_frac``
+        (of the rollout weight at its own clip, before ``is_weight``) where they exist."""
+        with torch.no_grad():
+            m: dict[str, Tensor | float] = {**loss.metrics, "residual_abs_mean": residual.detach().abs().mean()}
+            if self.w is not None:
+                m["weight_mean"] = self.w.detach().mean()
+            if self.w_tb is not None and self.clip is not None:
+                m["weight_clip_frac"] = weight_clip_fraction(self.w_tb.detach(), *self.clip)
+        return LossOutput(loss.loss, m)
+
+
+def _disa(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """DISA: :func:`tb.disa_loss` (log Z, anchor and reward detached)."""
+    o = dict(opts)
+    beta = o.pop("beta")
+    t, log_z = _TB.of(b, o), b.get("log_z")
+    out = tb.disa_loss(t.lp, t.anchor, t.reward, log_z, beta, weight=t.w)
+    residual = tb.tb_residual(t.lp.detach(), t.anchor, t.reward, log_z.detach(), beta)  # for the metrics
+    return t.output(out, residual)
+
+
+def _tb_given_log_z(b: ObjectiveBatch, o: dict[str, Any], beta: float, log_z: Tensor) -> LossOutput:
+    t = _TB.of(b, o)
+    residual = tb.tb_residual(t.lp, t.anchor, t.reward, log_z, beta)
+    return t.output(tb.tb_loss(residual, t.w), residual)
+
+
+def _tb(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """TB with the batch's log Z attached (a learned log Z receives gradient)."""
+    o = dict(opts)
+    beta = o.pop("beta")
+    return _tb_given_log_z(b, o, beta, b.get("log_z"))
+
+
+def _paced(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """PACED-RL: TB anchored on ``pi_old`` with the tilt ``r / kl_coef`` and the learned log Z."""
+    o = dict(opts)
+    beta = 1.0 / o.pop("kl_coef")
+    return _tb_given_log_z(b, {"anchor": "old", **o}, beta, b.get("log_z"))
+
+
+def _vargrad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """VarGrad: TB at the per-group batch-optimal log Z, detached: ``batch.log_z`` (computed elsewhere,
+    e.g. at generation time), or :func:`tb.vargrad_log_z` of this batch's groups of ``group_size``."""
+    o = dict(opts)
+    beta, g = o.pop("beta"), o.pop("group_size", None)
+    log_z = b.log_z
+    if log_z is None:
+        if g is None:
+            raise ValueError("vargrad without batch.log_z needs the group_size option")
+        t = _TB.of(b, {k: v for k, v in o.items() if k in ("logprob_scale", "anchor")})
+        est = tb.vargrad_log_z(t.lp.view(-1, g), t.anchor.view(-1, g), t.reward.view(-1, g), beta, detach=True)
+        log_z = est.repeat_interleave(g)
+    return _tb_given_log_z(b, o, beta, log_z.detach())
+
+
+def _flowrl(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    return tb.flowrl_loss(
+        b.get("token_logp"),
+        b.get("token_logp_ref"),
+        b.get("token_logp_old"),
+        b.mask,
+        b.get("rewards"),
+        b.get("log_z"),
+        is_weight=b.is_weight,
+        **opts,
+    )
+
+
+# ------------------------------------------------------------------------------------- offline
+def _offrl(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    ref = b.seq("token_logp_ref") if b.token_logp_ref is not None else None
+    return offline.offrl_loss(b.seq(), b.seq_lengths(), b.get("rewards"), logp_ref=ref, **opts)
+
+
+def _fpa(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    return offline.fpa_loss(b.seq(), b.seq("token_logp_future"), b.seq_lengths(), b.get("rewards"), **opts)
+
+
+def _dpo(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    lo = b.pair()
+    return offline.dpo_loss(b.seq(), lo.seq(), b.seq("token_logp_ref"), lo.seq("token_logp_ref"), **opts)
+
+
+def _sft(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    return offline.sft_loss(b.get("token_logp"), b.mask, **opts)
+
+
+_POLICY_NEEDS = ("token_logp_old", "advantages")
+_TB_OPTS = (
+    "beta; logprob_scale ('sum' | 'mean'); anchor ('ref' | 'old'); weight_clip (None: only is_weight; "
+    "'max' | 'eps' | 'none': tb_importance_weight on pi_old), max_weight, eps, eps_high"
+)
+
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        Objective("grpo", "pg.grpo_loss", _POLICY_NEEDS, _policy("grpo_loss", True), "grpo_loss's keywords"),
+        Objective("gspo", "pg.gspo_loss", _POLICY_NEEDS, _policy("gspo_loss", False), "gspo_loss's keywords"),
+        Objective("cispo", "pg.cispo_loss", _POLICY_NEEDS, _policy("cispo_loss", True), "cispo_loss's keywords"),
+        Objective("sapo", "pg.sapo_loss", _POLICY_NEEDS, _policy("sapo_loss", True), "sapo_loss's keywords"),
+        Objective("luspo", "pg.luspo_loss", _POLICY_NEEDS, _policy("luspo_loss", True), "luspo_loss's keywords"),
+        Objective("vespo", "pg.vespo_loss", _POLICY_NEEDS, _policy("vespo_loss", True), "vespo_loss's keywords"),
+        Objective(
+            "lad",
+            "lad.lad_loss",
+            _POLICY_NEEDS,
+            _lad,
+            "eta, divergence; level ('sequence': logprob_scale, default 'mean' | 'token': loss_agg, max_len, num_tokens)",
+        ),
+        Objective(
+            "flowrl",
+            "tb.flowrl_loss",
+            ("token_logp_ref", "token_logp_old", "rewards", "log_z"),
+            _flowrl,
+            "flowrl_loss's keywords",
+        ),
+        Objective("disa", "tb.disa_loss", ("rewards", "log_z"), _disa, _TB_OPTS + " (log Z detached)"),
+        Objective("tb", "tb.tb_loss", ("rewards", "log_z"), _tb, _TB_OPTS + " (log Z attached: a learned one)"),
+        Objective(
+            "paced",
+            "tb.tb_loss",
+            ("token_logp_old", "rewards", "log_z"),
+            _paced,
+            "kl_coef (tilt r / kl_coef, anchor pi_old); " + _TB_OPTS.split("; ", 1)[1],
+        ),
+        Objective(
+            "vargrad",
+            "tb.tb_loss",
+            ("rewards",),
+            _vargrad,
+            _TB_OPTS + "; group_size (log Z = tb.vargrad_log_z of the batch when batch.log_z is None; detached)",
+        ),
+        Objective("offrl", "offline.offrl_loss", ("rewards",), _offrl, "kl_tau (needs token_logp_ref)"),
+        Objective("fpa", "offline.fpa_loss", ("token_logp_future", "rewards"), _fpa),
+        Objective("dpo", "offline.dpo_loss", ("token_logp_ref", "rejected"), _dpo, "beta"),
+        Objective("sft", "offline.sft_loss", (), _sft),
+    )
+}
+"""Objective name -> :class:`Objective`. A new objective is its loss function (with an OpInfo
+entry in ``tests/objectives/opinfo.py``) and one entry here. The offline trainer
+(``llm/trainers/offline.py``: RPO, SimPER, KTO, A*-PO ...) still calls its losses directly."""
+
+
+def get_objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; registered: {sorted(OBJECTIVES)}") from None
