@@ -441,7 +441,9 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
     from tiltlab.llm.trainers.online import LossBatch, _tb_family
     from tiltlab.objectives.tb import tb_importance_weight
 
-    args = SimpleNamespace(weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None, logprob_scale="sum")
+    args = SimpleNamespace(
+        weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None, logprob_scale="sum"
+    )
     trainer = SimpleNamespace(args=args)
     logp = torch.zeros(4, 2)
     old = logp - torch.tensor([3.0, 0.0, 0.0, 0.0])[:, None]  # sequence ratios e^6 (clipped at 10), 1, 1, 1
