@@ -3,10 +3,11 @@
 Every trainer of the project builds an :class:`ObjectiveBatch` from its own data and calls
 ``OBJECTIVES[name](batch, **options)``; the adapter maps the batch's fields onto the arguments of
 the loss function in this package and returns its :class:`~tiltlab.objectives.output.LossOutput`.
-The simulator's trainer (``sim/train.py``), the TRL trainer (``llm/trainers/online.py``) and the
-veRL plug-in (``llm/verl.py``) all dispatch through it, so the three of them call each objective's
-loss the same way; what stays in a trainer is its framework's own convention (the scale that turns
-a micro-batch loss into veRL's global-batch one, TRL's KL term on GSPO / LAD, metric names).
+The simulator's trainer (``sim/train.py``), the TRL trainer (``llm/trainers/online/``), the offline
+trainer (``llm/trainers/offline.py``) and the veRL plug-in (``llm/verl.py``) all dispatch through it,
+so they call each objective's loss the same way; what stays in a trainer is its framework's own
+convention (the scale that turns a micro-batch loss into veRL's global-batch one, TRL's KL term on
+GSPO / LAD, metric names).
 
 The batch is token-level: ``[B, T]`` log-probs with a float ``mask``, ``[B]`` sequence quantities.
 A sequence-level objective reduces the token log-probs itself (:func:`tb.sequence_logprob`, option
@@ -45,10 +46,12 @@ class ObjectiveBatch:
         token_logp_sampler: ``[B, T]`` the sampler's log-probs (the off-policy sequence mask).
         token_logp_future: ``[B, T]`` FPA's extrapolated policy (detached by the loss).
         advantages: ``[B]`` sequence advantages (policy-gradient family, LAD).
-        rewards: ``[B]`` rewards (the TB family's transformed reward, Off-RL's ``R``); FlowRL also takes ``[P, G]``.
+        rewards: ``[B]`` rewards (the TB family's transformed reward, Off-RL's ``R``; KTO's desirable rows
+            are ``rewards > 0``); FlowRL also takes ``[P, G]``.
         log_z: ``[B]`` log partition per sequence (FlowRL also ``[P]``).
         is_weight: ``[B]`` or ``[B, T]`` importance weight (sampler mismatch, exact-expectation weights).
         lengths: ``[B]`` sequence lengths ``|y|`` (default: ``mask.sum(1)``).
+        values: ``[B]`` A*-PO's estimated optimal value ``V*(x)`` of each row's prompt.
         rejected: the losers of a paired objective (DPO): this batch holds the winners.
     """
 
@@ -63,6 +66,7 @@ class ObjectiveBatch:
     log_z: Tensor | None = None
     is_weight: Tensor | None = None
     lengths: Tensor | None = None
+    values: Tensor | None = None
     rejected: ObjectiveBatch | None = None
 
     def get(self, name: str) -> Tensor:
@@ -291,6 +295,26 @@ def _dpo(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     return offline.dpo_loss(b.seq(), lo.seq(), b.seq("token_logp_ref"), lo.seq("token_logp_ref"), **opts)
 
 
+def _rpo(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    lo = b.pair()
+    return offline.rpo_loss(
+        b.seq(), lo.seq(), b.seq("token_logp_ref"), lo.seq("token_logp_ref"), b.seq_lengths(), **opts
+    )
+
+
+def _simper(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    lo = b.pair()
+    return offline.simper_loss(b.seq(), lo.seq(), b.seq_lengths(), lo.seq_lengths(), **opts)
+
+
+def _kto(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    return offline.kto_loss(b.seq(), b.seq("token_logp_ref"), b.get("rewards") > 0, **opts)
+
+
+def _apo(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    return offline.apo_loss(b.seq(), b.seq("token_logp_ref"), b.get("rewards"), b.get("values"), **opts)
+
+
 def _sft(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     return offline.sft_loss(b.get("token_logp"), b.mask, **opts)
 
@@ -343,12 +367,15 @@ OBJECTIVES: dict[str, Objective] = {
         Objective("offrl", "offline.offrl_loss", ("rewards",), _offrl, "kl_tau (needs token_logp_ref)"),
         Objective("fpa", "offline.fpa_loss", ("token_logp_future", "rewards"), _fpa),
         Objective("dpo", "offline.dpo_loss", ("token_logp_ref", "rejected"), _dpo, "beta"),
+        Objective("rpo", "offline.rpo_loss", ("token_logp_ref", "rejected"), _rpo, "beta, alpha"),
+        Objective("simper", "offline.simper_loss", ("rejected",), _simper),
+        Objective("kto", "offline.kto_loss", ("token_logp_ref", "rewards"), _kto, "beta, lambda_w, lambda_l, z0"),
+        Objective("apo", "offline.apo_loss", ("token_logp_ref", "rewards", "values"), _apo, "beta2"),
         Objective("sft", "offline.sft_loss", (), _sft),
     )
 }
 """Objective name -> :class:`Objective`. A new objective is its loss function (with an OpInfo
-entry in ``tests/objectives/opinfo.py``) and one entry here. The offline trainer
-(``llm/trainers/offline.py``: RPO, SimPER, KTO, A*-PO ...) still calls its losses directly."""
+entry in ``tests/objectives/opinfo.py``) and one entry here."""
 
 
 def get_objective(name: str) -> Objective:

@@ -40,17 +40,8 @@ from torch import Tensor
 from transformers import Trainer, TrainingArguments
 
 from tiltlab.objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
-from tiltlab.objectives.offline import (
-    apo_loss,
-    apo_value,
-    dpo_loss,
-    fpa_loss,
-    kto_loss,
-    offrl_loss,
-    rpo_loss,
-    sft_loss,
-    simper_loss,
-)
+from tiltlab.objectives.offline import apo_value
+from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.tb import sequence_logprob
 
 from .signal_guard import SignalGuardMixin
@@ -321,52 +312,53 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
+    def options(self) -> dict:
+        """The registry options of ``args.objective`` (:mod:`tiltlab.objectives.registry`)."""
+        a = self.args
+        return {
+            "dpo": lambda: {"beta": a.dpo_beta},
+            "rpo": lambda: {"beta": a.dpo_beta, "alpha": a.rpo_alpha},
+            "kto": lambda: {"beta": a.kto_beta, "lambda_w": a.kto_lambda_w, "lambda_l": a.kto_lambda_l},
+            "apo": lambda: {"beta2": a.apo_beta2},
+            "offrl": lambda: {"kl_tau": a.offrl_kl_tau},
+        }.get(a.objective, dict)()
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The objective's loss, from the registry entry ``args.objective`` on the batch's token
+        log-probs (``[B, L]``, the target mask as the mask: the adapter sums them per sequence)."""
         a = self.args
         obj = a.objective
         if obj in PAIRED:
-            lw, len_w, *_ = self._seq(model, inputs)
-            ll, len_l, *_ = self._seq(model, inputs, "_l")
-            if obj == "simper":
-                loss = simper_loss(lw, ll, len_w, len_l).loss
-            else:
-                rw, _ = self._ref_seq(inputs)
-                rl, _ = self._ref_seq(inputs, "_l")
-                loss = (
-                    dpo_loss(lw, ll, rw, rl, beta=a.dpo_beta)
-                    if obj == "dpo"
-                    else rpo_loss(lw, ll, rw, rl, len_w, beta=a.dpo_beta, alpha=a.rpo_alpha)
-                ).loss
+            lw, ll = self._seq(model, inputs)[2], self._seq(model, inputs, "_l")[2]  # token log-probs
+            with_ref = obj != "simper"
+            rejected = ObjectiveBatch(
+                ll, inputs["target_mask_l"], token_logp_ref=self._ref_seq(inputs, "_l")[1] if with_ref else None
+            )
+            batch = ObjectiveBatch(
+                lw, inputs["target_mask"], token_logp_ref=self._ref_seq(inputs)[1] if with_ref else None,
+                rejected=rejected,
+            )  # fmt: skip
         else:
             future = {"lam": a.fpa_lam} if obj == "fpa" else None
             lp_seq, lengths, tok_lp, _, sel = self._seq(model, inputs, future=future)
             r01 = inputs["reward"].float()
+            tgt = inputs["target_mask"]
             if obj == "sft":
-                loss = sft_loss(tok_lp, inputs["target_mask"]).loss
-            elif obj == "offrl":
-                ref = self._ref_seq(inputs)[0] if a.offrl_kl_tau > 0 else None
-                loss = offrl_loss(lp_seq, lengths, 2.0 * r01 - 1.0, logp_ref=ref, kl_tau=a.offrl_kl_tau).loss
-            elif obj == "kto":
-                loss = kto_loss(
-                    lp_seq,
-                    self._ref_seq(inputs)[0],
-                    r01 > 0,
-                    beta=a.kto_beta,
-                    lambda_w=a.kto_lambda_w,
-                    lambda_l=a.kto_lambda_l,
-                ).loss
-            elif obj == "apo":
-                loss = apo_loss(lp_seq, self._ref_seq(inputs)[0], r01, inputs["v_hat"].float(), beta2=a.apo_beta2).loss
+                batch = ObjectiveBatch(tok_lp, tgt)
+            elif obj in ("offrl", "kto", "apo"):
+                ref = self._ref_seq(inputs)[1] if obj != "offrl" or a.offrl_kl_tau > 0 else None
+                batch = ObjectiveBatch(
+                    tok_lp, tgt, token_logp_ref=ref, rewards=2.0 * r01 - 1.0 if obj == "offrl" else r01,
+                    values=inputs["v_hat"].float() if obj == "apo" else None,
+                )  # fmt: skip
             else:  # fpa: log pi_hat of the scored tokens, computed in _score
                 with torch.no_grad():
-                    fut_sel = future["logp"]
                     fut = torch.zeros_like(tok_lp)
-                    fut[:, 1:] = fut[:, 1:].masked_scatter(sel, fut_sel.to(fut.dtype))
-                    fut_seq = sequence_logprob(fut, inputs["target_mask"])
+                    fut[:, 1:] = fut[:, 1:].masked_scatter(sel, future["logp"].to(fut.dtype))
                     if a.fpa_apply_to != "all":
                         use = (r01 > 0) if a.fpa_apply_to == "correct" else (r01 <= 0)
-                        fut_seq = torch.where(use, fut_seq, lp_seq.detach())
-                loss = fpa_loss(lp_seq, fut_seq, lengths, 2.0 * r01 - 1.0).loss
+                        fut = torch.where(use[:, None], fut, tok_lp.detach())
+                batch = ObjectiveBatch(tok_lp, tgt, token_logp_future=fut, rewards=2.0 * r01 - 1.0)
             if a.log_logprob_dynamics:
                 with torch.no_grad():
                     c = r01 > 0
@@ -375,6 +367,7 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
                         self._dyn["logprob/correct_mean"].append(float(norm[c].mean()))
                     if (~c).any():
                         self._dyn["logprob/incorrect_mean"].append(float(norm[~c].mean()))
+        loss = get_objective(obj)(batch, **self.options()).loss
         if not torch.isfinite(loss):
             raise FloatingPointError(f"offline objective {obj!r} produced a non-finite loss ({loss.item()})")
         return loss

@@ -47,9 +47,10 @@ def _batch(seed: int = 0) -> ObjectiveBatch:
         token_logp_sampler=lp.detach() + rn(B, T, s=0.5),
         token_logp_future=lp.detach() + rn(B, T, s=0.2),
         advantages=adv,
-        rewards=torch.where(torch.rand(B, generator=g) < 0.5, 1.0, -1.0).to(F64),
+        rewards=torch.where(torch.rand(B, generator=g) < 0.5, 1.0, -1.0).to(F64).index_fill(0, torch.tensor([2]), 0.0),
         log_z=rn(B).requires_grad_(True),
         is_weight=torch.rand(B, generator=g, dtype=F64) + 0.5,
+        values=rn(B, s=0.5),
         rejected=rejected,
     )
 
@@ -165,6 +166,19 @@ CASES = {
         ({}, lambda b: offline.dpo_loss(_seq(b), _seq(b.rejected), _seq(b, "token_logp_ref"), _seq(b.rejected, "token_logp_ref"))),
         ({"beta": 0.7}, lambda b: offline.dpo_loss(_seq(b), _seq(b.rejected), _seq(b, "token_logp_ref"), _seq(b.rejected, "token_logp_ref"), beta=0.7)),
     ],
+    "rpo": [
+        ({}, lambda b: offline.rpo_loss(_seq(b), _seq(b.rejected), _seq(b, "token_logp_ref"), _seq(b.rejected, "token_logp_ref"), b.mask.sum(1))),
+        ({"beta": 0.7, "alpha": 0.3}, lambda b: offline.rpo_loss(_seq(b), _seq(b.rejected), _seq(b, "token_logp_ref"), _seq(b.rejected, "token_logp_ref"), b.mask.sum(1), beta=0.7, alpha=0.3)),
+    ],
+    "simper": [({}, lambda b: offline.simper_loss(_seq(b), _seq(b.rejected), b.mask.sum(1), b.rejected.mask.sum(1)))],
+    "kto": [
+        ({}, lambda b: offline.kto_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards > 0)),
+        ({"beta": 0.4, "lambda_w": 1.5, "lambda_l": 0.6}, lambda b: offline.kto_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards > 0, beta=0.4, lambda_w=1.5, lambda_l=0.6)),
+    ],
+    "apo": [
+        ({}, lambda b: offline.apo_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.values)),
+        ({"beta2": 0.3}, lambda b: offline.apo_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.values, beta2=0.3)),
+    ],
     "sft": [({}, lambda b: offline.sft_loss(b.token_logp, b.mask))],
 }  # fmt: skip
 
@@ -180,7 +194,7 @@ def test_every_entry_has_cases_and_an_opinfo_entry():
     for name, obj in OBJECTIVES.items():
         assert obj.name == name
         assert any(op.split("[")[0] == obj.loss for op in BY_NAME), f"{name}: {obj.loss} has no OpInfo entry"
-        assert len(CASES[name]) >= 2 or name in ("fpa", "sft"), f"{name}: no option away from the defaults"
+        assert len(CASES[name]) >= 2 or name in ("fpa", "sft", "simper"), f"{name}: no option away from the defaults"
 
 
 @pytest.mark.parametrize(
@@ -270,6 +284,7 @@ SIM_CASES = [
     (dict(method="dpo"), "dpo"),
     (dict(method="sft"), "sft"),
 ]
+OFFLINE = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 TRL = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
 VERL_POLICY = {"tiltlab_grpo": "grpo", "tiltlab_gspo": "gspo", "tiltlab_cispo": "cispo", "tiltlab_sapo": "sapo", "tiltlab_lad_kl": "lad", "tiltlab_lad_kl_seq": "lad"}  # fmt: skip
 
@@ -278,7 +293,7 @@ def test_every_entry_is_reached_by_a_dispatcher():
     """The union of the dispatchers' objectives is the registry (no dead entry)."""
     sim = {n for _, n in SIM_CASES}
     verl = {*VERL_POLICY.values(), "disa", "flowrl", "paced"}
-    assert sim | set(TRL) | verl == set(OBJECTIVES)
+    assert sim | set(TRL) | verl | set(OFFLINE) == set(OBJECTIVES)
 
 
 @pytest.mark.parametrize(("overrides", "name"), SIM_CASES, ids=[n + str(i) for i, (_, n) in enumerate(SIM_CASES)])
@@ -317,6 +332,47 @@ def test_trl_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
         calls = _record(monkeypatch)
         out = online.LOSSES[name](trainer, None, lb)
         assert isinstance(out, LossOutput) and torch.isfinite(out.loss)
+        assert calls == [name], (name, calls)
+
+
+def test_offline_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
+    """``OfflineTrainer.compute_loss`` reaches each of its objectives through the registry (its
+    scoring, which needs a model, replaced by the batch's log-probs)."""
+    pytest.importorskip("transformers")
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from tiltlab.llm.trainers import offline as offline_trainer
+
+    assert set(offline_trainer.OFFLINE_OBJECTIVES) == set(OFFLINE) and set(OFFLINE) <= set(OBJECTIVES)
+    b = _batch()
+    sel = b.mask[:, 1:] > 0
+
+    def score(model, inputs, suffix="", grad=True, future=None):
+        x = b if suffix == "" else b.rejected
+        if future is not None:  # FPA: the future log-probs of the scored tokens
+            future["logp"] = b.token_logp_future[:, 1:][sel]
+        return _seq(x), x.mask.sum(1), x.token_logp, None, sel
+
+    def ref_score(inputs, suffix=""):
+        x = b if suffix == "" else b.rejected
+        return _seq(x, "token_logp_ref"), x.token_logp_ref
+
+    inputs = {
+        "reward": (b.rewards > 0).to(F64),
+        "v_hat": b.values,
+        "target_mask": b.mask,
+        "target_mask_l": b.rejected.mask,
+    }
+    for name in OFFLINE:
+        args = offline_trainer.OfflineConfig(
+            output_dir=str(tmp_path), objective=name, report_to="none", use_cpu=True, offrl_kl_tau=0.5
+        )
+        fake = SimpleNamespace(args=args, _seq=score, _ref_seq=ref_score, _dyn=defaultdict(list))
+        fake.options = lambda f=fake: offline_trainer.OfflineTrainer.options(f)
+        calls = _record(monkeypatch)
+        loss = offline_trainer.OfflineTrainer.compute_loss(fake, None, inputs)
+        assert torch.isfinite(loss) and loss.requires_grad
         assert calls == [name], (name, calls)
 
 

@@ -274,6 +274,7 @@ def test_offline_objective_options_away_from_defaults_match_loops(objective, kw,
     # the policy moved off pi_ref: the trainer's loss on a fixed batch equals the formula by loops
     rows = [dict(r) for r in offline_rows[:4]]
     rows[2]["reward"] = 0.25  # a fractional reward: A*-PO's V_hat and Off-RL's R = 2r - 1 see it
+    rows[1]["completion"] = "so the answer is " + rows[1]["completion"]  # a loser longer than its winner
     if objective == "kto":  # 3 correct rows and 1 incorrect: lambda_w and lambda_l are not interchangeable
         rows[3]["reward"] = 1.0
     prepared = prepare_offline_rows(rows, objective, apo_beta1=kw.get("apo_beta1", 0.5))
