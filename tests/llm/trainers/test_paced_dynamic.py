@@ -169,7 +169,7 @@ def test_merged_refill_rows_are_padded_per_key_and_picked_by_row():
     """Dynamic sampling's refill merge (``_merge_rows``) against a hand-built merge: prompts padded on the
     left and completions on the right with the pad id, masks with 0, the importance ratio with 1, row
     entries picked in the order asked, non-row entries from the first output."""
-    from tiltlab.llm.trainers.online import _merge_rows
+    from tiltlab.llm.trainers.online.trainer import _merge_rows
 
     pad = 7
 

@@ -438,7 +438,7 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
 
     import torch
 
-    from tiltlab.llm.trainers.online import LossBatch, _tb_family
+    from tiltlab.llm.trainers.online.losses import LossBatch, _tb_family
     from tiltlab.objectives.tb import tb_importance_weight
 
     args = SimpleNamespace(
