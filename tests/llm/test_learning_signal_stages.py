@@ -159,7 +159,7 @@ def _zero_reward(prompts, completions, completion_ids, **kw):
 
 def _online(tiny_dir, out, math_rows, reward, objective="grpo", **kw):
     pytest.importorskip("trl")
-    from _tiny_trainer import online_args
+    from tests.llm.trainers._tiny_trainer import online_args
     from datasets import Dataset
 
     from tiltlab.llm.models import load_model, load_tokenizer
@@ -214,7 +214,7 @@ def test_training_without_signal_records_zero_steps_and_equal_batches(objective,
 
 
 def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
-    from _tiny_trainer import parity_reward
+    from tests.llm.trainers._tiny_trainer import parity_reward
 
     from tiltlab.llm.trainers.signal_guard import read_signal_record
 
@@ -226,7 +226,7 @@ def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
 
 
 def test_a_resumed_run_keeps_the_record_before_its_checkpoint_and_redoes_the_rest(tiny_dir, tmp_path, math_rows):
-    from _tiny_trainer import parity_reward
+    from tests.llm.trainers._tiny_trainer import parity_reward
 
     from tiltlab.llm.trainers.signal_guard import read_signal_record
 

@@ -1,6 +1,7 @@
 """Settings shared by the CPU trainer tests and their subprocess workers: one short run of the tiny
-Qwen3 on CPU, nothing saved, no reporting. Imported as ``_tiny_trainer``: pytest puts ``tests/llm`` on
-``sys.path`` (``pythonpath`` in pyproject.toml) and the workers run as scripts from this folder."""
+Qwen3 on CPU, nothing saved, no reporting. The tests import it as ``tests.llm.trainers._tiny_trainer``
+(pytest's ``pythonpath`` is the checkout's root); the workers, run as scripts from this folder, import
+it as ``_tiny_trainer`` (a script's folder is the first entry of its ``sys.path``)."""
 
 from __future__ import annotations
 

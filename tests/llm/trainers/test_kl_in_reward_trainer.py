@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from _tiny_trainer import online_args, parity_reward
+from tests.llm.trainers._tiny_trainer import online_args, parity_reward
 
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 

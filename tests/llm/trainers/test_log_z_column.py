@@ -58,7 +58,7 @@ def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_
     )
 
     def args(**kw):
-        from _tiny_trainer import disa_kwargs, online_args
+        from tests.llm.trainers._tiny_trainer import disa_kwargs, online_args
 
         return online_args(
             tmp_path / "o", "disa", disa_label="column", max_completion_length=4, max_steps=1, **disa_kwargs(), **kw

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from _tiny_trainer import disa_kwargs, online_args, parity_reward
+from tests.llm.trainers._tiny_trainer import disa_kwargs, online_args, parity_reward
 
 from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer

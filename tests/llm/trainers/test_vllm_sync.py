@@ -129,7 +129,7 @@ def test_head_saved_and_restored_with_the_checkpoint(tiny_dir, tmp_path, math_ro
     from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
-    from _tiny_trainer import online_args
+    from tests.llm.trainers._tiny_trainer import online_args
 
     args = online_args(tmp_path / "run", "flowrl", max_completion_length=4, max_steps=1)
     tr = TiltGRPOTrainer(
