@@ -56,7 +56,6 @@ def _eval_cfg(path, *argv) -> EvalConfig:
 def test_eval_conditions_on_the_training_prompt_ids_of_a_qwen3_config(tiny_dir, math_rows, tmp_path):
     pytest.importorskip("trl")
     from tests.llm.trainers._tiny_trainer import online_args
-
     from tiltlab.llm.evaluate import evaluate
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.prompts import prompt_token_ids

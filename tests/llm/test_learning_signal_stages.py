@@ -159,9 +159,9 @@ def _zero_reward(prompts, completions, completion_ids, **kw):
 
 def _online(tiny_dir, out, math_rows, reward, objective="grpo", **kw):
     pytest.importorskip("trl")
-    from tests.llm.trainers._tiny_trainer import online_args
     from datasets import Dataset
 
+    from tests.llm.trainers._tiny_trainer import online_args
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.trainers.online import TiltGRPOTrainer
 
@@ -215,7 +215,6 @@ def test_training_without_signal_records_zero_steps_and_equal_batches(objective,
 
 def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
     from tests.llm.trainers._tiny_trainer import parity_reward
-
     from tiltlab.llm.trainers.signal_guard import read_signal_record
 
     tr = _online(tiny_dir, tmp_path, math_rows, parity_reward)
@@ -227,7 +226,6 @@ def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
 
 def test_a_resumed_run_keeps_the_record_before_its_checkpoint_and_redoes_the_rest(tiny_dir, tmp_path, math_rows):
     from tests.llm.trainers._tiny_trainer import parity_reward
-
     from tiltlab.llm.trainers.signal_guard import read_signal_record
 
     kw = dict(save_strategy="steps", save_steps=1)

@@ -127,9 +127,9 @@ def test_trainer_vargrad_log_z_and_tb_reward_are_laid_over_each_prompts_group(
     """The TRL trainer's VarGrad log Z (``vargrad_log_z(...)`` per group, then laid over its rows)
     and its TB reward (affine per row, or group-normalized per group), on one real generation step of
     the tiny model with 3 prompts x 4 completions, against a loop over the batch's rows."""
-    from tests.llm.trainers._tiny_trainer import online_args
     from datasets import Dataset
 
+    from tests.llm.trainers._tiny_trainer import online_args
     from tiltlab.llm.models import load_model, load_tokenizer
     from tiltlab.llm.trainers.online import TiltGRPOTrainer
 

@@ -21,7 +21,6 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import online_args, parity_reward
-
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
 N, G, T = 8, 4, 3

@@ -9,7 +9,6 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import online_args, parity_reward
-
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer, informative_groups
 
 

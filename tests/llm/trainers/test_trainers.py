@@ -12,7 +12,6 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import disa_kwargs, online_args, parity_reward
-
 from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
 from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
 
