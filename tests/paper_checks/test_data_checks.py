@@ -10,6 +10,9 @@ import pytest
 from tiltlab.claims.registry import CheckResult, Verdict, run_one
 from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks import data_checks as dc
+from tiltlab.paper_checks.data_checks import disa as disa_dc
+from tiltlab.paper_checks.data_checks import fpa as fpa_dc
+from tiltlab.paper_checks.data_checks import llm_scale as llm_scale_dc
 
 
 def test_halfwidth_reads_printed_precision():
@@ -50,7 +53,7 @@ def test_config_problems_only_once_configs_exist(tmp_path: Path):
 
 def test_llm_scale_check_verdicts(isolated_registry, monkeypatch, tmp_path):
     reg = isolated_registry
-    monkeypatch.setattr(dc, "CONFIG_DIR", tmp_path / "configs")  # configs/ not written: no config lookups
+    monkeypatch.setattr(llm_scale_dc, "CONFIG_DIR", tmp_path / "configs")  # configs/ not written: no config lookups
     ok = _pn(15.1) | {"table": "T"}
     reg.declare_claim(
         "zz_fake.ok",
@@ -116,7 +119,7 @@ def test_paper_internal_checks_can_fail(isolated_registry, monkeypatch):
 
     c = isolated_registry.get_claim("disa.abstract.sft_gap")
     isolated_registry._CLAIMS[c.id] = replace(c, paper_numbers=dict(c.paper_numbers, stated_gap=12.0))
-    assert dc.disa_sft_gap(0).verdict is Verdict.REFUTED
+    assert disa_dc.disa_sft_gap(0).verdict is Verdict.REFUTED
 
 
 def test_command_problems_parses_and_validates(tmp_path: Path):
@@ -179,7 +182,7 @@ def test_the_config_schema_needs_no_extra_and_its_absence_is_an_error_not_a_zero
     assert "disa_qwen2.5_7b.yaml" in cfgs, cfgs[:5]
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "1 []", p.stdout + p.stderr[-2000:]
-    dc._schema_error.cache_clear()
+    llm_scale_dc._schema_error.cache_clear()
     import tiltlab.llm.trainers
 
     monkeypatch.setitem(sys.modules, "tiltlab.llm.trainers.config", None)  # its import raises ImportError
@@ -188,12 +191,12 @@ def test_the_config_schema_needs_no_extra_and_its_absence_is_an_error_not_a_zero
         with pytest.raises(RuntimeError, match="run-config schema .* cannot be imported"):
             dc.command_problems("tiltlab llm train --config configs/disa_qwen2.5_7b.yaml")
     finally:
-        dc._schema_error.cache_clear()
+        llm_scale_dc._schema_error.cache_clear()
 
 
 # ---- the paper-internal offline-RL claims: FlowRL's offline split and FPA's competitiveness table
 def test_offline_split_recovers_flowrl_numbers():
-    r = dc.disa_offline_split_recovers(0)
+    r = disa_dc.disa_offline_split_recovers(0)
     assert r.verdict is Verdict.VERIFIED
     # (33.5 - 23.4) / (33.2 - 23.4) and (65.5 - 29.7) / (64.8 - 29.7), naive
     assert r.numbers["qwen2.5_7b.share"] == pytest.approx(round(10.1 / 9.8, 4))
@@ -203,25 +206,25 @@ def test_offline_split_recovers_flowrl_numbers():
 
 
 def test_offline_split_noop_and_nan(monkeypatch):
-    real = dc._cell
+    real = disa_dc._cell
     # nothing trained: DISA at the Vanilla row -> recovers nothing
     monkeypatch.setattr(
-        dc, "_cell", lambda cid, row, col, key="rows": real(cid, "Vanilla" if row == "DISA" else row, col, key)
+        disa_dc, "_cell", lambda cid, row, col, key="rows": real(cid, "Vanilla" if row == "DISA" else row, col, key)
     )
-    assert dc.disa_offline_split_recovers(0).verdict is Verdict.REFUTED
+    assert disa_dc.disa_offline_split_recovers(0).verdict is Verdict.REFUTED
     # FlowRL at the Vanilla row too: no gain to recover is an error, not a verdict
-    monkeypatch.setattr(dc, "_cell", lambda cid, row, col, key="rows": real(cid, "Vanilla", col, key))
+    monkeypatch.setattr(disa_dc, "_cell", lambda cid, row, col, key="rows": real(cid, "Vanilla", col, key))
     with pytest.raises(ValueError, match="not positive"):
-        dc.disa_offline_split_recovers(0)
+        disa_dc.disa_offline_split_recovers(0)
     monkeypatch.setattr(
-        dc, "_cell", lambda cid, row, col, key="rows": math.nan if row == "DISA" else real(cid, row, col, key)
+        disa_dc, "_cell", lambda cid, row, col, key="rows": math.nan if row == "DISA" else real(cid, row, col, key)
     )
     with pytest.raises(ValueError, match="non-finite"):
-        dc.disa_offline_split_recovers(0)
+        disa_dc.disa_offline_split_recovers(0)
 
 
 def test_offrl_competitive_numbers():
-    r = dc.fpa_offrl_competitive(0)
+    r = fpa_dc.fpa_offrl_competitive(0)
     assert r.verdict is Verdict.PARTLY and r.items == {"s1": False, "s2": True, "s3": True}
     assert r.numbers["qwen3_4b.offrl_minus_best"] == pytest.approx(46.3 - 47.9)
     # 1.96 * hypot(0.2, 0.2) + 0.05 + 0.05 (two one-decimal cells)
@@ -230,14 +233,14 @@ def test_offrl_competitive_numbers():
 
 
 def test_offrl_competitive_noop_and_nan(monkeypatch):
-    real = dc._table
+    real = fpa_dc._table
 
     def flat(cid, key="rows"):  # every method at the Base row: no method differs from another
         cols, rows = real(cid, key)
         return cols, {k: list(rows["Base"]) for k in rows}
 
-    monkeypatch.setattr(dc, "_table", flat)
-    assert dc.fpa_offrl_competitive(0).verdict is Verdict.VERIFIED
+    monkeypatch.setattr(fpa_dc, "_table", flat)
+    assert fpa_dc.fpa_offrl_competitive(0).verdict is Verdict.VERIFIED
 
     def nan_kto(cid, key="rows"):
         cols, rows = real(cid, key)
@@ -245,13 +248,13 @@ def test_offrl_competitive_noop_and_nan(monkeypatch):
         rows["KTO"][cols.index("Avg")] = math.nan
         return cols, rows
 
-    monkeypatch.setattr(dc, "_table", nan_kto)
+    monkeypatch.setattr(fpa_dc, "_table", nan_kto)
     with pytest.raises(ValueError, match="non-finite"):
-        dc.fpa_offrl_competitive(0)
+        fpa_dc.fpa_offrl_competitive(0)
 
 
 def test_offline_split_needs_a_gain_beyond_rounding(monkeypatch):
-    real = dc._cell
+    real = disa_dc._cell
 
     def with_flowrl_gain(gain):
         def cell(cid, row, col, key="rows"):
@@ -262,10 +265,10 @@ def test_offline_split_needs_a_gain_beyond_rounding(monkeypatch):
 
     # a FlowRL gain of 0.05 (printed with two decimals: half-width 0.005) is inside the rounding of the two
     # cells (0.005 + 0.05): an error, not a verdict
-    monkeypatch.setattr(dc, "_cell", with_flowrl_gain(0.05))
+    monkeypatch.setattr(disa_dc, "_cell", with_flowrl_gain(0.05))
     with pytest.raises(ValueError, match="not positive"):
-        dc.disa_offline_split_recovers(0)
+        disa_dc.disa_offline_split_recovers(0)
     # 0.6 is beyond it: DISA at the same gain recovers all of it
-    monkeypatch.setattr(dc, "_cell", with_flowrl_gain(0.6))
-    r = dc.disa_offline_split_recovers(0)
+    monkeypatch.setattr(disa_dc, "_cell", with_flowrl_gain(0.6))
+    r = disa_dc.disa_offline_split_recovers(0)
     assert r.verdict is Verdict.VERIFIED and r.numbers["qwen3_4b.share"] == pytest.approx(1.0)
