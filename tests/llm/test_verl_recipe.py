@@ -36,6 +36,7 @@ try:
     from verl import DataProto
 
     import tiltlab.llm.verl as plugin
+    from tiltlab.llm.verl import runner as verl_runner
 except ImportError as e:  # veRL (or a package its modules import) is missing
     if _CI:
         raise ImportError(f"CI is set and veRL is not importable: {e}") from e
@@ -277,7 +278,7 @@ def test_worker_and_task_runner_build():
         getattr(cls.init_model, MAGIC_ATTR)["dispatch_mode"]
         == getattr(ActorRolloutRefWorker.init_model, MAGIC_ATTR)["dispatch_mode"]
     )
-    runner_cls = plugin._task_runner().__ray_actor_class__
+    runner_cls = verl_runner._task_runner().__ray_actor_class__
     runner = runner_cls()
     from omegaconf import OmegaConf
 
