@@ -50,6 +50,24 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
     assert "llm/checks/stage1_real.py" in reg["smollm2_135m_vllm"]["files"]
 
 
+def test_the_registration_is_current_with_the_checkouts_rule_files():
+    """Every registered hash is the sha256 of that file in this checkout: a rule file edited without a
+    refreshed registration (``tiltlab report --preregister`` and a history note) fails here, before a run
+    made at the new commit is refused as 'edited after registration'."""
+    reg = prereg.preregistration()
+    now = prereg.current_hashes(reg, ROOT)
+    stale = [
+        f"{name}: {path}"
+        for name, entry in reg.items()
+        for path, sha in entry["files"].items()
+        if now[name][path] != sha
+    ]
+    assert not stale, (
+        "rule files edited since their registration (refresh it: tiltlab report --preregister, with a history note): "
+        + ", ".join(stale)
+    )
+
+
 def test_shared_runs_name_registered_llm_claims():
     catalog.discover()
     llm_claims = {c.claim_id for c in registry.checks() if c.layer == "llm"}
