@@ -1,7 +1,7 @@
 """Symbolic (sympy) checks of every proposition of the papers (see docs/papers.md).
 
 One module per paper (:mod:`tiltlab.theory.disa`, :mod:`tiltlab.theory.paced`, :mod:`tiltlab.theory.lad`,
-:mod:`tiltlab.theory.fpa`); each proposition is a function ``check_xxx(...) -> CheckResult``
+:mod:`tiltlab.theory.fpa`; DISA's results beyond its paper in :mod:`tiltlab.theory.disa_beyond`); each proposition is a function ``check_xxx(...) -> CheckResult``
 that *builds* the statement in sympy and decides it. Every such function takes the
 candidate (a formula, a coefficient, a variant name) as an argument, so a test can feed
 a deliberately wrong variant and see it rejected. :mod:`tiltlab.theory.checks` registers the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tiltlab.claims.pinned import residual
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
-from tiltlab.theory import disa, fpa, lad, paced
+from tiltlab.theory import disa, disa_beyond, fpa, lad, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY
 
@@ -58,12 +58,12 @@ def prop4_envelope(seed: int) -> CheckResult:
 
 @register_check("disa.beyond.local_threshold", layer="theory", expected=V)
 def beyond_local_threshold(seed: int) -> CheckResult:
-    return disa.check_local_threshold()
+    return disa_beyond.check_local_threshold()
 
 
 @register_check("disa.beyond.semigradient_invariance", layer="theory", expected=V)
 def beyond_semigradient_invariance(seed: int) -> CheckResult:
-    return disa.check_semigradient_invariance()
+    return disa_beyond.check_semigradient_invariance()
 
 
 @register_check(
@@ -72,10 +72,13 @@ def beyond_semigradient_invariance(seed: int) -> CheckResult:
     expected=V,
     # lemma_grid_min: the grid holds F's zeros x = 0, x = a, so min F <= float64 rounding << tol, and |min| <= tol
     # is the check's own min >= -tol
-    pins={"lemma_grid_min": residual(disa.GLOBAL_LEMMA_TOL), "max_err": residual(disa.GLOBAL_THRESHOLD_TOL)},
+    pins={
+        "lemma_grid_min": residual(disa_beyond.GLOBAL_LEMMA_TOL),
+        "max_err": residual(disa_beyond.GLOBAL_THRESHOLD_TOL),
+    },
 )
 def beyond_global_threshold(seed: int) -> CheckResult:
-    return disa.check_global_threshold(seed=seed)
+    return disa_beyond.check_global_threshold(seed=seed)
 
 
 # ----------------------------------------------------------------------------- PACED
@@ -250,7 +253,7 @@ def fpa_grad_norm(seed: int) -> CheckResult:
     expected_items={"closed_form": True, "some_reference_gains_entropy": True},
 )
 def disa_reward_lowers_diversity(seed: int) -> CheckResult:
-    return disa.check_tilt_entropy()
+    return disa_beyond.check_tilt_entropy()
 
 
 @register_check("paced.s42.kl_second_order", layer="theory", expected=V)

@@ -8,13 +8,13 @@ import pytest
 import sympy as sp
 
 from tiltlab.claims.registry import Verdict
-from tiltlab.theory import disa, fpa, paced
+from tiltlab.theory import disa_beyond, fpa, paced
 
 V, R, P = Verdict.VERIFIED, Verdict.REFUTED, Verdict.PARTLY
 
 
 def test_tilt_entropy_partly_with_pinned_fractions():
-    r = disa.check_tilt_entropy()
+    r = disa_beyond.check_tilt_entropy()
     assert r.verdict is P and r.items == {"closed_form": True, "some_reference_gains_entropy": True}
     # grid step 1/20, K = 3: 171 references per reward pattern; the 1-correct and 2-correct fractions are
     # mirror images (relabel correct/wrong: the slope flips sign), so they sum to 1 up to the slope-zero points
@@ -26,14 +26,14 @@ def test_tilt_entropy_partly_with_pinned_fractions():
 
 
 def test_tilt_verdict_boundaries():
-    assert disa.tilt_verdict(0.95) is V and disa.tilt_verdict(0.9499) is P
-    assert disa.tilt_verdict(0.05) is R and disa.tilt_verdict(0.0501) is P
+    assert disa_beyond.tilt_verdict(0.95) is V and disa_beyond.tilt_verdict(0.9499) is P
+    assert disa_beyond.tilt_verdict(0.05) is R and disa_beyond.tilt_verdict(0.0501) is P
     with pytest.raises(ValueError, match="finite"):
-        disa.tilt_verdict(float("nan"))
+        disa_beyond.tilt_verdict(float("nan"))
 
 
 def test_tilt_entropy_slope_against_finite_difference():
-    slope, _closed, free, beta = disa.tilt_entropy_slope(1)
+    slope, _closed, free, beta = disa_beyond.tilt_entropy_slope(1)
     p1, p2 = 0.05, 0.05  # the hard prompt: one rare correct answer, one dominant wrong one
     f = sp.lambdify([*free, beta], slope)
     import math
@@ -49,9 +49,11 @@ def test_tilt_entropy_slope_against_finite_difference():
 
 
 def test_tilt_entropy_noop_and_nan():
-    assert disa.check_tilt_entropy(slope_sign=0).verdict is R  # a slope that never moves: no reference loses entropy
+    assert (
+        disa_beyond.check_tilt_entropy(slope_sign=0).verdict is R
+    )  # a slope that never moves: no reference loses entropy
     with pytest.raises(ValueError, match="not finite"):
-        disa.check_tilt_entropy(slope_sign=float("nan"))
+        disa_beyond.check_tilt_entropy(slope_sign=float("nan"))
 
 
 def test_kl_second_order():

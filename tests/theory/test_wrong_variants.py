@@ -9,7 +9,7 @@ import pytest
 import sympy as sp
 
 from tiltlab.claims.registry import Verdict
-from tiltlab.theory import disa, fpa, lad, paced
+from tiltlab.theory import disa, disa_beyond, fpa, lad, paced
 
 REF, VER = Verdict.REFUTED, Verdict.VERIFIED
 
@@ -76,12 +76,12 @@ def test_prop4_rejects_bound_without_factor_2_and_non_unit_weights():
 
 @pytest.mark.parametrize("claimed", [lambda b: 1 - b, lambda b: 1 + 2 * b, lambda b: sp.Integer(1)])
 def test_local_threshold_rejects(claimed):
-    assert disa.check_local_threshold(claimed).verdict == REF
+    assert disa_beyond.check_local_threshold(claimed).verdict == REF
 
 
 @pytest.mark.parametrize("mode", ["full", "offpolicy_semi"])
 def test_semigradient_rejects(mode):
-    assert disa.check_semigradient_invariance(mode=mode, K=2).verdict == REF
+    assert disa_beyond.check_semigradient_invariance(mode=mode, K=2).verdict == REF
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_semigradient_rejects(mode):
     ids=["max", "local", "log-min"],
 )
 def test_global_threshold_rejects(thr):
-    assert disa.check_global_threshold(thr, n_instances=2, Ks=(3,)).verdict == REF
+    assert disa_beyond.check_global_threshold(thr, n_instances=2, Ks=(3,)).verdict == REF
 
 
 # ----------------------------------------------------------------------------- PACED
