@@ -136,7 +136,7 @@ def test_two_nodes_on_loopback_agree_with_one_process(trainer, untied_dir, tmp_p
 
 
 def _stop_cfg(untied_dir, tmp_path: Path, out: Path) -> Path:
-    from test_resume import SIGNAL_REWARD, _online_cfg
+    from tests.llm.trainers.test_resume import SIGNAL_REWARD, _online_cfg
 
     (tmp_path / "tilt_signal_reward.py").write_text(SIGNAL_REWARD)
     cfg = _online_cfg(
