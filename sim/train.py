@@ -79,11 +79,10 @@ SIM_OBJECTIVES: dict[str, str] = {
 def tb_objective_name(log_z: str) -> str:
     """The registry entry of ``method="tb"`` with ``cfg.log_z``: a fixed label (``frozen``, ``exact``,
     ``zero``) -> ``disa``; ``vargrad`` -> ``vargrad``; ``learned`` -> ``tb`` (the log Z attached)."""
-    if log_z in ("frozen", "exact", "zero"):
-        return "disa"
-    if log_z in ("vargrad", "learned"):
-        return {"vargrad": "vargrad", "learned": "tb"}[log_z]
-    raise ValueError(f"unknown log_z {log_z!r}")
+    names = {"frozen": "disa", "exact": "disa", "zero": "disa", "vargrad": "vargrad", "learned": "tb"}
+    if log_z not in names:
+        raise ValueError(f"unknown log_z {log_z!r}")
+    return names[log_z]
 
 
 __all__ = [

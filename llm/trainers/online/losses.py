@@ -217,6 +217,21 @@ def lad_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     return _with_kl(trainer, out, b, {})
 
 
+def _tb_logged(out: LossOutput, log_z: Tensor) -> LossOutput:
+    """The TB family's loss with the metrics the trainer logs: log Z, the mean absolute residual, the
+    rollout weight's clip fraction and mean."""
+    m = out.metrics
+    return LossOutput(
+        out.loss,
+        {
+            "log_z": log_z.detach(),
+            "residual": m["residual_abs_mean"],
+            "weight_clip_frac": m["weight_clip_frac"],
+            "weight_mean": m["weight_mean"],
+        },
+    )
+
+
 def flowrl_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     """FlowRL (:func:`~tiltlab.objectives.tb.flowrl_loss`) with the learned log Z head."""
     args = trainer.args
@@ -229,16 +244,7 @@ def flowrl_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
         batch, beta=args.tilt_beta, length_normalize=args.length_normalize, group_normalize=False,
         weight_clip=args.weight_clip, max_weight=args.max_weight, eps=args.weight_eps, eps_high=args.weight_eps_high,
     )  # fmt: skip
-    m = out.metrics
-    return LossOutput(
-        out.loss,
-        {
-            "log_z": log_z.detach(),
-            "residual": m["residual_abs_mean"],
-            "weight_clip_frac": m["weight_clip_frac"],
-            "weight_mean": m["weight_mean"],
-        },
-    )
+    return _tb_logged(out, log_z)
 
 
 def _tb_family(
@@ -256,16 +262,7 @@ def _tb_family(
         batch, logprob_scale=args.logprob_scale, weight_clip=args.weight_clip, max_weight=args.max_weight,
         eps=args.weight_eps, eps_high=args.weight_eps_high, **options,
     )  # fmt: skip
-    m = out.metrics
-    return LossOutput(
-        out.loss,
-        {
-            "log_z": log_z.detach(),
-            "residual": m["residual_abs_mean"],
-            "weight_clip_frac": m["weight_clip_frac"],
-            "weight_mean": m["weight_mean"],
-        },
-    )
+    return _tb_logged(out, log_z)
 
 
 def disa_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
