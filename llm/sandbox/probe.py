@@ -11,6 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 
+from . import programs
 from .config import SandboxConfig, SandboxWarning
 
 _warned: set[str] = set()
@@ -80,10 +81,11 @@ def _usable_as(python: str, uid: int, gid: int) -> bool:
 
 
 def _bind_roots(python: str) -> list[str]:
-    """Host directories the interpreter needs (its prefixes), outside ``/usr``, without nesting."""
+    """Host directories the sandboxed interpreter needs, outside ``/usr``, without nesting: its prefixes and
+    the folder of the programs it runs by path (:data:`.programs.DIR`, inside a prefix when installed)."""
     real = os.path.realpath(python)
     cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(real))}
-    cands |= {os.path.dirname(os.path.dirname(os.path.abspath(python)))}
+    cands |= {os.path.dirname(os.path.dirname(os.path.abspath(python))), str(programs.DIR)}
     roots = sorted({os.path.realpath(c) for c in cands} | {os.path.abspath(c) for c in cands})
     out: list[str] = []
     for r in roots:

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 from .clock import _RunDeadline
-from .config import _RECURSION, JUDGE_MODULES, NO_CROSS, RC_BLOCKED, RC_MEMORY, SandboxConfig, SandboxResult
+from .config import _RECURSION, JUDGE_MODULES, NO_CROSS, RC_BLOCKED, RC_MEMORY, SCRIPT, SandboxConfig, SandboxResult
 from .probe import _bwrap_args, _plan
 from .proc import _env, _kill_group, _read_memfd, _site_dirs, _write_all
-from .programs import _BOOT, _JUDGE
+from .programs import BOOT, JUDGE
 from .seccomp import seccomp_budget_program, seccomp_program
 from .server import _kill_judge, _served_judge, _ServedJudge
 from .slots import _slot_for, _slot_uid
@@ -130,6 +130,9 @@ class _Candidate:
             "budget_seccomp": (seccomp_budget_program() or b"").hex() if mode == "stdio" else "",
             "max_reply": _reply_cap(cfg),
             "recursion": _RECURSION,
+            "rc_memory": RC_MEMORY,
+            "rc_blocked": RC_BLOCKED,
+            "script": SCRIPT,
             **fds,
         }
         rb, wb = os.pipe()
@@ -138,7 +141,7 @@ class _Candidate:
         self.err = os.memfd_create("tiltlab-sbx-stderr")
         site = _site_dirs(plan["python"])
         boot["site"] = site
-        cmd = [plan["python"], "-I", "-B", *(["-S"] if site is not None else []), "-c", _BOOT, str(rb)]
+        cmd = [plan["python"], "-I", "-B", *(["-S"] if site is not None else []), BOOT, str(rb)]
         env = _env(cwd)
         if plan["level"] == "bwrap":
             pre = _bwrap_args(plan["python"], plan["root_parent"], cfg.disk_mb)
@@ -295,7 +298,7 @@ def run_judged(
                 if judge is None:
                     payload = {**jcfg, "wfd": req_w, "rfd": rep_r, "vfd": ver_w}
                     judge = subprocess.Popen(
-                        [sys.executable, "-I", "-B", "-S", "-c", _JUDGE, str(jb_r)],
+                        [sys.executable, "-I", "-B", "-S", JUDGE, str(jb_r)],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=err_w,

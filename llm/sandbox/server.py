@@ -16,7 +16,7 @@ import threading
 from .config import JUDGE_MODULES
 from .probe import _warn_once
 from .proc import _env, _kill_group, _site_dirs, _write_all
-from .programs import _JUDGE_BODY, _ZYGOTE
+from .programs import JUDGE_SERVER
 
 
 class _ServedJudge:
@@ -87,7 +87,7 @@ def _kill_judge(judge) -> None:
 
 
 class _JudgeServer:
-    """The process-wide judge server (:data:`_ZYGOTE`), started on first use and again after it
+    """The process-wide judge server (``programs/judge_server.py``), started on first use and again after it
     died or this process forked; :meth:`spawn` returns a :class:`_ServedJudge`."""
 
     _lock = threading.Lock()
@@ -98,7 +98,7 @@ class _JudgeServer:
         br, bw = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-S", "-c", _ZYGOTE, str(theirs.fileno()), str(br)],
+                [sys.executable, "-I", "-B", "-S", JUDGE_SERVER, str(theirs.fileno()), str(br)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -114,7 +114,7 @@ class _JudgeServer:
         finally:
             theirs.close()
             os.close(br)
-        boot = {"body": _JUDGE_BODY, "site": _site_dirs(sys.executable), "preload": sorted(JUDGE_MODULES)}
+        boot = {"site": _site_dirs(sys.executable), "preload": sorted(JUDGE_MODULES)}
         _write_all(bw, json.dumps(boot).encode())
         self.ctl, self.owner = mine, os.getpid()
 

@@ -68,9 +68,9 @@ def _sandbox_uid_processes() -> list[int]:
 
 
 def _interpreter_dirs_in_tmp() -> list[str]:
-    """Names directly under ``/tmp`` of the interpreter's read-only bind mounts (a virtualenv in
-    ``/tmp/...``): under bwrap they are the only entries a fresh private ``/tmp`` may hold. Empty for
-    an interpreter elsewhere (a system Python, as CI runs), so there the listing must be empty."""
+    """Names directly under ``/tmp`` of the read-only bind mounts (the interpreter's prefixes, a virtualenv in
+    ``/tmp/...``, and the sandbox's program folder, a checkout in ``/tmp/...`` as CI's clone): under bwrap they
+    are the only entries a fresh private ``/tmp`` may hold. Empty when all are elsewhere."""
     return sorted(
         {
             Path(r).parts[2]
@@ -882,7 +882,8 @@ def test_judged_timeout_and_many():
 
 def _codec(own=None, by_ref=False):
     ns = {"_dcref": lambda v: None, "_DC_BY_REF": by_ref, "_OWN": own or {}}
-    exec(programs._CODEC, ns)
+    path = programs.DIR / "codec.py"
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), ns)  # as the programs run it
     return ns
 
 

@@ -1,6 +1,7 @@
-"""llm/sandbox/programs/: the program files, composed into the text each interpreter runs, and their
-functions exercised here directly (the codec imported from its file, the bootstrap's and the judge's helpers
-compiled from theirs); tests/llm/test_sandbox.py runs the same programs end to end."""
+"""llm/sandbox/programs/: the program files, each run by path (the codec compiled by the program that
+runs it, in that program's globals), and their functions exercised here directly (the codec imported from
+its file, the bootstrap's and the judge's helpers compiled from theirs); tests/llm/test_sandbox.py runs the
+same programs end to end."""
 
 import ast
 import collections
@@ -12,18 +13,17 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
-from tiltlab.llm.sandbox import config, programs
+from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, config, programs, run_judged, run_python, runner
+from tiltlab.llm.sandbox.server import _JudgeServer
 
-FILES = ("boot.py", "codec.py", "judge.py", "judge_head.py", "judge_server.py")
-RUN = {  # the texts the host starts interpreters with
-    "_BOOT": programs._BOOT,
-    "_JUDGE": programs._JUDGE,
-    "_JUDGE_BODY": programs._JUDGE_BODY,
-    "_ZYGOTE": programs._ZYGOTE,
-}
+FILES = ("boot.py", "codec.py", "judge.py", "judge_main.py", "judge_server.py")
+FAST = SandboxConfig(timeout_s=5.0, memory_mb=256)
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 
 
 def _pieces(name: str, *names: str, **ns) -> dict:
@@ -47,51 +47,111 @@ def _pieces(name: str, *names: str, **ns) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# composition
+# each program run by path
 # ---------------------------------------------------------------------------------------------
 
 
-def test_each_program_is_its_files_with_the_codec_in_place():
-    codec = programs._CODEC
-    assert programs._JUDGE == programs._JUDGE_HEAD + programs._JUDGE_BODY
-    for key in ("_BOOT", "_JUDGE_BODY"):
-        assert RUN[key].count(codec) == 1, key  # the codec's text, once, where the codec block was
-    for key, text in {**RUN, "_CODEC": codec}.items():
-        compile(text, key, "exec")
-        # the blocks for static checkers are gone (they would bind TYPE_CHECKING in the program's globals)
-        assert "TYPE_CHECKING" not in text and "# >>> " not in text and "# <<< " not in text, key
-    assert programs._ZYGOTE.startswith("# tiltlab judge server\n")  # how the hostile corpus finds the server
-    # every file is a whole Python module that static tools read (its blocks included)
-    for name in FILES:
+def test_the_program_paths_are_the_files_of_the_package():
+    assert Path(programs.__file__).resolve().parent == programs.DIR
+    assert [str(programs.DIR / n) for n in ("boot.py", "judge_main.py", "judge_server.py")] == [
+        programs.BOOT,
+        programs.JUDGE,
+        programs.JUDGE_SERVER,
+    ]
+    for name in FILES:  # every file is a whole Python module that static tools read
         ast.parse((programs.DIR / name).read_text(encoding="utf-8"), name)
 
 
-def test_the_bootstrap_gets_the_hosts_constants():
-    tree = ast.parse(programs._BOOT)
-    argv = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "sys.argv"]
-    assert [ast.literal_eval(v) for v in argv] == [[config.SCRIPT]]
-    exits = [
-        ast.unparse(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "os._exit"
-    ]
-    assert str(config.RC_MEMORY) in exits and f"{config.RC_BLOCKED} if _BLOCKED[0] else 1" in exits
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert not names & {"RC_MEMORY", "RC_BLOCKED", "SCRIPT"}
-    # other values give another program: the constants are not in the file
-    other = programs._text("boot.py", "", {"RC_MEMORY": "77", "RC_BLOCKED": "78", "SCRIPT": "'x.py'"})
-    assert "os._exit(77)" in other and "os._exit(78 if" in other and "sys.argv = ['x.py']" in other
-
-
-def test_a_broken_block_or_an_unused_constant_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(programs, "DIR", tmp_path)
-    (tmp_path / "ok.py").write_text(
-        "a = 1\n# >>> codec: here\nimport x\n# <<< codec\nb = A\n# >>> static\nA = 0\n# <<< static\n"
+def test_the_candidate_runs_the_bootstrap_by_path():
+    # the candidate's own process: its command line is the interpreter and boot.py (bound at the same path
+    # under bwrap), and what the program sees of it is sys.argv == [SCRIPT]
+    r = run_python(
+        "import sys\nprint(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[:-1])\nprint(sys.argv)", FAST
     )
-    assert programs._text("ok.py", "CODEC\n", {"A": "2"}) == "a = 1\nCODEC\nb = 2\n"
-    (tmp_path / "open.py").write_text("a = 1\n# >>> static\nA = 0\n")
-    with pytest.raises(RuntimeError, match="without its"):
-        programs._text("open.py")
-    with pytest.raises(RuntimeError, match="does not use B"):
-        programs._text("ok.py", "", {"B": "1"})
+    assert r.status == "ok", r.stderr
+    cmd, argv = (ast.literal_eval(line) for line in r.stdout.splitlines())
+    assert cmd[-2] == programs.BOOT.encode() and b"-c" not in cmd and cmd[1:3] == [b"-I", b"-B"]
+    assert argv == [config.SCRIPT]
+
+
+def _judge_sees(served: bool) -> dict:
+    """What the judge's own process holds, read by its tests: its argv and its globals' names."""
+    tests = (
+        "import sys\n_g = vars(sys.modules['__main__'])\n"
+        "print(repr({'argv': sys.argv, 'codec': sorted(n for n in ('_dec', '_enc', '_whole') if n in _g),"
+        " 'left': sorted(n for n in ('_CODEC', 'TYPE_CHECKING', 'cfg') if n in _g)}), file=sys.stderr)\n"
+        "assert f(1) == 2\n"
+    )
+    r = run_judged("def f(x):\n    return x + 1\n", tests, FAST, judge_server=served)
+    assert r.passed, (r.status, r.judge_stderr)
+    return ast.literal_eval(r.judge_stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["own-interpreter", "judge-server"])
+def test_each_judge_runs_its_program_by_path_with_the_codec_in_its_globals(served):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SandboxWarning)  # a served judge that fell back would warn
+        seen = _judge_sees(served)
+    assert seen["argv"][0] == (programs.JUDGE_SERVER if served else programs.JUDGE)
+    assert len(seen["argv"]) == (3 if served else 2)
+    assert seen["codec"] == ["_dec", "_enc", "_whole"]  # the codec's functions, in the judge's globals
+    assert seen["left"] == ["cfg"]  # the compiled codec and the static checkers' flag are gone
+
+
+def test_the_candidates_server_has_the_codec_in_its_globals_and_not_the_code_object():
+    code = (
+        "import sys\n_g = vars(sys.modules['__main__'])\n"
+        "_SEEN = ([n for n in ('_dec', '_enc', '_whole') if n in _g], [n for n in ('_CODEC', 'TYPE_CHECKING') if n in _g])\n"
+        "def f():\n    return _SEEN\n"
+    )
+    r = run_judged(code, "assert f() == (['_dec', '_enc', '_whole'], []), f()", FAST)
+    assert r.passed, (r.status, r.judge_stderr, r.stderr)
+    # a program run alone sees none of the bootstrap's state either
+    r = run_python(
+        "import sys\n_g = vars(sys.modules['__main__'])\nprint([n for n in ('_CODEC', 'cfg', '_dec') if n in _g])", FAST
+    )
+    assert r.status == "ok" and r.stdout.strip() == "[]", r
+
+
+def test_the_judge_server_is_started_by_path():
+    srv = _JudgeServer.get()
+    with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as fh:
+        cmd = fh.read().split(b"\0")[:-1]
+    assert cmd[0] == sys.executable.encode() and cmd[1:4] == [b"-I", b"-B", b"-S"]
+    assert cmd[4] == programs.JUDGE_SERVER.encode() and len(cmd) == 7
+
+
+def test_the_bootstrap_gets_the_hosts_constants_from_its_config(monkeypatch):
+    # the bootstrap has no constants of its own: other values in the config give another exit status and argv
+    monkeypatch.setattr(runner, "RC_MEMORY", 77)
+    monkeypatch.setattr(runner, "RC_BLOCKED", 78)
+    monkeypatch.setattr(runner, "SCRIPT", "other.py")
+    r = run_python("raise MemoryError", FAST)
+    assert (r.status, r.returncode) == ("memory", 77), r
+    r = run_python("import os\nos.system('true')", FAST)
+    assert (r.status, r.returncode) == ("blocked", 78), r
+    r = run_python("import sys\nprint(sys.argv)", FAST)
+    assert r.status == "ok" and r.stdout.strip() == "['other.py']", r
+    tree = ast.parse((programs.DIR / "boot.py").read_text(encoding="utf-8"))
+    consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    assert config.SCRIPT not in consts and config.RC_MEMORY not in consts and config.RC_BLOCKED not in consts
+
+
+def test_the_program_folder_is_bound_into_bwrap_unless_a_bound_prefix_holds_it(monkeypatch, tmp_path):
+    from tiltlab.llm.sandbox import probe
+
+    roots = probe._bind_roots(sys.executable)
+    assert any(str(programs.DIR) == r or str(programs.DIR).startswith(r + "/") for r in roots)
+    inner = tmp_path / "prefix" / "lib" / "tiltlab" / "programs"
+    inner.mkdir(parents=True)
+    monkeypatch.setattr(programs, "DIR", inner)
+    monkeypatch.setattr(probe.sys, "prefix", str(tmp_path / "prefix"))
+    roots = probe._bind_roots(sys.executable)
+    assert str(tmp_path / "prefix") in roots and str(inner) not in roots  # inside a bound prefix: no second bind
+    outer = tmp_path / "checkout" / "programs"
+    outer.mkdir(parents=True)
+    monkeypatch.setattr(programs, "DIR", outer)
+    assert str(outer) in probe._bind_roots(sys.executable)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,7 @@
-# The candidate's bootstrap: python -I -B [-S] -c <this program> <fd>, under the planned isolation; it reads
-# its config and the candidate's program from <fd>, sets its limits, then runs the program ("run"), or serves
-# the judge's requests ("module", "stdio") with the codec (codec.py) put in place of the codec block below.
-# >>> static: the host drops this block and puts the constants' values (sandbox.config) in their place
-RC_MEMORY, RC_BLOCKED, SCRIPT = 0, 0, ""
-# <<< static
+# The candidate's bootstrap, run by path: python -I -B [-S] <this file> <fd>, under the planned isolation. It
+# reads its config (with the host's constants, sandbox.config) and the candidate's program from <fd>, sets its
+# limits, then runs the program ("run"), or serves the judge's requests ("module", "stdio") with the codec
+# (codec.py, beside this file, compiled here before the privileges drop and run in this program's globals).
 import json
 import os
 import resource
@@ -12,6 +10,11 @@ import sys
 _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
+RC_MEMORY, RC_BLOCKED, SCRIPT = cfg.pop("rc_memory"), cfg.pop("rc_blocked"), cfg.pop("script")
+_CODEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py")
+with open(_CODEC_PATH, encoding="utf-8") as _cf:
+    _CODEC = compile(_cf.read(), _CODEC_PATH, "exec")  # the wire format, run at the codec block below
+del _f, _cf, _CODEC_PATH
 sys.argv = [SCRIPT]  # what a program run as ``python solution.py`` (no arguments) sees
 if cfg["site"] is not None:  # started with -S: the environment's packages without the .pth processing
     import site as _site
@@ -217,7 +220,7 @@ except BaseException as e:
 del src
 if _MODE == "run":
     g = {"__name__": "__main__", "__builtins__": __builtins__}
-    del cfg
+    del cfg, _CODEC
     _budget()
     try:
         exec(code, g)
@@ -226,7 +229,7 @@ if _MODE == "run":
     except BaseException as e:
         _died(e)
     sys.exit(0)
-# >>> codec: the host puts codec.py's text in place of this block (static checkers read the import)
+# the codec: its definitions in this program's globals (static checkers read the import)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .codec import (
@@ -239,7 +242,9 @@ if TYPE_CHECKING:
         _moved,
         _whole,
     )
-# <<< codec
+else:
+    exec(_CODEC, globals())
+del _CODEC, TYPE_CHECKING
 import atexit
 import io as _io  # noqa: F401 (unused, kept as it was)
 import json as _json

@@ -1,10 +1,9 @@
 # The wire format shared by the candidate's server (boot.py) and the judge (judge.py): stdlib only, exact
-# types. Not a module of its own at run time: the host puts this text inside each of the two programs
-# (programs/__init__.py), so these functions share the program's globals, which each side sets
+# types. Not imported as a module at run time: each of the two programs runs this file's compiled code in its
+# own globals (exec), so these functions share the program's globals, which each side sets
 # (_OWN, _dcref, _objref, _DC_BY_REF, _ALL_ENUMS, _BYVAL, _ORIG, _DORIG, _EKEEP).
-# >>> static: the host drops this block (the program that includes the codec defines these names)
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what the program that runs the codec defines
     _OWN: dict = {}
     _DC_BY_REF = False
 
@@ -13,7 +12,6 @@ if TYPE_CHECKING:
     def _objref(v): ...
 
 
-# <<< static
 import builtins as _bi
 import sys as _sys
 

@@ -1,8 +1,10 @@
-# The judge's program, given ``cfg`` (its limits, the tests, the pipes to the candidate): it runs the tests
-# against proxies of the candidate's names, with the codec (codec.py) put in place of the codec block below.
-# >>> static: the host drops this block (judge_head.py or the judge server defines cfg)
-cfg: dict = {}
-# <<< static
+# The judge's program, given ``cfg`` (its limits, the tests, the pipes to the candidate) and ``_CODEC`` (codec.py
+# compiled) by what runs it: judge_main.py (the judge as its own interpreter) or the judge server
+# (judge_server.py, which forks it). It runs the tests against proxies of the candidate's names.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # defined by judge_main.py or judge_server.py
+    cfg: dict = {}
+    _CODEC = compile("", "codec.py", "exec")
 import _ast  # _ast, not ast: the judge starts once per reward (ast costs ~10 ms)
 import builtins
 import json
@@ -34,8 +36,7 @@ class SandboxGone(BaseException):
     "The candidate's process stopped answering (exited, was killed or sent garbage)."
 
 
-# >>> codec: the host puts codec.py's text in place of this block (static checkers read the import)
-TYPE_CHECKING = False
+# the codec: its definitions in this program's globals (static checkers read the import)
 if TYPE_CHECKING:
     from .codec import (
         _ENUM_KINDS,
@@ -49,9 +50,11 @@ if TYPE_CHECKING:
         _walk,
         _whole,
     )
+else:
+    exec(_CODEC, globals())
+del _CODEC, TYPE_CHECKING
 
 
-# <<< codec
 def _read():
     line = _rs.readline(_cap + 2)
     if not line.endswith(b"\n"):

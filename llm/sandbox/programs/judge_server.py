@@ -1,9 +1,9 @@
-# tiltlab judge server
-# (the line above is how tests/llm/hostile/corpus.py tells the server's process apart: keep it first)
-# python -I -B -S -c <this program> <socket> <boot fd>: imports, path set-up and the compiled judge once; per
-# request (six descriptors over a Unix socket: the run's reply socket, the pipe its ``cfg`` comes through, the
-# pipes to and from the candidate, the verdict pipe, stderr) a ``fork`` whose child is the judge; the reply
-# socket gets the judge's pid and a pidfd, then its exit status.
+# The judge server, run by path: python -I -B -S <this file> <socket> <boot fd>. Imports, path set-up and the
+# judge's program (judge.py) and codec (codec.py), both beside this file, compiled once; per request (six
+# descriptors over a Unix socket: the run's reply socket, the pipe its ``cfg`` comes through, the pipes to and
+# from the candidate, the verdict pipe, stderr) a ``fork`` whose child is the judge; the reply socket gets the
+# judge's pid and a pidfd, then its exit status. (tests/llm/hostile/corpus.py tells the server's process apart
+# by this file's name on its command line.)
 import _ast  # noqa: F401 (imported once here for every judge the server forks)
 import array
 import builtins
@@ -30,7 +30,16 @@ for _m in _boot["preload"]:  # what each judge would import anyway, imported onc
         __import__(_m)
     except ImportError:
         pass
-_code = compile(_boot["body"], "<judge>", "exec")
+
+
+def _compiled(name):
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    with open(path, encoding="utf-8") as f:
+        return compile(f.read(), path, "exec")
+
+
+_code = _compiled("judge.py")
+_codec = _compiled("codec.py")
 _null = os.open(os.devnull, os.O_RDWR)
 _sel = selectors.DefaultSelector()
 _sel.register(_ctl, selectors.EVENT_READ)
@@ -59,7 +68,7 @@ def _judge(fds):
     os.environ.update(cfg.pop("env"))
     cfg.update(wfd=wfd, rfd=rfd, vfd=vfd, site=None)
     main = type(sys)("__main__")
-    main.__dict__.update(__builtins__=builtins, cfg=cfg)
+    main.__dict__.update(__builtins__=builtins, cfg=cfg, _CODEC=_codec)
     sys.modules["__main__"] = main
     exec(_code, main.__dict__)  # ends in os._exit
 

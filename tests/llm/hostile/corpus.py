@@ -622,8 +622,8 @@ def run_cross_run_oracle(runs: int = 20) -> dict:
 def leftovers(uid_lo: int = 0x70000000, uid_hi: int = 0x70000000 + (1 << 20)) -> list[str]:
     """What a run may have left on the host: marked files in ``/tmp``, ``/dev/shm`` and ``/var/tmp``,
     the sandbox's own temporary directories, live marked keys (``/proc/keys``) and keys owned by
-    sandbox uids (``/proc/key-users``), and processes of the sandbox uids, marked sleepers or
-    bootstraps (their command line holds the bootstrap source)."""
+    sandbox uids (``/proc/key-users``), and processes of the sandbox uids, marked sleepers, bootstraps and
+    judges (their command line names the program file) and judges the judge server forked."""
     me = os.getpid()
     found = []
     for d in ("/tmp", "/dev/shm", "/var/tmp"):
@@ -654,15 +654,18 @@ def leftovers(uid_lo: int = 0x70000000, uid_hi: int = 0x70000000 + (1 << 20)) ->
         if (
             uid_lo <= uid < uid_hi
             or b"sleep\x004242." in cmd
-            or b"_BLOCK_FFI" in cmd
-            or b"_JUDGE_MODULES" in cmd
+            or _BOOT_MARK in cmd
+            or _JUDGE_MARK in cmd
             or (_ZYGOTE_MARK in cmd and _parent_is_server(p))  # a judge the server forked (the server stays)
         ):
             found.append(f"process {p} uid={uid} {cmd[:60]!r}")
     return found
 
 
-_ZYGOTE_MARK = b"# tiltlab judge server"
+# the sandbox's programs run by path (tiltlab/llm/sandbox/programs/): their file names on a command line
+_BOOT_MARK = b"/sandbox/programs/boot.py\0"
+_JUDGE_MARK = b"/sandbox/programs/judge_main.py\0"
+_ZYGOTE_MARK = b"/sandbox/programs/judge_server.py\0"
 
 
 def _parent_is_server(pid: str) -> bool:

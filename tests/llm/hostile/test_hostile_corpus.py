@@ -7,6 +7,7 @@ nothing may be left on the host (files, processes, keys). The oracle attacks are
 unsandboxed, to show that they do succeed where nothing stops them (so a 0.0 is the sandbox's doing).
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -273,3 +274,58 @@ def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
     assert corpus.failures(rep) == []  # every row as expected, the oracle paid 0.0 in 20 runs, nothing left
     assert len(rep["oracle"]["runs"]) == 20
     assert corpus.leftovers() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the leftover scan itself: it must see a live run's processes by the programs they run
+# ---------------------------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("served", [False, True], ids=["own-interpreter", "judge-server"])
+def test_leftovers_sees_a_live_runs_candidate_and_judge(served):
+    import threading
+
+    from tiltlab.llm.sandbox import SandboxConfig, run_judged
+    from tiltlab.llm.sandbox.server import _JudgeServer
+
+    judge_mark = corpus._ZYGOTE_MARK if served else corpus._JUDGE_MARK
+    cfg = SandboxConfig(timeout_s=20.0, memory_mb=256, judge_server=served)
+    done, out = threading.Event(), {}
+
+    def run():
+        try:
+            out["r"] = run_judged("def f():\n    return 1\n", "while True:\n    pass\n", cfg)  # a judge that spins
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    seen: dict[str, list[int]] = {}
+    try:
+        while not done.is_set():  # until the scan sees both (the run, if it ended first, fails the test below)
+            pids = [int(f.split()[1]) for f in corpus.leftovers() if f.startswith("process ")]
+            seen = {
+                "boot": [p for p in pids if corpus._BOOT_MARK in _cmdline(p)],
+                "judge": [p for p in pids if judge_mark in _cmdline(p)],
+            }
+            if seen["boot"] and seen["judge"]:
+                break
+            done.wait(0.1)
+        assert seen.get("boot") and seen.get("judge"), (seen, out)
+        if served:  # the server itself is not a leftover: only the judges it forked
+            assert _JudgeServer.get().proc.pid not in seen["judge"]
+    finally:
+        for pid in seen.get("judge", []):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        worker.join(120)
+    assert out["r"].status != "ok" and not out["r"].passed
+    assert corpus._settled_leftovers() == []
