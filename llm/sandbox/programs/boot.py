@@ -1,7 +1,7 @@
 # The candidate's bootstrap, run by path: python -I -B [-S] <this file> <fd>, under the planned isolation. It
 # reads its config (with the host's constants, sandbox.config) and the candidate's program from <fd>, sets its
 # limits, then runs the program ("run"), or serves the judge's requests ("module", "stdio") with the codec
-# (codec.py, beside this file, compiled here before the privileges drop and run in this program's globals).
+# (codec.py, beside this file, compiled before the privileges drop and run in this program's globals).
 import json
 import os
 import resource
@@ -11,10 +11,12 @@ _f = os.fdopen(int(sys.argv[1]), "rb")
 cfg = json.loads(_f.read())
 _f.close()
 RC_MEMORY, RC_BLOCKED, SCRIPT = cfg.pop("rc_memory"), cfg.pop("rc_blocked"), cfg.pop("script")
-_CODEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py")
-with open(_CODEC_PATH, encoding="utf-8") as _cf:
-    _CODEC = compile(_cf.read(), _CODEC_PATH, "exec")  # the wire format, run at the codec block below
-del _f, _cf, _CODEC_PATH
+if cfg["mode"] != "run":  # the codec serves the judge's requests: compiled here, before the privileges drop
+    _CODEC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codec.py")
+    with open(_CODEC_PATH, encoding="utf-8") as _cf:
+        _CODEC = compile(_cf.read(), _CODEC_PATH, "exec")  # run at the codec block below
+    del _cf, _CODEC_PATH
+del _f
 sys.argv = [SCRIPT]  # what a program run as ``python solution.py`` (no arguments) sees
 if cfg["site"] is not None:  # started with -S: the environment's packages without the .pth processing
     import site as _site
@@ -220,7 +222,7 @@ except BaseException as e:
 del src
 if _MODE == "run":
     g = {"__name__": "__main__", "__builtins__": __builtins__}
-    del cfg, _CODEC
+    del cfg
     _budget()
     try:
         exec(code, g)
