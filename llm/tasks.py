@@ -31,6 +31,7 @@ __all__ = [
     "MULTI_DEFAULT_TEMPLATES",
     "MULTI_MAX_VALUE",
     "MULTI_TEMPLATES",
+    "answer_format_of_id",
     "arithmetic_task",
     "arithmetic_tasks",
     "function_tasks",
@@ -425,3 +426,14 @@ def synthetic_corpus(seed: int = 0, n_math: int = 400, n_code: int = 100) -> lis
         texts.append(row["tests"])
     texts.append("You are a helpful assistant. Let's think step by step. So the final answer is")
     return texts
+
+
+def answer_format_of_id(row_id: str) -> str:
+    """The ``answer_format`` of a row made here, from its id: ``qa-*`` rows (:func:`qa_tasks`) are
+    ``plain``, ``multi-*`` rows (:func:`multi_answer_tasks`) are ``set`` (a record that kept only the
+    held-out ids re-derives its coverage from them; a test pins the two makers against this)."""
+    if row_id.startswith("qa-"):
+        return "plain"
+    if row_id.startswith("multi-"):
+        return "set"
+    raise ValueError(f"row id {row_id!r} is not one of qa_tasks' (qa-*) or multi_answer_tasks' (multi-*)")

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -362,11 +362,41 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
 
 
 def per_run_metrics(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
-    """``{arm: {seed: {"mean8", "pass8", "coverage"}}}`` for the base model and every arm."""
-    return {
-        arm: {s: run_metrics(raw["runs"][(arm, s)]["eval"], raw["held"]) for s in raw["seeds"]}
-        for arm in ("base", *ARMS)
-    }
+    """``{arm: {seed: {"mean8", "pass8", "coverage"}}}`` for the base model and every arm, computed from
+    the values the record keeps (:func:`raw_values`, :func:`recorded_metrics`): the verdict and a
+    re-judge of the record (:func:`rederive`) take the same path."""
+    m = recorded_metrics(raw_values(raw))
+    return {arm: {s: m[arm][s] for s in raw["seeds"]} for arm in ("base", *ARMS)}
+
+
+def recorded_metrics(values: Mapping[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
+    """Every recorded run's metrics (:func:`run_metrics`) from :func:`raw_values`' per-prompt values:
+    correct counts -> Mean@8 and pass@8, correct answers of the multi-answer prompts -> coverage (the
+    prompts' answer formats as recorded, or, in a record that kept only the ids, from the ids,
+    :func:`tiltlab.llm.tasks.answer_format_of_id`)."""
+    from tiltlab.llm.tasks import answer_format_of_id
+
+    ids = [str(i) for i in values["heldout_ids"]]
+    formats = values.get("answer_formats") or [answer_format_of_id(i) for i in ids]
+    if len(formats) != len(ids):
+        raise ValueError(f"{len(formats)} answer formats for {len(ids)} held-out prompts")
+    rows = [{"id": i, "answer_format": f} for i, f in zip(ids, formats)]
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for run in values["runs"]:
+        ev = {"correct": list(run["correct"]), "answers": [list(a) for a in run["answers"]]}
+        out.setdefault(str(run["arm"]), {})[int(run["seed"])] = run_metrics(ev, rows)
+    return out
+
+
+def rederive(values: Mapping[str, Any], names: Sequence[str]) -> tuple[dict[str, tuple[float, ...]], dict[str, float]]:
+    """The record's re-derivation (:mod:`tiltlab.claims.rejudge`): from the per-prompt values of every
+    run, the items ``names`` (per training run paired differences, :func:`items_for`) and each run's
+    reported metrics ``<arm>_s<seed>_<metric>``; the training seeds are those of the base runs."""
+    m = recorded_metrics(values)
+    seeds = sorted(m["base"])
+    items = {it.name: it.diffs for it in items_for(m, seeds, names)}
+    reported = {f"{arm}_s{s}_{k}": v for arm, by_seed in m.items() for s, ms in by_seed.items() for k, v in ms.items()}
+    return items, reported
 
 
 def paired(
@@ -421,9 +451,11 @@ def numbers(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> d
 
 
 def raw_values(raw: dict[str, Any]) -> dict[str, Any]:
-    """The per-prompt values of every run (the held-out prompt ids in order), for the record."""
+    """The per-prompt values of every run (the held-out prompt ids and answer formats in order), for the
+    record: what :func:`recorded_metrics` re-derives every run's metrics from."""
     return {
         "heldout_ids": [str(r["id"]) for r in raw["held"]],
+        "answer_formats": [str(r.get("answer_format")) for r in raw["held"]],
         "runs": [
             {"arm": a, "seed": s, "correct": r["eval"]["correct"], "answers": r["eval"]["answers"]}
             for (a, s), r in sorted(raw["runs"].items(), key=lambda kv: (kv[0][1], kv[0][0]))
@@ -482,6 +514,7 @@ EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {
     long=True,
     name=CHECK_NAME,
     expected_items=EXPECTED_PRIMARY_ITEMS,
+    rederive=rederive,
 )
 @shared_task.fixed_threads
 def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
@@ -495,6 +528,7 @@ def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS)
     long=True,
     name=CHECK_NAME,
     expected_items=EXPECTED_SECONDARY_ITEMS,
+    rederive=rederive,
 )
 @shared_task.fixed_threads
 def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:

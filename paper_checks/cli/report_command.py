@@ -28,21 +28,42 @@ def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rejudge(path: Path) -> int:
-    """``tiltlab report --rejudge FILE``: a table of recorded against re-derived verdicts; 1 on a difference."""
+    """``tiltlab report --rejudge FILE``: each row re-derived bottom up from its raw values
+    (:mod:`tiltlab.claims.rejudge`): a table of recorded against re-derived verdicts, then every field
+    that does not follow, named; 1 on a difference."""
     from tiltlab.claims import record as R
 
     rec = R.read_record(path, "--rejudge")
     if rec is None:
         raise FileNotFoundError(f"--rejudge {path}: no such file")
+    catalog.discover()  # the checks' re-derivations of their item values from their raw values
     rows = R.rejudge_rows(rec.get("checks", []))
     w = max([len(str(r["claim"])) for r in rows] + [5])
-    print(f"{'claim':<{w}}  {'layer':<6} {'recorded':<13} {'re-derived':<13} {'other threshold':<16} status")
+    print(
+        f"{'claim':<{w}}  {'layer':<6} {'recorded':<13} {'re-derived':<13} {'other threshold':<16} {'status':<8} from"
+    )
     for r in rows:
         print(
             f"{r['claim']:<{w}}  {r['layer']:<6} {r['recorded']:<13} {r['rejudged'] or '-':<13} "
-            f"{r['other_threshold'] or '-':<16} {r['status']}"
+            f"{r['other_threshold'] or '-':<16} {r['status']:<8} {r['from'] or '-'}"
         )
     n = {k: sum(r["status"] == k for r in rows) for k in ("same", "differs", "no raw values")}
+    for r in rows:
+        for line in r["differences"]:
+            print(f"differs: {r['claim']} [{r['layer']}:{r['check']}] {line}")
+    from tiltlab.claims import prereg
+    from tiltlab.claims.rejudge import per_experiment
+
+    checks = rec.get("checks", [])
+    fam = per_experiment(checks, prereg.shared_runs())
+    shared = [(r, f) for r, f in zip(checks, fam) if f is not None and len(f["family"]) > 1]
+    moved = [(r, f) for r, f in shared if f["verdict"] != r.get("verdict")]
+    if shared:
+        print(
+            f"\none Holm family per experiment (the [[shared_run]] tables of {prereg.PREREG_PATH}; the registered "
+            f"rule is one family per check): {len(moved)} of {len(shared)} verdicts of shared runs move"
+            + "".join(f"\n  {r['claim']}: {r.get('verdict')} -> {f['verdict']}" for r, f in moved)
+        )
     print(
         f"\n{len(rows)} rows: {n['same']} re-derived as recorded, {n['differs']} differ, "
         f"{n['no raw values']} without raw values (deterministic checks or rows recorded before raw values were kept)"
@@ -54,6 +75,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from tiltlab.claims import record as R
     from tiltlab.paper_checks import report as P
 
+    if args.ship_llm is not None or args.set_llm_expectations:
+        catalog.discover()  # both need every registered check (the llm layer's included)
     if args.ship_llm is not None:
         dest = args.out or R.LLM_RECORD
         shipped = R.ship_llm_record(args.ship_llm, dest, machine_desc=args.machine, run_seconds=args.run_seconds)

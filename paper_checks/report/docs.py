@@ -169,44 +169,72 @@ def item_rules_section(layer: str = "llm") -> str:
 
 
 def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
-    """docs/llm-checks.md's re-derivation of the shipped llm record: each row's recorded verdict beside the
-    verdict :func:`tiltlab.claims.record.rejudge_rows` re-derives from the row's raw per-seed values (what
-    ``tiltlab report --rejudge`` prints) and the verdict under the other threshold choice. A row without raw
-    values (a legacy row of an older run) is re-judged *post hoc* instead, from its means, 95% intervals and
-    seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered, marked as such)."""
+    """docs/llm-checks.md's re-derivation of the shipped llm record: each row's recorded verdict beside
+    what :func:`tiltlab.claims.record.rejudge_rows` re-derives bottom up (the item values from the
+    per-prompt raw values where the row keeps them, then every item statistic, flag and verdict: what
+    ``tiltlab report --rejudge`` prints), the verdict under the other threshold choice, and the verdict
+    under one Holm family per experiment (:func:`tiltlab.claims.rejudge.per_experiment`, the
+    registration's ``[[shared_run]]`` tables; the registered rule is one family per check). A row
+    without raw values (a legacy row of an older run) is re-judged *post hoc* instead, from its means,
+    95% intervals and seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered,
+    marked as such)."""
+    from tiltlab.claims import prereg
     from tiltlab.claims.record import posthoc_neutral, rejudge_rows
+    from tiltlab.claims.rejudge import per_experiment
 
     catalog.discover()
     rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
     rejudged = rejudge_rows(rows)
+    families = per_experiment(rows, prereg.shared_runs())
     n_raw = sum(1 for j in rejudged if j["status"] != "no raw values")
     n_same = sum(1 for j in rejudged if j["status"] == "same")
-    lines = [
-        f"{n_raw} of {len(rows)} rows carry their raw per-seed values; re-deriving their verdicts from those values "
-        f"(`tiltlab report --rejudge paper_checks/records/llm.json`) gives the recorded verdict for {n_same} of "
-        f"them. A row without raw values, if any, is re-judged post hoc from its recorded means, 95% intervals and "
-        "seed counts under today's item declarations (not pre-registered: context only).",
-        "",
-        "| claim | check | recorded | re-derived | other threshold | from |",
-        "|---|---|---|---|---|---|",
+    moved = [
+        (r, f)
+        for r, f in zip(rows, families)
+        if f is not None and len(f["family"]) > 1 and f["verdict"] != r["verdict"]
     ]
-    for r, j in zip(rows, rejudged):
+    lines = [
+        f"{n_raw} of {len(rows)} rows carry their raw per-seed values; re-deriving each of them bottom up "
+        "(the item values from the per-prompt values where a row keeps them, then every item's mean, interval, "
+        "p-values and flags, and the verdicts: `tiltlab report --rejudge paper_checks/records/llm.json`) gives "
+        f"the recorded row for {n_same} of them. A row without raw values, if any, is re-judged post hoc from its "
+        "recorded means, 95% intervals and seed counts under today's item declarations (not pre-registered: "
+        "context only).",
+        "",
+        "| claim | check | recorded | re-derived | other threshold | one family per experiment | from |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r, j, f in zip(rows, rejudged, families):
         if j["status"] != "no raw values":
-            moved = "**" if j["status"] != "same" else ""
+            bold = "**" if j["status"] != "same" else ""
+            fam = "–" if f is None else (f"**{f['verdict']}**" if f["verdict"] != r["verdict"] else f["verdict"])
+            where = "raw values" if j["from"] == "raw values" else "item values"
             lines.append(
-                f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {moved}{j['rejudged']}{moved} "
-                f"| {j['other_threshold']} | raw values |"
+                f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {bold}{j['rejudged']}{bold} "
+                f"| {j['other_threshold']} | {fam} | {where} |"
             )
             continue
         ph = posthoc_neutral(r)
         if ph is None:
-            lines.append(f"| `{r['claim']}` | {r['check']} | {r['verdict']} | – | – | no raw values, no judged item |")
+            lines.append(
+                f"| `{r['claim']}` | {r['check']} | {r['verdict']} | – | – | – | no raw values, no judged item |"
+            )
             continue
-        moved = "**" if ph["verdict"] != r["verdict"] else ""
+        bold = "**" if ph["verdict"] != r["verdict"] else ""
         lines.append(
-            f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {moved}{ph['verdict']}{moved} | {ph['alt_verdict']} "
-            "| summary statistics (post hoc) |"
+            f"| `{r['claim']}` | {r['check']} | {r['verdict']} | {bold}{ph['verdict']}{bold} | {ph['alt_verdict']} "
+            "| – | summary statistics (post hoc) |"
         )
+    lines += [
+        "",
+        "*from*: raw values = the item values re-derived from the per-prompt values the row keeps; item values = "
+        "the row keeps the per-unit values of its items, the re-derivation starts there. *One family per "
+        "experiment*: Holm over every judged item of the rows that share one set of runs (the registration's "
+        "`[[shared_run]]` tables, joined where a claim uses two runs; an item two claims share counted once), "
+        f"shown beside the registered one family per check: {len(moved)} verdict(s) move"
+        + (": " + "; ".join(f"`{r['claim']}` {r['verdict']} -> {f['verdict']}" for r, f in moved) if moved else "")
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import scipy.stats as scipy_stats
 
-from tiltlab.claims import prereg, registry, stats
+from tiltlab.claims import prereg, record, registry, stats
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.paper_checks import catalog
 
@@ -234,7 +234,6 @@ def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
     import json
 
     from tiltlab import cli
-    from tiltlab.claims import record
 
     j = stats.judge([stats.Item("x", (0.1, 0.12, 0.09, 0.11, 0.1), stats.DIRECTION)])
     good = [
@@ -404,13 +403,15 @@ def test_the_rederivation_section_rejudges_raw_rows_and_marks_summary_rows_post_
     shipped = record.load_llm_record(SHIPPED)
     text = report.posthoc_section(shipped)
     n = len(shipped["checks"])
-    assert f"{n} of {n} rows carry their raw per-seed values" in text and f"verdict for {n} of them" in text
-    assert text.count("| raw values |") == n and "(post hoc)" not in text
+    assert f"{n} of {n} rows carry their raw per-seed values" in text and f"recorded row for {n} of them" in text
+    assert text.count("| raw values |") + text.count("| item values |") == n and "(post hoc)" not in text
+    assert text.count("| raw values |") == 2  # the real-model comparison's rows keep their per-prompt counts
+    assert "1 verdict(s) move: `fpa.figs2_4.llm_dynamics` verified -> partly." in text
     tampered = copy.deepcopy(shipped)
     row = next(r for r in tampered["checks"] if r["verdict"] == "verified")
     row["verdict"] = "refuted"
     text = report.posthoc_section(tampered)
-    assert f"verdict for {n - 1} of them" in text
+    assert f"recorded row for {n - 1} of them" in text
     assert f"| `{row['claim']}` | {row['check']} | refuted | **verified** |" in text
     legacy = json.loads(LEGACY.read_text(encoding="utf-8"))
     text = report.posthoc_section(legacy)

@@ -124,7 +124,7 @@ def test_registered_then_run_passes_and_hashes_are_compared(prereg_repo):
     # a tampered, missing or extra hash in the row is refused, naming the file
     who = "check tiny (zz.c)"
     for hashes, msg in (
-        ({**row["rule_hashes"], "claims.toml": SHA0}, "claims.toml changed after its registration"),
+        ({**row["rule_hashes"], "claims.toml": SHA0}, "claims.toml: the row's run-time sha256 000000000000 is not"),
         ({"rules/tiny.py": row["rule_hashes"]["rules/tiny.py"]}, "claims.toml is registered at"),
         ({**row["rule_hashes"], "other.py": SHA0}, "other.py was hashed at run time but is not registered"),
     ):
@@ -176,6 +176,79 @@ def test_a_rule_file_edited_after_registration_is_refused(prereg_repo):
         f"(sha256 {new[:12]} at run time, {old[:12]} registered)"
     )
     assert edited != repo.reg
+
+
+def test_a_forged_row_carrying_the_registered_hashes_is_refused(prereg_repo):
+    """The rule file is edited and committed after registration, then run; the results file's row
+    carries the *registered* hashes copied in (what a forger writes) instead of the ones the run
+    computed. The hashes are recomputed from ``git show <run>:<path>``, so the row is refused, naming
+    the file, although the row agrees with the registration."""
+    repo = prereg_repo
+    registered = prereg.preregistration(repo.root / prereg.PREREG_PATH)["tiny"]["files"]
+    repo.write("rules/tiny.py", "MARGIN = 0.5  # loosened after registration\n")
+    run = repo.commit("loosen the margin, then run")
+    forged = _row(repo, hashes=dict(registered))
+    assert forged["rule_hashes"] == registered  # the row agrees with the registration ...
+    with pytest.raises(ValueError) as exc:
+        prereg.verify_row(forged, repo.root)
+    msg = str(exc.value)
+    print(msg)
+    at_run = prereg.git_sha256(run, "rules/tiny.py", repo.root)
+    assert at_run == prereg.file_sha256(repo.root / "rules/tiny.py") != registered["rules/tiny.py"]
+    assert (
+        msg
+        == (  # ... but not with git
+            f"check tiny (zz.c): rules/tiny.py: the row's run-time sha256 {registered['rules/tiny.py'][:12]} is not "
+            f"the file's at its run commit {run[:12]} ({at_run[:12]}, git show): the row's hashes do not come from its commit"
+        )
+    )
+    # the honest row of the same run (its own hashes) is refused as edited after registration
+    with pytest.raises(ValueError, match="rules/tiny.py changed after its registration"):
+        prereg.verify_row(_row(repo), repo.root)
+
+
+def test_a_registration_must_hash_the_files_of_its_own_commit(prereg_repo):
+    """A registration whose hash is not that of the file in the registration commit (the hash of
+    content committed only later) is refused: the registration is judged from its commit too."""
+    repo = prereg_repo
+    repo.write("rules/tiny.py", "MARGIN = 0.3\n")
+    repo.register("tiny")  # the hash of the new content ...
+    path = repo.root / prereg.PREREG_PATH
+    new_reg = path.read_text(encoding="utf-8")
+    repo.write("rules/tiny.py", "MARGIN = 0.02\n")  # ... committed beside the old content
+    reg = repo.commit("register a hash of uncommitted content")
+    repo.write("rules/tiny.py", "MARGIN = 0.3\n")
+    repo.commit("the content arrives after the registration, then run")
+    assert path.read_text(encoding="utf-8") == new_reg
+    with pytest.raises(ValueError) as exc:
+        prereg.verify_row(_row(repo), repo.root)
+    print(exc.value)
+    assert str(exc.value).startswith("check tiny (zz.c): rules/tiny.py: registered sha256 ") and (
+        f"at {reg[:12]} is not the file's at that commit" in str(exc.value)
+    )
+
+
+def test_a_rule_changed_and_changed_back_registers_at_the_change_back(prereg_repo):
+    """The registration commit is the start of the newest run of commits with an unchanged entry,
+    never an older commit with an equal entry: a rule changed and changed back in the run commit itself
+    is registered in the run commit, and refused."""
+    repo = prereg_repo
+    path = repo.root / prereg.PREREG_PATH
+    original = path.read_text(encoding="utf-8")
+    repo.write("rules/tiny.py", "MARGIN = 0.9\n")
+    repo.register("tiny")
+    changed = repo.commit("change the rule")
+    assert prereg.registration_commit("tiny", changed, repo.root)[0] == changed
+    repo.write("rules/tiny.py", "MARGIN = 0.02\n")
+    path.write_text(original, encoding="utf-8")
+    back = repo.commit("change it back and run in the same commit")
+    reg, entry = prereg.registration_commit("tiny", back, repo.root)
+    assert reg == back != repo.reg  # the oldest equal entry (repo.reg) is not the registration
+    assert entry == prereg.registration_commit("tiny", repo.run, repo.root)[1]
+    with pytest.raises(ValueError, match=f"registered in its run commit {back[:12]}, not strictly before it"):
+        prereg.verify_row(_row(repo), repo.root)
+    later = repo.commit("a later run")
+    assert prereg.verify_row(_row(repo), repo.root) == back != later
 
 
 def test_a_missing_registration_is_refused(prereg_repo):

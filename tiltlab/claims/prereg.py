@@ -8,11 +8,16 @@ file's ``sha256(content)``. For a row of the check run at commit ``r`` with run-
     entry(c) = the check's [[rule]] table (seeds, files) in preregistration.toml as committed at c
     reg      = the oldest commit c of the newest run of commits touching that file, back from r,
                with entry(c) == entry(r)             (the commit that last changed the entry)
+    git(c, p)       = sha256(git show c:p)              (the file as committed at c)
     pre-registered  <=>  entry(r) exists  and  merge-base --is-ancestor reg r  and  reg != r
-                         and  h == entry(r).files     (same paths, same hashes)
+                         and  h == entry(r).files      (same paths, same hashes)
+                         and  h[p] == git(r, p)        (the row's hashes are its run commit's files)
+                         and  entry(r).files[p] == git(reg, p)   (the registration hashed its own commit's files)
 
-so a rule registered in the run's own commit, a rule file edited after its registration, and a
-check with no registration are refused (:func:`verify_row`, one line naming the check and the file).
+so a rule registered in the run's own commit, a rule file edited after its registration, a check with
+no registration, and a results file whose rows carry hashes other than the files of their run commit
+(a forged row: the registered hashes copied in) are refused (:func:`verify_row`, one line naming the
+check and the file). Every hash is recomputed from git; what a row says about itself is only compared.
 The entry is read at the run commit, so registering the next rule later does not unmake a shipped
 row. Shipped runs older than this rule are ``[[legacy]]`` entries (:func:`legacy_for`): shown as
 such, never shipped again.
@@ -35,6 +40,7 @@ __all__ = [
     "PREREG_PATH",
     "current_hashes",
     "file_sha256",
+    "git_sha256",
     "legacy_for",
     "legacy_runs",
     "parse_preregistration",
@@ -199,6 +205,21 @@ def _entry_at(commit: str, check: str, root: Path | None) -> dict[str, Any] | No
     return None
 
 
+def git_sha256(commit: str, path: str, root: Path | None = None) -> str | None:
+    """sha256 (hex) of ``path``'s bytes as committed at ``commit`` (``git show commit:path``); None
+    where the commit does not hold the file."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo_root(root)), "show", f"{commit}:{path}"],
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return hashlib.sha256(out.stdout).hexdigest() if out.returncode == 0 else None
+
+
 def registration_commit(check: str, run: str, root: Path | None = None) -> tuple[str | None, dict[str, Any] | None]:
     """``(reg, entry)``: the check's registration as committed at the full commit ``run`` and the
     commit that last changed it (walking the commits that touch :data:`PREREG_PATH` back from ``run``;
@@ -258,10 +279,25 @@ def verify_row(row: Mapping[str, Any], root: Path | None = None) -> str:
             raise ValueError(f"{who}: {path} is registered at {reg[:12]} but was not hashed at run time")
         if path not in files:
             raise ValueError(f"{who}: {path} was hashed at run time but is not registered at {reg[:12]}")
-        if have[path] != files[path]:
+        at_run = git_sha256(run, path, root)
+        if at_run is None:
+            raise ValueError(f"{who}: {path} is registered but not in its run commit {run[:12]} (git show)")
+        if have[path] != at_run:
+            raise ValueError(
+                f"{who}: {path}: the row's run-time sha256 {str(have[path])[:12]} is not the file's at its run "
+                f"commit {run[:12]} ({at_run[:12]}, git show): the row's hashes do not come from its commit"
+            )
+        if at_run != files[path]:
             raise ValueError(
                 f"{who}: {path} changed after its registration at {reg[:12]} "
-                f"(sha256 {str(have[path])[:12]} at run time, {str(files[path])[:12]} registered)"
+                f"(sha256 {at_run[:12]} at run time, {str(files[path])[:12]} registered)"
+            )
+        at_reg = git_sha256(reg, path, root)
+        if at_reg != files[path]:
+            raise ValueError(
+                f"{who}: {path}: registered sha256 {str(files[path])[:12]} at {reg[:12]} is not the file's at that "
+                f"commit ({'absent' if at_reg is None else at_reg[:12]}, git show): the registration did not hash "
+                "its own commit's file"
             )
     return reg
 

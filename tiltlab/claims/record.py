@@ -633,25 +633,16 @@ def posthoc_neutral(row: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def rejudge_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Re-derive every row's verdict from its recorded raw values (``evidence``,
-    :func:`tiltlab.claims.stats.rejudge`): one entry per row with ``claim``, ``layer``, ``check``,
-    the recorded and the re-derived verdict (and the verdict under the other threshold choice), and
-    ``status``: ``same``, ``differs`` (the record does not follow from its values), or ``no raw values``
-    (a deterministic check, or a row recorded before raw values were kept)."""
-    from tiltlab.claims import stats
+    """Every row re-derived bottom up (:func:`tiltlab.claims.rejudge.rejudge_row`, ``tiltlab report
+    --rejudge``) with its registered check's re-derivation of its raw values (a check whose module is not
+    loaded, e.g. the llm layer without the ``[llm]`` extra, is re-derived from its item values, and says so)."""
+    from tiltlab.claims import rejudge
 
     out = []
     for r in rows:
-        ev = r.get("evidence")
-        row = {"claim": r.get("claim"), "layer": r.get("layer"), "check": r.get("check"), "recorded": r.get("verdict")}
-        if not ev:
-            out.append({**row, "rejudged": None, "other_threshold": None, "status": "no raw values"})
-            continue
-        j = stats.rejudge(ev)
-        same = j.verdict == r.get("verdict") == ev.get("verdict") and j.alt_verdict == ev.get("alt_verdict")
-        out.append(
-            {**row, "rejudged": j.verdict, "other_threshold": j.alt_verdict, "status": "same" if same else "differs"}
-        )
+        chk = registry._CHECKS.get(row_key(r)) if {"claim", "layer", "check"} <= set(r) else None
+        why = None if chk is not None else f"check {r.get('check')} is not loaded (is its layer's extra installed?)"
+        out.append(rejudge.rejudge_row(r, None if chk is None else chk.rederive, not_loaded=why))
     return out
 
 

@@ -271,6 +271,9 @@ class Check:
     pin_specs: tuple[tuple[str, PinSpec], ...] = ()
     long: bool = False
     """A check of hours (slow too): run only with ``--long``, never by a layer's run; shipped with its own record row."""
+    rederive: Callable[..., Any] | None = None
+    """``(raw, item names) -> (item values, reported numbers)``: how the check's item values follow from the
+    raw values it keeps in ``evidence["raw"]`` (:mod:`tiltlab.claims.rejudge`); None: it keeps none."""
 
     @property
     def key(self) -> str:
@@ -475,6 +478,7 @@ def register_check(
     expected_items: Mapping[str, bool] | None = None,
     pins: Mapping[str, PinSpec] | None = None,
     long: bool = False,
+    rederive: Callable[..., Any] | None = None,
 ) -> Callable[[CheckFn], CheckFn]:
     """Decorator: attach ``fn(seed) -> CheckResult`` to ``claim_id``.
 
@@ -487,7 +491,8 @@ def register_check(
     tolerance as an upper bound; :func:`stochastic` for a number that moves across CPU kernel paths
     (a selection that amplifies last-bit differences), with its floor and the measured spread behind
     it, below the smallest effect the check judges. ``long``: a check of hours, outside its layer's
-    run (:func:`select` takes it only with ``include_long``); a long check is slow too. The claim must be
+    run (:func:`select` takes it only with ``include_long``); a long check is slow too. ``rederive``: the
+    re-derivation of the item values from the raw values the check keeps (:attr:`Check.rederive`). The claim must be
     declared (in ``paper_checks/claims/*.toml``) by the time :func:`validate` runs.
     """
     if layer not in {"theory", "sim", "llm", "data"}:
@@ -499,7 +504,9 @@ def register_check(
 
     def deco(fn: CheckFn) -> CheckFn:
         items = tuple((str(k), bool(v)) for k, v in (expected_items or {}).items())
-        chk = Check(claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow or long, items, specs, long)
+        chk = Check(
+            claim_id, layer, name or fn.__name__, Verdict(expected), fn, slow or long, items, specs, long, rederive
+        )
         if chk.key in _CHECKS and _CHECKS[chk.key].fn is not fn:
             raise ValueError(f"check {chk.key} registered twice")
         _CHECKS[chk.key] = chk
@@ -610,7 +617,8 @@ def select(
 
 def check_evidence(check: Check, res: CheckResult) -> None:
     """A statistical verdict's items are the ones its claim declares for the check's layer, with the
-    declared kinds and margins, and its recorded verdict is the one its raw values re-derive; a claim
+    declared kinds and margins, and its recorded verdict, item flags and item numbers are the ones its raw
+    values re-derive (:func:`tiltlab.claims.rejudge.rejudge_row`, what ``--rejudge`` does later); a claim
     that declares items for the layer needs the evidence. Raises ``ValueError`` naming the difference."""
     declared = get_claim(check.claim_id).items_for(check.layer)
     ev = res.evidence
@@ -632,6 +640,15 @@ def check_evidence(check: Check, res: CheckResult) -> None:
         raise ValueError(
             f"{check.key}: verdict {res.verdict.value}, evidence verdict {ev.get('verdict')}, its values give "
             f"{again.verdict}: a verdict must be the one its recorded values re-derive"
+        )
+    from tiltlab.claims import rejudge
+
+    row = {"claim": check.claim_id, "layer": check.layer, "check": check.name, "verdict": res.verdict.value}
+    out = rejudge.rejudge_row({**row, "items": res.items, "numbers": res.numbers, "evidence": ev}, check.rederive)
+    if out["differences"]:
+        raise ValueError(
+            f"{check.key}: its record would not re-derive (`tiltlab report --rejudge`): {out['differences'][0]}"
+            + (f" (and {len(out['differences']) - 1} more)" if len(out["differences"]) > 1 else "")
         )
 
 

@@ -381,3 +381,49 @@ def test_python_binds_vllm_to_the_runs_core(monkeypatch):
     assert seen["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "1" and seen["env"]["OMP_NUM_THREADS"] == str(T.CHECK_THREADS)
     C._python(["-c", "pass"], core=None)
     assert seen["env"].get("VLLM_CPU_OMP_THREADS_BIND") == __import__("os").environ.get("VLLM_CPU_OMP_THREADS_BIND")
+
+
+# ------------------------------------------------------------------ the record re-derives from its raw values
+def test_the_record_of_a_run_re_derives_from_its_raw_values(monkeypatch, tmp_path):
+    """The check's items and per-run metrics follow from the per-prompt values it records, through the
+    re-derivation it registers (what ``tiltlab report --rejudge`` runs); one changed count is found."""
+    import copy
+
+    from tiltlab.claims import rejudge
+
+    lift = {"disa": 0.25, "flowrl": 0.05, "grpo_kl": 0.1, "grpo": 0.4}
+    p, s, _, seeds = _fake_experiment(monkeypatch, tmp_path, lift)
+    catalog.discover()
+    for res, cid in ((p, "disa.llm.real_model_training"), (s, "disa.llm.real_model_vs_kl_grpo")):
+        chk = next(c for c in registry.checks() if c.claim_id == cid and c.name == C.CHECK_NAME)
+        assert chk.rederive is C.rederive
+        registry.check_evidence(chk, res)  # the run-time guard: its record would re-derive
+        row = {"claim": cid, "layer": "llm", "check": C.CHECK_NAME, "verdict": res.verdict.value,
+               "items": res.items, "numbers": res.numbers, "evidence": copy.deepcopy(res.evidence)}  # fmt: skip
+        out = rejudge.rejudge_row(row, C.rederive)
+        assert (out["status"], out["from"]) == ("same", "raw values"), out["differences"]
+        assert res.evidence["raw"]["answer_formats"] == ["plain"] * 4 + ["set"] * 4
+        run = next(r for r in row["evidence"]["raw"]["runs"] if r["arm"] == "disa" and r["seed"] == seeds[1])
+        i = next(i for i, c in enumerate(run["correct"]) if 0 < c < 8)
+        run["correct"][i] -= 1
+        bad = rejudge.rejudge_row(row, C.rederive)
+        assert [d.split(":")[0] for d in bad["differences"]][:2] == [
+            f"evidence.items.{res.evidence['items'][0]['name']}.values[1]",
+            f"numbers.disa_s{seeds[1]}_mean8",
+        ]
+        # a record that kept only the ids: these fake ids (q*, m*) are not the task's, so no format is guessed
+        del row["evidence"]["raw"]["answer_formats"]
+        out = rejudge.rejudge_row(row, C.rederive)
+        assert out["differences"][0].startswith(
+            "evidence.raw: recorded 'kept', re-derived \"not re-derivable (ValueError"
+        )
+
+
+def test_answer_format_of_id_is_what_the_task_makers_write():
+    from tiltlab.llm.tasks import answer_format_of_id, multi_answer_tasks, qa_tasks
+
+    rows = qa_tasks(40, difficulty=[1, 2, 3], seed=5) + multi_answer_tasks(40, seed=5)
+    assert {r["answer_format"] for r in rows} == {"plain", "set"}
+    assert all(answer_format_of_id(r["id"]) == r["answer_format"] for r in rows)
+    with pytest.raises(ValueError, match="not one of"):
+        answer_format_of_id("m1")

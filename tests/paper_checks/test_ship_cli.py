@@ -1,0 +1,112 @@
+"""The documented regenerate commands of the shipped llm record, run as a user runs them: the
+``tiltlab`` console command in a subprocess, no fixture, no registry set up by the test.
+
+``tiltlab report --ship-llm FILE`` and ``tiltlab report --set-llm-expectations`` need every
+registered check (the llm layer's too); a test that calls the functions after a fixture's
+``catalog.discover()`` cannot see a CLI path that forgets it (they crashed with "call discover() first").
+The small record is the shipped one's rows as the run wrote them: real rows, real commits, verified
+against this clone's git history (so the test needs the history: CI clones it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_preregistration import SHIPPED, _in_git_checkout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tiltlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("tiltlab")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from tiltlab.cli import main; sys.exit(main())"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def _run_record(tmp_path: Path, rows_edit=None) -> Path:
+    """The record a full ``tiltlab check --layer llm --slow --out FILE`` run writes, rebuilt from the
+    shipped record's rows (each keeps its own commit, hashes and values)."""
+    pytest.importorskip("trl", reason="the llm layer's checks need the [llm] extra")
+    shipped = json.loads(SHIPPED.read_text(encoding="utf-8"))
+    rows = [{k: v for k, v in r.items() if k != "rule_commit"} for r in shipped["checks"]]
+    if rows_edit is not None:
+        rows_edit(rows)
+    rec = {
+        "commit": shipped["commit"],
+        "commit_sha": shipped["commit_sha"],
+        "generated_at": shipped["date"],
+        "machine": shipped["machine"],
+        "seed": shipped["seed"],
+        "summary": shipped["summary"],
+        "claims": shipped["claims"],
+        "checks": rows,
+    }
+    path = tmp_path / "llm.json"
+    path.write_text(json.dumps(rec), encoding="utf-8")
+    return path
+
+
+def test_the_documented_ship_command_runs_from_the_cli(tmp_path):
+    _in_git_checkout()
+    run = _run_record(tmp_path)
+    dest = tmp_path / "shipped.json"
+    out = _tiltlab("report", "--ship-llm", str(run), "--out", str(dest), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"shipped llm record written to {dest}: 26 checks"), out.stdout
+    new, old = json.loads(dest.read_text()), json.loads(SHIPPED.read_text())
+    assert [r["claim"] for r in new["checks"]] == [r["claim"] for r in old["checks"]]
+    for a, b in zip(new["checks"], old["checks"]):
+        for k in ("verdict", "items", "numbers", "evidence", "commit", "commit_sha", "rule_hashes", "rule_commit"):
+            assert a.get(k) == b.get(k), (a["claim"], k)
+    assert new["registry_hash"] == old["registry_hash"]
+
+
+def test_a_forged_results_file_is_refused_from_the_cli(tmp_path):
+    """One row's hash of one rule file replaced by the hash of the file as it is now (a later commit's
+    content): the registered hashes are recomputed from ``git show <run commit>:<path>``, so the
+    ship is refused in one line naming the check and the file, and nothing is written."""
+    _in_git_checkout()
+    forged: dict[str, str] = {}
+
+    def edit(rows):
+        row = rows[0]
+        path = "llm/checks/rules.py"
+        assert path in row["rule_hashes"]
+        import hashlib
+
+        now = hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+        assert now != row["rule_hashes"][path]  # the file moved on since the run
+        row["rule_hashes"] = {**row["rule_hashes"], path: now}
+        forged.update(check=row["check"], claim=row["claim"], path=path, sha=now)
+
+    run = _run_record(tmp_path, edit)
+    dest = tmp_path / "shipped.json"
+    out = _tiltlab("report", "--ship-llm", str(run), "--out", str(dest), cwd=tmp_path)
+    print(out.stderr)
+    assert out.returncode == 2
+    err = out.stderr.strip().splitlines()[-1]
+    assert err.startswith(
+        f"tiltlab report: error: --ship-llm {run}: check {forged['check']} ({forged['claim']}): {forged['path']}: "
+        f"the row's run-time sha256 {forged['sha'][:12]} is not the file's at its run commit"
+    ), err
+    assert not dest.exists()
+
+
+def test_the_documented_set_expectations_command_runs_from_the_cli(tmp_path):
+    _in_git_checkout()
+    pytest.importorskip("trl", reason="the llm layer's checks need the [llm] extra")
+    dest = tmp_path / "llm.json"
+    shutil.copy(SHIPPED, dest)
+    out = _tiltlab("report", "--set-llm-expectations", "--out", str(dest), cwd=tmp_path)
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    assert out.stdout.startswith(f"{dest}: expectations of 26 rows set from the registry"), out.stdout
+    rec = json.loads(dest.read_text())
+    assert rec["expectations_set_at"] and all("ok" in r for r in rec["checks"])
