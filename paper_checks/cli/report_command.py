@@ -64,6 +64,14 @@ def _rejudge(path: Path) -> int:
             f"rule is one family per check): {len(moved)} of {len(shared)} verdicts of shared runs move"
             + "".join(f"\n  {r['claim']}: {r.get('verdict')} -> {f['verdict']}" for r, f in moved)
         )
+    views = [(r, v) for r in checks for v in R.respecified_views(r)]
+    if views:
+        print(f"\nre-specified claims ([[respecification]] in {prereg.PREREG_PATH}): each run under both item sets")
+        for r, v in views:
+            print(
+                f"  {r['claim']}: recorded {r.get('verdict')}; under the items registered now {v['now']}, under the "
+                f"items before {v['before'][:7]} {v['earlier']}"
+            )
     print(
         f"\n{len(rows)} rows: {n['same']} re-derived as recorded, {n['differs']} differ, "
         f"{n['no raw values']} without raw values (deterministic checks or rows recorded before raw values were kept)"

@@ -179,7 +179,7 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     95% intervals and seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered,
     marked as such)."""
     from tiltlab.claims import prereg
-    from tiltlab.claims.record import posthoc_neutral, rejudge_rows
+    from tiltlab.claims.record import posthoc_neutral, rejudge_rows, respecified_views
     from tiltlab.claims.rejudge import per_experiment
 
     catalog.discover()
@@ -235,6 +235,21 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
         + (": " + "; ".join(f"`{r['claim']}` {r['verdict']} -> {f['verdict']}" for r, f in moved) if moved else "")
         + ".",
     ]
+    views = [(r, v) for r in rows for v in respecified_views(r)]
+    if views:
+        lines += [
+            "",
+            "*Re-specified claims* (`[[respecification]]` in `paper_checks/preregistration.toml`: the judged items "
+            "changed after a run had been judged under the earlier ones; each run is shown under both):",
+            "",
+        ]
+        for r, v in views:
+            outcomes = ", ".join(f"`{k}` {o}" for k, o in v["earlier_items"].items())
+            lines.append(
+                f"- `{r['claim']}` (items changed after {v['before'][:7]}): this run gives **{v['now']}** under the items "
+                f"registered now and **{v['earlier']}** under the earlier items ({outcomes}); recorded: {r['verdict']}. "
+                f"{v['reason']}"
+            )
     return "\n".join(lines) + "\n"
 
 

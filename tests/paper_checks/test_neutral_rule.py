@@ -186,6 +186,11 @@ CONTEXT_ITEMS = {
     ("fpa.figs2_4.llm_dynamics", "llm", "fpa_raises_accuracy"),
     ("disa.llm.stage1_real_model", "llm", "m16_beats_m4"),
     ("disa.llm.stage1_real_model", "llm", "top_p_biases_low"),
+    # FlowRL's rows of the DISA paper's Table 1 (a claim of the DISA paper is judged on DISA's items)
+    ("disa.table1.math_qwen2.5_7b", "llm", "flowrl_minus_grpo"),
+    ("disa.table1.math_qwen2.5_7b", "llm", "flowrl_minus_gspo"),
+    ("disa.table1.math_qwen3_4b", "llm", "flowrl_minus_grpo"),
+    ("disa.table1.math_qwen3_4b", "llm", "flowrl_minus_gspo"),
 }
 
 

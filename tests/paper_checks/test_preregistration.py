@@ -502,11 +502,26 @@ def test_every_shipped_llm_row_is_a_registered_check(isolated_registry):
     assert orphans == []
 
 
+def _clean_clone(tmp_path: Path) -> Path:
+    """A clean git checkout holding this checkout's registration file (what set_llm_expectations reads)."""
+    need_git()
+    root = tmp_path / "clone"
+    (root / "paper_checks").mkdir(parents=True)
+    (root / prereg.PREREG_PATH).write_bytes((ROOT / prereg.PREREG_PATH).read_bytes())
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "registration")
+    return root
+
+
 def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_path):
     """`tiltlab report --set-llm-expectations`: rows get today's expected verdicts and items, ok flags and
-    the registry hash; the run's verdicts, items, numbers and evidence are untouched."""
+    the registry hash; the run's verdicts, items, numbers and evidence are untouched; the expectations a
+    row had go to its history; a row judged under re-specified items keeps its own; a dirty checkout is
+    refused (the record must name the commit the expectations were set at)."""
     import copy
 
+    root = _clean_clone(tmp_path)
     rec = record.load_llm_record(SHIPPED)
     assert rec is not None
     tampered = copy.deepcopy(rec)
@@ -517,8 +532,20 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
     other["verdict"] = "refuted" if other["verdict"] != "refuted" else "verified"  # a row that misses today's
     path = tmp_path / "llm.json"
     record.write_json(path, tampered)
-    out = record.set_llm_expectations(path)
+    out = record.set_llm_expectations(path, root)
     assert out["registry_hash"] == record.llm_registry_hash()
+    head = git(root, "rev-parse", "HEAD")
+    assert out["expectations_set_at"] == head[:12]
+    assert out["checks"][0]["expectations_history"] == [
+        {"until": head[:12], "expected": "refuted", "expected_items": {}}
+    ]
+    assert "expectations_history" not in out["checks"][2]  # unchanged expectations leave no entry
+    respec = [r for r in out["checks"] if r.get("respecified")]
+    assert sorted(r["claim"] for r in respec) == ["disa.table1.math_qwen2.5_7b", "disa.table1.math_qwen3_4b"]
+    for r in respec:  # judged under the earlier items: its expectations and ok are the ones it was judged with
+        before = next(b for b in tampered["checks"] if b["claim"] == r["claim"])
+        assert (r["expected"], r["expected_items"], r["ok"]) == (before["expected"], before["expected_items"], True)
+        assert r["respecified"]["before"] == "d866a9000bcf"
     catalog.discover()
     chk = {c.key: c for c in registry.checks()}[record.row_key(row)]
     got = out["checks"][0]
@@ -529,8 +556,11 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
             k: b[k] for k in ("verdict", "items", "numbers", "evidence")
         }
     assert record.load_llm_record(path) == out  # written
-    assert main(["report", "--set-llm-expectations", "--out", str(path)]) == 1  # one row misses them
     tampered["checks"].append({**row, "claim": "no.such.claim"})
     record.write_json(path, tampered)
     with pytest.raises(ValueError, match="not registered"):
-        record.set_llm_expectations(path)
+        record.set_llm_expectations(path, root)
+    (root / "notes.txt").write_text("an uncommitted change\n", encoding="utf-8")
+    git(root, "add", "notes.txt")
+    with pytest.raises(ValueError, match=r"the checkout is [0-9a-f]{12}-dirty; commit the expectations first"):
+        record.set_llm_expectations(path, root)

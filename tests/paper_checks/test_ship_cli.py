@@ -66,7 +66,7 @@ def test_the_documented_ship_command_runs_from_the_cli(tmp_path):
     for a, b in zip(new["checks"], old["checks"]):
         for k in ("verdict", "items", "numbers", "evidence", "commit", "commit_sha", "rule_hashes", "rule_commit"):
             assert a.get(k) == b.get(k), (a["claim"], k)
-    assert new["registry_hash"] == old["registry_hash"]
+    assert new["registry_hash"] == old["registry_hash"]  # the shipped record is current with the registry
 
 
 def test_a_forged_results_file_is_refused_from_the_cli(tmp_path):
@@ -106,7 +106,13 @@ def test_the_documented_set_expectations_command_runs_from_the_cli(tmp_path):
     dest = tmp_path / "llm.json"
     shutil.copy(SHIPPED, dest)
     out = _tiltlab("report", "--set-llm-expectations", "--out", str(dest), cwd=tmp_path)
-    assert out.returncode in (0, 1), out.stderr[-2000:]
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    if dirty:  # a developer's modified checkout: refused in one line, the record untouched
+        assert out.returncode == 2 and "commit the expectations first" in out.stderr.strip().splitlines()[-1]
+        assert dest.read_bytes() == SHIPPED.read_bytes()
+        return
+    assert out.returncode == 0, out.stderr[-2000:]  # CI's clean clone: every shipped row meets the expectations
     assert out.stdout.startswith(f"{dest}: expectations of 26 rows set from the registry"), out.stdout
     rec = json.loads(dest.read_text())
-    assert rec["expectations_set_at"] and all("ok" in r for r in rec["checks"])
+    assert rec["expectations_set_at"] and all(r["ok"] for r in rec["checks"])

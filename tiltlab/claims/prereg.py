@@ -49,6 +49,7 @@ __all__ = [
     "registration_commit",
     "repo_root",
     "resolve",
+    "respecifications",
     "shared_runs",
     "verify_row",
 ]
@@ -147,6 +148,45 @@ def shared_runs(path: Path | None = None) -> list[tuple[str, tuple[str, ...]]]:
         if not row.get("run") or len(claims) < 2:
             raise ValueError(f"{path}: a [[shared_run]] needs a run name and at least two claims, got {row}")
         out.append((str(row["run"]), claims))
+    return out
+
+
+def respecifications(path: Path | None = None) -> list[dict[str, Any]]:
+    """``[{"claim", "check", "before", "reason", "items": [{"name", "kind", "margin"}]}]``: :data:`PREREG_FILE`'s
+    ``[[respecification]]`` tables. Each records that a claim's judged item set was changed after commit
+    ``before`` (the last commit under the earlier items; after a run had been judged under them, or after
+    its data were known) and keeps the earlier set, so that every run is also shown under the items it was first registered with
+    (:func:`tiltlab.claims.rejudge.under_items`); a change of items leaves this trace, never none."""
+    path = PREREG_FILE if path is None else Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for row in _read_toml(path).get("respecification", []):
+        items = row.get("items")
+        ok = (
+            row.get("claim")
+            and row.get("check")
+            and isinstance(row.get("before"), str)
+            and _COMMIT.fullmatch(row["before"])
+            and str(row.get("reason", "")).strip()
+            and isinstance(items, list)
+            and items
+        )
+        if not ok:
+            raise ValueError(
+                f"{path}: a [[respecification]] needs claim, check, before (a commit, 7-40 hex digits), a reason and "
+                f"the earlier items ([{{name, kind, margin}}, ...]), got {row}"
+            )
+        parsed = []
+        for it in items:
+            if not (
+                isinstance(it, dict) and it.get("name") and it.get("kind") and isinstance(it.get("margin"), int | float)
+            ):
+                raise ValueError(
+                    f"{path}: [[respecification]] {row['claim']}: an item needs name, kind and margin, got {it}"
+                )
+            parsed.append({"name": str(it["name"]), "kind": str(it["kind"]), "margin": float(it["margin"])})
+        out.append({k: str(row[k]) for k in ("claim", "check", "before", "reason")} | {"items": parsed})
     return out
 
 

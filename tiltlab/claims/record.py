@@ -56,6 +56,8 @@ __all__ = [
     "provenance_line",
     "read_record",
     "rejudge_rows",
+    "respecification_of",
+    "respecified_views",
     "row_key",
     "ship_llm_record",
 ]
@@ -156,14 +158,47 @@ class RecordedOutcome(Outcome):
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     ok_recorded: bool | None = None
     legacy: bool = False
+    respecified: Mapping[str, Any] | None = None
+    """The ``[[respecification]]`` whose earlier items the row was judged under (:func:`respecification_of`)."""
 
     @property
     def ok(self) -> bool:  # type: ignore[override]
-        # a row whose check is no longer loaded, or a legacy row (run under an earlier rule, see
-        # preregistration.toml [[legacy]]), keeps the judgement made when it ran
-        if (self.check.fn is _not_loaded or self.legacy) and self.ok_recorded is not None:
+        # a row whose check is no longer loaded, a legacy row (run under an earlier rule, see
+        # preregistration.toml [[legacy]]), or a row judged under items re-specified since
+        # ([[respecification]]) keeps the judgement made when it ran
+        earlier = self.legacy or self.respecified is not None
+        if (self.check.fn is _not_loaded or earlier) and self.ok_recorded is not None:
             return self.ok_recorded
         return super().ok
+
+
+def _judged_items(items: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, float]]:
+    return {(str(i["name"]), str(i["kind"]), float(i["margin"])) for i in items if str(i["kind"]) != "context"}
+
+
+def respecification_of(
+    row: Mapping[str, Any], respecs: Iterable[Mapping[str, Any]] | None = None
+) -> Mapping[str, Any] | None:
+    """The ``[[respecification]]`` (:func:`tiltlab.claims.prereg.respecifications`) a row was judged
+    before: its evidence's judged items are the entry's earlier items and not the ones the registry
+    declares now (a row run after the change is judged under the new items and gets None)."""
+    respecs = prereg.respecifications() if respecs is None else respecs
+    ev = row.get("evidence") or {}
+    got = _judged_items(ev.get("items") or [])
+    for r in respecs:
+        if r["claim"] == row.get("claim") and r["check"] == row.get("check") and _judged_items(r["items"]) == got:
+            claim = registry.claims().get(str(row.get("claim")))
+            now = (
+                set()
+                if claim is None
+                else _judged_items(
+                    {"name": n, "kind": i.kind, "margin": i.margin}
+                    for n, i in claim.items_for(str(row.get("layer"))).items()
+                )
+            )
+            if now != got:
+                return r
+    return None
 
 
 def _not_loaded(seed: int) -> CheckResult:  # pragma: no cover - never called
@@ -186,6 +221,7 @@ def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcom
     """Outcomes of the check rows of a record (rows of claims no longer declared are dropped)."""
     known = registry.claims()
     legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
+    respecs = prereg.respecifications()
     outs = []
     for row in rows:
         if row["claim"] not in known:
@@ -211,9 +247,46 @@ def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[RecordedOutcom
                 prov,
                 row.get("ok"),
                 (row.get("check"), str(row.get("commit") or "")[:7]) in legacy,
+                respecification_of(row, respecs) if row.get("layer") == "llm" else None,
             )
         )
     return outs
+
+
+def respecified_views(
+    row: Mapping[str, Any], respecs: Iterable[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """For each ``[[respecification]]`` of the row's claim: the row's verdict under the earlier items and
+    under the items the registry declares now (:func:`tiltlab.claims.rejudge.under_items`, from the values
+    the row keeps): ``[{"before", "reason", "earlier", "now", "earlier_items"}]``, so a run is shown under
+    the item set it was first registered with whichever set judged it."""
+    from tiltlab.claims import rejudge
+
+    respecs = prereg.respecifications() if respecs is None else respecs
+    claim = registry.claims().get(str(row.get("claim")))
+    now_items = (
+        []
+        if claim is None
+        else [
+            {"name": n, "kind": i.kind, "margin": i.margin} for n, i in claim.items_for(str(row.get("layer"))).items()
+        ]
+    )
+    out = []
+    for r in respecs:
+        if r["claim"] != row.get("claim") or r["check"] != row.get("check"):
+            continue
+        earlier = rejudge.under_items(row, r["items"])
+        now = rejudge.under_items(row, now_items) if now_items else {"verdict": None}
+        out.append(
+            {
+                "before": r["before"],
+                "reason": r["reason"],
+                "earlier": earlier["verdict"],
+                "earlier_items": earlier["items"],
+                "now": now["verdict"],
+            }
+        )
+    return out
 
 
 def stamp_rows(rows: Sequence[dict[str, Any]], prov: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -651,27 +724,45 @@ def set_llm_expectations(path: Path | None = None, root: Path | None = None) -> 
     and items: after a run under a new rule, the expectations (regression markers, not the rule) are set
     from that run in the checks' code, and the record's rows, its ``ok`` flags and its registry hash
     follow them. Verdicts, items, numbers and evidence are the run's and are not touched. The commit at
-    which this was done is written as ``expectations_set_at``; a check whose row is missing, or a row
-    whose check is not registered, is refused. Written atomically; returns the record."""
+    which this was done (a clean checkout: a dirty one is refused) is written as ``expectations_set_at``;
+    a row's earlier expectations, where they change, go to its ``expectations_history`` (with the commit
+    until which they held); a row judged under items re-specified since (:func:`respecification_of`)
+    keeps the expectations it was judged with and is marked ``respecified``. A row whose check is not
+    registered is refused. Written atomically; returns the record."""
     registry.require_catalogued("record.set_llm_expectations")
     path = LLM_RECORD if path is None else Path(path)
     rec = load_llm_record(path)
     if rec is None:
         raise FileNotFoundError(f"no llm record at {path}")
+    at = git_commit(root)
+    if not at or at.endswith("-dirty"):
+        raise ValueError(
+            f"--set-llm-expectations: the checkout is {at or 'not a git checkout'}; commit the expectations first, so "
+            "that the record names the commit they were set at"
+        )
     chks = {c.key: c for c in registry.checks() if c.layer == "llm"}
     rows = rec["checks"]
     orphans = [row_key(r) for r in rows if row_key(r) not in chks]
     if orphans:
         raise ValueError(f"rows of checks that are not registered: {', '.join(orphans[:3])}")
+    respecs = prereg.respecifications(prereg.repo_root(root) / prereg.PREREG_PATH)
     for r in rows:
         c = chks[row_key(r)]
+        earlier = respecification_of(r, respecs)
+        if earlier is not None:  # judged under items re-specified since: it keeps what it was judged with
+            r["respecified"] = {"before": earlier["before"], "reason": earlier["reason"]}
+            continue
         want = dict(c.expected_items)
+        if (r.get("expected"), r.get("expected_items")) != (c.expected.value, want) and "expected" in r:
+            r.setdefault("expectations_history", []).append(
+                {"until": at, "expected": r.get("expected"), "expected_items": r.get("expected_items")}
+            )
         r["expected"] = c.expected.value
         r["expected_items"] = want
         items = r.get("items") or {}
         r["ok"] = bool(r.get("verdict") == c.expected.value and all(items.get(k) == v for k, v in want.items()))
     rec["registry_hash"] = llm_registry_hash()
-    rec["expectations_set_at"] = git_commit(root)
+    rec["expectations_set_at"] = at
     summ = rec.get("summary")
     if isinstance(summ, dict):
         summ["failures"] = sum(not r["ok"] for r in rows)

@@ -41,6 +41,7 @@ __all__ = [
     "judge_jointly",
     "per_experiment",
     "rejudge_row",
+    "under_items",
 ]
 
 #: Relative tolerance of a re-derived number. The numbers are re-derived by the same arithmetic from
@@ -273,3 +274,35 @@ def per_experiment(
         for i, j in zip(members, judged):
             out[i] = {"verdict": j.verdict, "alt_verdict": j.alt_verdict, "family": claims}
     return out
+
+
+# --------------------------------------------------------------------------- a run under earlier items
+
+
+def under_items(row: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The row's verdict under another item set (``[{"name", "kind", "margin"}]``: the items a claim was
+    registered with before a re-specification, :func:`tiltlab.claims.prereg.respecifications`), from the
+    per-unit values the row keeps for those items (any kind: a number reported as context keeps its values)
+    and the row's own "it ran" flags, level and cap: ``{"verdict", "alt_verdict", "items": {name:
+    outcome}, "missing": [names the row has no values for]}``; the verdict is None when an item is missing."""
+    ev = row.get("evidence") or {}
+    have = {str(r["name"]): r for r in ev.get("items") or []}
+    missing = [str(i["name"]) for i in items if str(i["name"]) not in have]
+    if missing or not ev:
+        return {"verdict": None, "alt_verdict": None, "items": {}, "missing": missing}
+    old = [
+        {
+            **have[str(i["name"])],
+            "kind": str(i["kind"]),
+            "margin": float(i["margin"]),
+            "exact": bool(have[str(i["name"])].get("exact", False)),
+        }
+        for i in items
+    ]
+    j = stats.rejudge({**ev, "items": old})
+    return {
+        "verdict": j.verdict,
+        "alt_verdict": j.alt_verdict,
+        "items": {k: t.outcome for k, t in j.tests.items()},
+        "missing": [],
+    }
