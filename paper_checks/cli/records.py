@@ -164,20 +164,10 @@ def _write_json(path: Path, rec: dict[str, Any]) -> None:
 
 
 def _claim_verdicts(outs) -> list[dict[str, Any]]:
-    """One row per claim with checks in ``outs``: the claim's verdict is its most informative
-    check's (the report's rule, :func:`tiltlab.claims.decision.claim_status`)."""
-    from collections import defaultdict
+    """One row per claim with checks in ``outs`` (:func:`tiltlab.claims.decision.claim_rows`)."""
+    from tiltlab.claims.decision import claim_rows
 
-    from tiltlab.claims.decision import claim_decision
-
-    by_claim: dict[str, list] = defaultdict(list)
-    for o in outs:
-        by_claim[o.check.claim_id].append(o)
-    rows = []
-    for cid, os_ in sorted(by_claim.items()):
-        verdict, layers = claim_decision(os_)
-        rows.append({"claim": cid, "verdict": verdict, "decided_by": layers, "checks": [o.check.name for o in os_]})
-    return rows
+    return claim_rows(outs)
 
 
 #: Keys of a ``tiltlab reproduce`` record that a ``tiltlab check`` merged into it keeps.

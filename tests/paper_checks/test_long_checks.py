@@ -91,8 +91,15 @@ def test_ship_keeps_layer_and_long_rows_apart(isolated_registry, prereg_repo, mo
     assert main(["report", "--ship-llm", str(long_run), "--machine", "long box"]) == 0
     after = json.loads(shipped.read_text())
     assert _keys(shipped) == {TINY, LONG}
-    # the layer's rows and top-level provenance are the layer run's, untouched by the long one
-    assert {k: v for k, v in after.items() if k != "checks"} == {k: v for k, v in top.items() if k != "checks"}
+    # the layer's rows and top-level provenance are the layer run's, untouched by the long one; the summary
+    # and the per-claim rows count what the record holds (the long row too)
+    counted = ("checks", "summary", "claims")
+    assert {k: v for k, v in after.items() if k not in counted} == {k: v for k, v in top.items() if k not in counted}
+    assert (top["summary"]["checks"], after["summary"]["checks"]) == (1, 2)
+    assert after["summary"]["verdicts"] == {"partly": 1, "verified": 1}
+    assert after["summary"]["seconds"] == top["summary"]["seconds"]
+    (claim,) = after["claims"]
+    assert sorted(claim["checks"]) == ["tiny", "tiny2"] and claim["verdict"] == "partly"  # the most informative
     rows = {record.row_key(r): r for r in after["checks"]}
     assert rows[TINY] == top["checks"][0]
     assert (

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tiltlab.claims.registry import Outcome
 
-__all__ = ["DECISION_ORDER", "claim_decision", "claim_status"]
+__all__ = ["DECISION_ORDER", "claim_decision", "claim_rows", "claim_status"]
 
 #: Which verdict decides a claim with several checks, most decisive first.
 DECISION_ORDER = ("error", "refuted", "partly", "verified", "inconclusive", "out_of_reach")
@@ -36,3 +36,16 @@ def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
 def claim_status(outs: Sequence[Outcome]) -> str:
     """The verdict of :func:`claim_decision` (``unchecked`` without checks)."""
     return claim_decision(outs)[0]
+
+
+def claim_rows(outs: Sequence[Outcome]) -> list[dict[str, object]]:
+    """One row per claim with checks in ``outs`` (sorted by claim): ``{"claim", "verdict", "decided_by",
+    "checks"}``, the claim's verdict its most informative check's (:func:`claim_decision`)."""
+    by_claim: dict[str, list[Outcome]] = {}
+    for o in outs:
+        by_claim.setdefault(o.check.claim_id, []).append(o)
+    rows: list[dict[str, object]] = []
+    for cid, os_ in sorted(by_claim.items()):
+        verdict, layers = claim_decision(os_)
+        rows.append({"claim": cid, "verdict": verdict, "decided_by": layers, "checks": [o.check.name for o in os_]})
+    return rows

@@ -60,6 +60,7 @@ __all__ = [
     "respecified_views",
     "row_key",
     "ship_llm_record",
+    "summarize_llm_rows",
 ]
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -627,9 +628,17 @@ def ship_llm_record(
         shipped_rows = sorted([*shipped_rows, *keep], key=row_key)
     if long_only:
         assert old is not None
-        shipped = {**old, "checks": shipped_rows, "registry_hash": llm_registry_hash()}
+        summary, claims = summarize_llm_rows(shipped_rows, (old.get("summary") or {}).get("seconds"))
+        shipped = {
+            **old,
+            "summary": summary,
+            "claims": claims,
+            "checks": shipped_rows,
+            "registry_hash": llm_registry_hash(),
+        }
         write_json(dest, shipped)
         return shipped
+    summary, claims = summarize_llm_rows(shipped_rows, seconds)
     shipped = {
         "record": "tiltlab llm-layer record",
         "regenerate": LLM_RECORD_COMMAND,
@@ -641,12 +650,35 @@ def ship_llm_record(
         "registry_hash": llm_registry_hash(),
         "tiltlab": rec.get("tiltlab"),
         "seed": rec.get("seed"),
-        "summary": rec.get("summary"),
-        "claims": rec.get("claims", []),
+        "summary": summary,
+        "claims": claims,
         "checks": shipped_rows,  # "source": "run" (measured); merged elsewhere as "recorded" (recorded_llm_rows)
     }
     write_json(dest, shipped)
     return shipped
+
+
+def summarize_llm_rows(
+    rows: Sequence[Mapping[str, Any]], seconds: Any = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(summary, claims)`` of a shipped llm record counted from the rows it holds (the layer's rows and
+    the long checks' merged into it): checks, verdicts, failures, and one row per claim
+    (:func:`tiltlab.claims.decision.claim_rows`)."""
+    from collections import Counter
+
+    from tiltlab.claims.decision import claim_rows
+
+    verdicts = Counter(str(r.get("verdict")) for r in rows)
+    summary = {
+        "checks": len(rows),
+        "run": len(rows),
+        "kept": 0,
+        "recorded": 0,
+        "failures": sum(not r.get("ok") for r in rows),
+        "verdicts": dict(sorted(verdicts.items())),
+        "seconds": seconds,
+    }
+    return summary, claim_rows(outcomes_from_rows(rows))
 
 
 def _read_shipped(path: Path) -> dict[str, Any] | None:
@@ -763,9 +795,7 @@ def set_llm_expectations(path: Path | None = None, root: Path | None = None) -> 
         r["ok"] = bool(r.get("verdict") == c.expected.value and all(items.get(k) == v for k, v in want.items()))
     rec["registry_hash"] = llm_registry_hash()
     rec["expectations_set_at"] = at
-    summ = rec.get("summary")
-    if isinstance(summ, dict):
-        summ["failures"] = sum(not r["ok"] for r in rows)
+    rec["summary"], rec["claims"] = summarize_llm_rows(rows, (rec.get("summary") or {}).get("seconds"))
     write_json(path, rec)
     return rec
 
