@@ -134,6 +134,12 @@ def _provenance_note(o: Outcome, inp: ReportInput) -> str:
     line = provenance_line(prov)
     if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):
         line += ", legacy pre-registration (not strictly pre-registered: paper_checks/preregistration.toml)"
+    respec = getattr(o, "respecified", None)
+    if respec is not None:
+        line += (
+            f", judged under its earlier items (re-specified after {str(respec['before'])[:7]}: "
+            "[[respecification]] in paper_checks/preregistration.toml; docs/llm-checks.md shows it under both)"
+        )
     return line
 
 
@@ -148,7 +154,9 @@ def _recorded_sentence(inp: ReportInput) -> str:
         parts.append(
             f"{len(rec)} {'llm ' if all(o.check.layer == 'llm' for o in rec) else ''}checks are recorded, not re-run: "
             f"they come from the last full llm-layer run shipped with the repository (commit {p.get('commit')}, "
-            f"{p.get('run_at')}); `tiltlab reproduce --llm` re-runs them."
+            f"{p.get('run_at')}); `tiltlab reproduce --llm` re-runs them. Their Holm families are one per check, "
+            "as registered; the verdicts under one family per experiment, and re-specified claims under both item "
+            "sets, are in docs/llm-checks.md (the shipped record, re-derived)."
         )
     if old:
         parts.append(

@@ -308,3 +308,50 @@ def test_per_experiment_on_the_shipped_record():
     assert len(by["disa.table1.math_qwen3_4b"]["family"]) == 10 and by["disa.stage2.denoising"]["family"] == [
         "disa.stage2.denoising"
     ]
+
+
+# --------------------------------------------------------------------------- mutation-guided (each pins one decision)
+def test_a_raw_row_without_a_re_derivation_differs_unless_it_says_why():
+    row = _row(PRIMARY)
+    assert _fields(rejudge.rejudge_row(row)) == ["evidence.raw"]  # the defaults: nothing re-derives the raw values
+    out = rejudge.rejudge_row(row, not_loaded="check not loaded")
+    assert out["status"] == "same" and out["from"] == "item values (raw values kept; not re-derived: check not loaded)"
+
+
+def test_close_compares_numbers_only():
+    assert rejudge._close(0.5, 0.5) and rejudge._close(3, 3.0)
+    for bad in (True, False, None, "0.5", [0.5]):
+        assert rejudge._close(bad, 1.0 if bad is True else 0.0) is False, bad
+    assert rejudge._close(1e-13, 0.0) and not rejudge._close(1e-11, 0.0)  # ATOL at zero
+    assert rejudge._close(1.0 + 1e-10, 1.0) and not rejudge._close(1.0 + 1e-8, 1.0)  # RTOL away from zero
+
+
+def test_a_row_in_the_judgement_numbers_layout_is_compared_too():
+    """``stats.Judgement.numbers()`` writes ``<item>_mean``, ``_lo``, ``_hi``, ``_p``, ``_margin``: a row in
+    that layout (a sim check's) is re-derived field by field; without its interval it is not compared."""
+    j = stats.judge([stats.Item("x", (0.05, 0.06, 0.04, 0.05, 0.055), stats.EFFECT, 0.01)])
+    row = {"claim": "a.b", "layer": "sim", "check": "c", "verdict": j.verdict, "items": j.flags(),
+           "numbers": j.numbers(), "evidence": j.evidence()}  # fmt: skip
+    assert rejudge.rejudge_row(row)["status"] == "same"
+    for key in ("x_mean", "x_lo", "x_hi", "x_p", "x_margin"):
+        bad = copy.deepcopy(row)
+        bad["numbers"][key] += 0.001
+        assert _fields(rejudge.rejudge_row(bad)) == [f"numbers.{key}"], key
+    for gone in ("x_lo", "x_hi"):
+        partial = copy.deepcopy(row)
+        del partial["numbers"][gone]
+        partial["numbers"]["x_mean"] += 1.0  # no longer the layout: not compared (a sim row)
+        assert rejudge.rejudge_row(partial)["status"] == "same", gone
+
+
+def test_the_unit_count_and_the_other_thresholds_verdict_are_required_on_llm_rows_and_compared_elsewhere():
+    base = _row("disa.stage2.denoising")
+    for key, bad in (("verdict_other_threshold", "refuted"), ("seeds", 3)):
+        gone = copy.deepcopy(base)
+        del gone["numbers"][key]
+        assert _fields(rejudge.rejudge_row(gone)) == [f"numbers.{key}"], key  # llm: not reported is a difference
+        sim = {**copy.deepcopy(base), "layer": "sim"}
+        del sim["numbers"][key]
+        assert rejudge.rejudge_row(sim)["status"] == "same", key  # elsewhere: not reported, not compared
+        sim["numbers"][key] = bad
+        assert _fields(rejudge.rejudge_row(sim)) == [f"numbers.{key}"], key  # ... but compared where reported

@@ -151,7 +151,7 @@ def test_under_items_re_judges_the_kept_values_with_other_kinds():
     assert rejudge.under_items(neg, [{"name": "a", "kind": "effect", "margin": 0.01}])["verdict"] == "refuted"
     assert rejudge.under_items(row, [{"name": "b", "kind": "effect", "margin": 0.01}])["verdict"] == "inconclusive"
     missing = rejudge.under_items(row, [{"name": "c", "kind": "effect", "margin": 0.01}])
-    assert missing["verdict"] is None and missing["missing"] == ["c"]
+    assert missing == {"verdict": None, "alt_verdict": None, "items": {}, "missing": ["c"]}
 
 
 _ITEM = '{ name = "x", kind = "effect", margin = 0.1 }'

@@ -83,3 +83,14 @@ def test_the_measurement_on_smollm2(tmp_path):
     assert res["heldout"]["n"] == 48 and res["all_kept"]["n"] >= res["heldout"]["n"]
     for k in ("heldout", "all_kept"):
         assert res[k]["lo"] <= res[k]["mean"] <= res[k]["hi"] and math.isfinite(res[k]["mean"])
+
+
+def test_plugin_bias_is_the_exact_expectation_over_the_binomial():
+    rng = random.Random(0)
+    p, m, beta = 0.15, 40, 2.0
+    draws = [sum(rng.random() < p for _ in range(m)) for _ in range(40000)]
+    mc = sum(B.plugin_label(k / m, beta) for k in draws) / len(draws) - B.plugin_label(p, beta)
+    exact = B.plugin_bias(p, m, beta)
+    assert exact < 0  # Jensen: the plug-in of a concave function is low on average
+    assert abs(mc - exact) < 4 * 0.3 / math.sqrt(len(draws))  # plugin values spread < 0.3 nats here
+    assert B.plugin_bias(0.0, m, beta) == 0.0 and B.plugin_bias(1.0, m, beta) == pytest.approx(0.0, abs=1e-15)
