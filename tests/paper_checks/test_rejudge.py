@@ -355,3 +355,27 @@ def test_the_unit_count_and_the_other_thresholds_verdict_are_required_on_llm_row
         assert rejudge.rejudge_row(sim)["status"] == "same", key  # elsewhere: not reported, not compared
         sim["numbers"][key] = bad
         assert _fields(rejudge.rejudge_row(sim)) == [f"numbers.{key}"], key  # ... but compared where reported
+
+
+def test_judge_jointly_alt_verdict_and_exact_items_follow_the_joint_family():
+    """The other threshold's verdict is judged in the joint family too, and an exact item never enters
+    it: an item far from 0 but near its margin supports alone at both thresholds; among 30 undecided
+    items its other-threshold test no longer passes Holm; an exact item keeps its own outcome."""
+    strong = stats.Item("a", (0.027, 0.033, 0.030, 0.026, 0.034, 0.030), stats.DIRECTION, 0.025)
+    p_main, p_alt = (min(1.0, 2 * min(strong.pvalues(swap=s))) for s in (False, True))
+    assert p_main < 1e-4 and 0.05 / 31 < p_alt < 0.05  # the case: decided alone, not among 31
+    alone = stats.judge([strong]).evidence()
+    weak = [stats.Item(f"w{i}", (0.01 * i, -0.01, 0.02, 0.0, -0.02, 0.01), stats.EFFECT, 0.05) for i in range(30)]
+    exact = stats.Item("e", (0.5,), stats.EFFECT, 0.1, exact=True)
+    others = stats.judge([*weak, exact]).evidence()
+    single = stats.rejudge(alone)
+    joint_a, joint_b = rejudge.judge_jointly([alone, others])
+    assert (single.verdict, single.alt_verdict) == ("verified", "verified")
+    assert (joint_a.verdict, joint_a.alt_verdict) == ("verified", "inconclusive")
+    naive = _naive_joint_outcomes([[strong], [*weak, exact]])
+    assert {k: t.outcome for k, t in joint_b.tests.items() if k != "e"} == naive[1]
+    assert joint_b.tests["e"].outcome == "supports"  # exact: judged by its value, outside the family
+    fam = rejudge.per_experiment(
+        [{"claim": "x", "evidence": alone}, {"claim": "y", "evidence": others}], [("run", ("x", "y"))]
+    )
+    assert fam[0] == {"verdict": "verified", "alt_verdict": "inconclusive", "family": ["x", "y"]}
