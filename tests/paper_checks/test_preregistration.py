@@ -564,3 +564,12 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
     git(root, "add", "notes.txt")
     with pytest.raises(ValueError, match=r"the checkout is [0-9a-f]{12}-dirty; commit the expectations first"):
         record.set_llm_expectations(path, root)
+
+
+def test_one_seed_is_a_registration_and_an_empty_file_table_is_not(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(_entry().replace("seeds = 2", "seeds = 1"), encoding="utf-8")
+    assert prereg.preregistration(path)["x"]["seeds"] == 1
+    path.write_text('[[rule]]\ncheck = "x"\nseeds = 2\n[rule.files]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"needs a \[rule.files\] table"):
+        prereg.preregistration(path)
