@@ -33,6 +33,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -186,20 +187,20 @@ def respecification_of(
     respecs = prereg.respecifications() if respecs is None else respecs
     ev = row.get("evidence") or {}
     got = _judged_items(ev.get("items") or [])
+    if _judged_items(_declared_items(row)) == got:  # judged under the items registered now
+        return None
     for r in respecs:
         if r["claim"] == row.get("claim") and r["check"] == row.get("check") and _judged_items(r["items"]) == got:
-            claim = registry.claims().get(str(row.get("claim")))
-            now = (
-                set()
-                if claim is None
-                else _judged_items(
-                    {"name": n, "kind": i.kind, "margin": i.margin}
-                    for n, i in claim.items_for(str(row.get("layer"))).items()
-                )
-            )
-            if now != got:
-                return r
+            return r
     return None
+
+
+def _declared_items(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The items the registry declares now for the row's claim and layer, as ``{"name", "kind", "margin"}``."""
+    claim = registry.claims().get(str(row.get("claim")))
+    if claim is None:
+        return []
+    return [{"name": n, "kind": i.kind, "margin": i.margin} for n, i in claim.items_for(str(row.get("layer"))).items()]
 
 
 def _not_loaded(seed: int) -> CheckResult:  # pragma: no cover - never called
@@ -264,14 +265,7 @@ def respecified_views(
     from tiltlab.claims import rejudge
 
     respecs = prereg.respecifications() if respecs is None else respecs
-    claim = registry.claims().get(str(row.get("claim")))
-    now_items = (
-        []
-        if claim is None
-        else [
-            {"name": n, "kind": i.kind, "margin": i.margin} for n, i in claim.items_for(str(row.get("layer"))).items()
-        ]
-    )
+    now_items = _declared_items(row)
     out = []
     for r in respecs:
         if r["claim"] != row.get("claim") or r["check"] != row.get("check"):
@@ -664,8 +658,6 @@ def summarize_llm_rows(
     """``(summary, claims)`` of a shipped llm record counted from the rows it holds (the layer's rows and
     the long checks' merged into it): checks, verdicts, failures, and one row per claim
     (:func:`tiltlab.claims.decision.claim_rows`)."""
-    from collections import Counter
-
     from tiltlab.claims.decision import claim_rows
 
     verdicts = Counter(str(r.get("verdict")) for r in rows)
