@@ -118,7 +118,7 @@ def rejudge_row(
     # 1. the item values from the raw values
     out["from"] = "item values"
     raw = ev.get("raw")
-    fn = rederive
+    fn = rederive  # (narrowed below)
     if raw is not None and skip_raw:
         out["from"] = "item values (raw values kept, not re-derived by this call)"
     elif raw is not None:
@@ -177,6 +177,11 @@ def rejudge_row(
             if strict:
                 differ(f"numbers.{it.name}", "not reported", t.mean)
             continue
+        if strict:  # the llm layout reports every one of them
+            for field in ("margin", "p_supports", "p_against"):
+                if field not in keys:
+                    want = it.margin if field == "margin" else float(getattr(t, field))
+                    differ(f"numbers.{it.name}_{field}", "not reported", want)
         for field, key in keys.items():
             want = it.margin if field == "margin" else float(getattr(t, field))
             if not _close(nums.get(key), want):
