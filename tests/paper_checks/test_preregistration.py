@@ -121,6 +121,11 @@ def test_registered_then_run_passes_and_hashes_are_compared(prereg_repo):
     assert reg["rules/tiny.py"] == prereg.file_sha256(repo.root / "rules/tiny.py")
     # describe output (no full hash) resolves too; an abbreviation of the run commit is enough
     assert prereg.verify_row({**row, "commit_sha": None}, repo.root) == repo.reg
+    # a commit and a full hash of two different commits are refused (either could be the run's)
+    with pytest.raises(
+        ValueError, match=rf"its commit {repo.reg[:12]} and its full hash {repo.run[:12]} are different"
+    ):
+        prereg.verify_row({**row, "commit": repo.reg[:12]}, repo.root)
     # a tampered, missing or extra hash in the row is refused, naming the file
     who = "check tiny (zz.c)"
     for hashes, msg in (
@@ -573,3 +578,92 @@ def test_one_seed_is_a_registration_and_an_empty_file_table_is_not(tmp_path):
     path.write_text('[[rule]]\ncheck = "x"\nseeds = 2\n[rule.files]\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"needs a \[rule.files\] table"):
         prereg.preregistration(path)
+
+
+def test_set_llm_expectations_compares_items_as_well_as_verdicts_and_a_missing_item_is_a_change(tmp_path):
+    """A row is ok only when its verdict *and* every expected item are today's expectations: the right
+    verdict with one item flipped is not ok, nor is the right verdict with an expected item missing from
+    what the result reports (a missing item is a change, never a match)."""
+    import copy
+
+    root = _clean_clone(tmp_path)
+    catalog.discover()
+    rec = record.load_llm_record(SHIPPED)
+    assert rec is not None
+    respecs = prereg.respecifications(root / prereg.PREREG_PATH)
+    idx = [i for i, r in enumerate(rec["checks"]) if r["ok"] and record.respecification_of(r, respecs) is None]
+    assert len(idx) >= 3, "the shipped record needs three ok, not re-specified rows for this test"
+    flipped, missing, same = idx[:3]
+    tampered = copy.deepcopy(rec)
+    name = next(iter(tampered["checks"][flipped]["expected_items"]))
+    tampered["checks"][flipped]["items"][name] = not tampered["checks"][flipped]["items"][name]
+    gone = next(iter(tampered["checks"][missing]["expected_items"]))
+    del tampered["checks"][missing]["items"][gone]
+    path = tmp_path / "llm.json"
+    record.write_json(path, tampered)
+    out = record.set_llm_expectations(path, root)
+    assert [out["checks"][i]["verdict"] for i in (flipped, missing)] == [
+        rec["checks"][i]["verdict"] for i in (flipped, missing)
+    ]  # the verdicts are still today's expected ones ...
+    assert out["checks"][flipped]["ok"] is False  # ... but an item is not
+    assert out["checks"][missing]["ok"] is False  # ... and a missing item is not a match
+    assert out["checks"][same]["ok"] is True
+    assert out["summary"]["failures"] == sum(not r["ok"] for r in rec["checks"]) + 2
+
+
+def test_each_shipped_rows_provenance_is_its_commits_own(prereg_repo):
+    """Every provenance field of the shipped record is checked against git: a row's ``commit_sha`` is
+    the full hash of its own ``commit`` (never the record's when the two differ), its ``rule_commit`` is a
+    commit that is an ancestor of its run commit, and the record's own pair agrees too."""
+    need_git()
+    rec = record.load_llm_record(SHIPPED)
+    assert rec is not None
+
+    def full(commit: str) -> str:
+        out = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, f"{commit} is not a commit of this clone"
+        return out.stdout.strip()
+
+    assert full(rec["commit"]) == rec["commit_sha"]
+    commits = set()
+    for r in rec["checks"]:
+        assert full(r["commit"]) == r["commit_sha"], (r["check"], r["claim"])
+        reg = full(r["rule_commit"])
+        assert reg != r["commit_sha"]
+        anc = subprocess.run(["git", "merge-base", "--is-ancestor", reg, r["commit_sha"]], cwd=ROOT)
+        assert anc.returncode == 0, (r["check"], r["claim"])
+        commits.add(r["commit"])
+    assert len(commits) > 1, "the shipped rows come from more than one run commit (a row's own commit is kept)"
+
+
+def test_ship_never_gives_a_row_with_its_own_commit_the_records_full_hash(
+    isolated_registry, prereg_repo, tmp_path, monkeypatch
+):
+    """A row that names its own commit but no full hash ships with its own commit's full hash resolved
+    from git, never with the record's (which belongs to another commit)."""
+    repo = prereg_repo
+    _setup_llm(isolated_registry)
+    isolated_registry.register_check(LLM_CID, layer="llm", name="tiny2", slow=True)(
+        lambda s: registry.CheckResult(registry.Verdict.VERIFIED, "x")
+    )
+    _only_fake(monkeypatch, isolated_registry)
+    run = tmp_path / "llm_run.json"
+    assert _check("--layer", "llm", "--check", "tiny", "--slow", "--out", str(run)) == 0
+    later = repo.commit("a later run commit")
+    assert _check("--layer", "llm", "--check", "tiny2", "--slow", "--out", str(run)) == 0
+    rec = json.loads(run.read_text())
+    for r in rec["checks"]:
+        if r["check"] == "tiny":
+            r.pop("commit_sha")  # an older row: its commit, abbreviated, and no full hash
+    assert rec["commit_sha"] == later
+    run.write_text(json.dumps(rec), encoding="utf-8")
+    shipped = record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
+    rows = {r["check"]: r for r in shipped["checks"]}
+    assert rows["tiny"]["commit"] == repo.run[:12]
+    assert rows["tiny"]["commit_sha"] == repo.run != later
+    assert rows["tiny2"]["commit_sha"] == later

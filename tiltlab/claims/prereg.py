@@ -299,6 +299,10 @@ def verify_row(row: Mapping[str, Any], root: Path | None = None) -> str:
     run = resolve(str(row.get("commit_sha") or commit), root)
     if run is None:
         raise ValueError(f"{who}: its run commit {commit} is not in this clone")
+    if row.get("commit_sha") and resolve(str(commit), root) != run:
+        raise ValueError(
+            f"{who}: its commit {commit} and its full hash {str(row['commit_sha'])[:12]} are different commits"
+        )
     reg, entry = registration_commit(str(check), run, root)
     if reg is None or entry is None:
         raise ValueError(f"{who}: no [[rule]] registration in {PREREG_PATH} at its run commit {run[:12]}")

@@ -602,8 +602,8 @@ def ship_llm_record(
             own["command"] = f"tiltlab check --layer llm --long --check {long_names[row_key(r)]}" + (
                 f" --seed {rec['seed']}" if rec.get("seed") not in (None, 0) else ""
             )
-        if "commit" in own:  # a row's own commit goes with its own full hash, never the record's
-            own["commit_sha"] = r.get("commit_sha")
+        if "commit" in own:  # a row's own commit goes with its own full hash (from git), never the record's
+            own["commit_sha"] = r.get("commit_sha") or prereg.resolve(str(own["commit"]), root)
         row = {**{k: v for k, v in r.items() if k not in PROVENANCE_FIELDS}, **stamp, **own, "source": "run"}
         leg = prereg.legacy_for(row, legacy)
         if leg is not None:
