@@ -8,6 +8,10 @@ into the source at the node's exact span (everything else in the file stays byte
 * ``any_all``           ``any(...)`` <-> ``all(...)``; ``min`` <-> ``max``
 * ``compare``           ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``,
                         ``in`` <-> ``not in``
+* ``selfcmp``           ``a == b`` -> ``a == a`` and ``b == b`` (also ``!=``, ``is``, ``is not``) where
+                        neither side is a literal: a check that compares a value with itself (the
+                        recorded verdict with the recorded one, instead of the re-derived one)
+* ``sign``              ``-x`` -> ``x`` (a sign or a margin's side flipped)
 * ``boolop``            ``and`` <-> ``or``
 * ``not``               ``not x`` -> ``x``
 * ``arith``             ``+`` <-> ``-``, ``*`` <-> ``/``
@@ -61,6 +65,7 @@ SWAP_CMP = {
 #: calls and keywords whose arguments shape output or files, not results: no ``kwarg`` mutants there
 PRESENTATION = {"progress_bar", "mkdir", "print", "dumps", "dump", "write_text", "open", "add_argument", "tqdm"}
 PRESENTATION_KW = {"desc", "unit", "indent", "sort_keys", "exist_ok", "parents", "flush", "file", "help", "stacklevel"}
+SELF_CMP = (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)
 SWAP_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
 
 
@@ -128,11 +133,22 @@ def _replacements(node: ast.AST, parent: ast.AST | None) -> list[tuple[str, ast.
     elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in SWAP_CMP:
         new = ast.Compare(left=node.left, ops=[SWAP_CMP[type(node.ops[0])]()], comparators=node.comparators)
         out.append(("compare", node, ast.unparse(new)))
+        left, right = node.left, node.comparators[0]
+        if isinstance(node.ops[0], SELF_CMP) and not any(isinstance(x, ast.Constant) for x in (left, right)):
+            for side in (left, right):
+                same = ast.Compare(left=side, ops=node.ops, comparators=[side])
+                out.append(("selfcmp", node, ast.unparse(same)))
     elif isinstance(node, ast.BoolOp):
         new = ast.BoolOp(op=ast.Or() if isinstance(node.op, ast.And) else ast.And(), values=node.values)
         out.append(("boolop", node, ast.unparse(new)))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         out.append(("not", node, "(" + ast.unparse(node.operand) + ")"))
+    elif (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and not (isinstance(parent, ast.Subscript) and parent.slice is node)  # [-1]: the ``index`` class
+    ):
+        out.append(("sign", node, "(" + ast.unparse(node.operand) + ")"))
     elif isinstance(node, ast.BinOp) and type(node.op) in SWAP_BIN:
         left, right = node.left, node.right
         # a string or path expression is no arithmetic
