@@ -5,13 +5,16 @@ Each case runs through both paths and must give the same (status, verdict) as wr
 the arm is checked to be what its label says (the judge's parent is the server, or is not).
 """
 
+import contextlib
 import multiprocessing
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -193,3 +196,133 @@ def test_the_server_exits_when_its_process_does():
         assert ready, f"the judge server {zpid} outlived its process"
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# killing a served judge: through its pidfd, never by its pid number
+# ---------------------------------------------------------------------------------------------
+
+
+def _reaped_pidfd() -> int:
+    """A pidfd of a process that has exited and been reaped: what a served judge's pidfd refers to once the
+    server reaped it (the pid number is then free for the system to give to any new process)."""
+    gone = subprocess.Popen(["true"])
+    fd = os.pidfd_open(gone.pid)
+    gone.wait()
+    return fd
+
+
+def test_a_served_judge_is_killed_and_waited_on_through_its_pidfd_never_its_pid_number():
+    """The pid-reuse race made deterministic: the served judge's process is gone (reaped by the server) and its
+    pid number now belongs to another process, the decoy (a new session leader, as a judge is). The caller is
+    not the judge's parent, so only the pidfd names the judge for sure: killing the judge (at the time limit,
+    in ``run_judged``'s cleanup, or when the server went away before reporting) must leave the decoy alive,
+    and waiting for it must end at once (its pidfd is readable), not when the decoy exits.
+    Killing by ``os.kill(judge.pid)`` / ``os.killpg(judge.pid)``, or waiting on ``pidfd_open(judge.pid)``,
+    would hit the decoy."""
+    from tiltlab.llm.sandbox import clock, runner
+
+    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    judge = server._ServedJudge(decoy.pid, _reaped_pidfd(), mine)
+    try:
+        server._kill_judge(judge)  # run_judged: at the time limit and in its cleanup
+        judge.kill()
+        t0 = time.monotonic()
+        assert runner._wait(judge, clock._RunDeadline(5.0, 5.0), []) is False
+        assert time.monotonic() - t0 < 2.0
+        theirs.close()  # the server went away before reporting the exit status: the judge is killed
+        assert judge.poll() == -signal.SIGKILL
+        with pytest.raises(subprocess.TimeoutExpired):
+            decoy.wait(timeout=0.5)
+        assert decoy.poll() is None  # the process that took the judge's pid number lives on
+    finally:
+        judge.close()
+        decoy.kill()
+        decoy.wait()
+
+
+def test_a_live_served_judge_is_killed_through_its_pidfd(monkeypatch):
+    """The positive half, as a spy (the race itself is not reproducible with a live judge): the kill of a live
+    served judge is ``pidfd_send_signal`` on its pidfd, and its process is gone afterwards."""
+    sent, killed = [], []
+    real = signal.pidfd_send_signal
+    monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, sig, *a: (sent.append((fd, sig)), real(fd, sig, *a)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(pid))
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: killed.append(pid))
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    judge = server._ServedJudge(child.pid, os.pidfd_open(child.pid), mine)
+    try:
+        server._kill_judge(judge)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        assert sent == [(judge.pidfd, signal.SIGKILL)] and killed == []
+    finally:
+        monkeypatch.undo()
+        judge.close()
+        theirs.close()
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        child.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# descriptors: a run leaves none behind, in the server or in the caller
+# ---------------------------------------------------------------------------------------------
+
+
+def _fds(pid: int | str = "self") -> list[str]:
+    """What the descriptors of ``pid`` refer to (``pipe:[...]``, ``socket:[...]``, ``anon_inode:[pidfd]``...)."""
+    out = []
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+    return out
+
+
+def _settled(count, want: int, bound_s: float = 5.0) -> int:
+    """``count()`` once it equals ``want``, or its last value after ``bound_s``: the server closes a run's reply
+    socket just after it sent the exit status the run returned on, so its count may lag by a moment."""
+    end = time.monotonic() + bound_s
+    while (n := count()) != want and time.monotonic() < end:
+        time.sleep(0.05)
+    return n
+
+
+def _low(count, window_s: float = 0.5) -> int:
+    """The least of ``count()`` over ``window_s`` (a reply socket the server is about to close not counted)."""
+    end, low = time.monotonic() + window_s, count()
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        low = min(low, count())
+    return low
+
+
+@ARMS
+def test_runs_leave_no_descriptor_behind_in_the_server_or_the_caller(cfg):
+    """Five runs, one at a time: the caller's descriptors, and the judge server's, and the server's pipes (each
+    run sends it five, its config pipe first, all closed once the judge is forked), are the same after the
+    fifth run as after the first. A descriptor kept per run (the config pipe ``jb_r`` in the caller, or
+    ``fds[1]`` in the server after the fork) shows as one more per run."""
+    zpid = _server_pid()
+
+    def served():
+        return len(_fds(zpid))
+
+    def pipes():
+        return sum(t.startswith("pipe:") for t in _fds(zpid))
+
+    def own():
+        return len(_fds())
+
+    counts = []
+    for _ in range(5):
+        r = run_judged(ADD, "assert f(1) == 2\n", cfg, entry_point="f")
+        assert r.passed, r.judge_stderr[-400:]
+        if not counts:
+            counts.append((_low(own), _low(served), pipes()))
+    want = counts[0]
+    last = (_settled(own, want[0]), _settled(served, want[1]), pipes())
+    assert _server_pid() == zpid  # the same server throughout
+    assert want[2] == 0, _fds(zpid)
+    assert last == want, (want, last, _fds(zpid))
