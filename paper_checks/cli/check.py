@@ -67,12 +67,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     }
     # the last full llm-layer run, shipped with the repository: merged as recorded (not re-run)
     # unless this run ran the llm layer or selected another layer; a partial run also refreshes the
-    # recorded rows the old record held, so it never drops them
+    # recorded rows the old record held, so it never drops them; a row an earlier run into this record
+    # measured itself (kept) is not shadowed by the shipped one (else it would be there twice)
     ran = {o.check.key for o in outs}
     had = {row_key(r) for r in (old or {}).get("checks", []) if r.get("source") == "recorded"}
     wanted = had | ({row_key(r) for r in recorded_llm_rows(prefix, args.check)[0]} if not layer else set())
-    recorded = [r for r in recorded_llm_rows()[0] if row_key(r) in wanted and row_key(r) not in ran]
     kept = [r for r in merge(old, [])[0] if row_key(r) not in ran]
+    mine = ran | {row_key(r) for r in kept}
+    recorded = [r for r in recorded_llm_rows()[0] if row_key(r) in wanted and row_key(r) not in mine]
     rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded, hashes)
     rec["runtime"] = _runtime(seconds)
     if old:

@@ -168,3 +168,46 @@ def test_outcomes_from_rows_keep_each_rows_provenance(claims):
     assert [o.provenance["source"] for o in outs] == ["run", "recorded"]
     assert [o.result.verdict for o in outs] == [Verdict.PARTLY, Verdict.VERIFIED]
     assert [o.ok for o in outs] == [False, True]  # checks not loaded: the judgement recorded with the row
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        pytest.param(["llm"], id="llm-run-fresh"),
+        pytest.param(["quick", "quick", "llm", "llm"], id="recorded-then-llm-run-then-again"),
+        pytest.param(["llm", "quick", "quick"], id="llm-run-then-partial"),
+    ],
+)
+def test_a_run_of_the_llm_check_is_in_the_record_once_however_often_merged(
+    isolated_registry, prereg_repo, tmp_path, monkeypatch, runs
+):
+    """``tiltlab check`` into one ``--out`` with a shipped llm record present: a run that ran the llm
+    check itself (``--layer llm --slow``) holds that check's row once, as this run's row, never also
+    as the shipped (``recorded``) row, and so does every later partial run into that record (the
+    run's own row is kept, docs/llm-checks.md: "use their own results instead"); merging the same
+    selection again gives the same rows (idempotent). Every row key is counted by hand: once each."""
+    reg = isolated_registry
+    _setup_llm(reg)
+    _only_fake(monkeypatch, reg)
+    _ship(tmp_path, monkeypatch, reg)
+    out = tmp_path / "c.json"
+    key = f"{LLM_CID}[llm:tiny]"
+    previous = None
+    for i, mode in enumerate(runs):
+        argv = ["--only", "zz_fake", "--out", str(out), *(["--layer", "llm", "--slow"] if mode == "llm" else [])]
+        assert _check(*argv) == 0
+        rows = _rows(out)
+        counts = Counter(record.row_key(r) for r in rows)
+        assert counts[key] == 1, (runs[: i + 1], counts)
+        assert all(c == 1 for c in counts.values()), counts
+        (llm,) = [r for r in rows if record.row_key(r) == key]
+        # once a run into this record ran the llm check, its own row stays (never the shipped one)
+        if "llm" in runs[: i + 1]:
+            assert llm["source"] == "run" and "--layer llm --slow" in llm["command"]
+        else:
+            assert llm["source"] == "recorded"
+        summary = json.loads(out.read_text())["summary"]
+        assert summary["checks"] == len(rows) == sum(counts.values())
+        if previous is not None and runs[i - 1] == mode:  # the same selection merged again: the same rows
+            assert sorted(counts) == previous
+        previous = sorted(counts)
