@@ -271,6 +271,47 @@ def test_train_online_reports_what_the_run_did(tiny, monkeypatch):
         T.step_loss(torch.tensor(float("inf")), 4)
 
 
+_UP = math.nextafter(0.5, 1.0)  # the next float above 0.5: the smallest change a loss can make
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [],
+        [0.5],
+        [0.5, 0.5],
+        [0.5] * 5,  # exactly unchanged over a run: did NOT move
+        [0.0, -0.0],  # equal floats
+        [0.5, _UP],  # the smallest change, up or down, first step or last: moved
+        [_UP, 0.5],
+        [0.5, 0.5, 0.5, _UP],
+        [1.0, 0.0, 1.0],
+    ],
+    ids=lambda x: repr(x),
+)
+def test_loss_moved_is_any_two_losses_differing_at_the_boundary_both_ways(losses):
+    """``Trace.loss_moved`` and the run log's item against a loop: the loss moved iff two of its
+    recorded values differ. A run whose loss is exactly unchanged did not move (a ``>=`` reports that
+    it did); a change of one ulp did (a tolerance would miss it)."""
+    naive = any(a != b for i, a in enumerate(losses) for b in losses[i + 1 :])
+    assert T.Trace(list(losses), 1.0).loss_moved is naive
+    log = T.RunLog()
+    log.add(T.Trace([0.5, 0.25], 1.0))  # a run that moved, beside it
+    log.add(T.Trace(list(losses), 1.0))
+    assert log.items()["ran_loss_moved"] is naive
+    assert log.numbers()["runs_loss_moved"] == 1 + naive
+
+
+@pytest.mark.parametrize(
+    ("change", "moved"),
+    [(0.0, False), (5e-324, True), (1e-3, True)],  # 5e-324: the smallest positive float
+)
+def test_weights_moved_is_a_positive_change_at_the_boundary_both_ways(change, moved):
+    log = T.RunLog()
+    log.add(T.Trace([1.0, 0.5], change))
+    assert log.items()["ran_weights_moved"] is moved and log.numbers()["runs_weights_moved"] == moved
+
+
 def test_train_online_extra_lr_applies_to_extra_params_only(tiny):
     """A learned log Z table gets its own learning rate: with lr = 0 the model stays put and the
     table's trained entries take one Adam step of size extra_lr."""
