@@ -67,6 +67,63 @@ def test_teacher_forced_logprob_equals_unpadded_forward(tiny):
     assert 0.0 <= pol.leak.item() < 1.0
 
 
+def _unpadded_answer_logp(model, task, p: int, k: int) -> float:
+    """Answer ``k``'s log-prob on prompt ``p`` from one forward of the unpadded sequence alone: the
+    real tokens of the teacher-forcing row (padding of both sides cut off), each answer token scored
+    by the position before it."""
+    real = task.attn[p, k].bool()
+    x = task.ids[p, k][real]
+    is_answer = torch.nn.functional.pad(task.comp_mask[p, k], (1, 0))[real].bool()  # aligned with x
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=x[None]).logits[0].double(), -1)
+    return sum(float(lp[j - 1, x[j]]) for j in range(1, len(x)) if is_answer[j])
+
+
+def test_reference_token_logps_are_zero_at_padded_slots_and_sum_to_each_unpadded_forward(tiny):
+    """``reference_tokens`` (what every arm's ``logp_ref`` and the exact pi_ref are read from) on
+    answers of different lengths (one and two digits) after prompts of different lengths (plain and
+    hinted: another left padding): 0 at every slot outside the answer (the prompt's own tokens and
+    the right padding would carry real, non-zero log-probs there), and each answer's row sums,
+    unmasked, to a per-sequence forward."""
+    model, task = tiny
+    ref_tok = T.reference_tokens(model, task)
+    assert ref_tok.shape == task.comp_mask.shape
+    outside = task.comp_mask == 0
+    assert outside.any(-1).all() and (ref_tok[outside] == 0).all()
+    lengths = task.comp_mask.sum(-1)
+    prompts = [task.index(5, 2), task.index(0, 0, True), task.index(7, 5, True), task.index(3, 1)]
+    assert len({int(task.attn[p, 0].sum()) for p in prompts}) > 1  # prompts of different lengths
+    for p in prompts:
+        assert len({int(n) for n in lengths[p]}) > 1  # ragged answers
+        for k in range(T.K):
+            want = _unpadded_answer_logp(model, task, p, k)
+            assert float(ref_tok[p, k].sum()) == pytest.approx(want, abs=1e-4), (p, k)
+
+
+def test_train_online_batch_reference_rows_are_each_sampled_answers_own(tiny):
+    """The batch an arm's loss sees: row ``p * G + j`` of ``logp_ref`` is 0 outside answer
+    ``ans[p, j]`` of prompt ``prompt_idx[p]`` and sums, unmasked, to its per-sequence forward under
+    the reference (here the model itself, with ``lr = 0``)."""
+    model, task = tiny
+    ref_tok = T.reference_tokens(model, task)
+    seen = []
+
+    def spy(b):
+        seen.append(b)
+        return b.logp.sum() * 0.0
+
+    T.train_online(model, task, ref_tok, spy, prompts=task.split(False), steps=1, lr=0.0, batch_prompts=3, g=4)
+    (b,) = seen
+    assert b.logp_ref.shape == b.mask.shape and (b.logp_ref[b.mask == 0] == 0).all()
+    n_g = b.ans.shape[1]
+    for p, prompt in enumerate(b.prompt_idx.tolist()):
+        for j in range(n_g):
+            row, k = p * n_g + j, int(b.ans[p, j])
+            assert torch.equal(b.mask[row], task.comp_mask[prompt, k])
+            want = _unpadded_answer_logp(model, task, prompt, k)
+            assert float(b.logp_ref[row].sum()) == pytest.approx(want, abs=1e-4), (row, prompt, k)
+
+
 def test_sample_answers_follow_the_distribution():
     log_p = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64))
     ans = T.sample_answers(log_p, 20_000, torch.Generator().manual_seed(0))
