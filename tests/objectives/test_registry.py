@@ -415,3 +415,72 @@ def test_sim_options_reach_the_adapter(method):
         )
         grads[kl] = gradient_at(cfg, env, logits, logp_old=env.logp_ref[None])
     assert (grads[0.5] - grads[0.0]).abs().max() > 1e-6
+
+
+# ------------------------------------------------------------------------------ given lengths
+# |y| given apart from the mask (a trainer that counts its tokens another way): none equals its
+# row's mask sum ([T, 1, 3, 2, T, 3]), so an adapter that reads the mask sums gives another number
+LENGTHS = torch.tensor([7.0, 2.0, 5.0, 9.0, 3.0, 6.0], dtype=F64)
+LENGTHS_L = torch.tensor([2.0, 8.0, 4.0, 5.0, 6.0, 7.0], dtype=F64)  # the losers (mask flipped: [3, 4, 2, 3, 1, 4])
+
+
+def _loop_seq(b: ObjectiveBatch, name: str = "token_logp") -> list[float]:
+    x = getattr(b, name).detach()
+    return [sum(float(x[i, t]) * float(b.mask[i, t]) for t in range(T)) for i in range(B)]
+
+
+def _with_lengths() -> ObjectiveBatch:
+    b = _batch()
+    return dataclasses.replace(b, lengths=LENGTHS, rejected=dataclasses.replace(b.rejected, lengths=LENGTHS_L))
+
+
+def _loop_offrl(b, lens):
+    lp, r = _loop_seq(b), b.rewards.tolist()
+    return -sum(r[i] * math.exp(lp[i] / lens[i]) for i in range(B)) / B
+
+
+def _loop_fpa(b, lens):
+    lp, lf, r = _loop_seq(b), _loop_seq(b, "token_logp_future"), b.rewards.tolist()
+    return -sum(r[i] * math.exp(lf[i] / lens[i]) * lp[i] / lens[i] for i in range(B)) / B
+
+
+def _loop_rpo(b, lens):
+    w, lo = _loop_seq(b), _loop_seq(b.rejected)
+    rw, rl = _loop_seq(b, "token_logp_ref"), _loop_seq(b.rejected, "token_logp_ref")
+    dpo = -sum(math.log(1 / (1 + math.exp(-0.7 * ((w[i] - rw[i]) - (lo[i] - rl[i]))))) for i in range(B)) / B
+    return dpo - 0.3 * sum(w[i] / lens[i] for i in range(B)) / B
+
+
+def _loop_simper(b, lens, lens_l):
+    w, lo = _loop_seq(b), _loop_seq(b.rejected)
+    return -sum(math.exp(w[i] / lens[i]) - math.exp(lo[i] / lens_l[i]) for i in range(B)) / B
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "loop"),
+    [
+        ("offrl", {}, lambda b, n, nl: _loop_offrl(b, n)),
+        ("fpa", {}, lambda b, n, nl: _loop_fpa(b, n)),
+        ("rpo", {"beta": 0.7, "alpha": 0.3}, lambda b, n, nl: _loop_rpo(b, n)),
+        ("simper", {}, _loop_simper),
+    ],
+    ids=["offrl", "fpa", "rpo", "simper"],
+)
+def test_the_batch_lengths_given_are_the_ones_used_not_the_mask_sums(name, options, loop):
+    """Every length-normalised objective on a batch whose ``lengths`` (and the losers') differ from
+    its mask's row sums: the loss of a loop over rows at the GIVEN lengths; without ``lengths``, the
+    loop at the mask sums counted by hand -- two different numbers."""
+    b = _with_lengths()
+    mask_sums = [sum(float(v) for v in b.mask[i]) for i in range(B)]
+    mask_sums_l = [sum(float(v) for v in b.rejected.mask[i]) for i in range(B)]
+    assert all(a != m for a, m in zip(LENGTHS.tolist(), mask_sums))
+    assert all(a != m for a, m in zip(LENGTHS_L.tolist(), mask_sums_l))
+    assert torch.equal(b.seq_lengths(), LENGTHS) and torch.equal(b.rejected.seq_lengths(), LENGTHS_L)
+    got = float(get_objective(name)(b, **options).loss)
+    want = loop(b, LENGTHS.tolist(), LENGTHS_L.tolist())
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+    plain = dataclasses.replace(b, lengths=None, rejected=dataclasses.replace(b.rejected, lengths=None))
+    assert plain.seq_lengths().tolist() == mask_sums
+    got_plain = float(get_objective(name)(plain, **options).loss)
+    assert got_plain == pytest.approx(loop(plain, mask_sums, mask_sums_l), rel=1e-12, abs=1e-12)
+    assert not math.isclose(got, got_plain, rel_tol=1e-6)  # the lengths are live
