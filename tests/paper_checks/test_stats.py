@@ -281,3 +281,18 @@ def test_t_functions_equal_scipy_stats_t_bit_for_bit(df):
 def test_t_quantile_refuses_a_probability_outside_0_1(q):
     with pytest.raises(ValueError, match="q must be in"):
         stats.t_quantile(q, 5)
+
+
+def test_decide_judges_at_the_level_it_is_given_not_the_default():
+    """``alpha`` away from its default reaches the rule: an item whose two-sided p-value lies between
+    0.05 and 0.2 supports at 0.2 and is undecided at 0.05 (its p-value is the same at both levels)."""
+    d = [0.3, -0.1, 0.5, 0.2, -0.2, 0.4, 0.1]
+    p = 2 * stats.t_pvalue(d, 0.0, "greater")
+    assert 0.05 < p < 0.2
+    wide, strict = stats.decide({"a": d}, 0.0, alpha=0.2), stats.decide({"a": d}, 0.0)
+    assert (wide.verdict, wide.items["a"].outcome, wide.alpha) == ("verified", stats.SUPPORTS, 0.2)
+    assert (strict.verdict, strict.items["a"].outcome, strict.alpha) == ("inconclusive", stats.UNDECIDED, 0.05)
+    assert wide.items["a"].p == strict.items["a"].p == pytest.approx(p, rel=1e-12)
+    assert wide.judgement is not None and wide.judgement.alpha == 0.2
+    lo_wide, lo_strict = wide.items["a"].lo, strict.items["a"].lo  # the interval is the (1 - alpha) one
+    assert lo_wide > 0 > lo_strict
