@@ -107,3 +107,27 @@ def test_report_rows_counts_table_and_record_agree_on_disagreeing_claims(isolate
     # the record's per-claim verdicts apply the same rule (undeclared-free: only claims with checks)
     rec = {r["claim"]: (r["verdict"], r["decided_by"]) for r in pcli._claim_verdicts(outs)}
     assert rec == {cid: want[cid] for cid in spec}
+
+
+def test_unknown_verdicts_rank_last_and_layers_keep_their_order_then_by_name():
+    """A recorded row may carry a verdict this version does not know, or a layer it does not know: a
+    known verdict still decides; among unknown ones the first by name; the deciding layers are theory,
+    sim, data, llm, then the others by name (never the set's iteration order)."""
+    from types import SimpleNamespace
+
+    from tiltlab.claims.decision import claim_decision
+
+    def o(layer, verdict):
+        return SimpleNamespace(verdict=verdict, check=SimpleNamespace(layer=layer))
+
+    assert claim_decision([o("llm", "zz_new"), o("sim", "aa_new"), o("theory", "aa_new")]) == (
+        "aa_new",
+        ["theory", "sim"],
+    )
+    assert claim_decision([o("llm", "zz_new"), o("data", "out_of_reach")]) == ("out_of_reach", ["data"])
+    got = claim_decision([o("zeta", "refuted"), o("llm", "refuted"), o("aaa", "refuted"), o("theory", "refuted")])
+    assert got == ("refuted", ["theory", "llm", "aaa", "zeta"])
+    assert claim_decision([o(layer, "verified") for layer in ("llm", "data", "sim", "theory")]) == (
+        "verified",
+        ["theory", "sim", "data", "llm"],
+    )

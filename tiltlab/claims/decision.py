@@ -21,16 +21,20 @@ def claim_decision(outs: Sequence[Outcome]) -> tuple[str, list[str]]:
     An error wins, then the most informative decided verdict (refuted > partly > verified), then
     ``inconclusive`` (a toy proxy that cannot decide), then ``out_of_reach``. So a claim whose data
     check is out of reach, or whose sim proxy is inconclusive, takes the verdict of the layer that
-    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks."""
+    decided it (e.g. ``llm``); ``(unchecked, [])`` without checks. A verdict the order does not name
+    ranks after all of them (the first by name among several); the deciding layers come in the order
+    theory, sim, data, llm, then any other layer by name."""
     if not outs:
         return "unchecked", []
     vs = {o.verdict for o in outs}
-    for v in DECISION_ORDER:
-        if v in vs:
-            layers = sorted({o.check.layer for o in outs if o.verdict == v}, key=lambda x: _LAYER_ORDER.get(x, 9))
-            return v, layers
-    v = sorted(vs)[0]
-    return v, sorted({o.check.layer for o in outs if o.verdict == v})
+    # a verdict outside the order (a recorded row of another version) ranks after every known one
+    v = min(vs, key=lambda x: (DECISION_ORDER.index(x) if x in DECISION_ORDER else len(DECISION_ORDER), x))
+    return v, sorted({o.check.layer for o in outs if o.verdict == v}, key=_layer_rank)
+
+
+def _layer_rank(layer: str) -> tuple[int, str]:
+    """theory, sim, data, llm; another layer after them, by name."""
+    return _LAYER_ORDER.get(layer, len(_LAYER_ORDER)), layer
 
 
 def claim_status(outs: Sequence[Outcome]) -> str:

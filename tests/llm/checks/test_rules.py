@@ -232,3 +232,14 @@ def test_runlog_accuracy_needs_both_values_and_moves_beyond_1e9():
     log2 = R.RunLog()
     log2.add(moved, 0.5, 0.5 + 1.5e-9)
     assert log2.items()["ran_accuracy_moved"] is True
+
+
+def test_the_paired_unit_is_seed_unless_named_and_reaches_the_evidence():
+    """``unit`` away from its default reaches the judgement and its evidence (what --rejudge reads);
+    left out, the unit is ``seed``. A repeated item name is refused."""
+    items = [R.Item("a", (0.1, 0.2, 0.3), 0.0, "direction")]
+    assert R.judge(items)[3].unit == "seed" and R.judge(items)[3].evidence()["unit"] == "seed"
+    j = R.judge(items, unit="prompt")[3]
+    assert j.unit == "prompt" and j.evidence()["unit"] == "prompt"
+    with pytest.raises(ValueError, match="item names repeat"):
+        R.judge([*items, *items])
