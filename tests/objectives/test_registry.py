@@ -484,3 +484,57 @@ def test_the_batch_lengths_given_are_the_ones_used_not_the_mask_sums(name, optio
     got_plain = float(get_objective(name)(plain, **options).loss)
     assert got_plain == pytest.approx(loop(plain, mask_sums, mask_sums_l), rel=1e-12, abs=1e-12)
     assert not math.isclose(got, got_plain, rel_tol=1e-6)  # the lengths are live
+
+
+def _far_weights() -> ObjectiveBatch:
+    """A batch whose rollout weights lie far on both sides of every clip: log w per row from -6 to +6."""
+    b = _batch(3)
+    shift = torch.linspace(-6.0, 6.0, B, dtype=F64)[:, None] / b.mask.sum(1, keepdim=True)
+    return dataclasses.replace(b, token_logp_old=(b.token_logp.detach() - shift) * b.mask)
+
+
+@pytest.mark.parametrize("name", ["tb", "disa"])
+@pytest.mark.parametrize("clip", ["max", "eps"])
+def test_a_weight_clip_without_its_bound_takes_the_weight_functions_own_default(name, clip):
+    """The adapter's defaults for ``max_weight`` / ``eps`` are :func:`tb.tb_importance_weight`'s own (read
+    from its signature, not restated here), on weights beyond both clips (so a changed default shows)."""
+    import inspect
+
+    b = _far_weights()
+    w_raw = torch.exp(_seq(b) - _seq(b, "token_logp_old")).detach()
+    assert float(w_raw.max()) > 300 and float(w_raw.min()) < 1 / 300  # beyond any default bound
+    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, clip) * b.is_weight
+    out = get_objective(name)(b, beta=2.0, weight_clip=clip)
+    lp, ref = _seq(b), _seq(b, "token_logp_ref")
+    lz = b.log_z if name == "tb" else b.log_z.detach()
+    want = tb.tb_loss(tb.tb_residual(lp, ref, b.rewards, lz, 2.0), w)
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-12, atol=1e-12)
+    sig = inspect.signature(tb.tb_importance_weight).parameters
+    bound = {"max": "max_weight", "eps": "eps"}[clip]
+    other = get_objective(name)(b, beta=2.0, weight_clip=clip, **{bound: 2 * sig[bound].default})
+    assert not torch.allclose(other.loss, out.loss)  # the bound matters on this batch
+
+
+def test_vargrad_estimates_log_z_with_its_own_scale_and_anchor_options():
+    """VarGrad without ``batch.log_z``: the per-prompt log Z estimate uses the run's ``logprob_scale`` and
+    ``anchor`` (away from their defaults), compared with a loop over prompts; other options (the
+    weight clip) do not enter the estimate."""
+    b = dataclasses.replace(_far_weights(), log_z=None)
+    opts = {"beta": 1.5, "group_size": G, "logprob_scale": "mean", "anchor": "old", "weight_clip": "max"}
+    out = get_objective("vargrad")(b, **opts)
+    lp, an = _seq(b, scale="mean"), _seq(b, "token_logp_old", "mean")
+    lz = torch.empty(B, dtype=F64)
+    for p in range(P):  # the batch-optimal log Z of each prompt's group, laid over its own completions
+        rows = slice(p * G, (p + 1) * G)
+        lz[rows] = (1.5 * b.rewards[rows] - lp[rows] + an[rows]).mean().detach()
+    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "max") * b.is_weight
+    want = tb.tb_loss(tb.tb_residual(lp, an, b.rewards, lz, 1.5), w)
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("obj", ["registry_objective", "registry_batch"])
+def test_the_registrys_records_cannot_be_edited_after_the_fact(obj):
+    item = get_objective("tb") if obj == "registry_objective" else _batch()
+    field = dataclasses.fields(item)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(item, field, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,7 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
         _row("a.z", "theory", {"v": -4.0}, source="recorded"),
     ]
     dest = tmp_path / "pins.json"
+    catalog.discover()  # write_pins reads every registered check's pin kinds (not the order of the tests)
     n_checks, n_nums = record.write_pins(_rec(rows), dest, rtol=1e-3)
     pins = json.loads(dest.read_text())["pins"]
     assert (n_checks, n_nums) == (1, 3) and list(pins) == ["a.x[sim:c]"]
@@ -130,6 +132,12 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
         "n": [3.0, 3e-3, "exact"],
     }
     assert pinned.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3, "exact")
+    # the regenerated file has the shipped file's layout, field for field
+    payload = json.loads(dest.read_text())
+    shipped = json.loads((Path(record.__file__).resolve().parents[2] / "paper_checks" / "pins.json").read_text())
+    assert sorted(payload) == sorted(shipped) == ["about", "atol", "commit", "pins", "rtol"]
+    assert (payload["rtol"], payload["atol"], payload["commit"]) == (1e-3, record.PIN_ATOL, _rec(rows).get("commit"))
+    assert "tiltlab report --record F --pin" in payload["about"]
 
 
 @pytest.mark.parametrize(

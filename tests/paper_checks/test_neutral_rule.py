@@ -315,6 +315,13 @@ def test_the_neutral_rule_on_the_legacy_record_post_hoc():
     assert got["paced.table1.math_qwen2.5_math_7b"]["alt_verdict"] == "refuted"  # threshold 0: refuted
     assert got["disa.llm.stage1_real_model"]["items"]["m16_beats_m4"] == stats.CONTEXT
     assert got["disa.d3.teacher_m_study"] is None  # all of its recorded items are context now
+    assert all(g is None or g["missing"] == [] for g in got.values())  # every declared item was recorded
+    # a row that lost one declared item's statistics names it as missing and is judged on the others
+    row = next(r for r in rec["checks"] if r["claim"] == "disa.remark2.calibration")
+    nums = {k: v for k, v in row["numbers"].items() if not k.startswith("is_label_m4_distorts")}
+    part = record.posthoc_neutral({**row, "numbers": nums})
+    assert part is not None and part["missing"] == ["is_label_m4_distorts"]
+    assert "is_label_m4_distorts" not in part["items"] and set(part["items"]) < set(got[row["claim"]]["items"])
 
 
 def test_docs_state_the_rules_as_the_registry_declares_them():

@@ -350,3 +350,10 @@ def test_write_pins_marks_the_llm_item_means_stochastic(tmp_path):
     pins = json.loads((tmp_path / "p.json").read_text())["pins"]
     assert pins["a.b[llm:t]"] == {"item": [0.1, pytest.approx(0.06), "stochastic"]}
     assert pins["a.x[sim:c]"] == {"v": [2.0, 2e-4, "exact"]}
+
+
+def test_the_pin_constructors_keep_their_arguments_and_default_to_no_reason():
+    assert pinned.residual(0.1) == pinned.PinSpec("residual", 0.1, "")
+    assert pinned.residual(0.1, "the check's tolerance").why == "the check's tolerance"
+    assert pinned.stochastic(0.02, "spread of 5 seeds") == pinned.PinSpec("stochastic", 0.02, "spread of 5 seeds")
+    assert pinned.PinSpec("exact", 0.0, "") == pinned.EXACT

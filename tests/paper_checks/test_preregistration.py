@@ -667,3 +667,17 @@ def test_ship_never_gives_a_row_with_its_own_commit_the_records_full_hash(
     assert rows["tiny"]["commit"] == repo.run[:12]
     assert rows["tiny"]["commit_sha"] == repo.run != later
     assert rows["tiny2"]["commit_sha"] == later
+    # the shipped record has the layout of the one in the repository, field for field
+    real = record.load_llm_record(SHIPPED)
+    assert real is not None
+    assert list(shipped) == [k for k in real if k != "expectations_set_at"]  # set later, by its own command
+    assert list(shipped["summary"]) == list(real["summary"])
+    assert shipped["summary"]["checks"] == shipped["summary"]["run"] == len(shipped["checks"]) == 2
+    assert [c["claim"] for c in shipped["claims"]] == [LLM_CID]
+
+
+def test_a_malformed_registration_is_named_by_its_file():
+    with pytest.raises(ValueError, match=r"^preregistration.toml: a \[\[rule\]\] needs check and seeds"):
+        prereg.parse_preregistration({"rule": [{"check": "x", "seeds": 0, "files": {}}]})
+    with pytest.raises(ValueError, match=r"^other.toml: "):
+        prereg.parse_preregistration({"rule": [{"check": "x", "seeds": 0, "files": {}}]}, "other.toml")

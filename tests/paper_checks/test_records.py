@@ -7,6 +7,7 @@ number came from. Also: the shipped llm record (merged as ``recorded``), progres
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -516,3 +517,24 @@ def test_the_machine_stamp_says_unknown_load_as_none(monkeypatch):
 
     monkeypatch.setattr(os, "getloadavg", no_load)
     assert record.machine()["load"] is None
+
+
+@pytest.mark.parametrize(
+    "stdout,code,commit,sha",
+    [
+        ("0123456789ab\n", 0, "0123456789ab", None),  # describe's output is no full hash
+        ("f" * 40 + "\n", 0, "f" * 40, "f" * 40),
+        ("fatal-but-on-stdout\n", 128, None, None),  # a failing git is no commit, whatever it prints
+        ("", 0, None, None),
+    ],
+)
+def test_provenance_is_what_git_says_only_when_git_succeeds(tmp_path, monkeypatch, stdout, code, commit, sha):
+    """``git_commit`` / ``git_sha`` take git's answer only from a successful call, and a full hash only
+    when it is one (a fake ``git`` first on PATH gives each answer)."""
+    fake = tmp_path / "bin" / "git"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\nexit {code}\n", encoding="utf-8")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert record.git_commit(tmp_path) == commit
+    assert record.git_sha(tmp_path) == sha

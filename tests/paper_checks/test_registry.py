@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 
 import pytest
@@ -249,3 +250,68 @@ def test_parallel_run_matches_serial(isolated_registry, tmp_path, capsys):
         assert main(["check", "--only", "data", "--jobs", jobs, "--json", "--out", str(tmp_path / "d.json")]) == 0
         recs.append(json.loads(capsys.readouterr().out))
     assert strip(recs[2]) == strip(recs[3]) and len(recs[2]["checks"]) >= 60
+
+
+def test_a_checks_row_carries_every_field_from_its_check_claim_and_result(isolated_registry):
+    """``Outcome.to_json``: the row's fields, each from its source (what the record, the report and
+    --rejudge read), on a result with every field away from its default."""
+    reg = isolated_registry
+    claim = _fake_claim(reg)
+    res = CheckResult(Verdict.PARTLY, "one line", {"x": 1.5}, figure="fig99", items={"a_supports": True})
+    reg.register_check("zz_fake.claim", layer="sim", name="full", expected=Verdict.PARTLY)(lambda s: res)
+    (chk,) = [c for c in reg.checks() if c.claim_id == "zz_fake.claim"]
+    row = reg.run_one(chk, seed=2).to_json(2)
+    assert set(row) == {
+        "claim", "paper", "section", "cite", "statement", "layer", "check", "expected", "verdict", "ok",
+        "summary", "numbers", "figure", "items", "evidence", "expected_items", "seconds", "error", "reproducer",
+    }  # fmt: skip
+    assert (row["claim"], row["paper"], row["section"], row["statement"]) == (
+        "zz_fake.claim", "DISA", "Sec. 0", claim.statement,
+    )  # fmt: skip
+    assert (row["layer"], row["check"], row["expected"], row["verdict"]) == ("sim", "full", "partly", "partly")
+    assert (row["summary"], row["numbers"], row["figure"], row["items"]) == (
+        "one line", {"x": 1.5}, "fig99", {"a_supports": True},
+    )  # fmt: skip
+    assert row["ok"] is True and row["expected_items"] == {}  # the expected verdict; no expected items to compare
+    assert row["evidence"] is None and row["error"] is None and row["reproducer"].endswith("--check full --seed 2")
+    assert row["cite"] == registry.cite(claim)
+
+
+@pytest.mark.parametrize("margin", [-0.1, math.nan, math.inf, True, "0.1"])
+def test_an_item_declaration_needs_a_finite_margin_of_at_least_zero(margin):
+    with pytest.raises(ValueError, match="margin must be a finite number >= 0"):
+        registry.ItemSpec("sim", "x", "effect", margin)
+
+
+def test_an_item_declaration_with_margin_zero_or_more_is_kept_as_a_float():
+    assert registry.ItemSpec("sim", "x", "direction", 0).margin == 0.0
+    assert isinstance(registry.ItemSpec("sim", "x", "effect", 1).margin, float)
+
+
+def test_a_paper_keeps_its_source_and_about_and_registry_records_are_frozen(isolated_registry):
+    import dataclasses
+
+    p = isolated_registry.declare_paper("ZZP", "A title", "A. Author 2026", source="zzp.pdf", about="what it is")
+    assert (p.source, p.about) == ("zzp.pdf", "what it is")
+    assert isolated_registry.papers()["ZZP"] == p
+    spec = registry.ItemSpec("sim", "x", "effect", 0.1)
+    for obj in (p, spec, _fake_claim(isolated_registry)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, dataclasses.fields(obj)[0].name, "changed")
+
+
+def test_a_check_runs_at_seed_0_unless_told_and_has_no_rederivation_unless_registered(isolated_registry):
+    reg = isolated_registry
+    _fake_claim(reg)
+    seen = []
+
+    def chk(seed: int) -> CheckResult:
+        seen.append(seed)
+        return CheckResult(Verdict.VERIFIED, "x")
+
+    reg.register_check("zz_fake.claim", layer="sim", name="seeded")(chk)
+    (c,) = [c for c in reg.checks() if c.claim_id == "zz_fake.claim"]
+    assert c.rederive is None
+    reg.run_one(c)
+    reg.run_one(c, seed=4)
+    assert seen == [0, 4]

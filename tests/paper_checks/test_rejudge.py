@@ -379,3 +379,44 @@ def test_judge_jointly_alt_verdict_and_exact_items_follow_the_joint_family():
         [{"claim": "x", "evidence": alone}, {"claim": "y", "evidence": others}], [("run", ("x", "y"))]
     )
     assert fam[0] == {"verdict": "verified", "alt_verdict": "inconclusive", "family": ["x", "y"]}
+
+
+def test_rejudge_cli_lists_exactly_the_shared_runs_verdicts_that_move_and_aligns_its_table(capsys):
+    """The per-experiment section of ``--rejudge`` counts the rows whose experiment family holds more
+    than one claim and lists those whose joint verdict differs from the recorded one, both against
+    :func:`rejudge.per_experiment` directly; the table's columns line up under the longest claim id."""
+    from tiltlab.claims import prereg
+
+    _need_llm()
+    rows = _rows()
+    fams = rejudge.per_experiment(rows, prereg.shared_runs())
+    shared = [(r, f) for r, f in zip(rows, fams) if f is not None and len(f["family"]) >= 2]
+    moved = [(r["claim"], r["verdict"], f["verdict"]) for r, f in shared if f["verdict"] != r["verdict"]]
+    singles = [f for f in fams if f is not None and len(f["family"]) == 1]
+    assert shared and moved and singles  # the shipped record has all three: a test that can tell them apart
+    assert main(["report", "--rejudge", str(SHIPPED)]) == 0
+    out = capsys.readouterr().out
+    assert f": {len(moved)} of {len(shared)} verdicts of shared runs move" in out
+    listed = [ln.strip() for ln in out.split("verdicts of shared runs move")[1].split("\n\n")[0].splitlines()[1:]]
+    assert listed == [f"{c}: {a} -> {b}" for c, a, b in moved]
+    w = max(len(r["claim"]) for r in rows)
+    table = [ln for ln in out.splitlines() if ln.split(" ", 1)[0] in {r["claim"] for r in rows}]
+    assert len(table) == len(rows)
+    assert all(ln[w : w + 2] == "  " and ln[w + 2 : w + 5] == "llm" for ln in table)
+
+
+def test_a_report_of_a_record_without_llm_rows_shows_the_shipped_ones_and_never_doubles_them(monkeypatch):
+    """``tiltlab report --record``: a record with no llm row gets the shipped llm record's rows (as
+    ``recorded``); a record that has llm rows of its own is shown as it is."""
+    from tiltlab.paper_checks.cli.report_command import _with_recorded_llm
+
+    monkeypatch.setattr(record, "LLM_RECORD", SHIPPED)  # the suite hides it by default (conftest)
+    shipped = _rows()
+    sim = {"claim": "disa.prop1", "layer": "sim", "check": "x", "verdict": "verified"}
+    out = _with_recorded_llm({"checks": [sim]})
+    assert out["checks"][0] == sim and len(out["checks"]) == 1 + len(shipped)
+    assert all(r["source"] == "recorded" and r["layer"] == "llm" for r in out["checks"][1:])
+    assert [r["claim"] for r in out["checks"][1:]] == [r["claim"] for r in shipped]
+    own = {**shipped[0], "source": "run"}
+    mine = {"checks": [sim, own]}
+    assert _with_recorded_llm(mine) is mine
