@@ -538,3 +538,68 @@ def test_provenance_is_what_git_says_only_when_git_succeeds(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     assert record.git_commit(tmp_path) == commit
     assert record.git_sha(tmp_path) == sha
+
+
+# --------------------------------------------------------------------------- the record's own fields
+from tiltlab.paper_checks.cli import records as cli_records  # noqa: E402
+
+
+def test_an_unwritable_out_names_the_reason_or_the_errors_kind(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cannot write --out .*claims.json \(File exists\); pass --out"):
+        cli_records._check_writable_file(blocker / "claims.json")
+
+    def no_reason(*a, **k):
+        raise PermissionError()  # an OSError without strerror
+
+    monkeypatch.setattr(cli_records.tempfile, "mkstemp", no_reason)
+    with pytest.raises(ValueError, match=r"\(PermissionError\); pass --record"):
+        cli_records._check_writable_dir(tmp_path, "--record")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # no probe left behind
+
+
+def test_an_unchecked_claims_row_and_the_merge_of_unchecked_claims(isolated_registry):
+    reg = isolated_registry
+    c = reg.declare_claim("zz_un.a", "DISA", "Sec. 9", "an unchecked claim", kind="empirical")
+    reg.declare_claim("zz_un.b", "DISA", "Sec. 9", "a checked claim", kind="empirical")
+    reg.register_check("zz_un.b", layer="sim", name="b")(lambda s: CheckResult(Verdict.VERIFIED, "x"))
+    rows = cli_records._unchecked("zz_un")
+    assert rows == [
+        {
+            "claim": "zz_un.a", "paper": "DISA", "section": "Sec. 9", "cite": reg.cite(c),
+            "statement": "an unchecked claim", "kind": "empirical", "verdict": "unchecked",
+            "llm_command": c.llm_command,
+        }
+    ]  # fmt: skip
+    old = [{"claim": "zz_un.a", "v": "old"}, {"claim": "zz_un.b", "v": "old"}, {"claim": "zz_gone", "v": "old"}]
+    new = [{"claim": "zz_un.a", "v": "new"}]
+    # a claim with a check now and a claim no longer declared both leave; the newer row wins
+    assert cli_records._merge_unchecked(old, new) == [{"claim": "zz_un.a", "v": "new"}]
+
+
+def test_a_records_time_is_its_runs_and_its_history_entry_names_the_run():
+    prov = {"run_at": "2020-01-02T03:04:05Z", "commit": "abc", "commit_sha": "f" * 40}
+    rec = cli_records._record([], [], 0, {"only": None}, 1.0, prov=prov)
+    assert (rec["generated_at"], rec["commit"], rec["commit_sha"]) == ("2020-01-02T03:04:05Z", "abc", "f" * 40)
+    fresh = cli_records._record([], [], 0, {}, 1.0)
+    assert fresh["generated_at"] and fresh["generated_at"] != prov["run_at"] and fresh["commit"] is None
+    assert cli_records._history_entry({**rec, "summary": {"run": 3, "checks": 7}}) == {
+        "generated_at": "2020-01-02T03:04:05Z",
+        "commit": "abc",
+        "selection": {"only": None},
+        "ran": 3,
+    }
+    assert cli_records._history_entry({"summary": {"checks": 7}})["ran"] == 7  # an older record's count
+
+
+def test_the_runtime_sums_own_and_childrens_cpu_and_takes_the_larger_peak(monkeypatch):
+    import resource
+    from types import SimpleNamespace
+
+    me = SimpleNamespace(ru_utime=1.25, ru_stime=0.5, ru_maxrss=4096)
+    kids = SimpleNamespace(ru_utime=2.0, ru_stime=0.25, ru_maxrss=10240)
+    monkeypatch.setattr(resource, "getrusage", lambda who: me if who == resource.RUSAGE_SELF else kids)
+    rt = cli_records._runtime(12.34)
+    assert (rt["wall_s"], rt["cpu_s"], rt["max_rss_mib"]) == (12.3, 4.0, 10.0)
+    assert rt["machine"] == cli_records._machine()
