@@ -296,3 +296,20 @@ def test_decide_judges_at_the_level_it_is_given_not_the_default():
     assert wide.judgement is not None and wide.judgement.alpha == 0.2
     lo_wide, lo_strict = wide.items["a"].lo, strict.items["a"].lo  # the interval is the (1 - alpha) one
     assert lo_wide > 0 > lo_strict
+
+
+def test_judge_refuses_items_that_share_a_name():
+    """Two items of one name would share one test, one flag and one Holm slot: refused, whatever else
+    differs between them (a different kind or margin included)."""
+    a = stats.Item("a", (0.1, 0.2, 0.3), stats.DIRECTION, 0.0)
+    b = stats.Item("a", (0.5, 0.6, 0.7), stats.EFFECT, 0.1)
+    with pytest.raises(ValueError, match=r"item names repeat: \['a', 'a'\]"):
+        stats.judge([a, b])
+    with pytest.raises(ValueError, match="item names repeat"):
+        stats.judge([a, a])
+    assert stats.judge([a, stats.Item("b", b.values, b.kind, b.margin)]).family == ["a", "b"]
+
+
+def test_decide_refuses_an_item_that_is_both_sampled_and_exact():
+    with pytest.raises(ValueError, match=r"an item is both sampled and exact: \['a', 'a'\]"):
+        stats.decide({"a": [0.1, 0.2, 0.3]}, 0.0, exact={"a": 0.5})
