@@ -172,3 +172,58 @@ def test_a_malformed_respecification_is_refused(tmp_path, body, msg):
     with pytest.raises(ValueError, match=msg):
         prereg.respecifications(path)
     assert prereg.respecifications(tmp_path / "none.toml") == []
+
+
+def _respecified_row_and_entry():
+    catalog.discover()
+    rows = json.loads(SHIPPED.read_text(encoding="utf-8"))["checks"]
+    respecs = prereg.respecifications(ROOT / prereg.PREREG_PATH)
+    for row in rows:
+        entry = record.respecification_of(row, respecs)
+        if entry is not None:
+            return row, entry
+    raise AssertionError("the shipped record holds no re-specified row")
+
+
+def _decoys(entry):
+    """Entries that match the row in all but one of claim, check and items."""
+    other_items = [{**i, "margin": float(i["margin"]) + 1.0} for i in entry["items"]]
+    return [
+        {**entry, "claim": entry["claim"] + "_other", "before": "decoy-claim"},
+        {**entry, "check": entry["check"] + "_other", "before": "decoy-check"},
+        {**entry, "items": other_items, "before": "decoy-items"},
+    ]
+
+
+def test_a_respecification_applies_only_to_its_own_claim_check_and_items():
+    """A row is matched to a ``[[respecification]]`` by its claim, its check *and* the items it was
+    judged under: decoys listed first that differ in one of the three never match, nor is a row of
+    another claim matched to the real entry."""
+    row, entry = _respecified_row_and_entry()
+    decoys = _decoys(entry)
+    assert record.respecification_of(row, [*decoys, entry]) == entry
+    assert record.respecification_of(row, decoys) is None
+    for field in ("claim", "check"):  # the row moved to another claim / check: the entry is not its own
+        moved = {**row, field: row[field] + "_other"}
+        assert record.respecification_of(moved, [entry]) is None, field
+
+
+def test_a_rows_views_are_those_of_its_own_claim_and_check():
+    row, entry = _respecified_row_and_entry()
+    decoys = _decoys(entry)[:2]  # another claim, another check (the items do not select a view)
+    views = record.respecified_views(row, [*decoys, entry])
+    assert [v["before"] for v in views] == [entry["before"]]
+    assert record.respecified_views(row, decoys) == []
+
+
+def test_the_shipped_rows_are_selected_by_claim_prefix_and_check_name():
+    rows, rec = record.recorded_llm_rows(path=SHIPPED)
+    claims = [r["claim"] for r in rows]
+    assert rec is not None and len(rows) == len(rec["checks"]) and all(r["source"] == "recorded" for r in rows)
+    for prefix in ("disa.table1", "disa.table1.", "paced", "disa.table1.math_qwen3_4b"):
+        got = [r["claim"] for r in record.recorded_llm_rows(prefix, path=SHIPPED)[0]]
+        want = [c for c in claims if c == prefix or c.startswith(prefix.rstrip(".") + ".") or c.startswith(prefix)]
+        assert got == want and 0 < len(got) < len(claims), prefix
+    assert record.recorded_llm_rows("no.such.claim", path=SHIPPED)[0] == []
+    by_name = record.recorded_llm_rows(name="smollm2_135m_comparison", path=SHIPPED)[0]
+    assert by_name and {r["check"] for r in by_name} == {"smollm2_135m_comparison"} and len(by_name) < len(rows)
