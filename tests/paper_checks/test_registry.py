@@ -315,3 +315,26 @@ def test_a_check_runs_at_seed_0_unless_told_and_has_no_rederivation_unless_regis
     reg.run_one(c)
     reg.run_one(c, seed=4)
     assert seen == [0, 4]
+
+
+def test_a_paper_declared_twice_must_say_the_same_and_its_short_name_has_no_spaces(isolated_registry):
+    reg = isolated_registry
+    p = reg.declare_paper("ZZQ", "A title", "A. Author 2026")
+    assert reg.declare_paper("ZZQ", "A title", "A. Author 2026") == p  # the same declaration again is fine
+    with pytest.raises(ValueError, match="paper 'ZZQ' declared twice with different content"):
+        reg.declare_paper("ZZQ", "Another title", "A. Author 2026")
+    for bad in (" ZZR", "ZZR ", " ", ""):
+        with pytest.raises(ValueError, match="paper short name must be a non-empty name without surrounding"):
+            reg.declare_paper(bad, "A title")
+
+
+def test_a_claim_declares_each_item_once_per_layer(isolated_registry):
+    item = {"layer": "sim", "name": "x", "kind": "effect", "margin": 0.1}
+    with pytest.raises(ValueError, match=r"claim zz_twice.c: an item is declared twice"):
+        isolated_registry.declare_claim(
+            "zz_twice.c", "DISA", "Sec. 0", "s", kind="empirical", items=[item, {**item, "margin": 0.2}]
+        )
+    c = isolated_registry.declare_claim(
+        "zz_twice.d", "DISA", "Sec. 0", "s", kind="empirical", items=[item, {**item, "layer": "llm"}]
+    )
+    assert set(c.items_for("sim")) == set(c.items_for("llm")) == {"x"}
