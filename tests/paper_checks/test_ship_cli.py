@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _tiltlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("tiltlab")
     cmd = [exe] if exe else [sys.executable, "-c", "import sys; from tiltlab.cli import main; sys.exit(main())"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # the checkout under test first on the path: the console script then runs this checkout's code even
+    # where the installed tiltlab is another checkout's (a git worktree, a mutation run)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": path}
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
 
 
