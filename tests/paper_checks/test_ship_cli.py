@@ -70,6 +70,16 @@ def test_the_documented_ship_command_runs_from_the_cli(tmp_path):
         for k in ("verdict", "items", "numbers", "evidence", "commit", "commit_sha", "rule_hashes", "rule_commit"):
             assert a.get(k) == b.get(k), (a["claim"], k)
     assert new["registry_hash"] == old["registry_hash"]  # the shipped record is current with the registry
+    assert (new["machine"], new["run_seconds"]) == (old["machine"], old["run_seconds"])  # the run's own
+    # --machine and --run-seconds away from the run's: the shipped record says what the flags say
+    dest2 = tmp_path / "shipped2.json"
+    out = _tiltlab(
+        "report", "--ship-llm", str(run), "--out", str(dest2), "--machine", "box B", "--run-seconds", "12.5",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    again = json.loads(dest2.read_text())
+    assert (again["machine"], again["run_seconds"]) == ("box B", 12.5)
 
 
 def test_a_forged_results_file_is_refused_from_the_cli(tmp_path):
