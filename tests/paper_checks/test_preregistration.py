@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -681,3 +682,27 @@ def test_a_malformed_registration_is_named_by_its_file():
         prereg.parse_preregistration({"rule": [{"check": "x", "seeds": 0, "files": {}}]})
     with pytest.raises(ValueError, match=r"^other.toml: "):
         prereg.parse_preregistration({"rule": [{"check": "x", "seeds": 0, "files": {}}]}, "other.toml")
+
+
+def test_preregister_refuses_a_path_line_it_cannot_rewrite_and_rewrites_the_others(tmp_path):
+    """A registered path written in a layout the line scan does not rewrite (a TOML literal key) would
+    keep its old hash while the command reports success: refused, naming the path; the same entry with
+    the documented layout is rewritten to the file's hash."""
+    (tmp_path / "a.py").write_text("A = 1\n", encoding="utf-8")
+    now = prereg.file_sha256(tmp_path / "a.py")
+    text, changed = prereg.preregister_text(_entry(), ["x"], tmp_path)
+    assert changed == [("x", "a.py")] and prereg.parse_preregistration(tomllib.loads(text))["x"]["files"] == {
+        "a.py": now
+    }
+    with pytest.raises(ValueError, match=r"--preregister: a.py of check x was not rewritten \(keep one path"):
+        prereg.preregister_text(_entry(files=f"'a.py' = \"{SHA0}\"\n"), ["x"], tmp_path)
+
+
+def test_a_legacy_entry_names_one_check_at_one_run_commit():
+    legacy = [{"check": "a", "run_commit": "0123456789ab", "rule_commit": "fedcba987654", "reason": "r"}]
+    assert prereg.legacy_for({"check": "a", "commit": "0123456789ab"}, legacy) == legacy[0]
+    assert prereg.legacy_for({"check": "a", "commit_sha": "0123456789ab" + "0" * 28}, legacy) == legacy[0]
+    assert prereg.legacy_for({"check": "a", "commit": "0123456"}, legacy) == legacy[0]  # abbreviated either way
+    assert prereg.legacy_for({"check": "b", "commit": "0123456789ab"}, legacy) is None  # another check
+    assert prereg.legacy_for({"check": "a", "commit": "1123456789ab"}, legacy) is None  # another run
+    assert prereg.legacy_for({"check": "a"}, legacy) is None  # no commit
