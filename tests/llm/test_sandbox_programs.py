@@ -311,3 +311,60 @@ def test_judge_module_names_are_the_names_whose_attributes_the_tests_read(codec)
     names = _pieces("judge.py", "_module_names", _ast=_ast, _walk=codec._walk)["_module_names"]
     tree = ast.parse("import math\nassert math.isclose(f(2), 4.0)\nx = collections.Counter(a.b.c)\ny = f(z)\n")
     assert names(tree) == {"math", "collections", "a"}
+
+
+# the codec's guards against a malformed or foreign value (mutation survivors: each guard once compared a
+# value with itself); every case is a value the other side could send, refused or kept apart exactly
+
+
+def test_an_identifier_is_a_str_that_is_a_plain_name(codec):
+    for bad in (5, b"ab", None, ["a"], "for", "__x", "_tl_ref", "a b", ""):
+        assert codec._ident(bad) is False, bad
+    assert codec._ident("abc") is True and codec._ident("_a") is True
+
+
+@pytest.mark.parametrize("bad", [0.0, True, "0", None, -1, 3])
+def test_a_reference_to_the_judges_own_object_is_an_int_index(codec, bad):
+    codec._DORIG = ["first", "second", "third"]
+    try:
+        assert codec._dec({"ok": 1}, None) == "second"
+        with pytest.raises(ValueError, match="^sandbox: malformed value$"):
+            codec._dec({"ok": bad}, None)
+    finally:
+        codec._DORIG = None
+
+
+@pytest.mark.parametrize(
+    "bad", [["Pt", 1, None, "attrs"], ["Pt", 1, None, {"a": 1}], ["Pt", "1", None, []], ["Pt", 1, None], "Pt"]
+)
+def test_an_object_that_crossed_has_the_four_fields_of_their_types(codec, bad):
+    with pytest.raises(ValueError, match="^sandbox: malformed value$"):
+        codec._dec({"o": bad}, lambda k, v: None)
+
+
+def test_an_enum_of_more_than_4096_members_does_not_cross_by_value(codec):
+    import enum as _enum
+
+    big = _enum.IntEnum("Big", [(f"m{i}", i) for i in range(4097)])
+    small = _enum.IntEnum("Small", [(f"m{i}", i) for i in range(4096)])
+    assert codec._enc_enum(big.m3, big, _enum, _no_handle) is None
+    enc = codec._enc_enum(small.m3, small, _enum, _no_handle)
+    assert enc is not None and enc["en"][:2] == ["IntEnum", "Small"] and len(enc["en"][2]) == 4096
+
+
+def test_an_enum_or_dataclass_of_another_module_is_never_taken_for_this_sides_own(codec):
+    import dataclasses as _dc
+
+    codec._OWN = {"__name__": "__main__", "Color": Color}  # Color is this test module's, not __main__'s
+    got = codec._dec({"en": ["IntEnum", "Color", [["RED", 1], ["BLUE", 2]], 2]}, None)
+    assert got == 2 and got.name == "BLUE" and type(got) is not Color  # rebuilt from what crossed
+
+    @_dc.dataclass
+    class Pt:
+        x: int
+        y: int
+
+    codec._OWN = {"__name__": "__main__", "Pt": Pt}
+    assert codec._dataclass("Pt", (("x", True), ("y", True)), (True, False, False)) is Pt  # same fields: its own
+    other = codec._dataclass("Pt", (("x", True), ("z", True)), (True, False, False))
+    assert other is not Pt and [f.name for f in _dc.fields(other)] == ["x", "z"]
