@@ -131,3 +131,17 @@ def test_unknown_verdicts_rank_last_and_layers_keep_their_order_then_by_name():
         "verified",
         ["theory", "sim", "data", "llm"],
     )
+
+
+def test_claim_rows_name_each_claims_verdict_deciding_layers_and_checks_in_order():
+    from tiltlab.claims.decision import claim_rows
+
+    outs = [
+        _outcome("zz_rows.b", "llm", "refuted", name="b_llm"),
+        _outcome("zz_rows.a", "sim", "verified", name="a_sim"),
+        _outcome("zz_rows.b", "sim", "verified", name="b_sim"),
+    ]
+    assert claim_rows(outs) == [
+        {"claim": "zz_rows.a", "verdict": "verified", "decided_by": ["sim"], "checks": ["a_sim"]},
+        {"claim": "zz_rows.b", "verdict": "refuted", "decided_by": ["llm"], "checks": ["b_llm", "b_sim"]},
+    ]
