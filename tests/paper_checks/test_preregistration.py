@@ -355,20 +355,27 @@ def test_ship_refuses_legacy_dirty_and_unregistered_runs(isolated_registry, prer
     assert not dest.exists()
 
 
-def test_ship_keeps_each_rows_own_provenance(isolated_registry, prereg_repo, tmp_path, monkeypatch):
-    """Rows from different runs keep their own commit and time; the record's stamp fills only what a
-    row does not say."""
-    repo = prereg_repo
-    _setup_llm(isolated_registry)
-    isolated_registry.register_check(LLM_CID, layer="llm", name="tiny2", slow=True)(
+def _two_runs(reg, repo, tmp_path, monkeypatch):
+    """One record of two llm runs at two commits: ``tiny`` at the run commit, then ``tiny2`` at a later
+    commit merged into it. ``(record path, tiny's row, the later commit)``."""
+    _setup_llm(reg)
+    reg.register_check(LLM_CID, layer="llm", name="tiny2", slow=True)(
         lambda s: registry.CheckResult(registry.Verdict.VERIFIED, "x")
     )
-    _only_fake(monkeypatch, isolated_registry)
+    _only_fake(monkeypatch, reg)
     run = tmp_path / "llm_run.json"
     assert _check("--layer", "llm", "--check", "tiny", "--slow", "--out", str(run)) == 0
     first = json.loads(run.read_text())["checks"][0]
     later = repo.commit("a later run commit")
     assert _check("--layer", "llm", "--check", "tiny2", "--slow", "--out", str(run)) == 0  # merged into run
+    return run, first, later
+
+
+def test_ship_keeps_each_rows_own_provenance(isolated_registry, prereg_repo, tmp_path, monkeypatch):
+    """Rows from different runs keep their own commit and time; the record's stamp fills only what a
+    row does not say."""
+    repo = prereg_repo
+    run, first, later = _two_runs(isolated_registry, repo, tmp_path, monkeypatch)
     shipped = record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
     rows = {r["check"]: r for r in shipped["checks"]}
     assert (rows["tiny"]["commit_sha"], rows["tiny"]["run_at"]) == (repo.run, first["run_at"])
@@ -648,15 +655,7 @@ def test_ship_never_gives_a_row_with_its_own_commit_the_records_full_hash(
     """A row that names its own commit but no full hash ships with its own commit's full hash resolved
     from git, never with the record's (which belongs to another commit)."""
     repo = prereg_repo
-    _setup_llm(isolated_registry)
-    isolated_registry.register_check(LLM_CID, layer="llm", name="tiny2", slow=True)(
-        lambda s: registry.CheckResult(registry.Verdict.VERIFIED, "x")
-    )
-    _only_fake(monkeypatch, isolated_registry)
-    run = tmp_path / "llm_run.json"
-    assert _check("--layer", "llm", "--check", "tiny", "--slow", "--out", str(run)) == 0
-    later = repo.commit("a later run commit")
-    assert _check("--layer", "llm", "--check", "tiny2", "--slow", "--out", str(run)) == 0
+    run, _, later = _two_runs(isolated_registry, repo, tmp_path, monkeypatch)
     rec = json.loads(run.read_text())
     for r in rec["checks"]:
         if r["check"] == "tiny":
