@@ -228,9 +228,9 @@ def test_a_served_judge_is_killed_and_waited_on_through_its_pidfd_never_its_pid_
     try:
         server._kill_judge(judge)  # run_judged: at the time limit and in its cleanup
         judge.kill()
-        t0 = time.monotonic()
+        # its pidfd is readable: the wait ends as an exit (False); a wait on the decoy would run out its
+        # clock and find the judge still running (True)
         assert runner._wait(judge, clock._RunDeadline(5.0, 5.0), []) is False
-        assert time.monotonic() - t0 < 2.0
         theirs.close()  # the server went away before reporting the exit status: the judge is killed
         assert judge.poll() == -signal.SIGKILL
         with pytest.raises(subprocess.TimeoutExpired):
@@ -281,10 +281,11 @@ def _fds(pid: int | str = "self") -> list[str]:
 
 
 def _settled(count, want: int, bound_s: float = 5.0) -> int:
-    """``count()`` once it equals ``want``, or its last value after ``bound_s``: the server closes a run's reply
-    socket just after it sent the exit status the run returned on, so its count may lag by a moment."""
+    """``count()`` once it is at most ``want``, or its last value after ``bound_s``: the server closes a run's
+    reply socket just after it sent the exit status the run returned on, so its count may lag by a moment
+    (a leak never closes: one more descriptor per run, for good)."""
     end = time.monotonic() + bound_s
-    while (n := count()) != want and time.monotonic() < end:
+    while (n := count()) > want and time.monotonic() < end:
         time.sleep(0.05)
     return n
 
@@ -325,4 +326,6 @@ def test_runs_leave_no_descriptor_behind_in_the_server_or_the_caller(cfg):
     last = (_settled(own, want[0]), _settled(served, want[1]), pipes())
     assert _server_pid() == zpid  # the same server throughout
     assert want[2] == 0, _fds(zpid)
-    assert last == want, (want, last, _fds(zpid))
+    # at most the first run's counts (a baseline taken while a reply socket was still closing is higher
+    # than the steady count, never lower); a descriptor kept per run adds four over runs 2-5
+    assert all(n <= w for n, w in zip(last, want)), (want, last, _fds(zpid))

@@ -16,6 +16,7 @@ from tiltlab.claims import record
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
+from tiltlab.paper_checks.cli import records as cli_records
 
 from .test_check_cli import _fake_png
 
@@ -541,7 +542,6 @@ def test_provenance_is_what_git_says_only_when_git_succeeds(tmp_path, monkeypatc
 
 
 # --------------------------------------------------------------------------- the record's own fields
-from tiltlab.paper_checks.cli import records as cli_records  # noqa: E402
 
 
 def test_an_unwritable_out_names_the_reason_or_the_errors_kind(tmp_path, monkeypatch):
