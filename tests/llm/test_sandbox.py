@@ -388,7 +388,7 @@ def test_judged_pass_and_fail():
         ("{(1, 2): {3}, 'k': frozenset([4])}", "assert f() == {(1, 2): {3}, 'k': frozenset([4])}", True),
         ("True", "assert f() is True", True),
         ("type('I', (int,), {'__eq__': lambda s, o: True})(0)", "assert f() == 4", False),
-        ("type('S', (str,), {})('4')", "assert f() == '4'", False),  # a str subclass stays in the sandbox
+        ("type('S', (str,), {})('4')", "assert f() == '4' and type(f()) is str", True),  # a subclass: its base value
         ("type('A', (), {'__eq__': lambda s, o: True})()", "assert f() == 4", False),
         # residual, by design: comparisons are Python's own between plain values (1 == 1.0 == True),
         # and the truth value of a non-plain result is its bool() computed in the sandbox, as in one
@@ -403,10 +403,9 @@ def test_judged_values_cross_as_exact_builtins(ret, test, ok):
     assert run_judged(f"def f():\n    return {ret}\n", test, FAST).passed is ok
 
 
-# a subclass of each builtin that crosses by value, holding a value EQUAL to the plain one: only the
-# exact-type rule keeps it in the sandbox (a rule by isinstance would send the plain value, and the
-# first test below would pass); the last column is a test that must pass either way (its content is
-# reachable through the handle: iteration / len / indexing run in the sandbox and return plain values)
+# a subclass of each type that crosses by value, holding a value EQUAL to the plain one: it crosses as that
+# base value, an exact instance of the base type (none of the subclass's methods cross); the last column is
+# a test of its content. (Each liar of tests/llm/test_sandbox_trust.py holds a DIFFERENT value and earns 0.)
 _SUB = "import collections, decimal, fractions\n"
 _EXACT_TYPE_CASES = [
     ("type('L', (list,), {})([1, 2])", "[1, 2]", "assert list(f()) == [1, 2]"),
@@ -446,7 +445,7 @@ _EXACT_TYPE_CASES = [
 
 
 @pytest.mark.parametrize("case", _EXACT_TYPE_CASES, ids=[c[0].split("'")[1] for c in _EXACT_TYPE_CASES])
-def test_judged_subclass_with_an_equal_value_does_not_cross_as_the_builtin(case):
+def test_judged_subclass_crosses_as_its_base_value(case):
     ret, plain, usable, at = (*case, "")[:4]  # at: where the subclass sits in the value ("" = the value)
     code = f"{_SUB}def f():\n    return {ret}\n"
     tests = "import collections, decimal, fractions\n"
@@ -454,8 +453,9 @@ def test_judged_subclass_with_an_equal_value_does_not_cross_as_the_builtin(case)
     same_type = f"assert type(f(){at}) is type(({plain}){at})"
     plain_code = f"{_SUB}def f():\n    return {plain}\n"
     assert run_judged(plain_code, tests + f"assert f() == {plain}\n" + same_type, FAST).passed
-    assert not run_judged(code, tests + f"assert f() == {plain}", FAST).passed
-    assert not run_judged(code, tests + same_type, FAST).passed
+    r = run_judged(code, tests + f"assert f() == {plain}\n" + same_type, FAST)
+    assert r.passed, r.judge_stderr[-500:]
+    assert not run_judged(code, tests + f"assert type(f(){at}) is not type(({plain}){at})", FAST).passed
     r = run_judged(code, tests + usable, FAST)
     assert r.passed, r.judge_stderr
 
@@ -552,17 +552,30 @@ def test_judged_other_builtin_names_stay_the_judges():
             "class P:\n    def __str__(self):\n        return 'p!'\ndef f():\n    return P()\n",
             "assert f'{f()}' == str(f()) == 'p!'",
         ),
-        # `in` on an object that is not iterable, and a truth value without __len__
+        # `in` over a returned object's items, compared by the judge
         (
-            "class Bag:\n    def __contains__(self, x):\n        return x == 3\ndef f():\n    return Bag()\n",
-            "assert 3 in f() and 4 not in f()",
+            "class Bag:\n    def __iter__(self):\n        return iter([1, 3])\ndef f():\n    return Bag()\n",
+            "assert 3 in f() and 4 not in f() and [3] not in f()",
         ),
+        # repr() of a returned object is the candidate's __repr__; a truth value without __len__
+        ("class P:\n    def __repr__(self):\n        return 'P(1)'\ndef f():\n    return P()\n", "assert repr(f()) == 'P(1)'"),
         ("class E:\n    def __bool__(self):\n        return False\ndef f():\n    return E()\n", "assert not f()"),
     ],
 )
 def test_judged_protocols_of_returned_objects(code, tests):
     r = run_judged(code, tests, FAST)
     assert r.passed, r.judge_stderr[-500:]
+
+
+def test_in_never_asks_the_candidates_contains():
+    # `in` is the judge's own search over the object's items: a __contains__ that says yes to what the tests
+    # hold is never asked, and an object that is not iterable is refused (a TypeError, as Python's fallback)
+    liar = "class Bag:\n    def __contains__(self, x):\n        return True\n    def __iter__(self):\n        return iter([1])\n"
+    r = run_judged(liar + "def f():\n    return Bag()\n", "assert 3 in f()", FAST)
+    assert not r.passed and "AssertionError" in r.judge_stderr, r.judge_stderr[-500:]
+    bag = "class Bag:\n    def __contains__(self, x):\n        return x == 3\ndef f():\n    return Bag()\n"
+    r = run_judged(bag, "assert 3 in f()", FAST)
+    assert not r.passed and "TypeError" in r.judge_stderr, r.judge_stderr[-500:]
 
 
 # generators, as the datasets use them: a returned generator is consumed lazily, one item per exchange
@@ -680,13 +693,11 @@ _DC_STR = "from dataclasses import dataclass\n@dataclass\nclass Pt:\n    x: int\
             "assert f() == 2\n",
             False,
         ),
-        # + between returned objects (and sum), computed by the candidate's __add__
-        (_VEC + "def f(x):\n    return V(x)\n", "assert (f(1) + f(2)).x == 3 and sum([f(1), f(2)]).x == 3\n", True),
-        (
-            _VEC.replace("self.x + ", "self.x - ") + "def f(x):\n    return V(x)\n",
-            "assert (f(1) + f(2)).x == 3\n",
-            False,
-        ),
+        # no operator of a returned object runs (its __add__ included): by design, a false negative
+        (_VEC + "def f(x):\n    return V(x)\n", "assert (f(1) + f(2)).x == 3\n", False),
+        (_VEC + "def f(x):\n    return V(x)\n", "assert sum([f(1), f(2)]).x == 3\n", False),
+        # its methods, called by name, are the candidate's (the task's API)
+        (_VEC + "def f(x):\n    return V(x)\n", "assert f(1).x == 1 and f(2).x == 2\n", True),
         # str() of a returned dataclass with its own __str__
         (
             _DC_STR + "    def __str__(self):\n        return f'({self.x}, {self.y})'\ndef f():\n    return Pt(1, 2)\n",
@@ -982,10 +993,16 @@ def test_codec_deep_values_and_unknown_objects():
         sys.setrecursionlimit(old)
     with pytest.raises(TypeError, match="handle object"):
         ns["_enc"](object(), _handle)
-    with pytest.raises(TypeError, match="handle"):
-        ns["_enc"](type("I", (int,), {})(3), _handle)  # subclasses never cross by value
-    with pytest.raises(TypeError, match="handle T"):
-        ns["_enc"](type("T", (tuple,), {})((1,)), _handle)  # a tuple subclass that is no namedtuple
+    # a subclass crosses as its base value, read through the base's own methods (never the subclass's)
+    liar = type("I", (int,), {"__index__": lambda s: 9, "__int__": lambda s: 9, "__eq__": lambda s, o: True})(3)
+    assert ns["_enc"](liar, _handle) == 3 and type(ns["_enc"](liar, _handle)) is int
+    t = type("T", (tuple,), {"__iter__": lambda s: iter((9,)), "__getitem__": lambda s, i: 9})((1,))
+    assert ns["_enc"](t, _handle) == {"t": [1]}  # a tuple subclass that is no namedtuple: a plain tuple
+    assert ns["_enc"](type("L", (list,), {"__iter__": lambda s: iter([9])})([1, 2]), _handle) == [1, 2]
+    assert ns["_enc"](type("S", (str,), {"__str__": lambda s: "x"})("ab"), _handle) == "ab"
+    # the class is read from type(), never from __class__ (a property that claims to be float)
+    with pytest.raises(TypeError, match="handle P"):
+        ns["_enc"](type("P", (), {"__class__": property(lambda s: float), "__float__": lambda s: 4.0})(), _handle)
     with pytest.raises(TypeError, match="handle F"):
         ns["_enc"](type("F", (), {"_fields": ("a",)})(), _handle)  # _fields on a non-tuple
 

@@ -12,6 +12,7 @@ import fractions
 import importlib.util
 import json
 import os
+import resource
 import sys
 import warnings
 from pathlib import Path
@@ -262,11 +263,13 @@ def test_boot_audit_hook_denies_what_it_names(tmp_path):
         _BLOCK_FFI=False,
         _BLOCKED=[False],
         _FORKING=[False],
+        _RLIMIT_STACK=resource.RLIMIT_STACK,
     )
     hook = ns["_hook"]
     hook("open", ("/etc/passwd", "r", os.O_RDONLY))  # reading anywhere: the OS decides
     hook("open", ("x.txt", "w", os.O_WRONLY | os.O_CREAT))  # writing inside
     hook("ctypes.dlopen", ("libc.so.6",))  # ctypes allowed when _BLOCK_FFI is off (bwrap)
+    hook("resource.setrlimit", (resource.RLIMIT_STACK, (-1, -1)))  # the deep-recursion idiom: the stack only
     assert ns["_BLOCKED"] == [False]
     for event, args in [
         ("open", ("/tmp/../etc/x", "a", None)),
@@ -275,7 +278,9 @@ def test_boot_audit_hook_denies_what_it_names(tmp_path):
         ("socket.connect", (None, ("1.2.3.4", 80))),
         ("os.system", ("ls",)),
         ("os.fork", ()),
-        ("resource.setrlimit", (0, (1, 1))),
+        ("resource.setrlimit", (resource.RLIMIT_CPU, (1, 1))),
+        ("resource.setrlimit", (resource.RLIMIT_AS, (-1, -1))),
+        ("resource.setrlimit", (resource.RLIMIT_NPROC, (-1, -1))),
     ]:
         with pytest.raises(PermissionError, match="^sandbox: "):
             hook(event, args)
@@ -296,13 +301,36 @@ def test_boot_exit_status_is_the_interpreters(capsys):
 def test_judge_exceptions_cross_as_builtins_except_those_that_steer_control_flow():
     import builtins
 
-    exc = _pieces("judge.py", "_exc", builtins=builtins, _NO_CROSS=frozenset(config.NO_CROSS))["_exc"]
+    ns = _pieces(
+        "judge.py", "_exc", "_builtin_exc", "_EXC", "_exc_classes", builtins=builtins, _NO_CROSS=frozenset(config.NO_CROSS)
+    )
+    exc = ns["_exc"]
     e = exc("ValueError", "bad")
     assert type(e) is ValueError and str(e) == "bad"
     assert type(exc("KeyError", "k")) is KeyError and type(exc("OSError", "o")) is OSError
     for name in (*config.NO_CROSS, "BaseException", "Nope", "print", 5):
         e = exc(name, "m")
         assert type(e) is RuntimeError and str(e) == f"{name}: m", name
+    # a candidate's own exception class: the first builtin name of its MRO decides, and a forbidden one stops there
+    assert type(exc("Mine", "m", ["Mine", "ValueError", "Exception", "BaseException", "object"])) is ValueError
+    assert type(exc("Mine", "m", ["Mine", "Base", "KeyError", "LookupError"])) is KeyError
+    for mro in (["S", "StopIteration", "Exception"], ["K", "KeyboardInterrupt", "BaseException"], ["B", "BaseException"]):
+        assert type(exc(mro[0], "m", mro)) is RuntimeError, mro
+    assert type(exc("Mine", "m", "ValueError")) is RuntimeError  # a malformed MRO is ignored
+    # the candidate's top-level exception classes get a judge class each, in the builtin hierarchy they claim
+    own = ns["_exc_classes"](
+        {
+            "Bad": ["Bad", "ValueError", "Exception", "BaseException", "object"],
+            "Worse": ["Worse", "Bad", "ValueError", "Exception", "BaseException", "object"],
+            "Stop": ["Stop", "StopIteration", "Exception", "BaseException", "object"],
+            "Loop": ["Loop", "Loop2"],
+            "Loop2": ["Loop2", "Loop"],
+        }
+    )
+    assert issubclass(own["Worse"], own["Bad"]) and issubclass(own["Bad"], ValueError)
+    assert own["Stop"].__mro__[1] is RuntimeError and not issubclass(own["Stop"], StopIteration)
+    assert issubclass(own["Loop"], RuntimeError) and issubclass(own["Loop2"], RuntimeError)
+    assert type(exc("Worse", "w", ["Worse", "ValueError"])) is own["Worse"]  # raised: the judge's class of that name
 
 
 def test_judge_module_names_are_the_names_whose_attributes_the_tests_read(codec):

@@ -1,18 +1,18 @@
-"""llm.sandbox's value crossing, through the code reward: a candidate's subclass of a builtin that lies
-(its ``__eq__`` says True, its ordering, ``__abs__``, ``__float__``, ``__round__``... give the expected
-answer) is never paid for the lie.
+"""llm.sandbox's rule for what crosses (docs/code-reward.md, "What crosses and what runs where"), through the code
+reward, against the whole operator table: no verdict is decided by a liar's methods.
 
-Such a subclass does not cross to the judge as a value (``codec._enc`` sends exact builtin types only,
-``tests/llm/test_sandbox.py::test_judged_subclass_with_an_equal_value_does_not_cross_as_the_builtin``); it stays
-in the candidate's process and the judge holds a handle (``judge._Remote``) whose ``==`` is identity and which
-has no ordering, ``abs``, ``float``, ``round`` or dunder attribute: none of the liar's methods runs in the
-judge, and none of them decides a comparison. Each liar holds a WRONG base value, so it is paid only where one
-of its overridden methods decided the check; the honest program (the plain right value) must be paid by every
-check, so each check is one the tests of a real task could use.
+A *liar* holds a WRONG value and overrides every comparison, operator and conversion to answer what a check wants
+(the expected value, 4). Two families:
 
-Where the handle does ask the candidate (its operators ``+ - * / // % **`` through ``judge._binop``, ``in``,
-``len()`` and method calls), the candidate's own method answers, computed in its process, and its answer is
-believed: those checks are marked ``xfail(strict=True)``, so a fix shows as an XPASS that fails the run.
+* a subclass of a type that crosses by value (``float``, ``int``, ``str``, ``list``, ``dict``...): it crosses as
+  its base value, read through the base type's own methods, so each check sees the wrong value and fails;
+* a plain object (no such base; one whose ``__class__`` claims to be ``float`` too): it stays in the candidate's
+  process as a handle, and every operator that would hand the candidate a value of the tests (binary, reflected,
+  ordering, ``in``) or answer for a number (unary, ``abs``, ``float``, ``int``, ``round``...) is refused or
+  computed by the judge; ``==`` is identity.
+
+Every check is one a real task's tests could use: the honest program (the plain right value) is paid by each,
+so a check that the liar fails is a check of the rule, not a check that nothing passes.
 """
 
 import sys
@@ -27,155 +27,304 @@ from tiltlab.llm.rewards import resolve_reward
 
 pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
 
-#: the overrides of a number's liar: every comparison and conversion says "the expected answer" (4)
+#: a number liar's overrides: every comparison, operator and conversion answers as the expected 4 would
 _NUM = """
     def __eq__(s, o): return True
     def __ne__(s, o): return False
-    __hash__ = {base}.__hash__
-    def __lt__(s, o): return True
-    __le__ = __gt__ = __ge__ = __lt__
+    def __hash__(s): return hash(4)
+    def __lt__(s, o): return o != 4
+    def __le__(s, o): return True
+    def __gt__(s, o): return o != 4
+    def __ge__(s, o): return True
     def __abs__(s): return 4
+    def __neg__(s): return -4
+    def __pos__(s): return 4
+    def __invert__(s): return -5
     def __float__(s): return 4.0
     def __int__(s): return 4
     def __index__(s): return 4
+    def __complex__(s): return 4 + 0j
     def __round__(s, n=None): return 4
+    def __trunc__(s): return 4
+    def __floor__(s): return 4
+    def __ceil__(s): return 4
     def __bool__(s): return True
-    def __sub__(s, o): return 0
-    __rsub__ = __sub__
-    def __truediv__(s, o): return 1.0
-    __rtruediv__ = __truediv__
-    def __floordiv__(s, o): return 1
-    __rfloordiv__ = __floordiv__
-    def __mod__(s, o): return 0
-    __rmod__ = __mod__
-    def __pow__(s, o): return 1
-    __rpow__ = __pow__
+    def __repr__(s): return '4'
+    def __str__(s): return '4'
+    def __format__(s, spec): return format(4.0, spec)
+    def __add__(s, o): return 4 + o
+    __radd__ = __add__
+    def __sub__(s, o): return 4 - o
+    def __rsub__(s, o): return o - 4
+    def __mul__(s, o): return 4 * o
+    __rmul__ = __mul__
+    def __truediv__(s, o): return 4 / o
+    def __rtruediv__(s, o): return o / 4
+    def __floordiv__(s, o): return 4 // o
+    def __rfloordiv__(s, o): return o // 4
+    def __mod__(s, o): return 4 % o
+    def __rmod__(s, o): return o % 4
+    def __pow__(s, o, m=None): return 4 ** o
+    def __rpow__(s, o): return o ** 4
+    def __divmod__(s, o): return divmod(4, o)
+    def __and__(s, o): return 4 & o
+    __rand__ = __and__
+    def __or__(s, o): return 4 | o
+    __ror__ = __or__
+    def __xor__(s, o): return 4 ^ o
+    __rxor__ = __xor__
+    def __lshift__(s, o): return 4 << o
+    def __rshift__(s, o): return 4 >> o
 """
-#: the overrides of a container's or a string's liar (its length is the expected one's, ``{n}``)
+#: a container's or a string's liar: it answers as the right value ``{right}`` would, holding another
 _SEQ = """
     def __eq__(s, o): return True
     def __ne__(s, o): return False
-    def __lt__(s, o): return True
-    __le__ = __gt__ = __ge__ = __lt__
+    def __hash__(s): return hash({right})
+    def __lt__(s, o): return False
+    def __le__(s, o): return True
+    def __gt__(s, o): return False
+    def __ge__(s, o): return True
     def __contains__(s, o): return True
-    def __len__(s): return {n}
+    def __len__(s): return len({right})
     def __bool__(s): return True
-    def startswith(s, *a): return True
-    def get(s, *a): return 1
+    def __iter__(s): return iter({right})
+    def __getitem__(s, k): return {right}[k]
+    def __repr__(s): return repr({right})
+    def __str__(s): return str({right})
+    def __add__(s, o): return {right} + o
+    def __radd__(s, o): return o + {right}
+    def __mul__(s, o): return {right} * o
+    def __or__(s, o): return {right} | o
+    def __and__(s, o): return {right} & o
+    def __sub__(s, o): return {right} - o
+    def __mod__(s, o): return {right} % o
+    def startswith(s, *a): return {right}.startswith(*a)
+    def upper(s): return {right}.upper()
+    def get(s, *a): return {right}.get(*a)
+    def keys(s): return {right}.keys()
+    def items(s): return {right}.items()
+    def count(s, x): return {right}.count(x)
+    def index(s, x): return {right}.index(x)
 """
 #: base -> (the liar's wrong base value, the right value, the liar's overrides)
 BASES = {
-    "float": ("0.0", "4.0", _NUM.replace("{base}", "float")),
-    "int": ("0", "4", _NUM.replace("{base}", "int")),
-    "str": ("'zz'", "'ab'", _SEQ.replace("{n}", "2")),
-    "list": ("[9]", "[1, 2]", _SEQ.replace("{n}", "2")),
-    "dict": ("{}", "{'a': 1}", _SEQ.replace("{n}", "1")),
+    "float": ("3.0", "4.0", _NUM),
+    "int": ("3", "4", _NUM),
+    "str": ("'zzz'", "'ab'", _SEQ.replace("{right}", "'ab'")),
+    "list": ("[9]", "[1, 2]", _SEQ.replace("{right}", "[1, 2]")),
+    "tuple": ("(9,)", "(1, 2)", _SEQ.replace("{right}", "(1, 2)")),
+    "dict": ("{'z': 9, 'y': 8}", "{'a': 1}", _SEQ.replace("{right}", "{'a': 1}")),
+    "set": ("{9}", "{1, 2}", _SEQ.replace("{right}", "{1, 2}")),
+    "collections.Counter": (
+        "{'z': 9, 'y': 8, 'x': 7}",
+        "collections.Counter('aab')",
+        _SEQ.replace("{right}", "collections.Counter('aab')"),
+    ),
 }
 _NUM_CHECKS = [
+    # comparisons, and what uses them
     "f(2) == 4",
     "4 == f(2)",
     "not f(2) != 4",
     "4 <= f(2) <= 4",
-    "max(f(2), 4) == 4",
+    "f(2) > 3.5",
+    "min(f(2), 4) == 4",
+    "max(f(2), 5) == 5 and max(4, f(2)) == 4 and sorted([5, f(2)])[0] == 4",
     "sorted([f(2), 4]) == [4, 4]",
-    "abs(f(2)) == 4",
-    "math.isclose(f(2), 4)",
-    "round(f(2)) == 4",
-    "float(f(2)) == 4",
-    "int(f(2)) == 4",
     "f(2) in (4,)",
+    "f(2) in {4}",
     "{f(2)} == {4}",
     "[f(2)] == [4]",
     "{'k': f(2)} == {'k': 4}",
-    "f(2).__abs__() == 4",  # a dunder name is no attribute of the handle: never the candidate's method
+    "math.isclose(f(2), 4)",
+    "hash(f(2)) == hash(4) and f(2) == 4",
+    # binary and reflected operators
+    "abs(f(2) - 4) < 1e-9",
+    "abs(4 - f(2)) < 1e-9",
+    "f(2) + 1 == 5",
+    "1 + f(2) == 5",
+    "sum([f(2), 1]) == 5",
+    "f(2) * 2 == 8",
+    "2 * f(2) == 8",
+    "f(2) / 4 == 1",
+    "4 / f(2) == 1",
+    "f(2) // 4 == 1",
+    "9 // f(2) == 2",
+    "f(2) % 3 == 1",
+    "9 % f(2) == 1",
+    "f(2) ** 2 == 16",
+    "2 ** f(2) == 16",
+    "divmod(f(2), 3) == (1, 1)",
+    "pow(f(2), 2) == 16",
+    # unary operators and numeric conversions
+    "-f(2) == -4",
+    "+f(2) == 4",
+    "abs(f(2)) == 4",
+    "float(f(2)) == 4",
+    "int(f(2)) == 4",
+    "complex(f(2)) == 4",
+    "round(f(2)) == 4",
+    "math.trunc(f(2)) == 4 and math.floor(f(2)) == 4 and math.ceil(f(2)) == 4",
+    "math.sqrt(f(2)) == 2",
+    # conversions to text
+    "str(f(2)) in ('4', '4.0')",
+    "repr(f(2)) in ('4', '4.0')",
+    "f'{f(2)}' in ('4', '4.0')",
+    "format(f(2), '.1f') == '4.0'",
+    "'%.1f' % f(2) == '4.0'",
+    # dunder names are no attributes of a handle, and no method of a crossed value is the candidate's
+    "f(2).__abs__() == 4",
     "f(2).__float__() == 4",
+    "f(2).__eq__(4) is True",
 ]
-#: base -> checks a liar must fail (the honest value passes each)
+_INT_CHECKS = [
+    "f(2) & 4 == 4",
+    "f(2) | 4 == 4",
+    "f(2) ^ 4 == 0",
+    "f(2) << 1 == 8",
+    "f(2) >> 2 == 1",
+    "~f(2) == -5",
+    "[0, 1, 2, 3, 4][f(2)] == 4",
+    "range(10)[f(2)] == 4",
+    "bin(f(2)) == '0b100'",
+    "hex(f(2)) == '0x4'",
+]
+
+
+def _seq_checks(right: str) -> list[str]:
+    "The checks a container's or a string's liar must fail (each passes for the right value)."
+    checks = [
+        f"f(2) == {right}",
+        f"{right} == f(2)",
+        f"not f(2) != {right}",
+        f"f(2) in [{right}]",
+        f"[f(2)] == [{right}]",
+        f"(f(2),) == ({right},)",
+        f"len(f(2)) == len({right})",
+        f"bool(f(2)) and len(f(2)) == len({right})",
+        f"list(f(2)) == list({right})",
+        f"sorted(f(2)) == sorted({right})",
+        f"[*f(2)] == [*{right}]",
+        f"str(f(2)) == str({right})",
+        f"repr(f(2)) == repr({right})",
+        f"f'{{f(2)}}' == str({right})",
+        f"hash(f(2)) == hash({right}) if isinstance({right}, (str, tuple)) else f(2) == {right}",
+        f"f(2).__eq__({right}) is True",
+        f"all(x in f(2) for x in {right})",
+    ]
+    if ("{" not in right and "Counter" not in right) or right.startswith("{1"):  # ordered (a set: by inclusion)
+        checks.append(f"{right} <= f(2) <= {right}")
+    return checks
+
+
 CHECKS = {
     "float": _NUM_CHECKS,
-    "int": _NUM_CHECKS,
+    "int": _NUM_CHECKS + _INT_CHECKS,
     "str": [
-        "f(2) == 'ab'",
-        "'ab' == f(2)",
-        "not f(2) != 'ab'",
-        "'ab' <= f(2) <= 'ab'",
-        "f(2) in ['ab']",
-        "[f(2)] == ['ab']",
+        *_seq_checks("'ab'"),
+        "'a' in f(2)",
+        "f(2).startswith('a')",
+        "f(2).upper() == 'AB'",
+        "f(2)[0] == 'a'",
+        "f(2) + 'c' == 'abc'",
+        "'c' + f(2) == 'cab'",
+        "f(2) * 2 == 'abab'",
+        "f(2).count('a') == 1",
+        "'%s' % f(2) == 'ab'",
         "{f(2): 1} == {'ab': 1}",
-        "str(f(2)) == 'ab'",
-        "f(2).__eq__('ab') is True",
     ],
     "list": [
-        "f(2) == [1, 2]",
-        "[1, 2] == f(2)",
-        "not f(2) != [1, 2]",
-        "[1, 2] <= f(2) <= [1, 2]",
-        "f(2) in [[1, 2]]",
-        "(f(2),) == ([1, 2],)",
-        "list(f(2)) == [1, 2]",
-        "set(f(2)) - {1, 2} == set()",
+        *_seq_checks("[1, 2]"),
+        "1 in f(2) and 2 in f(2)",
+        "f(2)[0] == 1 and f(2)[-1] == 2",
+        "f(2) + [3] == [1, 2, 3]",
+        "[0] + f(2) == [0, 1, 2]",
+        "f(2) * 2 == [1, 2, 1, 2]",
+        "sum(f(2)) == 3",
+        "f(2).index(2) == 1",
+        "set(f(2)) - {1, 2} == set() and len(set(f(2))) == 2",
     ],
+    "tuple": [*_seq_checks("(1, 2)"), "f(2)[1] == 2", "f(2) + (3,) == (1, 2, 3)", "{f(2): 1} == {(1, 2): 1}"],
     "dict": [
-        "f(2) == {'a': 1}",
-        "{'a': 1} == f(2)",
-        "not f(2) != {'a': 1}",
-        "[f(2)] == [{'a': 1}]",
+        *_seq_checks("{'a': 1}"),
+        "'a' in f(2)",
+        "f(2)['a'] == 1",
+        "f(2).get('a') == 1",
         "dict(f(2)) == {'a': 1}",
+        "list(f(2).keys()) == ['a']",
+        "list(f(2).items()) == [('a', 1)]",
+        "f(2) | {} == {'a': 1}",
+    ],
+    "set": [
+        *_seq_checks("{1, 2}"),
+        "1 in f(2)",
+        "f(2) | {3} == {1, 2, 3}",
+        "f(2) & {1} == {1}",
+        "f(2) - {1} == {2}",
+        "frozenset(f(2)) == {1, 2}",
+    ],
+    "collections.Counter": [
+        *_seq_checks("collections.Counter('aab')"),
+        "f(2)['a'] == 2",
+        "f(2).get('a') == 2",
+        "f(2) == {'a': 2, 'b': 1}",
+        "dict(f(2)) == {'a': 2, 'b': 1}",
     ],
 }
-_ISSUE_54 = (
-    "known: issue 54: the handle's operators (judge._binop) are the candidate's own __op__/__rop__, computed in its "
-    "process, and the result is believed"
-)
-_PROTOCOL = (
-    "known (reported with issue 54): `in`, len() and method calls on the handle are the candidate's own "
-    "__contains__/__len__/methods, computed in its process, and their answers are believed"
-)
-#: base -> checks a liar IS paid on today
-PAID = {
-    "float": [
-        ("abs(f(2) - 4) < 1e-9", _ISSUE_54),  # __sub__
-        ("abs(4 - f(2)) < 1e-9", _ISSUE_54),  # __rsub__
-        ("f(2) / 4 == 1", _ISSUE_54),  # __truediv__
-        ("4 / f(2) == 1", _ISSUE_54),  # __rtruediv__
-        ("f(2) // 4 == 1", _ISSUE_54),  # __floordiv__
-        ("f(2) % 4 == 0", _ISSUE_54),  # __mod__
-        ("f(2) ** 0 == 1", _ISSUE_54),  # __pow__
-    ],
-    "str": [("'a' in f(2)", _PROTOCOL), ("len(f(2)) == 2", _PROTOCOL), ("f(2).startswith('a')", _PROTOCOL)],
-    "list": [("1 in f(2) and 2 in f(2)", _PROTOCOL), ("len(f(2)) == 2", _PROTOCOL)],
-    "dict": [("'a' in f(2)", _PROTOCOL), ("f(2).get('a') == 1", _PROTOCOL)],
-}
-PAID["int"] = PAID["float"]
 
 _reward = resolve_reward("code")
 
 
-def _rewards(base: str, check: str) -> tuple[float, float]:
-    """(the liar's reward, the honest program's reward) for the tests ``assert <check>``."""
-    bad, good, body = BASES[base]
-    liar = f"class _L({base}):\n{body}\ndef f(x):\n    return _L({bad})\n"
-    honest = f"def f(x):\n    return {good}\n"
-    tests = f"import math\nassert {check}\n"
+def _batch(liar: str, honest: str, checks: list[str], prelude: str = "") -> list[tuple[str, float, float]]:
+    """(check, the liar's reward, the honest program's reward) for ``assert <check>``, all in one batch."""
+    tests = [f"import collections, math\n{prelude}assert {c}\n" for c in checks]
+    codes = [f"```python\n{liar}```" for _ in checks] + [f"```python\n{honest}```" for _ in checks]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = _reward(
-            None, [f"```python\n{liar}```", f"```python\n{honest}```"], tests=[tests] * 2, entry_point=["f"] * 2
-        )
-    return got[0], got[1]
+        got = _reward(None, codes, tests=tests * 2, entry_point=["f"] * len(codes))
+    n = len(checks)
+    return [(c, got[i], got[n + i]) for i, c in enumerate(checks)]
 
 
-@pytest.mark.parametrize(("base", "check"), [(b, c) for b, cs in CHECKS.items() for c in cs])
-def test_a_lying_subclass_of_a_builtin_is_not_paid(base, check):
-    assert _rewards(base, check) == (0.0, 1.0), (base, check, [r.judge_stderr[-300:] for r in _reward.last_results])
+def _wrong(rows):
+    return [r for r in rows if r[1:] != (0.0, 1.0)]
 
 
-@pytest.mark.parametrize(
-    ("base", "check"),
-    [pytest.param(b, c, marks=pytest.mark.xfail(strict=True, reason=why)) for b, cs in PAID.items() for c, why in cs],
-)
-def test_a_lying_subclass_is_not_paid_through_what_the_handle_asks_the_candidate(base, check):
-    assert _rewards(base, check) == (0.0, 1.0)
+@pytest.mark.parametrize("base", list(CHECKS))
+def test_a_lying_subclass_of_a_type_that_crosses_by_value_is_never_paid(base):
+    bad, good, body = BASES[base]
+    liar = f"import collections\nclass _L({base}):\n{body}\ndef f(x):\n    return _L({bad})\n"
+    honest = f"import collections\ndef f(x):\n    return {good}\n"
+    rows = _batch(liar, honest, CHECKS[base])
+    assert not _wrong(rows), _wrong(rows)  # (check, liar's reward, honest reward) where it is not (0.0, 1.0)
+
+
+#: a plain object (no base that crosses), and one whose __class__ says float: handles, both
+PLAIN_LIARS = {
+    "plain object": "class _L:\n{body}\ndef f(x):\n    return _L()\n",
+    "__class__ says float": "class _L:\n    __class__ = property(lambda s: float)\n{body}\ndef f(x):\n    return _L()\n",
+    "__class__ assigned to a float subclass's instance": (  # __class__ of an instance is reassignable only within
+        "class _F(float):\n    pass\nclass _L:\n{body}\ndef f(x):\n    o = _L()\n    return o\n"  # layouts: stays _L
+    ),
+}
+#: what a handle of a plain object refuses or computes in the judge: a liar's every answer is ignored. Not here,
+#: by the rule: str/repr/format(''), bool, len and iteration of a plain object ARE its own (there is no other
+#: value to lie about; tests/llm/test_sandbox.py::test_judged_protocols_of_returned_objects)
+_HANDLE_CHECKS = [c for c in _NUM_CHECKS if not c.startswith(("str(", "repr(", "f'", "'%.1f'"))] + [
+    "f(2) in [4] and 4 in [f(2)]",
+]
+
+
+@pytest.mark.parametrize("name", list(PLAIN_LIARS))
+def test_a_lying_plain_object_is_never_paid(name):
+    liar = PLAIN_LIARS[name].replace(
+        "{body}", _NUM + "    def __contains__(s, o): return True\n    def __iter__(s): return iter(())\n"
+    )
+    rows = _batch(liar, "def f(x):\n    return 4\n", _HANDLE_CHECKS)
+    # `in` on the object: the judge searches its items (none), the liar's __contains__ is not asked
+    rows += _batch(liar, "def f(x):\n    return [4]\n", ["4 in f(2)", "not 5 in f(2) and 4 in f(2)"])
+    assert not _wrong(rows), _wrong(rows)
 
 
 #: values that DO cross by value, from the candidate's own class: each arrives as the judge's own kind of object

@@ -185,6 +185,8 @@ def _hook(event, args):
                 _deny(f"{event} outside the working directory blocked")
     elif event in _NET:
         _deny(f"network blocked ({event})")
+    elif event == "resource.setrlimit" and args and args[0] == _RLIMIT_STACK:
+        pass  # the stack limit (a deep-recursion idiom): the hard limits and RLIMIT_AS still bound the run
     elif event in _FFI and (_BLOCK_FFI or not event.startswith("ctypes.")):
         _deny(f"{event} blocked")
     elif _BLOCK_PROC and event in _PROC and not (_FORKING[0] and event == "os.fork"):
@@ -193,10 +195,20 @@ def _hook(event, args):
 
 if cfg["audit_hook"]:
     sys.addaudithook(_hook)
+_RLIMIT_STACK = resource.RLIMIT_STACK
 del json, resource
 import traceback as _tb
 
 _MODE = cfg["mode"]
+_FILE = os.path.join(cfg["cwd"], SCRIPT)  # the program's __file__, as ``python solution.py`` sets it (no file there)
+
+
+def _module(name):
+    "A fresh module of this name in sys.modules, its globals the program's (dataclasses and pickle look it up)."
+    m = type(sys)(name)
+    m.__dict__.update({"__builtins__": __builtins__, "__file__": _FILE})
+    sys.modules[name] = m
+    return m.__dict__
 
 
 def _died(e):
@@ -221,7 +233,7 @@ except BaseException as e:
     _died(e)
 del src
 if _MODE == "run":
-    g = {"__name__": "__main__", "__builtins__": __builtins__}
+    g = _module("__main__")
     del cfg
     _budget()
     try:
@@ -254,6 +266,9 @@ import json as _json
 _rq = os.fdopen(cfg["rfd"], "rb")
 _rs = os.fdopen(cfg["wfd"], "wb")
 _cap = cfg["max_reply"]
+_STDIO_CAP = _cap * 4 // 3 + 4096  # a stdio case's reply: its output's base64, at most _cap bytes of output
+from binascii import b2a_base64 as _b64
+
 _RLIM = cfg["recursion"]
 _table = {}  # type: ignore[var-annotated]
 _DC_BY_REF = True
@@ -270,26 +285,11 @@ def _dcref(v):
 
 
 _objref = _dcref
-import operator as _operator
 
-_BINOPS = {
-    n: n + "_" if n in ("and", "or") else n
-    for n in (
-        "add",
-        "sub",
-        "mul",
-        "truediv",
-        "floordiv",
-        "mod",
-        "pow",
-        "matmul",
-        "and",
-        "or",
-        "xor",
-        "lshift",
-        "rshift",
-    )
-}
+
+def _err(e):
+    "An exception as it crosses: its class name, its message and the names of its MRO (the judge picks the class)."
+    return [type(e).__name__, str(e)[:500], [c.__name__ for c in type(e).__mro__][:64]]
 
 
 def _wire(fn, *a):
@@ -302,18 +302,18 @@ def _wire(fn, *a):
         sys.setrecursionlimit(old)
 
 
-def _send(msg):
+def _send(msg, cap=None):
     try:
         data = _wire(_json.dumps, msg).encode()
     except (TypeError, ValueError, RecursionError) as e:
         data = _json.dumps({"e": [type(e).__name__, "reply not serializable"]}).encode()
-    if len(data) > _cap:
+    if len(data) > (cap or _cap):
         data = _json.dumps({"e": ["OverflowError", "reply too large"]}).encode()
     _rs.write(data + b"\n")
     _rs.flush()
 
 
-g = {"__name__": "__main__" if _MODE == "stdio" else "solution", "__builtins__": __builtins__}
+g = _module("solution") if _MODE == "module" else {"__name__": "__main__", "__builtins__": __builtins__}
 _OWN = g
 if _MODE == "module":
     _budget()
@@ -322,13 +322,18 @@ if _MODE == "module":
         _send(
             {
                 "names": sorted(k for k, v in g.items() if callable(v) and not k.startswith("__")),
+                "excs": {
+                    k: [c.__name__ for c in v.__mro__][:64]
+                    for k, v in g.items()
+                    if isinstance(v, type) and issubclass(v, BaseException) and v.__name__ == k
+                },
                 "modules": {k: v.__name__ for k, v in g.items() if type(v) is type(os) and not k.startswith("__")},
             }
         )
     except MemoryError as e:
         _died(e)
     except BaseException as e:
-        _send({"e": [type(e).__name__, str(e)[:500]]})
+        _send({"e": _err(e)})
         _died(e)
 else:
     _send({"names": []})
@@ -390,7 +395,7 @@ def _case(fin, fout):
         atexit._clear()  # only the program's own exit hooks run
         sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)  # type: ignore[misc]  # noqa: UP015
         sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)  # type: ignore[misc]
-        main = {"__name__": "__main__", "__builtins__": __builtins__}
+        main = _module("__main__")
         _budget()
         rc = 0
         try:
@@ -441,7 +446,7 @@ def _stdio(text):
         raise OverflowError("output too large")
     if os.waitstatus_to_exitcode(st) != 0:
         raise RuntimeError(f"the program failed (exit status {os.waitstatus_to_exitcode(st)})")
-    return b"".join(chunks).decode("utf-8", "replace")
+    return b"".join(chunks)  # the output's bytes (the cap is on them, not on an encoding of them)
 
 
 def _remote(kind, v):
@@ -499,8 +504,8 @@ while True:
         req = _wire(_json.loads, line)
         op = req["op"]
         _BYVAL = frozenset(n for n in req.get("cls", ()) if type(n) is str)
-        if op == "stdio":
-            res = _stdio(req["input"])
+        if op == "stdio":  # the output as base64: a 32 MiB output of any bytes fits a reply of 4/3 of that
+            out["o"] = _b64(_stdio(req["input"]), newline=False).decode()
         else:
             obj = _dec(req["obj"], _remote)
             if op == "call":
@@ -531,26 +536,22 @@ while True:
                 res = len(obj)
             elif op == "str":
                 res = str(obj)
+            elif op == "repr":
+                res = repr(obj)
             elif op == "bool":
                 res = bool(obj)
-            elif op == "contains":
-                res = _wire(_dec, req["key"], _remote) in obj
             elif op == "getitem":
                 res = obj[_wire(_dec, req["key"], _remote)]
-            elif op == "binop":
-                f = getattr(_operator, _BINOPS[req["name"]])
-                other = _wire(_dec, req["key"], _remote)
-                res = f(other, obj) if req["r"] is True else f(obj, other)
             else:
                 raise ValueError("unknown op")
         if op == "iter":
             out["v"] = _handle(res)
-        elif op != "call":
+        elif op not in ("call", "stdio"):
             out["v"] = _wire(_whole, _enc, res, _handle)
     except MemoryError as e:
         _died(e)
     except BaseException as e:
         out.pop("v", None)
-        out["e"] = [type(e).__name__, str(e)[:500]]
-    _send(out)
+        out["e"] = _err(e)
+    _send(out, _STDIO_CAP if "o" in out else None)
 os._exit(0)

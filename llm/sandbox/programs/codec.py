@@ -132,7 +132,60 @@ def _enc(v, handle):
         return {"dc": [t.__name__, fs, [bool(p.eq), bool(p.order), bool(p.frozen)], _dcref(v)]}
     if t.__name__ in _BYVAL and type(t) is type:  # a class the judge defines (the prompt's TreeNode): by value
         return _enc_obj(v, handle)
+    b = _base_value(v, t, mods)
+    if b is not None:  # a subclass of a type that crosses by value: its base value, none of its methods
+        return _enc(b, handle)
     return handle(v)
+
+
+def _base_value(v, t, mods):
+    "An instance of a subclass of a type that crosses by value, as an exact instance of the first such type in its\n"
+    "MRO, read through that type's own methods (``type(v)``, never ``v.__class__``); None for any other object."
+    col = mods.get("collections")
+    if col is not None:
+        if issubclass(t, col.Counter):
+            return col.Counter(dict(dict.items(v)))
+        if issubclass(t, col.OrderedDict):
+            return col.OrderedDict(list(col.OrderedDict.items(v)))
+        if issubclass(t, col.defaultdict):
+            return col.defaultdict(col.defaultdict.default_factory.__get__(v), dict.items(v))
+        if issubclass(t, col.deque):
+            return col.deque(list(col.deque.__iter__(v)), col.deque.maxlen.__get__(v))
+    for b, get in _BASES:
+        if issubclass(t, b):
+            return get(v)
+    fr = mods.get("fractions")
+    if fr is not None and issubclass(t, fr.Fraction):
+        return fr.Fraction(fr.Fraction.numerator.fget(v), fr.Fraction.denominator.fget(v))
+    de = mods.get("decimal")
+    if de is not None and issubclass(t, de.Decimal):
+        return de.Decimal(de.Decimal.__str__(v))
+    dt = mods.get("datetime")
+    if dt is not None:
+        if issubclass(t, dt.timedelta):
+            return dt.timedelta(
+                dt.timedelta.days.__get__(v), dt.timedelta.seconds.__get__(v), dt.timedelta.microseconds.__get__(v)
+            )
+        for kind in (dt.datetime, dt.date, dt.time):
+            if issubclass(t, kind):
+                return kind.fromisoformat(kind.isoformat(v))
+    return None
+
+
+#: the builtin types whose subclasses cross as their base value, and how that value is read (the base's own methods)
+_BASES = (
+    (int, int.__index__),
+    (float, float.__float__),
+    (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
+    (str, str.__str__),
+    (bytes, lambda v: bytes(memoryview(v))),
+    (bytearray, lambda v: bytearray(memoryview(v))),
+    (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))),
+    (dict, lambda v: dict(dict.items(v))),
+    (set, lambda v: set(set.__iter__(v))),
+    (frozenset, lambda v: frozenset(frozenset.__iter__(v))),
+)
 
 
 _BYVAL = frozenset()  # type: ignore[var-annotated]  # names of the classes whose instances cross by value (the judge's plain classes)
@@ -334,7 +387,7 @@ def _dec_obj(k, v, remote):
         d = obj.__dict__
         _DSEEN[key] = obj  # before the attributes: a cycle comes back to this object
         for a in attrs:
-            if type(a) is not list or len(a) != 2 or not _ident(a[0]):
+            if type(a) is not list or len(a) != 2 or not _ident(a[0]) or _shadows(cls, a[0]):
                 raise ValueError("sandbox: malformed value")
             d[a[0]] = _dec(a[1], remote)
         return obj
@@ -343,9 +396,30 @@ def _dec_obj(k, v, remote):
             _DSEEN = None
 
 
+def _shadows(cls, name):
+    "Whether an instance attribute ``name`` would hide a method (or any descriptor) of this side's class ``cls``:\n"
+    "such an attribute never crosses, so the tests always call the class's own methods, never the candidate's."
+    for k in cls.__mro__:
+        if name in k.__dict__:
+            a = k.__dict__[name]
+            return callable(a) or hasattr(type(a), "__get__")
+    return False
+
+
 _ENUM_KINDS = {"IntEnum": (int,), "StrEnum": (str,), "IntFlag": (int,), "Flag": (int,), "Enum": (int, str)}
 _ENUM_BY_VALUE = ("IntEnum", "StrEnum", "IntFlag")  # kinds that compare as their int or str: always by value
 _ALL_ENUMS = True  # the judge: every member it passes crosses by value (the sandbox: see _enc_enum)
+
+
+def _enum_value(kind, x, depth=0):
+    "A member value that crosses: an int (a str for StrEnum); for Enum, also a float, or a tuple of such values\n"
+    "(``PLANET = (3.3e23, 2.4e6)``, the stdlib docs' Planet)."
+    t = type(x)
+    if t in _ENUM_KINDS[kind]:
+        return True
+    if kind != "Enum":
+        return False
+    return t is float or (t is tuple and depth < 4 and len(x) <= 64 and all(_enum_value(kind, i, depth + 1) for i in x))
 
 
 def _enc_enum(v, t, en, handle):
@@ -359,11 +433,10 @@ def _enc_enum(v, t, en, handle):
         return None
     if not (_ALL_ENUMS or kind in _ENUM_BY_VALUE or t.__name__ in _BYVAL):
         return None
-    types = _ENUM_KINDS[kind]
     ms = [[n, m._value_] for n, m in t.__members__.items()]
-    if len(ms) > 4096 or not all(_ident(n) and not n.startswith("_") and type(x) in types for n, x in ms):
+    if len(ms) > 4096 or not all(_ident(n) and not n.startswith("_") and _enum_value(kind, x) for n, x in ms):
         return None
-    if type(v._value_) not in types:
+    if not _enum_value(kind, v._value_):
         return None
     return {"en": [kind, t.__name__, [[n, _enc(x, handle)] for n, x in ms], _enc(v._value_, handle)]}
 
@@ -375,14 +448,13 @@ def _dec_enum(v, remote):
     if type(v) is not list or len(v) != 4 or type(v[2]) is not list or len(v[2]) > 4096 or v[0] not in _ENUM_KINDS:
         raise ValueError("sandbox: malformed value")
     kind, name, ms, value = v
-    types = _ENUM_KINDS[kind]
     ms = tuple((m[0], _dec(m[1], remote)) for m in ms if type(m) is list and len(m) == 2)
     value = _dec(value, remote)
     if not (
         _ident(name)
         and len(ms) == len(v[2])
-        and type(value) in types
-        and all(_ident(n) and not n.startswith("_") and type(x) in types for n, x in ms)
+        and _enum_value(kind, value)
+        and all(_ident(n) and not n.startswith("_") and _enum_value(kind, x) for n, x in ms)
     ):
         raise ValueError("sandbox: malformed value")
     base = getattr(enum, kind)
@@ -392,7 +464,7 @@ def _dec_enum(v, remote):
             m = own(value)
         except ValueError:
             m = None
-        if m is not None and type(m._value_) is type(value) and m._value_ == value:
+        if m is not None and type(m._value_) is type(value) and m._value_ == value:  # (a tuple: by its items)
             return m
     key = ("en", kind, name, ms)
     cls = _CLASSES.get(key)

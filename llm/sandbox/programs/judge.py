@@ -30,6 +30,8 @@ _broken = []  # type: ignore[var-annotated]
 _JUDGE_MODULES = frozenset(cfg["modules"])
 _NO_CROSS = frozenset(cfg["no_cross"])
 _DC_BY_REF = False
+from binascii import Error as _B64Error
+from binascii import a2b_base64 as _a2b
 
 
 class SandboxGone(BaseException):
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
         _ident,
         _rebuildable,
         _restore,
+        _shadows,
         _sync,
         _walk,
         _whole,
@@ -56,7 +59,7 @@ del _CODEC, TYPE_CHECKING
 
 
 def _read():
-    line = _rs.readline(_cap + 2)
+    line = _rs.readline(_cap * 4 // 3 + 4096 + 2)  # a stdio case's output crosses as base64 (boot.py's _STDIO_CAP)
     if not line.endswith(b"\n"):
         _broken.append("no reply")
         raise SandboxGone("candidate process gone")
@@ -67,7 +70,8 @@ def _read():
         raise SandboxGone("malformed reply") from None
 
 
-def _exc(name, msg):
+def _builtin_exc(name):
+    "The builtin exception class a candidate's exception of this name (or with it in its MRO) crosses as, else None."
     t = getattr(builtins, name, None) if type(name) is str and name not in _NO_CROSS else None
     if (
         isinstance(t, type)
@@ -75,11 +79,55 @@ def _exc(name, msg):
         and t.__module__ == "builtins"
         and not issubclass(t, (StopIteration, StopAsyncIteration))
     ):
+        return t
+    return None
+
+
+def _exc(name, msg, mro=()):
+    "The exception a candidate's exception crosses as: the judge's class of a candidate's top-level exception class\n"
+    "of that name, else the first builtin exception in its MRO, else RuntimeError (see _NO_CROSS)."
+    t = _EXC.get(name) if type(name) is str else None
+    if t is None:
+        for n in [name, *(mro if type(mro) is list else ())][:64]:
+            if type(n) is str and (hasattr(builtins, n) or n in _NO_CROSS):
+                t = _builtin_exc(n)  # the first builtin name decides: StopIteration's subclass is a RuntimeError
+                break
+    if t is not None:
         try:
             return t(msg)
         except Exception:
             pass
     return RuntimeError(f"{name}: {msg}")
+
+
+_EXC = {}  # type: ignore[var-annotated]  # name -> the judge's class for a candidate's top-level exception class
+
+
+def _exc_classes(excs):
+    "The judge's own exception class for each of the candidate's top-level exception classes (``except TheirError``):\n"
+    "named as the candidate's, derived from the judge's class of its first base that is one, else from the first\n"
+    "builtin exception of its MRO that may cross (RuntimeError for StopIteration, SystemExit... and BaseException)."
+
+    def build(name, seen):
+        if name in _EXC:
+            return _EXC[name]
+        mro = excs[name]
+        base = None
+        for n in mro[1:64]:
+            if type(n) is not str:
+                continue
+            if n in excs and n not in seen:
+                base = build(n, seen | {n})
+                break
+            if hasattr(builtins, n) or n in _NO_CROSS:
+                base = _builtin_exc(n) or RuntimeError
+                break
+        cls = _EXC[name] = type(name, (base or RuntimeError,), {"__module__": "__main__"})
+        return cls
+
+    for name in list(excs)[:256]:
+        build(name, {name})
+    return _EXC
 
 
 def _landed(msg, args, kwargs, keep):
@@ -94,6 +142,8 @@ def _landed(msg, args, kwargs, keep):
             items = []
             for a in attrs:
                 if type(a) is not list or len(a) != 3 or not _ident(a[0]) or type(a[2]) is not bool:
+                    raise ValueError("sandbox: malformed value")
+                if _shadows(type(keep[k]), a[0]):  # a method of the judge's class is never replaced
                     raise ValueError("sandbox: malformed value")
                 items.append((a[0], _dec(a[1], _Remote), a[2]))
             w.append((keep[k], items))
@@ -132,15 +182,17 @@ def _rpc(req, args=(), kwargs=None, keep=()):
             res = _whole(_landed, msg, args, kwargs, keep)
             if "e" not in msg:
                 return res
+        elif req["op"] == "stdio" and "e" not in msg:
+            return _a2b(msg["o"]).decode("utf-8", "replace")
         elif "e" not in msg:
             if msg.get("stop") is True and req["op"] == "next":
                 raise StopIteration
             return _whole(_dec, msg["v"], _Remote)
-    except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError):
+    except (KeyError, ValueError, TypeError, IndexError, RecursionError, AttributeError, _B64Error):
         _broken.append("bad reply")
         raise SandboxGone("malformed reply") from None
     e = msg["e"]
-    raise _exc(e[0], e[1]) if type(e) is list and len(e) == 2 else _exc("?", "?")
+    raise _exc(e[0], e[1], e[2] if len(e) > 2 else ()) if type(e) is list and 2 <= len(e) <= 3 else _exc("?", "?")
 
 
 def _own_enum(c):
@@ -204,8 +256,11 @@ class _Remote:
     def __bool__(self):
         return _rpc({"op": "bool", "obj": self._ref})
 
-    def __contains__(self, item):
-        return _rpc({"op": "contains", "obj": self._ref, "key": _enc(item, _arg)})
+    def __contains__(self, item):  # over the object's items, compared here: the candidate's __contains__ is never asked
+        for x in self:
+            if x is item or x == item:
+                return True
+        return False
 
     def __init__(self, kind, v):
         object.__setattr__(self, "_ref", {kind: v})
@@ -232,20 +287,14 @@ class _Remote:
     def __getitem__(self, key):
         return _rpc({"op": "getitem", "obj": self._ref, "key": _enc(key, _arg)})
 
-    def __repr__(self):
-        return f"<candidate object {self._ref}>"
+    def __repr__(self):  # the candidate's repr(): a str value, as a method returning one
+        if _broken:
+            return f"<candidate object {self._ref}>"
+        return _rpc({"op": "repr", "obj": self._ref})
 
-
-def _binop(name, reflected):
-    def op(self, other):  # the candidate's own operator, computed in the sandbox; ==, < and friends are not asked
-        return _rpc({"op": "binop", "obj": self._ref, "name": name, "r": reflected, "key": _enc(other, _arg)})
-
-    return op
-
-
-for _n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
-    setattr(_Remote, f"__{_n}__", _binop(_n, False))
-    setattr(_Remote, f"__r{_n}__", _binop(_n, True))
+    # No operator of the candidate's object runs: a handle takes no arithmetic, bitwise or unary operator, no
+    # ordering and no numeric conversion (Python raises TypeError), and ``==`` is identity. The candidate's code
+    # never receives a value of the tests except as the arguments of a call (or an index) the tests write.
 
 
 def _module_names(tree):
@@ -260,9 +309,17 @@ try:
     if type(_hello) is not dict or type(_hello.get("names")) is not list:
         raise SandboxGone("the candidate's code did not load")
     g = {"__name__": "__main__"}
+    _excs = _hello.get("excs")
+    _excs = {
+        n: m
+        for n, m in (_excs.items() if type(_excs) is dict else ())
+        if _ident(n) and not hasattr(builtins, n) and type(m) is list and m and m[0] == n
+    }
     for _n in _hello["names"]:
         if type(_n) is str and _n.isidentifier() and not _n.startswith("__") and not hasattr(builtins, _n):
             g[_n] = _Remote("n", _n)  # type: ignore[assignment]
+    for _n, _c in _exc_classes(_excs).items():
+        g[_n] = _c  # type: ignore[assignment]  # the tests' ``except TheirError`` catches what crosses as it
     _mods = _hello.get("modules")
     for _n, _m in _mods.items() if type(_mods) is dict else ():
         if (
