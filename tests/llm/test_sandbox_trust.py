@@ -369,3 +369,43 @@ def test_a_liar_that_crosses_by_value_arrives_with_its_value_and_none_of_its_met
             None, [f"```python\n{liar}```", f"```python\n{honest}```"], tests=[tests] * 2, entry_point=["f"] * 2
         )
     assert got == [0.0, 1.0], (name, [r.judge_stderr[-300:] for r in _reward.last_results])
+
+
+_NODE = (
+    "class Node:\n    def __init__(self, val):\n        self.val = val\n"
+    "    def equals(self, other):\n        return self.val == other.val\n"
+)
+#: the prompt's class crosses by value; an instance attribute that shadows its method would make the tests
+#: call the candidate's function: (liar, honest, tests)
+SHADOWS = {
+    "a returned instance": (
+        "def f(x):\n    n = Node(0)\n    n.equals = lambda other: True\n    return n\n",
+        "def f(x):\n    return Node(x)\n",
+        "assert f(1).equals(Node(1))\n",
+    ),
+    "an argument changed in place": (
+        "def f(n):\n    n.equals = lambda other: True\n",
+        "def f(n):\n    n.val = 1\n",
+        "n = Node(0)\nf(n)\nassert n.equals(Node(1))\n",
+    ),
+    "a neighbour of a returned instance": (
+        "def f(x):\n    n = Node(x)\n    n.next = Node(0)\n    n.next.equals = lambda other: True\n    return n\n",
+        "def f(x):\n    n = Node(x)\n    n.next = Node(x)\n    return n\n",
+        "assert f(1).next.equals(Node(1))\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SHADOWS))
+def test_an_attribute_that_shadows_a_method_of_the_prompts_class_never_crosses(name):
+    liar, honest, tests = SHADOWS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _reward(
+            None,
+            [f"```python\n{liar}```", f"```python\n{honest}```"],
+            tests=[tests] * 2,
+            entry_point=["f"] * 2,
+            code_prefix=[_NODE + "def f(x):\n    pass\n"] * 2,
+        )
+    assert got == [0.0, 1.0], (name, [r.judge_stderr[-300:] for r in _reward.last_results])
