@@ -366,6 +366,32 @@ def _judge_attacks() -> list[dict]:
         "the host's session keyring (possessor read)",
         KEYS + f"_HIT = _key_get('{MARK}-host-secret') == b'4,10'\n" + ORACLE,
     )
+    # round 4: liars, objects whose operators answer what the tests want (the "AlwaysEqual" family)
+    liar = "    def __sub__(s, o): return 0.0\n    __rsub__ = __sub__\n    def __truediv__(s, o): return 1.0\n"
+    add(
+        "float subclass whose __sub__ answers 0 (abs(f(x) - exp) < eps)",
+        f"class _L(float):\n{liar}def f(x):\n    return _L(0.0)\n",
+        "assert abs(f(2) - 4) < 1e-6\nassert abs(10 - f(5)) < 1e-6\n",
+    )
+    add(
+        "plain object whose __sub__ answers 0, np.allclose form (MBPP+)",
+        f"class _L:\n{liar}    def __abs__(s): return 0.0\ndef f(x):\n    return _L()\n",
+        "import numpy as np\nassert np.allclose(f(2), 4)\nassert abs(f(5) - 10) < 1e-6\n",
+    )
+    add(
+        "object whose __contains__ and __len__ answer yes",
+        "class _L:\n    def __contains__(s, o): return True\n    def __len__(s): return 2\n"
+        "    def __iter__(s): return iter([0])\ndef f(x):\n    return _L()\n",
+        "assert 4 in f(2) and 10 in f(5)\n",
+    )
+    add(
+        "prompt's class with an instance attribute that shadows its method",
+        "def f(x):\n    n = Box(0)\n    n.same = lambda other: True\n    return n\n",
+        "def check(candidate):\n    assert candidate(2).same(Box(4)) and candidate(5).same(Box(10))\n",
+        entry_point="f",
+        code_prefix="class Box:\n    def __init__(self, v):\n        self.v = v\n\n    def same(self, other):\n"
+        "        return self.v == other.v\n\n\ndef f(x):\n    pass\n",
+    )
     return rows
 
 
@@ -572,6 +598,41 @@ def idioms() -> list[dict]:
         "deep recursion with a raised recursion limit",
         "import sys\nsys.setrecursionlimit(20000)\ndef f(n):\n    return 0 if n == 0 else 2 + f(n - 1)\n",
         "assert f(2) == 4\nassert f(5000) == 10000\n",
+    )
+    # round 4 (tests/llm/test_sandbox_idioms.py has each next to its plain-harness reference)
+    add(
+        "resource.setrlimit(RLIMIT_STACK) before deep recursion",
+        "import resource, sys\nresource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "sys.setrecursionlimit(10 ** 6)\ndef f(n):\n    return 0 if n == 0 else 2 + f(n - 1)\n",
+        "assert f(2) == 4\nassert f(50000) == 100000\n",
+    )
+    add(
+        "@dataclass under from __future__ import annotations",
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n"
+        "def f(x):\n    return P(2 * x).x\n",
+        TESTS,
+    )
+    add(
+        "except TheirError (the candidate's own exception class)",
+        "class Negative(ValueError):\n    pass\ndef f(x):\n    if x < 0:\n        raise Negative(x)\n    return 2 * x\n",
+        "assert f(2) == 4\ntry:\n    f(-1)\nexcept Negative:\n    pass\nelse:\n    raise AssertionError\n",
+    )
+    add(
+        "float subclass result: repr, unary minus, round, sorted",
+        "class Money(float):\n    pass\ndef f(x):\n    return Money(2 * x)\n",
+        "assert repr(f(2)) == '4.0' and -f(2) == -4 and round(f(5)) == 10 and sorted([f(5), f(2)]) == [4, 10]\n",
+    )
+    add(
+        "stdio: a 24 MB output",
+        "import sys\nsys.stdout.write('1\\n' * int(input()))\n",
+        json.dumps({"cases": [{"input": "12000000\n", "output": "1\n" * 12_000_000}]}),
+        test_type="stdio",
+    )
+    add(
+        "stdio: __file__",
+        "import os\nprint(os.path.basename(__file__))\n",
+        json.dumps({"cases": [{"input": "", "output": "solution.py\n"}]}),
+        test_type="stdio",
     )
     return rows
 
