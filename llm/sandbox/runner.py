@@ -10,11 +10,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
+from . import leftovers
 from .clock import _RunDeadline
 from .config import _RECURSION, JUDGE_MODULES, NO_CROSS, RC_BLOCKED, RC_MEMORY, SCRIPT, SandboxConfig, SandboxResult
 from .probe import _bwrap_args, _plan
@@ -102,7 +102,7 @@ class _Candidate:
             if plan["ids"] == "slot":
                 uid = gid = _slot_uid(cfg, slot)
         else:
-            self.work = tempfile.mkdtemp(prefix="tiltlab-sbx-")
+            self.work = leftovers.mkdtemp("tiltlab-sbx-")
             cwd = self.work
             if plan["ids"]:
                 uid, gid = plan["ids"]
@@ -280,7 +280,7 @@ def run_judged(
             os.close(req_r)
             os.close(rep_w)
             req_r = rep_w = -1
-            with tempfile.TemporaryDirectory(prefix="tiltlab-judge-") as jdir:
+            with leftovers.tempdir("tiltlab-judge-") as jdir:
                 jcfg = {
                     "tests": tests,
                     "as_bytes": int(cfg.memory_mb) << 20,
