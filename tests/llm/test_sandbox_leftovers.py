@@ -116,6 +116,24 @@ def test_a_run_folder_names_its_owner(tmp_path, monkeypatch):
     assert not os.path.exists(d)
 
 
+def test_a_process_sweeps_at_its_first_run_then_at_most_every_sweep_every_s(tmp_path, monkeypatch):
+    from tiltlab.llm.sandbox import leftovers
+
+    swept = []
+    monkeypatch.setattr(leftovers.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(leftovers, "sweep", lambda folder=None: swept.append(folder) or [])
+    monkeypatch.setattr(leftovers, "_last", {})
+    monkeypatch.setattr(leftovers, "SWEEP_EVERY_S", 3600.0)
+    for _ in range(3):
+        leftovers.mkdtemp("tiltlab-judge-")
+    assert swept == [str(tmp_path)]  # the first run only
+    leftovers._last[str(tmp_path)] = (os.getpid() + 1, leftovers._last[str(tmp_path)][1])  # as after a fork
+    leftovers.mkdtemp("tiltlab-sbx-")
+    monkeypatch.setattr(leftovers, "SWEEP_EVERY_S", 0.0)
+    leftovers.mkdtemp("tiltlab-sbx-")
+    assert swept == [str(tmp_path)] * 3
+
+
 # ---------------------------------------------------------------------------------------------
 # a trainer SIGKILLed mid-batch
 # ---------------------------------------------------------------------------------------------
