@@ -70,7 +70,7 @@ class _ServedJudge:
 
 #: A judge server forks at most this many judges, then a fresh one (a new interpreter: a new random str/bytes
 #: hash secret) takes the next runs while the old one finishes its own. Every judge of one server shares its
-#: hash secret, and with it the iteration order of its sets of str; see docs/code-reward.md ("Hash secret").
+#: hash secret, and with it the iteration order of its sets of str; see docs/code-reward.md ("The hash secret").
 JUDGES_PER_SERVER = 64
 
 
@@ -105,7 +105,8 @@ def _kill_judge(judge) -> None:
 
 class _JudgeServer:
     """The process-wide judge server (``programs/judge_server.py``), started on first use and again after it
-    died or this process forked; :meth:`spawn` returns a :class:`_ServedJudge`."""
+    died, after this process forked and after :data:`JUDGES_PER_SERVER` judges (the retired one drains and
+    exits); :meth:`spawn` returns a :class:`_ServedJudge`."""
 
     _lock = threading.Lock()
     _current: _JudgeServer | None = None
