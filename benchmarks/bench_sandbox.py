@@ -20,20 +20,43 @@ alone is what the reward uses by default).
 Reported: rewards per second of wall time over ``--repeats`` batches (median and best), the
 load average before and after, the CPU count and the isolation level that ran. On a machine that
 other work shares, the rate is what this run's share of the CPUs gave, a lower bound for the same
-CPUs idle. (No CPU time per reward: the candidate's processes die in a PID namespace whose init
-reaps them, so their CPU time never reaches this process's ``RUSAGE_CHILDREN``.)
+CPUs idle.
+
+And CPU-ms per reward over the whole run tree (the timed batches only; a small table, then the JSON line):
+
+* ``cgroup`` (when this process may make a cgroup: root with cgroup v1 ``cpuacct`` or a writable cgroup v2):
+  the script moves itself into a cgroup of its own before anything starts, and reads its CPU usage. It
+  counts every process the reward starts (this process's threads, the judge server and its judges, bwrap,
+  the candidates, stdio's per-case children), also those no one of the tree waits for.
+* the parts, from ``getrusage`` and ``/proc``: ``self`` (this process: encoding, the threads that wait),
+  ``reaped`` (``RUSAGE_CHILDREN``: each reaped child with what it reaped in turn: the own-interpreter
+  judges, bwrap's own processes, the namespaces level's candidates, retired judge servers),
+  ``servers`` (the live judge servers: their own CPU and the judges they reaped, from ``/proc/<pid>/stat``
+  utime+stime+cutime+cstime, as deltas over the batch). ``sandboxes`` is ``cgroup`` less the three: at the
+  bwrap level bwrap's monitor learns its sandbox's exit through a descriptor and never waits for the
+  sandbox's init, so the candidates' CPU is in no ``RUSAGE_CHILDREN``; without a cgroup it is not counted
+  (``n/a``) and the total is a lower bound.
+* never counted: kernel work done outside the tree's processes on its behalf (namespace teardown in kernel
+  workers, RCU callbacks), and other work on the machine.
 
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/bench_sandbox.py
     OMP_NUM_THREADS=1 python benchmarks/bench_sandbox.py --numpy --repeats 3
+    OMP_NUM_THREADS=1 python benchmarks/bench_sandbox.py --mixed --n 200 --repeats 3 --judge-server both
+
+An older commit's code, with this script: ``git worktree add /tmp/old <commit>`` and then
+``OMP_NUM_THREADS=1 PYTHONPATH=/tmp/old python benchmarks/bench_sandbox.py --mixed ...`` (``code`` in the
+JSON line says which checkout's ``tiltlab`` ran).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -90,6 +113,124 @@ def mixed_rows(rows: list[dict]) -> tuple[list[str], dict[str, list], list[float
     return comps, cols, want
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime of a live (or not yet reaped) process, in seconds; 0 when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class TreeCPU:
+    """CPU seconds of this process and everything it starts: a cgroup of its own when one can be made
+    (:meth:`read` ``["cgroup"]``), and the parts ``getrusage`` and ``/proc`` see (see the module's doc)."""
+
+    def __init__(self, use_cgroup: bool = True):
+        self.dir = self.parent = self.usage = None
+        if use_cgroup:
+            self._enter()
+
+    def _enter(self) -> None:
+        mine = {}
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _n, ctl, path = line.rstrip("\n").split(":", 2)
+                for c in ctl.split(",") if ctl else [""]:
+                    mine[c] = path
+        tries = [("/sys/fs/cgroup/cpuacct", "cpuacct", "cpuacct.usage")]
+        tries += [(b, "", "cpu.stat") for b in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup")]
+        for base, ctl, usage in tries:
+            if ctl not in mine or not os.path.exists(os.path.join(base, "cgroup.procs")):
+                continue
+            parent = os.path.join(base, mine[ctl].lstrip("/"))
+            d = os.path.join(parent, f"tiltlab-bench-{os.getpid()}")
+            try:
+                os.mkdir(d)
+            except OSError:
+                continue
+            try:
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+                self.dir, self.parent, self.usage = d, parent, os.path.join(d, usage)
+                self._usage_s()
+                return
+            except (OSError, ValueError):
+                self.close()
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+
+    def _usage_s(self) -> float:
+        with open(self.usage) as f:
+            text = f.read()
+        if self.usage.endswith("cpuacct.usage"):
+            return int(text) / 1e9
+        return int(dict(ln.split() for ln in text.splitlines())["usage_usec"]) / 1e6
+
+    @staticmethod
+    def _servers() -> list[int]:
+        try:
+            from tiltlab.llm.sandbox import server
+        except ImportError:
+            return []
+        cls = server._JudgeServer
+        procs = [cls._current, *getattr(cls, "_retired", [])]  # _retired: only where servers are retired
+        return [p.proc.pid for p in procs if p is not None and p.owner == os.getpid()]
+
+    def read(self) -> dict[str, float | None]:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            "self": me.ru_utime + me.ru_stime,
+            "reaped": kids.ru_utime + kids.ru_stime,
+            "servers": sum(_proc_cpu_s(pid) for pid in self._servers()),
+            "cgroup": self._usage_s() if self.usage else None,
+        }
+
+    def close(self) -> None:
+        """Leave the cgroup and remove it (after the judge servers, which live in it, are gone)."""
+        if self.dir is None:
+            return
+        with contextlib.suppress(ImportError):
+            from tiltlab.llm.sandbox import server
+
+            server._JudgeServer.drop()
+            for r in getattr(server._JudgeServer, "_retired", []):
+                r.proc.wait()
+        with contextlib.suppress(OSError), open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        for _ in range(50):  # a process of the tree may still be exiting
+            try:
+                os.rmdir(self.dir)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            print(f"note: could not remove the cgroup {self.dir}", file=sys.stderr)
+        self.dir = None
+
+
+def cpu_table(rows: dict[str, dict]) -> str:
+    """The table of rewards/s and CPU-ms per reward (with its parts) of each arm."""
+    cols = ["rewards/s", "CPU-ms/reward", "self", "reaped", "servers", "sandboxes"]
+    lines = [f"{'arm':<22}" + "".join(f"{c:>15}" for c in cols)]
+    for arm, r in rows.items():
+        p = r["cpu_ms_per_reward_parts"]
+        vals = [r["rewards_per_s_median"], r["cpu_ms_per_reward"], p["self"], p["reaped"], p["servers"]]
+        vals.append(p["sandboxes"])
+        lines.append(f"{arm:<22}" + "".join(f"{'n/a' if v is None else v:>15}" for v in vals))
+    return "\n".join(lines)
+
+
+def _per_reward(spent: dict[str, float], rewards: int) -> tuple[float, dict]:
+    ms = {k: (None if v is None else round(1000 * v / rewards, 1)) for k, v in spent.items()}
+    rusage = spent["self"] + spent["reaped"] + spent["servers"]
+    cg = spent["cgroup"]
+    parts = {k: ms[k] for k in ("self", "reaped", "servers")}
+    parts["sandboxes"] = None if cg is None else round(1000 * (cg - rusage) / rewards, 1)
+    return round(1000 * (cg if cg is not None else rusage) / rewards, 1), parts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=64, help="programs per batch")
@@ -105,8 +246,19 @@ def main(argv=None) -> int:
         help="judges forked from the judge server (on, the default), started as their own interpreters (off), "
         "or both, batches interleaved, with their ratio",
     )
+    ap.add_argument(
+        "--no-cgroup", action="store_true", help="CPU per reward from getrusage and /proc only (no cgroup of its own)"
+    )
     args = ap.parse_args(argv)
+    tree = TreeCPU(use_cgroup=not args.no_cgroup)  # before anything starts: every process after is inside
+    try:
+        return _main(ap, args, tree)
+    finally:
+        tree.close()
 
+
+def _main(ap, args, tree: TreeCPU) -> int:
+    import tiltlab
     from tiltlab.llm.rewards import code_reward, make_code_reward
     from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report
     from tiltlab.llm.tasks import function_tasks
@@ -135,11 +287,16 @@ def main(argv=None) -> int:
         )  # warm the probes (bwrap / unshare checks are cached) and the judge server
     load0 = os.getloadavg()
     by_arm: dict[bool, list[float]] = {served: [] for served in arms}
+    cpu: dict[bool, dict[str, float]] = {served: {} for served in arms}
     for _ in range(args.repeats):
         for served in arms:  # interleaved: both arms see the same drift in the machine's load
+            c0 = tree.read()
             t = time.monotonic()
             out = rewards[served](None, comps, **cols)
             dt = time.monotonic() - t
+            c1 = tree.read()
+            for k, v in c1.items():
+                cpu[served][k] = None if v is None else cpu[served].get(k, 0.0) + v - c0[k]
             if out != want:
                 bad = [i for i, (a, b) in enumerate(zip(out, want)) if a != b]
                 print(
@@ -150,6 +307,15 @@ def main(argv=None) -> int:
                 return 1
             by_arm[served].append(len(rows) / dt)
     rates = by_arm[arms[0]]
+    table = {}
+    for served in arms:
+        total, parts = _per_reward(cpu[served], len(rows) * args.repeats)
+        arm = "judge server" if served else "own interpreters"
+        table[arm] = {
+            "rewards_per_s_median": round(statistics.median(by_arm[served]), 1),
+            "cpu_ms_per_reward": total,
+            "cpu_ms_per_reward_parts": parts,
+        }
     rep = {
         "n": args.n,
         "numpy": args.numpy,
@@ -165,6 +331,10 @@ def main(argv=None) -> int:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "isolation": isolation_report(cfg)["level"],
         "python": sys.version.split()[0],
+        "code": os.path.dirname(os.path.dirname(os.path.abspath(tiltlab.__file__))),
+        "cpu_ms_per_reward": table[next(iter(table))]["cpu_ms_per_reward"],
+        "cpu_ms_per_reward_parts": table[next(iter(table))]["cpu_ms_per_reward_parts"],
+        "cpu_measured_by": "cgroup" if tree.usage else "getrusage+/proc (sandboxes not counted at the bwrap level)",
     }
     if args.judge_server == "both":
         off = by_arm[False]
@@ -172,7 +342,10 @@ def main(argv=None) -> int:
             rewards_per_s_median_off=round(statistics.median(off), 1),
             rewards_per_s_best_off=round(max(off), 1),
             ratio_on_off_median=round(statistics.median(rates) / statistics.median(off), 2),
+            cpu_ms_per_reward_off=table["own interpreters"]["cpu_ms_per_reward"],
+            cpu_ms_per_reward_parts_off=table["own interpreters"]["cpu_ms_per_reward_parts"],
         )
+    print(cpu_table(table))
     print(json.dumps(rep))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -10,11 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
+from . import leftovers
 from .clock import _RunDeadline
 from .config import _RECURSION, JUDGE_MODULES, NO_CROSS, RC_BLOCKED, RC_MEMORY, SCRIPT, SandboxConfig, SandboxResult
 from .probe import _bwrap_args, _plan
@@ -102,7 +103,7 @@ class _Candidate:
             if plan["ids"] == "slot":
                 uid = gid = _slot_uid(cfg, slot)
         else:
-            self.work = tempfile.mkdtemp(prefix="tiltlab-sbx-")
+            self.work = leftovers.mkdtemp("tiltlab-sbx-")
             cwd = self.work
             if plan["ids"]:
                 uid, gid = plan["ids"]
@@ -158,7 +159,7 @@ class _Candidate:
             if plan["pid_ns"]:
                 # keep the interpreter off PID 1 (PID 1 ignores default-action signals such as SIGXCPU)
                 cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *cmd]
-            cmd = plan["prefix"] + cmd
+            cmd = [*_pdeathsig(), *plan["prefix"], *cmd]
         self.t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
@@ -208,6 +209,22 @@ class _Candidate:
                 os.close(fd)
         if self.work:
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+@functools.cache
+def _pdeathsig() -> tuple[str, ...]:
+    """Below the bwrap level, ``setpriv --pdeathsig KILL`` when it works: the run's first process (``unshare``,
+    whose ``--kill-child`` takes the PID namespace with it) is killed when the thread that started it dies,
+    with the trainer (bwrap's ``--die-with-parent`` does the same at the bwrap level). A process that changes
+    its uid loses it: on the ``process`` level as root the candidate outlives a killed trainer."""
+    exe = shutil.which("setpriv")
+    if exe is None:
+        return ()
+    try:
+        ok = subprocess.run([exe, "--pdeathsig", "KILL", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return (exe, "--pdeathsig", "KILL") if ok else ()
 
 
 def _cpu_s(cfg: SandboxConfig) -> int:
@@ -280,7 +297,7 @@ def run_judged(
             os.close(req_r)
             os.close(rep_w)
             req_r = rep_w = -1
-            with tempfile.TemporaryDirectory(prefix="tiltlab-judge-") as jdir:
+            with leftovers.tempdir("tiltlab-judge-") as jdir:
                 jcfg = {
                     "tests": tests,
                     "as_bytes": int(cfg.memory_mb) << 20,

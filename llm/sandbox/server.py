@@ -12,11 +12,16 @@ import subprocess
 import sys
 import tempfile
 import threading
+from typing import ClassVar
 
 from .config import JUDGE_MODULES
 from .probe import _warn_once
 from .proc import _env, _kill_group, _site_dirs, _write_all
 from .programs import JUDGE_SERVER
+
+
+class _Retired(Exception):
+    "The server was retired after :meth:`_JudgeServer.get` returned it: ask the next one."
 
 
 class _ServedJudge:
@@ -63,14 +68,26 @@ class _ServedJudge:
         self.sock.close()
 
 
+#: A judge server forks at most this many judges, then a fresh one (a new interpreter: a new random str/bytes
+#: hash secret) takes the next runs while the old one finishes its own. Every judge of one server shares its
+#: hash secret, and with it the iteration order of its sets of str; see docs/code-reward.md ("The hash secret").
+JUDGES_PER_SERVER = 64
+
+
 def _served_judge(fds: tuple[int, int, int, int, int]) -> _ServedJudge | None:
     """A judge from the judge server, or None (with a one-time warning) when the server cannot give
     one twice in a row: the caller then starts the judge as its own interpreter."""
     for attempt in (0, 1):
+        cur = None
         try:
-            return _JudgeServer.get().spawn(fds)
+            cur = _JudgeServer.get()
+            while True:
+                try:
+                    return cur.spawn(fds)
+                except _Retired:
+                    cur = _JudgeServer.get()
         except OSError as e:
-            _JudgeServer.drop()
+            _JudgeServer.drop(cur)
             if attempt:
                 _warn_once(
                     "judge-server",
@@ -88,10 +105,12 @@ def _kill_judge(judge) -> None:
 
 class _JudgeServer:
     """The process-wide judge server (``programs/judge_server.py``), started on first use and again after it
-    died or this process forked; :meth:`spawn` returns a :class:`_ServedJudge`."""
+    died, after this process forked and after :data:`JUDGES_PER_SERVER` judges (the retired one drains and
+    exits); :meth:`spawn` returns a :class:`_ServedJudge`."""
 
     _lock = threading.Lock()
     _current: _JudgeServer | None = None
+    _retired: ClassVar[list[_JudgeServer]] = []  # still finishing their judges; their socket stays open until they exit
 
     def __init__(self):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -117,20 +136,46 @@ class _JudgeServer:
         boot = {"site": _site_dirs(sys.executable), "preload": sorted(JUDGE_MODULES)}
         _write_all(bw, json.dumps(boot).encode())
         self.ctl, self.owner = mine, os.getpid()
+        self.judges = 0  # asked for so far
+        self.retired = False
+        self._send = threading.Lock()  # a request is one message; a retirement comes after every request sent
 
     @classmethod
     def get(cls) -> _JudgeServer:
         with cls._lock:
+            cls._retired = [r for r in cls._retired if r.owner == os.getpid() and not r._exited()]
             cur = cls._current
+            if cur is not None and cur.owner == os.getpid() and cur.judges >= JUDGES_PER_SERVER:
+                cur._retire()
+                cur = None
             if cur is None or cur.owner != os.getpid() or cur.proc.poll() is not None:
                 cls._current = cur = cls()
+            cur.judges += 1
             return cur
 
+    def _retire(self) -> None:
+        """Ask no more of this server: it exits once its last judge is reaped (kept until then)."""
+        with self._send:
+            self.retired = True
+            with contextlib.suppress(OSError):
+                self.ctl.send(b"q")
+        type(self)._retired.append(self)
+
+    def _exited(self) -> bool:
+        if self.proc.poll() is None:
+            return False
+        self.ctl.close()
+        return True
+
     @classmethod
-    def drop(cls) -> None:
-        """Forget the current server (it failed); the next :meth:`get` starts a new one."""
+    def drop(cls, cur: _JudgeServer | None = None) -> None:
+        """Forget the current server (it failed; with ``cur``: only if it is still ``cur``); the next
+        :meth:`get` starts a new one."""
         with cls._lock:
-            cur, cls._current = cls._current, None
+            if cur is None or cls._current is cur:
+                cur, cls._current = cls._current, None
+            else:
+                cur = None
         if cur is not None and cur.owner == os.getpid():
             cur.ctl.close()
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -144,10 +189,13 @@ class _JudgeServer:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             try:
-                self.ctl.sendmsg(
-                    [b"j"],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno(), *fds]))],
-                )
+                with self._send:
+                    if self.retired:  # retired between get() and here: the next server takes this run
+                        raise _Retired
+                    self.ctl.sendmsg(
+                        [b"j"],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno(), *fds]))],
+                    )
             finally:
                 theirs.close()
             msg, anc, _, _ = mine.recvmsg(256, socket.CMSG_SPACE(array.array("i").itemsize))

@@ -329,3 +329,78 @@ def test_runs_leave_no_descriptor_behind_in_the_server_or_the_caller(cfg):
     # at most the first run's counts (a baseline taken while a reply socket was still closing is higher
     # than the steady count, never lower); a descriptor kept per run adds four over runs 2-5
     assert all(n <= w for n, w in zip(last, want)), (want, last, _fds(zpid))
+
+
+# ---------------------------------------------------------------------------------------------
+# the hash secret: sets cross in an order free of it; a server forks at most JUDGES_PER_SERVER judges
+# ---------------------------------------------------------------------------------------------
+
+#: the candidate reads the raw request its server loop decoded (the encoded arguments, in wire order)
+WIRE_SPY = textwrap.dedent("""
+    import sys
+    def f(*a):
+        fr = sys._getframe(1)
+        while "req" not in fr.f_locals:
+            fr = fr.f_back
+        return fr.f_locals["req"]["args"]
+    """)
+WIRE_TESTS = textwrap.dedent("""
+    import json, sys
+    S = {"w%d" % i for i in range(40)}
+    M = frozenset([("t", 1), b"x", frozenset({"a", "b", "c"}), "s", 2, None, 2.5, ("u", ("v",))])
+    wire = f(S, M)
+    print("WIRE", json.dumps(wire), file=sys.stderr)
+    print("MINE", json.dumps(list(S)), file=sys.stderr)
+    assert wire[0] == {"s": sorted(S)}, wire[0]
+    """)
+
+
+@ARMS
+def test_a_set_crosses_in_an_order_the_hash_secret_does_not_change(cfg, monkeypatch):
+    """Two judges with different hash secrets (the second server is a new interpreter) iterate the same set
+    of str in different orders; the candidate sees the same encoding from both, so it cannot learn the
+    judge's order (and, with it, the secret) from a set argument."""
+    monkeypatch.setattr(server, "JUDGES_PER_SERVER", 1, raising=False)
+    runs = [run_judged(WIRE_SPY, WIRE_TESTS, cfg, entry_point="f") for _ in range(2)]
+    assert [r.passed for r in runs] == [True, True], [r.judge_stderr[-600:] for r in runs]
+    mine, wire = ([r.judge_stderr.split(k + " ", 1)[1].split("\n", 1)[0] for r in runs] for k in ("MINE", "WIRE"))
+    assert mine[0] != mine[1]  # the two judges' secrets differ (40 items: equal orders are all but impossible)
+    assert wire[0] == wire[1]
+
+
+def _hashes(runs) -> list[tuple[int, int]]:
+    out = []
+    for r in runs:
+        assert r.passed, r.judge_stderr[-400:]
+        ppid, h = r.judge_stderr.split("H ", 1)[1].split()[:2]
+        out.append((int(ppid), int(h)))
+    return out
+
+
+def test_a_server_forks_at_most_judges_per_server_judges_then_a_new_secret_serves(monkeypatch):
+    """After JUDGES_PER_SERVER judges a fresh server (a new hash secret) takes the next runs; the retired
+    one finishes the judges it has (runs in flight across a retirement pass) and then exits."""
+    monkeypatch.setattr(server, "JUDGES_PER_SERVER", 2, raising=False)
+    tests = "import os, sys\nprint('H', os.getppid(), hash('tiltlab'), file=sys.stderr)\nassert f(1) == 2\n"
+    seq = _hashes([run_judged(ADD, tests, SERVED, entry_point="f") for _ in range(5)])
+    par = _hashes(run_many_judged([(ADD, tests, False, "f")] * 8, SERVED, max_workers=3))
+    by_server: dict[int, set[int]] = {}
+    for zpid, h in seq + par:
+        by_server.setdefault(zpid, set()).add(h)
+    assert all(len(hs) == 1 for hs in by_server.values())  # one secret per server
+    assert len({h for hs in by_server.values() for h in hs}) == len(by_server)  # a new one for each server
+    served = [z for z, _h in seq + par]
+    assert max(served.count(z) for z in by_server) <= 2 and len(by_server) >= 7  # 13 judges, 2 a server
+    current = _server_pid()
+    for zpid in by_server:
+        if zpid == current:
+            continue
+        try:
+            fd = os.pidfd_open(zpid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], 60)
+            assert ready, f"the retired judge server {zpid} did not exit"
+        finally:
+            os.close(fd)

@@ -56,6 +56,43 @@ if TYPE_CHECKING:
 else:
     exec(_CODEC, globals())
 del _CODEC, TYPE_CHECKING
+_codec_enc = _enc
+_SKEY: list = []  # non-empty while a set's items are encoded alone, for their order
+
+
+def _enc(v, handle):  # type: ignore[no-redef]  # the codec's, with sets in an order free of the hash secret
+    "The codec's encoding; a set's items in the order of their encodings, never this process's hash order."
+    t = type(v)
+    if t is not set and t is not frozenset:
+        return _codec_enc(v, handle)
+    tag = "s" if t is set else "f"
+    if all(type(x) is str for x in v):
+        return {tag: sorted(v)}
+    global _ESEEN, _EKEEP
+    outer = _ESEEN, _EKEEP
+    again = []
+
+    def alone(y):  # an iterator is consumed once, by the encoding that is sent
+        if isinstance(y, _Iterator):
+            again.append(True)
+            return {"it": None}
+        return handle(y)
+
+    items = []
+    for x in v:  # each item encoded alone (a function of its value only), then ordered by that encoding
+        del again[:]
+        _ESEEN, _EKEEP = {}, None
+        _SKEY.append(True)
+        try:
+            e = _enc(x, alone)
+            pure = not _ESEEN and not again
+        finally:
+            _ESEEN, _EKEEP = outer
+            _SKEY.pop()
+        items.append((json.dumps(e, sort_keys=True), x, e if pure or _SKEY else None))
+    items.sort(key=lambda i: i[0])
+    # an item holding objects by value (their keys count in encoding order) is encoded again, in place
+    return {tag: [e if e is not None else _enc(x, handle) for _k, x, e in items]}
 
 
 def _read():

@@ -2,8 +2,10 @@
 # judge's program (judge.py) and codec (codec.py), both beside this file, compiled once; per request (six
 # descriptors over a Unix socket: the run's reply socket, the pipe its ``cfg`` comes through, the pipes to and
 # from the candidate, the verdict pipe, stderr) a ``fork`` whose child is the judge; the reply socket gets the
-# judge's pid and a pidfd, then its exit status. (tests/llm/hostile/corpus.py tells the server's process apart
-# by this file's name on its command line.)
+# judge's pid and a pidfd, then its exit status. A message ``q`` retires the server: it takes no more requests
+# and exits once its last judge is reaped. When the parent's end closes (the parent is gone, maybe killed with
+# runs in flight) every live judge is killed through its pidfd, then the server exits. (tests/llm/hostile/
+# corpus.py tells the server's process apart by this file's name on its command line.)
 import _ast  # noqa: F401 (imported once here for every judge the server forks)
 import array
 import builtins
@@ -11,6 +13,7 @@ import json
 import os
 import resource  # noqa: F401 (as _ast)
 import selectors
+import signal
 import socket
 import sys
 import traceback
@@ -73,10 +76,29 @@ def _judge(fds):
     exec(_code, main.__dict__)  # ends in os._exit
 
 
+def _ended():
+    "The parent closed its end: it is gone (killed, perhaps with runs in flight). So are its judges."
+    for _pfd in list(_live):
+        try:
+            signal.pidfd_send_signal(_pfd, signal.SIGKILL)
+        except OSError:
+            pass
+    for _pfd in list(_live):
+        _reaped(_pfd)
+    sys.exit(0)
+
+
 def _spawn():
     msg, anc, _fl, _ad = _ctl.recvmsg(16, _FDS)
     if not msg:
-        sys.exit(0)  # the parent closed its end: it is gone
+        _ended()
+    if msg == b"q":  # retired (a fresh server with a new hash secret takes the next runs): exit once drained
+        _draining.append(True)
+        for fd in (fd for _lv, _ty, data in anc for fd in array.array("i", data[: len(data) - len(data) % 4])):
+            os.close(fd)
+        if not _live:
+            sys.exit(0)
+        return
     fds = []
     for _lv, _ty, data in anc:
         if _lv == socket.SOL_SOCKET and _ty == socket.SCM_RIGHTS:
@@ -116,8 +138,11 @@ def _reaped(pfd):
     except OSError:
         pass
     reply.close()
+    if _draining and not _live:
+        sys.exit(0)
 
 
+_draining = []  # type: ignore[var-annotated]
 while True:
     for _key, _ev in _sel.select():
         if _key.fileobj is _ctl:
