@@ -37,6 +37,11 @@ _lim("RLIMIT_CORE", 0)
 resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))  # SIGXCPU first, SIGKILL 1 s later
 _lim("RLIMIT_FSIZE", cfg["fsize"])
 _lim("RLIMIT_NOFILE", cfg["nofile"])
+if cfg["init_as"]:  # bwrap's init (pid 1, the parent) carries the run's limits, with its share of the budget
+    for _r, _v in (("RLIMIT_AS", cfg["init_as"]), ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", cfg["nofile"])):
+        resource.prlimit(1, getattr(resource, _r), (_v, _v))
+    resource.prlimit(1, resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+    resource.prlimit(1, resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
 if cfg["uid"] is not None:
     os.setgroups([])
     os.setgid(cfg["gid"])
@@ -53,7 +58,8 @@ if cfg["seccomp"]:  # below the bwrap level the bootstrap installs the filter it
         os._exit(213)
     del ctypes, struct, _libc, _prog, _buf, _fprog
 _lim("RLIMIT_NPROC", cfg["nproc"])
-_lim("RLIMIT_AS", cfg["as_bytes"])
+# the hard limit is above the soft one in stdio's server only: its case children lower theirs (_budget)
+resource.setrlimit(resource.RLIMIT_AS, (cfg["as_bytes"], cfg["as_hard"]))
 
 
 def _budget():
@@ -68,11 +74,12 @@ if cfg["budget_seccomp"]:  # ctypes is set up here, before the audit hook that m
     _bprog = bytes.fromhex(cfg["budget_seccomp"])
     _bbuf = _ct.create_string_buffer(_bprog, len(_bprog))
     _bf = _ct.create_string_buffer(_st.pack("HxxxxxxQ", len(_bprog) // 8, _ct.addressof(_bbuf)), 16)
-    _bnnp, _bset = _bl.prctl, _bl.prctl
+    _bnnp, _bset, _bas = _bl.prctl, _bl.prctl, _bl.setrlimit
+    _brl = (_ct.c_ulong * 2)(cfg["case_as_bytes"], cfg["case_as_bytes"])  # struct rlimit
 
     def _budget():
-        "The second filter (one process, no memory files): before the candidate's code runs."
-        if _bnnp(38, 1, 0, 0, 0) != 0 or _bset(22, 2, _bf, 0, 0) != 0:
+        "The case's share of the budget (RLIMIT_AS, 9) and the second filter: before the candidate's code runs."
+        if _bas(9, _brl) != 0 or _bnnp(38, 1, 0, 0, 0) != 0 or _bset(22, 2, _bf, 0, 0) != 0:
             os._exit(213)
 
     del _st
