@@ -52,7 +52,9 @@ Isolation of the candidate (:func:`isolation_report` says which level runs here)
 
 * ``bwrap`` (when ``bubblewrap`` works): new PID, network, IPC, UTS (and cgroup) namespaces, a
   root file system holding only read-only ``/usr`` and the interpreter's prefixes (so numpy etc.
-  of the current environment import), private ``/proc``, minimal ``/dev``, size-capped tmpfs
+  of the current environment import), no ``/proc`` and no ``/sys`` (their host-wide counters and a
+  process's own fault and residency counts are channels; ``/proc/<pid>/mem`` would let the candidate
+  write bwrap's init and the stdio server), minimal ``/dev``, size-capped tmpfs
   ``/tmp`` (the working directory; an interpreter installed under ``/tmp``, e.g. a virtualenv in
   ``/tmp/ci/venv``, is bound read-only at its own path there, so ``/tmp`` then lists its top
   directory) and ``/dev/shm``; no host file is written. As root, bwrap runs

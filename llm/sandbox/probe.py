@@ -111,12 +111,16 @@ def _bwrap_args(python: str, root: bool, disk_mb: int) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    # the private /proc, /dev and tmpfs /tmp come before the interpreter's prefixes: bwrap mounts in argument
+    # no /proc (nor /sys): its host-wide counters (meminfo, stat, loadavg, vmstat, pty/nr, file-nr, pressure)
+    # and the process's own (smaps, pagemap, statm, status, stat: page-cache residency after fault-around)
+    # would be channels between runs and between concurrent candidates, and /proc/<pid>/mem would let the
+    # candidate write the sandbox's init and the stdio server (same uid as an ordinary user)
+    # the private /dev and tmpfs /tmp come before the interpreter's prefixes: bwrap mounts in argument
     # order, and a tmpfs mounted after them would hide a prefix under /tmp (a virtualenv in /tmp/...)
     size = str(int(disk_mb) << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
+    args += ["--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm"]
     args += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
-    made: set[str] = {"/tmp", "/dev", "/proc"}
+    made: set[str] = {"/tmp", "/dev"}
     for r in _bind_roots(python):
         parts = Path(r).parts[1:-1]
         for i in range(len(parts)):

@@ -119,7 +119,7 @@ class _Candidate:
             "fsize": int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes)),
             "nofile": cfg.nofile,
             "nproc": cfg.nproc,
-            "as_bytes": int(cfg.memory_mb) << 20,
+            **_memory_shares(cfg, mode, plan["level"] == "bwrap"),
             "uid": uid,
             "gid": gid,
             "block_processes": cfg.block_processes,
@@ -225,6 +225,24 @@ def _pdeathsig() -> tuple[str, ...]:
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     return (exe, "--pdeathsig", "KILL") if ok else ()
+
+
+#: The address space of bwrap's init (pid 1 of the sandbox; bwrap's own code, about 3.3 MiB, 1.4 MiB resident)
+INIT_BYTES = 8 << 20
+
+
+def _memory_shares(cfg: SandboxConfig, mode: str, bwrap: bool) -> dict:
+    """The run's budget (``memory_mb``) as RLIMIT_AS shares whose sum it is: bwrap's init gets
+    :data:`INIT_BYTES`, the process that runs the candidate's code the rest; in stdio mode the server gets
+    ``min(rest // 2, 32 MiB + 4 * max_reply_mb)`` (its interpreter, about 17 MiB, and a reply: the output,
+    joined, decoded, encoded) and each case's child ``rest - server`` (one case runs at a time)."""
+    budget = int(cfg.memory_mb) << 20
+    init = INIT_BYTES if bwrap else 0
+    rest = budget - init
+    if mode != "stdio":
+        return {"init_as": init, "as_bytes": rest, "as_hard": rest, "case_as_bytes": 0}
+    server = min(rest // 2, (32 << 20) + 4 * _reply_cap(cfg))
+    return {"init_as": init, "as_bytes": server, "as_hard": rest, "case_as_bytes": rest - server}
 
 
 def _cpu_s(cfg: SandboxConfig) -> int:

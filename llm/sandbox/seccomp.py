@@ -13,6 +13,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "process_vm_readv": 310, "process_vm_writev": 311, "preadv2": 327, "pwritev2": 328,
         "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
         "fork": 57, "vfork": 58, "memfd_create": 319, "shmget": 29,
+        "sysinfo": 99, "getrusage": 98, "perf_event_open": 298, "process_madvise": 440, "pidfd_open": 434,
     }),
     "aarch64": (0xC00000B7, {
         "add_key": 217, "request_key": 218, "keyctl": 219, "mincore": 232, "madvise": 233, "clone": 220,
@@ -21,6 +22,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "process_vm_readv": 270, "process_vm_writev": 271, "preadv2": 286, "pwritev2": 287,
         "io_uring_setup": 425, "clone3": 435, "pidfd_getfd": 438, "cachestat": 451,
         "memfd_create": 279, "shmget": 194,
+        "sysinfo": 179, "getrusage": 165, "perf_event_open": 241, "process_madvise": 440, "pidfd_open": 434,
     }),
 }  # fmt: skip
 
@@ -31,6 +33,12 @@ SECCOMP_DENIED = (
     # through the page cache of shared files such as /usr's); io_setup / io_uring_setup would reach the
     # same operations (RWF_NOWAIT reads, fadvise, madvise) past this filter
     "mincore", "readahead", "fadvise64", "cachestat", "io_setup", "io_uring_setup",
+    # the same, exactly, by counting faults (a major fault: the page was not cached) and by evicting
+    # (process_madvise MADV_PAGEOUT / MADV_COLD on the process's own pidfd)
+    "getrusage", "perf_event_open", "process_madvise",
+    # host-wide counters: sysinfo (free and shared RAM: the tmpfs pages of every sandbox, the number of
+    # processes) and pidfd_open (a pidfd's inode number counts the pids allocated on the whole host)
+    "sysinfo", "pidfd_open",
     # whole-file locks and file-access notification on shared files
     "flock", "inotify_init", "inotify_init1", "inotify_add_watch",
     # other processes' memory and files, other namespaces

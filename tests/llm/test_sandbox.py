@@ -296,18 +296,19 @@ def test_legacy_backend_runs_and_says_so():
 
 
 @needs_bwrap
-def test_bwrap_private_tmp_shm_and_proc(tmp_path):
+def test_bwrap_private_tmp_shm_and_no_proc(tmp_path):
     name = f"tiltlab-sbx-probe-{os.getpid()}"
     code = (
         "import os\n"
         f"for d in ('/tmp', '/dev/shm'):\n    open(d + '/{name}', 'w').write('x')\n"
-        "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print([os.getpid(), os.getppid(), os.path.exists('/proc'), os.path.exists('/sys')])\n"
         "print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n"
     )
     r = run_python(code, FAST, audit_hook=False)  # the OS layer, not the hook's write block
     assert r.passed, r.stderr
-    pids = eval(r.stdout.splitlines()[0])
-    assert max(pids) < 10  # its own PID namespace: a handful of processes, none of the host's
+    pid, ppid, proc, sys_ = eval(r.stdout.splitlines()[0])
+    assert pid < 10 and ppid == 1  # its own PID namespace, under bwrap's init
+    assert not proc and not sys_  # no /proc (its host-wide counters, other processes' memory) and no /sys
     assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
     # a second run starts from empty /tmp and /dev/shm
     r2 = run_python("import os\nprint(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))", FAST)
@@ -558,7 +559,10 @@ def test_judged_other_builtin_names_stay_the_judges():
             "assert 3 in f() and 4 not in f() and [3] not in f()",
         ),
         # repr() of a returned object is the candidate's __repr__; a truth value without __len__
-        ("class P:\n    def __repr__(self):\n        return 'P(1)'\ndef f():\n    return P()\n", "assert repr(f()) == 'P(1)'"),
+        (
+            "class P:\n    def __repr__(self):\n        return 'P(1)'\ndef f():\n    return P()\n",
+            "assert repr(f()) == 'P(1)'",
+        ),
         ("class E:\n    def __bool__(self):\n        return False\ndef f():\n    return E()\n", "assert not f()"),
     ],
 )
@@ -1396,7 +1400,7 @@ def test_keyring_calls_are_denied(backend):
 # a lock, an event, another process's memory), so the tests ``assert probe()`` pay it exactly when
 # the channel is open. The candidate prints the errno it got.
 _CHANNEL_PRELUDE = """
-import ctypes, errno, fcntl, os, struct, sys
+import ctypes, errno, fcntl, os, resource, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.syscall.restype = ctypes.c_long
@@ -1444,11 +1448,16 @@ _CHANNELS = {
     "inotify_init1": "libc.inotify_init1(0)",
     "unshare CLONE_NEWUSER": "libc.unshare(0x10000000)",
     "clone CLONE_NEWUSER": "libc.syscall(NR['clone'], 0x10000000 | 17, 0, 0, 0, 0)",
-    "setns (own user namespace)": "libc.setns(os.open('/proc/self/ns/user', os.O_RDONLY), 0)",
+    "setns": "libc.setns(F, 0)",  # no /proc for a namespace file: unfiltered, the kernel answers EINVAL
     "ptrace": "libc.ptrace(0, 0, 0, 0)",  # PTRACE_TRACEME
     "process_vm_readv": "libc.process_vm_readv(os.getpid(), iov(DST), 1, iov(SRC), 1, 0)",
     "process_vm_writev": "libc.process_vm_writev(os.getpid(), iov(SRC), 1, iov(DST), 1, 0)",
-    "pidfd_getfd": "libc.syscall(NR['pidfd_getfd'], os.pidfd_open(os.getpid()), 0, 0)",
+    "pidfd_getfd": "libc.syscall(NR['pidfd_getfd'], F, 0, 0)",  # unfiltered, the kernel answers EBADF
+    "pidfd_open": "os.pidfd_open(os.getpid())",  # its inode number counts the host's pids
+    "getrusage (fault counts)": "resource.getrusage(resource.RUSAGE_SELF)",
+    "sysinfo": "libc.sysinfo(ctypes.create_string_buffer(256))",
+    "perf_event_open": "libc.syscall(NR['perf_event_open'], ctypes.create_string_buffer(128), 0, -1, -1, 0)",
+    "process_madvise": "libc.syscall(NR['process_madvise'], 0, 0, 0, 21, 0)",
 }
 
 

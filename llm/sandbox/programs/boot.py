@@ -37,6 +37,11 @@ _lim("RLIMIT_CORE", 0)
 resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))  # SIGXCPU first, SIGKILL 1 s later
 _lim("RLIMIT_FSIZE", cfg["fsize"])
 _lim("RLIMIT_NOFILE", cfg["nofile"])
+if cfg["init_as"]:  # bwrap's init (pid 1, the parent) carries the run's limits, with its share of the budget
+    for _r, _v in (("RLIMIT_AS", cfg["init_as"]), ("RLIMIT_CORE", 0), ("RLIMIT_NOFILE", cfg["nofile"])):
+        resource.prlimit(1, getattr(resource, _r), (_v, _v))
+    resource.prlimit(1, resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+    resource.prlimit(1, resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
 if cfg["uid"] is not None:
     os.setgroups([])
     os.setgid(cfg["gid"])
@@ -53,7 +58,8 @@ if cfg["seccomp"]:  # below the bwrap level the bootstrap installs the filter it
         os._exit(213)
     del ctypes, struct, _libc, _prog, _buf, _fprog
 _lim("RLIMIT_NPROC", cfg["nproc"])
-_lim("RLIMIT_AS", cfg["as_bytes"])
+# the hard limit is above the soft one in stdio's server only: its case children lower theirs (_budget)
+resource.setrlimit(resource.RLIMIT_AS, (cfg["as_bytes"], cfg["as_hard"]))
 
 
 def _budget():
@@ -68,11 +74,12 @@ if cfg["budget_seccomp"]:  # ctypes is set up here, before the audit hook that m
     _bprog = bytes.fromhex(cfg["budget_seccomp"])
     _bbuf = _ct.create_string_buffer(_bprog, len(_bprog))
     _bf = _ct.create_string_buffer(_st.pack("HxxxxxxQ", len(_bprog) // 8, _ct.addressof(_bbuf)), 16)
-    _bnnp, _bset = _bl.prctl, _bl.prctl
+    _bnnp, _bset, _bas = _bl.prctl, _bl.prctl, _bl.setrlimit
+    _brl = (_ct.c_ulong * 2)(cfg["case_as_bytes"], cfg["case_as_bytes"])  # struct rlimit
 
     def _budget():
-        "The second filter (one process, no memory files): before the candidate's code runs."
-        if _bnnp(38, 1, 0, 0, 0) != 0 or _bset(22, 2, _bf, 0, 0) != 0:
+        "The case's share of the budget (RLIMIT_AS, 9) and the second filter: before the candidate's code runs."
+        if _bas(9, _brl) != 0 or _bnnp(38, 1, 0, 0, 0) != 0 or _bset(22, 2, _bf, 0, 0) != 0:
             os._exit(213)
 
     del _st
@@ -266,7 +273,6 @@ import json as _json
 _rq = os.fdopen(cfg["rfd"], "rb")
 _rs = os.fdopen(cfg["wfd"], "wb")
 _cap = cfg["max_reply"]
-_STDIO_CAP = _cap * 4 // 3 + 4096  # a stdio case's reply: its output's base64, at most _cap bytes of output
 from binascii import b2a_base64 as _b64
 
 _RLIM = cfg["recursion"]
@@ -302,12 +308,12 @@ def _wire(fn, *a):
         sys.setrecursionlimit(old)
 
 
-def _send(msg, cap=None):
+def _send(msg):
     try:
         data = _wire(_json.dumps, msg).encode()
     except (TypeError, ValueError, RecursionError) as e:
         data = _json.dumps({"e": [type(e).__name__, "reply not serializable"]}).encode()
-    if len(data) > (cap or _cap):
+    if len(data) > _cap:
         data = _json.dumps({"e": ["OverflowError", "reply too large"]}).encode()
     _rs.write(data + b"\n")
     _rs.flush()
@@ -446,7 +452,9 @@ def _stdio(text):
         raise OverflowError("output too large")
     if os.waitstatus_to_exitcode(st) != 0:
         raise RuntimeError(f"the program failed (exit status {os.waitstatus_to_exitcode(st)})")
-    return b"".join(chunks)  # the output's bytes (the cap is on them, not on an encoding of them)
+    data = b"".join(chunks)  # the output's bytes (the cap is on them, not on an encoding of them)
+    del chunks[:]
+    return data
 
 
 def _remote(kind, v):
@@ -505,7 +513,7 @@ while True:
         op = req["op"]
         _BYVAL = frozenset(n for n in req.get("cls", ()) if type(n) is str)
         if op == "stdio":  # the output as base64: a 32 MiB output of any bytes fits a reply of 4/3 of that
-            out["o"] = _b64(_stdio(req["input"]), newline=False).decode()
+            out["o"] = _b64(_stdio(req["input"]), newline=False)
         else:
             obj = _dec(req["obj"], _remote)
             if op == "call":
@@ -553,5 +561,11 @@ while True:
     except BaseException as e:
         out.pop("v", None)
         out["e"] = _err(e)
-    _send(out, _STDIO_CAP if "o" in out else None)
+    if type(out.get("o")) is bytes:  # written as is: base64 needs no JSON escapes, and no copy of it is made
+        _rs.write(b'{"o": "')
+        _rs.write(out.pop("o"))
+        _rs.write(b'"}\n')
+        _rs.flush()
+        continue
+    _send(out)
 os._exit(0)

@@ -227,11 +227,13 @@ def throwaway_user():
         subprocess.run(["userdel", name], check=False)
 
 
-def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
-    # The user must be able to run this environment's interpreter. When it lives in a directory
-    # others cannot enter (e.g. /root/.pyenv), a private mount namespace of this test only covers
-    # that directory with an empty tmpfs and binds back just the interpreter and the repository,
-    # as a normal per-user install would look; the host's mounts are untouched.
+def _as_user(user: str, tmp_path: Path, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """``argv`` (after this environment's interpreter) run as ``user``, with this checkout first on its path.
+
+    The user must be able to run this environment's interpreter. When it lives in a directory
+    others cannot enter (e.g. /root/.pyenv), a private mount namespace of this test only covers
+    that directory with an empty tmpfs and binds back just the interpreter and the repository,
+    as a normal per-user install would look; the host's mounts are untouched."""
     need = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, str(REPO))})
     script = ["set -e", "mount --make-rprivate /"]
     hidden = {}
@@ -249,20 +251,50 @@ def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
     run = [
         "runuser",
         "-u",
-        throwaway_user,
+        user,
         "--",
         "env",
         "-i",
         "PATH=/usr/bin:/bin",
         "HOME=/nonexistent",
         "PYTHONDONTWRITEBYTECODE=1",
+        f"PYTHONPATH={REPO}",  # this checkout's tiltlab, not another one an editable install points to
         "OMP_NUM_THREADS=1",
         sys.executable,
-        str(Path(__file__).with_name("corpus.py")),
-        "--json",
+        *argv,
     ]
     script.append(" ".join(f"'{a}'" for a in run))
-    r = subprocess.run(["unshare", "-m", "sh", "-c", "\n".join(script)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", "\n".join(script)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _user_processes(user: str) -> list[str]:
+    """The processes of ``user`` still alive once the kernel has torn down what was killed (as
+    ``corpus._settled_leftovers`` waits for)."""
+    import pwd
+    import time
+
+    uid = pwd.getpwnam(user).pw_uid
+
+    def scan():
+        out = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{p}").st_uid == uid:
+                        out.append(f"{p} {_cmdline(int(p))[:200]!r}")
+        return out
+
+    left, deadline = scan(), time.monotonic() + 2.0
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = scan()
+    return left
+
+
+def test_corpus_as_ordinary_user(throwaway_user, tmp_path):
+    r = _as_user(throwaway_user, tmp_path, [str(Path(__file__).with_name("corpus.py")), "--json"])
     assert r.stdout.strip(), r.stderr[-2000:]
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert rep["uid"] != 0
@@ -329,3 +361,172 @@ def test_leftovers_sees_a_live_runs_candidate_and_judge(served):
         worker.join(120)
     assert out["r"].status != "ok" and not out["r"].passed
     assert corpus._settled_leftovers() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# as an ordinary user: the sandbox's init and the stdio server are not the candidate's to write,
+# carry the run's limits, never outlive the run, and the run holds one memory budget
+# ---------------------------------------------------------------------------------------------
+
+#: what the user runs: the attacks through run_judged, with the sum of the resident memory of the run's
+#: processes (bwrap's, the bootstrap's and their children: not the judge, which has its own budget on the
+#: host) sampled meanwhile, and the limits of the sandbox's init
+_USER_SCRIPT = r"""
+import json, os, sys, threading, time
+from tiltlab.llm.sandbox import SandboxConfig, run_judged
+
+ATTACKS = json.loads(open(sys.argv[1]).read())
+peak, stop, inits = [0, {}], threading.Event(), []
+def sample():
+    while not stop.is_set():
+        total, seen = 0, {}
+        for p in os.listdir("/proc"):
+            if not p.isdigit() or int(p) == os.getpid():
+                continue
+            try:
+                cmd = open(f"/proc/{p}/cmdline", "rb").read()
+                if not (cmd.startswith(b"/usr/bin/bwrap") or b"boot.py" in cmd):
+                    continue
+                st = dict(l.split(":", 1) for l in open(f"/proc/{p}/status").read().splitlines() if ":" in l)
+                if int(st["Uid"].split()[0]) != os.getuid():  # another user's sandbox (another test's, as root)
+                    continue
+                kb = int(st.get("VmRSS", "0 kB").split()[0])
+                if cmd.startswith(b"/usr/bin/bwrap") and st["NSpid"].split()[-1] == "1":  # the sandbox's init
+                    lim = [l for l in open(f"/proc/{p}/limits") if l.startswith(("Max address", "Max cpu"))]
+                    inits.append([" ".join(l.split()) for l in lim])
+            except (OSError, KeyError, ValueError):
+                continue
+            total += kb
+            seen[p] = kb
+        if total > peak[0]:
+            peak[:] = [total, seen]
+        stop.wait(0.005)
+out = {"uid": os.getuid(), "runs": {}}
+for name, a in ATTACKS.items():
+    peak[:] = [0, {}]
+    inits.clear()
+    t = threading.Thread(target=sample)
+    t.start()
+    cfg = SandboxConfig(timeout_s=30.0, memory_mb=a["memory_mb"], audit_hook=False)
+    r = run_judged(a["code"], a["tests"], cfg, stdio=a["stdio"])
+    stop.set()
+    t.join()
+    stop.clear()
+    out["runs"][name] = {
+        "reward": 1.0 if r.passed else 0.0, "status": r.status, "level": r.isolation["level"],
+        "peak_mib": peak[0] / 1024, "stderr": r.stderr[-1500:], "judge": r.judge_stderr[-500:],
+        "init": inits[-1] if inits else None,
+    }
+print(json.dumps(out))
+"""
+
+#: the sandbox's init (pid 1): same uid as the candidate, and dumpable, so /proc/1/mem opens for writing (the
+#: red team rewrote it there, cleared its parent-death signal and kept it alive past the run holding 1 GiB);
+#: the probe writes back the bytes it read from a writable page of init's, so it proves the access, harmlessly
+_INIT_WRITE = """
+import os
+def probe():
+    try:
+        rw = next(l for l in open('/proc/1/maps') if l.split()[1].startswith('rw'))
+        addr = int(rw.split('-')[0], 16)
+        with open('/proc/1/mem', 'r+b', buffering=0) as m:
+            m.seek(addr)
+            b = m.read(64)
+            m.seek(addr)
+            m.write(b)
+        return True
+    except Exception as e:
+        print(type(e).__name__, e)
+        return False
+"""
+
+#: case 1 overwrites, through /proc/<server>/mem, the server's copy of the budget filter with "allow
+#: everything" (the child is the server's fork: the buffer is at the same address in both); case 2, whose
+#: filter is then that, forks 4 children that hold 350 MiB each
+_SERVER_PATCH = """
+import ctypes, os, struct, sys, time
+n = input().strip()
+if n == '1':
+    buf = sys.modules['__main__'].__dict__['_bbuf']
+    allow = struct.pack('=HBBI', 6, 0, 0, 0x7FFF0000) * (len(buf.raw) // 8)
+    with open('/proc/%d/mem' % os.getppid(), 'r+b', buffering=0) as m:
+        m.seek(ctypes.addressof(buf))
+        m.write(allow)
+    print('one')
+else:
+    r, w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    for _ in range(4):
+        if os.fork() == 0:
+            os.close(hold_w)
+            x = bytearray(350 << 20)
+            x[::4096] = b'\\x01' * (len(x) // 4096)
+            os.write(w, b'1')
+            os.read(hold_r, 1)  # until the case ends
+            os._exit(0)
+    got = 0
+    while got < 4:
+        got += len(os.read(r, 4))
+    time.sleep(1)
+    print('two')
+"""
+
+#: one process grabbing all it can, 32 MiB at a time, touched, held for a moment
+_GRAB = """
+import time
+held = []
+try:
+    while True:
+        x = bytearray(32 << 20)
+        x[::4096] = b'\\x01' * (len(x) // 4096)
+        held.append(x)
+except MemoryError:
+    pass
+time.sleep(1)
+print('three', 32 * len(held))
+"""
+
+
+def _user_attacks(user: str, tmp_path: Path, attacks: dict) -> dict:
+    d = Path(tempfile.mkdtemp(prefix="tiltlab-user-attack-"))  # pytest's tmp_path is under a 0700 folder
+    try:
+        d.chmod(0o755)
+        (d / "attack.py").write_text(_USER_SCRIPT)
+        (d / "attacks.json").write_text(json.dumps(attacks))
+        for f in ("attack.py", "attacks.json"):
+            (d / f).chmod(0o644)
+        r = _as_user(user, tmp_path, [str(d / "attack.py"), str(d / "attacks.json")])
+    finally:
+        shutil.rmtree(d)
+    assert r.stdout.strip(), r.stderr[-3000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["uid"] != 0
+    return rep
+
+
+def test_ordinary_user_cannot_write_the_sandbox_init(throwaway_user, tmp_path):
+    attacks = {"init": {"code": _INIT_WRITE, "tests": "assert probe()", "stdio": False, "memory_mb": 256}}
+    run = _user_attacks(throwaway_user, tmp_path, attacks)["runs"]["init"]
+    assert run["level"] == "bwrap" and run["reward"] == 0.0, run
+    assert run["stderr"] == "" and run["status"] == "failed", run  # the probe's answer, not a crash
+    # init carries the run's limits: its share of the address space, the CPU time
+    assert run["init"] is not None, run
+    assert run["init"][:2] == ["Max cpu time 32 33 seconds", f"Max address space {8 << 20} {8 << 20} bytes"], run
+    assert _user_processes(throwaway_user) == []  # nothing of the run outlives it
+
+
+def test_ordinary_user_stdio_server_is_not_writable_and_the_run_holds_one_budget(throwaway_user, tmp_path):
+    two = "assert __stdio__('1').strip() == 'one'\nassert __stdio__('2').strip() == 'two'\n"
+    attacks = {
+        "server patch": {"code": _SERVER_PATCH, "tests": two, "stdio": True, "memory_mb": 1024},
+        "grab": {"code": _GRAB, "tests": "assert __stdio__('').startswith('three')", "stdio": True, "memory_mb": 1024},
+    }
+    runs = _user_attacks(throwaway_user, tmp_path, attacks)["runs"]
+    assert runs["server patch"]["reward"] == 0.0, runs["server patch"]
+    assert "PermissionError" in runs["server patch"]["stderr"] or "FileNotFound" in runs["server patch"]["stderr"]
+    grab = runs["grab"]
+    assert grab["reward"] == 1.0, grab
+    # one budget for the run's processes (bwrap's init and the server included): the grab held close to it
+    assert 512 <= grab["peak_mib"] <= 1024, grab
+    assert runs["server patch"]["peak_mib"] <= 1024, runs["server patch"]
+    assert _user_processes(throwaway_user) == []
