@@ -507,7 +507,7 @@ while True:
     line = _rq.readline()
     if not line:
         break
-    out = {}
+    out: dict = {}
     try:
         req = _wire(_json.loads, line)
         op = req["op"]
