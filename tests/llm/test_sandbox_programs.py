@@ -313,7 +313,7 @@ def test_judge_exceptions_cross_as_builtins_except_those_that_steer_control_flow
     e = exc("ValueError", "bad")
     assert type(e) is ValueError and str(e) == "bad"
     assert type(exc("KeyError", "k")) is KeyError and type(exc("OSError", "o")) is OSError
-    for name in (*config.NO_CROSS, "BaseException", "Nope", "print", 5):
+    for name in (*config.NO_CROSS, "BaseException", "Nope", "print", 5, ["ValueError"], None):
         e = exc(name, "m")
         assert type(e) is RuntimeError and str(e) == f"{name}: m", name
     # a candidate's own exception class: the first builtin name of its MRO decides, and a forbidden one stops there
@@ -405,3 +405,14 @@ def test_an_enum_or_dataclass_of_another_module_is_never_taken_for_this_sides_ow
     assert codec._dataclass("Pt", (("x", True), ("y", True)), (True, False, False)) is Pt  # same fields: its own
     other = codec._dataclass("Pt", (("x", True), ("z", True)), (True, False, False))
     assert other is not Pt and [f.name for f in _dc.fields(other)] == ["x", "z"]
+
+
+def test_enum_values_that_cross_are_ints_strs_floats_and_tuples_of_them(codec):
+    ok = codec._enum_value
+    for kind in ("IntEnum", "IntFlag", "Flag"):
+        assert ok(kind, 3) and not ok(kind, "a") and not ok(kind, 1.5) and not ok(kind, (1,)), kind
+    assert ok("StrEnum", "a") and not ok("StrEnum", 1) and not ok("StrEnum", ("a",))
+    for good in (1, "a", 2.5, (3.3e23, 2.4e6), ("a", (1, (2.0,))), ()):
+        assert ok("Enum", good), good
+    for bad in ([1, 2], None, True, {"a": 1}, (1, [2]), (1, None), b"x", ((((((1,),),),),),), tuple(range(65))):
+        assert not ok("Enum", bad), bad
