@@ -404,3 +404,21 @@ def test_a_server_forks_at_most_judges_per_server_judges_then_a_new_secret_serve
             assert ready, f"the retired judge server {zpid} did not exit"
         finally:
             os.close(fd)
+
+
+def test_a_forked_process_never_retires_its_parents_server(monkeypatch):
+    """A process forked from one that holds a server starts its own; it never retires (nor asks anything of)
+    the parent's, even when that one is due for retirement."""
+    monkeypatch.setattr(server, "JUDGES_PER_SERVER", 1, raising=False)
+    parent = server._JudgeServer.get()  # one judge asked for: due for retirement at the next get()
+    pid = os.fork()
+    if pid == 0:  # the child: its own server, and the parent's copy untouched
+        code = 1
+        try:
+            mine = server._JudgeServer.get()
+            code = 0 if (mine is not parent and not parent.retired and mine.owner == os.getpid()) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not parent.retired and parent.proc.poll() is None  # the parent's server still serves the parent
