@@ -422,3 +422,16 @@ def test_a_forked_process_never_retires_its_parents_server(monkeypatch):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not parent.retired and parent.proc.poll() is None  # the parent's server still serves the parent
+
+
+def test_dropping_a_retired_server_keeps_the_current_one(monkeypatch):
+    """``drop(cur)`` forgets the server only while it is still the current one: a run whose server failed
+    after a rotation never drops (nor kills) its successor."""
+    monkeypatch.setattr(server, "JUDGES_PER_SERVER", 1, raising=False)
+    old = server._JudgeServer.get()
+    new = server._JudgeServer.get()  # ``old`` is due: retired, ``new`` takes the next runs
+    assert new is not old and old.retired
+    server._JudgeServer.drop(old)
+    assert server._JudgeServer._current is new and new.proc.poll() is None
+    server._JudgeServer.drop(new)
+    assert server._JudgeServer._current is None

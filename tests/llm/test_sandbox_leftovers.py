@@ -100,6 +100,10 @@ def test_the_sweep_removes_exactly_the_folders_whose_owner_is_gone(tmp_path):
     for n in names:
         os.mkdir(tmp_path / n)
         (tmp_path / n / "f").write_text("x")
+    # a stale name that is no folder (rmtree fails on it): the sweep goes on, and leaves it
+    odd = f"tiltlab-judge-{gone.pid}.{start}.{ns}.{boot}-z"
+    (tmp_path / odd).write_text("not a folder")
+    names[odd] = True
     removed = leftovers.sweep(str(tmp_path))
     assert sorted(os.path.basename(p) for p in removed) == sorted(n for n, keep in names.items() if not keep)
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, keep in names.items() if keep)

@@ -325,7 +325,8 @@ def test_judge_exceptions_cross_as_builtins_except_those_that_steer_control_flow
         ["B", "BaseException"],
     ):
         assert type(exc(mro[0], "m", mro)) is RuntimeError, mro
-    assert type(exc("Mine", "m", "ValueError")) is RuntimeError  # a malformed MRO is ignored
+    for bad in ("ValueError", {"ValueError": 1}, ("ValueError",)):  # a malformed MRO is ignored
+        assert type(exc("Mine", "m", bad)) is RuntimeError, bad
     # the candidate's top-level exception classes get a judge class each, in the builtin hierarchy they claim
     own = ns["_exc_classes"](
         {
