@@ -25,7 +25,7 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (namespaces, rlimits)", allow_module_level=True)
 
-from tiltlab.llm.sandbox import SandboxWarning, isolation_report
+from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report
 
 _spec = importlib.util.spec_from_file_location("tiltlab_hostile_corpus", Path(__file__).with_name("corpus.py"))
 corpus = importlib.util.module_from_spec(_spec)
@@ -392,7 +392,8 @@ def sample():
                     continue
                 kb = int(st.get("VmRSS", "0 kB").split()[0])
                 if cmd.startswith(b"/usr/bin/bwrap") and st["NSpid"].split()[-1] == "1":  # the sandbox's init
-                    lim = [l for l in open(f"/proc/{p}/limits") if l.startswith(("Max address", "Max cpu"))]
+                    keep = ("Max address", "Max cpu", "Max file size", "Max core", "Max open files")
+                    lim = [l for l in open(f"/proc/{p}/limits") if l.startswith(keep)]
                     inits.append([" ".join(l.split()) for l in lim])
             except (OSError, KeyError, ValueError):
                 continue
@@ -511,7 +512,17 @@ def test_ordinary_user_cannot_write_the_sandbox_init(throwaway_user, tmp_path):
     assert run["stderr"] == "" and run["status"] == "failed", run  # the probe's answer, not a crash
     # init carries the run's limits: its share of the address space, the CPU time
     assert run["init"] is not None, run
-    assert run["init"][:2] == ["Max cpu time 32 33 seconds", f"Max address space {8 << 20} {8 << 20} bytes"], run
+    cfg = SandboxConfig()
+    fsize = int(max(cfg.max_file_mb * (1 << 20), cfg.max_output_bytes))
+    assert sorted(run["init"]) == sorted(
+        [
+            "Max cpu time 32 33 seconds",
+            f"Max file size {fsize} {fsize} bytes",
+            "Max core file size 0 0 bytes",
+            f"Max open files {cfg.nofile} {cfg.nofile} files",
+            f"Max address space {8 << 20} {8 << 20} bytes",
+        ]
+    ), run
     assert _user_processes(throwaway_user) == []  # nothing of the run outlives it
 
 
