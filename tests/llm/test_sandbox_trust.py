@@ -304,8 +304,11 @@ def test_a_lying_subclass_of_a_type_that_crosses_by_value_is_never_paid(base):
 PLAIN_LIARS = {
     "plain object": "class _L:\n{body}\ndef f(x):\n    return _L()\n",
     "__class__ says float": "class _L:\n    __class__ = property(lambda s: float)\n{body}\ndef f(x):\n    return _L()\n",
-    "__class__ assigned to a float subclass's instance": (  # __class__ of an instance is reassignable only within
-        "class _F(float):\n    pass\nclass _L:\n{body}\ndef f(x):\n    o = _L()\n    return o\n"  # layouts: stays _L
+    # a float subclass's instance whose __class__ is then set to the liar's (CPython allows it only between
+    # compatible layouts, so it stays a float subclass with the liar's methods, or the liar itself)
+    "__class__ reassigned": (
+        "class _L(float):\n{body}\nclass _P:\n{body}\ndef f(x):\n    o = _L(3.0)\n    try:\n"
+        "        o.__class__ = _P\n    except TypeError:\n        o = _P()\n    return o\n"
     ),
 }
 #: what a handle of a plain object refuses or computes in the judge: a liar's every answer is ignored. Not here,
