@@ -277,14 +277,22 @@ _reward = resolve_reward("code")
 
 
 def _batch(liar: str, honest: str, checks: list[str], prelude: str = "") -> list[tuple[str, float, float]]:
-    """(check, the liar's reward, the honest program's reward) for ``assert <check>``, all in one batch."""
-    tests = [f"import collections, math\n{prelude}assert {c}\n" for c in checks]
-    codes = [f"```python\n{liar}```" for _ in checks] + [f"```python\n{honest}```" for _ in checks]
+    """(check, the liar's reward, the honest program's reward) for ``assert <check>``, in one batch.
+
+    The liar runs once per check (each check decides its own reward); the honest program once with every
+    check (it must pass them all), and once per check only when that run fails, to name the failing ones."""
+    head = f"import collections, math\n{prelude}"
+    tests = [f"{head}assert {c}\n" for c in checks]
+    codes = [f"```python\n{liar}```" for _ in checks] + [f"```python\n{honest}```"]
+    every = head + "".join(f"assert {c}\n" for c in checks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = _reward(None, codes, tests=tests * 2, entry_point=["f"] * len(codes))
-    n = len(checks)
-    return [(c, got[i], got[n + i]) for i, c in enumerate(checks)]
+        got = _reward(None, codes, tests=[*tests, every], entry_point=["f"] * len(codes))
+        n = len(checks)
+        fair = [got[n]] * n
+        if got[n] != 1.0:
+            fair = _reward(None, [f"```python\n{honest}```"] * n, tests=tests, entry_point=["f"] * n)
+    return [(c, got[i], fair[i]) for i, c in enumerate(checks)]
 
 
 def _wrong(rows):
