@@ -304,6 +304,7 @@ def test_judge_exceptions_cross_as_builtins_except_those_that_steer_control_flow
         "judge.py",
         "_exc",
         "_builtin_exc",
+        "_decides",
         "_EXC",
         "_exc_classes",
         builtins=builtins,
@@ -341,6 +342,9 @@ def test_judge_exceptions_cross_as_builtins_except_those_that_steer_control_flow
     assert own["Stop"].__mro__[1] is RuntimeError and not issubclass(own["Stop"], StopIteration)
     assert issubclass(own["Loop"], RuntimeError) and issubclass(own["Loop2"], RuntimeError)
     assert type(exc("Worse", "w", ["Worse", "ValueError"])) is own["Worse"]  # raised: the judge's class of that name
+    # a class that is not top-level, derived from one that is: the judge's class of that one (``except Bad``)
+    assert type(exc("Inner", "i", ["Inner", "Bad", "ValueError", "Exception"])) is own["Bad"]
+    assert type(exc("Inner", "i", ["Inner", "Local", "KeyError", "Bad"])) is KeyError  # the first decisive name
 
 
 def test_judge_module_names_are_the_names_whose_attributes_the_tests_read(codec):

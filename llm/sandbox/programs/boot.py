@@ -293,9 +293,13 @@ def _dcref(v):
 _objref = _dcref
 
 
+def _mro_names(t):
+    return [c.__name__ for c in t.__mro__][:64]
+
+
 def _err(e):
     "An exception as it crosses: its class name, its message and the names of its MRO (the judge picks the class)."
-    return [type(e).__name__, str(e)[:500], [c.__name__ for c in type(e).__mro__][:64]]
+    return [type(e).__name__, str(e)[:500], _mro_names(type(e))]
 
 
 def _wire(fn, *a):
@@ -329,7 +333,7 @@ if _MODE == "module":
             {
                 "names": sorted(k for k, v in g.items() if callable(v) and not k.startswith("__")),
                 "excs": {
-                    k: [c.__name__ for c in v.__mro__][:64]
+                    k: _mro_names(v)
                     for k, v in g.items()
                     if isinstance(v, type) and issubclass(v, BaseException) and v.__name__ == k
                 },

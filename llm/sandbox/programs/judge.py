@@ -96,7 +96,7 @@ def _enc(v, handle):  # type: ignore[no-redef]  # the codec's, with sets in an o
 
 
 def _read():
-    line = _rs.readline(_cap * 4 // 3 + 4096 + 2)  # a stdio case's output crosses as base64 (boot.py's _STDIO_CAP)
+    line = _rs.readline(_cap * 4 // 3 + 4096 + 2)  # a stdio case's output (at most _cap bytes) crosses as base64
     if not line.endswith(b"\n"):
         _broken.append("no reply")
         raise SandboxGone("candidate process gone")
@@ -120,15 +120,20 @@ def _builtin_exc(name):
     return None
 
 
+def _decides(names, own):
+    "The first name of an MRO's names that decides what an exception crosses as: one of ``own`` (the candidate's\n"
+    "top-level exception classes) or a builtin name (StopIteration's subclass is decided by StopIteration); None."
+    for n in names[:64]:
+        if type(n) is str and (n in own or hasattr(builtins, n) or n in _NO_CROSS):
+            return n
+    return None
+
+
 def _exc(name, msg, mro=()):
-    "The exception a candidate's exception crosses as: the judge's class of a candidate's top-level exception class\n"
-    "of that name, else the first builtin exception in its MRO, else RuntimeError (see _NO_CROSS)."
-    t = _EXC.get(name) if type(name) is str else None
-    if t is None:
-        for n in [name, *(mro if type(mro) is list else ())][:64]:
-            if type(n) is str and (hasattr(builtins, n) or n in _NO_CROSS):
-                t = _builtin_exc(n)  # the first builtin name decides: StopIteration's subclass is a RuntimeError
-                break
+    "The exception a candidate's exception crosses as: the judge's class of the first of the candidate's top-level\n"
+    "exception classes in its MRO, or the builtin exception the first builtin name there gives, else RuntimeError."
+    n = _decides([name, *(mro if type(mro) is list else ())], _EXC)
+    t = _EXC[n] if n in _EXC else _builtin_exc(n)
     if t is not None:
         try:
             return t(msg)
@@ -148,17 +153,8 @@ def _exc_classes(excs):
     def build(name, seen):
         if name in _EXC:
             return _EXC[name]
-        mro = excs[name]
-        base = None
-        for n in mro[1:64]:
-            if type(n) is not str:
-                continue
-            if n in excs and n not in seen:
-                base = build(n, seen | {n})
-                break
-            if hasattr(builtins, n) or n in _NO_CROSS:
-                base = _builtin_exc(n) or RuntimeError
-                break
+        n = _decides([b for b in excs[name][1:64] if type(b) is str and b not in seen], excs)
+        base = build(n, seen | {n}) if n in excs else _builtin_exc(n)
         cls = _EXC[name] = type(name, (base or RuntimeError,), {"__module__": "__main__"})
         return cls
 
