@@ -1,6 +1,6 @@
 """Throughput of the code reward: 64 correct programs through ``resolve_reward("code")`` at the default concurrency.
 
-The rows are ``llm.tasks.function_tasks`` (a function ``f`` and five asserts each); every
+The rows are ``llm.base.tasks.function_tasks`` (a function ``f`` and five asserts each); every
 completion is the row's reference solution, so every reward must be 1.0 (the script exits 1
 otherwise, so a fast-but-wrong sandbox cannot report a number). ``--numpy`` makes every solution
 import numpy first (the slower case the issue names). ``--backend legacy`` measures the fallback
@@ -171,7 +171,7 @@ class TreeCPU:
     @staticmethod
     def _servers() -> list[int]:
         try:
-            from tiltlab.llm.sandbox import server
+            from tiltlab.llm.base.sandbox import server
         except ImportError:
             return []
         cls = server._JudgeServer
@@ -192,7 +192,7 @@ class TreeCPU:
         if self.dir is None:
             return
         with contextlib.suppress(ImportError):
-            from tiltlab.llm.sandbox import server
+            from tiltlab.llm.base.sandbox import server
 
             server._JudgeServer.drop()
             for r in getattr(server._JudgeServer, "_retired", []):
@@ -259,9 +259,9 @@ def main(argv=None) -> int:
 
 def _main(ap, args, tree: TreeCPU) -> int:
     import tiltlab
-    from tiltlab.llm.rewards import code_reward, make_code_reward
-    from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report
-    from tiltlab.llm.tasks import function_tasks
+    from tiltlab.llm.base.rewards import code_reward, make_code_reward
+    from tiltlab.llm.base.sandbox import SandboxConfig, SandboxWarning, isolation_report
+    from tiltlab.llm.base.tasks import function_tasks
 
     warnings.simplefilter("ignore", SandboxWarning)
     if args.mixed and args.numpy:

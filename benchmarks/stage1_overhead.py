@@ -12,7 +12,7 @@ difference between its log pi_ref and the one Stage 1 recorded.
   Stage 1 can tell, with the same cost): a second vLLM engine scores shard k in a worker thread while
   the proposal samples shard k + 1. For comparison the same case with transformers teacher forcing.
 
-One proposal engine (built by ``llm.stage1.vllm_proposal_engine`` for case (b): on CPU its KV blocks
+One proposal engine (built by ``llm.disa.stage1.vllm_proposal_engine`` for case (b): on CPU its KV blocks
 are 32 tokens) and, for (c), one reference engine (``vllm_reference_engine``) are started once and
 warmed up; engine starts are not part of any timing. For each case, back to back:
 
@@ -24,7 +24,7 @@ overhead = (stage-1 wall - sampling wall) / sampling wall, from walls a minute a
 with other jobs the load drifts between the two, so the report also gives overhead_within_run =
 (stage-1 wall - stage-1's own sample phase) / that phase, both from one invocation (the same sampling
 calls, timed inside Stage 1). Stage 1's manifest gives its phases (setup, sample, score, score_wait,
-reward, weights, io; see ``llm.stage1.pipeline._PhaseTimer``) and the scoring facts of each shard.
+reward, weights, io; see ``llm.disa.stage1.pipeline._PhaseTimer``) and the scoring facts of each shard.
 
 Usage::
 
@@ -65,9 +65,10 @@ def main(argv=None) -> dict:
     if bad := [c for c in cases if c not in CASES]:
         ap.error(f"--cases: unknown {bad}; expected a subset of {CASES}")
 
-    from tiltlab.llm.models import resolve_model
-    from tiltlab.llm.prompts import format_prompt
-    from tiltlab.llm.stage1 import (
+    from tiltlab.llm.base.models import resolve_model
+    from tiltlab.llm.base.prompts import format_prompt
+    from tiltlab.llm.base.tasks import arithmetic_tasks
+    from tiltlab.llm.disa.stage1 import (
         Stage1Config,
         load_stage1,
         read_manifest,
@@ -75,11 +76,10 @@ def main(argv=None) -> dict:
         vllm_proposal_engine,
         vllm_reference_engine,
     )
-    from tiltlab.llm.tasks import arithmetic_tasks
 
     tmp = Path(tempfile.mkdtemp(prefix="stage1_overhead_"))
     if args.model is None:
-        from tiltlab.llm.models import build_tiny
+        from tiltlab.llm.base.models import build_tiny
 
         model = str(tmp / "tiny")
         build_tiny(out_dir=model, seed=0, head_dim=32)
@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
             **kw,
         )
 
-    from tiltlab.llm.rollout import SamplingConfig
+    from tiltlab.llm.base.rollout import SamplingConfig
 
     t0 = time.perf_counter()
     engine = vllm_proposal_engine(cfg("b", str(tmp / "unused")))

@@ -1,5 +1,5 @@
-"""Rollout throughput: vLLM (:class:`tiltlab.llm.rollout.VLLMEngine`) vs transformers
-(:class:`tiltlab.llm.rollout.HFEngine`) on the same prompts, samples per prompt and length limit.
+"""Rollout throughput: vLLM (:class:`tiltlab.llm.base.rollout.VLLMEngine`) vs transformers
+(:class:`tiltlab.llm.base.rollout.HFEngine`) on the same prompts, samples per prompt and length limit.
 
 Each engine samples ``--n`` completions of ``--max-new-tokens`` tokens at most for ``--prompts``
 synthetic arithmetic prompts (chat template applied) after one small warm-up call; tokens/s = sampled
@@ -22,14 +22,14 @@ from pathlib import Path
 
 
 def _prompts(tokenizer, n: int) -> list[str]:
-    from tiltlab.llm.prompts import format_prompt
-    from tiltlab.llm.tasks import arithmetic_tasks
+    from tiltlab.llm.base.prompts import format_prompt
+    from tiltlab.llm.base.tasks import arithmetic_tasks
 
     return [format_prompt(tokenizer, r["prompt"]) for r in arithmetic_tasks(n, seed=0)]
 
 
 def _run(engine, prompts, n, max_new_tokens, seed=0) -> tuple[float, int, float]:
-    from tiltlab.llm.rollout import SamplingConfig
+    from tiltlab.llm.base.rollout import SamplingConfig
 
     engine.generate(prompts[:1], n=1, sampling=SamplingConfig(max_new_tokens=4, seed=seed))  # warm-up
     t = time.perf_counter()
@@ -41,8 +41,8 @@ def _run(engine, prompts, n, max_new_tokens, seed=0) -> tuple[float, int, float]
 
 
 def bench_model(label: str, path: str, args) -> list[dict]:
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.rollout import HFEngine, VLLMEngine
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.base.rollout import HFEngine, VLLMEngine
 
     tok = load_tokenizer(path)
     prompts = _prompts(tok, args.prompts)
@@ -78,7 +78,7 @@ def main() -> None:
     models = []
     tmp = tempfile.TemporaryDirectory()
     if not args.no_tiny:
-        from tiltlab.llm.models import build_tiny
+        from tiltlab.llm.base.models import build_tiny
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -4,7 +4,7 @@ Each subcommand lives in its own module that exposes ``add_cli(subparsers)``; th
 lists them in :func:`subcommand_modules` (order = order in ``tiltlab llm --help``): a new command is a
 module with an ``add_cli`` and one import and entry there. Modules listed here must be import-light (no
 torch/transformers at import time): their handlers import the heavy stack lazily. Flags come
-from the command's config dataclass (:mod:`tiltlab.dataclass_cli`, :mod:`tiltlab.llm.config_args`).
+from the command's config dataclass (:mod:`tiltlab.dataclass_cli`, :mod:`tiltlab.llm.base.config_args`).
 
 DISA Stages 1-2 on a real backbone (GPU; ``pip install 'tiltlab[llm,vllm]'``)::
 
@@ -12,7 +12,7 @@ DISA Stages 1-2 on a real backbone (GPU; ``pip install 'tiltlab[llm,vllm]'``)::
         --dataset prompts.jsonl --out-dir runs/disa/stage1 --M 8 --beta 1.0 --reward math \
         --engine vllm --temperature 1.0 --max-new-tokens 4096 --gpu-memory-utilization 0.6
     tiltlab llm stage2 --labels runs/disa/stage1 --out-dir runs/disa/stage2
-    # Stage 3 reads: tiltlab.llm.stage2.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)
+    # Stage 3 reads: tiltlab.llm.disa.stage2.run.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)
 
 Both models must share one tokenizer (Qwen3 sizes do). An interrupted Stage 1 resumes when
 rerun with the same flags.
@@ -26,8 +26,12 @@ from types import ModuleType
 def subcommand_modules() -> tuple[ModuleType, ...]:
     """The modules whose ``add_cli(subparsers)`` adds one ``tiltlab llm`` command each (imported when
     ``tiltlab llm`` is parsed, not when ``tiltlab --help`` is)."""
-    from tiltlab.llm import demo, evaluate, prepare, stage1, stage2
-    from tiltlab.llm.trainers import cli as trainers_cli
+    from tiltlab.llm import demo
+    from tiltlab.llm.disa import stage1
+    from tiltlab.llm.disa.stage2 import run as stage2
+    from tiltlab.llm.eval import run as evaluate
+    from tiltlab.llm.prepare import run as prepare
+    from tiltlab.llm.train import cli as trainers_cli
 
     return (stage1, stage2, evaluate, trainers_cli, demo, prepare)
 

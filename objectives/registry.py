@@ -3,8 +3,8 @@
 Every trainer of the project builds an :class:`ObjectiveBatch` from its own data and calls
 ``OBJECTIVES[name](batch, **options)``; the adapter maps the batch's fields onto the arguments of
 the loss function in this package and returns its :class:`~tiltlab.objectives.output.LossOutput`.
-The simulator's trainer (``sim/train.py``), the TRL trainer (``llm/trainers/online/``), the offline
-trainer (``llm/trainers/offline.py``) and the veRL plug-in (``llm/verl/``) all dispatch through it,
+The simulator's trainer (``sim/train.py``), the TRL trainer (``llm/train/online/``), the offline
+trainer (``llm/train/offline.py``) and the veRL plug-in (``llm/verl/``) all dispatch through it,
 so they call each objective's loss the same way; what stays in a trainer is its framework's own
 convention (the scale that turns a micro-batch loss into veRL's global-batch one, TRL's KL term on
 GSPO / LAD, metric names).

@@ -3,7 +3,7 @@
 The policy is a tabular softmax: logits ``theta [S, P, K]`` (S seeds, P prompts, K outputs), float64.
 This module only gathers log-probabilities of sampled (or, in exact-gradient mode, all) outputs,
 rewards and reference log-probs, and hands them, as an ``ObjectiveBatch``, to the registry of objective
-adapters (``tiltlab.objectives.registry``) that the TRL trainer (``llm/trainers/online/``) and the veRL
+adapters (``tiltlab.objectives.registry``) that the TRL trainer (``llm/train/online/``) and the veRL
 plug-in dispatch through too; each entry calls the public loss function below, so the simulator's checks
 exercise the code that trains models:
 

@@ -334,8 +334,8 @@ def test_set_type_errors_name_the_expected_type(capsys, tmp_path, yaml_text, set
 def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys):
     """demo, stage1 and eval end with the folder their outputs went to (the runs are stubbed)."""
     import tiltlab.llm.demo as demo
-    import tiltlab.llm.evaluate as evaluate
-    import tiltlab.llm.stage1 as stage1
+    import tiltlab.llm.disa.stage1 as stage1
+    import tiltlab.llm.eval.run as evaluate
 
     out = tmp_path / "d"
     monkeypatch.setattr(demo, "run_demo", lambda cfg: {"timings": {"total": 1.0}, "figure": str(out / "curves.png")})
@@ -362,7 +362,7 @@ def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys)
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """A dry run that loads a model (or a tokenizer) fails the test."""
-    import tiltlab.llm.models as models
+    import tiltlab.llm.base.models as models
 
     def refuse(*a, **k):
         raise AssertionError("a dry run loaded a model")

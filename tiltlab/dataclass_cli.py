@@ -179,7 +179,7 @@ def add_dataclass_args(
     """One flag per dataclass field; help = the field's docstring; lists take several values.
 
     With ``config_section`` the command also takes ``--config FILE`` (a run config of ``configs/``,
-    schema :class:`tiltlab.llm.trainers.config.RunConfig`) whose ``<config_section>:`` mapping supplies the
+    schema :class:`tiltlab.llm.train.config.RunConfig`) whose ``<config_section>:`` mapping supplies the
     fields, and ``--set KEY=VALUE`` overrides (dotted, e.g. ``stage1.M=16``). Precedence: dataclass
     default < config file < ``--set`` < explicit flags. Flags are then not argparse-required: a field
     without a default must come from one of the three sources (checked in :func:`config_from_args`).

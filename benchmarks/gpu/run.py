@@ -499,7 +499,7 @@ def build_model_dir(path: Path, size: str, device: str, dtype) -> dict[str, Any]
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    from tiltlab.llm.models import build_tiny_tokenizer, tiny_config
+    from tiltlab.llm.base.models import build_tiny_tokenizer, tiny_config
 
     tok = build_tiny_tokenizer(seed=0)
     special = {"pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
@@ -530,7 +530,7 @@ def build_model_dir(path: Path, size: str, device: str, dtype) -> dict[str, Any]
 def _dataset():
     from datasets import Dataset
 
-    from tiltlab.llm.tasks import arithmetic_tasks
+    from tiltlab.llm.base.tasks import arithmetic_tasks
 
     rows = arithmetic_tasks(32, seed=0)
     return Dataset.from_list(
@@ -558,7 +558,7 @@ def make_args(trainer: str, objective: str | None, out_dir: Path, size: str, use
         from trl import GRPOConfig
 
         return GRPOConfig(**common)
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     extra: dict[str, Any] = {"objective": objective}
     if objective == "disa":
@@ -573,14 +573,14 @@ def build_trainer(
     weights (its default) and ``bf16=True`` runs forward and backward under bf16 autocast."""
     from transformers import set_seed
 
-    from tiltlab.llm.models import load_tokenizer
+    from tiltlab.llm.base.models import load_tokenizer
 
     set_seed(0)
     args = make_args(trainer, objective, out_dir, size, use_cpu=device == "cpu", bf16=bf16)
     if trainer == "trl":
         from trl import GRPOTrainer as cls
     else:
-        from tiltlab.llm.trainers.online import TiltGRPOTrainer as cls
+        from tiltlab.llm.train.online import TiltGRPOTrainer as cls
     return cls(
         model=str(model_dir),
         reward_funcs=parity_reward,
@@ -845,7 +845,7 @@ def worker_cpu_ref(work: Path) -> int:
     policy that sampled the batch and the reference are both the initial model)."""
     import torch
 
-    from tiltlab.llm.models import load_model
+    from tiltlab.llm.base.models import load_model
 
     spec = json.loads((work / "cpu-ref.json").read_text())
     out = {}

@@ -1,7 +1,7 @@
 """``llm`` checks that judge numbers the tiny-model runs already compute (issue 34 item 7).
 
-No new training: each check reads a memoized run of :mod:`tiltlab.llm.checks.stage3` and judges it
-by :func:`tiltlab.llm.checks.stage3.result` (the one rule, :func:`tiltlab.claims.stats.judge`):
+No new training: each check reads a memoized run of :mod:`tiltlab.llm.checks.enumerable` and judges it
+by :func:`tiltlab.llm.checks.enumerable.result` (the one rule, :func:`tiltlab.claims.stats.judge`):
 
 * the 4-method run (:func:`tiny.methods_raw`: DISA, FlowRL, GRPO, GSPO) on the held-out prompts:
   ``coverage = exp(H(pi | C)) / |C|`` for ``disa.table3.diversity``, ``pass@8 = 1 - (1 - p)^8`` for
@@ -21,7 +21,7 @@ from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 from tiltlab.llm.experiments import tiny
 
-from . import rules, stage3
+from . import enumerable, rules
 
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 
@@ -50,15 +50,15 @@ def _four_method_text(steps: int, n_seeds: int, beta: float) -> str:
 # ------------------------------------------------------------------ Table 3: diversity -> coverage
 DIVERSITY_PAIRS = (("disa", "grpo"), ("disa", "gspo"), ("flowrl", "grpo"), ("flowrl", "gspo"), ("disa", "flowrl"))
 DIVERSITY_ITEMS = {
-    **stage3._items(
+    **enumerable._items(
         [f"coverage_{a}_minus_{b}" for a, b in DIVERSITY_PAIRS],
         **{f"coverage_{a}_minus_{b}": (True, False) for a in ("disa", "flowrl") for b in ("grpo", "gspo")},
     ),
-    **stage3.RAN,
+    **enumerable.RAN,
 }
 
 
-@stage3.tiny_check("disa.table3.diversity", Verdict.PARTLY, DIVERSITY_ITEMS)
+@enumerable.tiny_check("disa.table3.diversity", Verdict.PARTLY, DIVERSITY_ITEMS)
 def diversity_coverage(
     seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
@@ -68,12 +68,12 @@ def diversity_coverage(
     "the backbone highest" are not run."""
     res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_coverage", DIVERSITY_PAIRS)
-    items = [rules.Item(f"coverage_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"coverage_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_coverage", "heldout_acc"))
     txt = ", ".join(f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_coverage'])}" for k in tiny.METHODS)
-    return stage3.result(
+    return enumerable.result(
         items,
-        stage3.ran_items(res),
+        enumerable.ran_items(res),
         f"{_four_method_text(steps, n_seeds, beta)}: held-out coverage of the correct set (exp entropy of pi on the "
         f"correct answers / |C|, the small-scale counterpart of the diversity judge) {txt}; items: coverage DISA, "
         "FlowRL each minus GRPO, GSPO, and DISA - FlowRL; not run: the GPT-4o-mini judge, the backbone's score, "
@@ -86,15 +86,15 @@ def diversity_coverage(
 # ------------------------------------------------------------------ Table 2: pass@k between methods
 CODE_PAIRS = (("disa", "grpo"), ("disa", "gspo"))
 CODE_ITEMS = {
-    **stage3._items(
+    **enumerable._items(
         [f"pass8_{a}_minus_{b}" for a, b in CODE_PAIRS],
         **{f"pass8_{a}_minus_{b}": (True, False) for a, b in CODE_PAIRS},
     ),
-    **stage3.RAN,
+    **enumerable.RAN,
 }
 
 
-@stage3.tiny_check("disa.table2.code_qwen2.5_7b", Verdict.PARTLY, CODE_ITEMS)
+@enumerable.tiny_check("disa.table2.code_qwen2.5_7b", Verdict.PARTLY, CODE_ITEMS)
 def code_pass_at_k(
     seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
@@ -104,15 +104,15 @@ def code_pass_at_k(
     pass@1" is not judged (at most partly). One run for both backbones' claims."""
     res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_pass8", CODE_PAIRS)
-    items = [rules.Item(f"pass8_{n}", tuple(xs), stage3.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"pass8_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_pass8", "heldout_acc"))
     txt = ", ".join(
         f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {shared_task.fmt_ci(res[k]['heldout_acc'])})"
         for k in tiny.METHODS
     )
-    return stage3.result(
+    return enumerable.result(
         items,
-        stage3.ran_items(res),
+        enumerable.ran_items(res),
         f"{_four_method_text(steps, n_seeds, beta)}: held-out pass@8 {txt}; items: pass@8 DISA - GRPO, DISA - GSPO; "
         "the enumerable task is not a code benchmark: it decides only the direction of pass@k between methods; "
         "pass@1 'competitive' not judged; shared run: decides disa.table2.code_qwen2.5_7b and _qwen3_4b",
@@ -121,14 +121,14 @@ def code_pass_at_k(
     )
 
 
-stage3.tiny_check("disa.table2.code_qwen3_4b", Verdict.PARTLY, CODE_ITEMS)(code_pass_at_k)
+enumerable.tiny_check("disa.table2.code_qwen3_4b", Verdict.PARTLY, CODE_ITEMS)(code_pass_at_k)
 
 
 # ------------------------------------------------------------------ PACED Fig. 6: VarGrad vs learned log Z
-VARGRAD_ITEMS = {**stage3._items(("vargrad_beats_learned_logz",)), **stage3.RAN}
+VARGRAD_ITEMS = {**enumerable._items(("vargrad_beats_learned_logz",)), **enumerable.RAN}
 
 
-@stage3.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
+@enumerable.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
 def vargrad_vs_learned(
     seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
@@ -140,8 +140,8 @@ def vargrad_vs_learned(
     nums: dict[str, float] = {**log.numbers()}
     for k in ("learned_head", "vargrad"):
         nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
-    return stage3.result(
-        [rules.Item("vargrad_beats_learned_logz", tuple(d), stage3.TV_MARGIN)],
+    return enumerable.result(
+        [rules.Item("vargrad_beats_learned_logz", tuple(d), enumerable.TV_MARGIN)],
         log.items(),
         f"the remark2 run of disa.remark2.calibration (tiny Qwen3, beta={beta:g}, on-policy, {steps} steps, "
         f"{n_seeds} seeds; a reuse of that one experiment): final TV(pi, pi*) on the train prompts, FlowRL's loss "
@@ -153,4 +153,4 @@ def vargrad_vs_learned(
     )
 
 
-stage3.tiny_check("paced.fig6.vargrad", INCONCLUSIVE, VARGRAD_ITEMS)(vargrad_vs_learned)
+enumerable.tiny_check("paced.fig6.vargrad", INCONCLUSIVE, VARGRAD_ITEMS)(vargrad_vs_learned)

@@ -64,11 +64,11 @@ def summarize(
 def label_bias(seed: int = 0, fresh_m: int = 40, root: Path | None = None) -> dict[str, Any]:
     """Stage 1 and the selection of the comparison's task at ``seed``, then ``fresh_m`` fresh samples per
     kept prompt (module docstring): the bias on the held-out and on all kept prompts, and the inputs."""
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.base.models import resolve_model
+    from tiltlab.llm.base.rollout import VLLMEngine
     from tiltlab.llm.checks import real_comparison as C
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.models import resolve_model
-    from tiltlab.llm.rollout import VLLMEngine
-    from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1
+    from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1
 
     model_dir = resolve_model(C.ALIAS)
     with tempfile.TemporaryDirectory(prefix="tiltlab-label-bias-") as tmp:

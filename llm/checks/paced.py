@@ -6,7 +6,7 @@ PACED's math lives in ``tiltlab.objectives``: the TB residual anchored on the ro
 ``paced.accuracy_from_log_z`` (``p_hat = clip(log Z_phi / beta, 0, 1)``) and the selection
 ``paced.select_prompts`` (the ``m`` prompts with ``p_hat`` closest to ``tau``). ``log Z_phi`` here is a
 per-prompt table, not PACED's network (PACED §4.3: an MLP on frozen ``pi_ref`` prompt embeddings;
-``llm.trainers`` runs that): one free entry per train prompt, its own Adam learning rate
+``llm.train`` runs that): one free entry per train prompt, its own Adam learning rate
 :data:`LOGZ_LR`, initialized, as the simulator's PACED runs, from a Stage-1 estimate
 (``beta * pass_rate_from_log_z(label)``, ``M = 8`` samples of ``pi_ref``). Its target is not DISA's
 ``log Z``: anchored on ``pi_old``, on-policy, the minimizer of the TB loss is ``beta * p_old(x)``
@@ -29,7 +29,7 @@ from tiltlab.objectives.paced import accuracy_from_log_z, select_prompts
 from tiltlab.objectives.pg import group_advantages, grpo_loss
 from tiltlab.objectives.tb import sequence_logprob, tb_loss, tb_residual
 
-from . import rules, stage3
+from . import enumerable, rules
 
 INCONCLUSIVE = Verdict.INCONCLUSIVE
 TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -162,9 +162,9 @@ def _paired(res, a: str, others: tuple[str, ...], key: str = "heldout_acc") -> l
 
 
 SWEEP_KEYS = ("best_0.5_minus_edges", "others_minus_0.1", "fast_start_0.9")
-TAU_SWEEP_ITEMS = {**stage3._items(SWEEP_KEYS), **stage3.RAN}
+TAU_SWEEP_ITEMS = {**enumerable._items(SWEEP_KEYS), **enumerable.RAN}
 FIG4_ITEMS = dict(TAU_SWEEP_ITEMS)
-TABLE1_ITEMS = {**stage3._items(("paced_minus_grpo", "paced_minus_flowrl")), **stage3.RAN}
+TABLE1_ITEMS = {**enumerable._items(("paced_minus_grpo", "paced_minus_flowrl")), **enumerable.RAN}
 
 
 def _arms(res) -> dict:
@@ -176,9 +176,9 @@ def _sweep_items(res) -> list[rules.Item]:
     worst = _paired(res, "tau0.1", ("tau0.3", "tau0.5", "tau0.7", "tau0.9"))
     fast = _paired(res, "tau0.9", ("tau0.1", "tau0.3", "tau0.5", "tau0.7"), key="heldout_early")
     return [
-        rules.Item("best_0.5_minus_edges", tuple(mid_vs_edges), stage3.ACC_MARGIN),
-        rules.Item("others_minus_0.1", tuple(-x for x in worst), stage3.ACC_MARGIN),
-        rules.Item("fast_start_0.9", tuple(fast), stage3.ACC_MARGIN),
+        rules.Item("best_0.5_minus_edges", tuple(mid_vs_edges), enumerable.ACC_MARGIN),
+        rules.Item("others_minus_0.1", tuple(-x for x in worst), enumerable.ACC_MARGIN),
+        rules.Item("fast_start_0.9", tuple(fast), enumerable.ACC_MARGIN),
     ]
 
 
@@ -212,17 +212,17 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
 def _sweep_result(seed: int, n_seeds: int, steps: int, shared: str) -> CheckResult:
     res = paced_raw(seed, n_seeds, steps)
     nums, txt = _sweep_numbers(res, steps, n_seeds)
-    return stage3.result(_sweep_items(res), res["_log"].items(), f"{txt}; {shared}", nums)
+    return enumerable.result(_sweep_items(res), res["_log"].items(), f"{txt}; {shared}", nums)
 
 
-@stage3.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
+@enumerable.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
 def tau_sweep(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy;
     three paired items (:func:`_sweep_items`) under :func:`rules.judge`."""
     return _sweep_result(seed, n_seeds, steps, "shared run with paced.fig4.tau_llm, paced.fig5, paced.table1.*")
 
 
-@stage3.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
+@enumerable.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
 def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Fig. 4: the items of :func:`tau_sweep` (one experiment for both claims). "Train accuracy
     tracks tau" (batch reward at tau = 0.9 above tau = 0.1) holds from the selection itself and is
@@ -230,7 +230,7 @@ def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = t
     return _sweep_result(seed, n_seeds, steps, "the paced.tau_sweep run (one experiment, not independent evidence)")
 
 
-@stage3.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
+@enumerable.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
 def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (the memoized 4-method run: same seeds, steps, learning
     rate, prompts and beta), held-out accuracy, two paired items; at most partly (DS, LILO and
@@ -244,14 +244,16 @@ def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int
         **shared_task.ci_numbers("flowrl_heldout_acc", m["flowrl"]["heldout_acc"]),
     }
     items = [
-        rules.Item("paced_minus_grpo", tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])), stage3.ACC_MARGIN),
         rules.Item(
-            "paced_minus_flowrl", tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])), stage3.ACC_MARGIN
+            "paced_minus_grpo", tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])), enumerable.ACC_MARGIN
+        ),
+        rules.Item(
+            "paced_minus_flowrl", tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])), enumerable.ACC_MARGIN
         ),
     ]
     ran = res["_log"].items()
-    ran = {k: v and stage3.ran_items(m)[k] for k, v in ran.items()}
-    return stage3.result(
+    ran = {k: v and enumerable.ran_items(m)[k] for k, v in ran.items()}
+    return enumerable.result(
         items,
         ran,
         f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {shared_task.fmt_ci(p)}, GRPO "
@@ -264,13 +266,13 @@ def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int
 
 
 for _cid in ("paced.table1.math_qwen2.5_math_7b",):
-    stage3.tiny_check(_cid, INCONCLUSIVE, TABLE1_ITEMS)(paced_vs_baselines)
+    enumerable.tiny_check(_cid, INCONCLUSIVE, TABLE1_ITEMS)(paced_vs_baselines)
 
 
-FIG5_ITEMS = {**stage3._items(("difficulty_rise",)), **stage3.RAN}
+FIG5_ITEMS = {**enumerable._items(("difficulty_rise",)), **enumerable.RAN}
 
 
-@stage3.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
+@enumerable.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
 def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Difficulty (1 - pi_ref's pass rate) of the trained prompts, last fifth minus first fifth of
     the run, PACED at tau = 0.5 (the no-selection arm reported: constant by construction)."""
@@ -280,8 +282,8 @@ def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int =
         for a in ("tau0.5", "no_selection")
     }
     nums = {**shared_task.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
-    return stage3.result(
-        [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), stage3.ACC_MARGIN)],
+    return enumerable.result(
+        [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), enumerable.ACC_MARGIN)],
         res["_log"].items(),
         f"{steps} steps, {n_seeds} seeds: rise of the trained prompts' difficulty (1 - pi_ref pass rate), last fifth "
         f"minus first fifth: PACED tau=0.5 {shared_task.fmt_ci(rise['tau0.5'])}, no selection (context) "

@@ -107,7 +107,7 @@ CHECK_NAME = "smollm2_135m_comparison"
 def candidate_rows(seed: int) -> list[dict]:
     """The candidate prompts: :data:`N_QA` ``synthetic:qa`` rows at :data:`QA_LEVELS` and
     :data:`N_MULTI` ``synthetic:multi`` rows, both seeded by ``seed``."""
-    from tiltlab.llm.tasks import multi_answer_tasks, qa_tasks
+    from tiltlab.llm.base.tasks import multi_answer_tasks, qa_tasks
 
     return [*qa_tasks(N_QA, list(QA_LEVELS), seed=seed), *multi_answer_tasks(N_MULTI, seed=seed)]
 
@@ -139,10 +139,10 @@ def split_heldout(rows: Sequence[dict], n_heldout: int, seed: int) -> tuple[list
 def make_task(root: Path, model_dir: str, seed: int) -> dict:
     """Stage 1 (``q = pi_ref``) on the candidates, the pass-rate selection and the held-out split:
     ``train.jsonl`` / ``heldout.jsonl`` under ``root`` and the selection summary."""
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.prepare import SelectConfig, select_by_pass_rate, write_rows
-    from tiltlab.llm.rollout import VLLMEngine
-    from tiltlab.llm.stage1 import Stage1Config, run_stage1
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.base.rollout import VLLMEngine
+    from tiltlab.llm.disa.stage1 import Stage1Config, run_stage1
+    from tiltlab.llm.prepare.run import SelectConfig, select_by_pass_rate, write_rows
 
     rows = candidate_rows(seed)
     cand = root / "candidates.jsonl"
@@ -211,9 +211,9 @@ def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict
 
 def graded_answers(row: dict, texts: Sequence[str]) -> list[float | None]:
     """Per completion, the answer the training reward pays (``math_reward`` on the row's ``answer`` and
-    ``answer_format``): the number it gives (:func:`tiltlab.llm.rewards.plain_answer`) where it is paid,
+    ``answer_format``): the number it gives (:func:`tiltlab.llm.base.rewards.plain_answer`) where it is paid,
     None where it is not."""
-    from tiltlab.llm.rewards import math_reward, plain_answer
+    from tiltlab.llm.base.rewards import math_reward, plain_answer
 
     n = len(texts)
     paid = math_reward(
@@ -228,8 +228,8 @@ def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -
     "answers": [P lists]}``."""
     from transformers import AutoTokenizer
 
-    from tiltlab.llm.prompts import format_prompt
-    from tiltlab.llm.rollout import SamplingConfig, VLLMEngine
+    from tiltlab.llm.base.prompts import format_prompt
+    from tiltlab.llm.base.rollout import SamplingConfig, VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     texts = [format_prompt(tok, r["prompt"], True) for r in rows]
@@ -251,7 +251,7 @@ def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -
 def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> dict[str, float]:
     """A run's Mean@k, pass@k (all held-out prompts) and coverage (the multi-answer prompts: mean
     ``exp`` entropy of the correct answers drawn) from :func:`evaluate`'s per-prompt values."""
-    from tiltlab.llm.coverage import correct_entropy_exp
+    from tiltlab.llm.base.coverage import correct_entropy_exp
 
     n = len(rows)
     if len(ev["correct"]) != n or len(ev["answers"]) != n:
@@ -307,7 +307,7 @@ def one_run(
     """Train ``arm`` at training seed ``seed`` (``arm == "base"``: no training) and evaluate it on the
     held-out prompts with the seed's evaluation seed. Returns the raw per-prompt values and the
     run's training log numbers. ``start``: the untrained weights (for "the weights moved")."""
-    from tiltlab.llm.trainers.logz_head import policy_only_dir
+    from tiltlab.llm.disa.logz_head import policy_only_dir
 
     eval_seed = seed * 100 + 99
     out: dict[str, Any] = {"arm": arm, "seed": seed}
@@ -333,8 +333,8 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
     on its own core. Returns the held-out rows, the task summary and every run's raw values."""
     from safetensors.torch import load_file
 
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.models import resolve_model
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.base.models import resolve_model
 
     jobs = shared_task._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
@@ -384,8 +384,8 @@ def recorded_metrics(values: Mapping[str, Any]) -> dict[str, dict[int, dict[str,
     """Every recorded run's metrics (:func:`run_metrics`) from :func:`raw_values`' per-prompt values:
     correct counts -> Mean@8 and pass@8, correct answers of the multi-answer prompts -> coverage (the
     prompts' answer formats as recorded, or, in a record that kept only the ids, from the ids,
-    :func:`tiltlab.llm.tasks.answer_format_of_id`)."""
-    from tiltlab.llm.tasks import answer_format_of_id
+    :func:`tiltlab.llm.base.tasks.answer_format_of_id`)."""
+    from tiltlab.llm.base.tasks import answer_format_of_id
 
     ids = [str(i) for i in values["heldout_ids"]]
     formats = values.get("answer_formats") or [answer_format_of_id(i) for i in ids]
@@ -558,8 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("seed", type=int)
     e.add_argument("out")
     a = p.parse_args(argv)
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.stage1 import atomic_write_json
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.disa.stage1 import atomic_write_json
 
     atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
     return 0

@@ -4,7 +4,7 @@ The enumerable task (:mod:`tiltlab.llm.experiments.task`) has exact ``log Z``; a
 answering free text does not. What a real model adds is the thing the tiny task cannot show: how
 spread the *sequence* log-weights ``log w = log pi_ref(y|x) + beta r - log q(y|x)`` of a proposal
 are once completions are tens of tokens long, and what that does to the labels. So this check
-runs DISA Stage 1 as users run it (:func:`tiltlab.llm.stage1.run_stage1` on the vLLM proposal
+runs DISA Stage 1 as users run it (:func:`tiltlab.llm.disa.stage1.run_stage1` on the vLLM proposal
 engine, ``pi_ref`` scored by the same engine's prompt log-probs, labels written to Parquet) on
 :data:`QUESTIONS`, short arithmetic questions the 135M model answers correctly some of the time:
 
@@ -78,9 +78,9 @@ LABEL_MARGIN = 0.05
 
 
 def unboxed_math_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
-    """:func:`tiltlab.llm.rewards.math_reward` with ``require_boxed=False``: an unboxed answer is
+    """:func:`tiltlab.llm.base.rewards.math_reward` with ``require_boxed=False``: an unboxed answer is
     parsed by math-verify's default extraction (the last expression) instead of scoring 0."""
-    from tiltlab.llm.rewards import math_reward
+    from tiltlab.llm.base.rewards import math_reward
 
     return math_reward(prompts, completions, completion_ids, require_boxed=False, **kwargs)
 
@@ -94,7 +94,7 @@ def question_rows(n: int | None = None) -> list[dict]:
 
 
 def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, top_p: float, max_new_tokens: int):
-    from tiltlab.llm.stage1 import Stage1Config
+    from tiltlab.llm.disa.stage1 import Stage1Config
 
     return Stage1Config(
         proposal=model_dir,
@@ -116,7 +116,7 @@ def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, to
 def run_labels(engine, cfg, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run Stage 1 for ``cfg`` on ``engine``; ``(log_w [P, M], label [P], pass rate [P])`` read back
     from the Parquet files it wrote (rows in the order of ``rows``)."""
-    from tiltlab.llm.stage1 import load_stage1, run_stage1
+    from tiltlab.llm.disa.stage1 import load_stage1, run_stage1
 
     with warnings.catch_warnings():  # the truncation warning: truncating is what is measured here
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -227,8 +227,8 @@ def stage1_real_model(
     n_ref: int = N_REF,
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> CheckResult:
-    from tiltlab.llm.models import resolve_model
-    from tiltlab.llm.stage1 import vllm_proposal_engine
+    from tiltlab.llm.base.models import resolve_model
+    from tiltlab.llm.disa.stage1 import vllm_proposal_engine
 
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     rows = question_rows(n_prompts)

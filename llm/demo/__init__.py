@@ -5,9 +5,9 @@
    fraction of the warm-up answers wrong (a stray ``0`` appended) so that the warm model has a
    nonzero but imperfect pass rate (objective ``sft`` = :func:`objectives.offline.sft_loss`).
    This model is ``pi_ref`` and the common start of every method.
-2. **DISA Stage 1** (:func:`llm.stage1.run_stage1`, proposal ``q = pi_ref``), **Stage 2**
-   (:func:`llm.stage2.run_stage2`: the regressor on frozen ``pi_ref`` prompt embeddings, held-out
-   MSE / R^2 reported), **Stage 3** (:class:`llm.trainers.online.TiltGRPOTrainer`,
+2. **DISA Stage 1** (:func:`llm.disa.stage1.run_stage1`, proposal ``q = pi_ref``), **Stage 2**
+   (:func:`llm.disa.stage2.run.run_stage2`: the regressor on frozen ``pi_ref`` prompt embeddings, held-out
+   MSE / R^2 reported), **Stage 3** (:class:`llm.train.online.TiltGRPOTrainer`,
    ``objective="disa"``, frozen ``log Z_psi``).
 3. **GRPO** and **FlowRL** from the same start with the same rollout budget. FlowRL runs at
    DISA's target: the same ``beta``, the same reward transform (``r~ = r``) and the same length
@@ -25,7 +25,7 @@ of the quick run, so a one-seed figure is captioned "one seed, illustration only
 over seeds with the min-max range as the interval, in the table and the figure.
 
 ``--quick`` shrinks every budget (about a minute on an idle 2-core machine, per seed). ``--model NAME`` starts
-from a real pretrained model instead (e.g. ``smollm2-135m``, see :func:`llm.models.resolve_model`):
+from a real pretrained model instead (e.g. ``smollm2-135m``, see :func:`llm.base.models.resolve_model`):
 no tiny model, no SFT warm-up (the pretrained model is ``pi_ref``), smaller learning rates and
 longer completions (:data:`REAL_MODEL_OVERRIDES`); slow on CPU.
 """
@@ -184,7 +184,7 @@ def _write_json(res: dict, path: Path) -> None:
 def _run_demo(cfg: DemoConfig, progress: bool, bar) -> dict[str, Any]:
     import torch
 
-    from tiltlab.llm.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
+    from tiltlab.llm.base.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
 
     t_all = time.perf_counter()
     out = Path(cfg.out_dir)
@@ -318,7 +318,7 @@ def _cli_main(args) -> int:
         raise ValueError(f"--out-dir {out} is a file; pass a directory")
     kw: dict[str, Any] = dict(out_dir=args.out_dir, seed=args.seed, threads=args.threads, model=args.model)
     if not (args.model == "tiny" or args.model.startswith("tiny:")):
-        from tiltlab.llm.models import resolve_model
+        from tiltlab.llm.base.models import resolve_model
 
         kw.update(REAL_MODEL_OVERRIDES)
         kw["model"] = resolve_model(args.model)  # converts an alias once (progress bar), before the run

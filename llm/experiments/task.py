@@ -16,7 +16,7 @@ outside the answer set is reported as ``leak``), ``pi*(y|x) ∝ pi_ref(y|x) e^{b
 the renormalized teacher-forced distribution (no generate loop); the losses are the objectives'
 functions applied to per-token log-probs of the sampled sequences.
 
-The model is :func:`tiltlab.llm.models.build_tiny` (random-init 2-layer Qwen3 + BPE tokenizer),
+The model is :func:`tiltlab.llm.base.models.build_tiny` (random-init 2-layer Qwen3 + BPE tokenizer),
 warmed up by a short exact SFT (:func:`warm_reference`), cached per seed in memory and on disk.
 """
 
@@ -290,7 +290,7 @@ def _task_key() -> str:
 
 @lru_cache(maxsize=8)
 def _warm_cached(seed: int, steps: int) -> tuple[object, object, EnumTask]:
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     model, tok = build_tiny(seed=seed)
     task = build_task(tok)

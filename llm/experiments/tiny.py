@@ -1,5 +1,5 @@
 """The training runs of the stage-3 comparisons on the enumerable task (:mod:`tiltlab.llm.experiments.task`),
-which :mod:`tiltlab.llm.checks.stage3` judges: the reference and its exact quantities for a seed
+which :mod:`tiltlab.llm.checks.enumerable` judges: the reference and its exact quantities for a seed
 (:func:`setup`), the arms and their losses (each a function of ``tiltlab.objectives``), the budgets
 (:data:`STEPS`, :data:`LR`) and the raw per-seed results of each comparison (``*_raw``, memoized so
 the checks that judge one run share it)."""
@@ -83,7 +83,7 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
 
 # ------------------------------------------------------------------ 2. log Z variants
 FLOWRL_HEAD = {"hidden": 256, "n_layers": 3, "dropout": 0.1}
-"""FlowRL's log Z head (:class:`tiltlab.llm.trainers.logz_head.LogZHead`) at the TRL trainer's defaults
+"""FlowRL's log Z head (:class:`tiltlab.llm.disa.logz_head.LogZHead`) at the TRL trainer's defaults
 (``log_z_hidden``, ``log_z_layers``, ``log_z_dropout``): 3 Linear layers, GELU, LayerNorm, dropout 0.1,
 last layer zero-initialised (``log Z = 0`` at the start), on the masked mean of the prompt's last-layer
 hidden states, input not detached (FlowRL's code)."""
@@ -110,9 +110,9 @@ def prompt_inputs(task: shared_task.EnumTask, idx) -> tuple[torch.Tensor, torch.
 
 def attach_flowrl_head(model, seed: int):
     """FlowRL's head (:data:`FLOWRL_HEAD`) attached to ``model`` as ``model.log_z_head``
-    (:func:`~tiltlab.llm.trainers.logz_head.attach_log_z_head`), initialised from ``seed``; the model is
+    (:func:`~tiltlab.llm.disa.logz_head.attach_log_z_head`), initialised from ``seed``; the model is
     left in eval mode (:func:`task.train_online` switches it, the head included, to train mode)."""
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head
+    from tiltlab.llm.disa.logz_head import attach_log_z_head
 
     with seeded_rng(seed):
         head = attach_log_z_head(model, **FLOWRL_HEAD)
@@ -122,8 +122,8 @@ def attach_flowrl_head(model, seed: int):
 
 def head_log_z(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
     """``[P]`` ``log Z_phi(x) = head(masked mean of the final hidden states over the prompt's tokens)``
-    (:func:`~tiltlab.llm.trainers.logz_head.prompt_log_z`); gradient reaches head and backbone when enabled."""
-    from tiltlab.llm.trainers.logz_head import prompt_log_z
+    (:func:`~tiltlab.llm.disa.logz_head.prompt_log_z`); gradient reaches head and backbone when enabled."""
+    from tiltlab.llm.disa.logz_head import prompt_log_z
 
     return prompt_log_z(model, *prompt_inputs(task, idx))
 
@@ -194,7 +194,7 @@ def stage1_labels(ref, task, idx, beta, m, gen, proposal=None) -> torch.Tensor:
 def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
     """Total variance of the policy's gradient over ``n`` batches at the model's current weights (the
     log Z head's parameters left out, so every arm's number is over the same parameters)."""
-    from tiltlab.llm.trainers.logz_head import is_log_z_head_param
+    from tiltlab.llm.disa.logz_head import is_log_z_head_param
 
     gen = torch.Generator().manual_seed(seed)
     params = [p for name, p in model.named_parameters() if p.requires_grad and not is_log_z_head_param(name)]
@@ -289,7 +289,7 @@ def proposal_logprobs(ref: shared_task.Policy, task: shared_task.EnumTask, idx, 
 # ------------------------------------------------------------------ 5. Stage-2 amortized denoising
 @torch.no_grad()
 def prompt_features(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
-    from tiltlab.llm.models import masked_mean_pool
+    from tiltlab.llm.base.models import masked_mean_pool
 
     idx = torch.as_tensor(idx)
     ids, attn, pos = task.ids[idx, 0], task.attn[idx, 0], task.pos[idx, 0]

@@ -59,7 +59,7 @@ def _task_runner() -> Any:
 def verl_rows(
     rows: list[dict[str, Any]], log_z: Tensor | list[float] | None = None, data_source: str = "tiltlab_math"
 ) -> list[dict[str, Any]]:
-    """tiltlab prompt rows (``{id, prompt, answer}``, :func:`tiltlab.llm.data.load_prompts`) -> rows of
+    """tiltlab prompt rows (``{id, prompt, answer}``, :func:`tiltlab.llm.base.data.load_prompts`) -> rows of
     veRL's RL dataset: ``data_source`` (a label; the reward is :func:`compute_score`, set as veRL's
     custom reward function), ``prompt`` as one user message, ``reward_model.ground_truth``, and
     ``extra_info`` with the row's index, id and, given ``log_z`` ``[N]``, DISA's frozen label
@@ -91,10 +91,10 @@ def verl_rows(
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> float:
     """tiltlab's math reward as veRL's custom reward function (``reward.custom_reward_function.path=
-    pkg://tiltlab.llm.verl``, ``name=compute_score``): :func:`tiltlab.llm.rewards.math_reward`, 1 iff the
+    pkg://tiltlab.llm.verl``, ``name=compute_score``): :func:`tiltlab.llm.base.rewards.math_reward`, 1 iff the
     last boxed answer equals ``ground_truth`` (math-verify), else 0 -- the reward Stage 1 labelled with.
     veRL's built-in ``math_dapo`` scorer gives -1 / 1 instead, another reward transform than the labels'."""
-    from tiltlab.llm.rewards import math_reward
+    from tiltlab.llm.base.rewards import math_reward
 
     (r,) = math_reward([""], [solution_str], answer=[ground_truth])
     return float(r or 0.0)
@@ -107,10 +107,10 @@ def prepare(config: str, out: str, data_source: str = "tiltlab_math") -> int:  #
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.trainers.cli import _disa_predictor
-    from tiltlab.llm.trainers.config import load_run_config
-    from tiltlab.llm.trainers.disa_labels import check_label_compat
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.disa.labels import check_label_compat
+    from tiltlab.llm.train.cli import _disa_predictor
+    from tiltlab.llm.train.config import load_run_config
 
     cfg = load_run_config(config)
     d = cfg.disa

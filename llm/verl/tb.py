@@ -49,7 +49,7 @@ class TBSettings:
     log_z_key: str = "tiltlab_log_z"
     """the per-row frozen ``log Z`` column (disa) / the model-output key of the learned one."""
     log_z_hidden: int = 256
-    """width of the learned log Z head (flowrl, paced; :class:`tiltlab.llm.trainers.logz_head.LogZHead`)."""
+    """width of the learned log Z head (flowrl, paced; :class:`tiltlab.llm.disa.logz_head.LogZHead`)."""
     log_z_layers: int = 3
     """Linear layers of the head (FlowRL: 3)."""
     log_z_dropout: float = 0.1
@@ -203,7 +203,7 @@ def pool_prompt_hidden(hidden: Tensor, data: Any, remove_padding: bool) -> Tenso
     veRL's forward -- packed ``[1, N, H]`` (``use_remove_padding``: rows back to back, row ``i`` from
     ``offsets[i]``) or ``[B, S, H]`` (each row's tokens first, right-padded). Prompt tokens come first
     in every row, so this is FlowRL's input to its log Z head (a masked mean over the prompt)."""
-    from tiltlab.llm.models import masked_mean_pool
+    from tiltlab.llm.base.models import masked_mean_pool
 
     p = _prompt_lengths(data).to(hidden.device)
     if remove_padding:
@@ -219,7 +219,7 @@ def pool_prompt_hidden(hidden: Tensor, data: Any, remove_padding: bool) -> Tenso
 def log_z_engine_class() -> type:
     """veRL's FSDP LM engine with FlowRL's learned ``log Z`` head on the policy (built once per process).
 
-    - the head (:func:`tiltlab.llm.trainers.logz_head.attach_log_z_head`) is attached before FSDP wraps
+    - the head (:func:`tiltlab.llm.disa.logz_head.attach_log_z_head`) is attached before FSDP wraps
       the model, so FSDP shards it and the optimizer trains it with the policy (FlowRL's recipe does the
       same in its worker);
     - each forward runs the head inside the model's forward (a hook on the decoder's final norm, where
@@ -232,7 +232,7 @@ def log_z_engine_class() -> type:
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+    from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
 
     class TiltlabLogZEngine(FSDPEngineWithLMHead):  # type: ignore[misc, valid-type]
         head_kwargs: dict[str, Any] = {}  # noqa: RUF012 - set by the worker from TBSettings

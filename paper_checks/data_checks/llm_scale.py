@@ -86,16 +86,16 @@ def command_problems(command: str, config_dir: Path | None = None) -> tuple[int,
 @functools.cache
 def _schema_error(path: str, sets: tuple[str, ...]) -> str | None:
     """Load one config with overrides through the llm layer's schema; the error text or None. The
-    schema and its YAML reader are part of the base install (``pyyaml``; :mod:`tiltlab.llm.run_config`
+    schema and its YAML reader are part of the base install (``pyyaml``; :mod:`tiltlab.llm.base.run_config`
     imports nothing else): a schema that cannot be imported is an error of the check, never a count of 0."""
     try:
         # imported here, not at the top: only the checks of claims with a `tiltlab llm ...` command need it
-        from tiltlab.llm.trainers.config import load_run_config
+        from tiltlab.llm.train.config import load_run_config
 
         load_run_config(path, list(sets), validate=False)
     except ImportError as exc:
         raise RuntimeError(
-            f"the run-config schema (tiltlab.llm.trainers.config) cannot be imported: {exc}; "
+            f"the run-config schema (tiltlab.llm.train.config) cannot be imported: {exc}; "
             "`pip install -e .` installs what it needs (pyyaml)"
         ) from exc
     except Exception as exc:  # the schema's own message names the bad key / value

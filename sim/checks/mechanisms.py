@@ -136,7 +136,7 @@ def remark1_mode_collapse(seed: int) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- DISA App. D.5
-#: FlowRL's rubric (llm.evaluate.JUDGE_USER_TEMPLATE), written for 16 rollouts: count of the most common
+#: FlowRL's rubric (llm.eval.run.JUDGE_USER_TEMPLATE), written for 16 rollouts: count of the most common
 #: approach -> score: >= 14 -> 1, 11-13 -> 2, 7-10 -> 3, 4-6 -> 4, <= 3 -> 5.
 RUBRIC_LOWER_BOUNDS = ((14, 1), (11, 2), (7, 3), (4, 4))
 RUBRIC_N = 16

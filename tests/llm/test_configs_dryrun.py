@@ -17,7 +17,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from tiltlab.llm.run_config import STAGE1_KEYS  # noqa: E402
+from tiltlab.llm.base.run_config import STAGE1_KEYS  # noqa: E402
 
 CONFIG_FILES = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -28,8 +28,8 @@ def _fields(cls) -> set[str]:
 
 def _pending() -> dict[str, set[str]]:
     """section -> agreed new keys the schema of this checkout does not accept yet."""
-    from tiltlab.llm.stage1 import Stage1Config
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.disa.stage1 import Stage1Config
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     return {
         "stage1": set(STAGE1_KEYS) - _fields(Stage1Config),
@@ -61,26 +61,26 @@ def test_train_dry_run(path, tmp_path, capsys):
     for section in ("lora", "validation"):  # new sections survive validation unchanged
         assert printed[section] == (data.get(section) or {})
     # the trainer config itself (its cross-field checks: batch divisibility, clip ranges ...), CPU switches aside
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.config import load_run_config
 
     rc = load_run_config(cfg)
     if rc.objective != "none":
         kw = rc.trainer_kwargs()
         kw.update(bf16=False, use_cpu=True, report_to="none", output_dir=str(tmp_path / "out"))
         if rc.kind == "online":
-            from tiltlab.llm.trainers.online import TiltGRPOConfig
+            from tiltlab.llm.train.online import TiltGRPOConfig
 
             args = TiltGRPOConfig(**{**kw, "use_vllm": False})
             assert args.generation_batch_size % args.num_generations == 0
         else:
-            from tiltlab.llm.trainers.offline import OfflineConfig
+            from tiltlab.llm.train.offline import OfflineConfig
 
             OfflineConfig(**kw)
 
 
 def _section_config(cls, path: Path, section: str, translate=None):
     from tiltlab.dataclass_cli import add_dataclass_args
-    from tiltlab.llm.config_args import config_from_args
+    from tiltlab.llm.base.config_args import config_from_args
 
     p = argparse.ArgumentParser()
     add_dataclass_args(p, cls, config_section=section)
@@ -89,9 +89,9 @@ def _section_config(cls, path: Path, section: str, translate=None):
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_stage_and_eval_sections_build(path, tmp_path):
-    from tiltlab.llm.evaluate import EvalConfig, eval_from_run_config
-    from tiltlab.llm.stage1 import Stage1Config
-    from tiltlab.llm.stage2 import Stage2Config
+    from tiltlab.llm.disa.stage1 import Stage1Config
+    from tiltlab.llm.disa.stage2.run import Stage2Config
+    from tiltlab.llm.eval.run import EvalConfig, eval_from_run_config
 
     data = yaml.safe_load(path.read_text())
     cfg = _schema_copy(path, tmp_path)
@@ -111,8 +111,8 @@ def test_stage_and_eval_sections_build(path, tmp_path):
 
 def test_pending_keys_are_only_the_agreed_names():
     """A typo in a new key is not masked by the pending list: the configs use only the agreed names."""
-    from tiltlab.llm.stage1 import Stage1Config
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.disa.stage1 import Stage1Config
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     s1_ok = _fields(Stage1Config) | set(STAGE1_KEYS)
     trl_ok_extra = {"dynamic_sampling"}
@@ -125,7 +125,7 @@ def test_pending_keys_are_only_the_agreed_names():
 
 
 def test_dry_run_rejects_unknown_sections_keys(tmp_path):
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.config import load_run_config
 
     src = CONFIG_FILES[0]
     for bad in ("lora.rank=8", "validation.every=5", "paced.embedding=live"):

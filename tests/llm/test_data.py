@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from tiltlab.llm.data import (
+from tiltlab.llm.base.data import (
     BENCHMARKS,
     as_chat,
     benchmark_path,
@@ -17,8 +17,8 @@ from tiltlab.llm.data import (
     read_table,
     save_prompts,
 )
-from tiltlab.llm.rewards import code_reward, math_reward
-from tiltlab.llm.tasks import (
+from tiltlab.llm.base.rewards import code_reward, math_reward
+from tiltlab.llm.base.tasks import (
     MAX_DIFFICULTY,
     _eval_int_expr,
     arithmetic_tasks,
@@ -157,7 +157,7 @@ def test_synthetic_specs_and_chat():
 
 def test_hf_dataset():
     pytest.importorskip("datasets")
-    from tiltlab.llm.data import to_hf_dataset
+    from tiltlab.llm.base.data import to_hf_dataset
 
     ds = to_hf_dataset(ROWS)
     assert ds.column_names == ["id", "prompt", "answer"] and len(ds) == 2
@@ -332,7 +332,7 @@ def test_synthetic_datasets_are_pinned_to_their_content(spec):
     import hashlib
     import json
 
-    from tiltlab.llm.data import load_prompts
+    from tiltlab.llm.base.data import load_prompts
 
     rows = load_prompts(spec)
     assert hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16] == SYNTHETIC_SHA[spec]

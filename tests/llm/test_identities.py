@@ -7,9 +7,9 @@ resume is refused (or the cached value recomputed), and that an unchanged identi
 field lists are written out here, not read from the code, and every configuration field must be
 classified (identity or not), so a new field cannot be left out silently.
 
-Covered: Stage 1's resume identity (``llm.stage1``), the Stage 1 -> Stage 3 label compatibility
-(``trainers.disa_labels``), Stage 2's embedding cache (``llm.stage2.cached_embeddings`` and
-``llm.models.model_fingerprint``), PACED's pi_ref embedding cache (``trainers.paced``), the warm-up weight
+Covered: Stage 1's resume identity (``llm.disa.stage1``), the Stage 1 -> Stage 3 label compatibility
+(``trainers.disa_labels``), Stage 2's embedding cache (``llm.disa.stage2.run.cached_embeddings`` and
+``llm.base.models.model_fingerprint``), PACED's pi_ref embedding cache (``trainers.paced``), the warm-up weight
 cache of the tiny-model checks (``checks.task``) and the per-process memo of their multi-arm runs
 (``checks.tiny_runs._memo``). The online trainer's frozen log Z cache (keyed by the prompt) is tested
 in ``test_log_z_column.py``."""
@@ -31,13 +31,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 pytest.importorskip("safetensors")
 
-from tiltlab.llm import stage1
-from tiltlab.llm.stage1 import MANIFEST, Stage1Config, run_stage1
+from tiltlab.llm.disa import stage1
+from tiltlab.llm.disa.stage1 import MANIFEST, Stage1Config, run_stage1
 
 pytestmark = [
     pytest.mark.llm,
     # the 3-prompt run has reward 0 everywhere: Stage 1's vacuous-run guard says so on each resume
-    pytest.mark.filterwarnings("ignore::tiltlab.llm.learning_signal.VacuousRunWarning"),
+    pytest.mark.filterwarnings("ignore::tiltlab.llm.base.learning_signal.VacuousRunWarning"),
 ]
 
 
@@ -225,7 +225,7 @@ def _stage3_settings(**kw):
 
 
 def test_stage3_with_the_stage1_settings_is_accepted(stage1_run):
-    from tiltlab.llm.trainers.disa_labels import check_label_compat
+    from tiltlab.llm.disa.labels import check_label_compat
 
     man = json.loads((stage1_run / MANIFEST).read_text())
     assert check_label_compat(man, **_stage3_settings()) == []
@@ -233,7 +233,7 @@ def test_stage3_with_the_stage1_settings_is_accepted(stage1_run):
 
 @pytest.mark.parametrize(("what", "change"), LABEL_FIELDS, ids=[w for w, _ in LABEL_FIELDS])
 def test_stage3_with_one_label_setting_changed_is_refused(what, change, stage1_run):
-    from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
+    from tiltlab.llm.disa.labels import LabelMismatchError, check_label_compat
 
     man = json.loads((stage1_run / MANIFEST).read_text())
     with pytest.raises(LabelMismatchError):
@@ -248,7 +248,7 @@ TEXTS = ["What is 2 + 3?", "Name a prime above 10.", "Compute 7 * 6 and explain.
 def embed(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
     """``(cached(texts, model=..., name=..., batch_size=...) -> (emb, hit), direct(texts, model))``:
     the cached embeddings in one cache folder, and the uncached computation."""
-    from tiltlab.llm import stage2
+    from tiltlab.llm.disa.stage2 import run as stage2
 
     calls = []
     real = stage2.embed_prompts
@@ -293,7 +293,7 @@ def test_stage2_cache_reordered_prompts_read_rows_in_the_new_order(embed):
 
 @pytest.mark.parametrize("change", ["one text", "a text appended", "model name", "pooling"])
 def test_stage2_cache_recomputes_when_one_key_field_changes(change, embed, monkeypatch):
-    from tiltlab.llm import stage2
+    from tiltlab.llm.disa.stage2 import run as stage2
 
     cached, direct = embed
     cached(TEXTS)
@@ -325,7 +325,7 @@ def _perturbed(model, where: str):
 
 @pytest.mark.parametrize("where", ["first", "middle", "last", "config"])
 def test_stage2_model_fingerprint_and_cache_follow_the_model(where, embed, tiny_model):
-    from tiltlab.llm.models import model_fingerprint
+    from tiltlab.llm.base.models import model_fingerprint
 
     cached, direct = embed
     cached(TEXTS)
@@ -360,7 +360,7 @@ class _PacedStub:
 @pytest.fixture
 def paced_emb(tiny_model, tiny_tokenizer, tmp_path):
     """``emb(prompts, model=..., out=...) -> (rows, recomputed)``: PACED's cached pi_ref embeddings."""
-    from tiltlab.llm.trainers.paced import PacedMixin
+    from tiltlab.llm.train.paced import PacedMixin
 
     def emb(prompts, model=tiny_model, out=tmp_path / "run"):
         st = _PacedStub(model, tiny_tokenizer, out)

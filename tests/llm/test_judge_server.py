@@ -1,4 +1,4 @@
-"""llm.sandbox's judge server: a judge forked from one pre-started interpreter is judged exactly as a
+"""llm.base.sandbox's judge server: a judge forked from one pre-started interpreter is judged exactly as a
 judge started as its own interpreter (``SandboxConfig(judge_server=False)``, the reference path).
 
 Each case runs through both paths and must give the same (status, verdict) as written in the case;
@@ -22,9 +22,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
-from tiltlab.llm.sandbox import SandboxConfig, probe, run_judged, run_many_judged, server
+from tiltlab.llm.base.sandbox import SandboxConfig, probe, run_judged, run_many_judged, server
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 SERVED = SandboxConfig(timeout_s=3.0, memory_mb=256, judge_server=True)
 OWN = SandboxConfig(timeout_s=3.0, memory_mb=256, judge_server=False)
 ARMS = pytest.mark.parametrize("cfg", [SERVED, OWN], ids=["served", "own"])
@@ -184,7 +184,7 @@ def test_a_forked_process_starts_its_own_server():
 
 
 def test_the_server_exits_when_its_process_does():
-    code = "from tiltlab.llm.sandbox import server; print(server._JudgeServer.get().proc.pid, flush=True)"
+    code = "from tiltlab.llm.base.sandbox import server; print(server._JudgeServer.get().proc.pid, flush=True)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     zpid = int(out.stdout.split()[-1])
     try:
@@ -220,7 +220,7 @@ def test_a_served_judge_is_killed_and_waited_on_through_its_pidfd_never_its_pid_
     and waiting for it must end at once (its pidfd is readable), not when the decoy exits.
     Killing by ``os.kill(judge.pid)`` / ``os.killpg(judge.pid)``, or waiting on ``pidfd_open(judge.pid)``,
     would hit the decoy."""
-    from tiltlab.llm.sandbox import clock, runner
+    from tiltlab.llm.base.sandbox import clock, runner
 
     decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -1,4 +1,4 @@
-"""The vacuous-run conditions of ``llm.learning_signal``: each holds where it should and not one
+"""The vacuous-run conditions of ``llm.base.learning_signal``: each holds where it should and not one
 step away from it (one differing reward, one prompt with a spread of weights, ...)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from tiltlab.llm import learning_signal as ls
+from tiltlab.llm.base import learning_signal as ls
 from tiltlab.objectives import estimators as est
 
 

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.learning_signal import VacuousRunWarning  # noqa: E402
-from tiltlab.llm.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.base.learning_signal import VacuousRunWarning  # noqa: E402
+from tiltlab.llm.disa.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -110,7 +110,7 @@ def test_stage1_records_collapsed_ess(tiny_dir, rows, tmp_path):
 
 
 def _stage2(stage1_dir, out):
-    from tiltlab.llm.stage2 import CONFIG_FILE, Stage2Config, run_stage2
+    from tiltlab.llm.disa.stage2.run import CONFIG_FILE, Stage2Config, run_stage2
 
     cfg = Stage2Config(labels=str(stage1_dir), out_dir=str(out), epochs=3, val_fraction=0.4, device="cpu", hidden=8)
     with warnings.catch_warnings(record=True) as w:
@@ -137,7 +137,7 @@ def test_stage2_graded_labels_record_nothing(graded_stage1, tmp_path):
 
 
 def test_stage2_constant_validation_split_alone_is_recorded():
-    from tiltlab.llm.stage2 import _signal_record
+    from tiltlab.llm.disa.stage2.run import _signal_record
 
     y = torch.tensor([0.0, 1.0, 2.0, 2.0, 2.0])
     with pytest.warns(VacuousRunWarning, match="all 3 validation log_z labels"):
@@ -162,8 +162,8 @@ def _online(tiny_dir, out, math_rows, reward, objective="grpo", **kw):
     from datasets import Dataset
 
     from tests.llm.trainers._tiny_trainer import online_args
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in math_rows[:4]])
     return TiltGRPOTrainer(
@@ -192,7 +192,7 @@ def _train_where(tr, **kw):
 
 @pytest.mark.parametrize("objective", ["grpo", "flowrl"])
 def test_training_without_signal_records_zero_steps_and_equal_batches(objective, tiny_dir, tmp_path, math_rows):
-    from tiltlab.llm.trainers.signal_guard import read_signal_record
+    from tiltlab.llm.train.signal_guard import read_signal_record
 
     tr = _online(tiny_dir, tmp_path / objective, math_rows, _zero_reward, objective)
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
@@ -215,7 +215,7 @@ def test_training_without_signal_records_zero_steps_and_equal_batches(objective,
 
 def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
     from tests.llm.trainers._tiny_trainer import parity_reward
-    from tiltlab.llm.trainers.signal_guard import read_signal_record
+    from tiltlab.llm.train.signal_guard import read_signal_record
 
     tr = _online(tiny_dir, tmp_path, math_rows, parity_reward)
     assert _train(tr) == []
@@ -226,7 +226,7 @@ def test_training_with_signal_records_nothing(tiny_dir, tmp_path, math_rows):
 
 def test_a_resumed_run_keeps_the_record_before_its_checkpoint_and_redoes_the_rest(tiny_dir, tmp_path, math_rows):
     from tests.llm.trainers._tiny_trainer import parity_reward
-    from tiltlab.llm.trainers.signal_guard import read_signal_record
+    from tiltlab.llm.train.signal_guard import read_signal_record
 
     kw = dict(save_strategy="steps", save_steps=1)
     _train(_online(tiny_dir, tmp_path, math_rows, _zero_reward, **kw))
@@ -246,9 +246,9 @@ def test_a_resumed_run_keeps_the_record_before_its_checkpoint_and_redoes_the_res
 def test_offline_dataset_of_equal_rewards_is_recorded(tiny_dir, tmp_path, math_rows):
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
-    from tiltlab.llm.trainers.signal_guard import read_signal_record
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+    from tiltlab.llm.train.signal_guard import read_signal_record
 
     def trainer(rewards, out):
         rows = [

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tiltlab.llm.evaluate import evaluate, judge_diversity
+from tiltlab.llm.eval.run import evaluate, judge_diversity
 
 pytestmark = pytest.mark.llm
 
@@ -74,7 +74,7 @@ def test_a_reward_function_returning_a_wrong_count_is_named(lines):
 
 
 def test_judging_reports_each_prompt(capsys, lines, monkeypatch):
-    import tiltlab.llm.evaluate as ev
+    import tiltlab.llm.eval.run as ev
 
     replies = iter(["3", "no score", "5"])
     monkeypatch.setattr(ev, "_post_chat", lambda cfg, messages: next(replies))
@@ -85,7 +85,7 @@ def test_judging_reports_each_prompt(capsys, lines, monkeypatch):
 
 
 def test_hf_sampling_reports_batches_and_tokens_and_samples_the_same(capsys, lines, tiny_model, tiny_tokenizer):
-    from tiltlab.llm.rollout import HFEngine, SamplingConfig
+    from tiltlab.llm.base.rollout import HFEngine, SamplingConfig
 
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=3, seed=7)
     prompts = ["a b", "c d e", "f"]
@@ -101,7 +101,7 @@ def test_hf_sampling_reports_batches_and_tokens_and_samples_the_same(capsys, lin
 
 
 def _stage1_cfg(tiny_dir, out):
-    from tiltlab.llm.stage1 import Stage1Config
+    from tiltlab.llm.disa.stage1 import Stage1Config
 
     return Stage1Config(
         proposal=str(tiny_dir),
@@ -116,7 +116,7 @@ def _stage1_cfg(tiny_dir, out):
 
 
 def test_stage1_reports_each_shard_and_a_resume_counts_its_own_prompts(capsys, lines, tiny_dir, math_rows, tmp_path):
-    from tiltlab.llm.stage1 import MANIFEST, run_stage1
+    from tiltlab.llm.disa.stage1 import MANIFEST, run_stage1
 
     out = tmp_path / "s1"
     rows = math_rows[:4]
@@ -141,8 +141,8 @@ def test_stage1_reports_each_shard_and_a_resume_counts_its_own_prompts(capsys, l
 
 
 def test_stage2_reports_embedding_and_each_epoch(capsys, lines, tiny_dir, math_rows, tmp_path):
-    from tiltlab.llm.stage1 import run_stage1
-    from tiltlab.llm.stage2 import Stage2Config, run_stage2
+    from tiltlab.llm.disa.stage1 import run_stage1
+    from tiltlab.llm.disa.stage2.run import Stage2Config, run_stage2
 
     s1 = tmp_path / "s1"
     run_stage1(_stage1_cfg(tiny_dir, s1), rows=math_rows[:4], progress=False)

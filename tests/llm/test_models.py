@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 
 import torch
 
-from tiltlab.llm.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype
+from tiltlab.llm.base.models import build_tiny, build_tiny_tokenizer, load_model, load_tokenizer, resolve_dtype
 
 
 def _same_state(a, b):
@@ -100,9 +100,9 @@ def test_bpe_deterministic_across_processes():
     import subprocess
     import sys
 
-    from tiltlab.llm.models import train_bpe
+    from tiltlab.llm.base.models import train_bpe
 
-    code = "from tiltlab.llm.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
+    code = "from tiltlab.llm.base.models import train_bpe; import sys; sys.stdout.write(train_bpe(seed=0).to_str())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout == train_bpe(seed=0).to_str()
 
@@ -111,7 +111,7 @@ def test_load_model_and_tokenizer_passes_dtype_and_device_through(tiny_dir, monk
     """A saved model's ``(model, tokenizer)`` loads on the device and in the dtype asked for: both reach
     load_model (a device other than the default, so that dropping it would show), the tokenizer from the
     same path."""
-    import tiltlab.llm.models as M
+    import tiltlab.llm.base.models as M
 
     calls = []
     monkeypatch.setattr(
@@ -126,7 +126,7 @@ def test_load_model_and_tokenizer_passes_dtype_and_device_through(tiny_dir, monk
 def test_train_bpe_defaults_are_the_tiny_tokenizers():
     """``train_bpe()`` is the raw tokenizer of ``build_tiny_tokenizer()`` (its docstring): the same default
     vocabulary size and corpus seed, and a different seed gives another vocabulary (the seed is used)."""
-    from tiltlab.llm.models import train_bpe
+    from tiltlab.llm.base.models import train_bpe
 
     raw = train_bpe().get_vocab()
     assert raw == build_tiny_tokenizer().backend_tokenizer.get_vocab()

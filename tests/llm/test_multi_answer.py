@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from tiltlab.llm.coverage import Coverage, correct_answers, correct_entropy_exp, coverage, distinct_correct
-from tiltlab.llm.data import load_prompts
-from tiltlab.llm.rewards import (
+from tiltlab.llm.base.coverage import Coverage, correct_answers, correct_entropy_exp, coverage, distinct_correct
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.rewards import (
     gold_numbers,
     math_reward,
     plain_answer,
@@ -18,7 +18,7 @@ from tiltlab.llm.rewards import (
     set_number_correct,
     verifiable_reward,
 )
-from tiltlab.llm.tasks import (
+from tiltlab.llm.base.tasks import (
     MULTI_DEFAULT_TEMPLATES,
     MULTI_MAX_VALUE,
     MULTI_TEMPLATES,

@@ -10,8 +10,8 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from tiltlab.llm import prepare  # noqa: E402
-from tiltlab.llm.data import DEFAULT_MATH_INSTRUCTION, load_prompts  # noqa: E402
+from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION, load_prompts  # noqa: E402
+from tiltlab.llm.prepare import run as prepare  # noqa: E402
 
 DAPO_WRAP = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -43,7 +43,7 @@ def _dapo_file(tmp_path: Path) -> Path:
 
 
 def test_dapo_prompt_asks_for_boxed_and_the_reward_agrees(tmp_path):
-    from tiltlab.llm.rewards import math_reward
+    from tiltlab.llm.base.rewards import math_reward
 
     rows = prepare.prepare_dapo(_dapo_file(tmp_path))
     assert [r["id"] for r in rows] == ["a1", "b2"]  # the repeated prompt is kept once
@@ -116,7 +116,7 @@ def test_deepcoder_formats(tmp_path):
 
 
 def test_deepcoder_stdio_row_is_graded_by_the_code_reward(tmp_path):
-    from tiltlab.llm.rewards import code_reward
+    from tiltlab.llm.base.rewards import code_reward
 
     src = tmp_path / "dc.jsonl"
     src.write_text(
@@ -168,7 +168,7 @@ def _stage1_dir(tmp_path: Path) -> Path:
 def test_sft_rows_from_stage1_feed_the_sft_trainer_rows(tmp_path):
     """The SFT-LoRA baseline's corpus (DISA App. D.4): correct, finished samples with their prompt
     text; the offline trainer's sft preparation accepts them unchanged."""
-    from tiltlab.llm.trainers.offline import prepare_offline_rows
+    from tiltlab.llm.train.offline import prepare_offline_rows
 
     d = _stage1_dir(tmp_path)
     rows = prepare.sft_rows_from_stage1(d)
@@ -205,7 +205,7 @@ class _FakeEngine:
         self.calls = []
 
     def generate(self, prompts, n, sampling):
-        from tiltlab.llm.rollout import RolloutGroup
+        from tiltlab.llm.base.rollout import RolloutGroup
 
         self.calls.append((list(prompts), n, sampling))
         return [
@@ -242,7 +242,7 @@ def load_prompts_rows(path: Path) -> list[dict]:
 def test_build_fpa_offline_on_the_tiny_model(tmp_path, monkeypatch):
     """The real rollout engine (HF, tiny model): K samples per prompt reach the reward; a reward
     that marks the first sample of each prompt correct keeps every prompt."""
-    import tiltlab.llm.rewards as rewards
+    import tiltlab.llm.base.rewards as rewards
 
     def first_right(prompts, completions, completion_ids=None, **kw):
         return [1.0 if i % 3 == 0 else 0.0 for i in range(len(completions))]
@@ -284,7 +284,7 @@ def test_prepare_fpa_cli_refuses_a_dataset_with_nothing_to_keep(tmp_path, capsys
 def test_build_fpa_offline_refuses_a_reward_with_one_none(tmp_path, monkeypatch):
     """One ungraded sample (the reward returned None for it, e.g. a prompt without an answer) stops the
     build before anything is written: a None among numbers is not a wrong answer."""
-    import tiltlab.llm.rewards as rewards
+    import tiltlab.llm.base.rewards as rewards
 
     def one_none(prompts, completions, completion_ids=None, **kw):
         return [None if i == 3 else float(i % 2) for i in range(len(completions))]

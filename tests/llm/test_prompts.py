@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tiltlab.llm.prompts import format_prompt, prompt_messages, prompt_text, prompt_token_ids, training_prompt
+from tiltlab.llm.base.prompts import format_prompt, prompt_messages, prompt_text, prompt_token_ids, training_prompt
 
 
 def _zero_reward(prompts, completions, completion_ids=None, **kw):
@@ -20,13 +20,13 @@ def test_prompt_is_identical_in_stage1_stage2_training_and_evaluation(
     pytest.importorskip("trl")
     import torch
 
-    from tiltlab.llm import stage2
-    from tiltlab.llm.evaluate import evaluate
-    from tiltlab.llm.models import load_model
-    from tiltlab.llm.rollout import HFEngine, SamplingConfig
-    from tiltlab.llm.stage1 import Stage1Config, run_stage1
-    from tiltlab.llm.trainers.cli import online_dataset
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model
+    from tiltlab.llm.base.rollout import HFEngine, SamplingConfig
+    from tiltlab.llm.disa.stage1 import Stage1Config, run_stage1
+    from tiltlab.llm.disa.stage2 import run as stage2
+    from tiltlab.llm.eval.run import evaluate
+    from tiltlab.llm.train.cli import online_dataset
+    from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
     row = dict(math_rows[0])
     seen: list[list[int]] = []
@@ -125,15 +125,15 @@ def test_format_prompt_forms_and_errors(tiny_tokenizer):
 
 
 def test_one_reward_resolver():
-    from tiltlab.llm import rewards
-    from tiltlab.llm.rewards import resolve_reward
+    from tiltlab.llm.base import rewards
+    from tiltlab.llm.base.rewards import resolve_reward
 
     assert resolve_reward("math") is rewards.math_reward
     assert resolve_reward("code") is rewards.code_reward
     assert resolve_reward("auto") is rewards.verifiable_reward
-    assert resolve_reward("tiltlab.llm.rewards:math_reward") is rewards.math_reward
+    assert resolve_reward("tiltlab.llm.base.rewards:math_reward") is rewards.math_reward
     assert resolve_reward(_zero_reward) is _zero_reward
     with pytest.raises(ValueError, match="unknown reward 'maths'"):
         resolve_reward("maths")
     with pytest.raises(ValueError, match="has no function"):
-        resolve_reward("tiltlab.llm.rewards:nope")
+        resolve_reward("tiltlab.llm.base.rewards:nope")

@@ -1,4 +1,4 @@
-"""The real-backbone alias ``smollm2-135m`` (:func:`llm.models.resolve_model`).
+"""The real-backbone alias ``smollm2-135m`` (:func:`llm.base.models.resolve_model`).
 
 The conversion logic (alias resolution, cache reuse, atomic writes, the missing-package error) is
 tested with a fake converter, in milliseconds. The real conversion (GGUF -> bf16 safetensors,
@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tiltlab.llm import models
-from tiltlab.llm.models import MODEL_ALIASES, MODEL_CACHE_ENV, model_cache_dir, resolve_model
+from tiltlab.llm.base import models
+from tiltlab.llm.base.models import MODEL_ALIASES, MODEL_CACHE_ENV, model_cache_dir, resolve_model
 
 ALIAS = "smollm2-135m"
 
@@ -184,7 +184,7 @@ def test_real_model_forward_knows_facts(smollm2_dir):
     chat template is SmolLM2's ChatML one."""
     import torch
 
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     model, tok = load_model(ALIAS, device="cpu"), load_tokenizer(ALIAS)
     assert model.dtype == torch.float32  # auto dtype on CPU upcasts the bf16 weights

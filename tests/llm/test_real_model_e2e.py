@@ -25,7 +25,7 @@ try:  # a broken install (e.g. mismatched torchvision) fails at import: skip, do
 except Exception as e:  # pragma: no cover - depends on the machine
     pytest.skip(f"vLLM is not importable: {e}", allow_module_level=True)
 
-from tiltlab.llm.models import MODEL_ALIASES, resolve_model
+from tiltlab.llm.base.models import MODEL_ALIASES, resolve_model
 
 pytestmark = pytest.mark.vllm
 ALIAS = "smollm2-135m"
@@ -97,9 +97,9 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
     import torch
     from safetensors.torch import load_file
 
-    from tiltlab.llm.rollout import VLLMEngine
-    from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1
-    from tiltlab.llm.stage2 import Stage2Config, load_log_z_predictor, run_stage2
+    from tiltlab.llm.base.rollout import VLLMEngine
+    from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1
+    from tiltlab.llm.disa.stage2.run import Stage2Config, load_log_z_predictor, run_stage2
 
     sz = SIZES[size]
     beta = 2.0

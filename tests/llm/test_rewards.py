@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from tiltlab.llm.rewards import (
+from tiltlab.llm.base.rewards import (
     code_job,
     code_reward,
     extract_boxed,
@@ -14,7 +14,7 @@ from tiltlab.llm.rewards import (
     math_reward,
     verifiable_reward,
 )
-from tiltlab.llm.tasks import arithmetic_tasks, function_tasks
+from tiltlab.llm.base.tasks import arithmetic_tasks, function_tasks
 
 
 def test_extract_boxed_last_and_nested():
@@ -153,7 +153,7 @@ def test_verifiable_reward_dispatch():
 
 
 def test_join_code_puts_future_imports_first():
-    from tiltlab.llm.rewards import join_code
+    from tiltlab.llm.base.rewards import join_code
 
     out = join_code(
         "import os\n", '"""doc"""\nfrom __future__ import annotations\nx = 1', "from __future__ import annotations\n"
@@ -164,7 +164,7 @@ def test_join_code_puts_future_imports_first():
 
 
 def test_prompt_parts_and_the_judge_gets_the_helpers():
-    from tiltlab.llm.rewards import prompt_parts
+    from tiltlab.llm.base.rewards import prompt_parts
 
     prefix = (
         "import math\nfrom typing import List\n\n\n@staticmethod\ndef helper(x):\n    return math.sqrt(x)\n\n\n"
@@ -190,7 +190,7 @@ def test_prompt_parts_and_the_judge_gets_the_helpers():
 
 
 def test_functional_prelude_after_future_import():
-    from tiltlab.llm.rewards import _FUNCTIONAL_PRELUDE
+    from tiltlab.llm.base.rewards import _FUNCTIONAL_PRELUDE
 
     job = code_job("from __future__ import annotations\nclass Solution:\n    pass\n", "{}", test_type="functional")
     assert job.code.startswith("from __future__ import annotations\n" + _FUNCTIONAL_PRELUDE) and not job.stdio
@@ -418,8 +418,8 @@ def _bench_sandbox():
 
 def test_bench_sandbox_mixed_rows_are_judged_as_their_kind_says():
     # the benchmark's own guard: every kind's known reward, checked against a real judging of one cycle
-    from tiltlab.llm.rewards import make_code_reward
-    from tiltlab.llm.tasks import function_tasks
+    from tiltlab.llm.base.rewards import make_code_reward
+    from tiltlab.llm.base.tasks import function_tasks
 
     bench = _bench_sandbox()
     kinds = list(bench.MIXED_KINDS)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiltlab.llm.rollout import HFEngine, SamplingConfig, VLLMEngine, processed_logprobs  # noqa: E402
+from tiltlab.llm.base.rollout import HFEngine, SamplingConfig, VLLMEngine, processed_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -190,6 +190,6 @@ def test_vllm_engine_processed_logprobs(tiny_dir, tiny_model):
 def test_vllm_dtype_auto_is_float32_on_cpu(dtype, on_gpu, want):
     """``auto`` on CPU would take the checkpoint's bfloat16, 5-10x slower than float32 on AVX2 (the
     Stage-1 real-model check ran over 40 minutes for one batch it ran in minutes in float32)."""
-    from tiltlab.llm.rollout import vllm_dtype
+    from tiltlab.llm.base.rollout import vllm_dtype
 
     assert vllm_dtype(dtype, on_gpu) == want

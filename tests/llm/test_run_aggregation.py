@@ -51,7 +51,7 @@ def test_real_check_step_times_are_means_over_every_step():
     assert R.step_times(h) == {"step_time": 30.0, "time/vLLM.generate": 6.0}
 
 
-# ------------------------------------------------------------------ tiny-model checks (rules.py, stage3.py)
+# ------------------------------------------------------------------ tiny-model checks (rules.py, enumerable.py)
 RUN_KEYS = {  # what did not move -> (its "ran" item, its count)
     "loss": ("ran_loss_moved", "runs_loss_moved"),
     "weights": ("ran_weights_moved", "runs_weights_moved"),
@@ -86,23 +86,23 @@ def test_judge_is_inconclusive_when_any_ran_item_fails(position):
 
 @pytest.mark.parametrize("position", POSITIONS, ids=["first", "middle", "last"])
 def test_multi_arm_ran_items_need_every_run(position):
-    from tiltlab.llm.checks import stage3
+    from tiltlab.llm.checks import enumerable
 
     for key in ("loss", "weights", "acc"):
         r = {k: [True] * (2 * N) for k in ("loss", "weights", "acc")}
         r[key] = _odd(position, False, True) + [True] * N  # 2N runs: the odd one among the first N
-        items = stage3.ran_items({"_ran": r})
+        items = enumerable.ran_items({"_ran": r})
         assert (
             items[{"loss": "ran_loss_moved", "weights": "ran_weights_moved", "acc": "ran_accuracy_moved"}[key]] is False
         )
         assert sum(items.values()) == 2
-    assert all(stage3.ran_items({"_ran": {k: [True] * N for k in ("loss", "weights", "acc")}}).values())
+    assert all(enumerable.ran_items({"_ran": {k: [True] * N for k in ("loss", "weights", "acc")}}).values())
 
 
 # ------------------------------------------------------------------ vacuous-run guard (learning_signal.py)
 @pytest.mark.parametrize("position", POSITIONS, ids=["first", "middle", "last"])
 def test_vacuous_run_guards_aggregate_over_every_value(position):
-    from tiltlab.llm.learning_signal import equal_rewards, grads_all_zero, zero_update
+    from tiltlab.llm.base.learning_signal import equal_rewards, grads_all_zero, zero_update
 
     assert equal_rewards(_odd(position, 1.0, 0.0), stage="t", scope="s") is None  # one differs: signal
     assert equal_rewards([0.0] * N, stage="t", scope="s") is not None

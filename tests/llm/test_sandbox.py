@@ -1,4 +1,4 @@
-"""llm.sandbox: status from the exit status, OS isolation (bwrap level and the fallback), the judge's channel.
+"""llm.base.sandbox: status from the exit status, OS isolation (bwrap level and the fallback), the judge's channel.
 
 The hostile-candidate corpus through the reward API lives in ``tests/llm/hostile/``.
 """
@@ -17,8 +17,8 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (rlimits, namespaces)", allow_module_level=True)
 
-from tiltlab.llm import sandbox
-from tiltlab.llm.sandbox import (
+from tiltlab.llm.base import sandbox
+from tiltlab.llm.base.sandbox import (
     SandboxConfig,
     SandboxWarning,
     clock,
@@ -38,7 +38,7 @@ from tiltlab.llm.sandbox import (
 with warnings.catch_warnings():  # the isolation facts are asserted below, not warned about
     warnings.simplefilter("ignore", SandboxWarning)
     REPORT = isolation_report()
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
 BWRAP = REPORT["level"] == "bwrap"
 needs_bwrap = pytest.mark.skipif(
@@ -1589,7 +1589,7 @@ def test_bwrap_mounts_tmp_before_the_interpreter_prefixes(tmp_path):
 def test_isolation_report_states_each_plans_facts(plan, uid, monkeypatch):
     """The report is the plan's facts, one key each, on four plans where they differ: the uid line names
     the per-slot uid only for slot ids, bwrap's mount namespace and private /tmp only under bwrap."""
-    import tiltlab.llm.sandbox as sb
+    import tiltlab.llm.base.sandbox as sb
 
     full = {"prefix": ["unshare", "-n"], "net_ns": True, "pid_ns": False, "python": "/usr/bin/python3", **plan}
     monkeypatch.setattr(probe, "_plan", lambda cfg: full)

@@ -25,9 +25,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (namespaces, seccomp)", allow_module_level=True)
 
-from tiltlab.llm.sandbox import SandboxConfig, run_python
+from tiltlab.llm.base.sandbox import SandboxConfig, run_python
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 CFG = SandboxConfig(timeout_s=20.0, memory_mb=512, max_file_mb=64.0, audit_hook=False)
 HOLD = SandboxConfig(timeout_s=60.0, memory_mb=512, max_file_mb=64.0, audit_hook=False)
 

@@ -16,9 +16,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
-from tiltlab.llm.rewards import resolve_reward
+from tiltlab.llm.base.rewards import resolve_reward
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 
 _reward = resolve_reward("code")
 

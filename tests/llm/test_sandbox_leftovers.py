@@ -19,7 +19,7 @@ if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
 import tiltlab
-from tiltlab.llm.sandbox import SandboxConfig
+from tiltlab.llm.base.sandbox import SandboxConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(tiltlab.__file__)))  # the checkout under test
 DEADLINE_S = 120.0  # generous: polled, never asserted as a duration
@@ -77,7 +77,7 @@ def _env(tmp) -> dict:
 
 
 def test_the_sweep_removes_exactly_the_folders_whose_owner_is_gone(tmp_path):
-    from tiltlab.llm.sandbox import leftovers
+    from tiltlab.llm.base.sandbox import leftovers
 
     gone = subprocess.Popen(["sleep", "60"])
     start = _stat(gone.pid)[1]
@@ -110,7 +110,7 @@ def test_the_sweep_removes_exactly_the_folders_whose_owner_is_gone(tmp_path):
 
 
 def test_a_run_folder_names_its_owner(tmp_path, monkeypatch):
-    from tiltlab.llm.sandbox import leftovers
+    from tiltlab.llm.base.sandbox import leftovers
 
     monkeypatch.setattr(leftovers.tempfile, "tempdir", str(tmp_path))
     with leftovers.tempdir("tiltlab-judge-") as d:
@@ -121,7 +121,7 @@ def test_a_run_folder_names_its_owner(tmp_path, monkeypatch):
 
 
 def test_a_process_sweeps_at_its_first_run_then_at_most_every_sweep_every_s(tmp_path, monkeypatch):
-    from tiltlab.llm.sandbox import leftovers
+    from tiltlab.llm.base.sandbox import leftovers
 
     swept = []
     monkeypatch.setattr(leftovers.tempfile, "tempdir", str(tmp_path))
@@ -144,8 +144,8 @@ def test_a_process_sweeps_at_its_first_run_then_at_most_every_sweep_every_s(tmp_
 
 TRAINER = textwrap.dedent("""
     import sys
-    from tiltlab.llm.rewards import make_code_reward
-    from tiltlab.llm.sandbox import SandboxConfig
+    from tiltlab.llm.base.rewards import make_code_reward
+    from tiltlab.llm.base.sandbox import SandboxConfig
     backend = sys.argv[1]
     cfg = SandboxConfig(timeout_s=120.0, memory_mb=256, backend=backend)
     sleeps = "```python\\nimport time\\ndef f(x):\\n    time.sleep(600)\\n    return x\\n```"
@@ -159,8 +159,8 @@ TRAINER = textwrap.dedent("""
 
 NEXT = textwrap.dedent("""
     import sys
-    from tiltlab.llm.rewards import make_code_reward
-    from tiltlab.llm.sandbox import SandboxConfig
+    from tiltlab.llm.base.rewards import make_code_reward
+    from tiltlab.llm.base.sandbox import SandboxConfig
     cfg = SandboxConfig(timeout_s=10.0, memory_mb=256, backend=sys.argv[1])
     r = make_code_reward(cfg)(None, ["```python\\ndef f(x):\\n    return x + 1\\n```"], tests=["assert f(1) == 2\\n"],
                               entry_point=["f"])

@@ -19,7 +19,7 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")]
 
 THREADPOOL = (
     "from concurrent.futures import ThreadPoolExecutor\n"
@@ -37,8 +37,8 @@ def _corpus():
 
 
 def test_correct_programs_are_paid_under_4x_cpu_load():
-    from tiltlab.llm.rewards import resolve_reward
-    from tiltlab.llm.tasks import function_tasks
+    from tiltlab.llm.base.rewards import resolve_reward
+    from tiltlab.llm.base.tasks import function_tasks
 
     corpus = _corpus()
     rows = [r for r in corpus.cases("/nonexistent", 1, "/nonexistent") if r["expected"] == 1.0]

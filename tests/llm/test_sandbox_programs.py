@@ -1,4 +1,4 @@
-"""llm/sandbox/programs/: the program files, each run by path (the codec compiled by the program that
+"""llm/base/sandbox/programs/: the program files, each run by path (the codec compiled by the program that
 runs it, in that program's globals), and their functions exercised here directly (the codec imported from
 its file, the bootstrap's and the judge's helpers compiled from theirs); tests/llm/test_sandbox.py runs the
 same programs end to end."""
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, config, programs, run_judged, run_python, runner
-from tiltlab.llm.sandbox.server import _JudgeServer
+from tiltlab.llm.base.sandbox import SandboxConfig, SandboxWarning, config, programs, run_judged, run_python, runner
+from tiltlab.llm.base.sandbox.server import _JudgeServer
 
 FILES = ("boot.py", "codec.py", "judge.py", "judge_main.py", "judge_server.py")
 FAST = SandboxConfig(timeout_s=5.0, memory_mb=256)
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 
 
 def _pieces(name: str, *names: str, **ns) -> dict:
@@ -138,7 +138,7 @@ def test_the_bootstrap_gets_the_hosts_constants_from_its_config(monkeypatch):
 
 
 def test_the_program_folder_is_bound_into_bwrap_unless_a_bound_prefix_holds_it(monkeypatch, tmp_path):
-    from tiltlab.llm.sandbox import probe
+    from tiltlab.llm.base.sandbox import probe
 
     roots = probe._bind_roots(sys.executable)
     assert any(str(programs.DIR) == r or str(programs.DIR).startswith(r + "/") for r in roots)

@@ -1,4 +1,4 @@
-"""llm.sandbox's rule for what crosses (docs/code-reward.md, "What crosses and what runs where"), through the code
+"""llm.base.sandbox's rule for what crosses (docs/code-reward.md, "What crosses and what runs where"), through the code
 reward, against the whole operator table: no verdict is decided by a liar's methods.
 
 A *liar* holds a WRONG value and overrides every comparison, operator and conversion to answer what a check wants
@@ -23,9 +23,9 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux", allow_module_level=True)
 
-from tiltlab.llm.rewards import resolve_reward
+from tiltlab.llm.base.rewards import resolve_reward
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 
 #: a number liar's overrides: every comparison, operator and conversion answers as the expected 4 would
 _NUM = """

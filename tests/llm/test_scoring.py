@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiltlab.llm.scoring import build_batch, score_completions, score_future_completions, token_logprobs_padded  # noqa: E402
+from tiltlab.llm.base.scoring import build_batch, score_completions, score_future_completions, token_logprobs_padded  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -91,7 +91,7 @@ def test_gradients_match_naive(tiny_model, tiny_tokenizer):
 
 
 def test_future_logprobs_match_naive(tiny_model, tiny_tokenizer):
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     ref_model, _ = build_tiny(seed=1)
     pids, cids = _rows(tiny_tokenizer, n=4, seed=3)
@@ -121,7 +121,7 @@ def test_bad_inputs(tiny_model, tiny_tokenizer):
 def test_future_logprobs_in_float64_match_naive_to_rounding(tiny_model, tiny_tokenizer):
     """Away from the float32 default: float64 models give float64 future log-probs, equal to the naive
     float64 reference to rounding (a float32 buffer anywhere on the way would cost ~1e-7)."""
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     theta = copy.deepcopy(tiny_model).double()
     ref_model = build_tiny(seed=1)[0].double()

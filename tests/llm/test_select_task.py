@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from tiltlab.llm import prepare
-from tiltlab.llm.data import load_prompts, save_prompts
-from tiltlab.llm.rewards import math_reward, plain_number_correct, verifiable_reward
-from tiltlab.llm.tasks import qa_tasks
+from tiltlab.llm.base.data import load_prompts, save_prompts
+from tiltlab.llm.base.rewards import math_reward, plain_number_correct, verifiable_reward
+from tiltlab.llm.base.tasks import qa_tasks
+from tiltlab.llm.prepare import run as prepare
 
 Q = "What is 23 + 14? Answer with just the number."
 
@@ -83,7 +83,7 @@ def counted_reward(prompts, completions, completion_ids=None, k=None, **kw):
 
 
 def _stage1(tmp_path, tiny_dir, ks, temperature=1.0, proposal=None):
-    from tiltlab.llm.stage1 import Stage1Config, run_stage1
+    from tiltlab.llm.disa.stage1 import Stage1Config, run_stage1
 
     rows = [{"id": f"p{i}", "prompt": f"question {i}", "answer": "1", "k": k} for i, k in enumerate(ks)]
     data = tmp_path / "rows.jsonl"
@@ -106,7 +106,7 @@ def _stage1(tmp_path, tiny_dir, ks, temperature=1.0, proposal=None):
 
 
 def test_select_keeps_the_pass_rate_window_with_labels_and_split(tmp_path, tiny_dir):
-    from tiltlab.llm.stage1 import load_stage1
+    from tiltlab.llm.disa.stage1 import load_stage1
 
     ks = [0, 1, 2, 3, 4, 5, 6, 7, 8, 2, 6]  # pass rates k/8
     cfg, rows = _stage1(tmp_path, tiny_dir, ks)

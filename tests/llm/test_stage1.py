@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.prompts import format_prompt  # noqa: E402
-from tiltlab.llm.stage1 import CRASH_ENV, MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.base.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.disa.stage1 import CRASH_ENV, MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -76,7 +76,7 @@ def test_labels_converge_with_vllm_engine(peaked_dir, math_rows, tmp_path):
 def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
     from functools import partial
 
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     model, tok = load_model(peaked_dir, device="cpu"), load_tokenizer(peaked_dir)
     beta, temp = 3.0, 0.7
@@ -301,7 +301,7 @@ def test_cli_flags_map_to_config_fields():
     """`tiltlab llm stage1` flags are the Stage1Config fields, help = the field docstrings."""
     from tiltlab.cli import build_parser
     from tiltlab.dataclass_cli import field_docs
-    from tiltlab.llm.config_args import config_from_args
+    from tiltlab.llm.base.config_args import config_from_args
 
     parser = build_parser("llm")
     args = parser.parse_args(
@@ -340,7 +340,7 @@ def test_cli_flags_map_to_config_fields():
     assert cfg.temperature == 1.0 and cfg.engine == "hf"  # defaults come from the dataclass
     docs = field_docs(Stage1Config)
     assert set(docs) == {f for f in Stage1Config.__dataclass_fields__}  # every field documented
-    from tiltlab.llm.stage2 import Stage2Config
+    from tiltlab.llm.disa.stage2.run import Stage2Config
 
     sub = parser.parse_args(["llm", "stage2", "--labels", "l", "--out-dir", "o", "--no-chat-template"])
     s2 = config_from_args(Stage2Config, sub, section="stage2")
@@ -354,7 +354,7 @@ def test_distinct_proposal_logprobs_and_tokenizer_check(tiny_model, tiny_tokeniz
     """q != pi_ref: logp_proposal is q's (processed) log-prob and logp_ref is pi_ref's, by teacher forcing."""
     import copy
 
-    from tiltlab.llm.scoring import score_completions
+    from tiltlab.llm.base.scoring import score_completions
 
     q = copy.deepcopy(tiny_model)
     g = torch.Generator().manual_seed(0)

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.prompts import format_prompt  # noqa: E402
-from tiltlab.llm.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.base.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.disa.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -108,7 +108,7 @@ def test_chat_template_kwargs_format_the_scored_prompt(tiny_model, tiny_tokenize
     template's branch, and logp_ref is pi_ref's log-prob given exactly that prompt."""
     import copy
 
-    from tiltlab.llm.scoring import score_completions
+    from tiltlab.llm.base.scoring import score_completions
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template += "{% if enable_thinking is defined and not enable_thinking %}7 7 7{% endif %}"
@@ -135,9 +135,9 @@ def test_retokenize_scores_the_text_under_the_reference(tiny_dir, tiny_model, ti
     """Different tokenizers with tokenizer='retokenize': q samples from its own formatting, logp_proposal
     is q's processed log-prob of its own tokens, completion_ids are pi_ref's tokens of the same text
     (+ eos when q stopped) and logp_ref is pi_ref's teacher-forced log-prob of them."""
-    from tiltlab.llm.models import load_model_and_tokenizer
-    from tiltlab.llm.rollout import processed_logprobs
-    from tiltlab.llm.scoring import score_completions
+    from tiltlab.llm.base.models import load_model_and_tokenizer
+    from tiltlab.llm.base.rollout import processed_logprobs
+    from tiltlab.llm.base.scoring import score_completions
 
     q_model, q_tok = load_model_and_tokenizer("tiny:1", device="cpu")
     assert q_tok.get_vocab() != tiny_tokenizer.get_vocab()
@@ -163,7 +163,7 @@ def test_retokenize_scores_the_text_under_the_reference(tiny_dir, tiny_model, ti
 
 def test_new_fields_validate_and_come_from_yaml_and_flags(tmp_path):
     from tiltlab.cli import build_parser
-    from tiltlab.llm.config_args import config_from_args
+    from tiltlab.llm.base.config_args import config_from_args
 
     base = dict(proposal="p", reference="r", dataset="d", out_dir="o")
     for bad, msg in (
@@ -225,7 +225,7 @@ def test_the_stage1_command_shows_progress_unless_quiet(tmp_path, monkeypatch, c
     """``tiltlab llm stage1`` hands ``progress=not --quiet`` to the run (the run itself is recorded, not
     executed: its progress bars are tested in tests/llm/test_long_command_progress.py)."""
     from tiltlab.cli import main as cli_main
-    from tiltlab.llm import stage1
+    from tiltlab.llm.disa import stage1
 
     seen = []
     monkeypatch.setattr(stage1.cli, "run_stage1", lambda cfg, progress=True: seen.append(progress) or {"ok": 1})

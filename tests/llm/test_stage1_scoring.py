@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 
-from tiltlab.llm.stage1 import (  # noqa: E402
+from tiltlab.llm.disa.stage1 import (  # noqa: E402
     MANIFEST,
     Stage1Config,
     load_stage1,
@@ -67,7 +67,7 @@ def test_auto_picks_the_sampler_only_where_its_log_probs_are_pi_ref(tmp_path):
     assert resolve_reference_scoring(_cfg(m, tmp_path, reference_scoring="vllm")) == "vllm"
     assert resolve_reference_scoring(_cfg("tiny", tmp_path, reference="tiny:1", engine="vllm")) == "hf"
     # a reference vLLM can serve here: a second engine only when the proposal runs on vLLM too
-    from tiltlab.llm.rollout import vllm_available
+    from tiltlab.llm.base.rollout import vllm_available
 
     served = tmp_path / "served"
     served.mkdir()
@@ -119,7 +119,7 @@ def test_sampler_path_equals_teacher_forcing_on_tiny(tiny_dir, math_rows, tmp_pa
 def test_sampler_path_loads_no_reference_model(tiny_dir, math_rows, tmp_path, monkeypatch):
     """The one-pass path does no teacher forcing at all (with the hf engine the proposal's model is the
     only one loaded); the two-pass path does."""
-    import tiltlab.llm.stage1.pipeline as s1  # the module whose run looks the scorer up
+    import tiltlab.llm.disa.stage1.pipeline as s1  # the module whose run looks the scorer up
 
     calls = []
     real = s1._hf_reference_logprobs
@@ -164,7 +164,7 @@ def test_prefix_cached_scoring_reads_only_computed_positions():
     pytest.importorskip("vllm")
     from types import SimpleNamespace as NS
 
-    from tiltlab.llm.stage1 import SCORE_CACHE_SALT, _vllm_reference_logprobs
+    from tiltlab.llm.disa.stage1 import SCORE_CACHE_SALT, _vllm_reference_logprobs
 
     p = [5, 6, 7, 8]  # 4 prompt tokens
     comps = [[1, 2], [3], [4, 4, 4], [2, 9]]

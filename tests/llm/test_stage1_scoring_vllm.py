@@ -23,8 +23,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 pytest.importorskip("vllm")
 
-from tiltlab.llm.models import MODEL_ALIASES  # noqa: E402
-from tiltlab.llm.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1, vllm_proposal_engine  # noqa: E402
+from tiltlab.llm.base.models import MODEL_ALIASES  # noqa: E402
+from tiltlab.llm.disa.stage1 import MANIFEST, Stage1Config, load_stage1, run_stage1, vllm_proposal_engine  # noqa: E402
 
 pytestmark = [pytest.mark.llm, pytest.mark.vllm]
 ALIAS = "smollm2-135m"
@@ -41,7 +41,7 @@ def smollm2():
         md.distribution(MODEL_ALIASES[ALIAS].distribution)
     except md.PackageNotFoundError:
         pytest.skip(f"needs `{MODEL_ALIASES[ALIAS].install}`")
-    from tiltlab.llm.models import resolve_model
+    from tiltlab.llm.base.models import resolve_model
 
     return resolve_model(ALIAS)
 
@@ -115,7 +115,7 @@ def test_prefix_cached_scoring_equals_uncached_prompt_logprobs(smollm2, engine, 
     assert man["reference_scoring"] == "vllm:proposal-engine"
     facts = [sh["reference_scoring"] for sh in man["shards"].values()]
     assert sum(f["tokens_read_from_prefix_cache"] for f in facts) > 0
-    from tiltlab.llm.prompts import format_prompt
+    from tiltlab.llm.base.prompts import format_prompt
 
     tok = engine.tokenizer
     pids = {r["id"]: tok(format_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows}

@@ -3,7 +3,7 @@ the exact values and with the transformers engine on the same seeds, and vLLM's 
 log-probs equal transformers' teacher-forced log-probs of the same tokens.
 
 One vLLM engine per module (~30-100 s to start on a 2-core CPU), built through
-:func:`tiltlab.llm.stage1.vllm_proposal_engine` (the CPU path: eager mode, 0.3 of host memory).
+:func:`tiltlab.llm.disa.stage1.vllm_proposal_engine` (the CPU path: eager mode, 0.3 of host memory).
 The model is the tiny Qwen3 with head_dim 32 (vLLM's CPU attention has no head_dim-16 kernel)
 and its final-norm gain x4 (a peaked next-token distribution, mode ~0.3), fp32 in both engines.
 """
@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 pytest.importorskip("vllm")
 
-from tiltlab.llm.prompts import format_prompt  # noqa: E402
-from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1, vllm_proposal_engine  # noqa: E402
+from tiltlab.llm.base.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1, vllm_proposal_engine  # noqa: E402
 
 pytestmark = [pytest.mark.llm, pytest.mark.vllm]
 
@@ -36,7 +36,7 @@ def token_reward(prompts, completions, completion_ids=None, rewarded=RARE, **kwa
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     out = tmp_path_factory.mktemp("tiny_hd32")
     model, tok = build_tiny(seed=0, head_dim=32)
@@ -76,7 +76,7 @@ def engine(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf(model_dir):
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     return load_model(model_dir, device="cpu", dtype="fp32"), load_tokenizer(model_dir)
 
@@ -155,7 +155,7 @@ def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, ma
     loose for fp32 yet well below bf16's ~1e-2 and below the temperature effect checked last."""
     import shutil
 
-    from tiltlab.llm.rollout import processed_logprobs
+    from tiltlab.llm.base.rollout import processed_logprobs
 
     model, tok = hf
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:3]]
@@ -190,7 +190,7 @@ def test_vllm_processed_logprobs_equal_teacher_forcing(engine, hf, model_dir, ma
 @pytest.fixture(scope="module")
 def other_dir(model_dir, tmp_path_factory):
     """A second tiny model (weights of seed 1, head_dim 32) with the proposal's tokenizer: another pi_ref."""
-    from tiltlab.llm.models import build_tiny, load_tokenizer
+    from tiltlab.llm.base.models import build_tiny, load_tokenizer
 
     out = tmp_path_factory.mktemp("tiny_hd32_seed1")
     model, _ = build_tiny(seed=1, head_dim=32)
@@ -211,8 +211,8 @@ def test_reference_engine_overlapped_labels_equal_transformers_and_resume(
     import json
     import threading
 
-    import tiltlab.llm.stage1 as s1
-    import tiltlab.llm.stage1.pipeline as s1_pipeline  # where run_stage1 looks its steps up
+    import tiltlab.llm.disa.stage1 as s1
+    import tiltlab.llm.disa.stage1.pipeline as s1_pipeline  # where run_stage1 looks its steps up
 
     rows = [{"id": r["id"], "prompt": r["prompt"]} for r in math_rows[:3]]
     kw = dict(reference=str(other_dir), M=4, max_new_tokens=8, prompts_per_shard=1)

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tiltlab.llm.prompts import format_prompt  # noqa: E402
-from tiltlab.llm.stage1 import Stage1Config, load_stage1, run_stage1  # noqa: E402
-from tiltlab.llm.stage2 import (  # noqa: E402
+from tiltlab.llm.base.prompts import format_prompt  # noqa: E402
+from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.disa.stage2.run import (  # noqa: E402
     CONFIG_FILE,
     REGRESSOR_FILE,
     Stage2Config,
@@ -38,7 +38,7 @@ def easy_even_reward(prompts, completions, completion_ids=None, difficulty=None,
 
 @pytest.fixture(scope="module")
 def stage1_dir(tiny_dir, tmp_path_factory):
-    from tiltlab.llm.tasks import arithmetic_tasks
+    from tiltlab.llm.base.tasks import arithmetic_tasks
 
     rows = arithmetic_tasks(40, seed=3)
     out = tmp_path_factory.mktemp("s1")
@@ -202,9 +202,9 @@ def test_stage2_formats_prompts_with_stage1_chat_template_kwargs(tiny_dir, tmp_p
     # not the template's default rendering.
     import shutil
 
-    from tiltlab.llm import stage2
-    from tiltlab.llm.models import load_tokenizer
-    from tiltlab.llm.tasks import arithmetic_tasks
+    from tiltlab.llm.base.models import load_tokenizer
+    from tiltlab.llm.base.tasks import arithmetic_tasks
+    from tiltlab.llm.disa.stage2 import run as stage2
 
     model_dir = tmp_path / "tiny_think"
     shutil.copytree(tiny_dir, model_dir)

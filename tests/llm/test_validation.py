@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 from tiltlab.cli import main
-from tiltlab.llm.run_config import RunConfig
+from tiltlab.llm.base.run_config import RunConfig
 
 REWARD = "def parity(prompts, completions, completion_ids, **kw):\n    return [float(sum(ids) % 2 == 0) for ids in completion_ids]\n"
 
@@ -59,7 +59,7 @@ def test_best_checkpoint_is_the_argmax_of_the_logged_metric(metric, tiny_dir, tm
 
 
 def test_holdout_rows_are_disjoint_and_errors_are_clear():
-    from tiltlab.llm.trainers.cli import _validation
+    from tiltlab.llm.train.cli import _validation
 
     rows = [{"id": i, "prompt": f"p{i}"} for i in range(20)]
     cfg = RunConfig(model="m", validation={"holdout_fraction": 0.25, "every_steps": 5})
@@ -141,8 +141,8 @@ def test_offline_validation_errors(validation, message, tiny_dir, tmp_path):
     cfg = {"kind": "offline", "objective": "fpa", "model": str(tiny_dir), "dataset": str(train)}
     cfg.update(output_dir=str(tmp_path / "run"), validation=validation, trl={"use_cpu": True, "report_to": "none"})
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
-    from tiltlab.llm.trainers.cli import build_trainer
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.cli import build_trainer
+    from tiltlab.llm.train.config import load_run_config
 
     with pytest.raises(ValueError, match=message):
         build_trainer(load_run_config(str(tmp_path / "run.yaml"), []))

@@ -319,7 +319,7 @@ def test_verl_rows_carry_the_label_through_verl_dataset_and_repeat(tmp_path):
     from transformers import PreTrainedTokenizerFast
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
-    from tiltlab.llm.models import train_bpe
+    from tiltlab.llm.base.models import train_bpe
 
     rows = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
     log_z = [-1.5, 0.25, 3.0, -0.75, 2.0]
@@ -387,7 +387,7 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
 def _head_model(model):
     import copy
 
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head
+    from tiltlab.llm.disa.logz_head import attach_log_z_head
 
     m = copy.deepcopy(model)
     torch.manual_seed(1)
@@ -400,7 +400,7 @@ def test_log_z_engine_forward_supplies_the_heads_log_z(model, monkeypatch):
     # veRL's forward_step of the head engine puts log Z [B] in the model output; it equals the TRL
     # path's prompt_log_z row by row (float32: LogZHead returns float32, so 1e-6 relative), and the
     # FlowRL loss step's gradients (head and backbone) equal tiltlab's on an independent forward
-    from tiltlab.llm.trainers.logz_head import get_log_z_head, prompt_log_z
+    from tiltlab.llm.disa.logz_head import get_log_z_head, prompt_log_z
 
     m = _head_model(model)
     cls = plugin.log_z_engine_class()
@@ -447,7 +447,7 @@ def test_log_z_engine_attaches_the_head_to_the_trained_policy_only(model, monkey
 
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.disa.logz_head import get_log_z_head
 
     cls = plugin.log_z_engine_class()
     monkeypatch.setattr(cls, "head_kwargs", {"hidden": 8, "n_layers": 2, "dropout": 0.0})

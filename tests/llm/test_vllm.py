@@ -1,6 +1,6 @@
 """vLLM on CPU (``pytest -m vllm``; skipped where vLLM is not importable).
 
-One module-scoped :class:`~tiltlab.llm.rollout.VLLMEngine` on a tiny Qwen3 (``build_tiny(head_dim=32)``:
+One module-scoped :class:`~tiltlab.llm.base.rollout.VLLMEngine` on a tiny Qwen3 (``build_tiny(head_dim=32)``:
 vLLM's CPU attention kernel has no head size 16, the tiny model's default) serves the engine, log-prob
 and eval tests, so the engine starts once (~25 s eager). The TRL colocate runs start their own
 in-process engine in a subprocess (``_vllm_colocate_worker.py``), built the way ``tiltlab llm train``
@@ -25,7 +25,7 @@ try:  # a broken install (e.g. mismatched torchvision) fails at import: skip, do
 except Exception as e:  # pragma: no cover - depends on the machine
     pytest.skip(f"vLLM is not importable: {e}", allow_module_level=True)
 
-from tiltlab.llm.rollout import SamplingConfig, VLLMEngine, processed_logprobs, resolve_engine
+from tiltlab.llm.base.rollout import SamplingConfig, VLLMEngine, processed_logprobs, resolve_engine
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ PROMPTS = ["12 + 7 =", "Write a function that adds two numbers.", "3 * 4 ="]
 
 @pytest.fixture(scope="module")
 def vllm_tiny_dir(tmp_path_factory):
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     out = tmp_path_factory.mktemp("tiny_qwen3_hd32")
     build_tiny(out_dir=out, seed=0, head_dim=32)
@@ -50,7 +50,7 @@ def engine(vllm_tiny_dir):
 
 @pytest.fixture(scope="module")
 def hf_model(vllm_tiny_dir):
-    from tiltlab.llm.models import load_model
+    from tiltlab.llm.base.models import load_model
 
     return load_model(vllm_tiny_dir, device="cpu")
 
@@ -124,7 +124,7 @@ def test_eval_cli_engine_vllm(engine, vllm_tiny_dir, tmp_path, monkeypatch, caps
     # `tiltlab llm eval --engine vllm` builds a VLLMEngine for --model; the module's engine stands in
     # for the new one (same class and weights) so the CLI test does not start a second engine.
     from tiltlab import cli
-    from tiltlab.llm import rollout
+    from tiltlab.llm.base import rollout
 
     built = []
 

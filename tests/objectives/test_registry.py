@@ -312,7 +312,7 @@ def test_trl_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
     pytest.importorskip("trl")
     from types import SimpleNamespace
 
-    from tiltlab.llm.trainers import online
+    from tiltlab.llm.train import online
 
     assert set(online.LOSSES) == set(TRL) and set(TRL) <= set(OBJECTIVES)
     b = _batch()
@@ -342,7 +342,7 @@ def test_offline_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from tiltlab.llm.trainers import offline as offline_trainer
+    from tiltlab.llm.train import offline as offline_trainer
 
     assert set(offline_trainer.OFFLINE_OBJECTIVES) == set(OFFLINE) and set(OFFLINE) <= set(OBJECTIVES)
     b = _batch()

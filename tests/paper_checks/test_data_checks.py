@@ -183,10 +183,10 @@ def test_the_config_schema_needs_no_extra_and_its_absence_is_an_error_not_a_zero
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "1 []", p.stdout + p.stderr[-2000:]
     llm_scale_dc._schema_error.cache_clear()
-    import tiltlab.llm.trainers
+    import tiltlab.llm.train
 
-    monkeypatch.setitem(sys.modules, "tiltlab.llm.trainers.config", None)  # its import raises ImportError
-    monkeypatch.delattr(tiltlab.llm.trainers, "config", raising=False)
+    monkeypatch.setitem(sys.modules, "tiltlab.llm.train.config", None)  # its import raises ImportError
+    monkeypatch.delattr(tiltlab.llm.train, "config", raising=False)
     try:
         with pytest.raises(RuntimeError, match="run-config schema .* cannot be imported"):
             dc.command_problems("tiltlab llm train --config configs/disa_qwen2.5_7b.yaml")

@@ -47,7 +47,7 @@ def test_every_llm_check_is_pre_registered_with_its_rule_files():
     # the shared decision rule is part of every rule; each check's claim statements are registered
     assert all("tiltlab/claims/stats.py" in e["files"] for e in reg.values())
     tiny = reg["tiny_qwen3_enum"]["files"]
-    assert {"llm/checks/stage3.py", "llm/checks/paced.py", "llm/checks/rules.py"} <= set(tiny)
+    assert {"llm/checks/enumerable.py", "llm/checks/paced.py", "llm/checks/rules.py"} <= set(tiny)
     assert "llm/checks/stage1_real.py" in reg["smollm2_135m_vllm"]["files"]
 
 

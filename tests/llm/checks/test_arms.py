@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiltlab.llm.checks import paced, stage3
+from tiltlab.llm.checks import enumerable, paced
+from tiltlab.llm.disa.logz_head import get_log_z_head
 from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
-from tiltlab.llm.trainers.logz_head import get_log_z_head
 from tiltlab.objectives.offline import offrl_loss
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -119,7 +119,7 @@ def test_flowrl_arms_use_the_head_not_a_table(monkeypatch, tiny):
 
     monkeypatch.setattr(T, "train_online", spy)
     monkeypatch.setattr(tiny_runs, "_MEMO", {})
-    res = stage3.logz_variants(0, n_seeds=2, steps=2, grad_draws=2)
+    res = enumerable.logz_variants(0, n_seeds=2, steps=2, grad_draws=2)
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")
     assert [h for h, _ in seen] == [k == "learned_head" for k in names] * 2 and all(e == () for _, e in seen)
     for key in ("learned_head_abs_err_start", "learned_head_abs_err_end"):
@@ -147,7 +147,7 @@ def test_paced_table_error_is_against_beta_times_the_policys_pass_rate(tiny):
 # ------------------------------------------------------------------ LAD: per divergence
 def _capture(monkeypatch):
     got: dict = {}
-    monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
+    monkeypatch.setattr(enumerable, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
     return got
 
 
@@ -168,7 +168,7 @@ def test_lad_strict_better_items_are_each_strict_minus_each_nonstrict(monkeypatc
     acc = _lad_accs()
     monkeypatch.setattr(tiny_runs, "lad_raw", lambda *a, **k: (acc, None, _Log()))
     got = _capture(monkeypatch)
-    stage3.lad_divergences(0, n_seeds=3, steps=1)
+    enumerable.lad_divergences(0, n_seeds=3, steps=1)
     items = {it.name: it for it in got["items"]}
     assert len(items) == 9
     for a in ("tv", "hellinger", "js"):
@@ -179,21 +179,21 @@ def test_lad_strict_better_items_are_each_strict_minus_each_nonstrict(monkeypatc
     # the strict / non-strict split is the paper's (Table 8's strict and non_strict columns)
     c = _claim("lad_empirical.toml", "lad.table8.divergences")["paper_numbers"]
     short = {"tv": "TV", "hellinger": "HD", "js": "JS", "kl": "KL", "jeffreys": "JF", "rkl": "rKL"}
-    assert {short[d] for d in stage3.STRICT} == set(c["strict"])
-    assert {short[d] for d in stage3.NON_STRICT} == set(c["non_strict"])
+    assert {short[d] for d in enumerable.STRICT} == set(c["strict"])
+    assert {short[d] for d in enumerable.NON_STRICT} == set(c["non_strict"])
 
 
 def test_lad_table8_items_are_adjacent_pairs_in_the_papers_order(monkeypatch):
     c = _claim("lad_empirical.toml", "lad.table8.divergences")["paper_numbers"]
     short = {"tv": "TV", "hellinger": "HD", "js": "JS", "kl": "KL", "jeffreys": "JF", "rkl": "rKL"}
     avg = {d: c["avg32"][short[d]][-1] for d in short}  # the Average column
-    assert list(stage3.TABLE8_ORDER) == sorted(avg, key=avg.get, reverse=True)
+    assert list(enumerable.TABLE8_ORDER) == sorted(avg, key=avg.get, reverse=True)
     # held-out accuracies in the paper's order: every item positive; reversed: every item negative
-    rank = {d: r for r, d in enumerate(stage3.TABLE8_ORDER)}
+    rank = {d: r for r, d in enumerate(enumerable.TABLE8_ORDER)}
     hacc = {k: [1.0 - 0.1 * rank.get(k, 0) + 0.001 * s for s in range(3)] for k in tiny_runs.LAD_NAMES}
     monkeypatch.setattr(tiny_runs, "lad_raw", lambda *a, **k: (None, hacc, _Log()))
     got = _capture(monkeypatch)
-    stage3.lad_table8(0, n_seeds=3, steps=1)
+    enumerable.lad_table8(0, n_seeds=3, steps=1)
     names = [it.name for it in got["items"]]
     assert names == [
         "heldout_js_minus_hellinger",
@@ -208,8 +208,12 @@ def test_lad_table8_items_are_adjacent_pairs_in_the_papers_order(monkeypatch):
 
 def test_lad_items_are_declared_in_the_claim_files():
     for path, cid, names in (
-        ("core.toml", "lad.strict_better", [f"{a}_minus_{b}" for a, b in stage3.STRICT_PAIRS]),
-        ("lad_empirical.toml", "lad.table8.divergences", [f"heldout_{a}_minus_{b}" for a, b in stage3.TABLE8_PAIRS]),
+        ("core.toml", "lad.strict_better", [f"{a}_minus_{b}" for a, b in enumerable.STRICT_PAIRS]),
+        (
+            "lad_empirical.toml",
+            "lad.table8.divergences",
+            [f"heldout_{a}_minus_{b}" for a, b in enumerable.TABLE8_PAIRS],
+        ),
     ):
         rows = [r for r in _claim(path, cid)["item"] if r["layer"] == "llm"]
         assert [r["name"] for r in rows] == names

@@ -10,7 +10,7 @@ import torch
 
 from tiltlab.claims import registry
 from tiltlab.claims.registry import CheckResult, Verdict
-from tiltlab.llm.checks import computed, paced, stage3
+from tiltlab.llm.checks import computed, enumerable, paced
 from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
 from tiltlab.paper_checks import catalog
@@ -173,16 +173,16 @@ def test_mean_ci():
 
 
 CASES = [
-    (stage3.target_tracking, dict(n_seeds=2, steps=2)),
-    (stage3.logz_variants, dict(n_seeds=2, steps=2, grad_draws=2)),
-    (stage3.m_study, dict(n_seeds=2, steps=2, ms=(1, 2, 8, 32))),
-    (stage3.proposal_strength, dict(n_seeds=2, steps=2)),
-    (stage3.stage2_denoising, dict(n_seeds=2)),
-    (stage3.methods_compare, dict(n_seeds=2, steps=2)),
-    (stage3.lad_divergences, dict(n_seeds=2, steps=2)),
-    (stage3.fpa_entanglement, dict(n_seeds=2, steps=2)),
-    (stage3.lad_table8, dict(n_seeds=2, steps=2)),
-    (stage3.fpa_lambda_best, dict(n_seeds=2, steps=2)),
+    (enumerable.target_tracking, dict(n_seeds=2, steps=2)),
+    (enumerable.logz_variants, dict(n_seeds=2, steps=2, grad_draws=2)),
+    (enumerable.m_study, dict(n_seeds=2, steps=2, ms=(1, 2, 8, 32))),
+    (enumerable.proposal_strength, dict(n_seeds=2, steps=2)),
+    (enumerable.stage2_denoising, dict(n_seeds=2)),
+    (enumerable.methods_compare, dict(n_seeds=2, steps=2)),
+    (enumerable.lad_divergences, dict(n_seeds=2, steps=2)),
+    (enumerable.fpa_entanglement, dict(n_seeds=2, steps=2)),
+    (enumerable.lad_table8, dict(n_seeds=2, steps=2)),
+    (enumerable.fpa_lambda_best, dict(n_seeds=2, steps=2)),
     (paced.tau_sweep, dict(n_seeds=2, steps=3)),
     (paced.tau_sweep_fig4, dict(n_seeds=2, steps=3)),
     (paced.paced_vs_baselines, dict(n_seeds=2, steps=3)),
@@ -442,16 +442,16 @@ def test_table6_items_are_the_mean_of_lambda_1_and_2_minus_each_other_lambda(mon
     got: dict = {}
     monkeypatch.setattr(tiny_runs, "fpa_raw", lambda seed, n_seeds, steps, lams: {"log": Log()})
     monkeypatch.setattr(tiny_runs, "_fpa_heldout", lambda seed, n_seeds, steps: (h, {}, "txt"))
-    monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
-    stage3.fpa_lambda_best(0, n_seeds=3, steps=1)
+    monkeypatch.setattr(enumerable, "result", lambda items, ran, summary, nums, **kw: got.setdefault("items", items))
+    enumerable.fpa_lambda_best(0, n_seeds=3, steps=1)
     items = {it.name: it for it in got["items"]}
     assert set(items) == {"lam12_minus_lam0", "lam12_minus_lam5", "lam12_minus_lam20"}
-    for lam in stage3.TABLE6_OTHERS:
+    for lam in enumerable.TABLE6_OTHERS:
         want = []
         for s in range(3):
             want.append((h[1.0][s] + h[2.0][s]) / 2 - h[lam][s])
         it = items[f"lam12_minus_lam{lam:g}"]
-        assert it.diffs == pytest.approx(want, rel=0, abs=1e-15) and it.margin == stage3.ACC_MARGIN
+        assert it.diffs == pytest.approx(want, rel=0, abs=1e-15) and it.margin == enumerable.ACC_MARGIN
 
 
 def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, monkeypatch):
@@ -579,7 +579,7 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
     got: dict = {}
     monkeypatch.setattr(tiny_runs, "methods_raw", lambda seed, n_seeds, steps, beta: res)
     monkeypatch.setattr(tiny_runs, "logz_variants_raw", lambda *a: (tv, None, None, None, None, Log()))
-    monkeypatch.setattr(stage3, "result", lambda items, ran, summary, nums, **kw: got.update(items=items, kw=kw))
+    monkeypatch.setattr(enumerable, "result", lambda items, ran, summary, nums, **kw: got.update(items=items, kw=kw))
     for fn, (key, want) in COMPUTED_ITEMS.items():
         fn(0, n_seeds=n, steps=1)
         items = {it.name: it for it in got["items"]}
@@ -591,7 +591,7 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
                 loop.append(src[a][s] - src[b][s])
             it = items[name]
             assert it.diffs == pytest.approx(loop, rel=0, abs=1e-15), name
-            assert it.kind == "effect" and it.margin == (stage3.TV_MARGIN if key == "tv" else stage3.ACC_MARGIN)
+            assert it.kind == "effect" and it.margin == (enumerable.TV_MARGIN if key == "tv" else enumerable.ACC_MARGIN)
         assert got["kw"] == {"cap": Verdict.PARTLY}, fn.__name__
 
 

@@ -96,7 +96,7 @@ def test_one_run_evaluates_every_model_of_a_seed_with_one_sampling_seed(monkeypa
         C, "train_in_process", lambda name, cfg, root, core: (f"/m/{name}", [{"loss": 1.0, "grad_norm": 1.0}])
     )
     monkeypatch.setattr(C, "weights_moved", lambda start, model: 1e-3)
-    monkeypatch.setattr("tiltlab.llm.trainers.logz_head.policy_only_dir", lambda d: d + "/policy")
+    monkeypatch.setattr("tiltlab.llm.disa.logz_head.policy_only_dir", lambda d: d + "/policy")
     monkeypatch.setattr(
         C,
         "eval_in_process",
@@ -204,7 +204,7 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
 
     def fake_task(root, model_dir, seed):
         calls["task"] += 1
-        from tiltlab.llm.prepare import write_rows
+        from tiltlab.llm.prepare.run import write_rows
 
         write_rows(rows, root / "heldout.jsonl")
         return {"n_labelled": 320, "n_kept": 120, "n_train": 72, "n_heldout": 8, "mean_pass_all": 0.2,
@@ -225,7 +225,7 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
             out.update(trained=frozen != (arm, i), train_s=2.0, train_numbers={"steps": float(steps), "step_time": 3.0})
         return out
 
-    monkeypatch.setattr("tiltlab.llm.models.resolve_model", lambda name, progress=True: str(tmp_path))
+    monkeypatch.setattr("tiltlab.llm.base.models.resolve_model", lambda name, progress=True: str(tmp_path))
     monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": 0})
     monkeypatch.setattr(C, "make_task", fake_task)
     monkeypatch.setattr(C, "one_run", fake_one_run)
@@ -312,7 +312,7 @@ def test_arm_configs_differ_only_where_the_arms_do(tmp_path):
 @pytest.mark.vllm
 def test_whole_check_at_a_tiny_budget(monkeypatch):
     """Stage 1, selection, 1 step per arm and seed, evaluation: SmolLM2 + vLLM end to end."""
-    from tiltlab.llm.models import MODEL_ALIASES
+    from tiltlab.llm.base.models import MODEL_ALIASES
 
     try:
         md.distribution(MODEL_ALIASES[C.ALIAS].distribution)
@@ -338,9 +338,9 @@ def test_each_arm_config_passes_the_trainers_own_validation(arm, tmp_path, capsy
     import json
 
     from tiltlab.cli import main
-    from tiltlab.llm.prepare import write_rows
-    from tiltlab.llm.trainers.config import load_run_config
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.prepare.run import write_rows
+    from tiltlab.llm.train.config import load_run_config
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     rows = [{**r, "log_z": -1.0, "ref_pass_rate": 0.5} for r in _rows(3, 3)]
     write_rows(rows, tmp_path / "train.jsonl")
@@ -427,7 +427,7 @@ def test_the_record_of_a_run_re_derives_from_its_raw_values(monkeypatch, tmp_pat
 
 
 def test_answer_format_of_id_is_what_the_task_makers_write():
-    from tiltlab.llm.tasks import answer_format_of_id, multi_answer_tasks, qa_tasks
+    from tiltlab.llm.base.tasks import answer_format_of_id, multi_answer_tasks, qa_tasks
 
     rows = qa_tasks(40, difficulty=[1, 2, 3], seed=5) + multi_answer_tasks(40, seed=5)
     assert {r["answer_format"] for r in rows} == {"plain", "set"}

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tiltlab.llm.checks import stage3
+from tiltlab.llm.checks import enumerable
 from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
 
@@ -154,7 +154,8 @@ def test_sharded_memoized_run_equals_sequential(tiny_task, monkeypatch):
     """The LAD run (eight arms per seed, memoized for two claims): raw lists and both checks' results."""
     kw = dict(n_seeds=3, steps=2)
     seq, par = _both(
-        lambda: (tiny_runs.lad_raw(0, **kw), stage3.lad_divergences(0, **kw), stage3.lad_table8(0, **kw)), monkeypatch
+        lambda: (tiny_runs.lad_raw(0, **kw), enumerable.lad_divergences(0, **kw), enumerable.lad_table8(0, **kw)),
+        monkeypatch,
     )
     (acc, hacc, log), *checks = seq
     assert len(acc["kl"]) == len(hacc["kl"]) == 3 and len(log.loss_moved) == 3 * len(tiny_runs.LAD_NAMES)
@@ -165,7 +166,7 @@ def test_sharded_memoized_run_equals_sequential(tiny_task, monkeypatch):
 
 @pytest.mark.llm
 def test_sharded_plain_check_equals_sequential(tiny_task, monkeypatch):
-    seq, par = _both(lambda: stage3.target_tracking(0, n_seeds=3, steps=2, betas=(1.0, 4.0)), monkeypatch)
+    seq, par = _both(lambda: enumerable.target_tracking(0, n_seeds=3, steps=2, betas=(1.0, 4.0)), monkeypatch)
     assert seq.numbers["runs"] == 6
     assert dataclasses.asdict(par) == dataclasses.asdict(seq)
 

@@ -58,7 +58,7 @@ def test_unboxed_reward_accepts_a_plain_answer():
 @pytest.mark.vllm
 def test_check_runs_end_to_end_at_a_tiny_budget():
     pytest.importorskip("vllm")
-    from tiltlab.llm.models import MODEL_ALIASES
+    from tiltlab.llm.base.models import MODEL_ALIASES
 
     try:
         md.distribution(MODEL_ALIASES[S.ALIAS].distribution)

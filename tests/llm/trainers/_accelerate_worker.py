@@ -20,8 +20,8 @@ from _tiny_trainer import BASE, disa_kwargs
 from _tiny_trainer import parity_reward as reward
 from datasets import Dataset
 
-from tiltlab.llm.models import load_model, load_tokenizer
-from tiltlab.llm.tasks import arithmetic_tasks
+from tiltlab.llm.base.models import load_model, load_tokenizer
+from tiltlab.llm.base.tasks import arithmetic_tasks
 
 
 def _common(out_dir: str, mode: str, steps: int, lr: float) -> dict:
@@ -92,7 +92,7 @@ def _full_params(model) -> dict[str, torch.Tensor]:
 
 
 def online(tiny_dir: str, out_dir: str, objective: str, mode: str, steps: int):
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
     rows = arithmetic_tasks(16, difficulty=1, seed=0)
     ds = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows]
@@ -127,7 +127,7 @@ def online(tiny_dir: str, out_dir: str, objective: str, mode: str, steps: int):
 
 
 def offline(tiny_dir: str, out_dir: str, mode: str, steps: int, world: int):
-    from tiltlab.llm.trainers.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
+    from tiltlab.llm.train.offline import OfflineCollator, OfflineConfig, OfflineTrainer, prepare_offline_rows
 
     tok = load_tokenizer(tiny_dir)
     rows = [

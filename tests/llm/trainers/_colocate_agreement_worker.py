@@ -41,9 +41,9 @@ def initial_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_
 def main(out_dir: str, precision: str = "unset") -> None:
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.tasks import arithmetic_tasks
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.base.tasks import arithmetic_tasks
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     if precision not in ("unset", "bf16"):
         raise ValueError(f"precision must be unset | bf16, got {precision!r}")

@@ -28,7 +28,7 @@ def disa_kwargs() -> dict:
 
 def online_args(output_dir, objective: str, **overrides):
     """``TiltGRPOConfig`` of a test run: :data:`ONLINE` with ``overrides`` applied."""
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     return TiltGRPOConfig(output_dir=str(output_dir), objective=objective, **{**ONLINE, **overrides})
 

@@ -25,7 +25,7 @@ from _tiny_trainer import parity_reward as reward
 
 
 def teacher_forced(model, prompt_ids, completion_ids):
-    from tiltlab.llm.rollout import processed_logprobs
+    from tiltlab.llm.base.rollout import processed_logprobs
 
     ids = torch.tensor([list(prompt_ids) + list(completion_ids[:-1])])
     with torch.no_grad():
@@ -38,10 +38,10 @@ def main(tiny_dir: str, out_dir: str, objective: str) -> None:
     from safetensors.torch import load_file
     from vllm import SamplingParams
 
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.tasks import arithmetic_tasks
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.base.tasks import arithmetic_tasks
+    from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     rows = [
         {"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}

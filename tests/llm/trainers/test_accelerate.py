@@ -50,7 +50,7 @@ ATOL = 1e-6
 
 @pytest.fixture(scope="module")
 def untied_dir(tmp_path_factory):
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     out = tmp_path_factory.mktemp("tiny_untied")
     build_tiny(out_dir=out, seed=0, tie_word_embeddings=False)

@@ -32,7 +32,7 @@ try:  # a broken install (e.g. mismatched torchvision) fails at import: skip, do
 except Exception as e:  # pragma: no cover - depends on the machine
     pytest.skip(f"vLLM is not importable: {e}", allow_module_level=True)
 
-from tiltlab.llm.models import MODEL_ALIASES, resolve_model
+from tiltlab.llm.base.models import MODEL_ALIASES, resolve_model
 
 pytestmark = pytest.mark.vllm
 ALIAS = "smollm2-135m"

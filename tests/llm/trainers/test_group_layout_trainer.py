@@ -29,7 +29,7 @@ def _seq(x: torch.Tensor, mask: torch.Tensor, b: int) -> float:
     return sum(float(x[b, t]) * float(mask[b, t]) for t in range(x.shape[1]))
 
 
-# ------------------------------------------------------------------ llm/trainers (TRL trainer)
+# ------------------------------------------------------------------ llm/train (TRL trainer)
 def _trainer_stub(**args):
     return SimpleNamespace(
         args=SimpleNamespace(**args),
@@ -42,7 +42,7 @@ def _trainer_stub(**args):
 
 
 def test_informative_groups_reads_consecutive_rows():
-    from tiltlab.llm.trainers.online import informative_groups
+    from tiltlab.llm.train.online import informative_groups
 
     r = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # P = 3, G = 4
     want = [len({float(r[p * G + j]) for j in range(G)}) > 1 for p in range(P)]
@@ -54,7 +54,7 @@ def test_log_z_accuracy_correlation_pairs_each_groups_log_z_with_its_accuracy():
     """The logged correlation reads one log Z per group (its first row) and that group's accuracy."""
     from scipy import stats
 
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     n_p = 5
     lz_p = [0.4, -1.0, 2.2, 0.1, 1.3]
@@ -76,7 +76,7 @@ def test_paced_replay_priority_counts_each_groups_own_correct_answers():
     correct answers and their own ``p_hat``."""
     import trl.trainer.utils  # noqa: F401  # what _paced_replay imports on first use
 
-    from tiltlab.llm.trainers.paced import PacedMixin
+    from tiltlab.llm.train.paced import PacedMixin
     from tiltlab.objectives.estimators import pass_rate_from_log_z
 
     beta = 3.0
@@ -130,8 +130,8 @@ def test_trainer_vargrad_log_z_and_tb_reward_are_laid_over_each_prompts_group(
     from datasets import Dataset
 
     from tests.llm.trainers._tiny_trainer import online_args
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     seen = []
 

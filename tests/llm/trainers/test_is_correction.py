@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.trainers.online import OBJECTIVES, TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.train.online import OBJECTIVES, TiltGRPOConfig, TiltGRPOTrainer
 
 B, T = 6, 4
 

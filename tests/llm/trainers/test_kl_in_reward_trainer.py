@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import online_args, parity_reward
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
 N, G, T = 8, 4, 3
 BETA = 0.3
@@ -222,7 +222,7 @@ def test_tiny_run_trains_on_the_penalised_advantages_and_no_kl_loss_term(tiny_di
     perturbed so that it differs from the policy (both start as the same weights)."""
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
     # steps_per_generation 2 with one accumulation step: TRL computes old_per_token_logps itself

@@ -15,8 +15,8 @@ pytest.importorskip("trl")
 
 @pytest.fixture(scope="module")
 def predictor(tiny_dir):
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.stage2 import LogZPredictor
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.disa.stage2.run import LogZPredictor
     from tiltlab.objectives.regressor import PartitionRegressor
 
     model = load_model(tiny_dir, device="cpu")
@@ -26,8 +26,8 @@ def predictor(tiny_dir):
 
 
 def test_annotate_writes_the_predictor_log_z_column(predictor, math_rows, tmp_path):
-    from tiltlab.llm.data import load_prompts
-    from tiltlab.llm.stage2 import annotate_log_z
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.disa.stage2.run import annotate_log_z
 
     out = annotate_log_z(predictor, list(math_rows), tmp_path / "with_log_z.jsonl", batch_size=5, progress=False)
     rows = load_prompts(str(out))
@@ -44,9 +44,9 @@ def test_annotate_writes_the_predictor_log_z_column(predictor, math_rows, tmp_pa
 def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_rows, tmp_path):
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.stage2 import annotate_log_z
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.disa.stage2.run import annotate_log_z
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     path = annotate_log_z(predictor, list(math_rows), tmp_path / "d.jsonl", progress=False)
     raw = [json.loads(x) for x in path.read_text().splitlines()]
@@ -99,8 +99,8 @@ def test_disa_column_label_trains_without_a_predictor(predictor, tiny_dir, math_
 
 
 def test_disa_label_config_key():
-    from tiltlab.llm.run_config import SECTION_KEYS
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
+    from tiltlab.llm.base.run_config import SECTION_KEYS
+    from tiltlab.llm.train.online import TiltGRPOConfig
 
     assert SECTION_KEYS["disa"]["label"] == "disa_label"
     with pytest.raises(ValueError, match="disa_label"):
@@ -110,7 +110,7 @@ def test_disa_label_config_key():
 def test_frozen_log_z_cache_follows_each_rows_own_prompt():
     """The DISA log Z cache (keyed by the prompt): rows in any order, repeated or new, get their own
     prompt's value, and the predictor is asked only for prompts it has not seen."""
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     value = {"a": 0.5, "b": -1.25, "c": 2.0, "d": 3.5}
     asked: list[list[str]] = []

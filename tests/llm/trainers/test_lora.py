@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from tiltlab.llm.run_config import RunConfig
-from tiltlab.llm.trainers.cli import build_trainer
+from tiltlab.llm.base.run_config import RunConfig
+from tiltlab.llm.train.cli import build_trainer
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
@@ -54,7 +54,7 @@ def _cfg(tiny_dir, tmp_path, objective, kind="online"):
 
 @pytest.mark.parametrize(("objective", "kind"), [("flowrl", "online"), ("grpo", "online"), ("fpa", "offline")])
 def test_lora_trains_only_adapters_and_the_head(objective, kind, tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr("tiltlab.llm.rewards.resolve_reward", lambda name: _reward)
+    monkeypatch.setattr("tiltlab.llm.base.rewards.resolve_reward", lambda name: _reward)
     tr = build_trainer(_cfg(tiny_dir, tmp_path, objective, kind))
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
     tr.train()
@@ -72,7 +72,7 @@ def test_lora_trains_only_adapters_and_the_head(objective, kind, tiny_dir, tmp_p
 
 
 def test_lora_section_rejects_unknown_keys_and_bad_values(tiny_dir, tmp_path):
-    from tiltlab.llm.trainers.cli import lora_config
+    from tiltlab.llm.train.cli import lora_config
 
     with pytest.raises(
         ValueError, match=r"unknown keys \['rank'\] in `lora:`; valid keys: alpha, dropout, r, target_modules"

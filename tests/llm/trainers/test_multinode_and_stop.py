@@ -95,7 +95,7 @@ def _two_nodes(script_args: list[str], env: dict, timeout: int = 600) -> None:
 
 @pytest.fixture(scope="module")
 def untied_dir(tmp_path_factory):
-    from tiltlab.llm.models import build_tiny
+    from tiltlab.llm.base.models import build_tiny
 
     out = tmp_path_factory.mktemp("tiny_untied")
     build_tiny(out_dir=out, seed=0, tie_word_embeddings=False)
@@ -233,7 +233,7 @@ def test_the_stop_flag_is_reduced_on_the_processs_device(monkeypatch):
     import accelerate.state
     import torch.distributed as dist
 
-    from tiltlab.llm.trainers import stop as stop_mod
+    from tiltlab.llm.train import stop as stop_mod
 
     class Reduced(Exception):
         pass

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tiltlab.llm.trainers.offline import (
+from tiltlab.llm.train.offline import (
     OFFLINE_OBJECTIVES,
     OfflineCollator,
     OfflineConfig,
@@ -33,7 +33,7 @@ def offline_rows(math_rows):
 def _trainer(tiny_dir, tmp_path, rows, objective, **kw):
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     args = OfflineConfig(
         output_dir=str(tmp_path / objective),
@@ -171,7 +171,7 @@ def test_fpa_apply_to_weighs_exactly_the_chosen_rows_by_the_future_policy(tiny_d
 def test_collator_truncates_an_over_long_prompt_from_its_start(tiny_dir):
     # max_length caps prompt + completion: the prompt loses its FIRST tokens (the end of the prompt,
     # next to the completion, is kept) and the completion is kept whole while it fits
-    from tiltlab.llm.models import load_tokenizer
+    from tiltlab.llm.base.models import load_tokenizer
 
     tok = load_tokenizer(tiny_dir, padding_side="right")
     prompt = " ".join(str(i) for i in range(40))

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
 B, T = 6, 4
 LENGTHS = [4, 2, 3, 4, 1, 3]

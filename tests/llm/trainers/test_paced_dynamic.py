@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import online_args, parity_reward
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer, informative_groups
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer, informative_groups
 
 
 def _dataset(math_rows):
@@ -21,7 +21,7 @@ def _dataset(math_rows):
 
 
 def _trainer(tiny_dir, tmp_path, math_rows, objective, reward=parity_reward, **kw):
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     args = online_args(tmp_path / objective, objective, **{"max_steps": 1, **kw})
     return TiltGRPOTrainer(
@@ -40,9 +40,9 @@ def _trainer(tiny_dir, tmp_path, math_rows, objective, reward=parity_reward, **k
 def test_paced_frozen_ref_embeddings_are_pi_ref_mean_pooled_and_only_the_mlp_learns_log_z(
     tiny_dir, tmp_path, math_rows
 ):
-    from tiltlab.llm.models import load_model, masked_mean_pool
-    from tiltlab.llm.scoring import hidden_states
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.base.models import load_model, masked_mean_pool
+    from tiltlab.llm.base.scoring import hidden_states
+    from tiltlab.llm.disa.logz_head import get_log_z_head
 
     tr = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_pool_factor=2)
     # no head on the policy: log Z never reaches the backbone (the paper's Z_phi is a separate MLP)
@@ -80,7 +80,7 @@ def test_paced_state_round_trip(tiny_dir, tmp_path, math_rows):
     for k, v in tr._paced_head.state_dict().items():
         assert torch.equal(other._paced_head.state_dict()[k], v)
     live = _trainer(tiny_dir, tmp_path, math_rows, "paced", paced_embeddings="live", paced_pool_factor=2)
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.disa.logz_head import get_log_z_head
 
     assert live._paced_head is None and get_log_z_head(live.model) is not None  # the old head on the policy
     live.train()  # the live path still trains in one process / DDP
@@ -90,7 +90,7 @@ def test_paced_state_round_trip(tiny_dir, tmp_path, math_rows):
 
 
 def test_paced_embeddings_config():
-    from tiltlab.llm.run_config import SECTION_KEYS
+    from tiltlab.llm.base.run_config import SECTION_KEYS
 
     assert SECTION_KEYS["paced"]["embeddings"] == "paced_embeddings"
     assert TiltGRPOConfig(output_dir="x", objective="paced", use_cpu=True).paced_embeddings == "frozen_ref"
@@ -136,7 +136,7 @@ def test_dynamic_sampling_drops_equal_reward_groups_refills_and_steps(tiny_dir, 
             seen.append(out["rewards"].detach().clone())
             return out
 
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     reward = _FirstRoundConstant()
     args = online_args(tmp_path / "ds", "grpo", dynamic_sampling=True, dynamic_sampling_max_refills=20, max_steps=1)
@@ -168,7 +168,7 @@ def test_merged_refill_rows_are_padded_per_key_and_picked_by_row():
     """Dynamic sampling's refill merge (``_merge_rows``) against a hand-built merge: prompts padded on the
     left and completions on the right with the pad id, masks with 0, the importance ratio with 1, row
     entries picked in the order asked, non-row entries from the first output."""
-    from tiltlab.llm.trainers.online.trainer import _merge_rows
+    from tiltlab.llm.train.online.trainer import _merge_rows
 
     pad = 7
 
@@ -218,7 +218,7 @@ def test_paced_head_step_averages_each_parameters_gradient_over_processes():
 
     from torch import nn
 
-    from tiltlab.llm.trainers.paced import PacedMixin
+    from tiltlab.llm.train.paced import PacedMixin
 
     torch.manual_seed(0)
     head = nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 1))

@@ -19,7 +19,7 @@ pytest.importorskip("trl")
 
 import trl.trainer.utils  # noqa: F401  # what _paced_replay imports on first use: loaded at collection
 
-from tiltlab.llm.trainers.paced import PacedMixin
+from tiltlab.llm.train.paced import PacedMixin
 from tiltlab.objectives.paced import ReplayBuffer
 
 G, BETA, PAD = 4, 3.0, 0
@@ -214,7 +214,7 @@ def _p_hat_case(monkeypatch, select_from, kl_coef, log_z_rows):
         out["paced_emb"] = torch.tensor(log_z_rows, dtype=torch.float64)[:, None]
         st._paced_frozen_log_z = lambda emb: emb[:, 0].clone()
     else:
-        import tiltlab.llm.trainers.paced as paced_mod
+        import tiltlab.llm.train.paced as paced_mod
 
         st.args.paced_select_from = "learned"
         rows = torch.tensor(log_z_rows, dtype=torch.float64)

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("trl")
 
 from tiltlab.cli import main
-from tiltlab.llm.run_config import ONLINE_OBJECTIVES
+from tiltlab.llm.base.run_config import ONLINE_OBJECTIVES
 
 REWARD = "def parity(prompts, completions, completion_ids, **kw):\n    return [float(sum(ids) % 2 == 0) for ids in completion_ids]\n"
 
@@ -190,9 +190,9 @@ def test_log_z_head_is_seeded(objective, tiny_dir, tmp_path):
     """Two trainers with the same seed get the same log Z head, whatever the global RNG held before."""
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_tokenizer
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_tokenizer
+    from tiltlab.llm.disa.logz_head import get_log_z_head
+    from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
     heads = []
     for prior in (1, 2):
@@ -288,7 +288,7 @@ def test_stop_callback_stops_every_rank_when_any_rank_was_signalled(monkeypatch)
     all-reduce is replaced by a stub giving the other rank's flag)."""
     from transformers import TrainerControl, TrainerState
 
-    from tiltlab.llm.trainers import stop as stop_mod
+    from tiltlab.llm.train import stop as stop_mod
 
     cb = stop_mod.GracefulStop(signals=())
     state, control = TrainerState(), TrainerControl()

@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 
 from trl import GRPOTrainer
 
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
 B, T, MAX_LEN, GA = 8, 5, 7, 2
 

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("trl")
 
 from tests.llm.trainers._tiny_trainer import disa_kwargs, online_args, parity_reward
-from tiltlab.llm.trainers.disa_labels import LabelMismatchError, check_label_compat
-from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.disa.labels import LabelMismatchError, check_label_compat
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -29,7 +29,7 @@ def _dataset(math_rows, with_log_z=False):
 
 
 def _trainer(tiny_dir, tmp_path, math_rows, objective, **kw):
-    from tiltlab.llm.models import load_model, load_tokenizer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
 
     extra = {**(disa_kwargs() if objective == "disa" else {}), "max_steps": 2, **kw}
     args = online_args(tmp_path / objective, objective, **extra)
@@ -100,7 +100,7 @@ def _one_batch(tr):
 
 
 def test_flowrl_log_z_head_gets_gradient_and_disa_log_z_does_not(tiny_dir, tmp_path, math_rows):
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.disa.logz_head import get_log_z_head
 
     tr = _trainer(tiny_dir, tmp_path, math_rows, "flowrl")
     head = get_log_z_head(tr.model)
@@ -134,7 +134,7 @@ def test_log_z_head_options_reach_the_head_and_its_optimizer(tiny_dir, tmp_path,
     # group (lr, no weight decay); log_z_detach_input stops the log Z gradient at the pooled hidden state
     from types import SimpleNamespace
 
-    from tiltlab.llm.trainers.logz_head import get_log_z_head
+    from tiltlab.llm.disa.logz_head import get_log_z_head
 
     tr = _trainer(
         tiny_dir,
@@ -248,7 +248,7 @@ def test_bad_objective_rejected(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_config_validates(path):
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.config import load_run_config
 
     cfg = load_run_config(path)
     assert cfg.model
@@ -260,7 +260,7 @@ def test_config_validates(path):
         if cfg.kind == "online":
             TiltGRPOConfig(**{**kw, "use_vllm": False})
         else:
-            from tiltlab.llm.trainers.offline import OfflineConfig
+            from tiltlab.llm.train.offline import OfflineConfig
 
             OfflineConfig(**kw)
 
@@ -299,8 +299,8 @@ def test_every_section_key_lands_on_its_trainer_field_away_from_default(tmp_path
     # every objective section, at a non-default value, reaches the trainer config field named after it
     import dataclasses
 
-    from tiltlab.llm.run_config import OFFLINE_OBJECTIVES, SECTION_KEYS, RunConfig
-    from tiltlab.llm.trainers.offline import OfflineConfig
+    from tiltlab.llm.base.run_config import OFFLINE_OBJECTIVES, SECTION_KEYS, RunConfig
+    from tiltlab.llm.train.offline import OfflineConfig
 
     for section, keys in SECTION_KEYS.items():
         kind = "offline" if section in OFFLINE_OBJECTIVES else "online"
@@ -337,7 +337,7 @@ def test_every_config_named_by_a_claim_exists():
 
 
 def test_overrides_and_beta_levels(tmp_path):
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.config import load_run_config
 
     cfg = load_run_config(CONFIGS / "disa_code_qwen2.5_7b.yaml", ["beta=high", "trl.learning_rate=2e-6"])
     assert cfg.tilt_beta == cfg.beta_levels["high"] and cfg.trainer_kwargs()["learning_rate"] == 2e-6
@@ -348,7 +348,7 @@ def test_overrides_and_beta_levels(tmp_path):
 
 
 def test_lr_scale_multiplies_the_learning_rate():
-    from tiltlab.llm.run_config import RunConfig
+    from tiltlab.llm.base.run_config import RunConfig
 
     assert RunConfig(model="tiny", lr_scale=0.5, trl={"learning_rate": 4e-6}).trainer_kwargs()["learning_rate"] == 2e-6
     assert RunConfig(model="tiny", lr_scale=3.0).trainer_kwargs()["learning_rate"] == pytest.approx(3e-6)  # TRL's 1e-6
@@ -360,7 +360,7 @@ def test_every_claim_train_command_parses():
     import re
     import shlex
 
-    from tiltlab.llm.trainers.config import load_run_config
+    from tiltlab.llm.train.config import load_run_config
 
     claims = Path(__file__).resolve().parents[3] / "paper_checks" / "claims"
     cmds = set()
@@ -437,7 +437,7 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
 
     import torch
 
-    from tiltlab.llm.trainers.online.losses import LossBatch, _tb_family
+    from tiltlab.llm.train.online.losses import LossBatch, _tb_family
     from tiltlab.objectives.tb import tb_importance_weight
 
     args = SimpleNamespace(
@@ -462,8 +462,8 @@ def test_learned_z_model_is_loaded_with_model_init_kwargs(tiny_dir, tmp_path):
     import torch
     from datasets import Dataset
 
-    from tiltlab.llm.models import load_tokenizer
-    from tiltlab.llm.trainers.online import TiltGRPOConfig, TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_tokenizer
+    from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
     def build(**init):
         args = TiltGRPOConfig(
@@ -494,7 +494,7 @@ def test_get_log_z_head_looks_through_nested_wrappers():
     without a head it is None (or an error when required)."""
     from torch import nn
 
-    from tiltlab.llm.trainers.logz_head import HEAD_NAME, LogZHead, get_log_z_head
+    from tiltlab.llm.disa.logz_head import HEAD_NAME, LogZHead, get_log_z_head
 
     inner = nn.Module()
     head = LogZHead(4, hidden=3, n_layers=2)

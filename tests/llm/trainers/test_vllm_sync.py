@@ -1,4 +1,4 @@
-"""TRL weight-sync adapter (llm/trainers/vllm_sync.py) without vLLM: the walk TRL pushes to vLLM drops
+"""TRL weight-sync adapter (llm/train/vllm_sync.py) without vLLM: the walk TRL pushes to vLLM drops
 the learned log Z head (and only it), the head still lands in the checkpoint and restores, and a tied
 output layer is re-tied and repacked after a reload. The end-to-end runs are in test_vllm.py."""
 
@@ -11,12 +11,12 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.trainers.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
-from tiltlab.llm.trainers.vllm_sync import keep_log_z_head_out, reload_on_cpu, retie_lm_head
+from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
+from tiltlab.llm.train.vllm_sync import keep_log_z_head_out, reload_on_cpu, retie_lm_head
 
 
 def test_walk_skips_exactly_the_head(tiny_dir):
-    from tiltlab.llm.models import load_model
+    from tiltlab.llm.base.models import load_model
 
     model = load_model(tiny_dir, device="cpu")
     attach_log_z_head(model)
@@ -125,8 +125,8 @@ def test_head_saved_and_restored_with_the_checkpoint(tiny_dir, tmp_path, math_ro
     from datasets import Dataset
     from safetensors.torch import load_file
 
-    from tiltlab.llm.models import load_model, load_tokenizer
-    from tiltlab.llm.trainers.online import TiltGRPOTrainer
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
 
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
     from tests.llm.trainers._tiny_trainer import online_args
@@ -175,7 +175,7 @@ def test_cpu_colocate_llm_adapts_trl_engine_and_restores_it(tiny_dir, monkeypatc
 
     import trl.generation.vllm_generation as vg
 
-    from tiltlab.llm.trainers.vllm_sync import cpu_colocate_llm
+    from tiltlab.llm.train.vllm_sync import cpu_colocate_llm
 
     built = []
 
@@ -207,8 +207,8 @@ def test_cpu_vllm_runs_keep_the_trainer_at_the_samplers_precision(tmp_path, monk
     # colocated vLLM runs the fp32 policy in fp32 (docs/colocate.md): with vLLM on CPU an unset bf16 is off
     import logging
 
-    from tiltlab.llm.trainers.online import TiltGRPOConfig
-    from tiltlab.llm.trainers.vllm_sync import cpu_trainer_bf16
+    from tiltlab.llm.train.online import TiltGRPOConfig
+    from tiltlab.llm.train.vllm_sync import cpu_trainer_bf16
 
     def bf16(**kw):
         return TiltGRPOConfig(output_dir=str(tmp_path), report_to="none", **kw).bf16
@@ -218,7 +218,7 @@ def test_cpu_vllm_runs_keep_the_trainer_at_the_samplers_precision(tmp_path, monk
     assert bf16(use_vllm=True) is False  # no CUDA device: a CPU run without use_cpu
     assert bf16(use_vllm=False, use_cpu=True) is True  # no sampler to agree with: TRL's default stays
     assert bf16(use_vllm=True, use_cpu=True, bf16=False) is False
-    with caplog.at_level(logging.WARNING, logger="tiltlab.llm.trainers.vllm_sync"):
+    with caplog.at_level(logging.WARNING, logger="tiltlab.llm.train.vllm_sync"):
         assert bf16(use_vllm=True, use_cpu=False) is False
         assert not caplog.records
         assert bf16(use_vllm=True, use_cpu=True, bf16=True) is True  # explicit: kept, with one warning
@@ -238,8 +238,8 @@ def test_policy_only_dir_leaves_out_exactly_the_head(tiny_dir, tmp_path):
 
     from safetensors.torch import load_file
 
-    from tiltlab.llm.models import load_model
-    from tiltlab.llm.trainers.logz_head import attach_log_z_head, policy_only_dir
+    from tiltlab.llm.base.models import load_model
+    from tiltlab.llm.disa.logz_head import attach_log_z_head, policy_only_dir
 
     assert policy_only_dir(tiny_dir) == tiny_dir  # no head: nothing written
     model = load_model(tiny_dir, device="cpu")
@@ -274,7 +274,7 @@ def test_cpu_llm_kwargs_name_the_policys_dtype_as_vllm_spells_it(dtype, name):
     """vLLM gets the policy's dtype as its own string for each of the three float types (a torch dtype
     object is not one of vLLM's names), none without a policy dtype; the GPU memory fraction is dropped for a
     KV-cache size, and the rest of TRL's arguments pass through."""
-    from tiltlab.llm.trainers.vllm_sync import cpu_llm_kwargs
+    from tiltlab.llm.train.vllm_sync import cpu_llm_kwargs
 
     out = cpu_llm_kwargs(
         {"model": "m", "gpu_memory_utilization": 0.3, "seed": 4}, dtype=dtype, kv_cache_memory_bytes=2**20

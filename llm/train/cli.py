@@ -1,0 +1,440 @@
+"""``tiltlab llm train --config configs/X.yaml [--objective NAME] [--set key=value ...] [--resume [DIR|latest]]``.
+
+Online configs (``kind: online``) build :class:`llm.train.online.TiltGRPOTrainer`, offline
+ones (``kind: offline``) :class:`llm.train.offline.OfflineTrainer`. Run it under
+``accelerate launch --config_file configs/accelerate/<X>.yaml -m tiltlab.cli llm train ...`` for
+several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack loads in the handler.
+"""
+
+from __future__ import annotations
+
+from tiltlab.files import write_json
+
+__all__ = [
+    "DEVICE_SWITCHES",
+    "add_cli",
+    "build_trainer",
+    "dry_run",
+    "lora_config",
+    "main",
+    "online_dataset",
+    "resolve_checkpoint",
+    "trainer_args",
+]
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="RL / offline training from a YAML run config (TRL + accelerate)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, dotted keys (e.g. paced.tau=0.3); repeatable",
+    )
+    p.add_argument(
+        "--objective",
+        default=None,
+        metavar="NAME",
+        help="the objective, overriding the config's `objective:` (online: grpo, gspo, cispo, sapo, luspo, vespo, "
+        "flowrl, disa, vargrad, lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="DIR|latest",
+        help="resume from a checkpoint-N directory, or from the newest one in output_dir (`latest`, the "
+        "default without a value); model, optimizer, scheduler, RNG, data order and the objective's state",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config as a run would (the trainer config, reward, LoRA), print it; load no model, do not train",
+    )
+    p.set_defaults(func=main)
+
+
+def _stage1_manifest(cfg) -> dict | None:
+    """Stage 1's manifest from ``disa.stage1_dir`` (None without one): the label settings the
+    trainer checks its own against."""
+    s1 = cfg.disa.get("stage1_dir")
+    if not s1:
+        return None
+    from tiltlab.llm.disa.stage1 import read_manifest
+
+    return read_manifest(s1)
+
+
+def _disa_predictor(cfg):
+    """``(log_z_fn, stage1 manifest)`` from the config's ``disa`` section (Stage 1/2 outputs)."""
+    from pathlib import Path
+
+    man = _stage1_manifest(cfg)
+    s2 = cfg.disa.get("stage2_dir")
+    if not s2:
+        raise ValueError(
+            "objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)"
+        )
+    from tiltlab.llm.disa.stage2.run import load_log_z_predictor
+
+    log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
+    return log_z_fn, man
+
+
+def online_dataset(rows, chat_template: bool = True):
+    """The online trainer's ``datasets.Dataset``: the rows with ``prompt`` in the form TRL renders
+    into :func:`tiltlab.llm.base.prompts.format_prompt`'s text (the string Stage 1 labelled)."""
+    from datasets import Dataset
+
+    from tiltlab.llm.base.prompts import training_prompt
+
+    return Dataset.from_list([{**r, "prompt": training_prompt(r["prompt"], chat_template)} for r in rows])
+
+
+def _nonempty(rows: list, dataset) -> list:
+    """The training rows, or a ``ValueError`` when there are none (a run of 0 steps would still
+    write a model)."""
+    if not rows:
+        raise ValueError(
+            f"dataset {str(dataset)!r} has no rows: nothing to train on; point `dataset:` at a non-empty file"
+        )
+    return rows
+
+
+def resolve_checkpoint(resume: str, output_dir: str) -> str:
+    """``latest`` -> the newest ``checkpoint-N`` in ``output_dir``; a ``checkpoint-N`` directory
+    (one with ``trainer_state.json``) -> itself; a run directory -> its newest checkpoint."""
+    from pathlib import Path
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    where = Path(output_dir) if resume == "latest" else Path(resume)
+    if not where.is_dir():
+        raise ValueError(
+            f"--resume {resume}: {str(where)!r} is not a directory; pass a checkpoint-N directory or latest"
+        )
+    if (where / "trainer_state.json").is_file():
+        return str(where)
+    last = get_last_checkpoint(str(where))
+    if last is None:
+        raise ValueError(
+            f"--resume {resume}: no checkpoint-N directory in {str(where)!r}; train with trl.save_strategy=steps first"
+        )
+    return last
+
+
+LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
+
+
+def lora_config(cfg):
+    """The ``lora:`` section as a ``peft.LoraConfig`` (None without one). The learned log Z head
+    of flowrl/paced is trained in full (``modules_to_save``) and kept out of the adapter targets."""
+    if not cfg.lora:
+        return None
+    from peft import LoraConfig
+
+    from tiltlab.llm.disa.logz_head import HEAD_NAME
+
+    lo = {**LORA_DEFAULTS, **cfg.lora}
+    if not (isinstance(lo["r"], int) and lo["r"] > 0) or not float(lo["alpha"]) > 0:
+        raise ValueError(
+            f"lora.r must be a positive integer and lora.alpha > 0, got r={lo['r']!r}, alpha={lo['alpha']!r}"
+        )
+    if not 0.0 <= float(lo["dropout"]) < 1.0:
+        raise ValueError(f"lora.dropout must lie in [0, 1), got {lo['dropout']!r}")
+    learned_z = cfg.kind == "online" and (cfg.objective in ("flowrl", "paced"))
+    return LoraConfig(
+        r=int(lo["r"]),
+        lora_alpha=float(lo["alpha"]),
+        lora_dropout=float(lo["dropout"]),
+        target_modules=lo["target_modules"],
+        exclude_modules=rf".*{HEAD_NAME}.*" if learned_z else None,
+        modules_to_save=[HEAD_NAME] if learned_z else None,
+        task_type="CAUSAL_LM",
+    )
+
+
+VALIDATION_METRICS = ("reward", "accuracy")
+
+
+def _offline_validation(v: dict, kw: dict) -> list:
+    """Offline runs (no generation during training): the held-out rows of ``validation.dataset`` (the
+    same format as the training file, e.g. the ``.val`` file ``tiltlab llm prepare fpa`` writes), scored
+    by the objective's loss every ``every_steps``; the checkpoint with the lowest ``eval_loss`` is kept.
+    A held-out split must be by prompt, so ``holdout_fraction`` of the rows is refused here."""
+    from tiltlab.llm.base.data import read_table
+
+    if "dataset" not in v:
+        raise ValueError(
+            "validation for offline runs needs validation.dataset (held-out prompts, e.g. the .val file "
+            "`tiltlab llm prepare fpa` writes); holdout_fraction would split one prompt's samples"
+        )
+    if v.get("metric", "loss") != "loss":
+        raise ValueError(
+            f"validation.metric for offline runs is 'loss' (the objective on held-out rows), got {v['metric']!r}; "
+            "select on accuracy by evaluating the saved checkpoints with `tiltlab llm eval`"
+        )
+    every = v.get("every_steps")
+    if not (isinstance(every, int) and every > 0):
+        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
+    held = list(read_table(v["dataset"]))
+    if not held:
+        raise ValueError(f"validation.dataset {v['dataset']!r} has no rows")
+    kw.update(
+        eval_strategy="steps",
+        eval_steps=every,
+        save_strategy="steps",
+        save_steps=every,
+        metric_for_best_model="eval_loss",
+        greater_is_better=False,
+    )
+    return held
+
+
+def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
+    """``(train rows, held-out rows)`` from the ``validation:`` section, and the evaluation /
+    checkpoint-selection settings written into the trainer kwargs ``kw`` (transformers' machinery:
+    ``eval_strategy=steps``, ``metric_for_best_model``; a checkpoint at every evaluation)."""
+    v = dict(cfg.validation)
+    if not v:
+        return rows, None
+    if cfg.kind != "online":
+        return rows, _offline_validation(v, kw)
+    if ("dataset" in v) == ("holdout_fraction" in v):
+        raise ValueError("validation: give exactly one of dataset (a path) or holdout_fraction (of the training rows)")
+    every = v.get("every_steps")
+    if not (isinstance(every, int) and every > 0):
+        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
+    metric = v.get("metric", "reward")
+    if metric not in VALIDATION_METRICS:
+        raise ValueError(f"validation.metric must be one of {VALIDATION_METRICS}, got {metric!r}")
+    if "dataset" in v:
+        from tiltlab.llm.base.data import load_prompts
+
+        held = _nonempty(load_prompts(v["dataset"]), v["dataset"])
+    else:
+        import random
+
+        frac = float(v["holdout_fraction"])
+        if not 0.0 < frac < 1.0:
+            raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
+        order = list(range(len(rows)))
+        random.Random(int(kw.get("seed", 42))).shuffle(order)
+        n_held = max(1, round(frac * len(rows)))
+        if n_held >= len(rows):
+            raise ValueError(f"validation.holdout_fraction={frac} leaves no training rows out of {len(rows)}")
+        held_ix = set(order[:n_held])
+        held = [rows[i] for i in sorted(held_ix)]
+        rows = [r for i, r in enumerate(rows) if i not in held_ix]
+    k = int(v.get("k", kw.get("num_generations", 8)))
+    kw.update(
+        eval_strategy="steps",
+        eval_steps=every,
+        save_strategy="steps",
+        save_steps=every,
+        metric_for_best_model=f"eval_{metric}",
+        greater_is_better=True,
+        num_generations_eval=k,
+    )
+    kw.setdefault("per_device_eval_batch_size", k)
+    return rows, held
+
+
+#: the trainer-config switches that depend on the machine (an accelerator, a logging service): a
+#: dry run on another machine (a login node, a laptop) sets them to these values and says so
+DEVICE_SWITCHES = {"bf16": False, "fp16": False, "use_cpu": True, "report_to": "none"}
+
+
+def trainer_args(cfg, kw: dict | None = None, device_checks: bool = True):
+    """The trainer config a run builds (``TiltGRPOConfig`` online, ``OfflineConfig`` offline) from the
+    run config's trainer kwargs: every cross-field check of TRL / transformers / tiltlab runs here
+    (loss types, clip ranges, batch divisibility). ``device_checks=False`` replaces the
+    machine-dependent switches (:data:`DEVICE_SWITCHES`) so that the rest can be checked anywhere."""
+    kw = dict(cfg.trainer_kwargs() if kw is None else kw)
+    if not device_checks:
+        kw.update(DEVICE_SWITCHES)
+    if cfg.kind == "online":
+        from tiltlab.llm.train.online import TiltGRPOConfig
+
+        kw.setdefault("remove_unused_columns", False)
+        return TiltGRPOConfig(**kw)
+    from tiltlab.llm.train.offline import OfflineConfig
+
+    return OfflineConfig(**kw)
+
+
+def dry_run(cfg) -> list[str]:
+    """What ``--dry-run`` checks without loading a model or a dataset: the trainer config
+    (:func:`trainer_args`, machine switches aside), the reward, the LoRA section. Returns the notes
+    for what it could not check here (local files that are absent, the machine switches)."""
+    import os
+
+    notes = []
+    if cfg.objective == "none":
+        return ["objective 'none': nothing to train; the eval section is checked by `tiltlab llm eval`"]
+    if not cfg.dataset:
+        raise ValueError("the config names no dataset")
+    trainer_args(cfg, device_checks=False)
+    if cfg.kind == "online":
+        from tiltlab.llm.base.rewards import resolve_reward
+
+        resolve_reward(cfg.reward)
+    lora_config(cfg)
+    kw = cfg.trainer_kwargs()
+    changed = {k: kw[k] for k in DEVICE_SWITCHES if k in kw and kw[k] != DEVICE_SWITCHES[k]}
+    if changed:
+        notes.append(f"not checked on this machine: {changed} (checked when the run starts)")
+    paths = {"dataset": cfg.dataset, **{f"disa.{k}": v for k, v in cfg.disa.items() if k.endswith("_dir") and v}}
+    for key, path in paths.items():  # a spec such as synthetic:math:4:1 is not a path
+        if ":" not in str(path) and not os.path.exists(str(path)):
+            notes.append(f"{key} {str(path)!r} is not on this machine (a hub name, or a file made later)")
+    return notes
+
+
+def build_trainer(cfg):
+    """Model, data, reward and trainer for a validated :class:`llm.train.config.RunConfig`."""
+    from datasets import Dataset
+
+    from tiltlab.llm.base.data import load_prompts
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.base.rewards import resolve_reward
+
+    if cfg.objective == "none":
+        raise ValueError("objective 'none' has nothing to train (use `tiltlab llm eval`)")
+    if not cfg.dataset:
+        raise ValueError("the config names no dataset")
+    kw = cfg.trainer_kwargs()
+    if cfg.kind == "online":
+        from tiltlab.llm.train.online import TiltGRPOTrainer
+
+        rows, held = _validation(cfg, _nonempty(load_prompts(cfg.dataset), cfg.dataset), kw)
+        ds = online_dataset(rows)
+        args = trainer_args(cfg, kw)
+        log_z_fn = man = None
+        needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
+        # a dataset with a precomputed log_z column needs no Stage-2 predictor
+        if needs_z and args.disa_label == "column":
+            man = _stage1_manifest(cfg)  # the labels are in the dataset: no Stage-2 model is loaded
+        elif needs_z and (cfg.disa.get("stage2_dir") or "log_z" not in ds.column_names):
+            log_z_fn, man = _disa_predictor(cfg)
+        return TiltGRPOTrainer(
+            model=cfg.model,
+            reward_funcs=resolve_reward(cfg.reward),
+            args=args,
+            train_dataset=ds,
+            eval_dataset=None if held is None else online_dataset(held),
+            processing_class=load_tokenizer(cfg.model),
+            log_z_fn=log_z_fn,
+            log_z_manifest=man,
+            peft_config=lora_config(cfg),
+        )
+    from tiltlab.llm.base.data import read_table
+    from tiltlab.llm.train.offline import OfflineCollator, OfflineTrainer, prepare_offline_rows
+
+    _, held = _validation(cfg, [], kw)  # held-out rows (raw) and the eval / selection settings in kw
+    args = trainer_args(cfg, kw)
+    rows = _nonempty(prepare_offline_rows(read_table(cfg.dataset), args.objective, args.apo_beta1), cfg.dataset)
+    if held is not None:
+        held = _nonempty(prepare_offline_rows(held, args.objective, args.apo_beta1), cfg.validation["dataset"])
+    tok = load_tokenizer(cfg.model, padding_side="right")
+    model = load_model(cfg.model)
+    peft_cfg = lora_config(cfg)
+    if peft_cfg is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_cfg)
+    ref = load_model(cfg.ref_model or cfg.model)
+    return OfflineTrainer(
+        model=model,
+        args=args,
+        ref_model=ref,
+        train_dataset=Dataset.from_list(rows),
+        eval_dataset=None if held is None else Dataset.from_list(held),
+        data_collator=OfflineCollator(tok, max_length=args.max_length),
+    )
+
+
+def _resume_command(args) -> str:
+    """The command line that continues this run from its newest checkpoint (``--resume latest``
+    replacing any ``--resume`` given)."""
+    import shlex
+
+    cmd = ["tiltlab", "llm", "train", "--config", args.config]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    if args.objective:
+        cmd += ["--objective", args.objective]
+    return shlex.join([*cmd, "--resume", "latest"])
+
+
+def main(args) -> int:
+    import dataclasses
+    import json
+    import os
+
+    from tiltlab.llm.base.config_args import read_config
+    from tiltlab.llm.train.config import load_run_config
+
+    overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
+    cfg = read_config(args.config, overrides, loader=load_run_config)
+    if args.dry_run:
+        import sys
+
+        notes = dry_run(cfg)  # a config the run would refuse raises here: exit 2 with its one line
+        print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        for n in notes:
+            print(f"[dry-run] {n}", file=sys.stderr)
+        print("[dry-run] the trainer config, reward and LoRA section are valid", file=sys.stderr)
+        return 0
+    # transformers' Trainer never reads TrainingArguments.resume_from_checkpoint: honour it here
+    resume = args.resume or cfg.trl.get("resume_from_checkpoint")
+    checkpoint = resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir)) if resume else None
+    print(f"[train] {cfg.kind} {cfg.objective} on {cfg.model}: building the trainer", flush=True)
+    trainer = build_trainer(cfg)
+    from tiltlab.llm.train.stop import GracefulStop
+
+    stop = GracefulStop()  # SIGTERM / SIGINT: a checkpoint at the next step boundary on every rank
+    trainer.add_callback(stop)
+    if checkpoint:
+        print(f"[train] resuming from {checkpoint}", flush=True)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    steps = trainer.state.global_step
+    out = trainer.args.output_dir
+    if stop.stopped_by is not None and steps < trainer.state.max_steps:
+        if not trainer.is_world_process_zero():
+            return 0
+        print(
+            f"[train] stopped by {stop.stopped_by} at step {steps} of {trainer.state.max_steps}; "
+            f"checkpoint {os.path.join(out, f'checkpoint-{steps}')}; continue with: {_resume_command(args)}"
+            + (" (under the same launcher)" if trainer.args.world_size > 1 else ""),
+            flush=True,
+        )
+        return 0
+    if steps == 0:
+        raise RuntimeError("training ran 0 optimizer steps (check max_steps / the dataset size); no model written")
+    trainer.save_model(out)
+    trainer.save_state()  # trainer_state.json beside the model: the log history (losses, times per step)
+    print(f"[train] {steps} optimizer steps; model written to {out}")
+    if cfg.validation:
+        _write_best(trainer, out)
+    return 0
+
+
+def _write_best(trainer, out_dir: str) -> None:
+    """``best_checkpoint.json`` in the run directory: the checkpoint with the best validation metric."""
+    import os
+
+    st, name = trainer.state, trainer.args.metric_for_best_model
+    evals = [(h["step"], h[name]) for h in st.log_history if name in h]
+    rec = {"best_checkpoint": st.best_model_checkpoint, "metric": name, "best_metric": st.best_metric, "evals": evals}
+    path = os.path.join(out_dir, "best_checkpoint.json")
+    write_json(path, rec, indent=2, newline=False)
+    print(f"[train] best {name} = {st.best_metric} at {st.best_model_checkpoint} ({path})")

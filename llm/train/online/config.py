@@ -1,0 +1,294 @@
+"""The configuration of :class:`~tiltlab.llm.train.online.TiltGRPOTrainer`: :class:`TiltGRPOConfig`
+(TRL's ``GRPOConfig`` plus the objective and its options, each checked at construction) and the
+tables of what each objective implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig
+
+from tiltlab.objectives.lad import F_DIVERGENCES
+
+from ..vllm_sync import cpu_trainer_bf16
+
+OBJECTIVES = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
+_TRL_LOSS_OBJECTIVES = ("cispo", "sapo", "luspo", "vespo")
+GRPO_FAMILY = ("grpo", "gspo", *_TRL_LOSS_OBJECTIVES)
+"""The objectives that honour TRL's ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask)."""
+BIAS_CORRECTED_KL = ("grpo", *_TRL_LOSS_OBJECTIVES)
+"""The objectives whose KL term is TRL's per-token one and honours ``use_bias_correction_kl`` (the KL times
+the importance ratio); ``gspo`` and ``lad`` add a token-mean KL and refuse it when ``beta != 0``."""
+KL_IN_REWARD = ("grpo",)
+"""The objectives that implement ``kl_in_reward`` (TRL's ``beta`` as the sequence-level k1 penalty in the reward)."""
+TRL_ADVANTAGE_EPS = 1e-4
+"""TRL's ``eps`` in ``(r - mean) / (std + eps)`` (``GRPOTrainer._generate_and_score_completions``)."""
+ADV_SCALE = {"group": "std", "batch": "batch", "none": "none"}
+"""TRL ``scale_rewards`` -> :func:`~tiltlab.objectives.pg.group_advantages` ``scale``."""
+_TB = ("flowrl", "disa", "vargrad", "paced")
+_NEEDS_REF = ("flowrl", "disa", "vargrad")
+_LEARNED_Z = ("flowrl", "paced")
+REWARD_TRANSFORMS = ("affine", "identity", "group_norm")
+LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",), **{o: (o,) for o in _TRL_LOSS_OBJECTIVES}}
+"""TRL ``loss_type`` values each objective implements with TRL's normalization (the first is the
+default); the other objectives define their own per-sequence mean and take no ``loss_type``."""
+IS_LEVEL = {
+    "grpo": "token",
+    "gspo": "sequence",
+    "cispo": "token",
+    "sapo": "token",
+    "luspo": "sequence",
+    "vespo": "token",
+}
+"""TRL ``importance_sampling_level`` of the ratio each objective uses (GSPO and LUSPO: sequence)."""
+
+
+@dataclass
+class TiltGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` plus the objective. TRL's ``beta`` stays TRL's KL-to-reference coefficient
+    (used by ``grpo``/``gspo``/``lad``: a per-token loss term, or with ``kl_in_reward`` the
+    sequence-level penalty in the reward of ``grpo``); the tilt of the TB objectives is
+    ``tilt_beta`` and MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is
+    ``paced_kl_coef``."""
+
+    objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
+    loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
+        default=None,
+        metadata={
+            "help": f"TRL's loss normalization: {LOSS_TYPES}; default dapo (grpo), grpo (gspo), the objective's "
+            "name (cispo/sapo/luspo/vespo); unset otherwise"
+        },
+    )
+    importance_sampling_level: str | None = field(
+        default=None, metadata={"help": f"TRL's ratio level, fixed by the objective: {IS_LEVEL}; unset otherwise"}
+    )
+    kl_estimator: str = field(default="k3", metadata={"help": "KL-to-reference estimator of grpo: k1 | k2 | k3 (TRL)"})
+    kl_in_reward: bool = field(
+        default=False,
+        metadata={
+            "help": "grpo: apply beta as the sequence-level k1 penalty in the reward, r - beta * sum_t (logp_old - "
+            "logp_ref), before the advantages (KL-regularised RLHF; veRL's use_kl_in_reward), instead of TRL's "
+            "per-token KL loss term: its optimum is pi_ref e^{r / beta} / Z"
+        },
+    )
+    dual_clip: float | None = field(default=None, metadata={"help": "grpo: veRL's dual-clip constant c > 1 (A < 0)"})
+    log_ratio_clip: float | None = field(
+        default=None, metadata={"help": "grpo: clamp logp - logp_old to [-c, c] before exp (veRL: 20)"}
+    )
+    tilt_beta: float = field(default=15.0, metadata={"help": "beta multiplying r~ in flowrl/disa/vargrad (FlowRL: 15)"})
+    reward_transform: str | None = field(
+        default=None,
+        metadata={
+            "help": "r~ of the TB objectives: affine (r~ = reward_scale * r + reward_shift; "
+            "'identity' = affine(1, 0)) | group_norm (the per-group plug-in). Default: "
+            "group_norm for flowrl, affine for disa/vargrad/paced"
+        },
+    )
+    reward_scale: float = field(default=1.0, metadata={"help": "a in the fixed transform r~ = a r + c (a > 0)"})
+    reward_shift: float = field(default=0.0, metadata={"help": "c in the fixed transform r~ = a r + c"})
+    length_normalize: bool | None = field(
+        default=None,
+        metadata={
+            "help": "masked-mean (True) or sum (False) log-probs in the TB residual "
+            "(default: True for flowrl, False otherwise)"
+        },
+    )
+    weight_clip: str = field(
+        default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"}
+    )
+    max_weight: float = field(default=10.0, metadata={"help": "cap of the TB rollout weight for weight_clip=max"})
+    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps_high] weight clip"})
+    weight_eps_high: float | None = field(
+        default=None, metadata={"help": "upper eps of the weight clip (None = weight_eps; FlowRL recipe: 0.28)"}
+    )
+    log_z_detach_input: bool = field(
+        default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"}
+    )
+    log_z_hidden: int = field(default=256, metadata={"help": "width of the log Z head"})
+    log_z_layers: int = field(default=3, metadata={"help": "Linear layers of the log Z head (FlowRL: 3)"})
+    log_z_dropout: float = field(default=0.1, metadata={"help": "dropout in the log Z head (FlowRL: 0.1)"})
+    vllm_kv_cache_memory_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV cache of the colocated vLLM on CPU, in bytes (default 1 GiB); GPUs use "
+            "vllm_gpu_memory_utilization"
+        },
+    )
+    log_z_lr: float | None = field(
+        default=None, metadata={"help": "learning rate of the log Z head (None = learning_rate)"}
+    )
+    disa_stage1_manifest: dict | None = field(
+        default=None, metadata={"help": "Stage-1 recorded settings (beta, reward_transform, logprob_scale)"}
+    )
+    disa_label: str = field(
+        default="predictor",
+        metadata={
+            "help": "where DISA's frozen log Z comes from: predictor (log_z_fn, the Stage-2 model loaded on every "
+            "process) | column (the dataset's log_z column written by `tiltlab llm stage2-annotate`; no second model)"
+        },
+    )
+    disa_allow_label_mismatch: bool = field(default=False, metadata={"help": "override the label-compat check"})
+    disa_mismatch_reason: str | None = field(default=None, metadata={"help": "why the override is sound"})
+    lad_divergence: str = field(default="js", metadata={"help": f"one of {sorted(F_DIVERGENCES)}"})
+    lad_eta: float = field(default=1.0, metadata={"help": "LAD temperature eta"})
+    lad_level: str = field(default="token", metadata={"help": "token | sequence ratio in the LAD loss"})
+    paced_kl_coef: float = field(default=1.0, metadata={"help": "PACED's beta: the TB tilt is r / paced_kl_coef"})
+    paced_tau: float = field(default=0.5, metadata={"help": "target accuracy of the prompt selection"})
+    paced_pool_factor: int = field(default=4, metadata={"help": "candidates per selected prompt (0 = no selection)"})
+    paced_select_from: str = field(default="learned", metadata={"help": "learned | disa (the frozen Stage-2 log Z)"})
+    paced_replay: bool = field(default=True, metadata={"help": "accuracy-error-prioritized replay of correct samples"})
+    paced_replay_capacity: int = field(default=128, metadata={"help": "replay buffer capacity (PACED: 128)"})
+    paced_replay_add: int = field(default=64, metadata={"help": "correct samples added per step (PACED: 64)"})
+    paced_replay_max: int | None = field(default=None, metadata={"help": "at most this many replayed rows per batch"})
+    paced_embeddings: str = field(
+        default="frozen_ref",
+        metadata={
+            "help": "PACED's Z_phi input: frozen_ref (paper Sec. 4.3: an MLP on frozen pi_ref prompt embeddings, "
+            "precomputed once) | live (the head on the live policy's hidden states)"
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling (DAPO Sec. 3.2): drop groups whose rewards are all equal and refill "
+            "the batch from further generations"
+        },
+    )
+    dynamic_sampling_max_refills: int = field(
+        default=8, metadata={"help": "at most this many extra generation rounds per batch (then train on what is kept)"}
+    )
+    log_kl_old: bool = field(
+        default=False, metadata={"help": "log KL(pi_old || pi_theta) (and times paced_kl_coef), PACED Fig. 1"}
+    )
+    log_z_accuracy_correlation: bool = field(
+        default=False,
+        metadata={
+            "help": "log Pearson/Spearman correlation of the log Z used by the objective with the group accuracy "
+            "(PACED App. C.1)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        # before TRL resolves an unset bf16 to True: on CPU with vLLM the trainer must score in vLLM's fp32
+        self.bf16 = cpu_trainer_bf16(
+            self.bf16, bool(self.fp16), bool(self.use_vllm), bool(self.use_cpu) or not torch.cuda.is_available()
+        )
+        super().__post_init__()
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        self._check_trl_options()
+        if self.reward_transform is None:
+            self.reward_transform = "group_norm" if self.objective == "flowrl" else "affine"
+        if self.reward_transform == "identity":
+            self.reward_transform, self.reward_scale, self.reward_shift = "affine", 1.0, 0.0
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale (a in r~ = a r + c) must be > 0, got {self.reward_scale}")
+        if self.reward_transform not in REWARD_TRANSFORMS:
+            raise ValueError(f"reward_transform must be one of {REWARD_TRANSFORMS}, got {self.reward_transform!r}")
+        if self.length_normalize is None:
+            self.length_normalize = self.objective == "flowrl"
+        if self.weight_clip not in ("max", "eps", "none"):
+            raise ValueError(f"weight_clip must be max | eps | none, got {self.weight_clip!r}")
+        if self.lad_divergence not in F_DIVERGENCES:
+            raise ValueError(f"lad_divergence must be one of {sorted(F_DIVERGENCES)}, got {self.lad_divergence!r}")
+        if self.lad_eta <= 0 or self.paced_kl_coef <= 0 or self.tilt_beta <= 0:
+            raise ValueError("lad_eta, paced_kl_coef and tilt_beta must be > 0")
+        if self.lad_level not in ("token", "sequence"):
+            raise ValueError(f"lad_level must be token | sequence, got {self.lad_level!r}")
+        if self.disa_label not in ("predictor", "column"):
+            raise ValueError(f"disa_label must be predictor | column, got {self.disa_label!r}")
+        if self.paced_embeddings not in ("frozen_ref", "live"):
+            raise ValueError(f"paced_embeddings must be frozen_ref | live, got {self.paced_embeddings!r}")
+        if self.dynamic_sampling_max_refills < 0:
+            raise ValueError("dynamic_sampling_max_refills must be >= 0")
+        if self.paced_select_from not in ("learned", "disa"):
+            raise ValueError(f"paced_select_from must be learned | disa, got {self.paced_select_from!r}")
+        if not 0.0 <= self.paced_tau <= 1.0:
+            raise ValueError("paced_tau must lie in [0, 1]")
+        if self.use_liger_kernel:
+            raise ValueError("use_liger_kernel bypasses _compute_loss; the tiltlab objectives need it off")
+
+    def _check_trl_options(self) -> None:
+        """Resolve ``loss_type`` / ``importance_sampling_level`` per objective and refuse every TRL
+        loss option the objectives do not implement: a value the trainer cannot honour is an error."""
+        obj = self.objective
+        types = LOSS_TYPES.get(obj, ())
+        if self.loss_type is None:
+            self.loss_type = types[0] if types else None
+        elif self.loss_type not in types:
+            hint = f"; for TRL's loss_type={self.loss_type!r} set objective={self.loss_type!r}"
+            raise ValueError(
+                f"objective={obj!r} implements loss_type in {types or '(none: leave it unset)'}, got "
+                f"{self.loss_type!r}{hint if self.loss_type in _TRL_LOSS_OBJECTIVES else ''}"
+            )
+        level = IS_LEVEL.get(obj)
+        if self.importance_sampling_level is None:
+            self.importance_sampling_level = level or "token"
+        elif self.importance_sampling_level != level:
+            raise ValueError(
+                f"objective={obj!r} uses importance_sampling_level={level!r} ({IS_LEVEL}), "
+                f"got {self.importance_sampling_level!r}"
+            )
+        unsupported = {
+            "delta": self.delta is not None,
+            "top_entropy_quantile": self.top_entropy_quantile != 1.0,
+            "entropy_coef": self.entropy_coef != 0.0 or self.use_adaptive_entropy,
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(f"the tiltlab objectives do not implement TRL's {bad}; leave them at TRL's defaults")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator must be k1 | k2 | k3, got {self.kl_estimator!r}")
+        if obj != "grpo" and (
+            self.dual_clip is not None or self.log_ratio_clip is not None or self.kl_estimator != "k3"
+        ):
+            raise ValueError("dual_clip, log_ratio_clip and kl_estimator != 'k3' are options of objective='grpo'")
+        if self.kl_in_reward:
+            self._check_kl_in_reward()
+        if obj == "cispo" and self.epsilon_high is None:
+            raise ValueError(
+                "objective='cispo' caps the importance ratio at epsilon_high (ScaleRL's eps_max; TRL recommends 5.0): "
+                "set it (TRL would fall back to epsilon)"
+            )
+        if self.off_policy_mask_threshold is not None and obj not in GRPO_FAMILY:
+            raise ValueError(
+                f"off_policy_mask_threshold is implemented by objective in {GRPO_FAMILY} only, got objective={obj!r}"
+            )
+        if obj in ("gspo", "lad") and self.beta != 0.0 and self.use_bias_correction_kl:
+            raise ValueError(
+                f"objective={obj!r} does not implement use_bias_correction_kl (objectives that do: "
+                f"{BIAS_CORRECTED_KL}); set it False (or beta=0)"
+            )
+
+    def _check_kl_in_reward(self) -> None:
+        if self.objective not in KL_IN_REWARD:
+            raise ValueError(
+                f"kl_in_reward is implemented by objective in {KL_IN_REWARD} only, got objective={self.objective!r}"
+            )
+        if not self.beta > 0.0:
+            raise ValueError(
+                f"kl_in_reward applies beta as the KL coefficient in the reward: set beta > 0, got {self.beta}"
+            )
+        if self.kl_estimator != "k3":
+            raise ValueError(
+                "kl_in_reward replaces the per-token KL loss term that kl_estimator chooses (the reward takes the "
+                f"sequence-level k1): leave kl_estimator at 'k3', got {self.kl_estimator!r}"
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "kl_in_reward penalises the weighted sum of the rewards: it needs multi_objective_aggregation="
+                f"'sum_then_normalize', got {self.multi_objective_aggregation!r}"
+            )
+
+    @property
+    def reward_transform_spec(self) -> tuple:
+        return (
+            ("affine", float(self.reward_scale), float(self.reward_shift))
+            if self.reward_transform == "affine"
+            else ("group_norm",)
+        )
+
+    @property
+    def logprob_scale(self) -> str:
+        return "mean" if self.length_normalize else "sum"
