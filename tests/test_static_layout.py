@@ -228,3 +228,21 @@ def test_docs_architecture_states_the_import_linter_layers():
     main = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"] == "tiltlab layers")
     want = [sorted(m.strip() for m in layer.split("|")) for layer in main["layers"]]
     assert _architecture_layers() == want
+
+
+def test_docs_architecture_states_the_llm_stage_layers():
+    """docs/architecture.md's "The LLM layer by stage" block is the llm contract's layer list, in order."""
+    import re
+
+    contract = next(
+        c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"] == "tiltlab.llm layers (by stage)"
+    )
+    assert contract["containers"] == ["tiltlab.llm"]
+    want = [sorted(m.strip() for m in layer.split("|")) for layer in contract["layers"]]
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## The LLM layer by stage", 1)[1].split("```", 2)[1]
+    got = [sorted(m.strip() for m in re.sub(r"\(.*?\)", "", ln).split("|")) for ln in block.splitlines() if ln.strip()]
+    assert got == want
+    # every folder of llm/ that is a package is one of the layers (a new folder must be placed)
+    folders = {p.name for p in (ROOT / "llm").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == {m for layer in want for m in layer} - {"cli"}
