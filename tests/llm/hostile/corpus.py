@@ -141,7 +141,7 @@ def cases(unix_path: str, tcp_port: int, secret_dir: str) -> list[dict]:
     )
     add(
         "import the project's reward module",
-        "_HIT = False\ntry:\n    from tiltlab.llm import rewards as _r\n    _HIT = True\nexcept Exception:\n    pass\n"
+        "_HIT = False\ntry:\n    from tiltlab.llm.base import rewards as _r\n    _HIT = True\nexcept Exception:\n    pass\n"
         + ORACLE,
     )
     add("fork bomb (libc fork, hook off)", UNHOOK + LIBC + WRONG + "while True:\n    _libc.fork()\n")
