@@ -20,18 +20,20 @@ the identity. Fields an objective does not read are ignored; a field it needs an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from tiltlab.objectives import lad, offline, pg, tb
+from tiltlab.objectives.catalog import SPECS, Spec, names
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.output import LossOutput
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveBatch", "get_objective"]
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveBatch", "get_objective", "names", "registered"]
 
 
 @dataclass(frozen=True)
@@ -102,23 +104,32 @@ Adapter = Callable[[ObjectiveBatch, dict[str, Any]], LossOutput]
 
 @dataclass(frozen=True)
 class Objective:
-    """One registered objective.
+    """One registered objective: its declaration (:class:`~tiltlab.objectives.catalog.Spec`: name,
+    loss, needs, family, trainers, tags, documentation, options) and its adapter
+    ``(batch, options) -> LossOutput``."""
 
-    Attributes:
-        name: the registry key (the trainers' ``objective`` / ``method`` names).
-        loss: the function of this package the adapter calls (``"pg.grpo_loss"``: module.function;
-            the OpInfo registry of the tests names it the same way).
-        needs: the batch fields the adapter reads (checked before the call).
-        adapter: ``(batch, options) -> LossOutput``.
-        options: the adapter's own options (beyond the loss function's keyword arguments), in words.
-    """
-
-    name: str
-    loss: str
-    needs: tuple[str, ...]
+    spec: Spec
     adapter: Adapter
-    options: str = ""
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def loss(self) -> str:
+        return self.spec.loss
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.spec.needs
+
+    @property
+    def options(self) -> str:
+        return self.spec.options
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        return self.spec.defaults
 
     def __call__(self, batch: ObjectiveBatch, **options: Any) -> LossOutput:
         missing = [n for n in self.needs if getattr(batch, n) is None]
@@ -319,63 +330,48 @@ def _sft(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     return offline.sft_loss(b.get("token_logp"), b.mask, **opts)
 
 
-_POLICY_NEEDS = ("token_logp_old", "advantages")
-_TB_OPTS = (
-    "beta; logprob_scale ('sum' | 'mean'); anchor ('ref' | 'old'); weight_clip (None: only is_weight; "
-    "'max' | 'eps' | 'none': tb_importance_weight on pi_old), max_weight, eps, eps_high"
-)
-
-OBJECTIVES: dict[str, Objective] = {
-    o.name: o
-    for o in (
-        Objective("grpo", "pg.grpo_loss", _POLICY_NEEDS, _policy("grpo_loss", True), "grpo_loss's keywords"),
-        Objective("gspo", "pg.gspo_loss", _POLICY_NEEDS, _policy("gspo_loss", False), "gspo_loss's keywords"),
-        Objective("cispo", "pg.cispo_loss", _POLICY_NEEDS, _policy("cispo_loss", True), "cispo_loss's keywords"),
-        Objective("sapo", "pg.sapo_loss", _POLICY_NEEDS, _policy("sapo_loss", True), "sapo_loss's keywords"),
-        Objective("luspo", "pg.luspo_loss", _POLICY_NEEDS, _policy("luspo_loss", True), "luspo_loss's keywords"),
-        Objective("vespo", "pg.vespo_loss", _POLICY_NEEDS, _policy("vespo_loss", True), "vespo_loss's keywords"),
-        Objective(
-            "lad",
-            "lad.lad_loss",
-            _POLICY_NEEDS,
-            _lad,
-            "eta, divergence; level ('sequence': logprob_scale, default 'mean' | 'token': loss_agg, max_len, num_tokens)",
-        ),
-        Objective(
-            "flowrl",
-            "tb.flowrl_loss",
-            ("token_logp_ref", "token_logp_old", "rewards", "log_z"),
-            _flowrl,
-            "flowrl_loss's keywords",
-        ),
-        Objective("disa", "tb.disa_loss", ("rewards", "log_z"), _disa, _TB_OPTS + " (log Z detached)"),
-        Objective("tb", "tb.tb_loss", ("rewards", "log_z"), _tb, _TB_OPTS + " (log Z attached: a learned one)"),
-        Objective(
-            "paced",
-            "tb.tb_loss",
-            ("token_logp_old", "rewards", "log_z"),
-            _paced,
-            "kl_coef (tilt r / kl_coef, anchor pi_old); " + _TB_OPTS.split("; ", 1)[1],
-        ),
-        Objective(
-            "vargrad",
-            "tb.tb_loss",
-            ("rewards",),
-            _vargrad,
-            _TB_OPTS + "; group_size (log Z = tb.vargrad_log_z of the batch when batch.log_z is None; detached)",
-        ),
-        Objective("offrl", "offline.offrl_loss", ("rewards",), _offrl, "kl_tau (needs token_logp_ref)"),
-        Objective("fpa", "offline.fpa_loss", ("token_logp_future", "rewards"), _fpa),
-        Objective("dpo", "offline.dpo_loss", ("token_logp_ref", "rejected"), _dpo, "beta"),
-        Objective("rpo", "offline.rpo_loss", ("token_logp_ref", "rejected"), _rpo, "beta, alpha"),
-        Objective("simper", "offline.simper_loss", ("rejected",), _simper),
-        Objective("kto", "offline.kto_loss", ("token_logp_ref", "rewards"), _kto, "beta, lambda_w, lambda_l, z0"),
-        Objective("apo", "offline.apo_loss", ("token_logp_ref", "rewards", "values"), _apo, "beta2"),
-        Objective("sft", "offline.sft_loss", (), _sft),
-    )
+_ADAPTERS: dict[str, Adapter] = {
+    **{n: _policy(f"{n}_loss", n != "gspo") for n in ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo")},
+    "flowrl": _flowrl,
+    "disa": _disa,
+    "vargrad": _vargrad,
+    "lad": _lad,
+    "paced": _paced,
+    "tb": _tb,
+    "offrl": _offrl,
+    "fpa": _fpa,
+    "dpo": _dpo,
+    "rpo": _rpo,
+    "kto": _kto,
+    "simper": _simper,
+    "apo": _apo,
+    "sft": _sft,
 }
-"""Objective name -> :class:`Objective`. A new objective is its loss function (with an OpInfo
-entry in ``tests/objectives/opinfo.py``) and one entry here."""
+"""Objective name -> adapter: the loss call of each :data:`~tiltlab.objectives.catalog.SPECS` entry."""
+if set(_ADAPTERS) != set(SPECS):  # pragma: no cover - a module-level consistency check
+    raise ImportError(f"adapters {sorted(_ADAPTERS)} and declarations {sorted(SPECS)} differ")
+
+OBJECTIVES: dict[str, Objective] = {n: Objective(s, _ADAPTERS[n]) for n, s in SPECS.items()}
+"""Objective name -> :class:`Objective`, in the declared order. A new objective is its loss function
+(with an OpInfo entry in ``tests/objectives/opinfo.py``), its declaration in
+:data:`~tiltlab.objectives.catalog.SPECS` and its adapter in :data:`_ADAPTERS`; every trainer's
+names, choices and config schema derive from the declarations
+(:func:`~tiltlab.objectives.catalog.names`)."""
+
+
+@contextmanager
+def registered(spec: Spec, adapter: Adapter) -> Iterator[Objective]:
+    """Declare ``spec`` and register it with ``adapter`` for the block (a plug-in's or a test's own
+    objective): it is in :func:`~tiltlab.objectives.catalog.names` and so in every trainer's choices
+    while the block runs, and removed afterwards; a name already declared is refused."""
+    if spec.name in SPECS or spec.name in OBJECTIVES:
+        raise ValueError(f"objective {spec.name!r} is already registered")
+    SPECS[spec.name], OBJECTIVES[spec.name] = spec, Objective(spec, adapter)
+    try:
+        yield OBJECTIVES[spec.name]
+    finally:
+        SPECS.pop(spec.name, None)
+        OBJECTIVES.pop(spec.name, None)
 
 
 def get_objective(name: str) -> Objective:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from tiltlab.sim.config import LOG_Z_MODES, METHODS, RunResult, SimConfig
+from tiltlab.sim.config import LOG_Z_MODES, RunResult, SimConfig, methods
 from tiltlab.sim.train import train
 
-__all__ = ["LOG_Z_MODES", "METHODS", "RunResult", "SimConfig", "make_env", "run"]
+__all__ = ["LOG_Z_MODES", "RunResult", "SimConfig", "make_env", "methods", "run"]
 
 
 def make_env(cfg: SimConfig):

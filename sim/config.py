@@ -15,11 +15,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only annotations: importing the config must not import torch
     import torch
 
-__all__ = ["LOG_Z_MODES", "METHODS", "PG_METHODS", "RunResult", "SimConfig"]
+from tiltlab.objectives.catalog import names
 
-METHODS = ("tb", "flowrl", "lad", "grpo", "gspo", "cispo", "sapo", "offrl", "fpa", "dpo", "sft")
-#: The reward-maximising policy-gradient methods (advantage-weighted; their target is LAD's pi_old e^{A/eta}).
-PG_METHODS = ("grpo", "gspo", "cispo", "sapo")
+__all__ = ["LOG_Z_MODES", "RunResult", "SimConfig", "methods", "pg_methods"]
+
+
+def methods() -> tuple[str, ...]:
+    """The simulator's ``method`` names: ``tb`` (the TB entries declared with tag ``sim_tb``, chosen by
+    ``log_z``) and every other objective declared with trainer ``sim``, in the declared order."""
+    return ("tb", *(n for n in names("sim") if n not in names(tag="sim_tb")))
+
+
+def pg_methods() -> tuple[str, ...]:
+    """The reward-maximising policy-gradient methods (family ``pg``: advantage-weighted; their target is
+    LAD's pi_old e^{A/eta})."""
+    return names("sim", family="pg")
+
+
 LOG_Z_MODES = ("exact", "frozen", "learned", "vargrad", "zero")
 
 
@@ -168,8 +180,8 @@ class SimConfig:
     """Show a tqdm progress bar."""
 
     def validate(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method not in methods():
+            raise ValueError(f"method must be one of {methods()}, got {self.method!r}")
         if self.log_z not in LOG_Z_MODES:
             raise ValueError(f"log_z must be one of {LOG_Z_MODES}, got {self.log_z!r}")
         if self.anchor not in ("ref", "old"):

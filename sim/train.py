@@ -53,27 +53,11 @@ from tiltlab.objectives import offline as off_obj
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives import tb as tb_obj
+from tiltlab.objectives.catalog import names
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.sim import proposals
-from tiltlab.sim.config import PG_METHODS, RunResult, SimConfig
+from tiltlab.sim.config import RunResult, SimConfig, pg_methods
 from tiltlab.sim.envs import BanditEnv, gather
-
-OFFLINE = ("offrl", "fpa", "dpo", "sft")
-
-SIM_OBJECTIVES: dict[str, str] = {
-    "flowrl": "flowrl",
-    "lad": "lad",
-    "grpo": "grpo",
-    "gspo": "gspo",
-    "cispo": "cispo",
-    "sapo": "sapo",
-    "offrl": "offrl",
-    "fpa": "fpa",
-    "dpo": "dpo",
-    "sft": "sft",
-}
-"""``cfg.method`` -> the :data:`tiltlab.objectives.registry.OBJECTIVES` entry the trainer dispatches to
-(``tb``: :func:`tb_objective_name` of ``cfg.log_z``)."""
 
 
 def tb_objective_name(log_z: str) -> str:
@@ -86,7 +70,6 @@ def tb_objective_name(log_z: str) -> str:
 
 
 __all__ = [
-    "SIM_OBJECTIVES",
     "gradient_at",
     "kl_divergence",
     "stage1_log_z",
@@ -173,7 +156,7 @@ class _Trainer:
 
     The loss is never written here: :meth:`loss` and :meth:`offline_loss` build an
     :class:`~tiltlab.objectives.registry.ObjectiveBatch` of one-token sequences (``[B, 1]``, mask 1)
-    and call the registry entry that :data:`SIM_OBJECTIVES` / :func:`tb_objective_name` name for
+    and call the registry entry that ``cfg.method`` (the entry of that name; ``tb``: :func:`tb_objective_name`) names for
     ``cfg.method`` -- the same adapter the TRL trainer and the veRL plug-in call -- with the options
     of :meth:`options`. Each seed's loss is its batch mean; seeds are summed (``S *`` the mean over
     all rows) so that they do not interact through the optimizer.
@@ -225,7 +208,7 @@ class _Trainer:
         self.reward_per_seed: list[torch.Tensor] = []  # per logged step: [S] mean over prompts of E_pi r
         self.update_terms: list[torch.Tensor] = []  # per rollout batch: [S, 2] fresh terms with weight > 0, replayed
         self.offline = None
-        if cfg.method in OFFLINE:
+        if cfg.method in names("sim", family="offline"):
             self.offline = self._offline_data()
 
     def _offline_data(self) -> dict:
@@ -256,13 +239,13 @@ class _Trainer:
 
     def tilt(self) -> torch.Tensor:
         """The log-tilt of the target: ``beta r`` (TB family) or ``A / eta`` (LAD and the policy-gradient methods)."""
-        if self.cfg.method in ("lad", *PG_METHODS):
+        if self.cfg.method in ("lad", *pg_methods()):
             return self.reward / self.cfg.eta
         return self.cfg.beta * self.reward
 
     def target(self) -> torch.Tensor:
         """``[S, P, K]``: pi* = anchor e^{tilt} normalized (LAD: ``lad_target_logprobs``)."""
-        if self.cfg.method in ("lad", *PG_METHODS):
+        if self.cfg.method in ("lad", *pg_methods()):
             return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), self.cfg.eta)
         return torch.log_softmax(self.anchor() + self.tilt(), -1)
 
@@ -379,7 +362,7 @@ class _Trainer:
 
     def loss(self, b: _Batch) -> torch.Tensor:
         """Scalar loss = sum over seeds of each seed's batch-mean loss, from the registry entry
-        :data:`SIM_OBJECTIVES` names for ``cfg.method`` (``tb``: :meth:`tb_family_loss`)."""
+        ``cfg.method`` names (``tb``: :meth:`tb_family_loss`)."""
         c = self.cfg
         logp = torch.log_softmax(self.theta, -1)  # [S, P, K]
         lp = gather(logp, b.idx)  # [S, P, G]
@@ -400,13 +383,14 @@ class _Trainer:
         else:
             adv = self.advantages(r).reshape(B)
             ref = None
-            if c.method in ("grpo", "cispo", "sapo"):
+            if c.method in pg_methods() and c.method != "gspo":  # a KL term toward kl_anchor
                 ref = (lp_old if c.kl_anchor == "old" else gather(self.ref, b.idx)).reshape(B, 1)
             batch = ObjectiveBatch(tok, ones, token_logp_old=old, token_logp_ref=ref, advantages=adv, is_weight=w)
-        return S * get_objective(SIM_OBJECTIVES[c.method])(batch, **self.options()).loss
+        return S * get_objective(c.method)(batch, **self.options()).loss
 
     def options(self) -> dict:
-        """The registry options of ``cfg.method`` (not ``tb``: :meth:`tb_family_loss`)."""
+        """The registry options of ``cfg.method`` (not ``tb``: :meth:`tb_family_loss`); another declared
+        ``pg`` method takes the family's ``kl_coef`` and its declared defaults."""
         c = self.cfg
         kl = {"kl_coef": c.kl_coef}
         return {
@@ -423,7 +407,7 @@ class _Trainer:
             "fpa": dict,
             "dpo": lambda: {"beta": c.dpo_beta},
             "sft": dict,
-        }[c.method]()  # fmt: skip
+        }.get(c.method, lambda: dict(kl) if c.method in pg_methods() else {})()  # fmt: skip
 
     def offline_loss(self) -> torch.Tensor:
         """Off-RL / FPA / DPO / SFT on the fixed offline data (one-token sequences: |y| = 1), through
@@ -447,7 +431,7 @@ class _Trainer:
             rw, rl = gather(self.ref, d["w"]).reshape(-1, 1), gather(self.ref, d["l"]).reshape(-1, 1)
             rejected = ObjectiveBatch(ll, torch.ones_like(ll), token_logp_ref=rl)
             batch = ObjectiveBatch(lw, torch.ones_like(lw), token_logp_ref=rw, rejected=rejected)
-        return S * get_objective(SIM_OBJECTIVES[c.method])(batch, **self.options()).loss
+        return S * get_objective(c.method)(batch, **self.options()).loss
 
     # -- batches --------------------------------------------------------------------------------
     def make_batch(self, sel: torch.Tensor) -> _Batch:
@@ -538,7 +522,7 @@ class _Trainer:
                 "reward": float(self.env.expectation(logp, self.reward).mean()),
             }
             self.reward_per_seed.append(self.env.expectation(logp, self.reward).mean(-1))  # [S]
-            if c.anchor == "old" or c.method in ("lad", *PG_METHODS):
+            if c.anchor == "old" or c.method in ("lad", *pg_methods()):
                 p_pi = torch.log_softmax(logp - self.logp_old, -1)
                 p_a = torch.log_softmax(self.tilt().expand_as(logp), -1)
                 row["tv_ratio"] = float(tv_distance(p_pi, p_a).mean())

@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+from tiltlab.objectives.catalog import names
 
 __all__ = [
     "LORA_KEYS",
-    "OFFLINE_OBJECTIVES",
-    "ONLINE_OBJECTIVES",
     "SECTION_KEYS",
     "STAGE1_KEYS",
     "VALIDATION_KEYS",
@@ -45,9 +44,6 @@ __all__ = [
     "apply_overrides",
     "read_run_config",
 ]
-
-ONLINE_OBJECTIVES = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
-OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
 
 #: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``)
 SECTION_KEYS: dict[str, dict[str, str]] = {
@@ -129,7 +125,8 @@ class RunConfig:
     kind: str = "online"
     """online (GRPOTrainer subclass) | offline (FPA setting, transformers.Trainer subclass)."""
     objective: str = "grpo"
-    """The loss (see ONLINE_OBJECTIVES / OFFLINE_OBJECTIVES); "none" = no training (eval only)."""
+    """The loss: a name the ``kind``'s trainer runs (``tiltlab.objectives.catalog.names("online")`` /
+    ``names("offline")``); "none" = no training (eval only)."""
     ref_model: str | None = None
     """Reference policy pi_ref (default: the starting model)."""
     dataset: str | None = None
@@ -185,7 +182,7 @@ class RunConfig:
             raise ValueError("log_kl_old / log_z_accuracy_correlation are online diagnostics")
         if self.kind not in ("online", "offline"):
             raise ValueError(f"kind must be 'online' or 'offline', got {self.kind!r}")
-        allowed = ONLINE_OBJECTIVES if self.kind == "online" else OFFLINE_OBJECTIVES
+        allowed = names(self.kind)
         if self.objective != "none" and self.objective not in allowed:
             raise ValueError(
                 f"objective {self.objective!r} is not a {self.kind} objective; choose from {allowed} or 'none'"

@@ -9,6 +9,7 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 from __future__ import annotations
 
 from tiltlab.files import write_json
+from tiltlab.objectives.catalog import describe
 
 __all__ = [
     "DEVICE_SWITCHES",
@@ -42,8 +43,8 @@ def add_cli(subparsers) -> None:
         "--objective",
         default=None,
         metavar="NAME",
-        help="the objective, overriding the config's `objective:` (online: grpo, gspo, cispo, sapo, luspo, vespo, "
-        "flowrl, disa, vargrad, lad, paced; offline: offrl, fpa, dpo, rpo, kto, simper, apo, sft)",
+        help=f"the objective, overriding the config's `objective:` (online: {describe('online')}; "
+        f"offline: {describe('offline')})",
     )
     p.add_argument(
         "--resume",

@@ -11,8 +11,6 @@ import dataclasses
 from pathlib import Path
 
 from tiltlab.llm.base.run_config import (
-    OFFLINE_OBJECTIVES,
-    ONLINE_OBJECTIVES,
     SECTION_KEYS,
     RunConfig,
     apply_overrides,
@@ -20,8 +18,6 @@ from tiltlab.llm.base.run_config import (
 )
 
 __all__ = [
-    "OFFLINE_OBJECTIVES",
-    "ONLINE_OBJECTIVES",
     "SECTION_KEYS",
     "RunConfig",
     "apply_overrides",

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 from transformers import Trainer, TrainingArguments
 
+from tiltlab.objectives.catalog import SPECS, describe, names
 from tiltlab.objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
 from tiltlab.objectives.offline import apo_value
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
@@ -46,19 +47,19 @@ from tiltlab.objectives.tb import sequence_logprob
 
 from .signal_guard import SignalGuardMixin
 
-__all__ = ["OFFLINE_OBJECTIVES", "OfflineCollator", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows"]
+__all__ = ["OfflineCollator", "OfflineConfig", "OfflineTrainer", "prepare_offline_rows"]
 
-OFFLINE_OBJECTIVES = ("offrl", "fpa", "dpo", "rpo", "kto", "simper", "apo", "sft")
-PAIRED = ("dpo", "rpo", "simper")
-REWARDED = ("offrl", "fpa", "kto", "apo")
-"""Objectives whose loss reads the rows' rewards (all rewards equal: no signal, warned about)."""
+
+def _needs(objective: str, batch_field: str) -> bool:
+    """Whether the declared objective reads ``batch_field`` (``rejected``: paired rows; ``rewards``)."""
+    return batch_field in SPECS[objective].needs
 
 
 @dataclass
 class OfflineConfig(TrainingArguments):
     """``TrainingArguments`` + the offline objective and its hyperparameters (FPA App. B.2 defaults)."""
 
-    objective: str = field(default="fpa", metadata={"help": f"one of {OFFLINE_OBJECTIVES}"})
+    objective: str = field(default="fpa", metadata={"help": f"one of {describe('offline')}"})
     fpa_lam: float = field(default=1.0, metadata={"help": "FPA extrapolation lambda (eq. 4)"})
     fpa_apply_to: str = field(
         default="all", metadata={"help": "all | correct | incorrect: rows whose weight uses pi_hat"}
@@ -76,8 +77,8 @@ class OfflineConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.objective not in OFFLINE_OBJECTIVES:
-            raise ValueError(f"objective must be one of {OFFLINE_OBJECTIVES}, got {self.objective!r}")
+        if self.objective not in names("offline"):
+            raise ValueError(f"objective must be one of {names('offline')}, got {self.objective!r}")
         if self.fpa_apply_to not in ("all", "correct", "incorrect"):
             raise ValueError(f"fpa_apply_to must be all | correct | incorrect, got {self.fpa_apply_to!r}")
         if not (self.fpa_lam >= 0 and math.isfinite(self.fpa_lam)):
@@ -99,7 +100,7 @@ def prepare_offline_rows(rows: Sequence[dict], objective: str, apo_beta1: float 
         for k in ("prompt", "completion", "reward"):
             if k not in r:
                 raise ValueError(f"offline row {i} lacks {k!r} (need prompt, completion, reward)")
-    if objective in PAIRED:
+    if _needs(objective, "rejected"):
         by_prompt: dict[str, dict[str, list]] = defaultdict(lambda: {"w": [], "l": []})
         for r in rows:
             by_prompt[r["prompt"]]["w" if float(r["reward"]) > 0 else "l"].append(r["completion"])
@@ -240,7 +241,7 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
                 self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
         self._dyn: dict[str, list[float]] = defaultdict(list)
         ds = kwargs.get("train_dataset")
-        if args.objective in REWARDED and ds is not None and "reward" in ds.column_names:
+        if _needs(args.objective, "rewards") and ds is not None and "reward" in ds.column_names:
             self._signal_dataset_rewards(ds["reward"])  # vacuous-run guard: all rewards equal
 
     # ---- scoring (the read-out runs inside the head's forward: see _head_readout)
@@ -328,7 +329,7 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
         log-probs (``[B, L]``, the target mask as the mask: the adapter sums them per sequence)."""
         a = self.args
         obj = a.objective
-        if obj in PAIRED:
+        if _needs(obj, "rejected"):
             lw, ll = self._seq(model, inputs)[2], self._seq(model, inputs, "_l")[2]  # token log-probs
             with_ref = obj != "simper"
             rejected = ObjectiveBatch(

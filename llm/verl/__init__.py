@@ -55,11 +55,11 @@ from .runner import compute_score, main, prepare, verl_rows, worker_class
 from .tb import (
     ENGINE_VENDOR,
     LOG_Z_KEY,
-    TB_OBJECTIVES,
     TBSettings,
     log_z_engine_class,
     pool_prompt_hidden,
     tb_loss_fn,
+    tb_objectives,
     use_log_z_engine,
 )
 
@@ -68,7 +68,6 @@ __all__ = [
     "ENGINE_VENDOR",
     "LOG_Z_KEY",
     "POLICY_LOSSES",
-    "TB_OBJECTIVES",
     "VERL_AGG",
     "TBSettings",
     "compute_score",
@@ -80,6 +79,7 @@ __all__ = [
     "register_lad",
     "sequence_advantages",
     "tb_loss_fn",
+    "tb_objectives",
     "use_log_z_engine",
     "verl_rows",
     "worker_class",

@@ -13,6 +13,7 @@ from torch import Tensor
 from verl.trainer.ppo import core_algos
 
 from tiltlab.objectives import lad, pg
+from tiltlab.objectives.catalog import names
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 
@@ -226,6 +227,26 @@ def _cispo(
     return out.loss * factor, _metrics({"pg_clipfrac": out.metrics["clip_frac"]})
 
 
+def _declared_policy(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+    *,
+    name: str,
+) -> tuple[Tensor, dict[str, Any]]:
+    """A declared ``verl`` objective of the ``pg`` family without its own function here: the registry's
+    ``name`` at its declared defaults with veRL's aggregation (``loss_agg`` and its token counts)."""
+    mode = _agg(loss_agg_mode)
+    mask = response_mask.to(log_prob.dtype)
+    kw, factor = _aggregation_args(_global(config), mode, mask)
+    out = _policy(name, old_log_prob, log_prob, advantages, mask, rollout_is_weights, loss_agg=mode, **kw)
+    return out.loss * factor, _metrics({"pg_clipfrac": out.metrics["clip_frac"]} if "clip_frac" in out.metrics else {})
+
+
 def _sapo(
     old_log_prob: Tensor,
     log_prob: Tensor,
@@ -354,6 +375,9 @@ def register() -> None:
     _register_loss("tiltlab_gspo", _gspo)
     _register_loss("tiltlab_cispo", _cispo)
     _register_loss("tiltlab_sapo", _sapo)
+    for name in names("verl", family="pg"):  # a declared policy objective without its own function above
+        if f"tiltlab_{name}" not in POLICY_LOSSES:
+            _register_loss(f"tiltlab_{name}", partial(_declared_policy, name=name))
     for div in sorted(lad.F_DIVERGENCES):
         register_lad(div, 1.0, "token", name=f"tiltlab_lad_{div}")
         register_lad(div, 1.0, "sequence", name=f"tiltlab_lad_{div}_seq")

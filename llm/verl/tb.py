@@ -9,13 +9,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tiltlab.objectives.catalog import names
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.transforms import affine_reward
 
 from .policy import _cfg_get
 
 # ----------------------------------------------------------------- trajectory balance (actor loss)
-TB_OBJECTIVES = ("disa", "flowrl", "paced")
+
+
+def tb_objectives() -> tuple[str, ...]:
+    """The TB objectives the veRL plug-in runs as the whole actor loss: declared with trainer ``verl``,
+    family ``tb``."""
+    return names("verl", family="tb")
+
+
 LOG_Z_KEY = "tiltlab_log_z"
 """Where the data step writes DISA's frozen label (``extra_info[LOG_Z_KEY]`` of each row) and where the
 log Z head engine puts the learned log Z in the model output."""
@@ -56,8 +64,8 @@ class TBSettings:
     """dropout in the head (FlowRL: 0.1)."""
 
     def __post_init__(self) -> None:
-        if self.objective not in TB_OBJECTIVES:
-            raise ValueError(f"objective must be one of {TB_OBJECTIVES}, got {self.objective!r}")
+        if self.objective not in tb_objectives():
+            raise ValueError(f"objective must be one of {tb_objectives()}, got {self.objective!r}")
         if not self.beta > 0 or not self.paced_kl_coef > 0:
             raise ValueError(f"beta and paced_kl_coef must be > 0, got {self.beta}, {self.paced_kl_coef}")
         if self.weight_clip not in ("max", "eps", "none"):

@@ -18,6 +18,7 @@ import torch
 
 from tests.objectives.opinfo import BY_NAME
 from tiltlab.objectives import lad, offline, pg, registry, tb
+from tiltlab.objectives.catalog import names
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.registry import OBJECTIVES, ObjectiveBatch, get_objective
 
@@ -314,7 +315,7 @@ def test_trl_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
 
     from tiltlab.llm.train import online
 
-    assert set(online.LOSSES) == set(TRL) and set(TRL) <= set(OBJECTIVES)
+    assert set(online.LOSSES) == set(TRL) and names("online") == TRL
     b = _batch()
     mask = b.mask
     inputs = {"advantages": b.advantages, "tb_reward": b.rewards, "rewards": b.rewards, "log_z": b.log_z.detach()}
@@ -344,7 +345,7 @@ def test_offline_trainer_dispatches_through_the_registry(monkeypatch, tmp_path):
 
     from tiltlab.llm.train import offline as offline_trainer
 
-    assert set(offline_trainer.OFFLINE_OBJECTIVES) == set(OFFLINE) and set(OFFLINE) <= set(OBJECTIVES)
+    assert names("offline") == OFFLINE and set(OFFLINE) <= set(OBJECTIVES)
     b = _batch()
     sel = b.mask[:, 1:] > 0
 
@@ -380,7 +381,7 @@ def test_verl_plugin_dispatches_through_the_registry(monkeypatch):
     pytest.importorskip("verl")
     from tiltlab.llm import verl as plugin
 
-    assert set(plugin.TB_OBJECTIVES) <= set(OBJECTIVES)  # tb_loss_fn calls get_objective(settings.objective)
+    assert plugin.tb_objectives() == ("flowrl", "disa", "paced")  # tb_loss_fn calls get_objective(settings.objective)
     from verl.workers.config import ActorConfig
 
     cfg = ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2)

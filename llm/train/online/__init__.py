@@ -54,11 +54,11 @@ token sum over the token count of the whole accumulation window, across processe
 it; ``cispo``/``vespo`` normalized like ``dapo``, ``sapo`` like ``grpo``, ``luspo`` by the
 sequence mean of token sums, at ``importance_sampling_level="sequence"``); the other objectives
 take no ``loss_type``. Any other value, and every TRL loss option the objectives do not
-implement, is refused by :class:`TiltGRPOConfig` (:data:`LOSS_TYPES`). TRL's
+implement, is refused by :class:`TiltGRPOConfig` (:func:`~.config.loss_types`). TRL's
 ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask, from vLLM's
 ``sampling_per_token_logps`` when present, else ``pi_old``'s) is honoured by the GRPO family
-(:data:`GRPO_FAMILY`) and refused for the others; ``use_bias_correction_kl`` is honoured where the
-KL term is TRL's per-token one (:data:`BIAS_CORRECTED_KL`).
+(:func:`grpo_family`: the objectives declared with tag ``off_policy_mask``) and refused for the others; ``use_bias_correction_kl`` is honoured where the
+KL term is TRL's per-token one (:func:`bias_corrected_kl`).
 
 Groups and micro-batches: TRL shuffles a generation batch and splits it over gradient-
 accumulation micro-batches and processes, so a group's G completions are usually NOT together in
@@ -70,30 +70,25 @@ its gradient contribution is zero at the minimizer anyway (``dL/dlog Z = 0``), a
 ``logp = logp_old`` numerically, so the loss equals TB at the batch-optimal ``log Z``.
 
 Modules: :mod:`.config` (:class:`TiltGRPOConfig` and the tables of what each objective implements),
-:mod:`.losses` (the loss function of each objective, :data:`LOSSES`), :mod:`.trainer`
+:mod:`.losses` (the loss function of each objective, :func:`loss_function`), :mod:`.trainer`
 (:class:`TiltGRPOTrainer`); the public names are re-exported here.
 """
 
 from __future__ import annotations
 
-from .config import (
-    BIAS_CORRECTED_KL,
-    GRPO_FAMILY,
-    KL_IN_REWARD,
-    OBJECTIVES,
-    TiltGRPOConfig,
-)
-from .losses import LOSSES, LossBatch
+from .config import TiltGRPOConfig, bias_corrected_kl, grpo_family, kl_in_reward, objectives
+from .losses import LOSSES, LossBatch, loss_function
 from .trainer import TiltGRPOTrainer, informative_groups
 
 __all__ = [
-    "BIAS_CORRECTED_KL",
-    "GRPO_FAMILY",
-    "KL_IN_REWARD",
     "LOSSES",
-    "OBJECTIVES",
     "LossBatch",
     "TiltGRPOConfig",
     "TiltGRPOTrainer",
+    "bias_corrected_kl",
+    "grpo_family",
     "informative_groups",
+    "kl_in_reward",
+    "loss_function",
+    "objectives",
 ]

@@ -9,30 +9,61 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
+from tiltlab.objectives.catalog import describe, names
 from tiltlab.objectives.lad import F_DIVERGENCES
 
 from ..vllm_sync import cpu_trainer_bf16
 
-OBJECTIVES = ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo", "flowrl", "disa", "vargrad", "lad", "paced")
-_TRL_LOSS_OBJECTIVES = ("cispo", "sapo", "luspo", "vespo")
-GRPO_FAMILY = ("grpo", "gspo", *_TRL_LOSS_OBJECTIVES)
-"""The objectives that honour TRL's ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask)."""
-BIAS_CORRECTED_KL = ("grpo", *_TRL_LOSS_OBJECTIVES)
-"""The objectives whose KL term is TRL's per-token one and honours ``use_bias_correction_kl`` (the KL times
-the importance ratio); ``gspo`` and ``lad`` add a token-mean KL and refuse it when ``beta != 0``."""
-KL_IN_REWARD = ("grpo",)
-"""The objectives that implement ``kl_in_reward`` (TRL's ``beta`` as the sequence-level k1 penalty in the reward)."""
+
+def objectives() -> tuple[str, ...]:
+    """The objectives the TRL trainer runs: the declared names with trainer ``online``."""
+    return names("online")
+
+
+def grpo_family() -> tuple[str, ...]:
+    """The objectives that honour TRL's ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy
+    sequence mask): tag ``off_policy_mask``."""
+    return names("online", tag="off_policy_mask")
+
+
+def bias_corrected_kl() -> tuple[str, ...]:
+    """The objectives whose KL term is TRL's per-token one and honours ``use_bias_correction_kl`` (the
+    KL times the importance ratio): tag ``bias_corrected_kl``; ``gspo`` and ``lad`` add a token-mean KL
+    and refuse it when ``beta != 0``."""
+    return names("online", tag="bias_corrected_kl")
+
+
+def kl_in_reward() -> tuple[str, ...]:
+    """The objectives that implement ``kl_in_reward`` (TRL's ``beta`` as the sequence-level k1 penalty
+    in the reward): tag ``kl_in_reward``."""
+    return names("online", tag="kl_in_reward")
+
+
+def tb_family() -> tuple[str, ...]:
+    """The trajectory-balance objectives (family ``tb``): a transformed reward, log Z, the TB weight."""
+    return names("online", family="tb")
+
+
+def needs_ref() -> tuple[str, ...]:
+    """The objectives that read pi_ref's log-probs even at TRL's ``beta = 0`` (tag ``needs_ref``)."""
+    return names("online", tag="needs_ref")
+
+
+def loss_types(objective: str) -> tuple[str, ...]:
+    """TRL ``loss_type`` values ``objective`` implements with TRL's normalization (the first is the
+    default): ``grpo``'s and ``gspo``'s, and an objective tagged ``trl_loss_type`` is its own loss type;
+    the other objectives define their own per-sequence mean and take no ``loss_type``."""
+    if objective in names(tag="trl_loss_type"):
+        return (objective,)
+    return _GRPO_LOSS_TYPES.get(objective, ())
+
+
+_GRPO_LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",)}
 TRL_ADVANTAGE_EPS = 1e-4
 """TRL's ``eps`` in ``(r - mean) / (std + eps)`` (``GRPOTrainer._generate_and_score_completions``)."""
 ADV_SCALE = {"group": "std", "batch": "batch", "none": "none"}
 """TRL ``scale_rewards`` -> :func:`~tiltlab.objectives.pg.group_advantages` ``scale``."""
-_TB = ("flowrl", "disa", "vargrad", "paced")
-_NEEDS_REF = ("flowrl", "disa", "vargrad")
-_LEARNED_Z = ("flowrl", "paced")
 REWARD_TRANSFORMS = ("affine", "identity", "group_norm")
-LOSS_TYPES = {"grpo": ("dapo", "grpo", "bnpo", "dr_grpo"), "gspo": ("grpo",), **{o: (o,) for o in _TRL_LOSS_OBJECTIVES}}
-"""TRL ``loss_type`` values each objective implements with TRL's normalization (the first is the
-default); the other objectives define their own per-sequence mean and take no ``loss_type``."""
 IS_LEVEL = {
     "grpo": "token",
     "gspo": "sequence",
@@ -52,11 +83,11 @@ class TiltGRPOConfig(GRPOConfig):
     ``tilt_beta`` and MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is
     ``paced_kl_coef``."""
 
-    objective: str = field(default="grpo", metadata={"help": f"one of {OBJECTIVES}"})
+    objective: str = field(default="grpo", metadata={"help": f"one of {describe('online')}"})
     loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
         default=None,
         metadata={
-            "help": f"TRL's loss normalization: {LOSS_TYPES}; default dapo (grpo), grpo (gspo), the objective's "
+            "help": f"TRL's loss normalization: {_GRPO_LOSS_TYPES}; default dapo (grpo), grpo (gspo), the objective's "
             "name (cispo/sapo/luspo/vespo); unset otherwise"
         },
     )
@@ -175,8 +206,8 @@ class TiltGRPOConfig(GRPOConfig):
             self.bf16, bool(self.fp16), bool(self.use_vllm), bool(self.use_cpu) or not torch.cuda.is_available()
         )
         super().__post_init__()
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.objective not in objectives():
+            raise ValueError(f"objective must be one of {objectives()}, got {self.objective!r}")
         self._check_trl_options()
         if self.reward_transform is None:
             self.reward_transform = "group_norm" if self.objective == "flowrl" else "affine"
@@ -213,14 +244,14 @@ class TiltGRPOConfig(GRPOConfig):
         """Resolve ``loss_type`` / ``importance_sampling_level`` per objective and refuse every TRL
         loss option the objectives do not implement: a value the trainer cannot honour is an error."""
         obj = self.objective
-        types = LOSS_TYPES.get(obj, ())
+        types = loss_types(obj)
         if self.loss_type is None:
             self.loss_type = types[0] if types else None
         elif self.loss_type not in types:
             hint = f"; for TRL's loss_type={self.loss_type!r} set objective={self.loss_type!r}"
             raise ValueError(
                 f"objective={obj!r} implements loss_type in {types or '(none: leave it unset)'}, got "
-                f"{self.loss_type!r}{hint if self.loss_type in _TRL_LOSS_OBJECTIVES else ''}"
+                f"{self.loss_type!r}{hint if self.loss_type in names(tag='trl_loss_type') else ''}"
             )
         level = IS_LEVEL.get(obj)
         if self.importance_sampling_level is None:
@@ -251,20 +282,20 @@ class TiltGRPOConfig(GRPOConfig):
                 "objective='cispo' caps the importance ratio at epsilon_high (ScaleRL's eps_max; TRL recommends 5.0): "
                 "set it (TRL would fall back to epsilon)"
             )
-        if self.off_policy_mask_threshold is not None and obj not in GRPO_FAMILY:
+        if self.off_policy_mask_threshold is not None and obj not in grpo_family():
             raise ValueError(
-                f"off_policy_mask_threshold is implemented by objective in {GRPO_FAMILY} only, got objective={obj!r}"
+                f"off_policy_mask_threshold is implemented by objective in {grpo_family()} only, got objective={obj!r}"
             )
         if obj in ("gspo", "lad") and self.beta != 0.0 and self.use_bias_correction_kl:
             raise ValueError(
                 f"objective={obj!r} does not implement use_bias_correction_kl (objectives that do: "
-                f"{BIAS_CORRECTED_KL}); set it False (or beta=0)"
+                f"{bias_corrected_kl()}); set it False (or beta=0)"
             )
 
     def _check_kl_in_reward(self) -> None:
-        if self.objective not in KL_IN_REWARD:
+        if self.objective not in kl_in_reward():
             raise ValueError(
-                f"kl_in_reward is implemented by objective in {KL_IN_REWARD} only, got objective={self.objective!r}"
+                f"kl_in_reward is implemented by objective in {kl_in_reward()} only, got objective={self.objective!r}"
             )
         if not self.beta > 0.0:
             raise ValueError(

@@ -1,5 +1,5 @@
 """The objectives of :class:`~tiltlab.llm.train.online.TiltGRPOTrainer`: one loss function per entry
-of :data:`~tiltlab.llm.train.online.config.OBJECTIVES`, each building an
+the TRL trainer runs (:func:`~tiltlab.llm.train.online.config.objectives`), each building an
 :class:`~tiltlab.objectives.registry.ObjectiveBatch` from TRL's batch and calling the registry (no
 formula is written here)."""
 
@@ -11,11 +11,10 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from tiltlab.objectives.catalog import SPECS, names
 from tiltlab.objectives.correction import kl_penalty
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
-
-from .config import OBJECTIVES
 
 
 class TrainerView(Protocol):
@@ -299,7 +298,30 @@ LOSSES: dict[str, LossFn] = {
     "lad": lad_objective,
     "paced": paced_objective,
 }
-"""Objective name -> loss function; a new objective is one function and one entry here (and in
-:data:`OBJECTIVES`, whose order is the documented one)."""
-if set(LOSSES) != set(OBJECTIVES):  # pragma: no cover - a module-level consistency check
-    raise ImportError(f"LOSSES {sorted(LOSSES)} and OBJECTIVES {sorted(OBJECTIVES)} differ")
+"""Objective name -> the loss function of the objectives whose TRL batch or options are their own; a
+declared ``online`` objective of the ``pg`` family without an entry here runs through
+:func:`policy_objective` (see :func:`loss_function`)."""
+if not set(LOSSES) <= set(names("online")):  # pragma: no cover - a module-level consistency check
+    raise ImportError(f"LOSSES {sorted(set(LOSSES) - set(names('online')))} are not declared online objectives")
+
+
+def policy_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
+    """A GRPO-family objective on TRL's batch with the family's shared options only: the registry's
+    entry ``trainer.args.objective`` at its declared defaults, TRL's IS ratio per token, the KL to ref
+    with TRL's ``beta`` (its loss function takes ``kl_coef`` / ``kl_ratio_weighted``)."""
+    out = _policy(trainer, str(trainer.args.objective), b, _token_is_weight(b), **_family(trainer, b))
+    return LossOutput(out.loss, _kept({k: v for k, v in out.metrics.items() if k == "clip_frac"}, out.metrics))
+
+
+def loss_function(objective: str) -> LossFn:
+    """The TRL loss function of ``objective``: its :data:`LOSSES` entry, or :func:`policy_objective` for a
+    declared ``online`` objective of the ``pg`` family; any other is a one-line error."""
+    if objective in LOSSES:
+        return LOSSES[objective]
+    if objective not in names("online"):
+        raise ValueError(f"objective {objective!r} is not run by the TRL trainer; choose from {names('online')}")
+    if SPECS[objective].family == "pg":
+        return policy_objective
+    raise ValueError(
+        f"objective {objective!r} (family {SPECS[objective].family!r}) has no TRL loss function: add one to LOSSES"
+    )

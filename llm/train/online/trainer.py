@@ -1,5 +1,5 @@
 """The trainer: :class:`TiltGRPOTrainer`, TRL's ``GRPOTrainer`` whose loss is an entry of
-:data:`~tiltlab.llm.train.online.losses.LOSSES` (see the package's docstring)."""
+:func:`~tiltlab.llm.train.online.losses.loss_function` (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from tiltlab.objectives.transforms import affine_reward
 from ..paced import PacedMixin
 from ..signal_guard import SignalGuardMixin
 from ..vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
-from .config import _NEEDS_REF, _TB, ADV_SCALE, TRL_ADVANTAGE_EPS, TiltGRPOConfig
-from .losses import _WINDOW_TOKENS, LOSSES, LossBatch
+from .config import ADV_SCALE, TRL_ADVANTAGE_EPS, TiltGRPOConfig, needs_ref, tb_family
+from .losses import _WINDOW_TOKENS, LossBatch, loss_function
 
 LogZFn = Callable[[list[Any]], Tensor]
 TILT_STATE = "tiltlab_state_{}.pt"
@@ -118,7 +118,7 @@ def _record_profiled_times() -> None:
 
 
 class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
-    """``GRPOTrainer`` whose loss is one of :data:`OBJECTIVES` from ``objectives/``.
+    """``GRPOTrainer`` whose loss is one of the declared ``online`` objectives from ``objectives/``.
 
     Extra arguments:
         log_z_fn: DISA's frozen partition function: ``log_z_fn(prompts) -> [N]`` (the Stage-2
@@ -149,7 +149,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         # TRL's KL-to-ref coefficient, used by grpo/gspo/lad in the loss; with kl_in_reward it goes into the
         # reward instead (TRL's own beta stays, so that TRL builds the reference model and its log-probs)
         self.kl_coef = 0.0 if args.kl_in_reward else float(args.beta)
-        if obj in _NEEDS_REF and args.beta == 0.0:
+        if obj in needs_ref() and args.beta == 0.0:
             # TRL builds the reference model and its log-probs only when beta != 0; the TB losses
             # need them and ignore TRL's beta (their KL to ref is only logged).
             args.beta = 1.0
@@ -375,12 +375,12 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             self._metrics["eval"]["accuracy"].append(float((r_global > 0.5).float().mean()))
         if args.kl_in_reward:
             self._apply_kl_in_reward(out, r_global, g, mode)
-        if obj not in _TB and obj != "lad":
+        if obj not in tb_family() and obj != "lad":
             return out
         mask = out["completion_mask"].float()
         if "old_per_token_logps" not in out:
             out["old_per_token_logps"] = self._behaviour_logps(out, mode)
-        if obj in _TB:
+        if obj in tb_family():
             if args.reward_transform == "group_norm":
                 r_tilde = group_advantages(r_global.view(-1, g), scale="std").reshape(-1)
             else:
@@ -402,7 +402,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
                 detach=True,
             )
             out["log_z"] = self._local(lz.repeat_interleave(g), n)
-        if args.log_z_accuracy_correlation and mode == "train" and obj in _TB:
+        if args.log_z_accuracy_correlation and mode == "train" and obj in tb_family():
             self._log_log_z_accuracy(out, g)
         if obj == "paced" and mode == "train" and self._replay is not None:
             out = self._paced_replay(out, inputs, r_global, g)
@@ -551,7 +551,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         isr = inputs.get("importance_sampling_ratio")
         seq_w = None if isr is None else sequence_is_weight(isr, mask, self.vllm_importance_sampling_clip_max)
         batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask, mode)
-        out = LOSSES[obj](self, model, batch)
+        out = loss_function(obj)(self, model, batch)
         loss, metrics = out.loss, dict(out.metrics)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from tiltlab.llm.train.online import OBJECTIVES, TiltGRPOConfig, TiltGRPOTrainer
+from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer, objectives
 
 B, T = 6, 4
 
@@ -101,7 +101,7 @@ def _args(tmp_path, objective: str, **kw) -> TiltGRPOConfig:
 
 # every objective multiplies its loss by the sampler's IS ratio, except VESPO, which folds it into its
 # Gamma weight of the sequence ratio instead (TRL's "vespo": test_trl_loss_types.py checks that)
-CASES = [(obj, {"epsilon_high": 5.0} if obj == "cispo" else {}) for obj in OBJECTIVES if obj != "vespo"]
+CASES = [(obj, {"epsilon_high": 5.0} if obj == "cispo" else {}) for obj in objectives() if obj != "vespo"]
 CASES += [("lad", {"lad_level": "sequence"})]
 
 

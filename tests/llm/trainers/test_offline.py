@@ -12,12 +12,12 @@ import torch
 pytest.importorskip("transformers")
 
 from tiltlab.llm.train.offline import (
-    OFFLINE_OBJECTIVES,
     OfflineCollator,
     OfflineConfig,
     OfflineTrainer,
     prepare_offline_rows,
 )
+from tiltlab.objectives.catalog import names
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def _trainer(tiny_dir, tmp_path, rows, objective, **kw):
     return OfflineTrainer(model=model, args=args, ref_model=ref, train_dataset=ds, data_collator=OfflineCollator(tok))
 
 
-@pytest.mark.parametrize("objective", OFFLINE_OBJECTIVES)
+@pytest.mark.parametrize("objective", names("offline"))
 def test_offline_objective_trains(objective, tiny_dir, tmp_path, offline_rows):
     tr = _trainer(tiny_dir, tmp_path, offline_rows, objective, log_logprob_dynamics=True)
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}

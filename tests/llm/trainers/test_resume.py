@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("trl")
 
 from tiltlab.cli import main
-from tiltlab.llm.base.run_config import ONLINE_OBJECTIVES
+from tiltlab.objectives.catalog import names
 
 REWARD = "def parity(prompts, completions, completion_ids, **kw):\n    return [float(sum(ids) % 2 == 0) for ids in completion_ids]\n"
 
@@ -134,7 +134,7 @@ def _assert_resume_identical(tmp_path, cfg, resume_at: int, *resume_args):
 #: TRL's other loss types hold no state of their own (no log Z head, no replay buffer): they resume through
 #: the same path as grpo; cispo stands for the four (each one's loss is tested against TRL's trainer loss in
 #: tests/llm/trainers/test_trainer_loss_types.py), which keeps four more real training runs out of the default test run
-RESUMED = [o for o in ONLINE_OBJECTIVES if o not in ("sapo", "luspo", "vespo")]
+RESUMED = [o for o in names("online") if o not in ("sapo", "luspo", "vespo")]
 
 
 @pytest.mark.parametrize("objective", RESUMED)

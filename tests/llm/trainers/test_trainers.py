@@ -299,11 +299,12 @@ def test_every_section_key_lands_on_its_trainer_field_away_from_default(tmp_path
     # every objective section, at a non-default value, reaches the trainer config field named after it
     import dataclasses
 
-    from tiltlab.llm.base.run_config import OFFLINE_OBJECTIVES, SECTION_KEYS, RunConfig
+    from tiltlab.llm.base.run_config import SECTION_KEYS, RunConfig
     from tiltlab.llm.train.offline import OfflineConfig
+    from tiltlab.objectives.catalog import names
 
     for section, keys in SECTION_KEYS.items():
-        kind = "offline" if section in OFFLINE_OBJECTIVES else "online"
+        kind = "offline" if section in names("offline") else "online"
         cls = OfflineConfig if kind == "offline" else TiltGRPOConfig
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, target in keys.items():

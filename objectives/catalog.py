@@ -1,0 +1,248 @@
+"""The declaration of every objective: its name, loss function, batch needs, family, the trainers that
+run it, its capabilities and its documentation, in one table (:data:`SPECS`).
+
+This module imports nothing (no torch), so a config check, a CLI's ``--help`` or the simulator's
+config can read the names without loading a tensor library. :mod:`tiltlab.objectives.registry` pairs
+each entry with its adapter (the loss call on a common batch); every trainer's list of objective
+names, CLI choices and config schema is :func:`names` of this table, so adding an objective is its loss
+function, one :class:`Spec` here, its adapter in the registry and its OpInfo entry in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FAMILIES", "SPECS", "TAGS", "TRAINERS", "Spec", "names"]
+
+TRAINERS = ("online", "offline", "sim", "verl")
+"""The dispatchers of the registry: ``online`` (the TRL trainer, ``llm/train/online/``), ``offline``
+(``llm/train/offline.py``), ``sim`` (the simulator, ``sim/train.py``), ``verl`` (the veRL plug-in,
+``llm/verl/``)."""
+
+FAMILIES = ("pg", "lad", "tb", "offline")
+"""What a trainer builds for an entry: ``pg`` (the GRPO family: advantages, ``pi_old``, clip options),
+``lad`` (advantages, an f-divergence), ``tb`` (the trajectory-balance family: a transformed reward,
+log Z, the rollout weight), ``offline`` (a fixed dataset: the FPA setting)."""
+
+TAGS = {
+    "trl_loss_type": "the objective is one of TRL's own loss_type values (its name is the loss_type)",
+    "off_policy_mask": "honours TRL's off_policy_mask_threshold (DeepSeek-V3.2's off-policy sequence mask)",
+    "bias_corrected_kl": "its KL term is TRL's per-token one and honours use_bias_correction_kl",
+    "kl_in_reward": "implements kl_in_reward (TRL's beta as the sequence-level k1 penalty in the reward)",
+    "needs_ref": "reads the reference policy's log-probs (TRL's beta = 0 does not skip the reference model)",
+    "learned_log_z": "log Z is learned jointly (a log Z head on the policy, or a per-prompt parameter)",
+    "frozen_log_z": "log Z is a frozen per-prompt label (DISA's Stage 2)",
+    "sim_tb": "the simulator reaches it as method='tb' with its log_z mode (sim.train.tb_objective_name)",
+}
+"""The capability tags an entry may carry (:attr:`Spec.tags`), each in words."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The declaration of one objective.
+
+    Attributes:
+        name: the registry key (the trainers' ``objective`` / ``method`` names).
+        loss: the function of this package the adapter calls (``"pg.grpo_loss"``: module.function;
+            the OpInfo registry of the tests names it the same way).
+        needs: the batch fields the adapter reads (checked before the call).
+        family: one of :data:`FAMILIES`: what a trainer builds for it.
+        trainers: the dispatchers of :data:`TRAINERS` that run it.
+        tags: capabilities from :data:`TAGS`.
+        doc: one line on what it is (CLI help, docs).
+        options: the adapter's own options (beyond the loss function's keyword arguments), in words.
+        defaults: option values used where the caller gives none.
+    """
+
+    name: str
+    loss: str
+    needs: tuple[str, ...]
+    family: str
+    trainers: frozenset[str]
+    tags: frozenset[str] = frozenset()
+    doc: str = ""
+    options: str = ""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"objective {self.name!r}: family must be one of {FAMILIES}, got {self.family!r}")
+        bad = sorted(set(self.trainers) - set(TRAINERS)) + sorted(set(self.tags) - set(TAGS))
+        if bad:
+            raise ValueError(f"objective {self.name!r}: unknown trainers/tags {bad}; known {TRAINERS}, {sorted(TAGS)}")
+
+
+_POLICY_NEEDS = ("token_logp_old", "advantages")
+_TB_OPTS = (
+    "beta; logprob_scale ('sum' | 'mean'); anchor ('ref' | 'old'); weight_clip (None: only is_weight; "
+    "'max' | 'eps' | 'none': tb_importance_weight on pi_old), max_weight, eps, eps_high"
+)
+_ON, _OFF, _SIM, _VERL = (frozenset({t}) for t in TRAINERS)
+_PG_TAGS = frozenset({"off_policy_mask", "bias_corrected_kl"})
+_TRL_LOSS = frozenset({"trl_loss_type", *_PG_TAGS})
+
+
+def _pg(name: str, trainers: frozenset[str], tags: frozenset[str], doc: str) -> Spec:
+    return Spec(name, f"pg.{name}_loss", _POLICY_NEEDS, "pg", trainers, tags, doc, f"{name}_loss's keywords")
+
+
+SPECS: dict[str, Spec] = {
+    s.name: s
+    for s in (
+        _pg(
+            "grpo", _ON | _SIM | _VERL, _PG_TAGS | {"kl_in_reward"}, "GRPO's clipped surrogate (PPO clip, optional KL)"
+        ),
+        _pg("gspo", _ON | _SIM | _VERL, frozenset({"off_policy_mask"}), "GSPO: the sequence-level ratio"),
+        _pg("cispo", _ON | _SIM | _VERL, _TRL_LOSS, "CISPO: the clipped stop-gradient IS weight (MiniMax-M1)"),
+        _pg("sapo", _ON | _SIM | _VERL, _TRL_LOSS, "SAPO: the sigmoid-gated ratio (Qwen)"),
+        _pg("luspo", _ON, _TRL_LOSS, "LUSPO: the length-unbiased sequence ratio"),
+        _pg("vespo", _ON, _TRL_LOSS, "VESPO (TRL's loss_type='vespo')"),
+        Spec(
+            "flowrl",
+            "tb.flowrl_loss",
+            ("token_logp_ref", "token_logp_old", "rewards", "log_z"),
+            "tb",
+            _ON | _SIM | _VERL,
+            frozenset({"needs_ref", "learned_log_z"}),
+            "FlowRL: TB with a learned log Z and its code's choices (length-normalised, group-normalised reward)",
+            "flowrl_loss's keywords",
+        ),
+        Spec(
+            "disa",
+            "tb.disa_loss",
+            ("rewards", "log_z"),
+            "tb",
+            _ON | _SIM | _VERL,
+            frozenset({"needs_ref", "frozen_log_z", "sim_tb"}),
+            "DISA Stage 3: TB with the frozen Stage-2 log Z",
+            _TB_OPTS + " (log Z detached)",
+        ),
+        Spec(
+            "vargrad",
+            "tb.tb_loss",
+            ("rewards",),
+            "tb",
+            _ON | _SIM,
+            frozenset({"needs_ref", "sim_tb"}),
+            "VarGrad: TB at the per-group batch-optimal log Z",
+            _TB_OPTS + "; group_size (log Z = tb.vargrad_log_z of the batch when batch.log_z is None; detached)",
+        ),
+        Spec(
+            "lad",
+            "lad.lad_loss",
+            _POLICY_NEEDS,
+            "lad",
+            _ON | _SIM | _VERL,
+            frozenset(),
+            "LAD: f-divergence matching of the advantage distribution",
+            "eta, divergence; level ('sequence': logprob_scale, default 'mean' | 'token': loss_agg, max_len, num_tokens)",
+        ),
+        Spec(
+            "paced",
+            "tb.tb_loss",
+            ("token_logp_old", "rewards", "log_z"),
+            "tb",
+            _ON | _VERL,
+            frozenset({"learned_log_z"}),
+            "PACED-RL: TB anchored on pi_old with a learned log Z that schedules prompts",
+            "kl_coef (tilt r / kl_coef, anchor pi_old); " + _TB_OPTS.split("; ", 1)[1],
+        ),
+        Spec(
+            "tb",
+            "tb.tb_loss",
+            ("rewards", "log_z"),
+            "tb",
+            _SIM,
+            frozenset({"learned_log_z", "sim_tb"}),
+            "TB with a learned per-prompt log Z (the simulator's log_z='learned')",
+            _TB_OPTS + " (log Z attached: a learned one)",
+        ),
+        Spec(
+            "offrl",
+            "offline.offrl_loss",
+            ("rewards",),
+            "offline",
+            _OFF | _SIM,
+            doc="Off-RL: offline policy gradient on R = 2r - 1 (FPA eq. 1)",
+            options="kl_tau (needs token_logp_ref)",
+        ),
+        Spec(
+            "fpa",
+            "offline.fpa_loss",
+            ("token_logp_future", "rewards"),
+            "offline",
+            _OFF | _SIM,
+            doc="FPA: Off-RL with the logit-extrapolated future policy",
+        ),
+        Spec(
+            "dpo",
+            "offline.dpo_loss",
+            ("token_logp_ref", "rejected"),
+            "offline",
+            _OFF | _SIM,
+            doc="DPO on (winner, loser) pairs",
+            options="beta",
+        ),
+        Spec(
+            "rpo",
+            "offline.rpo_loss",
+            ("token_logp_ref", "rejected"),
+            "offline",
+            _OFF,
+            doc="RPO: DPO plus the winners' length-normalised NLL",
+            options="beta, alpha",
+        ),
+        Spec(
+            "kto",
+            "offline.kto_loss",
+            ("token_logp_ref", "rewards"),
+            "offline",
+            _OFF,
+            doc="KTO on desirable / undesirable rows",
+            options="beta, lambda_w, lambda_l, z0",
+        ),
+        Spec(
+            "simper",
+            "offline.simper_loss",
+            ("rejected",),
+            "offline",
+            _OFF,
+            doc="SimPER: reference-free inverse perplexity on pairs",
+        ),
+        Spec(
+            "apo",
+            "offline.apo_loss",
+            ("token_logp_ref", "rewards", "values"),
+            "offline",
+            _OFF,
+            doc="A*-PO: regression onto the estimated optimal value",
+            options="beta2",
+        ),
+        Spec("sft", "offline.sft_loss", (), "offline", _OFF | _SIM, doc="SFT: the negative log-likelihood of the rows"),
+    )
+}
+"""Objective name -> :class:`Spec`, in the documented order (every list derived from it keeps it)."""
+
+
+def names(trainer: str | None = None, *, family: str | None = None, tag: str | None = None) -> tuple[str, ...]:
+    """The declared names, in the table's order, that ``trainer`` (one of :data:`TRAINERS`) runs, of
+    ``family`` (:data:`FAMILIES`) and carrying ``tag`` (:data:`TAGS`); None selects all. Read at call
+    time, so an entry added by :func:`tiltlab.objectives.registry.registered` is in every list derived
+    from it."""
+    for value, known, what in ((trainer, TRAINERS, "trainer"), (family, FAMILIES, "family"), (tag, tuple(TAGS), "tag")):
+        if value is not None and value not in known:
+            raise ValueError(f"unknown {what} {value!r}; known: {list(known)}")
+    return tuple(
+        n
+        for n, s in SPECS.items()
+        if (trainer is None or trainer in s.trainers)
+        and (family is None or s.family == family)
+        and (tag is None or tag in s.tags)
+    )
+
+
+def describe(trainer: str) -> str:
+    """``"grpo, gspo, ..."``: the names ``trainer`` runs, for a help text."""
+    return ", ".join(names(trainer))
