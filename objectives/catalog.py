@@ -11,10 +11,22 @@ function, one :class:`Spec` here, its adapter in the registry and its OpInfo ent
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-__all__ = ["FAMILIES", "SPECS", "TAGS", "TRAINERS", "Spec", "names"]
+__all__ = [
+    "FAMILIES",
+    "RENAMED",
+    "SPECS",
+    "TAGS",
+    "TB_OPTIONS",
+    "TRAINERS",
+    "Option",
+    "Spec",
+    "names",
+    "options_dataclass",
+    "renamed",
+]
 
 TRAINERS = ("online", "offline", "sim", "verl")
 """The dispatchers of the registry: ``online`` (the TRL trainer, ``llm/train/online/``), ``offline``
@@ -37,6 +49,83 @@ TAGS = {
     "sim_tb": "the simulator reaches it as method='tb' with its log_z mode (sim.train.tb_objective_name)",
 }
 """The capability tags an entry may carry (:attr:`Spec.tags`), each in words."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One knob, under the one name it has in the registry's options, the TRL trainer's config
+    (``TiltGRPOConfig``), the veRL plug-in's ``TBSettings`` and a run config's objective section.
+
+    Attributes:
+        name: the knob's name everywhere.
+        type: its annotation (a dataclass field built from it gets this type).
+        default: its default.
+        doc: what it is (the fields' ``help``).
+        choices: the values it takes, when it is one of a few.
+    """
+
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] = ()
+
+    def check(self, value: Any) -> None:
+        """A one-line ValueError when ``value`` is not one of :attr:`choices`."""
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
+
+
+TB_OPTIONS: tuple[Option, ...] = (
+    Option("tilt_beta", float, 15.0, "beta multiplying the transformed reward r~ (DISA convention; FlowRL: 15)"),
+    Option("reward_scale", float, 1.0, "a in the fixed transform r~ = a r + c (a > 0; DISA: Stage 1's)"),
+    Option("reward_shift", float, 0.0, "c in the fixed transform r~ = a r + c"),
+    Option(
+        "logprob_scale",
+        str | None,
+        None,
+        "the sequence log-prob in the TB residual: sum (DISA eq. 6) | mean (FlowRL's code); "
+        "None: the objective's default (mean for flowrl, sum otherwise)",
+        ("sum", "mean", None),
+    ),
+    Option(
+        "weight_clip",
+        str,
+        "max",
+        "TB rollout weight w = pi/pi_old (detached): max (FlowRL's code: min(w, max_weight)) | eps (FlowRL's "
+        "paper: clip to [1 - weight_eps, 1 + weight_eps_high]) | ratio (unclipped) | one (w = 1, no correction)",
+        ("max", "eps", "ratio", "one"),
+    ),
+    Option("max_weight", float, 10.0, "cap of the TB rollout weight for weight_clip=max"),
+    Option("weight_eps", float, 0.2, "lower eps of the [1 - weight_eps, 1 + weight_eps_high] weight clip"),
+    Option(
+        "weight_eps_high", float | None, None, "upper eps of the weight clip (None = weight_eps; FlowRL recipe: 0.28)"
+    ),
+)
+"""The trajectory-balance family's shared knobs: the fields of ``TiltGRPOConfig`` and ``TBSettings`` that
+carry them are built from this tuple, and the registry's TB adapters take these names."""
+
+RENAMED = {
+    "length_normalize": "logprob_scale ('mean' for true, 'sum' for false)",
+    "eps": "weight_eps",
+    "eps_high": "weight_eps_high",
+}
+"""Old knob name -> the one name it has now (refused with a one-line error naming the new one)."""
+
+
+def options_dataclass(name: str, options: tuple[Option, ...]) -> type:
+    """A dataclass whose fields are ``options`` (name, type, default, ``help`` metadata): the base that
+    puts the declared knobs into a trainer's config class (TRL's ``HfArgumentParser`` reads the help)."""
+    return make_dataclass(name, [(o.name, o.type, field(default=o.default, metadata={"help": o.doc})) for o in options])
+
+
+def renamed(given: Any, where: str, extra: Mapping[str, str] | None = None) -> None:
+    """Refuse the old knob names among ``given`` (names; :data:`RENAMED` and ``extra``, a caller's own
+    renames), in one line naming the new ones."""
+    table = {**RENAMED, **(extra or {})}
+    old = [k for k in given if k in table]
+    if old:
+        raise TypeError(f"{where}: " + "; ".join(f"{k!r} is now {table[k]}" for k in old))
 
 
 @dataclass(frozen=True)

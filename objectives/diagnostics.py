@@ -26,7 +26,7 @@ def weight_clip_fraction(
 ) -> Tensor:
     """Fraction of ``weight`` (``[B]``, already clipped with ``clip``) at its clip bounds; scalar.
 
-    ``clip``: ``"max"`` | ``"eps"`` | ``"none"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
+    ``clip``: ``"max"`` | ``"eps"`` | ``"ratio"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
     """
     ndim("weight", weight, 1, "[B]")
     if clip == "max":
@@ -34,9 +34,9 @@ def weight_clip_fraction(
     if clip == "eps":
         hi = eps if eps_high is None else eps_high
         return ((weight <= 1 - eps) | (weight >= 1 + hi)).float().mean()
-    if clip == "none":
+    if clip == "ratio":
         return torch.zeros((), device=weight.device)
-    raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
+    raise ValueError(f"clip must be 'max', 'eps' or 'ratio', got {clip!r}")
 
 
 def sequence_kl_old(token_logp_old: Tensor, token_logp: Tensor, mask: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives import lad, offline, pg, tb
-from tiltlab.objectives.catalog import SPECS, Spec, names
+from tiltlab.objectives.catalog import SPECS, TB_OPTIONS, Spec, names, renamed
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.output import LossOutput
 
@@ -100,6 +100,16 @@ class ObjectiveBatch:
 
 
 Adapter = Callable[[ObjectiveBatch, dict[str, Any]], LossOutput]
+_WEIGHT_CLIP = next(o for o in TB_OPTIONS if o.name == "weight_clip")
+
+
+def _tilt(o: dict[str, Any], default: float | None = None) -> float:
+    """Pop the TB tilt ``tilt_beta`` from ``o`` (required without ``default``); ``beta`` is refused naming it."""
+    if "beta" in o:
+        raise TypeError("TB options: 'beta' is now 'tilt_beta' (the tilt multiplying the reward)")
+    if "tilt_beta" not in o and default is None:
+        raise TypeError("TB options: 'tilt_beta' (the tilt multiplying the reward) is required")
+    return float(o.pop("tilt_beta", default))
 
 
 @dataclass(frozen=True)
@@ -190,10 +200,12 @@ def _lad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
 # ---------------------------------------------------------------------------- trajectory balance
 @dataclass
 class _TB:
-    """The TB family's inputs at ``logprob_scale``, anchored on ``anchor`` (``ref`` | ``old``), and its
-    weights: with ``weight_clip`` (``max`` | ``eps`` | ``none``) the rollout weight of
-    :func:`tb.tb_importance_weight` on ``pi_old`` times ``is_weight``; with ``weight_clip=None`` only
-    ``is_weight`` (a trainer that weighs its samples itself)."""
+    """The TB family's inputs at ``logprob_scale`` (``sum``, the default, | ``mean``), anchored on
+    ``anchor`` (``ref`` | ``old``), and its weights: with ``weight_clip`` ``max`` | ``eps`` | ``ratio``
+    the rollout weight of :func:`tb.tb_importance_weight` on ``pi_old`` (at ``max_weight``,
+    ``weight_eps``, ``weight_eps_high``) times ``is_weight``; with ``weight_clip="one"`` (the default)
+    only ``is_weight`` (a trainer that weighs its samples itself). The option names are
+    :data:`~tiltlab.objectives.catalog.TB_OPTIONS`'; the old ones are refused naming the new."""
 
     lp: Tensor
     anchor: Tensor
@@ -204,16 +216,18 @@ class _TB:
 
     @classmethod
     def of(cls, b: ObjectiveBatch, o: dict[str, Any]) -> _TB:
-        scale, anchor = o.pop("logprob_scale", "sum"), o.pop("anchor", "ref")
+        renamed(o, "TB options")
+        scale, anchor = o.pop("logprob_scale", None) or "sum", o.pop("anchor", "ref")
         if anchor not in ("ref", "old"):
             raise ValueError(f"anchor must be 'ref' or 'old', got {anchor!r}")
-        clip = o.pop("weight_clip", None)
-        max_weight, eps, eps_high = o.pop("max_weight", 10.0), o.pop("eps", 0.2), o.pop("eps_high", None)
+        clip = o.pop("weight_clip", "one")
+        max_weight, eps, eps_high = o.pop("max_weight", 10.0), o.pop("weight_eps", 0.2), o.pop("weight_eps_high", None)
         if o:
             raise TypeError(f"unknown options {sorted(o)}")
+        _WEIGHT_CLIP.check(clip)
         lp = b.seq("token_logp", scale)
         an = b.seq("token_logp_ref" if anchor == "ref" else "token_logp_old", scale)
-        if clip is None:
+        if clip == "one":
             return cls(lp, an, b.get("rewards"), None, b.is_weight, None)
         w_tb = tb.tb_importance_weight(
             b.get("token_logp"), b.get("token_logp_old"), b.mask, clip, max_weight, eps, eps_high
@@ -236,7 +250,7 @@ class _TB:
 def _disa(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     """DISA: :func:`tb.disa_loss` (log Z, anchor and reward detached)."""
     o = dict(opts)
-    beta = o.pop("beta")
+    beta = _tilt(o)
     t, log_z = _TB.of(b, o), b.get("log_z")
     out = tb.disa_loss(t.lp, t.anchor, t.reward, log_z, beta, weight=t.w)
     residual = tb.tb_residual(t.lp.detach(), t.anchor, t.reward, log_z.detach(), beta)  # for the metrics
@@ -252,7 +266,7 @@ def _tb_given_log_z(b: ObjectiveBatch, o: dict[str, Any], beta: float, log_z: Te
 def _tb(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     """TB with the batch's log Z attached (a learned log Z receives gradient)."""
     o = dict(opts)
-    beta = o.pop("beta")
+    beta = _tilt(o)
     return _tb_given_log_z(b, o, beta, b.get("log_z"))
 
 
@@ -267,7 +281,7 @@ def _vargrad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     """VarGrad: TB at the per-group batch-optimal log Z, detached: ``batch.log_z`` (computed elsewhere,
     e.g. at generation time), or :func:`tb.vargrad_log_z` of this batch's groups of ``group_size``."""
     o = dict(opts)
-    beta, g = o.pop("beta"), o.pop("group_size", None)
+    beta, g = _tilt(o), o.pop("group_size", None)
     log_z = b.log_z
     if log_z is None:
         if g is None:
@@ -279,6 +293,22 @@ def _vargrad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
 
 
 def _flowrl(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
+    """FlowRL: :func:`tb.flowrl_loss` with the TB family's option names (``tilt_beta``, ``logprob_scale``
+    (default ``mean``, FlowRL's code), ``weight_clip`` (default ``max``), ``max_weight``, ``weight_eps``,
+    ``weight_eps_high``) plus its own ``group_size`` and ``group_normalize``."""
+    o = dict(opts)
+    renamed(o, "flowrl options")
+    scale = o.pop("logprob_scale", None) or "mean"
+    if scale not in ("sum", "mean"):
+        raise ValueError(f"logprob_scale must be 'sum' or 'mean', got {scale!r}")
+    clip = o.pop("weight_clip", "max")
+    if clip == "one":
+        raise ValueError("flowrl: weight_clip='one' (no rollout weight) is not FlowRL's loss; use max | eps | ratio")
+    _WEIGHT_CLIP.check(clip)
+    kw = {
+        "beta": _tilt(o, 15.0), "length_normalize": scale == "mean", "weight_clip": clip,
+        "max_weight": o.pop("max_weight", 10.0), "eps": o.pop("weight_eps", 0.2), "eps_high": o.pop("weight_eps_high", None),
+    }  # fmt: skip
     return tb.flowrl_loss(
         b.get("token_logp"),
         b.get("token_logp_ref"),
@@ -287,7 +317,8 @@ def _flowrl(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
         b.get("rewards"),
         b.get("log_z"),
         is_weight=b.is_weight,
-        **opts,
+        **kw,
+        **o,
     )
 
 

@@ -142,7 +142,7 @@ def tb_importance_weight(
     token_logp: Tensor,
     token_logp_old: Tensor,
     mask: Tensor,
-    clip: Literal["max", "none", "eps"] = "max",
+    clip: Literal["max", "ratio", "eps"] = "max",
     max_weight: float = 10.0,
     eps: float = 0.2,
     eps_high: float | None = None,
@@ -153,7 +153,7 @@ def tb_importance_weight(
 
     ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps_high)``
     (FlowRL's paper; ``eps_high`` defaults to ``eps``; one of FlowRL's recipes clips asymmetrically to
-    ``[0.8, 1.28]``: ``eps=0.2, eps_high=0.28``); ``"none"``: unclipped (the log-ratio is capped at
+    ``[0.8, 1.28]``: ``eps=0.2, eps_high=0.28``); ``"ratio"``: unclipped (the log-ratio is capped at
     80 so float32 stays finite).
 
     Returns ``[B]``.
@@ -168,9 +168,9 @@ def tb_importance_weight(
         return w.clamp(max=max_weight)
     if clip == "eps":
         return w.clamp(1.0 - eps, 1.0 + (eps if eps_high is None else eps_high))
-    if clip == "none":
+    if clip == "ratio":
         return w
-    raise ValueError(f"clip must be 'max', 'eps' or 'none', got {clip!r}")
+    raise ValueError(f"clip must be 'max', 'eps' or 'ratio', got {clip!r}")
 
 
 def flowrl_loss(
@@ -184,7 +184,7 @@ def flowrl_loss(
     group_size: int | None = None,
     length_normalize: bool = True,
     group_normalize: bool = True,
-    weight_clip: Literal["max", "none", "eps"] = "max",
+    weight_clip: Literal["max", "ratio", "eps"] = "max",
     max_weight: float = 10.0,
     eps: float = 0.2,
     is_weight: Tensor | None = None,

@@ -323,7 +323,7 @@ class _Trainer:
         with the detached ``objectives.tb.vargrad_log_z`` of the fresh groups; ``learned`` (PACED with
         ``anchor=old``) -> ``tb`` (``tb_residual`` / ``tb_loss`` with the log Z parameter attached).
         The rollout weight is computed here (fresh samples only; replayed ones weigh 1), so the
-        adapter gets it as ``is_weight`` with ``weight_clip=None``.
+        adapter gets it as ``is_weight`` with the registry's default ``weight_clip="one"`` (no second weight).
         """
         c = self.cfg
         S, P, G = lp.shape
@@ -338,9 +338,7 @@ class _Trainer:
         wc = self.cfg_weight_clip
         if wc != "one":
             ones = torch.ones(B, 1, dtype=lp.dtype)
-            iw = tb_obj.tb_importance_weight(
-                lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip="none" if wc == "ratio" else wc
-            ).reshape(S, P, G)
+            iw = tb_obj.tb_importance_weight(lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip=wc).reshape(S, P, G)
             w = w * iw
         # per-sample rows [S, N]: the batch, then the replayed samples (weight 0 on empty buffer slots)
         rows = [(lp, lp_anchor, r, log_z[..., None].expand(S, P, G), w)]
@@ -358,7 +356,7 @@ class _Trainer:
         tok = lp_all[:, None]
         anchor = {"token_logp_ref": an_all[:, None]} if c.anchor == "ref" else {"token_logp_old": an_all[:, None]}
         batch = ObjectiveBatch(tok, torch.ones_like(tok), rewards=r_all, log_z=lz_all, is_weight=w_all, **anchor)
-        return get_objective(tb_objective_name(c.log_z))(batch, beta=c.beta, anchor=c.anchor).loss
+        return get_objective(tb_objective_name(c.log_z))(batch, tilt_beta=c.beta, anchor=c.anchor).loss
 
     def loss(self, b: _Batch) -> torch.Tensor:
         """Scalar loss = sum over seeds of each seed's batch-mean loss, from the registry entry
@@ -395,8 +393,8 @@ class _Trainer:
         kl = {"kl_coef": c.kl_coef}
         return {
             "flowrl": lambda: {
-                "beta": c.beta, "length_normalize": True, "group_normalize": c.flowrl_group_normalize,
-                "weight_clip": self.cfg_weight_clip if self.cfg_weight_clip != "ratio" else "none",
+                "tilt_beta": c.beta, "logprob_scale": "mean", "group_normalize": c.flowrl_group_normalize,
+                "weight_clip": self.cfg_weight_clip,
             },
             "lad": lambda: {"eta": c.eta, "divergence": c.divergence, "level": "sequence", "logprob_scale": "sum"},
             "grpo": lambda: {"clip_eps": c.clip_eps, **kl},

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
-from tiltlab.objectives.catalog import names
+from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names
 
 __all__ = [
     "LORA_KEYS",
@@ -45,14 +45,14 @@ __all__ = [
     "read_run_config",
 ]
 
+_TB_KEYS = {o.name: o.name for o in TB_OPTIONS if o.name != "tilt_beta"}  # the tilt is the top-level `beta:`
+"""The TB family's knobs in an objective section: the declared names (the trainer-config fields of the same names)."""
+
 #: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``)
 SECTION_KEYS: dict[str, dict[str, str]] = {
     "flowrl": {
-        "length_normalize": "length_normalize",
+        **_TB_KEYS,
         "reward_transform": "reward_transform",
-        "weight_clip": "weight_clip",
-        "max_weight": "max_weight",
-        "weight_eps": "weight_eps",
         "log_z_detach_input": "log_z_detach_input",
         "log_z_hidden": "log_z_hidden",
         "log_z_layers": "log_z_layers",
@@ -60,18 +60,14 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "log_z_lr": "log_z_lr",
     },
     "disa": {
+        **_TB_KEYS,
         "stage1_dir": "",
         "stage2_dir": "",
         "allow_label_mismatch": "disa_allow_label_mismatch",
         "mismatch_reason": "disa_mismatch_reason",
-        "reward_scale": "reward_scale",
-        "reward_shift": "reward_shift",
-        "length_normalize": "length_normalize",
-        "weight_clip": "weight_clip",
-        "max_weight": "max_weight",
         "label": "disa_label",
     },
-    "vargrad": {"length_normalize": "length_normalize", "reward_transform": "reward_transform"},
+    "vargrad": {**_TB_KEYS, "reward_transform": "reward_transform"},
     "lad": {"divergence": "lad_divergence", "eta": "lad_eta", "level": "lad_level"},
     "paced": {
         "tau": "paced_tau",
@@ -188,6 +184,9 @@ class RunConfig:
                 f"objective {self.objective!r} is not a {self.kind} objective; choose from {allowed} or 'none'"
             )
         for name, keys in SECTION_KEYS.items():
+            old = sorted(set(getattr(self, name)) & set(RENAMED))
+            if old:
+                raise ValueError(f"`{name}:` " + "; ".join(f"`{k}` is now `{RENAMED[k]}`" for k in old))
             unknown = set(getattr(self, name)) - set(keys)
             if unknown:
                 raise ValueError(unknown_keys_message(unknown, keys, f"`{name}:`"))

@@ -59,7 +59,7 @@ def train_config(objective: str, task: dict, out: Path, seed: int, steps: int) -
     }
     if objective in ("disa", "flowrl"):
         cfg["beta"] = BETA
-        trl.update(reward_transform="affine", length_normalize=False)
+        trl.update(reward_transform="affine", logprob_scale="sum")
     if objective == "disa":
         trl["disa_label"] = "column"
         cfg["disa"] = {"stage1_dir": task["stage1_dir"]}

@@ -175,7 +175,7 @@ def _train_rl(
     extra: dict[str, Any] = {}
     if method in ("disa", "flowrl"):  # one target pi* ~ pi_ref exp(beta r) for both
         extra = dict(
-            tilt_beta=cfg.beta, reward_transform="affine", reward_scale=1.0, reward_shift=0.0, length_normalize=False
+            tilt_beta=cfg.beta, reward_transform="affine", reward_scale=1.0, reward_shift=0.0, logprob_scale="sum"
         )
     if method == "flowrl":
         extra["log_z_dropout"] = 0.0

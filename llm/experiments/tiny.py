@@ -152,7 +152,7 @@ def flowrl_fn(log_z_of, beta: float):
         g = b.ans.shape[1]
         return flowrl_loss(
             b.logp, b.logp_ref, b.logp_old, b.mask, b.reward, log_z_of(b.prompt_idx).repeat_interleave(g),
-            beta=beta, length_normalize=False, group_normalize=False, weight_clip="none",
+            beta=beta, length_normalize=False, group_normalize=False, weight_clip="ratio",
         ).loss  # fmt: skip
 
     return fn

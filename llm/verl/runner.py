@@ -119,7 +119,7 @@ def prepare(config: str, out: str, data_source: str = "tiltlab_math") -> int:  #
         manifest,
         beta=float(cfg.tilt_beta),
         reward_transform=("affine", float(d.get("reward_scale", 1.0)), float(d.get("reward_shift", 0.0))),
-        logprob_scale="mean" if d.get("length_normalize", False) else "sum",
+        logprob_scale=str(d.get("logprob_scale") or "sum"),
         chat_template=True,
     )
     rows = load_prompts(cfg.dataset)

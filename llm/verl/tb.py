@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tiltlab.objectives.catalog import names
+from tiltlab.objectives.catalog import TB_OPTIONS, names, options_dataclass, renamed
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.transforms import affine_reward
 
@@ -29,29 +30,22 @@ LOG_Z_KEY = "tiltlab_log_z"
 log Z head engine puts the learned log Z in the model output."""
 
 
+_TBOptions = options_dataclass("_TBOptions", TB_OPTIONS)
+
+
 @dataclass
-class TBSettings:
-    """The TB objective run inside veRL's actor (``actor_rollout_ref.tiltlab`` in the Hydra config)."""
+class TBSettings(_TBOptions):
+    """The TB objective run inside veRL's actor (``actor_rollout_ref.tiltlab`` in the Hydra config).
+
+    Besides the fields below, the TB family's knobs (``tilt_beta``, ``reward_scale``, ``reward_shift``,
+    ``logprob_scale``, ``weight_clip``, ``max_weight``, ``weight_eps``, ``weight_eps_high``) are the
+    fields of :data:`~tiltlab.objectives.catalog.TB_OPTIONS`, under the names the registry and the TRL
+    trainer use (``reward_scale`` / ``reward_shift`` must equal Stage 1's for DISA labels;
+    ``logprob_scale`` None is the objective's default: ``mean`` for flowrl, ``sum`` otherwise)."""
 
     objective: str = "disa"
     """``disa`` (frozen Stage-2 ``log Z`` from the label column), ``flowrl`` or ``paced`` (learned
     ``log Z`` from the model output ``tiltlab_log_z``)."""
-    beta: float = 15.0
-    """inverse temperature multiplying the transformed reward (disa, flowrl)."""
-    reward_scale: float = 1.0
-    """``a`` in ``r~ = a r + c`` (must equal Stage 1's for DISA labels)."""
-    reward_shift: float = 0.0
-    """``c`` in ``r~ = a r + c``."""
-    length_normalize: bool = False
-    """sequence log-prob as the token mean (FlowRL's code) instead of the sum (DISA eq. 6)."""
-    weight_clip: str = "max"
-    """TB rollout weight clip: ``max`` | ``eps`` | ``none`` (:func:`tiltlab.objectives.tb.tb_importance_weight`)."""
-    max_weight: float = 10.0
-    """cap of the rollout weight for ``weight_clip=max``."""
-    weight_eps: float = 0.2
-    """lower eps of the ``[1 - eps, 1 + eps_high]`` weight clip."""
-    weight_eps_high: float | None = None
-    """upper eps of the weight clip (None = ``weight_eps``)."""
     paced_kl_coef: float = 1.0
     """PACED's tilt ``r / paced_kl_coef`` (the TB anchor is ``pi_old``)."""
     log_z_key: str = "tiltlab_log_z"
@@ -66,20 +60,36 @@ class TBSettings:
     def __post_init__(self) -> None:
         if self.objective not in tb_objectives():
             raise ValueError(f"objective must be one of {tb_objectives()}, got {self.objective!r}")
-        if not self.beta > 0 or not self.paced_kl_coef > 0:
-            raise ValueError(f"beta and paced_kl_coef must be > 0, got {self.beta}, {self.paced_kl_coef}")
-        if self.weight_clip not in ("max", "eps", "none"):
-            raise ValueError(f"weight_clip must be max | eps | none, got {self.weight_clip!r}")
+        if not self.tilt_beta > 0 or not self.paced_kl_coef > 0:
+            raise ValueError(f"tilt_beta and paced_kl_coef must be > 0, got {self.tilt_beta}, {self.paced_kl_coef}")
+        if self.logprob_scale is None:
+            self.logprob_scale = "mean" if self.objective == "flowrl" else "sum"
+        for option in TB_OPTIONS:
+            option.check(getattr(self, option.name))
 
     @classmethod
     def from_config(cls, cfg: Any) -> TBSettings:
-        """From a mapping (an omegaconf node or a dict); unknown keys are refused by name."""
+        """From a mapping (an omegaconf node or a dict); old and unknown keys are refused by name."""
         d = dict(cfg or {})
+        renamed(d, "actor_rollout_ref.tiltlab", _RENAMED)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"actor_rollout_ref.tiltlab: unknown keys {unknown}; expected some of {sorted(known)}")
         return cls(**d)
+
+
+_RENAMED = {"beta": "tilt_beta (the tilt multiplying the reward)"}
+_declared_init = TBSettings.__init__
+
+
+def _init(self: TBSettings, *args: Any, **kwargs: Any) -> None:
+    renamed(kwargs, "TBSettings", _RENAMED)
+    _declared_init(self, *args, **kwargs)
+
+
+_init.__doc__, _init.__signature__ = _declared_init.__doc__, inspect.signature(_declared_init)  # type: ignore[attr-defined]
+TBSettings.__init__ = _init  # type: ignore[method-assign]  # old knob names refused naming the new
 
 
 def _label_column(data: Any, key: str, n: int) -> Tensor:
@@ -160,19 +170,15 @@ def tb_loss_fn(
         log_z = model_output[settings.log_z_key].reshape(-1)
     log_z = log_z.to(log_prob.dtype)
     batch = ObjectiveBatch(log_prob, mask, token_logp_old=old, token_logp_ref=ref, rewards=reward, log_z=log_z)
-    weight = {
-        "weight_clip": settings.weight_clip, "max_weight": settings.max_weight, "eps": settings.weight_eps,
-        "eps_high": settings.weight_eps_high,
-    }  # fmt: skip
-    norm = "mean" if settings.length_normalize else "sum"
+    # the TB family's knobs under their one name (the reward transform is applied above)
+    options = {o.name: getattr(settings, o.name) for o in TB_OPTIONS if o.name not in ("reward_scale", "reward_shift")}
     if settings.objective == "flowrl":  # FlowRL's loss with its code choices off: TB on r~ at beta, learned log Z
         batch = replace(batch, rewards=reward[:, None])
-        options = {"beta": settings.beta, "length_normalize": settings.length_normalize, "group_normalize": False}
-    elif settings.objective == "disa":
-        options = {"beta": settings.beta, "logprob_scale": norm}
-    else:  # paced: TB anchored on pi_old with the tilt r / kl_coef
-        options = {"kl_coef": settings.paced_kl_coef, "logprob_scale": norm}
-    out = get_objective(settings.objective)(batch, **weight, **options)
+        options["group_normalize"] = False
+    elif settings.objective == "paced":  # TB anchored on pi_old with the tilt r / kl_coef
+        del options["tilt_beta"]
+        options["kl_coef"] = settings.paced_kl_coef
+    out = get_objective(settings.objective)(batch, **options)
     loss = out.loss
     dp = int(_get_non_tensor(data, "dp_size", 1) or 1)
     gbs = _get_non_tensor(data, "global_batch_size", None)

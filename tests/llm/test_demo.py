@@ -326,4 +326,4 @@ def test_rl_run_config_takes_every_setting_from_the_demo_config(method, tmp_path
     assert (a.max_steps, a.seed, a.temperature) == (7, 11, 1.0)
     assert a.learning_rate == (3e-3 if method == "grpo" else 6e-4)
     if method != "grpo":
-        assert (a.tilt_beta, a.reward_transform, a.length_normalize) == (cfg.beta, "affine", False)
+        assert (a.tilt_beta, a.reward_transform, a.logprob_scale) == (cfg.beta, "affine", "sum")

@@ -216,7 +216,7 @@ def test_flowrl_loss_lays_a_per_prompt_log_z_and_flat_rewards_over_groups():
     r_flat = (REWARD + 0.1 * torch.arange(B).view(P, G)).reshape(-1)  # no two rows alike
     loss = flowrl_loss(
         b.logp, b.logp_ref, b.logp_old, b.mask, r_flat, log_z, beta=BETA, length_normalize=False,
-        group_normalize=True, weight_clip="none", group_size=G,
+        group_normalize=True, weight_clip="ratio", group_size=G,
     ).loss  # fmt: skip
     want = 0.0
     for row, p, _ in _rows():

@@ -159,25 +159,27 @@ def _step(eng, model, td, loss_fn, n_micro=1):
     return total, _grads(model)
 
 
-SETTINGS = dict(beta=4.0, reward_scale=2.0, reward_shift=-0.5, weight_clip="eps", weight_eps=0.1, weight_eps_high=0.3)
+SETTINGS = dict(
+    tilt_beta=4.0, reward_scale=2.0, reward_shift=-0.5, weight_clip="eps", weight_eps=0.1, weight_eps_high=0.3
+)
 
 
 @pytest.mark.parametrize(
-    ("length_normalize", "n_micro", "label"), [(False, 1, "extra_info"), (True, 2, "extra_info"), (False, 2, "column")]
+    ("logprob_scale", "n_micro", "label"), [("sum", 1, "extra_info"), ("mean", 2, "extra_info"), ("sum", 2, "column")]
 )
-def test_disa_loss_step_equals_tiltlab(model, monkeypatch, length_normalize, n_micro, label):
+def test_disa_loss_step_equals_tiltlab(model, monkeypatch, logprob_scale, n_micro, label):
     r = _rollout(1)
     with torch.no_grad():
         base = _reference_token_logp(model, r)
     old, ref = base + r["noise"](0.05), base + r["noise"](0.3)
-    settings = plugin.TBSettings(objective="disa", length_normalize=length_normalize, **SETTINGS)  # type: ignore[arg-type]
+    settings = plugin.TBSettings(objective="disa", logprob_scale=logprob_scale, **SETTINGS)  # type: ignore[arg-type]
     loss_fn = partial(plugin.tb_loss_fn, config=_actor_config(), settings=settings)
     eng = _engine(model, monkeypatch)
     got, got_g = _step(eng, model, _verl_batch(model, r, old, ref, with_label=label), loss_fn, n_micro)
 
     model.zero_grad()
     m = r["response_mask"].to(F64)
-    norm = "mean" if length_normalize else "sum"
+    norm = logprob_scale
     logp = _reference_token_logp(model, r)
     w = tb.tb_importance_weight(logp, old, m, "eps", eps=0.1, eps_high=0.3)
     want = tb.disa_loss(
@@ -203,7 +205,7 @@ def test_learned_log_z_loss_step_equals_tiltlab(model, monkeypatch, objective):
         base = _reference_token_logp(model, r)
     old, ref = base + r["noise"](0.05), base + r["noise"](0.3)
     log_z = torch.linspace(-1.0, 2.0, B, dtype=F64).requires_grad_(True)
-    settings = plugin.TBSettings(objective=objective, paced_kl_coef=0.5, **SETTINGS)  # type: ignore[arg-type]
+    settings = plugin.TBSettings(objective=objective, paced_kl_coef=0.5, logprob_scale="sum", **SETTINGS)  # type: ignore[arg-type]
 
     def loss_fn(model_output, data, dp_group=None):
         return plugin.tb_loss_fn(
@@ -256,14 +258,35 @@ def test_tb_loss_refuses_bad_settings_and_batches(model, monkeypatch):
         plugin.TBSettings(objective="grpo")
 
 
-@pytest.mark.parametrize("field", ["beta", "paced_kl_coef"])
+def test_tb_settings_take_the_tb_knobs_under_their_one_name():
+    """TBSettings' TB fields are the declared knobs (TB_OPTIONS: names, defaults); the per-objective default of
+    logprob_scale is the TRL trainer's (mean for flowrl, sum for disa); old spellings are refused naming the new,
+    from Python and from the Hydra mapping."""
+    import dataclasses
+
+    from tiltlab.objectives.catalog import TB_OPTIONS
+
+    got = {f.name: f.default for f in dataclasses.fields(plugin.TBSettings)}
+    assert all(got[o.name] == o.default for o in TB_OPTIONS)
+    assert plugin.TBSettings(objective="flowrl").logprob_scale == "mean"
+    assert plugin.TBSettings(objective="disa").logprob_scale == "sum"
+    for old, new in (("beta", "tilt_beta"), ("length_normalize", "logprob_scale")):
+        with pytest.raises(TypeError, match=f"'{old}' is now {new}"):
+            plugin.TBSettings(objective="disa", **{old: 1.0})
+        with pytest.raises(TypeError, match=f"'{old}' is now {new}"):
+            plugin.TBSettings.from_config({"objective": "disa", old: 1.0})
+    with pytest.raises(ValueError, match="weight_clip must be one of"):
+        plugin.TBSettings(objective="disa", weight_clip="none")
+
+
+@pytest.mark.parametrize("field", ["tilt_beta", "paced_kl_coef"])
 def test_tb_settings_take_any_positive_tilt_and_refuse_zero(field):
     """beta and PACED's KL coefficient: any value > 0 is a tilt (0.25 and 0.5 as much as 15), 0 and below are
     refused with their name."""
     for ok in (0.25, 0.5, 1.0, 15.0):
         assert getattr(plugin.TBSettings(objective="paced", **{field: ok}), field) == ok
     for bad in (0.0, -1.0):
-        with pytest.raises(ValueError, match="beta and paced_kl_coef must be > 0"):
+        with pytest.raises(ValueError, match="tilt_beta and paced_kl_coef must be > 0"):
             plugin.TBSettings(objective="paced", **{field: bad})
 
 
@@ -370,8 +393,8 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
     trl = yaml.safe_load((ROOT / "configs" / "disa_qwen3_4b.yaml").read_text())
     a = ours["actor_rollout_ref"]
     assert settings.objective == "disa"
-    assert settings.beta == trl["beta_levels"][trl["beta"]] == trl["stage1"]["beta"]
-    assert settings.length_normalize == trl["disa"]["length_normalize"]
+    assert settings.tilt_beta == trl["beta_levels"][trl["beta"]] == trl["stage1"]["beta"]
+    assert settings.logprob_scale == trl["disa"]["logprob_scale"]
     assert settings.reward_scale == trl["disa"]["reward_scale"] and settings.reward_shift == trl["disa"]["reward_shift"]
     assert a["rollout"]["n"] == trl["trl"]["num_generations"]
     assert a["actor"]["optim"]["lr"] == trl["trl"]["learning_rate"]
@@ -410,7 +433,7 @@ def test_log_z_engine_forward_supplies_the_heads_log_z(model, monkeypatch):
     with torch.no_grad():
         base = _reference_token_logp(m, r)
     old, ref = base + r["noise"](0.05), base + r["noise"](0.3)
-    settings = plugin.TBSettings(objective="flowrl", **SETTINGS)  # type: ignore[arg-type]
+    settings = plugin.TBSettings(objective="flowrl", logprob_scale="sum", **SETTINGS)  # type: ignore[arg-type]
     seen = {}
 
     def loss_fn(model_output, data, dp_group=None):

@@ -159,9 +159,11 @@ def test_the_simulator_trains_it(toy):
 
 
 def test_registering_a_declared_name_or_a_bad_declaration_is_refused():
-    with pytest.raises(ValueError, match="already registered"):
-        with registry.registered(SPECS["grpo"], registry.OBJECTIVES["grpo"].adapter):
-            pass
+    with (
+        pytest.raises(ValueError, match="already registered"),
+        registry.registered(SPECS["grpo"], registry.OBJECTIVES["grpo"].adapter),
+    ):
+        pass
     assert "grpo" in SPECS and "grpo" in registry.OBJECTIVES
     with pytest.raises(ValueError, match="family must be one of"):
         Spec("x", "pg.grpo_loss", (), "policy", frozenset({"online"}))

@@ -128,35 +128,35 @@ CASES = {
     "flowrl": [
         ({"group_size": G}, lambda b: tb.flowrl_loss(b.token_logp, b.token_logp_ref, b.token_logp_old, b.mask, b.rewards, b.log_z, group_size=G, is_weight=b.is_weight)),
         (
-            {"beta": 2.0, "length_normalize": False, "group_normalize": False, "weight_clip": "eps", "eps": 0.1, "group_size": G},
+            {"tilt_beta": 2.0, "logprob_scale": "sum", "group_normalize": False, "weight_clip": "eps", "weight_eps": 0.1, "group_size": G},
             lambda b: tb.flowrl_loss(b.token_logp, b.token_logp_ref, b.token_logp_old, b.mask, b.rewards, b.log_z, group_size=G, beta=2.0, length_normalize=False, group_normalize=False, weight_clip="eps", eps=0.1, is_weight=b.is_weight),
         ),
     ],
     "disa": [
-        ({"beta": 2.0}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
+        ({"tilt_beta": 2.0}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
         (
-            {"beta": 3.0, "logprob_scale": "mean", "weight_clip": "max", "max_weight": 1.2},
+            {"tilt_beta": 3.0, "logprob_scale": "mean", "weight_clip": "max", "max_weight": 1.2},
             lambda b: tb.disa_loss(_seq(b, scale="mean"), _seq(b, "token_logp_ref", "mean"), b.rewards, b.log_z, 3.0, weight=_tb_w(b, "max", 1.2)),
         ),
-        ({"beta": 2.0, "anchor": "old"}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
+        ({"tilt_beta": 2.0, "anchor": "old"}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
     ],
     "tb": [
-        ({"beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0), b.is_weight)),
+        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0), b.is_weight)),
         (
-            {"beta": 0.5, "anchor": "old", "weight_clip": "eps", "eps": 0.1, "eps_high": 0.3},
+            {"tilt_beta": 0.5, "anchor": "old", "weight_clip": "eps", "weight_eps": 0.1, "weight_eps_high": 0.3},
             lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 0.5), _tb_w(b, "eps", eps=0.1, eps_high=0.3)),
         ),
     ],
     "paced": [
         ({"kl_coef": 0.5}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 1.0 / 0.5), b.is_weight)),
         (
-            {"kl_coef": 4.0, "logprob_scale": "mean", "weight_clip": "none"},
-            lambda b: tb.tb_loss(tb.tb_residual(_seq(b, scale="mean"), _seq(b, "token_logp_old", "mean"), b.rewards, b.log_z, 0.25), _tb_w(b, "none")),
+            {"kl_coef": 4.0, "logprob_scale": "mean", "weight_clip": "ratio"},
+            lambda b: tb.tb_loss(tb.tb_residual(_seq(b, scale="mean"), _seq(b, "token_logp_old", "mean"), b.rewards, b.log_z, 0.25), _tb_w(b, "ratio")),
         ),
     ],
     "vargrad": [
-        ({"beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z.detach(), 2.0), b.is_weight)),
-        ({"beta": 3.0, "group_size": G}, lambda b: _vargrad_direct(b, 3.0, G)),  # batch.log_z removed below
+        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z.detach(), 2.0), b.is_weight)),
+        ({"tilt_beta": 3.0, "group_size": G}, lambda b: _vargrad_direct(b, 3.0, G)),  # batch.log_z removed below
     ],
     "offrl": [
         ({}, lambda b: offline.offrl_loss(_seq(b), b.mask.sum(1), b.rewards, logp_ref=_seq(b, "token_logp_ref"))),
@@ -225,7 +225,7 @@ def test_adapter_equals_direct_call(name, i):
 
 def test_tb_metrics():
     b = _batch()
-    out = get_objective("disa")(b, beta=2.0, weight_clip="max", max_weight=1.2)
+    out = get_objective("disa")(b, tilt_beta=2.0, weight_clip="max", max_weight=1.2)
     with torch.no_grad():
         res = tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0)
         w_tb = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "max", 1.2)
@@ -241,13 +241,57 @@ def test_missing_fields_and_unknown_names_are_refused():
     with pytest.raises(ValueError, match="rejected"):
         get_objective("dpo")(dataclasses.replace(b, rejected=None))
     with pytest.raises(ValueError, match="group_size"):
-        get_objective("vargrad")(dataclasses.replace(b, log_z=None), beta=1.0)
+        get_objective("vargrad")(dataclasses.replace(b, log_z=None), tilt_beta=1.0)
     with pytest.raises(ValueError, match="unknown objective"):
         get_objective("ppo2")
     with pytest.raises(TypeError, match="unknown"):
-        get_objective("disa")(b, beta=1.0, betta=2.0)
+        get_objective("disa")(b, tilt_beta=1.0, betta=2.0)
     with pytest.raises(ValueError, match="anchor"):
-        get_objective("tb")(b, beta=1.0, anchor="pi")
+        get_objective("tb")(b, tilt_beta=1.0, anchor="pi")
+
+
+_RENAMES = [
+    ("beta", "tilt_beta"),
+    ("length_normalize", "logprob_scale"),
+    ("eps", "weight_eps"),
+    ("eps_high", "weight_eps_high"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        (name, old, new)
+        for name in ("disa", "tb", "vargrad", "paced", "flowrl")
+        for old, new in _RENAMES
+        if not (name == "paced" and old == "beta")  # paced's tilt is kl_coef; it never took beta
+    ],
+)
+def test_the_tb_familys_old_option_names_are_refused_naming_the_new(name, old, new):
+    """One name per knob: each old spelling of a TB option is a one-line TypeError naming its new name (not
+    silently ignored, not an "unknown options" list without the new name)."""
+    b = _batch()
+    opts = {"kl_coef": 1.0} if name == "paced" else ({} if old == "beta" else {"tilt_beta": 1.0})
+    opts["group_size"] = G if name in ("vargrad", "flowrl") else opts.get("group_size")
+    opts = {k: v for k, v in opts.items() if v is not None}
+    with pytest.raises(TypeError, match=f"'{old}' is now '?{new}") as e:
+        get_objective(name)(b, **opts, **{old: 1.0})
+    assert "\n" not in str(e.value)
+
+
+def test_the_weight_clip_takes_one_vocabulary():
+    """``weight_clip`` is one of one | max | eps | ratio in the registry (the simulator's and the trainers'
+    words); ``"none"`` (the old word for ``ratio``) is refused naming ``ratio``; ``one`` is no rollout weight."""
+    b = _batch()
+    with pytest.raises(ValueError, match="weight_clip must be one of"):
+        get_objective("disa")(b, tilt_beta=1.0, weight_clip="none")
+    with pytest.raises(ValueError, match="'ratio'"):
+        tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "none")
+    one = get_objective("disa")(b, tilt_beta=1.0, weight_clip="one")
+    default = get_objective("disa")(b, tilt_beta=1.0)
+    torch.testing.assert_close(one.loss, default.loss, rtol=0, atol=0)
+    ratio = get_objective("disa")(b, tilt_beta=1.0, weight_clip="ratio")
+    assert not torch.allclose(ratio.loss, one.loss)
 
 
 def test_a_loss_returning_something_else_is_refused(monkeypatch):
@@ -505,14 +549,14 @@ def test_a_weight_clip_without_its_bound_takes_the_weight_functions_own_default(
     w_raw = torch.exp(_seq(b) - _seq(b, "token_logp_old")).detach()
     assert float(w_raw.max()) > 300 and float(w_raw.min()) < 1 / 300  # beyond any default bound
     w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, clip) * b.is_weight
-    out = get_objective(name)(b, beta=2.0, weight_clip=clip)
+    out = get_objective(name)(b, tilt_beta=2.0, weight_clip=clip)
     lp, ref = _seq(b), _seq(b, "token_logp_ref")
     lz = b.log_z if name == "tb" else b.log_z.detach()
     want = tb.tb_loss(tb.tb_residual(lp, ref, b.rewards, lz, 2.0), w)
     torch.testing.assert_close(out.loss, want.loss, rtol=1e-12, atol=1e-12)
     sig = inspect.signature(tb.tb_importance_weight).parameters
-    bound = {"max": "max_weight", "eps": "eps"}[clip]
-    other = get_objective(name)(b, beta=2.0, weight_clip=clip, **{bound: 2 * sig[bound].default})
+    bound, option = {"max": ("max_weight", "max_weight"), "eps": ("eps", "weight_eps")}[clip]
+    other = get_objective(name)(b, tilt_beta=2.0, weight_clip=clip, **{option: 2 * sig[bound].default})
     assert not torch.allclose(other.loss, out.loss)  # the bound matters on this batch
 
 
@@ -521,7 +565,7 @@ def test_vargrad_estimates_log_z_with_its_own_scale_and_anchor_options():
     ``anchor`` (away from their defaults), compared with a loop over prompts; other options (the
     weight clip) do not enter the estimate."""
     b = dataclasses.replace(_far_weights(), log_z=None)
-    opts = {"beta": 1.5, "group_size": G, "logprob_scale": "mean", "anchor": "old", "weight_clip": "max"}
+    opts = {"tilt_beta": 1.5, "group_size": G, "logprob_scale": "mean", "anchor": "old", "weight_clip": "max"}
     out = get_objective("vargrad")(b, **opts)
     lp, an = _seq(b, scale="mean"), _seq(b, "token_logp_old", "mean")
     lz = torch.empty(B, dtype=F64)

@@ -163,7 +163,7 @@ def test_importance_weight_options():
     mask = torch.ones(3, 4, dtype=torch.float64)
     mask[0, 2:] = 0
     raw = [math.exp(sum((lp[b, t] - lpo[b, t]).item() for t in range(4) if mask[b, t] > 0)) for b in range(3)]
-    w_none = tb.tb_importance_weight(lp, lpo, mask, "none")
+    w_none = tb.tb_importance_weight(lp, lpo, mask, "ratio")
     w_max = tb.tb_importance_weight(lp, lpo, mask, "max", max_weight=2.0)
     w_eps = tb.tb_importance_weight(lp, lpo, mask, "eps", eps=0.2)
     for b in range(3):

@@ -160,7 +160,7 @@ def test_weight_clip_fraction(dtype):
     outside_eps = sum(1 for v in raw.tolist() if not 0.8 < v < 1.2)
     clipped = raw.clamp(1 - 0.2, 1 + 0.2)
     assert weight_clip_fraction(clipped, "eps", eps=0.2).item() == pytest.approx(outside_eps / n)
-    assert weight_clip_fraction(clipped, "none").item() == 0.0
+    assert weight_clip_fraction(clipped, "ratio").item() == 0.0
     # away from the defaults: a cap of 3, and an asymmetric [1 - 0.2, 1 + 0.19] (1.19 is at the upper bound)
     at_cap = sum(1 for v in raw.tolist() if v >= 3.0)
     assert weight_clip_fraction(raw.clamp(max=3.0), "max", max_weight=3.0).item() == pytest.approx(at_cap / n)

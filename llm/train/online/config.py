@@ -4,12 +4,13 @@ tables of what each objective implements."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig
 
-from tiltlab.objectives.catalog import describe, names
+from tiltlab.objectives.catalog import TB_OPTIONS, describe, names, options_dataclass, renamed
 from tiltlab.objectives.lad import F_DIVERGENCES
 
 from ..vllm_sync import cpu_trainer_bf16
@@ -75,13 +76,20 @@ IS_LEVEL = {
 """TRL ``importance_sampling_level`` of the ratio each objective uses (GSPO and LUSPO: sequence)."""
 
 
+_TBOptions = options_dataclass("_TBOptions", TB_OPTIONS)
+"""The TB family's declared knobs (:data:`~tiltlab.objectives.catalog.TB_OPTIONS`) as dataclass fields."""
+
+
 @dataclass
-class TiltGRPOConfig(GRPOConfig):
+class TiltGRPOConfig(GRPOConfig, _TBOptions):
     """``GRPOConfig`` plus the objective. TRL's ``beta`` stays TRL's KL-to-reference coefficient
     (used by ``grpo``/``gspo``/``lad``: a per-token loss term, or with ``kl_in_reward`` the
     sequence-level penalty in the reward of ``grpo``); the tilt of the TB objectives is
     ``tilt_beta`` and MULTIPLIES the reward (DISA convention); PACED's ``exp(r / beta)`` is
-    ``paced_kl_coef``."""
+    ``paced_kl_coef``. The TB family's knobs (``tilt_beta``, ``reward_scale``, ``reward_shift``,
+    ``logprob_scale``, ``weight_clip``, ``max_weight``, ``weight_eps``, ``weight_eps_high``) are the
+    fields of :data:`~tiltlab.objectives.catalog.TB_OPTIONS`, under the names the registry and the veRL
+    plug-in use; an old name (``length_normalize``) is refused naming the new one."""
 
     objective: str = field(default="grpo", metadata={"help": f"one of {describe('online')}"})
     loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
@@ -107,7 +115,6 @@ class TiltGRPOConfig(GRPOConfig):
     log_ratio_clip: float | None = field(
         default=None, metadata={"help": "grpo: clamp logp - logp_old to [-c, c] before exp (veRL: 20)"}
     )
-    tilt_beta: float = field(default=15.0, metadata={"help": "beta multiplying r~ in flowrl/disa/vargrad (FlowRL: 15)"})
     reward_transform: str | None = field(
         default=None,
         metadata={
@@ -115,23 +122,6 @@ class TiltGRPOConfig(GRPOConfig):
             "'identity' = affine(1, 0)) | group_norm (the per-group plug-in). Default: "
             "group_norm for flowrl, affine for disa/vargrad/paced"
         },
-    )
-    reward_scale: float = field(default=1.0, metadata={"help": "a in the fixed transform r~ = a r + c (a > 0)"})
-    reward_shift: float = field(default=0.0, metadata={"help": "c in the fixed transform r~ = a r + c"})
-    length_normalize: bool | None = field(
-        default=None,
-        metadata={
-            "help": "masked-mean (True) or sum (False) log-probs in the TB residual "
-            "(default: True for flowrl, False otherwise)"
-        },
-    )
-    weight_clip: str = field(
-        default="max", metadata={"help": "TB rollout weight: max (FlowRL code) | eps (paper) | none"}
-    )
-    max_weight: float = field(default=10.0, metadata={"help": "cap of the TB rollout weight for weight_clip=max"})
-    weight_eps: float = field(default=0.2, metadata={"help": "eps of the [1-eps, 1+eps_high] weight clip"})
-    weight_eps_high: float | None = field(
-        default=None, metadata={"help": "upper eps of the weight clip (None = weight_eps; FlowRL recipe: 0.28)"}
     )
     log_z_detach_input: bool = field(
         default=False, metadata={"help": "stop log-Z gradients at the pooled hidden state"}
@@ -217,10 +207,10 @@ class TiltGRPOConfig(GRPOConfig):
             raise ValueError(f"reward_scale (a in r~ = a r + c) must be > 0, got {self.reward_scale}")
         if self.reward_transform not in REWARD_TRANSFORMS:
             raise ValueError(f"reward_transform must be one of {REWARD_TRANSFORMS}, got {self.reward_transform!r}")
-        if self.length_normalize is None:
-            self.length_normalize = self.objective == "flowrl"
-        if self.weight_clip not in ("max", "eps", "none"):
-            raise ValueError(f"weight_clip must be max | eps | none, got {self.weight_clip!r}")
+        if self.logprob_scale is None:
+            self.logprob_scale = "mean" if self.objective == "flowrl" else "sum"
+        for option in TB_OPTIONS:
+            option.check(getattr(self, option.name))
         if self.lad_divergence not in F_DIVERGENCES:
             raise ValueError(f"lad_divergence must be one of {sorted(F_DIVERGENCES)}, got {self.lad_divergence!r}")
         if self.lad_eta <= 0 or self.paced_kl_coef <= 0 or self.tilt_beta <= 0:
@@ -320,6 +310,14 @@ class TiltGRPOConfig(GRPOConfig):
             else ("group_norm",)
         )
 
-    @property
-    def logprob_scale(self) -> str:
-        return "mean" if self.length_normalize else "sum"
+
+_declared_init = TiltGRPOConfig.__init__
+
+
+def _init(self: TiltGRPOConfig, *args: object, **kwargs: object) -> None:
+    renamed(kwargs, "TiltGRPOConfig")
+    _declared_init(self, *args, **kwargs)
+
+
+_init.__doc__, _init.__signature__ = _declared_init.__doc__, inspect.signature(_declared_init)  # type: ignore[attr-defined]
+TiltGRPOConfig.__init__ = _init  # type: ignore[method-assign]  # old knob names refused naming the new

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from tiltlab.objectives.catalog import SPECS, names
+from tiltlab.objectives.catalog import SPECS, TB_OPTIONS, names
 from tiltlab.objectives.correction import kl_penalty
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
@@ -216,6 +216,14 @@ def lad_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     return _with_kl(trainer, out, b, {})
 
 
+def tb_options(args: Any, tilt: bool = True) -> dict[str, Any]:
+    """The TB family's registry options from the config's fields of the same names
+    (:data:`~tiltlab.objectives.catalog.TB_OPTIONS`; the reward transform is applied before the loss, so
+    ``reward_scale`` / ``reward_shift`` are not passed; ``tilt_beta`` only with ``tilt``)."""
+    skip = {"reward_scale", "reward_shift", *(() if tilt else ("tilt_beta",))}
+    return {o.name: getattr(args, o.name) for o in TB_OPTIONS if o.name not in skip}
+
+
 def _tb_logged(out: LossOutput, log_z: Tensor) -> LossOutput:
     """The TB family's loss with the metrics the trainer logs: log Z, the mean absolute residual, the
     rollout weight's clip fraction and mean."""
@@ -239,10 +247,7 @@ def flowrl_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
         b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=b.inputs["tb_reward"][:, None],
         log_z=log_z, is_weight=b.seq_w,
     )  # fmt: skip
-    out = get_objective("flowrl")(
-        batch, beta=args.tilt_beta, length_normalize=args.length_normalize, group_normalize=False,
-        weight_clip=args.weight_clip, max_weight=args.max_weight, eps=args.weight_eps, eps_high=args.weight_eps_high,
-    )  # fmt: skip
+    out = get_objective("flowrl")(batch, group_normalize=False, **tb_options(args))
     return _tb_logged(out, log_z)
 
 
@@ -257,17 +262,14 @@ def _tb_family(
     batch = ObjectiveBatch(
         b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=reward, log_z=log_z, is_weight=b.seq_w
     )
-    out = get_objective(name)(
-        batch, logprob_scale=args.logprob_scale, weight_clip=args.weight_clip, max_weight=args.max_weight,
-        eps=args.weight_eps, eps_high=args.weight_eps_high, **options,
-    )  # fmt: skip
+    out = get_objective(name)(batch, **tb_options(args, tilt=False), **options)
     return _tb_logged(out, log_z)
 
 
 def disa_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     """DISA Stage 3 (:func:`~tiltlab.objectives.tb.disa_loss`): TB with the frozen Stage-2 log Z."""
     return _tb_family(
-        trainer, "disa", b, b.inputs["log_z"].float(), b.inputs["tb_reward"].float(), beta=trainer.args.tilt_beta
+        trainer, "disa", b, b.inputs["log_z"].float(), b.inputs["tb_reward"].float(), tilt_beta=trainer.args.tilt_beta
     )
 
 
@@ -275,7 +277,12 @@ def vargrad_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     """VarGrad: TB (:func:`~tiltlab.objectives.tb.tb_loss`) at the per-group batch-optimal log Z
     computed at generation time (:func:`~tiltlab.objectives.tb.vargrad_log_z`), held fixed."""
     return _tb_family(
-        trainer, "vargrad", b, b.inputs["log_z"].float(), b.inputs["tb_reward"].float(), beta=trainer.args.tilt_beta
+        trainer,
+        "vargrad",
+        b,
+        b.inputs["log_z"].float(),
+        b.inputs["tb_reward"].float(),
+        tilt_beta=trainer.args.tilt_beta,
     )
 
 

@@ -144,7 +144,7 @@ def test_trainer_vargrad_log_z_and_tb_reward_are_laid_over_each_prompts_group(
     extra = {"reward_scale": 2.0, "reward_shift": -0.5} if reward_transform == "affine" else {}
     args = online_args(
         tmp_path / "o", "vargrad", per_device_train_batch_size=P * G, num_generations=G, max_completion_length=4,
-        max_steps=1, tilt_beta=BETA, length_normalize=False, reward_transform=reward_transform, **extra,
+        max_steps=1, tilt_beta=BETA, logprob_scale="sum", reward_transform=reward_transform, **extra,
     )  # fmt: skip
     rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in math_rows]
     tr = Spy(

@@ -147,7 +147,8 @@ TOL = dict(rtol=2e-5, atol=1e-6)
 
 @pytest.mark.parametrize("length_normalize", [False, True])
 def test_paced_is_anchored_on_pi_old_with_tilt_r_over_kl_coef(tmp_path, length_normalize):
-    args = _args(tmp_path, "paced", paced_kl_coef=KL_COEF, length_normalize=length_normalize)
+    scale = "mean" if length_normalize else "sum"
+    args = _args(tmp_path, "paced", paced_kl_coef=KL_COEF, logprob_scale=scale)
     loss, g_logp, g_lz, logp, log_z, inputs, logged = _run(args)
     assert _weights_straddle_the_cap(logp, inputs)
     want, w_logp, w_lz, w_metrics = _naive(
@@ -158,13 +159,13 @@ def test_paced_is_anchored_on_pi_old_with_tilt_r_over_kl_coef(tmp_path, length_n
     torch.testing.assert_close(g_lz.double(), w_lz, **TOL)  # PACED's log Z is learned: it gets the gradient
     _assert_metrics(logged, w_metrics, log_z)
     # the tilt really is r / kl_coef: at kl_coef 1 the loss is another number
-    other, *_ = _run(_args(tmp_path, "paced", paced_kl_coef=1.0, length_normalize=length_normalize))
+    other, *_ = _run(_args(tmp_path, "paced", paced_kl_coef=1.0, logprob_scale=scale))
     assert abs(float(other) - float(loss)) > 100 * TOL["rtol"] * abs(float(loss))
 
 
 @pytest.mark.parametrize("objective", ["disa", "vargrad"])
 def test_disa_and_vargrad_are_anchored_on_pi_ref_with_beta_times_tb_reward(tmp_path, objective):
-    args = _args(tmp_path, objective, tilt_beta=BETA, length_normalize=False)
+    args = _args(tmp_path, objective, tilt_beta=BETA, logprob_scale="sum")
     loss, g_logp, g_lz, logp, _, inputs, logged = _run(args)
     assert _weights_straddle_the_cap(logp, inputs)
     want, w_logp, _, w_metrics = _naive(logp, inputs, "ref_per_token_logps", "tb_reward", inputs["log_z"], BETA, False)
@@ -180,7 +181,7 @@ def test_disa_and_vargrad_are_anchored_on_pi_ref_with_beta_times_tb_reward(tmp_p
 def test_flowrl_is_anchored_on_pi_ref_with_beta_times_tb_reward_and_learns_log_z(tmp_path):
     # FlowRL in the trainer: tb_reward (already group-normalized at generation) times tilt_beta, anchored
     # on pi_ref, the head's log Z gets the gradient; length-normalized log-probs (FlowRL's code) here
-    args = _args(tmp_path, "flowrl", tilt_beta=BETA, length_normalize=True)
+    args = _args(tmp_path, "flowrl", tilt_beta=BETA, logprob_scale="mean")
     loss, g_logp, g_lz, logp, log_z, inputs, logged = _run(args)
     want, w_logp, w_lz, w_metrics = _naive(logp, inputs, "ref_per_token_logps", "tb_reward", log_z, BETA, True)
     torch.testing.assert_close(loss, torch.tensor(want, dtype=loss.dtype), **TOL)
@@ -188,7 +189,7 @@ def test_flowrl_is_anchored_on_pi_ref_with_beta_times_tb_reward_and_learns_log_z
     torch.testing.assert_close(g_lz.double(), w_lz, **TOL)
     _assert_metrics(logged, w_metrics, log_z)
     other, *_ = _naive(logp, inputs, "ref_per_token_logps", "tb_reward", log_z, BETA, False)
-    assert abs(other - want) > 0.1 * want  # length_normalize binds
+    assert abs(other - want) > 0.1 * want  # logprob_scale binds
 
 
 EPS, EPS_HIGH = 0.15, 0.05
@@ -198,7 +199,7 @@ EPS, EPS_HIGH = 0.15, 0.05
 def test_eps_weight_clip_uses_weight_eps_and_weight_eps_high(tmp_path, objective):
     # weight_clip="eps" clamps the TB rollout weight to [1 - weight_eps, 1 + weight_eps_high]; with
     # eps != eps_high (and neither at its default 0.2) a trainer that dropped or swapped them is caught
-    kw = dict(weight_clip="eps", weight_eps=EPS, weight_eps_high=EPS_HIGH, length_normalize=False)
+    kw = dict(weight_clip="eps", weight_eps=EPS, weight_eps_high=EPS_HIGH, logprob_scale="sum")
     if objective == "paced":
         args = _args(tmp_path, objective, paced_kl_coef=KL_COEF, **kw)
         anchor, reward, beta = "old_per_token_logps", "rewards", 1.0 / KL_COEF

@@ -227,14 +227,14 @@ def test_disa_label_compat_checks_the_prompt_format():
 
 def test_disa_trainer_refuses_mismatched_labels(tiny_dir, tmp_path, math_rows):
     with pytest.raises(LabelMismatchError):
-        _trainer(tiny_dir, tmp_path, math_rows, "disa", length_normalize=True)
+        _trainer(tiny_dir, tmp_path, math_rows, "disa", logprob_scale="mean")
     # disa_allow_label_mismatch with a reason: the trainer is built and records what does not match
     tr = _trainer(
         tiny_dir,
         tmp_path,
         math_rows,
         "disa",
-        length_normalize=True,
+        logprob_scale="mean",
         disa_allow_label_mismatch=True,
         disa_mismatch_reason="labels re-derived for mean log-probs",
     )
