@@ -1,6 +1,6 @@
 """llm.base.sandbox: status from the exit status, OS isolation (bwrap level and the fallback), the judge's channel.
 
-The hostile-candidate corpus through the reward API lives in ``tests/llm/hostile/``.
+The hostile-candidate corpus through the reward API lives in ``tests/llm/base/hostile/``.
 """
 
 import contextlib
@@ -406,7 +406,7 @@ def test_judged_values_cross_as_exact_builtins(ret, test, ok):
 
 # a subclass of each type that crosses by value, holding a value EQUAL to the plain one: it crosses as that
 # base value, an exact instance of the base type (none of the subclass's methods cross); the last column is
-# a test of its content. (Each liar of tests/llm/test_sandbox_trust.py holds a DIFFERENT value and earns 0.)
+# a test of its content. (Each liar of tests/llm/base/sandbox/test_trust.py holds a DIFFERENT value and earns 0.)
 _SUB = "import collections, decimal, fractions\n"
 _EXACT_TYPE_CASES = [
     ("type('L', (list,), {})([1, 2])", "[1, 2]", "assert list(f()) == [1, 2]"),
