@@ -321,7 +321,7 @@ PLAIN_LIARS = {
 }
 #: what a handle of a plain object refuses or computes in the judge: a liar's every answer is ignored. Not here,
 #: by the rule: str/repr/format(''), bool, len and iteration of a plain object ARE its own (there is no other
-#: value to lie about; tests/llm/test_sandbox.py::test_judged_protocols_of_returned_objects)
+#: value to lie about; tests/llm/base/sandbox/programs/test_judge.py::test_judged_protocols_of_returned_objects)
 _HANDLE_CHECKS = [c for c in _NUM_CHECKS if not c.startswith(("str(", "repr(", "f'", "'%.1f'"))] + [
     "f(2) in [4] and 4 in [f(2)]",
 ]

@@ -1,7 +1,8 @@
 """llm/base/sandbox/programs/: the program files, each run by path (the codec compiled by the program that
 runs it, in that program's globals), and their functions exercised here directly (the codec imported from
-its file, the bootstrap's and the judge's helpers compiled from theirs); tests/llm/test_sandbox.py runs the
-same programs end to end."""
+its file, the bootstrap's and the judge's helpers compiled from theirs); the other files of
+tests/llm/base/sandbox/ (test_runner.py, programs/test_judge.py, programs/test_boot.py, ...) run the same
+programs end to end."""
 
 import ast
 import collections
