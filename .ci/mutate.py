@@ -25,7 +25,7 @@ into the source at the node's exact span (everything else in the file stays byte
 Use (from the repository root; it edits files in place and restores them, so run it in a worktree of
 its own, never in a checkout another process is testing)::
 
-    python .ci/mutate.py --module llm/disa/stage2/run.py --tests tests/llm/test_stage2.py --per-module 12 \
+    python .ci/mutate.py --module llm/disa/stage2/run.py --tests tests/llm/disa/test_stage2.py --per-module 12 \
         --out build/mutation.jsonl
 
 Every mutant runs the named test files (``pytest -x -q``); a failing run or a run past the timeout kills

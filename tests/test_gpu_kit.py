@@ -73,7 +73,11 @@ def test_dry_run_pytest_section_ran_the_gpu_tests(dry_run):
     _, rec = dry_run
     pt = rec["pytest"]
     files = {p.relative_to(ROOT).as_posix() for p in run.gpu_test_files()}
-    assert {"tests/objectives/test_fused.py", "tests/llm/test_stage1.py", "tests/llm/test_rollout.py"} <= files
+    assert {
+        "tests/objectives/test_fused.py",
+        "tests/llm/disa/test_stage1.py",
+        "tests/llm/base/test_rollout.py",
+    } <= files
     assert pt["ok"] and pt["returncode"] == 0 and pt["failed"] == 0 and pt["error"] == 0
     assert len(pt["tests"]) >= 4 and pt["skipped"] == len(pt["tests"])  # no CUDA here: each skips, none fails
     assert all("needs CUDA" in t["message"] for t in pt["tests"])

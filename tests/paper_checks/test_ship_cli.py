@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_preregistration import SHIPPED, _in_git_checkout
+from tests.claims.test_preregistration import SHIPPED, _in_git_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 

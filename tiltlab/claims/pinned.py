@@ -32,7 +32,7 @@ PIN_KINDS = ("exact", "residual", "stochastic")
 
 #: Names that read as an error or residual (``max_err``, ``max_hessian_err``, ``err_tree``,
 #: ``max_optimum_error``, ``*residual*``): such a number is never pinned by value
-#: (tests/paper_checks/test_pin_kinds.py), nor is a non-zero number smaller than :data:`TINY`.
+#: (tests/claims/test_pin_kinds.py), nor is a non-zero number smaller than :data:`TINY`.
 RESIDUAL_NAME = re.compile(r"(?:^|_)(?:err|error)$|^err_|residual")
 
 TINY = 1e-6

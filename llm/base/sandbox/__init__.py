@@ -83,7 +83,7 @@ of the process group; ``python -I -B`` with a scrubbed environment; stdin from `
 and a PEP 578 audit hook (process creation, signals, sockets, writes outside the working
 directory; ``ctypes`` too below the bwrap level, where numpy needs it) as defense in depth only:
 the candidate can switch it off through the bootstrap's globals, and the hostile corpus in
-``tests/llm/hostile`` does so to show that the OS layers hold without it.
+``tests/llm/base/hostile`` does so to show that the OS layers hold without it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # from the candidate, the verdict pipe, stderr) a ``fork`` whose child is the judge; the reply socket gets the
 # judge's pid and a pidfd, then its exit status. A message ``q`` retires the server: it takes no more requests
 # and exits once its last judge is reaped. When the parent's end closes (the parent is gone, maybe killed with
-# runs in flight) every live judge is killed through its pidfd, then the server exits. (tests/llm/hostile/
+# runs in flight) every live judge is killed through its pidfd, then the server exits. (tests/llm/base/hostile/
 # corpus.py tells the server's process apart by this file's name on its command line.)
 import _ast  # noqa: F401 (imported once here for every judge the server forks)
 import array
