@@ -28,9 +28,9 @@ def subcommand_modules() -> tuple[ModuleType, ...]:
     ``tiltlab llm`` is parsed, not when ``tiltlab --help`` is)."""
     from tiltlab.llm import demo
     from tiltlab.llm.disa import stage1
-    from tiltlab.llm.disa.stage2 import run as stage2
-    from tiltlab.llm.eval import run as evaluate
-    from tiltlab.llm.prepare import run as prepare
+    from tiltlab.llm.disa.stage2 import cli as stage2
+    from tiltlab.llm.eval import cli as evaluate
+    from tiltlab.llm.prepare import cli as prepare
     from tiltlab.llm.train import cli as trainers_cli
 
     return (stage1, stage2, evaluate, trainers_cli, demo, prepare)

@@ -1,10 +1,15 @@
-"""Evaluation estimators (``docs/math.md`` §6): Mean@k, unbiased pass@k, distinct-n."""
+"""Evaluation estimators (``docs/math.md`` §6): Mean@k, unbiased pass@k, distinct-n; and the total variation
+distance between two distributions (the simulator's and the llm checks' distance to the target)."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["distinct_n", "mean_at_k", "pass_at_k"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["distinct_n", "mean_at_k", "pass_at_k", "total_variation", "tv_distance"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,3 +49,15 @@ def distinct_n(texts: Iterable[str] | Iterable[Sequence[Hashable]], n: int = 2) 
             seen.add(tuple(toks[i : i + n]))
             total += 1
     return len(seen) / total if total else 0.0
+
+
+def total_variation(p: Any, q: Any) -> Any:
+    """``1/2 sum |p - q|`` over the last axis of two probability arrays of one shape (torch tensors or numpy
+    arrays: ``abs`` and ``.sum(-1)`` of their type)."""
+    return 0.5 * abs(p - q).sum(-1)
+
+
+def tv_distance(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """``[...]`` total variation ``1/2 sum_y |p - q|`` over the last axis, from log-probabilities (tensors)."""
+    out: Tensor = total_variation(log_p.exp(), log_q.exp())
+    return out

@@ -54,6 +54,7 @@ from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
 from tiltlab.objectives import tb as tb_obj
 from tiltlab.objectives.catalog import names
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.sim import proposals
 from tiltlab.sim.config import RunResult, SimConfig, pg_methods
@@ -75,13 +76,7 @@ __all__ = [
     "stage1_log_z",
     "tb_objective_name",
     "train",
-    "tv_distance",
 ]
-
-
-def tv_distance(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """Total variation ``½ sum_y |p - q|`` over the last axis."""
-    return 0.5 * (logp.exp() - logq.exp()).abs().sum(-1)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:

@@ -335,7 +335,7 @@ def test_long_llm_commands_print_their_output_dir(monkeypatch, tmp_path, capsys)
     """demo, stage1 and eval end with the folder their outputs went to (the runs are stubbed)."""
     import tiltlab.llm.demo as demo
     import tiltlab.llm.disa.stage1 as stage1
-    import tiltlab.llm.eval.run as evaluate
+    import tiltlab.llm.eval.cli as evaluate  # where _cli_main looks run_eval and results_table up
 
     out = tmp_path / "d"
     monkeypatch.setattr(demo, "run_demo", lambda cfg: {"timings": {"total": 1.0}, "figure": str(out / "curves.png")})

@@ -2,7 +2,7 @@
 
 DISA's Stage-1 labels ``log Z_hat(x)`` are the log-partition of ``pi_ref(.|x)`` for the exact
 conditioning string ``x``; Stage 2 embeds it, Stage 3 trains on it and evaluation samples from it.
-Stage 1 (:mod:`tiltlab.llm.disa.stage1`), Stage 2 (:mod:`tiltlab.llm.disa.stage2.run`), evaluation
+Stage 1 (:mod:`tiltlab.llm.disa.stage1`), Stage 2 (:mod:`tiltlab.llm.disa.stage2`), evaluation
 (:mod:`tiltlab.llm.eval.run`) and the online training dataset (:mod:`tiltlab.llm.train.cli`)
 therefore all format prompts here:
 

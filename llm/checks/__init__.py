@@ -2,7 +2,7 @@
 real transformer on an enumerable task with exact ``pi``, ``pi*``, ``log Z`` and TV.
 
 Importing this package registers its checks with ``tiltlab.claims.registry``; the shared task and
-its exact quantities are :mod:`tiltlab.llm.experiments.task`, the checks :mod:`tiltlab.llm.checks.enumerable` and :mod:`tiltlab.llm.checks.paced`
+its exact quantities are :mod:`tiltlab.llm.experiments.task` (its warm-up, training loop and seed pool beside it), the checks :mod:`tiltlab.llm.checks.enumerable` and :mod:`tiltlab.llm.checks.paced`
 (:mod:`tiltlab.llm.checks.computed` judges numbers their memoized runs already compute);
 :mod:`tiltlab.llm.checks.stage1_real` runs Stage 1 on a real pretrained model (SmolLM2-135M-Instruct, vLLM);
 :mod:`tiltlab.llm.checks.real_training` holds what training it with ``tiltlab llm train`` (TRL + colocated

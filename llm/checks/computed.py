@@ -17,9 +17,9 @@ each verdict is at most partly (``cap``).
 
 from __future__ import annotations
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict
-from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
-from tiltlab.llm.experiments import tiny
+from tiltlab.llm.experiments import pool, tiny
 
 from . import enumerable, rules
 
@@ -35,7 +35,7 @@ def _numbers(res, keys) -> dict[str, float]:
     nums: dict[str, float] = {}
     for k in tiny.METHODS:
         for key in keys:
-            nums.update(shared_task.ci_numbers(f"{k}_{key}", res[k][key]))
+            nums.update(stats.ci_numbers(f"{k}_{key}", res[k][key]))
     return nums
 
 
@@ -60,7 +60,7 @@ DIVERSITY_ITEMS = {
 
 @enumerable.tiny_check("disa.table3.diversity", Verdict.PARTLY, DIVERSITY_ITEMS)
 def diversity_coverage(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
 ) -> CheckResult:
     """Table 3's ordering DISA > FlowRL > GRPO, GSPO read on the held-out coverage of the correct set
     (``exp(H(pi restricted to C)) / |C|``, :func:`tiny.evaluate`): five paired items, DISA and FlowRL
@@ -70,7 +70,7 @@ def diversity_coverage(
     d = paired(res, "heldout_coverage", DIVERSITY_PAIRS)
     items = [rules.Item(f"coverage_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_coverage", "heldout_acc"))
-    txt = ", ".join(f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_coverage'])}" for k in tiny.METHODS)
+    txt = ", ".join(f"{tiny.LABELS[k]} {stats.fmt_ci(res[k]['heldout_coverage'])}" for k in tiny.METHODS)
     return enumerable.result(
         items,
         enumerable.ran_items(res),
@@ -95,9 +95,7 @@ CODE_ITEMS = {
 
 
 @enumerable.tiny_check("disa.table2.code_qwen2.5_7b", Verdict.PARTLY, CODE_ITEMS)
-def code_pass_at_k(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
-) -> CheckResult:
+def code_pass_at_k(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0) -> CheckResult:
     """Table 2's pass@16 direction, DISA above GRPO and GSPO (true of the paper's Avg pass@16 on both
     backbones), read as held-out pass@8 (``1 - (1 - p)^8`` per prompt, exact): two paired items. The
     tiny task is not code: it decides only the direction of pass@k between methods; "competitive on
@@ -107,7 +105,7 @@ def code_pass_at_k(
     items = [rules.Item(f"pass8_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_pass8", "heldout_acc"))
     txt = ", ".join(
-        f"{tiny.LABELS[k]} {shared_task.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {shared_task.fmt_ci(res[k]['heldout_acc'])})"
+        f"{tiny.LABELS[k]} {stats.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {stats.fmt_ci(res[k]['heldout_acc'])})"
         for k in tiny.METHODS
     )
     return enumerable.result(
@@ -130,7 +128,7 @@ VARGRAD_ITEMS = {**enumerable._items(("vargrad_beats_learned_logz",)), **enumera
 
 @enumerable.tiny_check("flowrl.vargrad_beats_learned_logz", INCONCLUSIVE, VARGRAD_ITEMS)
 def vargrad_vs_learned(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Fig. 6's "VarGrad ends higher than a learned log Z", read as final TV(pi, pi*) in the remark2 run:
     one paired item, TV(learned_head) - TV(vargrad) (lower TV is better). At most partly: "faster" (the
@@ -139,14 +137,14 @@ def vargrad_vs_learned(
     d = [a - b for a, b in zip(tv["learned_head"], tv["vargrad"])]
     nums: dict[str, float] = {**log.numbers()}
     for k in ("learned_head", "vargrad"):
-        nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
+        nums.update(stats.ci_numbers(f"tv_{k}", tv[k]))
     return enumerable.result(
         [rules.Item("vargrad_beats_learned_logz", tuple(d), enumerable.TV_MARGIN)],
         log.items(),
         f"the remark2 run of disa.remark2.calibration (tiny Qwen3, beta={beta:g}, on-policy, {steps} steps, "
         f"{n_seeds} seeds; a reuse of that one experiment): final TV(pi, pi*) on the train prompts, FlowRL's loss "
-        f"with FlowRL's learned log Z head {shared_task.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
-        f"{shared_task.fmt_ci(tv['vargrad'])}; item: TV(learned) - TV(VarGrad); not run: convergence speed, PACED-RL; "
+        f"with FlowRL's learned log Z head {stats.fmt_ci(tv['learned_head'])}, VarGrad (batch log Z) "
+        f"{stats.fmt_ci(tv['vargrad'])}; item: TV(learned) - TV(VarGrad); not run: convergence speed, PACED-RL; "
         "shared run: decides disa.remark2.calibration, flowrl.vargrad_beats_learned_logz, paced.fig6.vargrad",
         nums,
         cap=Verdict.PARTLY,

@@ -12,9 +12,10 @@ import math
 
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.llm.experiments import pool, tiny, training, warmup
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
-from tiltlab.llm.experiments import tiny
 from tiltlab.objectives.lad import F_DIVERGENCES
 
 from . import rules
@@ -72,7 +73,7 @@ TARGET_TRACKING_ITEMS = {
 
 
 @tiny_check("disa.llm.target_tracking", Verdict.PARTLY, TARGET_TRACKING_ITEMS)
-def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, betas=BETAS) -> CheckResult:
+def target_tracking(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, betas=BETAS) -> CheckResult:
 
     def one(s: int):
         mae: dict[float, list[float]] = {b: [] for b in betas}
@@ -83,7 +84,7 @@ def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 
             p0 = shared_task.pass_rate(shared_task.Policy(torch.tensor(tr), ref.seq_logp[tr], ref.log_probs[tr]), task)
             target = p0 * math.exp(beta) / (p0 * math.exp(beta) + 1 - p0)
             mae0[beta].append(float((p0 - target).abs().mean()))
-            trace = shared_task.train_online(
+            trace = training.train_online(
                 model, task, ref_tok, tiny.disa_fn(lz, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
             acc = shared_task.pass_rate(shared_task.policy(model, task, tr), task)
@@ -91,9 +92,7 @@ def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 
             mae[beta].append(float((acc - target).abs().mean()))
         return mae, mae0, log
 
-    mae, mae0, log = shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "target_tracking")
-    )
+    mae, mae0, log = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "target_tracking"))
     items = [rules.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), TRACK_MARGIN) for b in betas]
     items += [
         rules.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), TRACK_MARGIN)
@@ -101,11 +100,9 @@ def target_tracking(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 
     ]
     nums: dict[str, float] = {**log.numbers()}
     for b in betas:
-        nums.update(shared_task.ci_numbers(f"mae_beta{b:g}", mae[b]))
+        nums.update(stats.ci_numbers(f"mae_beta{b:g}", mae[b]))
         nums[f"mae_start_beta{b:g}"] = sum(mae0[b]) / len(mae0[b])
-    txt = "; ".join(
-        f"beta={b:g}: MAE {shared_task.fmt_ci(mae[b])} (start {nums[f'mae_start_beta{b:g}']:.3f})" for b in betas
-    )
+    txt = "; ".join(f"beta={b:g}: MAE {stats.fmt_ci(mae[b])} (start {nums[f'mae_start_beta{b:g}']:.3f})" for b in betas)
     return result(
         items,
         log.items(),
@@ -122,7 +119,7 @@ per-prompt table at the policy's learning rate), and Holm ties the two items tog
 
 @tiny_check("disa.remark2.calibration", INCONCLUSIVE, REMARK2_ITEMS)
 def logz_variants(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, grad_draws: int = 12
 ) -> CheckResult:
     """Remark 2's mechanism: a log Z that is learned jointly with the policy (FlowRL's head,
     :data:`FLOWRL_HEAD`, a submodule of the policy trained by the policy's optimiser at its learning
@@ -134,24 +131,24 @@ def logz_variants(
     tv, gv, lab_err, head_err0, head_err, log = tiny.logz_variants_raw(seed, n_seeds, steps, beta, grad_draws)
     nums: dict[str, float] = {**log.numbers()}
     for k in names:
-        nums.update(shared_task.ci_numbers(f"tv_{k}", tv[k]))
-        nums.update(shared_task.ci_numbers(f"gradvar_{k}", gv[k]))
+        nums.update(stats.ci_numbers(f"tv_{k}", tv[k]))
+        nums.update(stats.ci_numbers(f"gradvar_{k}", gv[k]))
     nums["label_abs_err_m4"] = sum(lab_err) / len(lab_err)
-    nums.update(shared_task.ci_numbers("learned_head_abs_err_start", head_err0))
-    nums.update(shared_task.ci_numbers("learned_head_abs_err_end", head_err))
+    nums.update(stats.ci_numbers("learned_head_abs_err_start", head_err0))
+    nums.update(stats.ci_numbers("learned_head_abs_err_end", head_err))
     for k in ("exact_plus_noise", "vargrad"):
-        nums.update(shared_task.ci_numbers(f"tv_diff_{k}", [a - b for a, b in zip(tv[k], tv["exact"])]))
+        nums.update(stats.ci_numbers(f"tv_diff_{k}", [a - b for a, b in zip(tv[k], tv["exact"])]))
     items = [
         rules.Item(f"{k}_distorts", tuple(a - b for a, b in zip(tv[k], tv["exact"])), TV_MARGIN) for k in REMARK2_JUDGED
     ]
-    txt = ", ".join(f"{k} {shared_task.fmt_ci(tv[k])}" for k in names)
+    txt = ", ".join(f"{k} {stats.fmt_ci(tv[k])}" for k in names)
     gtxt = ", ".join(f"{k} {sum(gv[k]) / len(gv[k]):.3g}" for k in names)
     return result(
         items,
         log.items(),
         f"beta={beta:g}, on-policy, {steps} steps, {n_seeds} seeds: final TV(pi, pi*) {txt}; mean |log Z error|: IS "
         f"label M=4 {nums['label_abs_err_m4']:.3f}, FlowRL's head (MLP on the prompt's hidden states, policy's "
-        f"optimiser and lr) at the start {shared_task.fmt_ci(head_err0)}, at the end {shared_task.fmt_ci(head_err)}; "
+        f"optimiser and lr) at the start {stats.fmt_ci(head_err0)}, at the end {stats.fmt_ci(head_err)}; "
         f"not judged: exact+N(0,1) minus exact {nums['tv_diff_exact_plus_noise']:+.3f}, VarGrad minus exact "
         f"{nums['tv_diff_vargrad']:+.3f}; grad variance at pi_ref {gtxt}; items are TV(variant) - TV(exact)",
         nums,
@@ -182,7 +179,7 @@ def knee_stat(var: dict[int, float], ms) -> tuple[float, float]:
 @tiny_check("disa.d3.teacher_m_study", Verdict.VERIFIED, M_STUDY_ITEMS)
 def m_study(
     seed: int,
-    n_seeds: int = shared_task.N_SEEDS,
+    n_seeds: int = pool.N_SEEDS,
     steps: int = tiny.STEPS,
     beta: float = 2.0,
     ms=(1, 2, 4, 8, 16, 32, 128),
@@ -219,8 +216,8 @@ def m_study(
         for m in tv3:
             lab = lz.clone()
             lab[tr] = tiny.stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
-            model, _ = shared_task.warm_reference(s)
-            trace = shared_task.train_online(
+            model, _ = warmup.warm_reference(s)
+            trace = training.train_online(
                 model, task, ref_tok, tiny.disa_fn(lab, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
             ev = tiny.evaluate(model, task, tr, ref, beta)
@@ -228,17 +225,15 @@ def m_study(
             tv3[m].append(ev["tv"])
         return var, bias, tv3, slopes, log
 
-    var, bias, tv3, slopes, log = shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "m_study")
-    )
+    var, bias, tv3, slopes, log = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "m_study"))
     nums: dict[str, float] = {**log.numbers()}
     for m in ms:
-        nums.update(shared_task.ci_numbers(f"var_m{m}", var[m]))
-        nums.update(shared_task.ci_numbers(f"relbias_m{m}", bias[m]))
+        nums.update(stats.ci_numbers(f"var_m{m}", var[m]))
+        nums.update(stats.ci_numbers(f"relbias_m{m}", bias[m]))
     for m in tv3:
-        nums.update(shared_task.ci_numbers(f"stage3_tv_m{m}", tv3[m]))
-    nums.update(shared_task.ci_numbers("slope_before_8", [a for a, _ in slopes]))
-    nums.update(shared_task.ci_numbers("slope_after_8", [b for _, b in slopes]))
+        nums.update(stats.ci_numbers(f"stage3_tv_m{m}", tv3[m]))
+    nums.update(stats.ci_numbers("slope_before_8", [a for a, _ in slopes]))
+    nums.update(stats.ci_numbers("slope_after_8", [b for _, b in slopes]))
     lo_m, hi_m = ms[0], ms[-1]
     items = [
         rules.Item(
@@ -256,9 +251,9 @@ def m_study(
         + ", ".join(f"M={m} {nums[f'var_m{m}']:.3g}" for m in ms)
         + "; median relative bias "
         + ", ".join(f"M={m} {nums[f'relbias_m{m}']:+.3f}" for m in ms)
-        + f"; log-log variance slope up to M=8 {shared_task.fmt_ci([a for a, _ in slopes])}, from M=8 "
-        f"{shared_task.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {shared_task.fmt_ci(tv3[1])}, M=8 {shared_task.fmt_ci(tv3[8])}, M=128 "
-        f"{shared_task.fmt_ci(tv3[128])}; items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})|, "
+        + f"; log-log variance slope up to M=8 {stats.fmt_ci([a for a, _ in slopes])}, from M=8 "
+        f"{stats.fmt_ci([b for _, b in slopes])}; Stage-3 TV M=1 {stats.fmt_ci(tv3[1])}, M=8 {stats.fmt_ci(tv3[8])}, M=128 "
+        f"{stats.fmt_ci(tv3[128])}; items: log var(M={lo_m}) - log var(M={hi_m}), |bias(M={lo_m})| - |bias(M={hi_m})|, "
         "knee = 0.5 |slope before 8| - |slope after 8| (context: by construction), Stage-3 TV M=8 - M=128 (equivalence)",
         nums,
     )
@@ -269,7 +264,7 @@ PROPOSAL_ITEMS = {**_items(("strong_beats_weak",)), **RAN}
 
 @tiny_check("disa.fig3.proposal_strength", INCONCLUSIVE, PROPOSAL_ITEMS)
 def proposal_strength(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, m: int = 8
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 2.0, m: int = 8
 ) -> CheckResult:
     """Fig. 3: a weaker proposal lowers Stage-3 accuracy. One judged item: accuracy with the strong
     proposal (the hinted prompt, pass rate 0.9) minus with the weak one (the level-0 prompt), paired
@@ -298,24 +293,22 @@ def proposal_strength(
             lab = lz.clone()
             lab[tr] = tiny.stage1_labels(ref, task, tr, beta, m, gen, proposal=q)
             err[k].append(float((lab[tr] - lz[tr]).pow(2).mean().sqrt()))
-            model, _ = shared_task.warm_reference(s)
-            trace = shared_task.train_online(
+            model, _ = warmup.warm_reference(s)
+            trace = training.train_online(
                 model, task, ref_tok, tiny.disa_fn(lab, beta), prompts=tr, steps=steps, lr=tiny.LR, seed=s
             )
             acc[k].append(tiny.evaluate(model, task, tr)["acc"])
             log.add(trace, base[-1], acc[k][-1])
         return err, qpass, acc, base, log
 
-    err, qpass, acc, base, log = shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "proposal_strength")
-    )
-    nums: dict[str, float] = {**shared_task.ci_numbers("acc_backbone", base), **log.numbers()}
+    err, qpass, acc, base, log = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "proposal_strength"))
+    nums: dict[str, float] = {**stats.ci_numbers("acc_backbone", base), **log.numbers()}
     for k in kinds:
-        nums.update(shared_task.ci_numbers(f"label_rmse_{k}", err[k]))
-        nums.update(shared_task.ci_numbers(f"acc_{k}", acc[k]))
+        nums.update(stats.ci_numbers(f"label_rmse_{k}", err[k]))
+        nums.update(stats.ci_numbers(f"acc_{k}", acc[k]))
         nums[f"proposal_pass_{k}"] = sum(qpass[k]) / len(qpass[k])
     above = [a - b for a, b in zip(acc["level0"], base)]
-    nums.update(shared_task.ci_numbers("context_weak_minus_backbone", above))
+    nums.update(stats.ci_numbers("context_weak_minus_backbone", above))
     items = [rules.Item("strong_beats_weak", tuple(a - b for a, b in zip(acc["hint"], acc["level0"])), ACC_MARGIN)]
     return result(
         items,
@@ -323,10 +316,10 @@ def proposal_strength(
         f"beta={beta:g}, M={m}, {n_seeds} seeds; proposal pass rates "
         + ", ".join(f"{k} {nums[f'proposal_pass_{k}']:.3f}" for k in kinds)
         + "; label RMSE "
-        + ", ".join(f"{k} {shared_task.fmt_ci(err[k])}" for k in kinds)
+        + ", ".join(f"{k} {stats.fmt_ci(err[k])}" for k in kinds)
         + "; Stage-3 accuracy "
-        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in kinds)
-        + f", backbone {shared_task.fmt_ci(base)}; context (by construction, not judged): weak - backbone {shared_task.fmt_ci(above)}; "
+        + ", ".join(f"{k} {stats.fmt_ci(acc[k])}" for k in kinds)
+        + f", backbone {stats.fmt_ci(base)}; context (by construction, not judged): weak - backbone {stats.fmt_ci(above)}; "
         "item: accuracy with the strong (hint) minus the weak (level-0) proposal",
         nums,
     )
@@ -342,7 +335,7 @@ LOGZ_MARGIN = 0.02
 
 
 @tiny_check("disa.stage2.denoising", Verdict.VERIFIED, STAGE2_ITEMS)
-def stage2_denoising(seed: int, n_seeds: int = shared_task.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
+def stage2_denoising(seed: int, n_seeds: int = pool.N_SEEDS, beta: float = 2.0, m: int = 2) -> CheckResult:
     """Stage 2 on held-out prompts: RMSE to the exact log Z of the raw M = 2 labels minus that of
     the regressor's predictions, paired per seed. "It ran": the fit's training MSE fell below its
     first epoch's and its held-out predictions are not constant."""
@@ -371,16 +364,14 @@ def stage2_denoising(seed: int, n_seeds: int = shared_task.N_SEEDS, beta: float 
         raw.append(float((lab[ho] - lz[ho]).pow(2).mean().sqrt()))
         return raw, pred, improved, varies
 
-    raw, pred, improved, varies = shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "stage2_denoising")
-    )
-    nums = {**shared_task.ci_numbers("rmse_raw_label", raw), **shared_task.ci_numbers("rmse_regressor", pred)}
+    raw, pred, improved, varies = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "stage2_denoising"))
+    nums = {**stats.ci_numbers("rmse_raw_label", raw), **stats.ci_numbers("rmse_regressor", pred)}
     items = [rules.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), LOGZ_MARGIN)]
     return result(
         items,
         {"ran_fit_improved": all(improved), "ran_predictions_vary": all(varies)},
         f"beta={beta:g}, M={m} labels, {n_seeds} seeds, held-out t in {shared_task.HELD_OUT_T}: RMSE to exact log Z raw labels "
-        f"{shared_task.fmt_ci(raw)}, Stage-2 regressor {shared_task.fmt_ci(pred)}; item: raw RMSE - regressor RMSE",
+        f"{stats.fmt_ci(raw)}, Stage-2 regressor {stats.fmt_ci(pred)}; item: raw RMSE - regressor RMSE",
         nums,
     )
 
@@ -403,9 +394,7 @@ The expectations are those that run gives under these items (regression markers)
 
 
 @tiny_check("disa.table1.math_qwen2.5_7b", INCONCLUSIVE, TABLE1_ITEMS)
-def methods_compare(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0
-) -> CheckResult:
+def methods_compare(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, beta: float = 4.0) -> CheckResult:
     """Table 1's ordering, held-out accuracy: DISA and FlowRL (one beta, one reward transform; DISA
     with Stage-1/2 estimated labels, FlowRL with its learned log Z) each above GRPO and GSPO: four
     paired items, DISA's two judged, FlowRL's two context (the DISA paper's claim is judged on DISA). One run decides both Table-1 claims (two backbones): the run is memoized and the
@@ -417,16 +406,16 @@ def methods_compare(
     nums: dict[str, float] = {}
     for k in (*names, *tiny.CONTEXT_METHODS):
         for key, xs in res[k].items():
-            nums.update(shared_task.ci_numbers(f"{k}_{key}", xs))
-    nums.update(shared_task.ci_numbers("disa_label_rmse_train", res["_label_rmse"]["train"]))
+            nums.update(stats.ci_numbers(f"{k}_{key}", xs))
+    nums.update(stats.ci_numbers("disa_label_rmse_train", res["_label_rmse"]["train"]))
     head = res["_flowrl_head"]
-    nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_start", head["abs_err_start"]))
-    nums.update(shared_task.ci_numbers("flowrl_logz_abs_err_end", head["abs_err_end"]))
+    nums.update(stats.ci_numbers("flowrl_logz_abs_err_start", head["abs_err_start"]))
+    nums.update(stats.ci_numbers("flowrl_logz_abs_err_end", head["abs_err_end"]))
     h = {k: res[k]["heldout_acc"] for k in (*names, *tiny.CONTEXT_METHODS)}
-    nums.update(shared_task.ci_numbers("context_disa_minus_flowrl", [a - b for a, b in zip(h["disa"], h["flowrl"])]))
+    nums.update(stats.ci_numbers("context_disa_minus_flowrl", [a - b for a, b in zip(h["disa"], h["flowrl"])]))
     context_pairs = [(a, b) for a in ("disa", "flowrl") for b in tiny.CONTEXT_METHODS]
     for a, b in context_pairs:
-        nums.update(shared_task.ci_numbers(f"context_{a}_minus_{b}", [x - y for x, y in zip(h[a], h[b])]))
+        nums.update(stats.ci_numbers(f"context_{a}_minus_{b}", [x - y for x, y in zip(h[a], h[b])]))
     items = [
         rules.Item(
             f"{a}_minus_{b}",
@@ -437,11 +426,11 @@ def methods_compare(
         for a, b in TABLE1_PAIRS
     ]
     txt = "; ".join(
-        f"{k}: held-out {shared_task.fmt_ci(h[k])}, Mean (train) {shared_task.fmt_ci(res[k]['acc'])}, pass@8 {shared_task.fmt_ci(res[k]['pass8'])}"
+        f"{k}: held-out {stats.fmt_ci(h[k])}, Mean (train) {stats.fmt_ci(res[k]['acc'])}, pass@8 {stats.fmt_ci(res[k]['pass8'])}"
         for k in names
     )
     ctx = (
-        "; ".join(f"{k} held-out {shared_task.fmt_ci(h[k])}" for k in tiny.CONTEXT_METHODS)
+        "; ".join(f"{k} held-out {stats.fmt_ci(h[k])}" for k in tiny.CONTEXT_METHODS)
         + "; "
         + ", ".join(
             f"{tiny.LABELS[a]} - {tiny.LABELS[b]} {nums[f'context_{a}_minus_{b}']:+.3f}" for a, b in context_pairs
@@ -454,7 +443,7 @@ def methods_compare(
         f"tiny Qwen3, {steps} steps, {n_seeds} seeds, beta={beta:g} for DISA and FlowRL (raw 0/1 reward, sequence sums); "
         f"DISA log Z from Stage 1 (M={tiny.STAGE1_M}, q=pi_ref) + Stage 2 (label RMSE "
         f"{nums['disa_label_rmse_train']:.3f}); FlowRL's log Z head trained with the policy (mean |log Z_phi - log Z| "
-        f"on the train prompts: start {shared_task.fmt_ci(head['abs_err_start'])}, end {shared_task.fmt_ci(head['abs_err_end'])}): {txt}; "
+        f"on the train prompts: start {stats.fmt_ci(head['abs_err_start'])}, end {stats.fmt_ci(head['abs_err_end'])}): {txt}; "
         f"context: DISA - FlowRL "
         f"{nums['context_disa_minus_flowrl']:+.3f}; context arms, not judged (TRL's defaults, pi_old every "
         f"{tiny.CONTEXT_OLD_EVERY} steps so their ratios leave 1): {ctx}; shared run: decides disa.table1.math_qwen2.5_7b "
@@ -494,7 +483,7 @@ LAD_ITEMS = {
 
 @tiny_check("lad.strict_better", Verdict.PARTLY, LAD_ITEMS)
 def lad_divergences(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Strict divergences (TV, Hellinger, JS) beat the others (KL, rKL, Jeffreys) on train accuracy,
     judged per divergence: nine paired items, each strict one minus each non-strict one (Holm over the
@@ -502,12 +491,12 @@ def lad_divergences(
     acc, _, log = tiny.lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
     for k in tiny.LAD_NAMES:
-        nums.update(shared_task.ci_numbers(f"acc_{k}", acc[k]))
+        nums.update(stats.ci_numbers(f"acc_{k}", acc[k]))
     return result(
         [rules.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), ACC_MARGIN) for a, b in STRICT_PAIRS],
         log.items(),
         f"eta={eta:g}, pi_old refreshed every {old_every} steps, {steps} steps, {n_seeds} seeds, final train accuracy: "
-        + ", ".join(f"{k} {shared_task.fmt_ci(acc[k])}" for k in tiny.LAD_NAMES)
+        + ", ".join(f"{k} {stats.fmt_ci(acc[k])}" for k in tiny.LAD_NAMES)
         + "; items: each of TV/Hellinger/JS minus each of KL/rKL/Jeffreys (9); shared run with lad.table8.divergences",
         nums,
     )
@@ -525,7 +514,7 @@ LAD8_ITEMS = {
 
 @tiny_check("lad.table8.divergences", Verdict.PARTLY, LAD8_ITEMS)
 def lad_table8(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, eta: float = 1.0, old_every: int = 4
 ) -> CheckResult:
     """Table 8's ranking on the held-out split (the paper's metric is test accuracy): five paired items,
     adjacent divergences in the paper's order (:data:`TABLE8_ORDER`), each the better-ranked minus the
@@ -534,13 +523,13 @@ def lad_table8(
     _, hacc, log = tiny.lad_raw(seed, n_seeds, steps, eta, old_every)
     nums: dict[str, float] = {**log.numbers()}
     for k in tiny.LAD_NAMES:
-        nums.update(shared_task.ci_numbers(f"heldout_acc_{k}", hacc[k]))
+        nums.update(stats.ci_numbers(f"heldout_acc_{k}", hacc[k]))
     return result(
         [rules.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), ACC_MARGIN) for a, b in TABLE8_PAIRS],
         log.items(),
         f"the lad.strict_better run (eta={eta:g}, pi_old every {old_every} steps, {steps} steps, {n_seeds} seeds; "
         "shared run), held-out accuracy: "
-        + ", ".join(f"{k} {shared_task.fmt_ci(hacc[k])}" for k in TABLE8_ORDER)
+        + ", ".join(f"{k} {stats.fmt_ci(hacc[k])}" for k in TABLE8_ORDER)
         + "; items: adjacent pairs in Table 8's order (avg@32 Average) "
         + " > ".join(TABLE8_ORDER)
         + ", each the better-ranked minus the next",
@@ -555,22 +544,20 @@ FPA_ITEMS = {**_items(FPA_JUDGED, **{k: (True, False) for k in FPA_JUDGED}), **R
 
 
 @tiny_check("fpa.figs2_4.llm_dynamics", Verdict.VERIFIED, FPA_ITEMS)
-def fpa_entanglement(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=tiny.FPA_LAMS
-) -> CheckResult:
+def fpa_entanglement(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = 150, lams=tiny.FPA_LAMS) -> CheckResult:
     """Figs. 2-4 at small scale, every item a per-seed paired difference (same seed, same warm-up,
     same offline data for every lambda): Off-RL (lambda = 0) lowers log pi - log pi_ref of correct
     and of incorrect answers; FPA (lambda = 1) keeps correct ones above Off-RL's; FPA raises
     accuracy above pi_ref."""
     r = tiny.fpa_raw(seed, n_seeds, steps, lams)
     acc, dcorr, dinc, base, parts, log = r["acc"], r["dcorr"], r["dinc"], r["base"], r["parts"], r["log"]
-    nums: dict[str, float] = {**shared_task.ci_numbers("acc_ref", base), **log.numbers()}
+    nums: dict[str, float] = {**stats.ci_numbers("acc_ref", base), **log.numbers()}
     for lam in lams:
-        nums.update(shared_task.ci_numbers(f"acc_lam{lam:g}", acc[lam]))
-        nums.update(shared_task.ci_numbers(f"dlogp_correct_lam{lam:g}", dcorr[lam]))
-        nums.update(shared_task.ci_numbers(f"dlogp_incorrect_lam{lam:g}", dinc[lam]))
+        nums.update(stats.ci_numbers(f"acc_lam{lam:g}", acc[lam]))
+        nums.update(stats.ci_numbers(f"dlogp_correct_lam{lam:g}", dcorr[lam]))
+        nums.update(stats.ci_numbers(f"dlogp_incorrect_lam{lam:g}", dinc[lam]))
     for part, xs in parts.items():
-        nums.update(shared_task.ci_numbers(f"acc_lam1_{part}", xs))
+        nums.update(stats.ci_numbers(f"acc_lam1_{part}", xs))
     items = [
         rules.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), DLOGP_MARGIN),
         rules.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), DLOGP_MARGIN),
@@ -581,15 +568,15 @@ def fpa_entanglement(
     return result(
         items,
         log.items(),
-        f"offline data 8/prompt from pi_ref, {steps} steps, {n_seeds} seeds: accuracy ref {shared_task.fmt_ci(base)}, "
-        + ", ".join(f"lam={lam:g} {shared_task.fmt_ci(acc[lam])}" for lam in lams)
+        f"offline data 8/prompt from pi_ref, {steps} steps, {n_seeds} seeds: accuracy ref {stats.fmt_ci(base)}, "
+        + ", ".join(f"lam={lam:g} {stats.fmt_ci(acc[lam])}" for lam in lams)
         + "; mean log pi - log pi_ref correct/incorrect "
         + ", ".join(
             f"lam={lam:g} {nums[f'dlogp_correct_lam{lam:g}']:+.2f}/{nums[f'dlogp_incorrect_lam{lam:g}']:+.2f}"
             for lam in lams
         )
-        + f"; lam=1 FPA on the correct rows only {shared_task.fmt_ci(parts['correct_only'])}, on the incorrect rows only "
-        f"{shared_task.fmt_ci(parts['incorrect_only'])} (Off-RL's weight on the other rows, all data kept)"
+        + f"; lam=1 FPA on the correct rows only {stats.fmt_ci(parts['correct_only'])}, on the incorrect rows only "
+        f"{stats.fmt_ci(parts['incorrect_only'])} (Off-RL's weight on the other rows, all data kept)"
         + "; items: -dlogp correct (lam 0), -dlogp incorrect (lam 0), dlogp correct lam 1 - lam 0, accuracy lam 1 - "
         "pi_ref; shared run with fpa.table6.* (one experiment)",
         nums,
@@ -601,7 +588,7 @@ TABLE6_ITEMS = {**_items([f"lam12_minus_lam{lam:g}" for lam in TABLE6_OTHERS], l
 
 
 @tiny_check("fpa.table6.lambda_qwen3_4b", Verdict.PARTLY, TABLE6_ITEMS)
-def fpa_lambda_best(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150) -> CheckResult:
+def fpa_lambda_best(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = 150) -> CheckResult:
     """Table 6's direction ("lambda in {1, 2} best"), held-out accuracy: the mean of lambda = 1 and 2
     minus each other lambda of the sweep (0, 5, 20; no lambda = 10), three paired items (no
     max over noisy arms). One run serves the three backbones' claims and the Figs. 2-4 claim: a

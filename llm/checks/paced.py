@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict
+from tiltlab.llm.experiments import pool, tiny, training, warmup
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
-from tiltlab.llm.experiments import tiny
 from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, select_prompts
 from tiltlab.objectives.pg import group_advantages, grpo_loss
@@ -46,7 +47,7 @@ EARLY = 25
 def paced_fn(table: torch.Tensor, beta: float):
     """PACED's TB (anchored on the rollout policy) with a per-prompt ``log Z_phi`` table ``[P_all]``."""
 
-    def fn(b: shared_task.Batch) -> torch.Tensor:
+    def fn(b: training.Batch) -> torch.Tensor:
         lp, lo = sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_old, b.mask)
         lz = table[b.prompt_idx].repeat_interleave(b.ans.shape[1])
         return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta)).loss
@@ -62,20 +63,20 @@ def table_abs_err(model, task: shared_task.EnumTask, idx: torch.Tensor, table: t
     return float((table.detach()[idx].double() - beta * p).abs().mean())
 
 
-def _grpo(b: shared_task.Batch) -> torch.Tensor:
+def _grpo(b: training.Batch) -> torch.Tensor:
     return grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
 
 ARMS = (*(f"tau{t:g}" for t in TAUS), "no_selection", "grpo")
 
 
-def paced_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS, taus=TAUS, beta: float = BETA):
+def paced_raw(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS, taus=TAUS, beta: float = BETA):
     """Per seed and arm: final train / held-out accuracy, held-out accuracy at step ``EARLY``, mean
     reward of the trained batches, and the mean ``pi_ref`` pass rate of the prompts trained in the
     first and the last fifth of the run. Arms: PACED at each tau, the same objective on random
     prompts (``no_selection``), GRPO on random prompts. Memoized per process."""
     return tiny._memo(
-        ("paced", seed, n_seeds, steps, tuple(taus), beta, shared_task.WARM_STEPS),
+        ("paced", seed, n_seeds, steps, tuple(taus), beta, warmup.WARM_STEPS),
         lambda: _paced_raw(seed, n_seeds, steps, taus, beta),
     )
 
@@ -98,7 +99,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
         )
         init = beta * pass_rate_from_log_z(tiny.stage1_labels(ref, task, tr, beta, 8, gen), beta)
         for arm, tau in zip(arms, (*taus, None, None)):
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
             with torch.no_grad():
                 table[tr_t] = init.float()
@@ -114,7 +115,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
 
             inner = _grpo if arm == "grpo" else paced_fn(table, beta)
 
-            def fn(b: shared_task.Batch, inner=inner, trained=trained, rewards=rewards) -> torch.Tensor:
+            def fn(b: training.Batch, inner=inner, trained=trained, rewards=rewards) -> torch.Tensor:
                 trained.append(b.prompt_idx.clone())
                 rewards.append(float(b.reward.mean()))
                 return inner(b)
@@ -124,7 +125,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
                     early.append(float(shared_task.pass_rate(shared_task.policy(model, task, ho), task).mean()))
                     model.train()
 
-            trace = shared_task.train_online(
+            trace = training.train_online(
                 model,
                 task,
                 ref_tok,
@@ -152,7 +153,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
         res["_log"] = log
         return res
 
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "paced_tau_sweep"))
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "paced_tau_sweep"))
 
 
 def _paired(res, a: str, others: tuple[str, ...], key: str = "heldout_acc") -> list[float]:
@@ -187,24 +188,24 @@ def _sweep_numbers(res, steps: int, n_seeds: int):
     nums: dict[str, float] = {**res["_log"].numbers()}
     for arm, r in arms.items():
         for k, xs in r.items():
-            nums.update(shared_task.ci_numbers(f"{arm}_{k}", xs))
+            nums.update(stats.ci_numbers(f"{arm}_{k}", xs))
     for arm, errs in res["_logz"].items():
         for k, xs in errs.items():
-            nums.update(shared_task.ci_numbers(f"{arm}_logz_table_{k}", xs))
+            nums.update(stats.ci_numbers(f"{arm}_logz_table_{k}", xs))
     tracks = [a - b for a, b in zip(res["tau0.9"]["batch_reward"], res["tau0.1"]["batch_reward"])]
-    nums.update(shared_task.ci_numbers("context_train_reward_tracks_tau", tracks))
+    nums.update(stats.ci_numbers("context_train_reward_tracks_tau", tracks))
     err = res["_logz"]["tau0.5"]
     txt = (
         f"PACED (TB anchored on pi_old, beta={BETA:g}, log Z_phi a per-prompt table (not PACED's MLP on pi_ref "
         f"embeddings), Adam lr {LOGZ_LR:g}, started at beta x the Stage-1 M=8 pass-rate estimate; tau=0.5's mean "
-        f"|table - beta p_theta| start {shared_task.fmt_ci(err['abs_err_start'])}, end {shared_task.fmt_ci(err['abs_err_end'])}; "
+        f"|table - beta p_theta| start {stats.fmt_ci(err['abs_err_start'])}, end {stats.fmt_ci(err['abs_err_end'])}; "
         f"8 of the train prompts per step), "
         f"{steps} steps, {n_seeds} seeds; held-out accuracy: "
-        + ", ".join(f"{a} {shared_task.fmt_ci(arms[a]['heldout_acc'])}" for a in arms)
+        + ", ".join(f"{a} {stats.fmt_ci(arms[a]['heldout_acc'])}" for a in arms)
         + f"; at step {min(EARLY, steps)}: "
-        + ", ".join(f"{a} {shared_task.fmt_ci(arms[a]['heldout_early'])}" for a in arms if a.startswith("tau"))
+        + ", ".join(f"{a} {stats.fmt_ci(arms[a]['heldout_early'])}" for a in arms if a.startswith("tau"))
         + "; items: held-out tau=0.5 - mean(0.1, 0.9), mean(others) - tau=0.1, tau=0.9 - mean(others) at the early "
-        f"step; context (holds by selection, not judged): batch reward tau=0.9 - tau=0.1 {shared_task.fmt_ci(tracks)}"
+        f"step; context (holds by selection, not judged): batch reward tau=0.9 - tau=0.1 {stats.fmt_ci(tracks)}"
     )
     return nums, txt
 
@@ -216,14 +217,14 @@ def _sweep_result(seed: int, n_seeds: int, steps: int, shared: str) -> CheckResu
 
 
 @enumerable.tiny_check("paced.tau_sweep", INCONCLUSIVE, TAU_SWEEP_ITEMS)
-def tau_sweep(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
+def tau_sweep(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED selection at tau in {0.1, 0.3, 0.5, 0.7, 0.9} plus a no-selection arm, held-out accuracy;
     three paired items (:func:`_sweep_items`) under :func:`rules.judge`."""
     return _sweep_result(seed, n_seeds, steps, "shared run with paced.fig4.tau_llm, paced.fig5, paced.table1.*")
 
 
 @enumerable.tiny_check("paced.fig4.tau_llm", INCONCLUSIVE, FIG4_ITEMS)
-def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
+def tau_sweep_fig4(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Fig. 4: the items of :func:`tau_sweep` (one experiment for both claims). "Train accuracy
     tracks tau" (batch reward at tau = 0.9 above tau = 0.1) holds from the selection itself and is
     reported as context, not judged."""
@@ -231,7 +232,7 @@ def tau_sweep_fig4(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = t
 
 
 @enumerable.tiny_check("paced.table1.math_qwen2.5_math_1.5b", INCONCLUSIVE, TABLE1_ITEMS)
-def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
+def paced_vs_baselines(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """PACED (tau = 0.5) vs GRPO and vs FlowRL (the memoized 4-method run: same seeds, steps, learning
     rate, prompts and beta), held-out accuracy, two paired items; at most partly (DS, LILO and
     MoPPS are not run). One run for both backbones' claims."""
@@ -239,9 +240,9 @@ def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int
     m = tiny.methods_raw(seed, n_seeds, steps)
     p = res["tau0.5"]["heldout_acc"]
     nums = {
-        **shared_task.ci_numbers("paced_heldout_acc", p),
-        **shared_task.ci_numbers("grpo_heldout_acc", res["grpo"]["heldout_acc"]),
-        **shared_task.ci_numbers("flowrl_heldout_acc", m["flowrl"]["heldout_acc"]),
+        **stats.ci_numbers("paced_heldout_acc", p),
+        **stats.ci_numbers("grpo_heldout_acc", res["grpo"]["heldout_acc"]),
+        **stats.ci_numbers("flowrl_heldout_acc", m["flowrl"]["heldout_acc"]),
     }
     items = [
         rules.Item(
@@ -256,10 +257,10 @@ def paced_vs_baselines(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int
     return enumerable.result(
         items,
         ran,
-        f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {shared_task.fmt_ci(p)}, GRPO "
-        f"{shared_task.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (its log Z head trained with the policy, beta={BETA:g}, raw "
+        f"{steps} steps, {n_seeds} seeds, held-out accuracy: PACED tau=0.5 {stats.fmt_ci(p)}, GRPO "
+        f"{stats.fmt_ci(res['grpo']['heldout_acc'])}, FlowRL (its log Z head trained with the policy, beta={BETA:g}, raw "
         "reward) "
-        f"{shared_task.fmt_ci(m['flowrl']['heldout_acc'])}; DS/LILO/MoPPS not run; shared run: decides both paced.table1 claims",
+        f"{stats.fmt_ci(m['flowrl']['heldout_acc'])}; DS/LILO/MoPPS not run; shared run: decides both paced.table1 claims",
         nums,
         cap=Verdict.PARTLY,
     )
@@ -273,7 +274,7 @@ FIG5_ITEMS = {**enumerable._items(("difficulty_rise",)), **enumerable.RAN}
 
 
 @enumerable.tiny_check("paced.fig5.difficulty_rises", INCONCLUSIVE, FIG5_ITEMS)
-def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
+def difficulty_rises(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STEPS) -> CheckResult:
     """Difficulty (1 - pi_ref's pass rate) of the trained prompts, last fifth minus first fifth of
     the run, PACED at tau = 0.5 (the no-selection arm reported: constant by construction)."""
     res = paced_raw(seed, n_seeds, steps)
@@ -281,12 +282,12 @@ def difficulty_rises(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int =
         a: [e - l for e, l in zip(res[a]["ref_pass_early"], res[a]["ref_pass_late"])]
         for a in ("tau0.5", "no_selection")
     }
-    nums = {**shared_task.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
+    nums = {**stats.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
     return enumerable.result(
         [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), enumerable.ACC_MARGIN)],
         res["_log"].items(),
         f"{steps} steps, {n_seeds} seeds: rise of the trained prompts' difficulty (1 - pi_ref pass rate), last fifth "
-        f"minus first fifth: PACED tau=0.5 {shared_task.fmt_ci(rise['tau0.5'])}, no selection (context) "
-        f"{shared_task.fmt_ci(rise['no_selection'])}; the paced.tau_sweep run",
+        f"minus first fifth: PACED tau=0.5 {stats.fmt_ci(rise['tau0.5'])}, no selection (context) "
+        f"{stats.fmt_ci(rise['no_selection'])}; the paced.tau_sweep run",
         nums,
     )

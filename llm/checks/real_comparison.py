@@ -56,8 +56,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
-from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
+from tiltlab.llm.experiments import pool as seed_pool  # ("pool" is a local name)
 
 from . import rules
 from .real_training import step_times, trained_items, weights_moved
@@ -142,7 +143,8 @@ def make_task(root: Path, model_dir: str, seed: int) -> dict:
     from tiltlab.llm.base.data import load_prompts
     from tiltlab.llm.base.rollout import VLLMEngine
     from tiltlab.llm.disa.stage1 import Stage1Config, run_stage1
-    from tiltlab.llm.prepare.run import SelectConfig, select_by_pass_rate, write_rows
+    from tiltlab.llm.prepare.config import SelectConfig
+    from tiltlab.llm.prepare.run import select_by_pass_rate, write_rows
 
     rows = candidate_rows(seed)
     cand = root / "candidates.jsonl"
@@ -268,7 +270,7 @@ def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> d
 
 def _python(args: list[str], core: int | None) -> subprocess.CompletedProcess:
     """``python ARGS`` with one torch thread, vLLM bound to ``core`` (None: vLLM's own binding)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(shared_task.CHECK_THREADS)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(seed_pool.CHECK_THREADS)}
     if core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
@@ -336,7 +338,7 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
     from tiltlab.llm.base.data import load_prompts
     from tiltlab.llm.base.models import resolve_model
 
-    jobs = shared_task._JOBS if jobs is None else jobs  # the runner's --jobs (task.set_jobs)
+    jobs = seed_pool.get_jobs() if jobs is None else jobs  # the runner's --jobs (seed_pool.set_jobs)
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     start = load_file(str(Path(model_dir) / "model.safetensors"))
     with tempfile.TemporaryDirectory(prefix="tiltlab-real-comparison-") as tmp:
@@ -345,7 +347,7 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
         task = {**make_task(root, model_dir, seed), "model_dir": model_dir}
         task_s = time.perf_counter() - t0
         held = load_prompts(task["heldout"])
-        seeds = shared_task.seeds_for(seed, n_seeds)
+        seeds = seed_pool.seeds_for(seed, n_seeds)
         todo = [("base", s) for s in seeds] + [(a, s) for s in seeds for a in ARMS]
         runs: dict[tuple[str, int], dict] = {}
         cores = list(range(jobs)) if jobs > 1 else [None]
@@ -450,10 +452,10 @@ def numbers(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> d
         for metric in ("mean8", "pass8", "coverage"):
             vals = [m[arm][s][metric] for s in seeds]
             nums.update({f"{arm}_s{s}_{metric}": v for s, v in zip(seeds, vals)})
-            nums.update(shared_task.ci_numbers(f"{arm}_{metric}", vals))
+            nums.update(stats.ci_numbers(f"{arm}_{metric}", vals))
     for a, b in [(x, "base") for x in ARMS] + [("disa", "grpo"), ("flowrl", "grpo_kl")]:
         for metric in ("mean8", "pass8", "coverage"):
-            nums.update(shared_task.ci_numbers(f"{a}_minus_{b}_{metric}", paired(m, a, b, metric, seeds)))
+            nums.update(stats.ci_numbers(f"{a}_minus_{b}_{metric}", paired(m, a, b, metric, seeds)))
     for arm in ARMS:
         for s in seeds:
             run = raw["runs"][(arm, s)]
@@ -483,8 +485,8 @@ def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult
     nums = {**numbers(raw, m), **rnums}
     evidence = {**j.evidence(), "raw": raw_values(raw)}
     arms = ", ".join(
-        f"{a} ({ARM_LABELS[a]}) Mean@8 {shared_task.fmt_ci([m[a][s]['mean8'] for s in seeds])} pass@8 "
-        f"{shared_task.fmt_ci([m[a][s]['pass8'] for s in seeds])} coverage {shared_task.fmt_ci([m[a][s]['coverage'] for s in seeds])}"
+        f"{a} ({ARM_LABELS[a]}) Mean@8 {stats.fmt_ci([m[a][s]['mean8'] for s in seeds])} pass@8 "
+        f"{stats.fmt_ci([m[a][s]['pass8'] for s in seeds])} coverage {stats.fmt_ci([m[a][s]['coverage'] for s in seeds])}"
         for a in ("base", *ARMS)
     )
     return CheckResult(
@@ -528,7 +530,7 @@ EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {
     expected_items=EXPECTED_PRIMARY_ITEMS,
     rederive=rederive,
 )
-@shared_task.fixed_threads
+@seed_pool.fixed_threads
 def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), PRIMARY, "DISA minus TB with a learned log Z (primary)")
 
@@ -542,7 +544,7 @@ def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS)
     expected_items=EXPECTED_SECONDARY_ITEMS,
     rederive=rederive,
 )
-@shared_task.fixed_threads
+@seed_pool.fixed_threads
 def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), SECONDARY, "DISA minus GRPO+KL (secondary)")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from tiltlab.claims import stats
 from tiltlab.claims.registry import Verdict
-from tiltlab.llm.experiments.task import RunLog  # the runs' "it ran" log, kept by the experiments
+from tiltlab.llm.experiments.training import RunLog  # the runs' "it ran" log, kept by the experiments
 
 __all__ = ["ALPHA", "Item", "RunLog", "holm", "judge", "one_sided_p", "prefix_verdicts"]
 

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
-from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
+from tiltlab.llm.experiments import pool
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
 
 from . import rules
@@ -185,7 +186,7 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
     clustered = cluster_by_prompt(units, n_p, n_seeds)
     nums: dict[str, float] = {}
     for k, xs in clustered.items():
-        nums.update(shared_task.ci_numbers(k, xs))
+        nums.update(stats.ci_numbers(k, xs))
     for k, xs in passes.items():
         nums[f"pass_rate_{k}"] = sum(xs) / len(xs)
     nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
@@ -217,7 +218,7 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
         "ran_labels_differ": True,
     },
 )
-@shared_task.fixed_threads
+@pool.fixed_threads
 def stage1_real_model(
     seed: int,
     n_seeds: int = N_SEEDS,
@@ -238,7 +239,7 @@ def stage1_real_model(
         root = Path(tmp)
         engine = vllm_proposal_engine(_config(model_dir, root / "engine", seed, m, 1.0, 1.0, max_new_tokens))
         try:
-            for s in shared_task.seeds_for(seed, n_seeds, "stage1_real_model"):
+            for s in pool.seeds_for(seed, n_seeds, "stage1_real_model"):
 
                 def labels(name: str, mm: int, temperature: float, top_p: float, s: int = s):
                     cfg = _config(model_dir, root / f"{name}-{s}", s, mm, temperature, top_p, max_new_tokens)
@@ -260,10 +261,10 @@ def stage1_real_model(
         f"SmolLM2-135M-Instruct on vLLM, {len(rows)} arithmetic prompts x {n_seeds} seeds, beta={BETA:g}, "
         f"pi_ref = the model at T=1, q = the model at T={Q_TEMPERATURE:g}, M={m}; pass rates pi_ref {nums['pass_rate_ref']:.3f}, q "
         f"{nums['pass_rate_q']:.3f}, q top-p {TRUNC_TOP_P:g} {nums['pass_rate_q_trunc']:.3f}; sd(log w) median "
-        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {shared_task.fmt_ci(clustered['ess_fraction'])}; squared label error vs "
-        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {shared_task.fmt_ci(clustered['sq_err_small'])}, "
-        f"M={m} {shared_task.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
-        f"{shared_task.fmt_ci(clustered['bias_small'])}, M={m} {shared_task.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
+        f"{nums['median_sd_log_w']:.2f} nats; ESS/M {stats.fmt_ci(clustered['ess_fraction'])}; squared label error vs "
+        f"log(1 + p_ref(e^beta - 1)) from {n_ref} pi_ref samples: M={m_small} {stats.fmt_ci(clustered['sq_err_small'])}, "
+        f"M={m} {stats.fmt_ci(clustered['sq_err_m'])}; label bias M={m_small} "
+        f"{stats.fmt_ci(clustered['bias_small'])}, M={m} {stats.fmt_ci(clustered['bias_m'])}; 95% t-CIs over prompts (each "
         f"prompt's seeds averaged: prompt-clustered); items: {rules.describe(j)}; {rules.rule_text('per-prompt')}",
         nums,
         items=flags,

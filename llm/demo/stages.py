@@ -106,7 +106,8 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
     import shutil
 
     from tiltlab.llm.disa.stage1 import Stage1Config, read_manifest, run_stage1
-    from tiltlab.llm.disa.stage2.run import Stage2Config, load_log_z_predictor, run_stage2
+    from tiltlab.llm.disa.stage2.config import Stage2Config
+    from tiltlab.llm.disa.stage2.run import load_log_z_predictor, run_stage2
 
     s1_dir, s2_dir = out / "stage1", out / "stage2"
     for d in (s1_dir, s2_dir):  # the demo always starts from scratch (Stage 1 would otherwise resume)

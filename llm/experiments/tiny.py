@@ -11,9 +11,12 @@ from typing import NamedTuple
 
 import torch
 
+from tiltlab.claims import stats
+from tiltlab.llm.experiments import pool, training, warmup
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs
 from tiltlab.objectives.pg import cispo_loss, group_advantages, grpo_loss, gspo_loss, sapo_loss
 from tiltlab.objectives.tb import disa_loss, flowrl_loss, sequence_logprob, vargrad_loss
@@ -22,14 +25,14 @@ STEPS = 100
 LR = 2e-3
 
 
-def _seq(b: shared_task.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def _seq(b: training.Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_ref, b.mask)
 
 
 def disa_fn(log_z_all: torch.Tensor, beta: float):
     """Stage 3 (DISA eq. 10) with a frozen per-prompt ``log Z`` table ``[P_all]``."""
 
-    def fn(b: shared_task.Batch) -> torch.Tensor:
+    def fn(b: training.Batch) -> torch.Tensor:
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
         lz = log_z_all[b.prompt_idx].float().repeat_interleave(g)
@@ -56,7 +59,7 @@ class Setup(NamedTuple):
 
 def setup(seed: int, beta: float | None = None) -> Setup:
     """The reference, the task, its splits and (with ``beta``) the exact ``log Z`` table, for ``seed``."""
-    model, task = shared_task.warm_reference(seed)
+    model, task = warmup.warm_reference(seed)
     ref_tok = shared_task.reference_tokens(model, task)
     ref = shared_task.Policy(
         torch.arange(task.n_prompts), ref_tok.sum(-1).double(), torch.log_softmax(ref_tok.sum(-1).double(), -1)
@@ -77,7 +80,7 @@ def evaluate(model, task, idx, ref=None, beta=None) -> dict[str, float]:
     out["coverage"] = float((ent.exp() / r.sum(-1)).mean())
     if ref is not None:
         log_star, _ = shared_task.tilted(ref.log_probs[pol.idx], task.reward[pol.idx], beta)
-        out["tv"] = float(shared_task.tv_distance(pol.log_probs, log_star).mean())
+        out["tv"] = float(tv_distance(pol.log_probs, log_star).mean())
     return out
 
 
@@ -93,7 +96,7 @@ hidden states, input not detached (FlowRL's code)."""
 def seeded_rng(seed: int):
     """The global torch RNG seeded with ``seed`` inside the block and restored after it: the head's
     initialisation and its dropout draw from it, so a seed's run does not depend on what ran before it
-    in the same process (:func:`task.map_seeds`)."""
+    in the same process (:func:`pool.map_seeds`)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
@@ -111,7 +114,7 @@ def prompt_inputs(task: shared_task.EnumTask, idx) -> tuple[torch.Tensor, torch.
 def attach_flowrl_head(model, seed: int):
     """FlowRL's head (:data:`FLOWRL_HEAD`) attached to ``model`` as ``model.log_z_head``
     (:func:`~tiltlab.llm.disa.logz_head.attach_log_z_head`), initialised from ``seed``; the model is
-    left in eval mode (:func:`task.train_online` switches it, the head included, to train mode)."""
+    left in eval mode (:func:`training.train_online` switches it, the head included, to train mode)."""
     from tiltlab.llm.disa.logz_head import attach_log_z_head
 
     with seeded_rng(seed):
@@ -148,7 +151,7 @@ def flowrl_fn(log_z_of, beta: float):
     steps at the policy's learning rate, as in FlowRL's code (``proj_z`` inside the actor module, one
     optimiser over all of it)."""
 
-    def fn(b: shared_task.Batch) -> torch.Tensor:
+    def fn(b: training.Batch) -> torch.Tensor:
         g = b.ans.shape[1]
         return flowrl_loss(
             b.logp, b.logp_ref, b.logp_old, b.mask, b.reward, log_z_of(b.prompt_idx).repeat_interleave(g),
@@ -166,7 +169,7 @@ def flowrl_head_fn(model, task: shared_task.EnumTask, beta: float):
 def _variants(lz_exact, lz_label, lz_noisy, beta, log_z_of):
     learned = flowrl_fn(log_z_of, beta)
 
-    def vargrad(b: shared_task.Batch) -> torch.Tensor:
+    def vargrad(b: training.Batch) -> torch.Tensor:
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
         return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta).loss
@@ -184,7 +187,7 @@ def stage1_labels(ref, task, idx, beta, m, gen, proposal=None) -> torch.Tensor:
     """``[len(idx)]`` DISA eq. (8) labels from ``m`` exact samples of the proposal (default ``pi_ref``)."""
     idx = torch.as_tensor(idx)
     q = ref.log_probs[idx] if proposal is None else proposal
-    ans = shared_task.sample_answers(q, m, gen)
+    ans = training.sample_answers(q, m, gen)
     log_w = log_importance_weights(
         ref.log_probs[idx].gather(1, ans), q.gather(1, ans), beta * task.reward[idx].gather(1, ans)
     )
@@ -202,14 +205,14 @@ def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
     for _ in range(n):
         idx = torch.as_tensor(prompts)[torch.randperm(len(prompts), generator=gen)[:8]]
         all_lp, mask_all = shared_task.token_logps(model, task, idx)
-        ans = shared_task.sample_answers(torch.log_softmax(all_lp.detach().sum(-1).double(), -1), 8, gen)
-        b = shared_task.Batch(
+        ans = training.sample_answers(torch.log_softmax(all_lp.detach().sum(-1).double(), -1), 8, gen)
+        b = training.Batch(
             idx,
             ans,
-            shared_task.gather_tokens(all_lp, ans),
-            shared_task.gather_tokens(all_lp, ans).detach(),
-            shared_task.gather_tokens(ref_tok[idx], ans),
-            shared_task.gather_tokens(mask_all, ans),
+            training.gather_tokens(all_lp, ans),
+            training.gather_tokens(all_lp, ans).detach(),
+            training.gather_tokens(ref_tok[idx], ans),
+            training.gather_tokens(mask_all, ans),
             task.reward[idx].gather(1, ans),
             all_lp,
         )
@@ -223,13 +226,13 @@ LOGZ_NAMES = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargr
 
 
 def logz_variants_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = STEPS, beta: float = 2.0, grad_draws: int = 12
 ):
     """Per-seed ``(tv, gradvar, label_err, head_err_start, head_err, log)`` of the remark2 run (each arm of
     :data:`LOGZ_NAMES` trained from the same warm-up with the same seed; final TV(pi, pi*) on the train
     prompts); memoized per process (``disa.remark2.calibration`` and the VarGrad checks read it)."""
     return _memo(
-        ("logz", seed, n_seeds, steps, beta, grad_draws, shared_task.WARM_STEPS),
+        ("logz", seed, n_seeds, steps, beta, grad_draws, warmup.WARM_STEPS),
         lambda: _logz_variants_raw(seed, n_seeds, steps, beta, grad_draws),
     )
 
@@ -243,7 +246,7 @@ def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_dr
         lab_err: list[float] = []
         head_err: list[float] = []
         head_err0: list[float] = []
-        log = shared_task.RunLog()
+        log = training.RunLog()
         gen = torch.Generator().manual_seed(s)
         _, task, ref_tok, ref, tr, _, lz = setup(s, beta)
         lab = lz.clone()
@@ -256,14 +259,14 @@ def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_dr
             ).mean()
         )
         for k in names:
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             if k == "learned_head":
                 attach_flowrl_head(model, s)
                 head_err0.append(head_abs_err(model, task, tr, lz))
             fn = _variants(lz, lab, noisy, beta, lambda idx, model=model: head_log_z(model, task, idx))[k]
             with seeded_rng(s):  # the head's dropout
                 gv[k].append(_grad_var(model, task, ref_tok, fn, tr, s, n=grad_draws))
-                trace = shared_task.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s)
+                trace = training.train_online(model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s)
             ev = evaluate(model, task, tr, ref, beta)
             log.add(trace, acc0, ev["acc"])
             tv[k].append(ev["tv"])
@@ -271,7 +274,7 @@ def _logz_variants_raw(seed: int, n_seeds: int, steps: int, beta: float, grad_dr
                 head_err.append(head_abs_err(model, task, tr, lz))
         return tv, gv, lab_err, head_err0, head_err, log
 
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "logz_variants"))
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "logz_variants"))
 
 
 # ------------------------------------------------------------------ 4. proposal strength
@@ -304,16 +307,16 @@ def method_fns(name: str, lz, beta: float, model=None, task: shared_task.EnumTas
     """Arm ``name``'s loss: DISA with the frozen ``lz``, FlowRL with the head on ``model`` (attached by
     :func:`attach_flowrl_head`; ``task`` gives its prompts), or a policy-gradient baseline."""
 
-    def grpo(b: shared_task.Batch) -> torch.Tensor:
+    def grpo(b: training.Batch) -> torch.Tensor:
         return grpo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
-    def gspo(b: shared_task.Batch) -> torch.Tensor:
+    def gspo(b: training.Batch) -> torch.Tensor:
         return gspo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
-    def cispo(b: shared_task.Batch) -> torch.Tensor:
+    def cispo(b: training.Batch) -> torch.Tensor:
         return cispo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
-    def sapo(b: shared_task.Batch) -> torch.Tensor:
+    def sapo(b: training.Batch) -> torch.Tensor:
         return sapo_loss(b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask).loss
 
     if name == "disa":
@@ -364,14 +367,14 @@ def disa_pipeline_labels(model, task, ref, tr, beta: float, gen, seed: int) -> t
 
 
 def methods_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = STEPS, beta: float = 4.0
 ) -> dict[str, dict[str, list]]:
     """Per-seed Mean (train accuracy), held-out accuracy, pass@8 and coverage of DISA (Stage-1/2
     estimated frozen log Z), FlowRL (its log Z head, :data:`FLOWRL_HEAD`, trained with the policy; same beta,
     raw reward, sequence sums),
     GRPO and GSPO; memoized per process (the Table-1 and PACED Table-1 checks read it)."""
     return _memo(
-        ("methods", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
+        ("methods", seed, n_seeds, steps, beta, warmup.WARM_STEPS),
         lambda: _methods_raw(seed, n_seeds, steps, beta),
     )
 
@@ -397,12 +400,12 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             ).mean()
         )
         for k in names:
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             if k == "flowrl":
                 attach_flowrl_head(model, s)
                 res["_flowrl_head"]["abs_err_start"].append(head_abs_err(model, task, tr, lz))
             with seeded_rng(s):  # the head's dropout
-                trace = shared_task.train_online(
+                trace = training.train_online(
                     model, task, ref_tok, method_fns(k, lab, beta, model, task), prompts=tr, steps=steps, lr=LR, seed=s
                 )
             if k == "flowrl":
@@ -410,18 +413,18 @@ def _methods_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
         return res
 
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare"))
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "methods_compare"))
 
 
 def context_raw(
-    seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, beta: float = 4.0
+    seed: int, n_seeds: int = pool.N_SEEDS, steps: int = STEPS, beta: float = 4.0
 ) -> dict[str, dict[str, list]]:
     """The 4-method run's context arms (:data:`CONTEXT_METHODS`: CISPO and SAPO at TRL's defaults, pi_old
     refreshed every :data:`CONTEXT_OLD_EVERY` steps) on its seeds, prompts, steps and learning rate, in the
     layout of :func:`methods_raw`; memoized apart from it, so that only the Table-1 check, not the PACED
     one that reads the 4-method run's FlowRL arm, trains them. ``beta`` only keys the run (no tilt here)."""
     return _memo(
-        ("context", seed, n_seeds, steps, beta, shared_task.WARM_STEPS),
+        ("context", seed, n_seeds, steps, beta, warmup.WARM_STEPS),
         lambda: _context_raw(seed, n_seeds, steps, beta),
     )
 
@@ -441,8 +444,8 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             ).mean()
         )
         for k in CONTEXT_METHODS:
-            model, _ = shared_task.warm_reference(s)
-            trace = shared_task.train_online(
+            model, _ = warmup.warm_reference(s)
+            trace = training.train_online(
                 model,
                 task,
                 ref_tok,
@@ -456,9 +459,7 @@ def _context_raw(seed: int, n_seeds: int, steps: int, beta: float) -> dict[str, 
             _record_arm(res, k, model, task, tr, ho, trace, acc0)
         return res
 
-    return shared_task.gather(
-        shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "methods_compare context arms")
-    )
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "methods_compare context arms"))
 
 
 def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> None:
@@ -476,7 +477,7 @@ def _record_arm(res: dict, k: str, model, task, tr, ho, trace, acc0: float) -> N
 
 # ------------------------------------------------------------------ 7. LAD divergences and GRPO + KL to pi_old
 def lad_fn(div: str, eta: float):
-    def fn(b: shared_task.Batch) -> torch.Tensor:
+    def fn(b: training.Batch) -> torch.Tensor:
         lp = sequence_logprob(b.logp, b.mask)
         lo = sequence_logprob(b.logp_old, b.mask)
         return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div).loss
@@ -485,7 +486,7 @@ def lad_fn(div: str, eta: float):
 
 
 def grpo_kl_fn(clip: bool):
-    def fn(b: shared_task.Batch) -> torch.Tensor:
+    def fn(b: training.Batch) -> torch.Tensor:
         return grpo_loss(
             b.logp, b.logp_old, group_advantages(b.reward).reshape(-1), b.mask,
             clip_eps=0.2 if clip else 1e6, token_logp_ref=b.logp_old, kl_coef=1.0,
@@ -497,12 +498,12 @@ def grpo_kl_fn(clip: bool):
 LAD_NAMES = (*F_DIVERGENCES, "grpo_kl_clip", "grpo_kl_noclip")
 
 
-def lad_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
+def lad_raw(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = STEPS, eta: float = 1.0, old_every: int = 4):
     """Per-seed final train and held-out accuracy of LAD with each divergence and of GRPO + KL to
     pi_old with / without the clip; memoized per process (``lad.strict_better`` and
     ``lad.table8.divergences`` read it)."""
     return _memo(
-        ("lad", seed, n_seeds, steps, eta, old_every, shared_task.WARM_STEPS),
+        ("lad", seed, n_seeds, steps, eta, old_every, warmup.WARM_STEPS),
         lambda: _lad_raw(seed, n_seeds, steps, eta, old_every),
     )
 
@@ -513,7 +514,7 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
     def one(s: int):
         acc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
         hacc: dict[str, list[float]] = {k: [] for k in LAD_NAMES}
-        log = shared_task.RunLog()
+        log = training.RunLog()
         _, task, ref_tok, ref, tr, ho, _ = setup(s)
         acc0 = float(
             shared_task.pass_rate(
@@ -521,9 +522,9 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
             ).mean()
         )
         for k in LAD_NAMES:
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             fn = lad_fn(k, eta) if k in divs else grpo_kl_fn(k.endswith("_clip"))
-            trace = shared_task.train_online(
+            trace = training.train_online(
                 model, task, ref_tok, fn, prompts=tr, steps=steps, lr=LR, seed=s, old_every=old_every
             )
             acc[k].append(evaluate(model, task, tr)["acc"])
@@ -531,7 +532,7 @@ def _lad_raw(seed: int, n_seeds: int, steps: int, eta: float, old_every: int):
             log.add(trace, acc0, acc[k][-1])
         return acc, hacc, log
 
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "lad_divergences"))
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "lad_divergences"))
 
 
 # ------------------------------------------------------------------ 8. FPA entanglement
@@ -565,7 +566,7 @@ def fpa_train(
     gen = torch.Generator().manual_seed(seed)
     n = len(data_idx)
     params = list(model.parameters())
-    before = shared_task._snapshot(params)
+    before = training._snapshot(params)
     losses: list[float] = []
     opt = torch.optim.Adam(params, lr=lr)
     model.train()
@@ -582,24 +583,24 @@ def fpa_train(
         fut = future_policy_logprobs(lt.detach(), lref, tgt, lam)
         lp, lf = sequence_logprob(tok, mask), sequence_logprob(fut, mask)
         loss = fpa_targeted_loss(lp, lf, mask.sum(-1), reward[j], apply_to)
-        losses.append(shared_task.step_loss(loss, step))
+        losses.append(training.step_loss(loss, step))
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
-    return shared_task.Trace(losses, shared_task._change(params, before))
+    return training.Trace(losses, training._change(params, before))
 
 
 FPA_LAMS = (0.0, 1.0, 2.0, 5.0, 20.0)
 
 
-def fpa_raw(seed: int, n_seeds: int = shared_task.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
+def fpa_raw(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = 150, lams=FPA_LAMS):
     """Per-seed results of the offline FPA lambda sweep (train and held-out accuracy, log-prob
     shifts of correct / incorrect answers, and at lambda = 1 FPA's weight on the correct rows only /
     the incorrect rows only, Off-RL's on the others, all data kept: :func:`fpa_targeted_loss`);
     memoized per process (the Figs. 2-4 and the Table-6 / lambda checks read it)."""
     return _memo(
-        ("fpa", seed, n_seeds, steps, tuple(lams), shared_task.WARM_STEPS), lambda: _fpa_raw(seed, n_seeds, steps, lams)
+        ("fpa", seed, n_seeds, steps, tuple(lams), warmup.WARM_STEPS), lambda: _fpa_raw(seed, n_seeds, steps, lams)
     )
 
 
@@ -613,11 +614,11 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
         base: list[float] = []
         hbase: list[float] = []
         parts: dict[str, list[float]] = {"correct_only": [], "incorrect_only": []}
-        log = shared_task.RunLog()
+        log = training.RunLog()
         gen = torch.Generator().manual_seed(s)
         ref_model, task, _, ref, tr, ho, _ = setup(s)
         tr_t = torch.tensor(tr)
-        ans = shared_task.sample_answers(ref.log_probs[tr_t], 8, gen)  # offline data: 8 samples per prompt from pi_ref
+        ans = training.sample_answers(ref.log_probs[tr_t], 8, gen)  # offline data: 8 samples per prompt from pi_ref
         data_idx, data_ans = tr_t.repeat_interleave(8), ans.reshape(-1)
         reward = 2.0 * task.reward[data_idx, data_ans] - 1.0  # signed reward, as the simulator's FPA runs
         r_all = task.reward[tr_t].bool()
@@ -629,7 +630,7 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
             float(shared_task.pass_rate(shared_task.Policy(ho_t, ref.seq_logp[ho_t], ref.log_probs[ho_t]), task).mean())
         )
         for lam in lams:
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, lam, steps, LR, s)
             pol = shared_task.policy(model, task, tr)
             acc[lam].append(float(shared_task.pass_rate(pol, task).mean()))
@@ -639,7 +640,7 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
             dcorr[lam].append(float(d[r_all].mean()))
             dinc[lam].append(float(d[~r_all].mean()))
         for part, apply_to in (("correct_only", "correct"), ("incorrect_only", "incorrect")):
-            model, _ = shared_task.warm_reference(s)
+            model, _ = warmup.warm_reference(s)
             trace = fpa_train(model, ref_model, task, data_idx, data_ans, reward, 1.0, steps, LR, s, apply_to=apply_to)
             parts[part].append(float(shared_task.pass_rate(shared_task.policy(model, task, tr), task).mean()))
             log.add(trace, base[-1], parts[part][-1])
@@ -648,17 +649,17 @@ def _fpa_raw(seed: int, n_seeds: int, steps: int, lams) -> dict:
             "parts": parts, "log": log,
         }  # fmt: skip
 
-    return shared_task.gather(shared_task.map_seeds(one, shared_task.seeds_for(seed, n_seeds), "fpa_entanglement"))
+    return pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "fpa_entanglement"))
 
 
 def _fpa_heldout(seed: int, n_seeds: int, steps: int):
     r = fpa_raw(seed, n_seeds, steps, FPA_LAMS)
     h = r["heldout_acc"]
-    nums: dict[str, float] = shared_task.ci_numbers("heldout_acc_ref", r["heldout_base"])
+    nums: dict[str, float] = stats.ci_numbers("heldout_acc_ref", r["heldout_base"])
     for lam in FPA_LAMS:
-        nums.update(shared_task.ci_numbers(f"heldout_acc_lam{lam:g}", h[lam]))
+        nums.update(stats.ci_numbers(f"heldout_acc_lam{lam:g}", h[lam]))
     txt = (
-        f"offline FPA sweep ({steps} steps, {n_seeds} seeds), held-out accuracy: ref {shared_task.fmt_ci(r['heldout_base'])}, "
-        + ", ".join(f"lam={lam:g} {shared_task.fmt_ci(h[lam])}" for lam in FPA_LAMS)
+        f"offline FPA sweep ({steps} steps, {n_seeds} seeds), held-out accuracy: ref {stats.fmt_ci(r['heldout_base'])}, "
+        + ", ".join(f"lam={lam:g} {stats.fmt_ci(h[lam])}" for lam in FPA_LAMS)
     )
     return h, nums, txt

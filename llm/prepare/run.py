@@ -38,17 +38,16 @@ import json
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tiltlab.files import atomic_path
+from tiltlab.llm.prepare.config import FpaConfig, SelectConfig
 
 __all__ = [
     "FPA_PROMPT",
-    "FpaConfig",
-    "add_cli",
     "build_fpa_offline",
+    "dapo_problem",
     "fpa_rows_from_groups",
     "prepare_dapo",
     "prepare_deepcoder",
@@ -291,34 +290,6 @@ def sft_rows_from_stage1(stage1_dir: str | Path, require_finished: bool = True) 
     return out
 
 
-@dataclass
-class SelectConfig:
-    """``tiltlab llm prepare select``: keep the prompts with learning signal under pi_ref."""
-
-    stage1: str
-    """Stage-1 output directory of a run with proposal = reference at T = 1, top-p 1, top-k 0 (pi_ref's own samples)."""
-    out: str
-    """Selected training rows (.jsonl/.parquet)."""
-    min_pass: float = 0.1
-    """Smallest pi_ref pass rate kept (a prompt pi_ref never solves gives no signal)."""
-    max_pass: float = 0.9
-    """Largest pi_ref pass rate kept (a prompt pi_ref always solves gives no signal either)."""
-    heldout_fraction: float = 0.0
-    """Share of the selected prompts written to ``heldout_out`` instead (a seeded random split)."""
-    heldout_out: str | None = None
-    """Held-out rows file (required when heldout_fraction > 0)."""
-    seed: int = 0
-    """Seed of the held-out split."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_pass <= self.max_pass <= 1.0:
-            raise ValueError(f"need 0 <= min_pass <= max_pass <= 1, got {self.min_pass} and {self.max_pass}")
-        if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction must lie in [0, 1), got {self.heldout_fraction}")
-        if (self.heldout_fraction > 0) != (self.heldout_out is not None):
-            raise ValueError("heldout_out and heldout_fraction > 0 go together")
-
-
 def select_by_pass_rate(cfg: SelectConfig, rows: Sequence[dict] | None = None) -> dict[str, Any]:
     """Write the rows of the Stage-1 dataset whose pi_ref pass rate lies in ``[min_pass, max_pass]``
     (columns ``ref_pass_rate`` and ``log_z`` added) to ``cfg.out`` (and a seeded held-out share to
@@ -391,45 +362,6 @@ def select_by_pass_rate(cfg: SelectConfig, rows: Sequence[dict] | None = None) -
         "mean_pass_heldout": mean(held),
         "M": c["M"],
     }
-
-
-@dataclass
-class FpaConfig:
-    """FPA's offline data generation (FPA App. B.1)."""
-
-    model: str
-    """pi_ref, the model that samples the completions."""
-    dataset: str
-    """Prompt rows with ``answer`` (e.g. the output of ``prepare math``)."""
-    out: str
-    """Training rows file (.jsonl/.parquet); the held-out rows go to ``<stem>.val<suffix>``."""
-    k: int = 8
-    """Samples per prompt (K = 8)."""
-    temperature: float = 0.7
-    """Sampling temperature (T = 0.7)."""
-    top_p: float = 1.0
-    max_new_tokens: int = 2048
-    """Max generation length 2,048 (FPA Table 3)."""
-    seed: int = 42
-    """Constant seed 42 (sampling and the held-out split)."""
-    holdout_fraction: float = 0.05
-    """Share of the kept prompts held out for validation (0.05 in the paper)."""
-    reward: str = "math"
-    engine: str = "vllm"
-    """Rollout engine: vllm | hf."""
-    chat_template: bool = False
-    """FPA's prompt is used as plain text (a base model); True renders it with the chat template."""
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    batch_size: int = 256
-    """Prompts per generation call."""
-    limit: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.k < 2:
-            raise ValueError("k must be >= 2 (prompts whose samples all agree are dropped)")
-        if not 0.0 <= self.holdout_fraction < 1.0:
-            raise ValueError(f"holdout_fraction must lie in [0, 1), got {self.holdout_fraction}")
 
 
 def fpa_rows_from_groups(
@@ -531,81 +463,3 @@ def build_fpa_offline(cfg: FpaConfig, engine=None) -> dict[str, Any]:
     if val:
         write_rows(val, val_path)
     return {**counts, "train_rows": len(train), "val_rows": len(val), "out": str(out), "val": str(val_path)}
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "prepare",
-        help="training data from local copies of the papers' datasets (DAPO, DeepScaleR, DeepCoder, MATH, SFT, FPA) and pass-rate selection",
-        description=__doc__.split("\n\n")[0],
-    )
-    sub = p.add_subparsers(dest="prepare_source", metavar="SOURCE")
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-    for name, help_ in (
-        ("dapo", "DAPO-Math-17k Parquet/JSONL -> math prompts (boxed instruction)"),
-        ("deepscaler", "DeepScaleR JSON/Parquet -> math prompts"),
-        ("deepcoder", "DeepCoder Parquet/JSONL -> code prompts with stdio/functional tests"),
-        ("math", "MATH train JSONL/Parquet -> prompts with FPA's prompt (App. B.5)"),
-        ("sft", "Stage-1 directory -> SFT rows (correct, finished proposal samples)"),
-    ):
-        q = sub.add_parser(name, help=help_)
-        q.add_argument("--input", required=True, help="local file (or the Stage-1 directory for `sft`)")
-        q.add_argument("--out", required=True, help="output .jsonl or .parquet")
-        q.set_defaults(func=_main_simple, prepare_source=name)
-    from tiltlab.dataclass_cli import add_dataclass_args
-
-    sel = sub.add_parser(
-        "select",
-        help="Stage-1 run of pi_ref -> the prompts whose pi_ref pass rate lies in [min, max] (+ held-out split)",
-    )
-    add_dataclass_args(sel, SelectConfig)
-    sel.set_defaults(func=_main_select)
-    f = sub.add_parser("fpa", help="FPA's offline dataset: K samples at T per prompt, filtered, 5%% held out")
-    add_dataclass_args(f, FpaConfig)
-    f.set_defaults(func=_main_fpa)
-
-
-def _main_select(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
-
-    cfg = config_from_args(SelectConfig, args)
-    info = select_by_pass_rate(cfg)
-    print(
-        f"[prepare select] {info['n_kept']} of {info['n_labelled']} prompts have a pi_ref pass rate in "
-        f"[{cfg.min_pass:g}, {cfg.max_pass:g}] (mean {info['mean_pass_all']:.3f} -> {info['mean_pass_train']:.3f}); "
-        f"{info['n_train']} -> {cfg.out}" + (f", {info['n_heldout']} -> {cfg.heldout_out}" if cfg.heldout_out else "")
-    )
-    return 0
-
-
-def _main_simple(args) -> int:
-    src = args.prepare_source
-    extra = ""
-    if src == "dapo":
-        rows = prepare_dapo(args.input)
-    elif src == "deepscaler":
-        rows = prepare_deepscaler(args.input)
-    elif src == "deepcoder":
-        rows, skipped = prepare_deepcoder(args.input)
-        extra = f" ({skipped} rows skipped: unsupported test format)"
-    elif src == "math":
-        rows = prepare_math(args.input)
-    else:
-        rows = sft_rows_from_stage1(args.input)
-    write_rows(rows, args.out)
-    print(f"[prepare {src}] {len(rows)} rows -> {args.out}{extra}")
-    return 0
-
-
-def _main_fpa(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
-
-    cfg = config_from_args(FpaConfig, args)
-    info = build_fpa_offline(cfg)
-    print(f"[prepare fpa] {json.dumps(info)}")
-    return 0

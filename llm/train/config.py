@@ -29,7 +29,7 @@ __all__ = [
 def validate_run_config(cfg: RunConfig) -> None:
     """Check ``trl`` and the objective sections against the trainer config's fields, and the
     ``stage1`` / ``stage2`` sections against :class:`~tiltlab.llm.disa.stage1.Stage1Config` /
-    :class:`~tiltlab.llm.disa.stage2.run.Stage2Config`."""
+    :class:`~tiltlab.llm.disa.stage2.config.Stage2Config`."""
     if cfg.kind == "online":
         from tiltlab.llm.train.online import TiltGRPOConfig as cls
     else:
@@ -45,7 +45,7 @@ def validate_run_config(cfg: RunConfig) -> None:
         if bad:
             raise ValueError(f"stage1: unknown Stage1Config fields {bad}")
     if cfg.stage2:
-        from tiltlab.llm.disa.stage2.run import Stage2Config
+        from tiltlab.llm.disa.stage2.config import Stage2Config
 
         bad = sorted(set(cfg.stage2) - {f.name for f in dataclasses.fields(Stage2Config)})
         if bad:

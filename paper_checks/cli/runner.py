@@ -143,7 +143,7 @@ SEED_SHARDED_LAYERS = ("llm",)
 
 def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
     """Run the checks; with ``jobs > 1`` the llm-layer checks (:data:`SEED_SHARDED_LAYERS`) run in this
-    process one after another with their seeds in ``jobs`` forked processes (``tiltlab.llm.experiments.task.seed_jobs``),
+    process one after another with their seeds in ``jobs`` forked processes (``tiltlab.llm.experiments.pool.seed_jobs``),
     the others in a pool of forked processes, started longest first (:func:`longest_first`; each check
     is seeded on its own, so verdicts do not depend on where or when it runs). Outcomes keep ``chks`` order."""
     sharded = [c for c in chks if c.layer in SEED_SHARDED_LAYERS] if jobs > 1 else []
@@ -151,9 +151,9 @@ def _run(chks, seed: int, progress: bool = True, jobs: int = 1):
         return _run_checks(chks, seed, progress, jobs)
     keys = {c.key for c in sharded}
     done = {o.check.key: o for o in _run_checks([c for c in chks if c.key not in keys], seed, progress, jobs)}
-    from tiltlab.llm.experiments import task  # imported only when llm checks run (they imported it already)
+    from tiltlab.llm.experiments import pool  # imported only when llm checks run (they imported it already)
 
-    with task.seed_jobs(jobs):
+    with pool.seed_jobs(jobs):
         done.update((o.check.key, o) for o in _run_checks(sharded, seed, progress, 1))
     return [done[c.key] for c in chks]
 

@@ -24,6 +24,7 @@ import torch
 from tiltlab.claims.pinned import residual
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.objectives import estimators as est
+from tiltlab.objectives.metrics import total_variation
 from tiltlab.sim.api import run
 from tiltlab.sim.config import SimConfig
 from tiltlab.sim.envs import BanditEnv
@@ -136,7 +137,7 @@ def remark1_mode_collapse(seed: int) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- DISA App. D.5
-#: FlowRL's rubric (llm.eval.run.JUDGE_USER_TEMPLATE), written for 16 rollouts: count of the most common
+#: FlowRL's rubric (llm.eval.judge.JUDGE_USER_TEMPLATE), written for 16 rollouts: count of the most common
 #: approach -> score: >= 14 -> 1, 11-13 -> 2, 7-10 -> 3, 4-6 -> 4, <= 3 -> 5.
 RUBRIC_LOWER_BOUNDS = ((14, 1), (11, 2), (7, 3), (4, 4))
 RUBRIC_N = 16
@@ -321,7 +322,7 @@ def _softmax(h: np.ndarray) -> np.ndarray:
 
 
 def _tv(a: np.ndarray, b: np.ndarray) -> float:
-    return float((0.5 * np.abs(_softmax(a) - _softmax(b)).sum(-1)).mean())
+    return float(total_variation(_softmax(a), _softmax(b)).mean())
 
 
 def linear_measure(runs: dict[str, dict]) -> dict:

@@ -29,11 +29,12 @@ from tiltlab.objectives import estimators as est
 from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives import paced as paced_obj
 from tiltlab.objectives import pg as pg_obj
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.objectives.offline import future_policy_logprobs, offrl_loss
 from tiltlab.objectives.tb import tb_residual
 from tiltlab.sim.exact import log_partition, target_logprobs
 from tiltlab.sim.experiments import fpa_entanglement, lad, logz_training
-from tiltlab.sim.train import kl_divergence, tv_distance
+from tiltlab.sim.train import kl_divergence
 
 V = Verdict
 F64 = torch.float64

@@ -13,10 +13,11 @@ import torch
 from tiltlab.claims import stats
 from tiltlab.objectives import lad as lad_obj
 from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss, lad_theoretical_loss
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.sim import envs
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import cached
-from tiltlab.sim.train import train, tv_distance
+from tiltlab.sim.train import train
 
 DIVS = ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")
 #: ``lad.c1.exact_matching``: a run "matches exactly" when TV(pi, target) after its exact-gradient steps is below this.

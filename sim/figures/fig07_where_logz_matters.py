@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.sim.api import SimConfig, make_env
 from tiltlab.sim.experiments import logz_training
 from tiltlab.sim.figures import FigureRecord
 from tiltlab.sim.figures._figure_io import mathtext, plt, save
-from tiltlab.sim.train import train, tv_distance
+from tiltlab.sim.train import train
 
 FIG_ID = "fig07_where_logz_matters"
 MODES = {

@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.sim import envs
 from tiltlab.sim.api import SimConfig, run
-from tiltlab.sim.train import gradient_at, train, tv_distance
+from tiltlab.sim.train import gradient_at, train
 
 K_SIGMA = 5.0  # Monte-Carlo tolerance k*sigma/sqrt(n), fixed seed
 

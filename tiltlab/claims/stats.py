@@ -58,9 +58,12 @@ __all__ = [
     "ItemTest",
     "Judgement",
     "aggregate",
+    "ci_numbers",
     "decide",
+    "fmt_ci",
     "holm",
     "judge",
+    "mean_ci",
     "mean_sd",
     "paired_t_ci",
     "rejudge",
@@ -132,6 +135,27 @@ def paired_t_ci(diffs: Sequence[float], level: float = 0.95) -> tuple[float, flo
     n = len(diffs)
     h = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
     return m, m - h, m + h
+
+
+def mean_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` of per-seed values: :func:`paired_t_ci`, and ``(x, x, x)`` for a single value (a
+    one-seed run has no interval)."""
+    x = [float(v) for v in xs]
+    if len(x) < 2:
+        return x[0], x[0], x[0]
+    return paired_t_ci(x, level)
+
+
+def ci_numbers(prefix: str, xs: Sequence[float]) -> dict[str, float]:
+    """``{prefix: mean, prefix_lo: lo, prefix_hi: hi}`` of :func:`mean_ci` (a check's numbers)."""
+    m, lo, hi = mean_ci(xs)
+    return {prefix: m, f"{prefix}_lo": lo, f"{prefix}_hi": hi}
+
+
+def fmt_ci(xs: Sequence[float], digits: int = 3) -> str:
+    """``"mean [lo, hi]"`` of :func:`mean_ci` with ``digits`` decimals (a check's summary)."""
+    m, lo, hi = mean_ci(xs)
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def t_pvalue(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-sided") -> float:

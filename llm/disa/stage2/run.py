@@ -1,23 +1,5 @@
-"""DISA Stage 2: regress the Stage-1 labels on frozen prompt embeddings; ``predict_log_z``.
-
-DISA §3.1 eq. (9) (``docs/math.md`` §1): fit ``log Z_psi(x)`` by
-least squares ``min_psi sum_x (log Z_psi(x) - log Z_hat_M(x))^2`` with a held-out split; the
-validation MSE is the separable diagnostic. Here:
-
-* features: frozen embeddings from pi_ref (by default the Stage-1 reference model) -- the
-  mean over prompt tokens of the final hidden state (``llm.base.scoring.hidden_states`` pooled with
-  ``tiltlab.llm.base.models.masked_mean_pool``), ``[N, H]`` float32, of the same text the
-  policy is conditioned on (chat template as in Stage 1), cached on disk keyed by a model
-  fingerprint and the prompt texts;
-* regressor and fit: ``objectives.regressor.PartitionRegressor`` / ``fit_regressor`` (input and
-  target standardization live inside the module's buffers);
-* outputs in ``out_dir``: ``regressor.safetensors`` + ``regressor.json`` (architecture, the
-  embedding model and prompt format, the label column, beta, metrics, history, and ``signal``:
-  the :mod:`tiltlab.llm.base.learning_signal` findings, e.g. constant labels),
-  ``loss_curve.png``.
-
-Later stages load it with :func:`load_log_z_predictor` and call ``predict_log_z(prompts)``
-(raw user-turn prompts; the recorded prompt format is applied).
+"""DISA Stage 2's work: embed the labelled prompts (cached), fit the regressor, save it; load it for later
+stages (:class:`LogZPredictor`, :func:`predict_log_z`) and annotate a dataset with its predictions.
 
 Import-light (torch etc. are imported inside functions) so the CLI parser builds quickly.
 """
@@ -27,80 +9,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tiltlab.files import atomic_path
 from tiltlab.llm.base.models import model_fingerprint  # the cache key (re-exported: stage2.model_fingerprint)
+from tiltlab.llm.disa.stage2.config import CONFIG_FILE, REGRESSOR_FILE, Stage2Config
 
 __all__ = [
-    "CONFIG_FILE",
-    "REGRESSOR_FILE",
+    "POOLING",
     "LogZPredictor",
-    "Stage2Config",
     "annotate_log_z",
     "cached_embeddings",
     "embed_prompts",
     "load_log_z_predictor",
+    "model_fingerprint",
     "predict_log_z",
     "run_stage2",
 ]
 
-REGRESSOR_FILE = "regressor.safetensors"
-CONFIG_FILE = "regressor.json"
 POOLING = "mean_last_hidden"
-
-
-@dataclass
-class Stage2Config:
-    """Configuration of ``tiltlab llm stage2`` (one field = one CLI flag, its docstring = the help)."""
-
-    labels: str
-    """Stage 1 output directory (manifest.json + labels-*.parquet)."""
-    out_dir: str
-    """Where the regressor, its config, metrics and the loss-curve PNG are written."""
-    embed_model: str | None = None
-    """Frozen embedding model (default: the Stage 1 reference pi_ref)."""
-    target: str = "log_z"
-    """Label column to regress: "log_z" (DISA's LSE label) or "log_z_bias_corrected"."""
-    chat_template: bool | None = None
-    """Embed the chat-templated prompt (default: as Stage 1 formatted it)."""
-    val_fraction: float = 0.2
-    """Held-out fraction of prompts for the validation MSE / R^2."""
-    epochs: int = 300
-    """Training epochs (the best validation epoch is restored)."""
-    lr: float = 3e-3
-    """AdamW learning rate."""
-    weight_decay: float = 1e-4
-    """AdamW weight decay."""
-    hidden: int = 256
-    """Regressor hidden width."""
-    n_layers: int = 2
-    """Regressor hidden layers (DISA: a 2-layer MLP)."""
-    fit_batch_size: int | None = None
-    """Regressor mini-batch size (default: full batch)."""
-    seed: int = 0
-    """Seed of the split and the initialization."""
-    embed_batch_size: int = 16
-    """Prompts per embedding forward pass."""
-    cache_dir: str | None = None
-    """Embedding cache directory (default: <out_dir>/embed_cache)."""
-    dtype: str = "auto"
-    """Embedding-model dtype ("auto": bf16 on GPU, fp32 on CPU)."""
-    device: str | None = None
-    """Device of the embedding model (default: cuda if available)."""
-
-    def __post_init__(self) -> None:
-        if self.target not in ("log_z", "log_z_bias_corrected"):
-            raise ValueError(f"target must be 'log_z' or 'log_z_bias_corrected', got {self.target!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must lie in (0, 1), got {self.val_fraction}")
-        if self.epochs < 1 or self.embed_batch_size < 1:
-            raise ValueError("epochs and embed_batch_size must be >= 1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,70 +399,3 @@ def annotate_log_z(
     with atomic_path(out) as tmp:  # keeps the suffix save_prompts reads the format from
         save_prompts([{**r, column: float(v)} for r, v in zip(rows, log_z.tolist())], tmp)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------
-
-
-def add_cli(subparsers) -> None:
-    """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
-    from tiltlab.dataclass_cli import add_dataclass_args
-
-    p = subparsers.add_parser(
-        "stage2",
-        help="DISA Stage 2: fit log Z regressor on frozen pi_ref prompt embeddings",
-        description=__doc__.split("\n\n")[0],
-    )
-    add_dataclass_args(p, Stage2Config, config_section="stage2")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cli_main)
-    a = subparsers.add_parser(
-        "stage2-annotate",
-        help="write a dataset with a log_z column predicted by a Stage-2 regressor (for disa.label=column)",
-        description="DISA: precompute log Z_psi(x) for every prompt of a dataset, so that Stage 3 loads no second model.",
-    )
-    a.add_argument("--stage2-dir", required=True, help="output directory of `tiltlab llm stage2`")
-    a.add_argument("--dataset", required=True, help="prompts: .jsonl / .parquet / save_to_disk dir / synthetic:...")
-    a.add_argument("--out", required=True, help="output .jsonl or .parquet (the dataset plus a log_z column)")
-    a.add_argument("--column", default="log_z", help="name of the new column (default log_z)")
-    a.add_argument("--batch-size", type=int, default=64)
-    a.add_argument("--embed-model", default=None, help="override the embedding model path recorded by Stage 2")
-    a.add_argument("--quiet", action="store_true", help="no progress bars")
-    a.set_defaults(func=_annotate_main)
-
-
-def _annotate_main(args) -> int:
-    out = annotate_log_z(
-        args.stage2_dir,
-        args.dataset,
-        args.out,
-        column=args.column,
-        batch_size=args.batch_size,
-        progress=not args.quiet,
-        embed_model=args.embed_model,
-    )
-    print(f"wrote {out} with a {args.column!r} column (set disa.label: column and dataset: {out})")
-    return 0
-
-
-def _cli_main(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
-    from tiltlab.llm.disa.stage1 import MANIFEST
-
-    cfg = config_from_args(Stage2Config, args, section="stage2")
-    if not (Path(cfg.labels) / MANIFEST).is_file():
-        raise FileNotFoundError(
-            f"no Stage 1 output in {cfg.labels} (no {MANIFEST}): run `tiltlab llm stage1 --out-dir {cfg.labels} ...` "
-            "first, or point --labels at a Stage 1 --out-dir"
-        )
-    print(f"[stage2] fitting on the Stage 1 labels in {cfg.labels}", file=sys.stderr, flush=True)
-    m = run_stage2(cfg, progress=not args.quiet)
-    print(
-        f"Stage 2: {m['n_train']} train / {m['n_val']} val prompts; val MSE {m['val_mse']:.5g} "
-        f"(predict-the-mean baseline {m['baseline_val_mse']:.5g}), val R^2 {m['val_r2']:.4f}, "
-        f"train MSE {m['train_mse']:.5g}, best epoch {m['best_epoch']}"
-    )
-    print(f"regressor, config and loss_curve.png written to {cfg.out_dir}")
-    return 0

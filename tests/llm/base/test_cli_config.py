@@ -18,8 +18,8 @@ CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"
 
 def _commands():
     from tiltlab.llm.disa.stage1 import Stage1Config
-    from tiltlab.llm.disa.stage2.run import Stage2Config
-    from tiltlab.llm.eval.run import EvalConfig, eval_from_run_config
+    from tiltlab.llm.disa.stage2.config import Stage2Config
+    from tiltlab.llm.eval.config import EvalConfig, eval_from_run_config
 
     return {"stage1": (Stage1Config, None), "stage2": (Stage2Config, None), "eval": (EvalConfig, eval_from_run_config)}
 
@@ -46,7 +46,7 @@ def test_every_config_section_builds_its_command_config(path):
 
 
 def test_precedence_default_file_set_flag(tmp_path):
-    from tiltlab.llm.disa.stage2.run import Stage2Config
+    from tiltlab.llm.disa.stage2.config import Stage2Config
 
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text("model: tiny\nstage2:\n  labels: L\n  out_dir: O\n  hidden: 32\n  epochs: 7\n")
@@ -56,7 +56,7 @@ def test_precedence_default_file_set_flag(tmp_path):
 
 
 def test_missing_required_and_unknown_keys_are_clear(tmp_path):
-    from tiltlab.llm.disa.stage2.run import Stage2Config
+    from tiltlab.llm.disa.stage2.config import Stage2Config
 
     with pytest.raises(ValueError, match="--labels"):
         config_from_args(Stage2Config, _parse(Stage2Config, "stage2", ["--out-dir", "x"]), section="stage2")

@@ -110,7 +110,8 @@ def test_stage1_records_collapsed_ess(tiny_dir, rows, tmp_path):
 
 
 def _stage2(stage1_dir, out):
-    from tiltlab.llm.disa.stage2.run import CONFIG_FILE, Stage2Config, run_stage2
+    from tiltlab.llm.disa.stage2.config import CONFIG_FILE, Stage2Config
+    from tiltlab.llm.disa.stage2.run import run_stage2
 
     cfg = Stage2Config(labels=str(stage1_dir), out_dir=str(out), epochs=3, val_fraction=0.4, device="cpu", hidden=8)
     with warnings.catch_warnings(record=True) as w:

@@ -12,6 +12,7 @@ from tiltlab.llm.base.data import load_prompts, save_prompts
 from tiltlab.llm.base.rewards import math_reward, plain_number_correct, verifiable_reward
 from tiltlab.llm.base.tasks import qa_tasks
 from tiltlab.llm.prepare import run as prepare
+from tiltlab.llm.prepare.config import SelectConfig
 
 Q = "What is 23 + 14? Answer with just the number."
 
@@ -113,7 +114,7 @@ def test_select_keeps_the_pass_rate_window_with_labels_and_split(tmp_path, tiny_
     _, labels = load_stage1(cfg.out_dir)
     label = dict(zip(labels.column("prompt_id").to_pylist(), labels.column("log_z").to_pylist()))
     # away from the defaults (0.1, 0.9): the window [0.25, 0.75] with both ends on a pass rate
-    sel = prepare.SelectConfig(
+    sel = SelectConfig(
         stage1=cfg.out_dir,
         out=str(tmp_path / "train.jsonl"),
         min_pass=0.25,
@@ -144,7 +145,7 @@ def test_select_keeps_the_pass_rate_window_with_labels_and_split(tmp_path, tiny_
     assert [r["id"] for r in load_prompts(sel.heldout_out)] == [r["id"] for r in held]
     splits = set()
     for seed in range(10):
-        other = prepare.SelectConfig(**{**sel.__dict__, "seed": seed, "heldout_out": str(tmp_path / "h.jsonl")})
+        other = SelectConfig(**{**sel.__dict__, "seed": seed, "heldout_out": str(tmp_path / "h.jsonl")})
         prepare.select_by_pass_rate(other)
         splits.add(frozenset(r["id"] for r in load_prompts(other.heldout_out)))
     assert len(splits) > 1
@@ -162,7 +163,7 @@ def test_select_keeps_the_pass_rate_window_with_labels_and_split(tmp_path, tiny_
 def test_select_refuses_what_is_not_pi_ref_or_has_no_signal(tmp_path, tiny_dir):
     cfg, _ = _stage1(tmp_path, tiny_dir, [0, 8, 0], temperature=0.7)
     with pytest.raises(ValueError, match="pi_ref's own samples"):
-        prepare.select_by_pass_rate(prepare.SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
+        prepare.select_by_pass_rate(SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
     cfg, _ = _stage1(tmp_path, tiny_dir, [0, 8, 0])
     # each other way a run is not pi_ref's own sampling (recorded in its manifest) is refused too
     import shutil
@@ -174,15 +175,15 @@ def test_select_refuses_what_is_not_pi_ref_or_has_no_signal(tmp_path, tiny_dir):
         man["config"].update(change)
         (d / "manifest.json").write_text(json.dumps(man))
         with pytest.raises(ValueError, match="pi_ref's own samples"):
-            prepare.select_by_pass_rate(prepare.SelectConfig(stage1=str(d), out=str(tmp_path / "x.jsonl"), min_pass=0))
+            prepare.select_by_pass_rate(SelectConfig(stage1=str(d), out=str(tmp_path / "x.jsonl"), min_pass=0))
     with pytest.raises(ValueError, match="no signal"):
-        prepare.select_by_pass_rate(prepare.SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
+        prepare.select_by_pass_rate(SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl")))
     assert not (tmp_path / "x.jsonl").exists()  # nothing written on refusal
     with pytest.raises(ValueError, match="not in the dataset"):
         prepare.select_by_pass_rate(
-            prepare.SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl"), min_pass=0.0),
+            SelectConfig(stage1=cfg.out_dir, out=str(tmp_path / "x.jsonl"), min_pass=0.0),
             rows=[{"id": "other", "prompt": "q"}],
         )
     for bad in ({"min_pass": 0.6, "max_pass": 0.4}, {"heldout_fraction": 0.5}, {"heldout_fraction": 1.0}):
         with pytest.raises(ValueError):
-            prepare.SelectConfig(stage1="s", out="o.jsonl", **bad)
+            SelectConfig(stage1="s", out="o.jsonl", **bad)

@@ -15,7 +15,7 @@ import pytest
 from tiltlab.claims import registry
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import real_comparison as C
-from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import pool
 from tiltlab.paper_checks import catalog
 
 
@@ -199,7 +199,7 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
     """Run both checks with Stage 1, training and evaluation replaced by fakes: each (arm, seed) gets
     its own per-prompt correct counts and answers; ``frozen``: an (arm, seed index) that did not train."""
     rows = _rows(4, 4)
-    seeds = T.seeds_for(0, n_seeds)
+    seeds = pool.seeds_for(0, n_seeds)
     calls = {"task": 0, "runs": [], "cores": set()}
 
     def fake_task(root, model_dir, seed):
@@ -231,7 +231,7 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
     monkeypatch.setattr(C, "one_run", fake_one_run)
     C.comparison_raw.cache_clear()
     try:
-        with T.seed_jobs(jobs):
+        with pool.seed_jobs(jobs):
             primary = C.real_model_comparison.__wrapped__(0, n_seeds=n_seeds, steps=2)
             secondary = C.real_model_vs_kl_grpo.__wrapped__(0, n_seeds=n_seeds, steps=2)
     finally:
@@ -385,7 +385,7 @@ def test_python_binds_vllm_to_the_runs_core(monkeypatch):
     seen = {}
     monkeypatch.setattr(subprocess, "run", lambda argv, env, capture_output, text: seen.update(argv=argv, env=env))
     C._python(["-c", "pass"], core=1)
-    assert seen["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "1" and seen["env"]["OMP_NUM_THREADS"] == str(T.CHECK_THREADS)
+    assert seen["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "1" and seen["env"]["OMP_NUM_THREADS"] == str(pool.CHECK_THREADS)
     C._python(["-c", "pass"], core=None)
     assert seen["env"].get("VLLM_CPU_OMP_THREADS_BIND") == __import__("os").environ.get("VLLM_CPU_OMP_THREADS_BIND")
 

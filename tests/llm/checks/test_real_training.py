@@ -8,8 +8,8 @@ import math
 import pytest
 from scipy import stats
 
+from tiltlab.claims import stats as claim_stats
 from tiltlab.llm.checks import real_training as R
-from tiltlab.llm.experiments import task as T
 
 P = 12
 
@@ -20,13 +20,13 @@ def _hist(losses, grads, extra=None):
 
 def test_t_quantile_is_exact_for_every_df():
     for df, want in ((1, 12.706), (9, 2.262), (10, 2.228), (47, 2.012), (200, 1.972)):
-        assert T.t975(df) == pytest.approx(want, abs=5e-4)
+        assert claim_stats.t_quantile(0.975, df) == pytest.approx(want, abs=5e-4)
     x = [0.3, -0.1, 0.5, 0.2, 0.0, 0.4, 0.1, 0.6, -0.2, 0.3, 0.25, 0.15]  # df = 11: the old table fell back to 1.96
-    m, lo, hi = T.mean_ci(x)
+    m, lo, hi = claim_stats.mean_ci(x)
     h = stats.t.ppf(0.975, len(x) - 1) * stats.tstd(x) / math.sqrt(len(x))
     assert (m, lo, hi) == pytest.approx((sum(x) / len(x), sum(x) / len(x) - h, sum(x) / len(x) + h), rel=1e-12)
     with pytest.raises(ValueError):
-        T.t975(0)
+        claim_stats.t_quantile(0.975, 0)
 
 
 def test_trained_items_fail_on_noop_nan_and_frozen_runs():

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
+from tiltlab.claims import stats
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import stage1_real as S
-from tiltlab.llm.experiments import task as T
 from tiltlab.paper_checks import catalog
 
 
@@ -117,7 +117,7 @@ def test_decide_uses_prompt_clustered_intervals():
     items = j.items
     naive = [sum(units["ess_fraction"][s * n_p + i] for s in range(n_s)) / n_s for i in range(n_p)]
     assert clustered["ess_fraction"] == pytest.approx(naive)
-    m, lo, hi = T.mean_ci(naive)
+    m, lo, hi = stats.mean_ci(naive)
     assert (nums["ess_fraction"], nums["ess_fraction_lo"], nums["ess_fraction_hi"]) == pytest.approx((m, lo, hi))
     assert nums["seeds"] == n_p  # the paired units are prompts, df = n_p - 1
     assert items[1].values == pytest.approx(tuple(S.ESS_FRACTION - x for x in naive))

@@ -411,23 +411,26 @@ WARM_KEY_FIELDS = {
 
 @pytest.mark.parametrize("name", sorted(WARM_KEY_FIELDS))
 def test_warm_cache_key_changes_with_each_constant(name, monkeypatch):
-    """Every module constant that enters the warmed weights (the task and the SFT) is in ``_task_key``."""
+    """Every module constant that enters the warmed weights (the task, the SFT, the thread count) is in
+    ``_task_key``."""
+    from tiltlab.llm.experiments import pool, warmup
     from tiltlab.llm.experiments import task as T
 
-    assert hasattr(T, name)
+    home = {"CACHE_VERSION": warmup, "CHECK_THREADS": pool}.get(name, T)  # the module the key reads it from
+    assert hasattr(home, name)
 
-    k0 = T._task_key()
-    monkeypatch.setattr(T, name, WARM_KEY_FIELDS[name])
-    assert T._task_key() != k0
+    k0 = warmup._task_key()
+    monkeypatch.setattr(home, name, WARM_KEY_FIELDS[name])
+    assert warmup._task_key() != k0
 
 
 def test_warm_cache_files_are_per_seed_and_steps(tmp_path, monkeypatch):
-    from tiltlab.llm.experiments import task as T
+    from tiltlab.llm.experiments import warmup
 
     monkeypatch.setenv("TILTLAB_CACHE", str(tmp_path))
     trained = []
-    monkeypatch.setattr(T, "_sft", lambda model, task, steps, seed, progress: trained.append((seed, steps)))
-    warm = T._warm_cached.__wrapped__  # past the in-process lru_cache: the disk cache alone
+    monkeypatch.setattr(warmup, "_sft", lambda model, task, steps, seed, progress: trained.append((seed, steps)))
+    warm = warmup._warm_cached.__wrapped__  # past the in-process lru_cache: the disk cache alone
     for seed, steps in ((0, 1), (1, 1), (0, 2), (0, 1)):
         warm(seed, steps)
     assert trained == [(0, 1), (1, 1), (0, 2)]  # the repeated (0, 1) loaded its file
@@ -455,15 +458,15 @@ def _memo_target(public: str):
 def test_check_memo_is_keyed_by_every_argument_and_the_warm_up(public, inner, base, monkeypatch):
     """A memoized multi-arm run (several claims read one run) is recomputed when any one argument, or
     the warm-up length, changes, and read back when none does."""
-    from tiltlab.llm.experiments import task as T
     from tiltlab.llm.experiments import tiny as tiny_runs
+    from tiltlab.llm.experiments import warmup
 
     mod, fn_name = _memo_target(public)
     calls = []
 
     def fake(*args):
         calls.append(args)
-        return ("result", args, T.WARM_STEPS)
+        return ("result", args, warmup.WARM_STEPS)
 
     monkeypatch.setattr(mod, inner, fake)
     monkeypatch.setattr(tiny_runs, "_MEMO", {})
@@ -473,6 +476,6 @@ def test_check_memo_is_keyed_by_every_argument_and_the_warm_up(public, inner, ba
     for k in base:
         res = fn(**{**base, k: CHANGED[k]})
         assert res[1] == tuple({**base, k: CHANGED[k]}.values()), k  # computed with the changed argument
-    monkeypatch.setattr(T, "WARM_STEPS", T.WARM_STEPS + 1)
-    assert fn(**base)[2] == T.WARM_STEPS
+    monkeypatch.setattr(warmup, "WARM_STEPS", warmup.WARM_STEPS + 1)
+    assert fn(**base)[2] == warmup.WARM_STEPS
     assert len(calls) == len(base) + 2

@@ -99,7 +99,8 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
 
     from tiltlab.llm.base.rollout import VLLMEngine
     from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1
-    from tiltlab.llm.disa.stage2.run import Stage2Config, load_log_z_predictor, run_stage2
+    from tiltlab.llm.disa.stage2.config import Stage2Config
+    from tiltlab.llm.disa.stage2.run import load_log_z_predictor, run_stage2
 
     sz = SIZES[size]
     beta = 2.0

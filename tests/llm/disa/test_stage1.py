@@ -340,7 +340,7 @@ def test_cli_flags_map_to_config_fields():
     assert cfg.temperature == 1.0 and cfg.engine == "hf"  # defaults come from the dataclass
     docs = field_docs(Stage1Config)
     assert set(docs) == {f for f in Stage1Config.__dataclass_fields__}  # every field documented
-    from tiltlab.llm.disa.stage2.run import Stage2Config
+    from tiltlab.llm.disa.stage2.config import Stage2Config
 
     sub = parser.parse_args(["llm", "stage2", "--labels", "l", "--out-dir", "o", "--no-chat-template"])
     s2 = config_from_args(Stage2Config, sub, section="stage2")

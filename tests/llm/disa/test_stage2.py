@@ -13,10 +13,8 @@ pytest.importorskip("safetensors")
 
 from tiltlab.llm.base.prompts import format_prompt  # noqa: E402
 from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1  # noqa: E402
+from tiltlab.llm.disa.stage2.config import CONFIG_FILE, REGRESSOR_FILE, Stage2Config  # noqa: E402
 from tiltlab.llm.disa.stage2.run import (  # noqa: E402
-    CONFIG_FILE,
-    REGRESSOR_FILE,
-    Stage2Config,
     embed_prompts,
     load_log_z_predictor,
     predict_log_z,

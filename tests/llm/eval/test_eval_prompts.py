@@ -15,7 +15,7 @@ pytest.importorskip("yaml")
 
 from tiltlab.dataclass_cli import add_dataclass_args
 from tiltlab.llm.base.config_args import config_from_args
-from tiltlab.llm.eval.run import EvalConfig, eval_from_run_config
+from tiltlab.llm.eval.config import EvalConfig, eval_from_run_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 NO_THINK = {"enable_thinking": False}

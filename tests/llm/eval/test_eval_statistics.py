@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tiltlab.llm.eval import run as ev
+from tiltlab.llm.eval.judge import JudgeConfig
 
 K = 4
 CORRECT = [4, 1, 0, 2, 3]  # correct samples per prompt (of K): per-prompt accuracies 1, .25, 0, .5, .75
@@ -63,7 +64,7 @@ def test_mean_at_k_standard_error_and_pass_at_k_match_a_naive_computation(monkey
         pass_ks=[1, 2, 3],
         distinct_ns=[1],
         chat_template=False,
-        judge=ev.JudgeConfig(base_url="http://unused", model="m"),
+        judge=JudgeConfig(base_url="http://unused", model="m"),
         progress=False,
     )["toy"]
     mean, se, sd, pop_se, pass_at = _naive()
@@ -144,7 +145,7 @@ def test_completion_length_and_finished_fraction_over_all_completions(monkeypatc
         k=3,
         chat_template=False,
         progress=False,
-        judge=ev.JudgeConfig(base_url="http://unused", model="m"),
+        judge=JudgeConfig(base_url="http://unused", model="m"),
     )["t"]
     assert res.mean_completion_tokens == pytest.approx((3 + 1 + 2 + 6 + 1 + 2) / 6)
     assert res.finished_frac == pytest.approx(4 / 6)
@@ -175,7 +176,7 @@ def test_judge_datasets_judges_only_the_named_datasets(monkeypatch):
         k=2,
         chat_template=False,
         progress=False,
-        judge=ev.JudgeConfig(base_url="http://unused", model="m"),
+        judge=JudgeConfig(base_url="http://unused", model="m"),
         judge_datasets=["judged"],
     )
     assert calls == [["q0"]]

@@ -9,19 +9,17 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from tiltlab.llm.eval.run import (
+from tiltlab.llm.eval.config import EvalConfig
+from tiltlab.llm.eval.judge import (
     DISA_D5_JUDGE_TEXT,
     JUDGE_SYSTEM_PROMPT,
     JUDGE_USER_TEMPLATE,
-    EvalConfig,
     JudgeConfig,
-    evaluate,
     format_judge_messages,
     judge_diversity,
     parse_judge_score,
-    results_table,
-    save_results,
 )
+from tiltlab.llm.eval.run import evaluate, results_table, save_results
 
 
 class ListEngine:

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from tiltlab.llm.eval.run import evaluate, judge_diversity
+from tiltlab.llm.eval.judge import judge_diversity
+from tiltlab.llm.eval.run import evaluate
 
 pytestmark = pytest.mark.llm
 
@@ -74,7 +75,7 @@ def test_a_reward_function_returning_a_wrong_count_is_named(lines):
 
 
 def test_judging_reports_each_prompt(capsys, lines, monkeypatch):
-    import tiltlab.llm.eval.run as ev
+    import tiltlab.llm.eval.judge as ev  # where judge_diversity looks _post_chat up
 
     replies = iter(["3", "no score", "5"])
     monkeypatch.setattr(ev, "_post_chat", lambda cfg, messages: next(replies))
@@ -142,7 +143,8 @@ def test_stage1_reports_each_shard_and_a_resume_counts_its_own_prompts(capsys, l
 
 def test_stage2_reports_embedding_and_each_epoch(capsys, lines, tiny_dir, math_rows, tmp_path):
     from tiltlab.llm.disa.stage1 import run_stage1
-    from tiltlab.llm.disa.stage2.run import Stage2Config, run_stage2
+    from tiltlab.llm.disa.stage2.config import Stage2Config
+    from tiltlab.llm.disa.stage2.run import run_stage2
 
     s1 = tmp_path / "s1"
     run_stage1(_stage1_cfg(tiny_dir, s1), rows=math_rows[:4], progress=False)

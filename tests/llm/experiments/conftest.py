@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import warmup
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +13,7 @@ def tiny(tmp_path_factory):
     enough to run every check's machinery, not to decide anything."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TILTLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    mp.setattr(T, "WARM_STEPS", 3)
-    model, task = T.warm_reference(0)
+    mp.setattr(warmup, "WARM_STEPS", 3)
+    model, task = warmup.warm_reference(0)
     yield model, task
     mp.undo()

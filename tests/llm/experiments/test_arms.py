@@ -17,6 +17,7 @@ from tiltlab.llm.checks import enumerable, paced
 from tiltlab.llm.disa.logz_head import get_log_z_head
 from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
+from tiltlab.llm.experiments import training
 from tiltlab.objectives.offline import offrl_loss
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,7 +85,7 @@ def test_flowrl_arm_trains_the_head_with_the_policys_optimizer(tiny):
     ref_tok = T.reference_tokens(model, task)
     prompts = task.split(False)
     with tiny_runs.seeded_rng(0):
-        trace = T.train_online(
+        trace = training.train_online(
             model, task, ref_tok, tiny_runs.flowrl_head_fn(model, task, 2.0), prompts=prompts, steps=3, lr=1e-3, seed=0
         )
     moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
@@ -97,7 +98,9 @@ def test_flowrl_arm_trains_the_head_with_the_policys_optimizer(tiny):
     h2 = tiny_runs.attach_flowrl_head(m2, 0)
     b0 = h2.net[-1].bias.detach().clone()
     with tiny_runs.seeded_rng(0):
-        T.train_online(m2, task, ref_tok, tiny_runs.flowrl_head_fn(m2, task, 2.0), prompts=prompts, steps=1, lr=1e-3)
+        training.train_online(
+            m2, task, ref_tok, tiny_runs.flowrl_head_fn(m2, task, 2.0), prompts=prompts, steps=1, lr=1e-3
+        )
     assert float((h2.net[-1].bias.detach() - b0).abs()) == pytest.approx(1e-3, rel=1e-3)
     # the loss's gradient reaches the backbone through log Z (FlowRL's code leaves the input attached)
     with torch.no_grad():
@@ -111,13 +114,13 @@ def test_flowrl_arms_use_the_head_not_a_table(monkeypatch, tiny):
     """``logz_variants``' learned_head arm and the 4-method run's flowrl arm attach FlowRL's head to the
     model they train and pass no extra parameters to ``train_online``."""
     seen = []
-    real = T.train_online
+    real = training.train_online
 
     def spy(model, task, ref_tok, fn, **kw):
         seen.append((get_log_z_head(model, required=False) is not None, kw.get("extra_params", ())))
         return real(model, task, ref_tok, fn, **kw)
 
-    monkeypatch.setattr(T, "train_online", spy)
+    monkeypatch.setattr(training, "train_online", spy)
     monkeypatch.setattr(tiny_runs, "_MEMO", {})
     res = enumerable.logz_variants(0, n_seeds=2, steps=2, grad_draws=2)
     names = ("exact", "is_label_m4", "exact_plus_noise", "learned_head", "vargrad")

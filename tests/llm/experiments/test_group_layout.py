@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tiltlab.llm.checks import paced as checks_paced
-from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
+from tiltlab.llm.experiments import training, warmup
 
 IDX = torch.tensor([5, 0, 3])  # the batch's prompts in the log Z table: distinct, not in order
 P, G, L = 3, 4, 5  # prompts, completions per prompt (P != G), tokens
@@ -30,7 +30,7 @@ BETA = 1.7
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def _batch(seed: int = 0) -> T.Batch:
+def _batch(seed: int = 0) -> training.Batch:
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, L + 1, (B,), generator=gen)
     mask = (torch.arange(L)[None, :] < lengths[:, None]).float()
@@ -39,7 +39,7 @@ def _batch(seed: int = 0) -> T.Batch:
     ref = (logp - 0.5 + 0.4 * torch.randn(B, L, generator=gen)) * mask
     logp = logp.clone().requires_grad_(True)
     ans = torch.zeros(P, G, dtype=torch.long)
-    return T.Batch(IDX.clone(), ans, logp, old, ref, mask, REWARD.clone(), logp)
+    return training.Batch(IDX.clone(), ans, logp, old, ref, mask, REWARD.clone(), logp)
 
 
 def _seq(x: torch.Tensor, mask: torch.Tensor, b: int) -> float:
@@ -51,7 +51,7 @@ def _rows():
     return [(p * G + j, p, j) for p in range(P) for j in range(G)]
 
 
-def _tb_loss_and_grad(b: T.Batch, log_z_of_prompt, anchor, weight=None):
+def _tb_loss_and_grad(b: training.Batch, log_z_of_prompt, anchor, weight=None):
     """``mean_b w_b (log Z_p + lp_b - anchor_b - beta r_pj)^2`` by a loop, and its gradient with
     respect to the token log-probs (``2 w_b delta_b / B`` on each unmasked token of row ``b``)."""
     total, grad = 0.0, torch.zeros(B, L)
@@ -64,7 +64,7 @@ def _tb_loss_and_grad(b: T.Batch, log_z_of_prompt, anchor, weight=None):
     return total / B, grad
 
 
-def _loss_and_logp_grad(fn, b: T.Batch, *extra):
+def _loss_and_logp_grad(fn, b: training.Batch, *extra):
     loss = fn(b)
     grads = torch.autograd.grad(loss, [b.logp, *extra], allow_unused=True)
     return loss.detach(), grads
@@ -152,7 +152,7 @@ def test_policy_gradient_arms_give_each_row_its_own_groups_advantage(arm):
     """On-policy (``logp_old = logp``) the GRPO / GSPO gradient on a row's tokens is ``-A_b`` times a
     positive factor: its sign is the sign of the row's own group advantage, 0 where that is 0."""
     b = _batch(4)
-    b = T.Batch(b.prompt_idx, b.ans, b.logp, b.logp.detach().clone(), b.logp_ref, b.mask, b.reward, b.logp)
+    b = training.Batch(b.prompt_idx, b.ans, b.logp, b.logp.detach().clone(), b.logp_ref, b.mask, b.reward, b.logp)
     (g,) = torch.autograd.grad(arm()(b), [b.logp])
     for row, p, j in _rows():
         a = _group_adv(p, j)
@@ -165,7 +165,7 @@ def test_gather_tokens_is_group_major():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(P, 9, L, generator=gen)
     ans = torch.randint(0, 9, (P, G), generator=gen)
-    out = T.gather_tokens(x, ans)
+    out = training.gather_tokens(x, ans)
     for row, p, j in _rows():
         assert torch.equal(out[row], x[p, ans[p, j]])
 
@@ -174,9 +174,9 @@ def test_offline_fpa_data_pairs_each_answer_with_its_own_prompt(tmp_path, monkey
     """The FPA sweep's offline data (``tr_t.repeat_interleave(8)`` beside ``ans.reshape(-1)``): row
     ``p * 8 + j`` is the ``j``-th answer sampled for train prompt ``p``, with that pair's reward."""
     monkeypatch.setenv("TILTLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(T, "WARM_STEPS", 1)
+    monkeypatch.setattr(warmup, "WARM_STEPS", 1)
     sampled = []
-    real_sample = T.sample_answers
+    real_sample = training.sample_answers
 
     def spy(log_probs, g, gen):
         ans = real_sample(log_probs, g, gen)
@@ -189,7 +189,7 @@ def test_offline_fpa_data_pairs_each_answer_with_its_own_prompt(tmp_path, monkey
     def stop(model, ref_model, task, data_idx, data_ans, reward, *a, **k):
         raise Seen(task, data_idx.clone(), data_ans.clone(), reward.clone())
 
-    monkeypatch.setattr(T, "sample_answers", spy)
+    monkeypatch.setattr(training, "sample_answers", spy)
     monkeypatch.setattr(tiny_runs, "fpa_train", stop)
     tiny_runs._MEMO.clear()
     with pytest.raises(Seen) as e:

@@ -1,4 +1,4 @@
-"""Seed-sharded llm checks (``task.map_seeds``): the seeds of a check in forked processes give the
+"""Seed-sharded llm checks (``pool.map_seeds``): the seeds of a check in forked processes give the
 sequential run's result exactly, in seed order; errors name their seed; ``tiltlab check --jobs N``
 runs the llm-layer checks one at a time with their seeds in N processes."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tiltlab.llm.checks import enumerable
-from tiltlab.llm.experiments import task as T
+from tiltlab.llm.experiments import pool, warmup
 from tiltlab.llm.experiments import tiny as tiny_runs
 
 # ------------------------------------------------------------------ map_seeds itself (torch only)
@@ -20,9 +20,9 @@ from tiltlab.llm.experiments import tiny as tiny_runs
 
 def test_jobs_1_runs_in_this_process_in_seed_order():
     pid = os.getpid()
-    assert T.map_seeds(lambda s: (s, os.getpid()), [5, 3, 9], jobs=1) == [(5, pid), (3, pid), (9, pid)]
-    with T.seed_jobs(1):
-        assert T.map_seeds(lambda s: os.getpid(), [0, 1]) == [pid, pid]
+    assert pool.map_seeds(lambda s: (s, os.getpid()), [5, 3, 9], jobs=1) == [(5, pid), (3, pid), (9, pid)]
+    with pool.seed_jobs(1):
+        assert pool.map_seeds(lambda s: os.getpid(), [0, 1]) == [pid, pid]
 
 
 def test_jobs_1_raises_the_seeds_own_error_unchanged():
@@ -34,7 +34,7 @@ def test_jobs_1_raises_the_seeds_own_error_unchanged():
         return s
 
     with pytest.raises(KeyError) as info:
-        T.map_seeds(fn, [0, 1, 2], jobs=1)
+        pool.map_seeds(fn, [0, 1, 2], jobs=1)
     assert info.value is err
 
 
@@ -56,7 +56,7 @@ def test_order_is_seed_order_when_workers_finish_out_of_order(tmp_path):
         (marks / f"done-{s}").touch()
         return (s, s * 10, os.getpid())
 
-    out = T.map_seeds(fn, [0, 1, 2], jobs=2)
+    out = pool.map_seeds(fn, [0, 1, 2], jobs=2)
     assert [(s, v) for s, v, _ in out] == [(0, 0), (1, 10), (2, 20)]
     finished = (marks / "order").read_text().split()
     assert finished.index("1") < finished.index("0")  # a worker finished out of order
@@ -67,10 +67,10 @@ def test_workers_use_one_torch_thread_and_do_not_shard_again():
     outer = torch.get_num_threads()
     torch.set_num_threads(3)  # not 1 (the workers' count), so "untouched here" can fail
     try:
-        with T.seed_jobs(2):
-            out = T.map_seeds(lambda s: (torch.get_num_threads(), T._JOBS), [0, 1, 2])
+        with pool.seed_jobs(2):
+            out = pool.map_seeds(lambda s: (torch.get_num_threads(), pool._JOBS), [0, 1, 2])
         assert out == [(1, 1)] * 3
-        assert T._JOBS == 1 and torch.get_num_threads() == 3  # restored here, untouched by the workers
+        assert pool._JOBS == 1 and torch.get_num_threads() == 3  # restored here, untouched by the workers
     finally:
         torch.set_num_threads(outer)
 
@@ -82,7 +82,7 @@ def test_a_failing_worker_names_its_seed():
         return s
 
     with pytest.raises(FloatingPointError, match=r"^seed 301: non-finite training loss nan at step 1$"):
-        T.map_seeds(fn, [300, 301, 302], jobs=2)
+        pool.map_seeds(fn, [300, 301, 302], jobs=2)
 
     class Odd(Exception):  # cannot be built from one message: re-raised as RuntimeError, the type named
         def __init__(self, a, b):
@@ -92,16 +92,16 @@ def test_a_failing_worker_names_its_seed():
         raise Odd(s, "x")
 
     with pytest.raises(RuntimeError, match=r"^seed 7: Odd: 7/x$"):
-        T.map_seeds(odd, [7, 8], jobs=2)
+        pool.map_seeds(odd, [7, 8], jobs=2)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_bad_job_counts_are_refused(bad):
     with pytest.raises(ValueError, match=r"^jobs must be an integer >= 1 \(1 = in this process\), got "):
-        T.set_jobs(bad)
+        pool.set_jobs(bad)
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
-        T.map_seeds(lambda s: s, [0], jobs=bad)
-    assert T._JOBS == 1
+        pool.map_seeds(lambda s: s, [0], jobs=bad)
+    assert pool._JOBS == 1
 
 
 def test_gather_concatenates_each_list_in_seed_order():
@@ -111,14 +111,14 @@ def test_gather_concatenates_each_list_in_seed_order():
         log = R.RunLog([s > 0], [True], [s % 2 == 0])
         return {"a": {1.0: [s, s + 0.5]}, "b": [s]}, (log, [(s, -s)])
 
-    got = T.gather([part(s) for s in (0, 1, 2)])
+    got = pool.gather([part(s) for s in (0, 1, 2)])
     assert got[0] == {"a": {1.0: [0, 0.5, 1, 1.5, 2, 2.5]}, "b": [0, 1, 2]}
     assert got[1][0] == R.RunLog([False, True, True], [True] * 3, [True, False, True])
     assert got[1][1] == [(0, 0), (1, -1), (2, -2)]
     with pytest.raises(ValueError, match="different keys"):
-        T.gather([{"a": []}, {"b": []}])
+        pool.gather([{"a": []}, {"b": []}])
     with pytest.raises(ValueError, match="at least one seed"):
-        T.gather([])
+        pool.gather([])
 
 
 # ------------------------------------------------------------------ sharded checks equal the sequential ones
@@ -129,7 +129,7 @@ def tiny_task(tmp_path_factory):
     pytest.importorskip("transformers")
     mp = pytest.MonkeyPatch()
     mp.setenv("TILTLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    mp.setattr(T, "WARM_STEPS", 3)
+    mp.setattr(warmup, "WARM_STEPS", 3)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' count: a float reduction's order depends on it
     yield
@@ -144,7 +144,7 @@ def _both(fn, monkeypatch):
     for jobs, rng in ((1, 11), (2, 22)):
         monkeypatch.setattr(tiny_runs, "_MEMO", {})
         torch.manual_seed(rng)
-        with T.seed_jobs(jobs):
+        with pool.seed_jobs(jobs):
             out.append(fn())
     return out
 
@@ -189,7 +189,9 @@ def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
 
     seen = []
     monkeypatch.setattr(
-        registry, "run_one", lambda c, seed: seen.append((c.key, T._JOBS, os.getpid())) or registry.Outcome(c, None, 0)
+        registry,
+        "run_one",
+        lambda c, seed: seen.append((c.key, pool._JOBS, os.getpid())) or registry.Outcome(c, None, 0),
     )
     pooled = []
 
@@ -205,7 +207,7 @@ def test_check_jobs_n_shards_llm_seeds_in_this_process(monkeypatch):
     outs = cli._run(chks, 0, progress=False, jobs=2)
     assert [o.check.key for o in outs] == ["a", "b", "c", "d"]
     assert pooled == [["b", "d"]] and seen == [("a", 2, pid), ("c", 2, pid)]
-    assert T._JOBS == 1
+    assert pool._JOBS == 1
     seen.clear()
     cli._run(chks, 0, progress=False, jobs=1)  # --jobs 1: everything here, seeds in this process
     assert seen == [(k, 1, pid) for k in "abcd"]
@@ -226,4 +228,4 @@ def test_the_first_failing_seed_in_seed_order_is_reported_whatever_finishes_firs
 
     for _ in range(3):
         with pytest.raises(ValueError, match=r"^seed 9: late$"):
-            T.map_seeds(fn, [8, 9, 10, 11], jobs=2)
+            pool.map_seeds(fn, [8, 9, 10, 11], jobs=2)

@@ -8,11 +8,13 @@ import math
 import pytest
 import torch
 
-from tiltlab.claims import registry
+from tiltlab.claims import registry, stats
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.llm.checks import computed, enumerable, paced
 from tiltlab.llm.experiments import task as T
 from tiltlab.llm.experiments import tiny as tiny_runs
+from tiltlab.llm.experiments import training, warmup
+from tiltlab.objectives.metrics import tv_distance
 from tiltlab.paper_checks import catalog
 
 
@@ -29,7 +31,7 @@ def test_tilted_log_z_tv_match_brute_force():
             want = math.exp(log_ref[i, k].item()) * math.exp(beta * r[i, k].item()) / z
             assert log_star[i, k].exp().item() == pytest.approx(want, rel=1e-10)
     q = torch.log_softmax(torch.randn(5, 7, generator=gen, dtype=torch.float64), -1)
-    tv = T.tv_distance(log_star, q)
+    tv = tv_distance(log_star, q)
     brute = [0.5 * sum(abs(log_star[i, k].exp().item() - q[i, k].exp().item()) for k in range(7)) for i in range(5)]
     assert tv.tolist() == pytest.approx(brute, rel=1e-12)
     # binary reward: the tilted pass rate is p e^b / (p e^b + 1 - p)
@@ -112,7 +114,7 @@ def test_train_online_batch_reference_rows_are_each_sampled_answers_own(tiny):
         seen.append(b)
         return b.logp.sum() * 0.0
 
-    T.train_online(model, task, ref_tok, spy, prompts=task.split(False), steps=1, lr=0.0, batch_prompts=3, g=4)
+    training.train_online(model, task, ref_tok, spy, prompts=task.split(False), steps=1, lr=0.0, batch_prompts=3, g=4)
     (b,) = seen
     assert b.logp_ref.shape == b.mask.shape and (b.logp_ref[b.mask == 0] == 0).all()
     n_g = b.ans.shape[1]
@@ -126,7 +128,7 @@ def test_train_online_batch_reference_rows_are_each_sampled_answers_own(tiny):
 
 def test_sample_answers_follow_the_distribution():
     log_p = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64))
-    ans = T.sample_answers(log_p, 20_000, torch.Generator().manual_seed(0))
+    ans = training.sample_answers(log_p, 20_000, torch.Generator().manual_seed(0))
     freq = torch.stack([(ans == k).double().mean(1) for k in range(4)], 1)
     sd = (log_p.exp() * (1 - log_p.exp()) / 20_000).sqrt()
     assert ((freq - log_p.exp()).abs() <= 5 * sd + 1e-12).all()
@@ -166,10 +168,10 @@ def test_stage1_labels_with_a_proposal_other_than_pi_ref():
 
 
 def test_mean_ci():
-    m, lo, hi = T.mean_ci([1.0, 2.0, 3.0])
+    m, lo, hi = stats.mean_ci([1.0, 2.0, 3.0])
     assert m - lo == pytest.approx(hi - m)
     assert m == 2.0 and hi - m == pytest.approx(4.302652729749464 / math.sqrt(3), rel=1e-9)  # t(0.975, df=2)
-    assert T.mean_ci([0.5]) == (0.5, 0.5, 0.5)
+    assert stats.mean_ci([0.5]) == (0.5, 0.5, 0.5)
 
 
 CASES = [
@@ -304,7 +306,7 @@ def test_paced_table_fixed_point_is_beta_times_pass_rate():
     idx = torch.tensor([4, 0, 2])
     with torch.no_grad():
         table[idx] = beta * reward.mean(1)
-    b = T.Batch(idx, torch.zeros(p, g, dtype=torch.long), lp.clone(), lp.clone(), lp - 1.0, mask, reward, lp)
+    b = training.Batch(idx, torch.zeros(p, g, dtype=torch.long), lp.clone(), lp.clone(), lp - 1.0, mask, reward, lp)
     (grad,) = torch.autograd.grad(paced.paced_fn(table, beta)(b), table)
     assert grad.abs().max().item() < 1e-6
     with torch.no_grad():
@@ -319,13 +321,15 @@ def test_train_online_reports_what_the_run_did(tiny, monkeypatch):
     lz = torch.zeros(task.n_prompts, dtype=torch.float64)
     m = __import__("copy").deepcopy(model)
     before = [q.detach().clone() for q in m.parameters()]
-    trace = T.train_online(m, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=task.split(False), steps=3, lr=1e-3)
+    trace = training.train_online(
+        m, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=task.split(False), steps=3, lr=1e-3
+    )
     naive = sum(float((q.detach() - b).double().pow(2).sum()) for q, b in zip(m.parameters(), before)) ** 0.5
     assert len(trace.losses) == 3 and trace.loss_moved
     assert trace.param_change == pytest.approx(naive, rel=1e-9) and naive > 0
-    assert not T.Trace([1.0, 1.0], 0.0).loss_moved and not T.Trace([1.0], 0.0).loss_moved
+    assert not training.Trace([1.0, 1.0], 0.0).loss_moved and not training.Trace([1.0], 0.0).loss_moved
     with pytest.raises(FloatingPointError, match="step 4"):
-        T.step_loss(torch.tensor(float("inf")), 4)
+        training.step_loss(torch.tensor(float("inf")), 4)
 
 
 _UP = math.nextafter(0.5, 1.0)  # the next float above 0.5: the smallest change a loss can make
@@ -351,10 +355,10 @@ def test_loss_moved_is_any_two_losses_differing_at_the_boundary_both_ways(losses
     recorded values differ. A run whose loss is exactly unchanged did not move (a ``>=`` reports that
     it did); a change of one ulp did (a tolerance would miss it)."""
     naive = any(a != b for i, a in enumerate(losses) for b in losses[i + 1 :])
-    assert T.Trace(list(losses), 1.0).loss_moved is naive
-    log = T.RunLog()
-    log.add(T.Trace([0.5, 0.25], 1.0))  # a run that moved, beside it
-    log.add(T.Trace(list(losses), 1.0))
+    assert training.Trace(list(losses), 1.0).loss_moved is naive
+    log = training.RunLog()
+    log.add(training.Trace([0.5, 0.25], 1.0))  # a run that moved, beside it
+    log.add(training.Trace(list(losses), 1.0))
     assert log.items()["ran_loss_moved"] is naive
     assert log.numbers()["runs_loss_moved"] == 1 + naive
 
@@ -364,8 +368,8 @@ def test_loss_moved_is_any_two_losses_differing_at_the_boundary_both_ways(losses
     [(0.0, False), (5e-324, True), (1e-3, True)],  # 5e-324: the smallest positive float
 )
 def test_weights_moved_is_a_positive_change_at_the_boundary_both_ways(change, moved):
-    log = T.RunLog()
-    log.add(T.Trace([1.0, 0.5], change))
+    log = training.RunLog()
+    log.add(training.Trace([1.0, 0.5], change))
     assert log.items()["ran_weights_moved"] is moved and log.numbers()["runs_weights_moved"] == moved
 
 
@@ -378,7 +382,7 @@ def test_train_online_extra_lr_applies_to_extra_params_only(tiny):
     ref_tok = T.reference_tokens(model, task)
     table = torch.nn.Parameter(torch.zeros(task.n_prompts))
     prompts = task.split(False)[:8]
-    T.train_online(
+    training.train_online(
         model, task, ref_tok, paced.paced_fn(table, 4.0), prompts=prompts, steps=1, lr=0.0, seed=0,
         extra_params=(table,), extra_lr=0.05,
     )  # fmt: skip
@@ -403,12 +407,12 @@ def test_train_online_select_must_return_batch_prompts_prompts(tiny):
     tr = task.split(False)
     for n in (4, 16):
         with pytest.raises(ValueError, match=f"select returned {n} prompts at step 0, batch_prompts=8"):
-            T.train_online(
+            training.train_online(
                 model, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=tr, steps=2, lr=1e-3,
                 select=lambda step, n=n: tr[:n],
             )  # fmt: skip
     assert all(torch.equal(a, q.detach()) for a, q in zip(before, model.parameters()))
-    trace = T.train_online(
+    trace = training.train_online(
         model, task, ref_tok, tiny_runs.disa_fn(lz, 2.0), prompts=tr, steps=1, lr=1e-3, batch_prompts=4,
         select=lambda step: tr[:4],
     )  # fmt: skip
@@ -461,12 +465,12 @@ def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, m
     from pathlib import Path
 
     cache = tmp_path / "cache"
-    monkeypatch.setattr(T, "_cache_dir", lambda: cache)
-    monkeypatch.setattr(T, "_sft", lambda *a, **k: None)
+    monkeypatch.setattr(warmup, "_cache_dir", lambda: cache)
+    monkeypatch.setattr(warmup, "_sft", lambda *a, **k: None)
     seen = []
     real = os.replace
     monkeypatch.setattr(os, "replace", lambda src, dst: (seen.append((Path(src), Path(dst))), real(src, dst))[1])
-    T._warm_cached.__wrapped__(0, 3)  # past the process's lru_cache, which earlier tests may have filled
+    warmup._warm_cached.__wrapped__(0, 3)  # past the process's lru_cache, which earlier tests may have filled
     ((src, dst),) = seen
     assert src.parent == dst.parent == cache and src != dst and dst.exists()
     assert src.name.startswith(f".{dst.stem}.tmp-") and src.suffix == dst.suffix  # tiltlab.files' temporary name
@@ -486,10 +490,12 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
     monkeypatch.setattr(tiny_runs, "setup", lambda s, beta: (None, task, None, ref, [0, 1], [2, 3], torch.zeros(4)))
     monkeypatch.setattr(tiny_runs, "evaluate", lambda m, t, p: {"acc": 0.5, "pass8": 0.5, "coverage": 0.5})
     monkeypatch.setattr(T, "pass_rate", lambda pol, t: torch.zeros(1))
-    monkeypatch.setattr(T, "warm_reference", lambda s: (None, None))
+    monkeypatch.setattr(warmup, "warm_reference", lambda s: (None, None))
     calls = []
     monkeypatch.setattr(
-        T, "train_online", lambda m, t, r, fn, **kw: calls.append((fn, kw["old_every"])) or T.Trace([1.0, 0.0], 1.0)
+        T,
+        "train_online",
+        lambda m, t, r, fn, **kw: calls.append((fn, kw["old_every"])) or training.Trace([1.0, 0.0], 1.0),
     )
     res = tiny_runs.context_raw(0, 2, 2, 4.0)
     assert tiny_runs.CONTEXT_METHODS == ("cispo", "sapo") and tiny_runs.CONTEXT_OLD_EVERY > 1
@@ -498,7 +504,7 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
     # each arm's loss is the objectives function's value on the batch (group advantages, TRL's defaults)
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(8, 2, generator=g, dtype=torch.float64)
-    b = T.Batch(None, None, lp, lp - 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), None,
+    b = training.Batch(None, None, lp, lp - 0.3 * torch.rand(8, 2, generator=g, dtype=torch.float64), None,
                 torch.ones(8, 2, dtype=torch.float64), (torch.rand(2, 4, generator=g) < 0.5).double(), None)  # fmt: skip
     adv = pg.group_advantages(b.reward).reshape(-1)
     assert calls[0][0](b) == pg.cispo_loss(b.logp, b.logp_old, adv, b.mask).loss

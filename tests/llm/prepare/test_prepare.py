@@ -12,6 +12,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION, load_prompts  # noqa: E402
 from tiltlab.llm.prepare import run as prepare  # noqa: E402
+from tiltlab.llm.prepare.config import FpaConfig  # noqa: E402
 
 DAPO_WRAP = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -223,7 +224,7 @@ def test_build_fpa_offline_with_the_paper_defaults(tmp_path):
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     eng = _FakeEngine()
-    cfg = prepare.FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
+    cfg = FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
     info = prepare.build_fpa_offline(cfg, engine=eng)
     _, n, s = eng.calls[0]
     assert (n, s.temperature, s.max_new_tokens, s.top_p) == (8, 0.7, 2048, 1.0)
@@ -252,7 +253,7 @@ def test_build_fpa_offline_on_the_tiny_model(tmp_path, monkeypatch):
     data.write_text(
         "".join(json.dumps({"id": f"q{i}", "prompt": f"Compute {i}+1.", "answer": str(i + 1)}) + "\n" for i in range(4))
     )
-    cfg = prepare.FpaConfig(
+    cfg = FpaConfig(
         model="tiny",
         dataset=str(data),
         out=str(tmp_path / "o.parquet"),
@@ -292,7 +293,7 @@ def test_build_fpa_offline_refuses_a_reward_with_one_none(tmp_path, monkeypatch)
     monkeypatch.setattr(rewards, "resolve_reward", lambda name: one_none)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"P{i}", "answer": "3"}) + "\n" for i in range(4)))
-    cfg = prepare.FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
+    cfg = FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
     with pytest.raises(ValueError, match="the reward returned None"):
         prepare.build_fpa_offline(cfg, engine=_FakeEngine())
     assert list(tmp_path.iterdir()) == [data]

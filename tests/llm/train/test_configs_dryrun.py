@@ -90,8 +90,8 @@ def _section_config(cls, path: Path, section: str, translate=None):
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
 def test_stage_and_eval_sections_build(path, tmp_path):
     from tiltlab.llm.disa.stage1 import Stage1Config
-    from tiltlab.llm.disa.stage2.run import Stage2Config
-    from tiltlab.llm.eval.run import EvalConfig, eval_from_run_config
+    from tiltlab.llm.disa.stage2.config import Stage2Config
+    from tiltlab.llm.eval.config import EvalConfig, eval_from_run_config
 
     data = yaml.safe_load(path.read_text())
     cfg = _schema_copy(path, tmp_path)
