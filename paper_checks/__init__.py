@@ -3,6 +3,14 @@
 if __name__ != "tiltlab.paper_checks":  # imported by its bare folder name (the repo root is on sys.path)
     raise ImportError(f"import this package as tiltlab.paper_checks, not as {__name__!r}")
 
+from pathlib import Path as _Path
+
+from tiltlab.claims import paths as _paths
+
+#: This folder (resolved: the checkout's ``paper_checks/``, not the ``tiltlab/paper_checks`` link): the claim and
+#: paper files, the pins, the pre-registration and the shipped records, given to the claims core.
+DATA_DIR = _paths.configure(_Path(__file__).resolve().parent)
+
 from tiltlab.claims.registry import (
     Check,
     CheckResult,
@@ -18,6 +26,7 @@ from tiltlab.claims.registry import (
 from tiltlab.paper_checks.catalog import discover, run_checks
 
 __all__ = [
+    "DATA_DIR",
     "Check",
     "CheckResult",
     "Claim",
