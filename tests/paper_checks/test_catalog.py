@@ -105,7 +105,7 @@ def test_the_claims_core_without_a_data_folder_says_how_to_give_one(monkeypatch)
     from tiltlab.claims import paths
 
     monkeypatch.setattr(paths, "_DATA_DIR", [None])
-    with pytest.raises(RuntimeError, match=r"import tiltlab\.paper_checks .* configure\(DIR\)"):
+    with pytest.raises(RuntimeError, match=r"import tiltlab\.paper_checks .*configure\(DIR\)"):
         paths.data_dir()
     with pytest.raises(ValueError, match="does not exist"):
         paths.configure(Path("/nonexistent/tiltlab-data"))

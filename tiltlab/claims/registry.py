@@ -312,10 +312,8 @@ class Check(_Named):
 
 @dataclass(frozen=True)
 class CheckRef(_Named):
-    """What a record's row says of its check (claim, layer, name, expected verdict and items, slow):
-    the check of an :class:`Outcome` read back from a record whose check module is not loaded (e.g. the
-    llm layer without the ``[llm]`` extra). A live check gives one too (:meth:`of`), the same a row of it
-    gives (:meth:`from_row`)."""
+    """A check as a record's row names it: the check of an :class:`Outcome` read back whose check module is not
+    loaded (the llm layer without ``[llm]``); a live check (:meth:`of`) and its row (:meth:`from_row`) give the same."""
 
     claim_id: str
     layer: str
@@ -327,7 +325,6 @@ class CheckRef(_Named):
 
     @classmethod
     def of(cls, check: Check | CheckRef) -> CheckRef:
-        """The reference of a live check (or the reference itself)."""
         if isinstance(check, CheckRef):
             return check
         return cls(
@@ -383,8 +380,7 @@ class Outcome:
         return str(self.provenance.get("source") or "run")
 
     @property
-    def ref(self) -> CheckRef:
-        """The check as a record names it."""
+    def ref(self) -> CheckRef:  # the check as a record names it
         return CheckRef.of(self.check)
 
     @property
