@@ -6,11 +6,6 @@ if __name__ != "tiltlab.paper_checks":  # imported by its bare folder name (the 
 from pathlib import Path as _Path
 
 from tiltlab.claims import paths as _paths
-
-#: This folder (resolved: the checkout's ``paper_checks/``, not the ``tiltlab/paper_checks`` link): the claim and
-#: paper files, the pins, the pre-registration and the shipped records, given to the claims core.
-DATA_DIR = _paths.configure(_Path(__file__).resolve().parent)
-
 from tiltlab.claims.registry import (
     Check,
     CheckResult,
@@ -24,6 +19,11 @@ from tiltlab.claims.registry import (
     register_check,
 )
 from tiltlab.paper_checks.catalog import discover, run_checks
+
+#: This folder (resolved: the checkout's ``paper_checks/``, not the ``tiltlab/paper_checks`` link): the claim and
+#: paper files, the pins, the pre-registration and the shipped records, given to the claims core (which reads
+#: none of them on import).
+DATA_DIR = _paths.configure(_Path(__file__).resolve().parent)
 
 __all__ = [
     "DATA_DIR",

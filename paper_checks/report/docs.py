@@ -179,9 +179,9 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     95% intervals and seed counts (:func:`tiltlab.claims.rejudging.posthoc_neutral`; not pre-registered,
     marked as such)."""
     from tiltlab.claims import prereg
+    from tiltlab.claims.rejudge import per_experiment
     from tiltlab.claims.rejudging import posthoc_neutral, rejudge_rows
     from tiltlab.claims.rows import respecified_views
-    from tiltlab.claims.rejudge import per_experiment
 
     catalog.discover()
     rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
