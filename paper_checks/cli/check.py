@@ -13,10 +13,7 @@ from typing import Any
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _empty_selection, _list, _report_check
 from tiltlab.paper_checks.cli.records import (
-    _REPRODUCE_KEYS,
     _check_writable_file,
-    _history_entry,
-    _merge_unchecked,
     _provenance,
     _record,
     _rule_hashes,
@@ -49,7 +46,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _list(chks, unchecked)
         return 0
     _check_writable_file(args.out)  # before any check runs
-    from tiltlab.claims.record import merge, read_record, recorded_llm_rows, row_key
+    from tiltlab.claims import merging
+    from tiltlab.claims.llm_record import recorded_llm_rows
+    from tiltlab.claims.rows import read_record
 
     old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
     prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)
@@ -65,26 +64,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "claims": [str(d) for d in args.claims],
         "module": list(args.module),
     }
-    # the last full llm-layer run, shipped with the repository: merged as recorded (not re-run)
-    # unless this run ran the llm layer or selected another layer; a partial run also refreshes the
-    # recorded rows the old record held, so it never drops them; a row an earlier run into this record
-    # measured itself (kept) is not shadowed by the shipped one (else it would be there twice)
-    ran = {o.check.key for o in outs}
-    had = {row_key(r) for r in (old or {}).get("checks", []) if r.get("source") == "recorded"}
-    wanted = had | ({row_key(r) for r in recorded_llm_rows(prefix, args.check)[0]} if not layer else set())
-    kept = [r for r in merge(old, [])[0] if row_key(r) not in ran]
-    mine = ran | {row_key(r) for r in kept}
-    recorded = [r for r in recorded_llm_rows()[0] if row_key(r) in wanted and row_key(r) not in mine]
+    # the old record's rows not re-run, and the last full llm-layer run shipped with the repository merged
+    # as recorded (not re-run): the merge policy is the claims core's (tiltlab.claims.merging)
+    rows = merging.check_run_rows(
+        old, [o.check.key for o in outs], recorded_llm_rows()[0], prefix=prefix, layer=layer, name=args.check
+    )
+    kept, recorded = rows.kept, rows.recorded
     rec = _record(outs, unchecked, args.seed, sel, seconds, args.claims, args.module, prov, kept, recorded, hashes)
     rec["runtime"] = _runtime(seconds)
-    if old:
-        rec["history"] = [*old.get("history", [_history_entry(old)]), _history_entry(rec)]
-        rec["unchecked"] = _merge_unchecked(old.get("unchecked", []), unchecked)
-        if "figures" in old:  # a `tiltlab reproduce` record: it still describes that run (mode, time, commit)
-            for key in (*_REPRODUCE_KEYS, "generated_at", "commit", "machine", "seed", "selection", "runtime"):
-                if key in old:
-                    rec[key] = old[key]
-            rec["updated_at"] = prov["run_at"]
+    merging.merge_record_header(rec, old, unchecked, prov["run_at"])
     _write_json(args.out, rec)
     rerendered = _rerender_report(args.out, rec) if old else None
     rc = 1 if rec["summary"]["failures"] else 0

@@ -81,7 +81,7 @@ def _table(outs, unchecked, stream=None) -> None:
                 else f"{o.verdict}(items!)"
             )
         )
-        if (getattr(o, "provenance", None) or {}).get("source") == "recorded":
+        if o.source == "recorded":
             verdict += " (recorded)"
         rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
     for u in unchecked:
@@ -160,7 +160,7 @@ def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, re
         sys.stdout.write("\n")
         _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
     else:
-        from tiltlab.claims.record import outcomes_from_rows
+        from tiltlab.claims.rows import outcomes_from_rows
 
         _table([*outs, *outcomes_from_rows(recorded)], unchecked)
         print(

@@ -77,12 +77,12 @@ def _record(
     record); the summary and the claim verdicts cover all of them, ``summary.failures`` only this run's
     checks."""
     from tiltlab import __version__
-    from tiltlab.claims.record import outcomes_from_rows
+    from tiltlab.claims.rows import outcomes_from_rows
 
     prov = prov or {}
     checks = []
     for o in outs:
-        row = o.to_json(seed)
+        row = o.to_row(seed)
         row["reproducer"] = reproducer(o.check, seed, claim_dirs, modules)
         if o.check.layer == "llm" and o.check.name in (rule_hashes or {}):
             row["rule_hashes"] = dict(rule_hashes[o.check.name])  # type: ignore[index]
@@ -116,13 +116,13 @@ def _record(
 
 
 def _now() -> str:
-    from tiltlab.claims.record import now_utc
+    from tiltlab.claims.provenance import now_utc
 
     return now_utc()
 
 
 def _machine() -> dict[str, Any]:
-    from tiltlab.claims.record import machine
+    from tiltlab.claims.provenance import machine
 
     return machine()
 
@@ -130,7 +130,7 @@ def _machine() -> dict[str, Any]:
 def _provenance(command: str, mode: str, slow: bool, seed: int, run_at: str | None = None) -> dict[str, Any]:
     import uuid
 
-    from tiltlab.claims.record import git_commit, git_sha
+    from tiltlab.claims.provenance import git_commit, git_sha
 
     return {
         "run_at": run_at or _now(),
@@ -157,8 +157,8 @@ def _rule_hashes(chks) -> dict[str, dict[str, str | None]]:
 
 
 def _write_json(path: Path, rec: dict[str, Any]) -> None:
-    """Write ``rec`` atomically (:func:`tiltlab.claims.record.write_json`)."""
-    from tiltlab.claims.record import write_json
+    """Write ``rec`` atomically (:func:`tiltlab.claims.rows.write_json`)."""
+    from tiltlab.claims.rows import write_json
 
     write_json(path, rec)
 
@@ -168,28 +168,6 @@ def _claim_verdicts(outs) -> list[dict[str, Any]]:
     from tiltlab.claims.decision import claim_rows
 
     return claim_rows(outs)
-
-
-#: Keys of a ``tiltlab reproduce`` record that a ``tiltlab check`` merged into it keeps.
-_REPRODUCE_KEYS = ("figures", "figures_missing", "environment", "report")
-
-
-def _history_entry(rec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "generated_at": rec.get("generated_at"),
-        "commit": rec.get("commit"),
-        "selection": rec.get("selection"),
-        "ran": rec.get("summary", {}).get("run", rec.get("summary", {}).get("checks")),
-    }
-
-
-def _merge_unchecked(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Claims without a check, from both runs, minus those that have a check now."""
-    from tiltlab.claims import registry
-
-    have = {c.claim_id for c in registry.checks()}
-    by_id = {u["claim"]: u for u in [*old, *new] if u["claim"] not in have and u["claim"] in registry.claims()}
-    return [by_id[k] for k in sorted(by_id)]
 
 
 def _runtime(wall: float) -> dict[str, Any]:

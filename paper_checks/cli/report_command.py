@@ -19,7 +19,7 @@ from tiltlab.paper_checks.cli.runner import _ALL_LLM, COSTS_FILE
 
 def _with_recorded_llm(rec: dict[str, Any]) -> dict[str, Any]:
     """``rec`` plus the shipped llm record's rows (as ``recorded``) when it has no llm rows."""
-    from tiltlab.claims.record import recorded_llm_rows
+    from tiltlab.claims.llm_record import recorded_llm_rows
 
     if any(r.get("layer") == "llm" for r in rec.get("checks", [])):
         return rec
@@ -31,13 +31,14 @@ def _rejudge(path: Path) -> int:
     """``tiltlab report --rejudge FILE``: each row re-derived bottom up from its raw values
     (:mod:`tiltlab.claims.rejudge`): a table of recorded against re-derived verdicts, then every field
     that does not follow, named; 1 on a difference."""
-    from tiltlab.claims import record as R
+    from tiltlab.claims.rejudging import rejudge_rows
+    from tiltlab.claims.rows import read_record, respecified_views
 
-    rec = R.read_record(path, "--rejudge")
+    rec = read_record(path, "--rejudge")
     if rec is None:
         raise FileNotFoundError(f"--rejudge {path}: no such file")
     catalog.discover()  # the checks' re-derivations of their item values from their raw values
-    rows = R.rejudge_rows(rec.get("checks", []))
+    rows = rejudge_rows(rec.get("checks", []))
     w = max([len(str(r["claim"])) for r in rows] + [5])
     print(
         f"{'claim':<{w}}  {'layer':<6} {'recorded':<13} {'re-derived':<13} {'other threshold':<16} {'status':<8} from"
@@ -64,7 +65,7 @@ def _rejudge(path: Path) -> int:
             f"rule is one family per check): {len(moved)} of {len(shared)} verdicts of shared runs move"
             + "".join(f"\n  {r['claim']}: {r.get('verdict')} -> {f['verdict']}" for r, f in moved)
         )
-    views = [(r, v) for r in checks for v in R.respecified_views(r)]
+    views = [(r, v) for r in checks for v in respecified_views(r)]
     if views:
         print(f"\nre-specified claims ([[respecification]] in {prereg.PREREG_PATH}): each run under both item sets")
         for r, v in views:
@@ -80,14 +81,16 @@ def _rejudge(path: Path) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from tiltlab.claims import record as R
+    from tiltlab.claims import llm_record, pinning, rows
     from tiltlab.paper_checks import report as P
 
     if args.ship_llm is not None or args.set_llm_expectations:
         catalog.discover()  # both need every registered check (the llm layer's included)
     if args.ship_llm is not None:
-        dest = args.out or R.LLM_RECORD
-        shipped = R.ship_llm_record(args.ship_llm, dest, machine_desc=args.machine, run_seconds=args.run_seconds)
+        dest = args.out or llm_record.llm_record_path()
+        shipped = llm_record.ship_llm_record(
+            args.ship_llm, dest, machine_desc=args.machine, run_seconds=args.run_seconds
+        )
         commits = sorted({str(r["commit"]) for r in shipped["checks"]})
         print(
             f"shipped llm record written to {dest}: {len(shipped['checks'])} checks, run at commit(s) "
@@ -95,9 +98,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         )
         return 0
     if args.set_llm_expectations:
-        dest = args.out or R.LLM_RECORD
-        rec = R.set_llm_expectations(dest)
-        bad = [R.row_key(r) for r in rec["checks"] if not r["ok"]]
+        dest = args.out or llm_record.llm_record_path()
+        rec = llm_record.set_llm_expectations(dest)
+        bad = [rows.row_key(r) for r in rec["checks"] if not r["ok"]]
         print(
             f"{dest}: expectations of {len(rec['checks'])} rows set from the registry (registry hash "
             f"{rec['registry_hash']}); {len(bad)} row(s) do not meet them" + (f": {', '.join(bad)}" if bad else "")
@@ -107,7 +110,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _preregister(args.preregister)
     if args.rejudge is not None:
         return _rejudge(args.rejudge)
-    rec = R.read_record(args.record, "--record")
+    rec = rows.read_record(args.record, "--record")
     if rec is None:
         raise FileNotFoundError(
             f"--record {args.record}: no such file; run `tiltlab reproduce` (or `tiltlab check`) first"
@@ -115,13 +118,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.pin:
         from tiltlab.claims import registry
 
-        dest = args.out or pinned.PINS_FILE
-        n_checks, n_nums = R.write_pins(rec, dest, rtol=args.pin_rtol, llm_rec=R.load_llm_record())
+        dest = args.out or pinned.pins_file()
+        n_checks, n_nums = pinning.write_pins(rec, dest, rtol=args.pin_rtol, llm_rec=llm_record.load_llm_record())
         print(f"pinned {n_nums} numbers of {n_checks} checks (rtol {args.pin_rtol:g}) in {dest}")
         return 0
     if args.costs:
         dest = args.out or COSTS_FILE
-        n = R.write_costs(rec, dest)
+        n = pinning.write_costs(rec, dest)
         print(f"run times of {n} checks written to {dest}")
         return 0
     rec = _with_recorded_llm(rec)
@@ -130,7 +133,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
         catalog.discover()
         text = P.render_table(
-            P.claim_table(registry.claims(), R.outcomes_from_rows(rec["checks"]), rec.get("commit")), args.format
+            P.claim_table(registry.claims(), rows.outcomes_from_rows(rec["checks"]), rec.get("commit")), args.format
         )
         if args.out:
             _check_writable_file(args.out)
@@ -156,7 +159,7 @@ def _preregister(check: str) -> int:
     ``[[rule]]``) rewritten in paper_checks/preregistration.toml, atomically, other lines kept."""
     from tiltlab.claims import prereg
 
-    path = prereg.PREREG_FILE
+    path = prereg.prereg_file()
     text, changed = prereg.preregister_text(
         path.read_text(encoding="utf-8"), None if check == _ALL_LLM else [check], path.parents[1]
     )
@@ -173,16 +176,16 @@ def _preregister(check: str) -> int:
 def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
     """``tiltlab report --docs``: README's results and timings sections, docs/llm-checks.md's last run,
     benchmarks/README.md's GPU section (in a checkout)."""
-    from tiltlab.claims import record as R
+    from tiltlab.claims import llm_record, rows
     from tiltlab.paper_checks import gpu_record
     from tiltlab.paper_checks import report as P
 
     root = Path(__file__).resolve().parents[2]
     readme = args.readme or root / "README.md"
-    llm_rec = R.load_llm_record()
+    llm_rec = llm_record.load_llm_record()
     timing_recs = [rec]
     for path in args.timings:
-        other = R.read_record(path, "--timings")
+        other = rows.read_record(path, "--timings")
         if other is None:
             raise FileNotFoundError(f"--timings {path}: no such file")
         timing_recs.append(other)

@@ -116,7 +116,7 @@ def environment() -> dict[str, str]:
     from tiltlab import __version__
 
     env["tiltlab"] = __version__
-    from tiltlab.claims.record import git_commit
+    from tiltlab.claims.provenance import git_commit
 
     commit = git_commit()
     if commit:
@@ -137,7 +137,8 @@ def _stage(msg: str) -> None:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from tiltlab.claims.record import read_record, recorded_llm_rows
+    from tiltlab.claims.llm_record import recorded_llm_rows
+    from tiltlab.claims.rows import read_record
 
     t0 = time.perf_counter()
     out: Path = args.out if args.out is not None else Path("results/quick" if args.quick else "results")
@@ -180,7 +181,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> int:
     """The body of ``tiltlab reproduce``, writing into ``tmp`` (the report names ``out``)."""
     from tiltlab.claims import registry
-    from tiltlab.claims.record import outcomes_from_rows
+    from tiltlab.claims.rows import outcomes_from_rows
     from tiltlab.paper_checks.report import ReportInput, figures_json, write_report
 
     mode = "quick" if args.quick else "full"

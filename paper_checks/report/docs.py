@@ -63,7 +63,7 @@ def _machine_text(m: Any) -> str:
 def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -> str:
     """The README's results section: registry counts, the run's claim / check counts and the
     verdict table per paper, stamped with the run's date, commit, machine and load."""
-    from tiltlab.claims.record import outcomes_from_rows
+    from tiltlab.claims.rows import outcomes_from_rows
 
     catalog.discover()
     outs = outcomes_from_rows(rec.get("checks", []))
@@ -74,7 +74,7 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
     sel = rec.get("selection") or {}
     mode = "quick mode" if sel.get("quick") else "full mode"
     mach = (rec.get("runtime") or {}).get("machine") or rec.get("machine")
-    n_rec = sum(1 for o in outs if (o.provenance or {}).get("source") == "recorded")
+    n_rec = sum(1 for o in outs if o.source == "recorded")
     L = [registry_sentence(), ""]
     what = "`tiltlab reproduce" + (" --quick" if sel.get("quick") else "") + "`"
     if not sel.get("reproduce"):
@@ -170,17 +170,18 @@ def item_rules_section(layer: str = "llm") -> str:
 
 def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's re-derivation of the shipped llm record: each row's recorded verdict beside
-    what :func:`tiltlab.claims.record.rejudge_rows` re-derives bottom up (the item values from the
+    what :func:`tiltlab.claims.rejudging.rejudge_rows` re-derives bottom up (the item values from the
     per-prompt raw values where the row keeps them, then every item statistic, flag and verdict: what
     ``tiltlab report --rejudge`` prints), the verdict under the other threshold choice, and the verdict
     under one Holm family per experiment (:func:`tiltlab.claims.rejudge.per_experiment`, the
     registration's ``[[shared_run]]`` tables; the registered rule is one family per check). A row
     without raw values (a legacy row of an older run) is re-judged *post hoc* instead, from its means,
-    95% intervals and seed counts (:func:`tiltlab.claims.record.posthoc_neutral`; not pre-registered,
+    95% intervals and seed counts (:func:`tiltlab.claims.rejudging.posthoc_neutral`; not pre-registered,
     marked as such)."""
     from tiltlab.claims import prereg
-    from tiltlab.claims.record import posthoc_neutral, rejudge_rows, respecified_views
     from tiltlab.claims.rejudge import per_experiment
+    from tiltlab.claims.rejudging import posthoc_neutral, rejudge_rows
+    from tiltlab.claims.rows import respecified_views
 
     catalog.discover()
     rows = sorted(llm_rec.get("checks", []), key=lambda r: (r["claim"], r["check"]))
@@ -255,7 +256,7 @@ def posthoc_section(llm_rec: Mapping[str, Any]) -> str:
 
 def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     """docs/llm-checks.md's "last full run": the stamp of the shipped llm record and one row per check."""
-    from tiltlab.claims.record import outcomes_from_rows
+    from tiltlab.claims.rows import outcomes_from_rows
 
     catalog.discover()  # rows of undeclared claims are dropped: the claims must be loaded
     outs = sorted(outcomes_from_rows(llm_rec.get("checks", [])), key=lambda o: o.check.key)
@@ -263,7 +264,7 @@ def llm_run_section(llm_rec: Mapping[str, Any]) -> str:
     # summary, which describes only the last invocation that wrote the record
     bad = sorted(str(r.get("claim")) for r in llm_rec.get("checks", []) if not r.get("ok", True))
     from tiltlab.claims.prereg import legacy_runs
-    from tiltlab.claims.record import row_key
+    from tiltlab.claims.rows import row_key
 
     by_key = {row_key(r): r for r in llm_rec.get("checks", [])}
     legacy, used = legacy_runs(), []  # used: the legacy entries of this record's rows, in row order

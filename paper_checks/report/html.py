@@ -84,7 +84,7 @@ def _html_citation(c: Claim, out_dir: Path) -> str:
 def _html_check(o: Outcome, out_dir: Path, note: str = "") -> str:
     e = html.escape
     exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
-    href, text = _source_ref(o.check, out_dir)
+    href, text = _source_ref(o, out_dir)
     src = f' <span class="src">[source: {_a(href, text)}]</span>'
     head = f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: "
     if o.result is None:

@@ -61,11 +61,12 @@ def _repo_href(target: Path, out_dir: Path, fragment: str = "") -> tuple[str | N
     return href + fragment, label
 
 
-def _check_source(check: Any) -> tuple[Path, int] | None:
-    """File and first line of a registered check function (``None`` for a builtin or lost source)."""
-    fn = inspect.unwrap(check.fn)
-    if getattr(fn, "__name__", "") == "_not_loaded":  # a recorded row whose check module is not loaded
+def _check_source(o: Outcome) -> tuple[Path, int] | None:
+    """File and first line of an outcome's registered check function (``None`` for a row read back whose
+    check module is not loaded, :attr:`Outcome.loaded`, and for a builtin or lost source)."""
+    if not o.loaded:
         return None
+    fn = inspect.unwrap(o.check.fn)  # type: ignore[union-attr]
     try:
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]
@@ -74,9 +75,9 @@ def _check_source(check: Any) -> tuple[Path, int] | None:
     return (Path(path), line) if path else None
 
 
-def _source_ref(check: Any, out_dir: Path) -> tuple[str | None, str]:
-    """``(href, text)`` naming where a check is defined: ``sim/checks/estimators.py:120``."""
-    src = _check_source(check)
+def _source_ref(o: Outcome, out_dir: Path) -> tuple[str | None, str]:
+    """``(href, text)`` naming where an outcome's check is defined: ``sim/checks/estimators.py:120``."""
+    src = _check_source(o)
     if src is None:
         return None, "source unavailable"
     path, line = src
@@ -123,18 +124,18 @@ class ReportInput:
 def _provenance_note(o: Outcome, inp: ReportInput) -> str:
     """Where a number came from, when not from the run this report describes: the shipped llm
     record (``recorded``) or an earlier run merged into the record (time, mode, commit, command)."""
-    prov = getattr(o, "provenance", None) or {}
+    prov = o.provenance
     if not prov:
         return ""
     if prov.get("source") != "recorded" and (not inp.run_id or prov.get("run_id") == inp.run_id):
         return ""
     from tiltlab.claims.prereg import legacy_for, legacy_runs
-    from tiltlab.claims.record import provenance_line
+    from tiltlab.claims.provenance import provenance_line
 
     line = provenance_line(prov)
     if prov.get("source") == "recorded" and legacy_for({**prov, "check": o.check.name}, legacy_runs()):
         line += ", legacy pre-registration (not strictly pre-registered: paper_checks/preregistration.toml)"
-    respec = getattr(o, "respecified", None)
+    respec = o.respecified
     if respec is not None:
         line += (
             f", judged under its earlier items (re-specified after {str(respec['before'])[:7]}: "
@@ -146,11 +147,11 @@ def _provenance_note(o: Outcome, inp: ReportInput) -> str:
 def _recorded_sentence(inp: ReportInput) -> str:
     """One sentence on the outcomes not measured by this run (shipped llm record, earlier runs)."""
     notes = [(o, _provenance_note(o, inp)) for o in inp.outcomes]
-    rec = [o for o, n in notes if n and (o.provenance or {}).get("source") == "recorded"]  # type: ignore[attr-defined]
-    old = [o for o, n in notes if n and (o.provenance or {}).get("source") != "recorded"]  # type: ignore[attr-defined]
+    rec = [o for o, n in notes if n and o.source == "recorded"]
+    old = [o for o, n in notes if n and o.source != "recorded"]
     parts = []
     if rec:
-        p = rec[0].provenance  # type: ignore[attr-defined]
+        p = rec[0].provenance
         parts.append(
             f"{len(rec)} {'llm ' if all(o.check.layer == 'llm' for o in rec) else ''}checks are recorded, not re-run: "
             f"they come from the last full llm-layer run shipped with the repository (commit {p.get('commit')}, "
@@ -168,7 +169,7 @@ def _recorded_sentence(inp: ReportInput) -> str:
 def _layer_label(layer: str, outs: Sequence[Outcome]) -> str:
     """``llm (recorded)`` when every outcome of the layer comes from the shipped record."""
     mine = [o for o in outs if o.check.layer == layer]
-    rec = [o for o in mine if (getattr(o, "provenance", None) or {}).get("source") == "recorded"]
+    rec = [o for o in mine if o.source == "recorded"]
     return f"{layer} (recorded)" if mine and len(rec) == len(mine) else layer
 
 

@@ -33,7 +33,7 @@ def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInp
     provenance, so the report says which run, mode and commit each number came from."""
     from types import SimpleNamespace
 
-    from tiltlab.claims.record import outcomes_from_rows
+    from tiltlab.claims.rows import outcomes_from_rows
 
     catalog.discover()
     figs = []

@@ -45,7 +45,7 @@ def claim_table(
             for o in deciding
             if o.result is not None and o.result.numbers and o.check.name != "llm_scale"
         )
-        provs = [getattr(o, "provenance", None) or {} for o in deciding]
+        provs = [o.provenance for o in deciding]
         commits = sorted({p.get("commit") or commit or "" for p in provs} - {""}) or ([commit] if commit else [])
         sources = sorted({p.get("source", "run") for p in provs}) or ([] if not deciding else ["run"])
         table.append(

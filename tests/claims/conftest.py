@@ -32,17 +32,17 @@ def isolated_registry():
 
 @pytest.fixture(autouse=True)
 def no_shipped_llm_record(tmp_path_factory):
-    """Tests see no shipped llm record unless they set one (``record.LLM_RECORD``); the test of the
+    """Tests see no shipped llm record unless they set one (``llm_record.LLM_RECORD``); the test of the
     real shipped record reads it by its path. (Restored by hand, not with ``monkeypatch``, so the
     tests' own ``monkeypatch`` is still undone before :func:`isolated_registry` restores the registry.)"""
-    from tiltlab.claims import record
+    from tiltlab.claims import llm_record
 
-    real = record.LLM_RECORD
-    record.LLM_RECORD = tmp_path_factory.mktemp("no_llm_record") / "llm.json"
+    real = llm_record.LLM_RECORD
+    llm_record.LLM_RECORD = tmp_path_factory.mktemp("no_llm_record") / "llm.json"
     try:
         yield
     finally:
-        record.LLM_RECORD = real
+        llm_record.LLM_RECORD = real
 
 
 def need_git() -> None:
@@ -105,9 +105,9 @@ class PreregRepo:
 def prereg_repo(tmp_path, monkeypatch):
     """A :class:`PreregRepo` whose checks ``tiny`` and ``tiny2`` (the fake llm checks of the record
     tests) are registered at one commit (``repo.reg``) and left unchanged by a later commit
-    (``repo.run``, HEAD): the code's checkout for ``record.git_commit`` / ``git_sha`` and for
+    (``repo.run``, HEAD): the code's checkout for ``provenance.git_commit`` / ``git_sha`` and for
     ``prereg`` while the test runs, so ``tiltlab check`` stamps and ``--ship-llm`` verifies in it."""
-    from tiltlab.claims import prereg, record
+    from tiltlab.claims import prereg, provenance
 
     need_git()
     repo = PreregRepo(tmp_path / "repo", {"tiny": ["rules/tiny.py", "claims.toml"], "tiny2": ["rules/tiny.py"]})
@@ -119,6 +119,6 @@ def prereg_repo(tmp_path, monkeypatch):
     repo.reg = repo.commit("register the rules")
     repo.write("notes.txt", "an unrelated change\n")
     repo.run = repo.commit("the commit that runs")
-    monkeypatch.setattr(record, "_REPO", repo.root)
+    monkeypatch.setattr(provenance, "_REPO", repo.root)
     monkeypatch.setattr(prereg, "_REPO", repo.root)
     return repo

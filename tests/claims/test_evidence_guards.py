@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.claims import pinned, prereg, record, registry
+from tiltlab.claims import pinned, pinning, prereg, registry
 from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
@@ -123,20 +123,20 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
     ]
     dest = tmp_path / "pins.json"
     catalog.discover()  # write_pins reads every registered check's pin kinds (not the order of the tests)
-    n_checks, n_nums = record.write_pins(_rec(rows), dest, rtol=1e-3)
+    n_checks, n_nums = pinning.write_pins(_rec(rows), dest, rtol=1e-3)
     pins = json.loads(dest.read_text())["pins"]
     assert (n_checks, n_nums) == (1, 3) and list(pins) == ["a.x[sim:c]"]
     assert pins["a.x[sim:c]"] == {
         "v": [2.0, 2e-3, "exact"],
-        "zero": [0.0, record.PIN_ATOL, "exact"],
+        "zero": [0.0, pinning.PIN_ATOL, "exact"],
         "n": [3.0, 3e-3, "exact"],
     }
     assert pinned.pins(dest)["a.x[sim:c]"]["v"] == (2.0, 2e-3, "exact")
     # the regenerated file has the shipped file's layout, field for field
     payload = json.loads(dest.read_text())
-    shipped = json.loads((Path(record.__file__).resolve().parents[2] / "paper_checks" / "pins.json").read_text())
+    shipped = json.loads((Path(pinning.__file__).resolve().parents[2] / "paper_checks" / "pins.json").read_text())
     assert sorted(payload) == sorted(shipped) == ["about", "atol", "commit", "pins", "rtol"]
-    assert (payload["rtol"], payload["atol"], payload["commit"]) == (1e-3, record.PIN_ATOL, _rec(rows).get("commit"))
+    assert (payload["rtol"], payload["atol"], payload["commit"]) == (1e-3, pinning.PIN_ATOL, _rec(rows).get("commit"))
     assert "tiltlab report --record F --pin" in payload["about"]
 
 
@@ -150,18 +150,18 @@ def test_write_pins_pins_finite_numbers_of_deterministic_layers_only(tmp_path):
 )
 def test_write_pins_refuses_a_wrong_record(tmp_path, rec, msg):
     with pytest.raises(ValueError, match=msg):
-        record.write_pins(rec, tmp_path / "p.json")
+        pinning.write_pins(rec, tmp_path / "p.json")
     assert not (tmp_path / "p.json").exists()
 
 
 def test_shipped_pins_are_well_formed_and_name_registered_checks():
     catalog.discover()
     keys = {c.key for c in registry.checks()}
-    shipped = pinned.pins(pinned.PINS_FILE)
+    shipped = pinned.pins(pinned.pins_file())
     assert shipped, "paper_checks/pins.json is empty"
     unknown = sorted(set(shipped) - keys)
     assert not unknown, f"pins of checks that are not registered: {unknown[:5]}"
-    assert all(c.split("[")[1].split(":")[0] in (*record.PIN_LAYERS, "llm") for c in shipped)
+    assert all(c.split("[")[1].split(":")[0] in (*pinning.PIN_LAYERS, "llm") for c in shipped)
 
 
 def test_llm_pins_are_the_judged_item_means_with_half_their_interval():
@@ -181,10 +181,10 @@ def test_llm_pins_are_the_judged_item_means_with_half_their_interval():
             {"claim": "a.c", "layer": "llm", "check": "t", "ok": False, "numbers": {"x": 1.0, "x_lo": 0.0, "x_hi": 2.0, "x_margin": 0.1}},
         ]
     }  # fmt: skip
-    pins = record.llm_pins(llm)
+    pins = pinning.llm_pins(llm)
     assert list(pins) == ["a.b[llm:t]"]
     assert pins["a.b[llm:t]"] == {"item": [0.1, pytest.approx(0.06)]}
-    assert record.llm_pins(None) == {}
+    assert pinning.llm_pins(None) == {}
 
 
 def test_pin_file_validation_and_the_tolerance_boundary(tmp_path):
@@ -221,16 +221,16 @@ def test_write_pins_refuses_a_zero_or_nan_rtol_and_takes_a_record_without_seed(t
     rows = [_row("a.x", "sim", {"v": 2.0})]
     for bad in (0.0, float("nan"), -1e-4):
         with pytest.raises(ValueError, match="pin-rtol"):
-            record.write_pins(_rec(rows), tmp_path / "p.json", rtol=bad)
+            pinning.write_pins(_rec(rows), tmp_path / "p.json", rtol=bad)
     rec = {"commit": "abc", "checks": rows}  # no seed key: a run at the default seed 0
-    assert record.write_pins(rec, tmp_path / "p.json") == (1, 1)
+    assert pinning.write_pins(rec, tmp_path / "p.json") == (1, 1)
 
 
 def test_llm_pins_skip_items_whose_interval_is_not_numeric():
     row = {"claim": "a.b", "layer": "llm", "check": "t", "ok": True}
     for lo in ("n/a", True):
         nums = {"item": 0.1, "item_lo": lo, "item_hi": 0.2, "item_margin": 0.02}
-        assert record.llm_pins({"checks": [{**row, "numbers": nums}]}) == {}
+        assert pinning.llm_pins({"checks": [{**row, "numbers": nums}]}) == {}
 
 
 def test_verdict_of_items_all_some_none_and_empty():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import scipy.stats as scipy_stats
 
-from tiltlab.claims import prereg, record, registry, stats
+from tiltlab.claims import llm_record, prereg, registry, rejudging, stats
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.paper_checks import catalog
 
@@ -247,7 +248,7 @@ def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
     ]
     path = tmp_path / "rec.json"
     path.write_text(json.dumps({"checks": good}), encoding="utf-8")
-    assert [r["status"] for r in record.rejudge_rows(good)] == ["same", "no raw values"]
+    assert [r["status"] for r in rejudging.rejudge_rows(good)] == ["same", "no raw values"]
     assert cli.main(["report", "--rejudge", str(path)]) == 0
     assert "1 re-derived as recorded, 0 differ, 1 without raw values" in capsys.readouterr().out
     tampered = [_row("a.b", "refuted", j.evidence())]  # the verdict edited by hand
@@ -255,18 +256,18 @@ def test_rejudge_cli_flags_a_verdict_its_values_do_not_give(tmp_path, capsys):
     assert cli.main(["report", "--rejudge", str(path)]) == 1
     ev = j.evidence()
     ev["items"][0]["values"] = [-v for v in ev["items"][0]["values"]]  # the values edited by hand
-    assert record.rejudge_rows([_row("a.b", j.verdict, ev)])[0]["status"] == "differs"
+    assert rejudging.rejudge_rows([_row("a.b", j.verdict, ev)])[0]["status"] == "differs"
 
 
 def test_the_shipped_llm_record_re_derives_or_is_legacy():
     """Every row of the shipped llm record either re-derives its verdict from its raw values, or is a
     legacy row (recorded before raw values and strict pre-registration; see preregistration.toml)."""
-    from tiltlab.claims import record
+    from tiltlab.claims import rejudging
 
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
     legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
-    for r, out in zip(rec["checks"], record.rejudge_rows(rec["checks"])):
+    for r, out in zip(rec["checks"], rejudging.rejudge_rows(rec["checks"])):
         if out["status"] == "no raw values":
             key = (r["check"], str(r.get("commit") or rec["commit"])[:7])
             assert key in legacy, f"{r['claim']}: no raw values and not a legacy row"
@@ -275,39 +276,38 @@ def test_the_shipped_llm_record_re_derives_or_is_legacy():
 
 
 def test_legacy_rows_keep_their_recorded_judgement_others_meet_todays_expectations(legacy_registration):
-    from tiltlab.claims import record
 
     catalog.discover()
-    rec = record.load_llm_record(LEGACY)
+    rec = llm_record.load_llm_record(LEGACY)
     row = next(r for r in rec["checks"] if r["claim"] == "disa.d3.teacher_m_study")
     assert row["verdict"] == "partly" and row["ok"] is True  # run under the rule of 3dfabd9
-    (legacy,) = record.outcomes_from_rows([row])
+    (legacy,) = record_rows.outcomes_from_rows([row])
     assert legacy.legacy and legacy.ok  # today's expectation (inconclusive, context items) is not applied
     moved = {**row, "commit": "0123456789ab"}  # the same row from a non-legacy run
-    (fresh,) = record.outcomes_from_rows([moved])
+    (fresh,) = record_rows.outcomes_from_rows([moved])
     assert not fresh.legacy and not fresh.ok and fresh.failure
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 20])
 def test_a_pseudo_sample_has_the_recorded_mean_and_interval(n):
-    from tiltlab.claims import record
+    from tiltlab.claims import rejudging
 
-    xs = record.pseudo_sample(0.03, -0.01, 0.07, n)
+    xs = rejudging.pseudo_sample(0.03, -0.01, 0.07, n)
     assert len(xs) == n
     m, lo, hi = stats.paired_t_ci(xs)
     assert (m, lo, hi) == pytest.approx((0.03, -0.01, 0.07), rel=1e-12, abs=1e-15)
     with pytest.raises(ValueError, match="pseudo-sample"):
-        record.pseudo_sample(0.2, -0.01, 0.07, n)
+        rejudging.pseudo_sample(0.2, -0.01, 0.07, n)
 
 
 def test_the_neutral_rule_on_the_legacy_record_post_hoc():
     """The legacy record re-judged post hoc from its (mean, interval, seeds) under today's declarations:
     the three verdicts the asymmetric rule leaned on move (an outside audit's numbers)."""
-    from tiltlab.claims import record
+    from tiltlab.claims import rejudging
 
     catalog.discover()
-    rec = record.load_llm_record(LEGACY)
-    got = {r["claim"]: record.posthoc_neutral(r) for r in rec["checks"]}
+    rec = llm_record.load_llm_record(LEGACY)
+    got = {r["claim"]: rejudging.posthoc_neutral(r) for r in rec["checks"]}
     assert got["disa.remark2.calibration"]["verdict"] == "partly"  # is_label_m4 +0.0299 < margin 0.03
     assert got["disa.remark2.calibration"]["items"]["is_label_m4_distorts"] == stats.UNDECIDED
     assert got["paced.fig5.difficulty_rises"]["verdict"] == "inconclusive"
@@ -319,7 +319,7 @@ def test_the_neutral_rule_on_the_legacy_record_post_hoc():
     # a row that lost one declared item's statistics names it as missing and is judged on the others
     row = next(r for r in rec["checks"] if r["claim"] == "disa.remark2.calibration")
     nums = {k: v for k, v in row["numbers"].items() if not k.startswith("is_label_m4_distorts")}
-    part = record.posthoc_neutral({**row, "numbers": nums})
+    part = rejudging.posthoc_neutral({**row, "numbers": nums})
     assert part is not None and part["missing"] == ["is_label_m4_distorts"]
     assert "is_label_m4_distorts" not in part["items"] and set(part["items"]) < set(got[row["claim"]]["items"])
 
@@ -327,12 +327,11 @@ def test_the_neutral_rule_on_the_legacy_record_post_hoc():
 def test_docs_state_the_rules_as_the_registry_declares_them():
     """docs/llm-checks.md's item tables and the post-hoc table are the generated ones (`tiltlab report
     --docs`), and no superseded rule text remains in its rule section."""
-    from tiltlab.claims import record
     from tiltlab.paper_checks import report
 
     doc = (SHIPPED.parents[2] / "docs" / "llm-checks.md").read_text(encoding="utf-8")
     assert report.section_text(doc, "llm-items") == report.item_rules_section("llm").strip("\n")
-    assert report.section_text(doc, "llm-posthoc") == report.posthoc_section(record.load_llm_record(SHIPPED)).strip(
+    assert report.section_text(doc, "llm-posthoc") == report.posthoc_section(llm_record.load_llm_record(SHIPPED)).strip(
         "\n"
     )
     rule = doc[doc.index("## How a verdict is decided") : doc.index("## The shared enumerable task")]
@@ -342,7 +341,6 @@ def test_docs_state_the_rules_as_the_registry_declares_them():
 
 
 def test_the_report_shows_the_verdict_under_the_other_threshold():
-    from tiltlab.claims import record
     from tiltlab.paper_checks import report
 
     catalog.discover()
@@ -360,11 +358,11 @@ def test_the_report_shows_the_verdict_under_the_other_threshold():
         "items": {},
         "evidence": j.evidence(),
     }
-    (o,) = record.outcomes_from_rows([row])
+    (o,) = record_rows.outcomes_from_rows([row])
     assert o.result.evidence == j.evidence()  # the raw values survive the record
     assert report.other_threshold(o) == " (other threshold: verified)"
     same = stats.judge([stats.Item("final_pass_rate", tuple(10 * x for x in small), stats.EFFECT, 0.01)])
-    (o2,) = record.outcomes_from_rows([{**row, "verdict": same.verdict, "evidence": same.evidence()}])
+    (o2,) = record_rows.outcomes_from_rows([{**row, "verdict": same.verdict, "evidence": same.evidence()}])
     assert same.verdict == same.alt_verdict == "verified" and report.other_threshold(o2) == ""
 
 
@@ -409,10 +407,9 @@ def test_the_rederivation_section_rejudges_raw_rows_and_marks_summary_rows_post_
     import copy
     import json
 
-    from tiltlab.claims import record
     from tiltlab.paper_checks import report
 
-    shipped = record.load_llm_record(SHIPPED)
+    shipped = llm_record.load_llm_record(SHIPPED)
     text = report.posthoc_section(shipped)
     n = len(shipped["checks"])
     assert f"{n} of {n} rows carry their raw per-seed values" in text and f"recorded row for {n} of them" in text

@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from tiltlab.claims import pinned, record, registry
+from tiltlab.claims import pinned, pinning, registry
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.pinned import Pin, PinSpec, residual, stochastic
 from tiltlab.claims.registry import Check, CheckResult, Outcome, Verdict, register_check
 from tiltlab.cli import main
@@ -150,16 +151,16 @@ def test_write_pins_writes_each_kind(tmp_path):
     dest = tmp_path / "pins.json"
     rec = _rec({"max_err": 4.9e-9, "v": 2.0, "p": 0.5, "n": 0.0})
     checks = _checks(("max_err", residual(1e-6)), ("p", stochastic(0.005, "measured spread 0.003")))
-    assert record.write_pins(rec, dest, rtol=1e-4, checks=checks) == (1, 4)
+    assert pinning.write_pins(rec, dest, rtol=1e-4, checks=checks) == (1, 4)
     pins = json.loads(dest.read_text())["pins"]["a.x[sim:c]"]
     assert pins == {
         "max_err": [4.9e-9, 1e-6, "residual"],
         "v": [2.0, 2e-4, "exact"],
         "p": [0.5, 0.005, "stochastic"],
-        "n": [0.0, record.PIN_ATOL, "exact"],
+        "n": [0.0, pinning.PIN_ATOL, "exact"],
     }
     rec = _rec({"max_err": 4.9e-9, "v": 2.0, "p": 500.0, "n": 0.0})
-    record.write_pins(rec, dest, rtol=1e-4, checks=checks)  # rtol |v| above the floor wins
+    pinning.write_pins(rec, dest, rtol=1e-4, checks=checks)  # rtol |v| above the floor wins
     assert json.loads(dest.read_text())["pins"]["a.x[sim:c]"]["p"] == [500.0, pytest.approx(0.05), "stochastic"]
 
 
@@ -175,14 +176,14 @@ def test_write_pins_writes_each_kind(tmp_path):
 )
 def test_write_pins_refuses_a_residual_pinned_by_value_or_over_its_bound(tmp_path, numbers, specs, msg):
     with pytest.raises(ValueError, match=msg):
-        record.write_pins(_rec(numbers), tmp_path / "p.json", checks=_checks(*specs))
+        pinning.write_pins(_rec(numbers), tmp_path / "p.json", checks=_checks(*specs))
     assert not (tmp_path / "p.json").exists()
 
 
 def test_write_pins_reads_the_kinds_of_the_registered_checks_by_default(tmp_path):
     catalog.discover()
     rec = _rec({"v": 0.5}, key=("paced.replay", "sim", "replay_effect_toy"))
-    record.write_pins(rec, tmp_path / "p.json")
+    pinning.write_pins(rec, tmp_path / "p.json")
     pin = json.loads((tmp_path / "p.json").read_text())["pins"]["paced.replay[sim:replay_effect_toy]"]["v"]
     assert pin == [0.5, paced_sched.REPLAY_PIN_ATOL, "stochastic"]
 
@@ -200,7 +201,7 @@ def test_no_shipped_number_that_reads_as_a_residual_is_pinned_by_value():
     CPU: the issue's `max_err 4.87e-09 +- 1e-09 got 7.03e-09`."""
     bad = [
         f"{key} {name} = {pin.value:.3g} ({pin.kind})"
-        for key, nums in pinned.pins(pinned.PINS_FILE).items()
+        for key, nums in pinned.pins(pinned.pins_file()).items()
         for name, pin in nums.items()
         if pin.kind != "residual" and pinned.looks_like_residual(name, pin.value)
     ]
@@ -211,7 +212,7 @@ def test_the_shipped_kinds_are_the_registered_ones():
     """pins.json says what the registry declares (a declaration edited without re-pinning fails here), and every
     declared pattern names at least one pinned number of its check (a typo in a name fails here)."""
     checks = _registered()
-    shipped = pinned.pins(pinned.PINS_FILE)
+    shipped = pinned.pins(pinned.pins_file())
     wrong = []
     for key, nums in shipped.items():
         if "[llm:" in key:
@@ -224,7 +225,7 @@ def test_the_shipped_kinds_are_the_registered_ones():
             if spec.kind == "stochastic":
                 assert pin.tol == max(spec.bound, 1e-4 * abs(pin.value)), (key, name)
             if spec.kind == "exact":
-                assert pin.tol == pytest.approx(max(1e-4 * abs(pin.value), record.PIN_ATOL), rel=1e-12), (key, name)
+                assert pin.tol == pytest.approx(max(1e-4 * abs(pin.value), pinning.PIN_ATOL), rel=1e-12), (key, name)
     assert not wrong, wrong[:5]
     unused = [
         (c.key, pattern)
@@ -262,7 +263,7 @@ def _cli(*args, out, **env):
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     rec = json.loads(out.read_text())
-    return {record.row_key(r): r.get("source") for r in rec["checks"]}, rec
+    return {record_rows.row_key(r): r.get("source") for r in rec["checks"]}, rec
 
 
 def _kernel_paths() -> list[str]:
@@ -346,7 +347,7 @@ def test_write_pins_marks_the_llm_item_means_stochastic(tmp_path):
     interval, and labelled for what they are."""
     llm = {"checks": [{"claim": "a.b", "layer": "llm", "check": "t", "ok": True,
                        "numbers": {"item": 0.1, "item_lo": 0.04, "item_hi": 0.16, "item_margin": 0.02}}]}  # fmt: skip
-    record.write_pins(_rec({"v": 2.0}), tmp_path / "p.json", checks=_checks(), llm_rec=llm)
+    pinning.write_pins(_rec({"v": 2.0}), tmp_path / "p.json", checks=_checks(), llm_rec=llm)
     pins = json.loads((tmp_path / "p.json").read_text())["pins"]
     assert pins["a.b[llm:t]"] == {"item": [0.1, pytest.approx(0.06), "stochastic"]}
     assert pins["a.x[sim:c]"] == {"v": [2.0, 2e-4, "exact"]}

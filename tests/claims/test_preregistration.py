@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.paper_checks.test_records import LLM_CID, _check, _only_fake, _setup_llm
-from tiltlab.claims import prereg, record, registry
+from tiltlab.claims import llm_record, prereg, registry
+from tiltlab.claims import rows as record_rows
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
 
@@ -300,7 +301,7 @@ def test_check_stamps_the_full_commit_and_the_rule_hashes_and_ship_verifies_them
     assert rec["commit_sha"] == row["commit_sha"] == repo.run and row["commit"] == repo.run[:12]
     assert row["rule_hashes"] == prereg.current_hashes(["tiny"], repo.root)["tiny"]
     dest = tmp_path / "shipped.json"
-    shipped = record.ship_llm_record(run, dest, machine_desc="m")
+    shipped = llm_record.ship_llm_record(run, dest, machine_desc="m")
     assert shipped["checks"][0]["rule_commit"] == repo.reg
     # the rule file edited (and committed) after registration, then run: refused, one line, nothing written
     repo.write("rules/tiny.py", "MARGIN = 0.5\n")
@@ -329,7 +330,7 @@ def test_ship_refuses_legacy_dirty_and_unregistered_runs(isolated_registry, prer
     def ship(**row_changes):
         changed = {**rec, "checks": [{**rec["checks"][0], **row_changes}]}
         run.write_text(json.dumps(changed))
-        return record.ship_llm_record(run, dest, machine_desc="m")
+        return llm_record.ship_llm_record(run, dest, machine_desc="m")
 
     with pytest.raises(ValueError, match=r"check tiny \(.*\): ran on a modified checkout"):
         ship(commit=f"{repo.run[:12]}-dirty", commit_sha=None)
@@ -351,7 +352,7 @@ def test_ship_refuses_legacy_dirty_and_unregistered_runs(isolated_registry, prer
     assert _check("--layer", "llm", "--slow", "--replace", "--out", str(run)) == 0
     assert "rule_hashes" not in {r["check"]: r for r in json.loads(run.read_text())["checks"]}["unregistered"]
     with pytest.raises(ValueError, match=r"check unregistered \(.*\): no \[\[rule\]\] registration in"):
-        record.ship_llm_record(run, dest, machine_desc="m")
+        llm_record.ship_llm_record(run, dest, machine_desc="m")
     assert not dest.exists()
 
 
@@ -376,7 +377,7 @@ def test_ship_keeps_each_rows_own_provenance(isolated_registry, prereg_repo, tmp
     row does not say."""
     repo = prereg_repo
     run, first, later = _two_runs(isolated_registry, repo, tmp_path, monkeypatch)
-    shipped = record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
+    shipped = llm_record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
     rows = {r["check"]: r for r in shipped["checks"]}
     assert (rows["tiny"]["commit_sha"], rows["tiny"]["run_at"]) == (repo.run, first["run_at"])
     assert rows["tiny2"]["commit_sha"] == later and shipped["commit_sha"] == later
@@ -433,17 +434,17 @@ def test_every_shipped_row_is_strictly_pre_registered_or_legacy():
     ``rule_commit`` is the one git finds), or is listed as a ``[[legacy]]`` run; and the tiny-model
     rows ran with the registered seed count."""
     _in_git_checkout()
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
     legacy, reg = prereg.legacy_runs(), prereg.preregistration()
     kinds = []
     for row in rec["checks"]:
         leg = prereg.legacy_for(row, legacy)
         if leg is None:
-            assert prereg.verify_row(row, ROOT) == row.get("rule_commit"), record.row_key(row)
+            assert prereg.verify_row(row, ROOT) == row.get("rule_commit"), record_rows.row_key(row)
             kinds.append("registered")
         else:
-            assert leg["reason"].strip() and "rule_hashes" not in row, record.row_key(row)
+            assert leg["reason"].strip() and "rule_hashes" not in row, record_rows.row_key(row)
             kinds.append("legacy")
         if row["check"] == "tiny_qwen3_enum":
             assert row["numbers"]["seeds"] == reg[row["check"]]["seeds"], row["claim"]
@@ -458,7 +459,7 @@ def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
     # the llm record shipped before the neutral rule's re-run, with that day's [[legacy]] entries
     legacy_rec = Path(__file__).with_name("data") / "llm_legacy.json"
     monkeypatch.setattr(prereg, "PREREG_FILE", Path(__file__).with_name("data") / "preregistration_legacy.toml")
-    rec = record.load_llm_record(legacy_rec)
+    rec = llm_record.load_llm_record(legacy_rec)
     assert rec is not None
     text = llm_run_section(rec)
     assert "| **legacy** 3dfabd9 -> 3dfabd9 |" in text
@@ -467,7 +468,7 @@ def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
     from tiltlab.paper_checks.report import ReportInput, _provenance_note
 
     catalog.discover()
-    outs = record.outcomes_from_rows(record.recorded_llm_rows(path=legacy_rec)[0])
+    outs = record_rows.outcomes_from_rows(llm_record.recorded_llm_rows(path=legacy_rec)[0])
     notes = [_provenance_note(o, ReportInput(claims=registry.claims(), outcomes=outs, figures=[])) for o in outs]
     legacy_notes = [n for n in notes if "legacy pre-registration (not strictly pre-registered" in n]
     assert legacy_notes and len(legacy_notes) == sum(o.legacy for o in outs)
@@ -476,7 +477,7 @@ def test_the_report_shows_legacy_beside_its_rows(monkeypatch):
 def test_docs_show_the_llm_run_section_as_generated_now():
     from tiltlab.paper_checks.report import llm_run_section
 
-    text = llm_run_section(record.load_llm_record(SHIPPED))
+    text = llm_run_section(llm_record.load_llm_record(SHIPPED))
     doc = (ROOT / "docs" / "llm-checks.md").read_text(encoding="utf-8")
     assert text.strip() in doc  # docs/llm-checks.md shows the section as generated now
 
@@ -487,7 +488,7 @@ def test_shipped_summaries_state_the_rule_the_code_runs():
     check, per-training-run for the real-model comparison): a rule edited after its run shows here, not silently in the report."""
     from tiltlab.llm.checks import rules
 
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
     own_rule = {"smollm2_135m_colocate"}  # its own mapping (withdrawn 2026-11-28); only its legacy row can carry it
     judged = [r for r in rec["checks"] if r["check"] not in own_rule]
@@ -508,10 +509,10 @@ def test_every_shipped_llm_row_is_a_registered_check(isolated_registry):
     """Each row of the shipped llm record names a check the registry declares (claim, layer and check
     name): a check renamed or registered under another name would leave its shipped row orphaned, and
     the report would show the claim as never run."""
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None and rec["checks"]
     keys = {c.key for c in isolated_registry.checks()}
-    orphans = [record.row_key(r) for r in rec["checks"] if record.row_key(r) not in keys]
+    orphans = [record_rows.row_key(r) for r in rec["checks"] if record_rows.row_key(r) not in keys]
     assert orphans == []
 
 
@@ -535,7 +536,7 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
     import copy
 
     root = _clean_clone(tmp_path)
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
     tampered = copy.deepcopy(rec)
     row = tampered["checks"][0]
@@ -544,9 +545,9 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
     other = tampered["checks"][1]
     other["verdict"] = "refuted" if other["verdict"] != "refuted" else "verified"  # a row that misses today's
     path = tmp_path / "llm.json"
-    record.write_json(path, tampered)
-    out = record.set_llm_expectations(path, root)
-    assert out["registry_hash"] == record.llm_registry_hash()
+    record_rows.write_json(path, tampered)
+    out = llm_record.set_llm_expectations(path, root)
+    assert out["registry_hash"] == llm_record.llm_registry_hash()
     head = git(root, "rev-parse", "HEAD")
     assert out["expectations_set_at"] == head[:12]
     assert out["checks"][0]["expectations_history"] == [
@@ -560,7 +561,7 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
         assert (r["expected"], r["expected_items"], r["ok"]) == (before["expected"], before["expected_items"], True)
         assert r["respecified"]["before"] == "d866a9000bcf"
     catalog.discover()
-    chk = {c.key: c for c in registry.checks()}[record.row_key(row)]
+    chk = {c.key: c for c in registry.checks()}[record_rows.row_key(row)]
     got = out["checks"][0]
     assert got["expected"] == chk.expected.value and got["expected_items"] == dict(chk.expected_items)
     assert got["ok"] is True and out["checks"][1]["ok"] is False and out["summary"]["failures"] == 1
@@ -568,15 +569,15 @@ def test_set_llm_expectations_follows_the_registry_and_leaves_the_run_alone(tmp_
         assert {k: a[k] for k in ("verdict", "items", "numbers", "evidence")} == {
             k: b[k] for k in ("verdict", "items", "numbers", "evidence")
         }
-    assert record.load_llm_record(path) == out  # written
+    assert llm_record.load_llm_record(path) == out  # written
     tampered["checks"].append({**row, "claim": "no.such.claim"})
-    record.write_json(path, tampered)
+    record_rows.write_json(path, tampered)
     with pytest.raises(ValueError, match="not registered"):
-        record.set_llm_expectations(path, root)
+        llm_record.set_llm_expectations(path, root)
     (root / "notes.txt").write_text("an uncommitted change\n", encoding="utf-8")
     git(root, "add", "notes.txt")
     with pytest.raises(ValueError, match=r"the checkout is [0-9a-f]{12}-dirty; commit the expectations first"):
-        record.set_llm_expectations(path, root)
+        llm_record.set_llm_expectations(path, root)
 
 
 def test_one_seed_is_a_registration_and_an_empty_file_table_is_not(tmp_path):
@@ -596,10 +597,10 @@ def test_set_llm_expectations_compares_items_as_well_as_verdicts_and_a_missing_i
 
     root = _clean_clone(tmp_path)
     catalog.discover()
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
     respecs = prereg.respecifications(root / prereg.PREREG_PATH)
-    idx = [i for i, r in enumerate(rec["checks"]) if r["ok"] and record.respecification_of(r, respecs) is None]
+    idx = [i for i, r in enumerate(rec["checks"]) if r["ok"] and record_rows.respecification_of(r, respecs) is None]
     assert len(idx) >= 3, "the shipped record needs three ok, not re-specified rows for this test"
     flipped, missing, same = idx[:3]
     tampered = copy.deepcopy(rec)
@@ -608,8 +609,8 @@ def test_set_llm_expectations_compares_items_as_well_as_verdicts_and_a_missing_i
     gone = next(iter(tampered["checks"][missing]["expected_items"]))
     del tampered["checks"][missing]["items"][gone]
     path = tmp_path / "llm.json"
-    record.write_json(path, tampered)
-    out = record.set_llm_expectations(path, root)
+    record_rows.write_json(path, tampered)
+    out = llm_record.set_llm_expectations(path, root)
     assert [out["checks"][i]["verdict"] for i in (flipped, missing)] == [
         rec["checks"][i]["verdict"] for i in (flipped, missing)
     ]  # the verdicts are still today's expected ones ...
@@ -624,7 +625,7 @@ def test_each_shipped_rows_provenance_is_its_commits_own(prereg_repo):
     the full hash of its own ``commit`` (never the record's when the two differ), its ``rule_commit`` is a
     commit that is an ancestor of its run commit, and the record's own pair agrees too."""
     need_git()
-    rec = record.load_llm_record(SHIPPED)
+    rec = llm_record.load_llm_record(SHIPPED)
     assert rec is not None
 
     def full(commit: str) -> str:
@@ -662,13 +663,13 @@ def test_ship_never_gives_a_row_with_its_own_commit_the_records_full_hash(
             r.pop("commit_sha")  # an older row: its commit, abbreviated, and no full hash
     assert rec["commit_sha"] == later
     run.write_text(json.dumps(rec), encoding="utf-8")
-    shipped = record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
+    shipped = llm_record.ship_llm_record(run, tmp_path / "s.json", machine_desc="m")
     rows = {r["check"]: r for r in shipped["checks"]}
     assert rows["tiny"]["commit"] == repo.run[:12]
     assert rows["tiny"]["commit_sha"] == repo.run != later
     assert rows["tiny2"]["commit_sha"] == later
     # the shipped record has the layout of the one in the repository, field for field
-    real = record.load_llm_record(SHIPPED)
+    real = llm_record.load_llm_record(SHIPPED)
     assert real is not None
     assert list(shipped) == [k for k in real if k != "expectations_set_at"]  # set later, by its own command
     assert list(shipped["summary"]) == list(real["summary"])

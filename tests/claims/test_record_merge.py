@@ -1,4 +1,4 @@
-"""``record.merge`` and the record's other aggregations over rows, with ``recorded`` rows in the old
+"""``merging.merge`` and the record's other aggregations over rows, with ``recorded`` rows in the old
 record.
 
 The class of bug: a merge that keeps rows it must drop (the shipped llm rows, marked ``recorded``,
@@ -17,7 +17,8 @@ from collections import Counter
 import pytest
 
 from tests.paper_checks.test_records import LLM_CID, _check, _only_fake, _setup_llm, _ship
-from tiltlab.claims import record
+from tiltlab.claims import llm_record, merging, pinning
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.registry import Verdict
 
 CID_A, CID_B = "zz_merge.alpha", "zz_merge.beta"
@@ -56,8 +57,8 @@ def test_merge_drops_recorded_rows_and_keeps_the_provenance_of_each_kept_row(cla
     rows.insert({"first": 0, "middle": 2, "last": len(rows)}[where], dict(RECORDED_FIRST))
     old = {"checks": [*rows, dict(RECORDED_LAST)]}
     new = [_row(CID_A, "sim", "x", commit="new", run_at="t2")]
-    merged, n_kept = record.merge(old, new)
-    keys = [record.row_key(r) for r in merged]
+    merged, n_kept = merging.merge(old, new)
+    keys = [record_rows.row_key(r) for r in merged]
     assert not [k for k, c in Counter(keys).items() if c > 1]  # no row twice
     assert merged == [kept, new[0]] and n_kept == 1  # the re-run row replaced, recorded and undeclared dropped
     assert all(r["source"] == "run" for r in merged)
@@ -67,10 +68,10 @@ def test_merge_drops_recorded_rows_and_keeps_the_provenance_of_each_kept_row(cla
 
 def test_merge_without_an_old_record_is_the_new_rows(claims):
     new = [_row(CID_A, "sim", "x"), _row(CID_B, "sim", "y")]
-    assert record.merge(None, new) == (new, 0)
-    assert record.merge({"checks": []}, new) == (new, 0)
+    assert merging.merge(None, new) == (new, 0)
+    assert merging.merge({"checks": []}, new) == (new, 0)
     only_recorded = {"checks": [dict(RECORDED_FIRST), dict(RECORDED_LAST)]}
-    assert record.merge(only_recorded, new) == (new, 0)
+    assert merging.merge(only_recorded, new) == (new, 0)
 
 
 def _rows(path):
@@ -92,18 +93,18 @@ def test_repeated_checks_into_one_record_hold_each_recorded_row_once_with_the_sh
     for argv in (["--only", "zz_fake"], ["--only", "zz_fake"], ["--only", "zz_fake", "--layer", "data"]):
         assert _check(*argv, "--out", str(out)) == 0
         rows = _rows(out)
-        keys = [record.row_key(r) for r in rows]
+        keys = [record_rows.row_key(r) for r in rows]
         assert sorted(keys) == sorted(set(keys)), keys
-        (llm,) = [r for r in rows if record.row_key(r) == key]
+        (llm,) = [r for r in rows if record_rows.row_key(r) == key]
         assert llm["source"] == "recorded" and llm["commit"] == prereg_repo.run[:12]
-        assert all(r["source"] == "run" for r in rows if record.row_key(r) != key)
+        assert all(r["source"] == "run" for r in rows if record_rows.row_key(r) != key)
         assert json.loads(out.read_text())["summary"]["recorded"] == 1
     # the shipped record is regenerated at another commit: the next run carries the new provenance
     rec = json.loads(shipped.read_text())
     rec["checks"] = [{**r, "commit": "def456"} for r in rec["checks"]]
     shipped.write_text(json.dumps(rec))
     assert _check("--only", "zz_fake", "--layer", "data", "--out", str(out)) == 0
-    rows = [r for r in _rows(out) if record.row_key(r) == key]
+    rows = [r for r in _rows(out) if record_rows.row_key(r) == key]
     assert [(r["source"], r["commit"]) for r in rows] == [("recorded", "def456")]
 
 
@@ -125,11 +126,11 @@ def test_ship_llm_refuses_a_run_with_one_row_of_another_layer(
     rec["checks"] = [other, llm_row] if where == "first" else [llm_row, other]
     run.write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="not a full llm-layer run"):
-        record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
+        llm_record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
     assert not (tmp_path / "shipped.json").exists()
     rec["checks"] = [llm_row]
     run.write_text(json.dumps(rec))
-    shipped = record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
+    shipped = llm_record.ship_llm_record(run, tmp_path / "shipped.json", machine_desc="m")
     assert shipped["commit"] == prereg_repo.run[:12]
 
 
@@ -138,7 +139,7 @@ def test_pins_refuse_a_record_with_one_failed_row(where, tmp_path):
     rows = [_row(f"zz.p{i}", "sim", "x", ok=True, numbers={"v": 1.0 + i}) for i in range(3)]
     rows[{"first": 0, "middle": 1, "last": 2}[where]]["ok"] = False
     with pytest.raises(ValueError, match="1 failed or crashed"):
-        record.write_pins({"checks": rows}, tmp_path / "pins.json", checks={})
+        pinning.write_pins({"checks": rows}, tmp_path / "pins.json", checks={})
     assert not (tmp_path / "pins.json").exists()
 
 
@@ -149,7 +150,7 @@ def test_llm_pins_come_from_every_ok_row_and_only_those():
         _row("zz.b", "llm", "t", ok=False, numbers=nums),
         _row("zz.c", "llm", "t", ok=True, numbers={**nums, "gap": 0.25}),
     ]
-    pins = record.llm_pins({"checks": rows})
+    pins = pinning.llm_pins({"checks": rows})
     assert pins == {
         "zz.a[llm:t]": {"gap": [0.2, pytest.approx(0.1)]},
         "zz.c[llm:t]": {"gap": [0.25, pytest.approx(0.1)]},
@@ -162,7 +163,7 @@ def test_outcomes_from_rows_keep_each_rows_provenance(claims):
         _row(CID_B, "llm", "tiny", source="recorded", commit="shipped", run_at="t0", ok=True),
         _row("zz_merge.removed", "sim", "z"),
     ]
-    outs = record.outcomes_from_rows(rows)
+    outs = record_rows.outcomes_from_rows(rows)
     assert [o.provenance["commit"] for o in outs] == ["one", "shipped"]
     assert [o.provenance["source"] for o in outs] == ["run", "recorded"]
     assert [o.result.verdict for o in outs] == [Verdict.PARTLY, Verdict.VERIFIED]
@@ -196,10 +197,10 @@ def test_a_run_of_the_llm_check_is_in_the_record_once_however_often_merged(
         argv = ["--only", "zz_fake", "--out", str(out), *(["--layer", "llm", "--slow"] if mode == "llm" else [])]
         assert _check(*argv) == 0
         rows = _rows(out)
-        counts = Counter(record.row_key(r) for r in rows)
+        counts = Counter(record_rows.row_key(r) for r in rows)
         assert counts[key] == 1, (runs[: i + 1], counts)
         assert all(c == 1 for c in counts.values()), counts
-        (llm,) = [r for r in rows if record.row_key(r) == key]
+        (llm,) = [r for r in rows if record_rows.row_key(r) == key]
         # once a run into this record ran the llm check, its own row stays (never the shipped one)
         if "llm" in runs[: i + 1]:
             assert llm["source"] == "run" and "--layer llm --slow" in llm["command"]

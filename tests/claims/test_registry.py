@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from tiltlab.claims import registry
-from tiltlab.claims.registry import CLAIMS_DIR, CheckResult, Verdict
+from tiltlab.claims.registry import CheckResult, Verdict, claims_dir
 from tiltlab.cli import main
 
 KINDS = {"proposition", "empirical", "beyond", "open", "typo"}
@@ -80,7 +80,7 @@ def test_a_raising_check_is_reported_as_error(isolated_registry):
     out = reg.run_one(chk, seed=3)
     assert out.result is None and out.verdict == "error" and not out.ok
     assert "kaboom" in out.error
-    rec = out.to_json(3)
+    rec = out.to_row(3)
     assert rec["verdict"] == "error" and rec["reproducer"].endswith("--check boom --seed 3")
 
 
@@ -177,7 +177,7 @@ def test_claim_files_are_well_formed():
     papers = registry.papers()
     seen: dict[str, str] = {}
     empirical: dict[str, int] = {}
-    for path in sorted(CLAIMS_DIR.glob("*.toml")):
+    for path in sorted(claims_dir().glob("*.toml")):
         rows = tomllib.loads(path.read_text(encoding="utf-8")).get("claim", [])
         for row in rows:
             cid = row["id"]
@@ -260,7 +260,7 @@ def test_a_checks_row_carries_every_field_from_its_check_claim_and_result(isolat
     res = CheckResult(Verdict.PARTLY, "one line", {"x": 1.5}, figure="fig99", items={"a_supports": True})
     reg.register_check("zz_fake.claim", layer="sim", name="full", expected=Verdict.PARTLY)(lambda s: res)
     (chk,) = [c for c in reg.checks() if c.claim_id == "zz_fake.claim"]
-    row = reg.run_one(chk, seed=2).to_json(2)
+    row = reg.run_one(chk, seed=2).to_row(2)
     assert set(row) == {
         "claim", "paper", "section", "cite", "statement", "layer", "check", "expected", "verdict", "ok",
         "summary", "numbers", "figure", "items", "evidence", "expected_items", "seconds", "error", "reproducer",

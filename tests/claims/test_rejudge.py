@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.claims import record, rejudge, stats
+from tiltlab.claims import llm_record, rejudge, rejudging, stats
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
 
@@ -42,7 +42,7 @@ def _fields(out: dict) -> list[str]:
 
 def test_the_shipped_record_re_derives_exactly_from_its_raw_values():
     _need_llm()
-    outs = record.rejudge_rows(_rows())
+    outs = rejudging.rejudge_rows(_rows())
     assert [o["status"] for o in outs] == ["same"] * len(outs), [o["differences"] for o in outs if o["differences"]]
     by = {o["claim"]: o for o in outs}
     # the comparison's rows start from the per-prompt counts, the tiny-model rows from their per-seed values
@@ -56,7 +56,7 @@ def test_one_raw_count_changed_is_found_in_the_item_values_and_the_run_metrics()
     run = next(r for r in row["evidence"]["raw"]["runs"] if r["arm"] == "disa" and r["seed"] == 0)
     i = next(i for i, c in enumerate(run["correct"]) if 0 < c < 8)
     run["correct"][i] += 1  # one more correct sample of 8 on a prompt already solved once (pass@8 unchanged)
-    out = record.rejudge_rows([row])[0]
+    out = rejudging.rejudge_rows([row])[0]
     n = len(run["correct"])
     assert out["status"] == "differs" and out["rejudged"] == row["verdict"]  # the verdict does not flip ...
     assert _fields(out) == [  # ... but the values it rests on no longer follow
@@ -73,7 +73,7 @@ def test_one_item_value_changed_without_a_verdict_flip_is_found():
     _need_llm()
     row = _row(PRIMARY)
     row["evidence"]["items"][0]["values"][0] = 0.5
-    out = record.rejudge_rows([row])[0]
+    out = rejudging.rejudge_rows([row])[0]
     assert out["rejudged"] == row["verdict"] and out["status"] == "differs"
     name = "disa_minus_flowrl_mean8"
     assert _fields(out) == [
@@ -187,7 +187,7 @@ def test_raw_values_without_a_re_derivation_or_that_do_not_re_derive_differ():
 
         registry._CHECKS[key] = dataclasses.replace(chk, rederive=None)
         try:
-            assert _fields(record.rejudge_rows([row])[0]) == ["evidence.raw"]
+            assert _fields(rejudging.rejudge_rows([row])[0]) == ["evidence.raw"]
         finally:
             registry._CHECKS[key] = chk
 
@@ -410,7 +410,7 @@ def test_a_report_of_a_record_without_llm_rows_shows_the_shipped_ones_and_never_
     ``recorded``); a record that has llm rows of its own is shown as it is."""
     from tiltlab.paper_checks.cli.report_command import _with_recorded_llm
 
-    monkeypatch.setattr(record, "LLM_RECORD", SHIPPED)  # the suite hides it by default (conftest)
+    monkeypatch.setattr(llm_record, "LLM_RECORD", SHIPPED)  # the suite hides it by default (conftest)
     shipped = _rows()
     sim = {"claim": "disa.prop1", "layer": "sim", "check": "x", "verdict": "verified"}
     out = _with_recorded_llm({"checks": [sim]})

@@ -17,7 +17,8 @@ import tomllib
 
 import pytest
 
-from tiltlab.claims import prereg, record, registry, rejudge, stats
+from tiltlab.claims import llm_record, prereg, registry, rejudge, stats
+from tiltlab.claims import rows as record_rows
 from tiltlab.paper_checks import catalog
 
 from .test_preregistration import ROOT, SHIPPED, _in_git_checkout
@@ -42,12 +43,12 @@ def test_every_shipped_row_is_judged_under_the_registered_items_or_a_recorded_re
         "disa.table1.math_qwen2.5_7b",
         "disa.table1.math_qwen3_4b",
     }
-    for row in record.load_llm_record(SHIPPED)["checks"]:
+    for row in llm_record.load_llm_record(SHIPPED)["checks"]:
         got = _judged(row["evidence"]["items"])
         if got == _declared(row["claim"]):
-            assert record.respecification_of(row, respecs) is None
+            assert record_rows.respecification_of(row, respecs) is None
             continue
-        entry = record.respecification_of(row, respecs)
+        entry = record_rows.respecification_of(row, respecs)
         assert entry is not None, f"{row['claim']}: judged under items the registry no longer declares, no trace"
         assert _judged(entry["items"]) == got
 
@@ -98,29 +99,29 @@ def test_each_entrys_earlier_items_are_what_git_or_the_run_shows_before_the_chan
 
 def test_a_row_judged_under_earlier_items_keeps_its_judgement_and_an_untraced_change_fails():
     catalog.discover()
-    rows = [{**r, "source": "recorded"} for r in record.load_llm_record(SHIPPED)["checks"]]
-    outs = {o.check.claim_id: o for o in record.outcomes_from_rows(rows)}
+    rows = [{**r, "source": "recorded"} for r in llm_record.load_llm_record(SHIPPED)["checks"]]
+    outs = {o.check.claim_id: o for o in record_rows.outcomes_from_rows(rows)}
     t1 = outs["disa.table1.math_qwen2.5_7b"]
     assert t1.respecified is not None and t1.ok  # judged partly under the earlier items, as expected then
     assert t1.verdict == "partly" and t1.check.expected.value == "inconclusive"
     assert outs["disa.d3.teacher_m_study"].respecified is None  # ran after its change: judged under the new items
     # without the entry the same row is judged against today's expectations, and fails
     row = next(r for r in rows if r["claim"] == "disa.table1.math_qwen2.5_7b")
-    assert record.respecification_of(row, []) is None
+    assert record_rows.respecification_of(row, []) is None
     import unittest.mock as mock
 
     with mock.patch.object(prereg, "respecifications", return_value=[]):
-        (bare,) = record.outcomes_from_rows([row])
+        (bare,) = record_rows.outcomes_from_rows([row])
     assert not bare.ok and bare.failure
 
 
 def test_each_run_is_shown_under_both_item_sets():
     catalog.discover()
-    rows = {r["claim"]: r for r in record.load_llm_record(SHIPPED)["checks"]}
-    (d3,) = record.respecified_views(rows["disa.d3.teacher_m_study"])
+    rows = {r["claim"]: r for r in llm_record.load_llm_record(SHIPPED)["checks"]}
+    (d3,) = record_rows.respecified_views(rows["disa.d3.teacher_m_study"])
     assert (d3["now"], d3["earlier"]) == ("verified", "partly")
     assert d3["earlier_items"] == {"variance_falls": "supports", "bias_shrinks": "supports", "knee_at_8": "against"}
-    (t1,) = record.respecified_views(rows["disa.table1.math_qwen3_4b"])
+    (t1,) = record_rows.respecified_views(rows["disa.table1.math_qwen3_4b"])
     assert (t1["now"], t1["earlier"]) == ("inconclusive", "partly")
     assert t1["earlier_items"]["flowrl_minus_gspo"] == "supports"
     assert {t1["earlier_items"][k] for k in ("disa_minus_grpo", "disa_minus_gspo")} == {"undecided"}
@@ -135,7 +136,7 @@ def test_each_run_is_shown_under_both_item_sets():
 def catalog_docs_text() -> str:
     from tiltlab.paper_checks import report
 
-    return report.posthoc_section(record.load_llm_record(SHIPPED))
+    return report.posthoc_section(llm_record.load_llm_record(SHIPPED))
 
 
 def test_under_items_re_judges_the_kept_values_with_other_kinds():
@@ -179,7 +180,7 @@ def _respecified_row_and_entry():
     rows = json.loads(SHIPPED.read_text(encoding="utf-8"))["checks"]
     respecs = prereg.respecifications(ROOT / prereg.PREREG_PATH)
     for row in rows:
-        entry = record.respecification_of(row, respecs)
+        entry = record_rows.respecification_of(row, respecs)
         if entry is not None:
             return row, entry
     raise AssertionError("the shipped record holds no re-specified row")
@@ -201,29 +202,29 @@ def test_a_respecification_applies_only_to_its_own_claim_check_and_items():
     another claim matched to the real entry."""
     row, entry = _respecified_row_and_entry()
     decoys = _decoys(entry)
-    assert record.respecification_of(row, [*decoys, entry]) == entry
-    assert record.respecification_of(row, decoys) is None
+    assert record_rows.respecification_of(row, [*decoys, entry]) == entry
+    assert record_rows.respecification_of(row, decoys) is None
     for field in ("claim", "check"):  # the row moved to another claim / check: the entry is not its own
         moved = {**row, field: row[field] + "_other"}
-        assert record.respecification_of(moved, [entry]) is None, field
+        assert record_rows.respecification_of(moved, [entry]) is None, field
 
 
 def test_a_rows_views_are_those_of_its_own_claim_and_check():
     row, entry = _respecified_row_and_entry()
     decoys = _decoys(entry)[:2]  # another claim, another check (the items do not select a view)
-    views = record.respecified_views(row, [*decoys, entry])
+    views = record_rows.respecified_views(row, [*decoys, entry])
     assert [v["before"] for v in views] == [entry["before"]]
-    assert record.respecified_views(row, decoys) == []
+    assert record_rows.respecified_views(row, decoys) == []
 
 
 def test_the_shipped_rows_are_selected_by_claim_prefix_and_check_name():
-    rows, rec = record.recorded_llm_rows(path=SHIPPED)
+    rows, rec = llm_record.recorded_llm_rows(path=SHIPPED)
     claims = [r["claim"] for r in rows]
     assert rec is not None and len(rows) == len(rec["checks"]) and all(r["source"] == "recorded" for r in rows)
     for prefix in ("disa.table1", "disa.table1.", "paced", "disa.table1.math_qwen3_4b"):
-        got = [r["claim"] for r in record.recorded_llm_rows(prefix, path=SHIPPED)[0]]
+        got = [r["claim"] for r in llm_record.recorded_llm_rows(prefix, path=SHIPPED)[0]]
         want = [c for c in claims if c == prefix or c.startswith(prefix.rstrip(".") + ".") or c.startswith(prefix)]
         assert got == want and 0 < len(got) < len(claims), prefix
-    assert record.recorded_llm_rows("no.such.claim", path=SHIPPED)[0] == []
-    by_name = record.recorded_llm_rows(name="smollm2_135m_comparison", path=SHIPPED)[0]
+    assert llm_record.recorded_llm_rows("no.such.claim", path=SHIPPED)[0] == []
+    by_name = llm_record.recorded_llm_rows(name="smollm2_135m_comparison", path=SHIPPED)[0]
     assert by_name and {r["check"] for r in by_name} == {"smollm2_135m_comparison"} and len(by_name) < len(rows)

@@ -4,12 +4,13 @@ and that what needs every check refuses to run on a registry the catalog has not
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
 import tiltlab.llm
 import tiltlab.theory
-from tiltlab.claims import record, registry
+from tiltlab.claims import llm_record, pinning, registry
 from tiltlab.paper_checks import catalog
 
 
@@ -57,10 +58,10 @@ def test_an_unimportable_core_layer_is_an_error_not_a_skip(isolated_registry, mo
 @pytest.mark.parametrize(
     "call",
     [
-        lambda tmp: record.llm_registry_hash(),
-        lambda tmp: record.set_llm_expectations(tmp / "none.json"),
-        lambda tmp: record.ship_llm_record(tmp / "none.json", tmp / "out.json", machine_desc="m"),
-        lambda tmp: record.write_pins(
+        lambda tmp: llm_record.llm_registry_hash(),
+        lambda tmp: llm_record.set_llm_expectations(tmp / "none.json"),
+        lambda tmp: llm_record.ship_llm_record(tmp / "none.json", tmp / "out.json", machine_desc="m"),
+        lambda tmp: pinning.write_pins(
             {"checks": [{"layer": "sim", "ok": True, "claim": "c", "check": "x"}]}, tmp / "p.json"
         ),
     ],
@@ -82,15 +83,33 @@ def test_a_layer_that_loads_again_is_no_longer_reported_skipped(isolated_registr
 
 
 def test_the_data_folder_is_the_checkouts_and_holds_every_registered_rule_file():
-    """``paths.DATA_DIR`` is the real ``paper_checks/`` folder (not the ``tiltlab/paper_checks`` link), so
+    """The data folder paper_checks gives the claims core (:func:`tiltlab.claims.paths.configure`, called on
+    its import) is the real ``paper_checks/`` folder, resolved (not the ``tiltlab/paper_checks`` link), so
     the root that ``tiltlab report --preregister`` reads rule files from (the registration file's
     grandparent) holds every file the registration names."""
+    from tiltlab import paper_checks
     from tiltlab.claims import paths, prereg
 
-    assert paths.DATA_DIR.resolve() == paths.DATA_DIR and paths.DATA_DIR.name == "paper_checks"
-    root = prereg.PREREG_FILE.parents[1]
+    data = paths.data_dir()
+    assert data == paper_checks.DATA_DIR == Path(paper_checks.__file__).resolve().parent
+    assert data.resolve() == data and data.name == "paper_checks" and not data.is_symlink()
+    assert prereg.prereg_file() == data / "preregistration.toml"
+    root = prereg.prereg_file().parents[1]
     files = {p for entry in prereg.preregistration().values() for p in entry["files"]}
     assert files and all((root / p).is_file() for p in files), sorted(p for p in files if not (root / p).is_file())
+
+
+def test_the_claims_core_without_a_data_folder_says_how_to_give_one(monkeypatch):
+    """The claims core never reaches for the top layer's folder: without :func:`~tiltlab.claims.paths.configure`
+    it refuses in one line naming the fix, and a folder that does not exist is refused when given."""
+    from tiltlab.claims import paths
+
+    monkeypatch.setattr(paths, "_DATA_DIR", [None])
+    with pytest.raises(RuntimeError, match=r"import tiltlab\.paper_checks .*configure\(DIR\)"):
+        paths.data_dir()
+    with pytest.raises(ValueError, match="does not exist"):
+        paths.configure(Path("/nonexistent/tiltlab-data"))
+    assert paths.configured() is False
 
 
 def test_the_shipped_pins_are_what_a_check_is_judged_against_by_default():
@@ -99,6 +118,6 @@ def test_the_shipped_pins_are_what_a_check_is_judged_against_by_default():
     pinned.set_pins(None)  # re-read on next use
     try:
         loaded = pinned.pins()
-        assert loaded and loaded == pinned.pins(pinned.PINS_FILE)
+        assert loaded and loaded == pinned.pins(pinned.pins_file())
     finally:
         pinned.set_pins(None)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from tiltlab.claims import record
+from tiltlab.claims import llm_record
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
@@ -29,7 +30,7 @@ def _setup_long(reg, calls=None):
 
 
 def _keys(path) -> set[str]:
-    return {record.row_key(r) for r in json.loads(path.read_text())["checks"]}
+    return {record_rows.row_key(r) for r in json.loads(path.read_text())["checks"]}
 
 
 TINY, LONG = f"{LLM_CID}[llm:tiny]", f"{LLM_CID}[llm:tiny2]"
@@ -62,7 +63,7 @@ def test_the_layer_run_leaves_the_long_check_out_and_long_runs_it(isolated_regis
     out2 = tmp_path / "long.json"
     assert _check("--layer", "llm", "--long", "--check", "tiny2", "--seed", "2", "--out", str(out2)) == 0
     assert calls == [("long", 2)]
-    (row,) = [r for r in json.loads(out2.read_text())["checks"] if record.row_key(r) == LONG]
+    (row,) = [r for r in json.loads(out2.read_text())["checks"] if record_rows.row_key(r) == LONG]
     assert row["command"] == "tiltlab check --layer llm --check tiny2 --long --seed 2" and row["slow"]
     capsys.readouterr()
     assert _check("--layer", "llm", "--check", "tiny2", "--out", str(tmp_path / "x.json")) == 2
@@ -77,7 +78,7 @@ def test_ship_keeps_layer_and_long_rows_apart(isolated_registry, prereg_repo, mo
     _setup_long(reg)
     _only_fake(monkeypatch, reg)
     shipped = tmp_path / "records" / "llm.json"
-    monkeypatch.setattr(record, "LLM_RECORD", shipped)
+    monkeypatch.setattr(llm_record, "LLM_RECORD", shipped)
     long_run = tmp_path / "long.json"
     assert _check("--layer", "llm", "--long", "--check", "tiny2", "--out", str(long_run), "--replace") == 0
     # a long run alone has no layer rows to ship into
@@ -100,7 +101,7 @@ def test_ship_keeps_layer_and_long_rows_apart(isolated_registry, prereg_repo, mo
     assert after["summary"]["seconds"] == top["summary"]["seconds"]
     (claim,) = after["claims"]
     assert sorted(claim["checks"]) == ["tiny", "tiny2"] and claim["verdict"] == "partly"  # the most informative
-    rows = {record.row_key(r): r for r in after["checks"]}
+    rows = {record_rows.row_key(r): r for r in after["checks"]}
     assert rows[TINY] == top["checks"][0]
     assert (
         rows[LONG]["command"] == "tiltlab check --layer llm --check tiny2 --long" and rows[LONG]["verdict"] == "partly"
@@ -108,7 +109,7 @@ def test_ship_keeps_layer_and_long_rows_apart(isolated_registry, prereg_repo, mo
     assert rows[LONG]["rule_commit"] == prereg_repo.reg
     # a later layer run keeps the long row it did not re-run
     assert main(["report", "--ship-llm", str(layer_run), "--machine", "layer box 2"]) == 0
-    again = {record.row_key(r): r for r in json.loads(shipped.read_text())["checks"]}
+    again = {record_rows.row_key(r): r for r in json.loads(shipped.read_text())["checks"]}
     assert set(again) == {TINY, LONG} and again[LONG] == rows[LONG]
 
 
@@ -116,11 +117,11 @@ def test_a_layer_run_missing_a_non_long_check_is_still_refused(isolated_registry
     reg = isolated_registry
     _setup_long(reg)
     _only_fake(monkeypatch, reg)
-    monkeypatch.setattr(record, "LLM_RECORD", tmp_path / "records" / "llm.json")
+    monkeypatch.setattr(llm_record, "LLM_RECORD", tmp_path / "records" / "llm.json")
     run = tmp_path / "long.json"
     assert _check("--layer", "llm", "--long", "--check", "tiny2", "--out", str(run), "--replace") == 0
     rec = json.loads(run.read_text())
     rec["checks"].append({**rec["checks"][0], "layer": "sim"})  # not only long llm rows: a partial layer run
     run.write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="is not a full llm-layer run"):
-        record.ship_llm_record(run, machine_desc="m")
+        llm_record.ship_llm_record(run, machine_desc="m")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.claims import record
+from tiltlab.claims import llm_record, merging, provenance
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import cli as pcli
@@ -47,7 +48,7 @@ def _setup(reg, verdicts=None, calls=None):
 
 
 def _rows(path: Path) -> dict[str, dict]:
-    return {record.row_key(r): r for r in json.loads(path.read_text())["checks"]}
+    return {record_rows.row_key(r): r for r in json.loads(path.read_text())["checks"]}
 
 
 def _fake_make_one(fid, mod, out_dir, quick, seed):
@@ -313,7 +314,7 @@ def _ship(tmp_path, monkeypatch, reg) -> Path:
     run = tmp_path / "llm_run.json"
     assert _check("--layer", "llm", "--slow", "--out", str(run)) == 0
     shipped = tmp_path / "records" / "llm.json"
-    monkeypatch.setattr(record, "LLM_RECORD", shipped)
+    monkeypatch.setattr(llm_record, "LLM_RECORD", shipped)
     assert main(["report", "--ship-llm", str(run), "--machine", "test box"]) == 0
     return shipped
 
@@ -325,8 +326,8 @@ def test_ship_llm_stamps_the_record(isolated_registry, prereg_repo, tmp_path, mo
     shipped = json.loads(_ship(tmp_path, monkeypatch, reg).read_text())
     commit = prereg_repo.run[:12]  # `git describe --always --dirty --abbrev=12` of the clean run commit
     assert shipped["commit"] == commit and shipped["commit_sha"] == prereg_repo.run and shipped["machine"] == "test box"
-    assert shipped["registry_hash"] == record.llm_registry_hash() and shipped["run_seconds"] >= 0
-    assert shipped["date"] and shipped["regenerate"] == record.LLM_RECORD_COMMAND
+    assert shipped["registry_hash"] == llm_record.llm_registry_hash() and shipped["run_seconds"] >= 0
+    assert shipped["date"] and shipped["regenerate"] == llm_record.LLM_RECORD_COMMAND
     (row,) = shipped["checks"]
     assert row["commit"] == commit and row["command"] == "tiltlab check --layer llm --slow" and row["slow"]
     assert row["rule_commit"] == prereg_repo.reg and set(row["rule_hashes"]) == {"rules/tiny.py", "claims.toml"}
@@ -366,18 +367,18 @@ def test_ship_llm_refuses_a_partial_run(isolated_registry, tmp_path, monkeypatch
 def test_the_registry_hash_follows_the_llm_part_only(isolated_registry):
     reg = isolated_registry
     _setup_llm(reg)
-    h0 = record.llm_registry_hash()
+    h0 = llm_record.llm_registry_hash()
     reg.register_check(LLM_CID, layer="sim", name="unrelated")(lambda s: CheckResult(Verdict.VERIFIED, "x"))
-    assert record.llm_registry_hash() == h0  # a sim check does not touch the llm part
+    assert llm_record.llm_registry_hash() == h0  # a sim check does not touch the llm part
     key = f"{LLM_CID}[llm:tiny]"
     chk = reg._CHECKS[key]
     reg._CHECKS[key] = type(chk)(chk.claim_id, chk.layer, chk.name, Verdict.PARTLY, chk.fn, chk.slow)
-    assert record.llm_registry_hash() != h0  # an expected verdict changed
+    assert llm_record.llm_registry_hash() != h0  # an expected verdict changed
     reg._CHECKS[key] = chk
-    assert record.llm_registry_hash() == h0
+    assert llm_record.llm_registry_hash() == h0
     old = reg._CLAIMS[LLM_CID]
     reg._CLAIMS[LLM_CID] = type(old)(**{**old.__dict__, "statement": "a reworded claim"})
-    assert record.llm_registry_hash() != h0  # a claim the llm layer decides changed
+    assert llm_record.llm_registry_hash() != h0  # a claim the llm layer decides changed
 
 
 def test_check_and_reproduce_merge_the_shipped_llm_record_as_recorded(
@@ -476,15 +477,15 @@ def test_rows_of_checks_not_loaded_keep_their_recorded_judgement(isolated_regist
         "source": "recorded",
         "commit": "c0ffee",
     }
-    (o,) = record.outcomes_from_rows([row, {**row, "claim": "zz_fake.undeclared"}])
+    (o,) = record_rows.outcomes_from_rows([row, {**row, "claim": "zz_fake.undeclared"}])
     assert o.check.key == f"{LLM_CID}[llm:gone]" and o.verdict == "partly" and o.ok is False
     assert o.provenance == {"source": "recorded", "commit": "c0ffee"} and o.seconds == 2.5
-    assert record.outcomes_from_rows([{**row, "verdict": "verified", "ok": True}])[0].ok is True
+    assert record_rows.outcomes_from_rows([{**row, "verdict": "verified", "ok": True}])[0].ok is True
     # a registered check is judged again against its current expectation
     reg.register_check(LLM_CID, layer="llm", expected=Verdict.PARTLY, name="gone", slow=True)(
         lambda s: CheckResult(Verdict.PARTLY, "x", items={"x": True})
     )
-    assert record.outcomes_from_rows([row])[0].ok is True
+    assert record_rows.outcomes_from_rows([row])[0].ok is True
 
 
 def test_the_machine_stamp_names_every_field_against_a_direct_reading(monkeypatch):
@@ -496,7 +497,7 @@ def test_the_machine_stamp_names_every_field_against_a_direct_reading(monkeypatc
     import torch
 
     monkeypatch.setattr(os, "getloadavg", lambda: (1.2345, 9.0, 9.0))
-    got = record.machine()
+    got = provenance.machine()
     cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
     names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.lower().startswith("model name")]
     assert got == {
@@ -517,7 +518,7 @@ def test_the_machine_stamp_says_unknown_load_as_none(monkeypatch):
         raise OSError("no load average here")
 
     monkeypatch.setattr(os, "getloadavg", no_load)
-    assert record.machine()["load"] is None
+    assert provenance.machine()["load"] is None
 
 
 @pytest.mark.parametrize(
@@ -537,8 +538,8 @@ def test_provenance_is_what_git_says_only_when_git_succeeds(tmp_path, monkeypatc
     fake.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\nexit {code}\n", encoding="utf-8")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    assert record.git_commit(tmp_path) == commit
-    assert record.git_sha(tmp_path) == sha
+    assert provenance.git_commit(tmp_path) == commit
+    assert provenance.git_sha(tmp_path) == sha
 
 
 # --------------------------------------------------------------------------- the record's own fields
@@ -575,7 +576,7 @@ def test_an_unchecked_claims_row_and_the_merge_of_unchecked_claims(isolated_regi
     old = [{"claim": "zz_un.a", "v": "old"}, {"claim": "zz_un.b", "v": "old"}, {"claim": "zz_gone", "v": "old"}]
     new = [{"claim": "zz_un.a", "v": "new"}]
     # a claim with a check now and a claim no longer declared both leave; the newer row wins
-    assert cli_records._merge_unchecked(old, new) == [{"claim": "zz_un.a", "v": "new"}]
+    assert merging.merge_unchecked(old, new) == [{"claim": "zz_un.a", "v": "new"}]
 
 
 def test_a_records_time_is_its_runs_and_its_history_entry_names_the_run():
@@ -584,13 +585,13 @@ def test_a_records_time_is_its_runs_and_its_history_entry_names_the_run():
     assert (rec["generated_at"], rec["commit"], rec["commit_sha"]) == ("2020-01-02T03:04:05Z", "abc", "f" * 40)
     fresh = cli_records._record([], [], 0, {}, 1.0)
     assert fresh["generated_at"] and fresh["generated_at"] != prov["run_at"] and fresh["commit"] is None
-    assert cli_records._history_entry({**rec, "summary": {"run": 3, "checks": 7}}) == {
+    assert merging.history_entry({**rec, "summary": {"run": 3, "checks": 7}}) == {
         "generated_at": "2020-01-02T03:04:05Z",
         "commit": "abc",
         "selection": {"only": None},
         "ran": 3,
     }
-    assert cli_records._history_entry({"summary": {"checks": 7}})["ran"] == 7  # an older record's count
+    assert merging.history_entry({"summary": {"checks": 7}})["ran"] == 7  # an older record's count
 
 
 def test_the_runtime_sums_own_and_childrens_cpu_and_takes_the_larger_peak(monkeypatch):

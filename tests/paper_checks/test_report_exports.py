@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tiltlab.claims import prereg, record
+from tiltlab.claims import llm_record, prereg
+from tiltlab.claims import rows as record_rows
 from tiltlab.claims.registry import CheckResult, Verdict
 from tiltlab.cli import main
 from tiltlab.paper_checks import catalog
@@ -118,8 +119,8 @@ def test_export_merges_the_shipped_llm_record_and_names_its_commit(
         del reg._CHECKS[k]
     assert main(["check", "--layer", "llm", "--slow", "--jobs", "1", "--out", str(run)]) == 0
     shipped = tmp_path / "shipped.json"
-    record.ship_llm_record(run, shipped, machine_desc="box")  # the commit is the run's: prereg_repo's HEAD
-    monkeypatch.setattr(record, "LLM_RECORD", shipped)
+    llm_record.ship_llm_record(run, shipped, machine_desc="box")  # the commit is the run's: prereg_repo's HEAD
+    monkeypatch.setattr(llm_record, "LLM_RECORD", shipped)
     capsys.readouterr()
     assert main(["report", "--record", str(rec_path), "--format", "csv"]) == 0
     row = {r["claim"]: r for r in _parse_csv(capsys.readouterr().out)}["zz_fake.llm"]
@@ -232,32 +233,32 @@ def test_docs_sections_are_replaced_between_their_markers(isolated_registry, tmp
 
 # --------------------------------------------------------------------------- the shipped llm record
 
-_SHIPPED = record.LLM_RECORD
+_SHIPPED = llm_record.llm_record_path()
 
 
 def test_the_shipped_llm_record_matches_the_registry():
     """Fails when the llm part of the registry (claims, checks, expected verdicts and items) changed
-    after the shipped record was made: regenerate it with record.LLM_RECORD_COMMAND."""
+    after the shipped record was made: regenerate it with llm_record.LLM_RECORD_COMMAND."""
     from tiltlab.claims import registry
 
     catalog.discover()
     if "tiltlab.llm.checks" in catalog.SKIPPED_MODULES:
         pytest.fail(f"the llm check module did not load: {catalog.SKIPPED_MODULES['tiltlab.llm.checks']}")
-    assert _SHIPPED.is_file(), f"no shipped llm record at {_SHIPPED}; make it with `{record.LLM_RECORD_COMMAND}`"
-    shipped = record.load_llm_record(_SHIPPED)
+    assert _SHIPPED.is_file(), f"no shipped llm record at {_SHIPPED}; make it with `{llm_record.LLM_RECORD_COMMAND}`"
+    shipped = llm_record.load_llm_record(_SHIPPED)
     assert shipped is not None
     legacy = {(e["check"], e["run_commit"][:7]) for e in prereg.legacy_runs()}
     all_legacy = all((r["check"], str(r["commit"])[:7]) in legacy for r in shipped["checks"])
     if not all_legacy:
-        assert shipped["registry_hash"] == record.llm_registry_hash(), (
-            f"the shipped llm record lags the registry; regenerate it: `{record.LLM_RECORD_COMMAND}`"
+        assert shipped["registry_hash"] == llm_record.llm_registry_hash(), (
+            f"the shipped llm record lags the registry; regenerate it: `{llm_record.LLM_RECORD_COMMAND}`"
         )
     # else: a record run before the neutral rule and strict pre-registration (every row a [[legacy]] entry
     # of preregistration.toml, marked legacy in the report) lags the registry by definition until its re-run;
     # no new record can be shipped that way (ship_llm_record refuses legacy rows)
     want = {c.key for c in registry.checks() if c.layer == "llm" and not c.long}  # long checks: rows of their own
     longs = {c.key for c in registry.checks() if c.layer == "llm" and c.long}
-    got = {record.row_key(r) for r in shipped["checks"]}
+    got = {record_rows.row_key(r) for r in shipped["checks"]}
     if all_legacy:  # checks registered after the legacy run have no row until the re-run; no row is orphaned
         assert got <= want, sorted(got - want)
     else:  # every layer check, plus the long checks that were run and shipped; a row of no registered check fails
@@ -269,5 +270,5 @@ def test_the_shipped_llm_record_matches_the_registry():
         if r["commit"] == shipped["commit"]:
             assert r["run_at"] == shipped["date"], r["claim"]
         else:
-            assert record.row_key(r) in longs and r["run_at"] != shipped["date"], (r["claim"], r["commit"])
+            assert record_rows.row_key(r) in longs and r["run_at"] != shipped["date"], (r["claim"], r["commit"])
             assert "--long" in r["command"].split() and f"--check {r['check']}" in r["command"], r["command"]

@@ -1,6 +1,6 @@
 """Pinned evidence numbers: what kind each number of a check's evidence is (exact, a residual under a
 bound, or stochastic above a measured floor, :class:`PinSpec`), and the pins file of the shipped values
-(:data:`PINS_FILE`, written by ``tiltlab report --pin``), which fails a check whose number leaves its pin
+(:func:`pins_file`, written by ``tiltlab report --pin``), which fails a check whose number leaves its pin
 even when its verdict stays (docs/pins.md)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiltlab.claims.paths import DATA_DIR
+from tiltlab.claims import paths
 
 __all__ = [
     "EXACT",
-    "PINS_FILE",
     "PIN_KINDS",
     "Pin",
     "PinSpec",
     "looks_like_residual",
     "pins",
+    "pins_file",
     "residual",
     "set_pins",
     "stochastic",
@@ -120,23 +120,25 @@ class Pin(tuple):
         )
 
 
-PINS_FILE = DATA_DIR / "pins.json"
+def pins_file() -> Path:
+    """The pinned evidence numbers, ``pins.json`` of the data folder (:func:`tiltlab.claims.paths.data_dir`):
+    ``{check key: {number: [value, tolerance, kind]}}`` (``tiltlab report --pin``; :class:`Pin`)."""
+    return paths.data_dir() / "pins.json"
 
-"""Pinned evidence numbers: ``{check key: {number: [value, tolerance, kind]}}`` (``tiltlab report --pin``;
-:class:`Pin`)."""
 
 _PINS: dict[str, dict[str, Pin]] | None = None
 
 
 def pins(path: Path | None = None) -> dict[str, dict[str, Pin]]:
     """The pinned numbers of every check, ``{key: {name: (value, absolute tolerance)}}``; read once
-    from :data:`PINS_FILE` (empty when there is none). A pinned number outside its tolerance, or
+    from :func:`pins_file` (empty when there is none). A pinned number outside its tolerance, or
     missing, fails the check (:attr:`Outcome.ok`) even when the verdict and items stay."""
     global _PINS
     if path is not None:
         return _read_pins(Path(path))
     if _PINS is None:
-        _PINS = _read_pins(PINS_FILE) if PINS_FILE.is_file() else {}
+        path = pins_file()
+        _PINS = _read_pins(path) if path.is_file() else {}
     return _PINS
 
 
@@ -159,7 +161,7 @@ def _read_pins(path: Path) -> dict[str, dict[str, Pin]]:
 
 
 def set_pins(value: Mapping[str, Mapping[str, tuple]] | None) -> None:
-    """Replace the loaded pins (tests; ``None`` re-reads :data:`PINS_FILE` on next use); a
+    """Replace the loaded pins (tests; ``None`` re-reads :func:`pins_file` on next use); a
     ``(value, tol)`` pair is an exact pin."""
     global _PINS
     _PINS = None if value is None else {k: {n: Pin(*p) for n, p in row.items()} for k, row in value.items()}

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tiltlab.claims.paths import DATA_DIR
+from tiltlab.claims import paths
 
 __all__ = [
     "PREREG_FILE",
@@ -44,6 +44,7 @@ __all__ = [
     "legacy_for",
     "legacy_runs",
     "parse_preregistration",
+    "prereg_file",
     "preregister_text",
     "preregistration",
     "registration_commit",
@@ -62,7 +63,14 @@ _REPO = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------- the registration file
 
-PREREG_FILE = DATA_DIR / "preregistration.toml"
+#: A registration file that replaces the data folder's (tests); None: :func:`prereg_file`'s default.
+PREREG_FILE: Path | None = None
+
+
+def prereg_file() -> Path:
+    """The registration file: :data:`PREREG_FILE` where set, else ``preregistration.toml`` of the data
+    folder (:func:`tiltlab.claims.paths.data_dir`)."""
+    return PREREG_FILE if PREREG_FILE is not None else paths.data_dir() / "preregistration.toml"
 
 
 """How each llm rule is registered: ``[[rule]]`` tables with ``check`` (a check name), ``seeds``,
@@ -110,16 +118,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def preregistration(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The registered llm rules of :data:`PREREG_FILE` (:func:`parse_preregistration`; ``{}`` without
+    """The registered llm rules of :func:`prereg_file` (:func:`parse_preregistration`; ``{}`` without
     the file)."""
-    path = PREREG_FILE if path is None else Path(path)
+    path = prereg_file() if path is None else Path(path)
     return parse_preregistration(_read_toml(path), str(path)) if path.is_file() else {}
 
 
 def legacy_runs(path: Path | None = None) -> list[dict[str, str]]:
-    """``[{"check", "run_commit", "rule_commit", "reason"}]``: :data:`PREREG_FILE`'s ``[[legacy]]``
+    """``[{"check", "run_commit", "rule_commit", "reason"}]``: :func:`prereg_file`'s ``[[legacy]]``
     tables, shipped runs that are not strictly pre-registered (kept, marked, never shipped again)."""
-    path = PREREG_FILE if path is None else Path(path)
+    path = prereg_file() if path is None else Path(path)
     if not path.is_file():
         return []
     out = []
@@ -135,9 +143,9 @@ def legacy_runs(path: Path | None = None) -> list[dict[str, str]]:
 
 
 def shared_runs(path: Path | None = None) -> list[tuple[str, tuple[str, ...]]]:
-    """``[(run, claims)]``: the experiments that decide more than one claim (:data:`PREREG_FILE`'s
+    """``[(run, claims)]``: the experiments that decide more than one claim (:func:`prereg_file`'s
     ``[[shared_run]]`` tables)."""
-    path = PREREG_FILE if path is None else Path(path)
+    path = prereg_file() if path is None else Path(path)
     if not path.is_file():
         return []
     with open(path, "rb") as fh:
@@ -152,12 +160,12 @@ def shared_runs(path: Path | None = None) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def respecifications(path: Path | None = None) -> list[dict[str, Any]]:
-    """``[{"claim", "check", "before", "reason", "items": [{"name", "kind", "margin"}]}]``: :data:`PREREG_FILE`'s
+    """``[{"claim", "check", "before", "reason", "items": [{"name", "kind", "margin"}]}]``: :func:`prereg_file`'s
     ``[[respecification]]`` tables. Each records that a claim's judged item set was changed after commit
     ``before`` (the last commit under the earlier items; after a run had been judged under them, or after
     its data were known) and keeps the earlier set, so that every run is also shown under the items it was first registered with
     (:func:`tiltlab.claims.rejudge.under_items`); a change of items leaves this trace, never none."""
-    path = PREREG_FILE if path is None else Path(path)
+    path = prereg_file() if path is None else Path(path)
     if not path.is_file():
         return []
     out = []

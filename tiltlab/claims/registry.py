@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiltlab.claims.paths import DATA_DIR
+from tiltlab.claims import paths
 from tiltlab.claims.pinned import EXACT, Pin, PinSpec, pins
 
 __all__ = [
     "Check",
+    "CheckRef",
     "CheckResult",
     "Claim",
     "Outcome",
@@ -51,6 +52,7 @@ __all__ = [
     "checks",
     "cite",
     "claims",
+    "claims_dir",
     "declare_claim",
     "declare_paper",
     "get_claim",
@@ -59,13 +61,22 @@ __all__ = [
     "load_papers",
     "mark_catalogued",
     "papers",
+    "papers_file",
     "register_check",
     "require_catalogued",
     "validate",
 ]
 
-CLAIMS_DIR = DATA_DIR / "claims"
-PAPERS_FILE = DATA_DIR / "papers.toml"
+
+def claims_dir() -> Path:
+    """The project's claim files (``claims/`` of the data folder, :func:`tiltlab.claims.paths.data_dir`)."""
+    return paths.data_dir() / "claims"
+
+
+def papers_file() -> Path:
+    """The project's paper index (``papers.toml`` of the data folder, :func:`tiltlab.claims.paths.data_dir`)."""
+    return paths.data_dir() / "papers.toml"
+
 
 #: Layers whose checks run only when asked for by name (``--layer llm``, ``reproduce --llm``):
 #: they train models for minutes each.
@@ -259,8 +270,23 @@ class CheckResult:
 CheckFn = Callable[[int], CheckResult]
 
 
+class _Named:
+    """The name of a check (:class:`Check`, :class:`CheckRef`): its registry key and the command that re-runs it."""
+
+    claim_id: str
+    layer: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.claim_id}[{self.layer}:{self.name}]"
+
+    def reproducer(self, seed: int) -> str:
+        return f"tiltlab check --only {self.claim_id} --layer {self.layer} --check {self.name} --seed {seed}"
+
+
 @dataclass(frozen=True)
-class Check:
+class Check(_Named):
     claim_id: str
     layer: str
     name: str
@@ -275,10 +301,6 @@ class Check:
     """``(raw, item names) -> (item values, reported numbers)``: how the check's item values follow from the
     raw values it keeps in ``evidence["raw"]`` (:mod:`tiltlab.claims.rejudge`); None: it keeps none."""
 
-    @property
-    def key(self) -> str:
-        return f"{self.claim_id}[{self.layer}:{self.name}]"
-
     def pin_spec(self, number: str) -> PinSpec:
         """The declared kind of evidence number ``number``: the first ``pins`` pattern
         (:func:`fnmatch.fnmatchcase`) that matches it, else ``exact``."""
@@ -287,16 +309,79 @@ class Check:
                 return spec
         return EXACT
 
-    def reproducer(self, seed: int) -> str:
-        return f"tiltlab check --only {self.claim_id} --layer {self.layer} --check {self.name} --seed {seed}"
+
+@dataclass(frozen=True)
+class CheckRef(_Named):
+    """A check as a record's row names it: the check of an :class:`Outcome` read back whose check module is not
+    loaded (the llm layer without ``[llm]``); a live check (:meth:`of`) and its row (:meth:`from_row`) give the same."""
+
+    claim_id: str
+    layer: str
+    name: str
+    expected: Verdict
+    slow: bool = False
+    expected_items: tuple[tuple[str, bool], ...] = ()
+    long: bool = False
+
+    @classmethod
+    def of(cls, check: Check | CheckRef) -> CheckRef:
+        if isinstance(check, CheckRef):
+            return check
+        return cls(
+            check.claim_id, check.layer, check.name, check.expected, check.slow, check.expected_items, check.long
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> CheckRef:
+        """The reference a record's row names (``slow``: the row's, i.e. whether its run took slow checks)."""
+        items = tuple((str(k), bool(v)) for k, v in (row.get("expected_items") or {}).items())
+        return cls(row["claim"], row["layer"], row["check"], Verdict(row["expected"]), bool(row.get("slow")), items)
+
+
+#: Provenance fields of a record's row (:mod:`tiltlab.claims.provenance`), :attr:`Outcome.provenance` when read back.
+PROVENANCE_FIELDS = ("run_at", "run_id", "command", "mode", "slow", "commit", "commit_sha", "seed", "source")
+
+#: The keys of a row :meth:`Outcome.to_row` derives from the outcome's check and result; the other keys of a row
+#: read back (the claim's text and the reproducer as written, rule hashes, ...) are kept as they were (``extra``).
+ROW_FIELDS = (
+    "claim", "layer", "check", "expected", "verdict", "ok", "summary", "numbers", "figure", "items", "evidence",
+    "expected_items", "seconds", "error",
+)  # fmt: skip
 
 
 @dataclass
 class Outcome:
-    check: Check
+    """A check's outcome, in the one form the runner writes (:meth:`to_row`), a record merges and the report
+    reads (:meth:`from_row`). ``check``: the registered :class:`Check`, or for a row read back whose check module
+    is not loaded the :class:`CheckRef` it names (:attr:`loaded`); ``result`` None: it crashed (``error``). A row
+    read back keeps its :data:`PROVENANCE_FIELDS` (``provenance``, empty for an outcome of this process), the
+    ``ok`` it was recorded with (``ok_recorded``), whether it ran under an earlier rule (``legacy``, a
+    ``[[legacy]]`` registration) or items re-specified since (``respecified``, the ``[[respecification]]``),
+    and its other keys (``extra``)."""
+
+    check: Check | CheckRef
     result: CheckResult | None
     seconds: float
     error: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    ok_recorded: bool | None = None
+    legacy: bool = False
+    respecified: Mapping[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the check is registered in this process (False: only the record's row names it)."""
+        return isinstance(self.check, Check)
+
+    @property
+    def source(self) -> str:
+        """``run`` (measured, by this process or an earlier run) or ``recorded`` (the shipped llm record's)."""
+        return str(self.provenance.get("source") or "run")
+
+    @property
+    def ref(self) -> CheckRef:  # the check as a record names it
+        return CheckRef.of(self.check)
 
     @property
     def verdict(self) -> str:
@@ -349,7 +434,12 @@ class Outcome:
         """True when the check ran, returned the verdict recorded as expected and, where it records
         expected per-item outcomes, every item came out as expected, and every pinned number
         (:func:`pins`) is within its tolerance: a regression moves the check even when the verdict
-        does not."""
+        does not. A row read back whose check is not loaded, a legacy row (run under an earlier rule,
+        preregistration.toml ``[[legacy]]``) and a row judged under items re-specified since keep the
+        judgement made when it ran (:attr:`ok_recorded`)."""
+        earlier = self.legacy or self.respecified is not None
+        if (not self.loaded or earlier) and self.ok_recorded is not None:
+            return self.ok_recorded
         return (
             self.result is not None
             and self.result.verdict == self.check.expected
@@ -357,17 +447,22 @@ class Outcome:
             and not self.number_changes
         )
 
-    def to_json(self, seed: int) -> dict[str, Any]:
-        c = get_claim(self.check.claim_id)
+    def to_row(self, seed: int | None = None) -> dict[str, Any]:
+        """The outcome's row of a record (``claims.json``): what it derives (:data:`ROW_FIELDS`, the claim's text,
+        the reproducer at ``seed``: default the provenance's, else 0), then ``extra`` and ``provenance``;
+        ``Outcome.from_row(row).to_row() == row`` for a row it writes (``ok``: the judgement now, :attr:`ok`)."""
+        seed = int(self.provenance.get("seed") or 0) if seed is None else seed
+        return {**self._fields(seed, _CLAIMS.get(self.check.claim_id)), **self.extra, **self.provenance}
+
+    def _fields(self, seed: int, claim: Claim | None) -> dict[str, Any]:
+        ref = self.ref
+        about = {"paper": claim.paper, "section": claim.section, "cite": cite(claim), "statement": claim.statement}
         return {
-            "claim": self.check.claim_id,
-            "paper": c.paper,
-            "section": c.section,
-            "cite": cite(c),
-            "statement": c.statement,
-            "layer": self.check.layer,
-            "check": self.check.name,
-            "expected": self.check.expected.value,
+            "claim": ref.claim_id,
+            **({} if claim is None else about),
+            "layer": ref.layer,
+            "check": ref.name,
+            "expected": ref.expected.value,
             "verdict": self.verdict,
             "ok": self.ok,
             "summary": None if self.result is None else self.result.summary,
@@ -375,11 +470,46 @@ class Outcome:
             "figure": None if self.result is None else self.result.figure,
             "items": {} if self.result is None else dict(self.result.items),
             "evidence": None if self.result is None else self.result.evidence,
-            "expected_items": dict(self.check.expected_items),
+            "expected_items": dict(ref.expected_items),
             "seconds": round(self.seconds, 4),
             "error": self.error,
-            "reproducer": self.check.reproducer(seed),
+            "reproducer": ref.reproducer(seed),
         }
+
+    @classmethod
+    def from_row(
+        cls,
+        row: Mapping[str, Any],
+        check: Check | None = None,
+        *,
+        legacy: bool = False,
+        respecified: Mapping[str, Any] | None = None,
+    ) -> Outcome:
+        """The outcome of a record's row: judged by ``check`` (the registered check of the row's key, when it
+        is loaded) or else by the :class:`CheckRef` the row names; ``legacy`` and ``respecified`` as the
+        pre-registration says of the row (:func:`tiltlab.claims.rows.outcome_of_row` finds all three)."""
+        verdict = row.get("verdict")
+        result = None
+        if verdict not in (None, "error"):
+            result = CheckResult(
+                Verdict(verdict),
+                row.get("summary") or "",
+                dict(row.get("numbers") or {}),
+                row.get("figure"),
+                dict(row.get("items") or {}),
+                evidence=row.get("evidence"),
+            )
+        return cls(
+            CheckRef.from_row(row) if check is None else check,
+            result,
+            float(row.get("seconds") or 0.0),
+            row.get("error"),
+            {k: row[k] for k in PROVENANCE_FIELDS if k in row},
+            row.get("ok"),
+            legacy,
+            respecified,
+            {k: v for k, v in row.items() if k not in ROW_FIELDS and k not in PROVENANCE_FIELDS},
+        )
 
 
 _PAPERS: dict[str, Paper] = {}
@@ -413,9 +543,9 @@ def declare_paper(
     return paper
 
 
-def load_papers(path: Path = PAPERS_FILE) -> None:
-    """Read ``[[paper]]`` tables from ``path`` (the project's index: ``paper_checks/papers.toml``)."""
-    path = Path(path).resolve()
+def load_papers(path: Path | None = None) -> None:
+    """Read ``[[paper]]`` tables from ``path`` (default the project's index, :func:`papers_file`)."""
+    path = Path(papers_file() if path is None else path).resolve()
     if path in _LOADED:
         return
     with open(path, "rb") as fh:
@@ -515,13 +645,14 @@ def register_check(
     return deco
 
 
-def load_claims(directory: Path = CLAIMS_DIR) -> None:
+def load_claims(directory: Path | None = None) -> None:
     """Read claim declarations from every ``*.toml`` file in ``directory``.
 
     A file may also declare ``[[paper]]`` tables (another project's sources); every file's
-    papers are read before any claim, so a claim may name a paper declared in any file.
+    papers are read before any claim, so a claim may name a paper declared in any file. Default: the
+    project's claims (:func:`claims_dir`).
     """
-    directory = Path(directory).resolve()
+    directory = Path(claims_dir() if directory is None else directory).resolve()
     if directory in _LOADED:
         return
     if not directory.is_dir():

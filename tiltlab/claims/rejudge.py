@@ -8,7 +8,7 @@ record with itself; :func:`rejudge_row` instead re-derives, bottom up, and compa
 what the row says:
 
 1. **item values from the raw values** (where the row keeps ``raw``; its check registers the
-   re-derivation, ``register_check(..., rederive=f)``, which :func:`tiltlab.claims.record.rejudge_rows`
+   re-derivation, ``register_check(..., rederive=f)``, which :func:`tiltlab.claims.rejudging.rejudge_rows`
    looks up; e.g. per-prompt correct counts -> per-run Mean@8
    -> per-run paired differences): each item's values, and the per-run numbers the check reports;
 2. **the judgement from the item values** (:func:`tiltlab.claims.stats.rejudge`): each item's mean,
@@ -92,7 +92,7 @@ def rejudge_row(
     item values) or ``skip_raw`` (start from the item values on purpose). Returns ``claim``, ``layer``,
     ``check``, ``recorded`` (verdict), ``rejudged``, ``other_threshold``, ``status`` (``same`` /
     ``differs`` / ``no raw values``), ``differences`` (one line per field that does not follow), and
-    ``from`` (what the re-derivation started from). :func:`tiltlab.claims.record.rejudge_rows` looks the
+    ``from`` (what the re-derivation started from). :func:`tiltlab.claims.rejudging.rejudge_rows` looks the
     re-derivation up in the registry."""
     out: dict[str, Any] = {
         "claim": row.get("claim"),
