@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import scipy.stats as scipy_stats
 
+from tiltlab.claims import stats as S
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import rules as R
 
@@ -243,3 +244,10 @@ def test_the_paired_unit_is_seed_unless_named_and_reaches_the_evidence():
     assert j.unit == "prompt" and j.evidence()["unit"] == "prompt"
     with pytest.raises(ValueError, match="item names repeat"):
         R.judge([*items, *items])
+
+
+def test_rules_item_is_the_claims_item():
+    """The llm checks judge ``stats.Item`` itself (one declaration of an item)."""
+    assert R.Item is S.Item
+    it = R.Item("x", (0.1, 0.2), margin=0.01)
+    assert (it.values, it.kind, it.margin) == ((0.1, 0.2), S.EFFECT, 0.01)
