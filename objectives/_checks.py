@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def renamed(**old_to_new: str) -> Callable[[F], F]:
+    """Refuse the old keyword names of a function's options: ``@renamed(weight="is_weight")`` makes
+    ``f(..., weight=w)`` a one-line TypeError naming the new keyword. A value after the new name in
+    parentheses (``"loss_agg ('mean' is 'token_mean')"``) is printed as given."""
+
+    def wrap(f: F) -> F:
+        @functools.wraps(f)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    head, _, note = new.partition(" ")
+                    raise TypeError(f"{f.__name__}: {old!r} is now {head!r}" + (f" {note}" if note else ""))
+            return f(*args, **kwargs)
+
+        return cast(F, checked)  # the same signature as f
+
+    return wrap
 
 
 def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:

@@ -28,7 +28,7 @@ _MIN_RATIO = 1e-30
 """Floor of a token ratio before ``log`` (a zero ratio would give ``-inf``)."""
 
 
-def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor, estimator: KlEstimator = "k3") -> Tensor:
+def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor, *, estimator: KlEstimator = "k3") -> Tensor:
     """``sum_{b,t} mask * k(logp, logp_ref) / sum_{b,t} mask``: the KL-to-reference term, ``k`` the
     ``estimator`` (:func:`~tiltlab.objectives.pg.kl_estimate`; k3 as TRL).
 
@@ -42,10 +42,11 @@ def kl_penalty(token_logp: Tensor, token_logp_ref: Tensor, mask: Tensor, estimat
     same_shape("token_logp", token_logp, "mask", mask)
     no_nan_at(mask, token_logp=token_logp, token_logp_ref=token_logp_ref)  # host sync: refuse NaN input
     # zero the padded slots of both inputs first: k3's backward would turn a NaN there into NaN gradient
-    return masked_mean(kl_estimate(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask), estimator), mask)
+    kl = kl_estimate(zero_padding(token_logp, mask), zero_padding(token_logp_ref, mask), estimator=estimator)
+    return masked_mean(kl, mask)
 
 
-def sequence_is_weight(ratio: Tensor, mask: Tensor, cap: float | None = None) -> Tensor:
+def sequence_is_weight(ratio: Tensor, mask: Tensor, *, cap: float | None = None) -> Tensor:
     """One importance weight per sequence from TRL's ``importance_sampling_ratio``.
 
     ``ratio``: ``[B, 1]`` (already sequence level: returned as ``ratio[:, 0]``, ``cap`` not

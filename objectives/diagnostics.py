@@ -16,27 +16,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import ndim, same_shape
+from tiltlab.objectives._checks import ndim, renamed, same_shape
 
 __all__ = ["pearson", "sequence_kl_old", "spearman", "weight_clip_fraction"]
 
 
+@renamed(clip="weight_clip")
 def weight_clip_fraction(
-    weight: Tensor, clip: str, max_weight: float = 10.0, eps: float = 0.2, eps_high: float | None = None
+    weight: Tensor, *, weight_clip: str, max_weight: float = 10.0, eps: float = 0.2, eps_high: float | None = None
 ) -> Tensor:
-    """Fraction of ``weight`` (``[B]``, already clipped with ``clip``) at its clip bounds; scalar.
+    """Fraction of ``weight`` (``[B]``, already clipped with ``weight_clip``) at its clip bounds; scalar.
 
-    ``clip``: ``"max"`` | ``"eps"`` | ``"ratio"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
+    ``weight_clip``: ``"max"`` | ``"eps"`` | ``"ratio"`` as in :func:`~tiltlab.objectives.tb.tb_importance_weight`.
     """
     ndim("weight", weight, 1, "[B]")
-    if clip == "max":
+    if weight_clip == "max":
         return (weight >= max_weight).float().mean()
-    if clip == "eps":
+    if weight_clip == "eps":
         hi = eps if eps_high is None else eps_high
         return ((weight <= 1 - eps) | (weight >= 1 + hi)).float().mean()
-    if clip == "ratio":
+    if weight_clip == "ratio":
         return torch.zeros((), device=weight.device)
-    raise ValueError(f"clip must be 'max', 'eps' or 'ratio', got {clip!r}")
+    raise ValueError(f"weight_clip must be 'max', 'eps' or 'ratio', got {weight_clip!r}")
 
 
 def sequence_kl_old(token_logp_old: Tensor, token_logp: Tensor, mask: Tensor) -> Tensor:

@@ -70,7 +70,7 @@ def log_importance_weights(logp_target: Tensor, logp_proposal: Tensor, tilt: Ten
     return logp_target + tilt - logp_proposal
 
 
-def log_partition_lse(log_w: Tensor, dim: int = -1) -> Tensor:
+def log_partition_lse(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """DISA eq. (8): ``log Z_hat_M = LSE_i(log w_i) - log M`` (the log of the unbiased mean).
 
     Args:
@@ -85,7 +85,7 @@ def log_partition_lse(log_w: Tensor, dim: int = -1) -> Tensor:
     return torch.logsumexp(log_w, dim=dim) - math.log(m)
 
 
-def log_partition_geomean(log_w: Tensor, dim: int = -1) -> Tensor:
+def log_partition_geomean(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """DISA Prop. 2's rejected aggregator: the geometric mean ``(1/M) sum_i log w_i``.
 
     Its expectation is ``E_q[log w] <= log Z`` for every M (the bias does not shrink with M).
@@ -95,7 +95,7 @@ def log_partition_geomean(log_w: Tensor, dim: int = -1) -> Tensor:
     return log_w.mean(dim=dim)
 
 
-def normalized_weights(log_w: Tensor, dim: int = -1) -> Tensor:
+def normalized_weights(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """Self-normalized weights ``u_i = w_i / sum_j w_j`` (``[..., M]``); all ``-inf`` rows give 0."""
     log_w = as_tensor(log_w)
     _check_log_w(log_w, dim)
@@ -104,19 +104,19 @@ def normalized_weights(log_w: Tensor, dim: int = -1) -> Tensor:
     return torch.where(torch.isneginf(lse), torch.zeros_like(u), u)
 
 
-def effective_sample_size(log_w: Tensor, dim: int = -1) -> Tensor:
+def effective_sample_size(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """Kish ESS ``(sum w)^2 / sum w^2 = 1 / sum_i u_i^2`` in ``[1, M]``; 0 for an all ``-inf`` row."""
-    u = normalized_weights(log_w, dim)
+    u = normalized_weights(log_w, dim=dim)
     s2 = (u * u).sum(dim=dim)
     return torch.where(s2 > 0, 1.0 / s2.clamp_min(torch.finfo(s2.dtype).tiny), torch.zeros_like(s2))
 
 
-def max_normalized_weight(log_w: Tensor, dim: int = -1) -> Tensor:
+def max_normalized_weight(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """Largest self-normalized weight ``max_i u_i`` (1 = one sample carries the whole label)."""
-    return normalized_weights(log_w, dim).amax(dim=dim)
+    return normalized_weights(log_w, dim=dim).amax(dim=dim)
 
 
-def delta_method_bias(log_w: Tensor, dim: int = -1) -> Tensor:
+def delta_method_bias(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """Plug-in estimate of the LSE label's bias, ``E[log Z_hat_M] - log Z ~ -Var_q(w) / (2 M Z^2)``.
 
     DISA Prop. 1 (second-order delta method, ``docs/math.md`` §1). ``Var_q(w)/Z^2`` is estimated by
@@ -130,7 +130,7 @@ def delta_method_bias(log_w: Tensor, dim: int = -1) -> Tensor:
     log_w = as_tensor(log_w)
     _check_log_w(log_w, dim)
     m = log_w.shape[dim]
-    u = normalized_weights(log_w, dim)
+    u = normalized_weights(log_w, dim=dim)
     s2 = (u * u).sum(dim=dim)
     if m == 1:
         return torch.full_like(s2, float("nan"))
@@ -139,16 +139,16 @@ def delta_method_bias(log_w: Tensor, dim: int = -1) -> Tensor:
     return torch.where(s2 > 0, bias, torch.zeros_like(bias))
 
 
-def bias_corrected_log_partition(log_w: Tensor, dim: int = -1) -> Tensor:
+def bias_corrected_log_partition(log_w: Tensor, *, dim: int = -1) -> Tensor:
     """LSE label minus its delta-method bias: ``log Z_hat_M - delta_method_bias`` (>= the LSE label).
 
     ``docs/math.md`` §1 ("results beyond the paper"): a downward-biased label is the harmful side for
     the biased TB loss, so an upward correction is offered next to the plain label.
     """
-    return log_partition_lse(log_w, dim) - delta_method_bias(log_w, dim)
+    return log_partition_lse(log_w, dim=dim) - delta_method_bias(log_w, dim=dim)
 
 
-def log_z_from_pass_rate(p: Tensor | float, beta: Tensor | float) -> Tensor:
+def log_z_from_pass_rate(p: Tensor | float, *, beta: Tensor | float) -> Tensor:
     """Exact binary-reward identity (DISA §3 / ``docs/math.md`` §1): ``Z = 1 + p (e^beta - 1)``.
 
     For ``r in {0, 1}``, ``r~ = r``: ``Z = E_{pi_ref}[e^{beta r}] = (1 - p) + p e^beta``, computed
@@ -166,7 +166,7 @@ def log_z_from_pass_rate(p: Tensor | float, beta: Tensor | float) -> Tensor:
     return torch.logaddexp(torch.log1p(-p), torch.log(p) + beta)
 
 
-def pass_rate_from_log_z(log_z: Tensor | float, beta: Tensor | float) -> Tensor:
+def pass_rate_from_log_z(log_z: Tensor | float, *, beta: Tensor | float) -> Tensor:
     """Inverse of :func:`log_z_from_pass_rate`: ``p = (Z - 1) / (e^beta - 1)``.
 
     Evaluated as ``(e^{log Z - beta} - e^{-beta}) / (1 - e^{-beta})`` so that large beta does

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import broadcastable, fits, no_nan_at, nonempty, same_shape
+from tiltlab.objectives._checks import broadcastable, fits, no_nan_at, nonempty, renamed, same_shape
 from tiltlab.objectives.output import LossOutput
 
 __all__ = ["F_DIVERGENCES", "Divergence", "get_divergence", "lad_loss", "lad_target_logprobs", "lad_theoretical_loss"]
@@ -75,14 +76,16 @@ def get_divergence(divergence: str | Divergence) -> Divergence:
         raise ValueError(f"unknown divergence {divergence!r}; choose from {sorted(F_DIVERGENCES)}") from None
 
 
+@renamed(weight="is_weight", reduction="loss_agg (reduction='mean' is loss_agg='token_mean')")
 def lad_loss(
     logp: Tensor,
     logp_old: Tensor,
     adv: Tensor,
+    *,
     eta: float,
     divergence: str | Divergence,
-    weight: Tensor | None = None,
-    reduction: str = "mean",
+    is_weight: Tensor | None = None,
+    loss_agg: Literal["token_mean", "none"] = "token_mean",
 ) -> LossOutput:
     """LAD eq. (8), practical loss on samples from ``pi_old``:
     ``e^{A/eta} f( exp(logp - logp_old - A/eta) )``.
@@ -93,11 +96,13 @@ def lad_loss(
         adv: advantages, broadcastable to ``logp`` (detached inside).
         eta: temperature ``> 0``.
         divergence: a name in :data:`F_DIVERGENCES` or a :class:`Divergence`.
-        weight: optional per-sample weight (e.g. a sampler-mismatch correction), detached.
-        reduction: ``"mean"`` or ``"none"``.
+        is_weight: optional per-sample importance weight (e.g. a sampler-mismatch correction),
+            broadcastable to ``logp``, detached (the name of every objective's per-sample weight).
+        loss_agg: ``"token_mean"`` (the mean over every entry of ``logp``: there is no padding
+            here, so the token mean of :func:`~tiltlab.objectives.pg.aggregate`) or ``"none"``.
 
     Returns:
-        :class:`~tiltlab.objectives.output.LossOutput`: the scalar mean, or with ``reduction="none"``
+        :class:`~tiltlab.objectives.output.LossOutput`: the scalar mean, or with ``loss_agg="none"``
         the per-sample terms (``logp``'s shape); no metrics.
     """
     if eta <= 0:
@@ -105,24 +110,24 @@ def lad_loss(
     same_shape("logp", logp, "logp_old", logp_old)
     nonempty("logp", logp, 0)
     fits("logp", logp, "adv", adv)
-    if weight is not None:
-        fits("logp", logp, "weight", weight)
-    no_nan_at(None, logp=logp, logp_old=logp_old, adv=adv, weight=weight, eta=eta)  # host sync: refuse NaN input
+    if is_weight is not None:
+        fits("logp", logp, "is_weight", is_weight)
+    no_nan_at(None, logp=logp, logp_old=logp_old, adv=adv, is_weight=is_weight, eta=eta)  # host sync: refuse NaN input
     div = get_divergence(divergence)
     a = adv.detach() / eta
     c = torch.exp(logp - logp_old.detach() - a)
     per = torch.exp(a) * div.f(c)
-    if weight is not None:
-        per = per * weight.detach()
-    if reduction == "none":
+    if is_weight is not None:
+        per = per * is_weight.detach()
+    if loss_agg == "none":
         return LossOutput(per)
-    if reduction == "mean":
+    if loss_agg == "token_mean":
         return LossOutput(per.mean())
-    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    raise ValueError(f"loss_agg of lad_loss must be 'token_mean' or 'none', got {loss_agg!r}")
 
 
 def lad_theoretical_loss(
-    logp: Tensor, logp_old: Tensor, adv: Tensor, eta: float, divergence: str | Divergence, dim: int = -1
+    logp: Tensor, logp_old: Tensor, adv: Tensor, *, eta: float, divergence: str | Divergence, dim: int = -1
 ) -> LossOutput:
     """LAD eq. (7) on an enumerable action space: ``D_f(P_pi || P_A) = sum_y P_A f(P_pi / P_A)``.
 
@@ -143,7 +148,7 @@ def lad_theoretical_loss(
     return LossOutput((torch.exp(log_p_a) * div.f(torch.exp(log_p_pi - log_p_a))).sum(dim=dim))
 
 
-def lad_target_logprobs(logp_old: Tensor, adv: Tensor, eta: float, dim: int = -1) -> Tensor:
+def lad_target_logprobs(logp_old: Tensor, adv: Tensor, *, eta: float, dim: int = -1) -> Tensor:
     """The LAD optimum (Lemma 3.1): ``log softmax(log pi_old + A/eta)`` over ``dim``."""
     if eta <= 0:
         raise ValueError("eta must be > 0")

@@ -88,7 +88,7 @@ def fpa_loss(logp: Tensor, logp_future: Tensor, lengths: Tensor, reward: Tensor)
     return LossOutput(-(reward.detach() * weight * logp / lengths).mean())
 
 
-def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor, lam: float) -> Tensor:
+def future_policy_logprobs(logits_theta: Tensor, logits_ref: Tensor, ids: Tensor, *, lam: float) -> Tensor:
     """FPA eqs. (4)-(5), naive full-vocabulary version:
     ``log softmax((1 + lam) h_theta - lam h_ref)[ids]``, i.e. ``pi_hat ∝ pi_theta^{1+lam} pi_ref^{-lam}``
     normalized per token.
@@ -175,7 +175,7 @@ def simper_loss(logp_w: Tensor, logp_l: Tensor, len_w: Tensor, len_l: Tensor) ->
     return LossOutput(-(torch.exp(logp_w / len_w) - torch.exp(logp_l / len_l)).mean())
 
 
-def apo_value(rewards: Tensor, beta1: float = 0.5, dim: int = -1) -> Tensor:
+def apo_value(rewards: Tensor, *, beta1: float = 0.5, dim: int = -1) -> Tensor:
     """A*-PO stage 1 (FPA App. B.2): ``V_hat(x) = beta1 * log((1/N) sum_i exp(r_i / beta1))``, ``y_i ~ pi_ref``.
 
     This is DISA's Stage-1 LSE label with proposal ``q = pi_ref`` (log-weights ``r / beta1``),

@@ -25,7 +25,7 @@ class LossOutput:
     """What a loss returns.
 
     Attributes:
-        loss: the loss tensor (a scalar, or per-sample values where the function's ``reduction``
+        loss: the loss tensor (a scalar, or per-sample values where the function's ``loss_agg``
             asks for them); it carries the gradient.
         metrics: name -> detached diagnostic (a 0-d tensor or a float), read-only.
     """

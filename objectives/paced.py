@@ -2,7 +2,7 @@
 
 PACED writes the TB target with ``exp(r / beta)`` where its beta is a KL coefficient; here that
 coefficient is ``kl_coef`` and the TB tilt is ``r / kl_coef`` (``docs/math.md`` §0, §3). Its TB is
-anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, log_z, 1 / kl_coef)``.
+anchored on the rollout policy: ``objectives.tb.tb_residual(logp, logp_old, r, log_z, beta=1 / kl_coef)``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = ["ReplayBuffer", "accuracy_from_log_z", "replay_priority", "select_pro
 
 def accuracy_from_log_z(
     log_z: Tensor | float,
+    *,
     kl_coef: float,
     kl: Tensor | float = 0.0,
     r_low: float = 0.0,
@@ -47,10 +48,10 @@ def accuracy_from_log_z(
     return p.clamp(0.0, 1.0) if clip else p
 
 
-def select_prompts(p_hat: Tensor, tau: float = 0.5, m: int = 1) -> Tensor:
+def select_prompts(p_hat: Tensor, *, tau: float = 0.5, m: int = 1) -> Tensor:
     """PACED Sec. 4.2: indices of the ``m`` prompts with the smallest ``|p_hat - tau|``
     (ties broken by lower index). ``p_hat``: ``[N]``, or ``[B, N]`` for ``B`` prompt sets at once
-    (row ``b`` of the result is ``select_prompts(p_hat[b], tau, m)``). Returns ``[m]`` (``[B, m]``) int64."""
+    (row ``b`` of the result is ``select_prompts(p_hat[b], tau=tau, m=m)``). Returns ``[m]`` (``[B, m]``) int64."""
     if p_hat.dim() not in (1, 2):
         raise ValueError(f"p_hat must be [N] or [B, N], got {tuple(p_hat.shape)}")
     nonempty("p_hat", p_hat, p_hat.dim() - 1)
@@ -75,7 +76,7 @@ def replay_priority(n_correct: Tensor | float, n: Tensor | float, p_hat: Tensor 
     return (n_correct / n - p_hat_t).abs()
 
 
-def top_priority(priority: Tensor, k: int) -> Tensor:
+def top_priority(priority: Tensor, *, k: int) -> Tensor:
     """Indices of the ``k`` largest priorities (stable), ``k`` capped at ``len(priority)``."""
     k = min(k, priority.shape[0])
     return torch.argsort(-priority.detach().double(), stable=True)[:k]
@@ -89,7 +90,7 @@ class ReplayBuffer(Generic[T]):
     samples; each step the ``B_add`` (64) correct samples of highest priority are added, and the
     whole buffer augments the next batch. Oldest entries leave first, bounding staleness."""
 
-    def __init__(self, capacity: int = 128, n_add: int = 64) -> None:
+    def __init__(self, *, capacity: int = 128, n_add: int = 64) -> None:
         if capacity <= 0 or n_add <= 0:
             raise ValueError("capacity and n_add must be > 0")
         self.capacity, self.n_add = capacity, n_add
@@ -102,7 +103,7 @@ class ReplayBuffer(Generic[T]):
         idx = torch.nonzero(correct.bool(), as_tuple=False).flatten()
         if idx.numel() == 0:
             return 0
-        chosen = idx[top_priority(priority[idx], self.n_add)]
+        chosen = idx[top_priority(priority[idx], k=self.n_add)]
         for i in chosen.tolist():
             self._items.append(items[i])
         return int(chosen.numel())

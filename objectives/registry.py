@@ -83,9 +83,9 @@ class ObjectiveBatch:
     def seq(self, name: str = "token_logp", scale: str = "sum") -> Tensor:
         """``[B]`` sequence log-prob of the token field ``name``: masked sum or mean (``scale``)."""
         if scale == "sum":
-            return tb.sequence_logprob(self.get(name), self.mask, "sum")
+            return tb.sequence_logprob(self.get(name), self.mask, normalize="sum")
         if scale == "mean":
-            return tb.sequence_logprob(self.get(name), self.mask, "mean")
+            return tb.sequence_logprob(self.get(name), self.mask, normalize="mean")
         raise ValueError(f"logprob_scale must be 'sum' or 'mean', got {scale!r}")
 
     def seq_lengths(self) -> Tensor:
@@ -185,16 +185,18 @@ def _lad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
         if o:
             raise TypeError(f"unknown LAD options {sorted(o)}")
         lp, lo = b.seq("token_logp", scale), b.seq("token_logp_old", scale)
-        return lad.lad_loss(lp, lo, adv, eta, div, weight=b.is_weight)
+        return lad.lad_loss(lp, lo, adv, eta=eta, divergence=div, is_weight=b.is_weight)
     if level != "token":
         raise ValueError(f"LAD level must be 'sequence' or 'token', got {level!r}")
     lp = b.get("token_logp")
-    per = lad.lad_loss(lp, b.get("token_logp_old"), adv[:, None].expand_as(lp), eta, div, reduction="none").loss
+    per = lad.lad_loss(
+        lp, b.get("token_logp_old"), adv[:, None].expand_as(lp), eta=eta, divergence=div, loss_agg="none"
+    ).loss
     if b.is_weight is not None:
         w = b.is_weight.detach()
         per = per * (w[:, None] if w.dim() == 1 else w)
     agg = o.pop("loss_agg", "seq_mean_token_mean")
-    return LossOutput(pg.aggregate(per, b.mask, agg, **o))
+    return LossOutput(pg.aggregate(per, b.mask, loss_agg=agg, **o))
 
 
 # ---------------------------------------------------------------------------- trajectory balance
@@ -230,7 +232,13 @@ class _TB:
         if clip == "one":
             return cls(lp, an, b.get("rewards"), None, b.is_weight, None)
         w_tb = tb.tb_importance_weight(
-            b.get("token_logp"), b.get("token_logp_old"), b.mask, clip, max_weight, eps, eps_high
+            b.get("token_logp"),
+            b.get("token_logp_old"),
+            b.mask,
+            weight_clip=clip,
+            max_weight=max_weight,
+            eps=eps,
+            eps_high=eps_high,
         )
         w = w_tb if b.is_weight is None else w_tb * b.is_weight
         return cls(lp, an, b.get("rewards"), w_tb, w, (clip, max_weight, eps, eps_high))
@@ -243,7 +251,10 @@ class _TB:
             if self.w is not None:
                 m["weight_mean"] = self.w.detach().mean()
             if self.w_tb is not None and self.clip is not None:
-                m["weight_clip_frac"] = weight_clip_fraction(self.w_tb.detach(), *self.clip)
+                clip, max_weight, eps, eps_high = self.clip
+                m["weight_clip_frac"] = weight_clip_fraction(
+                    self.w_tb.detach(), weight_clip=clip, max_weight=max_weight, eps=eps, eps_high=eps_high
+                )
         return LossOutput(loss.loss, m)
 
 
@@ -252,15 +263,15 @@ def _disa(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     o = dict(opts)
     beta = _tilt(o)
     t, log_z = _TB.of(b, o), b.get("log_z")
-    out = tb.disa_loss(t.lp, t.anchor, t.reward, log_z, beta, weight=t.w)
-    residual = tb.tb_residual(t.lp.detach(), t.anchor, t.reward, log_z.detach(), beta)  # for the metrics
+    out = tb.disa_loss(t.lp, t.anchor, t.reward, log_z, beta=beta, is_weight=t.w)
+    residual = tb.tb_residual(t.lp.detach(), t.anchor, t.reward, log_z.detach(), beta=beta)  # for the metrics
     return t.output(out, residual)
 
 
 def _tb_given_log_z(b: ObjectiveBatch, o: dict[str, Any], beta: float, log_z: Tensor) -> LossOutput:
     t = _TB.of(b, o)
-    residual = tb.tb_residual(t.lp, t.anchor, t.reward, log_z, beta)
-    return t.output(tb.tb_loss(residual, t.w), residual)
+    residual = tb.tb_residual(t.lp, t.anchor, t.reward, log_z, beta=beta)
+    return t.output(tb.tb_loss(residual, is_weight=t.w), residual)
 
 
 def _tb(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
@@ -287,7 +298,7 @@ def _vargrad(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
         if g is None:
             raise ValueError("vargrad without batch.log_z needs the group_size option")
         t = _TB.of(b, {k: v for k, v in o.items() if k in ("logprob_scale", "anchor")})
-        est = tb.vargrad_log_z(t.lp.view(-1, g), t.anchor.view(-1, g), t.reward.view(-1, g), beta, detach=True)
+        est = tb.vargrad_log_z(t.lp.view(-1, g), t.anchor.view(-1, g), t.reward.view(-1, g), beta=beta, detach=True)
         log_z = est.repeat_interleave(g)
     return _tb_given_log_z(b, o, beta, log_z.detach())
 

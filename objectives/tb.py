@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tiltlab.objectives._checks import as_tensor, fits, ndim, no_nan_at, nonempty, same_shape, zero_padding
+from tiltlab.objectives._checks import as_tensor, fits, ndim, no_nan_at, nonempty, renamed, same_shape, zero_padding
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.pg import group_advantages
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: Literal["sum", "mean"] = "sum") -> Tensor:
+def sequence_logprob(token_logp: Tensor, mask: Tensor, *, normalize: Literal["sum", "mean"] = "sum") -> Tensor:
     """Sequence log-prob from token log-probs: masked sum (``"sum"``, the true ``log pi(y|x)``)
     or masked mean (``"mean"``, FlowRL's length-normalized code path, ``docs/math.md`` §2).
 
@@ -59,7 +59,9 @@ def sequence_logprob(token_logp: Tensor, mask: Tensor, normalize: Literal["sum",
     raise ValueError(f"normalize must be 'sum' or 'mean', got {normalize!r}")
 
 
-def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | float, beta: float | Tensor) -> Tensor:
+def tb_residual(
+    logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | float, *, beta: float | Tensor
+) -> Tensor:
     """DISA eq. (5): ``delta = log_z + logp - logp_ref - beta * reward``.
 
     Args:
@@ -82,29 +84,41 @@ def tb_residual(logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z: Tensor | 
     return log_z + logp - logp_ref - beta * reward
 
 
-def tb_loss(residual: Tensor, weight: Tensor | None = None) -> LossOutput:
-    """DISA eq. (6): ``mean(w * delta^2)`` (``w = 1`` on-policy; ``weight`` is detached). No metrics."""
+@renamed(weight="is_weight")
+def tb_loss(residual: Tensor, *, is_weight: Tensor | None = None) -> LossOutput:
+    """DISA eq. (6): ``mean(w * delta^2)`` (``w = 1`` on-policy; ``is_weight`` is detached). No metrics.
+
+    ``is_weight`` is the per-sample importance weight ``w(x, y)`` of eq. (6), the name of every
+    objective's per-sample weight (here it may be FlowRL's rollout weight times a sampler correction)."""
     if residual.numel() == 0:
         raise ValueError("tb_loss of an empty batch")
     sq = residual * residual
-    if weight is None:
+    if is_weight is None:
         return LossOutput(sq.mean())
-    same_shape("residual", residual, "weight", weight)
-    return LossOutput((weight.detach() * sq).mean())
+    same_shape("residual", residual, "is_weight", is_weight)
+    return LossOutput((is_weight.detach() * sq).mean())
 
 
+@renamed(weight="is_weight")
 def disa_loss(
-    logp: Tensor, logp_ref: Tensor, reward: Tensor, log_z_frozen: Tensor, beta: float, weight: Tensor | None = None
+    logp: Tensor,
+    logp_ref: Tensor,
+    reward: Tensor,
+    log_z_frozen: Tensor,
+    *,
+    beta: float,
+    is_weight: Tensor | None = None,
 ) -> LossOutput:
     """DISA Stage 3, eq. (10): TB with ``sg(log Z_psi(x))`` (the frozen Stage-2 prediction).
 
-    Only ``logp`` receives gradient: ``logp_ref``, ``reward``, ``log_z_frozen`` and ``weight`` are detached.
+    Only ``logp`` receives gradient: ``logp_ref``, ``reward``, ``log_z_frozen`` and ``is_weight`` are detached.
     No metrics.
     """
-    return tb_loss(tb_residual(logp, logp_ref.detach(), reward.detach(), log_z_frozen.detach(), beta), weight)
+    residual = tb_residual(logp, logp_ref.detach(), reward.detach(), log_z_frozen.detach(), beta=beta)
+    return tb_loss(residual, is_weight=is_weight)
 
 
-def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, detach: bool = False) -> Tensor:
+def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, *, beta: float, detach: bool = False) -> Tensor:
     """Per-prompt batch-optimal ``log Z`` (VarGrad; PACED ``paced.vargrad``):
 
         log Z_hat(x_p) = (1/G) sum_g (beta * r_pg - logp_pg + logp_ref_pg)
@@ -124,25 +138,27 @@ def vargrad_log_z(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float, d
     return est.detach() if detach else est
 
 
-def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, beta: float) -> LossOutput:
+def vargrad_loss(logp: Tensor, logp_ref: Tensor, reward: Tensor, *, beta: float) -> LossOutput:
     """TB at the batch-optimal ``log Z`` (= the within-group variance of ``logp - logp_ref - beta r``,
     population form). Built from :func:`tb_residual` and :func:`tb_loss`; ``logp_ref`` and ``reward``
     are detached. No metrics."""
     logp_ref, reward = logp_ref.detach(), reward.detach()
-    log_z = vargrad_log_z(logp, logp_ref, reward, beta)
-    return tb_loss(tb_residual(logp, logp_ref, reward, log_z[:, None], beta))
+    log_z = vargrad_log_z(logp, logp_ref, reward, beta=beta)
+    return tb_loss(tb_residual(logp, logp_ref, reward, log_z[:, None], beta=beta))
 
 
-def group_normalized_reward(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+def group_normalized_reward(rewards: Tensor, *, eps: float = 1e-6) -> Tensor:
     """FlowRL's reward ``(r - mean_G r) / (std_G r + eps)`` (= :func:`objectives.pg.group_advantages`)."""
     return group_advantages(rewards, scale="std", eps=eps)
 
 
+@renamed(clip="weight_clip")
 def tb_importance_weight(
     token_logp: Tensor,
     token_logp_old: Tensor,
     mask: Tensor,
-    clip: Literal["max", "ratio", "eps"] = "max",
+    *,
+    weight_clip: Literal["max", "ratio", "eps"] = "max",
     max_weight: float = 10.0,
     eps: float = 0.2,
     eps_high: float | None = None,
@@ -151,7 +167,7 @@ def tb_importance_weight(
 
         w = exp( sum_t mask_t (logp_t - logp_old_t) )      (token SUM)
 
-    ``clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps_high)``
+    ``weight_clip="max"``: ``min(w, max_weight)`` (FlowRL's code, 10); ``"eps"``: ``clip(w, 1-eps, 1+eps_high)``
     (FlowRL's paper; ``eps_high`` defaults to ``eps``; one of FlowRL's recipes clips asymmetrically to
     ``[0.8, 1.28]``: ``eps=0.2, eps_high=0.28``); ``"ratio"``: unclipped (the log-ratio is capped at
     80 so float32 stays finite).
@@ -164,13 +180,13 @@ def tb_importance_weight(
     diff = zero_padding(token_logp.detach(), mask) - zero_padding(token_logp_old.detach(), mask)
     log_ratio = (diff * mask).sum(dim=1)
     w = torch.exp(log_ratio.clamp(max=80.0))
-    if clip == "max":
+    if weight_clip == "max":
         return w.clamp(max=max_weight)
-    if clip == "eps":
+    if weight_clip == "eps":
         return w.clamp(1.0 - eps, 1.0 + (eps if eps_high is None else eps_high))
-    if clip == "ratio":
+    if weight_clip == "ratio":
         return w
-    raise ValueError(f"clip must be 'max', 'eps' or 'ratio', got {clip!r}")
+    raise ValueError(f"weight_clip must be 'max', 'eps' or 'ratio', got {weight_clip!r}")
 
 
 def flowrl_loss(
@@ -180,6 +196,7 @@ def flowrl_loss(
     mask: Tensor,
     rewards: Tensor,
     log_z: Tensor,
+    *,
     beta: float = 15.0,
     group_size: int | None = None,
     length_normalize: bool = True,
@@ -231,17 +248,18 @@ def flowrl_loss(
     if is_weight is not None and is_weight.shape != (b,):
         raise ValueError(f"is_weight must be [B]={b}, got {tuple(is_weight.shape)}")
     norm: Literal["sum", "mean"] = "mean" if length_normalize else "sum"
-    lp = sequence_logprob(token_logp, mask, norm)
-    lp_ref = sequence_logprob(token_logp_ref.detach(), mask, norm)
-    delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta)
-    w = tb_importance_weight(token_logp, token_logp_old.detach(), mask, weight_clip, max_weight, eps, eps_high)
-    with torch.no_grad():
-        clip_frac = weight_clip_fraction(
-            w, weight_clip, max_weight, eps, eps_high
-        )  # of the TB weight, before is_weight
+    lp = sequence_logprob(token_logp, mask, normalize=norm)
+    lp_ref = sequence_logprob(token_logp_ref.detach(), mask, normalize=norm)
+    delta = tb_residual(lp, lp_ref, reward.detach().to(lp.dtype), log_z, beta=beta)
+    w = tb_importance_weight(
+        token_logp, token_logp_old.detach(), mask,
+        weight_clip=weight_clip, max_weight=max_weight, eps=eps, eps_high=eps_high,
+    )  # fmt: skip
+    with torch.no_grad():  # the clip fraction of the TB weight, before is_weight
+        clip_frac = weight_clip_fraction(w, weight_clip=weight_clip, max_weight=max_weight, eps=eps, eps_high=eps_high)
     if is_weight is not None:
         w = w * is_weight.detach()
-    loss = tb_loss(delta, w).loss
+    loss = tb_loss(delta, is_weight=w).loss
     with torch.no_grad():
         metrics = {
             "log_z_mean": log_z.float().mean(),

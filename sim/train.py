@@ -173,7 +173,7 @@ class _Trainer:
             init = torch.zeros(S, P, dtype=torch.float64)
             if cfg.logz_init == "frozen":
                 lz = stage1_log_z(env.logp_ref.expand(S, P, K), env.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
-                init = lz if cfg.anchor == "ref" else cfg.beta * est.pass_rate_from_log_z(lz, cfg.beta)
+                init = lz if cfg.anchor == "ref" else cfg.beta * est.pass_rate_from_log_z(lz, beta=cfg.beta)
             self.logz_param = init.clone().requires_grad_(True)
             groups.append({"params": [self.logz_param], "lr": cfg.logz_lr})
         if cfg.optimizer == "adam":
@@ -190,7 +190,7 @@ class _Trainer:
         if cfg.scheduler == "frozen" and cfg.select_m:
             # DISA's frozen Z (Stage 1 on pi_ref) turned into the reference pass rate (binary rewards).
             lz = stage1_log_z(self.ref, self.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
-            self.frozen_ref_p = est.pass_rate_from_log_z(lz, cfg.beta)
+            self.frozen_ref_p = est.pass_rate_from_log_z(lz, beta=cfg.beta)
         self.buf = None
         if cfg.replay:
             C = cfg.replay_capacity
@@ -241,7 +241,7 @@ class _Trainer:
     def target(self) -> torch.Tensor:
         """``[S, P, K]``: pi* = anchor e^{tilt} normalized (LAD: ``lad_target_logprobs``)."""
         if self.cfg.method in ("lad", *pg_methods()):
-            return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), self.cfg.eta)
+            return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), eta=self.cfg.eta)
         return torch.log_softmax(self.anchor() + self.tilt(), -1)
 
     def exact_log_z(self) -> torch.Tensor:
@@ -325,7 +325,7 @@ class _Trainer:
         B = S * P * G
         if c.log_z == "vargrad":
             log_z = tb_obj.vargrad_log_z(
-                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), c.beta, detach=True
+                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), beta=c.beta, detach=True
             ).reshape(S, P)
         else:
             log_z = self.log_z_in_use()
@@ -333,7 +333,9 @@ class _Trainer:
         wc = self.cfg_weight_clip
         if wc != "one":
             ones = torch.ones(B, 1, dtype=lp.dtype)
-            iw = tb_obj.tb_importance_weight(lp.reshape(B, 1), lp_old.reshape(B, 1), ones, clip=wc).reshape(S, P, G)
+            iw = tb_obj.tb_importance_weight(lp.reshape(B, 1), lp_old.reshape(B, 1), ones, weight_clip=wc).reshape(
+                S, P, G
+            )
             w = w * iw
         # per-sample rows [S, N]: the batch, then the replayed samples (weight 0 on empty buffer slots)
         rows = [(lp, lp_anchor, r, log_z[..., None].expand(S, P, G), w)]
@@ -417,7 +419,9 @@ class _Trainer:
                 B = lp.shape[0]
                 lt = self.theta.detach().unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
                 lr = self.ref.unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
-                extra = {"token_logp_future": off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), c.fpa_lambda)}
+                extra = {
+                    "token_logp_future": off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), lam=c.fpa_lambda)
+                }
             batch = ObjectiveBatch(lp, torch.ones_like(lp), rewards=R, **extra)
         else:
             lw, ll = gather(logp, d["w"]).reshape(-1, 1), gather(logp, d["l"]).reshape(-1, 1)
@@ -463,7 +467,9 @@ class _Trainer:
             return torch.ones(self.S, self.P, dtype=torch.float64), None
         p_hat = self.p_hat()
         sel = torch.zeros(self.S, self.P, dtype=torch.float64)
-        sel.scatter_(1, paced_obj.select_prompts(p_hat, c.tau, c.select_m), 1.0)  # every seed's prompt set at once
+        sel.scatter_(
+            1, paced_obj.select_prompts(p_hat, tau=c.tau, m=c.select_m), 1.0
+        )  # every seed's prompt set at once
         return sel, p_hat
 
     def push_replay(self, b: _Batch, sel: torch.Tensor, p_hat: torch.Tensor | None) -> None:

@@ -68,7 +68,7 @@ def diversity_coverage(
     "the backbone highest" are not run."""
     res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_coverage", DIVERSITY_PAIRS)
-    items = [rules.Item(f"coverage_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"coverage_{n}", tuple(xs), margin=enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_coverage", "heldout_acc"))
     txt = ", ".join(f"{tiny.LABELS[k]} {stats.fmt_ci(res[k]['heldout_coverage'])}" for k in tiny.METHODS)
     return enumerable.result(
@@ -102,7 +102,7 @@ def code_pass_at_k(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.STE
     pass@1" is not judged (at most partly). One run for both backbones' claims."""
     res = tiny.methods_raw(seed, n_seeds, steps, beta)
     d = paired(res, "heldout_pass8", CODE_PAIRS)
-    items = [rules.Item(f"pass8_{n}", tuple(xs), enumerable.ACC_MARGIN) for n, xs in d.items()]
+    items = [rules.Item(f"pass8_{n}", tuple(xs), margin=enumerable.ACC_MARGIN) for n, xs in d.items()]
     nums = _numbers(res, ("heldout_pass8", "heldout_acc"))
     txt = ", ".join(
         f"{tiny.LABELS[k]} {stats.fmt_ci(res[k]['heldout_pass8'])} (pass@1 {stats.fmt_ci(res[k]['heldout_acc'])})"
@@ -139,7 +139,7 @@ def vargrad_vs_learned(
     for k in ("learned_head", "vargrad"):
         nums.update(stats.ci_numbers(f"tv_{k}", tv[k]))
     return enumerable.result(
-        [rules.Item("vargrad_beats_learned_logz", tuple(d), enumerable.TV_MARGIN)],
+        [rules.Item("vargrad_beats_learned_logz", tuple(d), margin=enumerable.TV_MARGIN)],
         log.items(),
         f"the remark2 run of disa.remark2.calibration (tiny Qwen3, beta={beta:g}, on-policy, {steps} steps, "
         f"{n_seeds} seeds; a reuse of that one experiment): final TV(pi, pi*) on the train prompts, FlowRL's loss "

@@ -93,9 +93,9 @@ def target_tracking(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.ST
         return mae, mae0, log
 
     mae, mae0, log = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "target_tracking"))
-    items = [rules.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), TRACK_MARGIN) for b in betas]
+    items = [rules.Item(f"within_0.05_beta{b:g}", tuple(0.05 - m for m in mae[b]), margin=TRACK_MARGIN) for b in betas]
     items += [
-        rules.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), TRACK_MARGIN)
+        rules.Item(f"halves_gap_beta{b:g}", tuple(0.5 * g - m for g, m in zip(mae0[b], mae[b])), margin=TRACK_MARGIN)
         for b in betas
     ]
     nums: dict[str, float] = {**log.numbers()}
@@ -139,7 +139,8 @@ def logz_variants(
     for k in ("exact_plus_noise", "vargrad"):
         nums.update(stats.ci_numbers(f"tv_diff_{k}", [a - b for a, b in zip(tv[k], tv["exact"])]))
     items = [
-        rules.Item(f"{k}_distorts", tuple(a - b for a, b in zip(tv[k], tv["exact"])), TV_MARGIN) for k in REMARK2_JUDGED
+        rules.Item(f"{k}_distorts", tuple(a - b for a, b in zip(tv[k], tv["exact"])), margin=TV_MARGIN)
+        for k in REMARK2_JUDGED
     ]
     txt = ", ".join(f"{k} {stats.fmt_ci(tv[k])}" for k in names)
     gtxt = ", ".join(f"{k} {sum(gv[k]) / len(gv[k]):.3g}" for k in names)
@@ -237,11 +238,18 @@ def m_study(
     lo_m, hi_m = ms[0], ms[-1]
     items = [
         rules.Item(
-            "variance_falls", tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])), SLOPE_MARGIN, "context"
+            "variance_falls",
+            tuple(math.log(a / b) for a, b in zip(var[lo_m], var[hi_m])),
+            margin=SLOPE_MARGIN,
+            kind="context",
         ),
-        rules.Item("bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), 0.01, "context"),
-        rules.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), SLOPE_MARGIN, "context"),
-        rules.Item("m8_matches_m128", tuple(a - b for a, b in zip(tv3[8], tv3[128])), TV_MARGIN, "equivalence"),
+        rules.Item(
+            "bias_shrinks", tuple(abs(a) - abs(b) for a, b in zip(bias[lo_m], bias[hi_m])), margin=0.01, kind="context"
+        ),
+        rules.Item("knee_at_8", tuple(0.5 * abs(a) - abs(b) for a, b in slopes), margin=SLOPE_MARGIN, kind="context"),
+        rules.Item(
+            "m8_matches_m128", tuple(a - b for a, b in zip(tv3[8], tv3[128])), margin=TV_MARGIN, kind="equivalence"
+        ),
     ]
     return result(
         items,
@@ -309,7 +317,9 @@ def proposal_strength(
         nums[f"proposal_pass_{k}"] = sum(qpass[k]) / len(qpass[k])
     above = [a - b for a, b in zip(acc["level0"], base)]
     nums.update(stats.ci_numbers("context_weak_minus_backbone", above))
-    items = [rules.Item("strong_beats_weak", tuple(a - b for a, b in zip(acc["hint"], acc["level0"])), ACC_MARGIN)]
+    items = [
+        rules.Item("strong_beats_weak", tuple(a - b for a, b in zip(acc["hint"], acc["level0"])), margin=ACC_MARGIN)
+    ]
     return result(
         items,
         log.items(),
@@ -366,7 +376,7 @@ def stage2_denoising(seed: int, n_seeds: int = pool.N_SEEDS, beta: float = 2.0, 
 
     raw, pred, improved, varies = pool.gather(pool.map_seeds(one, pool.seeds_for(seed, n_seeds), "stage2_denoising"))
     nums = {**stats.ci_numbers("rmse_raw_label", raw), **stats.ci_numbers("rmse_regressor", pred)}
-    items = [rules.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), LOGZ_MARGIN)]
+    items = [rules.Item("regressor_beats_raw", tuple(r - p for r, p in zip(raw, pred)), margin=LOGZ_MARGIN)]
     return result(
         items,
         {"ran_fit_improved": all(improved), "ran_predictions_vary": all(varies)},
@@ -420,8 +430,8 @@ def methods_compare(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.ST
         rules.Item(
             f"{a}_minus_{b}",
             tuple(x - y for x, y in zip(h[a], h[b])),
-            ACC_MARGIN,
-            "effect" if a == "disa" else "context",
+            margin=ACC_MARGIN,
+            kind="effect" if a == "disa" else "context",
         )
         for a, b in TABLE1_PAIRS
     ]
@@ -493,7 +503,7 @@ def lad_divergences(
     for k in tiny.LAD_NAMES:
         nums.update(stats.ci_numbers(f"acc_{k}", acc[k]))
     return result(
-        [rules.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), ACC_MARGIN) for a, b in STRICT_PAIRS],
+        [rules.Item(f"{a}_minus_{b}", pair_diffs(acc, a, b), margin=ACC_MARGIN) for a, b in STRICT_PAIRS],
         log.items(),
         f"eta={eta:g}, pi_old refreshed every {old_every} steps, {steps} steps, {n_seeds} seeds, final train accuracy: "
         + ", ".join(f"{k} {stats.fmt_ci(acc[k])}" for k in tiny.LAD_NAMES)
@@ -525,7 +535,7 @@ def lad_table8(
     for k in tiny.LAD_NAMES:
         nums.update(stats.ci_numbers(f"heldout_acc_{k}", hacc[k]))
     return result(
-        [rules.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), ACC_MARGIN) for a, b in TABLE8_PAIRS],
+        [rules.Item(f"heldout_{a}_minus_{b}", pair_diffs(hacc, a, b), margin=ACC_MARGIN) for a, b in TABLE8_PAIRS],
         log.items(),
         f"the lad.strict_better run (eta={eta:g}, pi_old every {old_every} steps, {steps} steps, {n_seeds} seeds; "
         "shared run), held-out accuracy: "
@@ -559,11 +569,13 @@ def fpa_entanglement(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = 150, l
     for part, xs in parts.items():
         nums.update(stats.ci_numbers(f"acc_lam1_{part}", xs))
     items = [
-        rules.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), DLOGP_MARGIN),
-        rules.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), DLOGP_MARGIN),
-        rules.Item("fpa_keeps_correct", tuple(a - b for a, b in zip(dcorr[1.0], dcorr[0.0])), DLOGP_MARGIN),
+        rules.Item("offrl_lowers_correct", tuple(-x for x in dcorr[0.0]), margin=DLOGP_MARGIN),
+        rules.Item("offrl_lowers_incorrect", tuple(-x for x in dinc[0.0]), margin=DLOGP_MARGIN),
+        rules.Item("fpa_keeps_correct", tuple(a - b for a, b in zip(dcorr[1.0], dcorr[0.0])), margin=DLOGP_MARGIN),
         # trained minus untrained: lambda = 0 raises it too (context; lambda against lambda is fpa.table6.*)
-        rules.Item("fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), ACC_MARGIN, "context"),
+        rules.Item(
+            "fpa_raises_accuracy", tuple(a - b for a, b in zip(acc[1.0], base)), margin=ACC_MARGIN, kind="context"
+        ),
     ]
     return result(
         items,
@@ -598,7 +610,9 @@ def fpa_lambda_best(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = 150) ->
     nums.update(r["log"].numbers())
     items = [
         rules.Item(
-            f"lam12_minus_lam{lam:g}", tuple((a + b) / 2 - c for a, b, c in zip(h[1.0], h[2.0], h[lam])), ACC_MARGIN
+            f"lam12_minus_lam{lam:g}",
+            tuple((a + b) / 2 - c for a, b, c in zip(h[1.0], h[2.0], h[lam])),
+            margin=ACC_MARGIN,
         )
         for lam in TABLE6_OTHERS
     ]

@@ -50,7 +50,7 @@ def paced_fn(table: torch.Tensor, beta: float):
     def fn(b: training.Batch) -> torch.Tensor:
         lp, lo = sequence_logprob(b.logp, b.mask), sequence_logprob(b.logp_old, b.mask)
         lz = table[b.prompt_idx].repeat_interleave(b.ans.shape[1])
-        return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta)).loss
+        return tb_loss(tb_residual(lp, lo, b.reward.reshape(-1).to(lp.dtype), lz, beta=beta)).loss
 
     return fn
 
@@ -97,7 +97,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
         ref_pass = shared_task.pass_rate(
             shared_task.Policy(torch.arange(task.n_prompts), ref.seq_logp, ref.log_probs), task
         )
-        init = beta * pass_rate_from_log_z(tiny.stage1_labels(ref, task, tr, beta, 8, gen), beta)
+        init = beta * pass_rate_from_log_z(tiny.stage1_labels(ref, task, tr, beta, 8, gen), beta=beta)
         for arm, tau in zip(arms, (*taus, None, None)):
             model, _ = warmup.warm_reference(s)
             table = torch.nn.Parameter(torch.zeros(task.n_prompts))
@@ -111,7 +111,7 @@ def _paced_raw(seed: int, n_seeds: int, steps: int, taus, beta: float) -> dict[s
 
             def select(step: int, tau=tau, table=table) -> torch.Tensor:
                 p_hat = accuracy_from_log_z(table.detach()[tr_t], kl_coef=1.0 / beta)
-                return tr_t[select_prompts(p_hat, tau, BATCH_PROMPTS)]
+                return tr_t[select_prompts(p_hat, tau=tau, m=BATCH_PROMPTS)]
 
             inner = _grpo if arm == "grpo" else paced_fn(table, beta)
 
@@ -177,9 +177,9 @@ def _sweep_items(res) -> list[rules.Item]:
     worst = _paired(res, "tau0.1", ("tau0.3", "tau0.5", "tau0.7", "tau0.9"))
     fast = _paired(res, "tau0.9", ("tau0.1", "tau0.3", "tau0.5", "tau0.7"), key="heldout_early")
     return [
-        rules.Item("best_0.5_minus_edges", tuple(mid_vs_edges), enumerable.ACC_MARGIN),
-        rules.Item("others_minus_0.1", tuple(-x for x in worst), enumerable.ACC_MARGIN),
-        rules.Item("fast_start_0.9", tuple(fast), enumerable.ACC_MARGIN),
+        rules.Item("best_0.5_minus_edges", tuple(mid_vs_edges), margin=enumerable.ACC_MARGIN),
+        rules.Item("others_minus_0.1", tuple(-x for x in worst), margin=enumerable.ACC_MARGIN),
+        rules.Item("fast_start_0.9", tuple(fast), margin=enumerable.ACC_MARGIN),
     ]
 
 
@@ -246,10 +246,14 @@ def paced_vs_baselines(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny
     }
     items = [
         rules.Item(
-            "paced_minus_grpo", tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])), enumerable.ACC_MARGIN
+            "paced_minus_grpo",
+            tuple(a - b for a, b in zip(p, res["grpo"]["heldout_acc"])),
+            margin=enumerable.ACC_MARGIN,
         ),
         rules.Item(
-            "paced_minus_flowrl", tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])), enumerable.ACC_MARGIN
+            "paced_minus_flowrl",
+            tuple(a - b for a, b in zip(p, m["flowrl"]["heldout_acc"])),
+            margin=enumerable.ACC_MARGIN,
         ),
     ]
     ran = res["_log"].items()
@@ -284,7 +288,7 @@ def difficulty_rises(seed: int, n_seeds: int = pool.N_SEEDS, steps: int = tiny.S
     }
     nums = {**stats.ci_numbers("context_difficulty_rise_none", rise["no_selection"]), **res["_log"].numbers()}
     return enumerable.result(
-        [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), enumerable.ACC_MARGIN)],
+        [rules.Item("difficulty_rise", tuple(rise["tau0.5"]), margin=enumerable.ACC_MARGIN)],
         res["_log"].items(),
         f"{steps} steps, {n_seeds} seeds: rise of the trained prompts' difficulty (1 - pi_ref pass rate), last fifth "
         f"minus first fifth: PACED tau=0.5 {stats.fmt_ci(rise['tau0.5'])}, no selection (context) "

@@ -407,7 +407,7 @@ def rederive(values: Mapping[str, Any], names: Sequence[str]) -> tuple[dict[str,
     reported metrics ``<arm>_s<seed>_<metric>``; the training seeds are those of the base runs."""
     m = recorded_metrics(values)
     seeds = sorted(m["base"])
-    items = {it.name: it.diffs for it in items_for(m, seeds, names)}
+    items = {it.name: it.values for it in items_for(m, seeds, names)}
     reported = {f"{arm}_s{s}_{k}": v for arm, by_seed in m.items() for s, ms in by_seed.items() for k, v in ms.items()}
     return items, reported
 
@@ -428,7 +428,7 @@ def items_for(
     for name in names:
         rest = name.removeprefix("disa_minus_")
         arm, metric = rest.rsplit("_", 1)
-        out.append(rules.Item(name, paired(m, "disa", arm, metric, seeds), margins[metric]))
+        out.append(rules.Item(name, paired(m, "disa", arm, metric, seeds), margin=margins[metric]))
     return out
 
 

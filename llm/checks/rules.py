@@ -22,44 +22,17 @@ per-unit values (:attr:`CheckResult.evidence`), from which ``tiltlab report --re
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from tiltlab.claims import stats
 from tiltlab.claims.registry import Verdict
+from tiltlab.claims.stats import Item  # one statement of a claim: per-unit paired differences in ``values``
 from tiltlab.llm.experiments.training import RunLog  # the runs' "it ran" log, kept by the experiments
 
 __all__ = ["ALPHA", "Item", "RunLog", "holm", "judge", "one_sided_p", "prefix_verdicts"]
 
 ALPHA = stats.ALPHA
 """Family-wise level of the item tests: two-sided 0.05 (one-sided 0.025 per side; a 95% interval for one item)."""
-
-
-@dataclass(frozen=True)
-class Item:
-    """One statement of a claim: per-unit paired differences (positive = the paper's direction),
-    its margin (smallest effect of interest, >= 0) and its kind (:data:`stats.KINDS`, declared in
-    the registry)."""
-
-    name: str
-    diffs: tuple[float, ...]
-    margin: float
-    kind: str = stats.EFFECT
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("an item needs a name")
-        if not (math.isfinite(self.margin) and self.margin >= 0):
-            raise ValueError(f"item {self.name}: margin must be a finite number >= 0, got {self.margin}")
-        bad = [d for d in self.diffs if not math.isfinite(d)]
-        if bad:
-            raise ValueError(f"item {self.name}: non-finite paired difference(s) {bad[:3]}: a NaN run has no verdict")
-        if self.kind not in stats.KINDS:
-            raise ValueError(f"item {self.name}: kind must be one of {', '.join(stats.KINDS)}, got {self.kind!r}")
-
-    def stat_item(self) -> stats.Item:
-        return stats.Item(self.name, tuple(self.diffs), self.kind, self.margin)
 
 
 def one_sided_p(xs: Sequence[float], null: float, greater: bool) -> float:
@@ -92,13 +65,13 @@ def judge(
     names = [i.name for i in items]
     if len(set(names)) != len(names):
         raise ValueError(f"item names repeat: {names}")
-    n = {len(i.diffs) for i in items}
+    n = {len(i.values) for i in items}
     if len(n) != 1:
         raise ValueError(f"items are paired per seed and need the same number of seeds, got {sorted(n)}")
     if min(n) < 2:
         raise ValueError(f"a paired t-test needs at least 2 seeds, got {min(n)}")
     j = stats.judge(
-        [i.stat_item() for i in items],
+        list(items),
         dict(ran or {}),
         alpha=ALPHA,
         cap=None if cap is None else Verdict(cap).value,
@@ -109,7 +82,7 @@ def judge(
         t = j.tests[it.name]
         nums.update({it.name: t.mean, f"{it.name}_lo": t.lo, f"{it.name}_hi": t.hi, f"{it.name}_margin": it.margin})
         nums.update({f"{it.name}_p_supports": t.p_supports, f"{it.name}_p_against": t.p_against})
-    nums["seeds"] = len(items[0].diffs)
+    nums["seeds"] = len(items[0].values)
     nums["verdict_other_threshold"] = j.alt_verdict
     return Verdict(j.verdict), nums, j.flags(), j
 
@@ -118,10 +91,10 @@ def prefix_verdicts(items: Sequence[Item], ns: Sequence[int] = (3, 5)) -> dict[s
     """The verdict the same rule gives on the first ``n`` seeds of the run, for each ``n`` (the
     sample sizes of earlier runs: a verdict that depends on the seed count shows it)."""
     out = {}
-    total = len(items[0].diffs) if items else 0
+    total = len(items[0].values) if items else 0
     for k in ns:
         if 2 <= k < total:
-            v, _, _, _ = judge([Item(i.name, i.diffs[:k], i.margin, i.kind) for i in items])
+            v, _, _, _ = judge([Item(i.name, i.values[:k], margin=i.margin, kind=i.kind) for i in items])
             out[f"verdict_at_{k}_seeds"] = v.value
     return out
 

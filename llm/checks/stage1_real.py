@@ -192,12 +192,14 @@ def decide(units: dict[str, list[float]], passes: dict[str, list[float]], n_p: i
     nums["median_sd_log_w"] = statistics.median(units["sd_log_w"])
     nums["n_prompts"] = n_p
     items = [
-        rules.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), SPREAD_MARGIN),
-        rules.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), ESS_MARGIN),
+        rules.Item("log_w_spread", tuple(x - SPREAD_NATS for x in clustered["sd_log_w"]), margin=SPREAD_MARGIN),
+        rules.Item("ess_below_half", tuple(ESS_FRACTION - x for x in clustered["ess_fraction"]), margin=ESS_MARGIN),
         # both hold in expectation by construction (more samples cannot raise an estimator's MSE; a
         # top-p proposal drops the tail mass from every label): reported, never judged
-        rules.Item("m16_beats_m4", tuple(clustered["mse_gain"]), MSE_MARGIN, "context"),
-        rules.Item("top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), LABEL_MARGIN, "context"),
+        rules.Item("m16_beats_m4", tuple(clustered["mse_gain"]), margin=MSE_MARGIN, kind="context"),
+        rules.Item(
+            "top_p_biases_low", tuple(-x for x in clustered["trunc_minus_full"]), margin=LABEL_MARGIN, kind="context"
+        ),
     ]
     ran = {"ran_weights_vary": max(units["sd_log_w"]) > 0, "ran_labels_differ": max(map(abs, units["mse_gain"])) > 0}
     verdict, rnums, flags, j = rules.judge(items, ran, unit="prompt")
@@ -248,7 +250,7 @@ def stage1_real_model(
                 _, _, p_ref = labels("ref", n_ref, 1.0, 1.0)
                 log_w, _, p_q = labels("q", m, Q_TEMPERATURE, 1.0)
                 log_w_tr, _, p_tr = labels("q_trunc", m, Q_TEMPERATURE, TRUNC_TOP_P)
-                log_z_ref = log_z_from_pass_rate(p_ref, BETA).double()
+                log_z_ref = log_z_from_pass_rate(p_ref, beta=BETA).double()
                 for k, v in unit_numbers(log_w, log_w_tr, log_z_ref, m_small).items():
                     units.setdefault(k, []).extend(v)
                 for k, v in (("ref", p_ref), ("q", p_q), ("q_trunc", p_tr)):

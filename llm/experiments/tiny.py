@@ -36,7 +36,7 @@ def disa_fn(log_z_all: torch.Tensor, beta: float):
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
         lz = log_z_all[b.prompt_idx].float().repeat_interleave(g)
-        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta).loss
+        return disa_loss(lp, logp_ref, b.reward.reshape(-1), lz, beta=beta).loss
 
     return fn
 
@@ -172,7 +172,7 @@ def _variants(lz_exact, lz_label, lz_noisy, beta, log_z_of):
     def vargrad(b: training.Batch) -> torch.Tensor:
         lp, logp_ref = _seq(b)
         g = b.ans.shape[1]
-        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta).loss
+        return vargrad_loss(lp.view(-1, g), logp_ref.view(-1, g), b.reward.float(), beta=beta).loss
 
     return {
         "exact": disa_fn(lz_exact, beta),
@@ -480,7 +480,7 @@ def lad_fn(div: str, eta: float):
     def fn(b: training.Batch) -> torch.Tensor:
         lp = sequence_logprob(b.logp, b.mask)
         lo = sequence_logprob(b.logp_old, b.mask)
-        return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta, div).loss
+        return lad_loss(lp, lo, group_advantages(b.reward).reshape(-1), eta=eta, divergence=div).loss
 
     return fn
 
@@ -580,7 +580,7 @@ def fpa_train(
             lref = ref_model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1].float()
         tgt = ids[:, 1:]
         tok = torch.log_softmax(lt, -1).gather(-1, tgt[..., None]).squeeze(-1)
-        fut = future_policy_logprobs(lt.detach(), lref, tgt, lam)
+        fut = future_policy_logprobs(lt.detach(), lref, tgt, lam=lam)
         lp, lf = sequence_logprob(tok, mask), sequence_logprob(fut, mask)
         loss = fpa_targeted_loss(lp, lf, mask.sum(-1), reward[j], apply_to)
         losses.append(training.step_loss(loss, step))

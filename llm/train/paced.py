@@ -236,16 +236,16 @@ class PacedMixin:
         cand = [ds[i] for i in rng.sample(range(len(ds)), n_cand)]
         with torch.no_grad():
             if args.paced_select_from == "disa":
-                p_hat = pass_rate_from_log_z(self._frozen_log_z(cand), args.tilt_beta).clamp(0.0, 1.0)
+                p_hat = pass_rate_from_log_z(self._frozen_log_z(cand), beta=args.tilt_beta).clamp(0.0, 1.0)
             elif self._paced_head is not None:
                 log_z = self._paced_frozen_log_z(self._paced_rows_emb(cand)).float().cpu()
-                p_hat = accuracy_from_log_z(log_z, args.paced_kl_coef)
+                p_hat = accuracy_from_log_z(log_z, kl_coef=args.paced_kl_coef)
             else:
                 ids, mask = self._prompt_tensors([c["prompt"] for c in cand])
                 unwrapped = self.accelerator.unwrap_model(self.model)
                 log_z = prompt_log_z(unwrapped, ids, mask, detach_input=True).float().cpu()
-                p_hat = accuracy_from_log_z(log_z, args.paced_kl_coef)
-        chosen = select_prompts(p_hat, args.paced_tau, n_groups).tolist()
+                p_hat = accuracy_from_log_z(log_z, kl_coef=args.paced_kl_coef)
+        chosen = select_prompts(p_hat, tau=args.paced_tau, m=n_groups).tolist()
         self._metrics["train"]["paced/p_hat_selected_mean"].append(float(p_hat[chosen].mean()))
         self._metrics["train"]["paced/p_hat_pool_mean"].append(float(p_hat.mean()))
         return [cand[i] for i in chosen for _ in range(g)]
@@ -271,13 +271,15 @@ class PacedMixin:
         correct = r_local > 0.5
         with torch.no_grad():
             if self.args.paced_select_from == "disa":  # the same estimate that selected the prompts
-                p_hat = pass_rate_from_log_z(out["log_z"].float(), self.args.tilt_beta).clamp(0.0, 1.0)
+                p_hat = pass_rate_from_log_z(out["log_z"].float(), beta=self.args.tilt_beta).clamp(0.0, 1.0)
             elif self._paced_head is not None:
-                p_hat = accuracy_from_log_z(self._paced_frozen_log_z(out["paced_emb"]).float(), self.args.paced_kl_coef)
+                p_hat = accuracy_from_log_z(
+                    self._paced_frozen_log_z(out["paced_emb"]).float(), kl_coef=self.args.paced_kl_coef
+                )
             else:
                 unwrapped = self.accelerator.unwrap_model(self.model)
                 log_z = prompt_log_z(unwrapped, out["prompt_ids"], out["prompt_mask"], detach_input=True).float()
-                p_hat = accuracy_from_log_z(log_z, self.args.paced_kl_coef)
+                p_hat = accuracy_from_log_z(log_z, kl_coef=self.args.paced_kl_coef)
         n_corr = correct.float().view(-1, g).sum(1).repeat_interleave(g)
         prio = replay_priority(n_corr, torch.full_like(n_corr, float(g)), p_hat)
         rows = []

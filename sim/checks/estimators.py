@@ -216,13 +216,13 @@ def c5_offpolicy_breaks(seed: int) -> CheckResult:
     pi_b = torch.softmax(torch.randn(k, generator=g, dtype=F64), -1)
     log_z = log_partition(logp_ref, beta * reward) + b
     theta = log_star.clone().requires_grad_(True)
-    d = tb_residual(torch.log_softmax(theta, -1), logp_ref, reward, log_z, beta)
+    d = tb_residual(torch.log_softmax(theta, -1), logp_ref, reward, log_z, beta=beta)
     (grad,) = torch.autograd.grad((pi_b * d * d).sum(), theta)
     closed = 2 * b * (pi_b - log_star.exp())
     err_tab = float((grad - closed).abs().max())
     theta2 = log_star.clone().requires_grad_(True)
     lp = torch.log_softmax(theta2, -1)
-    d2 = tb_residual(lp, logp_ref, reward, log_z, beta)
+    d2 = tb_residual(lp, logp_ref, reward, log_z, beta=beta)
     (g_on,) = torch.autograd.grad((lp.exp().detach() * d2 * d2).sum(), theta2)
     # token tree: parameters shared across sequences
     env = TokenTree(3, 4)
@@ -233,7 +233,7 @@ def c5_offpolicy_breaks(seed: int) -> CheckResult:
     lz = log_partition(lp_ref, beta * r) + b
     pb = env.exact_logprobs(make_reference(env, 0.6, generator=g)).exp()  # a fixed behaviour policy
     lp_t = be.exact_logprobs(star)
-    dt = tb_residual(lp_t, lp_ref, r, lz, beta)
+    dt = tb_residual(lp_t, lp_ref, r, lz, beta=beta)
     (g_tree,) = torch.autograd.grad((pb * dt * dt).sum(), star, retain_graph=True)
     (g_score,) = torch.autograd.grad((pb * lp_t).sum(), star)
     err_tree = float((g_tree - 2 * b * g_score).abs().max())

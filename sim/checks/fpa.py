@@ -29,8 +29,8 @@ def _dpo_pair_losses(logits_theta, logits_ref, ids_w, ids_l, lam, beta):
     tok = lambda t, ids: t.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum(-1)
     lw, ll = tok(lp[0], ids_w), tok(lp[1], ids_l)
     rw, rl = tok(lr[0], ids_w), tok(lr[1], ids_l)
-    fw = future_policy_logprobs(logits_theta[0], logits_ref[0], ids_w, lam).sum(-1)
-    fl = future_policy_logprobs(logits_theta[1], logits_ref[1], ids_l, lam).sum(-1)
+    fw = future_policy_logprobs(logits_theta[0], logits_ref[0], ids_w, lam=lam).sum(-1)
+    fl = future_policy_logprobs(logits_theta[1], logits_ref[1], ids_l, lam=lam).sum(-1)
     loss_fpa = dpo_loss(fw, fl, rw, rl, beta=beta).loss
     loss_eff = dpo_loss(lw, ll, rw, rl, beta=(1 + lam) * beta).loss
     return loss_fpa, loss_eff, beta * ((fw - rw) - (fl - rl)), (1 + lam) * beta * ((lw - rw) - (ll - rl))
@@ -251,8 +251,8 @@ def dpo_bandit_sweep(
     pl_early = [float("nan")] * R
     for step in range(steps):
         if lam > 0:
-            lw = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yw_r.flatten(0, 1), lam)
-            ll = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yl_r.flatten(0, 1), lam)
+            lw = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yw_r.flatten(0, 1), lam=lam)
+            ll = future_policy_logprobs(th.flatten(0, 1), ref_r.flatten(0, 1), yl_r.flatten(0, 1), lam=lam)
             lw, ll = lw.sum(-1).view(R, B), ll.sum(-1).view(R, B)
         else:
             lw, ll = logp(th, yw_r), logp(th, yl_r)
@@ -353,9 +353,9 @@ def ragged_simper(seed: int, n_pairs: int = 64, eos: int = 1) -> dict:
     ids_l = env.sample(params.detach(), n_pairs, generator=g)
     tok_w, tok_l = env.token_logprobs(params, ids_w), env.token_logprobs(params, ids_l)
     m_w, m_l = ragged_mask(ids_w, eos), ragged_mask(ids_l, eos)
-    lw, ll = tb_obj.sequence_logprob(tok_w, m_w, "sum"), tb_obj.sequence_logprob(tok_l, m_l, "sum")
+    lw, ll = tb_obj.sequence_logprob(tok_w, m_w, normalize="sum"), tb_obj.sequence_logprob(tok_l, m_l, normalize="sum")
     nw, nl = m_w.sum(-1), m_l.sum(-1)
-    mean_w = tb_obj.sequence_logprob(tok_w, m_w, "mean")
+    mean_w = tb_obj.sequence_logprob(tok_w, m_w, normalize="mean")
     (g_simper,) = torch.autograd.grad(simper_loss(lw, ll, nw, nl).loss, params, retain_graph=True)
     both = torch.cat([lw, ll])
     reward = torch.cat([torch.ones(n_pairs, dtype=F64), -torch.ones(n_pairs, dtype=F64)])

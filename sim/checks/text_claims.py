@@ -171,7 +171,7 @@ def tb_kl_gradients(seed: int, K: int = 6, beta: float = 1.5, b: float = 0.7) ->
         if kind == "kl":
             loss = 2 * kl_divergence(lp, log_star)
         else:
-            d = tb_residual(lp, logp_ref, reward, log_z, beta)
+            d = tb_residual(lp, logp_ref, reward, log_z, beta=beta)
             w = {"semi": lp.exp().detach(), "full": lp.exp(), "off": q}[kind]
             loss = (w * d * d).sum()
         return torch.autograd.grad(loss, th)[0]
@@ -230,8 +230,8 @@ def retains_near_tau(seed: int, P: int = 64, m: int = 16, M: int = 8, beta: floa
         chosen = []
         for _ in range(20):
             r = (torch.rand(P, M, generator=g, dtype=F64) < p[:, None]).to(F64)
-            p_hat = est.pass_rate_from_log_z(est.log_partition_lse(beta * r), beta)
-            idx = paced_obj.select_prompts(p_hat, tau, m)
+            p_hat = est.pass_rate_from_log_z(est.log_partition_lse(beta * r), beta=beta)
+            idx = paced_obj.select_prompts(p_hat, tau=tau, m=m)
             chosen.append(float((p[idx] - tau).abs().mean()))
         out[f"s{s:g}_chosen_dist"] = float(np.mean(chosen))
         out[f"s{s:g}_pool_dist"] = float((p - tau).abs().mean())
@@ -289,7 +289,7 @@ def future_policy_mass(seed: int, P: int = 64, K: int = 16, N: int = 8, steps: i
     out = {"mass_ref": mass(torch.log_softmax(h_ref, -1)), "mass_theta": mass(torch.log_softmax(th.detach(), -1))}
     for lam in FUTURE_LAMBDAS:
         lf = future_policy_logprobs(
-            th.detach()[:, None, :].expand(P, K, K), h_ref[:, None, :].expand(P, K, K), all_ids, lam
+            th.detach()[:, None, :].expand(P, K, K), h_ref[:, None, :].expand(P, K, K), all_ids, lam=lam
         )
         out[f"mass_future_lam{lam:g}"] = mass(lf)
     return out
@@ -451,8 +451,8 @@ def practical_theory_paths(seed: int, K: int = 10, steps: int = 300, lr: float =
     p_grpo = path(grpo)
     out = {}
     for d in FIG2_DIVS:
-        p_thm = path(lambda lp, d=d: lad_obj.lad_theoretical_loss(lp, logp_old, adv, 1.0, d).loss)
-        p_prac = path(lambda lp, d=d: lad_obj.lad_loss(lp, logp_old, adv, 1.0, d, weight=w).loss)
+        p_thm = path(lambda lp, d=d: lad_obj.lad_theoretical_loss(lp, logp_old, adv, eta=1.0, divergence=d).loss)
+        p_prac = path(lambda lp, d=d: lad_obj.lad_loss(lp, logp_old, adv, eta=1.0, divergence=d, is_weight=w).loss)
         out[f"{d}_practical_vs_theory"] = float(tv_distance(p_prac, p_thm).mean())
         out[f"{d}_grpo_vs_theory"] = float(tv_distance(p_grpo, p_thm).mean())
         out[f"{d}_start_to_end"] = float(tv_distance(p_thm[-1], logp_old))

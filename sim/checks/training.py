@@ -162,14 +162,18 @@ def paced_prop41(seed: int) -> CheckResult:
             w = K * logp_old.exp()
 
             def loss(lz: float) -> float:
-                return float(tb_obj.tb_loss(tb_obj.tb_residual(logp, logp_old, r, lz, 1.0 / kl_coef), w).loss)
+                return float(
+                    tb_obj.tb_loss(tb_obj.tb_residual(logp, logp_old, r, lz, beta=1.0 / kl_coef), is_weight=w).loss
+                )
 
             lz_star = minimize_scalar(loss, bracket=(-5.0, 5.0), tol=1e-12).x
             kl = float(kl_divergence(logp_old, logp))
-            p_rec = float(paced_obj.accuracy_from_log_z(lz_star, kl_coef, kl=kl, r_low=a, r_high=b, clip=False))
+            p_rec = float(paced_obj.accuracy_from_log_z(lz_star, kl_coef=kl_coef, kl=kl, r_low=a, r_high=b, clip=False))
             p_true = float(((r == b).to(torch.float64) * logp_old.exp()).sum())
             errs.append(abs(p_rec - p_true))
-            p_drop = float(paced_obj.accuracy_from_log_z(lz_star, kl_coef, kl=0.0, r_low=a, r_high=b, clip=False))
+            p_drop = float(
+                paced_obj.accuracy_from_log_z(lz_star, kl_coef=kl_coef, kl=0.0, r_low=a, r_high=b, clip=False)
+            )
             gaps.append(abs(p_drop - p_true))
     err = max(errs)
     ok = err < PROP41_MAX_ERR
@@ -200,12 +204,12 @@ def paced_vargrad(seed: int) -> CheckResult:
     logp_all = torch.log_softmax(logits, -1)
     idx = env.sample(logp_all, 8, g)
     lp, lr, r = envs.gather(logp_all, idx), env.ref_logp_of(idx), env.rewards_of(idx)
-    lz = tb_obj.vargrad_log_z(lp, lr, r, 2.0).detach().requires_grad_(True)
-    loss = tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, lz[:, None], 2.0)).loss
+    lz = tb_obj.vargrad_log_z(lp, lr, r, beta=2.0).detach().requires_grad_(True)
+    loss = tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, lz[:, None], beta=2.0)).loss
     (dz,) = torch.autograd.grad(loss, [lz])
     base = float(loss.detach())
     worse = min(
-        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), 2.0)).loss) - base
+        float(tb_obj.tb_loss(tb_obj.tb_residual(lp, lr, r, (lz + e)[:, None].detach(), beta=2.0)).loss) - base
         for e in (-1e-3, 1e-3)
     )
     ok = float(dz.abs().max()) < VARGRAD_GRAD_TOL and worse > 0

@@ -33,7 +33,7 @@ def two_outcome_loss(p: torch.Tensor, b: float, beta: float = 1.0) -> torch.Tens
     log_z = log_partition(logp_ref, beta * reward) + b
     pi = torch.stack([p, 1 - p], -1)  # [N, 2]
     safe = torch.where(pi > 0, pi, torch.ones_like(pi)).log()
-    d = tb_residual(safe, logp_ref.expand_as(safe), reward.expand_as(safe), log_z, beta)
+    d = tb_residual(safe, logp_ref.expand_as(safe), reward.expand_as(safe), log_z, beta=beta)
     return torch.where(pi > 0, pi * d * d, torch.zeros_like(pi)).sum(-1)
 
 
@@ -66,7 +66,7 @@ def biased_loss(logits: torch.Tensor, log_star: torch.Tensor, b) -> torch.Tensor
     live = pi > 0
     safe = torch.where(live, lp, torch.zeros_like(lp))
     b = torch.as_tensor(b, dtype=lp.dtype)
-    d = tb_residual(safe, log_star.expand_as(safe), torch.zeros_like(safe), b.unsqueeze(-1).expand_as(safe), 0.0)
+    d = tb_residual(safe, log_star.expand_as(safe), torch.zeros_like(safe), b.unsqueeze(-1).expand_as(safe), beta=0.0)
     return torch.where(live, pi * d * d, torch.zeros_like(pi)).sum(-1)
 
 
@@ -204,8 +204,8 @@ def envelope_instances(
             mix = 1 - torch.rand(n, 1, 1, generator=g, dtype=F64) ** 2
             logp = torch.log_softmax(mix * target_logprobs(logp_ref, beta * reward) + (1 - mix) * logp, -1)
     delta_err = torch.randn(n, p, 1, generator=g, dtype=F64) * torch.rand(n, 1, 1, generator=g, dtype=F64)
-    d_exact = tb_residual(logp, logp_ref, reward, log_z, beta)
-    d_psi = tb_residual(logp, logp_ref, reward, log_z + delta_err, beta)
+    d_exact = tb_residual(logp, logp_ref, reward, log_z, beta=beta)
+    d_psi = tb_residual(logp, logp_ref, reward, log_z + delta_err, beta=beta)
     j_z = (pi_b * w * d_exact**2).sum(-1).mean(-1)
     j_psi = (pi_b * w * d_psi**2).sum(-1).mean(-1)
     e_d2 = (delta_err.squeeze(-1) ** 2).mean(-1)

@@ -117,7 +117,7 @@ def train(cfg: EntanglementConfig, method: str, lam: float = 0.0, target: str = 
             weight_logp = logp.detach()
             loss = offrl_loss(logp, lens, d["signed"].reshape(-1)).loss
         else:
-            lf = future_policy_logprobs(logits.detach(), ref_logits, flat_ids, lam).sum(-1)  # [B]
+            lf = future_policy_logprobs(logits.detach(), ref_logits, flat_ids, lam=lam).sum(-1)  # [B]
             sel = {"all": torch.ones_like(correct), "correct": correct, "incorrect": ~correct}[target].reshape(-1)
             weight_logp = torch.where(sel, lf, logp.detach())
             loss = fpa_loss(logp, weight_logp, lens, d["signed"].reshape(-1)).loss

@@ -173,8 +173,8 @@ def surrogate_gap(eps, n_inst: int = 32, K: int = 50, seed: int = 0) -> dict:
         logp = logp_old + torch.log1p(0.999 * e * u)
         w = K * logp_old.exp()
         for d in DIVS:
-            theo = lad_theoretical_loss(logp, logp_old, adv, 1.0, d).loss  # [n]
-            prac = lad_loss(logp, logp_old, adv, 1.0, d, weight=w, reduction="none").loss.mean(-1)
+            theo = lad_theoretical_loss(logp, logp_old, adv, eta=1.0, divergence=d).loss  # [n]
+            prac = lad_loss(logp, logp_old, adv, eta=1.0, divergence=d, is_weight=w, loss_agg="none").loss.mean(-1)
             out[d].append(float((theo - prac).abs().mean()))
     slopes = {}
     x = np.log(2 * eps)
@@ -220,7 +220,7 @@ def practical(seed: int) -> dict:
             w = env.K * old.exp()
 
             def loss_at(lp, d=d, old=old, adv=adv, w=w):
-                return float(lad_obj.lad_loss(lp, old, adv, 1.0, d, weight=w).loss)
+                return float(lad_obj.lad_loss(lp, old, adv, eta=1.0, divergence=d, is_weight=w).loss)
 
             nonunique[d] = abs(loss_at(out.logp[0, 0]) - loss_at(out.target_logp[0, 0]))
     return {f"tv_{k}": v for k, v in res.items()} | {f"loss_gap_{k}": v for k, v in nonunique.items()}

@@ -106,18 +106,18 @@ def selection(seed: int) -> dict:
     n_rep = 50
     idx = env.sample(env.logp_ref.expand(n_rep, -1, -1), M, g)  # [R, P, M] from q = pi_ref
     log_w = est.log_importance_weights(env.ref_logp_of(idx), env.ref_logp_of(idx), beta * env.rewards_of(idx))
-    p_hat = est.pass_rate_from_log_z(est.log_partition_lse(log_w), beta)  # [R, P]
+    p_hat = est.pass_rate_from_log_z(est.log_partition_lse(log_w), beta=beta)  # [R, P]
     p_true = env.pass_rate()  # [P]
-    oracle = set(paced_obj.select_prompts(p_true, tau, m).tolist())
+    oracle = set(paced_obj.select_prompts(p_true, tau=tau, m=m).tolist())
     prec = []
     for r in range(n_rep):
-        chosen = set(paced_obj.select_prompts(p_hat[r], tau, m).tolist())
+        chosen = set(paced_obj.select_prompts(p_hat[r], tau=tau, m=m).tolist())
         prec.append(len(chosen & oracle) / m)
     mean_prec = sum(prec) / n_rep
     chance = m / env.P
     # |p_hat - p| of the selected prompts vs tau: how far from tau the chosen prompts really are
     sel_dist = torch.stack(
-        [(p_true[paced_obj.select_prompts(p_hat[r], tau, m)] - tau).abs().mean() for r in range(n_rep)]
+        [(p_true[paced_obj.select_prompts(p_hat[r], tau=tau, m=m)] - tau).abs().mean() for r in range(n_rep)]
     )
     rand_dist = (p_true - tau).abs().mean()
     return {

@@ -207,7 +207,7 @@ def test_the_rule_is_symmetric_for_every_kind_sampled_and_exact(items):
 @given(items=a_family(exact_ok=False), cap=st.sampled_from([None, "partly"]))
 def test_the_llm_layer_passes_every_kind_and_the_cap_through(items, cap):
     _away_from_boundaries(items)
-    llm_items = [rules.Item(name, values, margin, kind) for name, values, kind, margin, _ in items]
+    llm_items = [rules.Item(name, values, margin=margin, kind=kind) for name, values, kind, margin, _ in items]
     verdict, nums, flags, _ = rules.judge(llm_items, {"loss_moved": True}, cap=cap)
     want, _ = naive_outcomes(items)
     assert verdict.value == naive_verdict(list(want.values()), {}, cap)
@@ -301,4 +301,4 @@ def test_a_nan_or_infinite_value_has_no_verdict_in_any_kind(bad):
         with pytest.raises(ValueError, match="finite"):
             stats.Item("x", (bad,), kind, 0.5, exact=True)
         with pytest.raises(ValueError, match="non-finite"):
-            rules.Item("x", (0.1, bad), 0.5, kind)
+            rules.Item("x", (0.1, bad), margin=0.5, kind=kind)

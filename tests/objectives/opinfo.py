@@ -653,13 +653,13 @@ def ref_tb_residual_(logp, logp_ref, reward, log_z, beta):
     )
 
 
-def ref_tb_loss(residual, weight):
-    return _mean([weight[i] * residual[i] ** 2 for i in range(residual.shape[0])])
+def ref_tb_loss(residual, is_weight):
+    return _mean([is_weight[i] * residual[i] ** 2 for i in range(residual.shape[0])])
 
 
-def ref_disa(logp, logp_ref, reward, log_z_frozen, beta, weight):
+def ref_disa(logp, logp_ref, reward, log_z_frozen, beta, is_weight):
     return _mean(
-        [weight[i] * (log_z_frozen[i] + logp[i] - logp_ref[i] - beta * reward[i]) ** 2 for i in range(logp.shape[0])]
+        [is_weight[i] * (log_z_frozen[i] + logp[i] - logp_ref[i] - beta * reward[i]) ** 2 for i in range(logp.shape[0])]
     )
 
 
@@ -682,14 +682,14 @@ def ref_vargrad(logp, logp_ref, reward, beta):
     return _mean(terms)
 
 
-def ref_is_weight(token_logp, token_logp_old, mask, clip="max", max_weight=10.0, eps=0.2, eps_high=None):
+def ref_is_weight(token_logp, token_logp_old, mask, weight_clip="max", max_weight=10.0, eps=0.2, eps_high=None):
     hi = eps if eps_high is None else eps_high
     out = []
     for b in range(token_logp.shape[0]):
         w = exp(sum(token_logp[b, t] - token_logp_old[b, t] for t in _real(mask, b)))
-        if clip == "max":
+        if weight_clip == "max":
             w = min(w, max_weight)
-        elif clip == "eps":
+        elif weight_clip == "eps":
             w = min(max(w, 1 - eps), 1 + hi)
         out.append(w)
     return _stack(out).detach()  # a weight: sg(.)
@@ -724,11 +724,11 @@ def ref_flowrl(
     return _mean(terms)
 
 
-def ref_lad(logp, logp_old, adv, weight, eta, divergence):
+def ref_lad(logp, logp_old, adv, is_weight, eta, divergence):
     terms = []
     for i in range(logp.shape[0]):
         a = adv[i] / eta
-        terms.append(weight[i] * exp(a) * ref_divergence(divergence, exp(logp[i] - logp_old[i] - a)))
+        terms.append(is_weight[i] * exp(a) * ref_divergence(divergence, exp(logp[i] - logp_old[i] - a)))
     return _mean(terms)
 
 
@@ -990,13 +990,13 @@ def mk_tb(g: torch.Generator) -> dict[str, Tensor]:
 
 
 def mk_tb_loss(g: torch.Generator) -> dict[str, Tensor]:
-    return {"residual": _randn(g, B), "weight": torch.rand(B, generator=g, dtype=F64) + 0.5}
+    return {"residual": _randn(g, B), "is_weight": torch.rand(B, generator=g, dtype=F64) + 0.5}
 
 
 def mk_disa(g: torch.Generator) -> dict[str, Tensor]:
     d = mk_tb(g)
     d["log_z_frozen"] = d.pop("log_z")
-    d["weight"] = torch.rand(B, generator=g, dtype=F64) + 0.5
+    d["is_weight"] = torch.rand(B, generator=g, dtype=F64) + 0.5
     return d
 
 
@@ -1020,7 +1020,7 @@ def mk_lad(g: torch.Generator) -> dict[str, Tensor]:
         "logp": lp,
         "logp_old": lp + _randn(g, B, scale=0.5),
         "adv": _randn(g, B),
-        "weight": torch.rand(B, generator=g, dtype=F64) + 0.5,
+        "is_weight": torch.rand(B, generator=g, dtype=F64) + 0.5,
     }
 
 
@@ -1424,8 +1424,8 @@ def _lad_entries() -> list[OpInfo]:
                 mk_lad,
                 {"eta": 0.7, "divergence": name},
                 grad=("logp",),
-                frozen=("logp_old", "adv", "weight"),
-                split=Split(_rows("logp", "logp_old", "adv", "weight"), "mean"),
+                frozen=("logp_old", "adv", "is_weight"),
+                split=Split(_rows("logp", "logp_old", "adv", "is_weight"), "mean"),
             )
         )
         out.append(
@@ -1484,8 +1484,8 @@ OPS: list[OpInfo] = [
         ref_tb_loss,
         mk_tb_loss,
         grad=("residual",),
-        frozen=("weight",),
-        split=Split(_rows("residual", "weight"), "mean"),
+        frozen=("is_weight",),
+        split=Split(_rows("residual", "is_weight"), "mean"),
     ),
     OpInfo(
         "tb.disa_loss",
@@ -1494,8 +1494,8 @@ OPS: list[OpInfo] = [
         mk_disa,
         {"beta": 2.0},
         grad=("logp",),
-        frozen=("logp_ref", "reward", "log_z_frozen", "weight"),
-        split=Split(_rows("logp", "logp_ref", "reward", "log_z_frozen", "weight"), "mean"),
+        frozen=("logp_ref", "reward", "log_z_frozen", "is_weight"),
+        split=Split(_rows("logp", "logp_ref", "reward", "log_z_frozen", "is_weight"), "mean"),
     ),
     OpInfo(
         "tb.vargrad_log_z",
@@ -1521,7 +1521,7 @@ OPS: list[OpInfo] = [
         tb.tb_importance_weight,
         ref_is_weight,
         mk_is_weight,
-        {"clip": "max", "max_weight": 1.5},
+        {"weight_clip": "max", "max_weight": 1.5},
         frozen=TOK,
         mask="mask",
         tokens=TOK,
@@ -1533,7 +1533,7 @@ OPS: list[OpInfo] = [
         tb.tb_importance_weight,
         ref_is_weight,
         mk_is_weight,
-        {"clip": "eps"},
+        {"weight_clip": "eps"},
         frozen=TOK,
         mask="mask",
         tokens=TOK,
@@ -1545,7 +1545,7 @@ OPS: list[OpInfo] = [
         tb.tb_importance_weight,
         ref_is_weight,
         mk_is_weight,
-        {"clip": "eps", "eps": 0.2, "eps_high": 0.28},  # FlowRL's [0.8, 1.28] recipe
+        {"weight_clip": "eps", "eps": 0.2, "eps_high": 0.28},  # FlowRL's [0.8, 1.28] recipe
         frozen=TOK,
         mask="mask",
         tokens=TOK,
@@ -1557,7 +1557,7 @@ OPS: list[OpInfo] = [
         tb.tb_importance_weight,
         ref_is_weight,
         mk_is_weight,
-        {"clip": "eps", "eps": 0.07, "eps_high": 0.03},  # neither at the default 0.2; low wider than high
+        {"weight_clip": "eps", "eps": 0.07, "eps_high": 0.03},  # neither at the default 0.2; low wider than high
         frozen=TOK,
         mask="mask",
         tokens=TOK,

@@ -74,9 +74,9 @@ def test_empty_batch_raises():
         correction.kl_penalty(e, e, e)
     z = torch.zeros(0, dtype=F64)
     with pytest.raises(ValueError, match="logp is empty"):
-        tb.tb_residual(z, z, z, z, 1.0)
+        tb.tb_residual(z, z, z, z, beta=1.0)
     with pytest.raises(ValueError, match="logp is empty"):
-        lad.lad_loss(z, z, z, 1.0, "kl")
+        lad.lad_loss(z, z, z, eta=1.0, divergence="kl")
     with pytest.raises(ValueError, match="rewards is empty"):
         pg.group_advantages(torch.zeros(0, 4, dtype=F64))
 
@@ -84,12 +84,12 @@ def test_empty_batch_raises():
 def test_square_against_vector_is_refused():
     v, m = torch.zeros(8, dtype=F64), torch.zeros(8, 8, dtype=F64)
     with pytest.raises(ValueError, match="log_z"):
-        tb.tb_residual(v, v, v, m, 1.0)  # would silently broadcast to an [8, 8] residual
+        tb.tb_residual(v, v, v, m, beta=1.0)  # would silently broadcast to an [8, 8] residual
     with pytest.raises(ValueError, match="adv"):
-        lad.lad_loss(m, m, v, 1.0, "kl")  # would align adv with the token axis
+        lad.lad_loss(m, m, v, eta=1.0, divergence="kl")  # would align adv with the token axis
     with pytest.raises(ValueError, match="weight"):
-        lad.lad_loss(v, v, v, 1.0, "kl", weight=m)
-    assert tb.tb_residual(v, v, v, 0.5, 1.0).shape == (8,)  # a scalar log Z is fine
+        lad.lad_loss(v, v, v, eta=1.0, divergence="kl", is_weight=m)
+    assert tb.tb_residual(v, v, v, 0.5, beta=1.0).shape == (8,)  # a scalar log Z is fine
 
 
 def _seq(n=4, seed=1):

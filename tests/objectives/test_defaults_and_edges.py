@@ -19,7 +19,7 @@ from tiltlab.objectives.regressor import r2_score
 def test_token_mean_of_an_all_padding_row_is_zero_not_nan():
     logp = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    got = tb.sequence_logprob(logp, mask, "mean")
+    got = tb.sequence_logprob(logp, mask, normalize="mean")
     assert got.tolist() == [-1.5, 0.0]  # the empty row divides by max(0, 1) = 1
 
 
@@ -27,9 +27,9 @@ def test_vargrad_estimate_is_detached_only_when_asked():
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -1.0]])
     r = torch.tensor([[1.0, 0.0, 1.0]])
-    est = tb.vargrad_log_z(logp, ref, r, 2.0, detach=True)
+    est = tb.vargrad_log_z(logp, ref, r, beta=2.0, detach=True)
     assert not est.requires_grad and est.grad_fn is None
-    live = tb.vargrad_log_z(logp, ref, r, 2.0, detach=False)
+    live = tb.vargrad_log_z(logp, ref, r, beta=2.0, detach=False)
     (g,) = torch.autograd.grad(live.sum(), logp)
     assert torch.allclose(g, torch.full_like(g, -1.0 / 3))  # d/dlogp of mean(beta r - logp + logp_ref)
     assert est.item() == live.item() == pytest.approx((2 * 2.0 - (-3.5) + (-3.5)) / 3, rel=1e-6)  # float32
@@ -45,7 +45,7 @@ def test_importance_weight_default_cap_is_flowrl_s_ten():
 def test_unclipped_weight_caps_the_log_ratio_at_80_so_float32_stays_finite():
     mask = torch.ones(2, 1)
     lp = torch.tensor([[200.0], [79.0]], dtype=torch.float32)
-    w = tb.tb_importance_weight(lp, torch.zeros(2, 1), mask, clip="ratio")
+    w = tb.tb_importance_weight(lp, torch.zeros(2, 1), mask, weight_clip="ratio")
     assert torch.isfinite(w).all()  # exp(160) would overflow float32 (max ~3.4e38); exp(80) ~ 5.5e34 does not
     assert w[0].item() == torch.exp(torch.tensor(80.0)).item() and w[1].item() == torch.exp(torch.tensor(79.0)).item()
 
@@ -76,4 +76,4 @@ def test_ties_are_broken_by_lower_index_in_large_batches():
     p_hat = torch.tensor([0.5] * 20 + [0.1] * 20 + [0.5] * 20, dtype=torch.float64)
     assert paced.select_prompts(p_hat, tau=0.5, m=30).tolist() == list(range(20)) + list(range(40, 50))
     pri = torch.tensor([0.5] * 20 + [0.1] * 20 + [0.5] * 20)
-    assert paced.top_priority(pri, 30).tolist() == list(range(20)) + list(range(40, 50))
+    assert paced.top_priority(pri, k=30).tolist() == list(range(20)) + list(range(40, 50))

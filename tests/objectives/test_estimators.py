@@ -88,16 +88,16 @@ def test_delta_method_bias_m1_is_nan_and_constant_weights_zero():
 @pytest.mark.parametrize("beta", [0.5, 2.0, 15.0, 200.0])
 def test_pass_rate_identity_roundtrip_and_exact(beta):
     p = torch.tensor([0.0, 0.01, 0.3, 0.9, 1.0], dtype=torch.float64)
-    lz = E.log_z_from_pass_rate(p, beta)
+    lz = E.log_z_from_pass_rate(p, beta=beta)
     for pi, li in zip(p.tolist(), lz.tolist()):
         # Z = 1 + p (e^beta - 1) evaluated directly where it does not overflow
         if beta < 100:
             assert li == pytest.approx(math.log(1 + pi * (math.exp(beta) - 1)), rel=1e-12, abs=1e-12)
-    torch.testing.assert_close(E.pass_rate_from_log_z(lz, beta), p, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(E.pass_rate_from_log_z(lz, beta=beta), p, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError):
-        E.log_z_from_pass_rate(torch.tensor([1.2]), beta)
+        E.log_z_from_pass_rate(torch.tensor([1.2]), beta=beta)
     with pytest.raises(ValueError):
-        E.log_z_from_pass_rate(0.5, -1.0)
+        E.log_z_from_pass_rate(0.5, beta=-1.0)
 
 
 def test_pass_rate_identity_matches_enumerated_partition_function():
@@ -106,7 +106,7 @@ def test_pass_rate_identity_matches_enumerated_partition_function():
     r = torch.tensor([1, 0, 1, 0, 0, 1], dtype=torch.float64)
     beta = 3.0
     z = float((pi * torch.exp(beta * r)).sum())
-    assert E.log_z_from_pass_rate(float((pi * r).sum()), beta).item() == pytest.approx(math.log(z), rel=1e-12)
+    assert E.log_z_from_pass_rate(float((pi * r).sum()), beta=beta).item() == pytest.approx(math.log(z), rel=1e-12)
 
 
 def _enumerated_problem():

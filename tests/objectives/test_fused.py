@@ -399,7 +399,7 @@ def test_matches_offline_future_policy_logprobs():
     )
     wt, wr = torch.randn(v, h, generator=g, dtype=torch.float64), torch.randn(v, h, generator=g, dtype=torch.float64)
     ids = torch.randint(0, v, (B, T), generator=g)
-    want = offline.future_policy_logprobs(ht @ wt.T, hr @ wr.T, ids, lam)
+    want = offline.future_policy_logprobs(ht @ wt.T, hr @ wr.T, ids, lam=lam)
     got = fused_linear_future_logprobs(ht, wt, hr, wr, ids, lam, vocab_chunk=4)
     # offline.future_policy_logprobs runs its log_softmax in float32 (z.float()), so agreement is
     # at float32 level on log-probs of size O(10): 2e-5

@@ -29,6 +29,10 @@ def test_every_public_objective_has_an_entry():
         "select_prompts",
         "top_priority",
         "ReplayBuffer",
+        "SequenceOptions",  # the GRPO family's shared keyword options (TypedDicts)
+        "KlOptions",
+        "AggOptions",
+        "PolicyOptions",
         "PartitionRegressor",
         "FitResult",
         "fit_regressor",

@@ -191,8 +191,10 @@ def test_mask_by_multiplication_is_killed_by_padding_only():
 
 
 # ---------------------------------------------------------------------- detach / NaN / shapes
-def disa_attached_log_z(logp, logp_ref, reward, log_z_frozen, beta, weight=None):
-    return tb.tb_loss(tb.tb_residual(logp, logp_ref.detach(), reward, log_z_frozen, beta), weight).loss
+def disa_attached_log_z(logp, logp_ref, reward, log_z_frozen, beta, is_weight=None):
+    return tb.tb_loss(
+        tb.tb_residual(logp, logp_ref.detach(), reward, log_z_frozen, beta=beta), is_weight=is_weight
+    ).loss
 
 
 def test_attached_frozen_log_z_is_killed_by_detach():

@@ -54,14 +54,14 @@ def test_kl_in_reward_is_the_naive_formula():
     ref = old + torch.randn(3, 4, generator=g, dtype=F64)
     for coef in (0.0, 0.3, 7.0):
         want = [[float(r[p, j]) - coef * (float(old[p, j]) - float(ref[p, j])) for j in range(4)] for p in range(3)]
-        got = pg.kl_in_reward(r, old, ref, coef)
+        got = pg.kl_in_reward(r, old, ref, coef=coef)
         torch.testing.assert_close(got, torch.tensor(want, dtype=F64), rtol=1e-14, atol=1e-14)
-    assert torch.equal(pg.kl_in_reward(r, old, ref, 0.0), r)  # coef 0: the rewards themselves
-    assert not torch.allclose(pg.kl_in_reward(r, old, ref, 0.3), r)  # the sample's penalty is not 0
+    assert torch.equal(pg.kl_in_reward(r, old, ref, coef=0.0), r)  # coef 0: the rewards themselves
+    assert not torch.allclose(pg.kl_in_reward(r, old, ref, coef=0.3), r)  # the sample's penalty is not 0
     # the [B] form equals the [P, G] form row by row
     torch.testing.assert_close(
-        pg.kl_in_reward(r.reshape(-1), old.reshape(-1), ref.reshape(-1), 0.3),
-        pg.kl_in_reward(r, old, ref, 0.3).reshape(-1),
+        pg.kl_in_reward(r.reshape(-1), old.reshape(-1), ref.reshape(-1), coef=0.3),
+        pg.kl_in_reward(r, old, ref, coef=0.3).reshape(-1),
     )
 
 
@@ -69,7 +69,7 @@ def test_kl_in_reward_penalty_is_detached():
     r = torch.tensor([1.0, 0.0], dtype=F64, requires_grad=True)
     old = torch.tensor([-1.0, -2.0], dtype=F64, requires_grad=True)
     ref = torch.tensor([-1.5, -1.0], dtype=F64, requires_grad=True)
-    out = pg.kl_in_reward(r, old, ref, 0.5)
+    out = pg.kl_in_reward(r, old, ref, coef=0.5)
     out.sum().backward()
     assert old.grad is None and ref.grad is None
     assert r.grad is not None and torch.equal(r.grad, torch.ones(2, dtype=F64))
@@ -177,10 +177,10 @@ def expected_grad(prob: Problem, params, kl: str, coef: float, scale: str = "non
         tok, ref = lt[ys], prob.ref_tok[ys]
         old = tok.detach()
         if kl == "reward":
-            r = pg.kl_in_reward(prob.r[ys][None], old.sum(1)[None], ref.sum(1)[None], coef)
-            loss = pg.grpo_loss(tok, old, pg.group_advantages(r, scale, EPS)[0], torch.ones_like(tok)).loss
+            r = pg.kl_in_reward(prob.r[ys][None], old.sum(1)[None], ref.sum(1)[None], coef=coef)
+            loss = pg.grpo_loss(tok, old, pg.group_advantages(r, scale=scale, eps=EPS)[0], torch.ones_like(tok)).loss
         else:
-            adv = pg.group_advantages(prob.r[ys][None], scale, EPS)[0]
+            adv = pg.group_advantages(prob.r[ys][None], scale=scale, eps=EPS)[0]
             loss = pg.grpo_loss(
                 tok, old, adv, torch.ones_like(tok), token_logp_ref=ref, kl_coef=coef, kl_estimator=kl
             ).loss
@@ -198,8 +198,8 @@ def expected_grad_kl_in_reward(prob: Problem, params, coef: float = C, scale: st
     n = prob.groups.shape[0]
     tok = lt[prob.groups].reshape(n * G, prob.T)
     old, ref = tok.detach(), prob.ref_tok[prob.groups].reshape(n * G, prob.T)
-    r = pg.kl_in_reward(prob.r[prob.groups], old.sum(1).view(n, G), ref.sum(1).view(n, G), coef)
-    adv = pg.group_advantages(r, scale, EPS).reshape(-1)
+    r = pg.kl_in_reward(prob.r[prob.groups], old.sum(1).view(n, G), ref.sum(1).view(n, G), coef=coef)
+    adv = pg.group_advantages(r, scale=scale, eps=EPS).reshape(-1)
     weight = (lt.detach().sum(1).exp()[prob.groups].prod(1) * n).repeat_interleave(G)
     loss = pg.grpo_loss(tok, old, adv, torch.ones_like(tok), is_weight=weight).loss
     (grad,) = torch.autograd.grad(loss, p)
@@ -246,7 +246,7 @@ def test_kl_in_reward_vanishes_at_the_tilted_target(name, scale):
     prob = PROBLEMS[name]()
     star = _params_star(prob)
     torch.testing.assert_close(prob.token_logps(star).sum(1), prob.log_pi_star(), rtol=0, atol=1e-13)
-    r = pg.kl_in_reward(prob.r, prob.log_pi_star(), prob.ref_tok.sum(1), C)
+    r = pg.kl_in_reward(prob.r, prob.log_pi_star(), prob.ref_tok.sum(1), coef=C)
     assert float(r.max() - r.min()) < 1e-14  # c log Z, the same for every completion
     assert _norm(expected_grad_kl_in_reward(prob, star, scale=scale)) < ZERO
     assert _norm(expected_grad_kl_in_reward(prob, prob.ref_params, scale=scale)) > NONZERO

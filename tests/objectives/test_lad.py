@@ -45,7 +45,7 @@ def test_lad_loss_value_and_gradient_match_loop(name):
     logp = (torch.randn(B, generator=g, dtype=torch.float64) * 0.5).requires_grad_(True)
     logp_old = torch.randn(B, generator=g, dtype=torch.float64) * 0.5
     adv = torch.randn(B, generator=g, dtype=torch.float64)
-    loss = lad.lad_loss(logp, logp_old, adv, eta, name).loss
+    loss = lad.lad_loss(logp, logp_old, adv, eta=eta, divergence=name).loss
     ref = 0.0
     for i in range(B):
         c = math.exp(logp[i].item() - logp_old[i].item()) * math.exp(-adv[i].item() / eta)
@@ -81,7 +81,7 @@ def test_theoretical_loss_matches_loop(name):
         pa = math.exp(adv[k].item() / eta) / za
         pp = math.exp(logp[k].item() - logp_old[k].item()) / zp
         ref += pa * ref_divergence(name, pp / pa)
-    assert lad.lad_theoretical_loss(logp, logp_old, adv, eta, name).loss.item() == pytest.approx(
+    assert lad.lad_theoretical_loss(logp, logp_old, adv, eta=eta, divergence=name).loss.item() == pytest.approx(
         ref, rel=1e-11, abs=1e-14
     )
 
@@ -95,7 +95,7 @@ def test_practical_optimum_is_pi_old_exp_a_over_eta(name):
     K, eta = 5, 1.0
     logp_old = torch.log_softmax(torch.randn(K, generator=g, dtype=torch.float64), 0)
     adv = torch.randn(K, generator=g, dtype=torch.float64) * 0.5
-    target = lad.lad_target_logprobs(logp_old, adv, eta).exp()
+    target = lad.lad_target_logprobs(logp_old, adv, eta=eta).exp()
     theta = logp_old.clone().requires_grad_(True)
     opt = torch.optim.LBFGS(
         [theta], max_iter=300, tolerance_grad=1e-13, tolerance_change=1e-16, line_search_fn="strong_wolfe"
@@ -104,7 +104,7 @@ def test_practical_optimum_is_pi_old_exp_a_over_eta(name):
     def closure():
         opt.zero_grad()
         logp = torch.log_softmax(theta, 0)
-        per = lad.lad_loss(logp, logp_old, adv, eta, name, reduction="none").loss
+        per = lad.lad_loss(logp, logp_old, adv, eta=eta, divergence=name, loss_agg="none").loss
         loss = (logp_old.exp() * per).sum()
         loss.backward()
         return loss
@@ -118,6 +118,6 @@ def test_practical_optimum_is_pi_old_exp_a_over_eta(name):
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match="unknown divergence"):
-        lad.lad_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), 1.0, "chi2")
+        lad.lad_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), eta=1.0, divergence="chi2")
     with pytest.raises(ValueError, match="eta"):
-        lad.lad_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), 0.0, "kl")
+        lad.lad_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), eta=0.0, divergence="kl")

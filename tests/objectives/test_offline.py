@@ -59,7 +59,7 @@ def test_future_policy_logprobs_match_loop_and_eq5():
     ht = torch.randn(B, T, V, generator=g, dtype=torch.float64)
     hr = torch.randn(B, T, V, generator=g, dtype=torch.float64)
     ids = torch.randint(0, V, (B, T), generator=g)
-    out = O.future_policy_logprobs(ht, hr, ids, lam)
+    out = O.future_policy_logprobs(ht, hr, ids, lam=lam)
     for b in range(B):
         for t in range(T):
             z = [(1 + lam) * ht[b, t, v].item() - lam * hr[b, t, v].item() for v in range(V)]

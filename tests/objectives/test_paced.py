@@ -22,12 +22,12 @@ def test_prop41_optimal_log_z_gives_accuracy_exactly_by_enumeration():
     log_z_star = -(p_old * x).sum()
     kl = float((p_old * (p_old.log() - p_th.log())).sum())
     acc = float((p_old * correct).sum())
-    est = paced.accuracy_from_log_z(log_z_star, kl_coef, kl=kl, r_low=a, r_high=b, clip=False)
+    est = paced.accuracy_from_log_z(log_z_star, kl_coef=kl_coef, kl=kl, r_low=a, r_high=b, clip=False)
     assert est.item() == pytest.approx(acc, rel=1e-10)
 
     # and the optimum really is the TB minimizer (perturbations increase the weighted loss)
     def loss(lz):
-        return float((p_old * tb.tb_residual(p_th.log(), p_old.log(), r, lz, 1 / kl_coef) ** 2).sum())
+        return float((p_old * tb.tb_residual(p_th.log(), p_old.log(), r, lz, beta=1 / kl_coef) ** 2).sum())
 
     assert loss(log_z_star + 1e-3) > loss(log_z_star) < loss(log_z_star - 1e-3)
 
@@ -78,7 +78,7 @@ def test_replay_priority_and_buffer():
 def test_paced_tilt_convention_is_r_over_kl_coef():
     # kl_coef -> TB beta = 1 / kl_coef: a DISA-convention beta of 20 equals PACED kl_coef 0.05.
     r = torch.tensor([1.0, 0.0])
-    d1 = tb.tb_residual(torch.zeros(2), torch.zeros(2), r, 0.0, 1 / 0.05)
-    d2 = tb.tb_residual(torch.zeros(2), torch.zeros(2), r, 0.0, 20.0)
+    d1 = tb.tb_residual(torch.zeros(2), torch.zeros(2), r, 0.0, beta=1 / 0.05)
+    d2 = tb.tb_residual(torch.zeros(2), torch.zeros(2), r, 0.0, beta=20.0)
     torch.testing.assert_close(d1, d2)
     assert math.isclose(1 / 0.05, 20.0)

@@ -57,25 +57,33 @@ def _batch(seed: int = 0) -> ObjectiveBatch:
 
 
 def _seq(b: ObjectiveBatch, name: str = "token_logp", scale: str = "sum"):
-    return tb.sequence_logprob(getattr(b, name), b.mask, scale)
+    return tb.sequence_logprob(getattr(b, name), b.mask, normalize=scale)
 
 
 def _tb_w(b, clip, max_weight=10.0, eps=0.2, eps_high=None):
     return (
-        tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, clip, max_weight, eps, eps_high) * b.is_weight
+        tb.tb_importance_weight(
+            b.token_logp, b.token_logp_old, b.mask, weight_clip=clip, max_weight=max_weight, eps=eps, eps_high=eps_high
+        )
+        * b.is_weight
     )
 
 
 def _lad_direct(b, eta, divergence, level="sequence", logprob_scale="mean", loss_agg="seq_mean_token_mean", **kw):
     if level == "sequence":
         return lad.lad_loss(
-            _seq(b, scale=logprob_scale), _seq(b, "token_logp_old", logprob_scale), b.advantages, eta, divergence,
-            weight=b.is_weight,
+            _seq(b, scale=logprob_scale), _seq(b, "token_logp_old", logprob_scale), b.advantages, eta=eta, divergence=divergence,
+            is_weight=b.is_weight,
         )  # fmt: skip
     per = lad.lad_loss(
-        b.token_logp, b.token_logp_old, b.advantages[:, None].expand(B, T), eta, divergence, reduction="none"
+        b.token_logp,
+        b.token_logp_old,
+        b.advantages[:, None].expand(B, T),
+        eta=eta,
+        divergence=divergence,
+        loss_agg="none",
     )
-    return LossOutput(pg.aggregate(per.loss * b.is_weight[:, None], b.mask, loss_agg, **kw))
+    return LossOutput(pg.aggregate(per.loss * b.is_weight[:, None], b.mask, loss_agg=loss_agg, **kw))
 
 
 def _vargrad_direct(b, beta, group_size):
@@ -83,11 +91,13 @@ def _vargrad_direct(b, beta, group_size):
         _seq(b).view(-1, group_size),
         _seq(b, "token_logp_ref").view(-1, group_size),
         b.rewards.view(-1, group_size),
-        beta,
+        beta=beta,
     )
     return tb.tb_loss(
-        tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, lz.detach().repeat_interleave(group_size), beta),
-        b.is_weight,
+        tb.tb_residual(
+            _seq(b), _seq(b, "token_logp_ref"), b.rewards, lz.detach().repeat_interleave(group_size), beta=beta
+        ),
+        is_weight=b.is_weight,
     )
 
 
@@ -133,29 +143,29 @@ CASES = {
         ),
     ],
     "disa": [
-        ({"tilt_beta": 2.0}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
+        ({"tilt_beta": 2.0}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, beta=2.0, is_weight=b.is_weight)),
         (
             {"tilt_beta": 3.0, "logprob_scale": "mean", "weight_clip": "max", "max_weight": 1.2},
-            lambda b: tb.disa_loss(_seq(b, scale="mean"), _seq(b, "token_logp_ref", "mean"), b.rewards, b.log_z, 3.0, weight=_tb_w(b, "max", 1.2)),
+            lambda b: tb.disa_loss(_seq(b, scale="mean"), _seq(b, "token_logp_ref", "mean"), b.rewards, b.log_z, beta=3.0, is_weight=_tb_w(b, "max", 1.2)),
         ),
-        ({"tilt_beta": 2.0, "anchor": "old"}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 2.0, weight=b.is_weight)),
+        ({"tilt_beta": 2.0, "anchor": "old"}, lambda b: tb.disa_loss(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, beta=2.0, is_weight=b.is_weight)),
     ],
     "tb": [
-        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0), b.is_weight)),
+        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, beta=2.0), is_weight=b.is_weight)),
         (
             {"tilt_beta": 0.5, "anchor": "old", "weight_clip": "eps", "weight_eps": 0.1, "weight_eps_high": 0.3},
-            lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 0.5), _tb_w(b, "eps", eps=0.1, eps_high=0.3)),
+            lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, beta=0.5), is_weight=_tb_w(b, "eps", eps=0.1, eps_high=0.3)),
         ),
     ],
     "paced": [
-        ({"kl_coef": 0.5}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, 1.0 / 0.5), b.is_weight)),
+        ({"kl_coef": 0.5}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_old"), b.rewards, b.log_z, beta=1.0 / 0.5), is_weight=b.is_weight)),
         (
             {"kl_coef": 4.0, "logprob_scale": "mean", "weight_clip": "ratio"},
-            lambda b: tb.tb_loss(tb.tb_residual(_seq(b, scale="mean"), _seq(b, "token_logp_old", "mean"), b.rewards, b.log_z, 0.25), _tb_w(b, "ratio")),
+            lambda b: tb.tb_loss(tb.tb_residual(_seq(b, scale="mean"), _seq(b, "token_logp_old", "mean"), b.rewards, b.log_z, beta=0.25), is_weight=_tb_w(b, "ratio")),
         ),
     ],
     "vargrad": [
-        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z.detach(), 2.0), b.is_weight)),
+        ({"tilt_beta": 2.0}, lambda b: tb.tb_loss(tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z.detach(), beta=2.0), is_weight=b.is_weight)),
         ({"tilt_beta": 3.0, "group_size": G}, lambda b: _vargrad_direct(b, 3.0, G)),  # batch.log_z removed below
     ],
     "offrl": [
@@ -227,8 +237,8 @@ def test_tb_metrics():
     b = _batch()
     out = get_objective("disa")(b, tilt_beta=2.0, weight_clip="max", max_weight=1.2)
     with torch.no_grad():
-        res = tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, 2.0)
-        w_tb = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "max", 1.2)
+        res = tb.tb_residual(_seq(b), _seq(b, "token_logp_ref"), b.rewards, b.log_z, beta=2.0)
+        w_tb = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, weight_clip="max", max_weight=1.2)
     torch.testing.assert_close(out.metrics["residual_abs_mean"], res.abs().mean(), rtol=0, atol=0)
     torch.testing.assert_close(out.metrics["weight_mean"], (w_tb * b.is_weight).mean(), rtol=0, atol=0)
     assert float(out.metrics["weight_clip_frac"]) == pytest.approx(float((w_tb >= 1.2).double().mean()))
@@ -286,7 +296,7 @@ def test_the_weight_clip_takes_one_vocabulary():
     with pytest.raises(ValueError, match="weight_clip must be one of"):
         get_objective("disa")(b, tilt_beta=1.0, weight_clip="none")
     with pytest.raises(ValueError, match="'ratio'"):
-        tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "none")
+        tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, weight_clip="none")
     one = get_objective("disa")(b, tilt_beta=1.0, weight_clip="one")
     default = get_objective("disa")(b, tilt_beta=1.0)
     torch.testing.assert_close(one.loss, default.loss, rtol=0, atol=0)
@@ -544,11 +554,11 @@ def test_a_weight_clip_without_its_bound_takes_the_weight_functions_own_default(
     b = _far_weights()
     w_raw = torch.exp(_seq(b) - _seq(b, "token_logp_old")).detach()
     assert float(w_raw.max()) > 300 and float(w_raw.min()) < 1 / 300  # beyond any default bound
-    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, clip) * b.is_weight
+    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, weight_clip=clip) * b.is_weight
     out = get_objective(name)(b, tilt_beta=2.0, weight_clip=clip)
     lp, ref = _seq(b), _seq(b, "token_logp_ref")
     lz = b.log_z if name == "tb" else b.log_z.detach()
-    want = tb.tb_loss(tb.tb_residual(lp, ref, b.rewards, lz, 2.0), w)
+    want = tb.tb_loss(tb.tb_residual(lp, ref, b.rewards, lz, beta=2.0), is_weight=w)
     torch.testing.assert_close(out.loss, want.loss, rtol=1e-12, atol=1e-12)
     sig = inspect.signature(tb.tb_importance_weight).parameters
     bound, option = {"max": ("max_weight", "max_weight"), "eps": ("eps", "weight_eps")}[clip]
@@ -568,8 +578,8 @@ def test_vargrad_estimates_log_z_with_its_own_scale_and_anchor_options():
     for p in range(P):  # the batch-optimal log Z of each prompt's group, laid over its own completions
         rows = slice(p * G, (p + 1) * G)
         lz[rows] = (1.5 * b.rewards[rows] - lp[rows] + an[rows]).mean().detach()
-    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, "max") * b.is_weight
-    want = tb.tb_loss(tb.tb_residual(lp, an, b.rewards, lz, 1.5), w)
+    w = tb.tb_importance_weight(b.token_logp, b.token_logp_old, b.mask, weight_clip="max") * b.is_weight
+    want = tb.tb_loss(tb.tb_residual(lp, an, b.rewards, lz, beta=1.5), is_weight=w)
     torch.testing.assert_close(out.loss, want.loss, rtol=1e-12, atol=1e-12)
 
 

@@ -22,8 +22,8 @@ def rnd(*shape, g=G64, grad=False):
 def test_sequence_logprob_sum_and_mean_match_loops():
     lp = rnd(3, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]], dtype=torch.float64)
-    s = tb.sequence_logprob(lp, mask, "sum")
-    m = tb.sequence_logprob(lp, mask, "mean")
+    s = tb.sequence_logprob(lp, mask, normalize="sum")
+    m = tb.sequence_logprob(lp, mask, normalize="mean")
     for b in range(3):
         toks = [lp[b, t].item() for t in range(6) if mask[b, t] > 0]
         assert s[b].item() == pytest.approx(sum(toks), rel=1e-12)
@@ -42,11 +42,11 @@ def test_tb_residual_and_loss_match_reference(b, beta, seed):
     g = torch.Generator().manual_seed(seed)
     logp, logp_ref, r, lz, w = (torch.randn(b, generator=g, dtype=torch.float64) for _ in range(5))
     w = w.abs()
-    d = tb.tb_residual(logp, logp_ref, r, lz, beta)
+    d = tb.tb_residual(logp, logp_ref, r, lz, beta=beta)
     ref = ref_tb_residual(logp.tolist(), logp_ref.tolist(), r.tolist(), lz.tolist(), beta)
     for i in range(b):
         assert d[i].item() == pytest.approx(ref[i], rel=1e-12, abs=1e-12)
-    assert tb.tb_loss(d, w).loss.item() == pytest.approx(
+    assert tb.tb_loss(d, is_weight=w).loss.item() == pytest.approx(
         sum(w[i].item() * ref[i] ** 2 for i in range(b)) / b, rel=1e-12
     )
 
@@ -56,7 +56,7 @@ def test_tb_gradients_match_analytic():
     lz = rnd(5, grad=True)
     logp_ref, r, w = rnd(5), rnd(5), rnd(5).abs()
     beta = 2.5
-    tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz, beta), w).loss.backward()
+    tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz, beta=beta), is_weight=w).loss.backward()
     d = (lz + logp - logp_ref - beta * r).detach()
     torch.testing.assert_close(logp.grad, 2 * w * d / 5, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(lz.grad, 2 * w * d / 5, rtol=1e-12, atol=1e-14)
@@ -65,15 +65,15 @@ def test_tb_gradients_match_analytic():
 def test_disa_loss_blocks_log_z_gradient_and_flowrl_style_learns_it():
     logp = rnd(4, grad=True)
     lz = rnd(4, grad=True)
-    tb.disa_loss(logp, rnd(4), rnd(4), lz, 1.0).loss.backward()
+    tb.disa_loss(logp, rnd(4), rnd(4), lz, beta=1.0).loss.backward()
     assert lz.grad is None and logp.grad is not None
 
 
 def test_shape_errors_are_clear():
     with pytest.raises(ValueError, match="shape"):
-        tb.tb_residual(torch.zeros(3), torch.zeros(4), torch.zeros(3), 0.0, 1.0)
+        tb.tb_residual(torch.zeros(3), torch.zeros(4), torch.zeros(3), 0.0, beta=1.0)
     with pytest.raises(ValueError, match="broadcast"):
-        tb.tb_residual(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(2), 1.0)
+        tb.tb_residual(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(2), beta=1.0)
     with pytest.raises(ValueError, match="empty"):
         tb.tb_loss(torch.zeros(0))
 
@@ -81,14 +81,14 @@ def test_shape_errors_are_clear():
 def test_vargrad_log_z_matches_loop_and_is_batch_argmin():
     p, g, beta = 3, 5, 1.7
     logp, logp_ref, r = rnd(p, g), rnd(p, g), rnd(p, g)
-    est = tb.vargrad_log_z(logp, logp_ref, r, beta)
+    est = tb.vargrad_log_z(logp, logp_ref, r, beta=beta)
     for i in range(p):
         ref = sum(beta * r[i, j].item() - logp[i, j].item() + logp_ref[i, j].item() for j in range(g)) / g
         assert est[i].item() == pytest.approx(ref, rel=1e-12)
         # argmin: perturbing log Z either way raises the batch TB loss
         for eps in (1e-3, -1e-3):
-            l0 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i], beta)).loss
-            l1 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i] + eps, beta)).loss
+            l0 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i], beta=beta)).loss
+            l1 = tb.tb_loss(tb.tb_residual(logp[i], logp_ref[i], r[i], est[i] + eps, beta=beta)).loss
             assert l1 > l0
 
 
@@ -96,11 +96,11 @@ def test_vargrad_equals_tb_at_batch_optimal_log_z_values_and_gradients():
     p, g, beta = 4, 6, 3.0
     logp = rnd(p, g, grad=True)
     logp_ref, r = rnd(p, g), rnd(p, g)
-    lv = tb.vargrad_loss(logp, logp_ref, r, beta).loss
+    lv = tb.vargrad_loss(logp, logp_ref, r, beta=beta).loss
     (gv,) = torch.autograd.grad(lv, logp)
     # TB with the batch-optimal log Z plugged in as a constant
     lz = torch.stack([(beta * r[i] - logp[i] + logp_ref[i]).mean() for i in range(p)]).detach()
-    lt = tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz[:, None], beta)).loss
+    lt = tb.tb_loss(tb.tb_residual(logp, logp_ref, r, lz[:, None], beta=beta)).loss
     (gt,) = torch.autograd.grad(lt, logp)
     torch.testing.assert_close(lv, lt, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(gv, gt, rtol=1e-10, atol=1e-13)
@@ -125,7 +125,7 @@ def test_tb_optimum_with_exact_log_z_is_pi_star_on_simplex():
     def closure():
         opt.zero_grad()
         logp = torch.log_softmax(theta, 0)
-        loss = tb.tb_loss(tb.tb_residual(logp, pi_ref.log(), r, log_z, beta), weight=pi_b * K).loss
+        loss = tb.tb_loss(tb.tb_residual(logp, pi_ref.log(), r, log_z, beta=beta), is_weight=pi_b * K).loss
         loss.backward()
         return loss
 
@@ -163,9 +163,9 @@ def test_importance_weight_options():
     mask = torch.ones(3, 4, dtype=torch.float64)
     mask[0, 2:] = 0
     raw = [math.exp(sum((lp[b, t] - lpo[b, t]).item() for t in range(4) if mask[b, t] > 0)) for b in range(3)]
-    w_none = tb.tb_importance_weight(lp, lpo, mask, "ratio")
-    w_max = tb.tb_importance_weight(lp, lpo, mask, "max", max_weight=2.0)
-    w_eps = tb.tb_importance_weight(lp, lpo, mask, "eps", eps=0.2)
+    w_none = tb.tb_importance_weight(lp, lpo, mask, weight_clip="ratio")
+    w_max = tb.tb_importance_weight(lp, lpo, mask, weight_clip="max", max_weight=2.0)
+    w_eps = tb.tb_importance_weight(lp, lpo, mask, weight_clip="eps", eps=0.2)
     for b in range(3):
         assert w_none[b].item() == pytest.approx(raw[b], rel=1e-10)
         assert w_max[b].item() == pytest.approx(min(raw[b], 2.0), rel=1e-10)

@@ -112,7 +112,7 @@ def test_sequence_is_weight_token_level(cap):
     _, _, mask = _batch()
     ratio = torch.exp(torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.5)
     ratio[0, 0] = 0.0  # floored at 1e-30 before the log
-    got = sequence_is_weight(ratio, mask, cap)
+    got = sequence_is_weight(ratio, mask, cap=cap)
     want = torch.tensor(ref_sequence_is_weight(ratio.tolist(), mask.tolist(), cap), dtype=torch.float64)
     torch.testing.assert_close(got, want, **TOL)
     if cap is not None:
@@ -127,7 +127,9 @@ def test_sequence_is_weight_gradient_below_the_cap():
     w.sum().backward()
     want = (w.detach()[:, None] / ratio.detach()) * mask
     torch.testing.assert_close(ratio.grad, want, **TOL)
-    assert torch.autograd.gradcheck(lambda r: sequence_is_weight(r, mask, 10.0), (ratio.detach().requires_grad_(True),))
+    assert torch.autograd.gradcheck(
+        lambda r: sequence_is_weight(r, mask, cap=10.0), (ratio.detach().requires_grad_(True),)
+    )
 
 
 def test_sequence_is_weight_sequence_level_passes_through():
@@ -156,27 +158,33 @@ def test_weight_clip_fraction(dtype):
     raw = torch.tensor([0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 3.0, 10.5, 12.0, 9.9], dtype=dtype)
     n = raw.numel()
     outside_max = sum(1 for v in raw.tolist() if v >= 10.0)
-    assert weight_clip_fraction(raw.clamp(max=10.0), "max", max_weight=10.0).item() == pytest.approx(outside_max / n)
+    assert weight_clip_fraction(raw.clamp(max=10.0), weight_clip="max", max_weight=10.0).item() == pytest.approx(
+        outside_max / n
+    )
     outside_eps = sum(1 for v in raw.tolist() if not 0.8 < v < 1.2)
     clipped = raw.clamp(1 - 0.2, 1 + 0.2)
-    assert weight_clip_fraction(clipped, "eps", eps=0.2).item() == pytest.approx(outside_eps / n)
-    assert weight_clip_fraction(clipped, "ratio").item() == 0.0
+    assert weight_clip_fraction(clipped, weight_clip="eps", eps=0.2).item() == pytest.approx(outside_eps / n)
+    assert weight_clip_fraction(clipped, weight_clip="ratio").item() == 0.0
     # away from the defaults: a cap of 3, and an asymmetric [1 - 0.2, 1 + 0.19] (1.19 is at the upper bound)
     at_cap = sum(1 for v in raw.tolist() if v >= 3.0)
-    assert weight_clip_fraction(raw.clamp(max=3.0), "max", max_weight=3.0).item() == pytest.approx(at_cap / n)
+    assert weight_clip_fraction(raw.clamp(max=3.0), weight_clip="max", max_weight=3.0).item() == pytest.approx(
+        at_cap / n
+    )
     assert at_cap != outside_max
     asym = raw.clamp(1 - 0.2, 1 + 0.19)
     outside_asym = sum(1 for v in raw.tolist() if not 0.8 < v < 1.19)
-    assert weight_clip_fraction(asym, "eps", eps=0.2, eps_high=0.19).item() == pytest.approx(outside_asym / n)
+    assert weight_clip_fraction(asym, weight_clip="eps", eps=0.2, eps_high=0.19).item() == pytest.approx(
+        outside_asym / n
+    )
     assert outside_asym != outside_eps
     low = raw.clamp(1 - 0.3, 1 + 0.2)  # eps 0.3: 0.79 is inside [0.7, 1.2]
     outside_low = sum(1 for v in raw.tolist() if not 0.7 < v < 1.2)
-    assert weight_clip_fraction(low, "eps", eps=0.3, eps_high=0.2).item() == pytest.approx(outside_low / n)
+    assert weight_clip_fraction(low, weight_clip="eps", eps=0.3, eps_high=0.2).item() == pytest.approx(outside_low / n)
     assert outside_low != outside_eps
     with pytest.raises(ValueError, match="clip must be"):
-        weight_clip_fraction(raw, "low")
+        weight_clip_fraction(raw, weight_clip="low")
     with pytest.raises(ValueError, match=r"\[B\]"):
-        weight_clip_fraction(raw[None], "max")
+        weight_clip_fraction(raw[None], weight_clip="max")
 
 
 def test_sequence_kl_old_value_and_no_gradient():

@@ -229,7 +229,7 @@ def test_verl_gspo():
 def test_verl_kl_estimators(k):
     lp, _, ref, _, _ = _batch(7)
     want = _core().kl_penalty(lp, ref, k)
-    torch.testing.assert_close(pg.kl_estimate(lp, ref, k), want, **TOL)  # type: ignore[arg-type]
+    torch.testing.assert_close(pg.kl_estimate(lp, ref, estimator=k), want, **TOL)  # type: ignore[arg-type]
 
 
 @needs_verl
@@ -279,7 +279,7 @@ def test_verl_kl_in_reward_advantage(std):
     inv = torch.argsort(perm)  # back to group-major order: row p * G + j of prompt p
     seq_old = (old * mask).sum(1)[inv].view(B // G, G)
     seq_ref = (ref * mask).sum(1)[inv].view(B // G, G)
-    penalised = pg.kl_in_reward(rewards, seq_old, seq_ref, coef)
+    penalised = pg.kl_in_reward(rewards, seq_old, seq_ref, coef=coef)
     got = pg.group_advantages(penalised, scale="std" if std else "none", eps=1e-6).reshape(-1)[perm]
     torch.testing.assert_close(want, got[:, None] * mask, **TOL)
     assert metrics["actor/reward_kl_penalty_coeff"] == coef

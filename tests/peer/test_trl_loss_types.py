@@ -278,7 +278,7 @@ def test_the_off_policy_mask_binds_and_matches_trl(source):
     d = _data()
     adv = torch.tensor(ADV, dtype=F64)
     samp = d["sampler"] if source == "sampler" else d["old"]
-    keep = pg.off_policy_sequence_mask(d["logp"], samp, adv, d["mask"], THRESHOLD)
+    keep = pg.off_policy_sequence_mask(d["logp"], samp, adv, d["mask"], threshold=THRESHOLD)
     want = GRPOTrainer.get_off_policy_mask(adv[:, None], d["logp"], samp, d["mask"], THRESHOLD)[:, 0]
     torch.testing.assert_close(keep, want, rtol=0, atol=0)
     neg = adv < 0

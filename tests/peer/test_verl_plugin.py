@@ -303,9 +303,9 @@ def test_lad_equals_tiltlab(div, level):
         got = _value_and_grad(lambda x: _call(name, x, old, adv, mask, cfg, agg, w), lp)
         want = _value_and_grad(
             lambda x: pg.aggregate(
-                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta, div, reduction="none").loss * w,
+                lad.lad_loss(x, old, adv[:, None].expand(B, T), eta=eta, divergence=div, loss_agg="none").loss * w,
                 m,
-                "seq_mean_token_mean",
+                loss_agg="seq_mean_token_mean",
             ),
             lp,
         )
@@ -314,12 +314,12 @@ def test_lad_equals_tiltlab(div, level):
         want = _value_and_grad(
             lambda x: (
                 lad.lad_loss(
-                    tb.sequence_logprob(x, m, "mean"),
-                    tb.sequence_logprob(old, m, "mean"),
+                    tb.sequence_logprob(x, m, normalize="mean"),
+                    tb.sequence_logprob(old, m, normalize="mean"),
                     adv,
-                    eta,
-                    div,
-                    weight=w[:, 0],
+                    eta=eta,
+                    divergence=div,
+                    is_weight=w[:, 0],
                 ).loss
             ),
             lp,

@@ -185,8 +185,8 @@ def _naive_dpo_run(seed, beta, steps, prompts, lam, lr=0.05):
     early = None
     for step in range(steps):
         if lam > 0:
-            lw = future_policy_logprobs(th, ref, yw, lam).sum(-1)
-            ll = future_policy_logprobs(th, ref, yl, lam).sum(-1)
+            lw = future_policy_logprobs(th, ref, yw, lam=lam).sum(-1)
+            ll = future_policy_logprobs(th, ref, yl, lam=lam).sum(-1)
         else:
             lw, ll = logp(th, yw), logp(th, yl)
         loss = dpo_loss(lw, ll, rw, rl, beta=beta).loss

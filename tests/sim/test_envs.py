@@ -36,7 +36,7 @@ def test_multiprompt_pass_rates_and_log_z_identity():
     assert abs(float(p.min()) - 0.01) < 1e-12 and abs(float(p.max()) - 0.9) < 1e-12
     for beta in (0.5, 2.0, 5.0):
         # binary rewards: Z = 1 + p (e^beta - 1), an exact identity (float64)
-        assert torch.allclose(env.log_z(beta), log_z_from_pass_rate(p, beta), atol=1e-12)
+        assert torch.allclose(env.log_z(beta), log_z_from_pass_rate(p, beta=beta), atol=1e-12)
         tgt = env.target_logp(beta)
         assert torch.allclose(tgt.exp().sum(-1), torch.ones(env.P, dtype=torch.float64), atol=1e-12)
         assert torch.allclose(tgt, env.logp_ref + beta * env.reward - env.log_z(beta)[:, None], atol=1e-12)

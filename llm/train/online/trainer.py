@@ -186,7 +186,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         self._log_z_cache: dict[str, float] = {}
         self._last_rewards_per_func: Tensor | None = None
         self._replay = (
-            ReplayBuffer(args.paced_replay_capacity, args.paced_replay_add)
+            ReplayBuffer(capacity=args.paced_replay_capacity, n_add=args.paced_replay_add)
             if obj == "paced" and args.paced_replay
             else None
         )
@@ -392,13 +392,13 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             out["paced_emb"] = self._paced_rows_emb(inputs).to(dev)
         if obj == "vargrad":
             scale = args.logprob_scale
-            lp_old = sequence_logprob(out["old_per_token_logps"], mask, scale)
-            lp_ref = sequence_logprob(out["ref_per_token_logps"], mask, scale)
+            lp_old = sequence_logprob(out["old_per_token_logps"], mask, normalize=scale)
+            lp_ref = sequence_logprob(out["ref_per_token_logps"], mask, normalize=scale)
             lz = vargrad_log_z(
                 self._gathered(lp_old).view(-1, g),
                 self._gathered(lp_ref).view(-1, g),
                 self._gathered(out["tb_reward"]).view(-1, g),
-                args.tilt_beta,
+                beta=args.tilt_beta,
                 detach=True,
             )
             out["log_z"] = self._local(lz.repeat_interleave(g), n)
@@ -441,9 +441,11 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         if "tool_mask" in out:
             mask = mask * out["tool_mask"].float()
         old = out["old_per_token_logps"] if "old_per_token_logps" in out else self._behaviour_logps(out, mode)
-        seq_old = self._gathered(sequence_logprob(old.float(), mask, "sum")).to(r_global.device)
-        seq_ref = self._gathered(sequence_logprob(out["ref_per_token_logps"].float(), mask, "sum")).to(r_global.device)
-        penalised = kl_in_reward(r_global.float(), seq_old, seq_ref, float(args.beta))
+        seq_old = self._gathered(sequence_logprob(old.float(), mask, normalize="sum")).to(r_global.device)
+        seq_ref = self._gathered(sequence_logprob(out["ref_per_token_logps"].float(), mask, normalize="sum")).to(
+            r_global.device
+        )
+        penalised = kl_in_reward(r_global.float(), seq_old, seq_ref, coef=float(args.beta))
         if g > 1:  # one completion per prompt (eval): every advantage is 0 already, as in TRL
             scale = ADV_SCALE[str(args.scale_rewards)]
             adv = group_advantages(penalised.view(-1, g), scale=scale, eps=TRL_ADVANTAGE_EPS).reshape(-1)  # type: ignore[arg-type]
@@ -549,7 +551,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         old = logp.detach() if old is None else old.float()
         ref = inputs.get("ref_per_token_logps")
         isr = inputs.get("importance_sampling_ratio")
-        seq_w = None if isr is None else sequence_is_weight(isr, mask, self.vllm_importance_sampling_clip_max)
+        seq_w = None if isr is None else sequence_is_weight(isr, mask, cap=self.vllm_importance_sampling_clip_max)
         batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask, mode)
         out = loss_function(obj)(self, model, batch)
         loss, metrics = out.loss, dict(out.metrics)

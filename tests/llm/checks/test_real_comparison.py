@@ -131,12 +131,12 @@ def test_items_pair_disa_with_the_named_arm_at_each_seed():
     m["flowrl"][3]["mean8"] += 0.5  # one seed's own value: a mispairing would move it
     (primary,) = C.items_for(m, SEEDS, C.PRIMARY)
     assert primary.name == "disa_minus_flowrl_mean8" and primary.kind == "effect" and primary.margin == C.MARGIN_ACC
-    assert primary.diffs == tuple(m["disa"][s]["mean8"] - m["flowrl"][s]["mean8"] for s in SEEDS)
+    assert primary.values == tuple(m["disa"][s]["mean8"] - m["flowrl"][s]["mean8"] for s in SEEDS)
     sec = {i.name: i for i in C.items_for(m, SEEDS, C.SECONDARY)}
     for metric, margin in (("mean8", C.MARGIN_ACC), ("coverage", C.MARGIN_COVERAGE), ("pass8", C.MARGIN_ACC)):
         it = sec[f"disa_minus_grpo_kl_{metric}"]
         assert it.margin == margin
-        assert it.diffs == tuple(m["disa"][s][metric] - m["grpo_kl"][s][metric] for s in SEEDS)
+        assert it.values == tuple(m["disa"][s][metric] - m["grpo_kl"][s][metric] for s in SEEDS)
 
 
 def test_the_items_are_the_ones_the_registry_declares():

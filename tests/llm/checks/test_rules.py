@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import scipy.stats as scipy_stats
 
+from tiltlab.claims import stats as S
 from tiltlab.claims.registry import Verdict
 from tiltlab.llm.checks import rules as R
 
@@ -72,7 +73,7 @@ def test_t_interval_uses_the_exact_quantile():
 
 
 def _it(name, diffs, margin=0.02):
-    return R.Item(name, tuple(diffs), margin)
+    return R.Item(name, tuple(diffs), margin=margin)
 
 
 UP = (0.10, 0.12, 0.09, 0.11, 0.10)  # clearly > 0
@@ -144,14 +145,14 @@ def test_a_run_that_did_not_train_is_inconclusive_whatever_the_items():
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_nan_difference_is_an_error(bad):
     with pytest.raises(ValueError, match="non-finite"):
-        R.Item("a", (0.1, bad, 0.2), 0.02)
+        R.Item("a", (0.1, bad, 0.2), margin=0.02)
 
 
 def test_bad_items_are_refused():
     with pytest.raises(ValueError, match="margin"):
-        R.Item("a", (0.1, 0.2), -0.01)
+        R.Item("a", (0.1, 0.2), margin=-0.01)
     with pytest.raises(ValueError, match="margin"):
-        R.Item("a", (0.1, 0.2), math.nan)
+        R.Item("a", (0.1, 0.2), margin=math.nan)
     with pytest.raises(ValueError, match="same number of seeds"):
         R.judge([_it("a", (0.1, 0.2, 0.3)), _it("b", (0.1, 0.2))])
     with pytest.raises(ValueError, match="repeat"):
@@ -237,9 +238,16 @@ def test_runlog_accuracy_needs_both_values_and_moves_beyond_1e9():
 def test_the_paired_unit_is_seed_unless_named_and_reaches_the_evidence():
     """``unit`` away from its default reaches the judgement and its evidence (what --rejudge reads);
     left out, the unit is ``seed``. A repeated item name is refused."""
-    items = [R.Item("a", (0.1, 0.2, 0.3), 0.0, "direction")]
+    items = [R.Item("a", (0.1, 0.2, 0.3), margin=0.0, kind="direction")]
     assert R.judge(items)[3].unit == "seed" and R.judge(items)[3].evidence()["unit"] == "seed"
     j = R.judge(items, unit="prompt")[3]
     assert j.unit == "prompt" and j.evidence()["unit"] == "prompt"
     with pytest.raises(ValueError, match="item names repeat"):
         R.judge([*items, *items])
+
+
+def test_rules_item_is_the_claims_item():
+    """The llm checks judge ``stats.Item`` itself (one declaration of an item)."""
+    assert R.Item is S.Item
+    it = R.Item("x", (0.1, 0.2), margin=0.01)
+    assert (it.values, it.kind, it.margin) == ((0.1, 0.2), S.EFFECT, 0.01)

@@ -77,7 +77,7 @@ def test_runlog_ran_items_need_every_run(what, position):
 
 @pytest.mark.parametrize("position", POSITIONS, ids=["first", "middle", "last"])
 def test_judge_is_inconclusive_when_any_ran_item_fails(position):
-    up = rules.Item("a", (0.10, 0.12, 0.09, 0.11, 0.10), 0.02)
+    up = rules.Item("a", (0.10, 0.12, 0.09, 0.11, 0.10), margin=0.02)
     names = ("ran_loss_moved", "ran_weights_moved", "ran_accuracy_moved")
     ran = dict(zip(names, _odd(position, False, True)))
     assert rules.judge([up], dict.fromkeys(names, True))[0] is Verdict.VERIFIED

@@ -177,7 +177,7 @@ def test_lad_strict_better_items_are_each_strict_minus_each_nonstrict(monkeypatc
     for a in ("tv", "hellinger", "js"):
         for b in ("kl", "rkl", "jeffreys"):
             it = items[f"{a}_minus_{b}"]
-            assert it.diffs == pytest.approx([acc[a][s] - acc[b][s] for s in range(3)], abs=1e-15)
+            assert it.values == pytest.approx([acc[a][s] - acc[b][s] for s in range(3)], abs=1e-15)
             assert it.margin == 0.02 and it.kind == "effect"
     # the strict / non-strict split is the paper's (Table 8's strict and non_strict columns)
     c = _claim("lad_empirical.toml", "lad.table8.divergences")["paper_numbers"]
@@ -205,7 +205,7 @@ def test_lad_table8_items_are_adjacent_pairs_in_the_papers_order(monkeypatch):
         "heldout_kl_minus_jeffreys",
         "heldout_jeffreys_minus_rkl",
     ]
-    assert all(d == pytest.approx(0.1) for it in got["items"] for d in it.diffs)
+    assert all(d == pytest.approx(0.1) for it in got["items"] for d in it.values)
     assert all(it.margin == 0.02 for it in got["items"])
 
 

@@ -455,7 +455,7 @@ def test_table6_items_are_the_mean_of_lambda_1_and_2_minus_each_other_lambda(mon
         for s in range(3):
             want.append((h[1.0][s] + h[2.0][s]) / 2 - h[lam][s])
         it = items[f"lam12_minus_lam{lam:g}"]
-        assert it.diffs == pytest.approx(want, rel=0, abs=1e-15) and it.margin == enumerable.ACC_MARGIN
+        assert it.values == pytest.approx(want, rel=0, abs=1e-15) and it.margin == enumerable.ACC_MARGIN
 
 
 def test_warm_cache_is_written_through_a_temp_file_in_its_own_folder(tmp_path, monkeypatch):
@@ -596,7 +596,7 @@ def test_computed_items_are_the_named_arms_difference_per_seed(monkeypatch):
             for s in range(n):
                 loop.append(src[a][s] - src[b][s])
             it = items[name]
-            assert it.diffs == pytest.approx(loop, rel=0, abs=1e-15), name
+            assert it.values == pytest.approx(loop, rel=0, abs=1e-15), name
             assert it.kind == "effect" and it.margin == (enumerable.TV_MARGIN if key == "tv" else enumerable.ACC_MARGIN)
         assert got["kw"] == {"cap": Verdict.PARTLY}, fn.__name__
 

@@ -109,7 +109,7 @@ def test_paced_replay_priority_counts_each_groups_own_correct_answers():
     want = []
     for _, p, _ in _rows():
         n_corr = sum(1 for j in range(G) if rewards[p * G + j] > 0.5)
-        p_hat = min(max(float(pass_rate_from_log_z(torch.tensor(lz_p[p]), beta)), 0.0), 1.0)
+        p_hat = min(max(float(pass_rate_from_log_z(torch.tensor(lz_p[p]), beta=beta)), 0.0), 1.0)
         want.append(abs(n_corr / G - p_hat))
     torch.testing.assert_close(seen["prio"].double(), torch.tensor(want, dtype=torch.float64), **TOL)
     assert st._metrics["train"]["paced/accuracy_error"][0] == pytest.approx(sum(want) / B, rel=1e-5)

@@ -449,7 +449,7 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
     old = logp - torch.tensor([3.0, 0.0, 0.0, 0.0])[:, None]  # sequence ratios e^6 (clipped at 10), 1, 1, 1
     mask = torch.ones(4, 2)
     b = LossBatch(logp, old, torch.zeros(4, 2), mask, None, torch.full((4,), 50.0), {}, torch.zeros(4, 1), mask[:, :1])
-    w_tb = tb_importance_weight(logp, old, mask, "max", 10.0, 0.2, None)
+    w_tb = tb_importance_weight(logp, old, mask, weight_clip="max", max_weight=10.0, eps=0.2, eps_high=None)
     torch.testing.assert_close(w_tb, torch.tensor([10.0, 1.0, 1.0, 1.0]))
     for name, opts in (("disa", {"beta": 1.0}), ("vargrad", {"beta": 1.0})):
         m = _tb_family(trainer, name, b, torch.zeros(4), torch.zeros(4), **opts).metrics

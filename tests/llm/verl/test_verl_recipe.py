@@ -181,10 +181,10 @@ def test_disa_loss_step_equals_tiltlab(model, monkeypatch, logprob_scale, n_micr
     m = r["response_mask"].to(F64)
     norm = logprob_scale
     logp = _reference_token_logp(model, r)
-    w = tb.tb_importance_weight(logp, old, m, "eps", eps=0.1, eps_high=0.3)
+    w = tb.tb_importance_weight(logp, old, m, weight_clip="eps", eps=0.1, eps_high=0.3)
     want = tb.disa_loss(
-        tb.sequence_logprob(logp, m, norm), tb.sequence_logprob(ref, m, norm), 2.0 * r["reward"] - 0.5,
-        torch.tensor(r["log_z"], dtype=F64), 4.0, weight=w,
+        tb.sequence_logprob(logp, m, normalize=norm), tb.sequence_logprob(ref, m, normalize=norm), 2.0 * r["reward"] - 0.5,
+        torch.tensor(r["log_z"], dtype=F64), beta=4.0, is_weight=w,
     ).loss  # fmt: skip
     want.backward()
     assert got == pytest.approx(float(want), rel=1e-9)
@@ -227,9 +227,9 @@ def test_learned_log_z_loss_step_equals_tiltlab(model, monkeypatch, objective):
             weight_clip="eps", eps=0.1, eps_high=0.3,
         ).loss  # fmt: skip
     else:  # PACED: anchored on pi_old, tilt r / kl_coef
-        w = tb.tb_importance_weight(logp, old, m, "eps", eps=0.1, eps_high=0.3)
-        res = tb.tb_residual(tb.sequence_logprob(logp, m), tb.sequence_logprob(old, m), reward, log_z, 1.0 / 0.5)
-        want = tb.tb_loss(res, w).loss
+        w = tb.tb_importance_weight(logp, old, m, weight_clip="eps", eps=0.1, eps_high=0.3)
+        res = tb.tb_residual(tb.sequence_logprob(logp, m), tb.sequence_logprob(old, m), reward, log_z, beta=1.0 / 0.5)
+        want = tb.tb_loss(res, is_weight=w).loss
     want.backward()
     assert got == pytest.approx(float(want), rel=1e-9)
     torch.testing.assert_close(got_z, log_z.grad, **TOL)
