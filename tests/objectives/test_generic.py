@@ -40,6 +40,9 @@ def test_every_public_objective_has_an_entry():
         "pass_at_k",
         "mean_at_k",
         "distinct_n",
+        # distances between distributions (no gradient taken through them): tests/objectives/test_tv_distance.py
+        "tv_distance",
+        "total_variation",
         "group_normalized_reward",
         # logged diagnostics (no gradient is taken through them): tested in test_trainer_math.py
         "weight_clip_fraction",
