@@ -113,11 +113,12 @@ def _checked_sources(run: subprocess.CompletedProcess) -> list[str]:
 
 def test_mypy_reads_the_checkout_with_no_site_packages(tmp_path):
     """mypy with site-packages switched off (no installed tiltlab can be read, and no torch: its
-    imports are let through) resolves every ``tiltlab.objectives`` import from the checkout."""
+    imports are let through; python 3.11, pyproject's requires-python: ``typing.Unpack``) resolves every
+    ``tiltlab.objectives`` import from the checkout."""
     _require("mypy")
     config = tmp_path / "mypy.toml"
     config.write_text(
-        '[tool.mypy]\npython_version = "3.10"\nno_site_packages = true\n\n'
+        '[tool.mypy]\npython_version = "3.11"\nno_site_packages = true\n\n'
         '[[tool.mypy.overrides]]\nmodule = ["torch", "torch.*"]\nignore_missing_imports = true\n'
     )
     run = _mypy(["--config-file", str(config), "--cache-dir", str(tmp_path / "cache"), "-p", "tiltlab.objectives"])

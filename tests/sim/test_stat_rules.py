@@ -270,7 +270,7 @@ def test_tau_items_pinned_against_naive():
 def test_tau_check_noop_variant_fails(monkeypatch, fresh_tau_cache):
     """Selection that ignores tau: every tau trains alike; the verdict moves and the it-ran item fails."""
     real = train_mod.paced_obj.select_prompts
-    monkeypatch.setattr(train_mod.paced_obj, "select_prompts", lambda p, tau, m: real(p, 0.5, m))
+    monkeypatch.setattr(train_mod.paced_obj, "select_prompts", lambda p, *, tau, m: real(p, tau=0.5, m=m))
     out = run_one(the_check("paced.tau_sweep"))
     assert out.result is not None and out.result.items["taus_differ"] is False
     assert out.verdict == "inconclusive" and not out.ok
