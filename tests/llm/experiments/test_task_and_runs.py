@@ -493,7 +493,7 @@ def test_four_method_run_context_arms_are_cispo_and_sapo_off_policy(monkeypatch,
     monkeypatch.setattr(warmup, "warm_reference", lambda s: (None, None))
     calls = []
     monkeypatch.setattr(
-        T,
+        training,
         "train_online",
         lambda m, t, r, fn, **kw: calls.append((fn, kw["old_every"])) or training.Trace([1.0, 0.0], 1.0),
     )
