@@ -171,3 +171,12 @@ def test_registering_a_declared_name_or_a_bad_declaration_is_refused():
         Spec("x", "pg.grpo_loss", (), "pg", frozenset({"trl"}))
     with pytest.raises(ValueError, match="unknown trainer"):
         names("trl")
+
+
+def test_every_declaration_says_what_it_is():
+    """Each declared objective has its one-line doc (the CLI help and docs read it) and a loss function
+    named module.function."""
+    for s in SPECS.values():
+        assert s.doc and "\n" not in s.doc, s.name
+        module, _, fn = s.loss.partition(".")
+        assert module and fn, s.name

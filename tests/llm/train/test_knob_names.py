@@ -44,3 +44,52 @@ def test_trl_config_fields_are_the_declared_knobs(tmp_path):
         TiltGRPOConfig(objective="disa", weight_clip="none", **kw)
     with pytest.raises(ValueError, match="logprob_scale must be one of"):
         TiltGRPOConfig(objective="disa", logprob_scale="token", **kw)
+
+
+def test_the_tb_knobs_defaults_are_the_documented_ones():
+    """The declared defaults, pinned by value (they were TiltGRPOConfig's before the declaration moved):
+    FlowRL's tilt 15 and its code's max-10 weight clip, the [0.8, 1.2] eps clip, no shift or scale."""
+    got = {o.name: o.default for o in TB_OPTIONS}
+    assert got == {
+        "tilt_beta": 15.0,
+        "reward_scale": 1.0,
+        "reward_shift": 0.0,
+        "logprob_scale": None,
+        "weight_clip": "max",
+        "max_weight": 10.0,
+        "weight_eps": 0.2,
+        "weight_eps_high": None,
+    }
+
+
+def test_the_trl_trainers_capability_tables_are_the_tagged_objectives():
+    """The tables TiltGRPOConfig checks options against, derived from the tags, pinned against the lists they
+    replaced (a tag dropped or added to the wrong entry changes what the trainer accepts)."""
+    pytest.importorskip("trl")
+    from tiltlab.llm.train.online import config
+
+    assert config.grpo_family() == ("grpo", "gspo", "cispo", "sapo", "luspo", "vespo")
+    assert config.bias_corrected_kl() == ("grpo", "cispo", "sapo", "luspo", "vespo")
+    assert config.kl_in_reward() == ("grpo",)
+    assert config.tb_family() == ("flowrl", "disa", "vargrad", "paced")
+    assert config.needs_ref() == ("flowrl", "disa", "vargrad")
+    assert {o: config.loss_types(o) for o in ("grpo", "gspo", "cispo", "luspo", "disa", "lad")} == {
+        "grpo": ("dapo", "grpo", "bnpo", "dr_grpo"),
+        "gspo": ("grpo",),
+        "cispo": ("cispo",),
+        "luspo": ("luspo",),
+        "disa": (),
+        "lad": (),
+    }
+
+
+def test_kl_in_reward_is_refused_for_an_objective_without_the_tag(tmp_path):
+    pytest.importorskip("trl")
+    from tiltlab.llm.train.online import TiltGRPOConfig
+
+    kw = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, beta=0.1, kl_in_reward=True)
+    assert TiltGRPOConfig(objective="grpo", **kw).kl_in_reward
+    with pytest.raises(ValueError, match="kl_in_reward is implemented by objective in"):
+        TiltGRPOConfig(objective="gspo", **kw)
+    with pytest.raises(ValueError, match="set beta > 0"):
+        TiltGRPOConfig(objective="grpo", **{**kw, "beta": 0.0})

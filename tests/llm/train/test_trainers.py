@@ -269,6 +269,7 @@ def test_config_validates(path):
 _OTHER = {
     "reward_transform": "affine",
     "weight_clip": "eps",
+    "logprob_scale": "mean",
     "lad_divergence": "tv",
     "lad_level": "sequence",
     "paced_select_from": "disa",
@@ -451,7 +452,7 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
     b = LossBatch(logp, old, torch.zeros(4, 2), mask, None, torch.full((4,), 50.0), {}, torch.zeros(4, 1), mask[:, :1])
     w_tb = tb_importance_weight(logp, old, mask, weight_clip="max", max_weight=10.0, eps=0.2, eps_high=None)
     torch.testing.assert_close(w_tb, torch.tensor([10.0, 1.0, 1.0, 1.0]))
-    for name, opts in (("disa", {"beta": 1.0}), ("vargrad", {"beta": 1.0})):
+    for name, opts in (("disa", {"tilt_beta": 1.0}), ("vargrad", {"tilt_beta": 1.0})):
         m = _tb_family(trainer, name, b, torch.zeros(4), torch.zeros(4), **opts).metrics
         torch.testing.assert_close(m["weight_mean"], (w_tb * 50.0).mean())  # the loss weight carries the IS weight
         assert m["weight_clip_frac"].item() == 0.25  # one of four TB weights at max_weight, not all four
