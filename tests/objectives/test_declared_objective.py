@@ -125,14 +125,18 @@ def test_the_trl_trainer_trains_it(toy, tmp_path):
         online.TiltGRPOConfig(output_dir=str(tmp_path), objective="toy_pgx", report_to="none", use_cpu=True)
 
 
-def test_the_verl_plugin_registers_and_runs_it(toy):
+def test_the_verl_plugin_registers_and_runs_it(toy, monkeypatch):
     pytest.importorskip("verl")
+    from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig
 
     from tiltlab.llm import verl as plugin
 
+    # the toy's registration is undone with the toy (other tests run every loss the plug-in registered)
+    monkeypatch.setattr(plugin.policy, "POLICY_LOSSES", dict(plugin.POLICY_LOSSES))
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
     plugin.register()
-    fn = plugin.POLICY_LOSSES[f"tiltlab_{TOY}"]
+    fn = plugin.policy.POLICY_LOSSES[f"tiltlab_{TOY}"]
     cfg = ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2)
     b = _batch(1)
     mask = b.mask > 0
@@ -143,6 +147,7 @@ def test_the_verl_plugin_registers_and_runs_it(toy):
     assert toy == [{"clip_eps": CLIP, "loss_agg": "token_mean"}]
     assert math.isclose(float(loss), float(_direct(b, loss_agg="token_mean")), rel_tol=1e-12)
     assert "actor/pg_clipfrac" in metrics
+    assert f"tiltlab_{TOY}" in core_algos.POLICY_LOSS_REGISTRY
 
 
 def test_the_simulator_trains_it(toy):
