@@ -10,6 +10,7 @@ function, one :class:`Spec` here, its adapter in the registry and its OpInfo ent
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
@@ -119,6 +120,33 @@ def options_dataclass(name: str, options: tuple[Option, ...]) -> type:
     return make_dataclass(name, [(o.name, o.type, field(default=o.default, metadata={"help": o.doc})) for o in options])
 
 
+def default_logprob_scale(objective: str) -> str:
+    """``logprob_scale`` when a config leaves it None: the declared default of ``objective`` (``mean`` for
+    flowrl, FlowRL's code), else ``sum`` (DISA eq. 6)."""
+    return str(SPECS[objective].defaults.get("logprob_scale", "sum"))
+
+
+def tb_loss_options(settings: Any) -> dict[str, Any]:
+    """The TB knobs a trainer config (``settings``: fields named as :data:`TB_OPTIONS`) passes to the
+    registry's TB adapters: all but ``reward_scale`` / ``reward_shift``, which the trainer applies to the
+    reward before the loss."""
+    return {o.name: getattr(settings, o.name) for o in TB_OPTIONS if o.name not in ("reward_scale", "reward_shift")}
+
+
+def refuse_old_names(cls: type, where: str, extra: Mapping[str, str] | None = None) -> type:
+    """``cls`` (a config dataclass) with its ``__init__`` refusing the old knob names (:func:`renamed`) in one
+    line naming the new, before the dataclass would say only "unexpected keyword argument"."""
+    declared = cls.__init__  # type: ignore[misc]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        renamed(kwargs, where, extra)
+        declared(self, *args, **kwargs)
+
+    __init__.__doc__, __init__.__signature__ = declared.__doc__, inspect.signature(declared)  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
 def renamed(given: Any, where: str, extra: Mapping[str, str] | None = None) -> None:
     """Refuse the old knob names among ``given`` (names; :data:`RENAMED` and ``extra``, a caller's own
     renames), in one line naming the new ones."""
@@ -197,6 +225,7 @@ SPECS: dict[str, Spec] = {
             frozenset({"needs_ref", "learned_log_z"}),
             "FlowRL: TB with a learned log Z and its code's choices (length-normalised, group-normalised reward)",
             "flowrl_loss's keywords",
+            {"logprob_scale": "mean"},
         ),
         Spec(
             "disa",

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tiltlab.objectives import lad, offline, pg, tb
-from tiltlab.objectives.catalog import SPECS, TB_OPTIONS, Spec, names, renamed
+from tiltlab.objectives.catalog import SPECS, TB_OPTIONS, Spec, default_logprob_scale, names, renamed
 from tiltlab.objectives.diagnostics import weight_clip_fraction
 from tiltlab.objectives.output import LossOutput
 
@@ -309,7 +309,7 @@ def _flowrl(b: ObjectiveBatch, opts: dict[str, Any]) -> LossOutput:
     ``weight_eps_high``) plus its own ``group_size`` and ``group_normalize``."""
     o = dict(opts)
     renamed(o, "flowrl options")
-    scale = o.pop("logprob_scale", None) or "mean"
+    scale = o.pop("logprob_scale", None) or default_logprob_scale("flowrl")
     if scale not in ("sum", "mean"):
         raise ValueError(f"logprob_scale must be 'sum' or 'mean', got {scale!r}")
     clip = o.pop("weight_clip", "max")

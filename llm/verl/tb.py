@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tiltlab.objectives.catalog import TB_OPTIONS, names, options_dataclass, renamed
+from tiltlab.objectives.catalog import (
+    TB_OPTIONS,
+    default_logprob_scale,
+    names,
+    options_dataclass,
+    refuse_old_names,
+    renamed,
+    tb_loss_options,
+)
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
 from tiltlab.objectives.transforms import affine_reward
 
@@ -63,7 +70,7 @@ class TBSettings(_TBOptions):
         if not self.tilt_beta > 0 or not self.paced_kl_coef > 0:
             raise ValueError(f"tilt_beta and paced_kl_coef must be > 0, got {self.tilt_beta}, {self.paced_kl_coef}")
         if self.logprob_scale is None:
-            self.logprob_scale = "mean" if self.objective == "flowrl" else "sum"
+            self.logprob_scale = default_logprob_scale(self.objective)
         for option in TB_OPTIONS:
             option.check(getattr(self, option.name))
 
@@ -80,16 +87,7 @@ class TBSettings(_TBOptions):
 
 
 _RENAMED = {"beta": "tilt_beta (the tilt multiplying the reward)"}
-_declared_init = TBSettings.__init__
-
-
-def _init(self: TBSettings, *args: Any, **kwargs: Any) -> None:
-    renamed(kwargs, "TBSettings", _RENAMED)
-    _declared_init(self, *args, **kwargs)
-
-
-_init.__doc__, _init.__signature__ = _declared_init.__doc__, inspect.signature(_declared_init)  # type: ignore[attr-defined]
-TBSettings.__init__ = _init  # type: ignore[method-assign]  # old knob names refused naming the new
+refuse_old_names(TBSettings, "TBSettings", _RENAMED)  # old knob names refused naming the new
 
 
 def _label_column(data: Any, key: str, n: int) -> Tensor:
@@ -171,7 +169,7 @@ def tb_loss_fn(
     log_z = log_z.to(log_prob.dtype)
     batch = ObjectiveBatch(log_prob, mask, token_logp_old=old, token_logp_ref=ref, rewards=reward, log_z=log_z)
     # the TB family's knobs under their one name (the reward transform is applied above)
-    options = {o.name: getattr(settings, o.name) for o in TB_OPTIONS if o.name not in ("reward_scale", "reward_shift")}
+    options = tb_loss_options(settings)
     if settings.objective == "flowrl":  # FlowRL's loss with its code choices off: TB on r~ at beta, learned log Z
         batch = replace(batch, rewards=reward[:, None])
         options["group_normalize"] = False

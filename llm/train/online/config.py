@@ -4,13 +4,19 @@ tables of what each objective implements."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOConfig
 
-from tiltlab.objectives.catalog import TB_OPTIONS, describe, names, options_dataclass, renamed
+from tiltlab.objectives.catalog import (
+    TB_OPTIONS,
+    default_logprob_scale,
+    describe,
+    names,
+    options_dataclass,
+    refuse_old_names,
+)
 from tiltlab.objectives.lad import F_DIVERGENCES
 
 from ..vllm_sync import cpu_trainer_bf16
@@ -208,7 +214,7 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions):
         if self.reward_transform not in REWARD_TRANSFORMS:
             raise ValueError(f"reward_transform must be one of {REWARD_TRANSFORMS}, got {self.reward_transform!r}")
         if self.logprob_scale is None:
-            self.logprob_scale = "mean" if self.objective == "flowrl" else "sum"
+            self.logprob_scale = default_logprob_scale(self.objective)
         for option in TB_OPTIONS:
             option.check(getattr(self, option.name))
         if self.lad_divergence not in F_DIVERGENCES:
@@ -311,13 +317,4 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions):
         )
 
 
-_declared_init = TiltGRPOConfig.__init__
-
-
-def _init(self: TiltGRPOConfig, *args: object, **kwargs: object) -> None:
-    renamed(kwargs, "TiltGRPOConfig")
-    _declared_init(self, *args, **kwargs)
-
-
-_init.__doc__, _init.__signature__ = _declared_init.__doc__, inspect.signature(_declared_init)  # type: ignore[attr-defined]
-TiltGRPOConfig.__init__ = _init  # type: ignore[method-assign]  # old knob names refused naming the new
+refuse_old_names(TiltGRPOConfig, "TiltGRPOConfig")  # old knob names refused naming the new

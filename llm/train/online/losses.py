@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from tiltlab.objectives.catalog import SPECS, TB_OPTIONS, names
+from tiltlab.objectives.catalog import SPECS, names, tb_loss_options
 from tiltlab.objectives.correction import kl_penalty
 from tiltlab.objectives.output import LossOutput
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
@@ -216,14 +216,6 @@ def lad_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
     return _with_kl(trainer, out, b, {})
 
 
-def tb_options(args: Any, tilt: bool = True) -> dict[str, Any]:
-    """The TB family's registry options from the config's fields of the same names
-    (:data:`~tiltlab.objectives.catalog.TB_OPTIONS`; the reward transform is applied before the loss, so
-    ``reward_scale`` / ``reward_shift`` are not passed; ``tilt_beta`` only with ``tilt``)."""
-    skip = {"reward_scale", "reward_shift", *(() if tilt else ("tilt_beta",))}
-    return {o.name: getattr(args, o.name) for o in TB_OPTIONS if o.name not in skip}
-
-
 def _tb_logged(out: LossOutput, log_z: Tensor) -> LossOutput:
     """The TB family's loss with the metrics the trainer logs: log Z, the mean absolute residual, the
     rollout weight's clip fraction and mean."""
@@ -247,7 +239,7 @@ def flowrl_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
         b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=b.inputs["tb_reward"][:, None],
         log_z=log_z, is_weight=b.seq_w,
     )  # fmt: skip
-    out = get_objective("flowrl")(batch, group_normalize=False, **tb_options(args))
+    out = get_objective("flowrl")(batch, group_normalize=False, **tb_loss_options(args))
     return _tb_logged(out, log_z)
 
 
@@ -262,7 +254,8 @@ def _tb_family(
     batch = ObjectiveBatch(
         b.logp, b.mask, token_logp_old=b.old, token_logp_ref=b.ref, rewards=reward, log_z=log_z, is_weight=b.seq_w
     )
-    out = get_objective(name)(batch, **tb_options(args, tilt=False), **options)
+    knobs = {k: v for k, v in tb_loss_options(args).items() if k != "tilt_beta"}  # the tilt comes in options
+    out = get_objective(name)(batch, **knobs, **options)
     return _tb_logged(out, log_z)
 
 

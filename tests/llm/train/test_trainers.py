@@ -443,7 +443,7 @@ def test_tb_clip_fraction_is_of_the_tb_weight_not_of_the_sampler_weighted_one():
     from tiltlab.objectives.tb import tb_importance_weight
 
     args = SimpleNamespace(
-        weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None, logprob_scale="sum"
+        weight_clip="max", max_weight=10.0, weight_eps=0.2, weight_eps_high=None, logprob_scale="sum", tilt_beta=1.0
     )
     trainer = SimpleNamespace(args=args)
     logp = torch.zeros(4, 2)
