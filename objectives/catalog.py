@@ -20,13 +20,17 @@ __all__ = [
     "RENAMED",
     "SPECS",
     "TAGS",
+    "LAD_DIVERGENCES",
     "TB_OPTIONS",
     "TRAINERS",
     "Option",
     "Spec",
+    "check_knobs",
+    "knob_fields",
     "names",
     "options_dataclass",
     "renamed",
+    "section_keys",
 ]
 
 TRAINERS = ("online", "offline", "sim", "verl")
@@ -63,6 +67,10 @@ class Option:
         default: its default.
         doc: what it is (the fields' ``help``).
         choices: the values it takes, when it is one of a few.
+        trainers: for an objective's own knob (:attr:`Spec.knobs`), the trainers whose config has it
+            (empty: every trainer of the objective).
+        trainer_defaults: a trainer's own default where it differs (``{"sim": 32}``: the simulator's
+            toy scale).
     """
 
     name: str
@@ -70,6 +78,8 @@ class Option:
     default: Any
     doc: str
     choices: tuple[Any, ...] = ()
+    trainers: frozenset[str] = frozenset()
+    trainer_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def check(self, value: Any) -> None:
         """A one-line ValueError when ``value`` is not one of :attr:`choices`."""
@@ -133,13 +143,14 @@ def tb_loss_options(settings: Any) -> dict[str, Any]:
     return {o.name: getattr(settings, o.name) for o in TB_OPTIONS if o.name not in ("reward_scale", "reward_shift")}
 
 
-def refuse_old_names(cls: type, where: str, extra: Mapping[str, str] | None = None) -> type:
-    """``cls`` (a config dataclass) with its ``__init__`` refusing the old knob names (:func:`renamed`) in one
-    line naming the new, before the dataclass would say only "unexpected keyword argument"."""
+def refuse_old_names(cls: type, where: str, extra: Mapping[str, str] | None = None, *, common: bool = True) -> type:
+    """``cls`` (a config dataclass) with its ``__init__`` refusing the old knob names (:func:`renamed`; with
+    ``common=False`` only ``extra``) in one line naming the new, before the dataclass would say only
+    "unexpected keyword argument"."""
     declared = cls.__init__  # type: ignore[misc]
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        renamed(kwargs, where, extra)
+        renamed(kwargs, where, extra, common=common)
         declared(self, *args, **kwargs)
 
     __init__.__doc__, __init__.__signature__ = declared.__doc__, inspect.signature(declared)  # type: ignore[attr-defined]
@@ -147,10 +158,10 @@ def refuse_old_names(cls: type, where: str, extra: Mapping[str, str] | None = No
     return cls
 
 
-def renamed(given: Any, where: str, extra: Mapping[str, str] | None = None) -> None:
-    """Refuse the old knob names among ``given`` (names; :data:`RENAMED` and ``extra``, a caller's own
-    renames), in one line naming the new ones."""
-    table = {**RENAMED, **(extra or {})}
+def renamed(given: Any, where: str, extra: Mapping[str, str] | None = None, *, common: bool = True) -> None:
+    """Refuse the old knob names among ``given`` (names; :data:`RENAMED` unless ``common`` is false, and
+    ``extra``, a caller's own renames), in one line naming the new ones."""
+    table = {**(RENAMED if common else {}), **(extra or {})}
     old = [k for k in given if k in table]
     if old:
         raise TypeError(f"{where}: " + "; ".join(f"{k!r} is now {table[k]}" for k in old))
@@ -171,6 +182,9 @@ class Spec:
         doc: one line on what it is (CLI help, docs).
         options: the adapter's own options (beyond the loss function's keyword arguments), in words.
         defaults: option values used where the caller gives none.
+        knobs: the objective's own settings (:class:`Option`), each the field ``<name>_<knob>`` of every
+            trainer config that has it (:func:`knob_fields`) and the key ``<knob>`` of a run config's
+            ``<name>:`` section.
     """
 
     name: str
@@ -182,6 +196,7 @@ class Spec:
     doc: str = ""
     options: str = ""
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    knobs: tuple[Option, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -189,16 +204,99 @@ class Spec:
         bad = sorted(set(self.trainers) - set(TRAINERS)) + sorted(set(self.tags) - set(TAGS))
         if bad:
             raise ValueError(f"objective {self.name!r}: unknown trainers/tags {bad}; known {TRAINERS}, {sorted(TAGS)}")
+        for k in self.knobs:
+            bad = sorted(set(k.trainers) - set(TRAINERS)) + sorted(set(k.trainer_defaults) - set(TRAINERS))
+            if bad:
+                raise ValueError(f"objective {self.name!r}: knob {k.name!r}: unknown trainers {bad}; known {TRAINERS}")
+
+    def knob_trainers(self, knob: Option) -> frozenset[str]:
+        """The trainers whose config has ``knob`` (its own list, else the objective's)."""
+        return knob.trainers or self.trainers
 
 
 _POLICY_NEEDS = ("token_logp_old", "advantages")
 _TB_OPTS = (
-    "beta; logprob_scale ('sum' | 'mean'); anchor ('ref' | 'old'); weight_clip (None: only is_weight; "
-    "'max' | 'eps' | 'none': tb_importance_weight on pi_old), max_weight, eps, eps_high"
+    "tilt_beta; logprob_scale ('sum' | 'mean'); anchor ('ref' | 'old'); weight_clip ('one', the default: only "
+    "is_weight; 'max' | 'eps' | 'ratio': tb_importance_weight on pi_old), max_weight, weight_eps, weight_eps_high"
 )
 _ON, _OFF, _SIM, _VERL = (frozenset({t}) for t in TRAINERS)
 _PG_TAGS = frozenset({"off_policy_mask", "bias_corrected_kl"})
 _TRL_LOSS = frozenset({"trl_loss_type", *_PG_TAGS})
+
+
+LAD_DIVERGENCES = ("kl", "rkl", "jeffreys", "tv", "hellinger", "js")
+"""The names of :data:`tiltlab.objectives.lad.F_DIVERGENCES` (LAD Table 5; a test pins them equal)."""
+
+_LAD_KNOBS = (
+    Option("eta", float, 1.0, "LAD's temperature eta > 0 (target pi_old e^{A/eta})", trainers=_ON | _SIM),
+    Option("divergence", str, "js", "LAD's f-divergence (LAD Table 5)", LAD_DIVERGENCES, trainers=_ON | _SIM),
+    Option(
+        "level",
+        str,
+        "token",
+        "the ratio in the LAD loss: token | sequence (length-normalised)",
+        ("token", "sequence"),
+        trainers=_ON,
+    ),
+)
+_PACED_KNOBS = (
+    Option("kl_coef", float, 1.0, "PACED's beta, a KL coefficient > 0: the TB tilt is r / kl_coef", trainers=_ON),
+    Option("tau", float, 0.5, "PACED's target accuracy in [0, 1] of the prompt selection", trainers=_ON | _SIM),
+    Option("pool_factor", int, 4, "candidates per selected prompt (0 = no selection)", trainers=_ON),
+    Option(
+        "select_from",
+        str,
+        "learned",
+        "the log Z the selection reads: learned | disa (the frozen Stage-2 log Z)",
+        ("learned", "disa"),
+        trainers=_ON,
+    ),
+    Option(
+        "replay",
+        bool,
+        True,
+        "PACED's replay: a buffer of correct samples with priority |N_correct/N - p_hat| added to the batch",
+        trainers=_ON | _SIM,
+        trainer_defaults={"sim": False},
+    ),
+    Option(
+        "replay_capacity",
+        int,
+        128,
+        "replay buffer capacity (PACED: 128; the simulator's per seed: 32)",
+        trainers=_ON | _SIM,
+        trainer_defaults={"sim": 32},
+    ),
+    Option(
+        "replay_add",
+        int,
+        64,
+        "correct samples pushed into the buffer per step (PACED: 64; the simulator: 16)",
+        trainers=_ON | _SIM,
+        trainer_defaults={"sim": 16},
+    ),
+    Option("replay_max", int | None, None, "at most this many replayed rows per batch", trainers=_ON),
+    Option(
+        "replay_mode",
+        str,
+        "add",
+        "add: the valid buffer entries are added to the batch (an update then has more sample terms than one "
+        "without replay); replace: each valid buffer entry takes the place of one fresh sample of the selected "
+        "prompts (dropped from the highest sample index down, round-robin over prompts), so every update has "
+        "exactly select_m * G sample terms (P * G without selection); fresh samples are drawn either way",
+        ("add", "replace"),
+        trainers=_SIM,
+    ),
+    Option(
+        "embeddings",
+        str,
+        "frozen_ref",
+        "PACED's Z_phi input: frozen_ref (paper Sec. 4.3: an MLP on frozen pi_ref prompt embeddings, precomputed "
+        "once) | live (the head on the live policy's hidden states)",
+        ("frozen_ref", "live"),
+        trainers=_ON,
+    ),
+)
 
 
 def _pg(name: str, trainers: frozenset[str], tags: frozenset[str], doc: str) -> Spec:
@@ -256,6 +354,7 @@ SPECS: dict[str, Spec] = {
             frozenset(),
             "LAD: f-divergence matching of the advantage distribution",
             "eta, divergence; level ('sequence': logprob_scale, default 'mean' | 'token': loss_agg, max_len, num_tokens)",
+            knobs=_LAD_KNOBS,
         ),
         Spec(
             "paced",
@@ -266,6 +365,7 @@ SPECS: dict[str, Spec] = {
             frozenset({"learned_log_z"}),
             "PACED-RL: TB anchored on pi_old with a learned log Z that schedules prompts",
             "kl_coef (tilt r / kl_coef, anchor pi_old); " + _TB_OPTS.split("; ", 1)[1],
+            knobs=_PACED_KNOBS,
         ),
         Spec(
             "tb",
@@ -285,6 +385,9 @@ SPECS: dict[str, Spec] = {
             _OFF | _SIM,
             doc="Off-RL: offline policy gradient on R = 2r - 1 (FPA eq. 1)",
             options="kl_tau (needs token_logp_ref)",
+            knobs=(
+                Option("kl_tau", float, 0.0, "Off-RL forward-KL penalty tau on the offline data (FPA App. B.6: 0.04)"),
+            ),
         ),
         Spec(
             "fpa",
@@ -293,6 +396,19 @@ SPECS: dict[str, Spec] = {
             "offline",
             _OFF | _SIM,
             doc="FPA: Off-RL with the logit-extrapolated future policy",
+            knobs=(
+                Option(
+                    "lam", float, 1.0, "FPA extrapolation lambda >= 0 (pi_hat ∝ pi^{1+lam} pi_ref^{-lam}, FPA eq. 4-5)"
+                ),
+                Option(
+                    "apply_to",
+                    str,
+                    "all",
+                    "all | correct | incorrect: the rows whose weight uses pi_hat",
+                    ("all", "correct", "incorrect"),
+                    trainers=_OFF,
+                ),
+            ),
         ),
         Spec(
             "dpo",
@@ -302,6 +418,7 @@ SPECS: dict[str, Spec] = {
             _OFF | _SIM,
             doc="DPO on (winner, loser) pairs",
             options="beta",
+            knobs=(Option("beta", float, 0.1, "DPO's (and RPO's) beta (FPA App. B.2: 0.1)"),),
         ),
         Spec(
             "rpo",
@@ -310,7 +427,8 @@ SPECS: dict[str, Spec] = {
             "offline",
             _OFF,
             doc="RPO: DPO plus the winners' length-normalised NLL",
-            options="beta, alpha",
+            options="beta (dpo_beta), alpha",
+            knobs=(Option("alpha", float, 1.0, "RPO's NLL weight alpha (paper: 1); its beta is dpo_beta"),),
         ),
         Spec(
             "kto",
@@ -320,6 +438,11 @@ SPECS: dict[str, Spec] = {
             _OFF,
             doc="KTO on desirable / undesirable rows",
             options="beta, lambda_w, lambda_l, z0",
+            knobs=(
+                Option("beta", float, 0.1, "KTO's beta"),
+                Option("lambda_w", float, 1.0, "KTO's lambda of the correct rows (paper: 1)"),
+                Option("lambda_l", float, 1.0, "KTO's lambda of the incorrect rows (paper: 1)"),
+            ),
         ),
         Spec(
             "simper",
@@ -337,6 +460,10 @@ SPECS: dict[str, Spec] = {
             _OFF,
             doc="A*-PO: regression onto the estimated optimal value",
             options="beta2",
+            knobs=(
+                Option("beta1", float, 0.5, "A*-PO's value temperature beta1 > 0 (paper: 0.5)"),
+                Option("beta2", float, 1e-3, "A*-PO's regression scale beta2 (paper: 1e-3)"),
+            ),
         ),
         Spec("sft", "offline.sft_loss", (), "offline", _OFF | _SIM, doc="SFT: the negative log-likelihood of the rows"),
     )
@@ -359,6 +486,40 @@ def names(trainer: str | None = None, *, family: str | None = None, tag: str | N
         and (family is None or s.family == family)
         and (tag is None or tag in s.tags)
     )
+
+
+def knob_fields(trainer: str) -> tuple[Option, ...]:
+    """Every declared objective knob that ``trainer``'s config has, as the field ``<objective>_<knob>``
+    with ``trainer``'s default (:attr:`Option.trainer_defaults`), in the table's order: the base of
+    ``TiltGRPOConfig`` (``online``), ``OfflineConfig`` (``offline``) and ``SimConfig`` (``sim``)."""
+    names(trainer)  # a clear error for an unknown trainer
+    return tuple(
+        Option(
+            f"{s.name}_{k.name}",
+            k.type,
+            k.trainer_defaults.get(trainer, k.default),
+            k.doc,
+            k.choices,
+            frozenset({trainer}),
+        )
+        for s in SPECS.values()
+        for k in s.knobs
+        if trainer in s.knob_trainers(k)
+    )
+
+
+def section_keys(objective: str, trainer: str) -> dict[str, str]:
+    """A run config's ``<objective>:`` section keys that ``trainer`` reads -> its config fields
+    (``{"eta": "lad_eta", ...}``)."""
+    s = SPECS[objective]
+    return {k.name: f"{s.name}_{k.name}" for k in s.knobs if trainer in s.knob_trainers(k)}
+
+
+def check_knobs(config: Any, trainer: str) -> None:
+    """A one-line ValueError for the first field of ``config`` (a trainer config built on
+    :func:`knob_fields`) outside its declared choices."""
+    for o in knob_fields(trainer):
+        o.check(getattr(config, o.name))
 
 
 def describe(trainer: str) -> str:

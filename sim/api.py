@@ -29,7 +29,7 @@ def make_env(cfg: SimConfig):
     if cfg.env == "bandit":
         return envs.make_bandit(K=cfg.K, seed=cfg.env_seed)
     if cfg.env == "lad_bandit":
-        return envs.make_lad_bandit(K=50 if cfg.K == 16 else cfg.K, eta=cfg.eta)
+        return envs.make_lad_bandit(K=50 if cfg.K == 16 else cfg.K, eta=cfg.lad_eta)
     if cfg.env == "two_outcome":
         return envs.make_two_outcome()
     raise ValueError(f"unknown env {cfg.env!r} (multiprompt|bandit|lad_bandit|two_outcome)")

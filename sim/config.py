@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only annotations: importing the config must not import torch
     import torch
 
-from tiltlab.objectives.catalog import names
+from tiltlab.objectives.catalog import check_knobs, knob_fields, names, options_dataclass, refuse_old_names
 
-__all__ = ["LOG_Z_MODES", "RunResult", "SimConfig", "methods", "pg_methods"]
+__all__ = ["LOG_Z_MODES", "RENAMED_FIELDS", "RunResult", "SimConfig", "methods", "pg_methods"]
 
 
 def methods() -> tuple[str, ...]:
@@ -35,9 +35,32 @@ def pg_methods() -> tuple[str, ...]:
 LOG_Z_MODES = ("exact", "frozen", "learned", "vargrad", "zero")
 
 
+_SimKnobs = options_dataclass("_SimKnobs", knob_fields("sim"))
+"""The declared objectives' own knobs the simulator reads (``lad_eta``, ``lad_divergence``, ``paced_tau``,
+``paced_replay*``, ``fpa_lam``, ``offrl_kl_tau``, ``dpo_beta``: :func:`~tiltlab.objectives.catalog.knob_fields`
+of ``sim``, with the simulator's defaults), under the names the TRL and offline trainers' configs give them."""
+
+RENAMED_FIELDS = {
+    "beta": "tilt_beta",
+    "eta": "lad_eta",
+    "divergence": "lad_divergence",
+    "tau": "paced_tau",
+    "replay": "paced_replay",
+    "replay_capacity": "paced_replay_capacity",
+    "replay_add": "paced_replay_add",
+    "replay_mode": "paced_replay_mode",
+    "fpa_lambda": "fpa_lam",
+    "offline_kl_tau": "offrl_kl_tau",
+}
+"""The simulator's old field names -> their one name (refused by :class:`SimConfig` and ``tiltlab sim``)."""
+
+
 @dataclass
-class SimConfig:
-    """One simulator experiment. Every field is also a ``tiltlab sim --<field>`` option."""
+class SimConfig(_SimKnobs):
+    """One simulator experiment. Every field is also a ``tiltlab sim --<field>`` option. The objectives'
+    own knobs (``lad_*``, ``paced_*``, ``fpa_lam``, ``offrl_kl_tau``, ``dpo_beta``) are the fields of their
+    declared :attr:`~tiltlab.objectives.catalog.Spec.knobs`; an old name (:data:`RENAMED_FIELDS`) is refused
+    naming the new one."""
 
     # --- environment ---------------------------------------------------------------------------
     env: str = "multiprompt"
@@ -61,8 +84,9 @@ class SimConfig:
     stop-gradient IS weight, MiniMax-M1), ``sapo`` (sigmoid-gated ratio, Qwen); offline on a
     fixed dataset drawn once from pi_ref (binary rewards): ``offrl`` (FPA eq. 1, R = 2r - 1), ``fpa`` (FPA eq. 3),
     ``dpo`` (pairs: a correct and an incorrect sample of pi_ref per slot), ``sft`` (correct samples)."""
-    beta: float = 1.0
-    """Inverse temperature multiplying the reward (DISA convention). PACED's ``kl_coef`` is ``1/beta``."""
+    tilt_beta: float = 1.0
+    """The tilt beta multiplying the reward (DISA convention; the name it has in every config). PACED's
+    ``kl_coef`` is ``1/tilt_beta``."""
     anchor: str = "ref"
     """Reference of the TB residual / target: ``ref`` (pi_ref, DISA/FlowRL) or ``old`` (pi_old, PACED eq. 6 and LAD)."""
     log_z: str = "exact"
@@ -88,10 +112,6 @@ class SimConfig:
     """TB/FlowRL rollout weight w = pi/pi_old (detached): ``one`` (w = 1, no correction), ``max``
     (FlowRL's code, min(w, 10)), ``eps`` (FlowRL's paper, clip to [0.8, 1.2]), ``ratio`` (unclipped);
     ``auto`` = ``one`` for ``tb`` and ``max`` for ``flowrl``."""
-    eta: float = 1.0
-    """LAD temperature eta."""
-    divergence: str = "js"
-    """LAD f-divergence: kl, rkl, jeffreys, tv, hellinger, js (LAD Table 5)."""
     advantage: str = "raw"
     """Advantages for LAD/GRPO/GSPO/CISPO/SAPO: ``raw`` (the reward itself, e.g. LAD's bandit A), ``group``
     (GRPO group normalization), ``center`` (group mean-centering)."""
@@ -106,12 +126,6 @@ class SimConfig:
     """SAPO's gate temperature for positive advantages (``pg.sapo_loss``'s ``temp_pos``; TRL: 1.0)."""
     sapo_temp_neg: float = 1.05
     """SAPO's gate temperature for non-positive advantages (``pg.sapo_loss``'s ``temp_neg``; TRL: 1.05)."""
-    fpa_lambda: float = 1.0
-    """FPA extrapolation lambda (pi_hat ∝ pi_theta^{1+lambda} pi_ref^{-lambda}, FPA eq. 5)."""
-    dpo_beta: float = 0.1
-    """DPO beta (FPA App. B.2 uses 0.1)."""
-    offline_kl_tau: float = 0.0
-    """Off-RL forward-KL penalty tau on the offline data (FPA App. B.6 uses 0.04)."""
     kl_anchor: str = "old"
     """GRPO/CISPO/SAPO KL anchor: ``old`` (LAD's bandit baseline) or ``ref``."""
 
@@ -147,23 +161,9 @@ class SimConfig:
     # --- PACED ----------------------------------------------------------------------------------
     select_m: int = 0
     """PACED prompt selection: train on the m prompts whose estimated accuracy is nearest ``tau`` (0 = all)."""
-    tau: float = 0.5
-    """PACED target accuracy."""
     scheduler: str = "logz"
     """Accuracy estimate used for selection: ``logz`` (PACED: clip(log Z_phi / beta)), ``frozen``
     (DISA's frozen Z -> reference pass rate), ``oracle`` (exact p_old), ``random``."""
-    replay: bool = False
-    """PACED replay: buffer of correct samples, priority |N_correct/N - p_hat|, batch augmented with it."""
-    replay_capacity: int = 32
-    """Replay buffer capacity per seed (PACED uses 128 at LLM scale)."""
-    replay_add: int = 16
-    """Samples pushed into the buffer per step (PACED uses 64)."""
-    replay_mode: str = "add"
-    """``add``: the valid buffer entries are added to the batch (an update then has more sample terms
-    than one without replay); ``replace``: each valid buffer entry takes the place of one fresh sample
-    of the selected prompts (dropped from the highest sample index down, round-robin over prompts), so
-    every update has exactly ``select_m * G`` sample terms (``P * G`` without selection), as without
-    replay. Fresh samples are drawn (and offered to the buffer) either way."""
 
     # --- bookkeeping ----------------------------------------------------------------------------
     seeds: int = 4
@@ -205,19 +205,18 @@ class SimConfig:
             raise ValueError(f"scheduler must be logz|frozen|oracle|random, got {self.scheduler!r}")
         if self.select_m < 0 or (self.select_m and self.select_m > self.n_prompts()):
             raise ValueError(f"select_m must be in [0, P], got {self.select_m}")
-        if self.replay_mode not in ("add", "replace"):
-            raise ValueError(f"replay_mode must be add|replace, got {self.replay_mode!r}")
-        if self.replay and self.replay_mode == "replace":
+        check_knobs(self, "sim")
+        if self.paced_replay and self.paced_replay_mode == "replace":
             if self.exact:
-                raise ValueError("replay_mode='replace' needs sampled batches (exact=False)")
+                raise ValueError("paced_replay_mode='replace' needs sampled batches (exact=False)")
             budget = (self.select_m or self.n_prompts()) * self.G
-            if self.replay_capacity > budget:
+            if self.paced_replay_capacity > budget:
                 raise ValueError(
-                    f"replay_mode='replace' needs replay_capacity <= select_m * G = {budget} fresh samples to replace, "
-                    f"got replay_capacity={self.replay_capacity}"
+                    f"paced_replay_mode='replace' needs paced_replay_capacity <= select_m * G = {budget} fresh samples "
+                    f"to replace, got paced_replay_capacity={self.paced_replay_capacity}"
                 )
-        if not self.temperature > 0 or not self.beta > 0 or not self.eta > 0:
-            raise ValueError("temperature, beta and eta must be > 0")
+        if not self.temperature > 0 or not self.tilt_beta > 0 or not self.lad_eta > 0:
+            raise ValueError("temperature, tilt_beta and lad_eta must be > 0")
         if not self.cispo_ratio_max > 0:
             raise ValueError(f"cispo_ratio_max must be > 0, got {self.cispo_ratio_max}")
         if not (self.sapo_temp_pos > 0 and self.sapo_temp_neg > 0):
@@ -227,6 +226,9 @@ class SimConfig:
 
     def n_prompts(self) -> int:
         return self.P if self.env == "multiprompt" else 1
+
+
+refuse_old_names(SimConfig, "SimConfig", RENAMED_FIELDS, common=False)
 
 
 @dataclass

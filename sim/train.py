@@ -172,8 +172,10 @@ class _Trainer:
         if cfg.method == "flowrl" or (cfg.method == "tb" and cfg.log_z == "learned"):
             init = torch.zeros(S, P, dtype=torch.float64)
             if cfg.logz_init == "frozen":
-                lz = stage1_log_z(env.logp_ref.expand(S, P, K), env.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
-                init = lz if cfg.anchor == "ref" else cfg.beta * est.pass_rate_from_log_z(lz, beta=cfg.beta)
+                lz = stage1_log_z(
+                    env.logp_ref.expand(S, P, K), env.reward, cfg.tilt_beta, cfg.frozen_M, self.gen, "ref"
+                )
+                init = lz if cfg.anchor == "ref" else cfg.tilt_beta * est.pass_rate_from_log_z(lz, beta=cfg.tilt_beta)
             self.logz_param = init.clone().requires_grad_(True)
             groups.append({"params": [self.logz_param], "lr": cfg.logz_lr})
         if cfg.optimizer == "adam":
@@ -189,11 +191,11 @@ class _Trainer:
         self.frozen_ref_p = None
         if cfg.scheduler == "frozen" and cfg.select_m:
             # DISA's frozen Z (Stage 1 on pi_ref) turned into the reference pass rate (binary rewards).
-            lz = stage1_log_z(self.ref, self.reward, cfg.beta, cfg.frozen_M, self.gen, "ref")
-            self.frozen_ref_p = est.pass_rate_from_log_z(lz, beta=cfg.beta)
+            lz = stage1_log_z(self.ref, self.reward, cfg.tilt_beta, cfg.frozen_M, self.gen, "ref")
+            self.frozen_ref_p = est.pass_rate_from_log_z(lz, beta=cfg.tilt_beta)
         self.buf = None
-        if cfg.replay:
-            C = cfg.replay_capacity
+        if cfg.paced_replay:
+            C = cfg.paced_replay_capacity
             self.buf = (
                 torch.zeros(S, C, dtype=torch.long),
                 torch.zeros(S, C, dtype=torch.long),
@@ -235,24 +237,26 @@ class _Trainer:
     def tilt(self) -> torch.Tensor:
         """The log-tilt of the target: ``beta r`` (TB family) or ``A / eta`` (LAD and the policy-gradient methods)."""
         if self.cfg.method in ("lad", *pg_methods()):
-            return self.reward / self.cfg.eta
-        return self.cfg.beta * self.reward
+            return self.reward / self.cfg.lad_eta
+        return self.cfg.tilt_beta * self.reward
 
     def target(self) -> torch.Tensor:
         """``[S, P, K]``: pi* = anchor e^{tilt} normalized (LAD: ``lad_target_logprobs``)."""
         if self.cfg.method in ("lad", *pg_methods()):
-            return lad_obj.lad_target_logprobs(self.logp_old, self.reward.expand_as(self.logp_old), eta=self.cfg.eta)
+            return lad_obj.lad_target_logprobs(
+                self.logp_old, self.reward.expand_as(self.logp_old), eta=self.cfg.lad_eta
+            )
         return torch.log_softmax(self.anchor() + self.tilt(), -1)
 
     def exact_log_z(self) -> torch.Tensor:
-        return torch.logsumexp(self.anchor() + self.cfg.beta * self.reward, -1)  # [S, P]
+        return torch.logsumexp(self.anchor() + self.cfg.tilt_beta * self.reward, -1)  # [S, P]
 
     def refresh_frozen(self) -> None:
         c = self.cfg
         self.frozen = stage1_log_z(
             self.anchor(),
             self.reward,
-            c.beta,
+            c.tilt_beta,
             c.frozen_M,
             self.gen,
             c.frozen_proposal,
@@ -291,7 +295,7 @@ class _Trainer:
         if c.scheduler == "logz":
             if self.logz_param is None:
                 raise ValueError("scheduler='logz' needs a learned log Z (log_z='learned' or method='flowrl')")
-            return paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.beta)
+            return paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.tilt_beta)
         if c.scheduler == "frozen":
             return self.frozen_ref_p
         if c.scheduler == "oracle":
@@ -325,7 +329,7 @@ class _Trainer:
         B = S * P * G
         if c.log_z == "vargrad":
             log_z = tb_obj.vargrad_log_z(
-                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), beta=c.beta, detach=True
+                lp.reshape(-1, G), lp_anchor.reshape(-1, G), r.reshape(-1, G), beta=c.tilt_beta, detach=True
             ).reshape(S, P)
         else:
             log_z = self.log_z_in_use()
@@ -353,7 +357,7 @@ class _Trainer:
         tok = lp_all[:, None]
         anchor = {"token_logp_ref": an_all[:, None]} if c.anchor == "ref" else {"token_logp_old": an_all[:, None]}
         batch = ObjectiveBatch(tok, torch.ones_like(tok), rewards=r_all, log_z=lz_all, is_weight=w_all, **anchor)
-        return get_objective(tb_objective_name(c.log_z))(batch, tilt_beta=c.beta, anchor=c.anchor).loss
+        return get_objective(tb_objective_name(c.log_z))(batch, tilt_beta=c.tilt_beta, anchor=c.anchor).loss
 
     def loss(self, b: _Batch) -> torch.Tensor:
         """Scalar loss = sum over seeds of each seed's batch-mean loss, from the registry entry
@@ -390,15 +394,15 @@ class _Trainer:
         kl = {"kl_coef": c.kl_coef}
         return {
             "flowrl": lambda: {
-                "tilt_beta": c.beta, "logprob_scale": "mean", "group_normalize": c.flowrl_group_normalize,
+                "tilt_beta": c.tilt_beta, "logprob_scale": "mean", "group_normalize": c.flowrl_group_normalize,
                 "weight_clip": self.cfg_weight_clip,
             },
-            "lad": lambda: {"eta": c.eta, "divergence": c.divergence, "level": "sequence", "logprob_scale": "sum"},
+            "lad": lambda: {"eta": c.lad_eta, "divergence": c.lad_divergence, "level": "sequence", "logprob_scale": "sum"},
             "grpo": lambda: {"clip_eps": c.clip_eps, **kl},
             "cispo": lambda: {"ratio_max": c.cispo_ratio_max, **kl},
             "sapo": lambda: {"temp_pos": c.sapo_temp_pos, "temp_neg": c.sapo_temp_neg, **kl},
             "gspo": lambda: {"clip_eps": c.clip_eps, "clip_eps_high": c.clip_eps},
-            "offrl": lambda: {"kl_tau": c.offline_kl_tau},
+            "offrl": lambda: {"kl_tau": c.offrl_kl_tau},
             "fpa": dict,
             "dpo": lambda: {"beta": c.dpo_beta},
             "sft": dict,
@@ -419,9 +423,7 @@ class _Trainer:
                 B = lp.shape[0]
                 lt = self.theta.detach().unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
                 lr = self.ref.unsqueeze(2).expand(S, self.P, idx.shape[-1], self.K).reshape(B, 1, self.K)
-                extra = {
-                    "token_logp_future": off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), lam=c.fpa_lambda)
-                }
+                extra = {"token_logp_future": off_obj.future_policy_logprobs(lt, lr, idx.reshape(B, 1), lam=c.fpa_lam)}
             batch = ObjectiveBatch(lp, torch.ones_like(lp), rewards=R, **extra)
         else:
             lw, ll = gather(logp, d["w"]).reshape(-1, 1), gather(logp, d["l"]).reshape(-1, 1)
@@ -442,7 +444,7 @@ class _Trainer:
             w = torch.ones(idx.shape, dtype=torch.float64)
         w = w * sel[..., None]
         replay = self.buf if (self.buf is not None and bool(self.buf[2].any())) else None
-        if replay is not None and c.replay_mode == "replace":
+        if replay is not None and c.paced_replay_mode == "replace":
             w = w * self.fresh_kept(sel, replay[2].sum(1))
         return _Batch(idx, w, self.logp_old, self.anchor(), replay)
 
@@ -468,7 +470,7 @@ class _Trainer:
         p_hat = self.p_hat()
         sel = torch.zeros(self.S, self.P, dtype=torch.float64)
         sel.scatter_(
-            1, paced_obj.select_prompts(p_hat, tau=c.tau, m=c.select_m), 1.0
+            1, paced_obj.select_prompts(p_hat, tau=c.paced_tau, m=c.select_m), 1.0
         )  # every seed's prompt set at once
         return sel, p_hat
 
@@ -477,20 +479,20 @@ class _Trainer:
         r = gather(self.reward, b.idx)  # [S, P, G]
         G = r.shape[-1]
         if p_hat is None:
-            p_hat = paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.beta)
+            p_hat = paced_obj.accuracy_from_log_z(self.logz_param.detach(), kl_coef=1.0 / c.tilt_beta)
         correct = r > 0.5  # as the LLM trainer: N_correct counts samples, not reward mass
         pri = paced_obj.replay_priority(correct.sum(-1).to(r.dtype), float(G), p_hat)  # [S, P]
         cand_pri = torch.where(
             correct & (sel[..., None] > 0), pri[..., None].expand_as(r), torch.full_like(r, -math.inf)
         )
         flat = cand_pri.reshape(self.S, -1)
-        n_add = min(c.replay_add, flat.shape[1])
+        n_add = min(c.paced_replay_add, flat.shape[1])
         top = torch.argsort(-flat, dim=1, stable=True)[:, :n_add]
         new_valid = torch.isfinite(torch.gather(flat, 1, top))
         new_p = top // G
         new_y = torch.gather(b.idx.reshape(self.S, -1), 1, top)
         bp, by, bv = self.buf
-        C = c.replay_capacity
+        C = c.paced_replay_capacity
         # FIFO: newest first, oldest dropped (PACED: bounded age of the buffer)
         self.buf = (
             torch.cat([new_p, bp], 1)[:, :C],

@@ -205,7 +205,7 @@ def add_dataclass_args(
             continue
         flag = "--" + f.name.replace("_", "-")
         tp, is_list = _field_type(f.type)
-        help_ = docs.get(f.name, "")
+        help_ = docs.get(f.name) or str(f.metadata.get("help", ""))
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
         if not required:

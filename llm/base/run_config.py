@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
-from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names
+from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names, section_keys
 
 __all__ = [
     "LORA_KEYS",
@@ -48,7 +48,8 @@ __all__ = [
 _TB_KEYS = {o.name: o.name for o in TB_OPTIONS if o.name != "tilt_beta"}  # the tilt is the top-level `beta:`
 """The TB family's knobs in an objective section: the declared names (the trainer-config fields of the same names)."""
 
-#: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``)
+#: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``); an
+#: objective's own knobs are its declared :attr:`~tiltlab.objectives.catalog.Spec.knobs` (key ``k`` -> field ``<objective>_k``)
 SECTION_KEYS: dict[str, dict[str, str]] = {
     "flowrl": {
         **_TB_KEYS,
@@ -68,26 +69,9 @@ SECTION_KEYS: dict[str, dict[str, str]] = {
         "label": "disa_label",
     },
     "vargrad": {**_TB_KEYS, "reward_transform": "reward_transform"},
-    "lad": {"divergence": "lad_divergence", "eta": "lad_eta", "level": "lad_level"},
-    "paced": {
-        "tau": "paced_tau",
-        "kl_coef": "paced_kl_coef",
-        "pool_factor": "paced_pool_factor",
-        "select_from": "paced_select_from",
-        "replay": "paced_replay",
-        "replay_capacity": "paced_replay_capacity",
-        "replay_add": "paced_replay_add",
-        "replay_max": "paced_replay_max",
-        "embeddings": "paced_embeddings",
-        "log_z_lr": "log_z_lr",
-        "log_z_hidden": "log_z_hidden",
-    },
-    "fpa": {"lam": "fpa_lam", "apply_to": "fpa_apply_to"},
-    "offrl": {"kl_tau": "offrl_kl_tau"},
-    "dpo": {"beta": "dpo_beta"},
-    "rpo": {"alpha": "rpo_alpha"},
-    "kto": {"beta": "kto_beta", "lambda_w": "kto_lambda_w", "lambda_l": "kto_lambda_l"},
-    "apo": {"beta1": "apo_beta1", "beta2": "apo_beta2"},
+    "lad": section_keys("lad", "online"),
+    "paced": {**section_keys("paced", "online"), "log_z_lr": "log_z_lr", "log_z_hidden": "log_z_hidden"},
+    **{name: section_keys(name, "offline") for name in names("offline") if section_keys(name, "offline")},
     # read by `tiltlab llm train` itself (llm.train.cli), not mapped onto trainer-config fields
     "lora": dict.fromkeys(("r", "alpha", "dropout", "target_modules"), ""),
     "validation": dict.fromkeys(("dataset", "holdout_fraction", "every_steps", "metric", "k"), ""),

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from transformers import Trainer, TrainingArguments
 
-from tiltlab.objectives.catalog import SPECS, describe, names
+from tiltlab.objectives.catalog import SPECS, check_knobs, describe, knob_fields, names, options_dataclass
 from tiltlab.objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
 from tiltlab.objectives.offline import apo_value
 from tiltlab.objectives.registry import ObjectiveBatch, get_objective
@@ -55,23 +55,17 @@ def _needs(objective: str, batch_field: str) -> bool:
     return batch_field in SPECS[objective].needs
 
 
+_OfflineKnobs = options_dataclass("_OfflineKnobs", knob_fields("offline"))
+"""The offline objectives' declared knobs (``fpa_lam``, ``dpo_beta``, ...:
+:func:`~tiltlab.objectives.catalog.knob_fields` of ``offline``) as dataclass fields."""
+
+
 @dataclass
-class OfflineConfig(TrainingArguments):
-    """``TrainingArguments`` + the offline objective and its hyperparameters (FPA App. B.2 defaults)."""
+class OfflineConfig(TrainingArguments, _OfflineKnobs):
+    """``TrainingArguments`` + the offline objective and its hyperparameters (FPA App. B.2 defaults): the
+    fields ``<objective>_<knob>`` of the offline objectives' declared :attr:`~tiltlab.objectives.catalog.Spec.knobs`."""
 
     objective: str = field(default="fpa", metadata={"help": f"one of {describe('offline')}"})
-    fpa_lam: float = field(default=1.0, metadata={"help": "FPA extrapolation lambda (eq. 4)"})
-    fpa_apply_to: str = field(
-        default="all", metadata={"help": "all | correct | incorrect: rows whose weight uses pi_hat"}
-    )
-    offrl_kl_tau: float = field(default=0.0, metadata={"help": "Off-RL forward-KL penalty tau (paper: 0.04)"})
-    dpo_beta: float = field(default=0.1, metadata={"help": "DPO / RPO beta (paper: 0.1)"})
-    rpo_alpha: float = field(default=1.0, metadata={"help": "RPO NLL weight alpha (paper: 1)"})
-    kto_beta: float = field(default=0.1, metadata={"help": "KTO beta"})
-    kto_lambda_w: float = field(default=1.0, metadata={"help": "KTO lambda for correct rows (paper: 1)"})
-    kto_lambda_l: float = field(default=1.0, metadata={"help": "KTO lambda for incorrect rows (paper: 1)"})
-    apo_beta1: float = field(default=0.5, metadata={"help": "A*-PO value temperature beta1 (paper: 0.5)"})
-    apo_beta2: float = field(default=1e-3, metadata={"help": "A*-PO regression scale beta2 (paper: 1e-3)"})
     max_length: int = field(default=2048, metadata={"help": "truncate prompt + completion to this many tokens"})
     log_logprob_dynamics: bool = field(default=False, metadata={"help": "log mean log pi of correct/incorrect rows"})
 
@@ -79,8 +73,7 @@ class OfflineConfig(TrainingArguments):
         super().__post_init__()
         if self.objective not in names("offline"):
             raise ValueError(f"objective must be one of {names('offline')}, got {self.objective!r}")
-        if self.fpa_apply_to not in ("all", "correct", "incorrect"):
-            raise ValueError(f"fpa_apply_to must be all | correct | incorrect, got {self.fpa_apply_to!r}")
+        check_knobs(self, "offline")
         if not (self.fpa_lam >= 0 and math.isfinite(self.fpa_lam)):
             raise ValueError("fpa_lam must be a finite number >= 0")
         if self.apo_beta1 <= 0:

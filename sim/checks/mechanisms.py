@@ -77,7 +77,7 @@ def remark1_measure(seed: int) -> dict:
     out = {"ref_modes": float(_effective_modes(c_ref).mean())}
     arms = {
         "grpo": REMARK1_REWARD_MAX["grpo"],
-        "tb": {"method": "tb", "log_z": "exact", "beta": 2.0},
+        "tb": {"method": "tb", "log_z": "exact", "tilt_beta": 2.0},
         "cispo": REMARK1_REWARD_MAX["cispo"],
         "sapo": REMARK1_REWARD_MAX["sapo"],
     }

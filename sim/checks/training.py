@@ -33,7 +33,7 @@ def exact_fixed_point(seed: int) -> CheckResult:
         env="multiprompt",
         method="tb",
         log_z="exact",
-        beta=2.0,
+        tilt_beta=2.0,
         exact=True,
         steps=300,
         lr=0.1,

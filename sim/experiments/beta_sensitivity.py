@@ -77,7 +77,7 @@ def training_vs_beta(quick: bool, seed: int, betas=None) -> dict:
             for b in betas:
                 # frozen_bc: the delta-method bias-corrected label (objectives.estimators.bias_corrected_log_partition)
                 extra = {"log_z": "frozen", "frozen_bias_correct": True} if mode == "frozen_bc" else {"log_z": mode}
-                res = run(SimConfig(beta=b, inner_steps=inner, **extra, **base))
+                res = run(SimConfig(tilt_beta=b, inner_steps=inner, **extra, **base))
                 tv.append(res.final("tv"))
                 rew.append(res.final("reward"))
                 err.append(res.final("log_z_err"))

@@ -39,14 +39,14 @@ def method_configs(quick: bool, seed: int) -> dict[str, dict]:
         "GRPO + KL(π_old), no clip": dict(method="grpo", kl_coef=1.0, advantage="raw", clip_eps=1e6),
         "GRPO on-policy (π_old every step)": dict(method="grpo", kl_coef=0.0, advantage="group", refresh_every=1),
         "FlowRL as coded (β=15·Â, ref=π_0)": dict(
-            method="flowrl", anchor="ref", beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2
+            method="flowrl", anchor="ref", tilt_beta=15.0, flowrl_group_normalize=True, logz_lr=5e-2
         ),
         "FlowRL matched (A/η, ref=π_old)": dict(
-            method="flowrl", anchor="old", beta=1.0, flowrl_group_normalize=False, logz_lr=5e-2
+            method="flowrl", anchor="old", tilt_beta=1.0, flowrl_group_normalize=False, logz_lr=5e-2
         ),
-        "DISA (TB, frozen IS log Z, M=8)": dict(method="tb", anchor="old", log_z="frozen", beta=1.0, frozen_M=8),
-        "LAD (JS)": dict(method="lad", divergence="js"),
-        "LAD (KL)": dict(method="lad", divergence="kl"),
+        "DISA (TB, frozen IS log Z, M=8)": dict(method="tb", anchor="old", log_z="frozen", tilt_beta=1.0, frozen_M=8),
+        "LAD (JS)": dict(method="lad", lad_divergence="js"),
+        "LAD (KL)": dict(method="lad", lad_divergence="kl"),
     }
 
 
@@ -55,7 +55,7 @@ def base_config(quick: bool, seed: int) -> dict:
     return dict(
         env="lad_bandit",
         K=50,
-        eta=1.0,
+        lad_eta=1.0,
         steps=steps,
         G=32,
         temperature=1.5,
@@ -88,7 +88,7 @@ def run_all(quick: bool, seed: int) -> dict:
     """Every method of :func:`method_configs`: final policy, P_pi, distances to P_A, curves."""
     base = base_config(quick, seed)
     env = make_env(SimConfig(**base))
-    p_a = torch.softmax(env.reward[0] / base["eta"], -1)
+    p_a = torch.softmax(env.reward[0] / base["lad_eta"], -1)
     out = {}
     for label, kw in method_configs(quick, seed).items():
         run = bandit_run(label, quick, seed)
@@ -121,7 +121,7 @@ def divergence_sweep(steps: int, seeds: int, seed: int, exact: bool, refreshes: 
     base = dict(
         env="lad_bandit",
         K=50,
-        eta=1.0,
+        lad_eta=1.0,
         steps=steps,
         G=32,
         temperature=1.0 if exact else 1.5,
@@ -138,7 +138,7 @@ def divergence_sweep(steps: int, seeds: int, seed: int, exact: bool, refreshes: 
     p_a = torch.log_softmax(env.reward[0], -1)
     out = {}
     for d in DIVS:
-        res = train(SimConfig(**base, divergence=d), env)
+        res = train(SimConfig(**base, lad_divergence=d), env)
         p_pi = torch.log_softmax(res.logp[:, 0] - res.logp_old[:, 0], -1)
         tv = tv_distance(p_pi, p_a)  # [S]
         hist = res.history
@@ -203,8 +203,8 @@ def practical(seed: int) -> dict:
         cfg = SimConfig(
             env="bandit",
             method="lad",
-            divergence=d,
-            eta=1.0,
+            lad_divergence=d,
+            lad_eta=1.0,
             exact=True,
             steps=400,
             lr=0.1,

@@ -23,7 +23,7 @@ def multiprompt_env(P: int = 8, K: int = 12, seed: int = 0) -> envs.BanditEnv:
 
 def _grad_norm_at_target(bias: float, fixed_behaviour: bool, seed: int) -> float:
     env = multiprompt_env(seed=seed)
-    cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=bias, beta=2.0, exact=True, seeds=1)
+    cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=bias, tilt_beta=2.0, exact=True, seeds=1)
     tgt = env.target_logp(2.0)[None]  # logits = log pi*
     logp_old = None
     if fixed_behaviour:
@@ -49,7 +49,7 @@ def offpolicy_drift(seed: int) -> dict:
         env="multiprompt",
         method="tb",
         log_z="exact",
-        beta=2.0,
+        tilt_beta=2.0,
         exact=True,
         steps=400,
         lr=0.1,
@@ -74,20 +74,22 @@ def semigradient_invariance(seed: int) -> dict:
     biases = INVARIANCE_BIASES
     grads = [
         gradient_at(
-            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1),
+            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, tilt_beta=2.0, exact=True, seeds=1),
             env,
             logits,
         )
         for b in biases
     ]
     zero = gradient_at(
-        SimConfig(env="multiprompt", method="tb", log_z="zero", beta=2.0, exact=True, seeds=1), env, logits
+        SimConfig(env="multiprompt", method="tb", log_z="zero", tilt_beta=2.0, exact=True, seeds=1), env, logits
     )
     scale = float(grads[0].norm())
     diff = max(float((x - grads[0]).norm()) for x in [*grads[1:], zero]) / scale
     var = {}
     for b in biases:
-        cfg = SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, G=8, seeds=1, seed=seed)
+        cfg = SimConfig(
+            env="multiprompt", method="tb", log_z="exact", log_z_bias=b, tilt_beta=2.0, G=8, seeds=1, seed=seed
+        )
         d = gradient_at(cfg, env, logits, draws=200)  # [D, 1, P, K]
         var[b] = float(d.var(0).sum(-1).mean())
     return {"max_rel_diff": diff, **{f"grad_var_b{b:+g}": v for b, v in var.items()}}

@@ -37,7 +37,7 @@ def base_config(quick: bool, seed: int) -> dict:
         method="tb",
         anchor="old",
         log_z="learned",
-        beta=2.0,
+        tilt_beta=2.0,
         steps=60 if quick else 200,
         G=8,
         lr=0.05,
@@ -47,14 +47,14 @@ def base_config(quick: bool, seed: int) -> dict:
         log_every=5,
         select_m=16,
         scheduler="logz",
-        tau=0.5,
+        paced_tau=0.5,
     )
 
 
 SCHEDULERS = {
     "PACED (log Z from 0)": dict(scheduler="logz"),
     "PACED (log Z init. from DISA)": dict(scheduler="logz", logz_init="frozen"),
-    "PACED (DISA init.) + replay": dict(scheduler="logz", logz_init="frozen", replay=True),
+    "PACED (DISA init.) + replay": dict(scheduler="logz", logz_init="frozen", paced_replay=True),
     "DISA frozen Z only (static p_ref)": dict(scheduler="frozen", logz_init="frozen"),
     "oracle p_old": dict(scheduler="oracle"),
     "random prompts": dict(scheduler="random"),
@@ -83,7 +83,7 @@ def tau_sweep(
     env = make_env(SimConfig(**base))
     out = {}
     for tau in TAUS:
-        res = train(SimConfig(**{**base, "logz_init": "frozen", "tau": tau}), env)
+        res = train(SimConfig(**{**base, "logz_init": "frozen", "paced_tau": tau}), env)
         h = res.history
         out[str(tau)] = {
             "step": h["step"],
@@ -134,9 +134,9 @@ REPLAY_SEEDS = 20
 #: number of optimizer steps, same number of sample terms per step); replay *added* to the batch (more sample
 #: terms per step than without replay: reported, not judged).
 REPLAY_ARMS = {
-    "none": dict(replay=False),
-    "replace": dict(replay=True, replay_mode="replace"),
-    "add": dict(replay=True, replay_mode="add"),
+    "none": dict(paced_replay=False),
+    "replace": dict(paced_replay=True, paced_replay_mode="replace"),
+    "add": dict(paced_replay=True, paced_replay_mode="add"),
 }
 
 
@@ -150,7 +150,7 @@ def replay_config(seed: int, seeds: int = REPLAY_SEEDS) -> dict:
         method="tb",
         anchor="old",
         log_z="learned",
-        beta=2.0,
+        tilt_beta=2.0,
         steps=60,
         G=8,
         lr=0.05,
@@ -160,7 +160,7 @@ def replay_config(seed: int, seeds: int = REPLAY_SEEDS) -> dict:
         log_every=60,
         select_m=8,
         scheduler="logz",
-        tau=0.5,
+        paced_tau=0.5,
         logz_init="frozen",
     )
 

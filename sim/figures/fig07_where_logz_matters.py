@@ -43,7 +43,7 @@ def base_config(quick: bool, seed: int) -> dict:
         K=16,
         method="tb",
         anchor="ref",
-        beta=2.0,
+        tilt_beta=2.0,
         steps=steps,
         G=8,
         lr=0.05,

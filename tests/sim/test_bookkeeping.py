@@ -36,12 +36,12 @@ def _paced_cfg(**kw) -> SimConfig:
         method="tb",
         anchor="old",
         log_z="learned",
-        beta=2.0,
+        tilt_beta=2.0,
         G=G,
         seeds=S,
-        replay=True,
-        replay_capacity=7,
-        replay_add=3,
+        paced_replay=True,
+        paced_replay_capacity=7,
+        paced_replay_add=3,
     )
     return SimConfig(**{**base, **kw})
 
@@ -122,7 +122,7 @@ def test_push_replay_matches_a_loop_over_groups_of_different_correct_counts(env)
 def test_push_replay_p_hat_from_the_learned_log_z_uses_kl_coef_one_over_beta(env):
     # without a scheduler estimate, the priority's p_hat is clip(log Z / beta, 0, 1): at beta = 2 a
     # log Z of 1.2 means p_hat 0.6 (kl_coef 1/beta), not 1 (the value kl_coef = 1 or beta would give)
-    tr = _Trainer(_paced_cfg(replay_add=1, replay_capacity=1, beta=2.0), env)
+    tr = _Trainer(_paced_cfg(paced_replay_add=1, paced_replay_capacity=1, tilt_beta=2.0), env)
     with torch.no_grad():
         tr.logz_param.copy_(torch.tensor([[1.2, 0.2, 1.9, 0.9]] * S, dtype=torch.float64))
     counts = [[2, 2, 2, 2]] * S  # n_correct / G = 0.4 everywhere: priority |0.4 - p_hat|
@@ -136,7 +136,7 @@ def test_push_replay_p_hat_from_the_learned_log_z_uses_kl_coef_one_over_beta(env
 
 def test_scheduler_logz_p_hat_is_log_z_over_beta(env):
     for beta in (0.5, 2.0, 4.0):
-        tr = _Trainer(_paced_cfg(beta=beta, select_m=2, scheduler="logz", replay=False), env)
+        tr = _Trainer(_paced_cfg(tilt_beta=beta, select_m=2, scheduler="logz", paced_replay=False), env)
         lz = torch.tensor([[0.3, 1.1, -0.2, 2.5], [0.05, 0.9, 3.0, 0.4]], dtype=torch.float64)
         with torch.no_grad():
             tr.logz_param.copy_(lz)
@@ -189,7 +189,7 @@ def test_tb_rollout_weight_options_against_a_loop(env, weight_clip):
     ``w = exp(log pi_theta(y) - log pi_old(y))``, capped at 10 (``max``), clipped to [0.8, 1.2] (``eps``)
     or not at all (``ratio``), detached; the loss is mean_rows w * delta^2 (exact log Z, anchor pi_ref)."""
     cfg = SimConfig(
-        env="multiprompt", P=P, K=K, method="tb", log_z="exact", beta=2.0, G=G, seeds=S, weight_clip=weight_clip
+        env="multiprompt", P=P, K=K, method="tb", log_z="exact", tilt_beta=2.0, G=G, seeds=S, weight_clip=weight_clip
     )
     tr = _Trainer(cfg, env)
     g = torch.Generator().manual_seed(11)
@@ -245,7 +245,7 @@ def test_temperature_proposal_is_normalized_p_to_the_one_over_t():
 @pytest.mark.parametrize("method", ["tb", "lad"])
 def test_exact_mode_at_temperature_weights_outputs_by_k_q_t(env, method):
     t = 2.0
-    kw = dict(env="multiprompt", P=P, K=K, method=method, beta=2.0, seeds=1, exact=True, init_scale=0.7)
+    kw = dict(env="multiprompt", P=P, K=K, method=method, tilt_beta=2.0, seeds=1, exact=True, init_scale=0.7)
     tr = _Trainer(SimConfig(**kw, temperature=t), env)
     tr.logp_old = torch.log_softmax(tr.theta.detach(), -1)
     b = tr.make_batch(torch.ones(1, P, dtype=torch.float64))

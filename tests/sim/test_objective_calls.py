@@ -21,7 +21,11 @@ CASES = [
     (dict(method="tb", log_z="exact"), "tb", "disa_loss"),
     (dict(method="tb", log_z="vargrad"), "tb", "vargrad_log_z"),
     (dict(method="tb", log_z="learned", anchor="old"), "tb", "tb_residual"),
-    (dict(method="tb", log_z="learned", anchor="old", select_m=2, replay=True, logz_init="frozen"), "tb", "tb_loss"),
+    (
+        dict(method="tb", log_z="learned", anchor="old", select_m=2, paced_replay=True, logz_init="frozen"),
+        "tb",
+        "tb_loss",
+    ),
     (dict(method="flowrl"), "tb", "flowrl_loss"),
     (dict(method="lad"), "lad", "lad_loss"),
     (dict(method="grpo", advantage="group"), "pg", "grpo_loss"),

@@ -77,7 +77,9 @@ def test_fresh_kept_matches_naive_drop_order(n_drop):
 
 
 def _replay_run(mode: str, capacity: int = 8) -> train_mod.RunResult:
-    cfg = paced.replay_config(seed=3, seeds=3) | dict(steps=12, replay=True, replay_mode=mode, replay_capacity=capacity)
+    cfg = paced.replay_config(seed=3, seeds=3) | dict(
+        steps=12, paced_replay=True, paced_replay_mode=mode, paced_replay_capacity=capacity
+    )
     return train(SimConfig(**cfg), envs.make_multiprompt(P=32, K=16, seed=0))
 
 
@@ -97,9 +99,9 @@ def test_replace_mode_keeps_the_sample_terms_of_an_update_equal():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(replay_mode="swap"), "replay_mode"),
-        (dict(replay=True, replay_mode="replace", replay_capacity=65), "replay_capacity <= select_m"),
-        (dict(replay=True, replay_mode="replace", exact=True, G=1), "sampled batches"),
+        (dict(paced_replay_mode="swap"), "replay_mode"),
+        (dict(paced_replay=True, paced_replay_mode="replace", paced_replay_capacity=65), "replay_capacity <= select_m"),
+        (dict(paced_replay=True, paced_replay_mode="replace", exact=True, G=1), "sampled batches"),
     ],
 )
 def test_replay_mode_validation(kw, match):
@@ -143,7 +145,7 @@ def test_replay_rule_is_inconclusive_at_unequal_update_counts():
 
 def test_replay_check_with_replay_added_is_not_ok(monkeypatch, fresh_cache):
     """The old comparison (replay added on top of the batch) is caught: unequal terms per step."""
-    monkeypatch.setitem(paced.REPLAY_ARMS, "replace", dict(replay=True, replay_mode="add"))
+    monkeypatch.setitem(paced.REPLAY_ARMS, "replace", dict(paced_replay=True, paced_replay_mode="add"))
     out = run_one(the_check("paced.replay"))
     assert out.result is not None and out.result.verdict == V.INCONCLUSIVE
     assert out.item_changes == {"equal_update_terms": (True, False)} and not out.ok

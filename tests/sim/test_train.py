@@ -26,7 +26,7 @@ def test_tb_exact_log_z_exact_gradient_converges(env):
         env="multiprompt",
         method="tb",
         log_z="exact",
-        beta=2.0,
+        tilt_beta=2.0,
         exact=True,
         steps=300,
         lr=0.1,
@@ -44,7 +44,7 @@ def test_tb_exact_log_z_exact_gradient_converges(env):
 @pytest.mark.parametrize("log_z", ["exact", "learned", "vargrad", "frozen"])
 def test_tb_sampled_on_policy_converges_to_target(env, log_z):
     cfg = SimConfig(
-        env="multiprompt", method="tb", log_z=log_z, beta=2.0, steps=250, G=8, lr=0.05, seeds=2, log_every=250
+        env="multiprompt", method="tb", log_z=log_z, tilt_beta=2.0, steps=250, G=8, lr=0.05, seeds=2, log_every=250
     )
     res = train(cfg, env)
     # the on-policy semi-gradient does not depend on a prompt-only log Z, so every variant reaches pi*
@@ -59,7 +59,7 @@ def test_exact_gradient_equals_mean_of_sampled_gradients():
     g = torch.Generator().manual_seed(0)
     logits = env.logp_ref[None] + 0.3 * torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64)
     assert float(torch.softmax(logits, -1).min()) > 0.02
-    common = dict(env="multiprompt", method="tb", log_z="exact", log_z_bias=0.3, beta=2.0, seeds=1)
+    common = dict(env="multiprompt", method="tb", log_z="exact", log_z_bias=0.3, tilt_beta=2.0, seeds=1)
     exact = gradient_at(SimConfig(**common, exact=True), env, logits)[0]
     draws = 600
     samp = gradient_at(SimConfig(**common, G=4, seed=1), env, logits, draws=draws)[:, 0]
@@ -72,7 +72,7 @@ def test_semigradient_invariance_to_prompt_only_log_z(env):
     logits = torch.randn(1, env.P, env.K, generator=g, dtype=torch.float64)
     grads = [
         gradient_at(
-            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, beta=2.0, exact=True, seeds=1),
+            SimConfig(env="multiprompt", method="tb", log_z="exact", log_z_bias=b, tilt_beta=2.0, exact=True, seeds=1),
             env,
             logits,
         )
@@ -85,7 +85,7 @@ def test_semigradient_invariance_to_prompt_only_log_z(env):
 def test_seeds_are_independent_under_the_optimizer(env):
     # identical inits and exact gradients: every seed must follow the single-seed trajectory exactly,
     # i.e. summing the per-seed losses does not couple seeds through Adam.
-    kw = dict(env="multiprompt", method="tb", log_z="zero", beta=2.0, exact=True, steps=50, lr=0.05, log_every=50)
+    kw = dict(env="multiprompt", method="tb", log_z="zero", tilt_beta=2.0, exact=True, steps=50, lr=0.05, log_every=50)
     one = train(SimConfig(**kw, seeds=1), env)
     three = train(SimConfig(**kw, seeds=3), env)
     assert torch.allclose(three.logp, one.logp.expand_as(three.logp), atol=1e-12)
@@ -118,7 +118,9 @@ def test_grpo_collapses_on_three_mode_bandit():
 def test_lad_matches_its_target():
     env = envs.make_lad_bandit(50)
     p_a = torch.log_softmax(env.reward[0], -1)
-    base = dict(env="lad_bandit", method="lad", divergence="js", uniform_init=True, refresh_every=10**6, log_every=100)
+    base = dict(
+        env="lad_bandit", method="lad", lad_divergence="js", uniform_init=True, refresh_every=10**6, log_every=100
+    )
     ex = train(SimConfig(**base, exact=True, lr=0.05, steps=300, seeds=1), env)
     p_pi = torch.log_softmax(ex.logp[:, 0] - ex.logp_old[:, 0], -1)
     assert float(tv_distance(p_pi, p_a).max()) < 0.005  # exact gradients: measured 7e-4 after 300 steps
@@ -133,10 +135,10 @@ def test_paced_selection_picks_prompts_nearest_tau(env):
         method="tb",
         anchor="old",
         log_z="learned",
-        beta=2.0,
+        tilt_beta=2.0,
         select_m=3,
         scheduler="oracle",
-        tau=0.5,
+        paced_tau=0.5,
         steps=1,
         seeds=1,
     )
@@ -160,11 +162,11 @@ def test_paced_with_replay_runs_and_estimates_accuracy():
             anchor="old",
             log_z="learned",
             logz_init="frozen",
-            beta=2.0,
+            tilt_beta=2.0,
             select_m=8,
-            replay=True,
-            replay_capacity=16,
-            replay_add=8,
+            paced_replay=True,
+            paced_replay_capacity=16,
+            paced_replay_add=8,
             steps=60,
             seeds=2,
             log_every=20,
@@ -210,7 +212,7 @@ def test_cli_sim_runs(tmp_path, capsys):
 
 def test_offline_fpa_lambda0_equals_offrl_and_methods_learn(env):
     kw = dict(env="multiprompt", steps=40, lr=0.05, seeds=2, log_every=40, G=8)
-    fpa0 = train(SimConfig(method="fpa", fpa_lambda=0.0, **kw), env)
+    fpa0 = train(SimConfig(method="fpa", fpa_lam=0.0, **kw), env)
     offrl = train(SimConfig(method="offrl", **kw), env)
     # FPA eq. 3 with lambda = 0 has Off-RL's gradient (eq. 2): identical trajectories up to round-off
     assert torch.allclose(fpa0.logp, offrl.logp, atol=1e-10)

@@ -11,13 +11,14 @@ from trl import GRPOConfig
 
 from tiltlab.objectives.catalog import (
     TB_OPTIONS,
+    check_knobs,
     default_logprob_scale,
     describe,
+    knob_fields,
     names,
     options_dataclass,
     refuse_old_names,
 )
-from tiltlab.objectives.lad import F_DIVERGENCES
 
 from ..vllm_sync import cpu_trainer_bf16
 
@@ -85,9 +86,13 @@ IS_LEVEL = {
 _TBOptions = options_dataclass("_TBOptions", TB_OPTIONS)
 """The TB family's declared knobs (:data:`~tiltlab.objectives.catalog.TB_OPTIONS`) as dataclass fields."""
 
+_ObjectiveKnobs = options_dataclass("_ObjectiveKnobs", knob_fields("online"))
+"""The declared objectives' own knobs the TRL trainer reads (``lad_*``, ``paced_*``:
+:func:`~tiltlab.objectives.catalog.knob_fields` of ``online``) as dataclass fields."""
+
 
 @dataclass
-class TiltGRPOConfig(GRPOConfig, _TBOptions):
+class TiltGRPOConfig(GRPOConfig, _TBOptions, _ObjectiveKnobs):
     """``GRPOConfig`` plus the objective. TRL's ``beta`` stays TRL's KL-to-reference coefficient
     (used by ``grpo``/``gspo``/``lad``: a per-token loss term, or with ``kl_in_reward`` the
     sequence-level penalty in the reward of ``grpo``); the tilt of the TB objectives is
@@ -95,7 +100,9 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions):
     ``paced_kl_coef``. The TB family's knobs (``tilt_beta``, ``reward_scale``, ``reward_shift``,
     ``logprob_scale``, ``weight_clip``, ``max_weight``, ``weight_eps``, ``weight_eps_high``) are the
     fields of :data:`~tiltlab.objectives.catalog.TB_OPTIONS`, under the names the registry and the veRL
-    plug-in use; an old name (``length_normalize``) is refused naming the new one."""
+    plug-in use; an old name (``length_normalize``) is refused naming the new one. The objectives' own
+    knobs (``lad_eta``, ``lad_divergence``, ``lad_level``, ``paced_*``) are the fields of their
+    :attr:`~tiltlab.objectives.catalog.Spec.knobs` (``<objective>_<knob>``)."""
 
     objective: str = field(default="grpo", metadata={"help": f"one of {describe('online')}"})
     loss_type: str | None = field(  # type: ignore[assignment]  # TRL's field, default resolved per objective
@@ -157,24 +164,6 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions):
     )
     disa_allow_label_mismatch: bool = field(default=False, metadata={"help": "override the label-compat check"})
     disa_mismatch_reason: str | None = field(default=None, metadata={"help": "why the override is sound"})
-    lad_divergence: str = field(default="js", metadata={"help": f"one of {sorted(F_DIVERGENCES)}"})
-    lad_eta: float = field(default=1.0, metadata={"help": "LAD temperature eta"})
-    lad_level: str = field(default="token", metadata={"help": "token | sequence ratio in the LAD loss"})
-    paced_kl_coef: float = field(default=1.0, metadata={"help": "PACED's beta: the TB tilt is r / paced_kl_coef"})
-    paced_tau: float = field(default=0.5, metadata={"help": "target accuracy of the prompt selection"})
-    paced_pool_factor: int = field(default=4, metadata={"help": "candidates per selected prompt (0 = no selection)"})
-    paced_select_from: str = field(default="learned", metadata={"help": "learned | disa (the frozen Stage-2 log Z)"})
-    paced_replay: bool = field(default=True, metadata={"help": "accuracy-error-prioritized replay of correct samples"})
-    paced_replay_capacity: int = field(default=128, metadata={"help": "replay buffer capacity (PACED: 128)"})
-    paced_replay_add: int = field(default=64, metadata={"help": "correct samples added per step (PACED: 64)"})
-    paced_replay_max: int | None = field(default=None, metadata={"help": "at most this many replayed rows per batch"})
-    paced_embeddings: str = field(
-        default="frozen_ref",
-        metadata={
-            "help": "PACED's Z_phi input: frozen_ref (paper Sec. 4.3: an MLP on frozen pi_ref prompt embeddings, "
-            "precomputed once) | live (the head on the live policy's hidden states)"
-        },
-    )
     dynamic_sampling: bool = field(
         default=False,
         metadata={
@@ -217,20 +206,13 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions):
             self.logprob_scale = default_logprob_scale(self.objective)
         for option in TB_OPTIONS:
             option.check(getattr(self, option.name))
-        if self.lad_divergence not in F_DIVERGENCES:
-            raise ValueError(f"lad_divergence must be one of {sorted(F_DIVERGENCES)}, got {self.lad_divergence!r}")
+        check_knobs(self, "online")
         if self.lad_eta <= 0 or self.paced_kl_coef <= 0 or self.tilt_beta <= 0:
             raise ValueError("lad_eta, paced_kl_coef and tilt_beta must be > 0")
-        if self.lad_level not in ("token", "sequence"):
-            raise ValueError(f"lad_level must be token | sequence, got {self.lad_level!r}")
         if self.disa_label not in ("predictor", "column"):
             raise ValueError(f"disa_label must be predictor | column, got {self.disa_label!r}")
-        if self.paced_embeddings not in ("frozen_ref", "live"):
-            raise ValueError(f"paced_embeddings must be frozen_ref | live, got {self.paced_embeddings!r}")
         if self.dynamic_sampling_max_refills < 0:
             raise ValueError("dynamic_sampling_max_refills must be >= 0")
-        if self.paced_select_from not in ("learned", "disa"):
-            raise ValueError(f"paced_select_from must be learned | disa, got {self.paced_select_from!r}")
         if not 0.0 <= self.paced_tau <= 1.0:
             raise ValueError("paced_tau must lie in [0, 1]")
         if self.use_liger_kernel:
