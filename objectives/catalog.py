@@ -17,10 +17,10 @@ from typing import Any
 
 __all__ = [
     "FAMILIES",
+    "LAD_DIVERGENCES",
     "RENAMED",
     "SPECS",
     "TAGS",
-    "LAD_DIVERGENCES",
     "TB_OPTIONS",
     "TRAINERS",
     "Option",

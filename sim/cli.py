@@ -18,7 +18,7 @@ from tiltlab.files import write_json
 class _RenamedFlag(argparse.Action):
     """An old flag of a renamed field: refused in one line naming the new flag."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+    def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is now {self.default}")
 
 

@@ -26,7 +26,7 @@ def _configs():
 
 
 def test_lad_divergence_names_are_the_loss_functions():
-    assert catalog.LAD_DIVERGENCES == tuple(F_DIVERGENCES)
+    assert tuple(F_DIVERGENCES) == catalog.LAD_DIVERGENCES
 
 
 def _naive_fields(trainer: str) -> dict[str, object]:
