@@ -148,3 +148,78 @@ def test_knob_help_reaches_the_sim_cli():
     text = " ".join(out.stdout.split())
     assert "--lad-eta LAD_ETA LAD's temperature eta > 0" in text and "--tilt-beta TILT_BETA The tilt beta" in text
     assert "--beta" not in text.replace("--tilt-beta", "").replace("--dpo-beta", "")
+
+
+#: every trainer's objective knobs and defaults, written out (the papers' values; the simulator's toy replay)
+PINNED = {
+    "online": {
+        "lad_eta": 1.0,
+        "lad_divergence": "js",
+        "lad_level": "token",
+        "paced_kl_coef": 1.0,
+        "paced_tau": 0.5,
+        "paced_pool_factor": 4,
+        "paced_select_from": "learned",
+        "paced_replay": True,
+        "paced_replay_capacity": 128,
+        "paced_replay_add": 64,
+        "paced_replay_max": None,
+        "paced_embeddings": "frozen_ref",
+    },
+    "offline": {
+        "offrl_kl_tau": 0.0,
+        "fpa_lam": 1.0,
+        "fpa_apply_to": "all",
+        "dpo_beta": 0.1,
+        "rpo_alpha": 1.0,
+        "kto_beta": 0.1,
+        "kto_lambda_w": 1.0,
+        "kto_lambda_l": 1.0,
+        "apo_beta1": 0.5,
+        "apo_beta2": 1e-3,
+    },
+    "sim": {
+        "lad_eta": 1.0,
+        "lad_divergence": "js",
+        "paced_tau": 0.5,
+        "paced_replay": False,
+        "paced_replay_capacity": 32,
+        "paced_replay_add": 16,
+        "paced_replay_mode": "add",
+        "offrl_kl_tau": 0.0,
+        "fpa_lam": 1.0,
+        "dpo_beta": 0.1,
+    },
+    "verl": {},  # the veRL plug-in takes LAD's eta and divergence as register_lad's arguments
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(PINNED))
+def test_the_declared_knobs_and_defaults_are_pinned(trainer):
+    got = {o.name: o.default for o in knob_fields(trainer)}
+    assert got == PINNED[trainer]
+    assert all(type(got[k]) is type(v) for k, v in PINNED[trainer].items())
+
+
+def test_the_simulators_rename_table_is_pinned():
+    assert RENAMED_FIELDS == {
+        "beta": "tilt_beta",
+        "eta": "lad_eta",
+        "divergence": "lad_divergence",
+        "tau": "paced_tau",
+        "replay": "paced_replay",
+        "replay_capacity": "paced_replay_capacity",
+        "replay_add": "paced_replay_add",
+        "replay_mode": "paced_replay_mode",
+        "fpa_lambda": "fpa_lam",
+        "offline_kl_tau": "offrl_kl_tau",
+    }
+
+
+def test_the_common_renames_are_not_offered_where_they_do_not_apply():
+    # SimConfig has no weight_eps: its refusal of 'eps' would name a knob it does not have
+    with pytest.raises(TypeError, match="unexpected keyword argument 'eps'"):
+        SimConfig(eps=0.1)
+    with pytest.raises(TypeError, match=r"^TB: 'eps' is now weight_eps$"):
+        catalog.renamed({"eps": 0.1}, "TB")
+    catalog.renamed({"eps": 0.1}, "TB", common=False)
