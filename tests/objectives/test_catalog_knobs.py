@@ -223,3 +223,16 @@ def test_the_common_renames_are_not_offered_where_they_do_not_apply():
     with pytest.raises(TypeError, match=r"^TB: 'eps' is now weight_eps$"):
         catalog.renamed({"eps": 0.1}, "TB")
     catalog.renamed({"eps": 0.1}, "TB", common=False)
+
+
+def test_the_tb_familys_knobs_and_defaults_are_pinned():
+    assert {o.name: o.default for o in catalog.TB_OPTIONS} == {
+        "tilt_beta": 15.0,
+        "reward_scale": 1.0,
+        "reward_shift": 0.0,
+        "logprob_scale": None,
+        "weight_clip": "max",
+        "max_weight": 10.0,
+        "weight_eps": 0.2,
+        "weight_eps_high": None,
+    }
