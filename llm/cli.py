@@ -22,16 +22,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from tiltlab.llm import demo
+from tiltlab.llm.disa import stage1
+from tiltlab.llm.disa.stage2 import cli as stage2
+from tiltlab.llm.eval import cli as evaluate
+from tiltlab.llm.prepare import cli as prepare
+from tiltlab.llm.train import cli as trainers_cli
+
 
 def subcommand_modules() -> tuple[ModuleType, ...]:
     """The modules whose ``add_cli(subparsers)`` adds one ``tiltlab llm`` command each (imported when
     ``tiltlab llm`` is parsed, not when ``tiltlab --help`` is)."""
-    from tiltlab.llm import demo
-    from tiltlab.llm.disa import stage1
-    from tiltlab.llm.disa.stage2 import cli as stage2
-    from tiltlab.llm.eval import cli as evaluate
-    from tiltlab.llm.prepare import cli as prepare
-    from tiltlab.llm.train import cli as trainers_cli
 
     return (stage1, stage2, evaluate, trainers_cli, demo, prepare)
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.patching import patch_everywhere
 from tiltlab.cli import main
 
 
@@ -367,8 +368,19 @@ def no_model_loads(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a dry run loaded a model")
 
-    monkeypatch.setattr(models, "load_model", refuse)
-    monkeypatch.setattr(models, "load_tokenizer", refuse)
+    patch_everywhere(monkeypatch, models, "load_model", refuse)
+    patch_everywhere(monkeypatch, models, "load_tokenizer", refuse)
+
+
+def test_the_no_model_loads_guard_reaches_the_trainer_builder(no_model_loads):
+    """The guard is not vacuous: `tiltlab llm train` builds its trainer with the names it imported at its
+    top, and those are the refusing ones (a patch of the models module alone would not reach them)."""
+    import tiltlab.llm.train.cli as train_cli
+
+    with pytest.raises(AssertionError, match="loaded a model"):
+        train_cli.load_model("tiny")
+    with pytest.raises(AssertionError, match="loaded a model"):
+        train_cli.load_tokenizer("tiny")
 
 
 @pytest.mark.parametrize(

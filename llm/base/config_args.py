@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
@@ -29,12 +30,11 @@ def read_config(path, overrides=(), loader=None):
     """``loader(path, overrides)`` (default :func:`tiltlab.llm.base.run_config.read_run_config`) with
     one-line errors for the user's mistakes: a config file that does not exist, a file or a
     ``--set`` value that is not valid YAML (``FileNotFoundError`` / ``ValueError``)."""
-    from pathlib import Path
 
     import yaml
 
     if loader is None:
-        from tiltlab.llm.base.run_config import read_run_config as loader
+        pass
     p = Path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"

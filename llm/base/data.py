@@ -33,6 +33,7 @@ HumanEval+, CodeForces).
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import os
@@ -43,6 +44,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .prompts import prompt_messages
+from .tasks import arithmetic_tasks, function_tasks, mixed_tasks, multi_answer_tasks, qa_tasks
 
 __all__ = [
     "BENCHMARKS",
@@ -108,7 +112,6 @@ def read_table(path: str | Path, split: str | None = None) -> list[dict[str, Any
 
 
 def _read_jsonl(p: Path) -> list[dict]:
-    import gzip
 
     opener = gzip.open if p.suffix == ".gz" else open
     rows = []
@@ -314,7 +317,6 @@ def load_humaneval(n: int | None = None) -> list[dict]:
 
 
 def _synthetic(spec: str, seed: int) -> list[dict]:
-    from .tasks import arithmetic_tasks, function_tasks, mixed_tasks, multi_answer_tasks, qa_tasks
 
     parts = spec.split(":")
     try:
@@ -368,7 +370,6 @@ def to_hf_dataset(rows: Sequence[dict]):
 
 def as_chat(rows: Sequence[dict], system: str | None = None) -> list[dict]:
     """Copies of ``rows`` whose ``prompt`` is TRL's conversational form ``[{"role": "user", "content": ...}]``."""
-    from .prompts import prompt_messages
 
     return [{**r, "prompt": prompt_messages(r["prompt"], system)} for r in rows]
 

@@ -21,6 +21,9 @@ Deterministic given ``seed``: same corpus, same BPE merges, same ``torch.manual_
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import importlib.metadata as md
 import json
 import os
 import shutil
@@ -28,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .tasks import synthetic_corpus
 
 if TYPE_CHECKING:
     import torch
@@ -188,7 +193,6 @@ def resolve_model(name_or_path: str | Path, progress: bool = True) -> str:
 def _locate_gguf(name: str, alias: _GGUFAlias) -> tuple[Path, str]:
     """(path of the GGUF file, installed version), from the distribution's file list; the package is
     not imported (its ``__init__`` imports llama.cpp bindings that tiltlab does not need)."""
-    import importlib.metadata as md
 
     hint = f"model alias {name!r} needs the package {alias.distribution}: run `{alias.install}`"
     try:
@@ -248,7 +252,7 @@ class _build_lock:
     def __enter__(self):
         self.fh = open(self.path, "a+")
         try:
-            import fcntl
+            pass
         except ImportError:  # not POSIX: no inter-process lock, the atomic rename still protects readers
             return self
         try:
@@ -402,8 +406,6 @@ def train_bpe(vocab_size: int = 512, seed: int = 0, corpus: list[str] | None = N
     """The raw ``tokenizers.Tokenizer`` of :func:`build_tiny_tokenizer` (imports only ``tokenizers``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from .tasks import synthetic_corpus
-
     specials = [TINY_SPECIAL_TOKENS[k] for k in ("pad_token", "bos_token", "im_start", "eos_token")]
     n_min = 256 + len(specials)
     if vocab_size < n_min:
@@ -500,7 +502,6 @@ def model_fingerprint(model, name: str) -> str:
     """A cheap identity of a model's weights: name, config and slices of a few parameter tensors
     (the first 8192 values of the first, middle and last parameter). The key of the embedding caches
     of Stage 2 and PACED."""
-    import hashlib
 
     import torch
 

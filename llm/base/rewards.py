@@ -18,11 +18,15 @@ into the function; Stage 1, training and evaluation all resolve ``--reward`` thr
 
 from __future__ import annotations
 
+import ast
+import importlib
 import math
 import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
+from .sandbox import SandboxConfig, isolation_report, run_many_judged
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -60,8 +64,6 @@ def resolve_reward(name: str | Callable) -> Callable:
     if not isinstance(name, str):
         raise TypeError(f"reward must be a name or a callable, got {type(name).__name__}")
     if ":" in name:
-        import importlib
-
         mod, _, fn = name.partition(":")
         try:
             return getattr(importlib.import_module(mod), fn)
@@ -351,7 +353,6 @@ def prompt_parts(prefix: str, entry_point: str | None) -> tuple[str, str]:
 
     A prompt that does not parse yields its unindented import lines for both.
     """
-    import ast
 
     try:
         tree = ast.parse(prefix)
@@ -428,12 +429,10 @@ def make_code_reward(config=None, max_workers: int | None = None, name: str = "c
     isolation level that ran in ``result.isolation["level"]``; ``reward.isolation()`` reports the
     level this machine gives.
     """
-    from .sandbox import SandboxConfig, isolation_report
 
     cfg = config or SandboxConfig(timeout_s=10.0)
 
     def reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
-        from .sandbox import run_many_judged
 
         n = len(completions)
         tests = _column(kwargs, "tests", n, required=True)

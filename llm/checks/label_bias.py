@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.claims import stats
+from tiltlab.files import write_json
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.models import resolve_model
+from tiltlab.llm.base.rollout import VLLMEngine
+from tiltlab.llm.checks import real_comparison as C
+from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1
 
 __all__ = ["label_bias", "main", "plugin_bias", "plugin_label", "summarize"]
 
@@ -64,11 +70,6 @@ def summarize(
 def label_bias(seed: int = 0, fresh_m: int = 40, root: Path | None = None) -> dict[str, Any]:
     """Stage 1 and the selection of the comparison's task at ``seed``, then ``fresh_m`` fresh samples per
     kept prompt (module docstring): the bias on the held-out and on all kept prompts, and the inputs."""
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.models import resolve_model
-    from tiltlab.llm.base.rollout import VLLMEngine
-    from tiltlab.llm.checks import real_comparison as C
-    from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1
 
     model_dir = resolve_model(C.ALIAS)
     with tempfile.TemporaryDirectory(prefix="tiltlab-label-bias-") as tmp:
@@ -148,8 +149,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{k}: label - fresh plug-in {s['mean']:+.3f} [{s['lo']:+.3f}, {s['hi']:+.3f}] nats over {int(s['n'])} prompts"
         )
     if a.out:
-        from tiltlab.files import write_json
-
         write_json(a.out, res, indent=1)
         print(f"written to {a.out}")
     return 0

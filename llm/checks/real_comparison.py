@@ -56,12 +56,27 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+from tqdm.auto import tqdm
+
 from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.llm.base.coverage import correct_entropy_exp
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.models import resolve_model
+from tiltlab.llm.base.prompts import format_prompt
+from tiltlab.llm.base.rewards import math_reward, plain_answer
+from tiltlab.llm.base.rollout import SamplingConfig, VLLMEngine
+from tiltlab.llm.base.tasks import answer_format_of_id, multi_answer_tasks, qa_tasks
+from tiltlab.llm.disa.logz_head import policy_only_dir
+from tiltlab.llm.disa.stage1 import Stage1Config, atomic_write_json, run_stage1
 from tiltlab.llm.experiments import pool as seed_pool  # ("pool" is a local name)
+from tiltlab.llm.prepare.config import SelectConfig
+from tiltlab.llm.prepare.run import select_by_pass_rate, write_rows
 
 from . import rules
 from .real_training import step_times, trained_items, weights_moved
+from .real_training import train_config as base_config
 
 ALIAS = "smollm2-135m"
 ARMS = ("disa", "flowrl", "grpo_kl", "grpo")
@@ -108,7 +123,6 @@ CHECK_NAME = "smollm2_135m_comparison"
 def candidate_rows(seed: int) -> list[dict]:
     """The candidate prompts: :data:`N_QA` ``synthetic:qa`` rows at :data:`QA_LEVELS` and
     :data:`N_MULTI` ``synthetic:multi`` rows, both seeded by ``seed``."""
-    from tiltlab.llm.base.tasks import multi_answer_tasks, qa_tasks
 
     return [*qa_tasks(N_QA, list(QA_LEVELS), seed=seed), *multi_answer_tasks(N_MULTI, seed=seed)]
 
@@ -140,11 +154,6 @@ def split_heldout(rows: Sequence[dict], n_heldout: int, seed: int) -> tuple[list
 def make_task(root: Path, model_dir: str, seed: int) -> dict:
     """Stage 1 (``q = pi_ref``) on the candidates, the pass-rate selection and the held-out split:
     ``train.jsonl`` / ``heldout.jsonl`` under ``root`` and the selection summary."""
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.rollout import VLLMEngine
-    from tiltlab.llm.disa.stage1 import Stage1Config, run_stage1
-    from tiltlab.llm.prepare.config import SelectConfig
-    from tiltlab.llm.prepare.run import select_by_pass_rate, write_rows
 
     rows = candidate_rows(seed)
     cand = root / "candidates.jsonl"
@@ -190,7 +199,6 @@ def make_task(root: Path, model_dir: str, seed: int) -> dict:
 # ---------------------------------------------------------------- one run
 def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict:
     """The ``tiltlab llm train`` config of one run of ``arm``."""
-    from .real_training import train_config as base_config
 
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {', '.join(ARMS)}, got {arm!r}")
@@ -215,7 +223,6 @@ def graded_answers(row: dict, texts: Sequence[str]) -> list[float | None]:
     """Per completion, the answer the training reward pays (``math_reward`` on the row's ``answer`` and
     ``answer_format``): the number it gives (:func:`tiltlab.llm.base.rewards.plain_answer`) where it is paid,
     None where it is not."""
-    from tiltlab.llm.base.rewards import math_reward, plain_answer
 
     n = len(texts)
     paid = math_reward(
@@ -229,9 +236,6 @@ def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -
     and the correct answers drawn (the parsed numbers, in sample order). ``{"correct": [P],
     "answers": [P lists]}``."""
     from transformers import AutoTokenizer
-
-    from tiltlab.llm.base.prompts import format_prompt
-    from tiltlab.llm.base.rollout import SamplingConfig, VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     texts = [format_prompt(tok, r["prompt"], True) for r in rows]
@@ -253,7 +257,6 @@ def evaluate(model_dir: str, rows: Sequence[dict], seed: int, k: int = EVAL_K) -
 def run_metrics(ev: dict[str, list], rows: Sequence[dict], k: int = EVAL_K) -> dict[str, float]:
     """A run's Mean@k, pass@k (all held-out prompts) and coverage (the multi-answer prompts: mean
     ``exp`` entropy of the correct answers drawn) from :func:`evaluate`'s per-prompt values."""
-    from tiltlab.llm.base.coverage import correct_entropy_exp
 
     n = len(rows)
     if len(ev["correct"]) != n or len(ev["answers"]) != n:
@@ -278,7 +281,6 @@ def _python(args: list[str], core: int | None) -> subprocess.CompletedProcess:
 
 def train_in_process(name: str, cfg: dict, root: Path, core: int | None) -> tuple[str, list[dict]]:
     """One ``tiltlab llm train`` process (vLLM colocated, bound to ``core``); ``(model dir, log history)``."""
-    import yaml
 
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -309,7 +311,6 @@ def one_run(
     """Train ``arm`` at training seed ``seed`` (``arm == "base"``: no training) and evaluate it on the
     held-out prompts with the seed's evaluation seed. Returns the raw per-prompt values and the
     run's training log numbers. ``start``: the untrained weights (for "the weights moved")."""
-    from tiltlab.llm.disa.logz_head import policy_only_dir
 
     eval_seed = seed * 100 + 99
     out: dict[str, Any] = {"arm": arm, "seed": seed}
@@ -335,9 +336,6 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
     on its own core. Returns the held-out rows, the task summary and every run's raw values."""
     from safetensors.torch import load_file
 
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.models import resolve_model
-
     jobs = seed_pool.get_jobs() if jobs is None else jobs  # the runner's --jobs (seed_pool.set_jobs)
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     start = load_file(str(Path(model_dir) / "model.safetensors"))
@@ -352,7 +350,6 @@ def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: 
         runs: dict[tuple[str, int], dict] = {}
         cores = list(range(jobs)) if jobs > 1 else [None]
         free = list(cores)
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         bar = tqdm(total=len(todo), desc="llm check real comparison", unit="run", leave=False)
         with cf.ThreadPoolExecutor(max_workers=len(cores)) as pool:
@@ -387,7 +384,6 @@ def recorded_metrics(values: Mapping[str, Any]) -> dict[str, dict[int, dict[str,
     correct counts -> Mean@8 and pass@8, correct answers of the multi-answer prompts -> coverage (the
     prompts' answer formats as recorded, or, in a record that kept only the ids, from the ids,
     :func:`tiltlab.llm.base.tasks.answer_format_of_id`)."""
-    from tiltlab.llm.base.tasks import answer_format_of_id
 
     ids = [str(i) for i in values["heldout_ids"]]
     formats = values.get("answer_formats") or [answer_format_of_id(i) for i in ids]
@@ -560,8 +556,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("seed", type=int)
     e.add_argument("out")
     a = p.parse_args(argv)
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.disa.stage1 import atomic_write_json
 
     atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
     return 0

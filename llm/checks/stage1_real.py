@@ -33,6 +33,9 @@ import torch
 
 from tiltlab.claims import stats
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.llm.base.models import resolve_model
+from tiltlab.llm.base.rewards import math_reward
+from tiltlab.llm.disa.stage1 import Stage1Config, load_stage1, run_stage1, vllm_proposal_engine
 from tiltlab.llm.experiments import pool
 from tiltlab.objectives.estimators import effective_sample_size, log_partition_lse, log_z_from_pass_rate
 
@@ -81,7 +84,6 @@ LABEL_MARGIN = 0.05
 def unboxed_math_reward(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
     """:func:`tiltlab.llm.base.rewards.math_reward` with ``require_boxed=False``: an unboxed answer is
     parsed by math-verify's default extraction (the last expression) instead of scoring 0."""
-    from tiltlab.llm.base.rewards import math_reward
 
     return math_reward(prompts, completions, completion_ids, require_boxed=False, **kwargs)
 
@@ -95,7 +97,6 @@ def question_rows(n: int | None = None) -> list[dict]:
 
 
 def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, top_p: float, max_new_tokens: int):
-    from tiltlab.llm.disa.stage1 import Stage1Config
 
     return Stage1Config(
         proposal=model_dir,
@@ -117,7 +118,6 @@ def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, to
 def run_labels(engine, cfg, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run Stage 1 for ``cfg`` on ``engine``; ``(log_w [P, M], label [P], pass rate [P])`` read back
     from the Parquet files it wrote (rows in the order of ``rows``)."""
-    from tiltlab.llm.disa.stage1 import load_stage1, run_stage1
 
     with warnings.catch_warnings():  # the truncation warning: truncating is what is measured here
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -230,8 +230,6 @@ def stage1_real_model(
     n_ref: int = N_REF,
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> CheckResult:
-    from tiltlab.llm.base.models import resolve_model
-    from tiltlab.llm.disa.stage1 import vllm_proposal_engine
 
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     rows = question_rows(n_prompts)

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.files import write_json
+from tiltlab.llm.base.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
+from tiltlab.progress import progress
 
 from .config import REAL_MODEL_OVERRIDES, DemoConfig
 from .report import _plot, _plot_seeds, format_table, format_table_seeds
@@ -139,7 +141,6 @@ def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bar(cfg: DemoConfig, seeds: int, enabled: bool):
     """The demo's progress reporter: one unit per optimizer step (SFT and RL), over every seed."""
-    from tiltlab.progress import progress
 
     total = seeds * (cfg.sft_steps + cfg.rl_steps * len(cfg.methods))
     return progress(total=total, desc="demo", unit="step", **({} if enabled else {"mode": "off"}))
@@ -183,8 +184,6 @@ def _write_json(res: dict, path: Path) -> None:
 
 def _run_demo(cfg: DemoConfig, progress: bool, bar) -> dict[str, Any]:
     import torch
-
-    from tiltlab.llm.base.models import _parse_tiny, build_tiny, load_model, load_tokenizer, resolve_model
 
     t_all = time.perf_counter()
     out = Path(cfg.out_dir)
@@ -318,8 +317,6 @@ def _cli_main(args) -> int:
         raise ValueError(f"--out-dir {out} is a file; pass a directory")
     kw: dict[str, Any] = dict(out_dir=args.out_dir, seed=args.seed, threads=args.threads, model=args.model)
     if not (args.model == "tiny" or args.model.startswith("tiny:")):
-        from tiltlab.llm.base.models import resolve_model
-
         kw.update(REAL_MODEL_OVERRIDES)
         kw["model"] = resolve_model(args.model)  # converts an alias once (progress bar), before the run
         if args.quick:

@@ -4,8 +4,19 @@ Stages 1-2 and the RL runs of each method (see :mod:`tiltlab.llm.demo`)."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import Any
+
+from tiltlab.llm.base.models import load_model, load_tokenizer
+from tiltlab.llm.base.prompts import format_prompt
+from tiltlab.llm.base.rewards import math_reward
+from tiltlab.llm.base.rollout import HFEngine, SamplingConfig
+from tiltlab.llm.base.tasks import BOXED_INSTRUCTION
+from tiltlab.llm.disa.stage1 import Stage1Config, read_manifest, run_stage1
+from tiltlab.llm.disa.stage2.config import Stage2Config
+from tiltlab.llm.disa.stage2.run import load_log_z_predictor, run_stage2
+from tiltlab.objectives.metrics import distinct_n, pass_at_k
 
 from .config import DemoConfig
 
@@ -14,7 +25,6 @@ def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
     """The demo task, made easy enough for a 2-layer, 64-wide model to learn on CPU in seconds:
     ``Compute a + 0.`` for two-digit ``a`` (the answer copies ``a``). Train and held-out values of
     ``a`` are disjoint, so held-out gains measure a learned behaviour, not memorized answers."""
-    from tiltlab.llm.base.tasks import BOXED_INSTRUCTION
 
     values = list(range(10, 100))
     random.Random(f"demo-{cfg.seed}").shuffle(values)
@@ -30,7 +40,6 @@ def _split(cfg: DemoConfig) -> tuple[list[dict], list[dict]]:
 
 
 def _chat(tok, prompt: str) -> str:
-    from tiltlab.llm.base.prompts import format_prompt
 
     return format_prompt(tok, prompt)
 
@@ -72,9 +81,6 @@ def sft_warmup(model, tok, rows: list[dict], cfg: DemoConfig, log: list, bar=Non
 
 def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: int) -> dict[str, float]:
     """k samples per prompt at temperature 1: Mean@k, pass@1, pass@k, distinct-2 over completion tokens."""
-    from tiltlab.llm.base.rewards import math_reward
-    from tiltlab.llm.base.rollout import HFEngine, SamplingConfig
-    from tiltlab.objectives.metrics import distinct_n, pass_at_k
 
     eng = HFEngine(model, tok, batch_size=256)
     groups = eng.generate(
@@ -103,11 +109,6 @@ def evaluate(model, tok, rows: list[dict], k: int, seed: int, max_new_tokens: in
 def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: list) -> tuple[dict, Any]:
     """DISA Stage 1 (:func:`llm.disa.stage1.run_stage1`, ``q = pi_ref``) and Stage 2
     (:func:`llm.disa.stage2.run.run_stage2`); returns (Stage-1 manifest, the frozen ``predict_log_z``)."""
-    import shutil
-
-    from tiltlab.llm.disa.stage1 import Stage1Config, read_manifest, run_stage1
-    from tiltlab.llm.disa.stage2.config import Stage2Config
-    from tiltlab.llm.disa.stage2.run import load_log_z_predictor, run_stage2
 
     s1_dir, s2_dir = out / "stage1", out / "stage2"
     for d in (s1_dir, s2_dir):  # the demo always starts from scratch (Stage 1 would otherwise resume)
@@ -165,8 +166,6 @@ def _train_rl(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from tiltlab.llm.base.models import load_model, load_tokenizer
-    from tiltlab.llm.base.rewards import math_reward
     from tiltlab.llm.train.online import TiltGRPOConfig, TiltGRPOTrainer
 
     model, tok = load_model(ref_dir, device="cpu"), load_tokenizer(ref_dir)

@@ -11,10 +11,16 @@ Shapes: prompt ids / mask ``[B, L]`` (left or right padding), hidden ``[B, L, H]
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
 from tiltlab.llm.base.models import masked_mean_pool
+from tiltlab.llm.base.scoring import hidden_states
 
 __all__ = [
     "LogZHead",
@@ -124,10 +130,6 @@ def policy_only_dir(model_dir, out_dir=None):
     ``<model_dir>/policy``) holding the same files with the head's tensors left out of
     ``model.safetensors`` (vLLM refuses unknown parameter names; transformers would only warn). Written
     atomically (a temporary directory renamed into place); an existing up-to-date copy is reused."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
 
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -170,7 +172,6 @@ def prompt_log_z(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, deta
     ``detach_input=True`` stops the gradient of the log Z loss from reaching the backbone (only
     the head learns from it); FlowRL's code leaves it attached (the default).
     """
-    from tiltlab.llm.base.scoring import hidden_states
 
     head = get_log_z_head(model)
     ctx = torch.no_grad() if detach_input else torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()

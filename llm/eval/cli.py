@@ -4,15 +4,20 @@ printed table)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.llm.base.config_args import config_from_args, config_section_values
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.models import MODEL_ALIASES
+from tiltlab.llm.base.rollout import resolve_engine
 from tiltlab.llm.eval.config import EvalConfig, eval_from_run_config
 from tiltlab.llm.eval.run import results_table, run_eval
 
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm eval``: flags = :class:`EvalConfig` fields (``--config`` reads the ``eval:`` section)."""
-    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "eval",
@@ -27,7 +32,6 @@ def add_cli(subparsers) -> None:
 def _check_model(name: str) -> None:
     """Refuse a ``--model`` that is neither ``tiny[:seed]``, an existing local path nor shaped like a
     hub id (``org/name``), before anything loads (a missing path would end in a hub error)."""
-    from tiltlab.llm.base.models import MODEL_ALIASES
 
     if name == "tiny" or name.startswith("tiny:") or name in MODEL_ALIASES or Path(name).expanduser().exists():
         return
@@ -41,7 +45,6 @@ def _check_model(name: str) -> None:
 
 def _check_datasets(cfg) -> None:
     """Load every dataset once before the model: a benchmark that is not on disk fails in a second."""
-    from tiltlab.llm.base.data import load_prompts
 
     for name in cfg.datasets:
         rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
@@ -50,9 +53,6 @@ def _check_datasets(cfg) -> None:
 
 
 def _cli_main(args) -> int:
-    import sys
-
-    from tiltlab.llm.base.config_args import config_from_args, config_section_values
 
     cfg = config_from_args(EvalConfig, args, section="eval", translate=eval_from_run_config)
     if getattr(args, "config", None) and not hasattr(args, "model"):
@@ -68,7 +68,6 @@ def _cli_main(args) -> int:
         out = Path(cfg.out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out-dir {out} is a file; pass a directory")
-    from tiltlab.llm.base.rollout import resolve_engine
 
     print(
         f"[eval] {cfg.model}: {len(cfg.datasets)} dataset(s), k = {cfg.k} samples per prompt, "

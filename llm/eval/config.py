@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiltlab.llm.base.prompts import check_chat_template_kwargs
+from tiltlab.llm.base.rollout import ENGINES
+
 __all__ = ["EvalConfig", "eval_from_run_config"]
 
 
@@ -62,10 +65,8 @@ class EvalConfig:
             raise ValueError("no datasets to evaluate")
         if any(n < 1 for n in self.distinct_ns) or any(p < 1 for p in self.pass_ks):
             raise ValueError("pass_ks and distinct_ns must be positive")
-        from tiltlab.llm.base.prompts import check_chat_template_kwargs
 
         check_chat_template_kwargs(self.chat_template_kwargs, self.chat_template)
-        from tiltlab.llm.base.rollout import ENGINES
 
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")

@@ -13,6 +13,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from tiltlab.progress import track
+
 __all__ = [
     "DISA_D5_JUDGE_TEXT",
     "JUDGE_SYSTEM_PROMPT",
@@ -171,7 +173,6 @@ def judge_diversity(
     progress: bool = False,
 ) -> list[int | None]:
     """Per-problem Likert diversity scores (None where the reply held no 1-5 integer)."""
-    from tiltlab.progress import track
 
     if len(problems) != len(responses):
         raise ValueError(f"{len(problems)} problems but {len(responses)} response groups")

@@ -27,8 +27,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tiltlab.files import atomic_path, write_json, write_text
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.prompts import format_prompt
+from tiltlab.llm.base.rewards import resolve_reward
+from tiltlab.llm.base.rollout import SamplingConfig, make_engine
 from tiltlab.llm.eval.config import EvalConfig
 from tiltlab.llm.eval.judge import JudgeConfig, judge_diversity
+from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
+from tiltlab.progress import progress as progress_bar
 
 __all__ = [
     "DatasetResult",
@@ -112,18 +118,12 @@ def evaluate(
         chat_template_kwargs: passed to the chat template (:func:`llm.base.prompts.format_prompt`), e.g.
             ``{"enable_thinking": False}``: the prompt training conditioned on.
     """
-    from tiltlab.objectives.metrics import distinct_n, mean_at_k, pass_at_k
-    from tiltlab.progress import progress as progress_bar
 
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if sampling is None:
-        from tiltlab.llm.base.rollout import SamplingConfig
-
         sampling = SamplingConfig()
     ks = sorted({int(x) for x in pass_ks if x <= k})
-    from tiltlab.llm.base.prompts import format_prompt
-    from tiltlab.llm.base.rewards import resolve_reward
 
     fn = resolve_reward(reward_fn)
     tok = getattr(engine, "tokenizer", None)
@@ -194,7 +194,6 @@ def _score(fn, prompts: list[str], texts, ids, cols: dict, k: int, desc: str, mo
     """The reward of every completion, ``chunk`` prompts (``chunk * k`` completions) per call so that
     a slow verifier (the code sandbox) reports progress; each completion's reward depends on its own
     row only (TRL's reward signature is per completion), so the chunking changes no value."""
-    from tiltlab.progress import progress as progress_bar
 
     rewards: list = []
     with progress_bar(len(prompts), desc=desc, unit="prompt", mode=mode) as bar:
@@ -255,8 +254,6 @@ def save_results(results: dict[str, DatasetResult], out_dir: str | Path, config:
 
 def run_eval(cfg: EvalConfig, engine=None) -> dict[str, DatasetResult]:
     """Load the model (unless ``engine`` is given) and datasets of ``cfg``, evaluate, print and save."""
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.rollout import SamplingConfig, make_engine
 
     data = {name: load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed) for name in cfg.datasets}
     own_engine = engine is None

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import multiprocessing as mp
+import pickle
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
 import torch
+from tqdm.auto import tqdm
 
 __all__ = [
     "CHECK_THREADS",
@@ -33,7 +38,6 @@ CHECK_THREADS = 1
 
 def fixed_threads(fn):
     """Run ``fn`` with ``torch.set_num_threads(CHECK_THREADS)``, restoring the caller's count."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -52,7 +56,6 @@ def seeds_for(seed: int, n: int, desc: str | None = None):
     seeds = [seed * 100 + i for i in range(n)]
     if desc is None:
         return seeds
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     return tqdm(seeds, desc=f"llm check {desc}", unit="seed", leave=False)
 
@@ -112,7 +115,6 @@ def _seed_error(exc: BaseException, s: int) -> BaseException:
     """``exc`` of seed ``s`` as the same exception type with ``"seed <s>: "`` before its message, or a
     ``RuntimeError`` naming the type where that one cannot be built from one message or sent back
     from the worker (pickled)."""
-    import pickle
 
     msg = f"seed {s}: {exc}"
     try:
@@ -137,8 +139,6 @@ def map_seeds(fn: Callable[[int], object], seeds: Sequence[int], desc: str | Non
     seeds = list(seeds)
     bar = None
     if desc is not None:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
-
         bar = tqdm(total=len(seeds), desc=f"llm check {desc}", unit="seed", leave=False)
     try:
         if jobs == 1 or not seeds:
@@ -148,8 +148,6 @@ def map_seeds(fn: Callable[[int], object], seeds: Sequence[int], desc: str | Non
                 if bar is not None:
                     bar.update(1)
             return out
-        import multiprocessing as mp
-        from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
         before, _SEED_FN = _SEED_FN, fn
         ex = ProcessPoolExecutor(

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import torch
 
 from tiltlab.claims import stats
+from tiltlab.llm.base.models import masked_mean_pool
+from tiltlab.llm.disa.logz_head import attach_log_z_head, is_log_z_head_param, prompt_log_z
 from tiltlab.llm.experiments import pool, training, warmup
 from tiltlab.llm.experiments import task as shared_task  # ("task" is a common local name)
 from tiltlab.objectives.estimators import log_importance_weights, log_partition_lse
@@ -19,6 +21,7 @@ from tiltlab.objectives.lad import F_DIVERGENCES, lad_loss
 from tiltlab.objectives.metrics import tv_distance
 from tiltlab.objectives.offline import fpa_loss, future_policy_logprobs
 from tiltlab.objectives.pg import cispo_loss, group_advantages, grpo_loss, gspo_loss, sapo_loss
+from tiltlab.objectives.regressor import fit_regressor
 from tiltlab.objectives.tb import disa_loss, flowrl_loss, sequence_logprob, vargrad_loss
 
 STEPS = 100
@@ -115,7 +118,6 @@ def attach_flowrl_head(model, seed: int):
     """FlowRL's head (:data:`FLOWRL_HEAD`) attached to ``model`` as ``model.log_z_head``
     (:func:`~tiltlab.llm.disa.logz_head.attach_log_z_head`), initialised from ``seed``; the model is
     left in eval mode (:func:`training.train_online` switches it, the head included, to train mode)."""
-    from tiltlab.llm.disa.logz_head import attach_log_z_head
 
     with seeded_rng(seed):
         head = attach_log_z_head(model, **FLOWRL_HEAD)
@@ -126,7 +128,6 @@ def attach_flowrl_head(model, seed: int):
 def head_log_z(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
     """``[P]`` ``log Z_phi(x) = head(masked mean of the final hidden states over the prompt's tokens)``
     (:func:`~tiltlab.llm.disa.logz_head.prompt_log_z`); gradient reaches head and backbone when enabled."""
-    from tiltlab.llm.disa.logz_head import prompt_log_z
 
     return prompt_log_z(model, *prompt_inputs(task, idx))
 
@@ -197,7 +198,6 @@ def stage1_labels(ref, task, idx, beta, m, gen, proposal=None) -> torch.Tensor:
 def _grad_var(model, task, ref_tok, fn, prompts, seed, n=12) -> float:
     """Total variance of the policy's gradient over ``n`` batches at the model's current weights (the
     log Z head's parameters left out, so every arm's number is over the same parameters)."""
-    from tiltlab.llm.disa.logz_head import is_log_z_head_param
 
     gen = torch.Generator().manual_seed(seed)
     params = [p for name, p in model.named_parameters() if p.requires_grad and not is_log_z_head_param(name)]
@@ -292,7 +292,6 @@ def proposal_logprobs(ref: shared_task.Policy, task: shared_task.EnumTask, idx, 
 # ------------------------------------------------------------------ 5. Stage-2 amortized denoising
 @torch.no_grad()
 def prompt_features(model, task: shared_task.EnumTask, idx) -> torch.Tensor:
-    from tiltlab.llm.base.models import masked_mean_pool
 
     idx = torch.as_tensor(idx)
     ids, attn, pos = task.ids[idx, 0], task.attn[idx, 0], task.pos[idx, 0]
@@ -353,7 +352,6 @@ STAGE1_M = 8
 def disa_pipeline_labels(model, task, ref, tr, beta: float, gen, seed: int) -> torch.Tensor:
     """DISA Stages 1-2 on the train prompts: ``M = 8`` IS labels from ``pi_ref``, a regressor on the
     prompt features, and its predictions as the frozen log Z (``[P_all]``; other prompts 0, unused)."""
-    from tiltlab.objectives.regressor import fit_regressor
 
     lab = stage1_labels(ref, task, tr, beta, STAGE1_M, gen)
     feats = prompt_features(model, task, tr)

@@ -5,14 +5,17 @@ warm-up pass rates (:data:`tiltlab.llm.experiments.task.LEVEL_PASS`), cached per
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from tiltlab.files import atomic_path
+from tiltlab.llm.base.models import build_tiny
 from tiltlab.llm.experiments import pool
 from tiltlab.llm.experiments import task as enum_task  # read at call time ("task" is a local name)
 from tiltlab.llm.experiments.pool import fixed_threads
@@ -49,8 +52,6 @@ def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
     model.train()
     it = range(steps)
     if progress:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
-
         it = tqdm(it, desc=f"llm checks: warm-up seed {seed}", unit="step", leave=False)
     for _ in it:
         b = idx_all[torch.randperm(len(idx_all), generator=gen)[:24]]
@@ -66,7 +67,6 @@ def _sft(model, task: EnumTask, steps: int, seed: int, progress: bool) -> None:
 
 def _task_key() -> str:
     """Short hash of everything the warmed weights depend on (a changed task never loads old weights)."""
-    import hashlib
 
     spec = repr(
         (
@@ -89,7 +89,6 @@ def _task_key() -> str:
 
 @lru_cache(maxsize=8)
 def _warm_cached(seed: int, steps: int) -> tuple[object, object, EnumTask]:
-    from tiltlab.llm.base.models import build_tiny
 
     model, tok = build_tiny(seed=seed)
     task = build_task(tok)

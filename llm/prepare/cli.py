@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.llm.base.config_args import config_from_args
 from tiltlab.llm.prepare import run
 from tiltlab.llm.prepare.config import FpaConfig, SelectConfig
 from tiltlab.llm.prepare.run import (
@@ -38,7 +40,6 @@ def add_cli(subparsers) -> None:
         q.add_argument("--input", required=True, help="local file (or the Stage-1 directory for `sft`)")
         q.add_argument("--out", required=True, help="output .jsonl or .parquet")
         q.set_defaults(func=_main_simple, prepare_source=name)
-    from tiltlab.dataclass_cli import add_dataclass_args
 
     sel = sub.add_parser(
         "select",
@@ -52,7 +53,6 @@ def add_cli(subparsers) -> None:
 
 
 def _main_select(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
 
     cfg = config_from_args(SelectConfig, args)
     info = select_by_pass_rate(cfg)
@@ -84,7 +84,6 @@ def _main_simple(args) -> int:
 
 
 def _main_fpa(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
 
     cfg = config_from_args(FpaConfig, args)
     info = build_fpa_offline(cfg)

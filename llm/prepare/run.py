@@ -42,6 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.files import atomic_path
+from tiltlab.llm.base.data import (
+    DEFAULT_CODE_INSTRUCTION,
+    DEFAULT_MATH_INSTRUCTION,
+    load_prompts,
+    read_table,
+    save_prompts,
+)
+from tiltlab.llm.base.prompts import format_prompt
+from tiltlab.llm.base.rewards import extract_boxed, resolve_reward
+from tiltlab.llm.base.rollout import SamplingConfig, derive_seed, make_engine
+from tiltlab.llm.disa.stage1 import load_stage1, read_manifest
 from tiltlab.llm.prepare.config import FpaConfig, SelectConfig
 
 __all__ = [
@@ -75,7 +86,6 @@ _DAPO_RE = re.compile(
 def write_rows(rows: Sequence[dict], path: str | Path) -> Path:
     """Write ``rows`` as JSON lines (``.jsonl``) or Parquet (``.parquet``) atomically (a temporary file
     renamed into place: an interrupted run leaves no half-written file)."""
-    from tiltlab.llm.base.data import save_prompts
 
     p = Path(path)
     if p.suffix not in (".jsonl", ".json", ".parquet"):
@@ -86,7 +96,6 @@ def write_rows(rows: Sequence[dict], path: str | Path) -> Path:
 
 
 def _read(path: str | Path) -> list[dict]:
-    from tiltlab.llm.base.data import read_table
 
     p = Path(path)
     if not p.exists():
@@ -122,7 +131,6 @@ def dapo_problem(text: str) -> str:
 
 def prepare_dapo(path: str | Path, instruction: str | None = None) -> list[dict]:
     """DAPO-Math-17k rows ``{id, prompt, answer, source}``; the prompt ends with the boxed instruction."""
-    from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION
 
     instr = instruction or DEFAULT_MATH_INSTRUCTION
     out, seen = [], set()
@@ -154,7 +162,6 @@ def prepare_dapo(path: str | Path, instruction: str | None = None) -> list[dict]
 
 def prepare_deepscaler(path: str | Path, instruction: str | None = None) -> list[dict]:
     """DeepScaleR rows ``{id, prompt, answer, source}`` (problem + the boxed instruction)."""
-    from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION
 
     instr = instruction or DEFAULT_MATH_INSTRUCTION
     out = []
@@ -207,7 +214,6 @@ def _deepcoder_tests(tests: Any, meta: dict) -> tuple[str, str, str | None] | No
 def prepare_deepcoder(path: str | Path) -> tuple[list[dict], int]:
     """DeepCoder rows ``{id, prompt, tests, test_type[, entry_point], source}`` and the number of rows
     skipped for an unsupported test format."""
-    from tiltlab.llm.base.data import DEFAULT_CODE_INSTRUCTION
 
     out, skipped = [], 0
     for i, r in enumerate(_read(path)):
@@ -236,7 +242,6 @@ def prepare_deepcoder(path: str | Path) -> tuple[list[dict], int]:
 
 def prepare_math(path: str | Path) -> list[dict]:
     """MATH train rows ``{id, prompt, answer, level, type}`` with FPA's prompt (App. B.5)."""
-    from tiltlab.llm.base.rewards import extract_boxed
 
     out = []
     for i, r in enumerate(_read(path)):
@@ -304,8 +309,6 @@ def select_by_pass_rate(cfg: SelectConfig, rows: Sequence[dict] | None = None) -
     ``dataset`` is loaded again (:func:`tiltlab.llm.base.data.load_prompts`). The Stage-1 run must sample
     ``pi_ref`` itself (the same model as proposal and reference, temperature 1, no truncation):
     otherwise ``mean_reward`` is a pass rate of the proposal, not of ``pi_ref``, and it is refused."""
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.disa.stage1 import load_stage1, read_manifest
 
     man = read_manifest(cfg.stage1)
     c = man["config"]
@@ -415,11 +418,6 @@ def build_fpa_offline(cfg: FpaConfig, engine=None) -> dict[str, Any]:
     """Generate, grade, filter and split (FPA App. B.1); writes ``cfg.out`` and its ``.val`` file.
     ``engine``: a :class:`tiltlab.llm.base.rollout.RolloutEngine` (default: ``make_engine(cfg.engine, cfg.model)``)."""
     from tqdm.auto import tqdm
-
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.prompts import format_prompt
-    from tiltlab.llm.base.rewards import resolve_reward
-    from tiltlab.llm.base.rollout import SamplingConfig, derive_seed, make_engine
 
     rows = load_prompts(cfg.dataset, limit=cfg.limit)
     if not rows:

@@ -8,7 +8,23 @@ several GPUs / nodes (``configs/README.md``). Import-light: the heavy stack load
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import random
+import shlex
+import sys
+from pathlib import Path
+
 from tiltlab.files import write_json
+from tiltlab.llm.base.config_args import read_config
+from tiltlab.llm.base.data import load_prompts, read_table
+from tiltlab.llm.base.models import load_model, load_tokenizer
+from tiltlab.llm.base.prompts import training_prompt
+from tiltlab.llm.base.rewards import resolve_reward
+from tiltlab.llm.disa.stage1 import read_manifest
+from tiltlab.llm.disa.stage2.run import load_log_z_predictor
+from tiltlab.llm.train.config import load_run_config
 from tiltlab.objectives.catalog import describe
 
 __all__ = [
@@ -69,14 +85,12 @@ def _stage1_manifest(cfg) -> dict | None:
     s1 = cfg.disa.get("stage1_dir")
     if not s1:
         return None
-    from tiltlab.llm.disa.stage1 import read_manifest
 
     return read_manifest(s1)
 
 
 def _disa_predictor(cfg):
     """``(log_z_fn, stage1 manifest)`` from the config's ``disa`` section (Stage 1/2 outputs)."""
-    from pathlib import Path
 
     man = _stage1_manifest(cfg)
     s2 = cfg.disa.get("stage2_dir")
@@ -84,7 +98,6 @@ def _disa_predictor(cfg):
         raise ValueError(
             "objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)"
         )
-    from tiltlab.llm.disa.stage2.run import load_log_z_predictor
 
     log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
     return log_z_fn, man
@@ -94,8 +107,6 @@ def online_dataset(rows, chat_template: bool = True):
     """The online trainer's ``datasets.Dataset``: the rows with ``prompt`` in the form TRL renders
     into :func:`tiltlab.llm.base.prompts.format_prompt`'s text (the string Stage 1 labelled)."""
     from datasets import Dataset
-
-    from tiltlab.llm.base.prompts import training_prompt
 
     return Dataset.from_list([{**r, "prompt": training_prompt(r["prompt"], chat_template)} for r in rows])
 
@@ -113,7 +124,6 @@ def _nonempty(rows: list, dataset) -> list:
 def resolve_checkpoint(resume: str, output_dir: str) -> str:
     """``latest`` -> the newest ``checkpoint-N`` in ``output_dir``; a ``checkpoint-N`` directory
     (one with ``trainer_state.json``) -> itself; a run directory -> its newest checkpoint."""
-    from pathlib import Path
 
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -171,7 +181,6 @@ def _offline_validation(v: dict, kw: dict) -> list:
     same format as the training file, e.g. the ``.val`` file ``tiltlab llm prepare fpa`` writes), scored
     by the objective's loss every ``every_steps``; the checkpoint with the lowest ``eval_loss`` is kept.
     A held-out split must be by prompt, so ``holdout_fraction`` of the rows is refused here."""
-    from tiltlab.llm.base.data import read_table
 
     if "dataset" not in v:
         raise ValueError(
@@ -218,12 +227,8 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
     if metric not in VALIDATION_METRICS:
         raise ValueError(f"validation.metric must be one of {VALIDATION_METRICS}, got {metric!r}")
     if "dataset" in v:
-        from tiltlab.llm.base.data import load_prompts
-
         held = _nonempty(load_prompts(v["dataset"]), v["dataset"])
     else:
-        import random
-
         frac = float(v["holdout_fraction"])
         if not 0.0 < frac < 1.0:
             raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
@@ -276,7 +281,6 @@ def dry_run(cfg) -> list[str]:
     """What ``--dry-run`` checks without loading a model or a dataset: the trainer config
     (:func:`trainer_args`, machine switches aside), the reward, the LoRA section. Returns the notes
     for what it could not check here (local files that are absent, the machine switches)."""
-    import os
 
     notes = []
     if cfg.objective == "none":
@@ -285,8 +289,6 @@ def dry_run(cfg) -> list[str]:
         raise ValueError("the config names no dataset")
     trainer_args(cfg, device_checks=False)
     if cfg.kind == "online":
-        from tiltlab.llm.base.rewards import resolve_reward
-
         resolve_reward(cfg.reward)
     lora_config(cfg)
     kw = cfg.trainer_kwargs()
@@ -303,10 +305,6 @@ def dry_run(cfg) -> list[str]:
 def build_trainer(cfg):
     """Model, data, reward and trainer for a validated :class:`llm.train.config.RunConfig`."""
     from datasets import Dataset
-
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.base.models import load_model, load_tokenizer
-    from tiltlab.llm.base.rewards import resolve_reward
 
     if cfg.objective == "none":
         raise ValueError("objective 'none' has nothing to train (use `tiltlab llm eval`)")
@@ -337,7 +335,6 @@ def build_trainer(cfg):
             log_z_manifest=man,
             peft_config=lora_config(cfg),
         )
-    from tiltlab.llm.base.data import read_table
     from tiltlab.llm.train.offline import OfflineCollator, OfflineTrainer, prepare_offline_rows
 
     _, held = _validation(cfg, [], kw)  # held-out rows (raw) and the eval / selection settings in kw
@@ -366,7 +363,6 @@ def build_trainer(cfg):
 def _resume_command(args) -> str:
     """The command line that continues this run from its newest checkpoint (``--resume latest``
     replacing any ``--resume`` given)."""
-    import shlex
 
     cmd = ["tiltlab", "llm", "train", "--config", args.config]
     for o in args.overrides:
@@ -377,18 +373,10 @@ def _resume_command(args) -> str:
 
 
 def main(args) -> int:
-    import dataclasses
-    import json
-    import os
-
-    from tiltlab.llm.base.config_args import read_config
-    from tiltlab.llm.train.config import load_run_config
 
     overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
     cfg = read_config(args.config, overrides, loader=load_run_config)
     if args.dry_run:
-        import sys
-
         notes = dry_run(cfg)  # a config the run would refuse raises here: exit 2 with its one line
         print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         for n in notes:
@@ -431,7 +419,6 @@ def main(args) -> int:
 
 def _write_best(trainer, out_dir: str) -> None:
     """``best_checkpoint.json`` in the run directory: the checkpoint with the best validation metric."""
-    import os
 
     st, name = trainer.state, trainer.args.metric_for_best_model
     evals = [(h["step"], h[name]) for h in st.log_history if name in h]

@@ -16,6 +16,8 @@ from tiltlab.llm.base.run_config import (
     apply_overrides,
     read_run_config,
 )
+from tiltlab.llm.disa.stage1 import Stage1Config
+from tiltlab.llm.disa.stage2.config import Stage2Config
 
 __all__ = [
     "SECTION_KEYS",
@@ -39,14 +41,10 @@ def validate_run_config(cfg: RunConfig) -> None:
     if unknown:
         raise ValueError(f"unknown {cls.__name__} fields in trl/sections: {unknown}")
     if cfg.stage1:
-        from tiltlab.llm.disa.stage1 import Stage1Config
-
         bad = sorted(set(cfg.stage1) - {f.name for f in dataclasses.fields(Stage1Config)})
         if bad:
             raise ValueError(f"stage1: unknown Stage1Config fields {bad}")
     if cfg.stage2:
-        from tiltlab.llm.disa.stage2.config import Stage2Config
-
         bad = sorted(set(cfg.stage2) - {f.name for f in dataclasses.fields(Stage2Config)})
         if bad:
             raise ValueError(f"stage2: unknown Stage2Config fields {bad}")

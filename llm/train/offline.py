@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 from transformers import Trainer, TrainingArguments
+from trl.models.utils import prepare_deepspeed
 
+from tiltlab.llm.base.scoring import body_and_head, build_batch
 from tiltlab.objectives.catalog import SPECS, check_knobs, describe, knob_fields, names, options_dataclass
 from tiltlab.objectives.fused import fused_linear_future_logprobs, fused_linear_logprobs
 from tiltlab.objectives.offline import apo_value
@@ -139,7 +141,6 @@ class OfflineCollator:
         return ids
 
     def _pack(self, prompts: list[str], completions: list[str]) -> dict[str, Tensor]:
-        from tiltlab.llm.base.scoring import build_batch
 
         p_ids, c_ids = [], []
         for p, c in zip(prompts, completions):
@@ -165,7 +166,6 @@ class OfflineCollator:
 def _output_head(model):
     """The output-embedding module (``lm_head``) of a (possibly DDP/FSDP/DeepSpeed/PEFT-wrapped)
     causal LM; refuses heads the fused read-out cannot reproduce (see ``body_and_head``)."""
-    from tiltlab.llm.base.scoring import body_and_head
 
     base = model
     for _ in range(3):  # DDP / DeepSpeed engine expose .module
@@ -227,8 +227,6 @@ class OfflineTrainer(SignalGuardMixin, Trainer):
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             if self.is_deepspeed_enabled:
-                from trl.models.utils import prepare_deepspeed
-
                 self.ref_model = prepare_deepspeed(ref_model, self.accelerator)
             else:
                 self.ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)

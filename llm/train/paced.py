@@ -24,14 +24,19 @@ It reads the trainer's state (``args``, ``model``, ``train_dataset``, ``accelera
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from pathlib import Path
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
+from trl.trainer.utils import pad
 
 from tiltlab.files import atomic_path
+from tiltlab.llm.base.models import masked_mean_pool, model_fingerprint
+from tiltlab.llm.base.scoring import hidden_states
 from tiltlab.llm.disa.logz_head import LogZHead, prompt_log_z
 from tiltlab.objectives.estimators import pass_rate_from_log_z
 from tiltlab.objectives.paced import accuracy_from_log_z, replay_priority, select_prompts
@@ -49,7 +54,6 @@ def _zero3_gathered(model, only: list | None = None):
     runs when the trainer is built, before DeepSpeed's engine installs the hooks that gather each
     layer for its forward; it gathers all parameters at once, so each rank holds the full weights
     (its dtype) for the duration of the pass. ``only``: gather just these parameters of the model."""
-    import contextlib
 
     params = [p for p in (model.parameters() if only is None else only) if hasattr(p, "ds_id")]
     if not params:
@@ -99,8 +103,6 @@ class PacedMixin:
         policy); each process embeds every ``world``-th prompt, then all-gather. Cached in
         ``output_dir/paced_ref_embeddings.pt`` (keyed by the prompts in order and the model's
         :func:`~tiltlab.llm.base.models.model_fingerprint`)."""
-        from tiltlab.llm.base.models import masked_mean_pool, model_fingerprint
-        from tiltlab.llm.base.scoring import hidden_states
 
         acc = self.accelerator
         model = acc.unwrap_model(self.model)
@@ -124,7 +126,6 @@ class PacedMixin:
         rows: list[Tensor] = []
         was_training = model.training
         model.eval()
-        from tqdm.auto import tqdm
 
         with torch.no_grad(), _zero3_gathered(model):
             for s in tqdm(range(0, len(mine), bs), desc="PACED pi_ref embeddings", disable=not acc.is_main_process):
@@ -254,7 +255,6 @@ class PacedMixin:
         """PACED Sec. 4.4: add this batch's correct samples (highest ``|N_correct/N - p_hat|``
         first) to the buffer, then append the buffer's contents to the batch. Replayed rows are
         re-anchored on the current ``pi_old`` (their behaviour log-probs are recomputed now)."""
-        from trl.trainer.utils import pad
 
         n = out["completion_ids"].shape[0]
         dev = out["completion_ids"].device

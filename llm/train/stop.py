@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
+import torch
+import torch.distributed as dist
+from accelerate.state import PartialState
 from transformers import TrainerCallback
 
 __all__ = ["REPEAT_WINDOW_S", "GracefulStop"]
@@ -63,7 +67,6 @@ class GracefulStop(TrainerCallback):
         signal.raise_signal(signum)
 
     def _install(self) -> None:
-        import threading
 
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
@@ -80,13 +83,10 @@ class GracefulStop(TrainerCallback):
 
     def _any_rank_signalled(self) -> bool:
         """The local flag OR-ed over all processes (one all-reduce per optimizer step)."""
-        import torch
-        import torch.distributed as dist
 
         local = self._received is not None
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return local
-        from accelerate.state import PartialState
 
         flag = torch.tensor([1.0 if local else 0.0], device=PartialState().device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -44,6 +44,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
+from tiltlab.llm.base.rollout import CPU_KV_CACHE_BYTES, cpu_prefill_kwargs
 from tiltlab.llm.disa.logz_head import without_log_z_head
 
 __all__ = [
@@ -92,7 +95,6 @@ def cpu_llm_kwargs(kwargs: dict[str, Any], dtype: Any = None, kv_cache_memory_by
       offset"; see :class:`~tiltlab.llm.base.rollout.VLLMEngine`);
     * ``dtype``: the policy's, so vLLM samples from the weights being trained, not a cast of them.
     """
-    from tiltlab.llm.base.rollout import CPU_KV_CACHE_BYTES, cpu_prefill_kwargs
 
     out = dict(kwargs)
     out.pop("gpu_memory_utilization", None)
@@ -112,7 +114,6 @@ def cpu_colocate_llm(policy_dtype: Callable[[], Any], kv_cache_memory_bytes: int
     (``trl.generation.vllm_generation.LLM``) gets :func:`cpu_llm_kwargs`; restored on exit (also on
     error). ``policy_dtype()`` is asked at construction time (the policy is loaded by then). A no-op on
     GPUs or where TRL's vLLM backend is unavailable."""
-    import torch
 
     if torch.cuda.is_available():
         yield
@@ -163,7 +164,6 @@ def keep_log_z_head_out(gen: Any) -> None:
 def reload_on_cpu(gen: Any) -> None:
     """On a colocated CPU vLLM, sync through vLLM's in-place reload instead of per-parameter
     ``load_weights`` (see the module docstring); no-op in server mode or on GPUs."""
-    import torch
 
     if getattr(gen, "mode", None) != "colocate" or torch.cuda.is_available():
         return

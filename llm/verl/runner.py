@@ -4,12 +4,22 @@ point (:func:`main`, ``python -m tiltlab.llm.verl``)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch import Tensor
+
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.rewards import math_reward
+from tiltlab.llm.disa.labels import check_label_compat
+from tiltlab.llm.train.cli import _disa_predictor
+from tiltlab.llm.train.config import load_run_config
 
 from .tb import LOG_Z_KEY, TBSettings, tb_loss_fn, use_log_z_engine
 
@@ -94,7 +104,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     pkg://tiltlab.llm.verl``, ``name=compute_score``): :func:`tiltlab.llm.base.rewards.math_reward`, 1 iff the
     last boxed answer equals ``ground_truth`` (math-verify), else 0 -- the reward Stage 1 labelled with.
     veRL's built-in ``math_dapo`` scorer gives -1 / 1 instead, another reward transform than the labels'."""
-    from tiltlab.llm.base.rewards import math_reward
 
     (r,) = math_reward([""], [solution_str], answer=[ground_truth])
     return float(r or 0.0)
@@ -104,13 +113,6 @@ def prepare(config: str, out: str, data_source: str = "tiltlab_math") -> int:  #
     """The DISA data step: the tiltlab run config's dataset, labelled by its Stage-2 regressor
     (``disa.stage2_dir``; checked against Stage 1's manifest as the TRL trainer checks it), written
     as a veRL parquet with the label in ``extra_info``. Returns the number of rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tiltlab.llm.base.data import load_prompts
-    from tiltlab.llm.disa.labels import check_label_compat
-    from tiltlab.llm.train.cli import _disa_predictor
-    from tiltlab.llm.train.config import load_run_config
 
     cfg = load_run_config(config)
     d = cfg.disa
@@ -134,12 +136,9 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - launches 
     """``python -m tiltlab.llm.verl prepare --config <tiltlab run config> --out <parquet>`` (the DISA data
     step), or ``python -m tiltlab.llm.verl --config-path <abs dir> --config-name <name> [overrides]``:
     veRL's ``main_ppo`` with the tiltlab worker (``configs/verl/``, ``docs/verl.md``)."""
-    import sys
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["prepare"]:
-        import argparse
-
         ap = argparse.ArgumentParser(prog="python -m tiltlab.llm.verl prepare")
         ap.add_argument("--config", required=True, help="the tiltlab run config (configs/disa_*.yaml)")
         ap.add_argument("--out", required=True, help="the veRL parquet to write")

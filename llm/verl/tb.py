@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from tiltlab.llm.base.models import masked_mean_pool
+from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
 from tiltlab.objectives.catalog import (
     TB_OPTIONS,
     default_logprob_scale,
@@ -215,7 +218,6 @@ def pool_prompt_hidden(hidden: Tensor, data: Any, remove_padding: bool) -> Tenso
     veRL's forward -- packed ``[1, N, H]`` (``use_remove_padding``: rows back to back, row ``i`` from
     ``offsets[i]``) or ``[B, S, H]`` (each row's tokens first, right-padded). Prompt tokens come first
     in every row, so this is FlowRL's input to its log Z head (a masked mean over the prompt)."""
-    from tiltlab.llm.base.models import masked_mean_pool
 
     p = _prompt_lengths(data).to(hidden.device)
     if remove_padding:
@@ -243,8 +245,6 @@ def log_z_engine_class() -> type:
         return _LOG_Z_ENGINE[0]
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-
-    from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, is_log_z_head_param
 
     class TiltlabLogZEngine(FSDPEngineWithLMHead):  # type: ignore[misc, valid-type]
         head_kwargs: dict[str, Any] = {}  # noqa: RUF012 - set by the worker from TBSettings
@@ -297,7 +297,6 @@ def log_z_engine_class() -> type:
 def use_log_z_engine(settings: TBSettings) -> type:
     """Register :func:`log_z_engine_class` in veRL's engine registry under :data:`ENGINE_VENDOR` and select
     it for this process (``VERL_ENGINE_VENDOR``), with the head sized by ``settings``."""
-    import os
 
     from verl.workers.engine.base import EngineRegistry
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import platform
+import struct
 
 # System calls per architecture (audit arch, numbers by name) that the seccomp filter refuses in part or whole.
 _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
@@ -99,9 +102,6 @@ def seccomp_budget_program(machine: str | None = None) -> bytes | None:
 
 def _filter(machine: str | None, denied, rules: list, enosys: tuple = ("clone3",)) -> bytes | None:
     "The classic-BPF program: ``denied`` names, ``rules`` ``[(name, (index, kind, what)), ...]``, ``enosys`` names."
-    import errno
-    import platform
-    import struct
 
     spec = _SYSCALLS.get(machine or platform.machine())
     if spec is None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import tiltlab.llm.disa.stage1 as package
+from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.llm.base.config_args import config_from_args
 from tiltlab.llm.disa.stage1.config import Stage1Config
 from tiltlab.llm.disa.stage1.pipeline import run_stage1
 
@@ -14,8 +17,6 @@ from tiltlab.llm.disa.stage1.pipeline import run_stage1
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage1``: flags = :class:`Stage1Config` fields."""
-    import tiltlab.llm.disa.stage1 as package  # its docstring's first paragraph is the command's description
-    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage1",
@@ -29,7 +30,6 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
 
     cfg = config_from_args(Stage1Config, args, section="stage1")  # errors: one line, exit 2 (tiltlab.cli)
     summary = run_stage1(cfg, progress=not args.quiet)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tiltlab.llm.base.prompts import check_chat_template_kwargs
+from tiltlab.llm.base.rollout import SamplingConfig, derive_seed
 
 MANIFEST = "manifest.json"
 CRASH_ENV = "TILTLAB_STAGE1_CRASH_AFTER"
@@ -170,7 +171,6 @@ class Stage1Config:
         check_chat_template_kwargs(self.chat_template_kwargs, self.chat_template)
 
     def sampling(self, shard: int):
-        from tiltlab.llm.base.rollout import SamplingConfig, derive_seed
 
         return SamplingConfig(
             temperature=self.temperature,

@@ -9,7 +9,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from tiltlab.llm.base.models import context_length, default_device, load_model, load_tokenizer
 from tiltlab.llm.base.prompts import format_prompt
+from tiltlab.llm.base.rollout import HFEngine, VLLMEngine, vllm_unsupported_reason
 from tiltlab.llm.disa.stage1.config import Stage1Config, sampler_not_reference
 
 
@@ -64,7 +66,6 @@ def resolve_reference_scoring(cfg: Stage1Config) -> str:
         return cfg.reference_scoring
     if sampler_not_reference(cfg) is None:
         return "sampler"
-    from tiltlab.llm.base.rollout import vllm_unsupported_reason
 
     if cfg.engine == "vllm" and vllm_unsupported_reason(cfg.reference) is None:
         return "vllm"
@@ -100,8 +101,6 @@ def vllm_proposal_engine(cfg: Stage1Config):
     KV blocks are :data:`CPU_SCORING_BLOCK_SIZE` tokens, so that the M scoring requests of a prompt
     share the prompt's cached KV.
     """
-    from tiltlab.llm.base.models import default_device
-    from tiltlab.llm.base.rollout import VLLMEngine
 
     on_cpu = str(cfg.device or default_device()).startswith("cpu")
     extra: dict[str, Any] = {}
@@ -127,8 +126,6 @@ def vllm_reference_engine(cfg: Stage1Config):
     log-probs are raw temperature-1 log-probs whatever the engine's ``logprobs_mode``). Full precision
     (no quantization), one device, ``cfg.dtype``; on a GPU 0.25 of its memory (the proposal's default
     0.6 leaves room for it); on CPU the engine's KV cache in bytes and :data:`CPU_SCORING_BLOCK_SIZE`."""
-    from tiltlab.llm.base.models import default_device
-    from tiltlab.llm.base.rollout import VLLMEngine
 
     on_cpu = str(cfg.device or default_device()).startswith("cpu")
     return VLLMEngine(
@@ -152,7 +149,6 @@ class _Models:
     def __init__(
         self, cfg: Stage1Config, rows: list[dict], engine=None, show_progress: bool = False, reference_engine=None
     ):
-        from tiltlab.llm.base.models import default_device, load_model, load_tokenizer
 
         self.retokenize = cfg.tokenizer == "retokenize"
         ids = [str(r["id"]) for r in rows]
@@ -175,7 +171,6 @@ class _Models:
         self.prompt_texts, self.ref_prompt_ids = encode(fmt_tok)  # pi_ref's conditioning strings
         self.q_prompt_ids = encode(q_tok)[1] if self.retokenize else self.ref_prompt_ids
         # cheap context check from the configs, before loading any weights
-        from tiltlab.llm.base.models import context_length
 
         ctx_ref = _context(cfg, "the reference", context_length(cfg.reference))
         _check_prompt_lengths(cfg, ids, self.ref_prompt_ids, "the reference", ctx_ref)
@@ -206,8 +201,6 @@ class _Models:
         elif cfg.engine == "vllm":
             self.engine = vllm_proposal_engine(cfg)
         else:
-            from tiltlab.llm.base.rollout import HFEngine
-
             q_model = self.ref if hf_proposal_is_ref else load_model(cfg.proposal, dtype=cfg.dtype, device=self.device)
             ctx = _context(cfg, "the proposal", getattr(q_model.config, "max_position_embeddings", None))
             _check_prompt_lengths(cfg, ids, self.q_prompt_ids, "the proposal", ctx)

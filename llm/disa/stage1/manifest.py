@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.files import write_json
+from tiltlab.llm.base import learning_signal as ls
 from tiltlab.llm.disa.stage1.config import _HF_IDENTITY, _IDENTITY_FIELDS, _VLLM_IDENTITY, MANIFEST, Stage1Config
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +98,6 @@ def _summary(labels, cfg: Stage1Config) -> dict:
 def _signal_record(samples, labels, cfg: Stage1Config) -> list[dict]:
     """The vacuous-run conditions of :mod:`tiltlab.llm.base.learning_signal` on all recorded shards: all
     rewards of the dataset equal, and a degenerate ESS (equal weights or one sample on every prompt)."""
-    from tiltlab.llm.base import learning_signal as ls
 
     rewards = samples.column("reward_raw").to_pylist()
     scope = f"dataset ({labels.num_rows} prompts x {cfg.M} samples)"

@@ -15,6 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tiltlab.files import write_parquet
+from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.models import default_device
 from tiltlab.llm.base.rewards import resolve_reward
 from tiltlab.llm.disa.stage1.config import CRASH_ENV, MANIFEST, Stage1Config
 from tiltlab.llm.disa.stage1.engines import (
@@ -24,6 +26,7 @@ from tiltlab.llm.disa.stage1.engines import (
     _vllm_reference_logprobs,
 )
 from tiltlab.llm.disa.stage1.manifest import _identity, _signal_record, _summary, atomic_write_json, load_stage1
+from tiltlab.progress import progress as progress_bar
 
 # ---------------------------------------------------------------------------------------------
 # data, prompts, rewards
@@ -31,7 +34,6 @@ from tiltlab.llm.disa.stage1.manifest import _identity, _signal_record, _summary
 
 
 def _load_rows(dataset: str) -> list[dict]:
-    from tiltlab.llm.base.data import load_prompts
 
     return list(load_prompts(dataset))
 
@@ -73,9 +75,7 @@ def run_stage1(
     """
     import torch
 
-    from tiltlab.llm.base.models import default_device
     from tiltlab.objectives import estimators as est
-    from tiltlab.progress import progress as progress_bar
 
     if cfg.truncated_support:
         if not cfg.allow_truncated:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import tiltlab.llm.disa.stage2 as package
+from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.llm.base.config_args import config_from_args
+from tiltlab.llm.disa.stage1 import MANIFEST
 from tiltlab.llm.disa.stage2.config import Stage2Config
 from tiltlab.llm.disa.stage2.run import annotate_log_z, run_stage2
 
 
 def add_cli(subparsers) -> None:
     """``tiltlab llm stage2``: flags = :class:`Stage2Config` fields."""
-    import tiltlab.llm.disa.stage2 as package  # its docstring's first paragraph is the command's description
-    from tiltlab.dataclass_cli import add_dataclass_args
 
     p = subparsers.add_parser(
         "stage2",
@@ -53,8 +55,6 @@ def _annotate_main(args) -> int:
 
 
 def _cli_main(args) -> int:
-    from tiltlab.llm.base.config_args import config_from_args
-    from tiltlab.llm.disa.stage1 import MANIFEST
 
     cfg = config_from_args(Stage2Config, args, section="stage2")
     if not (Path(cfg.labels) / MANIFEST).is_file():

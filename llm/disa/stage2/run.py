@@ -16,8 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.files import atomic_path
-from tiltlab.llm.base.models import model_fingerprint  # the cache key (re-exported: stage2.model_fingerprint)
+from tiltlab.llm.base import learning_signal as ls
+from tiltlab.llm.base.data import load_prompts, save_prompts
+from tiltlab.llm.base.models import (
+    load_model,
+    load_tokenizer,
+    masked_mean_pool,
+    model_fingerprint,  # the cache key (re-exported: stage2.model_fingerprint)
+)
+from tiltlab.llm.base.prompts import format_prompt, prompt_text
+from tiltlab.llm.disa.stage1 import atomic_write_json, load_stage1, read_manifest
 from tiltlab.llm.disa.stage2.config import CONFIG_FILE, REGRESSOR_FILE, Stage2Config
+from tiltlab.progress import progress as progress_bar
 
 __all__ = [
     "POOLING",
@@ -47,9 +57,7 @@ def embed_prompts(model, tokenizer, texts: Sequence[str], batch_size: int = 16, 
     """
     import torch
 
-    from tiltlab.llm.base.models import masked_mean_pool
     from tiltlab.llm.base.scoring import hidden_states
-    from tiltlab.progress import progress as progress_bar
 
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings")
@@ -126,11 +134,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from tiltlab.llm.base.models import load_model, load_tokenizer
-    from tiltlab.llm.base.prompts import format_prompt
-    from tiltlab.llm.disa.stage1 import atomic_write_json, load_stage1, read_manifest
     from tiltlab.objectives.regressor import fit_regressor
-    from tiltlab.progress import progress as progress_bar
 
     man = read_manifest(cfg.labels)
     s1 = man.get("config", {})
@@ -235,7 +239,6 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
 
 def _signal_record(y, val_idx, target: str) -> list[dict]:
     """Constant regression targets (R^2 undefined): all finite labels, else the validation split's."""
-    from tiltlab.llm.base import learning_signal as ls
 
     found = ls.constant_targets(y.tolist(), what=f"finite {target} labels")
     if found is None:
@@ -301,8 +304,6 @@ class LogZPredictor:
     def predict_log_z(self, prompts: Sequence[Any]):
         import torch
 
-        from tiltlab.llm.base.prompts import format_prompt, prompt_text
-
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list")
         texts = [prompt_text(p) for p in prompts]
@@ -345,8 +346,6 @@ def load_log_z_predictor(
     reg = PartitionRegressor(**config["regressor"])
     reg.load_state_dict(load_file(str(path / REGRESSOR_FILE)))
     if model is None or tokenizer is None:
-        from tiltlab.llm.base.models import load_model, load_tokenizer
-
         name = embed_model or config["embed_model"]
         model = model if model is not None else load_model(name, dtype=dtype, device=device)
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
@@ -377,15 +376,12 @@ def annotate_log_z(
 
     import torch
 
-    from tiltlab.llm.base.data import load_prompts, save_prompts
-
     rows = load_prompts(dataset)
     if not rows:
         raise ValueError(f"annotate_log_z: the dataset {dataset!r} has no rows")
     if column in rows[0]:
         raise ValueError(f"annotate_log_z: the dataset already has a {column!r} column; write to another column")
     pred = stage2_dir if isinstance(stage2_dir, LogZPredictor) else load_log_z_predictor(stage2_dir, **load_kwargs)
-    from tiltlab.progress import progress as progress_bar
 
     vals = []
     with progress_bar(len(rows), desc="stage2 annotate log Z", unit="prompt", mode=None if progress else "off") as bar:

@@ -3,16 +3,24 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import trl.trainer.grpo_trainer as gt
 from torch import Tensor
+from transformers import set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.trainer.utils import pad
 
 from tiltlab.files import atomic_path
+from tiltlab.llm.base.models import load_model, resolve_model
+from tiltlab.llm.base.scoring import build_batch
 from tiltlab.llm.disa.labels import check_label_compat
 from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
@@ -45,7 +53,6 @@ def _is_chat_dataset(dataset) -> bool | None:
     None without a dataset."""
     if dataset is None or len(dataset) == 0:
         return None
-    from trl.data_utils import is_conversational
 
     return bool(is_conversational({"prompt": dataset[0]["prompt"]}))
 
@@ -63,7 +70,6 @@ def informative_groups(rewards: Tensor, g: int) -> Tensor:
 def _merge_rows(outs: list[dict], rows: Tensor, pad_id: int) -> dict:
     """Concatenate the per-row tensors of several generation outputs (re-padding prompts on the
     left and completions on the right) and keep ``rows``; non-row entries come from the first."""
-    from trl.trainer.utils import pad
 
     n_each = [o["completion_ids"].shape[0] for o in outs]
     merged: dict = {}
@@ -94,7 +100,6 @@ def _record_profiled_times() -> None:
     where it goes then lands in ``trainer_state.json``'s log history (with TRL's ``step_time``, the
     whole ``training_step``: the rollout when one is due, the loss's forward and backward, and
     ``time/generate_and_score``, the rollout with its scoring passes)."""
-    import trl.trainer.grpo_trainer as gt
 
     trl_context = gt.profiling_context
     if getattr(trl_context, "_tiltlab", False):
@@ -142,8 +147,6 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         if args is None or not isinstance(args, TiltGRPOConfig):
             raise ValueError("TiltGRPOTrainer needs args=TiltGRPOConfig(...)")
         if isinstance(model, str):  # an alias (smollm2-135m) -> its local directory, which TRL can load
-            from tiltlab.llm.base.models import resolve_model
-
             model = resolve_model(model)
         obj = args.objective
         # TRL's KL-to-ref coefficient, used by grpo/gspo/lad in the loss; with kl_in_reward it goes into the
@@ -154,12 +157,8 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             # need them and ignore TRL's beta (their KL to ref is only logged).
             args.beta = 1.0
         if obj == "flowrl" or (obj == "paced" and args.paced_embeddings == "live"):
-            from transformers import set_seed
-
             set_seed(args.seed)  # the head is created here, before GRPOTrainer seeds: same seed, same head
             if isinstance(model, str):
-                from tiltlab.llm.base.models import load_model
-
                 # as TRL loads a model name: args.model_init_kwargs (dtype float32 unless given, e.g.
                 # bfloat16 for a half-size copy per process); from_pretrained partitions under ZeRO-3
                 init = dict(args.model_init_kwargs or {})
@@ -267,9 +266,6 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         return state
 
     def _save_checkpoint(self, model, trial):
-        import os
-
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         super()._save_checkpoint(model, trial)
         out = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -287,7 +283,6 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         return metrics
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        import os
 
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
@@ -338,7 +333,6 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         return torch.tensor([self._log_z_cache[k] for k in keys], dtype=torch.float32)
 
     def _prompt_tensors(self, prompts: list) -> tuple[Tensor, Tensor]:
-        from tiltlab.llm.base.scoring import build_batch
 
         ids_list = self._tokenize_prompts(prompts)[0]
         dev = self.accelerator.device

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.patching import patch_everywhere
+
 pytest.importorskip("trl")
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -236,7 +238,7 @@ def test_cli_model_alias_uses_the_real_model_budget(monkeypatch, tmp_path):
     from tiltlab.cli import main
 
     seen = {}
-    monkeypatch.setattr(models, "resolve_model", lambda name, progress=True: f"/cache/{name}")
+    patch_everywhere(monkeypatch, models, "resolve_model", lambda name, progress=True: f"/cache/{name}")
     monkeypatch.setattr(
         demo, "run_demo", lambda cfg: seen.setdefault("cfg", cfg) and {"timings": {"total": 1.0}, "figure": "c.png"}
     )
@@ -312,8 +314,8 @@ def test_rl_run_config_takes_every_setting_from_the_demo_config(method, tmp_path
         got.update(kw)
         raise Built
 
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: "MODEL")
-    monkeypatch.setattr(models, "load_tokenizer", lambda *a, **k: "TOK")
+    patch_everywhere(monkeypatch, models, "load_model", lambda *a, **k: "MODEL")
+    patch_everywhere(monkeypatch, models, "load_tokenizer", lambda *a, **k: "TOK")
     monkeypatch.setattr(online, "TiltGRPOTrainer", trainer)
     cfg = DemoConfig(
         max_new_tokens=5, num_generations=3, prompts_per_step=2, rl_steps=7, seed=11, rl_lr=3e-3, tb_lr=6e-4

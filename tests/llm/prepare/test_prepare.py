@@ -10,6 +10,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
+from tests.patching import patch_everywhere
 from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION, load_prompts  # noqa: E402
 from tiltlab.llm.prepare import run as prepare  # noqa: E402
 from tiltlab.llm.prepare.config import FpaConfig  # noqa: E402
@@ -248,7 +249,7 @@ def test_build_fpa_offline_on_the_tiny_model(tmp_path, monkeypatch):
     def first_right(prompts, completions, completion_ids=None, **kw):
         return [1.0 if i % 3 == 0 else 0.0 for i in range(len(completions))]
 
-    monkeypatch.setattr(rewards, "resolve_reward", lambda name: first_right)
+    patch_everywhere(monkeypatch, rewards, "resolve_reward", lambda name: first_right)
     data = tmp_path / "p.jsonl"
     data.write_text(
         "".join(json.dumps({"id": f"q{i}", "prompt": f"Compute {i}+1.", "answer": str(i + 1)}) + "\n" for i in range(4))
@@ -290,7 +291,7 @@ def test_build_fpa_offline_refuses_a_reward_with_one_none(tmp_path, monkeypatch)
     def one_none(prompts, completions, completion_ids=None, **kw):
         return [None if i == 3 else float(i % 2) for i in range(len(completions))]
 
-    monkeypatch.setattr(rewards, "resolve_reward", lambda name: one_none)
+    patch_everywhere(monkeypatch, rewards, "resolve_reward", lambda name: one_none)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"P{i}", "answer": "3"}) + "\n" for i in range(4)))
     cfg = FpaConfig(model="unused", dataset=str(data), out=str(tmp_path / "fpa.jsonl"), batch_size=16)
