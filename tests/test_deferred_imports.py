@@ -59,14 +59,14 @@ def test_the_entry_points_load_what_the_rule_says_they_load(sets):
 
 def test_an_entry_that_loads_torch_is_flagged():
     code = "import tiltlab.llm.cli; import torch"
-    assert R.entry_packages({"tiltlab llm --help": code}) == {"tiltlab llm --help": {"torch"}}
+    assert "torch" in R.entry_packages({"tiltlab llm --help": code})["tiltlab llm --help"]
     assert "transformers" in R.entry_packages({R.BASE_ENTRY: "import tiltlab.llm.checks, transformers"})[R.BASE_ENTRY]
     # the catalog may load the base install's packages
     assert R.entry_packages({R.BASE_ENTRY: "import tiltlab.llm.checks, numpy"})[R.BASE_ENTRY] == set()
 
 
 def _one(source: str, here: str = "tiltlab.llm.train.online.trainer") -> R.Deferred:
-    top, deferred = R.walk_source(textwrap.dedent(source), here)
+    _top, deferred = R.walk_source(textwrap.dedent(source), here)
     assert len(deferred) == 1, deferred
     return deferred[0]
 
@@ -85,7 +85,7 @@ def _one(source: str, here: str = "tiltlab.llm.train.online.trainer") -> R.Defer
         ("tiltlab.llm.train.cli", "tiltlab.llm.train.online", "light: tiltlab llm --help"),
         ("tiltlab.llm.train.cli", "tiltlab.llm.base.models", None),  # light itself: at the top
         ("tiltlab.llm.train.cli", "json", None),
-        ("tiltlab.llm.train.config", "yaml", "light: a run-config check"),
+        ("tiltlab.llm.train.config", "yaml", "light: tiltlab llm --help, a run-config check"),
         # the catalog's modules: outside the base install only
         ("tiltlab.llm.experiments.task", "transformers", "base install"),
         ("tiltlab.llm.experiments.task", "numpy", None),

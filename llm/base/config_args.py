@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+from tiltlab.llm.base.run_config import read_run_config
 
 __all__ = ["config_from_args", "config_section_values", "read_config"]
 
@@ -34,7 +35,7 @@ def read_config(path, overrides=(), loader=None):
     import yaml
 
     if loader is None:
-        pass
+        loader = read_run_config
     p = Path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"

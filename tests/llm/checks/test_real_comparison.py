@@ -12,9 +12,12 @@ import random
 
 import pytest
 
+from tests.patching import patch_everywhere
 from tiltlab.claims import registry
 from tiltlab.claims.registry import Verdict
+from tiltlab.llm.base import models
 from tiltlab.llm.checks import real_comparison as C
+from tiltlab.llm.disa import logz_head
 from tiltlab.llm.experiments import pool
 from tiltlab.paper_checks import catalog
 
@@ -96,7 +99,7 @@ def test_one_run_evaluates_every_model_of_a_seed_with_one_sampling_seed(monkeypa
         C, "train_in_process", lambda name, cfg, root, core: (f"/m/{name}", [{"loss": 1.0, "grad_norm": 1.0}])
     )
     monkeypatch.setattr(C, "weights_moved", lambda start, model: 1e-3)
-    monkeypatch.setattr("tiltlab.llm.disa.logz_head.policy_only_dir", lambda d: d + "/policy")
+    patch_everywhere(monkeypatch, logz_head, "policy_only_dir", lambda d: d + "/policy")
     monkeypatch.setattr(
         C,
         "eval_in_process",
@@ -225,7 +228,7 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
             out.update(trained=frozen != (arm, i), train_s=2.0, train_numbers={"steps": float(steps), "step_time": 3.0})
         return out
 
-    monkeypatch.setattr("tiltlab.llm.base.models.resolve_model", lambda name, progress=True: str(tmp_path))
+    patch_everywhere(monkeypatch, models, "resolve_model", lambda name, progress=True: str(tmp_path))
     monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": 0})
     monkeypatch.setattr(C, "make_task", fake_task)
     monkeypatch.setattr(C, "one_run", fake_one_run)

@@ -10,7 +10,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from tests.patching import patch_everywhere
+from tests.patching import patch_everywhere  # noqa: E402
 from tiltlab.llm.base.data import DEFAULT_MATH_INSTRUCTION, load_prompts  # noqa: E402
 from tiltlab.llm.prepare import run as prepare  # noqa: E402
 from tiltlab.llm.prepare.config import FpaConfig  # noqa: E402

@@ -11,6 +11,8 @@ import torch
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+from tests.patching import patch_everywhere
+from tiltlab.llm.base import rewards
 from tiltlab.llm.base.run_config import RunConfig
 from tiltlab.llm.train.cli import build_trainer
 
@@ -54,7 +56,7 @@ def _cfg(tiny_dir, tmp_path, objective, kind="online"):
 
 @pytest.mark.parametrize(("objective", "kind"), [("flowrl", "online"), ("grpo", "online"), ("fpa", "offline")])
 def test_lora_trains_only_adapters_and_the_head(objective, kind, tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr("tiltlab.llm.base.rewards.resolve_reward", lambda name: _reward)
+    patch_everywhere(monkeypatch, rewards, "resolve_reward", lambda name: _reward)
     tr = build_trainer(_cfg(tiny_dir, tmp_path, objective, kind))
     before = {k: v.detach().clone() for k, v in tr.model.named_parameters()}
     tr.train()

@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.patching import patch_everywhere
+
 pytest.importorskip("accelerate")
 pytest.importorskip("trl")
 
@@ -248,7 +250,9 @@ def test_the_stop_flag_is_reduced_on_the_processs_device(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(accelerate.state, "PartialState", lambda: types.SimpleNamespace(device=torch.device("meta")))
+    patch_everywhere(
+        monkeypatch, accelerate.state, "PartialState", lambda: types.SimpleNamespace(device=torch.device("meta"))
+    )
     cb = stop_mod.GracefulStop(signals=())
     with pytest.raises(Reduced):
         cb._any_rank_signalled()
