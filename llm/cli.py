@@ -9,7 +9,7 @@ from the command's config dataclass (:mod:`tiltlab.dataclass_cli`, :mod:`tiltlab
 DISA Stages 1-2 on a real backbone (GPU; ``pip install 'tiltlab[llm,vllm]'``)::
 
     tiltlab llm stage1 --proposal Qwen/Qwen3-32B --reference Qwen/Qwen3-1.7B \
-        --dataset prompts.jsonl --out-dir runs/disa/stage1 --M 8 --beta 1.0 --reward math \
+        --dataset prompts.jsonl --out-dir runs/disa/stage1 --M 8 --tilt-beta 1.0 --reward math \
         --engine vllm --temperature 1.0 --max-new-tokens 4096 --gpu-memory-utilization 0.6
     tiltlab llm stage2 --labels runs/disa/stage1 --out-dir runs/disa/stage2
     # Stage 3 reads: tiltlab.llm.disa.stage2.run.load_log_z_predictor("runs/disa/stage2").predict_log_z(prompts)

@@ -15,22 +15,10 @@ from tiltlab.dataclass_cli import add_dataclass_args
 from tiltlab.files import write_json
 
 
-class _RenamedFlag(argparse.Action):
-    """An old flag of a renamed field: refused in one line naming the new flag."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is now {self.default}")
-
-
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     from tiltlab.sim.config import RENAMED_FIELDS, SimConfig
 
-    add_dataclass_args(p, SimConfig)
-    for old, new in RENAMED_FIELDS.items():
-        flag = "--" + new.replace("_", "-")
-        p.add_argument(
-            "--" + old.replace("_", "-"), nargs="?", action=_RenamedFlag, default=flag, help=argparse.SUPPRESS
-        )
+    add_dataclass_args(p, SimConfig, renamed=RENAMED_FIELDS)
 
 
 #: environments ``tiltlab sim --env`` builds (:func:`tiltlab.sim.api.make_env`)

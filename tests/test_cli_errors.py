@@ -171,7 +171,7 @@ def test_stage1_missing_data_file_writes_nothing(capsys, tmp_path):
 
 
 def test_stage1_broken_yaml(capsys, tmp_path):
-    (tmp_path / "broken.yaml").write_text("stage1:\n  M: [8\n  beta: 1.0\n")
+    (tmp_path / "broken.yaml").write_text("stage1:\n  M: [8\n  tilt_beta: 1.0\n")
     assert main(["llm", "stage1", "--config", str(tmp_path / "broken.yaml")]) == 2
     line = _one_line_error(capsys, "tiltlab llm stage1: error: ")
     assert "not valid YAML" in line and "line 3" in line
@@ -287,7 +287,7 @@ def test_unknown_key_in_the_file_names_the_file(capsys, tmp_path):
     cfg = _run_yaml(tmp_path, "model: tiny\nbta: 1\nstage2:\n  labels: L\n  out_dir: O\n")
     assert main(["llm", "stage2", "--config", cfg]) == 2
     _one_line_error(
-        capsys, f"tiltlab llm stage2: error: {cfg}: unknown keys ['bta'] in the run config (did you mean 'beta'?)"
+        capsys, f"tiltlab llm stage2: error: {cfg}: unknown keys ['bta'] in the run config (did you mean 'tilt_beta'?)"
     )
 
 
@@ -305,11 +305,11 @@ def test_set_unknown_section_key_names_the_close_match(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("yaml_text", "setting", "message"),
     [
-        ("model: tiny\n", "beta=abc", "beta: expected a number, got 'abc'"),
+        ("model: tiny\n", "tilt_beta=abc", "tilt_beta: expected a number, got 'abc'"),
         (
-            "model: tiny\nbeta_levels: {low: 0.5, high: 2.0}\n",
-            "beta=abc",
-            "beta: expected a number or a name in beta_levels (high, low), got 'abc'",
+            "model: tiny\ntilt_beta_levels: {low: 0.5, high: 2.0}\n",
+            "tilt_beta=abc",
+            "tilt_beta: expected a number or a name in tilt_beta_levels (high, low), got 'abc'",
         ),
         ("model: tiny\n", "lr_scale=fast", "lr_scale: expected a number, got 'fast'"),
         ("model: tiny\n", "log_kl_old=3", "log_kl_old: expected true or false, got 3"),

@@ -173,10 +173,24 @@ def _json_object(text: str) -> dict:
     return value
 
 
+class _RenamedFlag(argparse.Action):
+    """The flag of a renamed field: refused in one line naming the new flag."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.default}")
+
+
 def add_dataclass_args(
-    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), config_section: str | None = None
+    parser: argparse.ArgumentParser,
+    cls,
+    skip: tuple[str, ...] = (),
+    config_section: str | None = None,
+    renamed: dict[str, str] | None = None,
 ) -> None:
     """One flag per dataclass field; help = the field's docstring; lists take several values.
+
+    ``renamed`` (old field name -> new): the old flags stay known, hidden, and are refused in one line
+    naming the new flag (``--beta is now --tilt-beta``).
 
     With ``config_section`` the command also takes ``--config FILE`` (a run config of ``configs/``,
     schema :class:`tiltlab.llm.train.config.RunConfig`) whose ``<config_section>:`` mapping supplies the
@@ -199,6 +213,14 @@ def add_dataclass_args(
             default=[],
             metavar="KEY=VALUE",
             help="override a config value (dotted key, YAML value); repeatable",
+        )
+    for old, new in (renamed or {}).items():
+        parser.add_argument(
+            "--" + old.replace("_", "-"),
+            nargs="?",
+            action=_RenamedFlag,
+            default="--" + new.replace("_", "-"),
+            help=argparse.SUPPRESS,
         )
     for f in dataclasses.fields(cls):
         if f.name in skip:

@@ -145,7 +145,7 @@ GRPO_RUNS = {
     "trl-grpo": ("trl", None),
 }
 """name -> (trainer, objective): tiltlab = TiltGRPOTrainer(objective), trl = TRL's GRPOTrainer (its loss)."""
-DISA_MANIFEST = {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
+DISA_MANIFEST = {"tilt_beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
 
 LOGP_TOL = {"max_abs": 0.1, "mean_abs": 0.02}
 LOSS_TOL = {"rtol": 0.05, "atol": 0.01}

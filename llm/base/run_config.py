@@ -13,8 +13,10 @@ Sections (all optional except ``model``):
 ``kind``        ``online`` (TRL GRPOTrainer subclass) or ``offline`` (FPA setting).
 ``objective``   online: grpo|gspo|cispo|sapo|luspo|vespo|flowrl|disa|vargrad|lad|paced; offline:
                 offrl|fpa|dpo|rpo|kto|simper|apo|sft; ``none`` = evaluate the starting model only.
-``beta``        the tilt beta (MULTIPLIES the reward, DISA convention) -- a number or a name in
-                ``beta_levels`` (``default``/``low``/``high`` for DISA's sensitivity runs).
+``tilt_beta``   the tilt beta (MULTIPLIES the reward, DISA convention) -- a number or a name in
+                ``tilt_beta_levels`` (``default``/``low``/``high`` for DISA's sensitivity runs); the
+                trainer's ``tilt_beta``, Stage 1's ``stage1.tilt_beta``. TRL's KL coefficient is ``trl.beta``
+                (the old top-level ``beta`` / ``beta_levels`` are refused, naming these).
 ``trl``         keyword arguments of the trainer's config (learning rate, batch sizes, vLLM ...).
 ``stage1`` / ``stage2`` / ``eval``  passed to ``tiltlab llm stage1/stage2/eval``.
 ``flowrl`` / ``disa`` / ``lad`` / ``paced`` / ``fpa`` / ``offrl`` / ``dpo`` / ``kto`` / ``apo``
@@ -33,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
-from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names, section_keys
+from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names, refuse_old_names, section_keys
 
 __all__ = [
     "LORA_KEYS",
+    "RENAMED_KEYS",
+    "RENAMED_STAGE1_KEYS",
     "SECTION_KEYS",
     "STAGE1_KEYS",
     "VALIDATION_KEYS",
@@ -45,7 +49,7 @@ __all__ = [
     "read_run_config",
 ]
 
-_TB_KEYS = {o.name: o.name for o in TB_OPTIONS if o.name != "tilt_beta"}  # the tilt is the top-level `beta:`
+_TB_KEYS = {o.name: o.name for o in TB_OPTIONS if o.name != "tilt_beta"}  # the tilt is the top-level `tilt_beta:`
 """The TB family's knobs in an objective section: the declared names (the trainer-config fields of the same names)."""
 
 #: objective option sections -> allowed keys (mapped onto trainer-config fields in ``to_trainer_kwargs``); an
@@ -96,6 +100,13 @@ STAGE1_KEYS = (
 )
 
 
+#: run-config keys renamed (old -> new): one name per knob, the tilt's everywhere ``tilt_beta``
+RENAMED_KEYS = {"beta": "tilt_beta", "beta_levels": "tilt_beta_levels"}
+#: ``stage1:`` keys renamed (Stage1Config's fields)
+RENAMED_STAGE1_KEYS = {"beta": "tilt_beta"}
+_TRL_BETA = " (the tilt multiplying the reward; TRL's KL coefficient is `trl.beta`)"
+
+
 @dataclass
 class RunConfig:
     """One training/evaluation run (the schema of ``configs/*.yaml``)."""
@@ -113,10 +124,10 @@ class RunConfig:
     """Training prompts (online) or (prompt, completion, reward) rows (offline): JSONL/Parquet/datasets dir."""
     reward: str = "math"
     """Reward function: math | code | auto | pkg.module:function (TRL signature)."""
-    beta: Any = None
-    """Tilt beta multiplying the reward (flowrl/disa/vargrad); a number or a key of beta_levels."""
-    beta_levels: dict = field(default_factory=dict)
-    """Named beta values (DISA sensitivity: default/low/high)."""
+    tilt_beta: Any = None
+    """Tilt beta multiplying the reward (flowrl/disa/vargrad); a number or a key of tilt_beta_levels."""
+    tilt_beta_levels: dict = field(default_factory=dict)
+    """Named tilt values (DISA sensitivity: default/low/high)."""
     output_dir: str = "runs/run"
     """Where checkpoints, logs and the final model go."""
     lr_scale: float = 1.0
@@ -181,22 +192,24 @@ class RunConfig:
             raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
         if self.lora and "r" not in self.lora:
             raise ValueError("lora: the rank `r` is required")
-        if self.beta is not None and (
-            self.beta not in self.beta_levels if isinstance(self.beta, str) else not _is_number(self.beta)
-        ):
-            levels = sorted(self.beta_levels)
-            named = f" or a name in beta_levels ({', '.join(levels)})" if levels else ""
-            raise ValueError(f"beta: expected a number{named}, got {self.beta!r}")
-        if self.beta is not None and not isinstance(self.beta, str) and not float(self.beta) > 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
+        beta = self.tilt_beta
+        if beta is not None and (beta not in self.tilt_beta_levels if isinstance(beta, str) else not _is_number(beta)):
+            levels = sorted(self.tilt_beta_levels)
+            named = f" or a name in tilt_beta_levels ({', '.join(levels)})" if levels else ""
+            raise ValueError(f"tilt_beta: expected a number{named}, got {beta!r}")
+        if beta is not None and not isinstance(beta, str) and not float(beta) > 0:
+            raise ValueError(f"tilt_beta must be > 0, got {beta}")
         if not self.lr_scale > 0:
             raise ValueError("lr_scale must be > 0")
 
     @property
-    def tilt_beta(self) -> float | None:
-        if self.beta is None:
+    def tilt_beta_value(self) -> float | None:
+        """The tilt as a number (a level name resolved through ``tilt_beta_levels``); None when unset."""
+        if self.tilt_beta is None:
             return None
-        return float(self.beta_levels[self.beta]) if isinstance(self.beta, str) else float(self.beta)
+        if isinstance(self.tilt_beta, str):
+            return float(self.tilt_beta_levels[self.tilt_beta])
+        return float(self.tilt_beta)
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the trainer config: ``trl`` + the objective's section mapped onto
@@ -213,8 +226,8 @@ class RunConfig:
                 target = SECTION_KEYS[sec][k]
                 if target:
                     kw[target] = v
-        if self.kind == "online" and self.tilt_beta is not None:
-            kw["tilt_beta"] = self.tilt_beta
+        if self.kind == "online" and self.tilt_beta_value is not None:
+            kw["tilt_beta"] = self.tilt_beta_value
         if self.kind == "online":
             for flag in ("log_kl_old", "log_z_accuracy_correlation"):
                 if getattr(self, flag):
@@ -224,6 +237,9 @@ class RunConfig:
         if self.lr_scale != 1.0:
             kw["learning_rate"] = float(kw.get("learning_rate", 1e-6)) * self.lr_scale
         return kw
+
+
+refuse_old_names(RunConfig, "RunConfig", RENAMED_KEYS, common=False)
 
 
 def _is_number(x: Any) -> bool:
@@ -273,6 +289,12 @@ def read_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping")
     data = apply_overrides(data, overrides or [])
+    old = [k for k in RENAMED_KEYS if k in data] + [
+        f"stage1.{k}" for k in RENAMED_STAGE1_KEYS if isinstance(data.get("stage1"), dict) and k in data["stage1"]
+    ]
+    if old:
+        table = {**RENAMED_KEYS, **{f"stage1.{k}": f"stage1.{v}" for k, v in RENAMED_STAGE1_KEYS.items()}}
+        raise ValueError(f"{path}: " + "; ".join(f"`{k}` is now `{table[k]}`" for k in old) + _TRL_BETA)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -83,7 +83,7 @@ def label_bias(seed: int = 0, fresh_m: int = 40, root: Path | None = None) -> di
             dataset=str(work / "selected.jsonl"),
             out_dir=str(work / "fresh"),
             M=fresh_m,
-            beta=C.BETA,
+            tilt_beta=C.BETA,
             reward="math",
             max_new_tokens=C.NEW_TOKENS,
             seed=seed + 7919,  # another sampling seed than the labels' (Stage 1 ran at ``seed``)

@@ -164,7 +164,7 @@ def make_task(root: Path, model_dir: str, seed: int) -> dict:
         dataset=str(cand),
         out_dir=str(root / "stage1"),
         M=SELECT_M,
-        beta=BETA,
+        tilt_beta=BETA,
         reward="math",
         max_new_tokens=NEW_TOKENS,
         seed=seed,
@@ -213,7 +213,7 @@ def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict
         vllm_max_model_length=MAX_MODEL_LEN,
     )
     if arm in ("disa", "flowrl"):
-        cfg["beta"] = BETA
+        cfg["tilt_beta"] = BETA
     if arm == "grpo_kl":  # E[r] - KL(pi || pi_ref) / beta: the tilted target is its optimum
         trl.update(beta=KL_COEF, kl_in_reward=True, scale_rewards="none", loss_type="dr_grpo")
     return cfg

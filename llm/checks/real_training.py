@@ -58,7 +58,7 @@ def train_config(objective: str, task: dict, out: Path, seed: int, steps: int) -
         "trl": trl,
     }
     if objective in ("disa", "flowrl"):
-        cfg["beta"] = BETA
+        cfg["tilt_beta"] = BETA
         trl.update(reward_transform="affine", logprob_scale="sum")
     if objective == "disa":
         trl["disa_label"] = "column"

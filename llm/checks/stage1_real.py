@@ -104,7 +104,7 @@ def _config(model_dir: str, out: Path, seed: int, m: int, temperature: float, to
         dataset="tiltlab.llm.checks.stage1_real:QUESTIONS",
         out_dir=str(out),
         M=m,
-        beta=BETA,
+        tilt_beta=BETA,
         temperature=temperature,
         top_p=top_p,
         allow_truncated=top_p < 1.0,

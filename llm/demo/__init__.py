@@ -228,7 +228,7 @@ def _run_demo(cfg: DemoConfig, progress: bool, bar) -> dict[str, Any]:
 
     log_z_fn = manifest = None
     if "disa" in cfg.methods:
-        say(f"[demo] DISA Stage 1 (M = {cfg.num_generations}, beta = {cfg.beta}) and Stage 2")
+        say(f"[demo] DISA Stage 1 (M = {cfg.num_generations}, tilt_beta = {cfg.tilt_beta}) and Stage 2")
         t = time.perf_counter()
         manifest, log_z_fn = _stage12(ref_dir, train, cfg, out, log)
         timings["stage1+2"] = time.perf_counter() - t

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiltlab.objectives.catalog import refuse_old_names
+
 
 @dataclass
 class DemoConfig:
@@ -37,7 +39,7 @@ class DemoConfig:
     """Prompts per RL step (x num_generations completions)."""
     num_generations: int = 8
     """Group size G of the RL methods (and M of Stage 1)."""
-    beta: float = 2.0
+    tilt_beta: float = 2.0
     """Tilt beta of DISA and FlowRL (multiplies r~ = r; target pi* ~ pi_ref exp(beta r))."""
     eval_k: int = 8
     """Samples per held-out prompt for Mean@k / pass@k."""
@@ -73,6 +75,8 @@ class DemoConfig:
         base.update(kw)
         return cls(**base)
 
+
+refuse_old_names(DemoConfig, "DemoConfig", {"beta": "tilt_beta"}, common=False)
 
 #: budget changes applied by ``tiltlab llm demo --model NAME`` for a pretrained model: no SFT
 #: warm-up, learning rates for pretrained weights, completions long enough for an instruct answer.

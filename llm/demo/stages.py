@@ -120,7 +120,7 @@ def _stage12(ref_dir: Path, train: list[dict], cfg: DemoConfig, out: Path, log: 
         dataset="unused",
         out_dir=str(s1_dir),
         M=cfg.num_generations,
-        beta=cfg.beta,
+        tilt_beta=cfg.tilt_beta,
         reward="math",
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
@@ -175,7 +175,7 @@ def _train_rl(
     extra: dict[str, Any] = {}
     if method in ("disa", "flowrl"):  # one target pi* ~ pi_ref exp(beta r) for both
         extra = dict(
-            tilt_beta=cfg.beta, reward_transform="affine", reward_scale=1.0, reward_shift=0.0, logprob_scale="sum"
+            tilt_beta=cfg.tilt_beta, reward_transform="affine", reward_scale=1.0, reward_shift=0.0, logprob_scale="sum"
         )
     if method == "flowrl":
         extra["log_z_dropout"] = 0.0

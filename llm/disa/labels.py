@@ -12,24 +12,49 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["LabelMismatchError", "check_label_compat"]
+__all__ = ["RENAMED_MANIFEST_KEYS", "LabelMismatchError", "check_label_compat", "upgrade_manifest"]
 
 
 class LabelMismatchError(ValueError):
-    """Stage-1 labels and the Stage-3 residual disagree (reward transform, beta, or log-prob scale)."""
+    """Stage-1 labels and the Stage-3 residual disagree (reward transform, tilt_beta, or log-prob scale)."""
+
+
+#: a manifest's keys before the tilt was named ``tilt_beta`` everywhere (old -> new); :func:`upgrade_manifest`
+#: renames them, so a Stage 1 written before resumes and is read as one written now
+RENAMED_MANIFEST_KEYS = {"beta": "tilt_beta"}
+
+
+def upgrade_manifest(manifest: dict) -> dict:
+    """``manifest`` with the old key names renamed (:data:`RENAMED_MANIFEST_KEYS`) at its top level and in its
+    ``identity``, ``config`` and ``summary``; a manifest with the new names is returned as it is."""
+    out = dict(manifest)
+    for part in (None, "identity", "config", "summary"):
+        node = out if part is None else out.get(part)
+        if not isinstance(node, dict):
+            continue
+        node = dict(node)
+        for old, new in RENAMED_MANIFEST_KEYS.items():
+            if old in node and new not in node:
+                node[new] = node.pop(old)
+        if part is None:
+            out = node
+        else:
+            out[part] = node
+    return out
 
 
 def _recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
     """Normalize a Stage-1 manifest (``llm.disa.stage1``'s ``manifest.json``, format ``tiltlab.stage1/1``,
-    or a flat dict) to ``{beta, reward_transform, logprob_scale}``.
+    or a flat dict) to ``{tilt_beta, reward_transform, logprob_scale}``.
 
     ``tiltlab.stage1/1`` labels are trajectory-level by construction (``log w = log pi_ref(y|x)
     + beta r~ - log q(y|x)`` with masked-SUM sequence log-probs), so ``logprob_scale = "sum"`` is
     implied by that format when the manifest does not state it.
     """
     out: dict[str, Any] = {}
-    if "beta" in recorded:
-        out["beta"] = float(recorded["beta"])
+    recorded = upgrade_manifest(recorded)
+    if "tilt_beta" in recorded:
+        out["tilt_beta"] = float(recorded["tilt_beta"])
     rt = recorded.get("reward_transform")
     if isinstance(rt, dict):
         name = rt.get("name", "affine")
@@ -53,7 +78,7 @@ def _recorded_settings(recorded: dict[str, Any]) -> dict[str, Any]:
 def check_label_compat(
     recorded: dict[str, Any] | None,
     *,
-    beta: float,
+    tilt_beta: float,
     reward_transform: tuple,
     logprob_scale: str,
     chat_template: bool | None = None,
@@ -75,17 +100,21 @@ def check_label_compat(
     unless ``allow_mismatch`` is set together with a ``reason``.
     """
     if recorded is None:
-        problems = ["Stage-1 manifest not given: cannot check beta / reward transform / log-prob scale"]
+        problems = ["Stage-1 manifest not given: cannot check tilt_beta / reward transform / log-prob scale"]
     else:
         got = _recorded_settings(recorded)
-        want = {"beta": float(beta), "reward_transform": tuple(reward_transform), "logprob_scale": logprob_scale}
+        want = {
+            "tilt_beta": float(tilt_beta),
+            "reward_transform": tuple(reward_transform),
+            "logprob_scale": logprob_scale,
+        }
         problems = []
         for key, val in want.items():
             if key not in got:
                 problems.append(f"Stage 1 did not record {key!r}")
-            elif key == "beta" and not math.isclose(got[key], val, rel_tol=1e-9):
-                problems.append(f"beta: Stage 1 used {got[key]!r}, Stage 3 uses {val!r}")
-            elif key != "beta" and got[key] != val:
+            elif key == "tilt_beta" and not math.isclose(got[key], val, rel_tol=1e-9):
+                problems.append(f"tilt_beta: Stage 1 used {got[key]!r}, Stage 3 uses {val!r}")
+            elif key != "tilt_beta" and got[key] != val:
                 problems.append(f"{key}: Stage 1 used {got[key]!r}, Stage 3 uses {val!r}")
         if chat_template is not None and "chat_template" in got and got["chat_template"] != bool(chat_template):
             problems.append(
@@ -96,7 +125,7 @@ def check_label_compat(
             problems.append("a group-normalized reward is a per-batch plug-in, not the fixed transform the labels used")
     if problems and not allow_mismatch:
         raise LabelMismatchError(
-            "DISA Stage 3 must use the reward transform, beta, log-prob scale and prompt format of the Stage-1 labels "
+            "DISA Stage 3 must use the reward transform, tilt_beta, log-prob scale and prompt format of the Stage-1 labels "
             "(e.g. trajectory-level labels with a length-normalized residual, or another beta, make log Z_psi the "
             "log-partition of a different target): "
             + "; ".join(problems)

@@ -119,7 +119,7 @@ def prepare(config: str, out: str, data_source: str = "tiltlab_math") -> int:  #
     log_z_fn, manifest = _disa_predictor(cfg)
     check_label_compat(
         manifest,
-        beta=float(cfg.tilt_beta),
+        tilt_beta=float(cfg.tilt_beta_value),
         reward_transform=("affine", float(d.get("reward_scale", 1.0)), float(d.get("reward_shift", 0.0))),
         logprob_scale=str(d.get("logprob_scale") or "sum"),
         chat_template=True,

@@ -7,7 +7,7 @@ import json
 import tiltlab.llm.disa.stage1 as package
 from tiltlab.dataclass_cli import add_dataclass_args
 from tiltlab.llm.base.config_args import config_from_args
-from tiltlab.llm.disa.stage1.config import Stage1Config
+from tiltlab.llm.disa.stage1.config import RENAMED_FIELDS, Stage1Config
 from tiltlab.llm.disa.stage1.pipeline import run_stage1
 
 # ---------------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def add_cli(subparsers) -> None:
         description=(package.__doc__ or "").split("\n\n")[0]
         + " Refuses top-k/top-p truncation unless --allow-truncated.",
     )
-    add_dataclass_args(p, Stage1Config, config_section="stage1")
+    add_dataclass_args(p, Stage1Config, config_section="stage1", renamed=RENAMED_FIELDS)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cli_main)
 

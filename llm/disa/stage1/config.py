@@ -8,6 +8,8 @@ from typing import Any
 
 from tiltlab.llm.base.prompts import check_chat_template_kwargs
 from tiltlab.llm.base.rollout import SamplingConfig, derive_seed
+from tiltlab.llm.base.run_config import RENAMED_STAGE1_KEYS
+from tiltlab.objectives.catalog import refuse_old_names
 
 MANIFEST = "manifest.json"
 CRASH_ENV = "TILTLAB_STAGE1_CRASH_AFTER"
@@ -15,13 +17,17 @@ CRASH_ENV = "TILTLAB_STAGE1_CRASH_AFTER"
 manifest; ``"k:before_manifest"`` right after its Parquet files are written but before the
 manifest records it (the shard is then redone on resume, overwriting its files)."""
 
+#: Stage1Config's renamed fields (old -> new), the ``stage1:`` section's: refused by the class, the flags and
+#: the run config
+RENAMED_FIELDS = RENAMED_STAGE1_KEYS
+
 # Fields that change the produced samples or labels: a resumed run must agree on all of them.
 _IDENTITY_FIELDS = (
     "proposal",
     "reference",
     "dataset",
     "M",
-    "beta",
+    "tilt_beta",
     "reward",
     "reward_scale",
     "reward_shift",
@@ -79,8 +85,8 @@ class Stage1Config:
     """Output directory (created; an existing run there is resumed)."""
     M: int = 8
     """Samples per prompt (DISA uses M = 8)."""
-    beta: float = 1.0
-    """Inverse temperature; it MULTIPLIES the transformed reward: tilt = beta * r~."""
+    tilt_beta: float = 1.0
+    """Inverse temperature; it MULTIPLIES the transformed reward: tilt = tilt_beta * r~ (the trainer's ``tilt_beta``)."""
     reward: str = "auto"
     """Reward: "auto" (math if the row has an answer, code if it has tests), "math", "code", or "pkg.module:function"."""
     reward_scale: float = 1.0
@@ -133,8 +139,8 @@ class Stage1Config:
     def __post_init__(self) -> None:
         if self.M < 1:
             raise ValueError(f"M must be >= 1, got {self.M}")
-        if not self.beta > 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not self.tilt_beta > 0:
+            raise ValueError(f"tilt_beta must be > 0, got {self.tilt_beta}")
         if not self.reward_scale > 0:
             raise ValueError(f"reward_scale (a in r~ = a r + c) must be > 0, got {self.reward_scale}")
         if self.temperature <= 0:
@@ -192,6 +198,9 @@ class Stage1Config:
             "c": self.reward_shift,
             "reward": self.reward,
         }
+
+
+refuse_old_names(Stage1Config, "Stage1Config", RENAMED_FIELDS, common=False)
 
 
 def config_fields() -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from tiltlab.files import write_json
 from tiltlab.llm.base import learning_signal as ls
+from tiltlab.llm.disa.labels import upgrade_manifest
 from tiltlab.llm.disa.stage1.config import _HF_IDENTITY, _IDENTITY_FIELDS, _VLLM_IDENTITY, MANIFEST, Stage1Config
 
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +71,7 @@ def load_stage1(out_dir: str | Path):
 
 
 def read_manifest(out_dir: str | Path) -> dict:
-    return json.loads((Path(out_dir) / MANIFEST).read_text())
+    return upgrade_manifest(json.loads((Path(out_dir) / MANIFEST).read_text()))
 
 
 def _summary(labels, cfg: Stage1Config) -> dict:
@@ -83,7 +84,7 @@ def _summary(labels, cfg: Stage1Config) -> dict:
     return {
         "n_prompts": labels.num_rows,
         "M": cfg.M,
-        "beta": cfg.beta,
+        "tilt_beta": cfg.tilt_beta,
         "mean_log_z": mean("log_z"),
         "mean_log_z_bias_corrected": mean("log_z_bias_corrected"),
         "mean_delta_bias": mean("delta_bias"),

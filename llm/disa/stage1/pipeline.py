@@ -4,7 +4,6 @@ as it finishes (:func:`run_stage1`)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -25,7 +24,14 @@ from tiltlab.llm.disa.stage1.engines import (
     _Models,
     _vllm_reference_logprobs,
 )
-from tiltlab.llm.disa.stage1.manifest import _identity, _signal_record, _summary, atomic_write_json, load_stage1
+from tiltlab.llm.disa.stage1.manifest import (
+    _identity,
+    _signal_record,
+    _summary,
+    atomic_write_json,
+    load_stage1,
+    read_manifest,
+)
 from tiltlab.progress import progress as progress_bar
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +108,7 @@ def run_stage1(
     n_shards = (len(rows) + cfg.prompts_per_shard - 1) // cfg.prompts_per_shard
     identity = _identity(cfg, reward_name, ids, rows, cfg.device or default_device())
     man_path = out / MANIFEST
-    manifest = json.loads(man_path.read_text()) if man_path.exists() else None
+    manifest = read_manifest(out) if man_path.exists() else None
     if manifest is not None:
         old = manifest.get("identity", {})
         diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
@@ -130,7 +136,7 @@ def run_stage1(
         {
             "n_prompts": len(rows),
             "n_shards": n_shards,
-            "beta": cfg.beta,
+            "tilt_beta": cfg.tilt_beta,
             "reward_transform": {**cfg.reward_transform(), "reward": reward_name},
             "truncated_support": cfg.truncated_support,
             # log w uses masked-SUM sequence log-probs (trajectory level); Stage 3 must use the same scale
@@ -343,7 +349,7 @@ def _run_shard(
     from tiltlab.objectives.transforms import affine_reward
 
     r_tilde = affine_reward(r_raw, cfg.reward_scale, cfg.reward_shift)  # the recorded fixed transform
-    log_w = est.log_importance_weights(logp_ref, logp_q, cfg.beta * r_tilde)  # [P, M]
+    log_w = est.log_importance_weights(logp_ref, logp_q, cfg.tilt_beta * r_tilde)  # [P, M]
 
     lab = {
         "log_z": est.log_partition_lse(log_w),

@@ -219,7 +219,7 @@ def run_stage2(cfg: Stage2Config, progress: bool = True) -> dict:
         "chat_template": bool(chat),
         "chat_template_kwargs": template_kwargs,
         "target": cfg.target,
-        "beta": man.get("beta"),
+        "tilt_beta": man.get("tilt_beta"),
         "reward_transform": man.get("reward_transform"),
         "stage1_dir": str(Path(cfg.labels).resolve()),
         "stage2_config": asdict(cfg),

@@ -174,7 +174,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         if obj == "disa":
             self.label_mismatches = check_label_compat(
                 manifest,
-                beta=args.tilt_beta,
+                tilt_beta=args.tilt_beta,
                 reward_transform=args.reward_transform_spec,
                 logprob_scale=args.logprob_scale,
                 chat_template=_is_chat_dataset(train_dataset),
@@ -392,7 +392,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
                 self._gathered(lp_old).view(-1, g),
                 self._gathered(lp_ref).view(-1, g),
                 self._gathered(out["tb_reward"]).view(-1, g),
-                beta=args.tilt_beta,
+                tilt_beta=args.tilt_beta,
                 detach=True,
             )
             out["log_z"] = self._local(lz.repeat_interleave(g), n)

@@ -75,7 +75,7 @@ _BOOKKEEPING = {
     "dataset",
     "model",
     "accelerate",
-    "beta_levels",
+    "tilt_beta_levels",
     "default",
     "low",
     "high",

@@ -296,7 +296,7 @@ def test_two_jobs_give_the_same_result_on_two_cores(monkeypatch, tmp_path):
 def test_arm_configs_differ_only_where_the_arms_do(tmp_path):
     task = {"train": "t.jsonl", "stage1_dir": "s1"}
     c = {a: C.train_config(a, task, tmp_path / a, seed=7, steps=5) for a in C.ARMS}
-    assert c["disa"]["beta"] == c["flowrl"]["beta"] == C.BETA
+    assert c["disa"]["tilt_beta"] == c["flowrl"]["tilt_beta"] == C.BETA
     assert c["grpo_kl"]["objective"] == c["grpo"]["objective"] == "grpo"
     kl = c["grpo_kl"]["trl"]
     assert kl["beta"] == C.KL_COEF == 1 / C.BETA and kl["kl_in_reward"] is True

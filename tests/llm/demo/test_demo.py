@@ -56,7 +56,7 @@ def test_demo_quick(tmp_path):
         # DISA and FlowRL fit the same target: same beta, reward transform and length normalization
         assert res["targets"]["disa"] == res["targets"]["flowrl"]
         assert res["targets"]["disa"] == {
-            "tilt_beta": cfg.beta,
+            "tilt_beta": cfg.tilt_beta,
             "reward_transform": ["affine", 1.0, 0.0],
             "logprob_scale": "sum",
         }
@@ -328,4 +328,4 @@ def test_rl_run_config_takes_every_setting_from_the_demo_config(method, tmp_path
     assert (a.max_steps, a.seed, a.temperature) == (7, 11, 1.0)
     assert a.learning_rate == (3e-3 if method == "grpo" else 6e-4)
     if method != "grpo":
-        assert (a.tilt_beta, a.reward_transform, a.logprob_scale) == (cfg.beta, "affine", "sum")
+        assert (a.tilt_beta, a.reward_transform, a.logprob_scale) == (cfg.tilt_beta, "affine", "sum")

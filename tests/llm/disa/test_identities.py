@@ -57,7 +57,7 @@ def _base(tiny_dir, out) -> dict:
         dataset="inline",
         out_dir=str(out),
         M=2,
-        beta=1.5,
+        tilt_beta=1.5,
         reward="math",
         reward_scale=1.5,
         reward_shift=0.25,
@@ -98,7 +98,7 @@ IDENTITY_CASES = [
     ("reference", "some/other-reference", {}),
     ("dataset", "other.jsonl", {}),
     ("M", 3, {}),
-    ("beta", 2.0, {}),
+    ("tilt_beta", 2.0, {}),
     ("reward", "auto", {}),
     ("reward_scale", 1.0, {}),
     ("reward_shift", 0.0, {}),
@@ -211,7 +211,7 @@ def test_stage1_vllm_identity_has_its_engine_fields(field, value, tiny_dir, math
 
 # ------------------------------------------------------------------ Stage 1 -> Stage 3: label compatibility
 LABEL_FIELDS = [
-    ("beta", {"beta": 2.0}),
+    ("tilt_beta", {"tilt_beta": 2.0}),
     ("reward scale a", {"reward_transform": ("affine", 1.0, 0.25)}),
     ("reward shift c", {"reward_transform": ("affine", 1.5, 0.0)}),
     ("reward transform", {"reward_transform": ("group_norm",)}),
@@ -221,7 +221,13 @@ LABEL_FIELDS = [
 
 
 def _stage3_settings(**kw):
-    return {"beta": 1.5, "reward_transform": ("affine", 1.5, 0.25), "logprob_scale": "sum", "chat_template": True, **kw}
+    return {
+        "tilt_beta": 1.5,
+        "reward_transform": ("affine", 1.5, 0.25),
+        "logprob_scale": "sum",
+        "chat_template": True,
+        **kw,
+    }
 
 
 def test_stage3_with_the_stage1_settings_is_accepted(stage1_run):

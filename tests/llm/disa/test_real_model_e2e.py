@@ -114,7 +114,7 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
         dataset=data,
         out_dir=str(s1),
         M=sz["M"],
-        beta=beta,
+        tilt_beta=beta,
         reward="math",
         max_new_tokens=sz["new_tokens"],
         engine="vllm",
@@ -164,7 +164,7 @@ def test_smollm2_stage1_stage2_disa_grpo_on_vllm(smollm2_dir, tmp_path, size):
 
     start = load_file(f"{smollm2_dir}/model.safetensors")[KEY].float()
     disa = {
-        "beta": beta,
+        "tilt_beta": beta,
         "disa": {"stage1_dir": str(s1), "stage2_dir": str(s2), "logprob_scale": "sum"},
     }
     for objective, extra in (("disa", disa), ("grpo", None)):

@@ -96,7 +96,7 @@ def _check_convergence(peaked_dir, math_rows, tmp_path, engine, device):
             dataset="inline",
             out_dir=str(tmp_path / f"m{m}"),
             M=m,
-            beta=beta,
+            tilt_beta=beta,
             temperature=temp,
             max_new_tokens=1,
             seed=7,
@@ -136,7 +136,7 @@ def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
         dataset="inline",
         out_dir=str(tmp_path),
         M=5,
-        beta=2.0,
+        tilt_beta=2.0,
         temperature=1.3,
         max_new_tokens=6,
         seed=1,
@@ -160,7 +160,7 @@ def test_label_columns_follow_estimators(tiny_dir, math_rows, tmp_path):
         torch.tensor(lab["log_z_bias_corrected"], dtype=torch.float64), est.bias_corrected_log_partition(lw)
     )
     man = json.loads((tmp_path / MANIFEST).read_text())
-    assert man["beta"] == 2.0 and man["reward_transform"]["a"] == 2.0 and man["reward_transform"]["c"] == -0.5
+    assert man["tilt_beta"] == 2.0 and man["reward_transform"]["a"] == 2.0 and man["reward_transform"]["c"] == -0.5
     assert man["complete"] and not man["truncated_support"]
     # proposal log-probs are those of the (temperature 1.3) sampling distribution, not pi_ref's
     assert not torch.allclose(ref, q, atol=1e-3)
@@ -185,7 +185,7 @@ def test_truncated_sampler_refused_then_warned(tiny_dir, math_rows, tmp_path):
 
 def test_config_validation():
     base = dict(proposal="p", reference="r", dataset="d", out_dir="o")
-    for bad in (dict(M=0), dict(beta=0.0), dict(reward_scale=-1.0), dict(temperature=0.0), dict(engine="x")):
+    for bad in (dict(M=0), dict(tilt_beta=0.0), dict(reward_scale=-1.0), dict(temperature=0.0), dict(engine="x")):
         with pytest.raises(ValueError):
             Stage1Config(**base, **bad)
 
@@ -294,7 +294,7 @@ def test_resume_refuses_changed_config(tiny_dir, math_rows, tmp_path):
     )
     run_stage1(Stage1Config(**kw), rows=rows, reward_fn=token_reward, progress=False)
     with pytest.raises(ValueError, match="different configuration"):
-        run_stage1(Stage1Config(beta=2.0, **kw), rows=rows, reward_fn=token_reward, progress=False)
+        run_stage1(Stage1Config(tilt_beta=2.0, **kw), rows=rows, reward_fn=token_reward, progress=False)
 
 
 def test_cli_flags_map_to_config_fields():
@@ -318,7 +318,7 @@ def test_cli_flags_map_to_config_fields():
             "o",
             "--M",
             "16",
-            "--beta",
+            "--tilt-beta",
             "5",
             "--top-k",
             "3",
@@ -329,7 +329,7 @@ def test_cli_flags_map_to_config_fields():
         ]
     )
     cfg = config_from_args(Stage1Config, args, section="stage1")
-    assert (cfg.M, cfg.beta, cfg.top_k, cfg.allow_truncated, cfg.chat_template, cfg.max_prompts) == (
+    assert (cfg.M, cfg.tilt_beta, cfg.top_k, cfg.allow_truncated, cfg.chat_template, cfg.max_prompts) == (
         16,
         5.0,
         3,

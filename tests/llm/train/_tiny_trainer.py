@@ -17,7 +17,7 @@ BASE = dict(
 """``TrainingArguments`` every test run shares (online and offline trainers)."""
 ONLINE = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=6, learning_rate=1e-2, **BASE)
 """Two prompts x four completions of at most six tokens per step."""
-DISA_MANIFEST = {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
+DISA_MANIFEST = {"tilt_beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
 """A Stage-1 manifest excerpt that matches ``tilt_beta=2`` (what DISA's trainer checks)."""
 
 

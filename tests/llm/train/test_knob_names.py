@@ -93,3 +93,81 @@ def test_kl_in_reward_is_refused_for_an_objective_without_the_tag(tmp_path):
         TiltGRPOConfig(objective="gspo", **kw)
     with pytest.raises(ValueError, match="set beta > 0"):
         TiltGRPOConfig(objective="grpo", **{**kw, "beta": 0.0})
+
+
+# ---- the tilt: `tilt_beta` in YAML, the Stage-1 section and flag, the manifest and every config class
+
+
+def _yaml(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "override", "says"),
+    [
+        ("model: tiny\nbeta: 2.0\n", [], "`beta` is now `tilt_beta`"),
+        ("model: tiny\nbeta_levels: {low: 1.0}\n", [], "`beta_levels` is now `tilt_beta_levels`"),
+        ("model: tiny\nstage1: {beta: 2.0}\n", [], "`stage1.beta` is now `stage1.tilt_beta`"),
+        ("model: tiny\n", ["beta=2.0"], "`beta` is now `tilt_beta`"),
+    ],
+)
+def test_the_old_tilt_keys_are_refused_naming_the_new_and_trls_beta(tmp_path, text, override, says):
+    from tiltlab.llm.base.run_config import read_run_config
+
+    with pytest.raises(ValueError, match=re.escape(says)) as e:
+        read_run_config(_yaml(tmp_path, text), override)
+    assert "TRL's KL coefficient is `trl.beta`" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_tilt_keys_reach_the_trainer_and_trls_beta_stays_trls(tmp_path):
+    from tiltlab.llm.base.run_config import read_run_config
+
+    text = "model: tiny\nobjective: disa\ntilt_beta: high\ntilt_beta_levels: {high: 7.5}\ntrl: {beta: 0.25}\n"
+    cfg = read_run_config(_yaml(tmp_path, text))
+    kw = cfg.trainer_kwargs()
+    assert (cfg.tilt_beta, cfg.tilt_beta_value, kw["tilt_beta"], kw["beta"]) == ("high", 7.5, 7.5, 0.25)
+    assert read_run_config(_yaml(tmp_path, "model: tiny\ntilt_beta: 3\n")).trainer_kwargs()["tilt_beta"] == 3.0
+    assert "tilt_beta" not in read_run_config(_yaml(tmp_path, "model: tiny\n")).trainer_kwargs()
+
+
+@pytest.mark.parametrize("cls_path", ["run_config.RunConfig", "stage1.Stage1Config", "demo.DemoConfig"])
+def test_every_config_class_refuses_beta_naming_tilt_beta(cls_path):
+    import importlib
+
+    mod, _, name = cls_path.rpartition(".")
+    where = {
+        "run_config": "tiltlab.llm.base.run_config",
+        "stage1": "tiltlab.llm.disa.stage1",
+        "demo": "tiltlab.llm.demo",
+    }
+    cls = getattr(importlib.import_module(where[mod]), name)
+    with pytest.raises(TypeError, match=re.escape(f"{name}: 'beta' is now tilt_beta")):
+        cls(beta=2.0)
+
+
+def test_stage1s_old_flag_is_refused_in_one_line(capsys):
+    from tiltlab.cli import main
+
+    argv = ["llm", "stage1", "--proposal", "p", "--reference", "r", "--dataset", "d", "--out-dir", "o"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--beta", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("error: --beta is now --tilt-beta") and "\n" not in err
+
+
+def test_a_stage1_manifest_with_the_old_key_reads_as_one_with_the_new():
+    from tiltlab.llm.disa.labels import upgrade_manifest
+
+    old = {"beta": 2.0, "identity": {"beta": 2.0, "M": 4}, "config": {"beta": 2.0}, "summary": {"beta": 2.0}, "x": 1}
+    new = {
+        "tilt_beta": 2.0,
+        "identity": {"tilt_beta": 2.0, "M": 4},
+        "config": {"tilt_beta": 2.0},
+        "summary": {"tilt_beta": 2.0},
+        "x": 1,
+    }
+    assert upgrade_manifest(old) == new and upgrade_manifest(new) == new
+    assert old["identity"] == {"beta": 2.0, "M": 4}  # the caller's dict is not changed

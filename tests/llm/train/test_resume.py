@@ -56,9 +56,9 @@ def _online_cfg(tiny_dir, tmp_path, objective, reward, **trl):
     if objective == "cispo":  # CISPO's ratio cap has no usable default (TiltGRPOConfig refuses none)
         cfg["trl"]["epsilon_high"] = 5.0
     if objective == "disa":  # the dataset's log_z column stands in for the Stage-2 predictor
-        cfg["beta"] = 2.0
+        cfg["tilt_beta"] = 2.0
         cfg["disa"] = {"reward_scale": 1.0}
-        cfg["trl"]["disa_stage1_manifest"] = {"beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
+        cfg["trl"]["disa_stage1_manifest"] = {"tilt_beta": 2.0, "reward_transform": "identity", "logprob_scale": "sum"}
     return cfg
 
 

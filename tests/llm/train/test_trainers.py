@@ -188,37 +188,42 @@ def test_log_z_head_options_reach_the_head_and_its_optimizer(tiny_dir, tmp_path,
 
 
 def test_disa_label_compat():
-    man = {"format": "tiltlab.stage1/1", "beta": 2.0, "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0}}
-    assert check_label_compat(man, beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum") == []
-    refused = "must use the reward transform, beta, log-prob scale"  # refused by default, not for want of a reason
+    man = {"format": "tiltlab.stage1/1", "tilt_beta": 2.0, "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0}}
+    assert check_label_compat(man, tilt_beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum") == []
+    refused = "must use the reward transform, tilt_beta, log-prob scale"  # refused by default, not for want of a reason
     with pytest.raises(LabelMismatchError, match=f"{refused}.*logprob_scale"):  # trajectory labels, mean residual
-        check_label_compat(man, beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="mean")
-    with pytest.raises(LabelMismatchError, match=f"{refused}.*beta: Stage 1 used 2.0"):
-        check_label_compat(man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
+        check_label_compat(man, tilt_beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="mean")
+    with pytest.raises(LabelMismatchError, match=f"{refused}.*tilt_beta: Stage 1 used 2.0"):
+        check_label_compat(man, tilt_beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
     with pytest.raises(LabelMismatchError, match="reason"):
         check_label_compat(
-            man, beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum", allow_mismatch=True
+            man, tilt_beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum", allow_mismatch=True
         )
     probs = check_label_compat(
         man,
-        beta=15.0,
+        tilt_beta=15.0,
         reward_transform=("affine", 1.0, 0.0),
         logprob_scale="sum",
         allow_mismatch=True,
         reason="testing",
     )
     assert len(probs) == 1
+    # a manifest written before the rename (its key `beta`) is read as one with `tilt_beta`
+    old = {k if k != "tilt_beta" else "beta": v for k, v in man.items()}
+    assert check_label_compat(old, tilt_beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum") == []
+    with pytest.raises(LabelMismatchError, match="tilt_beta: Stage 1 used 2.0"):
+        check_label_compat(old, tilt_beta=15.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
 
 
 def test_disa_label_compat_checks_the_prompt_format():
     """Labels of raw prompts do not describe chat-templated training prompts (and vice versa)."""
     man = {
         "format": "tiltlab.stage1/1",
-        "beta": 2.0,
+        "tilt_beta": 2.0,
         "reward_transform": {"name": "affine", "a": 1.0, "c": 0.0},
         "config": {"chat_template": False},
     }
-    kw = dict(beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
+    kw = dict(tilt_beta=2.0, reward_transform=("affine", 1.0, 0.0), logprob_scale="sum")
     assert check_label_compat(man, chat_template=False, **kw) == []
     assert check_label_compat(man, **kw) == []  # prompt format not given: not checked
     with pytest.raises(LabelMismatchError, match="chat_template: Stage 1 labelled raw prompts"):
@@ -338,11 +343,11 @@ def test_every_config_named_by_a_claim_exists():
     assert not missing, missing
 
 
-def test_overrides_and_beta_levels(tmp_path):
+def test_overrides_and_tilt_beta_levels(tmp_path):
     from tiltlab.llm.train.config import load_run_config
 
-    cfg = load_run_config(CONFIGS / "disa_code_qwen2.5_7b.yaml", ["beta=high", "trl.learning_rate=2e-6"])
-    assert cfg.tilt_beta == cfg.beta_levels["high"] and cfg.trainer_kwargs()["learning_rate"] == 2e-6
+    cfg = load_run_config(CONFIGS / "disa_code_qwen2.5_7b.yaml", ["tilt_beta=high", "trl.learning_rate=2e-6"])
+    assert cfg.tilt_beta_value == cfg.tilt_beta_levels["high"] and cfg.trainer_kwargs()["learning_rate"] == 2e-6
     cfg = load_run_config(CONFIGS / "paced_qwen2.5_math_1.5b.yaml", ["paced.tau=0.9"])
     assert cfg.trainer_kwargs()["paced_tau"] == 0.9
     with pytest.raises(ValueError, match="unknown keys"):

@@ -393,7 +393,7 @@ def test_disa_config_composes_on_verl_defaults_and_matches_the_trl_config():
     trl = yaml.safe_load((ROOT / "configs" / "disa_qwen3_4b.yaml").read_text())
     a = ours["actor_rollout_ref"]
     assert settings.objective == "disa"
-    assert settings.tilt_beta == trl["beta_levels"][trl["beta"]] == trl["stage1"]["beta"]
+    assert settings.tilt_beta == trl["tilt_beta_levels"][trl["tilt_beta"]] == trl["stage1"]["tilt_beta"]
     assert settings.logprob_scale == trl["disa"]["logprob_scale"]
     assert settings.reward_scale == trl["disa"]["reward_scale"] and settings.reward_shift == trl["disa"]["reward_shift"]
     assert a["rollout"]["n"] == trl["trl"]["num_generations"]
