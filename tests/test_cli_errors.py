@@ -277,17 +277,18 @@ def test_set_unknown_top_level_key_lists_the_valid_keys(capsys, tmp_path):
     )
     assert "did you mean" not in line
     valid = line.split("valid keys: ", 1)[1].split(", ")
-    assert {"model", "beta", "stage1", "stage2", "trl", "output_dir"} <= set(valid) and valid == sorted(valid)
+    assert {"model", "tilt_beta", "stage1", "stage2", "trl", "output_dir"} <= set(valid) and valid == sorted(valid)
     assert main(["llm", "stage2", "--config", cfg, "--set", "objectve=grpo"]) == 2
     line = _one_line_error(capsys, "tiltlab llm stage2: error: --set objectve=grpo: unknown keys ['objectve']")
     assert "(did you mean 'objective'?)" in line
 
 
 def test_unknown_key_in_the_file_names_the_file(capsys, tmp_path):
-    cfg = _run_yaml(tmp_path, "model: tiny\nbta: 1\nstage2:\n  labels: L\n  out_dir: O\n")
+    cfg = _run_yaml(tmp_path, "model: tiny\ntilt_bta: 1\nstage2:\n  labels: L\n  out_dir: O\n")
     assert main(["llm", "stage2", "--config", cfg]) == 2
     _one_line_error(
-        capsys, f"tiltlab llm stage2: error: {cfg}: unknown keys ['bta'] in the run config (did you mean 'tilt_beta'?)"
+        capsys,
+        f"tiltlab llm stage2: error: {cfg}: unknown keys ['tilt_bta'] in the run config (did you mean 'tilt_beta'?)",
     )
 
 

@@ -392,7 +392,7 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
                 self._gathered(lp_old).view(-1, g),
                 self._gathered(lp_ref).view(-1, g),
                 self._gathered(out["tb_reward"]).view(-1, g),
-                tilt_beta=args.tilt_beta,
+                beta=args.tilt_beta,
                 detach=True,
             )
             out["log_z"] = self._local(lz.repeat_interleave(g), n)

@@ -101,7 +101,7 @@ def test_stage1_graded_rewards_record_nothing(graded_stage1):
 def test_stage1_records_collapsed_ess(tiny_dir, rows, tmp_path):
     # one paid sample per prompt at beta = 40: that sample carries each prompt's label (ESS ~ 1)
     paid = {i * M for i in range(N_PROMPTS)}
-    _, man, vac = _stage1(tiny_dir, rows, tmp_path / "collapsed", paid=paid, beta=40.0, temperature=1.2)
+    _, man, vac = _stage1(tiny_dir, rows, tmp_path / "collapsed", paid=paid, tilt_beta=40.0, temperature=1.2)
     assert [f["kind"] for f in man["signal"]] == ["ess_collapsed"] and len(vac) == 1
     assert man["signal"][0]["observed"]["max_ess"] <= 1.05
     # the same rewards at beta = 1 leave several samples in play: nothing to record

@@ -46,7 +46,7 @@ def test_prompt_is_identical_in_stage1_stage2_training_and_evaluation(
         dataset="inline",
         out_dir=str(tmp_path / "s1"),
         M=2,
-        beta=1.0,
+        tilt_beta=1.0,
         max_new_tokens=2,
         device="cpu",
     )

@@ -95,7 +95,7 @@ def _stage1(tmp_path, tiny_dir, ks, temperature=1.0, proposal=None):
         dataset=str(data),
         out_dir=str(tmp_path / f"s1-{temperature}-{proposal is not None}"),
         M=M,
-        beta=2.0,
+        tilt_beta=2.0,
         temperature=temperature,
         max_new_tokens=2,
         device="cpu",

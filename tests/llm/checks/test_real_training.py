@@ -59,7 +59,7 @@ ALL = {"disa": True, "flowrl": True, "grpo": True}
 def test_train_configs_differ_only_where_the_objectives_do(tmp_path):
     task = {"train": "t.jsonl", "stage1_dir": "s1"}
     c = {m: R.train_config(m, task, tmp_path / m, seed=7, steps=5) for m in ("disa", "flowrl", "grpo")}
-    assert c["disa"]["beta"] == c["flowrl"]["beta"] == R.BETA and "beta" not in c["grpo"]
+    assert c["disa"]["tilt_beta"] == c["flowrl"]["tilt_beta"] == R.BETA and "tilt_beta" not in c["grpo"]
     for m in ("disa", "flowrl"):  # same reward transform and residual: only the log Z source differs
         assert c[m]["trl"]["reward_transform"] == "affine" and c[m]["trl"]["logprob_scale"] == "sum"
     assert c["disa"]["trl"]["disa_label"] == "column" and c["disa"]["disa"] == {"stage1_dir": "s1"}

@@ -92,7 +92,7 @@ def test_sampler_path_equals_teacher_forcing_on_tiny(tiny_dir, math_rows, tmp_pa
     runs = {}
     for mode in ("auto", "hf"):
         cfg = _cfg(
-            tiny_dir, tmp_path / mode, M=4, max_new_tokens=6, seed=3, beta=2.0, prompts_per_shard=2,
+            tiny_dir, tmp_path / mode, M=4, max_new_tokens=6, seed=3, tilt_beta=2.0, prompts_per_shard=2,
             reference_scoring=mode,
         )  # fmt: skip
         run_stage1(cfg, rows=rows, reward_fn=first_token_reward, progress=False)

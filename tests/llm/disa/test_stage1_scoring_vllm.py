@@ -49,7 +49,7 @@ def smollm2():
 def _cfg(model, out, **kw):
     base = dict(
         proposal=model, reference=model, dataset="inline", out_dir=str(out), engine="vllm", dtype="fp32",
-        device="cpu", seed=11, M=4, max_new_tokens=12, beta=2.0,
+        device="cpu", seed=11, M=4, max_new_tokens=12, tilt_beta=2.0,
     )  # fmt: skip
     return Stage1Config(**{**base, **kw})
 

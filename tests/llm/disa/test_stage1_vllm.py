@@ -58,7 +58,7 @@ def _cfg(model_dir, out, **kw):
         device="cpu",
         seed=7,
         temperature=TEMP,
-        beta=BETA,
+        tilt_beta=BETA,
     )
     return Stage1Config(**{**base, **kw})
 

@@ -46,7 +46,7 @@ def stage1_dir(tiny_dir, tmp_path_factory):
         dataset="synthetic:math:40",
         out_dir=str(out),
         M=8,
-        beta=BETA,
+        tilt_beta=BETA,
         temperature=1.2,
         max_new_tokens=2,
         prompts_per_shard=16,
@@ -87,7 +87,7 @@ def test_stage1_to_stage2_to_predict_log_z(stage1_dir, tmp_path, tiny_model, tin
     cfg = json.loads((out / CONFIG_FILE).read_text())
     assert (out / REGRESSOR_FILE).exists()
     assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert cfg["beta"] == BETA and cfg["target"] == "log_z" and cfg["chat_template"] is True
+    assert cfg["tilt_beta"] == BETA and cfg["target"] == "log_z" and cfg["chat_template"] is True
     assert cfg["regressor"]["in_dim"] == tiny_model.config.hidden_size
     m = cfg["metrics"]
     assert m["n_train"] == 30 and m["n_val"] == 10
@@ -216,7 +216,7 @@ def test_stage2_formats_prompts_with_stage1_chat_template_kwargs(tiny_dir, tmp_p
         dataset="synthetic:math:6",
         out_dir=str(tmp_path / "s1"),
         M=2,
-        beta=BETA,
+        tilt_beta=BETA,
         max_new_tokens=2,
         seed=0,
         device="cpu",
