@@ -21,7 +21,6 @@ Deterministic given ``seed``: same corpus, same BPE merges, same ``torch.manual_
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata as md
 import json
@@ -252,7 +251,7 @@ class _build_lock:
     def __enter__(self):
         self.fh = open(self.path, "a+")
         try:
-            pass
+            import fcntl
         except ImportError:  # not POSIX: no inter-process lock, the atomic rename still protects readers
             return self
         try:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import grp
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -46,6 +44,9 @@ def _unshare_prefix(net: bool, pids: bool) -> tuple[str, ...] | None:
 
 def _nobody() -> tuple[int, int] | None:
     try:
+        import grp  # POSIX only: elsewhere there is no nobody user to run as
+        import pwd
+
         uid = pwd.getpwnam("nobody").pw_uid
         try:
             gid = grp.getgrnam("nogroup").gr_gid
