@@ -6,6 +6,9 @@
   ``clip(w, 1-eps, 1+eps)``, 0 without clip.
 * :func:`sequence_kl_old`: ``KL(pi_old || pi_theta)`` estimated on samples of ``pi_old`` at sequence
   level, ``mean_b sum_t mask (logp_old - logp)`` (PACED Fig. 1 logs ``beta`` times it).
+* :func:`residual_stats`: a step's TB residuals ``delta`` (``[B]``) as the median, 90th percentile and
+  largest ``|delta|`` and the share ``delta > 0``; :func:`flip_stats`: the same batch's residuals before
+  and after an optimizer step (the share whose sign changed, the mean ``|delta|`` after and its ratio to before).
 * :func:`pearson` / :func:`spearman`: correlation of the objective's ``log Z(x)`` with the measured
   group accuracy (PACED App. C.1). Spearman here is Pearson of ordinal ranks (ties broken by
   position, not averaged).
@@ -13,12 +16,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from tiltlab.objectives._checks import ndim, renamed, same_shape
 
-__all__ = ["pearson", "sequence_kl_old", "spearman", "weight_clip_fraction"]
+__all__ = ["flip_stats", "pearson", "residual_stats", "sequence_kl_old", "spearman", "weight_clip_fraction"]
 
 
 @renamed(clip="weight_clip")
@@ -68,3 +73,42 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
     ndim("a", a, 1, "[N]")
     same_shape("a", a, "b", b)
     return pearson(_ranks(a), _ranks(b))
+
+
+def residual_stats(residuals: Tensor) -> dict[str, float]:
+    """The step's residual diagnostics from the per-sequence residuals ``[B]``: the median, 90th percentile
+    and largest ``|delta|`` and the share of positive residuals (``delta > 0``: the sequence is more likely
+    under the policy than the target wants). A NaN or empty input is refused (a diagnostic must not hide one)."""
+    r = residuals.detach().float().reshape(-1)
+    if r.numel() == 0:
+        raise ValueError("residual_stats of an empty batch")
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("residual_stats: non-finite residuals")
+    a = r.abs()
+    return {
+        "residual/abs_p50": float(torch.quantile(a, 0.5)),
+        "residual/abs_p90": float(torch.quantile(a, 0.9)),
+        "residual/abs_max": float(a.max()),
+        "residual/pos_frac": float((r > 0).float().mean()),
+    }
+
+
+def flip_stats(before: Tensor, after: Tensor) -> dict[str, float]:
+    """Residuals of one batch before and after an optimizer step (same sequences, same order): the share
+    whose sign changed (a zero residual before counts as flipped when it is nonzero after), the mean ``|delta|``
+    after, and its ratio to the mean before (``> 1``: the step left its own batch further from the target)."""
+    b, a = before.detach().float().reshape(-1), after.detach().float().reshape(-1)
+    if b.shape != a.shape or b.numel() == 0:
+        raise ValueError(
+            f"flip_stats needs two equal, nonempty residual vectors, got {tuple(b.shape)} and {tuple(a.shape)}"
+        )
+    if not (bool(torch.isfinite(b).all()) and bool(torch.isfinite(a).all())):
+        raise ValueError("flip_stats: non-finite residuals")
+    flipped = torch.sign(b) != torch.sign(a)
+    before_abs = float(b.abs().mean())
+    after_abs = float(a.abs().mean())
+    return {
+        "residual/flip_frac": float(flipped.float().mean()),
+        "residual/after_abs_mean": after_abs,
+        "residual/after_over_before": after_abs / before_abs if before_abs > 0 else math.inf,
+    }

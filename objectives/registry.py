@@ -244,10 +244,15 @@ class _TB:
         return cls(lp, an, b.get("rewards"), w_tb, w, (clip, max_weight, eps, eps_high))
 
     def output(self, loss: LossOutput, residual: Tensor) -> LossOutput:
-        """``loss`` with the metrics ``residual_abs_mean``, ``weight_mean`` and ``weight_clip_frac``
-        (of the rollout weight at its own clip, before ``is_weight``) where they exist."""
+        """``loss`` with the metrics ``residual_abs_mean``, ``residuals`` (the per-sequence residual, detached,
+        ``[B]``: what a trainer's diagnostics read), ``weight_mean`` and ``weight_clip_frac`` (of the rollout
+        weight at its own clip, before ``is_weight``) where they exist."""
         with torch.no_grad():
-            m: dict[str, Tensor | float] = {**loss.metrics, "residual_abs_mean": residual.detach().abs().mean()}
+            m: dict[str, Tensor | float] = {
+                **loss.metrics,
+                "residual_abs_mean": residual.detach().abs().mean(),
+                "residuals": residual.detach().reshape(-1),
+            }
             if self.w is not None:
                 m["weight_mean"] = self.w.detach().mean()
             if self.w_tb is not None and self.clip is not None:

@@ -223,7 +223,7 @@ def flowrl_loss(
         weight_clip, max_weight, eps, eps_high: the weight's clip (:func:`tb_importance_weight`).
     Returns:
         :class:`~tiltlab.objectives.output.LossOutput`; metrics ``log_z_mean``, ``log_z_std``,
-        ``residual_abs_mean``, ``weight_mean`` (after ``is_weight``), ``weight_clip_frac`` (before it).
+        ``residual_abs_mean``, ``residuals`` (``[B]``, detached), ``weight_mean`` (after ``is_weight``), ``weight_clip_frac`` (before it).
     """
     ndim("token_logp", token_logp, 2, "[B, T]")
     nonempty("token_logp", token_logp, 0)
@@ -265,6 +265,7 @@ def flowrl_loss(
             "log_z_mean": log_z.float().mean(),
             "log_z_std": log_z.float().std() if log_z.numel() > 1 else torch.zeros(()),
             "residual_abs_mean": delta.abs().float().mean(),
+            "residuals": delta.detach().float(),
             "weight_mean": w.float().mean(),
             "weight_clip_frac": clip_frac,
         }

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tiltlab.llm.base.prompts import training_prompt
 from tiltlab.llm.base.rewards import resolve_reward
 from tiltlab.llm.disa.stage1 import read_manifest
 from tiltlab.llm.disa.stage2.run import load_log_z_predictor
+from tiltlab.llm.train import diagnose
 from tiltlab.llm.train.config import load_run_config
 from tiltlab.objectives.catalog import describe
 
@@ -77,6 +79,7 @@ def add_cli(subparsers) -> None:
         help="check the config as a run would (the trainer config, reward, LoRA), print it; load no model, do not train",
     )
     p.set_defaults(func=main)
+    diagnose.add_cli(subparsers)
 
 
 def _stage1_manifest(cfg) -> dict | None:
@@ -372,6 +375,17 @@ def _resume_command(args) -> str:
     return shlex.join([*cmd, "--resume", "latest"])
 
 
+def free_master_port() -> None:
+    """A single-process run (no launcher: ``WORLD_SIZE`` unset) without ``MASTER_PORT``: set it to a port the OS
+    picks. TRL's colocated vLLM rendezvous otherwise tries a fixed list (29500 first), and two runs started
+    together on one machine both take 29500 (``EADDRINUSE``)."""
+    if os.environ.get("MASTER_PORT") or os.environ.get("WORLD_SIZE"):
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
 def main(args) -> int:
 
     overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
@@ -386,6 +400,7 @@ def main(args) -> int:
     # transformers' Trainer never reads TrainingArguments.resume_from_checkpoint: honour it here
     resume = args.resume or cfg.trl.get("resume_from_checkpoint")
     checkpoint = resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir)) if resume else None
+    free_master_port()
     print(f"[train] {cfg.kind} {cfg.objective} on {cfg.model}: building the trainer", flush=True)
     trainer = build_trainer(cfg)
     from tiltlab.llm.train.stop import GracefulStop
@@ -397,6 +412,8 @@ def main(args) -> int:
     trainer.train(resume_from_checkpoint=checkpoint)
     steps = trainer.state.global_step
     out = trainer.args.output_dir
+    if trainer.is_world_process_zero():
+        write_results(trainer, out)
     if stop.stopped_by is not None and steps < trainer.state.max_steps:
         if not trainer.is_world_process_zero():
             return 0
@@ -415,6 +432,37 @@ def main(args) -> int:
     if cfg.validation:
         _write_best(trainer, out)
     return 0
+
+
+STEP_KEYS = (
+    "loss", "grad_norm", "learning_rate", "reward", "kl_ref", "kl_ref_seq", "entropy", "residual",
+    "residual/abs_p50", "residual/abs_p90", "residual/abs_max", "residual/pos_frac", "residual/flip_frac",
+    "residual/after_abs_mean", "residual/after_over_before", "log_z/mean", "log_z/std", "clip_frac",
+    "kl_in_reward/kl", "step_time",
+)  # fmt: skip
+"""The per-step diagnostics ``results.json`` keeps (those a step logged; TRL's full log is trainer_state.json)."""
+
+
+def write_results(trainer, out_dir: str) -> str:
+    """``results.json`` in the run directory: per logged training step the diagnostics of :data:`STEP_KEYS`,
+    every evaluation's metrics, and the training-health warnings (:class:`~tiltlab.llm.train.health.
+    HealthMonitor`: ``{"step", "kind", "message"}``; empty when none was given). Written atomically."""
+    hist = trainer.state.log_history
+    steps = [{"step": h["step"], **{k: h[k] for k in STEP_KEYS if k in h}} for h in hist if "loss" in h]
+    evals = [{k: v for k, v in h.items() if k == "step" or k.startswith("eval_")} for h in hist if "eval_loss" in h]
+    health = getattr(trainer, "health", None)
+    rec = {
+        "objective": trainer.args.objective,
+        "global_step": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "steps": steps,
+        "evals": evals,
+        "warnings": list(health.warnings) if health is not None else [],
+    }
+    path = os.path.join(out_dir, "results.json")
+    os.makedirs(out_dir, exist_ok=True)
+    write_json(path, rec, indent=1, newline=False)
+    return path
 
 
 def _write_best(trainer, out_dir: str) -> None:

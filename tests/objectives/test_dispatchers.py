@@ -153,6 +153,7 @@ def trl_dispatch(tmp_path_factory) -> dict[str, tuple[str, list[str]]]:
             args=config(name), model=SimpleNamespace(training=True), kl_coef=0.1, current_gradient_accumulation_steps=1,
             vllm_importance_sampling_clip_max=2.0, _get_per_token_logps_and_entropies=logps,
             _log=lambda mode, key, value: None, _dapo_num_tokens=lambda inputs, mode: x.mask.sum(),
+            accelerator=SimpleNamespace(gather=lambda t: t), _metrics={"train": defaultdict(list)},
             _learned_log_z=lambda model, batch: x.log_z.clone().requires_grad_(True),
             _paced_log_z=lambda model, batch: x.log_z.clone().requires_grad_(True),
         )  # fmt: skip

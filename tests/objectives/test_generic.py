@@ -49,6 +49,9 @@ def test_every_public_objective_has_an_entry():
         "sequence_kl_old",
         "pearson",
         "spearman",
+        # the TB residuals' logged statistics: tests/llm/train/test_health.py (against plain computations)
+        "residual_stats",
+        "flip_stats",
         # the return type of every loss: tests/objectives/test_loss_output.py
         "LossOutput",
         # the registry of objective adapters (each entry calls a loss with an entry): test_registry.py

@@ -20,6 +20,7 @@ from tiltlab.objectives.catalog import (
     refuse_old_names,
 )
 
+from ..health import bounds_of
 from ..vllm_sync import cpu_trainer_bf16
 
 
@@ -185,6 +186,30 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions, _ObjectiveKnobs):
         },
     )
 
+    log_residual_flips: bool = field(
+        default=True,
+        metadata={
+            "help": "TB objectives: after each optimizer step, score the step's last micro-batch again (one forward "
+            "pass) and log the share of residuals whose sign changed and |residual| after / before (overshoot)"
+        },
+    )
+    health_patience: int = field(
+        default=3, metadata={"help": "consecutive logged steps (evaluations) over a bound before a one-line warning"}
+    )
+    health_residual_factor: float = field(
+        default=3.0, metadata={"help": "warn when mean |TB residual| exceeds this times its first step's value"}
+    )
+    health_grad_norm_factor: float = field(
+        default=10.0,
+        metadata={"help": "warn when the gradient norm (before clipping) exceeds this times its first step's"},
+    )
+    health_flip_frac: float = field(
+        default=0.5,
+        metadata={
+            "help": "warn when more than this share of residuals changes sign in an update (or |residual| grows)"
+        },
+    )
+
     def __post_init__(self) -> None:
         # before TRL resolves an unset bf16 to True: on CPU with vLLM the trainer must score in vLLM's fp32
         self.bf16 = cpu_trainer_bf16(
@@ -215,6 +240,7 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions, _ObjectiveKnobs):
             raise ValueError("dynamic_sampling_max_refills must be >= 0")
         if not 0.0 <= self.paced_tau <= 1.0:
             raise ValueError("paced_tau must lie in [0, 1]")
+        bounds_of(self)  # the health_* bounds, one line each when out of range
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel bypasses _compute_loss; the tiltlab objectives need it off")
 

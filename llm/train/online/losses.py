@@ -217,14 +217,16 @@ def lad_objective(trainer: TrainerView, model, b: LossBatch) -> LossOutput:
 
 
 def _tb_logged(out: LossOutput, log_z: Tensor) -> LossOutput:
-    """The TB family's loss with the metrics the trainer logs: log Z, the mean absolute residual, the
-    rollout weight's clip fraction and mean."""
+    """The TB family's loss with the metrics the trainer logs: log Z, the mean absolute residual and the
+    per-sequence residuals (the trainer's diagnostics: quantiles, signs), the rollout weight's clip
+    fraction and mean."""
     m = out.metrics
     return LossOutput(
         out.loss,
         {
             "log_z": log_z.detach(),
             "residual": m["residual_abs_mean"],
+            "residuals": m["residuals"],
             "weight_clip_frac": m["weight_clip_frac"],
             "weight_mean": m["weight_mean"],
         },

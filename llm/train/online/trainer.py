@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import trl.trainer.grpo_trainer as gt
 from torch import Tensor
-from transformers import set_seed
+from transformers import TrainerCallback, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
@@ -24,7 +24,7 @@ from tiltlab.llm.base.scoring import build_batch
 from tiltlab.llm.disa.labels import check_label_compat
 from tiltlab.llm.disa.logz_head import attach_log_z_head, get_log_z_head, prompt_log_z
 from tiltlab.objectives.correction import kl_penalty, sequence_is_weight
-from tiltlab.objectives.diagnostics import pearson, sequence_kl_old, spearman
+from tiltlab.objectives.diagnostics import flip_stats, pearson, residual_stats, sequence_kl_old, spearman
 from tiltlab.objectives.paced import ReplayBuffer
 from tiltlab.objectives.pg import (
     group_advantages,
@@ -37,6 +37,7 @@ from tiltlab.objectives.tb import (
 )
 from tiltlab.objectives.transforms import affine_reward
 
+from ..health import HealthMonitor, bounds_of
 from ..paced import PacedMixin
 from ..signal_guard import SignalGuardMixin
 from ..vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
@@ -44,6 +45,21 @@ from .config import ADV_SCALE, TRL_ADVANTAGE_EPS, TiltGRPOConfig, needs_ref, tb_
 from .losses import _WINDOW_TOKENS, LossBatch, loss_function
 
 LogZFn = Callable[[list[Any]], Tensor]
+FLIP_CHECKED = ("disa", "flowrl", "vargrad")
+"""The TB objectives whose residuals are scored again after each optimizer step (``log_residual_flips``);
+PACED's log Z path (its replay and selection state) is not re-run."""
+
+
+class _ResidualFlips(TrainerCallback):
+    """Calls :meth:`TiltGRPOTrainer._residuals_after_step` after each optimizer step (before the step is logged)."""
+
+    def __init__(self, trainer: TiltGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._residuals_after_step()
+
+
 TILT_STATE = "tiltlab_state_{}.pt"
 """Per-process trainer state in each checkpoint (see :meth:`TiltGRPOTrainer._tilt_state`)."""
 
@@ -205,6 +221,16 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
                 "the log Z head is frozen (PEFT freezes non-adapter modules): pass "
                 "peft_config with modules_to_save=['log_z_head'] for a learned log Z"
             )
+        metric = args.metric_for_best_model or "reward"
+        self.health = HealthMonitor(
+            bounds_of(args),
+            metric=metric if metric.startswith("eval_") else f"eval_{metric}",
+            greater_is_better=args.greater_is_better is not False,
+        )
+        self.add_callback(self.health)
+        self._flip_pending: tuple[dict, Tensor] | None = None
+        if args.log_residual_flips and obj in FLIP_CHECKED:
+            self.add_callback(_ResidualFlips(self))
         if obj == "paced" and args.paced_embeddings == "live" and getattr(self.accelerator, "is_fsdp2", False):
             raise ValueError(
                 "paced_embeddings='live' calls the log Z head outside the policy's forward, which FSDP2 does not "
@@ -529,9 +555,9 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         unwrapped = self.accelerator.unwrap_model(model)
         return prompt_log_z(unwrapped, batch.prompt_ids, batch.prompt_mask, detach_input=self.args.log_z_detach_input)
 
-    def _compute_loss(self, model, inputs):
-        args, obj = self.args, self.args.objective
-        mode = "train" if self.model.training else "eval"
+    def _objective_output(self, model, inputs, mode: str):
+        """The objective's :class:`~tiltlab.objectives.output.LossOutput` on TRL's batch ``inputs`` and the
+        tensors its metrics are computed from: ``(out, logp, entropy, ref, mask, old)``."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -547,7 +573,28 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         isr = inputs.get("importance_sampling_ratio")
         seq_w = None if isr is None else sequence_is_weight(isr, mask, cap=self.vllm_importance_sampling_clip_max)
         batch = LossBatch(logp, old, ref, mask, isr, seq_w, inputs, prompt_ids, prompt_mask, mode)
-        out = loss_function(obj)(self, model, batch)
+        return loss_function(self.args.objective)(self, model, batch), logp, entropy, ref, mask, old
+
+    def _residuals_after_step(self) -> None:
+        """After the optimizer step (:class:`_ResidualFlips`): the TB residuals of the step's last micro-batch
+        under the updated weights, against those it was trained with (:func:`~tiltlab.objectives.diagnostics.
+        flip_stats`, gathered over processes), appended to this step's logged metrics."""
+        pending, self._flip_pending = self._flip_pending, None
+        if pending is None:
+            return
+        inputs, before = pending
+        with torch.no_grad():
+            out = self._objective_output(self.model_wrapped, inputs, "train")[0]
+        after = out.metrics["residuals"].detach().float()
+        stats = flip_stats(self.accelerator.gather(before), self.accelerator.gather(after))
+        for k, v in stats.items():
+            self._metrics["train"][k].append(v)
+
+    def _compute_loss(self, model, inputs):
+        args, obj = self.args, self.args.objective
+        mode = "train" if self.model.training else "eval"
+        # called on the class: the loss tests run _compute_loss on stand-ins that carry only what it reads
+        out, logp, entropy, ref, mask, old = TiltGRPOTrainer._objective_output(self, model, inputs, mode)
         loss, metrics = out.loss, dict(out.metrics)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"objective {obj!r} produced a non-finite loss ({loss.item()})")
@@ -562,6 +609,16 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             self._log(mode, "entropy", masked_mean(entropy.float(), mask))
             if ref is not None:
                 self._log(mode, "kl_ref", kl_penalty(logp, ref.float(), mask))
+                # the sequence-level KL(pi || pi_ref) on pi's samples, mean_b sum_t (logp - logp_ref): what enters
+                # the TB residual (sequence_kl_old(a, b) = mean_b sum_t (a - b))
+                self._log(mode, "kl_ref_seq", sequence_kl_old(logp.detach(), ref.float(), mask))
+            residuals = metrics.pop("residuals", None)
+            if residuals is not None:
+                res = self.accelerator.gather(residuals.detach().float().reshape(-1))
+                for k, v in residual_stats(res).items():
+                    self._metrics[mode][k].append(v)
+                if mode == "train" and args.log_residual_flips and obj in FLIP_CHECKED:
+                    self._flip_pending = (inputs, residuals.detach().float().reshape(-1))
             if "log_z" in metrics:
                 lz = metrics.pop("log_z").float()
                 self._log(mode, "log_z/mean", lz.mean())

@@ -1,0 +1,280 @@
+"""Training that says when it goes wrong: the residual diagnostics against a plain computation, the
+health warnings' bounds (at the bound, over it, reset by a good step, once per kind, NaN counts as over),
+and a real TRL run that logs them and writes ``results.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiltlab.llm.train.health import HealthBounds, HealthMonitor
+from tiltlab.objectives.diagnostics import flip_stats, residual_stats
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The linear-interpolation quantile (numpy's default, torch.quantile's) by hand."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (pos - lo) * (s[hi] - s[lo])
+
+
+def test_residual_stats_equal_a_plain_computation():
+    r = [0.7, -2.5, 0.1, 3.2, -0.4, 1.9, -1.1]
+    got = residual_stats(torch.tensor(r))
+    a = [abs(x) for x in r]
+    assert got["residual/abs_p50"] == pytest.approx(_quantile(a, 0.5), abs=1e-6)
+    assert got["residual/abs_p90"] == pytest.approx(_quantile(a, 0.9), abs=1e-6)
+    assert got["residual/abs_max"] == pytest.approx(3.2, abs=1e-6)
+    assert got["residual/pos_frac"] == pytest.approx(4 / 7)
+    assert _quantile(a, 0.9) != pytest.approx(max(a))  # the p90 is not the max here (interpolated)
+
+
+@pytest.mark.parametrize("bad", [[], [0.3, float("nan")], [float("inf")]])
+def test_residual_stats_refuse_empty_and_non_finite(bad):
+    with pytest.raises(ValueError, match="residual_stats"):
+        residual_stats(torch.tensor(bad))
+
+
+def test_flip_stats_equal_a_plain_loop():
+    before = [0.5, -1.0, 2.0, 0.0, -0.3]
+    after = [-0.2, -3.0, 1.5, 0.4, 0.3]
+    got = flip_stats(torch.tensor(before), torch.tensor(after))
+    flips = sum((b > 0) - (b < 0) != (a > 0) - (a < 0) for b, a in zip(before, after))
+    assert flips == 3  # 0.5 -> -0.2, 0.0 -> 0.4, -0.3 -> 0.3
+    assert got["residual/flip_frac"] == pytest.approx(flips / 5)
+    mb, ma = sum(map(abs, before)) / 5, sum(map(abs, after)) / 5
+    assert got["residual/after_abs_mean"] == pytest.approx(ma)
+    assert got["residual/after_over_before"] == pytest.approx(ma / mb)
+    same = flip_stats(torch.tensor(before), torch.tensor(before))
+    assert same["residual/flip_frac"] == 0.0 and same["residual/after_over_before"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "before,after", [([1.0, 2.0], [1.0]), ([], []), ([1.0, float("nan")], [1.0, 2.0]), ([1.0], [float("inf")])]
+)
+def test_flip_stats_refuse_mismatched_empty_and_non_finite(before, after):
+    with pytest.raises(ValueError, match="flip_stats"):
+        flip_stats(torch.tensor(before), torch.tensor(after))
+
+
+def _monitor(**kw) -> HealthMonitor:
+    m = HealthMonitor(HealthBounds(**kw))
+    m._quiet = True
+    return m
+
+
+def _feed(m: HealthMonitor, key: str, values: list[float]) -> None:
+    for i, v in enumerate(values, 1):
+        m.observe(i, {"loss": 1.0, key: v})
+
+
+@pytest.mark.parametrize("key,kind,factor", [("residual", "residual", 3.0), ("grad_norm", "grad_norm", 10.0)])
+def test_a_bound_exceeded_for_patience_steps_warns_once(key, kind, factor):
+    first = 2.0
+    over = factor * first * 1.01
+    m = _monitor(patience=3)
+    _feed(m, key, [first, over, over, over, over, over])
+    assert [(w["kind"], w["step"]) for w in m.warnings] == [(kind, 4)]  # the 3rd step over the bound, once
+    assert f"{factor:g} x" in m.warnings[0]["message"]
+
+
+@pytest.mark.parametrize("key", ["residual", "grad_norm"])
+def test_no_warning_at_the_bound_or_when_a_good_step_interrupts(key):
+    factor = 3.0 if key == "residual" else 10.0
+    m = _monitor(patience=3)
+    _feed(m, key, [1.0, factor, factor, factor, factor])  # at the bound: not over it
+    assert m.warnings == []
+    m = _monitor(patience=3)
+    _feed(m, key, [1.0, 2 * factor, 2 * factor, 1.0, 2 * factor, 2 * factor])  # reset by the good step
+    assert m.warnings == []
+
+
+def test_patience_away_from_its_default():
+    m = _monitor(patience=1, residual_factor=2.0)
+    _feed(m, "residual", [1.0, 2.5])
+    assert [w["step"] for w in m.warnings] == [2]
+
+
+@pytest.mark.parametrize("key", ["residual", "grad_norm"])
+def test_a_nan_value_counts_as_over_the_bound(key):
+    m = _monitor(patience=2)
+    _feed(m, key, [1.0, float("nan"), float("nan")])
+    assert [w["kind"] for w in m.warnings] == [key]
+    assert "nan" in m.warnings[0]["message"]
+
+
+def test_overshoot_warns_on_sign_flips_or_a_growing_residual():
+    m = _monitor(patience=2, flip_frac=0.5)
+    for i, (f, r) in enumerate([(0.6, 0.9), (0.7, 0.8)], 1):
+        m.observe(i, {"loss": 1.0, "residual/flip_frac": f, "residual/after_over_before": r})
+    assert [w["kind"] for w in m.warnings] == ["overshoot"]
+    m = _monitor(patience=2, flip_frac=0.5)
+    for i, (f, r) in enumerate([(0.1, 1.2), (0.1, 1.3)], 1):
+        m.observe(i, {"loss": 1.0, "residual/flip_frac": f, "residual/after_over_before": r})
+    assert [w["kind"] for w in m.warnings] == ["overshoot"]
+    m = _monitor(patience=2, flip_frac=0.5)  # at the bounds: healthy
+    for i in (1, 2, 3):
+        m.observe(i, {"loss": 1.0, "residual/flip_frac": 0.5, "residual/after_over_before": 1.0})
+    assert m.warnings == []
+
+
+def test_validation_below_the_start_warns_and_equal_does_not():
+    m = _monitor(patience=2)
+    for step, v in [(0, 0.30), (4, 0.25), (8, 0.20)]:
+        m.observe_eval(step, {"eval_reward": v})
+    assert [(w["kind"], w["step"]) for w in m.warnings] == [("validation", 8)]
+    assert "0.3" in m.warnings[0]["message"]
+    m = _monitor(patience=2)
+    for step, v in [(0, 0.30), (4, 0.30), (8, 0.30), (12, 0.31)]:
+        m.observe_eval(step, {"eval_reward": v})
+    assert m.warnings == []
+    m = HealthMonitor(HealthBounds(patience=1), metric="eval_loss", greater_is_better=False)
+    m._quiet = True
+    for step, v in [(0, 1.0), (4, 1.2)]:  # a loss: higher is worse
+        m.observe_eval(step, {"eval_loss": v})
+    assert [w["kind"] for w in m.warnings] == ["validation"]
+
+
+@pytest.mark.parametrize(
+    "kw", [{"patience": 0}, {"residual_factor": 1.0}, {"grad_norm_factor": 0.5}, {"flip_frac": 1.0}]
+)
+def test_bounds_out_of_range_are_refused(kw):
+    with pytest.raises(ValueError, match="health_"):
+        HealthBounds(**kw)
+
+
+def test_the_warning_is_one_line_on_stderr(capsys):
+    m = HealthMonitor(HealthBounds(patience=1))
+    _feed(m, "grad_norm", [1.0, 50.0])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("[train] warning (step 2): gradient norm")
+
+
+@pytest.mark.parametrize("flips", [True, False])
+def test_a_real_run_logs_the_diagnostics_and_writes_results_json(tmp_path, tiny_dir, math_rows, flips):
+    """The tiny Qwen3 on CPU, DISA with a log_z column, 3 steps: every step logs the residual quantiles, the
+    sequence KL to pi_ref and (with ``log_residual_flips``, its default) the flip statistics; ``results.json``
+    keeps them."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+
+    from tests.llm.train._tiny_trainer import disa_kwargs, online_args, parity_reward
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.cli import write_results
+    from tiltlab.llm.train.online import TiltGRPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "log_z": 0.1 * i} for i, r in enumerate(math_rows)]
+    args = online_args(tmp_path, "disa", max_steps=3, log_residual_flips=flips, **disa_kwargs())
+    trainer = TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=parity_reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(tiny_dir),
+    )
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 3
+    for h in steps:
+        assert 0.0 <= h["residual/abs_p50"] <= h["residual/abs_p90"] <= h["residual/abs_max"]
+        assert 0.0 <= h["residual/pos_frac"] <= 1.0 and math.isfinite(h["kl_ref_seq"])
+        assert ("residual/flip_frac" in h) is flips and ("residual/after_over_before" in h) is flips
+        if flips:
+            assert 0.0 <= h["residual/flip_frac"] <= 1.0 and h["residual/after_abs_mean"] >= 0.0
+            # the tiny model at lr 1e-2 moves: the batch's residuals after the step differ from before
+            assert h["residual/after_over_before"] != 1.0
+    rec = json.loads(Path(write_results(trainer, str(tmp_path))).read_text())
+    assert [s["step"] for s in rec["steps"]] == [1, 2, 3]
+    assert rec["steps"][0]["residual/abs_max"] == steps[0]["residual/abs_max"]
+    assert rec["warnings"] == trainer.health.warnings and rec["objective"] == "disa"
+
+
+def test_with_the_weights_unmoved_no_residual_flips_and_the_ratio_is_one(tmp_path, tiny_dir, math_rows):
+    """learning_rate 0: the after-step residuals are the same batch's, in the same order, at the same weights
+    (a pairing or a batch mix-up would show flips; a wrong ratio would not be 1)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+
+    from tests.llm.train._tiny_trainer import disa_kwargs, online_args, parity_reward
+    from tiltlab.llm.base.models import load_model, load_tokenizer
+    from tiltlab.llm.train.online import TiltGRPOTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "log_z": 0.3 * i} for i, r in enumerate(math_rows)]
+    args = online_args(tmp_path, "disa", max_steps=2, learning_rate=0.0, **disa_kwargs())
+    trainer = TiltGRPOTrainer(
+        model=load_model(tiny_dir, device="cpu"),
+        reward_funcs=parity_reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(tiny_dir),
+    )
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2
+    for h in steps:
+        assert h["residual/flip_frac"] == 0.0
+        assert h["residual/after_over_before"] == pytest.approx(1.0, abs=1e-5)
+        assert h["residual/after_abs_mean"] == pytest.approx(h["residual"], rel=1e-5)
+
+
+def _results(tmp_path, name="run-a"):
+    run = tmp_path / name
+    run.mkdir()
+    rec = {
+        "objective": "disa",
+        "global_step": 2,
+        "max_steps": 2,
+        "steps": [
+            {"step": 1, "loss": 0.5, "grad_norm": 12.0, "residual": 0.8, "residual/abs_max": 1.9, "reward": 0.25},
+            {
+                "step": 2,
+                "loss": 83.4,
+                "grad_norm": 1514.0,
+                "residual": 9.1,
+                "residual/abs_max": 20.5,
+                "reward": 0.0,
+                "residual/flip_frac": 0.75,
+                "residual/after_over_before": 2.5,
+            },
+        ],
+        "evals": [],
+        "warnings": [{"step": 2, "kind": "grad_norm", "message": "gradient norm 1514 > 10 x its first step's 12"}],
+    }
+    (run / "results.json").write_text(json.dumps(rec))
+    return run
+
+
+def test_diagnose_prints_each_step_and_the_warnings_and_draws_a_png(tmp_path, capsys):
+    from tiltlab.cli import main
+
+    run = _results(tmp_path)
+    png = tmp_path / "diag.png"
+    assert main(["llm", "diagnose", str(run), "--out", str(png)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "run-a (disa, 2 of 2 steps)"
+    head = out[1].split()
+    assert head[:4] == ["step", "loss", "grad_norm", "residual"]
+    row2 = dict(zip(head, out[3].split()))
+    assert row2["loss"] == "83.4" and row2["grad_norm"] == "1.51e+03" and row2["flip_frac"] == "0.75"
+    assert dict(zip(head, out[2].split()))["flip_frac"] == "-"  # not logged at step 1
+    assert out[4] == "  warning (step 2, grad_norm): gradient norm 1514 > 10 x its first step's 12"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("content,msg", [(None, "no results.json"), ("{not json", "not JSON"), ("[]", "not a run's")])
+def test_diagnose_refuses_what_is_not_a_results_file_in_one_line(tmp_path, capsys, content, msg):
+    from tiltlab.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    if content is not None:
+        (run / "results.json").write_text(content)
+    assert main(["llm", "diagnose", str(run)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err
