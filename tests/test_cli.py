@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -184,14 +185,153 @@ def test_quiet_library_warnings_here_and_in_child_processes():
     assert "keep me" in out.stderr and not any(m in out.stderr for _, m in messages), out.stderr
 
 
-def test_main_quiets_library_warnings_unless_debug(monkeypatch, capsys):
+def test_main_quiets_library_output_unless_verbose_or_debug(monkeypatch, capsys):
+    """``-v`` / ``--verbose`` / ``--debug`` anywhere: the library output is shown; the flags are the CLI's own
+    (taken off the command line, so a subcommand never sees them)."""
     calls = []
-    monkeypatch.setattr(cli, "quiet_library_warnings", lambda: calls.append(1))
+    monkeypatch.setattr(cli, "library_output", lambda verbose: calls.append(verbose))
     assert cli.main([]) == 2
-    assert calls == [1]
     assert cli.main(["--debug"]) == 2
-    assert calls == [1]
+    assert cli.main(["-v"]) == 2
+    assert cli.main(["--verbose"]) == 2
+    assert calls == [False, True, True, True]
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "sim", (lambda: _Recorder(seen), "x"))
+    assert cli.main(["sim", "-v", "--n", "3"]) == 0 and cli.main(["sim", "--n", "4", "--verbose"]) == 0
+    assert seen == [3, 4] and calls[-2:] == [True, True]
     capsys.readouterr()
+
+
+class _Recorder:
+    """A layer whose one command records the arguments it was given."""
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def register(self, sub) -> None:
+        p = sub.add_parser("sim")
+        p.add_argument("--n", type=int)  # and nothing else: a -v left on the command line is an error
+        p.set_defaults(func=lambda args: self.seen.append(args.n))
+
+
+def _log_lines(records: list[tuple[str, str]]) -> list[str]:
+    """The messages of ``(logger, message)`` records that reach a handler on each logger."""
+    import logging
+
+    got: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            got.append(record.getMessage())
+
+    handler = Keep()
+    loggers = {logging.getLogger(name) for name, _ in records}
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        for name, message in records:
+            logging.getLogger(name).warning(message)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    return got
+
+
+def test_quiet_library_logs_drop_the_known_lines_only(monkeypatch):
+    """Each :data:`QUIET_LOGS` line is dropped on its logger; another message of the same logger, the same
+    message on another logger, and the message's start on its own logger at a later position all show."""
+    import logging
+
+    for name, _, _ in cli.QUIET_LOGS:  # the filters this test installs go away with it
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    known = [(name, message + " (and the rest)") for name, message, _ in cli.QUIET_LOGS]
+    others = [(name, "a different warning of the same logger") for name, _, _ in cli.QUIET_LOGS]
+    others += [("vllm.somewhere.else", cli.QUIET_LOGS[0][1]), (cli.QUIET_LOGS[0][0], "see: " + cli.QUIET_LOGS[0][1])]
+    assert len(_log_lines(known)) == len(known)  # before: every line shows
+    cli.quiet_library_logs()
+    cli.quiet_library_logs()  # idempotent: one filter per logger
+    assert _log_lines(known) == []
+    assert _log_lines(others) == [m for _, m in others]
+    names = {name for name, _, _ in cli.QUIET_LOGS}
+    assert all(len(logging.getLogger(n).filters) == 1 for n in names)
+    # a message formatted from arguments is matched as rendered (vLLM's LD_PRELOAD hint is "%s is not ...")
+    ld = next(n for n, m, _ in cli.QUIET_LOGS if m.startswith("libtcmalloc"))
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger(ld).addHandler(handler)
+    try:
+        logging.getLogger(ld).warning("%s is not found in LD_PRELOAD. For best performance ...", "libtcmalloc")
+        logging.getLogger(ld).warning("%s is not found in LD_PRELOAD. For best performance ...", "libfoo")
+    finally:
+        logging.getLogger(ld).removeHandler(handler)
+    assert seen == ["libfoo is not found in LD_PRELOAD. For best performance ..."]
+
+
+def test_library_output_sets_the_child_environment(monkeypatch):
+    """Quiet: vLLM at WARNING on stderr, the warnings and the log filters for the child processes; a level or
+    stream the user set is kept. Verbose: vLLM at INFO (DEBUG kept), no filters for the children."""
+    import logging
+
+    for name, _, _ in cli.QUIET_LOGS:
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    env: dict[str, str] = {}
+    cli.library_output(False, env)
+    assert env["VLLM_LOGGING_LEVEL"] == "WARNING" and env["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
+    assert env[cli.QUIET_LOGS_ENV] == "1" and "TRL currently supports vLLM versions" in env["PYTHONWARNINGS"]
+    assert logging.getLogger(cli.QUIET_LOGS[0][0]).filters  # and in this process
+    cli.library_output(True, env)
+    assert env["VLLM_LOGGING_LEVEL"] == "INFO" and cli.QUIET_LOGS_ENV not in env
+    assert env["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
+    mine = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stdout"}
+    cli.library_output(False, mine)
+    assert (mine["VLLM_LOGGING_LEVEL"], mine["VLLM_LOGGING_STREAM"]) == ("ERROR", "ext://sys.stdout")
+    debug = {"VLLM_LOGGING_LEVEL": "debug"}
+    cli.library_output(True, debug)
+    assert debug["VLLM_LOGGING_LEVEL"] == "debug" and "PYTHONWARNINGS" not in debug
+
+
+_SPAWNER = """\
+import logging
+import multiprocessing
+import sys
+
+from tiltlab.cli import library_output  # as the `tiltlab` console script imports tiltlab.cli
+
+
+def child():
+    log = logging.getLogger("vllm.platforms.cpu")  # before any handler: Python's last-resort one, on stderr
+    log.warning("Triton is not installed. triton-cpu is expected on x86 CPUs.")
+    log.warning("a different warning of the same logger")
+
+
+if __name__ == "__main__":
+    library_output(verbose=sys.argv[1:] == ["-v"])
+    p = multiprocessing.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    sys.exit(p.exitcode)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_spawned_child_of_a_quiet_command_drops_the_known_lines(tmp_path, verbose):
+    """vLLM's engine core and workers are ``spawn`` children: the child runs the main script again, which
+    imports tiltlab.cli, whose last lines install the filters there (quiet only)."""
+    script = tmp_path / "spawner.py"
+    script.write_text(_SPAWNER)
+    env = {k: v for k, v in os.environ.items() if k != cli.QUIET_LOGS_ENV}
+    env["PYTHONPATH"] = str(Path(cli.__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, str(script), *(["-v"] if verbose else [])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "a different warning of the same logger" in out.stderr
+    assert ("Triton is not installed" in out.stderr) is verbose, out.stderr
 
 
 def test_a_plain_argparse_subparser_keeps_the_one_line_error(capsys):

@@ -9,14 +9,20 @@ imports only the module that owns ``CMD``.
 Errors: a parse error is one line on stderr (exit 2). An exception raised by a command is caught
 in :func:`main` and printed as one line ``tiltlab CMD: error: ...``: exit 2 when the input was
 wrong (a missing file, a bad value: ``ValueError``, ``FileNotFoundError``, ...), 1 when the run
-itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback, and shows the
-library warnings that are otherwise silenced (:data:`QUIET_WARNINGS`: ones a user cannot act on).
+itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback.
+
+Library output: the warnings and log lines a user cannot act on (:data:`QUIET_WARNINGS`, :data:`QUIET_LOGS`)
+are dropped, vLLM logs at WARNING, and vLLM's log goes to stderr (stdout is for results tables), in this
+process and in the ones it starts (:func:`library_output`). ``-v`` / ``--verbose`` (anywhere on the command
+line; ``--debug`` too) shows them all, with vLLM's INFO lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -124,7 +130,7 @@ class Parser(argparse.ArgumentParser):
 
 
 #: library warnings a user of the command cannot act on: (category, start of the message, why).
-#: ``--debug`` shows them again.
+#: ``-v`` shows them again.
 QUIET_WARNINGS: tuple[tuple[str, str, str], ...] = (
     # vLLM's own code reads a deprecated torch alias, in the engine's worker processes too
     ("FutureWarning", "`torch.distributed.reduce_op` is deprecated", "vLLM internals"),
@@ -135,12 +141,42 @@ QUIET_WARNINGS: tuple[tuple[str, str, str], ...] = (
     ("UserWarning", "resource_tracker", "vLLM's engine shutdown"),
 )
 
+_TRITON = "the Triton torch installs has GPU backends only; vLLM's CPU build runs its native kernels instead"
+_EAGER = "VLLMEngine and TRL's colocated engine run eager on CPU (rollout.VLLMEngine's enforce_eager)"
+_CLOSE = "VLLMEngine.close() ends the engine after the results are in (vLLM kills a worker after 5 s)"
+
+#: library log records a user of the command cannot act on: (logger, start of the message, why). All are
+#: vLLM's WARNING lines that every start of its CPU build logs with this project's CPU settings; a
+#: different message of the same logger still shows. ``-v`` shows them again.
+QUIET_LOGS: tuple[tuple[str, str, str], ...] = (
+    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend", _TRITON),
+    ("vllm.platforms.cpu", "Triton is not installed. triton-cpu is expected on x86 CPUs", _TRITON),
+    ("vllm.config.vllm", "Model Runner V2 requires Triton", _TRITON),
+    ("vllm.config.vllm", "Enforce eager set", _EAGER),
+    ("vllm.config.vllm", "Inductor compilation was disabled by user settings", _EAGER),
+    (
+        "vllm.engine.arg_utils",
+        "This model does not officially support disabling chunked prefill",
+        "off on CPU, where a seeded split prefill crashes (rollout.cpu_prefill_kwargs; tested)",
+    ),
+    ("vllm.platforms.cpu", "Reset SSM cache type to float32", "set for every model, read by Mamba models only"),
+    ("vllm.v1.worker.cpu_worker", "libtcmalloc is not found in LD_PRELOAD", "a speed hint docs/llm.md repeats"),
+    ("vllm.v1.worker.cpu_worker", "libiomp is not found in LD_PRELOAD", "a speed hint docs/llm.md repeats"),
+    ("vllm.v1.utils", "[shutdown] Process manager: force killing remaining process", _CLOSE),
+    ("vllm.utils.system_utils", "[shutdown] force killing sub process", _CLOSE),
+)
+
+#: set by :func:`library_output` for the processes a quiet command starts: vLLM starts its engine core and
+#: workers with ``spawn``, which runs this module again in the child (as its main module under
+#: ``python -m tiltlab.cli``, imported by the ``tiltlab`` script's own), and the module's last lines then
+#: install :data:`QUIET_LOGS` there before the child imports vLLM
+QUIET_LOGS_ENV = "TILTLAB_QUIET_LOGS"
+
 
 def quiet_library_warnings(environ=None) -> None:
     """Ignore :data:`QUIET_WARNINGS` in this process and (through ``PYTHONWARNINGS``) in the worker
     processes it starts, e.g. vLLM's engine core. Idempotent."""
     import builtins
-    import os
     import warnings
 
     environ = os.environ if environ is None else environ
@@ -151,6 +187,57 @@ def quiet_library_warnings(environ=None) -> None:
     environ["PYTHONWARNINGS"] = ",".join(current + [s for s in ours if s not in current])
 
 
+class QuietLogFilter(logging.Filter):
+    """Drops the records of one logger whose message starts with one of ``starts`` (:data:`QUIET_LOGS`)."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+def quiet_library_logs() -> None:
+    """Drop :data:`QUIET_LOGS` in this process: a filter on each named logger (set before the library
+    creates it, the library gets the same object; a logger's filters survive ``logging.config``).
+    Idempotent."""
+    starts: dict[str, tuple[str, ...]] = {}
+    for name, message, _ in QUIET_LOGS:
+        starts[name] = (*starts.get(name, ()), message)
+    for name, messages in starts.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QuietLogFilter) for f in logger.filters):
+            logger.addFilter(QuietLogFilter(messages))
+
+
+def library_output(verbose: bool, environ=None) -> None:
+    """What the libraries print, here and in the processes this one starts (through ``environ``,
+    default ``os.environ``, set before any of them is imported).
+
+    Quiet (the default): :func:`quiet_library_warnings`, :func:`quiet_library_logs` (and
+    :data:`QUIET_LOGS_ENV` for the child processes), vLLM's log at WARNING unless ``VLLM_LOGGING_LEVEL``
+    is set. ``verbose``: none of that, and vLLM's log at INFO (DEBUG when set so). Both: vLLM's log on
+    stderr unless ``VLLM_LOGGING_STREAM`` is set (vLLM's default is stdout, where the results go).
+    """
+    environ = os.environ if environ is None else environ
+    environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if verbose:
+        environ.pop(QUIET_LOGS_ENV, None)
+        if environ.get("VLLM_LOGGING_LEVEL", "").upper() != "DEBUG":
+            environ["VLLM_LOGGING_LEVEL"] = "INFO"
+        return
+    quiet_library_warnings(environ)
+    quiet_library_logs()
+    environ[QUIET_LOGS_ENV] = "1"
+    environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+#: the global flags, anywhere on the command line: ``--debug`` (the traceback; shows everything too) and
+#: ``-v`` / ``--verbose`` (the library output :func:`library_output` otherwise hides)
+GLOBAL_FLAGS = ("--debug", "-v", "--verbose")
+
+
 def _base_parser() -> argparse.ArgumentParser:
     from tiltlab import __version__
 
@@ -158,6 +245,13 @@ def _base_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tiltlab {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (anywhere on the command line)"
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the library warnings and log lines hidden by default, vLLM's INFO log included "
+        "(anywhere on the command line)",
     )
     return parser
 
@@ -207,14 +301,11 @@ SYMPY_CACHE_SIZE = "100000"
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     os.environ.setdefault("SYMPY_CACHE_SIZE", SYMPY_CACHE_SIZE)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    if not debug:
-        quiet_library_warnings()
+    library_output(verbose=debug or "-v" in argv or "--verbose" in argv)
+    argv = [a for a in argv if a not in GLOBAL_FLAGS]
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is None or command not in COMMANDS:
         parser = build_parser(None)
@@ -249,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return int(rc or 0)
 
+
+if os.environ.get(QUIET_LOGS_ENV) == "1":  # a process that a quiet command started (see QUIET_LOGS_ENV)
+    quiet_library_logs()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -22,6 +22,7 @@ import inspect
 import json
 import math
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -113,7 +114,8 @@ def evaluate(
         engine: an :class:`llm.base.rollout.RolloutEngine` (``generate(prompts, n, sampling)``) or any object
             with ``generate(prompts, n) -> list[list[str]]``.
         datasets: rows with ``id``, ``prompt`` and ``answer`` or ``tests`` (:mod:`llm.base.data`).
-        k: samples per prompt; ``pass_ks`` larger than ``k`` are dropped.
+        k: samples per prompt; ``pass_ks`` larger than ``k`` are dropped, with a line on stderr saying so
+            (unless ``progress`` is False).
         sampling: an :class:`llm.base.rollout.SamplingConfig` (default: temperature 1, no truncation).
         chat_template_kwargs: passed to the chat template (:func:`llm.base.prompts.format_prompt`), e.g.
             ``{"enable_thinking": False}``: the prompt training conditioned on.
@@ -124,6 +126,16 @@ def evaluate(
     if sampling is None:
         sampling = SamplingConfig()
     ks = sorted({int(x) for x in pass_ks if x <= k})
+    dropped = sorted({int(x) for x in pass_ks if x > k})
+    if dropped and progress:
+        names = ", ".join(f"pass@{kk}" for kk in dropped)
+        them = "it" if len(dropped) == 1 else "them"
+        print(
+            f"[eval] {names} not reported: the unbiased pass@k' estimate needs k' <= k samples per prompt, "
+            f"and k = {k} (set k to {dropped[-1]} or more to report {them})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     fn = resolve_reward(reward_fn)
     tok = getattr(engine, "tokenizer", None)

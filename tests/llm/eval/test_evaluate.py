@@ -78,6 +78,29 @@ def test_metrics_match_naive_references():
     assert "| toy | 3 | 44.4" in table_md and "pass@4" in table_md
 
 
+def test_dropped_pass_at_k_is_said_in_one_line(capsys):
+    """A pass@k' with k' > k cannot be estimated from k samples: one line on stderr names the dropped ones
+    and why (duplicates once, in order); none when every k' fits or when ``progress`` is off."""
+    rows = [{"id": "p0", "prompt": "q0", "answer": "1"}]
+    engine = ListEngine({"q0": ["\\boxed{1}", "x"]})
+    res = evaluate(engine, {"toy": rows}, k=2, pass_ks=[8, 1, 4, 2, 4], chat_template=False, progress=True)["toy"]
+    assert sorted(res.pass_at) == [1, 2]
+    err = capsys.readouterr().err.splitlines()
+    note = [ln for ln in err if "not reported" in ln]
+    assert note == [
+        "[eval] pass@4, pass@8 not reported: the unbiased pass@k' estimate needs k' <= k samples per prompt, "
+        "and k = 2 (set k to 8 or more to report them)"
+    ], err
+    evaluate(engine, {"toy": rows}, k=2, pass_ks=[1, 3], chat_template=False, progress=True)
+    one = [ln for ln in capsys.readouterr().err.splitlines() if "not reported" in ln]
+    assert len(one) == 1 and one[0].startswith("[eval] pass@3 not reported: ")
+    assert one[0].endswith("and k = 2 (set k to 3 or more to report it)"), one
+    evaluate(engine, {"toy": rows}, k=2, pass_ks=[1, 2], chat_template=False, progress=True)
+    assert "not reported" not in capsys.readouterr().err
+    evaluate(engine, {"toy": rows}, k=2, pass_ks=[1, 4], chat_template=False, progress=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_errors():
     with pytest.raises(ValueError, match="k must be"):
         evaluate(ListEngine({}), {"x": []}, k=0)
