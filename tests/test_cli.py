@@ -403,6 +403,6 @@ def test_llm_subcommands_are_the_documented_ones():
     llm_cli.register(sub)
     (llm_sub,) = [a for a in sub.choices["llm"]._actions if isinstance(a, argparse._SubParsersAction)]
     names = set(llm_sub.choices)
-    assert names == {"stage1", "stage2", "stage2-annotate", "eval", "train", "demo", "prepare"}
+    assert names == {"stage1", "stage2", "stage2-annotate", "eval", "train", "diagnose", "demo", "prepare"}
     doc = (Path(__file__).resolve().parents[1] / "docs" / "llm.md").read_text(encoding="utf-8")
     assert all(f"tiltlab llm {n}" in doc for n in names), sorted(n for n in names if f"tiltlab llm {n}" not in doc)
