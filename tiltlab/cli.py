@@ -11,6 +11,10 @@ in :func:`main` and printed as one line ``tiltlab CMD: error: ...``: exit 2 when
 wrong (a missing file, a bad value: ``ValueError``, ``FileNotFoundError``, ...), 1 when the run
 itself failed. ``--debug`` (anywhere on the command line) re-raises instead, with the traceback, and shows the
 library warnings that are otherwise silenced (:data:`QUIET_WARNINGS`: ones a user cannot act on).
+
+Interrupts: Ctrl-C (SIGINT) or SIGTERM stops the command and every process it started, its temporary folders
+removed, with the one line ``tiltlab CMD: interrupted`` (exit 130 for SIGINT, 143 for SIGTERM); a second signal
+exits at once (:mod:`tiltlab.interrupts`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from tiltlab import interrupts
 from tiltlab.dataclass_cli import close_matches, did_you_mean
 
 
@@ -210,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("SYMPY_CACHE_SIZE", SYMPY_CACHE_SIZE)
+    console = argv is None  # the console script (or python -m tiltlab.cli): this process is the command
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -224,18 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # --help / --version exit here
         parser.print_help()
         return 2
+    # Ctrl-C and SIGTERM stop the command and every process it started (tiltlab.interrupts), from its imports on
+    with interrupts.handling(f"tiltlab {command}", own_process=console):
+        try:
+            return _run_command(command, argv, debug)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            interrupts.announce()
+            return interrupts.exit_status()
+
+
+def _run_command(command: str, argv: list[str], debug: bool) -> int:
+    """Parse ``argv`` for ``command`` and run it; an exception it raises becomes one line (module docstring)."""
     parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    interrupts.set_command(_command_name(args))
     try:
         rc = args.func(args)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:
         if debug:
             raise
