@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tiltlab.dataclass_cli import add_dataclass_args
-from tiltlab.files import write_json
+from tiltlab.files import staging_dir, write_json
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -114,9 +114,6 @@ def _merge_index(old: dict | None, new_entries: list[dict], known: list[str]) ->
 
 def _cmd_figures(args: argparse.Namespace) -> int:
     import datetime as dt
-    import os
-    import shutil
-    import tempfile
 
     from tiltlab.progress import progress
     from tiltlab.sim.figures import FIGURES, make_all
@@ -136,44 +133,37 @@ def _cmd_figures(args: argparse.Namespace) -> int:
                 "--quick would replace them with reduced ones: pass another --out (the default for --quick is "
                 "results/quick/figures)"
             )
-    out.mkdir(parents=True, exist_ok=True)
-    # Every figure is made in a temporary folder next to --out and moved into place only when it is complete,
-    # so an interrupted or failed run leaves the earlier figures and index.json as they were.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    # The figures are made in a temporary folder next to --out and moved into place, with the index, only when
+    # every one of them is complete: an interrupted or failed run leaves the earlier figures and index.json as
+    # they were (and no empty --out); the temporary folders of killed runs are removed first.
     t0 = time.perf_counter()
-    records, entries = [], []
-    try:
+    records, stamps = [], []
+    with staging_dir(out) as tmp:
         # progress on stderr (a bar on a terminal, periodic lines elsewhere) plus one line per finished
         # figure; the findings go to stdout at the end
         with progress(total=len(selected), desc="figures", unit="figure") as bar:
             for fid in selected:
                 made = make_all(tmp, quick=args.quick, seed=args.seed, only=[fid])
                 for rec in made:
-                    for src in (Path(rec.png), rec.pdf, Path(rec.data)):
-                        os.replace(src, out / src.name)
-                    rec.png, rec.data = out / Path(rec.png).name, out / Path(rec.data).name
-                    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-                    entries.append(
-                        {
-                            **rec.to_json(),
-                            "pdf": str(rec.pdf),
-                            "quick": bool(args.quick),
-                            "seed": args.seed,
-                            "made_at": stamp,
-                        }
-                    )
+                    stamps.append(dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
                     bar.write(f"[figures] {rec.id}: {rec.seconds:.1f} s")
                 records += made
                 bar.update(1, postfix=fid)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        entries = []
+        for rec, stamp in zip(records, stamps, strict=True):
+            for src in (Path(rec.png), rec.pdf, Path(rec.data)):
+                os.replace(src, out / src.name)
+            rec.png, rec.data = out / Path(rec.png).name, out / Path(rec.data).name  # rec.pdf follows rec.png
+            entry = {"pdf": str(rec.pdf), "quick": bool(args.quick), "seed": args.seed, "made_at": stamp}
+            entries.append({**rec.to_json(), **entry})
+        index = _merge_index(old, entries, known)
+        write_json(out / "index.json", index, indent=1, newline=False)
     total = time.perf_counter() - t0
     for r in records:
         print(f"  {r.id}: {r.seconds:.1f} s -> {r.png} (+ {r.pdf.name})")
         for line in r.findings:
             print(f"      - {line}")
-    index = _merge_index(old, entries, known)
-    write_json(out / "index.json", index, indent=1, newline=False)
     kept = len(index["figures"]) - len(entries)
     print(
         f"{len(records)} figure(s) in {total:.1f} s; outputs in {out}/ (index: {out / 'index.json'}"

@@ -105,3 +105,38 @@ def test_atomic_path_never_reuses_an_existing_file_as_its_temporary(tmp_path, mo
     with pytest.raises(FileExistsError), files.atomic_path(target):
         pass
     assert other.read_text() == "someone else's half-written file" and not target.exists()
+
+
+# ---------------------------------------------------------------- staging folders
+
+
+def test_staging_dir_is_removed_however_the_block_ends_and_leaves_no_empty_folder(tmp_path):
+    out = tmp_path / "a" / "b" / "out"
+    with pytest.raises(KeyboardInterrupt), files.staging_dir(out) as tmp:
+        assert tmp.parent == out.parent and tmp.name.startswith(f".out.partial-{os.getpid()}-")
+        (tmp / "half.txt").write_text("x")
+        out.mkdir()  # made by the run, still empty when it fails
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []  # no staging folder, no empty out, nor the parents made for it
+    existing = tmp_path / "kept"
+    existing.mkdir()
+    with pytest.raises(RuntimeError), files.staging_dir(existing) as tmp:
+        raise RuntimeError
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # an empty folder that was there stays
+    with files.staging_dir(out) as tmp:
+        (tmp / "f.txt").write_text("done")
+        out.mkdir()
+        os.replace(tmp / "f.txt", out / "f.txt")
+    assert [p.name for p in out.parent.iterdir()] == ["out"] and (out / "f.txt").read_text() == "done"
+
+
+def test_remove_folders_in_use_removes_what_removed_after_holds(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with files.removed_after(a):
+        (a / "x").write_text("x")
+        files.remove_folders_in_use()  # what the process ending at once does
+        assert not a.exists() and b.exists()
+    files.remove_folders_in_use()
+    assert b.exists()  # never held

@@ -15,6 +15,10 @@ Library output: the warnings and log lines a user cannot act on (:data:`QUIET_WA
 are dropped, vLLM logs at WARNING, and vLLM's log goes to stderr (stdout is for results tables), in this
 process and in the ones it starts (:func:`library_output`). ``-v`` / ``--verbose`` (anywhere on the command
 line; ``--debug`` too) shows them all, with vLLM's INFO lines.
+
+Interrupts: Ctrl-C (SIGINT) or SIGTERM stops the command and every process it started, its temporary folders
+removed, with the one line ``tiltlab CMD: interrupted`` (exit 130 for SIGINT, 143 for SIGTERM); a second signal
+exits at once (:mod:`tiltlab.interrupts`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from tiltlab import interrupts
 from tiltlab.dataclass_cli import close_matches, did_you_mean
 
 
@@ -302,6 +307,7 @@ SYMPY_CACHE_SIZE = "100000"
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SYMPY_CACHE_SIZE", SYMPY_CACHE_SIZE)
+    console = argv is None  # the console script (or python -m tiltlab.cli): this process is the command
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     library_output(verbose=debug or "-v" in argv or "--verbose" in argv)
@@ -315,18 +321,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(argv)  # --help / --version exit here
         parser.print_help()
         return 2
+    # Ctrl-C and SIGTERM stop the command and every process it started (tiltlab.interrupts), from its imports on
+    with interrupts.handling(f"tiltlab {command}", own_process=console):
+        try:
+            return _run_command(command, argv, debug)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            interrupts.announce()
+            return interrupts.exit_status()
+
+
+def _run_command(command: str, argv: list[str], debug: bool) -> int:
+    """Parse ``argv`` for ``command`` and run it; an exception it raises becomes one line (module docstring)."""
     parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    interrupts.set_command(_command_name(args))
     try:
         rc = args.func(args)
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print(f"{_command_name(args)}: interrupted", file=sys.stderr)
-        return 130
     except Exception as exc:
         if debug:
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections import Counter
@@ -22,7 +23,10 @@ def _check_writable_file(path: Path, flag: str = "--out") -> None:
 
 
 def _check_writable_dir(path: Path, flag: str = "--out", shown: Path | None = None) -> None:
+    """Raise ``ValueError`` (one line) unless files can be created in the folder ``path``; the folders made
+    to find out are removed again (the run makes them when it writes, so a failed run leaves none)."""
     shown = path if shown is None else shown
+    missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".tiltlab-write-probe-")
@@ -31,6 +35,10 @@ def _check_writable_dir(path: Path, flag: str = "--out", shown: Path | None = No
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ValueError(f"cannot write {flag} {shown} ({reason}); pass {flag} with a writable path") from None
+    finally:
+        for p in missing:  # innermost first
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _unchecked(prefix: str | None) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tiltlab.files import staging_dir
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _counts_line, _empty_selection, _print_failures
 from tiltlab.paper_checks.cli.records import (
@@ -101,7 +102,7 @@ def _collect_figures(bg) -> tuple[list, dict]:
                 problems.update(probs)
                 bar.update(1, postfix=", ".join([r.id for r in recs] + sorted(probs)))
     finally:
-        ex.shutdown()
+        ex.shutdown(cancel_futures=True)  # waits for none but the running figures after an error
     return records, problems
 
 
@@ -168,13 +169,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         + (f"; {len(recorded)} llm checks from the shipped record (not re-run)" if recorded else "")
     )
     # everything is written into a temporary folder next to --out and moved into place at the end:
-    # an interrupted run leaves the previous outputs (or nothing), never a partial set that looks complete
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    # an interrupted run leaves the previous outputs (or nothing), never a partial set that looks complete;
+    # the temporary folders of killed runs are removed first
+    with staging_dir(out) as tmp:
         rc = _reproduce_into(args, tmp, out, chks, recorded, t0)
         _move_into_place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return rc
 
 
@@ -194,7 +193,12 @@ def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> in
     bg = _start_figures_in_background(tmp / "figures", args.quick, args.seed, args.jobs - 1) if args.jobs > 1 else None
     if bg is not None:
         _one_thread()  # the checks share the cores with the figure workers
-    outs = runner._run(chks, args.seed)
+    try:
+        outs = runner._run(chks, args.seed)
+    except BaseException:
+        if bg is not None:  # no figure starts after the run failed or was interrupted
+            bg[0].shutdown(wait=False, cancel_futures=True)
+        raise
     t_checks = time.perf_counter() - t0
     _stage(f"checks done in {t_checks:.1f} s; " + ("waiting for the figures" if bg else "making the figures"))
     figs, problems = _collect_figures(bg) if bg else make_figures(tmp / "figures", args.quick, args.seed)

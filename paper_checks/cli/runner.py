@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from tiltlab.files import removed_after
 from tiltlab.paper_checks import catalog
 
 LAYERS = ("theory", "sim", "data", "llm")
@@ -100,9 +101,10 @@ def _preload() -> None:
 @contextlib.contextmanager
 def _run_cache():
     """A folder shared by the workers of one run (experiments computed once across them), removed
-    at the end; an outer value of the variable is restored."""
+    at the end (also by a second Ctrl-C, :mod:`tiltlab.interrupts`); an outer value of the variable is restored."""
     old = os.environ.get(RUN_CACHE_ENV)
-    with tempfile.TemporaryDirectory(prefix="tiltlab-run-cache-") as tmp:
+    with removed_after(tempfile.mkdtemp(prefix="tiltlab-run-cache-")) as path:
+        tmp = str(path)
         os.environ[RUN_CACHE_ENV] = tmp
         try:
             yield tmp
@@ -176,10 +178,14 @@ def _run_checks(chks, seed: int, progress: bool, jobs: int):
             _progress(len(chks), "checks", "check", progress) as bar,
         ):
             futs = [ex.submit(_run_key, c.key, seed) for c in longest_first(chks)]
-            for fut in as_completed(futs):
-                key, res, sec, err = fut.result()
-                done[key] = registry.Outcome(by_key[key], res, sec, err)
-                bar.update(1, postfix=key)
+            try:
+                for fut in as_completed(futs):
+                    key, res, sec, err = fut.result()
+                    done[key] = registry.Outcome(by_key[key], res, sec, err)
+                    bar.update(1, postfix=key)
+            except BaseException:  # no check starts after the run failed or was interrupted
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
         return [done[c.key] for c in chks]
     outs = []
     with _progress(len(chks), "checks", "check", progress) as bar:

@@ -388,11 +388,13 @@ def test_an_interrupted_figures_run_leaves_the_earlier_outputs(tmp_path, monkeyp
     monkeypatch.setattr(simfig, "make_all", _fake_make_all(fail_on="fig02_m_study"))
     assert main(["figures", "--only", "fig01", "fig02", "--out", str(out), "--seed", "2"]) == 1
     after = {p.name: p.read_bytes() for p in out.iterdir()}
-    # fig01 was complete and moved into place; fig02 and the index are the earlier ones
-    assert after["fig02_m_study.png"] == before["fig02_m_study.png"]
-    assert after["index.json"] == before["index.json"]
-    assert after["fig01_lad_bandit.png"] == b"fig01_lad_bandit quick=False seed=2"
+    # fig01 was complete, but nothing moves into place before every figure is: the folder is the earlier one
+    assert after == before
+    assert before["fig01_lad_bandit.png"] == b"fig01_lad_bandit quick=False seed=1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["figs"]  # no partial folder left
+    # a failed first run into a new folder leaves no folder at all
+    assert main(["figures", "--only", "fig01", "fig02", "--out", str(tmp_path / "new" / "figs")]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figs"]
 
 
 def test_figures_refuses_an_index_it_did_not_write(tmp_path, capsys):
