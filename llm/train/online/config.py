@@ -241,6 +241,12 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions, _ObjectiveKnobs):
         if not 0.0 <= self.paced_tau <= 1.0:
             raise ValueError("paced_tau must lie in [0, 1]")
         bounds_of(self)  # the health_* bounds, one line each when out of range
+        if self.objective in needs_ref() and self.beta != 0.0:
+            # the TB losses have no KL-to-reference term: a TRL beta would be silently ignored
+            raise ValueError(
+                f"objective={self.objective!r} has no KL-to-reference term, so TRL's beta (its KL coefficient) would "
+                f"be ignored: leave it at 0 (got {self.beta}); the tilt is tilt_beta"
+            )
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel bypasses _compute_loss; the tiltlab objectives need it off")
 

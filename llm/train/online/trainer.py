@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -44,6 +45,7 @@ from ..vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
 from .config import ADV_SCALE, TRL_ADVANTAGE_EPS, TiltGRPOConfig, needs_ref, tb_family
 from .losses import _WINDOW_TOKENS, LossBatch, loss_function
 
+logger = logging.getLogger(__name__)
 LogZFn = Callable[[list[Any]], Tensor]
 FLIP_CHECKED = ("disa", "flowrl", "vargrad")
 """The TB objectives whose residuals are scored again after each optimizer step (``log_residual_flips``);
@@ -168,10 +170,15 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         # TRL's KL-to-ref coefficient, used by grpo/gspo/lad in the loss; with kl_in_reward it goes into the
         # reward instead (TRL's own beta stays, so that TRL builds the reference model and its log-probs)
         self.kl_coef = 0.0 if args.kl_in_reward else float(args.beta)
-        if obj in needs_ref() and args.beta == 0.0:
-            # TRL builds the reference model and its log-probs only when beta != 0; the TB losses
-            # need them and ignore TRL's beta (their KL to ref is only logged).
+        if obj in needs_ref():  # TiltGRPOConfig refused any other beta than 0 for these objectives
+            # TRL builds the reference model and its log-probs only when beta != 0; the TB losses need them and
+            # have no KL term (self.kl_coef stays 0; the KL to ref is only logged)
             args.beta = 1.0
+            logger.info(
+                "objective=%r: TRL's beta set to 1.0 internally so that TRL computes pi_ref's log-probs; the loss has "
+                "no KL term",
+                obj,
+            )
         if obj == "flowrl" or (obj == "paced" and args.paced_embeddings == "live"):
             set_seed(args.seed)  # the head is created here, before GRPOTrainer seeds: same seed, same head
             if isinstance(model, str):
@@ -369,10 +376,26 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         t0 = time.perf_counter()
-        out = self._generate_and_score(inputs)
+        self._logp_phase, self._logp_seconds = "generation", 0.0
+        try:
+            out = self._generate_and_score(inputs)
+        finally:
+            self._logp_phase = "loss"
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["time/generate_and_score"].append(time.perf_counter() - t0)
+        # the log-prob passes TRL runs at generation (pi_old for the sampler's IS ratio, pi_ref), inside the above
+        self._metrics[mode]["time/generation_logps"].append(self._logp_seconds)
         return out
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's, timed while generating (:meth:`_generate_and_score_completions` logs the sum)."""
+        if getattr(self, "_logp_phase", "loss") != "generation":
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        finally:
+            self._logp_seconds += time.perf_counter() - t0
 
     def _generate_and_score(self, inputs):
         args, obj = self.args, self.args.objective
@@ -583,12 +606,14 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
         if pending is None:
             return
         inputs, before = pending
+        t0 = time.perf_counter()
         with torch.no_grad():
             out = self._objective_output(self.model_wrapped, inputs, "train")[0]
         after = out.metrics["residuals"].detach().float()
         stats = flip_stats(self.accelerator.gather(before), self.accelerator.gather(after))
         for k, v in stats.items():
             self._metrics["train"][k].append(v)
+        self._metrics["train"]["time/residual_flips"].append(time.perf_counter() - t0)
 
     def _compute_loss(self, model, inputs):
         args, obj = self.args, self.args.objective

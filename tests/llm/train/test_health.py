@@ -185,6 +185,9 @@ def test_a_real_run_logs_the_diagnostics_and_writes_results_json(tmp_path, tiny_
         assert 0.0 <= h["residual/abs_p50"] <= h["residual/abs_p90"] <= h["residual/abs_max"]
         assert 0.0 <= h["residual/pos_frac"] <= 1.0 and math.isfinite(h["kl_ref_seq"])
         assert ("residual/flip_frac" in h) is flips and ("residual/after_over_before" in h) is flips
+        assert ("time/residual_flips" in h) is flips
+        # the generation-time log-prob passes (pi_ref here) are timed inside generate-and-score
+        assert 0.0 < h["time/generation_logps"] <= h["time/generate_and_score"]
         if flips:
             assert 0.0 <= h["residual/flip_frac"] <= 1.0 and h["residual/after_abs_mean"] >= 0.0
             # the tiny model at lr 1e-2 moves: the batch's residuals after the step differ from before

@@ -171,3 +171,18 @@ def test_a_stage1_manifest_with_the_old_key_reads_as_one_with_the_new():
     }
     assert upgrade_manifest(old) == new and upgrade_manifest(new) == new
     assert old["identity"] == {"beta": 2.0, "M": 4}  # the caller's dict is not changed
+
+
+@pytest.mark.parametrize("objective", ["disa", "flowrl", "vargrad"])
+def test_trl_beta_on_a_tb_objective_is_refused_not_silently_changed(tmp_path, objective):
+    """TRL's beta is its KL-to-reference coefficient; the TB losses have no KL term, so a nonzero beta would be
+    ignored: refused in one line naming tilt_beta. beta = 0 (every TB config's value) is accepted, and a GRPO
+    objective keeps its beta."""
+    from tiltlab.llm.train.online import TiltGRPOConfig
+
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", tilt_beta=2.0)
+    with pytest.raises(ValueError, match=r"has no KL-to-reference term.*got 0.05\); the tilt is tilt_beta") as e:
+        TiltGRPOConfig(objective=objective, beta=0.05, **common)
+    assert "\n" not in str(e.value)
+    assert TiltGRPOConfig(objective=objective, beta=0.0, **common).beta == 0.0
+    assert TiltGRPOConfig(objective="grpo", beta=0.05, **common).beta == 0.05

@@ -1,0 +1,73 @@
+"""docs/llm-runs.md's table of TB runs at several learning rates is generated from its record
+(benchmarks/records/tb_stability.json, benchmarks/tb_stability.py), and the record's numbers are the ones
+the text quotes; the renderer picks the step-1 values and the run maxima as a plain loop does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "benchmarks" / "records" / "tb_stability.json"
+DOC = ROOT / "docs" / "llm-runs.md"
+spec = importlib.util.spec_from_file_location("tb_stability", ROOT / "benchmarks" / "tb_stability.py")
+tb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tb)
+
+
+def _record() -> dict:
+    return json.loads(RECORD.read_text())
+
+
+def test_the_docs_table_is_the_records():
+    assert tb.update_docs(_record(), DOC, check=True), "run: python benchmarks/tb_stability.py docs " + str(RECORD)
+
+
+def test_a_stale_table_is_found_and_rewritten(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text(f"# d\n\n{tb.START}\n| old |\n{tb.END}\n")
+    assert not tb.update_docs(_record(), doc, check=True) and "| old |" in doc.read_text()
+    assert tb.update_docs(_record(), doc) and tb.update_docs(_record(), doc, check=True)
+    doc.write_text("# no block\n")
+    with pytest.raises(ValueError, match="no <!-- tb-stability:start -->"):
+        tb.update_docs(_record(), doc)
+
+
+def test_each_row_is_the_runs_step_one_values_and_maxima():
+    rec = _record()
+    rows = [ln for ln in tb.render(rec).splitlines()[2:]]
+    assert len(rows) == len(rec["runs"])
+    for r in rec["runs"]:
+        if not r.get("steps"):
+            continue
+        label = f"{r['arm']}, seed {r['seed']}"
+        (row,) = [x for x in rows if x.startswith(f"| {label}") and f"| {r['lr']:g} |" in x]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        first = r["steps"][0]
+        assert float(cells[2]) == pytest.approx(first["residual/flip_frac"], rel=5e-3)
+        assert float(cells[3]) == pytest.approx(first["residual/after_over_before"], rel=5e-3)
+        peak = -math.inf
+        for s in r["steps"]:
+            peak = max(peak, s["grad_norm"])
+        assert float(cells[5]) == pytest.approx(peak, rel=5e-3)
+
+
+def test_the_numbers_the_text_quotes_are_the_records():
+    """The collapse paragraph's numbers: DISA at 1e-4 and 1e-5, seed 0, from the record (3 significant digits)."""
+    runs = {(r["arm"], r["lr"]): r for r in _record()["runs"]}
+    hi, mid = runs[("disa", 1e-4)], runs[("disa", 1e-5)]
+    s1 = hi["steps"][0]
+    assert round(s1["residual"], 2) == 0.80
+    assert round(s1["residual"] * s1["residual/after_over_before"], 1) == 24.1
+    assert round(mid["steps"][0]["residual"] * mid["steps"][0]["residual/after_over_before"], 2) == 1.56
+    step4 = hi["steps"][3]
+    assert (round(step4["residual"], 1), round(step4["grad_norm"]), round(step4["kl_ref_seq"], 1)) == (8.3, 1514, 7.6)
+    assert [(w["kind"], w["step"]) for w in hi["warnings"]] == [("overshoot", 3), ("residual", 4)]
+    assert mid["warnings"] == []
+    text = DOC.read_text()
+    for quoted in ("0.80 to 24.1", "1.56 at 1e-5", "gradient norm 1,514", "7.6 nats by step 4"):
+        assert quoted in text, quoted
