@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiltlab.hints import hint
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _empty_selection, _list, _report_check
 from tiltlab.paper_checks.cli.records import (
@@ -30,7 +31,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     prefix, layer = args.only, args.layer
     if prefix in LAYERS:
         if layer and layer != prefix:
-            raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; give one of them")
+            raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; {hint('only_or_layer')}")
         prefix, layer = None, prefix
     t0 = time.perf_counter()
     try:
@@ -50,7 +51,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from tiltlab.claims.llm_record import recorded_llm_rows
     from tiltlab.claims.rows import read_record
 
-    old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
+    # a non-record --out is refused before any run, with --replace too: that writes over a record, not a user's file
+    old = read_record(args.out, "--out", hint("another_out", path=args.out))
+    old = None if args.replace else old
     prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)
     hashes = _rule_hashes(chks)  # the rule files as this run finds them, with the commit it runs at
     outs = runner._run(chks, args.seed, progress=True, jobs=args.jobs)

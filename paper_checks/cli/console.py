@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.dataclass_cli import close_matches
+from tiltlab.hints import hint
 from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.runner import LAYERS
 
@@ -114,31 +116,46 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
         )
         return (
             f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "
-            f"the LLM-scale claims are recorded as data: use --layer data{skipped}"
+            f"{hint('use_data_layer')}{skipped}"
         )
     if (
         not slow
         and registry.select(prefix, layer, True)
         and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
     ):
-        return "the selected checks are all slow: add --slow"
+        return f"the selected checks are all slow: {hint('add_slow')}"
     longs = [c for c in registry.select(prefix, layer, True, include_long=True) if not name or c.name == name]
     if longs and all(c.long for c in longs):
-        return "the selected checks are all long (hours): add --long"
+        return f"the selected checks are all long: {hint('add_long')}"
     opt_in = [
         c
         for c in registry.select(prefix, None, True, include_llm=True)
         if c.layer in registry.OPT_IN_LAYERS and (not name or c.name == name) and not layer
     ]
     if opt_in:
-        return (
-            f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: "
-            f"add --layer {opt_in[0].layer} --slow"
+        return f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: " + hint(
+            "add_opt_in_layer", layer=opt_in[0].layer
         )
     what = " ".join(
         f"{flag} {value}" for flag, value in (("--only", prefix), ("--layer", layer), ("--check", name)) if value
     )
-    return f"no check matches {what}; `tiltlab check --list` prints every check (claim, check name, layer)"
+    return f"no check matches {what}{_close_selection(prefix, name)}; {hint('list_checks')}"
+
+
+def _close_selection(prefix: str | None, name: str | None) -> str:
+    """The close matches of a mistyped ``--only`` (among the claim ids and their dotted prefixes) and
+    ``--check`` (among the check names): `` (did you mean --only disa.prop1?)``, or ``""``."""
+    from tiltlab.claims import registry
+
+    found = []
+    ids = list(registry.claims())
+    if prefix and not any(cid.startswith(prefix) for cid in ids):
+        prefixes = {".".join(cid.split(".")[:i]) for cid in ids for i in range(1, cid.count(".") + 2)}
+        found += [f"--only {m}" for m in close_matches(prefix, sorted(prefixes), n=1)]
+    names = sorted({c.name for c in registry.checks()})
+    if name and name not in names:
+        found += [f"--check {m}" for m in close_matches(name, names, n=1)]
+    return f" (did you mean {', '.join(found)}?)" if found else ""
 
 
 def _list(chks, unchecked=()) -> None:
@@ -171,13 +188,12 @@ def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, re
             r0 = recorded[0]
             print(
                 f"note: {len(recorded)} llm check(s) shown as 'recorded' come from the shipped record of the last full "
-                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; "
-                "`tiltlab check --layer llm --slow` runs them"
+                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; " + hint("llm_rows_check")
             )
         if n_kept:
             print(
                 f"note: merged into the existing record: {n_kept} check(s) kept from earlier runs with their own "
-                "time, mode and commit (--replace writes this run only)"
+                f"time, mode and commit ({hint('merged_into_record')})"
             )
         if rerendered is not None:
             print(f"report rewritten from the merged record: {rerendered}")
