@@ -84,8 +84,8 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
         f"{_when(rec.get('generated_at'))} at commit {rec.get('commit') or 'unknown'} on {_machine_text(mach)}): "
         f"{n.n_checks} checks of {n.n_claims} claims"
         + (
-            f", {n.recorded} of the checks the llm-layer checks recorded in the shipped llm record "
-            f"(commit {llm_rec.get('commit')}, {_when(llm_rec.get('date'))}; not re-run)"
+            f" ({n.recorded} of the checks from the shipped llm record: commit {llm_rec.get('commit')}, "
+            f"{_when(llm_rec.get('date'))}; not re-run)"
             if n.recorded and llm_rec
             else ""
         )
