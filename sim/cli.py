@@ -11,8 +11,9 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.dataclass_cli import add_dataclass_args, did_you_mean
 from tiltlab.files import staging_dir, write_json
+from tiltlab.hints import hint
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     cfg = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})
     if cfg.env not in ENVS:
-        raise ValueError(f"unknown --env {cfg.env!r}; choose one of {', '.join(ENVS)}")
+        raise ValueError(f"unknown --env {cfg.env!r}{did_you_mean(cfg.env, ENVS)}; choose one of {', '.join(ENVS)}")
     cfg.validate()  # ValueError -> one line, exit 2 (tiltlab.cli.main)
     if args.out:
         _check_writable(Path(args.out))
@@ -80,7 +81,9 @@ def resolve_figure_ids(requested: list[str], known: list[str]) -> list[str]:
         elif matches:
             raise ValueError(f"figure {name!r} is ambiguous: it matches {', '.join(matches)}; give more of the id")
         else:
-            raise ValueError(f"unknown figure {name!r}; known: {', '.join(known)} (or a number: fig1 = fig01)")
+            raise ValueError(
+                f"unknown figure {name!r}{did_you_mean(name, known)}; known: {', '.join(known)} ({hint('figure_number')})"
+            )
     return list(dict.fromkeys(out))
 
 
@@ -92,9 +95,11 @@ def _read_index(out: Path) -> dict | None:
     try:
         index = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--out {out}: {path} is not a figures index ({exc}); pass another --out") from None
+        raise ValueError(
+            f"--out {out}: {path} is not a figures index ({exc}); {hint('another_out', path=path)}"
+        ) from None
     if not isinstance(index, dict) or not isinstance(index.get("figures"), list):
-        raise ValueError(f"--out {out}: {path} is not a figures index; pass another --out")
+        raise ValueError(f"--out {out}: {path} is not a figures index; {hint('another_out', path=path)}")
     return index
 
 
@@ -130,8 +135,7 @@ def _cmd_figures(args: argparse.Namespace) -> int:
         if full:
             raise ValueError(
                 f"--out {out} holds full-mode figures ({', '.join(full[:3])}{', ...' if len(full) > 3 else ''}); "
-                "--quick would replace them with reduced ones: pass another --out (the default for --quick is "
-                "results/quick/figures)"
+                + hint("quick_over_full", what="them with reduced ones", default="results/quick/figures")
             )
     # The figures are made in a temporary folder next to --out and moved into place, with the index, only when
     # every one of them is complete: an interrupted or failed run leaves the earlier figures and index.json as
@@ -191,7 +195,7 @@ def register(subparsers) -> None:
         "per figure, and index.json. Progress goes to stderr: a bar on a terminal, elsewhere one line per figure "
         "(TILTLAB_PROGRESS=bar|lines|off overrides).",
     )
-    f.add_argument("--quick", action="store_true", help="reduced versions (CI: all ten in under 90 s)")
+    f.add_argument("--quick", action="store_true", help="reduced versions (each figure's run time: index.json)")
     f.add_argument(
         "--only", nargs="+", default=None, help="figure ids, numbers or unambiguous prefixes, e.g. fig01 7 fig10_lad"
     )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only annotations: importing the config must not import torch
     import torch
 
+from tiltlab.dataclass_cli import did_you_mean
 from tiltlab.objectives.catalog import check_knobs, knob_fields, names, options_dataclass, refuse_old_names
 
 __all__ = ["LOG_Z_MODES", "RENAMED_FIELDS", "RunResult", "SimConfig", "methods", "pg_methods"]
@@ -181,9 +182,13 @@ class SimConfig(_SimKnobs):
 
     def validate(self) -> None:
         if self.method not in methods():
-            raise ValueError(f"method must be one of {methods()}, got {self.method!r}")
+            raise ValueError(
+                f"method must be one of {methods()}, got {self.method!r}{did_you_mean(self.method, methods())}"
+            )
         if self.log_z not in LOG_Z_MODES:
-            raise ValueError(f"log_z must be one of {LOG_Z_MODES}, got {self.log_z!r}")
+            raise ValueError(
+                f"log_z must be one of {LOG_Z_MODES}, got {self.log_z!r}{did_you_mean(self.log_z, LOG_Z_MODES)}"
+            )
         if self.anchor not in ("ref", "old"):
             raise ValueError(f"anchor must be 'ref' or 'old', got {self.anchor!r}")
         for name in ("steps", "G", "inner_steps", "refresh_every", "seeds", "log_every"):

@@ -388,13 +388,14 @@ def test_the_no_model_loads_guard_reaches_the_trainer_builder(no_model_loads):
     "override, says",
     [
         ("trl.loss_type=bogus", "implements loss_type in"),  # a TRL loss type the objective does not implement
+        ("trl.loss_type=dr_gpro", "trl.loss_type='dr_gpro' (did you mean 'dr_grpo'?): objective='grpo' implements"),
         ("trl.per_device_train_batch_size=3", "must be divisible"),  # TRL's batch divisibility
         ("trl.kl_estimator=k9", "kl_estimator must be k1 | k2 | k3"),  # a tiltlab field's own check
         ("trl.kl_in_reward=true", "kl_in_reward applies beta"),  # a cross-field check (TRL's beta is 0)
         ("reward=nosuch_reward", "reward"),  # a reward that does not resolve
         ("lora.r=0", "lora.r must be a positive integer"),  # the LoRA section
     ],
-    ids=["loss_type", "batch", "kl_estimator", "kl_in_reward", "reward", "lora"],
+    ids=["loss_type", "loss_type_typo", "batch", "kl_estimator", "kl_in_reward", "reward", "lora"],
 )
 def test_train_dry_run_refuses_what_the_run_would(capsys, tmp_path, no_model_loads, override, says):
     _needs("trl")

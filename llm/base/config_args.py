@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+from tiltlab.hints import hint
 from tiltlab.llm.base.run_config import read_run_config
 
 __all__ = ["config_from_args", "config_section_values", "read_config"]
@@ -39,7 +40,7 @@ def read_config(path, overrides=(), loader=None):
     p = Path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
-        raise FileNotFoundError(f"config {str(p)!r} {what}; pass --config with a YAML run config (configs/*.yaml)")
+        raise FileNotFoundError(f"config {str(p)!r} {what}; {hint('config_file')}")
     try:
         yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -106,5 +107,5 @@ def config_from_args(cls, args: argparse.Namespace, section: str | None = None, 
     ]
     if missing:
         flags = ", ".join("--" + m.replace("_", "-") for m in missing)
-        raise ValueError(f"missing required value(s) {flags} (give the flags or a --config with them)")
+        raise ValueError(f"missing required value(s) {flags} ({hint('flags_or_config')})")
     return cls(**kw)

@@ -578,6 +578,11 @@ def data_dir(path: str | Path | None = None) -> Path:
     return Path(env) if env else Path("data")
 
 
+class MissingBenchmark(FileNotFoundError):
+    """A benchmark that is not on disk (:func:`benchmark_path`): a command with a data-directory option
+    names it (``tiltlab llm eval --data-dir``); the others take ``TILTLAB_DATA``."""
+
+
 def benchmark_path(name: str, data_dir_: str | Path | None = None) -> Path:
     """The local file/directory of benchmark ``name``; FileNotFoundError naming the expected files if absent."""
     key = _ALIASES.get(_canon(name))
@@ -589,9 +594,10 @@ def benchmark_path(name: str, data_dir_: str | Path | None = None) -> Path:
         if c.exists():
             return c
     b = BENCHMARKS[key]
-    raise FileNotFoundError(
+    raise MissingBenchmark(
         f"benchmark {key!r} not found: expected one of {', '.join(str(c) for c in candidates[:3])} or the directory "
-        f"{str(root / key)!r} (datasets.save_to_disk or Parquet shards). Set TILTLAB_DATA or give the data directory (--data-dir DIR on the command line, the data_dir argument in Python). "
+        f"{str(root / key)!r} (datasets.save_to_disk or Parquet shards). Set TILTLAB_DATA=DIR to the data directory "
+        "(in Python: the data_dir argument). "
         f"Public source: {b.source}; e.g. on a machine with hub access: "
         f"datasets.load_dataset(...).to_json('{key}.jsonl')"
     )

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiltlab.dataclass_cli import check_field_values, unknown_keys_message
+from tiltlab.dataclass_cli import check_field_values, did_you_mean, unknown_keys_message
 from tiltlab.objectives.catalog import RENAMED, TB_OPTIONS, names, refuse_old_names, section_keys
 
 __all__ = [
@@ -176,7 +176,8 @@ class RunConfig:
         allowed = names(self.kind)
         if self.objective != "none" and self.objective not in allowed:
             raise ValueError(
-                f"objective {self.objective!r} is not a {self.kind} objective; choose from {allowed} or 'none'"
+                f"objective {self.objective!r} is not an {self.kind} objective"
+                f"{did_you_mean(self.objective, [*allowed, 'none'])}; choose from {allowed} or 'none'"
             )
         for name, keys in SECTION_KEYS.items():
             old = sorted(set(getattr(self, name)) & set(RENAMED))

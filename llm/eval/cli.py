@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.hints import hint
 from tiltlab.llm.base.config_args import config_from_args, config_section_values
-from tiltlab.llm.base.data import load_prompts
+from tiltlab.llm.base.data import MissingBenchmark, load_prompts
 from tiltlab.llm.base.models import MODEL_ALIASES
 from tiltlab.llm.base.rollout import resolve_engine
 from tiltlab.llm.eval.config import EvalConfig, eval_from_run_config
@@ -37,17 +38,17 @@ def _check_model(name: str) -> None:
         return
     looks_local = name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") != 1
     if looks_local:
-        raise FileNotFoundError(
-            f"model {name!r} does not exist: pass --model with a local model directory, a hub id (org/name), "
-            f"tiny or one of {sorted(MODEL_ALIASES)}"
-        )
+        raise FileNotFoundError(f"model {name!r} does not exist: {hint('eval_model', aliases=sorted(MODEL_ALIASES))}")
 
 
 def _check_datasets(cfg) -> None:
     """Load every dataset once before the model: a benchmark that is not on disk fails in a second."""
 
     for name in cfg.datasets:
-        rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
+        try:
+            rows = load_prompts(name, data_dir=cfg.data_dir, limit=cfg.limit, seed=cfg.seed)
+        except MissingBenchmark as exc:
+            raise MissingBenchmark(f"{exc} ({hint('eval_data_dir')})") from None
         if not rows:
             raise ValueError(f"dataset {name!r} has no rows (after --limit); nothing to evaluate")
 
@@ -59,8 +60,8 @@ def _cli_main(args) -> int:
         values, rc = config_section_values(args, "eval")
         if "model" not in values and rc.objective != "none" and not Path(rc.output_dir).exists():
             raise FileNotFoundError(
-                f"the trained model {rc.output_dir} (output_dir of {args.config}) does not exist: run "
-                f"`tiltlab llm train --config {args.config}` first, or pass --model"
+                f"the trained model {rc.output_dir} (output_dir of {args.config}) does not exist: "
+                + hint("train_first", config=args.config)
             )
     _check_model(cfg.model)
     _check_datasets(cfg)

@@ -17,7 +17,9 @@ import socket
 import sys
 from pathlib import Path
 
+from tiltlab.dataclass_cli import did_you_mean
 from tiltlab.files import write_json
+from tiltlab.hints import hint
 from tiltlab.llm.base.config_args import read_config
 from tiltlab.llm.base.data import load_prompts, read_table
 from tiltlab.llm.base.models import load_model, load_tokenizer
@@ -27,7 +29,7 @@ from tiltlab.llm.disa.stage1 import read_manifest
 from tiltlab.llm.disa.stage2.run import load_log_z_predictor
 from tiltlab.llm.train import diagnose
 from tiltlab.llm.train.config import load_run_config
-from tiltlab.objectives.catalog import describe
+from tiltlab.objectives.catalog import describe, names
 
 __all__ = [
     "DEVICE_SWITCHES",
@@ -132,16 +134,12 @@ def resolve_checkpoint(resume: str, output_dir: str) -> str:
 
     where = Path(output_dir) if resume == "latest" else Path(resume)
     if not where.is_dir():
-        raise ValueError(
-            f"--resume {resume}: {str(where)!r} is not a directory; pass a checkpoint-N directory or latest"
-        )
+        raise ValueError(f"--resume {resume}: {str(where)!r} is not a directory; {hint('resume_from')}")
     if (where / "trainer_state.json").is_file():
         return str(where)
     last = get_last_checkpoint(str(where))
     if last is None:
-        raise ValueError(
-            f"--resume {resume}: no checkpoint-N directory in {str(where)!r}; train with trl.save_strategy=steps first"
-        )
+        raise ValueError(f"--resume {resume}: no checkpoint-N directory in {str(where)!r}; {hint('save_checkpoints')}")
     return last
 
 
@@ -273,11 +271,31 @@ def trainer_args(cfg, kw: dict | None = None, device_checks: bool = True):
     if cfg.kind == "online":
         from tiltlab.llm.train.online import TiltGRPOConfig
 
+        _close_loss_type(cfg.objective, kw.get("loss_type"))
         kw.setdefault("remove_unused_columns", False)
         return TiltGRPOConfig(**kw)
     from tiltlab.llm.train.offline import OfflineConfig
 
     return OfflineConfig(**kw)
+
+
+def _close_loss_type(objective: str, loss_type) -> None:
+    """A mistyped ``trl.loss_type`` named with its close match among the loss types ``objective``
+    implements and the objectives that are TRL loss types of their own (``loss_type="cispo"`` is
+    ``objective: cispo``). Any other value is left to :class:`TiltGRPOConfig`, whose check (the rule's,
+    in ``llm/train/online/config.py``) refuses it in its own words."""
+    from tiltlab.llm.train.online.config import loss_types
+
+    types = loss_types(objective)
+    own = names(tag="trl_loss_type")
+    if loss_type is None or loss_type in types or loss_type in own:
+        return
+    close = did_you_mean(str(loss_type), [*types, *own])
+    if close:
+        raise ValueError(
+            f"trl.loss_type={loss_type!r}{close}: objective={objective!r} implements loss_type in "
+            f"{types or '(none: leave it unset)'}"
+        )
 
 
 def dry_run(cfg) -> list[str]:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
+from tiltlab.hints import hint
 from tiltlab.llm.base.data import load_prompts
 from tiltlab.llm.base.rewards import math_reward
 from tiltlab.llm.disa.labels import check_label_compat
@@ -147,8 +148,16 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - launches 
         print(f"wrote {prepare(a.config, a.out, a.data_source)} rows to {a.out}")
         return
 
-    import hydra
-    from verl.trainer.main_ppo import run_ppo
+    try:  # veRL's GPU stack, not the verl extra: one line naming the package instead of a traceback
+        import hydra
+        from verl.trainer.main_ppo import run_ppo
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0] or str(exc)
+        package = {"hydra": "hydra-core"}.get(missing, missing)
+        sys.exit(
+            f"python -m tiltlab.llm.verl: error: veRL's trainer needs {missing}, which is not installed; "
+            + hint("verl_stack", package=package)
+        )
 
     @hydra.main(config_path=None, config_name=None, version_base=None)
     def _main(config: Any) -> None:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tiltlab.hints import hint
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _empty_selection, _list, _report_check
 from tiltlab.paper_checks.cli.records import (
@@ -30,7 +31,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     prefix, layer = args.only, args.layer
     if prefix in LAYERS:
         if layer and layer != prefix:
-            raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; give one of them")
+            raise ValueError(f"--only {prefix} (a layer) conflicts with --layer {layer}; {hint('only_or_layer')}")
         prefix, layer = None, prefix
     t0 = time.perf_counter()
     try:
@@ -42,19 +43,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     unchecked = [] if (layer or args.check) else _unchecked(prefix)
     if not chks and not unchecked:
         raise ValueError(_empty_selection(prefix, layer, args.check, args.slow or long_))
-    if args.list:
-        _list(chks, unchecked)
-        return 0
-    _check_writable_file(args.out)  # before any check runs
-    from tiltlab.claims import merging
-    from tiltlab.claims.llm_record import recorded_llm_rows
-    from tiltlab.claims.rows import read_record
-
-    old = None if args.replace else read_record(args.out)  # a non-record --out is refused before any run
-    prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)
-    hashes = _rule_hashes(chks)  # the rule files as this run finds them, with the commit it runs at
-    outs = runner._run(chks, args.seed, progress=True, jobs=args.jobs)
-    seconds = time.perf_counter() - t0
     sel = {
         "only": prefix,
         "layer": layer,
@@ -64,6 +52,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
         "claims": [str(d) for d in args.claims],
         "module": list(args.module),
     }
+    from tiltlab.claims import merging
+    from tiltlab.claims.llm_record import recorded_llm_rows
+
+    if args.list:  # what a run into a new --out would write and count
+        from tiltlab.claims import registry
+        from tiltlab.claims.counts import selection_scope
+
+        shipped = recorded_llm_rows()[0]
+        keys = [c.key for c in chks]
+        recorded = merging.check_run_rows(None, keys, shipped, prefix=prefix, layer=layer, name=args.check).recorded
+        _list(chks, unchecked, recorded, selection_scope(sel, registry.claims()))
+        return 0
+    _check_writable_file(args.out)  # before any check runs
+    from tiltlab.claims.rows import read_record
+
+    # a non-record --out is refused before any run, with --replace too: that writes over a record, not a user's file
+    old = read_record(args.out, "--out", hint("another_out", path=args.out))
+    old = None if args.replace else old
+    prov = _provenance(_check_command(args), "check", bool(args.slow) or long_, args.seed)
+    hashes = _rule_hashes(chks)  # the rule files as this run finds them, with the commit it runs at
+    outs = runner._run(chks, args.seed, progress=True, jobs=args.jobs)
+    seconds = time.perf_counter() - t0
     # the old record's rows not re-run, and the last full llm-layer run shipped with the repository merged
     # as recorded (not re-run): the merge policy is the claims core's (tiltlab.claims.merging)
     rows = merging.check_run_rows(

@@ -6,11 +6,12 @@ import json
 import shlex
 import shutil
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tiltlab.dataclass_cli import close_matches
+from tiltlab.hints import hint
 from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.runner import LAYERS
 
@@ -29,18 +30,31 @@ def reproducer(check, seed: int, claim_dirs: Sequence[Path] = (), modules: Seque
 
 
 def _counts_line(rec: dict[str, Any]) -> str:
-    """Check counts and claim counts, each labelled: "137 checks (verified 80, ...) of 70 claims
-    (claim verdicts: verified 46, ...)"."""
-    checks = ", ".join(f"{k} {v}" for k, v in rec["summary"]["verdicts"].items() if k != "unchecked")
-    claims = Counter(row["verdict"] for row in rec["claims"])
-    n_unchecked = len(rec.get("unchecked", []))
-    if n_unchecked:
-        claims["unchecked"] = n_unchecked
-    per_claim = ", ".join(f"{k} {v}" for k, v in sorted(claims.items()))
+    """Check counts and claim counts of the record, each labelled (:func:`tiltlab.claims.counts.record_counts`,
+    the numbers the report and README show): "137 checks (verified 80, ...) of 70 claims (per claim, ...:
+    verified 46, ..., unchecked 1)"."""
+    from tiltlab.claims.counts import record_counts
+
+    n = record_counts(rec)
+    checks = ", ".join(f"{k} {v}" for k, v in sorted(n.checks.items()))
+    per_claim = ", ".join(f"{k} {v}" for k, v in sorted(n.claims.items()))
     return (
-        f"{rec['summary']['checks']} checks ({checks}) of {sum(claims.values())} claims "
+        f"{n.n_checks} checks ({checks}) of {n.n_claims} claims "
         f"(per claim, its most informative check's verdict: {per_claim})"
     )
+
+
+def _not_run_note(claim_id: str) -> str:
+    """Why a claim that has checks has no row: the checks are all slow, long or of an opt-in layer, and
+    what to add to run them."""
+    from tiltlab.claims import registry
+
+    chks = [c for c in registry.checks() if c.claim_id == claim_id]
+    if chks and all(c.layer in registry.OPT_IN_LAYERS for c in chks):
+        return f"not run: its checks are {chks[0].layer}-layer checks; {hint('add_opt_in_layer', layer=chks[0].layer)}"
+    if chks and all(c.long for c in chks):
+        return f"not run: its checks are long; {hint('add_long')}"
+    return f"not run: its checks are slow; {hint('add_slow')}"
 
 
 def _print_failures(outs, seed: int, stream=None, claim_dirs=(), modules=()) -> None:
@@ -61,7 +75,7 @@ def _short(text: str, width: int = 36) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _table(outs, unchecked, stream=None) -> None:
+def _table(outs, unchecked, stream=None, not_run=()) -> None:
     stream = stream or sys.stdout
     from tiltlab.claims.registry import cite, get_claim
 
@@ -86,6 +100,8 @@ def _table(outs, unchecked, stream=None) -> None:
         rows.append((o.check.claim_id, _short(cite(get_claim(o.check.claim_id))), o.check.layer, verdict, ev))
     for u in unchecked:
         rows.append((u["claim"], _short(u["cite"]), "-", "unchecked", "no check registered"))
+    for cid in not_run:
+        rows.append((cid, _short(cite(get_claim(cid))), "-", "unchecked", _not_run_note(cid)))
     order = {layer: i for i, layer in enumerate(LAYERS)}
     rows.sort(key=lambda r: (r[0], order.get(r[2], len(order))))  # per claim: theory, sim, data, llm
     if not rows:
@@ -114,44 +130,77 @@ def _empty_selection(prefix: str | None, layer: str | None, name: str | None, sl
         )
         return (
             f"no {layer} checks exist yet (layers with checks: {', '.join(layers_with_checks)}); "
-            f"the LLM-scale claims are recorded as data: use --layer data{skipped}"
+            f"{hint('use_data_layer')}{skipped}"
         )
     if (
         not slow
         and registry.select(prefix, layer, True)
         and (not name or any(c.name == name for c in registry.select(prefix, layer, True)))
     ):
-        return "the selected checks are all slow: add --slow"
+        return f"the selected checks are all slow: {hint('add_slow')}"
     longs = [c for c in registry.select(prefix, layer, True, include_long=True) if not name or c.name == name]
     if longs and all(c.long for c in longs):
-        return "the selected checks are all long (hours): add --long"
+        return f"the selected checks are all long: {hint('add_long')}"
     opt_in = [
         c
         for c in registry.select(prefix, None, True, include_llm=True)
         if c.layer in registry.OPT_IN_LAYERS and (not name or c.name == name) and not layer
     ]
     if opt_in:
-        return (
-            f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: "
-            f"add --layer {opt_in[0].layer} --slow"
+        return f"--only {prefix} selects only {opt_in[0].layer}-layer checks, which run only when named: " + hint(
+            "add_opt_in_layer", layer=opt_in[0].layer
         )
     what = " ".join(
         f"{flag} {value}" for flag, value in (("--only", prefix), ("--layer", layer), ("--check", name)) if value
     )
-    return f"no check matches {what}; `tiltlab check --list` prints every check (claim, check name, layer)"
+    return f"no check matches {what}{_close_selection(prefix, name)}; {hint('list_checks')}"
 
 
-def _list(chks, unchecked=()) -> None:
-    """``tiltlab check --list``: one row per selected check (and per selected claim without a
-    check), nothing run."""
+def _close_selection(prefix: str | None, name: str | None) -> str:
+    """The close matches of a mistyped ``--only`` (among the claim ids and their dotted prefixes) and
+    ``--check`` (among the check names): `` (did you mean --only disa.prop1?)``, or ``""``."""
+    from tiltlab.claims import registry
+
+    found = []
+    ids = list(registry.claims())
+    if prefix and not any(cid.startswith(prefix) for cid in ids):
+        prefixes = {".".join(cid.split(".")[:i]) for cid in ids for i in range(1, cid.count(".") + 2)}
+        found += [f"--only {m}" for m in close_matches(prefix, sorted(prefixes), n=1)]
+    names = sorted({c.name for c in registry.checks()})
+    if name and name not in names:
+        found += [f"--check {m}" for m in close_matches(name, names, n=1)]
+    return f" (did you mean {', '.join(found)}?)" if found else ""
+
+
+def _list(chks, unchecked=(), recorded=(), scope=()) -> None:
+    """``tiltlab check --list``: one row per check the run would write (the selected checks, then the
+    shipped llm record's rows it would merge, marked recorded) and per counted claim without one
+    (:func:`tiltlab.claims.counts.claims_counted`: the claims ``tiltlab check`` would count), nothing run."""
+    from tiltlab.claims.counts import claims_counted
+
     rows = [(c.claim_id, c.name, c.layer, "long" if c.long else "slow" if c.slow else "") for c in chks]
-    rows += [(u["claim"], "(no check yet)", "-", "") for u in unchecked]
+    rows += [(str(r["claim"]), str(r["check"]), str(r["layer"]), "recorded") for r in recorded]
+    listed = {r[0] for r in rows}
+    no_check = {u["claim"] for u in unchecked}
+    claims = claims_counted(scope, listed)
+    rows += [
+        (cid, "(no check yet)" if cid in no_check else f"({_not_run_note(cid)})", "-", "")
+        for cid in claims
+        if cid not in listed
+    ]
     head = ("claim", "check", "layer", "slow")
     w = [max(len(r[i]) for r in [*rows, head]) for i in range(3)]
     print("  ".join(h.ljust(w[i]) if i < 3 else h for i, h in enumerate(head)).rstrip())
     for r in rows:
         print("  ".join(x.ljust(w[i]) if i < 3 else x for i, x in enumerate(r)).rstrip())
-    print(f"{len(rows)} check(s) selected ({sum(c.slow for c in chks)} slow); none run")
+    n_checks = len(chks) + len(recorded)
+    without = len(claims) - len(listed)
+    print(
+        f"{n_checks} checks of {len(claims)} claims: {len(chks)} to run ({sum(c.slow for c in chks)} slow)"
+        + (f", {len(recorded)} recorded (the shipped llm record's, not re-run)" if recorded else "")
+        + (f"; {without} claim(s) without a check to run" if without else "")
+        + "; none run"
+    )
 
 
 def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, rerendered=None) -> None:
@@ -160,9 +209,10 @@ def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, re
         sys.stdout.write("\n")
         _print_failures(outs, args.seed, sys.stderr, args.claims, args.module)
     else:
+        from tiltlab.claims.counts import record_counts
         from tiltlab.claims.rows import outcomes_from_rows
 
-        _table([*outs, *outcomes_from_rows(recorded)], unchecked)
+        _table([*outs, *outcomes_from_rows(recorded)], unchecked, not_run=record_counts(rec).not_run)
         print(
             f"\n{_counts_line(rec)}; ran {len(outs)} in {seconds:.1f} s; {rec['summary']['failures']} changed/crashed."
         )
@@ -171,13 +221,12 @@ def _report_check(args, outs, unchecked, rec, seconds, recorded=(), n_kept=0, re
             r0 = recorded[0]
             print(
                 f"note: {len(recorded)} llm check(s) shown as 'recorded' come from the shipped record of the last full "
-                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; "
-                "`tiltlab check --layer llm --slow` runs them"
+                f"llm-layer run (commit {r0.get('commit')}, {r0.get('run_at')}), not re-run; " + hint("llm_rows_check")
             )
         if n_kept:
             print(
                 f"note: merged into the existing record: {n_kept} check(s) kept from earlier runs with their own "
-                "time, mode and commit (--replace writes this run only)"
+                f"time, mode and commit ({hint('merged_into_record')})"
             )
         if rerendered is not None:
             print(f"report rewritten from the merged record: {rerendered}")

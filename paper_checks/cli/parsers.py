@@ -19,7 +19,7 @@ project, is merged and marked "recorded" (not re-run; never affects the exit sta
 
 The record is merged, never shrunk: a partial run replaces the rows of the checks it ran and keeps
 the others, each with the time, command, mode and commit of its run; --replace writes this run only.
-An --out that is not a tiltlab record is refused.
+An --out that is not a tiltlab record is refused (with --replace too).
 A check that records expected per-item outcomes fails when an item changes, even if its verdict
 does not.
 
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--long",
         action="store_true",
-        help="include checks marked long (hours; never part of a layer's run; implies --slow)",
+        help="include checks marked long (the longest llm-layer runs; never part of a layer's run; implies --slow)",
     )
     p.add_argument("--json", action="store_true", help="print the JSON record to stdout instead of the table")
     p.add_argument(
@@ -110,19 +110,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replace",
         action="store_true",
-        help="write only this run's checks to --out (default: merge into an existing record, keeping the rows of "
-        "checks not run now with their own time, mode and commit)",
+        help="write only this run's checks to --out, over an existing record (default: merge into it, keeping the "
+        "rows of checks not run now with their own time, mode and commit); a file that is not a record is never "
+        "overwritten",
     )
     p.set_defaults(func=_cmd_check)
 
     r = subparsers.add_parser(
         "reproduce", help="all checks + all simulator figures -> REPORT.md and report.html", description=_REPRO_HELP
     )
-    r.add_argument("--quick", action="store_true", help="fast figure settings, skip slow checks (under 2 minutes)")
+    r.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced figure settings, skip the slow checks (measured run times: README's timings table, from records)",
+    )
     r.add_argument(
         "--llm",
         action="store_true",
-        help="also run the llm-layer checks (small real models trained on CPU; tens of minutes; needs the [llm] extra)",
+        help="also run the llm-layer checks (small real models trained on CPU, slow: the shipped llm record gives "
+        "its run's wall time; needs the [llm] extra)",
     )
     r.add_argument("--seed", type=int, default=0, help="seed for every check and figure (default 0)")
     r.add_argument(

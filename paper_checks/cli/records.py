@@ -117,7 +117,7 @@ def _record(
             "verdicts": dict(sorted(counts.items())),
             "seconds": round(seconds, 3),
         },
-        "claims": _claim_verdicts(all_outs),
+        "claims": _claim_verdicts(all_outs, selection),
         "checks": sorted(rows, key=lambda r: (r["claim"], r["layer"], r["check"])),
         "unchecked": unchecked,
     }
@@ -171,11 +171,13 @@ def _write_json(path: Path, rec: dict[str, Any]) -> None:
     write_json(path, rec)
 
 
-def _claim_verdicts(outs) -> list[dict[str, Any]]:
-    """One row per claim with checks in ``outs`` (:func:`tiltlab.claims.decision.claim_rows`)."""
-    from tiltlab.claims.decision import claim_rows
+def _claim_verdicts(outs, selection: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per claim the run counts (:func:`tiltlab.claims.counts.record_claim_rows`: the claims of
+    ``outs`` and those its selection speaks for, ``unchecked`` without a row)."""
+    from tiltlab.claims import registry
+    from tiltlab.claims.counts import record_claim_rows, selection_scope
 
-    return claim_rows(outs)
+    return record_claim_rows(outs, selection_scope(selection, registry.claims()))
 
 
 def _runtime(wall: float) -> dict[str, Any]:

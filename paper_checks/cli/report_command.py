@@ -10,6 +10,7 @@ from typing import Any
 
 from tiltlab.claims import pinned
 from tiltlab.files import write_text
+from tiltlab.hints import hint
 from tiltlab.paper_checks import catalog
 from tiltlab.paper_checks.cli.records import _check_writable_file
 from tiltlab.paper_checks.cli.runner import _ALL_LLM, COSTS_FILE
@@ -34,7 +35,7 @@ def _rejudge(path: Path) -> int:
     from tiltlab.claims.rejudging import rejudge_rows
     from tiltlab.claims.rows import read_record, respecified_views
 
-    rec = read_record(path, "--rejudge")
+    rec = read_record(path, "--rejudge", hint("record_to_rejudge"))
     if rec is None:
         raise FileNotFoundError(f"--rejudge {path}: no such file")
     catalog.discover()  # the checks' re-derivations of their item values from their raw values
@@ -110,11 +111,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _preregister(args.preregister)
     if args.rejudge is not None:
         return _rejudge(args.rejudge)
-    rec = rows.read_record(args.record, "--record")
+    rec = rows.read_record(args.record, "--record", hint("record_for_report", path=args.record))
     if rec is None:
-        raise FileNotFoundError(
-            f"--record {args.record}: no such file; run `tiltlab reproduce` (or `tiltlab check`) first"
-        )
+        raise FileNotFoundError(f"--record {args.record}: no such file; {hint('no_record_yet')}")
     if args.pin:
         from tiltlab.claims import registry
 
@@ -146,8 +145,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _write_docs(args, rec)
     if "figures" not in rec:
         raise ValueError(
-            f"--record {args.record} is a `tiltlab check` record (no figures); the full report needs a "
-            "`tiltlab reproduce` record, or pass --format / --docs"
+            f"--record {args.record} is a `tiltlab check` record (no figures); {hint('report_needs_reproduce')}"
         )
     md, ht = P.write_report(P.report_input_from_record(rec, args.record.parent))
     print(f"report rewritten from {args.record}: {md}, {ht}")
@@ -185,7 +183,7 @@ def _write_docs(args: argparse.Namespace, rec: dict[str, Any]) -> int:
     llm_rec = llm_record.load_llm_record()
     timing_recs = [rec]
     for path in args.timings:
-        other = rows.read_record(path, "--timings")
+        other = rows.read_record(path, "--timings", hint("record_for_timings"))
         if other is None:
             raise FileNotFoundError(f"--timings {path}: no such file")
         timing_recs.append(other)

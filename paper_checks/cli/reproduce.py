@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from tiltlab.files import staging_dir
+from tiltlab.hints import hint
 from tiltlab.paper_checks.cli import runner  # _select and _run through the module: tests replace them there
 from tiltlab.paper_checks.cli.console import _counts_line, _empty_selection, _print_failures
 from tiltlab.paper_checks.cli.records import (
@@ -153,8 +154,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if args.quick and old and not old.get("selection", {}).get("quick", True):
         raise ValueError(
             f"--out {out} holds a full-mode run ({old.get('generated_at')}, commit {old.get('commit') or 'unknown'}); "
-            "--quick would replace it with reduced figures and without the slow checks: pass another --out "
-            "(the default for --quick is results/quick)"
+            + hint(
+                "quick_over_full", what="it with reduced figures and without the slow checks", default="results/quick"
+            )
         )
     chks = runner._select(None, None, None, include_slow=not args.quick)
     if args.llm:
@@ -247,7 +249,7 @@ def _reproduce_into(args, tmp: Path, out: Path, chks, recorded, t0: float) -> in
         r0 = recorded[0]
         print(
             f"{len(recorded)} llm checks recorded, not re-run (the shipped llm-layer record: commit {r0.get('commit')}, "
-            f"{r0.get('run_at')}); `tiltlab reproduce --llm` runs them"
+            f"{r0.get('run_at')}); " + hint("llm_rows_reproduce")
         )
     _print_failures(outs, args.seed)
     if problems:

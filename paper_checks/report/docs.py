@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,36 +60,41 @@ def _machine_text(m: Any) -> str:
 
 
 def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -> str:
-    """The README's results section: registry counts, the run's claim / check counts and the
-    verdict table per paper, stamped with the run's date, commit, machine and load."""
+    """The README's results section: registry counts, the record's claim / check counts
+    (:func:`tiltlab.claims.counts.record_counts`, the numbers ``tiltlab check`` and ``reproduce`` print for
+    it) and the verdict table per paper, stamped with the commands that made the record, its date,
+    commit, machine and load."""
+    from tiltlab.claims.counts import claims_counted, record_counts, record_scope
     from tiltlab.claims.rows import outcomes_from_rows
 
     catalog.discover()
     outs = outcomes_from_rows(rec.get("checks", []))
-    inp = ReportInput(claims=registry.claims(), outcomes=outs)
-    rows = claim_rows(inp)
+    n = record_counts(rec, outs)
+    declared = registry.claims()
+    counted = claims_counted(record_scope(rec, declared), (o.check.claim_id for o in outs))
+    rows = claim_rows(ReportInput(claims={c: declared[c] for c in counted if c in declared}, outcomes=outs))
     counts = _counts(rows)
-    per_check = Counter(o.verdict for o in outs)
+    per_check = n.checks
     sel = rec.get("selection") or {}
     mode = "quick mode" if sel.get("quick") else "full mode"
     mach = (rec.get("runtime") or {}).get("machine") or rec.get("machine")
-    n_rec = sum(1 for o in outs if o.source == "recorded")
     L = [registry_sentence(), ""]
-    what = "`tiltlab reproduce" + (" --quick" if sel.get("quick") else "") + "`"
-    if not sel.get("reproduce"):
-        what = f"`{(rec.get('checks') or [{}])[0].get('command') or 'tiltlab check'}`"
     L.append(
-        f"{what} (seed {rec.get('seed', 0)}, {mode}; run {_when(rec.get('generated_at'))} at commit "
-        f"{rec.get('commit') or 'unknown'} on {_machine_text(mach)}) judged {len(rows)} claims with {len(outs)} checks"
+        f"From the record of {record_commands(rec)} (seed {rec.get('seed', 0)}, {mode}; run "
+        f"{_when(rec.get('generated_at'))} at commit {rec.get('commit') or 'unknown'} on {_machine_text(mach)}): "
+        f"{n.n_checks} checks of {n.n_claims} claims"
         + (
-            f", {n_rec} of them the llm-layer checks recorded in the shipped llm record "
-            f"(commit {llm_rec.get('commit')}, {_when(llm_rec.get('date'))}; not re-run)"
-            if n_rec and llm_rec
+            f" ({n.recorded} of the checks from the shipped llm record: commit {llm_rec.get('commit')}, "
+            f"{_when(llm_rec.get('date'))}; not re-run)"
+            if n.recorded and llm_rec
             else ""
         )
-        + ". Two counts, labelled the way `reproduce` and `check` print them"
-        + (" (claims whose checks are all slow count as unchecked in quick mode)" if sel.get("quick") else "")
-        + ":"
+        + (
+            f"; unchecked here because this run did not select their checks: {', '.join(f'`{c}`' for c in n.not_run)}"
+            if n.not_run
+            else ""
+        )
+        + ". Two counts, labelled the way `reproduce` and `check` print them:"
     )
     L.append("")
     c = counts["all"]
@@ -116,6 +120,14 @@ def results_section(rec: Mapping[str, Any], llm_rec: Mapping[str, Any] | None) -
             + f" | {sum(cn.values())} |"
         )
     return "\n".join(L)
+
+
+def record_commands(rec: Mapping[str, Any]) -> str:
+    """The commands whose runs made the record's own rows (not the shipped llm record's), backticked, in
+    the order they first appear: ```tiltlab check```, or ```tiltlab check` and `tiltlab check --slow```."""
+    cmds = dict.fromkeys(str(r.get("command")) for r in rec.get("checks", []) if r.get("source") != "recorded")
+    cmds.pop("None", None)
+    return " and ".join(f"`{c}`" for c in cmds) or "`tiltlab check`"
 
 
 def timings_section(records: Sequence[Mapping[str, Any]], llm_rec: Mapping[str, Any] | None) -> str:

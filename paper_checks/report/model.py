@@ -16,6 +16,7 @@ from typing import Any
 from tiltlab.claims import registry
 from tiltlab.claims.decision import _LAYER_ORDER, claim_decision, claim_status
 from tiltlab.claims.registry import Claim, Outcome, Paper, cite
+from tiltlab.hints import hint
 
 #: The documents, in the repository, that a report sends its reader to.
 SPEC_DOCS = (
@@ -221,7 +222,7 @@ def claim_rows(inp: ReportInput) -> list[dict[str, Any]]:
 def _no_outcome_note(claim_id: str) -> str:
     """Why a claim has no outcome in this run: no check at all, or only slow checks (skipped)."""
     if any(c.claim_id == claim_id for c in registry.checks()):
-        return "not run in this mode: its checks are slow (run `tiltlab reproduce` without --quick, or `tiltlab check --slow`)."
+        return f"not run in this mode: its checks are slow ({hint('slow_not_run')})."
     return "no check registered yet."
 
 

@@ -29,13 +29,18 @@ def write_report(inp: ReportInput) -> tuple[Path, Path]:
 
 def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInput:
     """A :class:`ReportInput` rebuilt from a ``tiltlab reproduce`` record (``claims.json`` in
-    ``out_dir``), e.g. after ``tiltlab check`` merged a partial run into it. Outcomes keep their
-    provenance, so the report says which run, mode and commit each number came from."""
+    ``out_dir``), e.g. after ``tiltlab check`` merged a partial run into it, over the claims the record
+    counts (:mod:`tiltlab.claims.counts`). Outcomes keep their provenance, so the report says which run,
+    mode and commit each number came from."""
     from types import SimpleNamespace
 
+    from tiltlab.claims.counts import claims_counted, record_scope
     from tiltlab.claims.rows import outcomes_from_rows
 
     catalog.discover()
+    outs = outcomes_from_rows(rec.get("checks", []))
+    declared = registry.claims()
+    counted = claims_counted(record_scope(rec, declared), (o.check.claim_id for o in outs))
     figs = []
     for f in rec.get("figures", []):
         d = dict(f)
@@ -48,8 +53,8 @@ def report_input_from_record(rec: Mapping[str, Any], out_dir: Path) -> ReportInp
     rep = rec.get("report") or {}
     sel = rec.get("selection") or {}
     return ReportInput(
-        claims=registry.claims(),
-        outcomes=outcomes_from_rows(rec.get("checks", [])),
+        claims={c: declared[c] for c in counted if c in declared},  # the claims the record counts
+        outcomes=outs,
         figures=figs,
         missing_figures=dict(rec.get("figures_missing") or {}),
         env=dict(rec.get("environment") or {}),

@@ -87,14 +87,14 @@ def test_the_train_cli_offers_it(toy):
 def test_the_run_config_accepts_it_and_forgets_it_afterwards():
     from tiltlab.llm.base.run_config import RunConfig
 
-    with pytest.raises(ValueError, match="not a online objective"):
+    with pytest.raises(ValueError, match="not an online objective"):
         RunConfig(model="tiny", objective=TOY)
     spec = Spec(TOY, "pg.grpo_loss", ("token_logp_old", "advantages"), "pg", frozenset({"online"}))
     with registry.registered(spec, lambda b, o: LossOutput(b.token_logp.sum())):
         assert RunConfig(model="tiny", objective=TOY).objective == TOY
-        with pytest.raises(ValueError, match="not a offline objective"):
+        with pytest.raises(ValueError, match="not an offline objective"):
             RunConfig(model="tiny", kind="offline", objective=TOY)
-    with pytest.raises(ValueError, match="not a online objective"):
+    with pytest.raises(ValueError, match="not an online objective"):
         RunConfig(model="tiny", objective=TOY)
 
 

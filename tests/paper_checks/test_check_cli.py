@@ -147,7 +147,7 @@ def test_list_prints_the_selection_and_runs_nothing(isolated_registry, tmp_path,
     assert rows[0].split() == ["claim", "check", "layer", "slow"]
     assert rows[1].split() == ["zz_fake.claim", "fast_one", "sim"]
     assert rows[2].split() == ["zz_fake.claim", "slow_one", "sim", "slow"]
-    assert rows[3].startswith("2 check(s) selected (1 slow); none run")
+    assert rows[3] == "2 checks of 1 claims: 2 to run (1 slow); none run"
     assert calls == [] and not out.exists()
 
 

@@ -67,7 +67,7 @@ def test_the_layer_run_leaves_the_long_check_out_and_long_runs_it(isolated_regis
     assert row["command"] == "tiltlab check --layer llm --check tiny2 --long --seed 2" and row["slow"]
     capsys.readouterr()
     assert _check("--layer", "llm", "--check", "tiny2", "--out", str(tmp_path / "x.json")) == 2
-    assert "all long (hours): add --long" in capsys.readouterr().err
+    assert "the selected checks are all long: add --long" in capsys.readouterr().err
     assert _check("--layer", "llm", "--long", "--list") == 0
     listed = capsys.readouterr().out
     assert any(line.split()[1:4] == ["tiny2", "llm", "long"] for line in listed.splitlines() if "tiny2" in line)

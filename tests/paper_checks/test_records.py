@@ -127,11 +127,15 @@ def test_an_out_that_is_not_a_record_is_refused_before_any_check_runs(isolated_r
     out.write_text("my notes, not a record\n")
     assert _check("--only", "zz_fake", "--out", str(out)) == 2
     err = capsys.readouterr().err.strip()
-    assert (
-        err.startswith(f"tiltlab check: error: --out {out} exists and is not a tiltlab record") and "--replace" in err
-    )
+    assert err.startswith(f"tiltlab check: error: --out {out} exists and is not a tiltlab record")
+    assert err.endswith(f"pass another --out ({out} is left as it is)") and "--replace" not in err
     assert calls == [] and out.read_text() == "my notes, not a record\n"
-    assert _check("--only", "zz_fake", "--replace", "--out", str(out)) == 0 and len(_rows(out)) == 3
+    # --replace writes over a record, never over a file that is not one
+    assert _check("--only", "zz_fake", "--replace", "--out", str(out)) == 2
+    assert calls == [] and out.read_text() == "my notes, not a record\n"
+    assert _check("--only", "zz_fake", "--out", str(out.with_name("other.json"))) == 0
+    assert _check("--only", "zz_fake", "--replace", "--out", str(out.with_name("other.json"))) == 0
+    assert len(_rows(out.with_name("other.json"))) == 3
 
 
 @pytest.mark.parametrize("content", ['{"claims": []}', "[1, 2]", '{"checks": "not a list"}'])

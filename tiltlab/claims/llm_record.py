@@ -25,6 +25,7 @@ from tiltlab.claims import paths, prereg, registry
 from tiltlab.claims.provenance import git_commit
 from tiltlab.claims.registry import PROVENANCE_FIELDS
 from tiltlab.claims.rows import outcomes_from_rows, read_record, respecification_of, row_key, write_json
+from tiltlab.hints import hint
 
 __all__ = [
     "LLM_RECORD",
@@ -125,7 +126,7 @@ def ship_llm_record(
     ``rule_commit``: its registration commit. ``machine``, ``summary.seconds`` and ``generated_at``
     default to the record's."""
     registry.require_catalogued("llm_record.ship_llm_record")
-    rec = read_record(Path(src), "--ship-llm")
+    rec = read_record(Path(src), "--ship-llm", hint("record_to_ship"))
     if rec is None:
         raise FileNotFoundError(f"--ship-llm {src}: no such file")
     want = {c.key for c in registry.checks() if c.layer == "llm" and not c.long}

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiltlab.claims import registry
+from tiltlab.claims.counts import record_claim_rows, record_scope
 from tiltlab.claims.llm_record import selects
-from tiltlab.claims.rows import row_key
+from tiltlab.claims.rows import outcomes_from_rows, row_key
 
 __all__ = [
     "REPRODUCE_KEYS",
@@ -110,7 +111,8 @@ def merge_record_header(
 ) -> dict[str, Any]:
     """``rec`` (the record of a run merged into ``old``, rows already chosen by :func:`check_run_rows`) with what
     it keeps of ``old``: the ``history`` of runs (the old one's, or an entry for the old record, then this
-    run's), the unchecked claims of both (:func:`merge_unchecked`), and for a ``tiltlab reproduce`` record (it
+    run's), the unchecked claims of both (:func:`merge_unchecked`), the claim verdicts over the merged rows
+    and every run's selection (:func:`tiltlab.claims.counts.record_claim_rows`), and for a ``tiltlab reproduce`` record (it
     has ``figures``) its header (:data:`REPRODUCE_KEYS`, time, commit, machine, seed, selection, runtime) with
     ``updated_at`` = ``run_at``. Without ``old`` (no record, ``--replace``) ``rec`` is unchanged. Updates
     ``rec`` in place and returns it."""
@@ -118,6 +120,8 @@ def merge_record_header(
         return rec
     rec["history"] = [*old.get("history", [history_entry(old)]), history_entry(rec)]
     rec["unchecked"] = merge_unchecked(old.get("unchecked", []), unchecked)
+    # the claims of the merged rows and of every run's selection (tiltlab.claims.counts)
+    rec["claims"] = record_claim_rows(outcomes_from_rows(rec.get("checks", [])), record_scope(rec))
     if "figures" in old:
         for key in _REPRODUCE_HEADER:
             if key in old:

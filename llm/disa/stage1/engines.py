@@ -232,7 +232,7 @@ class _Models:
 
 def _loud_truncation_warning(cfg: Stage1Config) -> None:
     msg = (
-        f"Stage 1 sampler truncates support (top_k={cfg.top_k}, top_p={cfg.top_p}): absolute continuity "
+        f"Stage 1 sampler truncates support ({', '.join(cfg.truncating())}): absolute continuity "
         "(DISA App. C.1) fails and the labels log Z_hat are biased LOW by the tilted mass outside the "
         "truncated support. Proceeding because allow_truncated=True; the manifest records it."
     )

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tiltlab.files import write_parquet
+from tiltlab.hints import hint
 from tiltlab.llm.base.data import load_prompts
 from tiltlab.llm.base.models import default_device
 from tiltlab.llm.base.rewards import resolve_reward
@@ -85,10 +86,12 @@ def run_stage1(
 
     if cfg.truncated_support:
         if not cfg.allow_truncated:
+            bad = cfg.truncating()
+            fixes = [hint("untruncated_top_k")] * (cfg.top_k > 0) + [hint("untruncated_top_p")] * (cfg.top_p < 1.0)
             raise ValueError(
-                f"top_k={cfg.top_k} / top_p={cfg.top_p} truncate the proposal's support, which breaks DISA's "
-                "absolute-continuity condition (App. C.1) and biases log Z_hat low. Use top_k=0, top_p=1, "
-                "or pass allow_truncated=True (--allow-truncated) to proceed anyway."
+                f"the sampler truncates the proposal's support ({' and '.join(bad)}), which breaks DISA's "
+                "absolute-continuity condition (App. C.1) and biases log Z_hat low. Use "
+                f"{' and '.join(fixes)}, or {hint('allow_truncated')}."
             )
         _loud_truncation_warning(cfg)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import tiltlab.llm.disa.stage2 as package
 from tiltlab.dataclass_cli import add_dataclass_args
+from tiltlab.hints import hint
 from tiltlab.llm.base.config_args import config_from_args
 from tiltlab.llm.disa.stage1 import MANIFEST
 from tiltlab.llm.disa.stage2.config import Stage2Config
@@ -59,8 +60,7 @@ def _cli_main(args) -> int:
     cfg = config_from_args(Stage2Config, args, section="stage2")
     if not (Path(cfg.labels) / MANIFEST).is_file():
         raise FileNotFoundError(
-            f"no Stage 1 output in {cfg.labels} (no {MANIFEST}): run `tiltlab llm stage1 --out-dir {cfg.labels} ...` "
-            "first, or point --labels at a Stage 1 --out-dir"
+            f"no Stage 1 output in {cfg.labels} (no {MANIFEST}): {hint('stage1_first', labels=cfg.labels)}"
         )
     print(f"[stage2] fitting on the Stage 1 labels in {cfg.labels}", file=sys.stderr, flush=True)
     m = run_stage2(cfg, progress=not args.quiet)
