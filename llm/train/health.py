@@ -15,6 +15,11 @@ than before, overshot its own target). :class:`HealthMonitor` reads every logged
 * ``overshoot``: more than ``flip_frac`` of the batch's residuals change sign in the update, or the
   residuals are larger after it than before (``residual/after_over_before > 1``), for ``patience``
   consecutive steps;
+* ``kl``: the sequence-level KL(pi || pi_ref) on the batch exceeds ``kl_bound`` for ``patience`` consecutive
+  steps. For the TB objectives with an affine reward transform the default bound is ``tilt_beta x
+  reward_scale``: with rewards in [0, 1], no tilted target ``pi_ref e^{beta r~} / Z`` is further than that
+  from pi_ref (``KL(pi* || pi_ref) = beta E_pi*[r~] - log Z <= beta (max r~ - min r~)``), so a policy beyond it
+  has left every target the loss can fit;
 * ``validation``: the validation metric falls below its value at the start (``eval_on_start``) at
   ``patience`` consecutive evaluations (two at least are needed to see a fall).
 
@@ -41,6 +46,7 @@ class HealthBounds:
     residual_factor: float = 3.0
     grad_norm_factor: float = 10.0
     flip_frac: float = 0.5
+    kl_bound: float | None = None
 
     def __post_init__(self) -> None:
         if self.patience < 1:
@@ -48,6 +54,8 @@ class HealthBounds:
         for name in ("residual_factor", "grad_norm_factor"):
             if not getattr(self, name) > 1.0:
                 raise ValueError(f"health_{name} must be > 1, got {getattr(self, name)}")
+        if self.kl_bound is not None and not self.kl_bound > 0.0:
+            raise ValueError(f"health_kl_bound must be > 0, got {self.kl_bound}")
         if not 0.0 < self.flip_frac < 1.0:
             raise ValueError(f"health_flip_frac must lie in (0, 1), got {self.flip_frac}")
 
@@ -72,6 +80,15 @@ class HealthMonitor(TrainerCallback):
         bd = self.bounds
         self._track(step, "residual", logs.get("residual"), bd.residual_factor, "mean |TB residual|")
         self._track(step, "grad_norm", logs.get("grad_norm"), bd.grad_norm_factor, "gradient norm (before clipping)")
+        kl = logs.get("kl_ref_seq")
+        if kl is not None and bd.kl_bound is not None:
+            v = float(kl)
+            self._count(
+                step,
+                "kl",
+                not v <= bd.kl_bound,  # a NaN counts as over the bound
+                f"sequence KL(pi || pi_ref) {v:.4g} > {bd.kl_bound:g}, the largest any tilted target has",
+            )
         flips, ratio = logs.get("residual/flip_frac"), logs.get("residual/after_over_before")
         if flips is not None or ratio is not None:
             # "not <=": a NaN share or ratio counts as over the bound
@@ -143,11 +160,26 @@ class HealthMonitor(TrainerCallback):
             self.observe_eval(int(state.global_step), metrics)
 
 
+KL_BOUNDED = ("disa", "flowrl", "vargrad")
+"""The objectives whose target is ``pi_ref e^{tilt_beta r~} / Z`` (the KL bound's default applies to them)."""
+
+
+def default_kl_bound(args: Any) -> float | None:
+    """``tilt_beta x reward_scale`` for :data:`KL_BOUNDED` objectives with an affine reward transform (rewards in
+    [0, 1]), else None (no KL warning): the module docstring says why."""
+    if args.objective in KL_BOUNDED and getattr(args, "reward_transform", None) == "affine":
+        return float(args.tilt_beta) * float(args.reward_scale)
+    return None
+
+
 def bounds_of(args: Any) -> HealthBounds:
-    """:class:`HealthBounds` from a trainer config's ``health_*`` fields."""
+    """:class:`HealthBounds` from a trainer config's ``health_*`` fields (``health_kl_bound`` None:
+    :func:`default_kl_bound`)."""
+    kl = getattr(args, "health_kl_bound", None)
     return HealthBounds(
         patience=int(args.health_patience),
         residual_factor=float(args.health_residual_factor),
         grad_norm_factor=float(args.health_grad_norm_factor),
         flip_frac=float(args.health_flip_frac),
+        kl_bound=float(kl) if kl is not None else default_kl_bound(args),
     )

@@ -203,6 +203,13 @@ class TiltGRPOConfig(GRPOConfig, _TBOptions, _ObjectiveKnobs):
         default=10.0,
         metadata={"help": "warn when the gradient norm (before clipping) exceeds this times its first step's"},
     )
+    health_kl_bound: float | None = field(
+        default=None,
+        metadata={
+            "help": "warn when the sequence KL(pi || pi_ref) exceeds this; default (None): tilt_beta x reward_scale "
+            "for disa / flowrl / vargrad with an affine reward transform (no tilted target is further from pi_ref)"
+        },
+    )
     health_flip_frac: float = field(
         default=0.5,
         metadata={

@@ -361,3 +361,31 @@ def test_one_disa_step_equals_a_plain_computation_sign_scale_logprobs_and_grad_c
         # 1e-4 of the update, plus two float32 ulps of the weight (the rounding of w + update)
         bound = 1e-4 * want.abs() + 2.4e-7 * before[k].abs() + 1e-12
         assert bool(((got - want).abs() <= bound).all()), (k, float((got - want).abs().max()))
+
+
+def test_the_kl_bound_warns_beyond_every_tilted_target_and_not_at_it():
+    m = _monitor(patience=3, kl_bound=2.0)
+    _feed(m, "kl_ref_seq", [0.0, 1.8, 2.1, 2.5, 3.0, 7.6])
+    assert [(w["kind"], w["step"]) for w in m.warnings] == [("kl", 5)]
+    m = _monitor(patience=2, kl_bound=2.0)
+    _feed(m, "kl_ref_seq", [2.0, 2.0, 2.0, float("nan"), float("nan")])  # at the bound: no; NaN: over it
+    assert [(w["kind"], w["step"]) for w in m.warnings] == [("kl", 5)]
+    m = _monitor(patience=1)  # no bound (not a tilted objective): never
+    _feed(m, "kl_ref_seq", [50.0, 80.0])
+    assert m.warnings == []
+
+
+def test_the_default_kl_bound_is_tilt_beta_times_the_reward_scale_for_tilted_objectives(tmp_path):
+    from tiltlab.llm.train.health import bounds_of
+    from tiltlab.llm.train.online import TiltGRPOConfig
+
+    def cfg(**kw):
+        return TiltGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+
+    assert bounds_of(cfg(objective="disa", tilt_beta=2.5, reward_scale=0.8)).kl_bound == pytest.approx(2.0)
+    assert bounds_of(cfg(objective="flowrl", tilt_beta=2.0, reward_transform="affine")).kl_bound == 2.0
+    assert bounds_of(cfg(objective="flowrl", tilt_beta=2.0)).kl_bound is None  # group_norm: r~ is not in [0, 1]
+    assert bounds_of(cfg(objective="grpo")).kl_bound is None
+    assert bounds_of(cfg(objective="grpo", health_kl_bound=4.0)).kl_bound == 4.0  # an explicit bound is kept
+    with pytest.raises(ValueError, match="health_kl_bound must be > 0"):
+        cfg(objective="disa", tilt_beta=2.0, health_kl_bound=0.0)
