@@ -99,8 +99,47 @@ def one_run(
     return res
 
 
-def make_record(root: Path) -> dict[str, Any]:
-    """Every run summary under ``root`` with the commit, date and machine."""
+def profile(default: dict[str, Any], no_is: dict[str, Any]) -> dict[str, Any]:
+    """Two runs of one config side by side, one with TRL's vLLM importance-sampling correction off (the pi_old
+    log-prob pass it needs is skipped): their mean step times and the largest relative difference of their per-step
+    losses (with colocated fp32 vLLM the sampler is the policy: the correction's weights are ~1)."""
+    diffs = [abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(default["steps"], no_is["steps"])]
+    return {
+        "runs": [default["name"], no_is["name"]],
+        "step_times": {"default": default["step_times"], "no_is_correction": no_is["step_times"]},
+        "max_rel_loss_diff": max(diffs),
+        "steps": len(diffs),
+    }
+
+
+def render_profile(record: dict[str, Any]) -> str:
+    """docs/llm-runs.md's step-time table: mean seconds per optimizer step and its parts, both runs."""
+    prof = record["profile"]
+    a, b = prof["step_times"]["default"], prof["step_times"]["no_is_correction"]
+    names = {
+        "step_time": "whole step (TRL's step_time)",
+        "time/generate_and_score": "generate and score (below, and the rest of TRL's batch building)",
+        "time/vLLM.generate": "  vLLM generation",
+        "time/generation_logps": "  log-prob passes at generation (pi_ref; pi_old for the IS correction)",
+        "time/sync_weights": "  weight sync to vLLM",
+        "time/residual_flips": "after-step residual pass (log_residual_flips)",
+    }
+    lines = ["| part | default (s) | IS correction off (s) |", "|---|---:|---:|"]
+    for k, label in names.items():
+        lines.append(f"| {label} | {_f(a.get(k))} | {_f(b.get(k))} |")
+    rest_a = a["step_time"] - a["time/generate_and_score"] - a.get("time/residual_flips", 0.0)
+    rest_b = b["step_time"] - b["time/generate_and_score"] - b.get("time/residual_flips", 0.0)
+    lines.append(f"| loss forward, backward, optimizer (the rest) | {_f(rest_a)} | {_f(rest_b)} |")
+    lines.append(
+        f"\n{prof['steps']} steps each; the per-step losses of the two runs differ by at most "
+        f"{prof['max_rel_loss_diff']:.1e} (relative)."
+    )
+    return "\n".join(lines)
+
+
+def make_record(root: Path, profile_root: Path | None = None, note: str = "") -> dict[str, Any]:
+    """Every run summary under ``root`` (and the profile pair under ``profile_root``) with the commit the record was
+    written at, the date, the machine and ``note`` (which code the runs ran on, when it was not that commit)."""
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln),
@@ -108,13 +147,23 @@ def make_record(root: Path) -> dict[str, Any]:
     )
     task = json.loads((root / "task" / "task.json").read_text())
     runs = [json.loads(p.read_text()) for p in sorted(root.glob("*.summary.json"))]
+    extra = {}
+    if profile_root is not None:
+        found = {
+            p.name.removesuffix(".summary.json"): json.loads(p.read_text()) for p in profile_root.glob("*.summary.json")
+        }
+        (prof,) = [v for k, v in found.items() if k.endswith("-prof")]
+        (no_is,) = [v for k, v in found.items() if k.endswith("-no-is")]
+        extra["profile"] = profile(prof, no_is)
     return {
         "what": "TB-family runs of the real-model comparison's task at several learning rates (benchmarks/tb_stability.py)",
         "commit": commit,
         "date": dt.date.today().isoformat(),
         "machine": f"{cpu}, {platform.python_version()}",
+        "note": note,
         "task": {k: task[k] for k in ("seed", "n_train", "n_heldout", "mean_pass_train")},
         "runs": runs,
+        **extra,
     }
 
 
@@ -172,16 +221,25 @@ def render(record: dict[str, Any]) -> str:
 
 START, END = "<!-- tb-stability:start -->", "<!-- tb-stability:end -->"
 """The generated block of docs/llm-runs.md (:func:`update_docs`)."""
+PROFILE_START, PROFILE_END = "<!-- tb-stability-profile:start -->", "<!-- tb-stability-profile:end -->"
+"""The generated step-time block (:func:`render_profile`)."""
+
+
+def _replace(text: str, start: str, end: str, body: str, doc: Path) -> str:
+    if start not in text or end not in text:
+        raise ValueError(f"{doc}: no {start} ... {end} block")
+    a, b = text.index(start) + len(start), text.index(end)
+    return text[:a] + "\n" + body + "\n" + text[b:]
 
 
 def update_docs(record: dict[str, Any], doc: Path, check: bool = False) -> bool:
-    """Write :func:`render` of ``record`` between :data:`START` and :data:`END` in ``doc``; with ``check``, only
-    say whether it is there already. Returns whether the doc is (now) current."""
+    """Write :func:`render` of ``record`` between :data:`START` and :data:`END` in ``doc`` (and, where the record
+    has a profile, :func:`render_profile` between :data:`PROFILE_START` and :data:`PROFILE_END`); with ``check``,
+    only say whether it is there already. Returns whether the doc is (now) current."""
     text = doc.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise ValueError(f"{doc}: no {START} ... {END} block")
-    a, b = text.index(START) + len(START), text.index(END)
-    new = text[:a] + "\n" + render(record) + "\n" + text[b:]
+    new = _replace(text, START, END, render(record), doc)
+    if "profile" in record:
+        new = _replace(new, PROFILE_START, PROFILE_END, render_profile(record), doc)
     if new == text:
         return True
     if not check:
@@ -216,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("record", help="collect the run summaries into a record")
     c.add_argument("root")
     c.add_argument("out")
+    c.add_argument("--profile", default=None, help="a folder with the two profile runs (tags prof and no-is)")
+    c.add_argument("--note", default="", help="which code the runs ran on, and anything else a reader needs")
     g = sub.add_parser("plot", help="draw a record's per-step diagnostics")
     g.add_argument("record")
     g.add_argument("--out", required=True)
@@ -234,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trl = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.trl)}
         print(json.dumps(one_run(Path(a.root), a.arm, a.seed, a.lr, a.scale, a.eval, a.core, trl, a.tag)))
     elif a.cmd == "record":
-        Path(a.out).write_text(json.dumps(make_record(Path(a.root)), indent=1) + "\n")
+        prof = Path(a.profile) if a.profile else None
+        Path(a.out).write_text(json.dumps(make_record(Path(a.root), prof, a.note), indent=1) + "\n")
     elif a.cmd == "plot":
         print(plot(json.loads(Path(a.record).read_text()), Path(a.out)))
     elif a.cmd == "docs":

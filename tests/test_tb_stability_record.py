@@ -29,9 +29,10 @@ def test_the_docs_table_is_the_records():
 
 def test_a_stale_table_is_found_and_rewritten(tmp_path):
     doc = tmp_path / "d.md"
-    doc.write_text(f"# d\n\n{tb.START}\n| old |\n{tb.END}\n")
+    doc.write_text(f"# d\n\n{tb.START}\n| old |\n{tb.END}\n\n{tb.PROFILE_START}\n{tb.PROFILE_END}\n")
     assert not tb.update_docs(_record(), doc, check=True) and "| old |" in doc.read_text()
     assert tb.update_docs(_record(), doc) and tb.update_docs(_record(), doc, check=True)
+    assert "| whole step (TRL's step_time) |" in doc.read_text()
     doc.write_text("# no block\n")
     with pytest.raises(ValueError, match="no <!-- tb-stability:start -->"):
         tb.update_docs(_record(), doc)
@@ -89,3 +90,20 @@ def test_the_numbers_the_text_quotes_are_the_records():
         "below 1.2 with the KL under 0.25",
     ):  # fmt: skip
         assert quoted in text, quoted
+
+
+def test_the_profile_rows_are_the_records_step_times():
+    rec = _record()
+    prof = rec["profile"]
+    rows = {
+        ln.split("|")[1].strip(): ln.split("|")[2:4]
+        for ln in tb.render_profile(rec).splitlines()
+        if ln.startswith("| ")
+    }
+    a, b = prof["step_times"]["default"], prof["step_times"]["no_is_correction"]
+    got = rows["whole step (TRL's step_time)"]
+    assert _shows(got[0].strip(), a["step_time"], 3) and _shows(got[1].strip(), b["step_time"], 3)
+    rest = rows["loss forward, backward, optimizer (the rest)"]
+    want = a["step_time"] - a["time/generate_and_score"] - a["time/residual_flips"]
+    assert _shows(rest[0].strip(), want, 3)
+    assert 0 < prof["max_rel_loss_diff"] < 1e-3  # the two runs train the same numbers up to the IS weights
