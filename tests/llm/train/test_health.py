@@ -156,28 +156,35 @@ def test_the_warning_is_one_line_on_stderr(capsys):
     assert err.count("\n") == 1 and err.startswith("[train] warning (step 2): gradient norm")
 
 
-@pytest.mark.parametrize("flips", [True, False])
-def test_a_real_run_logs_the_diagnostics_and_writes_results_json(tmp_path, tiny_dir, math_rows, flips):
-    """The tiny Qwen3 on CPU, DISA with a log_z column, 3 steps: every step logs the residual quantiles, the
-    sequence KL to pi_ref and (with ``log_residual_flips``, its default) the flip statistics; ``results.json``
-    keeps them."""
+def _disa_trainer(tmp_path, tiny_dir, math_rows, log_z_step: float, **overrides):
+    """A DISA TiltGRPOTrainer on the tiny Qwen3 with a log_z column ``log_z_step * i`` (row i), the parity reward."""
     pytest.importorskip("trl")
     from datasets import Dataset
 
     from tests.llm.train._tiny_trainer import disa_kwargs, online_args, parity_reward
     from tiltlab.llm.base.models import load_model, load_tokenizer
-    from tiltlab.llm.train.cli import write_results
     from tiltlab.llm.train.online import TiltGRPOTrainer
 
-    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "log_z": 0.1 * i} for i, r in enumerate(math_rows)]
-    args = online_args(tmp_path, "disa", max_steps=3, log_residual_flips=flips, **disa_kwargs())
-    trainer = TiltGRPOTrainer(
+    rows = [
+        {"prompt": [{"role": "user", "content": r["prompt"]}], "log_z": log_z_step * i} for i, r in enumerate(math_rows)
+    ]
+    return TiltGRPOTrainer(
         model=load_model(tiny_dir, device="cpu"),
         reward_funcs=parity_reward,
-        args=args,
+        args=online_args(tmp_path, "disa", **overrides, **disa_kwargs()),
         train_dataset=Dataset.from_list(rows),
         processing_class=load_tokenizer(tiny_dir),
     )
+
+
+@pytest.mark.parametrize("flips", [True, False])
+def test_a_real_run_logs_the_diagnostics_and_writes_results_json(tmp_path, tiny_dir, math_rows, flips):
+    """The tiny Qwen3 on CPU, DISA with a log_z column, 3 steps: every step logs the residual quantiles, the
+    sequence KL to pi_ref and (with ``log_residual_flips``, its default) the flip statistics; ``results.json``
+    keeps them."""
+    from tiltlab.llm.train.cli import write_results
+
+    trainer = _disa_trainer(tmp_path, tiny_dir, math_rows, 0.1, max_steps=3, log_residual_flips=flips)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 3
@@ -201,22 +208,7 @@ def test_a_real_run_logs_the_diagnostics_and_writes_results_json(tmp_path, tiny_
 def test_with_the_weights_unmoved_no_residual_flips_and_the_ratio_is_one(tmp_path, tiny_dir, math_rows):
     """learning_rate 0: the after-step residuals are the same batch's, in the same order, at the same weights
     (a pairing or a batch mix-up would show flips; a wrong ratio would not be 1)."""
-    pytest.importorskip("trl")
-    from datasets import Dataset
-
-    from tests.llm.train._tiny_trainer import disa_kwargs, online_args, parity_reward
-    from tiltlab.llm.base.models import load_model, load_tokenizer
-    from tiltlab.llm.train.online import TiltGRPOTrainer
-
-    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "log_z": 0.3 * i} for i, r in enumerate(math_rows)]
-    args = online_args(tmp_path, "disa", max_steps=2, learning_rate=0.0, **disa_kwargs())
-    trainer = TiltGRPOTrainer(
-        model=load_model(tiny_dir, device="cpu"),
-        reward_funcs=parity_reward,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=load_tokenizer(tiny_dir),
-    )
+    trainer = _disa_trainer(tmp_path, tiny_dir, math_rows, 0.3, max_steps=2, learning_rate=0.0)
     trainer.train()
     steps = [h for h in trainer.state.log_history if "loss" in h]
     assert len(steps) == 2
