@@ -25,6 +25,7 @@ from tiltlab.llm.base.data import load_prompts, read_table
 from tiltlab.llm.base.models import load_model, load_tokenizer
 from tiltlab.llm.base.prompts import training_prompt
 from tiltlab.llm.base.rewards import resolve_reward
+from tiltlab.llm.disa.labels import check_label_compat
 from tiltlab.llm.disa.stage1 import read_manifest
 from tiltlab.llm.disa.stage2.run import load_log_z_predictor
 from tiltlab.llm.train import diagnose
@@ -300,7 +301,8 @@ def _close_loss_type(objective: str, loss_type) -> None:
 
 def dry_run(cfg) -> list[str]:
     """What ``--dry-run`` checks without loading a model or a dataset: the trainer config
-    (:func:`trainer_args`, machine switches aside), the reward, the LoRA section. Returns the notes
+    (:func:`trainer_args`, machine switches aside), the reward, DISA's labels against Stage 1's manifest where it
+    exists (:func:`_dry_run_labels`), the LoRA section. Returns the notes
     for what it could not check here (local files that are absent, the machine switches)."""
 
     notes = []
@@ -308,9 +310,10 @@ def dry_run(cfg) -> list[str]:
         return ["objective 'none': nothing to train; the eval section is checked by `tiltlab llm eval`"]
     if not cfg.dataset:
         raise ValueError("the config names no dataset")
-    trainer_args(cfg, device_checks=False)
+    args = trainer_args(cfg, device_checks=False)
     if cfg.kind == "online":
         resolve_reward(cfg.reward)
+        _dry_run_labels(cfg, args, notes)
     lora_config(cfg)
     kw = cfg.trainer_kwargs()
     changed = {k: kw[k] for k in DEVICE_SWITCHES if k in kw and kw[k] != DEVICE_SWITCHES[k]}
@@ -321,6 +324,27 @@ def dry_run(cfg) -> list[str]:
         if ":" not in str(path) and not os.path.exists(str(path)):
             notes.append(f"{key} {str(path)!r} is not on this machine (a hub name, or a file made later)")
     return notes
+
+
+def _dry_run_labels(cfg, args, notes: list[str]) -> None:
+    """DISA's label check (:func:`~tiltlab.llm.disa.labels.check_label_compat`, as the trainer runs it) against
+    the Stage-1 manifest in ``disa.stage1_dir`` when it is on this machine: a tilt, reward transform or log-prob
+    scale the labels were not made with fails the dry run as it fails the run (one line, exit 2)."""
+    needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
+    s1 = cfg.disa.get("stage1_dir")
+    if not needs_z or not s1 or not os.path.exists(os.path.join(str(s1), "manifest.json")):
+        if needs_z and s1 and os.path.exists(str(s1)):
+            notes.append(f"disa.stage1_dir {str(s1)!r} has no manifest.json yet: the label check runs when it does")
+        return
+    check_label_compat(
+        _stage1_manifest(cfg),
+        tilt_beta=args.tilt_beta,
+        reward_transform=args.reward_transform_spec,
+        logprob_scale=args.logprob_scale,
+        chat_template=True,  # build_trainer's online_dataset renders chat turns
+        allow_mismatch=args.disa_allow_label_mismatch,
+        reason=args.disa_mismatch_reason,
+    )
 
 
 def build_trainer(cfg):

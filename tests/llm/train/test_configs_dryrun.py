@@ -153,3 +153,44 @@ def test_fpa_batch_matches_the_accelerate_processes():
         acc = yaml.safe_load((CONFIG_FILES[0].parents[1] / data["accelerate"]).read_text())
         t = data["trl"]
         assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] * acc["num_processes"] == 64
+
+
+@pytest.mark.parametrize(
+    "manifest,refused",
+    [
+        ({"tilt_beta": 15.0, "reward_transform": "identity", "logprob_scale": "sum"}, None),
+        ({"tilt_beta": 5.0, "reward_transform": "identity", "logprob_scale": "sum"}, "tilt_beta"),
+        ({"tilt_beta": 15.0, "reward_transform": "identity", "logprob_scale": "mean"}, "logprob_scale"),
+    ],
+)
+def test_dry_run_checks_disa_labels_against_the_stage1_manifest(tmp_path, capsys, manifest, refused):
+    """``--dry-run`` runs the trainer's label check where Stage 1's manifest exists: a tilt or log-prob scale the
+    labels were not made with exits 2 in one line naming it (as the run would, after loading the models); the
+    matching manifest passes."""
+    import json
+
+    from tiltlab.cli import main
+
+    s1 = tmp_path / "stage1"
+    s1.mkdir()
+    (s1 / "manifest.json").write_text(json.dumps(manifest))
+    src = Path(__file__).resolve().parents[3] / "configs" / "disa_qwen3_4b.yaml"
+    cfg = _schema_copy(src, tmp_path)
+    rc = main(["llm", "train", "--config", str(cfg), "--dry-run", "--set", f"disa.stage1_dir={s1}"])
+    err = capsys.readouterr().err
+    if refused is None:
+        assert rc == 0 and "valid" in err
+    else:
+        line = next(ln for ln in err.splitlines() if "error" in ln)
+        assert rc == 2 and refused in line and "Traceback" not in err
+
+
+def test_dry_run_notes_a_stage1_dir_without_its_manifest_yet(tmp_path, capsys):
+    from tiltlab.cli import main
+
+    s1 = tmp_path / "stage1"
+    s1.mkdir()
+    src = Path(__file__).resolve().parents[3] / "configs" / "disa_qwen3_4b.yaml"
+    cfg = _schema_copy(src, tmp_path)
+    assert main(["llm", "train", "--config", str(cfg), "--dry-run", "--set", f"disa.stage1_dir={s1}"]) == 0
+    assert "has no manifest.json yet" in capsys.readouterr().err
