@@ -381,3 +381,12 @@ def test_the_default_kl_bound_is_tilt_beta_times_the_reward_scale_for_tilted_obj
     assert bounds_of(cfg(objective="grpo", health_kl_bound=4.0)).kl_bound == 4.0  # an explicit bound is kept
     with pytest.raises(ValueError, match="health_kl_bound must be > 0"):
         cfg(objective="disa", tilt_beta=2.0, health_kl_bound=0.0)
+
+
+@pytest.mark.parametrize("key", ["residual/flip_frac", "residual/after_over_before"])
+def test_overshoot_is_judged_from_either_statistic_alone(key):
+    """A logger that records only one of the two flip statistics still gets the overshoot warning."""
+    m = _monitor(patience=2)
+    for i in (1, 2):
+        m.observe(i, {"loss": 1.0, key: 3.0 if key.endswith("before") else 0.9})
+    assert [w["kind"] for w in m.warnings] == ["overshoot"]
