@@ -104,16 +104,18 @@ class HealthMonitor(TrainerCallback):
             )
 
     def observe_eval(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """One evaluation: the first is the start; later ones below it count toward the warning."""
+        """One evaluation: the one at step 0 (``eval_on_start``) is the start, and later ones below it count
+        toward the warning; a run that did not evaluate at step 0 has no start to fall below (never warns)."""
         value = metrics.get(self.metric)
         if value is None:
             return
         v = float(value)
+        if self._eval_start is None:
+            if step == 0 and math.isfinite(v):  # the starting model's (eval_on_start); without it, no baseline
+                self._eval_start = v
+            return
         if not math.isfinite(v):
             self._count(step, "validation", True, f"validation {self.metric} is {v}")
-            return
-        if self._eval_start is None:
-            self._eval_start = v
             return
         worse = v < self._eval_start if self.greater_is_better else v > self._eval_start
         self._count(

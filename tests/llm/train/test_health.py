@@ -134,6 +134,10 @@ def test_validation_below_the_start_warns_and_equal_does_not():
     for step, v in [(0, 0.30), (4, 0.30), (8, 0.30), (12, 0.31)]:
         m.observe_eval(step, {"eval_reward": v})
     assert m.warnings == []
+    m = _monitor(patience=1)  # no evaluation at step 0: no start to fall below
+    for step, v in [(4, 0.30), (8, 0.10), (12, 0.05)]:
+        m.observe_eval(step, {"eval_reward": v})
+    assert m.warnings == []
     m = HealthMonitor(HealthBounds(patience=1), metric="eval_loss", greater_is_better=False)
     m._quiet = True
     for step, v in [(0, 1.0), (4, 1.2)]:  # a loss: higher is worse
