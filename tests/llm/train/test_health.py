@@ -394,3 +394,18 @@ def test_overshoot_is_judged_from_either_statistic_alone(key):
     for i in (1, 2):
         m.observe(i, {"loss": 1.0, key: 3.0 if key.endswith("before") else 0.9})
     assert [w["kind"] for w in m.warnings] == ["overshoot"]
+
+
+def test_every_health_field_reaches_the_bounds_away_from_its_default(tmp_path):
+    from tiltlab.llm.train.health import HealthBounds, bounds_of
+    from tiltlab.llm.train.online import TiltGRPOConfig
+
+    args = TiltGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", objective="disa", tilt_beta=2.0,
+        health_patience=5, health_residual_factor=4.0, health_grad_norm_factor=20.0, health_flip_frac=0.3,
+        health_kl_bound=0.5,
+    )  # fmt: skip
+    assert bounds_of(args) == HealthBounds(
+        patience=5, residual_factor=4.0, grad_norm_factor=20.0, flip_frac=0.3, kl_bound=0.5
+    )
+    assert HealthBounds(kl_bound=0.5).kl_bound == 0.5  # any positive bound, below 1 too
