@@ -69,7 +69,8 @@ def table(name: str, rec: dict[str, Any]) -> str:
 
 
 def plot(runs: Sequence[tuple[str, dict[str, Any]]], out: str | Path) -> Path:
-    """One panel per :data:`PANELS` entry, every run in each; written atomically to ``out`` (PNG)."""
+    """One panel per :data:`PANELS` entry, every run in each, the first panel's legend naming the runs; written
+    atomically to ``out`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")

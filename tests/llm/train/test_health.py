@@ -409,3 +409,30 @@ def test_every_health_field_reaches_the_bounds_away_from_its_default(tmp_path):
         patience=5, residual_factor=4.0, grad_norm_factor=20.0, flip_frac=0.3, kl_bound=0.5
     )
     assert HealthBounds(kl_bound=0.5).kl_bound == 0.5  # any positive bound, below 1 too
+
+
+def test_the_diagnostics_figure_names_each_run_and_each_panel(tmp_path, monkeypatch):
+    """The PNG's content, read from the figure as it is saved: one panel per quantity with its title, a log scale
+    where a series spans decades, every run in the legend, and "not logged" where no run has the quantity."""
+    import matplotlib.figure
+
+    from tiltlab.llm.train.diagnose import PANELS, plot, read_results
+
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *a, **kw):
+        saved.append(fig)
+        return real(fig, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    a, b = _results(tmp_path, "run-a"), _results(tmp_path, "run-b")
+    plot([("run-a", read_results(a)), ("run-b", read_results(b))], tmp_path / "d.png")
+    (fig,) = saved
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == [t for _, t, _ in PANELS]
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["run-a", "run-b"]
+    by_key = dict(zip([k for k, _, _ in PANELS], axes))
+    assert by_key["grad_norm"].get_yscale() == "log" and by_key["reward"].get_yscale() == "linear"
+    assert [t.get_text() for t in by_key["kl_ref_seq"].texts] == ["not logged"]  # no run logged it
+    assert len(by_key["loss"].lines) == 2 and list(by_key["loss"].lines[0].get_ydata()) == [0.5, 83.4]
