@@ -436,3 +436,21 @@ def test_the_diagnostics_figure_names_each_run_and_each_panel(tmp_path, monkeypa
     assert by_key["grad_norm"].get_yscale() == "log" and by_key["reward"].get_yscale() == "linear"
     assert [t.get_text() for t in by_key["kl_ref_seq"].texts] == ["not logged"]  # no run logged it
     assert len(by_key["loss"].lines) == 2 and list(by_key["loss"].lines[0].get_ydata()) == [0.5, 83.4]
+
+
+def test_a_panel_with_a_zero_or_negative_value_stays_linear(tmp_path, monkeypatch):
+    """Log scale only where every run's every value is > 0 (a zero grad norm, e.g. a step without signal, keeps
+    the panel linear)."""
+    import matplotlib.figure
+
+    from tiltlab.llm.train.diagnose import PANELS, plot, read_results
+
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda f, *a, **kw: (saved.append(f), real(f, *a, **kw)))
+    a = read_results(_results(tmp_path, "run-a"))
+    b = read_results(_results(tmp_path, "run-b"))
+    b["steps"][0]["grad_norm"] = 0.0
+    plot([("run-a", a), ("run-b", b)], tmp_path / "d.png")
+    by_key = dict(zip([k for k, _, _ in PANELS], saved[0].axes))
+    assert by_key["grad_norm"].get_yscale() == "linear" and by_key["loss"].get_yscale() == "log"
