@@ -98,26 +98,27 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
     fig.tight_layout()
 
     s = bs.summarize_sweep(lab, tr)
+    # the sweeps are illustrations: each of their findings says so (a heading of its own was an empty finding)
+    sweep = "sweep (illustration, {} prompts{}): ".format(len(lab["pass_rate"]), ", quick" if quick else "")
     findings = [
         f"claim (disa.sens.beta_cliff, 8 prompts): Var(log Z_8) with q=pi_ref {n['var_ref_b025']:.1e} at beta=0.25 -> "
         f"{n['var_ref_b16']:.1f} at beta=16; excess TV of the frozen label over exact log Z {n['excess_b025']:+.4f} "
         f"(beta=0.25), {n['excess_b1']:+.4f} (1), {n['excess_b16']:+.4f} (16): plateau {n['plateau']}, cliff "
         f"{n['train_cliff']}",
-        "sweep (illustration, {} prompts{}):".format(len(lab["pass_rate"]), ", quick" if quick else ""),
-        f"q = pi_ref: Var(log Z_8) {s['var_ref_lo']:.1e} at beta={B[0]:g} -> {s['var_ref_hi']:.1f} at beta={B[-1]:g}, |bias| "
+        f"{sweep}q = pi_ref: Var(log Z_8) {s['var_ref_lo']:.1e} at beta={B[0]:g} -> {s['var_ref_hi']:.1f} at beta={B[-1]:g}, |bias| "
         f"{s['bias_ref_lo']:.3f} -> {s['bias_ref_hi']:.2f} nats; yet ESS/M only {s['ess_ref_lo']:.2f} -> {s['ess_ref_hi']:.2f} "
         "(an M-sample with no correct draw has equal weights: full ESS, label 0 -- ESS misses the worst failure)",
-        f"fixed teacher: ESS/M {s['ess_teacher_lo']:.2f} -> {s['ess_teacher_hi']:.2f}, max normalized weight -> "
+        f"{sweep}fixed teacher: ESS/M {s['ess_teacher_lo']:.2f} -> {s['ess_teacher_hi']:.2f}, max normalized weight -> "
         f"{s['maxw_teacher_hi']:.2f}; Var(log Z_8) {s['var_teacher_mid']:.2f} at beta=8 -> {s['var_teacher_hi']:.1f} at beta=32 "
         "(grows ~beta^2 on hard prompts)",
-        f"training (4 steps/batch): excess TV of the frozen label over exact log Z {s['excess_lo']:.4f} at beta={tb[0]:g} vs "
+        f"{sweep}training (4 steps/batch): excess TV of the frozen label over exact log Z {s['excess_lo']:.4f} at beta={tb[0]:g} vs "
         f"{s['excess_hi']:.4f} at beta={tb[-1]:g} (x{s['excess_ratio']:.1f}); frozen-label TV {s['tv_frozen_lo']:.4f} -> {s['tv_frozen_hi']:.4f}",
-        f"small-beta plateau: frozen-label TV varies by x{s['plateau_ratio']:.2f} over beta <= 1 (label error small there)",
+        f"{sweep}small-beta plateau: frozen-label TV varies by x{s['plateau_ratio']:.2f} over beta <= 1 (label error small there)",
     ]
     if "tv_frozen_bc_inner4" in tr:
         bc = np.asarray(tr["tv_frozen_bc_inner4"])
         findings.append(
-            f"delta-method bias-corrected label (4 steps/batch): final TV {bc[0]:.4f} at beta={tb[0]:g}, {bc[-1]:.4f} at "
+            f"{sweep}delta-method bias-corrected label (4 steps/batch): final TV {bc[0]:.4f} at beta={tb[0]:g}, {bc[-1]:.4f} at "
             f"beta={tb[-1]:g} vs plain label {s['tv_frozen_lo']:.4f} / {s['tv_frozen_hi']:.4f}"
         )
     caption = (

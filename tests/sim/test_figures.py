@@ -93,6 +93,7 @@ def test_quick_figure(quick_figures, fig_id):
     assert any(name in rec.caption for name in ("DISA", "FlowRL", "PACED-RL", "LAD", "FPA")), rec.caption
     assert ".txt" not in rec.caption
     assert rec.findings and all(any(ch.isdigit() for ch in f) for f in rec.findings)  # findings carry numbers
+    assert not [f for f in rec.findings if f.rstrip().endswith(":")], fig_id  # no heading posing as an empty finding
     assert rec.claims
 
 
