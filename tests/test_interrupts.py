@@ -218,10 +218,13 @@ if "--as-library" not in sys.argv:
     sys.exit(cli.main())
 # a program calling main(): after the interrupt it goes on, with its handlers, and its own later processes run
 import signal
+earlier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)  # the program's own (out of reach of a signal to the group): not the command's
 rc = cli.main(sys.argv[2:])
 handlers = signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGTERM)
 later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-print(f"main returned {rc}; handlers {handlers}; a later process ended with {later.wait()}", file=sys.stderr)
+kept = earlier.poll() is None
+earlier.kill()
+print(f"main returned {rc}; handlers {handlers}; a later process ended with {later.wait()}; earlier kept {kept}", file=sys.stderr)
 """
 
 
@@ -267,7 +270,7 @@ def test_a_child_that_ignores_sigterm_is_killed(tmp_path, record_property):
 
 def test_a_program_calling_main_goes_on_after_the_interrupt(tmp_path):
     """``main([...])`` in a program's process: the signal ends the command, not the program; the program's
-    handlers are back and a process it starts later is left alone."""
+    handlers are back, and the processes it started before the command and after it are left alone."""
     out = tmp_path / "out"
     run = Run(tmp_path, ["--as-library", "stopme", "--out", str(out)], argv0=["-c", SCRIPT])
     run.wait_until(lambda: "working" in run.stderr(), "working")
@@ -276,7 +279,7 @@ def test_a_program_calling_main_goes_on_after_the_interrupt(tmp_path):
     assert run.proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-2:] == [
         "tiltlab stopme: interrupted",
-        "main returned 143; handlers (True, <Handlers.SIG_DFL: 0>); a later process ended with 0",
+        "main returned 143; handlers (True, <Handlers.SIG_DFL: 0>); a later process ended with 0; earlier kept True",
     ]
     assert _partials(tmp_path) == [] and not out.exists()
 

@@ -3,8 +3,8 @@
 :func:`tiltlab.cli.main` runs every command inside :func:`handling`, which replaces the handlers of SIGINT and
 SIGTERM while the command runs (in the main thread; elsewhere it changes nothing). On the first signal:
 
-1. every process this one started, directly or through another (the check and figure pools' workers, vLLM's
-   engine, subprocesses), gets SIGTERM, and SIGKILL when it still runs :data:`GRACE_S` seconds later; the handler
+1. every process the command started, directly or through another (the check and figure pools' workers, vLLM's
+   engine, subprocesses; not those running before it, with what they start), gets SIGTERM, and SIGKILL when it still runs :data:`GRACE_S` seconds later; the handler
    returns when they are gone, so none of them writes into a folder after the run removed it;
 2. ``KeyboardInterrupt`` is raised in the main thread: the run unwinds through its ``finally`` blocks (its staging
    folder is removed, :func:`tiltlab.files.staging_dir`; a pool's shutdown returns at once, its workers being
@@ -76,6 +76,7 @@ class _State:
         self.announced = False
         self.exit_at = math.inf
         self.sweeping = False
+        self.before: frozenset[Proc] = frozenset()  # the processes running before the command: never signalled
 
 
 _state = _State()
@@ -125,15 +126,15 @@ def _stat(pid: int | str) -> tuple[int, bytes, int] | None:
     return int(fields[1]), fields[0], int(fields[19])
 
 
-def descendants(pid: int | None = None) -> list[Proc]:
+def descendants(pid: int | None = None, exclude: frozenset[Proc] = frozenset()) -> list[Proc]:
     """The running processes ``pid`` (default: this process) started, directly or through another, parents
-    first; zombies (ended, not yet reaped) are not running."""
+    first; zombies (ended, not yet reaped) are not running. ``exclude``: processes left out with all they started."""
     root = os.getpid() if pid is None else pid
     if not os.path.isdir("/proc/self"):
         import multiprocessing
 
         kids = multiprocessing.active_children() if root == os.getpid() else []
-        return [(p.pid, 0) for p in kids if p.pid is not None]
+        return [(p.pid, 0) for p in kids if p.pid is not None and (p.pid, 0) not in exclude]
     children: dict[int, list[Proc]] = {}
     for name in os.listdir("/proc"):
         st = _stat(name) if name.isdigit() else None
@@ -143,9 +144,16 @@ def descendants(pid: int | None = None) -> list[Proc]:
     todo = [root]
     while todo:
         for proc in children.get(todo.pop(0), []):
-            out.append(proc)
-            todo.append(proc[0])
+            if proc not in exclude:
+                out.append(proc)
+                todo.append(proc[0])
     return out
+
+
+def _started() -> list[Proc]:
+    """The running processes the command started (:func:`descendants` without those running before it: a
+    program calling ``main([...])`` keeps its own)."""
+    return descendants(exclude=_state.before)
 
 
 def _running(proc: Proc) -> bool:
@@ -192,7 +200,7 @@ def _sweep(state: _State) -> None:
         now = time.monotonic()
         if now >= state.exit_at:
             _exit_now()
-        for proc in descendants():
+        for proc in descendants(exclude=state.before):
             if proc not in signalled:
                 _send([proc], signal.SIGTERM)
                 signalled[proc] = now
@@ -203,7 +211,7 @@ def _sweep(state: _State) -> None:
 
 def _exit_now() -> NoReturn:
     """Kill what runs, remove the folders in use, print the line, exit with :func:`exit_status` at once."""
-    _send(descendants(), signal.SIGKILL)
+    _send(_started(), signal.SIGKILL)
     files.remove_folders_in_use()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # e.g. a reentrant call inside the main thread's write
@@ -219,7 +227,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     if _state.received is not None:
         _exit_now()  # asked again: wait for nothing
     _state.received, _state.sweeping = signum, True
-    stop_processes(descendants())
+    stop_processes(_started())
     threading.Thread(target=_sweep, args=(_state,), name="tiltlab-interrupt", daemon=True).start()
     raise KeyboardInterrupt
 
@@ -268,13 +276,14 @@ def handling(command: str, *, own_process: bool = False) -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in SIGNALS}
     _state = _State(command)
     _state.active, _state.own_process = True, own_process
+    _state.before = frozenset(descendants())
     for s in SIGNALS:
         signal.signal(s, _handle)
     try:
         yield
     finally:
         if _state.received is not None:
-            stop_processes(descendants())  # any the sweeper has not ended yet
+            stop_processes(_started())  # any the sweeper has not ended yet
         if _state.received is not None and own_process:
             _state.exit_at = time.monotonic() + EXIT_AFTER_S
         else:
