@@ -169,12 +169,15 @@ def make_record(root: Path, profile_root: Path | None = None, note: str = "") ->
 
 def replay(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The health warnings the current :class:`~tiltlab.llm.train.health.HealthMonitor` gives on the run's logged
-    steps (its default bounds; the KL bound ``beta x reward_scale`` = the comparison's beta, rewards 0/1, affine):
-    the same function of the same numbers as in training, so a bound changed after the run is applied to it too."""
-    from tiltlab.llm.checks.real_comparison import BETA
-    from tiltlab.llm.train.health import HealthBounds, HealthMonitor
+    steps (its default bounds, for the run's objective at the comparison's beta with its affine 0/1 reward): the
+    same function of the same numbers as in training, so a bound changed after the run is applied to it too."""
+    from types import SimpleNamespace
 
-    m = HealthMonitor(HealthBounds(kl_bound=BETA if run["arm"] in ("disa", "flowrl") else None))
+    from tiltlab.llm.checks.real_comparison import BETA
+    from tiltlab.llm.train.health import HealthBounds, HealthMonitor, default_kl_bound
+
+    args = SimpleNamespace(objective=run["arm"], tilt_beta=BETA, reward_transform="affine", reward_scale=1.0)
+    m = HealthMonitor(HealthBounds(kl_bound=default_kl_bound(args)))
     m._quiet = True
     for s in run.get("steps") or []:
         m.observe(int(s["step"]), {"loss": s.get("loss"), **s})
