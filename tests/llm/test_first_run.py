@@ -44,7 +44,9 @@ def recipe_commands(text: str) -> list[list[str]]:
 
 def test_the_block_is_the_recipe_and_uses_the_shipped_config():
     cmds = recipe_commands(DOC.read_text(encoding="utf-8"))
-    assert [c[:3] for c in cmds] == [["tiltlab", "llm", s] for s in ("stage1", "prepare", "stage2", "train", "eval", "eval")]
+    assert [c[:3] for c in cmds] == [
+        ["tiltlab", "llm", s] for s in ("stage1", "prepare", "stage2", "train", "eval", "eval")
+    ]
     assert all(CONFIG in c for c in cmds if c[2] != "prepare")
     assert (ROOT / CONFIG).is_file()
     with pytest.raises(AssertionError, match="no first-run block"):
