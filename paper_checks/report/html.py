@@ -11,10 +11,22 @@ from pathlib import Path
 from typing import Any
 
 from tiltlab.claims.registry import Claim, Outcome, cite
+from tiltlab.paper_checks.report.folding import (
+    Rule,
+    all_rules,
+    backbone_names,
+    backbone_suffix,
+    claim_groups,
+    group_title,
+    html_inline,
+    rules_in,
+    shared_statement,
+)
 from tiltlab.paper_checks.report.model import (
     _LAYER_ORDER,
     _REPO,
     FAILED_TITLE,
+    RULES_INTRO,
     VERDICT_ORDER,
     Finding,
     ReportInput,
@@ -33,7 +45,10 @@ from tiltlab.paper_checks.report.model import (
     _source_ref,
     claim_rows,
     command_list,
+    group_checks,
+    merged_claim_findings,
     other_threshold,
+    report_texts,
     status_sentence,
 )
 
@@ -68,10 +83,16 @@ def _claim_link(cid: str, status: str | None = None) -> str:
     return _a(f"#{_html_id('claim', cid)}", cid, cls)
 
 
-def _html_finding_linked(f: Finding, href: str | None) -> str:
+def _html_finding_linked(f: Finding, href: str | None, rules: Sequence[Rule] = ()) -> str:
     head, text, code = f
+    return _html_finding_heads([(head, href)], text, code, rules)
+
+
+def _html_finding_heads(heads: Sequence[tuple[str, str | None]], text: str, code: str, rules: Sequence[Rule]) -> str:
     return (
-        f"<li><b>{_a(href, head)}</b> {html.escape(text)}"
+        "<li><b>"
+        + ", ".join(_a(href, head) for head, href in heads)
+        + f"</b> {html_inline(text, rules)}"
         + (f" <code>{html.escape(code)}</code>" if code else "")
         + "</li>"
     )
@@ -81,18 +102,19 @@ def _html_citation(c: Claim, out_dir: Path) -> str:
     return f"<i>{_a(_papers_href(c.paper, out_dir), cite(c))}</i>"
 
 
-def _html_check(o: Outcome, out_dir: Path, note: str = "") -> str:
+def _html_check(o: Outcome, out_dir: Path, note: str = "", rules: Sequence[Rule] = (), label: str = "") -> str:
+    """A check's list item; ``label`` (HTML) names the backbone(s) it belongs to."""
     e = html.escape
     exp = "" if o.ok else f" (expected {e(o.check.expected.value)})"
     href, text = _source_ref(o, out_dir)
     src = f' <span class="src">[source: {_a(href, text)}]</span>'
-    head = f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>: "
+    head = f"<li><b>{e(o.check.layer)}</b> <code>{e(o.check.name)}</code>{label}: "
     if o.result is None:
         last = (o.error or "").strip().splitlines()[-1:] or [""]
-        return f"{head}{_v('error')}{exp} — {e(last[0])}{src}</li>"
-    out = f"{head}{_v(o.verdict)}{exp}{e(other_threshold(o))} — {e(o.result.summary)}{src}"
+        return f"{head}{_v('error')}{exp} — {html_inline(last[0])}{src}</li>"
+    out = f"{head}{_v(o.verdict)}{exp}{e(other_threshold(o))} — {html_inline(o.result.summary, rules)}{src}"
     if note:
-        out += f'<div class="nums">{e(note)}</div>'
+        out += f'<div class="nums">{html_inline(note)}</div>'
     if o.check.name != "llm_scale":
         nums = _short_numbers(o.result.numbers)
         if nums:
@@ -100,17 +122,23 @@ def _html_check(o: Outcome, out_dir: Path, note: str = "") -> str:
     return out + "</li>"
 
 
-def _html_toc(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, Any], has_loose: bool) -> str:
+def _html_toc(
+    rows: Sequence[Mapping[str, Any]], figs: Mapping[str, Any], has_loose: bool, has_rules: bool = False
+) -> str:
+    """The sidebar: every claim by its full id (long ids wrap, never cut; ``title`` repeats the id)."""
     e = html.escape
     T = ['<nav id="toc"><b>Contents</b><ul>', '<li><a href="#summary">Summary</a></li>']
     T.append('<li><a href="#findings">Findings</a></li>')
+    if has_rules:
+        T.append('<li><a href="#rules">Decision rules</a></li>')
     by_paper: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_paper[r["paper"]].append(r)
     for paper, rs in by_paper.items():
         T.append(f'<li><a href="#{_html_id("paper", paper)}">{e(paper)}</a> ({len(rs)})<ul>')
         T += [
-            f'<li><span class="dot {e(r["status"])}" title="{e(r["status"])}"></span>{_claim_link(r["id"])}</li>'
+            f'<li title="{e(r["id"])}"><span class="dot {e(r["status"])}" title="{e(r["status"])}"></span>'
+            f"{_claim_link(r['id'])}</li>"
             for r in rs
         ]
         T.append("</ul></li>")
@@ -124,11 +152,148 @@ def _html_toc(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, Any], has_lo
     return "\n".join(T)
 
 
+def _html_commands(c: Claim | None, label: str = "") -> list[str]:
+    e = html.escape
+    if c is None or not c.llm_command:
+        return []
+    cmds = command_list(c.llm_command)
+    if len(cmds) == 1:
+        return [f"<li>LLM-scale command{label}: <code>{e(cmds[0])}</code></li>"]
+    return [
+        f"<li>LLM-scale commands{label}, in order ({len(cmds)}):<ol>"
+        + "".join(f"<li><code>{e(cmd)}</code></li>" for cmd in cmds)
+        + "</ol></li>"
+    ]
+
+
+def _html_claim_body(r: Mapping[str, Any], inp: ReportInput, rules: Sequence[Rule]) -> tuple[list[str], str, str]:
+    """``(body, heading, citation)`` of one claim."""
+    e = html.escape
+    c = r["claim"]
+    body: list[str] = []
+    if c is not None:
+        body.append(
+            f'<p class="stmt">{_html_citation(c, inp.out_dir)} · {e(c.kind)}. {html_inline(c.statement, rules)}</p>'
+        )
+    body.append("<ul>")
+    if not r["outcomes"]:
+        body.append(f"<li>unchecked: {html_inline(_no_outcome_note(r['id']))}</li>")
+    body += [_html_check(o, inp.out_dir, _provenance_note(o, inp), rules) for o in r["outcomes"]]
+    body += _html_commands(c)
+    body.append("</ul>")
+    head = f"<code>{e(r['id'])}</code> {_v(r['status'])}"
+    if len({o.check.layer for o in r["outcomes"]}) > 1:
+        head += f" <small>decided by {e(', '.join(r['decided_by']))}</small>"
+    return body, head, cite(c) if c is not None else ""
+
+
+def _html_group_body(
+    group: Sequence[Mapping[str, Any]], inp: ReportInput, rules: Sequence[Rule], bb_names: Mapping[str, str]
+) -> tuple[list[str], str, str]:
+    """``(body, heading, citation)`` of the claims of one table, one per backbone (see the Markdown twin)."""
+    e = html.escape
+    sfx = {r["id"]: (backbone_suffix(r["id"]) or ("", r["id"]))[1] for r in group}
+    checks = group_checks(group, inp)
+    T = [
+        '<table class="group"><tr><th>claim</th><th>backbone</th><th>verdict</th>'
+        + "".join(f"<th>{e(lay)} <code>{e(name)}</code></th>" for lay, name, _, _ in checks)
+        + "</tr>"
+    ]
+    for r in group:
+        cells = []
+        for _lay, _name, _, pairs in checks:
+            got = [o for x, o in pairs if x is r]
+            cells.append(
+                "<td>—</td>"
+                if not got
+                else f"<td>{_v(got[0].verdict)}"
+                + ("" if got[0].ok else f" (expected {e(got[0].check.expected.value)})")
+                + "</td>"
+            )
+        by = ""
+        if len({o.check.layer for o in r["outcomes"]}) > 1:
+            by = f" <small>decided by {e(', '.join(r['decided_by']))}</small>"
+        # the first member's anchor is the group's element; the others' are their rows
+        anchor = "" if r is group[0] else f' id="{e(_html_id("claim", r["id"]))}"'
+        T.append(
+            f"<tr{anchor}><td>"
+            f"<code>{e(r['id'])}</code></td><td>{e(bb_names.get(sfx[r['id']], sfx[r['id']]))}</td>"
+            f"<td>{_v(r['status'])}{by}</td>" + "".join(cells) + "</tr>"
+        )
+    T.append("</table>")
+    body = ["".join(T)]
+    claims = [r["claim"] for r in group]
+    cite_line = ""
+    if all(c is not None for c in claims):
+        cites = {cite(c) for c in claims}
+        lead = ""
+        if len(cites) == 1:
+            cite_line = next(iter(cites))
+            lead = f"{_html_citation(claims[0], inp.out_dir)} · "
+        kinds = {c.kind for c in claims}
+        lead += f"{e(kinds.pop())}. " if len(kinds) == 1 else ""
+        shared = shared_statement([c.statement for c in claims], [bb_names.get(sfx[r["id"]], "") for r in group])
+        if shared is None:
+            body.append(
+                f'<p class="stmt">{lead}Statements:</p><ul class="stmt">'
+                + "".join(
+                    f"<li><code>{e(sfx[r['id']])}</code>: {html_inline(r['claim'].statement, rules)}</li>"
+                    for r in group
+                )
+                + "</ul>"
+            )
+        else:
+            text, parts = shared
+            body.append(f'<p class="stmt">{lead}{html_inline(text, rules)}</p>')
+            if any(parts):
+                body.append(
+                    '<p class="stmt">Where the statements differ (⟨…⟩):</p><ul class="stmt">'
+                    + "".join(
+                        f"<li><code>{e(sfx[r['id']])}</code>: {html_inline(p, rules)}</li>"
+                        for r, p in zip(group, parts)
+                    )
+                    + "</ul>"
+                )
+    body.append("<ul>")
+    for _lay, _name, shared_check, pairs in checks:
+        if shared_check:
+            o = pairs[0][1]
+            body.append(
+                _html_check(
+                    o,
+                    inp.out_dir,
+                    _provenance_note(o, inp),
+                    rules,
+                    " <small>(every backbone: one run, shown once)</small>",
+                )
+            )
+        else:
+            body += [
+                _html_check(o, inp.out_dir, _provenance_note(o, inp), rules, f" · <code>{e(sfx[r['id']])}</code>")
+                for r, o in pairs
+            ]
+    for r in group:
+        if not r["outcomes"]:
+            body.append(f"<li><code>{e(sfx[r['id']])}</code> unchecked: {html_inline(_no_outcome_note(r['id']))}</li>")
+    cmds = [c.llm_command if c is not None else None for c in claims]
+    if len(set(cmds)) == 1:
+        body += _html_commands(claims[0], " (every backbone)")
+    else:
+        for r in group:
+            body += _html_commands(r["claim"], f" · <code>{e(sfx[r['id']])}</code>")
+    body.append("</ul>")
+    head = f"<code>{e(group_title(group))}</code> " + " ".join(_v(r["status"]) for r in group)
+    return body, head, cite_line
+
+
 def render_html(inp: ReportInput) -> str:
     rows = claim_rows(inp)
     counts = _counts(rows)
     figs = {f.id: f for f in inp.figures}
     e = html.escape
+    rules = all_rules()
+    used_rules = rules_in(report_texts(rows), rules)
+    bb_names = backbone_names(inp.claims)
     claimed = {fid for r in rows for fid in r["figures"] if fid in figs}
     loose = sorted(fid for fid in figs if fid not in claimed)
     H: list[str] = [
@@ -136,7 +301,7 @@ def render_html(inp: ReportInput) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>tiltlab report</title>",
         f"<style>\n{_CSS}</style></head><body>",
-        _html_toc(rows, figs, bool(loose)),
+        _html_toc(rows, figs, bool(loose), bool(used_rules)),
         "<main>",
     ]
     H.append("<h1>tiltlab — claims of the five papers, checked</h1>")
@@ -149,10 +314,10 @@ def render_html(inp: ReportInput) -> str:
         "own numbers (<code>llm_scale</code>: recorded and cross-checked, not re-measured; <code>paper_internal</code>: the text recomputed from the tables).</p>"
     )
     if _recorded_sentence(inp):
-        H.append(f"<p>{e(_recorded_sentence(inp))}</p>")
+        H.append(f"<p>{html_inline(_recorded_sentence(inp))}</p>")
     n_failed = sum(not o.ok for o in inp.outcomes)
     H.append(
-        f'<p class="status {"failed" if n_failed else "passed"}"><b>{e(status_sentence(inp.outcomes))}</b>'
+        f'<p class="status {"failed" if n_failed else "passed"}"><b>{html_inline(status_sentence(inp.outcomes))}</b>'
         + (' <a href="#findings">Findings</a></p>' if n_failed else "</p>")
     )
     math_href, _ = _repo_href(_REPO / "docs" / "math.md", inp.out_dir)
@@ -219,11 +384,27 @@ def render_html(inp: ReportInput) -> str:
     ):
         if key in ("changed", "missing") and not fd[key]:
             continue
-        items = "".join(_html_finding_linked(x, link_for[key](x[0])) for x in fd[key])
+        if key == "claims":
+            items = "".join(
+                _html_finding_heads([(h, claim_href(h)) for h in heads], text, code, rules)
+                for heads, text, code in merged_claim_findings(fd[key])
+            )
+        else:
+            items = "".join(_html_finding_linked(x, link_for[key](x[0])) for x in fd[key])
         H.append(f"<h3>{title}</h3><ul>" + (items or "<li>none</li>") + "</ul>")
+    if used_rules:
+        H.append(f'<h2 id="rules">Decision rules</h2><p>{e(RULES_INTRO)}</p><ul class="rules">')
+        H += [
+            f'<li id="{e(rule.anchor)}"><b>{e(rule.name)}</b> ({e(rule.what)}): {html_inline(rule.body)}</li>'
+            for rule in used_rules
+        ]
+        H.append("</ul>")
     shown: set[str] = set()
     first_fig = True
-    for paper_name, rs in by_paper.items():
+    groups_by_paper: dict[str, list[list[Mapping[str, Any]]]] = defaultdict(list)
+    for g in claim_groups(rows):
+        groups_by_paper[g[0]["paper"]].append(g)
+    for paper_name in by_paper:
         paper = _paper(paper_name)
         H.append(
             f'<h2 id="{e(_html_id("paper", paper_name))}">{e(paper_name)}{" — " + e(paper.title) if paper else ""}</h2>'
@@ -231,28 +412,14 @@ def render_html(inp: ReportInput) -> str:
         if paper is not None:
             idx = _a(_papers_href(paper_name, inp.out_dir), "docs/papers.md")
             H.append(f"<p>{e(paper.authors)}; {e(paper.source)}. Index: <code>{idx}</code>.</p>")
-        for r in rs:
-            c = r["claim"]
+        for group in groups_by_paper[paper_name]:
+            r = group[0]
             cid = e(_html_id("claim", r["id"]))
-            body: list[str] = []
-            if c is not None:
-                body.append(f'<p class="stmt">{_html_citation(c, inp.out_dir)} · {e(c.kind)}. {e(c.statement)}</p>')
-            body.append("<ul>")
-            if not r["outcomes"]:
-                body.append(f"<li>unchecked: {e(_no_outcome_note(r['id']))}</li>")
-            body += [_html_check(o, inp.out_dir, _provenance_note(o, inp)) for o in r["outcomes"]]
-            if c is not None and c.llm_command:
-                cmds = command_list(c.llm_command)
-                if len(cmds) == 1:
-                    body.append(f"<li>LLM-scale command: <code>{e(cmds[0])}</code></li>")
-                else:
-                    body.append(
-                        f"<li>LLM-scale commands, in order ({len(cmds)}):<ol>"
-                        + "".join(f"<li><code>{e(cmd)}</code></li>" for cmd in cmds)
-                        + "</ol></li>"
-                    )
-            body.append("</ul>")
-            for fid in r["figures"]:
+            if len(group) == 1:
+                body, head, cite_line = _html_claim_body(r, inp, rules)
+            else:
+                body, head, cite_line = _html_group_body(group, inp, rules, bb_names)
+            for fid in sorted({fid for x in group for fid in x["figures"]}):
                 f = figs.get(fid)
                 if f is None:
                     body.append(f"<p>figure <code>{e(fid)}</code>: not produced in this run</p>")
@@ -264,14 +431,11 @@ def render_html(inp: ReportInput) -> str:
                         body.append('<span id="figures"></span>')
                         first_fig = False
                     body.append(_html_figure(f, known))
-            head = f"<code>{e(r['id'])}</code> {_v(r['status'])}"
-            if len({o.check.layer for o in r["outcomes"]}) > 1:
-                head += f" <small>decided by {e(', '.join(r['decided_by']))}</small>"
-            if r["status"] == "out_of_reach":
+            if all(x["status"] == "out_of_reach" for x in group):
                 # out of reach: the paper's numbers and the LLM command, folded away
                 H.append(f'<details class="claim" id="{cid}"><summary>{head}')
-                if c is not None:
-                    H.append(f" — {e(cite(c))}")
+                if cite_line:
+                    H.append(f" — {e(cite_line)}")
                 H.append("</summary>" + "".join(body) + "</details>")
             else:
                 H.append(f'<div class="claim" id="{cid}"><h3>{head}</h3>' + "".join(body) + "</div>")

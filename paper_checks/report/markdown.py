@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from tiltlab.claims.registry import cite
+from tiltlab.claims.registry import Claim, Outcome, cite
+from tiltlab.paper_checks.report.folding import (
+    Rule,
+    all_rules,
+    backbone_names,
+    backbone_suffix,
+    claim_groups,
+    group_title,
+    md_inline,
+    rules_in,
+    shared_statement,
+)
 from tiltlab.paper_checks.report.model import (
     _LAYER_ORDER,
     FAILED_TITLE,
+    RULES_INTRO,
     SPEC_DOCS,
     VERDICT_ORDER,
     ReportInput,
@@ -26,17 +40,126 @@ from tiltlab.paper_checks.report.model import (
     _short_numbers,
     claim_rows,
     command_list,
+    group_checks,
+    merged_claim_findings,
     other_threshold,
+    report_texts,
     status_sentence,
 )
 
 # --------------------------------------------------------------------------- markdown
 
 
+def _md_check(o: Outcome, inp: ReportInput, rules: Sequence[Rule], label: str = "") -> list[str]:
+    """A check's line (and its provenance and numbers lines); ``label`` names the backbone(s) it belongs to."""
+    exp = "" if o.ok else f" (expected {o.check.expected.value})"
+    head = f"- **{o.check.layer}** `{o.check.name}`{label}: "
+    if o.result is None:
+        last = (o.error or "").strip().splitlines()[-1:] or [""]
+        return [f"{head}**error**{exp} — {md_inline(last[0])}"]
+    out = [f"{head}**{o.verdict}**{exp}{other_threshold(o)} — {md_inline(o.result.summary, rules)}"]
+    note = _provenance_note(o, inp)
+    if note:
+        out.append(f"  - {md_inline(note)}")
+    if o.check.name != "llm_scale":
+        nums = _short_numbers(o.result.numbers)
+        if nums:
+            out.append(f"  - numbers: {_md_escape(nums)}")
+    return out
+
+
+def _md_commands(c: Claim | None, label: str = "") -> list[str]:
+    if c is None or not c.llm_command:
+        return []
+    cmds = command_list(c.llm_command)
+    if len(cmds) == 1:
+        return [f"- LLM-scale command{label}: `{cmds[0]}`"]
+    return [f"- LLM-scale commands{label}, in order ({len(cmds)}):"] + [
+        f"  {i}. `{cmd}`" for i, cmd in enumerate(cmds, 1)
+    ]
+
+
+def _md_claim(r: Mapping[str, Any], inp: ReportInput, rules: Sequence[Rule]) -> list[str]:
+    c = r["claim"]
+    L = [f'<a id="{_html_id("claim", r["id"])}"></a>', ""]
+    by = f" (decided by {', '.join(r['decided_by'])})" if len({o.check.layer for o in r["outcomes"]}) > 1 else ""
+    L += [f"### `{r['id']}` — {r['status']}{by}", ""]
+    if c is not None:
+        L += [f"*{_md_escape(cite(c))}* · {c.kind}. {md_inline(c.statement, rules)}", ""]
+    if not r["outcomes"]:
+        L.append(f"- unchecked: {md_inline(_no_outcome_note(r['id']))}")
+    for o in r["outcomes"]:
+        L += _md_check(o, inp, rules)
+    return L + _md_commands(c)
+
+
+def _md_group(
+    group: Sequence[Mapping[str, Any]], inp: ReportInput, rules: Sequence[Rule], bb_names: Mapping[str, str]
+) -> list[str]:
+    """The claims of one table, one per backbone, as one section: what they share once, what differs per
+    backbone (a table of verdicts; the statement's differing words; the checks that differ)."""
+    sfx = {r["id"]: (backbone_suffix(r["id"]) or ("", r["id"]))[1] for r in group}
+    L = [f'<a id="{_html_id("claim", r["id"])}"></a>' for r in group] + [""]
+    L += [f"### `{group_title(group)}` — {len(group)} backbones: " + ", ".join(r["status"] for r in group), ""]
+    checks = group_checks(group, inp)
+    L.append("| claim | backbone | verdict | " + " | ".join(f"{lay} `{name}`" for lay, name, _, _ in checks) + " |")
+    L.append("|---|---|---|" + "---|" * len(checks))
+    for r in group:
+        by = f" (decided by {', '.join(r['decided_by'])})" if len({o.check.layer for o in r["outcomes"]}) > 1 else ""
+        cells = []
+        for _lay, _name, _, pairs in checks:
+            got = [o for x, o in pairs if x is r]
+            cells.append(
+                "—" if not got else got[0].verdict + ("" if got[0].ok else f" (expected {got[0].check.expected.value})")
+            )
+        L.append(
+            f"| [`{r['id']}`](#{_html_id('claim', r['id'])}) | {_md_escape(bb_names.get(sfx[r['id']], sfx[r['id']]))} "
+            f"| **{r['status']}**{by} | " + " | ".join(cells) + " |"
+        )
+    L.append("")
+    claims = [r["claim"] for r in group]
+    if all(c is not None for c in claims):
+        cites = {cite(c) for c in claims}
+        lead = f"*{_md_escape(cites.pop())}* · " if len(cites) == 1 else ""
+        kinds = {c.kind for c in claims}
+        lead += f"{kinds.pop()}. " if len(kinds) == 1 else ""
+        shared = shared_statement([c.statement for c in claims], [bb_names.get(sfx[r["id"]], "") for r in group])
+        if shared is None:
+            L.append(f"{lead}Statements:")
+            L += [f"- `{sfx[r['id']]}`: {md_inline(r['claim'].statement, rules)}" for r in group]
+        else:
+            text, parts = shared
+            L.append(f"{lead}{md_inline(text, rules)}")
+            if any(parts):
+                L.append("")
+                L.append("Where the statements differ (⟨…⟩):")
+                L += [f"- `{sfx[r['id']]}`: {md_inline(p, rules)}" for r, p in zip(group, parts)]
+        L.append("")
+    for _lay, _name, shared_check, pairs in checks:
+        if shared_check:
+            L += _md_check(pairs[0][1], inp, rules, " (every backbone: one run, shown once)")
+        else:
+            for r, o in pairs:
+                L += _md_check(o, inp, rules, f" · `{sfx[r['id']]}`")
+    for r in group:
+        if not r["outcomes"]:
+            L.append(f"- `{sfx[r['id']]}` unchecked: {md_inline(_no_outcome_note(r['id']))}")
+    cmds = [r["claim"].llm_command if r["claim"] is not None else None for r in group]
+    if len(set(cmds)) == 1:
+        L += _md_commands(group[0]["claim"], " (every backbone)")
+    else:
+        for r in group:
+            L += _md_commands(r["claim"], f" · `{sfx[r['id']]}`")
+    return L
+
+
 def render_markdown(inp: ReportInput) -> str:
     rows = claim_rows(inp)
     counts = _counts(rows)
     figs = {f.id: f for f in inp.figures}
+    rules = all_rules()
+    used_rules = rules_in(report_texts(rows), rules)
+    bb_names = backbone_names(inp.claims)
     L: list[str] = []
     L.append("# tiltlab — claims of the five papers, checked")
     L.append("")
@@ -62,7 +185,10 @@ def render_markdown(inp: ReportInput) -> str:
     L.append("")
     papers_in_order = [*dict.fromkeys(r["paper"] for r in rows)]
     claim_ids = {r["id"] for r in rows}
-    L.append("Contents: [Summary](#summary) · [Findings](#findings) · ")
+    L.append(
+        "Contents: [Summary](#summary) · [Findings](#findings) · "
+        + ("[Decision rules](#rules) · " if used_rules else "")
+    )
     L[-1] += " · ".join(f"[{p}](#{_html_id('paper', p)})" for p in papers_in_order) + " · [Environment](#environment)"
     L.append("")
     # summary
@@ -115,16 +241,34 @@ def render_markdown(inp: ReportInput) -> str:
         L.append("")
     L.append("### Claims refuted or only partly supported")
     L.append("")
-    L += [_md_finding(x, claim_ids) for x in fd["claims"]] or ["- none"]
+    L += [
+        "- **"
+        + ", ".join(f"[{h}](#{_html_id('claim', h)})" if h in claim_ids else h for h in heads)
+        + "** "
+        + md_inline(text, rules)
+        for heads, text, _ in merged_claim_findings(fd["claims"])
+    ] or ["- none"]
     L.append("")
     L.append("### From the simulator figures")
     L.append("")
     L += [_md_finding(x) for x in fd["figures"]] or ["- none"]
     L.append("")
+    # the decision rules, stated once
+    if used_rules:
+        L.append('<a id="rules"></a>')
+        L.append("")
+        L.append("## Decision rules")
+        L.append("")
+        L.append(RULES_INTRO)
+        L.append("")
+        for rule in used_rules:
+            L.append(f'- <a id="{rule.anchor}"></a>**{rule.name}** ({rule.what}): {md_inline(rule.body)}')
+        L.append("")
     # per paper
     shown: set[str] = set()
     current = None
-    for r in rows:
+    for group in claim_groups(rows):
+        r = group[0]
         if r["paper"] != current:
             current = r["paper"]
             paper = _paper(current)
@@ -142,42 +286,11 @@ def render_markdown(inp: ReportInput) -> str:
                 )
             )
             L.append("")
-        c = r["claim"]
-        L.append(f'<a id="{_html_id("claim", r["id"])}"></a>')
-        L.append("")
-        by = f" (decided by {', '.join(r['decided_by'])})" if len({o.check.layer for o in r["outcomes"]}) > 1 else ""
-        L.append(f"### `{r['id']}` — {r['status']}{by}")
-        L.append("")
-        if c is not None:
-            L.append(f"*{_md_escape(cite(c))}* · {c.kind}. {_md_escape(c.statement)}")
-            L.append("")
-        if not r["outcomes"]:
-            L.append(f"- unchecked: {_no_outcome_note(r['id'])}")
-        for o in r["outcomes"]:
-            exp = "" if o.ok else f" (expected {o.check.expected.value})"
-            if o.result is None:
-                last = (o.error or "").strip().splitlines()[-1:] or [""]
-                L.append(f"- **{o.check.layer}** `{o.check.name}`: **error**{exp} — {_md_escape(last[0])}")
-            else:
-                L.append(
-                    f"- **{o.check.layer}** `{o.check.name}`: **{o.verdict}**{exp}{other_threshold(o)} — "
-                    f"{_md_escape(o.result.summary)}"
-                )
-                note = _provenance_note(o, inp)
-                if note:
-                    L.append(f"  - {_md_escape(note).replace(chr(92) + '`', '`')}")
-                if o.check.name != "llm_scale":
-                    nums = _short_numbers(o.result.numbers)
-                    if nums:
-                        L.append(f"  - numbers: {_md_escape(nums)}")
-        if c is not None and c.llm_command:
-            cmds = command_list(c.llm_command)
-            if len(cmds) == 1:
-                L.append(f"- LLM-scale command: `{cmds[0]}`")
-            else:
-                L.append(f"- LLM-scale commands, in order ({len(cmds)}):")
-                L += [f"  {i}. `{cmd}`" for i, cmd in enumerate(cmds, 1)]
-        for fid in r["figures"]:
+        if len(group) == 1:
+            L += _md_claim(r, inp, rules)
+        else:
+            L += _md_group(group, inp, rules, bb_names)
+        for fid in sorted({fid for x in group for fid in x["figures"]}):
             f = figs.get(fid)
             if f is None:
                 L.append(f"- figure `{fid}`: not produced in this run")

@@ -17,6 +17,7 @@ from tiltlab.claims import registry
 from tiltlab.claims.decision import _LAYER_ORDER, claim_decision, claim_status
 from tiltlab.claims.registry import Claim, Outcome, Paper, cite
 from tiltlab.hints import hint
+from tiltlab.paper_checks.report.folding import md_plain
 
 #: The documents, in the repository, that a report sends its reader to.
 SPEC_DOCS = (
@@ -313,10 +314,7 @@ def _fmt(v: Any) -> str:
 
 def _md_escape(s: str) -> str:
     """Plain text inside Markdown: no table breaks, no accidental emphasis or raw HTML."""
-    # (underscores are left alone: GitHub Markdown does not emphasize inside words)
-    for a, b in (("|", "\\|"), ("*", "\\*"), ("`", "\\`"), ("<", "&lt;"), ("\n", " ")):
-        s = s.replace(a, b)
-    return s
+    return md_plain(s)
 
 
 def other_threshold(o: Outcome) -> str:
@@ -326,3 +324,68 @@ def other_threshold(o: Outcome) -> str:
     ev = None if o.result is None else o.result.evidence
     alt = (ev or {}).get("alt_verdict")
     return f" (other threshold: {alt})" if alt and alt != o.verdict else ""
+
+
+def outcome_key(o: Outcome, inp: ReportInput) -> tuple:
+    """What a report shows of an outcome: two outcomes with the same key read the same (a run shared by the
+    claims of several backbones is shown once)."""
+    res = o.result
+    body = (
+        (o.error or "") if res is None else (res.summary, tuple(sorted((k, _fmt(v)) for k, v in res.numbers.items())))
+    )
+    return (
+        o.check.layer,
+        o.check.name,
+        o.verdict,
+        o.ok,
+        o.check.expected.value,
+        other_threshold(o),
+        body,
+        _provenance_note(o, inp),
+    )
+
+
+def group_checks(
+    group: Sequence[Mapping[str, Any]], inp: ReportInput
+) -> list[tuple[str, str, bool, list[tuple[Mapping[str, Any], Outcome]]]]:
+    """The checks of a group of claims (one per backbone), in layer then name order: ``(layer, name, shared,
+    [(row, outcome), ...])``; ``shared`` when every member has the check and all read the same
+    (:func:`outcome_key`)."""
+    keys = sorted(
+        {(o.check.layer, o.check.name) for r in group for o in r["outcomes"]},
+        key=lambda k: (_LAYER_ORDER.get(k[0], 9), k[1]),
+    )
+    out = []
+    for layer, name in keys:
+        pairs = [(r, o) for r in group for o in r["outcomes"] if (o.check.layer, o.check.name) == (layer, name)]
+        shared = len(pairs) == len(group) and len({outcome_key(o, inp) for _, o in pairs}) == 1
+        out.append((layer, name, shared, pairs))
+    return out
+
+
+def merged_claim_findings(findings: Sequence[Finding]) -> list[tuple[list[str], str, str]]:
+    """The claim findings with the same text (a run shared by several claims) as one: ``(heads, text, code)``,
+    in the order of their first head."""
+    out: list[tuple[list[str], str, str]] = []
+    at: dict[tuple[str, str], int] = {}
+    for head, text, code in findings:
+        k = (text, code)
+        if k in at:
+            out[at[k]][0].append(head)
+        else:
+            at[k] = len(out)
+            out.append(([head], text, code))
+    return out
+
+
+#: The first line of the report's "Decision rules" section.
+RULES_INTRO = (
+    "The rules below are stated once; a claim or check whose registered text holds one links here by its "
+    "short name instead of repeating it (the record, claims.json, keeps every statement and summary in full)."
+)
+
+
+def report_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The claim statements and check summaries a report shows (where decision rules are looked for)."""
+    out = [r["claim"].statement for r in rows if r["claim"] is not None]
+    return out + [o.result.summary for r in rows for o in r["outcomes"] if o.result is not None]
