@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "add_dataclass_args",
     "check_field_values",
+    "check_values",
     "close_matches",
     "did_you_mean",
     "field_docs",
@@ -46,9 +47,10 @@ def did_you_mean(word: str, choices: Iterable[str], fmt: str = "{!r}") -> str:
     return f" (did you mean {fmt.format(found[0])}?)" if found else ""
 
 
-def unknown_keys_message(unknown: Iterable[str], valid: Iterable[str], where: str) -> str:
+def unknown_keys_message(unknown: Iterable[str], valid: Iterable[str], where: str, list_valid: bool = True) -> str:
     """One line naming the unknown keys of ``where`` (e.g. ``"`stage2:`"``), the close matches and
-    every valid key: ``unknown keys ['epohcs'] in `stage2:` (did you mean 'epochs'?); valid keys: ...``."""
+    every valid key: ``unknown keys ['epohcs'] in `stage2:` (did you mean 'epochs'?); valid keys: ...``
+    (``list_valid=False``: without the list, for a table of hundreds of keys such as TRL's)."""
     unknown, valid = sorted(unknown), sorted(valid)
     if len(unknown) == 1:
         hint = did_you_mean(unknown[0], valid)
@@ -56,7 +58,7 @@ def unknown_keys_message(unknown: Iterable[str], valid: Iterable[str], where: st
         pairs = [(u, close_matches(u, valid, n=1)) for u in unknown]
         found = [f"{ms[0]!r} for {u!r}" for u, ms in pairs if ms]
         hint = f" (did you mean {', '.join(found)}?)" if found else ""
-    return f"unknown keys {unknown} in {where}{hint}; valid keys: {', '.join(valid)}"
+    return f"unknown keys {unknown} in {where}{hint}" + (f"; valid keys: {', '.join(valid)}" if list_valid else "")
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -136,7 +138,13 @@ def check_field_values(cls, values: dict, prefix: str = "") -> dict:
     ``cls``: a one-line ``ValueError`` such as ``stage2.epochs: expected an integer, got 'abc'`` on a
     mismatch; ints given for float fields become floats. Keys that are not fields, and fields whose
     type :func:`add_dataclass_args` cannot express (e.g. ``Any``), are passed through unchecked."""
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    return check_values({f.name: f.type for f in dataclasses.fields(cls)}, values, prefix)
+
+
+def check_values(types: dict[str, Any], values: dict, prefix: str = "") -> dict:
+    """:func:`check_field_values` against a table ``name -> annotation`` (a type or its text, e.g.
+    ``"float | None"``) in place of a dataclass: the run-config pre-check reads the trainer configs' fields
+    from a generated table (:mod:`tiltlab.llm.train.trl_fields`) without importing them."""
     out = dict(values)
     for name, value in values.items():
         if name not in types:

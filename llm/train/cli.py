@@ -17,7 +17,6 @@ import socket
 import sys
 from pathlib import Path
 
-from tiltlab.dataclass_cli import did_you_mean
 from tiltlab.files import write_json
 from tiltlab.hints import hint
 from tiltlab.llm.base.config_args import read_config
@@ -25,12 +24,20 @@ from tiltlab.llm.base.data import load_prompts, read_table
 from tiltlab.llm.base.models import load_model, load_tokenizer
 from tiltlab.llm.base.prompts import training_prompt
 from tiltlab.llm.base.rewards import resolve_reward
-from tiltlab.llm.disa.labels import check_label_compat
 from tiltlab.llm.disa.stage1 import read_manifest
 from tiltlab.llm.disa.stage2.run import load_log_z_predictor
 from tiltlab.llm.train import diagnose
 from tiltlab.llm.train.config import load_run_config
-from tiltlab.objectives.catalog import describe, names
+from tiltlab.llm.train.online_rules import check_trainer_inputs
+from tiltlab.llm.train.precheck import (
+    check_labels,
+    check_lora,
+    check_loss_type_name,
+    check_validation,
+    needs_frozen_log_z,
+    precheck,
+)
+from tiltlab.objectives.catalog import describe
 
 __all__ = [
     "DEVICE_SWITCHES",
@@ -99,14 +106,19 @@ def _disa_predictor(cfg):
     """``(log_z_fn, stage1 manifest)`` from the config's ``disa`` section (Stage 1/2 outputs)."""
 
     man = _stage1_manifest(cfg)
+    s2 = _require_stage2_dir(cfg)
+    log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
+    return log_z_fn, man
+
+
+def _require_stage2_dir(cfg) -> str:
+    """``disa.stage2_dir``, which a run that reads DISA's log Z from the Stage-2 predictor needs."""
     s2 = cfg.disa.get("stage2_dir")
     if not s2:
         raise ValueError(
             "objective 'disa' needs disa.stage2_dir (the Stage-2 regressor written by `tiltlab llm stage2`)"
         )
-
-    log_z_fn = load_log_z_predictor(Path(s2))  # callable: chat message lists or raw prompts -> [N]
-    return log_z_fn, man
+    return s2
 
 
 def online_dataset(rows, chat_template: bool = True):
@@ -144,25 +156,17 @@ def resolve_checkpoint(resume: str, output_dir: str) -> str:
     return last
 
 
-LORA_DEFAULTS = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
-
-
 def lora_config(cfg):
-    """The ``lora:`` section as a ``peft.LoraConfig`` (None without one). The learned log Z head
-    of flowrl/paced is trained in full (``modules_to_save``) and kept out of the adapter targets."""
+    """The ``lora:`` section as a ``peft.LoraConfig`` (None without one; checked by
+    :func:`~tiltlab.llm.train.precheck.check_lora`). The learned log Z head of flowrl/paced is trained in
+    full (``modules_to_save``) and kept out of the adapter targets."""
     if not cfg.lora:
         return None
+    lo = check_lora(cfg)
     from peft import LoraConfig
 
     from tiltlab.llm.disa.logz_head import HEAD_NAME
 
-    lo = {**LORA_DEFAULTS, **cfg.lora}
-    if not (isinstance(lo["r"], int) and lo["r"] > 0) or not float(lo["alpha"]) > 0:
-        raise ValueError(
-            f"lora.r must be a positive integer and lora.alpha > 0, got r={lo['r']!r}, alpha={lo['alpha']!r}"
-        )
-    if not 0.0 <= float(lo["dropout"]) < 1.0:
-        raise ValueError(f"lora.dropout must lie in [0, 1), got {lo['dropout']!r}")
     learned_z = cfg.kind == "online" and (cfg.objective in ("flowrl", "paced"))
     return LoraConfig(
         r=int(lo["r"]),
@@ -175,39 +179,17 @@ def lora_config(cfg):
     )
 
 
-VALIDATION_METRICS = ("reward", "accuracy")
-
-
-def _offline_validation(v: dict, kw: dict) -> list:
+def _offline_validation(cfg, v: dict, kw: dict) -> list:
     """Offline runs (no generation during training): the held-out rows of ``validation.dataset`` (the
     same format as the training file, e.g. the ``.val`` file ``tiltlab llm prepare fpa`` writes), scored
     by the objective's loss every ``every_steps``; the checkpoint with the lowest ``eval_loss`` is kept.
-    A held-out split must be by prompt, so ``holdout_fraction`` of the rows is refused here."""
+    A held-out split must be by prompt, so ``holdout_fraction`` of the rows is refused
+    (:func:`~tiltlab.llm.train.precheck.check_validation`)."""
 
-    if "dataset" not in v:
-        raise ValueError(
-            "validation for offline runs needs validation.dataset (held-out prompts, e.g. the .val file "
-            "`tiltlab llm prepare fpa` writes); holdout_fraction would split one prompt's samples"
-        )
-    if v.get("metric", "loss") != "loss":
-        raise ValueError(
-            f"validation.metric for offline runs is 'loss' (the objective on held-out rows), got {v['metric']!r}; "
-            "select on accuracy by evaluating the saved checkpoints with `tiltlab llm eval`"
-        )
-    every = v.get("every_steps")
-    if not (isinstance(every, int) and every > 0):
-        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
     held = list(read_table(v["dataset"]))
     if not held:
         raise ValueError(f"validation.dataset {v['dataset']!r} has no rows")
-    kw.update(
-        eval_strategy="steps",
-        eval_steps=every,
-        save_strategy="steps",
-        save_steps=every,
-        metric_for_best_model="eval_loss",
-        greater_is_better=False,
-    )
+    _eval_settings(cfg, kw)
     return held
 
 
@@ -218,22 +200,13 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
     v = dict(cfg.validation)
     if not v:
         return rows, None
+    check_validation(cfg)  # the section's own rules (the pre-check's)
     if cfg.kind != "online":
-        return rows, _offline_validation(v, kw)
-    if ("dataset" in v) == ("holdout_fraction" in v):
-        raise ValueError("validation: give exactly one of dataset (a path) or holdout_fraction (of the training rows)")
-    every = v.get("every_steps")
-    if not (isinstance(every, int) and every > 0):
-        raise ValueError(f"validation.every_steps must be a positive integer, got {every!r}")
-    metric = v.get("metric", "reward")
-    if metric not in VALIDATION_METRICS:
-        raise ValueError(f"validation.metric must be one of {VALIDATION_METRICS}, got {metric!r}")
+        return rows, _offline_validation(cfg, v, kw)
     if "dataset" in v:
         held = _nonempty(load_prompts(v["dataset"]), v["dataset"])
     else:
         frac = float(v["holdout_fraction"])
-        if not 0.0 < frac < 1.0:
-            raise ValueError(f"validation.holdout_fraction must lie in (0, 1), got {frac}")
         order = list(range(len(rows)))
         random.Random(int(kw.get("seed", 42))).shuffle(order)
         n_held = max(1, round(frac * len(rows)))
@@ -242,6 +215,26 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
         held_ix = set(order[:n_held])
         held = [rows[i] for i in sorted(held_ix)]
         rows = [r for i, r in enumerate(rows) if i not in held_ix]
+    _eval_settings(cfg, kw)
+    return rows, held
+
+
+def _eval_settings(cfg, kw: dict) -> None:
+    """The evaluation / checkpoint-selection settings of the ``validation:`` section written into the trainer
+    kwargs ``kw`` (an evaluation and a checkpoint every ``every_steps``; the metric to select on)."""
+    v = cfg.validation
+    every = v["every_steps"]
+    if cfg.kind != "online":
+        kw.update(
+            eval_strategy="steps",
+            eval_steps=every,
+            save_strategy="steps",
+            save_steps=every,
+            metric_for_best_model="eval_loss",
+            greater_is_better=False,
+        )
+        return
+    metric = v.get("metric", "reward")
     k = int(v.get("k", kw.get("num_generations", 8)))
     kw.update(
         eval_strategy="steps",
@@ -253,7 +246,6 @@ def _validation(cfg, rows: list, kw: dict) -> tuple[list, list | None]:
         num_generations_eval=k,
     )
     kw.setdefault("per_device_eval_batch_size", k)
-    return rows, held
 
 
 #: the trainer-config switches that depend on the machine (an accelerator, a logging service): a
@@ -272,7 +264,7 @@ def trainer_args(cfg, kw: dict | None = None, device_checks: bool = True):
     if cfg.kind == "online":
         from tiltlab.llm.train.online import TiltGRPOConfig
 
-        _close_loss_type(cfg.objective, kw.get("loss_type"))
+        check_loss_type_name(cfg.objective, kw.get("loss_type"))
         kw.setdefault("remove_unused_columns", False)
         return TiltGRPOConfig(**kw)
     from tiltlab.llm.train.offline import OfflineConfig
@@ -280,71 +272,71 @@ def trainer_args(cfg, kw: dict | None = None, device_checks: bool = True):
     return OfflineConfig(**kw)
 
 
-def _close_loss_type(objective: str, loss_type) -> None:
-    """A mistyped ``trl.loss_type`` named with its close match among the loss types ``objective``
-    implements and the objectives that are TRL loss types of their own (``loss_type="cispo"`` is
-    ``objective: cispo``). Any other value is left to :class:`TiltGRPOConfig`, whose check (the rule's,
-    in ``llm/train/online/config.py``) refuses it in its own words."""
-    from tiltlab.llm.train.online.config import loss_types
-
-    types = loss_types(objective)
-    own = names(tag="trl_loss_type")
-    if loss_type is None or loss_type in types or loss_type in own:
-        return
-    close = did_you_mean(str(loss_type), [*types, *own])
-    if close:
-        raise ValueError(
-            f"trl.loss_type={loss_type!r}{close}: objective={objective!r} implements loss_type in "
-            f"{types or '(none: leave it unset)'}"
-        )
+def _local_rows(cfg, notes: list[str]) -> list | None:
+    """The training rows when the dataset is on this machine (a local file or a ``synthetic:`` spec), else None
+    with a note; an empty dataset fails as it fails the run."""
+    path = str(cfg.dataset)
+    if not (path.startswith("synthetic:") or os.path.exists(path)):
+        notes.append(f"dataset {path!r} is not on this machine (a hub name, or a file made later)")
+        return None
+    if cfg.kind == "online":
+        return _nonempty(load_prompts(cfg.dataset), cfg.dataset)
+    return _nonempty(list(read_table(cfg.dataset)), cfg.dataset)
 
 
-def dry_run(cfg) -> list[str]:
-    """What ``--dry-run`` checks without loading a model or a dataset: the trainer config
-    (:func:`trainer_args`, machine switches aside), the reward, DISA's labels against Stage 1's manifest where it
-    exists (:func:`_dry_run_labels`), the LoRA section. Returns the notes
-    for what it could not check here (local files that are absent, the machine switches)."""
+def dry_run(cfg, overrides=(), resume: str | None = None) -> list[str]:
+    """What ``--dry-run`` checks: everything the run checks before it loads a model. The pre-check
+    (:func:`~tiltlab.llm.train.precheck.precheck`: keys, values, the tiltlab rules, DISA's labels against Stage
+    1's manifest where it exists), the trainer config with the validation settings (:func:`trainer_args`:
+    TRL's and transformers' checks, machine switches aside), the dataset's rows and columns where it is on this
+    machine (non-empty, the validation split, DISA's log Z source, PACED's groups:
+    :func:`~tiltlab.llm.train.online_rules.check_trainer_inputs`), the reward, the LoRA section and
+    ``--resume``'s checkpoint. Returns the notes for what it could not check here (local files that are
+    absent, the machine switches)."""
 
-    notes = []
+    notes: list[str] = []
     if cfg.objective == "none":
         return ["objective 'none': nothing to train; the eval section is checked by `tiltlab llm eval`"]
-    if not cfg.dataset:
-        raise ValueError("the config names no dataset")
-    args = trainer_args(cfg, device_checks=False)
+    precheck(cfg, overrides, notes)
+    kw = cfg.trainer_kwargs()
+    rows = _local_rows(cfg, notes)
+    if cfg.validation:
+        v = cfg.validation
+        held_path = v.get("dataset")
+        if held_path is not None and not os.path.exists(str(held_path)) and not str(held_path).startswith("synthetic:"):
+            notes.append(
+                f"validation.dataset {str(held_path)!r} is not on this machine: its rows are checked by the run"
+            )
+            _eval_settings(cfg, kw)
+        elif rows is None and "holdout_fraction" in v:
+            _eval_settings(cfg, kw)
+        else:
+            rows, _ = _validation(cfg, rows or [], kw)
+    args = trainer_args(cfg, kw, device_checks=False)
     if cfg.kind == "online":
         resolve_reward(cfg.reward)
-        _dry_run_labels(cfg, args, notes)
+        check_labels(cfg, args)
+        if rows is not None:
+            columns = set().union(*(r.keys() for r in rows))
+            has_predictor = (
+                needs_frozen_log_z(cfg, args)
+                and args.disa_label != "column"
+                and (cfg.disa.get("stage2_dir") or "log_z" not in columns)
+            )
+            if has_predictor:
+                _require_stage2_dir(cfg)
+            check_trainer_inputs(args, columns, bool(has_predictor))
     lora_config(cfg)
-    kw = cfg.trainer_kwargs()
+    if resume:
+        resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir))
     changed = {k: kw[k] for k in DEVICE_SWITCHES if k in kw and kw[k] != DEVICE_SWITCHES[k]}
     if changed:
         notes.append(f"not checked on this machine: {changed} (checked when the run starts)")
-    paths = {"dataset": cfg.dataset, **{f"disa.{k}": v for k, v in cfg.disa.items() if k.endswith("_dir") and v}}
-    for key, path in paths.items():  # a spec such as synthetic:math:4:1 is not a path
-        if ":" not in str(path) and not os.path.exists(str(path)):
-            notes.append(f"{key} {str(path)!r} is not on this machine (a hub name, or a file made later)")
+    paths = {f"disa.{k}": v for k, v in cfg.disa.items() if k.endswith("_dir") and v}
+    for key, path in paths.items():
+        if not os.path.exists(str(path)):
+            notes.append(f"{key} {str(path)!r} is not on this machine (a file made later)")
     return notes
-
-
-def _dry_run_labels(cfg, args, notes: list[str]) -> None:
-    """DISA's label check (:func:`~tiltlab.llm.disa.labels.check_label_compat`, as the trainer runs it) against
-    the Stage-1 manifest in ``disa.stage1_dir`` when it is on this machine: a tilt, reward transform or log-prob
-    scale the labels were not made with fails the dry run as it fails the run (one line, exit 2)."""
-    needs_z = cfg.objective == "disa" or (cfg.objective == "paced" and args.paced_select_from == "disa")
-    s1 = cfg.disa.get("stage1_dir")
-    if not needs_z or not s1 or not os.path.exists(os.path.join(str(s1), "manifest.json")):
-        if needs_z and s1 and os.path.exists(str(s1)):
-            notes.append(f"disa.stage1_dir {str(s1)!r} has no manifest.json yet: the label check runs when it does")
-        return
-    check_label_compat(
-        _stage1_manifest(cfg),
-        tilt_beta=args.tilt_beta,
-        reward_transform=args.reward_transform_spec,
-        logprob_scale=args.logprob_scale,
-        chat_template=True,  # build_trainer's online_dataset renders chat turns
-        allow_mismatch=args.disa_allow_label_mismatch,
-        reason=args.disa_mismatch_reason,
-    )
 
 
 def build_trainer(cfg):
@@ -432,12 +424,18 @@ def main(args) -> int:
 
     overrides = list(args.overrides) + ([f"objective={args.objective}"] if args.objective else [])
     cfg = read_config(args.config, overrides, loader=load_run_config)
+    precheck(cfg, overrides)  # before torch / TRL / vLLM load: a mistyped key or value fails in a second
     if args.dry_run:
-        notes = dry_run(cfg)  # a config the run would refuse raises here: exit 2 with its one line
+        notes = dry_run(
+            cfg, overrides, args.resume
+        )  # a config the run would refuse raises here: exit 2 with its one line
         print(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
         for n in notes:
             print(f"[dry-run] {n}", file=sys.stderr)
-        print("[dry-run] the trainer config, reward and LoRA section are valid", file=sys.stderr)
+        print(
+            "[dry-run] the run config, the trainer config, the data on this machine, the reward and LoRA are valid",
+            file=sys.stderr,
+        )
         return 0
     # transformers' Trainer never reads TrainingArguments.resume_from_checkpoint: honour it here
     resume = args.resume or cfg.trl.get("resume_from_checkpoint")

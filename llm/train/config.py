@@ -7,7 +7,6 @@ The schema itself (:class:`RunConfig`, :data:`SECTION_KEYS`, ``--set`` overrides
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from tiltlab.llm.base.run_config import (
@@ -16,8 +15,7 @@ from tiltlab.llm.base.run_config import (
     apply_overrides,
     read_run_config,
 )
-from tiltlab.llm.disa.stage1 import Stage1Config
-from tiltlab.llm.disa.stage2.config import Stage2Config
+from tiltlab.llm.train.precheck import check_trainer_sections
 
 __all__ = [
     "SECTION_KEYS",
@@ -28,31 +26,17 @@ __all__ = [
 ]
 
 
-def validate_run_config(cfg: RunConfig) -> None:
-    """Check ``trl`` and the objective sections against the trainer config's fields, and the
-    ``stage1`` / ``stage2`` sections against :class:`~tiltlab.llm.disa.stage1.Stage1Config` /
-    :class:`~tiltlab.llm.disa.stage2.config.Stage2Config`."""
-    if cfg.kind == "online":
-        from tiltlab.llm.train.online import TiltGRPOConfig as cls
-    else:
-        from tiltlab.llm.train.offline import OfflineConfig as cls
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(cfg.trainer_kwargs()) - names)
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields in trl/sections: {unknown}")
-    if cfg.stage1:
-        bad = sorted(set(cfg.stage1) - {f.name for f in dataclasses.fields(Stage1Config)})
-        if bad:
-            raise ValueError(f"stage1: unknown Stage1Config fields {bad}")
-    if cfg.stage2:
-        bad = sorted(set(cfg.stage2) - {f.name for f in dataclasses.fields(Stage2Config)})
-        if bad:
-            raise ValueError(f"stage2: unknown Stage2Config fields {bad}")
+def validate_run_config(cfg: RunConfig, overrides=()) -> None:
+    """Check ``trl`` and the objective sections against the trainer config's fields (names with their close
+    match, value types), and the ``stage1`` / ``stage2`` sections against
+    :class:`~tiltlab.llm.disa.stage1.Stage1Config` / :class:`~tiltlab.llm.disa.stage2.config.Stage2Config`
+    (:func:`tiltlab.llm.train.precheck.check_trainer_sections`: no torch / TRL is imported)."""
+    check_trainer_sections(cfg, overrides)
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None, validate: bool = True) -> RunConfig:
     """Read a YAML run config, apply ``--set`` overrides and (``validate``) check it."""
     cfg = read_run_config(path, overrides)
     if validate:
-        validate_run_config(cfg)
+        validate_run_config(cfg, overrides or ())
     return cfg

@@ -39,6 +39,7 @@ from tiltlab.objectives.tb import (
 from tiltlab.objectives.transforms import affine_reward
 
 from ..health import HealthMonitor, bounds_of
+from ..online_rules import check_trainer_inputs
 from ..paced import PacedMixin
 from ..signal_guard import SignalGuardMixin
 from ..vllm_sync import cpu_colocate_llm, keep_log_z_head_out, reload_on_cpu
@@ -245,30 +246,11 @@ class TiltGRPOTrainer(SignalGuardMixin, PacedMixin, GRPOTrainer):
             )
         if obj == "paced" and args.paced_embeddings == "frozen_ref":
             self._paced_setup_frozen()
-        if obj == "paced":
-            g = self.num_generations
-            gen_local = args.per_device_train_batch_size * args.steps_per_generation
-            if gen_local % g:
-                raise ValueError(
-                    f"objective='paced' selects whole groups per process: per_device_train_batch_size * "
-                    f"steps_per_generation = {gen_local} must be a multiple of num_generations = {g}"
-                )
-            if (
-                args.paced_select_from == "disa"
-                and log_z_fn is None
-                and (train_dataset is None or "log_z" not in train_dataset.column_names)
-            ):
-                raise ValueError("paced_select_from='disa' needs log_z_fn (the Stage-2 predictor) or a 'log_z' column")
+        # the groups per process and DISA's frozen log Z source (online_rules.py: `--dry-run` runs the same check)
+        check_trainer_inputs(args, () if train_dataset is None else train_dataset.column_names, log_z_fn is not None)
         uses_frozen = obj == "disa" or (obj == "paced" and args.paced_select_from == "disa")
         if uses_frozen and args.disa_label == "column":
-            if train_dataset is None or "log_z" not in train_dataset.column_names:
-                raise ValueError(
-                    "disa.label=column needs a 'log_z' column in the dataset: write it with "
-                    "`tiltlab llm stage2-annotate --stage2-dir STAGE2 --dataset DATA --out DATA_WITH_LOG_Z.jsonl`"
-                )
             self.log_z_fn = None  # the column only: no predictor (no second model) during training
-        if obj == "disa" and log_z_fn is None and (train_dataset is None or "log_z" not in train_dataset.column_names):
-            raise ValueError("objective='disa' needs log_z_fn (Stage-2 predict_log_z) or a 'log_z' dataset column")
 
     # ------------------------------------------------------------------------------------------
     # optimizer: optional separate learning rate for the log Z head
