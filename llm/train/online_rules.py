@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiltlab.dataclass_cli import did_you_mean
 from tiltlab.objectives.catalog import TB_OPTIONS, check_knobs, default_logprob_scale, names
 
 from .health_bounds import bounds_of
@@ -94,7 +95,9 @@ def check_options(c: Any) -> None:
     :class:`~tiltlab.llm.train.online.TiltGRPOConfig` after TRL's ``__post_init__``, or the pre-check's
     namespace of the same fields. A value the trainer cannot honour is a one-line ``ValueError``."""
     if c.objective not in objectives():
-        raise ValueError(f"objective must be one of {objectives()}, got {c.objective!r}")
+        raise ValueError(
+            f"objective must be one of {objectives()}, got {c.objective!r}{did_you_mean(str(c.objective), objectives())}"
+        )
     check_trl_options(c)
     if c.reward_transform is None:
         c.reward_transform = "group_norm" if c.objective == "flowrl" else "affine"
@@ -103,7 +106,10 @@ def check_options(c: Any) -> None:
     if not c.reward_scale > 0:
         raise ValueError(f"reward_scale (a in r~ = a r + c) must be > 0, got {c.reward_scale}")
     if c.reward_transform not in REWARD_TRANSFORMS:
-        raise ValueError(f"reward_transform must be one of {REWARD_TRANSFORMS}, got {c.reward_transform!r}")
+        raise ValueError(
+            f"reward_transform must be one of {REWARD_TRANSFORMS}, got {c.reward_transform!r}"
+            f"{did_you_mean(str(c.reward_transform), [*REWARD_TRANSFORMS, 'identity'])}"
+        )
     if c.logprob_scale is None:
         c.logprob_scale = default_logprob_scale(c.objective)
     for option in TB_OPTIONS:
@@ -112,7 +118,10 @@ def check_options(c: Any) -> None:
     if c.lad_eta <= 0 or c.paced_kl_coef <= 0 or c.tilt_beta <= 0:
         raise ValueError("lad_eta, paced_kl_coef and tilt_beta must be > 0")
     if c.disa_label not in ("predictor", "column"):
-        raise ValueError(f"disa_label must be predictor | column, got {c.disa_label!r}")
+        raise ValueError(
+            f"disa_label must be predictor | column, got {c.disa_label!r}"
+            f"{did_you_mean(str(c.disa_label), ('predictor', 'column'))}"
+        )
     if c.dynamic_sampling_max_refills < 0:
         raise ValueError("dynamic_sampling_max_refills must be >= 0")
     if not 0.0 <= c.paced_tau <= 1.0:
@@ -158,7 +167,9 @@ def check_trl_options(c: Any) -> None:
     if bad:
         raise ValueError(f"the tiltlab objectives do not implement TRL's {bad}; leave them at TRL's defaults")
     if c.kl_estimator not in ("k1", "k2", "k3"):
-        raise ValueError(f"kl_estimator must be k1 | k2 | k3, got {c.kl_estimator!r}")
+        raise ValueError(
+            f"kl_estimator must be k1 | k2 | k3, got {c.kl_estimator!r}{did_you_mean(str(c.kl_estimator), ('k1', 'k2', 'k3'))}"
+        )
     if obj != "grpo" and (c.dual_clip is not None or c.log_ratio_clip is not None or c.kl_estimator != "k3"):
         raise ValueError("dual_clip, log_ratio_clip and kl_estimator != 'k3' are options of objective='grpo'")
     if c.kl_in_reward:

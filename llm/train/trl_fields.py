@@ -14,7 +14,11 @@ classes field by field; after a change of the classes or of the pinned TRL / tra
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import importlib.metadata
+import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -43,8 +47,6 @@ def installed_versions() -> dict[str, str | None]:
 def _annotation(tp: Any) -> str:
     """A field's annotation as text: ``int``, ``str | None``, ``list[str]`` (what
     :func:`tiltlab.dataclass_cli.check_field_values` reads)."""
-    import types
-
     if isinstance(tp, str):
         return tp
     origin = typing.get_origin(tp)
@@ -59,9 +61,6 @@ def _annotation(tp: Any) -> str:
 
 def live_fields(kind: str) -> dict[str, tuple[str, Any]]:
     """The table's entry for ``kind``, read from the class itself (imports torch / TRL / transformers)."""
-    import dataclasses
-    import importlib
-
     module, name = CLASSES[kind]
     cls = getattr(importlib.import_module(module), name)
     out = {}
@@ -100,8 +99,6 @@ def _write() -> Path:
 
 def _literal(value: Any) -> str:
     """``value`` as Python source in the formatter's style (double quotes)."""
-    import json
-
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, tuple):
