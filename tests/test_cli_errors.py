@@ -410,10 +410,13 @@ def test_train_dry_run_refuses_what_the_run_would(capsys, tmp_path, no_model_loa
 
 def test_train_dry_run_checks_the_offline_trainer_config(capsys, tmp_path, no_model_loads):
     _needs("trl")
-    (tmp_path / "pairs.jsonl").write_text("")
     cfg = _config(tmp_path, kind="offline", objective="dpo", dataset=str(tmp_path / "pairs.jsonl"))
-    assert main(["llm", "train", "--config", cfg, "--dry-run"]) == 0
-    capsys.readouterr()
+    assert main(["llm", "train", "--config", cfg, "--dry-run"]) == 0  # a file made later: noted
+    assert "is not on this machine" in capsys.readouterr().err
+    (tmp_path / "pairs.jsonl").write_text("")  # an empty one is refused, as the run refuses it
+    assert main(["llm", "train", "--config", cfg, "--dry-run"]) == 2
+    assert "has no rows" in _one_line_error(capsys, "tiltlab llm train: error: ")
+    (tmp_path / "pairs.jsonl").unlink()
     assert main(["llm", "train", "--config", cfg, "--set", "trl.apo_beta1=0", "--dry-run"]) == 2
     assert "apo_beta1 must be > 0" in _one_line_error(capsys, "tiltlab llm train: error: ")
 
@@ -430,4 +433,4 @@ def test_train_dry_run_notes_what_it_cannot_check_here(capsys, tmp_path, no_mode
         err = capsys.readouterr().err
         assert "not checked on this machine: {'bf16': True}" in err, err
         assert (f"dataset {str(absent)!r} is not on this machine" in err) is noted, err
-        assert err.rstrip().endswith("the trainer config, reward and LoRA section are valid")
+        assert err.rstrip().endswith("the trainer config, the data on this machine, the reward and LoRA are valid")

@@ -326,6 +326,10 @@ def dry_run(cfg, overrides=(), resume: str | None = None) -> list[str]:
             if has_predictor:
                 _require_stage2_dir(cfg)
             check_trainer_inputs(args, columns, bool(has_predictor))
+    elif rows is not None:  # the offline rows as the run prepares them (pairs, columns)
+        from tiltlab.llm.train.offline import prepare_offline_rows
+
+        _nonempty(prepare_offline_rows(rows, args.objective, args.apo_beta1), cfg.dataset)
     lora_config(cfg)
     if resume:
         resolve_checkpoint(str(resume), cfg.trl.get("output_dir", cfg.output_dir))

@@ -34,7 +34,10 @@ def _dry_run(*flags: str) -> str:
     cmd = [sys.executable, "-m", "tiltlab.cli", "llm", "train", "--config", str(CONFIG), "--dry-run", *flags]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "[dry-run] the trainer config, reward and LoRA section are valid" in res.stdout + res.stderr
+    assert (
+        "[dry-run] the run config, the trainer config, the data on this machine, the reward and LoRA are valid"
+        in res.stdout + res.stderr
+    )
     return res.stdout + res.stderr
 
 
