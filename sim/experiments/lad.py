@@ -98,6 +98,9 @@ def run_all(quick: bool, seed: int) -> dict:
         out[label] = {
             "config": kw,
             "policy": logp.exp().mean(0),
+            "policy_seeds": logp.exp(),  # [S, K]: a mean over seeds hides seeds that collapse onto different arms
+            "max_pi_seeds": [float(v) for v in logp.exp().max(-1).values],
+            "argmax_seeds": [int(v) for v in logp.exp().argmax(-1)],
             "P_pi": p_pi.exp().mean(0),
             "tv_Ppi_PA": float(tv_distance(p_pi, p_a.log()).mean()),
             "tv_Ppi_PA_std": float(tv_distance(p_pi, p_a.log()).std()) if logp.shape[0] > 1 else 0.0,

@@ -15,16 +15,28 @@ exact accuracy ``E_{pi_theta}[r]`` (all V^L sequences), and the gradient weights
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from tiltlab.claims import stats
 from tiltlab.sim.experiments import fpa_entanglement as fe
 from tiltlab.sim.experiments.fpa_entanglement import LAMBDAS, run_all, summarize, train
 from tiltlab.sim.figures import FigureRecord
 
 FIG_ID = "fig09_fpa_entanglement"
+
+
+def seed_band(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over seeds (axis 1) of a ``[time, seed]`` series -+ one standard error (sd / sqrt(seeds), the sd of
+    :func:`tiltlab.claims.stats.mean_sd`): the bands of (a-c), around the curves they go with. (An interquartile
+    band misleads in (c): a few seeds with an easy pi_ref put the mean accuracy above the middle half.)"""
+    ms = [stats.mean_sd(row) for row in np.asarray(v, dtype=float)]
+    m = np.array([a for a, _ in ms])
+    se = np.array([b for _, b in ms]) / math.sqrt(np.asarray(v).shape[1])
+    return m - se, m + se
 
 
 def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
@@ -69,9 +81,11 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         for a, key in ((ax[0, 0], "corr"), (ax[0, 1], "inc"), (ax[0, 2], "acc")):
             v = np.asarray(r[key])
             a.plot(r["step"], v.mean(1), color=colors[k], label=label(k), lw=1.8)
-            # band: min-max over seeds, for Off-RL and lambda = 2 only (six overlapping bands hide the lines)
+            # band: +-1 standard error over seeds, for Off-RL and lambda = 2 only (six overlapping bands hide the
+            # lines); a min-max band over 20 seeds that differ in their pi_ref accuracy swamps the means
             if k in ("offrl", "fpa2"):
-                a.fill_between(r["step"], v.min(1), v.max(1), color=colors[k], alpha=0.18, lw=0)
+                lo, hi = seed_band(v)
+                a.fill_between(r["step"], lo, hi, color=colors[k], alpha=0.2, lw=0)
     ax[0, 2].axhline(summ["ref_acc"], color="gray", ls=":", label=r"$\pi_{\mathrm{ref}}$ accuracy")
     ax[0, 0].set_title(r"(a) correct data sequences: $\log \pi - \log \pi_{\mathrm{ref}}$")
     ax[0, 1].set_title(r"(b) incorrect data sequences: $\log \pi - \log \pi_{\mathrm{ref}}$")
@@ -123,7 +137,7 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         a.legend(fontsize=8.5, loc="best")
     fig.suptitle(
         f"FPA gradient entanglement on a token tree (V={cfg.vocab}, L={cfg.length}, per-position logits, "
-        f"r = [Σy mod V = 0], N={cfg.n_data} offline samples, {cfg.seeds} seeds (bands: min–max for Off-RL and $\\lambda$ = 2), full-batch SGD)",
+        f"r = [Σy mod V = 0], N={cfg.n_data} offline samples, {cfg.seeds} seeds (bands: mean $\\pm$ 1 s.e. over seeds for Off-RL and $\\lambda$ = 2), full-batch SGD)",
         fontsize=11,
     )
     fig.tight_layout()
@@ -155,7 +169,8 @@ def make(out_dir: Path, quick: bool = False, seed: int = 0) -> FigureRecord:
         "accuracy vs λ (SGD and Adam). Settings: "
         f"V = {cfg.vocab}, L = {cfg.length}, per-position logits, r = [sum of tokens mod V = 0], N = {cfg.n_data} "
         f"offline samples, full-batch SGD lr {cfg.lr} (Adam lr {cfg_adam.lr} in (f)), {cfg.seeds} seeds: curves are "
-        "means; bands in (a-c) span the seeds (Off-RL and λ = 2; the seeds differ in their π_ref accuracy too). Supports fpa.entanglement (numbers in the findings)."
+        "means; bands in (a-c) are ± 1 standard error of the mean over seeds (Off-RL and λ = 2; the seeds differ in "
+        "their π_ref accuracy too, so a min-max band would hide the means). Supports fpa.entanglement (numbers in the findings)."
     )
     data = {
         "config": cfg.__dict__,

@@ -404,3 +404,58 @@ def test_figures_refuses_an_index_it_did_not_write(tmp_path, capsys):
     (tmp_path / "index.json").write_text("[1, 2]")
     assert main(["figures", "--quick", "--only", "fig06", "--out", str(tmp_path)]) == 2
     assert "is not a figures index" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ fig01 and fig09 (c): comparable scales, honest spread
+
+
+def test_fig01_panels_share_one_y_scale_and_show_each_seed(quick_figures):
+    rec, fig = quick_figures["fig01_lad_bandit"]
+    data = json.loads(rec.data.read_text())
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    assert len(panels) == len(data["methods"]) == 8
+    assert len({ax.get_ylim() for ax in panels}) == 1 and all(ax.get_yscale() == "log" for ax in panels)
+    _, hi = panels[0].get_ylim()
+    for ax, (label, m) in zip(panels, data["methods"].items()):
+        seeds = np.asarray(m["policy_seeds"], float)
+        assert seeds.shape == (data["base"]["seeds"], len(data["P_A"]))
+        assert hi > seeds.max() and hi > np.asarray(data["P_A"], float).max()
+        # each seed's largest arm is marked where it is, not where the mean puts it
+        (marks,) = [ln for ln in ax.lines if ln.get_marker() == "v"]
+        assert list(marks.get_xdata()) == list(seeds.argmax(1)), label
+        assert np.allclose(marks.get_ydata(), seeds.max(1)), label
+        assert m["max_pi_seeds"] == pytest.approx(list(seeds.max(1)))
+        assert all(f"(arm {a})" in ax.get_title() for a in seeds.argmax(1)), ax.get_title()
+
+
+def test_fig01_titles_name_seeds_that_collapse_onto_different_arms():
+    """Two seeds at max pi 0.96 on arms 12 and 37: the title names both (their mean, ~0.5 per arm, would not)."""
+    from tiltlab.sim.figures.fig01_lad_bandit import seed_maxima
+
+    assert seed_maxima({"max_pi_seeds": [0.96, 0.95], "argmax_seeds": [12, 37]}) == (
+        "max $\\pi$ per seed 0.96 (arm 12), 0.95 (arm 37)"
+    )
+    many = seed_maxima({"max_pi_seeds": [0.9, 0.95, 0.2, 0.3], "argmax_seeds": [1, 2, 2, 2]})
+    assert many == "max $\\pi$ per seed 0.20-0.95 on 2 arm(s)"
+
+
+def test_fig09_bands_are_one_standard_error_of_the_seed_mean(quick_figures):
+    from matplotlib.collections import PolyCollection
+
+    from tiltlab.sim.experiments import fpa_entanglement as fe
+
+    _, fig = quick_figures["fig09_fpa_entanglement"]
+    runs = fe.run_all(fe.CLAIM_CONFIG, 0)
+    assert len(runs["offrl"]["step"]) >= 10  # more than the five time points of the first version
+    for panel, key in ((0, "corr"), (1, "inc"), (2, "acc")):
+        bands = [c for c in fig.axes[panel].collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 2, panel
+        for band, k in zip(bands, ("offrl", "fpa2")):
+            v = np.asarray(runs[k][key], float)  # [time, seed]
+            n = v.shape[1]
+            mean = [sum(row) / n for row in v]
+            se = [math.sqrt(sum((x - m) ** 2 for x in row) / (n - 1) / n) for row, m in zip(v, mean)]
+            ys = band.get_paths()[0].vertices[:, 1]
+            assert min(ys) == pytest.approx(min(m - s for m, s in zip(mean, se)), rel=1e-9, abs=1e-12)
+            assert max(ys) == pytest.approx(max(m + s for m, s in zip(mean, se)), rel=1e-9, abs=1e-12)
+            assert sum(2 * x for x in se) < 0.6 * float((v.max(1) - v.min(1)).sum())  # far narrower than min-max
