@@ -11,9 +11,24 @@ llm layer's run (``tiltlab check --layer llm --long --check smollm2_135m_compari
    (:data:`SELECT_M` samples, vLLM) labels each prompt (``log Z_hat``) and gives its pass rate; the
    prompts with pass rate in ``[MIN_PASS, MAX_PASS]`` are kept and split, per task kind, into
    :data:`N_HELDOUT` held-out prompts (half of each kind) and the training prompts (seeded by the check seed).
-2. **Arms** (:data:`ARMS`), each trained :data:`N_SEEDS` times (training seed ``s``; every arm sees the
-   same prompt order at the same ``s``), :data:`STEPS` steps of :data:`PROMPTS_PER_STEP` prompts x
-   :data:`G` completions, learning rate :data:`LR`, ``beta`` = :data:`BETA` for all three tilted arms:
+2. **Arms** (:data:`ARMS`), :data:`STEPS` steps of :data:`PROMPTS_PER_STEP` prompts x :data:`G`
+   completions, ``beta`` = :data:`BETA` for all three tilted arms, each at its own tuned learning rate
+   (the tuned design, 2026-12-04, issue 52; the first design trained every arm at one rate :data:`LR`):
+
+   * **tuning**: the training prompts are split once more (:func:`split_heldout` with ``salt="tune"``) into
+     :data:`N_TUNE` *tuning* prompts and the *fit* prompts; every arm trains on the fit prompts at every rate
+     of :data:`TUNE_LRS` and every seed of :data:`TUNE_SEEDS` (10 tuning runs per arm, the same for all) and
+     is evaluated on the tuning prompts; :func:`choose` takes, per arm, the rate with the highest mean
+     tuning Mean@8 (ties: the smaller rate). No tuning run sees a held-out prompt.
+   * **final runs**: every arm at its chosen rate, on the fit prompts, with fresh training seeds
+     (:func:`final_plan`); the first :data:`N_PILOT` seeds are run first and :func:`n_final` sizes the rest
+     from their spread: the fewest runs per arm (at most :data:`N_MAX`) with power :data:`POWER_TARGET` to
+     find a true DISA - FlowRL Mean@8 of :data:`POWER_DELTA` under the rule (:func:`power`, the noncentral t).
+   * **shards**: every run is stored as it finishes in :data:`STORE` with its commit, date and machine
+     (:mod:`tiltlab.llm.experiments.shards`), so the experiment runs in several sittings
+     (``python -m tiltlab.llm.checks.real_comparison run --phase tune --shard 0/3``); a stored run proves
+     that its rule was registered strictly before it. The record keeps the tuning runs' values, and
+     ``tiltlab report --rejudge`` re-derives the choice and the size as well as the items (:func:`rederive`).
 
    * ``disa``: trajectory balance with the frozen Stage-1 label (the ``log_z`` column);
    * ``flowrl``: the same residual with FlowRL's learned log-Z head: *TB with a learned log Z*, FlowRL's
@@ -46,8 +61,10 @@ import argparse
 import concurrent.futures as cf
 import functools
 import json
+import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,10 +74,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from scipy import stats as sps
 from tqdm.auto import tqdm
 
 from tiltlab.claims import stats
+from tiltlab.claims.prereg import repo_root
 from tiltlab.claims.registry import CheckResult, Verdict, register_check
+from tiltlab.files import write_json
 from tiltlab.llm.base.coverage import correct_entropy_exp
 from tiltlab.llm.base.data import load_prompts
 from tiltlab.llm.base.models import resolve_model
@@ -71,6 +91,8 @@ from tiltlab.llm.base.tasks import answer_format_of_id, multi_answer_tasks, qa_t
 from tiltlab.llm.disa.logz_head import policy_only_dir
 from tiltlab.llm.disa.stage1 import Stage1Config, atomic_write_json, run_stage1
 from tiltlab.llm.experiments import pool as seed_pool  # ("pool" is a local name)
+from tiltlab.llm.experiments import shards
+from tiltlab.llm.experiments.shards import RunStore
 from tiltlab.llm.prepare.config import SelectConfig
 from tiltlab.llm.prepare.run import select_by_pass_rate, write_rows
 
@@ -89,6 +111,7 @@ ARM_LABELS = {
 }
 """What each arm is, as the report and the summary name it (an arm is what its label says)."""
 N_SEEDS = 5
+"""The first design's training runs per arm (its shipped record); the tuned design sizes them (:func:`n_final`)."""
 BETA = 2.0
 KL_COEF = 1.0 / BETA
 N_QA = 160
@@ -105,7 +128,35 @@ STEPS = 12
 step for GRPO+KL, 60.3 s for FlowRL, about 250-290 s per 3-step run with start-up and evaluation; 20
 runs two at a time at 12 steps, Stage 1 on 300 prompts and the base evaluations come to about 2.4 h."""
 LR = 1e-4
-"""Twice the withdrawn check's 5e-5: its 12 steps moved no weight by more than 3.3e-4."""
+"""The first design's one learning rate for every arm (twice the withdrawn check's 5e-5); kept for its shipped
+record. The tuned design chooses each arm's rate from :data:`TUNE_LRS` (:func:`choose`)."""
+TUNE_LRS = (1e-6, 3e-6, 1e-5, 3e-5, 1e-4)
+"""The tuning grid, the same for every arm (issue 52: FlowRL's code trains at 1e-6, GRPO recipes at 1e-6 to
+3e-6, the first design collapsed the TB arms at 1e-4)."""
+TUNE_SEEDS = (9000, 9001)
+"""The tuning runs' training seeds, the same for every arm and disjoint from every final seed
+(:func:`final_seeds`: below 100 x (check seed + 1)). Each arm gets ``len(TUNE_LRS) x len(TUNE_SEEDS)`` = 10
+tuning runs. The log-prob scale is not tuned: DISA's frozen labels are sequence sums (a length-normalised
+residual would not have them as its normaliser) and the FlowRL arm is, by its label, TB with a learned log Z at
+DISA's settings."""
+N_TUNE = 24
+"""Tuning-split prompts (half of each task kind), drawn from the training prompts; the tuning runs train on the
+rest (the *fit* prompts) and are evaluated on these; the final runs train on the same fit prompts and are
+evaluated on the held-out prompts, which no tuning run sees."""
+N_PILOT = 6
+"""Final training seeds run first (the internal pilot, part of the final analysis): the power rule
+(:func:`n_final`) sizes the rest from their spread."""
+N_MAX = 40
+"""The most final training runs per arm (when the power rule asks for more, the check runs this many and
+reports the power it has)."""
+POWER_DELTA = 0.05
+"""The true DISA - FlowRL held-out Mean@8 the final runs are sized to detect."""
+POWER_TARGET = 0.8
+"""The power wanted at :data:`POWER_DELTA` for the primary item under the one rule (one-sided t-test of
+``mean <= MARGIN_ACC`` at 0.025)."""
+STORE = "paper_checks/records/real_comparison"
+"""The run store (relative to the repository root): the task, and every tuning and final run with its commit,
+date and machine (:mod:`tiltlab.llm.experiments.shards`); committed shard by shard."""
 EVAL_K = 8
 MAX_MODEL_LEN = 512
 KV_CACHE_BYTES = 64 << 20
@@ -127,16 +178,18 @@ def candidate_rows(seed: int) -> list[dict]:
     return [*qa_tasks(N_QA, list(QA_LEVELS), seed=seed), *multi_answer_tasks(N_MULTI, seed=seed)]
 
 
-def split_heldout(rows: Sequence[dict], n_heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+def split_heldout(
+    rows: Sequence[dict], n_heldout: int, seed: int, salt: str = "heldout"
+) -> tuple[list[dict], list[dict]]:
     """``(train, heldout)``: ``n_heldout / 2`` held-out rows of each task kind (``task`` column),
-    drawn with ``random.Random(seed)``; the rest, in their input order, train. Raises when a kind has
+    drawn with ``random.Random(f"{salt}-{seed}")`` (``salt="tune"``: the tuning split of the training rows); the rest, in their input order, train. Raises when a kind has
     fewer than ``n_heldout / 2 + 1`` rows (a held-out set of another size is not the registered one)."""
     if n_heldout <= 0 or n_heldout % 2:
         raise ValueError(f"n_heldout must be a positive even number, got {n_heldout}")
     kinds = sorted({str(r["task"]) for r in rows})
     if len(kinds) != 2:
         raise ValueError(f"expected two task kinds (qa and multi-answer), got {kinds}")
-    rng = random.Random(f"heldout-{seed}")
+    rng = random.Random(f"{salt}-{seed}")
     held_ids: set[str] = set()
     for k in kinds:
         ids = [str(r["id"]) for r in rows if str(r["task"]) == k]
@@ -197,15 +250,15 @@ def make_task(root: Path, model_dir: str, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------- one run
-def train_config(arm: str, task: dict, out: Path, seed: int, steps: int) -> dict:
-    """The ``tiltlab llm train`` config of one run of ``arm``."""
+def train_config(arm: str, task: dict, out: Path, seed: int, steps: int, lr: float = LR) -> dict:
+    """The ``tiltlab llm train`` config of one run of ``arm`` at learning rate ``lr``."""
 
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {', '.join(ARMS)}, got {arm!r}")
     cfg = base_config("grpo" if arm == "grpo_kl" else arm, task, out, seed, steps)
     trl = cfg["trl"]
     trl.update(
-        learning_rate=LR,
+        learning_rate=lr,
         per_device_train_batch_size=PROMPTS_PER_STEP * G,
         num_generations=G,
         max_completion_length=NEW_TOKENS,
@@ -306,69 +359,325 @@ def eval_in_process(model_dir: str, heldout: str, seed: int, out: Path, core: in
 
 
 def one_run(
-    arm: str, task: dict, root: Path, seed: int, steps: int, core: int | None, start: dict | None = None
+    arm: str,
+    task: dict,
+    root: Path,
+    seed: int,
+    steps: int,
+    core: int | None,
+    start: dict | None = None,
+    lr: float = LR,
+    eval_on: str = "heldout",
 ) -> dict[str, Any]:
-    """Train ``arm`` at training seed ``seed`` (``arm == "base"``: no training) and evaluate it on the
-    held-out prompts with the seed's evaluation seed. Returns the raw per-prompt values and the
-    run's training log numbers. ``start``: the untrained weights (for "the weights moved")."""
+    """Train ``arm`` at training seed ``seed`` and learning rate ``lr`` (``arm == "base"``: no training) and
+    evaluate it on the prompts ``task[eval_on]`` (``"heldout"``, or ``"tune"`` for a tuning run) with the
+    seed's evaluation seed. Returns the raw per-prompt values and the run's training log numbers.
+    ``start``: the untrained weights (for "the weights moved")."""
 
     eval_seed = seed * 100 + 99
     out: dict[str, Any] = {"arm": arm, "seed": seed}
     model = task["model_dir"]
     if arm != "base":
         t0 = time.perf_counter()
-        cfg = train_config(arm, task, root / f"{arm}-{seed}", seed, steps)
-        model, history = train_in_process(f"{arm}-{seed}", cfg, root, core)
+        name = f"{arm}-lr{lr:g}-{seed}"
+        cfg = train_config(arm, task, root / name, seed, steps, lr=lr)
+        model, history = train_in_process(name, cfg, root, core)
         if start is None:
             raise ValueError("one_run needs the untrained weights (start) to tell whether a run trained")
         ok, tn = trained_items(history, weights_moved(start, model))
         out.update(trained=ok, train_numbers={**tn, **step_times(history)}, train_s=time.perf_counter() - t0)
         model = str(policy_only_dir(model))  # FlowRL's saved policy carries its head, which vLLM cannot load
-    out["eval"] = eval_in_process(model, task["heldout"], eval_seed, root / f"eval-{arm}-{seed}.json", core)
+    tag = f"{arm}-{seed}" if arm == "base" else f"{arm}-lr{lr:g}-{seed}"
+    out["eval"] = eval_in_process(model, task[eval_on], eval_seed, root / f"eval-{eval_on}-{tag}.json", core)
     return out
 
 
-# ---------------------------------------------------------------- the experiment
+# ---------------------------------------------------------------- the protocol (tuning, choice, power)
+def run_key(phase: str, arm: str, seed: int, lr: float | None = None) -> str:
+    """The store key of one run: ``tune-disa-lr1e-05-s9000``, ``final-base-s3``."""
+    if phase not in ("tune", "final"):
+        raise ValueError(f"phase must be 'tune' or 'final', got {phase!r}")
+    if arm == "base":
+        return f"{phase}-base-s{seed}"
+    if arm not in ARMS or lr is None:
+        raise ValueError(f"a training run needs an arm of {', '.join(ARMS)} and a learning rate, got {arm!r}, {lr!r}")
+    return f"{phase}-{arm}-lr{lr:g}-s{seed}"
+
+
+def tuning_plan() -> list[tuple[str, str, int, float | None]]:
+    """Every tuning run as ``(key, arm, seed, lr)``: the untrained model at each tuning seed (context), then
+    each arm at each learning rate of :data:`TUNE_LRS` and each seed of :data:`TUNE_SEEDS`, interleaved
+    (seed, then rate, then arm) so that any shard holds every arm about equally."""
+    out: list[tuple[str, str, int, float | None]] = [(run_key("tune", "base", s), "base", s, None) for s in TUNE_SEEDS]
+    for s in TUNE_SEEDS:
+        for lr in TUNE_LRS:
+            out += [(run_key("tune", a, s, lr), a, s, lr) for a in ARMS]
+    return out
+
+
+def final_plan(seed: int, choice: Mapping[str, float], n: int) -> list[tuple[str, str, int, float | None]]:
+    """The final runs of ``n`` training seeds (:func:`pool.seeds_for`): per seed the untrained model and
+    every arm at its chosen learning rate."""
+    missing = [a for a in ARMS if a not in choice]
+    if missing:
+        raise ValueError(f"no chosen learning rate for {missing}")
+    out: list[tuple[str, str, int, float | None]] = []
+    for s in seed_pool.seeds_for(seed, n):
+        if s in TUNE_SEEDS:
+            raise ValueError(f"final seed {s} is a tuning seed: the final runs need fresh seeds")
+        out.append((run_key("final", "base", s), "base", s, None))
+        out += [(run_key("final", a, s, choice[a]), a, s, choice[a]) for a in ARMS]
+    return out
+
+
+def choose(tuning: Mapping[str, Mapping[float, Sequence[float]]]) -> dict[str, float]:
+    """Per arm, the learning rate whose tuning runs reach the highest mean tuning-split Mean@8 (the mean
+    over :data:`TUNE_SEEDS`); a tie goes to the smaller rate. ``tuning[arm][lr]``: the Mean@8 of each
+    tuning seed, every arm with every rate of :data:`TUNE_LRS` and one value per tuning seed."""
+    out = {}
+    for arm in ARMS:
+        by_lr = tuning.get(arm, {})
+        if sorted(by_lr) != sorted(TUNE_LRS) or any(len(v) != len(TUNE_SEEDS) for v in by_lr.values()):
+            raise ValueError(
+                f"{arm}: the choice needs {len(TUNE_SEEDS)} tuning runs at each of {list(TUNE_LRS)}, got "
+                f"{ {lr: len(v) for lr, v in sorted(by_lr.items())} }"
+            )
+        means = {lr: sum(v) / len(v) for lr, v in by_lr.items()}
+        if not all(math.isfinite(m) for m in means.values()):
+            raise ValueError(f"{arm}: a tuning Mean@8 is not finite: {means}")
+        out[arm] = min(TUNE_LRS, key=lambda lr: (-means[lr], lr))
+    return out
+
+
+def power(n: int, sd: float, delta: float = POWER_DELTA, margin: float = MARGIN_ACC) -> float:
+    """Power of the primary item's "supports" test (one-sided t-test over ``n`` paired runs of ``mean <=
+    margin`` at :data:`rules.ALPHA` / 2) when the true difference is ``delta`` and the runs' sd is ``sd``
+    (the noncentral t)."""
+    if n < 2:
+        raise ValueError(f"a paired t-test needs at least 2 runs, got {n}")
+    if not (math.isfinite(sd) and sd >= 0):
+        raise ValueError(f"sd must be finite and >= 0, got {sd}")
+    if sd == 0:
+        return 1.0 if delta > margin else 0.0
+    crit = stats.t_quantile(1 - rules.ALPHA / 2, n - 1)
+    return float(sps.nct.sf(crit, n - 1, (delta - margin) * math.sqrt(n) / sd))
+
+
+def n_final(sd: float) -> tuple[int, float]:
+    """``(n, power)``: the fewest final runs per arm, at least :data:`N_PILOT` and at most :data:`N_MAX`,
+    with :func:`power` >= :data:`POWER_TARGET` at the measured ``sd`` (:data:`N_MAX` and its power when
+    none is)."""
+    for n in range(N_PILOT, N_MAX + 1):
+        p = power(n, sd)
+        if p >= POWER_TARGET:
+            return n, p
+    return N_MAX, power(N_MAX, sd)
+
+
+def pilot_sd(m: Mapping[str, Mapping[int, Mapping[str, float]]], seeds: Sequence[int]) -> float:
+    """The sample sd of the primary item's paired values (DISA - FlowRL Mean@8) over the pilot ``seeds``."""
+    d = paired(m, "disa", "flowrl", "mean8", seeds)
+    if len(d) < 2:
+        raise ValueError(f"the pilot needs at least 2 seeds, got {len(d)}")
+    mu = sum(d) / len(d)
+    return math.sqrt(sum((x - mu) ** 2 for x in d) / (len(d) - 1))
+
+
+def tuning_table(values: Mapping[str, Any]) -> dict[str, dict[float, list[float]]]:
+    """``{arm: {lr: [Mean@8 per tuning seed, in TUNE_SEEDS order]}}`` (and ``base: {0.0: [...]}``) from the
+    record's tuning runs (per-prompt correct counts on the tuning prompts)."""
+    n = len(values["tune_ids"])
+    by: dict[str, dict[float, dict[int, float]]] = {}
+    for run in values["tuning"]:
+        if len(run["correct"]) != n:
+            raise ValueError(
+                f"tuning run {run['arm']} lr {run.get('lr')} seed {run['seed']}: {len(run['correct'])} counts for {n} prompts"
+            )
+        mean8 = sum(c / EVAL_K for c in run["correct"]) / n
+        lr = 0.0 if run["arm"] == "base" else float(run["lr"])
+        cell = by.setdefault(str(run["arm"]), {}).setdefault(lr, {})
+        if int(run["seed"]) in cell:
+            raise ValueError(f"two tuning runs of {run['arm']} at lr {lr:g}, seed {run['seed']}")
+        cell[int(run["seed"])] = mean8
+    return {a: {lr: [c[s] for s in TUNE_SEEDS if s in c] for lr, c in sorted(d.items())} for a, d in by.items()}
+
+
+# ---------------------------------------------------------------- the experiment, run shard by shard
+def default_store() -> Path:
+    """The store :func:`comparison_raw` and ``run`` use without ``--store``."""
+    return shipped_store()
+
+
+def shipped_store() -> Path:
+    """The store in the checkout (:data:`STORE`): its runs ship, so each must have been registered before it."""
+    return repo_root() / STORE
+
+
+def must_verify(store: RunStore) -> bool:
+    """Whether runs of ``store`` must prove their registration: those of the checkout's own store do."""
+    return store.root.resolve() == shipped_store().resolve()
+
+
+def ensure_task(store: RunStore, model_dir: str, seed: int) -> dict:
+    """The store's task, made once (Stage 1, the pass-rate selection, the held-out split, then the tuning
+    split of the training prompts) and kept under ``<store>/task`` with relative paths, so that every
+    sitting on any machine trains and evaluates on the same prompts and labels. Paths come back absolute."""
+    d = store.root / "task"
+    meta = d / "task.json"
+    if not meta.exists():
+        store.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".task-", dir=store.root))
+        try:
+            t0 = time.perf_counter()
+            made = make_task(tmp, model_dir, seed)
+            fit, tune = split_heldout(load_prompts(made["train"]), N_TUNE, seed, salt="tune")
+            write_rows(fit, tmp / "fit.jsonl")
+            write_rows(tune, tmp / "tune.jsonl")
+            summary = {
+                k: made[k] for k in ("n_labelled", "n_kept", "n_train", "n_heldout", "mean_pass_all", "mean_pass_train")
+            }
+            rel = {"stage1_dir": "stage1", "train": "fit.jsonl", "tune": "tune.jsonl", "heldout": "heldout.jsonl"}
+            info = {**summary, **rel, "n_fit": len(fit), "n_tune": len(tune), "seed": seed,
+                    "task_s": time.perf_counter() - t0, **shards.provenance(CHECK_NAME)}  # fmt: skip
+            write_json(tmp / "task.json", info, indent=1, sort_keys=True, fsync=True)
+            os.replace(tmp, d)  # the task appears whole or not at all
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    info = json.loads(meta.read_text(encoding="utf-8"))
+    if info.get("seed") != seed:
+        raise ValueError(f"the store {store.root} holds the task of check seed {info.get('seed')}, not {seed}")
+    return {**info, **{k: str(d / info[k]) for k in ("stage1_dir", "train", "tune", "heldout")}, "model_dir": model_dir}
+
+
+def run_missing(
+    store: RunStore,
+    plan: Sequence[tuple[str, str, int, float | None]],
+    task: dict,
+    steps: int,
+    jobs: int,
+    start: dict,
+    *,
+    verify: bool = True,
+    max_runs: int | None = None,
+    desc: str = "runs",
+) -> list[str]:
+    """Run the runs of ``plan`` that the store lacks, ``jobs`` at a time (each on its own core), and store
+    each as it finishes with the provenance taken when it started; ``max_runs``: stop starting runs after
+    that many. ``verify``: refuse to start unless this checkout's rule was registered strictly before its
+    commit (:func:`tiltlab.llm.experiments.shards.verify_run`). Returns the keys stored."""
+    todo = [p for p in plan if not store.has(p[0])][: max_runs if max_runs is not None else None]
+    if not todo:
+        return []
+    prov = shards.provenance(CHECK_NAME)
+    if verify:
+        shards.verify_run({**prov, "key": "(this checkout)"}, "disa.llm.real_model_training")
+    cores = list(range(jobs)) if jobs > 1 else [None]
+    free, done_keys = list(cores), []
+    bar = tqdm(total=len(todo), desc=f"llm check real comparison: {desc}", unit="run", leave=False)
+    with tempfile.TemporaryDirectory(prefix="tiltlab-real-comparison-") as tmp, cf.ThreadPoolExecutor(len(cores)) as ex:
+        pending: dict[cf.Future, tuple[tuple, int | None, dict]] = {}
+        queue = list(todo)
+        while queue or pending:
+            while queue and free:
+                item, core = queue.pop(0), free.pop(0)
+                key, arm, seed, lr = item
+                scratch = Path(tmp) / key
+                scratch.mkdir()
+                eval_on = "tune" if key.startswith("tune-") else "heldout"
+                fut = ex.submit(one_run, arm, task, scratch, seed, steps, core, start, lr=lr or LR, eval_on=eval_on)
+                pending[fut] = (item, core, shards.provenance(CHECK_NAME))
+            finished, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+            for fut in finished:
+                (key, arm, seed, lr), core, started = pending.pop(fut)
+                free.append(core)
+                res = fut.result()  # a failed run raises here, naming its arm and seed
+                result = {"phase": key.split("-", 1)[0], "arm": arm, "seed": seed, "lr": lr, "steps": steps, **{
+                    k: res[k] for k in ("eval", "trained", "train_numbers", "train_s") if k in res}}  # fmt: skip
+                store.put(key, result, started)
+                shutil.rmtree(Path(tmp) / key, ignore_errors=True)  # the trained weights (540 MB a run)
+                done_keys.append(key)
+                bar.update(1)
+    bar.close()
+    return done_keys
+
+
+def _runs_of(store: RunStore, plan: Sequence[tuple], verify: bool) -> dict[str, dict]:
+    runs = store.runs([p[0] for p in plan])
+    if verify:
+        for r in runs.values():
+            shards.verify_run(r, "disa.llm.real_model_training")
+    for key, arm, seed, lr in plan:
+        r = runs[key]
+        if (r.get("arm"), r.get("seed"), r.get("lr")) != (arm, seed, lr):
+            raise ValueError(
+                f"stored run {key!r} is {r.get('arm')} seed {r.get('seed')} lr {r.get('lr')}, not its key's"
+            )
+    return runs
+
+
+def tuning_values(store: RunStore, task: dict, verify: bool) -> dict[str, Any]:
+    """The record's tuning part: the tuning prompt ids and formats and every tuning run's per-prompt values."""
+    tune = load_prompts(task["tune"])
+    runs = _runs_of(store, tuning_plan(), verify)
+    return {
+        "tune_ids": [str(r["id"]) for r in tune],
+        "tuning": [
+            {
+                "arm": r["arm"],
+                "seed": r["seed"],
+                "lr": r["lr"],
+                "correct": r["eval"]["correct"],
+                "answers": r["eval"]["answers"],
+            }
+            for r in runs.values()
+        ],
+    }
+
+
 @functools.cache
-def comparison_raw(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS, jobs: int | None = None) -> dict[str, Any]:
-    """Run the whole experiment once per (seed, size): the task, then the untrained model and every
-    arm at every training seed, ``jobs`` runs at a time (default: the check runner's seed jobs), each
-    on its own core. Returns the held-out rows, the task summary and every run's raw values."""
+def comparison_raw(
+    seed: int,
+    n_seeds: int | None = None,
+    steps: int = STEPS,
+    jobs: int | None = None,
+    store: str | None = None,
+    verify: bool | None = None,
+) -> dict[str, Any]:
+    """The whole experiment once per (seed, size, store): the task, the tuning runs, the choice, the pilot's
+    final runs, the power rule's size (``n_seeds``: a fixed size instead), the other final runs; each run
+    the store lacks is run, ``jobs`` at a time (default: the check runner's seed jobs), and stored as it
+    finishes (a sitting that stops keeps what finished: ``python -m tiltlab.llm.checks.real_comparison run``
+    runs one shard). ``verify`` (default: for the checkout's own store, :func:`must_verify`): every run's rule
+    registered strictly before it."""
     from safetensors.torch import load_file
 
     jobs = seed_pool.get_jobs() if jobs is None else jobs  # the runner's --jobs (seed_pool.set_jobs)
+    st = RunStore(default_store() if store is None else store)
+    verify = must_verify(st) if verify is None else verify
     model_dir = str(resolve_model(ALIAS))  # one-line error naming the pip command when not installed
     start = load_file(str(Path(model_dir) / "model.safetensors"))
-    with tempfile.TemporaryDirectory(prefix="tiltlab-real-comparison-") as tmp:
-        root = Path(tmp)
-        t0 = time.perf_counter()
-        task = {**make_task(root, model_dir, seed), "model_dir": model_dir}
-        task_s = time.perf_counter() - t0
-        held = load_prompts(task["heldout"])
-        seeds = seed_pool.seeds_for(seed, n_seeds)
-        todo = [("base", s) for s in seeds] + [(a, s) for s in seeds for a in ARMS]
-        runs: dict[tuple[str, int], dict] = {}
-        cores = list(range(jobs)) if jobs > 1 else [None]
-        free = list(cores)
-
-        bar = tqdm(total=len(todo), desc="llm check real comparison", unit="run", leave=False)
-        with cf.ThreadPoolExecutor(max_workers=len(cores)) as pool:
-            pending: dict[cf.Future, tuple[tuple[str, int], int | None]] = {}
-            queue = list(todo)
-            while queue or pending:
-                while queue and free:
-                    key, core = queue.pop(0), free.pop(0)
-                    fut = pool.submit(one_run, key[0], task, root, key[1], steps, core, start)
-                    pending[fut] = (key, core)
-                done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
-                for fut in done:
-                    key, core = pending.pop(fut)
-                    free.append(core)
-                    runs[key] = fut.result()  # a failed run raises here, naming its arm and seed
-                    bar.update(1)
-        bar.close()
+    task = ensure_task(st, model_dir, seed)
+    run_missing(st, tuning_plan(), task, steps, jobs, start, verify=verify, desc="tuning")
+    tv = tuning_values(st, task, verify)
+    choice = choose(tuning_table(tv))
+    n_pilot = N_PILOT if n_seeds is None else n_seeds
+    pilot = final_plan(seed, choice, n_pilot)
+    run_missing(st, pilot, task, steps, jobs, start, verify=verify, desc="final (pilot)")
+    held = load_prompts(task["heldout"])
+    rows = [{"id": str(r["id"]), "answer_format": r.get("answer_format")} for r in held]
+    pm = {}
+    for _, arm, s, _ in pilot:
+        pm.setdefault(arm, {})[s] = run_metrics(st.get(run_key("final", arm, s, choice.get(arm)))["eval"], rows)
+    n = n_pilot if n_seeds is not None else n_final(pilot_sd(pm, seed_pool.seeds_for(seed, n_pilot)))[0]
+    plan = final_plan(seed, choice, n)
+    run_missing(st, plan, task, steps, jobs, start, verify=verify, desc="final")
+    final = _runs_of(st, plan, verify)
+    runs = {(r["arm"], r["seed"]): r for r in final.values()}
     summary = {k: task[k] for k in ("n_labelled", "n_kept", "n_train", "n_heldout", "mean_pass_all", "mean_pass_train")}
-    return {"held": held, "task": summary, "task_s": task_s, "seeds": list(seeds), "runs": runs, "steps": steps}
+    summary.update(n_fit=task["n_fit"], n_tune=task["n_tune"])
+    return {"held": held, "task": summary, "task_s": task["task_s"], "seeds": list(seed_pool.seeds_for(seed, n)),
+            "runs": runs, "steps": steps, "tuning": tv, "choice": choice, "sized": n_seeds is None}  # fmt: skip
 
 
 def per_run_metrics(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
@@ -405,7 +714,40 @@ def rederive(values: Mapping[str, Any], names: Sequence[str]) -> tuple[dict[str,
     seeds = sorted(m["base"])
     items = {it.name: it.values for it in items_for(m, seeds, names)}
     reported = {f"{arm}_s{s}_{k}": v for arm, by_seed in m.items() for s, ms in by_seed.items() for k, v in ms.items()}
+    if "tuning" in values:
+        reported.update(protocol_numbers(values, m, seeds))
     return items, reported
+
+
+def protocol_numbers(
+    values: Mapping[str, Any], m: Mapping[str, Mapping[int, Mapping[str, float]]], seeds: Sequence[int]
+) -> dict[str, float]:
+    """The tuned design's re-derivable numbers: every tuning cell's mean Mean@8, each arm's chosen rate
+    (:func:`choose`), the pilot's sd and the size the power rule gives (:func:`n_final`) with its power.
+    Raises when a final run was not trained at its arm's chosen rate, or a sized record does not hold the
+    number of runs the rule gives."""
+    table = tuning_table(values)
+    choice = choose(table)
+    nums: dict[str, float] = {}
+    for arm, by_lr in table.items():
+        for lr, v in by_lr.items():
+            nums[f"tune_{arm}" + ("" if arm == "base" else f"_lr{lr:g}") + "_mean8"] = sum(v) / len(v)
+    nums.update({f"{arm}_chosen_lr": lr for arm, lr in choice.items()})
+    for run in values["runs"]:
+        if run["arm"] != "base" and float(run["lr"]) != choice[run["arm"]]:
+            raise ValueError(
+                f"final run {run['arm']} seed {run['seed']} trained at lr {run['lr']:g}, not its chosen {choice[run['arm']]:g}"
+            )
+    n_pilot = min(N_PILOT, len(seeds))
+    sd = pilot_sd(m, list(seeds)[:n_pilot])
+    n, pw = n_final(sd)
+    nums.update(pilot_sd=sd, power_rule_n=float(n), power_rule_power=pw, final_runs=float(len(seeds)))
+    nums["power_at_final_runs"] = power(len(seeds), sd)
+    if values.get("sized") and len(seeds) != n:
+        raise ValueError(
+            f"the record holds {len(seeds)} final runs per arm; the power rule gives {n} (pilot sd {sd:.4f})"
+        )
+    return nums
 
 
 def paired(
@@ -457,20 +799,36 @@ def numbers(raw: dict[str, Any], m: dict[str, dict[int, dict[str, float]]]) -> d
             run = raw["runs"][(arm, s)]
             nums[f"{arm}_s{s}_train_s"] = run["train_s"]
             nums.update({f"{arm}_s{s}_{k}": v for k, v in run["train_numbers"].items()})
+    if "tuning" in raw:
+        nums.update(protocol_numbers(raw_values(raw), m, seeds))
     return nums
 
 
 def raw_values(raw: dict[str, Any]) -> dict[str, Any]:
     """The per-prompt values of every run (the held-out prompt ids and answer formats in order), for the
     record: what :func:`recorded_metrics` re-derives every run's metrics from."""
-    return {
+    out = {
         "heldout_ids": [str(r["id"]) for r in raw["held"]],
         "answer_formats": [str(r.get("answer_format")) for r in raw["held"]],
         "runs": [
             {"arm": a, "seed": s, "correct": r["eval"]["correct"], "answers": r["eval"]["answers"]}
+            | ({"lr": r["lr"]} if "tuning" in raw else {})
             for (a, s), r in sorted(raw["runs"].items(), key=lambda kv: (kv[0][1], kv[0][0]))
         ],
     }
+    if "tuning" in raw:  # the tuned design: the tuning runs and the size rule re-derive too
+        out.update(raw["tuning"], sized=raw["sized"])
+    return out
+
+
+def _lr_text(raw: dict[str, Any]) -> str:
+    if "choice" not in raw:
+        return f"lr {LR:g}"
+    chosen = ", ".join(f"{a} {raw['choice'][a]:g}" for a in ARMS)
+    return (
+        f"lr chosen per arm from {{{', '.join(f'{x:g}' for x in TUNE_LRS)}}} by tuning-split Mean@8 "
+        f"({len(TUNE_SEEDS)} runs per rate and arm on {raw['task']['n_tune']} tuning prompts): {chosen}"
+    )
 
 
 def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult:
@@ -490,7 +848,7 @@ def _result(raw: dict[str, Any], names: Sequence[str], what: str) -> CheckResult
         f"{what}: SmolLM2-135M-Instruct, TRL + colocated vLLM on CPU; {int(nums['task_n_train'])} train / "
         f"{len(raw['held'])} held-out prompts (qa and multi-answer, pi_ref pass rate in [{MIN_PASS:g}, {MAX_PASS:g}]); "
         f"beta={BETA:g}, GRPO+KL: KL(pi||pi_ref)/beta in the reward; {raw['steps']} steps x {PROMPTS_PER_STEP}x{G}, "
-        f"lr {LR:g}, {len(seeds)} training runs per arm; per arm (95% t-CIs over runs): {arms}; items: "
+        f"{_lr_text(raw)}, {len(seeds)} training runs per arm; per arm (95% t-CIs over runs): {arms}; items: "
         f"{rules.describe(j)}; {rules.rule_text('per-training-run')}",
         nums,
         items=flags,
@@ -527,7 +885,7 @@ EXPECTED_SECONDARY_ITEMS: dict[str, bool] = {
     rederive=rederive,
 )
 @seed_pool.fixed_threads
-def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
+def real_model_comparison(seed: int, n_seeds: int | None = None, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), PRIMARY, "DISA minus TB with a learned log Z (primary)")
 
 
@@ -541,15 +899,59 @@ def real_model_comparison(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS)
     rederive=rederive,
 )
 @seed_pool.fixed_threads
-def real_model_vs_kl_grpo(seed: int, n_seeds: int = N_SEEDS, steps: int = STEPS) -> CheckResult:
+def real_model_vs_kl_grpo(seed: int, n_seeds: int | None = None, steps: int = STEPS) -> CheckResult:
     return _result(comparison_raw(seed, n_seeds, steps), SECONDARY, "DISA minus GRPO+KL (secondary)")
 
 
+def shard_plan(store: RunStore, phase: str, seed: int) -> list[tuple[str, str, int, float | None]]:
+    """The plan a ``run --phase`` sitting draws its shard from: every tuning run; or, once all tuning runs
+    are stored, the pilot's final runs until they are stored, then all final runs the power rule sizes."""
+    if phase == "tune":
+        return tuning_plan()
+    missing = store.missing(p[0] for p in tuning_plan())
+    if missing:
+        raise ValueError(f"the final runs need every tuning run first: {len(missing)} missing (e.g. {missing[0]})")
+    task = json.loads((store.root / "task" / "task.json").read_text(encoding="utf-8"))
+    tv = tuning_values(store, {**task, "tune": str(store.root / "task" / task["tune"])}, verify=False)
+    choice = choose(tuning_table(tv))
+    pilot = final_plan(seed, choice, N_PILOT)
+    if store.missing(p[0] for p in pilot):
+        return pilot
+    held = load_prompts(store.root / "task" / task["heldout"])
+    rows = [{"id": str(r["id"]), "answer_format": r.get("answer_format")} for r in held]
+    m: dict[str, dict[int, dict[str, float]]] = {}
+    for key, arm, s, _ in pilot:
+        m.setdefault(arm, {})[s] = run_metrics(store.get(key)["eval"], rows)
+    return final_plan(seed, choice, n_final(pilot_sd(m, seed_pool.seeds_for(seed, N_PILOT)))[0])
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, sep, k = text.partition("/")
+    try:
+        index, of = int(i), int(k)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard is I/K (shard I of K, from 0), got {text!r}") from None
+    if not sep or of < 1 or not 0 <= index < of:
+        raise argparse.ArgumentTypeError(f"--shard is I/K with 0 <= I < K, got {text!r}")
+    return index, of
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``eval MODEL HELDOUT SEED OUT``: one evaluation in its own process (:func:`eval_in_process`
-    runs it through :data:`_EVAL_MAIN`)."""
-    p = argparse.ArgumentParser(prog="real_comparison")
+    """``run --phase tune|final [--shard I/K]``: one sitting's shard of the experiment, each finished run
+    stored with its commit, date and machine; ``status``: what the store holds; ``eval MODEL HELDOUT SEED
+    OUT``: one evaluation in its own process (:func:`eval_in_process` runs it through :data:`_EVAL_MAIN`)."""
+    p = argparse.ArgumentParser(prog="python -m tiltlab.llm.checks.real_comparison")
     sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run one shard of the tuning or the final runs (each stored as it finishes)")
+    r.add_argument("--phase", choices=("tune", "final"), required=True)
+    r.add_argument("--shard", type=_shard, default=(0, 1), help="I/K: every K-th run of the phase from I (default 0/1)")
+    r.add_argument("--max-runs", type=int, default=None, help="start at most this many runs (a sitting's budget)")
+    r.add_argument("--jobs", type=int, default=2, help="runs at a time, each on its own core (default 2)")
+    r.add_argument("--seed", type=int, default=0, help="the check seed (default 0)")
+    r.add_argument("--store", default=None, help=f"the run store (default: {STORE} in the checkout)")
+    st = sub.add_parser("status", help="how many runs of each phase the store holds")
+    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--store", default=None)
     e = sub.add_parser("eval", help="evaluate one model on the held-out prompts")
     e.add_argument("model")
     e.add_argument("heldout")
@@ -557,5 +959,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("out")
     a = p.parse_args(argv)
 
-    atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
+    if a.cmd == "eval":
+        atomic_write_json(Path(a.out), evaluate(a.model, load_prompts(a.heldout), a.seed))
+        return 0
+    store = RunStore(default_store() if a.store is None else a.store)
+    if a.cmd == "status":
+        tune = tuning_plan()
+        print(f"tuning: {len(tune) - len(store.missing(k for k, *_ in tune))}/{len(tune)} runs stored")
+        try:
+            plan = shard_plan(store, "final", a.seed)
+            print(f"final: {len(plan) - len(store.missing(k for k, *_ in plan))}/{len(plan)} runs stored")
+        except (ValueError, FileNotFoundError) as err:
+            print(f"final: not yet ({err})")
+        return 0
+    if a.max_runs is not None and a.max_runs < 1:
+        p.error(f"--max-runs must be at least 1, got {a.max_runs}")
+    from safetensors.torch import load_file
+
+    model_dir = str(resolve_model(ALIAS))
+    task = ensure_task(store, model_dir, a.seed)
+    plan = shard_plan(store, a.phase, a.seed)
+    keys = set(shards.shard_keys([k for k, *_ in plan], *a.shard))
+    mine = [x for x in plan if x[0] in keys]
+    start = load_file(str(Path(model_dir) / "model.safetensors"))
+    done = run_missing(
+        store, mine, task, STEPS, a.jobs, start, verify=must_verify(store), max_runs=a.max_runs, desc=a.phase
+    )
+    left = len(store.missing(k for k, *_ in mine))
+    print(
+        f"{a.phase} shard {a.shard[0]}/{a.shard[1]}: {len(done)} run(s) stored this sitting, {left} of its {len(mine)} left"
+    )
     return 0

@@ -113,7 +113,7 @@ def test_one_run_evaluates_every_model_of_a_seed_with_one_sampling_seed(monkeypa
     for model, seed in seen:
         seeds.setdefault(seed, []).append(model)
     assert len(seeds) == 2 and all(len(v) == 5 for v in seeds.values())
-    assert seen[0][0] == "/base" and seen[1] == ("/m/disa-3/policy", seen[0][1])
+    assert seen[0][0] == "/base" and seen[1] == (f"/m/disa-lr{C.LR:g}-3/policy", seen[0][1])
 
 
 # ------------------------------------------------------------------ pairing, items, "it ran"
@@ -198,11 +198,21 @@ def test_ran_flags_need_every_run_to_leave_its_base_model(arm, metrics_from_eval
 
 
 # ------------------------------------------------------------------ the whole check, engines faked
-def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None, n_seeds=5, jobs=1):
-    """Run both checks with Stage 1, training and evaluation replaced by fakes: each (arm, seed) gets
-    its own per-prompt correct counts and answers; ``frozen``: an (arm, seed index) that did not train."""
+BEST_LR = {"disa": 1e-5, "flowrl": 3e-6, "grpo_kl": 3e-5, "grpo": 1e-4}
+"""The fake tuning optimum of each arm (every arm a different one, none the grid's first)."""
+
+
+def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None, n_seeds=5, jobs=1, spread=1):
+    """Run both checks with Stage 1, training and evaluation replaced by fakes, on a store in ``tmp_path``:
+    each (arm, seed) gets its own per-prompt correct counts and answers; a tuning run's Mean@8 peaks at its
+    arm's :data:`BEST_LR`, a final run gets its arm's ``lift`` only at that rate; ``frozen``: an (arm, seed
+    index) that did not train; ``spread``: the per-seed swing of the counts; ``n_seeds=None``: sized by the
+    power rule."""
     rows = _rows(4, 4)
-    seeds = pool.seeds_for(0, n_seeds)
+    train = _rows(30, 30)
+    for r in train:
+        r["id"] = "t" + r["id"]
+    seeds = pool.seeds_for(0, C.N_MAX)
     calls = {"task": 0, "runs": [], "cores": set()}
 
     def fake_task(root, model_dir, seed):
@@ -210,18 +220,31 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
         from tiltlab.llm.prepare.run import write_rows
 
         write_rows(rows, root / "heldout.jsonl")
-        return {"n_labelled": 320, "n_kept": 120, "n_train": 72, "n_heldout": 8, "mean_pass_all": 0.2,
-                "mean_pass_train": 0.4, "stage1_dir": "s1", "train": "t", "heldout": str(root / "heldout.jsonl")}  # fmt: skip
+        write_rows(train, root / "train.jsonl")
+        (root / "stage1").mkdir()
+        return {"n_labelled": 320, "n_kept": 120, "n_train": 60, "n_heldout": 8, "mean_pass_all": 0.2,
+                "mean_pass_train": 0.4, "stage1_dir": str(root / "stage1"), "train": str(root / "train.jsonl"),
+                "heldout": str(root / "heldout.jsonl")}  # fmt: skip
 
-    def fake_one_run(arm, task, root, seed, steps, core, start=None):
-        calls["runs"].append((arm, seed))
+    def fake_one_run(arm, task, root, seed, steps, core, start=None, lr=C.LR, eval_on="heldout"):
+        calls["runs"].append((eval_on, arm, seed, lr))
         calls["cores"].add(core)
-        i = seeds.index(seed)
-        up = lift.get(arm, 0.0)
-        correct = [min(8, max(0, round(8 * (0.3 + up) + (p + i) % 3 - 1))) for p in range(len(rows))]
+        n = len(rows) if eval_on == "heldout" else C.N_TUNE
+        if eval_on == "tune":
+            up = 0.0 if arm == "base" else 0.3 - 0.3 * abs(math.log10(lr) - math.log10(BEST_LR[arm]))
+            i = C.TUNE_SEEDS.index(seed)
+        else:
+            up = lift.get(arm, 0.0) if arm == "base" or lr == BEST_LR[arm] else -0.2
+            i = seeds.index(seed)
+        j = i * (1 + (arm == "disa") * (spread > 1))  # spread > 1: DISA's swing is not FlowRL's (sd > 0)
+        correct = [
+            min(8, max(0, round(8 * (0.3 + up) + spread * ((p + j) % 3 - 1) + (spread > 1) * (j % 2))))
+            for p in range(n)
+        ]
+        fmts = ["plain"] * (n // 2) + ["set"] * (n - n // 2)
         answers = [
-            [3.0] * c if r["answer_format"] == "plain" else [2.0 * (1 + (j % (1 + int(up * 10) % 4))) for j in range(c)]
-            for r, c in zip(rows, correct)
+            [3.0] * c if f == "plain" else [2.0 * (1 + (j % (1 + int(up * 10) % 4))) for j in range(c)]
+            for f, c in zip(fmts, correct)
         ]
         out = {"arm": arm, "seed": seed, "eval": {"correct": correct, "answers": answers}}
         if arm != "base":
@@ -232,6 +255,8 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
     monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": 0})
     monkeypatch.setattr(C, "make_task", fake_task)
     monkeypatch.setattr(C, "one_run", fake_one_run)
+    store = tmp_path / f"store-{jobs}-{n_seeds}-{spread}-{frozen}"
+    monkeypatch.setattr(C, "default_store", lambda: store)
     C.comparison_raw.cache_clear()
     try:
         with pool.seed_jobs(jobs):
@@ -239,14 +264,17 @@ def _fake_experiment(monkeypatch, tmp_path, lift: dict[str, float], frozen=None,
             secondary = C.real_model_vs_kl_grpo.__wrapped__(0, n_seeds=n_seeds, steps=2)
     finally:
         C.comparison_raw.cache_clear()
-    return primary, secondary, calls, seeds
+    n = len(primary.evidence["raw"]["runs"]) // 5
+    return primary, secondary, calls, seeds[:n]
 
 
 def test_both_checks_read_one_experiment_and_record_every_run(monkeypatch, tmp_path):
     lift = {"disa": 0.25, "flowrl": 0.05, "grpo_kl": 0.1, "grpo": 0.4}
     p, s, calls, seeds = _fake_experiment(monkeypatch, tmp_path, lift)
-    assert calls["task"] == 1 and len(calls["runs"]) == 5 * 5  # base + 4 arms, 5 seeds, run once for both checks
-    assert sorted(calls["runs"]) == sorted((a, x) for a in ("base", *C.ARMS) for x in seeds)
+    final = [c for c in calls["runs"] if c[0] == "heldout"]
+    assert calls["task"] == 1 and len(final) == 5 * 5  # base + 4 arms, 5 seeds, run once for both checks
+    assert sorted((a, x) for _, a, x, _ in final) == sorted((a, x) for a in ("base", *C.ARMS) for x in seeds)
+    assert all(lr == BEST_LR[a] for _, a, _, lr in final if a != "base")  # every arm at its own tuned rate
     for res, names in ((p, C.PRIMARY), (s, C.SECONDARY)):
         items = {i["name"]: i for i in res.evidence["items"]}
         assert set(items) == set(names)
@@ -437,3 +465,167 @@ def test_answer_format_of_id_is_what_the_task_makers_write():
     assert all(answer_format_of_id(r["id"]) == r["answer_format"] for r in rows)
     with pytest.raises(ValueError, match="not one of"):
         answer_format_of_id("m1")
+
+
+# ------------------------------------------------------------------ the tuned protocol (issue 52 item 3)
+def _grid(f) -> dict:
+    return {a: {lr: [f(a, lr, s) for s in C.TUNE_SEEDS] for lr in C.TUNE_LRS} for a in C.ARMS}
+
+
+def test_choose_is_the_best_mean_over_tuning_seeds_with_ties_to_the_smaller_rate():
+    rng = random.Random(5)
+    for _ in range(200):
+        g = _grid(lambda a, lr, s: rng.choice([0.1, 0.2, 0.3, 0.4]))
+        got = C.choose(g)
+        for a in C.ARMS:  # naive: sort by (mean desc, lr asc)
+            best = sorted(C.TUNE_LRS, key=lambda lr: (-(g[a][lr][0] + g[a][lr][1]) / 2, lr))[0]
+            assert got[a] == best
+    g = _grid(lambda a, lr, s: 0.2)
+    assert set(C.choose(g).values()) == {min(C.TUNE_LRS)}  # an all-way tie: the smallest rate
+    g["disa"][1e-5] = [0.9, 0.0]  # mean 0.45 beats 0.2 although one seed is 0
+    assert C.choose(g)["disa"] == 1e-5
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda g: g["flowrl"].pop(1e-4), "flowrl: the choice needs"),
+        (lambda g: g["grpo"][1e-6].pop(), "grpo: the choice needs"),
+        (lambda g: g.pop("grpo_kl"), "grpo_kl: the choice needs"),
+        (lambda g: g["disa"][3e-6].__setitem__(0, math.nan), "not finite"),
+    ],
+)
+def test_choose_refuses_an_incomplete_or_broken_grid(edit, match):
+    g = _grid(lambda a, lr, s: 0.2)
+    edit(g)
+    with pytest.raises(ValueError, match=match):
+        C.choose(g)
+
+
+def test_every_arm_gets_the_same_tuning_runs_and_fresh_final_seeds():
+    plan = C.tuning_plan()
+    per_arm = {a: sorted((lr, s) for _, arm, s, lr in plan if arm == a) for a in C.ARMS}
+    want = sorted((lr, s) for lr in C.TUNE_LRS for s in C.TUNE_SEEDS)
+    assert all(v == want for v in per_arm.values()) and len(want) == 10
+    assert sorted(s for _, a, s, _ in plan if a == "base") == sorted(C.TUNE_SEEDS)
+    assert len({k for k, *_ in plan}) == len(plan) == 42
+    final = C.final_plan(0, {a: 1e-5 for a in C.ARMS}, C.N_MAX)
+    assert not {s for _, _, s, _ in final} & set(C.TUNE_SEEDS) and len(final) == 5 * C.N_MAX
+    assert [k for k, a, s, _ in final[:5]] == ["final-base-s0", *(f"final-{a}-lr1e-05-s0" for a in C.ARMS)]
+    with pytest.raises(ValueError, match="is a tuning seed"):
+        C.final_plan(90, {a: 1e-5 for a in C.ARMS}, 1)
+    with pytest.raises(ValueError, match="no chosen learning rate"):
+        C.final_plan(0, {"disa": 1e-5}, 2)
+
+
+def test_the_tuning_split_is_disjoint_from_the_held_out_prompts_and_keeps_the_rest():
+    rows = _rows(30, 30)
+    train, held = C.split_heldout(rows, 8, seed=0)
+    fit, tune = C.split_heldout(train, C.N_TUNE, seed=0, salt="tune")
+    ids = lambda rs: [r["id"] for r in rs]
+    assert not set(ids(tune)) & set(ids(held)) and not set(ids(fit)) & set(ids(tune))
+    assert sorted(ids(fit) + ids(tune)) == sorted(ids(train)) and len(tune) == C.N_TUNE
+    assert sum(r["task"] == "multi_answer" for r in tune) == C.N_TUNE // 2
+    assert ids(fit) == [i for i in ids(train) if i not in set(ids(tune))]  # the rest in input order
+    # the salt matters: the tuning split is not the held-out split's draw again
+    assert ids(C.split_heldout(train, C.N_TUNE, seed=0)[1]) != ids(tune)
+
+
+def test_power_is_the_noncentral_t_and_matches_a_simulation():
+    n, sd = 10, 0.05
+    crit = C.stats.t_quantile(1 - C.rules.ALPHA / 2, n - 1)
+    rng = random.Random(0)
+    hits, sims = 0, 20000
+    for _ in range(sims):
+        d = [rng.gauss(C.POWER_DELTA, sd) for _ in range(n)]
+        mu = sum(d) / n
+        s = math.sqrt(sum((x - mu) ** 2 for x in d) / (n - 1))
+        hits += (mu - C.MARGIN_ACC) / (s / math.sqrt(n)) > crit
+    assert abs(C.power(n, sd) - hits / sims) < 4 * math.sqrt(0.25 / sims)  # 4 binomial sd
+    assert C.power(20, sd) > C.power(10, sd) > C.power(10, 2 * sd)
+    assert C.power(5, 0.0) == 1.0 and C.power(5, 0.0, delta=C.MARGIN_ACC) == 0.0
+    for bad in (math.nan, -0.1):
+        with pytest.raises(ValueError, match="sd must be"):
+            C.power(5, bad)
+
+
+def test_n_final_is_the_fewest_runs_with_the_power_or_the_cap():
+    for sd in (0.01, 0.03, 0.05, 0.07):
+        n, pw = C.n_final(sd)
+        assert C.N_PILOT <= n <= C.N_MAX and pw == C.power(n, sd)
+        if pw >= C.POWER_TARGET and n > C.N_PILOT:
+            assert C.power(n - 1, sd) < C.POWER_TARGET
+    assert C.n_final(1e-4)[0] == C.N_PILOT
+    n, pw = C.n_final(0.2)
+    assert n == C.N_MAX and pw < C.POWER_TARGET
+
+
+def test_pilot_sd_is_the_sample_sd_of_the_paired_primary_values():
+    m = _metrics({"disa": 0.1})
+    m["disa"][2]["mean8"] += 0.07
+    d = [m["disa"][s]["mean8"] - m["flowrl"][s]["mean8"] for s in SEEDS]
+    mu = sum(d) / len(d)
+    assert C.pilot_sd(m, SEEDS) == pytest.approx(math.sqrt(sum((x - mu) ** 2 for x in d) / 4), rel=1e-12)
+    with pytest.raises(ValueError, match="at least 2"):
+        C.pilot_sd(m, SEEDS[:1])
+
+
+def test_a_sized_run_takes_the_power_rules_size_and_re_derives_it(monkeypatch, tmp_path):
+    from tiltlab.claims import rejudge
+
+    lift = {"disa": 0.25, "flowrl": 0.05, "grpo_kl": 0.1, "grpo": 0.4}
+    p, _, _, seeds = _fake_experiment(monkeypatch, tmp_path, lift, n_seeds=None, spread=2)
+    m = C.per_run_metrics({**_fake_raw_of(p), "seeds": seeds})
+    sd = C.pilot_sd(m, seeds[: C.N_PILOT])
+    assert len(seeds) == C.n_final(sd)[0] == p.numbers["power_rule_n"] and sd > 0
+    assert p.numbers["pilot_sd"] == pytest.approx(sd, rel=1e-12)
+    assert {a: p.numbers[f"{a}_chosen_lr"] for a in C.ARMS} == BEST_LR
+    row = {"claim": "disa.llm.real_model_training", "layer": "llm", "check": C.CHECK_NAME, "verdict": p.verdict.value,
+           "items": p.items, "numbers": p.numbers, "evidence": p.evidence}  # fmt: skip
+    assert rejudge.rejudge_row(row, C.rederive)["status"] == "same"
+    import copy
+
+    bad = copy.deepcopy(row)  # one final run at a rate that was not chosen: the record does not re-derive
+    next(r for r in bad["evidence"]["raw"]["runs"] if r["arm"] == "flowrl")["lr"] = 1e-4
+    assert "not its chosen" in " ".join(rejudge.rejudge_row(bad, C.rederive)["differences"])
+    bad = copy.deepcopy(row)  # a tuning count changed so another rate wins: the choice re-derives differently
+    for r in bad["evidence"]["raw"]["tuning"]:
+        if r["arm"] == "disa" and r["lr"] == 1e-6:
+            r["correct"] = [8] * len(r["correct"])
+    assert rejudge.rejudge_row(bad, C.rederive)["status"] != "same"
+
+
+def _fake_raw_of(res) -> dict:
+    """The per-run metrics input of :func:`C.per_run_metrics` rebuilt from a result's recorded values."""
+    raw = res.evidence["raw"]
+    held = [{"id": i, "answer_format": f} for i, f in zip(raw["heldout_ids"], raw["answer_formats"])]
+    runs = {(r["arm"], r["seed"]): {"eval": {"correct": r["correct"], "answers": r["answers"]}} for r in raw["runs"]}
+    return {"held": held, "runs": runs}
+
+
+def test_shards_run_each_run_once_across_sittings_and_the_final_phase_waits(monkeypatch, tmp_path, capsys):
+    """Three sittings of two tuning shards (one cut short by --max-runs) store each tuning run once; the
+    final phase is refused before every tuning run is stored, then runs the pilot first."""
+    _ = _fake_experiment(monkeypatch, tmp_path / "ref", {"disa": 0.25}, n_seeds=None)  # sets the fakes
+    calls = []
+    real = C.one_run
+    monkeypatch.setattr(C, "one_run", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    store = tmp_path / "shards"
+    argv = ["--store", str(store), "--jobs", "1"]
+    assert C.main(["run", "--phase", "tune", "--shard", "0/2", "--max-runs", "5", *argv]) == 0
+    assert "5 run(s) stored this sitting, 16 of its 21 left" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="the final runs need every tuning run first: 37 missing"):
+        C.main(["run", "--phase", "final", *argv])
+    assert C.main(["run", "--phase", "tune", "--shard", "1/2", *argv]) == 0
+    assert C.main(["run", "--phase", "tune", "--shard", "0/2", *argv]) == 0
+    assert len(calls) == 42 and len(set(C.RunStore(store).keys())) == 42
+    C.main(["status", "--store", str(store)])
+    assert "tuning: 42/42 runs stored" in capsys.readouterr().out
+    assert C.main(["run", "--phase", "final", *argv]) == 0
+    assert len(calls) == 42 + 5 * C.N_PILOT
+    stored = C.RunStore(store).runs()
+    assert all(r["commit_sha"] and r["machine"]["cpus"] and r["run_at"] for r in stored.values())
+    assert {r["lr"] for r in stored.values() if r["phase"] == "final" and r["arm"] == "disa"} == {BEST_LR["disa"]}
+    for bad in ("2/2", "x", "1"):
+        with pytest.raises(SystemExit):
+            C.main(["run", "--phase", "tune", "--shard", bad, *argv])
