@@ -26,7 +26,7 @@ llm layer's run (``tiltlab check --layer llm --long --check smollm2_135m_compari
      find a true DISA - FlowRL Mean@8 of :data:`POWER_DELTA` under the rule (:func:`power`, the noncentral t).
    * **shards**: every run is stored as it finishes in :data:`STORE` with its commit, date and machine
      (:mod:`tiltlab.llm.experiments.shards`), so the experiment runs in several sittings
-     (``python -m tiltlab.llm.checks.real_comparison run --phase tune --shard 0/3``); a stored run proves
+     (``python -m tiltlab.llm.checks.comparison_run run --phase tune --shard 0/3``); a stored run proves
      that its rule was registered strictly before it. The record keeps the tuning runs' values, and
      ``tiltlab report --rejudge`` re-derives the choice and the size as well as the items (:func:`rederive`).
 
@@ -647,7 +647,7 @@ def comparison_raw(
     """The whole experiment once per (seed, size, store): the task, the tuning runs, the choice, the pilot's
     final runs, the power rule's size (``n_seeds``: a fixed size instead), the other final runs; each run
     the store lacks is run, ``jobs`` at a time (default: the check runner's seed jobs), and stored as it
-    finishes (a sitting that stops keeps what finished: ``python -m tiltlab.llm.checks.real_comparison run``
+    finishes (a sitting that stops keeps what finished: ``python -m tiltlab.llm.checks.comparison_run run``
     runs one shard). ``verify`` (default: for the checkout's own store, :func:`must_verify`): every run's rule
     registered strictly before it."""
     from safetensors.torch import load_file
@@ -940,7 +940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``run --phase tune|final [--shard I/K]``: one sitting's shard of the experiment, each finished run
     stored with its commit, date and machine; ``status``: what the store holds; ``eval MODEL HELDOUT SEED
     OUT``: one evaluation in its own process (:func:`eval_in_process` runs it through :data:`_EVAL_MAIN`)."""
-    p = argparse.ArgumentParser(prog="python -m tiltlab.llm.checks.real_comparison")
+    p = argparse.ArgumentParser(prog="python -m tiltlab.llm.checks.comparison_run")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run one shard of the tuning or the final runs (each stored as it finishes)")
     r.add_argument("--phase", choices=("tune", "final"), required=True)

@@ -629,3 +629,17 @@ def test_shards_run_each_run_once_across_sittings_and_the_final_phase_waits(monk
     for bad in ("2/2", "x", "1"):
         with pytest.raises(SystemExit):
             C.main(["run", "--phase", "tune", "--shard", bad, *argv])
+
+
+def test_the_sitting_entry_point_runs_as_a_module(tmp_path):
+    """``python -m tiltlab.llm.checks.comparison_run status`` (the documented entry) starts and reads a store."""
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "tiltlab.llm.checks.comparison_run", "status", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("tuning: 0/42 runs stored\nfinal: not yet (the final runs need every tuning run first")
