@@ -643,3 +643,36 @@ def test_the_sitting_entry_point_runs_as_a_module(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("tuning: 0/42 runs stored\nfinal: not yet (the final runs need every tuning run first")
+
+
+def test_the_documented_sitting_commands_run_as_written(monkeypatch, tmp_path, capsys):
+    """docs/llm-checks.md's sitting commands, as written, through the entry's parser and its dispatch;
+    the training runs themselves (hours) are recorded, not run; ``status`` reads the checkout's store."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "llm-checks.md").read_text(encoding="utf-8")
+    m = re.search(
+        r"<!-- comparison-sittings:start -->\s*```bash\n(.*?)```\s*<!-- comparison-sittings:end -->", text, re.S
+    )
+    assert m, "docs/llm-checks.md lost its sitting commands"
+    lines = [ln for ln in m.group(1).splitlines() if ln.strip()]
+    prefix = ["python", "-m", "tiltlab.llm.checks.comparison_run"]
+    seen = []
+    patch_everywhere(monkeypatch, models, "resolve_model", lambda name, progress=True: str(tmp_path))
+    monkeypatch.setattr("safetensors.torch.load_file", lambda path: {"w": 0})
+    monkeypatch.setattr(C, "ensure_task", lambda store, model_dir, seed: {"seed": seed})
+    plan = [(f"k{i}", "disa", i, 1e-5) for i in range(30)]
+    monkeypatch.setattr(C, "shard_plan", lambda store, phase, seed: plan)
+    monkeypatch.setattr(
+        C, "run_missing", lambda st, mine, task, steps, jobs, start, **kw: seen.append((len(mine), jobs, kw)) or []
+    )
+    for ln in lines:
+        argv = shlex.split(ln)
+        assert argv[:3] == prefix, ln
+        assert C.main(argv[3:]) == 0, ln
+    out = capsys.readouterr().out
+    assert re.search(r"^tuning: \d+/42 runs stored$", out, re.M)
+    assert [(n, j, kw["max_runs"]) for n, j, kw in seen] == [(15, 2, None), (15, 2, 10), (30, 2, None)]
+    assert all(kw["verify"] for *_, kw in seen)  # the checkout's own store: every run must prove its registration
