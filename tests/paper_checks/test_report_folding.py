@@ -148,3 +148,74 @@ def test_sidebar_shows_full_ids(shipped):
     assert all(t == h == x for t, h, x in shown) and {x for _, _, x in shown} == set(inp.claims)
     css = page[page.index("<style>") : page.index("</style>")]
     assert "ellipsis" not in css and "nowrap;overflow:hidden" not in css
+
+
+def test_a_rule_at_the_start_of_the_text_is_found():
+    judge = F.STATEMENT_RULES[1]
+    assert F.segments(F._JUDGE + ": after", F.STATEMENT_RULES) == [judge, ": after"]
+    assert F.md_inline(F._JUDGE, F.STATEMENT_RULES) == "[rule J (symmetric t-test, Holm)](#rule-judge)"
+
+
+def test_rules_tied_in_place_and_length_the_first_listed_stands_in():
+    a, b = F.Rule("a", "rule A", "the same words"), F.Rule("b", "rule B", "the same words")
+    longer = F.Rule("c", "rule C", "the same words again")
+    assert F.segments("x the same words y", [a, b]) == ["x ", a, " y"]
+    assert F.segments("x the same words y", [b, a]) == ["x ", b, " y"]
+    assert F.segments("the same words again", [a, longer]) == [longer]
+
+
+def test_group_title_folds_two_or_more_backbones_only():
+    def row(cid):
+        return {"id": cid, "paper": "P"}
+
+    two = [row("a.t1_qwen3_4b"), row("a.t1_qwen2.5_7b")]
+    assert F.group_title(two) == "a.t1_{qwen3_4b, qwen2.5_7b}"
+    three = [*two, row("a.t1_llama3.2_3b")]
+    assert F.group_title(three) == "a.t1_{qwen3_4b, qwen2.5_7b, llama3.2_3b}"
+    assert F.group_title([row("a.t1_qwen3_4b")]) == "a.t1_qwen3_4b"
+    assert F.group_title([row("a.t1_qwen3_4b"), row("a.plain")]) == "a.t1_qwen3_4b, a.plain"
+
+
+def test_backbone_names_come_from_the_claims_paper_numbers():
+    from types import SimpleNamespace
+
+    def claim(bb=None):
+        return SimpleNamespace(paper_numbers={"backbone": bb} if bb else {})
+
+    claims = {
+        "b.t2_qwen3_4b": claim("Qwen3-4B (second)"),
+        "a.t1_qwen3_4b": claim("Qwen3-4B-Base"),
+        "a.t1_qwen2.5_7b": claim("Qwen2.5-7B"),
+        "a.t1_llama3.2_3b": claim(),  # no backbone number: no name
+        "a.plain": claim("not a backbone claim"),
+    }
+    # one name per suffix, the first claim's in id order
+    assert F.backbone_names(claims) == {"qwen3_4b": "Qwen3-4B-Base", "qwen2.5_7b": "Qwen2.5-7B"}
+
+
+def _filled(text: str, part: str) -> str:
+    return " ".join(text.replace("⟨…⟩", part).split())
+
+
+def test_shared_statement_of_statements_of_different_lengths_reads_back_each():
+    """Each statement is the shared text with its own part in place of ``⟨…⟩``, also when the statements differ
+    in length and a shared word recurs at the end of the longer one."""
+    cases = [
+        ["FPA wins by a wide margin", "FPA and GRPO tie by a wide margin"],
+        ["FPA beats GRPO", "FPA beats GRPO and the other baselines beat GRPO"],
+        ["On Qwen3: FPA (lambda=1) is best of six.", "On Qwen3: FPA (lambda=2, tuned) is best of six."],
+    ]
+    for statements in cases:
+        text, parts = F.shared_statement(statements, ["", ""])
+        assert [_filled(text, p) for p in parts] == statements, (text, parts)
+    assert F.shared_statement(cases[0], ["", ""]) == ("FPA ⟨…⟩ by a wide margin", ["wins", "and GRPO tie"])
+    assert F.shared_statement(cases[1], ["", ""]) == ("FPA beats GRPO ⟨…⟩", ["", "and the other baselines beat GRPO"])
+
+
+def test_shared_statement_folds_at_exactly_half_shared():
+    """``None`` only when less than half of the shortest statement is shared: exactly half still folds."""
+    assert F.shared_statement(["Gains are big here", "Gains are small there"], ["", ""]) == (
+        "Gains are ⟨…⟩",
+        ["big here", "small there"],
+    )
+    assert F.shared_statement(["Gains are big here now", "Gains were small there then"], ["", ""]) is None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -179,6 +180,29 @@ def _pre(path, *overrides):
             ["validation.holdout_fraction=0.5", "validation.every_steps=0"],
             "every_steps must be a positive integer",
         ),
+        (
+            ["validation.holdout_fraction=0.5", "validation.every_steps=2", "validation.metric=accuracy"],
+            ["validation.holdout_fraction=0.5", "validation.every_steps=2", "validation.metric=acuracy"],
+            "did you mean 'accuracy'",
+        ),
+        (["lora.r=8"], ["lora.r=0"], "lora.r must be a positive integer"),
+        (["lora.r=8", "lora.alpha=16"], ["lora.r=8", "lora.alpha=0"], "lora.alpha > 0"),
+        (
+            ["objective=cispo", "trl.epsilon_high=5", "trl.importance_sampling_level=token"],
+            ["objective=cispo", "trl.epsilon_high=5", "trl.importance_sampling_level=sequence"],
+            "uses importance_sampling_level='token'",
+        ),
+        (
+            ["objective=sapo", "trl.importance_sampling_level=token"],
+            ["objective=sapo", "trl.importance_sampling_level=sequence"],
+            "uses importance_sampling_level='token'",
+        ),
+        (["trl.entropy_coef=0"], ["trl.entropy_coef=0.01"], "do not implement TRL's ['entropy_coef']"),
+        (
+            ["trl.use_adaptive_entropy=false"],
+            ["trl.use_adaptive_entropy=true"],
+            "do not implement TRL's ['entropy_coef']",
+        ),
     ],
 )
 def test_each_check_passes_a_good_value_and_refuses_a_bad_one(config, good, bad, words):
@@ -186,6 +210,79 @@ def test_each_check_passes_a_good_value_and_refuses_a_bad_one(config, good, bad,
     with pytest.raises(ValueError) as e:
         _pre(config, *bad)
     assert words in str(e.value)
+
+
+def test_an_unknown_key_names_the_set_it_came_from(config):
+    """The ``--set`` that brought the mistyped key is named, not the first ``--set`` of the command line; a key
+    from the file itself names none."""
+    with pytest.raises(ValueError) as e:
+        _pre(config, "trl.learning_rate=2e-6", "trl.lerning_rate=1")
+    assert str(e.value).startswith("--set trl.lerning_rate=1: ")
+    config.write_text(config.read_text() + "  lerning_rate: 1\n")
+    with pytest.raises(ValueError) as e:
+        _pre(config, "trl.learning_rate=2e-6")
+    assert not str(e.value).startswith("--set") and "did you mean 'learning_rate'" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "objective,sets,level",
+    [
+        ("grpo", [], "token"),
+        ("gspo", [], "sequence"),
+        ("luspo", [], "sequence"),
+        ("cispo", ["trl.epsilon_high=5"], "token"),
+        ("disa", [], "token"),  # no importance ratio of TRL's: TRL's default
+    ],
+)
+def test_the_importance_sampling_level_resolves_to_the_objectives_own(config, objective, sets, level):
+    assert _pre(config, f"objective={objective}", *sets).importance_sampling_level == level
+
+
+def test_a_stage1_dir_without_a_manifest_is_noted_not_refused(config, tmp_path):
+    from tiltlab.llm.train.config import load_run_config
+    from tiltlab.llm.train.precheck import check_labels, precheck
+
+    s1 = tmp_path / "stage1_pending"
+    s1.mkdir()
+    sets = [f"disa.stage1_dir={s1}"]
+    cfg = load_run_config(config, sets)
+    notes: list[str] = []
+    args = precheck(cfg, sets, notes)
+    assert len(notes) == 1 and "has no manifest.json yet" in notes[0]
+    assert check_labels(cfg, args) is None  # no notes list: nothing to note, nothing refused
+
+
+def _inputs(objective, **kw):
+    """A resolved trainer config's fields that :func:`check_trainer_inputs` reads (PACED's groups whole)."""
+    fields = {"num_generations": 4, "per_device_train_batch_size": 4, "steps_per_generation": 1}
+    fields |= {"paced_select_from": "learned", "disa_label": "predictor"}
+    return SimpleNamespace(objective=objective, **{**fields, **kw})
+
+
+@pytest.mark.parametrize(
+    "args,columns,has_fn,refused",
+    [
+        (_inputs("paced", paced_select_from="disa"), (), False, "paced_select_from='disa' needs log_z_fn"),
+        (_inputs("paced", paced_select_from="disa"), ("prompt", "log_z"), False, None),
+        (_inputs("paced", paced_select_from="disa"), (), True, None),
+        (_inputs("paced"), ("prompt",), False, None),
+        (_inputs("paced", paced_select_from="disa", disa_label="column"), ("prompt",), True, "needs a 'log_z' column"),
+        (_inputs("paced", disa_label="column"), ("prompt",), False, None),
+        (_inputs("disa"), ("prompt",), False, "objective='disa' needs log_z_fn"),
+        (_inputs("disa"), ("prompt",), True, None),
+        (_inputs("disa"), ("prompt", "log_z"), False, None),
+        (_inputs("grpo"), ("prompt",), False, None),
+    ],
+)
+def test_the_trainer_inputs_need_a_source_of_frozen_log_z_only_where_it_is_read(args, columns, has_fn, refused):
+    from tiltlab.llm.train.online_rules import check_trainer_inputs
+
+    if refused is None:
+        check_trainer_inputs(args, columns, has_fn)
+        return
+    with pytest.raises(ValueError) as e:
+        check_trainer_inputs(args, columns, has_fn)
+    assert refused in str(e.value)
 
 
 @pytest.mark.parametrize(
